@@ -1,0 +1,569 @@
+//! `neuron-bench`: runs models on virtual NeuronCores and reports throughput and latency.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::{Args, Parser, Subcommand};
+use neuron_profiler::stats::{LatencyHistogram, LatencySummary, format_seconds};
+use neuron_profiler::{init_logging, load_model_bytes, model_name, npy, si, thousands};
+use neuron_runtime::config::{Config, ENV_VISIBLE_CORES};
+use neuron_runtime::topology::NeuronCoreVersion;
+use neuron_runtime::{
+    ArrayType, DType, Model, Neff, NrtError, Runtime, Target, TensorPlacement, TensorSet,
+    compile_hlo,
+};
+
+#[derive(Parser)]
+#[command(
+    name = "neuron-bench",
+    version,
+    about = "Run models on virtual NeuronCores and measure throughput and latency",
+    long_about = "Run models on virtual NeuronCores and measure throughput and latency.\n\n\
+        Cores are reserved exclusively for this process, host-wide: a core another process \
+        holds is refused at once. Runtime settings come from the NEURON_RT_* environment \
+        variables (see the README); --cores overrides NEURON_RT_VISIBLE_CORES."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one model repeatedly, one copy per core, and report latency percentiles.
+    Exec(ExecArgs),
+    /// Run the bundled example models (an MLP and an attention block) on every core until Ctrl-C.
+    Demo(DemoArgs),
+}
+
+#[derive(Args)]
+struct ExecArgs {
+    /// A NEFF, or HLO text (compiled on the fly for this instance's NeuronCore version).
+    model: PathBuf,
+    /// Cores to run on, one copy of the model each: `0`, `0-1` or `0,2` (default: NEURON_RT_VISIBLE_CORES, else all).
+    #[arg(long)]
+    cores: Option<String>,
+    /// Executions per core.
+    #[arg(long, conflicts_with = "duration")]
+    iterations: Option<u64>,
+    /// Run for this long instead of a number of iterations: `10s`, `500ms`, `2m`.
+    #[arg(long, value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// An input from a .npy file, by index, name (`input0`) or HLO parameter name; zero-filled otherwise.
+    #[arg(long = "input", value_name = "NAME_OR_INDEX=PATH.npy")]
+    inputs: Vec<String>,
+    /// Write the outputs of the last execution (first core) to DIR/output0.npy, output1.npy, ...
+    #[arg(long, value_name = "DIR")]
+    save_outputs: Option<PathBuf>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct DemoArgs {
+    /// Stop after this long instead of waiting for Ctrl-C: `30s`, `5m`.
+    #[arg(long, value_parser = parse_duration)]
+    duration: Option<Duration>,
+}
+
+/// Executions per core when neither --iterations nor --duration is given.
+const DEFAULT_ITERATIONS: u64 = 100;
+
+const DEMO_MODELS: [(&str, &str); 2] = [
+    ("mlp", include_str!("../../../examples/mlp.hlo")),
+    ("attention", include_str!("../../../examples/attention.hlo")),
+];
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Exec(args) => exec(args),
+        Command::Demo(args) => demo(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration; use forms like 10s, 500ms, 2m"))?;
+    let seconds = match unit.trim() {
+        "" | "s" => value,
+        "ms" => value / 1e3,
+        "us" | "µs" => value / 1e6,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        other => {
+            return Err(format!(
+                "unknown unit `{other}` in `{text}`; use ms, s, m or h"
+            ));
+        }
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("`{text}` is not a valid duration"))
+}
+
+/// The runtime configuration from the environment, with `--cores` in place of
+/// `NEURON_RT_VISIBLE_CORES` when given.
+fn runtime_config(cores: Option<&str>) -> Result<Config> {
+    let config = Config::from_lookup(|name| match (name, cores) {
+        (ENV_VISIBLE_CORES, Some(cores)) => Some(cores.to_owned()),
+        _ => std::env::var(name).ok(),
+    });
+    config.map_err(|e| match cores {
+        Some(cores) => anyhow!("--cores {cores}: {e}"),
+        None => anyhow!(e),
+    })
+}
+
+fn target_for(version: NeuronCoreVersion) -> Target {
+    match version {
+        NeuronCoreVersion::V2 => Target::Trn1,
+        NeuronCoreVersion::V3 => Target::Trn2,
+    }
+}
+
+/// Supplies the bytes of input `i` (of the given type), or `None` for zeros.
+type InputFill<'a> = dyn FnMut(usize, &ArrayType) -> Result<Option<Vec<u8>>> + 'a;
+
+/// One loaded copy of a model with its bound tensors.
+struct Replica {
+    model: Model,
+    inputs: TensorSet,
+    outputs: TensorSet,
+}
+
+impl Replica {
+    fn new(runtime: &Runtime, neff: &[u8], core: u32, fill: &mut InputFill<'_>) -> Result<Replica> {
+        let model = runtime.load(neff, Some(core))?;
+        let placement = TensorPlacement::Device { core };
+        let mut inputs = TensorSet::new();
+        for (i, io) in model.inputs().iter().enumerate() {
+            let ty = model.tensor_type(io);
+            let tensor = runtime.allocate_tensor_for(
+                placement,
+                ty,
+                &format!("{}-{}", model.name(), io.name),
+            )?;
+            if let Some(bytes) = fill(i, ty)? {
+                tensor.write(0, &bytes)?;
+            }
+            inputs.add(&io.name, tensor);
+        }
+        let mut outputs = TensorSet::new();
+        for io in model.outputs() {
+            let ty = model.tensor_type(io);
+            outputs.add(
+                &io.name,
+                runtime.allocate_tensor_for(
+                    placement,
+                    ty,
+                    &format!("{}-{}", model.name(), io.name),
+                )?,
+            );
+        }
+        Ok(Replica {
+            model,
+            inputs,
+            outputs,
+        })
+    }
+}
+
+/// The bytes of inputs given with `--input`, by model input index, checked against the model.
+fn parse_inputs(specs: &[String], model: &Model) -> Result<Vec<Option<Vec<u8>>>> {
+    let mut by_index = vec![None; model.inputs().len()];
+    for spec in specs {
+        let (key, path) = spec
+            .split_once('=')
+            .ok_or_else(|| anyhow!("--input {spec}: expected NAME_OR_INDEX=PATH.npy"))?;
+        let index = model
+            .inputs()
+            .iter()
+            .position(|io| io.name == key || io.hlo_name == key || key.parse::<usize>().ok() == io.name.strip_prefix("input").and_then(|n| n.parse().ok()))
+            .ok_or_else(|| {
+                let names: Vec<String> = model.inputs().iter().enumerate().map(|(i, io)| format!("{i}/{}/{}", io.name, io.hlo_name)).collect();
+                anyhow!("--input {spec}: the model has no input `{key}` (inputs as index/name/HLO name: {})", names.join(", "))
+            })?;
+        let (ty, bytes) = npy::read(Path::new(path))?;
+        let expected = model.tensor_type(&model.inputs()[index]);
+        if &ty != expected {
+            bail!(
+                "--input {spec}: the file holds {ty} but input `{}` is {expected}",
+                model.inputs()[index].name
+            );
+        }
+        by_index[index] = Some(bytes);
+    }
+    Ok(by_index)
+}
+
+/// What the worker of one core measured.
+#[derive(Default)]
+struct CoreResult {
+    executions: u64,
+    numerical_errors: u64,
+    total: LatencyHistogram,
+    device: LatencyHistogram,
+    error: Option<(u64, NrtError)>,
+}
+
+fn exec(args: ExecArgs) -> Result<()> {
+    let config = runtime_config(args.cores.as_deref())?;
+    init_logging(config.log_level);
+    let runtime = Runtime::start(config)?;
+    let neff = load_model_bytes(&args.model, target_for(runtime.topology().core_version))?;
+    let cores = runtime.cores()?;
+
+    let first = Replica::new(&runtime, &neff, cores.cores()[0], &mut |_, _| Ok(None))?;
+    let given = parse_inputs(&args.inputs, &first.model)?;
+    let mut fill = |i: usize, _: &ArrayType| Ok(given[i].clone());
+    runtime.unload(&first.model)?;
+    let replicas = cores
+        .cores()
+        .iter()
+        .map(|&core| Replica::new(&runtime, &neff, core, &mut fill))
+        .collect::<Result<Vec<_>>>()?;
+
+    let iterations = match args.duration {
+        Some(_) => u64::MAX,
+        None => args.iterations.unwrap_or(DEFAULT_ITERATIONS),
+    };
+    let deadline = args.duration.map(|d| Instant::now() + d);
+    let stop = AtomicBool::new(false);
+    let done = AtomicU64::new(0);
+    let started = Instant::now();
+    let results: Vec<CoreResult> = std::thread::scope(|scope| {
+        let workers: Vec<_> = replicas
+            .iter()
+            .map(|replica| {
+                let (runtime, stop, done) = (&runtime, &stop, &done);
+                scope.spawn(move || {
+                    let mut result = CoreResult::default();
+                    while result.executions < iterations
+                        && !stop.load(Ordering::Relaxed)
+                        && deadline.is_none_or(|d| Instant::now() < d)
+                    {
+                        match runtime.execute(&replica.model, &replica.inputs, &replica.outputs) {
+                            Ok(report) => {
+                                result.executions += 1;
+                                result.numerical_errors += report.numerical_errors;
+                                result.total.record(report.total_latency);
+                                result.device.record(report.device_latency);
+                                done.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(e) => {
+                                result.error = Some((result.executions, e));
+                                stop.store(true, Ordering::Relaxed);
+                            }
+                        }
+                    }
+                    result
+                })
+            })
+            .collect();
+        let mut next_report = started + Duration::from_secs(1);
+        while !workers.iter().all(|w| w.is_finished()) {
+            std::thread::sleep(Duration::from_millis(20));
+            if Instant::now() >= next_report {
+                next_report += Duration::from_secs(1);
+                eprintln!(
+                    "  {:>4.0}s  {} executions",
+                    started.elapsed().as_secs_f64(),
+                    thousands(done.load(Ordering::Relaxed))
+                );
+            }
+        }
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or_default())
+            .collect()
+    });
+    let wall = started.elapsed();
+
+    for (replica, result) in replicas.iter().zip(&results) {
+        if let Some((after, e)) = &result.error {
+            bail!(
+                "execution {} of `{}` on nc{} failed: {e}",
+                after + 1,
+                replica.model.name(),
+                replica.model.core()
+            );
+        }
+    }
+    let mut total = LatencyHistogram::default();
+    let mut device = LatencyHistogram::default();
+    for r in &results {
+        total.merge(&r.total);
+        device.merge(&r.device);
+    }
+    let executions: u64 = results.iter().map(|r| r.executions).sum();
+    let numerical_errors: u64 = results.iter().map(|r| r.numerical_errors).sum();
+    let throughput = executions as f64 / wall.as_secs_f64();
+    let flops = replicas[0].model.flops_per_execution();
+
+    if let Some(dir) = &args.save_outputs {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let replica = &replicas[0];
+        for (i, io) in replica.model.outputs().iter().enumerate() {
+            let tensor = replica
+                .outputs
+                .get(&io.name)
+                .ok_or_else(|| anyhow!("output {} is not bound", io.name))?;
+            npy::write(
+                &dir.join(format!("output{i}.npy")),
+                replica.model.tensor_type(io),
+                &tensor.read_all()?,
+            )?;
+        }
+    }
+
+    let name = model_name(&args.model);
+    if args.json {
+        let summary = |h: &LatencyHistogram| {
+            h.summary()
+                .map(|s: LatencySummary| serde_json::to_value(s).unwrap_or_default())
+        };
+        let report = serde_json::json!({
+            "model": name,
+            "cores": cores.cores(),
+            "executions": executions,
+            "duration_seconds": wall.as_secs_f64(),
+            "throughput_per_second": throughput,
+            "latency_seconds": summary(&total),
+            "device_latency_seconds": summary(&device),
+            "flops_per_execution": flops,
+            "flops_per_second": flops as f64 * throughput,
+            "numerical_errors": numerical_errors,
+        });
+        println!("{report}");
+    } else {
+        println!(
+            "model        {name} on {} ({})",
+            cores,
+            runtime.topology().instance_type
+        );
+        println!(
+            "executions   {} in {:.2} s ({} per core)",
+            thousands(executions),
+            wall.as_secs_f64(),
+            thousands(executions / cores.len() as u64)
+        );
+        println!(
+            "throughput   {:.1} executions/s, {}FLOP/s",
+            throughput,
+            si(flops as f64 * throughput)
+        );
+        for (label, h) in [("latency", &total), ("device", &device)] {
+            if let Some(s) = h.summary() {
+                println!(
+                    "{label:<12} p50 {}  p90 {}  p99 {}  max {}",
+                    format_seconds(s.p50),
+                    format_seconds(s.p90),
+                    format_seconds(s.p99),
+                    format_seconds(s.max)
+                );
+            }
+        }
+        if numerical_errors > 0 {
+            println!(
+                "NaN/Inf      {} values in outputs",
+                thousands(numerical_errors)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Counters one demo worker shares with the status line.
+#[derive(Default)]
+struct DemoCore {
+    executions: AtomicU64,
+    errors: AtomicU64,
+    busy_nanos: AtomicU64,
+    flops: AtomicU64,
+    latency: Mutex<LatencyHistogram>,
+}
+
+fn demo(args: DemoArgs) -> Result<()> {
+    let config = Config::from_env()?;
+    init_logging(config.log_level);
+    let runtime = Runtime::start(config)?;
+    let target = target_for(runtime.topology().core_version);
+    let cores = runtime.cores()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = Arc::clone(&stop);
+        ctrlc::set_handler(move || stop.store(true, Ordering::Relaxed))
+            .context("cannot install the Ctrl-C handler")?;
+    }
+
+    let mut neffs = Vec::new();
+    for (name, text) in DEMO_MODELS {
+        let program =
+            compile_hlo(text, target).map_err(|e| anyhow!("bundled example {name}: {e}"))?;
+        println!(
+            "compiled {name}: {} instructions, {} FLOPs per execution",
+            program.instructions().count(),
+            thousands(program.flops_per_execution())
+        );
+        neffs.push(Neff::new(name, program).encode());
+    }
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let mut fill = |_: usize, ty: &ArrayType| -> Result<Option<Vec<u8>>> {
+        Ok(Some(pseudo_random(ty, &mut seed)))
+    };
+    let mut replicas: Vec<Vec<Replica>> = Vec::new();
+    for &core in cores.cores() {
+        let per_core = neffs
+            .iter()
+            .map(|neff| Replica::new(&runtime, neff, core, &mut fill))
+            .collect::<Result<Vec<_>>>();
+        replicas.push(per_core?);
+    }
+    println!(
+        "running on {} of a virtual {} ({} per core); Ctrl-C to stop",
+        cores,
+        runtime.topology().instance_type,
+        DEMO_MODELS.map(|(n, _)| n).join(" + ")
+    );
+
+    let stats: Vec<DemoCore> = cores.cores().iter().map(|_| DemoCore::default()).collect();
+    let started = Instant::now();
+    let end = args.duration.map(|d| started + d);
+    std::thread::scope(|scope| {
+        for (models, core_stats) in replicas.iter().zip(&stats) {
+            let (runtime, stop) = (&runtime, &stop);
+            scope.spawn(move || {
+                for replica in models.iter().cycle() {
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    match runtime.execute(&replica.model, &replica.inputs, &replica.outputs) {
+                        Ok(report) => {
+                            core_stats.executions.fetch_add(1, Ordering::Relaxed);
+                            core_stats.flops.fetch_add(report.flops, Ordering::Relaxed);
+                            core_stats.busy_nanos.fetch_add(
+                                report.device_latency.as_nanos() as u64,
+                                Ordering::Relaxed,
+                            );
+                            core_stats
+                                .latency
+                                .lock()
+                                .unwrap_or_else(|e| e.into_inner())
+                                .record(report.total_latency);
+                        }
+                        Err(e) => {
+                            core_stats.errors.fetch_add(1, Ordering::Relaxed);
+                            tracing::error!("{}: {e}", replica.model.name());
+                        }
+                    }
+                }
+            });
+        }
+        let mut last = (Instant::now(), vec![(0u64, 0u64, 0u64); stats.len()]);
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+            if end.is_some_and(|e| Instant::now() >= e) {
+                stop.store(true, Ordering::Relaxed);
+            }
+            let elapsed = last.0.elapsed();
+            if elapsed < Duration::from_secs(1) && !stop.load(Ordering::Relaxed) {
+                continue;
+            }
+            let mut window = LatencyHistogram::default();
+            let mut line = format!("[{:>5.0}s]", started.elapsed().as_secs_f64());
+            let (mut executions, mut flops, mut errors) = (0u64, 0u64, 0u64);
+            for (i, s) in stats.iter().enumerate() {
+                let now = (
+                    s.executions.load(Ordering::Relaxed),
+                    s.busy_nanos.load(Ordering::Relaxed),
+                    s.flops.load(Ordering::Relaxed),
+                );
+                let (prev_exec, prev_busy, prev_flops) = last.1[i];
+                executions += now.0 - prev_exec;
+                flops += now.2 - prev_flops;
+                errors += s.errors.load(Ordering::Relaxed);
+                let busy = (now.1 - prev_busy) as f64 / elapsed.as_nanos() as f64 * 100.0;
+                line.push_str(&format!(
+                    " nc{} {:>5.1}%",
+                    cores.cores()[i],
+                    busy.min(100.0)
+                ));
+                let mut h = s.latency.lock().unwrap_or_else(|e| e.into_inner());
+                window.merge(&h);
+                h.clear();
+                last.1[i] = now;
+            }
+            let secs = elapsed.as_secs_f64();
+            line.push_str(&format!(
+                " | {:>8.1} exec/s | {}FLOP/s",
+                executions as f64 / secs,
+                si(flops as f64 / secs)
+            ));
+            if let Some(s) = window.summary() {
+                line.push_str(&format!(
+                    " | p50 {} p99 {}",
+                    format_seconds(s.p50),
+                    format_seconds(s.p99)
+                ));
+            }
+            line.push_str(&format!(" | errors {errors}"));
+            println!("{line}");
+            last.0 = Instant::now();
+        }
+    });
+    let executions: u64 = stats
+        .iter()
+        .map(|s| s.executions.load(Ordering::Relaxed))
+        .sum();
+    let errors: u64 = stats.iter().map(|s| s.errors.load(Ordering::Relaxed)).sum();
+    println!(
+        "stopped after {} executions in {:.1} s, {errors} errors",
+        thousands(executions),
+        started.elapsed().as_secs_f64()
+    );
+    runtime.close()?;
+    if errors > 0 {
+        bail!(
+            "{errors} executions failed; run with NEURON_RT_LOG_LEVEL=ERROR or higher to see why"
+        );
+    }
+    Ok(())
+}
+
+/// Deterministic values in [-1, 1) (floats), [-8, 8) (integers) or booleans.
+fn pseudo_random(ty: &ArrayType, state: &mut u64) -> Vec<u8> {
+    let count = ty.element_count().unwrap_or(0) as usize;
+    let mut next = || {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    };
+    match ty.dtype {
+        DType::F32 => (0..count)
+            .flat_map(|_| ((next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).to_le_bytes())
+            .collect(),
+        DType::S32 => (0..count)
+            .flat_map(|_| ((next() % 16) as i32 - 8).to_le_bytes())
+            .collect(),
+        DType::Pred => (0..count).map(|_| (next() & 1) as u8).collect(),
+    }
+}

@@ -1,0 +1,81 @@
+//! Shared pieces of the command-line tools: loading models from HLO or NEFF files,
+//! NumPy `.npy` input and output, latency statistics and log setup.
+
+pub mod npy;
+pub mod stats;
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use neuron_runtime::config::LogLevel;
+use neuron_runtime::{Neff, Target, compile_hlo};
+
+/// Installs a stderr log subscriber at the level `NEURON_RT_LOG_LEVEL` asked for.
+pub fn init_logging(level: LogLevel) {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(level.as_tracing())
+        .with_target(false)
+        .try_init();
+}
+
+/// Reads a NEFF, or compiles HLO text (`.hlo`, `.txt`, or any file starting with
+/// `HloModule`) into NEFF bytes in memory.
+pub fn load_model_bytes(path: &Path, target: Target) -> Result<Vec<u8>> {
+    let bytes = std::fs::read(path)
+        .with_context(|| format!("cannot read model file {}", path.display()))?;
+    if bytes.starts_with(b"HloModule") {
+        let text = String::from_utf8(bytes)
+            .with_context(|| format!("{} is not UTF-8 HLO text", path.display()))?;
+        let program =
+            compile_hlo(&text, target).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let name = model_name(path);
+        return Ok(Neff::new(&name, program).encode());
+    }
+    Ok(bytes)
+}
+
+/// The model name a file stands for: its stem (`mlp` for `models/mlp.hlo`).
+pub fn model_name(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
+}
+
+/// Formats a count with thousands separators: `12,345,678`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Formats a rate with an SI prefix: `1.23 G`.
+pub fn si(value: f64) -> String {
+    const PREFIXES: [(f64, &str); 4] = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")];
+    for (scale, prefix) in PREFIXES {
+        if value >= scale {
+            return format!("{:.2} {prefix}", value / scale);
+        }
+    }
+    format!("{value:.1} ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_format_for_people() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(1234), "1,234");
+        assert_eq!(thousands(12_345_678), "12,345,678");
+        assert_eq!(si(2.5e9), "2.50 G");
+        assert_eq!(si(12.0), "12.0 ");
+    }
+}

@@ -1,0 +1,93 @@
+//! Latency statistics over many executions, from an HdrHistogram.
+
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Latencies recorded in nanoseconds, from 1 ns to one hour, 3 significant digits.
+#[derive(Debug, Clone)]
+pub struct LatencyHistogram(Histogram<u64>);
+
+/// The percentiles the tools print, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LatencySummary {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Default for LatencyHistogram {
+    fn default() -> Self {
+        LatencyHistogram(
+            Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
+                .expect("static histogram bounds are valid"),
+        )
+    }
+}
+
+impl LatencyHistogram {
+    pub fn record(&mut self, latency: Duration) {
+        let nanos = u64::try_from(latency.as_nanos()).unwrap_or(u64::MAX).max(1);
+        self.0.saturating_record(nanos);
+    }
+
+    pub fn merge(&mut self, other: &LatencyHistogram) {
+        // Both histograms share the same bounds, so adding cannot fail.
+        let _ = self.0.add(&other.0);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.0.len()
+    }
+
+    pub fn clear(&mut self) {
+        self.0.reset();
+    }
+
+    /// Percentiles in seconds, or `None` when nothing was recorded.
+    pub fn summary(&self) -> Option<LatencySummary> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let at = |q: f64| self.0.value_at_quantile(q) as f64 / 1e9;
+        Some(LatencySummary {
+            p50: at(0.50),
+            p90: at(0.90),
+            p99: at(0.99),
+            max: self.0.max() as f64 / 1e9,
+        })
+    }
+}
+
+/// Formats seconds with a unit that keeps three significant digits: `45.1 µs`.
+pub fn format_seconds(seconds: f64) -> String {
+    if seconds >= 1.0 {
+        format!("{seconds:.3} s")
+    } else if seconds >= 1e-3 {
+        format!("{:.3} ms", seconds * 1e3)
+    } else {
+        format!("{:.1} µs", seconds * 1e6)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_come_from_the_recorded_latencies() {
+        let mut h = LatencyHistogram::default();
+        for micros in 1..=100u64 {
+            h.record(Duration::from_micros(micros));
+        }
+        let s = h.summary().expect("recorded");
+        assert!((s.p50 - 50e-6).abs() < 0.1e-6, "{s:?}");
+        assert!((s.p99 - 99e-6).abs() < 0.1e-6, "{s:?}");
+        assert!((s.max - 100e-6).abs() < 0.1e-6, "{s:?}");
+        assert_eq!(LatencyHistogram::default().summary(), None);
+        assert_eq!(format_seconds(45.12e-6), "45.1 µs");
+        assert_eq!(format_seconds(0.0123), "12.300 ms");
+    }
+}

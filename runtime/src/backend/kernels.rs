@@ -1,0 +1,466 @@
+//! The numeric kernels: one function per engine operation, on host arrays.
+//!
+//! Kernels trust the shapes they are given: [`crate::isa::Program::validate`] has
+//! already proven that every operand fits its operation. Semantics follow XLA's
+//! (NaN-propagating `maximum`/`minimum`, integer division by zero gives -1, wrapping
+//! integer arithmetic, saturating float-to-int conversion).
+
+use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice, Zip};
+
+use super::Value;
+use crate::dtype::{ArrayType, DType};
+use crate::isa::{ActivationFn, BinaryOp, CompareDirection, DotDims, Op, ReduceOp, UnaryOp};
+
+/// Dispatches a generic array function over the element types.
+macro_rules! each_type {
+    ($value:expr, $a:ident => $body:expr) => {
+        match $value {
+            Value::F32($a) => Value::F32($body),
+            Value::S32($a) => Value::S32($body),
+            Value::Pred($a) => Value::Pred($body),
+        }
+    };
+}
+
+/// Applies `op` to `operands`, producing a value of type `out`.
+pub(super) fn execute(op: &Op, operands: &[&Value], out: &ArrayType) -> Value {
+    let dims = to_usize(&out.dims);
+    match op {
+        Op::MatMul(d) => matmul(operands[0], operands[1], d, &dims),
+        Op::Activation(f) => match operands[0] {
+            Value::F32(a) => Value::F32(a.mapv(activation(*f))),
+            other => other.clone(),
+        },
+        Op::Unary(u) => unary(*u, operands[0]),
+        Op::Binary(b) => binary(*b, operands[0], operands[1]),
+        Op::Compare {
+            direction,
+            total_order,
+        } => compare(*direction, *total_order, operands[0], operands[1]),
+        Op::Select => select(operands[0], operands[1], operands[2]),
+        Op::Convert => convert(operands[0], out.dtype),
+        Op::Broadcast { dims: map } => each_type!(operands[0], a => broadcast(a, map, &dims)),
+        Op::Reshape => each_type!(operands[0], a => reshape(a, &dims)),
+        Op::Transpose { perm } => each_type!(operands[0], a => transpose(a, perm)),
+        Op::Reduce { op, dims: axes } => reduce(*op, operands[0], operands[1], axes),
+        Op::Concatenate { dim } => concatenate(operands, *dim as usize),
+        Op::Slice {
+            start,
+            limit,
+            stride,
+        } => each_type!(operands[0], a => slice(a, start, limit, stride)),
+        Op::Iota { dim } => iota(out.dtype, &dims, *dim as usize),
+        Op::Copy => operands[0].clone(),
+    }
+}
+
+pub(super) fn to_usize(dims: &[u64]) -> Vec<usize> {
+    dims.iter().map(|&d| d as usize).collect()
+}
+
+fn activation(f: ActivationFn) -> fn(f32) -> f32 {
+    match f {
+        ActivationFn::Exp => f32::exp,
+        ActivationFn::Log => f32::ln,
+        ActivationFn::Tanh => f32::tanh,
+        ActivationFn::Logistic => |x| 1.0 / (1.0 + (-x).exp()),
+        ActivationFn::Rsqrt => |x| 1.0 / x.sqrt(),
+        ActivationFn::Sqrt => f32::sqrt,
+    }
+}
+
+fn unary(op: UnaryOp, a: &Value) -> Value {
+    match (op, a) {
+        (UnaryOp::Negate, Value::F32(a)) => Value::F32(a.mapv(|x| -x)),
+        (UnaryOp::Abs, Value::F32(a)) => Value::F32(a.mapv(f32::abs)),
+        (UnaryOp::Negate, Value::S32(a)) => Value::S32(a.mapv(i32::wrapping_neg)),
+        (UnaryOp::Abs, Value::S32(a)) => Value::S32(a.mapv(i32::wrapping_abs)),
+        (_, other) => other.clone(),
+    }
+}
+
+fn zip_map<T: Copy, U>(a: &ArrayD<T>, b: &ArrayD<T>, f: impl Fn(T, T) -> U) -> ArrayD<U> {
+    Zip::from(a).and(b).map_collect(|&x, &y| f(x, y))
+}
+
+fn binary(op: BinaryOp, a: &Value, b: &Value) -> Value {
+    match (a, b) {
+        (Value::F32(a), Value::F32(b)) => Value::F32(match op {
+            BinaryOp::Add => zip_map(a, b, |x, y| x + y),
+            BinaryOp::Subtract => zip_map(a, b, |x, y| x - y),
+            BinaryOp::Multiply => zip_map(a, b, |x, y| x * y),
+            BinaryOp::Divide => zip_map(a, b, |x, y| x / y),
+            BinaryOp::Maximum => zip_map(a, b, max_f32),
+            BinaryOp::Minimum => zip_map(a, b, min_f32),
+        }),
+        (Value::S32(a), Value::S32(b)) => Value::S32(match op {
+            BinaryOp::Add => zip_map(a, b, i32::wrapping_add),
+            BinaryOp::Subtract => zip_map(a, b, i32::wrapping_sub),
+            BinaryOp::Multiply => zip_map(a, b, i32::wrapping_mul),
+            BinaryOp::Divide => zip_map(a, b, div_s32),
+            BinaryOp::Maximum => zip_map(a, b, i32::max),
+            BinaryOp::Minimum => zip_map(a, b, i32::min),
+        }),
+        (Value::Pred(a), Value::Pred(b)) => Value::Pred(match op {
+            BinaryOp::Minimum => zip_map(a, b, |x, y| x && y),
+            _ => zip_map(a, b, |x, y| x || y),
+        }),
+        (a, _) => a.clone(),
+    }
+}
+
+/// XLA's `maximum`: NaN in either operand gives NaN.
+fn max_f32(x: f32, y: f32) -> f32 {
+    if x.is_nan() || y.is_nan() {
+        f32::NAN
+    } else {
+        x.max(y)
+    }
+}
+
+fn min_f32(x: f32, y: f32) -> f32 {
+    if x.is_nan() || y.is_nan() {
+        f32::NAN
+    } else {
+        x.min(y)
+    }
+}
+
+/// XLA's integer division: `x / 0 = -1`, `MIN / -1 = MIN`.
+fn div_s32(x: i32, y: i32) -> i32 {
+    if y == 0 { -1 } else { x.wrapping_div(y) }
+}
+
+fn compare(direction: CompareDirection, total_order: bool, a: &Value, b: &Value) -> Value {
+    use std::cmp::Ordering;
+    let decide = |ord: Option<Ordering>| match (direction, ord) {
+        (CompareDirection::Ne, None) => true,
+        (_, None) => false,
+        (CompareDirection::Eq, Some(o)) => o == Ordering::Equal,
+        (CompareDirection::Ne, Some(o)) => o != Ordering::Equal,
+        (CompareDirection::Lt, Some(o)) => o == Ordering::Less,
+        (CompareDirection::Le, Some(o)) => o != Ordering::Greater,
+        (CompareDirection::Gt, Some(o)) => o == Ordering::Greater,
+        (CompareDirection::Ge, Some(o)) => o != Ordering::Less,
+    };
+    Value::Pred(match (a, b) {
+        (Value::F32(a), Value::F32(b)) if total_order => {
+            zip_map(a, b, |x, y| decide(Some(x.total_cmp(&y))))
+        }
+        (Value::F32(a), Value::F32(b)) => zip_map(a, b, |x, y| decide(x.partial_cmp(&y))),
+        (Value::S32(a), Value::S32(b)) => zip_map(a, b, |x, y| decide(Some(x.cmp(&y)))),
+        (Value::Pred(a), Value::Pred(b)) => zip_map(a, b, |x, y| decide(Some(x.cmp(&y)))),
+        _ => ArrayD::from_elem(IxDyn(&[]), false),
+    })
+}
+
+fn select(pred: &Value, on_true: &Value, on_false: &Value) -> Value {
+    let Value::Pred(p) = pred else {
+        return on_true.clone();
+    };
+    fn pick<T: Copy>(p: &ArrayD<bool>, a: &ArrayD<T>, b: &ArrayD<T>) -> ArrayD<T> {
+        match p.ndim() {
+            0 if p.iter().next().copied().unwrap_or(false) => a.clone(),
+            0 => b.clone(),
+            _ => Zip::from(p)
+                .and(a)
+                .and(b)
+                .map_collect(|&c, &x, &y| if c { x } else { y }),
+        }
+    }
+    match (on_true, on_false) {
+        (Value::F32(a), Value::F32(b)) => Value::F32(pick(p, a, b)),
+        (Value::S32(a), Value::S32(b)) => Value::S32(pick(p, a, b)),
+        (Value::Pred(a), Value::Pred(b)) => Value::Pred(pick(p, a, b)),
+        (a, _) => a.clone(),
+    }
+}
+
+fn convert(a: &Value, to: DType) -> Value {
+    match (a, to) {
+        (Value::F32(a), DType::F32) => Value::F32(a.clone()),
+        (Value::F32(a), DType::S32) => Value::S32(a.mapv(|x| x as i32)),
+        (Value::F32(a), DType::Pred) => Value::Pred(a.mapv(|x| x != 0.0)),
+        (Value::S32(a), DType::F32) => Value::F32(a.mapv(|x| x as f32)),
+        (Value::S32(a), DType::S32) => Value::S32(a.clone()),
+        (Value::S32(a), DType::Pred) => Value::Pred(a.mapv(|x| x != 0)),
+        (Value::Pred(a), DType::F32) => Value::F32(a.mapv(|x| if x { 1.0 } else { 0.0 })),
+        (Value::Pred(a), DType::S32) => Value::S32(a.mapv(i32::from)),
+        (Value::Pred(a), DType::Pred) => Value::Pred(a.clone()),
+    }
+}
+
+/// Operand dimension `i` becomes output dimension `map[i]`.
+fn broadcast<T: Clone>(a: &ArrayD<T>, map: &[u32], out_dims: &[usize]) -> ArrayD<T> {
+    // Order the operand's axes by their target position, then insert unit axes for
+    // the new dimensions, and let ndarray stretch the result.
+    let mut order: Vec<usize> = (0..map.len()).collect();
+    order.sort_by_key(|&i| map[i]);
+    let view = a.view().permuted_axes(IxDyn(&order));
+    let mut expanded_dims = vec![1usize; out_dims.len()];
+    for (&i, axis_len) in order.iter().zip(view.shape()) {
+        expanded_dims[map[i] as usize] = *axis_len;
+    }
+    let Ok(expanded) = view.to_shape(IxDyn(&expanded_dims)) else {
+        return a.clone();
+    };
+    match expanded.broadcast(IxDyn(out_dims)) {
+        Some(b) => b.as_standard_layout().into_owned(),
+        None => a.clone(),
+    }
+}
+
+fn reshape<T: Clone>(a: &ArrayD<T>, dims: &[usize]) -> ArrayD<T> {
+    match a.to_shape(IxDyn(dims)) {
+        Ok(v) => v.into_owned(),
+        Err(_) => a.clone(),
+    }
+}
+
+fn transpose<T: Clone>(a: &ArrayD<T>, perm: &[u32]) -> ArrayD<T> {
+    let perm: Vec<usize> = perm.iter().map(|&p| p as usize).collect();
+    a.view()
+        .permuted_axes(IxDyn(&perm))
+        .as_standard_layout()
+        .into_owned()
+}
+
+fn slice<T: Clone>(a: &ArrayD<T>, start: &[u64], limit: &[u64], stride: &[u64]) -> ArrayD<T> {
+    a.slice_each_axis(|ax| {
+        let i = ax.axis.index();
+        Slice::new(
+            start[i] as isize,
+            Some(limit[i] as isize),
+            stride[i] as isize,
+        )
+    })
+    .as_standard_layout()
+    .into_owned()
+}
+
+fn concatenate(operands: &[&Value], dim: usize) -> Value {
+    fn join<T: Clone>(parts: Vec<ArrayViewD<'_, T>>, dim: usize) -> ArrayD<T> {
+        ndarray::concatenate(Axis(dim), &parts)
+            .unwrap_or_else(|_| ndarray::Array1::from_vec(Vec::new()).into_dyn())
+    }
+    match operands.first() {
+        Some(Value::F32(_)) => Value::F32(join(
+            operands
+                .iter()
+                .filter_map(|v| v.as_f32())
+                .map(|a| a.view())
+                .collect(),
+            dim,
+        )),
+        Some(Value::S32(_)) => Value::S32(join(
+            operands
+                .iter()
+                .filter_map(|v| v.as_s32())
+                .map(|a| a.view())
+                .collect(),
+            dim,
+        )),
+        Some(Value::Pred(_)) => Value::Pred(join(
+            operands
+                .iter()
+                .filter_map(|v| v.as_pred())
+                .map(|a| a.view())
+                .collect(),
+            dim,
+        )),
+        None => Value::F32(ArrayD::zeros(IxDyn(&[0]))),
+    }
+}
+
+fn iota(dtype: DType, dims: &[usize], dim: usize) -> Value {
+    match dtype {
+        DType::F32 => Value::F32(ArrayD::from_shape_fn(IxDyn(dims), |ix| ix[dim] as f32)),
+        _ => Value::S32(ArrayD::from_shape_fn(IxDyn(dims), |ix| ix[dim] as i32)),
+    }
+}
+
+fn reduce(op: ReduceOp, operand: &Value, init: &Value, axes: &[u32]) -> Value {
+    match (operand, init) {
+        (Value::F32(a), Value::F32(i)) => Value::F32(reduce_array(
+            a,
+            first(i),
+            axes,
+            match op {
+                ReduceOp::Add => |x, y| x + y,
+                ReduceOp::Multiply => |x, y| x * y,
+                ReduceOp::Maximum => max_f32,
+                ReduceOp::Minimum => min_f32,
+            },
+        )),
+        (Value::S32(a), Value::S32(i)) => Value::S32(reduce_array(
+            a,
+            first(i),
+            axes,
+            match op {
+                ReduceOp::Add => i32::wrapping_add,
+                ReduceOp::Multiply => i32::wrapping_mul,
+                ReduceOp::Maximum => i32::max,
+                ReduceOp::Minimum => i32::min,
+            },
+        )),
+        (Value::Pred(a), Value::Pred(i)) => Value::Pred(reduce_array(
+            a,
+            first(i),
+            axes,
+            match op {
+                ReduceOp::Minimum | ReduceOp::Multiply => |x, y| x && y,
+                ReduceOp::Maximum | ReduceOp::Add => |x, y| x || y,
+            },
+        )),
+        (a, _) => a.clone(),
+    }
+}
+
+fn first<T: Copy + Default>(a: &ArrayD<T>) -> T {
+    a.iter().next().copied().unwrap_or_default()
+}
+
+/// Folds the `axes` of `a` into `init` with `f`, keeping the other axes in order.
+fn reduce_array<T: Copy>(a: &ArrayD<T>, init: T, axes: &[u32], f: fn(T, T) -> T) -> ArrayD<T> {
+    let rank = a.ndim();
+    let kept: Vec<usize> = (0..rank).filter(|d| !axes.contains(&(*d as u32))).collect();
+    let reduced: Vec<usize> = (0..rank).filter(|d| axes.contains(&(*d as u32))).collect();
+    let perm: Vec<usize> = kept.iter().chain(&reduced).copied().collect();
+    let kept_dims: Vec<usize> = kept.iter().map(|&d| a.shape()[d]).collect();
+    let outer: usize = kept_dims.iter().product();
+    let inner: usize = reduced.iter().map(|&d| a.shape()[d]).product();
+    let permuted = a.view().permuted_axes(IxDyn(&perm));
+    let rows = permuted.as_standard_layout();
+    let flat = rows.as_slice().unwrap_or(&[]);
+    let mut out = Vec::with_capacity(outer);
+    for row in 0..outer {
+        let start = row * inner;
+        out.push(
+            flat.get(start..start + inner)
+                .unwrap_or(&[])
+                .iter()
+                .fold(init, |acc, &x| f(acc, x)),
+        );
+    }
+    ArrayD::from_shape_vec(IxDyn(&kept_dims), out)
+        .unwrap_or_else(|_| ArrayD::from_elem(IxDyn(&[]), init))
+}
+
+/// `dot` with general dimension numbers, as batched matrix products.
+fn matmul(lhs: &Value, rhs: &Value, d: &DotDims, out_dims: &[usize]) -> Value {
+    match (lhs, rhs) {
+        (Value::F32(l), Value::F32(r)) => Value::F32(batched_matmul(l, r, d, out_dims, gemm_f32)),
+        (Value::S32(l), Value::S32(r)) => Value::S32(batched_matmul(l, r, d, out_dims, gemm_naive)),
+        (a, _) => a.clone(),
+    }
+}
+
+/// A matrix product `c = a · b` on strided 2-D views, `c` zero-initialised.
+type Gemm<T> =
+    fn(ndarray::ArrayView2<'_, T>, ndarray::ArrayView2<'_, T>, ndarray::ArrayViewMut2<'_, T>);
+
+fn batched_matmul<T: Copy + Default>(
+    lhs: &ArrayD<T>,
+    rhs: &ArrayD<T>,
+    d: &DotDims,
+    out_dims: &[usize],
+    gemm: Gemm<T>,
+) -> ArrayD<T> {
+    let arrange = |a: &ArrayD<T>, batch: &[u32], contracting: &[u32], contracting_last: bool| {
+        let free: Vec<usize> = (0..a.ndim())
+            .filter(|i| !batch.contains(&(*i as u32)) && !contracting.contains(&(*i as u32)))
+            .collect();
+        let batch: Vec<usize> = batch.iter().map(|&i| i as usize).collect();
+        let contracting: Vec<usize> = contracting.iter().map(|&i| i as usize).collect();
+        let size = |axes: &[usize]| axes.iter().map(|&i| a.shape()[i]).product::<usize>();
+        let (b, f, c) = (size(&batch), size(&free), size(&contracting));
+        let mut perm = batch.clone();
+        if contracting_last {
+            perm.extend(&free);
+            perm.extend(&contracting);
+        } else {
+            perm.extend(&contracting);
+            perm.extend(&free);
+        }
+        let view = a.view().permuted_axes(IxDyn(&perm));
+        let shape = if contracting_last {
+            (b, f, c)
+        } else {
+            (b, c, f)
+        };
+        view.to_shape(shape).map(|v| v.into_owned())
+    };
+    let (Ok(l), Ok(r)) = (
+        arrange(lhs, &d.lhs_batch, &d.lhs_contracting, true),
+        arrange(rhs, &d.rhs_batch, &d.rhs_contracting, false),
+    ) else {
+        return ArrayD::from_elem(IxDyn(out_dims), T::default());
+    };
+    let (batch, m, _) = l.dim();
+    let n = r.dim().2;
+    let mut out = ndarray::Array3::<T>::from_elem((batch, m, n), T::default());
+    for i in 0..batch {
+        gemm(
+            l.index_axis(Axis(0), i),
+            r.index_axis(Axis(0), i),
+            out.index_axis_mut(Axis(0), i),
+        );
+    }
+    out.into_shape_with_order(IxDyn(out_dims))
+        .unwrap_or_else(|_| ArrayD::from_elem(IxDyn(out_dims), T::default()))
+}
+
+/// Single-precision matrix product through `matrixmultiply`.
+fn gemm_f32(
+    a: ndarray::ArrayView2<'_, f32>,
+    b: ndarray::ArrayView2<'_, f32>,
+    mut c: ndarray::ArrayViewMut2<'_, f32>,
+) {
+    let (m, k) = a.dim();
+    let n = b.dim().1;
+    if m == 0 || n == 0 || k == 0 || b.dim().0 != k || c.dim() != (m, n) {
+        return;
+    }
+    let (rsa, csa) = (a.strides()[0], a.strides()[1]);
+    let (rsb, csb) = (b.strides()[0], b.strides()[1]);
+    let (rsc, csc) = (c.strides()[0], c.strides()[1]);
+    // SAFETY: the pointers and strides describe the three views exactly (their
+    // dimensions were checked above), `c` is borrowed mutably and does not alias
+    // `a` or `b`, and matrixmultiply reads and writes only within those bounds.
+    unsafe {
+        matrixmultiply::sgemm(
+            m,
+            k,
+            n,
+            1.0,
+            a.as_ptr(),
+            rsa,
+            csa,
+            b.as_ptr(),
+            rsb,
+            csb,
+            0.0,
+            c.as_mut_ptr(),
+            rsc,
+            csc,
+        );
+    }
+}
+
+fn gemm_naive(
+    a: ndarray::ArrayView2<'_, i32>,
+    b: ndarray::ArrayView2<'_, i32>,
+    mut c: ndarray::ArrayViewMut2<'_, i32>,
+) {
+    let (m, k) = a.dim();
+    let n = b.dim().1;
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0i32;
+            for p in 0..k {
+                acc = acc.wrapping_add(a[[i, p]].wrapping_mul(b[[p, j]]));
+            }
+            c[[i, j]] = acc;
+        }
+    }
+}

@@ -1,0 +1,280 @@
+//! The CPU execution backend: runs a validated [`Program`] with real numerics.
+//!
+//! An [`Executable`] is prepared once per load: constants are decoded (the weights DMA
+//! queue), the engine streams are merged into their global step order, and each
+//! intermediate's last reader is found so its memory is released as soon as it is dead.
+//! [`Executable::run`] then moves the inputs in, runs every instruction, and hands the
+//! outputs back. It checks the deadline between instructions.
+
+mod kernels;
+
+use std::time::Instant;
+
+use ndarray::{ArrayD, IxDyn};
+
+use crate::dtype::{ArrayType, DType};
+use crate::isa::{BufferKind, Instruction, Program};
+
+/// A host array of one of the executable element types.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    F32(ArrayD<f32>),
+    S32(ArrayD<i32>),
+    Pred(ArrayD<bool>),
+}
+
+impl Value {
+    /// Decodes little-endian bytes (exactly `ty.size_bytes()` of them) into a value.
+    pub fn from_le_bytes(ty: &ArrayType, bytes: &[u8]) -> Value {
+        let dims = IxDyn(&kernels::to_usize(&ty.dims));
+        let decoded = match ty.dtype {
+            DType::F32 => ArrayD::from_shape_vec(
+                dims,
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            )
+            .map(Value::F32),
+            DType::S32 => ArrayD::from_shape_vec(
+                dims,
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            )
+            .map(Value::S32),
+            DType::Pred => ArrayD::from_shape_vec(dims, bytes.iter().map(|&b| b != 0).collect())
+                .map(Value::Pred),
+        };
+        debug_assert!(decoded.is_ok(), "{} bytes do not hold a {ty}", bytes.len());
+        decoded.unwrap_or_else(|_| Value::zeros(ty))
+    }
+
+    /// A zero-filled value of type `ty`.
+    pub fn zeros(ty: &ArrayType) -> Value {
+        let dims = IxDyn(&kernels::to_usize(&ty.dims));
+        match ty.dtype {
+            DType::F32 => Value::F32(ArrayD::zeros(dims)),
+            DType::S32 => Value::S32(ArrayD::zeros(dims)),
+            DType::Pred => Value::Pred(ArrayD::from_elem(dims, false)),
+        }
+    }
+
+    /// Writes the value's elements, row-major and little-endian, into `out`.
+    pub fn write_le_bytes(&self, out: &mut [u8]) {
+        match self {
+            Value::F32(a) => {
+                for (chunk, x) in out.chunks_exact_mut(4).zip(a.iter()) {
+                    chunk.copy_from_slice(&x.to_le_bytes());
+                }
+            }
+            Value::S32(a) => {
+                for (chunk, x) in out.chunks_exact_mut(4).zip(a.iter()) {
+                    chunk.copy_from_slice(&x.to_le_bytes());
+                }
+            }
+            Value::Pred(a) => {
+                for (byte, x) in out.iter_mut().zip(a.iter()) {
+                    *byte = u8::from(*x);
+                }
+            }
+        }
+    }
+
+    /// Number of NaN or infinite elements (zero for integer types).
+    pub fn non_finite_count(&self) -> u64 {
+        match self {
+            Value::F32(a) => a.iter().filter(|x| !x.is_finite()).count() as u64,
+            Value::S32(_) | Value::Pred(_) => 0,
+        }
+    }
+
+    fn as_f32(&self) -> Option<&ArrayD<f32>> {
+        match self {
+            Value::F32(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    fn as_s32(&self) -> Option<&ArrayD<i32>> {
+        match self {
+            Value::S32(a) => Some(a),
+            _ => None,
+        }
+    }
+
+    fn as_pred(&self) -> Option<&ArrayD<bool>> {
+        match self {
+            Value::Pred(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// Why a run stopped early.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RunError {
+    /// The deadline passed before `step` could start.
+    DeadlineExceeded { step: usize, steps: usize },
+}
+
+/// A program prepared for repeated execution.
+#[derive(Debug)]
+pub(crate) struct Executable {
+    program: Program,
+    /// Instructions in global step order: (stream index, instruction index).
+    order: Vec<(usize, usize)>,
+    /// Constant values by constant index, decoded once at load.
+    constants: Vec<Value>,
+    /// Buffers to release after each step.
+    release_after: Vec<Vec<u32>>,
+}
+
+/// A buffer's contents during a run.
+enum Slot<'a> {
+    Empty,
+    Borrowed(&'a Value),
+    Owned(Value),
+}
+
+impl Slot<'_> {
+    fn get(&self) -> Option<&Value> {
+        match self {
+            Slot::Empty => None,
+            Slot::Borrowed(v) => Some(v),
+            Slot::Owned(v) => Some(v),
+        }
+    }
+}
+
+impl Executable {
+    /// Prepares a program that has passed [`Program::validate`].
+    pub(crate) fn new(program: Program) -> Executable {
+        let mut order: Vec<(u32, usize, usize)> = Vec::new();
+        for (s, stream) in program.streams.iter().enumerate() {
+            for (i, instruction) in stream.instructions.iter().enumerate() {
+                order.push((instruction.step, s, i));
+            }
+        }
+        order.sort_unstable();
+        let order: Vec<(usize, usize)> = order.into_iter().map(|(_, s, i)| (s, i)).collect();
+
+        let constants = program
+            .buffers
+            .iter()
+            .filter_map(|b| match b.kind {
+                BufferKind::Constant { index } => Some((index, &b.ty)),
+                _ => None,
+            })
+            .fold(
+                vec![None; program.constants.len()],
+                |mut acc, (index, ty)| {
+                    if let Some(blob) = program.constants.get(index as usize) {
+                        acc[index as usize] = Some(Value::from_le_bytes(ty, blob));
+                    }
+                    acc
+                },
+            )
+            .into_iter()
+            .map(|v| v.unwrap_or_else(|| Value::F32(ArrayD::zeros(IxDyn(&[0])))))
+            .collect();
+
+        let mut last_reader: Vec<Option<usize>> = vec![None; program.buffers.len()];
+        for (step, &(s, i)) in order.iter().enumerate() {
+            for &b in &program.streams[s].instructions[i].operands {
+                last_reader[b as usize] = Some(step);
+            }
+        }
+        let is_output: Vec<bool> = (0..program.buffers.len())
+            .map(|b| program.outputs.iter().any(|o| o.buffer as usize == b))
+            .collect();
+        let mut release_after = vec![Vec::new(); order.len()];
+        for (b, last) in last_reader.iter().enumerate() {
+            if let Some(step) = last
+                && !is_output[b]
+            {
+                release_after[*step].push(b as u32);
+            }
+        }
+        Executable {
+            program,
+            order,
+            constants,
+            release_after,
+        }
+    }
+
+    pub(crate) fn program(&self) -> &Program {
+        &self.program
+    }
+
+    /// Instructions in the order they execute.
+    pub(crate) fn steps(&self) -> impl Iterator<Item = &Instruction> {
+        self.order
+            .iter()
+            .map(|&(s, i)| &self.program.streams[s].instructions[i])
+    }
+
+    /// Runs the program on `inputs` (one value per program input, of its type) and
+    /// returns one value per program output.
+    pub(crate) fn run(
+        &self,
+        inputs: Vec<Value>,
+        deadline: Instant,
+    ) -> Result<Vec<Value>, RunError> {
+        let program = &self.program;
+        let mut slots: Vec<Slot<'_>> = program
+            .buffers
+            .iter()
+            .map(|b| match b.kind {
+                BufferKind::Constant { index } => Slot::Borrowed(&self.constants[index as usize]),
+                _ => Slot::Empty,
+            })
+            .collect();
+        for (io, value) in program.inputs.iter().zip(inputs) {
+            slots[io.buffer as usize] = Slot::Owned(value);
+        }
+        let steps = self.order.len();
+        for (step, instruction) in self.steps().enumerate() {
+            if Instant::now() > deadline {
+                return Err(RunError::DeadlineExceeded { step, steps });
+            }
+            let operands: Vec<&Value> = instruction
+                .operands
+                .iter()
+                .filter_map(|&b| slots[b as usize].get())
+                .collect();
+            let out_ty = &program.buffers[instruction.output as usize].ty;
+            let value = kernels::execute(&instruction.op, &operands, out_ty);
+            slots[instruction.output as usize] = Slot::Owned(value);
+            for &b in &self.release_after[step] {
+                if matches!(
+                    program.buffers[b as usize].kind,
+                    BufferKind::Intermediate { .. } | BufferKind::Input { .. }
+                ) {
+                    slots[b as usize] = Slot::Empty;
+                }
+            }
+        }
+        let mut outputs = Vec::with_capacity(program.outputs.len());
+        for (k, io) in program.outputs.iter().enumerate() {
+            let b = io.buffer as usize;
+            let returned_again = program.outputs[k + 1..]
+                .iter()
+                .any(|o| o.buffer == io.buffer);
+            let value = match std::mem::replace(&mut slots[b], Slot::Empty) {
+                Slot::Owned(v) if returned_again => {
+                    let copy = v.clone();
+                    slots[b] = Slot::Owned(v);
+                    copy
+                }
+                Slot::Owned(v) => v,
+                Slot::Borrowed(v) => v.clone(),
+                Slot::Empty => Value::zeros(&program.buffers[b].ty),
+            };
+            outputs.push(value);
+        }
+        Ok(outputs)
+    }
+}

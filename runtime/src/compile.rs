@@ -1,0 +1,793 @@
+//! Lowering of an HLO module to engine instructions (the work of `neuron-cc compile`).
+//!
+//! Every HLO instruction becomes at most one engine instruction on the engine its
+//! operator belongs to (matrix products on `PE`, transcendental functions on `ACT`,
+//! arithmetic, compare, select, reduce and layout on `DVE`, iota on `POOL`); parameters,
+//! constants and results become DMA transfers. `call`, `tuple` and `get-tuple-element`
+//! disappear: calls are inlined and tuples are resolved at compile time. Intermediate
+//! buffers are then planned into one scratchpad, reusing space once a buffer is dead.
+//!
+//! An operator or element type the backend cannot execute is a [`CompileError`] naming
+//! the operator, the instruction and the source line; nothing is produced.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::dtype::{ArrayType, DType};
+use crate::hlo::{self, Computation, HloModule, Payload, Shape};
+use crate::isa::{
+    ActivationFn, BinaryOp, Buffer, BufferKind, CompareDirection, DmaQueue, DmaQueueKind,
+    DmaTransfer, DotDims, Engine, EngineStream, Instruction, IoTensor, Op, Program, ReduceOp,
+    UnaryOp, infer_output,
+};
+use crate::topology::NeuronCoreVersion;
+
+/// Alignment of intermediate buffers in the scratchpad.
+pub const SCRATCHPAD_ALIGNMENT: u64 = 64;
+
+/// How deeply `call`s may nest before the module is rejected as recursive.
+const MAX_CALL_DEPTH: usize = 64;
+
+/// `neuron-cc --target`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Target {
+    #[default]
+    Trn1,
+    Trn1n,
+    Inf2,
+    Trn2,
+}
+
+impl Target {
+    pub const ALL: [Target; 4] = [Target::Trn1, Target::Trn1n, Target::Inf2, Target::Trn2];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Trn1 => "trn1",
+            Target::Trn1n => "trn1n",
+            Target::Inf2 => "inf2",
+            Target::Trn2 => "trn2",
+        }
+    }
+
+    pub fn core_version(self) -> NeuronCoreVersion {
+        match self {
+            Target::Trn2 => NeuronCoreVersion::V3,
+            Target::Trn1 | Target::Trn1n | Target::Inf2 => NeuronCoreVersion::V2,
+        }
+    }
+}
+
+impl std::str::FromStr for Target {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Target::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| format!("unknown target `{s}`; use trn1, trn1n, inf2 or trn2"))
+    }
+}
+
+/// A module that cannot be compiled: where and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct CompileError {
+    /// 1-based source line, when the error belongs to one.
+    pub line: Option<usize>,
+    /// The HLO instruction, when the error belongs to one.
+    pub instruction: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for CompileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.instruction, self.line) {
+            (Some(name), Some(line)) => {
+                write!(f, "line {line}, instruction `{name}`: {}", self.message)
+            }
+            (None, Some(line)) => write!(f, "line {line}: {}", self.message),
+            _ => f.write_str(&self.message),
+        }
+    }
+}
+
+impl From<hlo::ParseError> for CompileError {
+    fn from(e: hlo::ParseError) -> Self {
+        CompileError {
+            line: Some(e.line),
+            instruction: None,
+            message: format!("syntax error at column {}: {}", e.column, e.message),
+        }
+    }
+}
+
+/// Parses and lowers HLO text.
+pub fn compile_hlo(text: &str, target: Target) -> Result<Program, CompileError> {
+    let module = hlo::parse_module(text)?;
+    lower_module(&module, target)
+}
+
+/// Lowers a parsed module for `target`.
+pub fn lower_module(module: &HloModule, target: Target) -> Result<Program, CompileError> {
+    let mut lowering = Lowering {
+        module,
+        buffers: Vec::new(),
+        instructions: Vec::new(),
+        constants: Vec::new(),
+        hlo_names: Vec::new(),
+        inputs: Vec::new(),
+    };
+    let result = lowering.computation(module.entry(), None, 0)?;
+    let mut outputs = Vec::new();
+    flatten(&result, &mut outputs);
+    let outputs: Vec<IoTensor> = outputs
+        .into_iter()
+        .enumerate()
+        .map(|(i, (buffer, hlo_name))| IoTensor {
+            name: format!("output{i}"),
+            hlo_name,
+            buffer,
+        })
+        .collect();
+    lowering.finish(target, outputs)
+}
+
+/// What an HLO instruction evaluates to after lowering.
+#[derive(Debug, Clone)]
+enum Lowered {
+    Buffer { id: u32, hlo_name: String },
+    Tuple(Vec<Lowered>),
+}
+
+fn flatten(value: &Lowered, out: &mut Vec<(u32, String)>) {
+    match value {
+        Lowered::Buffer { id, hlo_name } => out.push((*id, hlo_name.clone())),
+        Lowered::Tuple(parts) => parts.iter().for_each(|p| flatten(p, out)),
+    }
+}
+
+struct Lowering<'m> {
+    module: &'m HloModule,
+    buffers: Vec<Buffer>,
+    instructions: Vec<Instruction>,
+    constants: Vec<Vec<u8>>,
+    hlo_names: Vec<String>,
+    /// (parameter number, parameter name, buffer).
+    inputs: Vec<(u64, String, u32)>,
+}
+
+impl Lowering<'_> {
+    fn computation(
+        &mut self,
+        computation: &Computation,
+        args: Option<&[Lowered]>,
+        depth: usize,
+    ) -> Result<Lowered, CompileError> {
+        if depth > MAX_CALL_DEPTH {
+            return Err(CompileError {
+                line: Some(computation.line),
+                instruction: None,
+                message: format!(
+                    "calls nest deeper than {MAX_CALL_DEPTH} at computation `{}`; recursion is not supported",
+                    computation.name
+                ),
+            });
+        }
+        let mut env: HashMap<&str, Lowered> = HashMap::new();
+        for instruction in &computation.instructions {
+            let value = self
+                .instruction(instruction, &env, args, depth)
+                .map_err(|message| CompileError {
+                    line: Some(instruction.line),
+                    instruction: Some(instruction.name.clone()),
+                    message,
+                })?;
+            env.insert(&instruction.name, value);
+        }
+        let root = &computation.instructions[computation.root];
+        env.remove(root.name.as_str()).ok_or_else(|| CompileError {
+            line: Some(root.line),
+            instruction: Some(root.name.clone()),
+            message: "ROOT was not lowered".into(),
+        })
+    }
+
+    fn instruction(
+        &mut self,
+        inst: &hlo::Instruction,
+        env: &HashMap<&str, Lowered>,
+        args: Option<&[Lowered]>,
+        depth: usize,
+    ) -> Result<Lowered, String> {
+        let operand = |name: &str| -> Result<&Lowered, String> {
+            env.get(strip_percent(name))
+                .ok_or_else(|| format!("operand `{name}` is not defined before this instruction"))
+        };
+        let mut buffer_operands = Vec::with_capacity(inst.operands.len());
+        if !matches!(inst.opcode.as_str(), "tuple" | "get-tuple-element" | "call") {
+            for name in &inst.operands {
+                match operand(name)? {
+                    Lowered::Buffer { id, .. } => buffer_operands.push(*id),
+                    Lowered::Tuple(_) => {
+                        return Err(format!(
+                            "operand `{name}` is a tuple; `{}` takes arrays",
+                            inst.opcode
+                        ));
+                    }
+                }
+            }
+        }
+        let op = match inst.opcode.as_str() {
+            "parameter" => {
+                let Some(Payload::ParameterNumber(n)) = inst.payload else {
+                    return Err("parameter without a number".into());
+                };
+                return match args {
+                    Some(args) => args.get(n as usize).cloned().ok_or_else(|| {
+                        format!(
+                            "parameter({n}) but the call passes {} argument(s)",
+                            args.len()
+                        )
+                    }),
+                    None => self.entry_parameter(inst, n),
+                };
+            }
+            "constant" => return self.constant(inst),
+            "tuple" => {
+                let parts = inst
+                    .operands
+                    .iter()
+                    .map(|n| operand(n).cloned())
+                    .collect::<Result<Vec<_>, _>>()?;
+                return Ok(Lowered::Tuple(parts));
+            }
+            "get-tuple-element" => {
+                let index: usize = attr(inst, "index")?
+                    .parse()
+                    .map_err(|_| "`index` must be a non-negative integer".to_string())?;
+                let [name] = inst.operands.as_slice() else {
+                    return Err("get-tuple-element takes one operand".into());
+                };
+                return match operand(name)? {
+                    Lowered::Tuple(parts) => parts.get(index).cloned().ok_or_else(|| {
+                        format!("index {index} is out of range for a {}-tuple", parts.len())
+                    }),
+                    Lowered::Buffer { .. } => Err(format!("operand `{name}` is not a tuple")),
+                };
+            }
+            "call" => {
+                let callee_name = strip_percent(attr(inst, "to_apply")?);
+                let callee = self.module.computation(callee_name).ok_or_else(|| {
+                    format!("calls computation `{callee_name}`, which is not defined")
+                })?;
+                let call_args = inst
+                    .operands
+                    .iter()
+                    .map(|n| operand(n).cloned())
+                    .collect::<Result<Vec<_>, _>>()?;
+                return self
+                    .computation(callee, Some(&call_args), depth + 1)
+                    .map_err(|e| format!("in called computation `{callee_name}`: {e}"));
+            }
+            "dot" => Op::MatMul(DotDims {
+                lhs_batch: dim_list(inst, "lhs_batch_dims", true)?,
+                lhs_contracting: dim_list(inst, "lhs_contracting_dims", true)?,
+                rhs_batch: dim_list(inst, "rhs_batch_dims", true)?,
+                rhs_contracting: dim_list(inst, "rhs_contracting_dims", true)?,
+            }),
+            "add" => Op::Binary(BinaryOp::Add),
+            "subtract" => Op::Binary(BinaryOp::Subtract),
+            "multiply" => Op::Binary(BinaryOp::Multiply),
+            "divide" => Op::Binary(BinaryOp::Divide),
+            "maximum" => Op::Binary(BinaryOp::Maximum),
+            "minimum" => Op::Binary(BinaryOp::Minimum),
+            "negate" => Op::Unary(UnaryOp::Negate),
+            "abs" => Op::Unary(UnaryOp::Abs),
+            "exponential" => Op::Activation(ActivationFn::Exp),
+            "log" => Op::Activation(ActivationFn::Log),
+            "tanh" => Op::Activation(ActivationFn::Tanh),
+            "logistic" => Op::Activation(ActivationFn::Logistic),
+            "rsqrt" => Op::Activation(ActivationFn::Rsqrt),
+            "sqrt" => Op::Activation(ActivationFn::Sqrt),
+            "broadcast" => Op::Broadcast {
+                dims: dim_list(inst, "dimensions", false)?,
+            },
+            "reshape" => Op::Reshape,
+            "transpose" => Op::Transpose {
+                perm: dim_list(inst, "dimensions", false)?,
+            },
+            "copy" => Op::Copy,
+            "reduce" => {
+                if inst.operands.len() != 2 {
+                    return Err("variadic reduce (several arrays at once) is not supported yet; reduce one array at a time".into());
+                }
+                let region_name = strip_percent(attr(inst, "to_apply")?);
+                let region = self.module.computation(region_name).ok_or_else(|| {
+                    format!("reduction computation `{region_name}` is not defined")
+                })?;
+                Op::Reduce {
+                    op: reduction_kind(region)?,
+                    dims: dim_list(inst, "dimensions", false)?,
+                }
+            }
+            "compare" => {
+                let direction = match attr(inst, "direction")? {
+                    "EQ" => CompareDirection::Eq,
+                    "NE" => CompareDirection::Ne,
+                    "LT" => CompareDirection::Lt,
+                    "LE" => CompareDirection::Le,
+                    "GT" => CompareDirection::Gt,
+                    "GE" => CompareDirection::Ge,
+                    other => return Err(format!("unknown comparison direction `{other}`")),
+                };
+                Op::Compare {
+                    direction,
+                    total_order: inst.attribute("type") == Some("TOTALORDER"),
+                }
+            }
+            "select" => Op::Select,
+            "convert" => Op::Convert,
+            "iota" => Op::Iota {
+                dim: attr(inst, "iota_dimension")?
+                    .parse()
+                    .map_err(|_| "`iota_dimension` must be a non-negative integer".to_string())?,
+            },
+            "concatenate" => {
+                let dims = dim_list(inst, "dimensions", false)?;
+                let [dim] = dims.as_slice() else {
+                    return Err("concatenate needs exactly one dimension in `dimensions`".into());
+                };
+                Op::Concatenate { dim: *dim }
+            }
+            "slice" => slice_op(attr(inst, "slice")?)?,
+            other => {
+                return Err(format!(
+                    "operator `{other}` is not supported by this compiler (supported: {})",
+                    SUPPORTED_OPERATORS.join(", ")
+                ));
+            }
+        };
+        let declared = array_type(&inst.shape)?;
+        let operand_types: Vec<&ArrayType> = buffer_operands
+            .iter()
+            .map(|&b| &self.buffers[b as usize].ty)
+            .collect();
+        let inferred = infer_output(&op, &operand_types, &declared)?;
+        if inferred != declared {
+            return Err(format!(
+                "`{}` produces {inferred} but the instruction declares {declared}",
+                inst.opcode
+            ));
+        }
+        let output = self.new_buffer(declared, BufferKind::Intermediate { offset: 0 });
+        let hlo = self.hlo_names.len() as u32;
+        self.hlo_names.push(inst.name.clone());
+        self.instructions.push(Instruction {
+            step: self.instructions.len() as u32,
+            op,
+            operands: buffer_operands,
+            output,
+            hlo,
+        });
+        Ok(Lowered::Buffer {
+            id: output,
+            hlo_name: inst.name.clone(),
+        })
+    }
+
+    fn new_buffer(&mut self, ty: ArrayType, kind: BufferKind) -> u32 {
+        self.buffers.push(Buffer { ty, kind });
+        (self.buffers.len() - 1) as u32
+    }
+
+    fn entry_parameter(&mut self, inst: &hlo::Instruction, number: u64) -> Result<Lowered, String> {
+        if self.inputs.iter().any(|(n, _, _)| *n == number) {
+            return Err(format!("parameter number {number} is used twice"));
+        }
+        let ty = array_type(&inst.shape)?;
+        // The buffer's input index is fixed once every parameter is known (`finish`).
+        let id = self.new_buffer(ty, BufferKind::Input { index: 0 });
+        self.inputs.push((number, inst.name.clone(), id));
+        Ok(Lowered::Buffer {
+            id,
+            hlo_name: inst.name.clone(),
+        })
+    }
+
+    fn constant(&mut self, inst: &hlo::Instruction) -> Result<Lowered, String> {
+        let ty = array_type(&inst.shape)?;
+        let Some(Payload::Literal(tokens)) = &inst.payload else {
+            return Err("constant without a literal".into());
+        };
+        let count = ty.element_count().ok_or("constant is too large")?;
+        if tokens.len() as u64 != count {
+            return Err(format!(
+                "literal has {} value(s) but {ty} holds {count}",
+                tokens.len()
+            ));
+        }
+        let mut bytes = Vec::with_capacity(tokens.len() * ty.dtype.size_bytes() as usize);
+        for token in tokens {
+            let bad = || format!("`{token}` is not a valid {} value", ty.dtype);
+            match ty.dtype {
+                DType::F32 => bytes.extend(parse_f32(token).ok_or_else(bad)?.to_le_bytes()),
+                DType::S32 => bytes.extend(token.parse::<i32>().map_err(|_| bad())?.to_le_bytes()),
+                DType::Pred => bytes.push(match token.as_str() {
+                    "true" | "1" => 1,
+                    "false" | "0" => 0,
+                    _ => return Err(bad()),
+                }),
+            }
+        }
+        let index = self.constants.len() as u32;
+        self.constants.push(bytes);
+        let id = self.new_buffer(ty, BufferKind::Constant { index });
+        Ok(Lowered::Buffer {
+            id,
+            hlo_name: inst.name.clone(),
+        })
+    }
+
+    fn finish(mut self, target: Target, outputs: Vec<IoTensor>) -> Result<Program, CompileError> {
+        let whole_module = |message: String| CompileError {
+            line: None,
+            instruction: None,
+            message,
+        };
+        self.inputs.sort_by_key(|(n, _, _)| *n);
+        for (expected, (n, name, _)) in self.inputs.iter().enumerate() {
+            if *n != expected as u64 {
+                return Err(whole_module(format!(
+                    "entry parameters must be numbered 0 to {}; `{name}` is parameter({n})",
+                    self.inputs.len() - 1
+                )));
+            }
+        }
+        let inputs: Vec<IoTensor> = self
+            .inputs
+            .iter()
+            .enumerate()
+            .map(|(i, (_, name, buffer))| IoTensor {
+                name: format!("input{i}"),
+                hlo_name: name.clone(),
+                buffer: *buffer,
+            })
+            .collect();
+        for (i, io) in inputs.iter().enumerate() {
+            self.buffers[io.buffer as usize].kind = BufferKind::Input { index: i as u32 };
+        }
+
+        let scratchpad_bytes = plan_scratchpad(&mut self.buffers, &self.instructions, &outputs);
+
+        let mut streams: Vec<EngineStream> = Vec::new();
+        for instruction in self.instructions {
+            let engine = instruction.op.engine();
+            match streams.iter_mut().find(|s| s.engine == engine) {
+                Some(stream) => stream.instructions.push(instruction),
+                None => streams.push(EngineStream {
+                    engine,
+                    instructions: vec![instruction],
+                }),
+            }
+        }
+        streams.sort_by_key(|s| s.engine);
+
+        let transfer = |buffer: u32, index: usize| DmaTransfer {
+            buffer,
+            index: index as u32,
+            bytes: self.buffers[buffer as usize].ty.size_bytes().unwrap_or(0),
+        };
+        let constant_buffers = self
+            .buffers
+            .iter()
+            .enumerate()
+            .filter_map(|(id, b)| match b.kind {
+                BufferKind::Constant { index } => Some((id as u32, index as usize)),
+                _ => None,
+            });
+        let dma_queues = vec![
+            DmaQueue {
+                kind: DmaQueueKind::Input,
+                transfers: inputs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, io)| transfer(io.buffer, i))
+                    .collect(),
+            },
+            DmaQueue {
+                kind: DmaQueueKind::Weights,
+                transfers: constant_buffers
+                    .map(|(id, index)| transfer(id, index))
+                    .collect(),
+            },
+            DmaQueue {
+                kind: DmaQueueKind::Output,
+                transfers: outputs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, io)| transfer(io.buffer, i))
+                    .collect(),
+            },
+        ];
+
+        let program = Program {
+            target: target.core_version(),
+            buffers: self.buffers,
+            inputs,
+            outputs,
+            streams,
+            dma_queues,
+            constants: self.constants,
+            hlo_names: self.hlo_names,
+            scratchpad_bytes,
+        };
+        program.validate().map_err(|e| {
+            whole_module(format!(
+                "internal error: lowered program is inconsistent: {e}"
+            ))
+        })?;
+        Ok(program)
+    }
+}
+
+/// Places intermediates in one scratchpad: first fit, reusing a buffer's space after
+/// its last reader. Program outputs stay live to the end. Returns the scratchpad size.
+fn plan_scratchpad(
+    buffers: &mut [Buffer],
+    instructions: &[Instruction],
+    outputs: &[IoTensor],
+) -> u64 {
+    let end = instructions.len();
+    let mut last_use = vec![0usize; buffers.len()];
+    for (step, instruction) in instructions.iter().enumerate() {
+        for &b in &instruction.operands {
+            last_use[b as usize] = step;
+        }
+    }
+    for io in outputs {
+        last_use[io.buffer as usize] = end;
+    }
+    // Live allocations: (offset, size, last use).
+    let mut live: Vec<(u64, u64, usize)> = Vec::new();
+    let mut high_water = 0u64;
+    for (step, instruction) in instructions.iter().enumerate() {
+        live.retain(|&(_, _, last)| last >= step);
+        let out = instruction.output as usize;
+        let size = buffers[out]
+            .ty
+            .size_bytes()
+            .unwrap_or(0)
+            .next_multiple_of(SCRATCHPAD_ALIGNMENT);
+        live.sort_unstable_by_key(|&(offset, _, _)| offset);
+        let mut offset = 0u64;
+        for &(o, s, _) in &live {
+            if o >= offset + size {
+                break;
+            }
+            offset = offset.max(o + s);
+        }
+        live.push((offset, size, last_use[out].max(step)));
+        high_water = high_water.max(offset + size);
+        buffers[out].kind = BufferKind::Intermediate { offset };
+    }
+    high_water
+}
+
+/// Operators `neuron-cc` lowers, in HLO spelling.
+pub const SUPPORTED_OPERATORS: &[&str] = &[
+    "abs",
+    "add",
+    "broadcast",
+    "call",
+    "compare",
+    "concatenate",
+    "constant",
+    "convert",
+    "copy",
+    "divide",
+    "dot",
+    "exponential",
+    "get-tuple-element",
+    "iota",
+    "log",
+    "logistic",
+    "maximum",
+    "minimum",
+    "multiply",
+    "negate",
+    "parameter",
+    "reduce",
+    "reshape",
+    "rsqrt",
+    "select",
+    "slice",
+    "sqrt",
+    "subtract",
+    "tanh",
+    "transpose",
+    "tuple",
+];
+
+/// Engine each operator runs on, for `neuron-cc` summaries.
+pub fn engine_of_operator(opcode: &str) -> Option<Engine> {
+    Some(match opcode {
+        "dot" => Engine::Pe,
+        "exponential" | "log" | "tanh" | "logistic" | "rsqrt" | "sqrt" => Engine::Act,
+        "iota" => Engine::Pool,
+        "parameter" | "constant" | "tuple" | "get-tuple-element" | "call" => return None,
+        _ => Engine::Dve,
+    })
+}
+
+fn strip_percent(name: &str) -> &str {
+    name.strip_prefix('%').unwrap_or(name)
+}
+
+fn attr<'i>(inst: &'i hlo::Instruction, name: &str) -> Result<&'i str, String> {
+    inst.attribute(name)
+        .ok_or_else(|| format!("`{}` needs the attribute `{name}`", inst.opcode))
+}
+
+/// `{1,0}` → `[1, 0]`; a missing optional attribute is an empty list.
+fn dim_list(inst: &hlo::Instruction, name: &str, optional: bool) -> Result<Vec<u32>, String> {
+    let value = match inst.attribute(name) {
+        Some(v) => v,
+        None if optional => return Ok(Vec::new()),
+        None => return Err(format!("`{}` needs the attribute `{name}`", inst.opcode)),
+    };
+    let inner = value
+        .strip_prefix('{')
+        .and_then(|v| v.strip_suffix('}'))
+        .ok_or_else(|| format!("`{name}={value}` should be a list like {{0,1}}"))?;
+    inner
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<u32>()
+                .map_err(|_| format!("`{name}={value}`: `{s}` is not a dimension index"))
+        })
+        .collect()
+}
+
+/// `slice={[0:4:2], [1:5]}` → the slice operation.
+fn slice_op(value: &str) -> Result<Op, String> {
+    let bad = || format!("`slice={value}` should look like {{[0:4:2], [1:5]}}");
+    let inner = value
+        .strip_prefix('{')
+        .and_then(|v| v.strip_suffix('}'))
+        .ok_or_else(bad)?;
+    let (mut start, mut limit, mut stride) = (Vec::new(), Vec::new(), Vec::new());
+    for part in inner.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let range = part
+            .strip_prefix('[')
+            .and_then(|p| p.strip_suffix(']'))
+            .ok_or_else(bad)?;
+        let numbers = range
+            .split(':')
+            .map(|n| n.trim().parse::<u64>().map_err(|_| bad()))
+            .collect::<Result<Vec<_>, _>>()?;
+        match numbers.as_slice() {
+            [a, b] => (start.push(*a), limit.push(*b), stride.push(1)),
+            [a, b, s] => (start.push(*a), limit.push(*b), stride.push(*s)),
+            _ => return Err(bad()),
+        };
+    }
+    Ok(Op::Slice {
+        start,
+        limit,
+        stride,
+    })
+}
+
+/// Recognises a reduction region `(a, b) -> op(a, b)`.
+fn reduction_kind(region: &Computation) -> Result<ReduceOp, String> {
+    let root = &region.instructions[region.root];
+    let params: Vec<&str> = region
+        .instructions
+        .iter()
+        .filter(|i| i.opcode == "parameter")
+        .map(|i| i.name.as_str())
+        .collect();
+    let operands: Vec<&str> = root.operands.iter().map(|o| strip_percent(o)).collect();
+    let plain = region.instructions.len() == 3
+        && params.len() == 2
+        && operands.len() == 2
+        && params.iter().all(|p| operands.contains(p));
+    let kind = match root.opcode.as_str() {
+        "add" => Some(ReduceOp::Add),
+        "multiply" => Some(ReduceOp::Multiply),
+        "maximum" => Some(ReduceOp::Maximum),
+        "minimum" => Some(ReduceOp::Minimum),
+        _ => None,
+    };
+    match kind {
+        Some(kind) if plain => Ok(kind),
+        _ => Err(format!(
+            "reduction computation `{}` is not a plain add, multiply, maximum or minimum of its two parameters",
+            region.name
+        )),
+    }
+}
+
+fn array_type(shape: &Shape) -> Result<ArrayType, String> {
+    match shape {
+        Shape::Array { element_type, dims } => {
+            let dtype = DType::from_hlo_name(element_type).ok_or_else(|| {
+                format!(
+                    "element type `{element_type}` is not supported (supported: f32, s32, pred)"
+                )
+            })?;
+            Ok(ArrayType::new(dtype, dims.clone()))
+        }
+        Shape::Tuple(_) => Err(format!("expected an array shape, found the tuple {shape}")),
+    }
+}
+
+fn parse_f32(token: &str) -> Option<f32> {
+    match token {
+        "inf" => Some(f32::INFINITY),
+        "-inf" => Some(f32::NEG_INFINITY),
+        "nan" | "-nan" => Some(f32::NAN),
+        _ => token.parse::<f32>().ok(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn compile(text: &str) -> Result<Program, CompileError> {
+        compile_hlo(text, Target::Trn1)
+    }
+
+    #[test]
+    fn lowers_each_operator_to_its_engine() {
+        let p = compile(
+            "HloModule m\nENTRY e {\n a = f32[2,3]{1,0} parameter(0)\n b = f32[3,4]{1,0} parameter(1)\n \
+             d = f32[2,4]{1,0} dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n \
+             t = f32[2,4]{1,0} tanh(d)\n i = s32[2,4]{1,0} iota(), iota_dimension=1\n \
+             c = f32[2,4]{1,0} convert(i)\n ROOT s = f32[2,4]{1,0} add(t, c)\n}\n",
+        )
+        .expect("compiles");
+        let counts: HashMap<Engine, usize> = p.instruction_counts().into_iter().collect();
+        assert_eq!(counts[&Engine::Pe], 1);
+        assert_eq!(counts[&Engine::Act], 1);
+        assert_eq!(counts[&Engine::Pool], 1);
+        assert_eq!(counts[&Engine::Dve], 2);
+        assert_eq!(p.flops_per_execution(), 2 * 2 * 4 * 3 + 8 + 8);
+        assert_eq!(p.inputs.len(), 2);
+        assert_eq!(p.outputs[0].hlo_name, "s");
+    }
+
+    #[test]
+    fn unknown_operator_names_operator_instruction_and_line() {
+        let err = compile(
+            "HloModule m\nENTRY e {\n a = f32[2] parameter(0)\n ROOT b = f32[2] erf(a)\n}\n",
+        )
+        .expect_err("erf is unsupported");
+        assert_eq!(err.line, Some(4));
+        assert_eq!(err.instruction.as_deref(), Some("b"));
+        assert!(err.message.contains("`erf`"), "{err}");
+    }
+
+    #[test]
+    fn declared_shapes_are_checked() {
+        let err = compile(
+            "HloModule m\nENTRY e {\n a = f32[2] parameter(0)\n ROOT b = f32[3] negate(a)\n}\n",
+        )
+        .expect_err("shape mismatch");
+        assert!(err.message.contains("f32[2]"), "{err}");
+    }
+
+    #[test]
+    fn scratchpad_space_is_reused_after_last_use() {
+        let p = compile(
+            "HloModule m\nENTRY e {\n a = f32[16] parameter(0)\n b = f32[16] negate(a)\n c = f32[16] negate(b)\n \
+             d = f32[16] negate(c)\n ROOT e = f32[16] negate(d)\n}\n",
+        )
+        .expect("compiles");
+        // Each step needs its operand and its result live at once: two 64-byte slots.
+        assert_eq!(p.scratchpad_bytes, 128);
+    }
+}

@@ -1,0 +1,338 @@
+//! Runtime configuration, parsed once from the environment into a validated struct.
+//!
+//! Nothing else in the runtime reads environment variables: [`Config::from_env`] is the
+//! only place, and every value it accepts is checked here, with an error that names the
+//! variable, the bad value and the accepted forms.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::error::{NrtError, NrtResult};
+use crate::topology::{CoreSet, DEFAULT_INSTANCE_TYPE, InstanceType};
+
+/// Selects the virtual instance type (our extension; default `trn1.2xlarge`).
+pub const ENV_INSTANCE_TYPE: &str = "NEURON_VIRT_INSTANCE_TYPE";
+/// Directory for per-user runtime files: core reservations now, datastores later.
+pub const ENV_RUN_DIR: &str = "NEURON_VIRT_RUN_DIR";
+/// Host threads executing virtual cores (our extension; default: the host's CPU count).
+pub const ENV_HOST_THREADS: &str = "NEURON_VIRT_HOST_THREADS";
+pub const ENV_VISIBLE_CORES: &str = "NEURON_RT_VISIBLE_CORES";
+pub const ENV_NUM_CORES: &str = "NEURON_RT_NUM_CORES";
+pub const ENV_LOG_LEVEL: &str = "NEURON_RT_LOG_LEVEL";
+pub const ENV_EXEC_TIMEOUT: &str = "NEURON_RT_EXEC_TIMEOUT";
+pub const ENV_VALIDATE_HASH: &str = "NEURON_RT_VALIDATE_HASH";
+pub const ENV_NUMERICAL_ERRORS_VERBOSITY: &str = "NEURON_RT_NUMERICAL_ERRORS_VERBOSITY";
+
+/// How long one execution may run before it fails with `NRT_TIMEOUT`.
+pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(30);
+/// Log level when `NEURON_RT_LOG_LEVEL` is unset.
+pub const DEFAULT_LOG_LEVEL: LogLevel = LogLevel::Error;
+
+/// Which cores this process reserves at init.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CoreRequest {
+    /// Every core of the instance (neither variable set), as the Neuron runtime does.
+    All,
+    /// Exactly these cores (`NEURON_RT_VISIBLE_CORES`).
+    Visible(CoreSet),
+    /// This many cores, the lowest-numbered free ones (`NEURON_RT_NUM_CORES`).
+    Count(u32),
+}
+
+/// `NEURON_RT_LOG_LEVEL`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    /// The matching `tracing` level, for binaries that install a subscriber.
+    pub fn as_tracing(self) -> tracing::Level {
+        match self {
+            LogLevel::Error => tracing::Level::ERROR,
+            LogLevel::Warn => tracing::Level::WARN,
+            LogLevel::Info => tracing::Level::INFO,
+            LogLevel::Debug => tracing::Level::DEBUG,
+            LogLevel::Trace => tracing::Level::TRACE,
+        }
+    }
+}
+
+/// `NEURON_RT_NUMERICAL_ERRORS_VERBOSITY`: what NaN or Inf in an output means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NumericalErrorsVerbosity {
+    /// Count it and succeed (the default).
+    Warning,
+    /// Fail the execution with `NRT_EXEC_COMPLETED_WITH_NUM_ERR`.
+    Critical,
+    /// Do not check outputs at all.
+    None,
+}
+
+/// Everything the runtime reads from its environment, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub instance_type: InstanceType,
+    pub cores: CoreRequest,
+    pub log_level: LogLevel,
+    pub exec_timeout: Duration,
+    pub validate_hash: bool,
+    pub numerical_errors: NumericalErrorsVerbosity,
+    pub run_dir: PathBuf,
+    pub host_threads: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            instance_type: DEFAULT_INSTANCE_TYPE,
+            cores: CoreRequest::All,
+            log_level: DEFAULT_LOG_LEVEL,
+            exec_timeout: DEFAULT_EXEC_TIMEOUT,
+            validate_hash: false,
+            numerical_errors: NumericalErrorsVerbosity::Warning,
+            run_dir: run_dir(None, None),
+            host_threads: default_host_threads(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads the process environment.
+    pub fn from_env() -> NrtResult<Config> {
+        Config::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// Builds a configuration from any variable lookup (the environment, or a test's map).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> NrtResult<Config> {
+        let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let bad = |name: &str, value: &str, expected: &str| {
+            NrtError::invalid(format!("{name}={value:?} is not valid: {expected}"))
+        };
+
+        let instance_type = match get(ENV_INSTANCE_TYPE) {
+            Some(v) => v
+                .parse::<InstanceType>()
+                .map_err(|e| NrtError::invalid(format!("{ENV_INSTANCE_TYPE}: {}", e.message)))?,
+            None => DEFAULT_INSTANCE_TYPE,
+        };
+        let core_count = instance_type.topology().core_count();
+
+        let cores = match (get(ENV_VISIBLE_CORES), get(ENV_NUM_CORES)) {
+            (Some(visible), num) => {
+                if num.is_some() {
+                    tracing::warn!("{ENV_VISIBLE_CORES} is set, so {ENV_NUM_CORES} is ignored");
+                }
+                let set =
+                    CoreSet::parse(&visible).map_err(|e| bad(ENV_VISIBLE_CORES, &visible, &e))?;
+                if let Some(&last) = set.cores().last()
+                    && last >= core_count
+                {
+                    return Err(bad(
+                        ENV_VISIBLE_CORES,
+                        &visible,
+                        &format!(
+                            "{instance_type} has {core_count} NeuronCores (nc0-nc{}); core {last} does not exist",
+                            core_count - 1
+                        ),
+                    ));
+                }
+                CoreRequest::Visible(set)
+            }
+            (None, Some(num)) => {
+                let n: u32 = num.trim().parse().map_err(|_| {
+                    bad(
+                        ENV_NUM_CORES,
+                        &num,
+                        "expected a whole number of cores, e.g. 2",
+                    )
+                })?;
+                if n == 0 || n > core_count {
+                    return Err(bad(
+                        ENV_NUM_CORES,
+                        &num,
+                        &format!(
+                            "{instance_type} has {core_count} NeuronCores; ask for 1 to {core_count}"
+                        ),
+                    ));
+                }
+                CoreRequest::Count(n)
+            }
+            (None, None) => CoreRequest::All,
+        };
+
+        let log_level = match get(ENV_LOG_LEVEL) {
+            Some(v) => match v.trim().to_ascii_uppercase().as_str() {
+                "ERROR" => LogLevel::Error,
+                "WARN" | "WARNING" => LogLevel::Warn,
+                "INFO" => LogLevel::Info,
+                "DEBUG" => LogLevel::Debug,
+                "TRACE" => LogLevel::Trace,
+                _ => {
+                    return Err(bad(
+                        ENV_LOG_LEVEL,
+                        &v,
+                        "use ERROR, WARN, INFO, DEBUG or TRACE",
+                    ));
+                }
+            },
+            None => DEFAULT_LOG_LEVEL,
+        };
+
+        let exec_timeout = match get(ENV_EXEC_TIMEOUT) {
+            Some(v) => match v.trim().parse::<f64>() {
+                Ok(seconds) if seconds.is_finite() && seconds > 0.0 => {
+                    Duration::from_secs_f64(seconds)
+                }
+                _ => {
+                    return Err(bad(
+                        ENV_EXEC_TIMEOUT,
+                        &v,
+                        "expected a positive number of seconds, e.g. 30",
+                    ));
+                }
+            },
+            None => DEFAULT_EXEC_TIMEOUT,
+        };
+
+        let validate_hash = match get(ENV_VALIDATE_HASH) {
+            Some(v) => {
+                parse_bool(&v).ok_or_else(|| bad(ENV_VALIDATE_HASH, &v, "use true or false"))?
+            }
+            None => false,
+        };
+
+        let numerical_errors = match get(ENV_NUMERICAL_ERRORS_VERBOSITY) {
+            Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                "critical" => NumericalErrorsVerbosity::Critical,
+                "warning" | "warn" => NumericalErrorsVerbosity::Warning,
+                "none" => NumericalErrorsVerbosity::None,
+                _ => {
+                    return Err(bad(
+                        ENV_NUMERICAL_ERRORS_VERBOSITY,
+                        &v,
+                        "use critical, warning or none",
+                    ));
+                }
+            },
+            None => NumericalErrorsVerbosity::Warning,
+        };
+
+        let host_threads = match get(ENV_HOST_THREADS) {
+            Some(v) => match v.trim().parse::<usize>() {
+                Ok(n) if n > 0 => n,
+                _ => {
+                    return Err(bad(
+                        ENV_HOST_THREADS,
+                        &v,
+                        "expected a positive number of threads",
+                    ));
+                }
+            },
+            None => default_host_threads(),
+        };
+
+        Ok(Config {
+            instance_type,
+            cores,
+            log_level,
+            exec_timeout,
+            validate_hash,
+            numerical_errors,
+            run_dir: run_dir(get(ENV_RUN_DIR), get("XDG_RUNTIME_DIR")),
+            host_threads,
+        })
+    }
+}
+
+fn parse_bool(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Some(true),
+        "0" | "false" | "no" | "off" => Some(false),
+        _ => None,
+    }
+}
+
+/// `$NEURON_VIRT_RUN_DIR`, else `$XDG_RUNTIME_DIR/neuron-virt`, else `/dev/shm/neuron-virt-<uid>`.
+fn run_dir(configured: Option<String>, xdg_runtime_dir: Option<String>) -> PathBuf {
+    match (configured, xdg_runtime_dir) {
+        (Some(dir), _) => PathBuf::from(dir),
+        (None, Some(xdg)) => PathBuf::from(xdg).join("neuron-virt"),
+        (None, None) => PathBuf::from(format!("/dev/shm/neuron-virt-{}", nix::unistd::getuid())),
+    }
+}
+
+fn default_host_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn config(vars: &[(&str, &str)]) -> NrtResult<Config> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Config::from_lookup(|name| map.get(name).cloned())
+    }
+
+    #[test]
+    fn defaults_follow_the_neuron_runtime() {
+        let c = config(&[]).expect("empty environment is valid");
+        assert_eq!(c.instance_type, InstanceType::Trn1_2xlarge);
+        assert_eq!(c.cores, CoreRequest::All);
+        assert_eq!(c.log_level, LogLevel::Error);
+        assert_eq!(c.exec_timeout, DEFAULT_EXEC_TIMEOUT);
+    }
+
+    #[test]
+    fn every_variable_is_parsed() {
+        let c = config(&[
+            (ENV_INSTANCE_TYPE, "trn2.48xlarge"),
+            (ENV_VISIBLE_CORES, "3-6"),
+            (ENV_LOG_LEVEL, "debug"),
+            (ENV_EXEC_TIMEOUT, "0.5"),
+            (ENV_VALIDATE_HASH, "true"),
+            (ENV_NUMERICAL_ERRORS_VERBOSITY, "critical"),
+            (ENV_RUN_DIR, "/tmp/x"),
+            (ENV_HOST_THREADS, "3"),
+        ])
+        .expect("valid");
+        assert_eq!(c.cores, CoreRequest::Visible(CoreSet::range(3, 6)));
+        assert_eq!(c.log_level, LogLevel::Debug);
+        assert_eq!(c.exec_timeout, Duration::from_millis(500));
+        assert!(c.validate_hash);
+        assert_eq!(c.numerical_errors, NumericalErrorsVerbosity::Critical);
+        assert_eq!(c.run_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(c.host_threads, 3);
+        assert_eq!(
+            config(&[(ENV_NUM_CORES, "2")]).map(|c| c.cores),
+            Ok(CoreRequest::Count(2))
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_variable_and_the_value() {
+        for (name, value) in [
+            (ENV_VISIBLE_CORES, "2"),
+            (ENV_VISIBLE_CORES, "x"),
+            (ENV_NUM_CORES, "0"),
+            (ENV_NUM_CORES, "3"),
+            (ENV_LOG_LEVEL, "LOUD"),
+            (ENV_EXEC_TIMEOUT, "-1"),
+            (ENV_VALIDATE_HASH, "maybe"),
+            (ENV_INSTANCE_TYPE, "p4d"),
+        ] {
+            let err = config(&[(name, value)]).expect_err("must be rejected");
+            assert!(err.message.contains(name), "{err}");
+            assert!(err.message.contains(value), "{err}");
+        }
+    }
+}

@@ -1,0 +1,638 @@
+//! Recursive-descent parser for HLO text.
+//!
+//! Whitespace (including newlines) and `/* ... */` comments separate tokens anywhere;
+//! the grammar never depends on line breaks. Every failure is a [`ParseError`] with the
+//! position, never a panic, whatever the input.
+
+use super::{Attribute, Computation, HloModule, Instruction, ParseError, Payload, Shape};
+
+/// Parses the text of one `HloModule`.
+pub fn parse_module(text: &str) -> Result<HloModule, ParseError> {
+    let mut p = Parser {
+        src: text.as_bytes(),
+        pos: 0,
+    };
+    p.skip_trivia();
+    p.expect_keyword("HloModule")?;
+    let name = p.name()?;
+    // Module attributes (entry_computation_layout, flags) carry no semantics we use.
+    while p.eat(b',') {
+        p.attribute()?;
+    }
+    let mut computations = Vec::new();
+    let mut entry = None;
+    loop {
+        p.skip_trivia();
+        if p.at_end() {
+            break;
+        }
+        let is_entry = p.eat_keyword("ENTRY");
+        if is_entry && entry.is_some() {
+            return Err(p.error("a second ENTRY computation; a module has exactly one"));
+        }
+        let computation = p.computation()?;
+        if computations
+            .iter()
+            .any(|c: &Computation| c.name == computation.name)
+        {
+            return Err(p.error_at(
+                computation.line,
+                1,
+                format!("computation `{}` is defined twice", computation.name),
+            ));
+        }
+        if is_entry {
+            entry = Some(computations.len());
+        }
+        computations.push(computation);
+    }
+    let entry = match entry {
+        Some(e) => e,
+        None => return Err(p.error("the module has no ENTRY computation")),
+    };
+    Ok(HloModule {
+        name,
+        computations,
+        entry,
+    })
+}
+
+struct Parser<'a> {
+    src: &'a [u8],
+    pos: usize,
+}
+
+impl Parser<'_> {
+    fn at_end(&self) -> bool {
+        self.pos >= self.src.len()
+    }
+
+    fn rest(&self) -> &[u8] {
+        &self.src[self.pos.min(self.src.len())..]
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.src.get(self.pos).copied()
+    }
+
+    fn line_col(&self, pos: usize) -> (usize, usize) {
+        let before = &self.src[..pos.min(self.src.len())];
+        let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+        let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
+        (line, column)
+    }
+
+    fn line(&self) -> usize {
+        self.line_col(self.pos).0
+    }
+
+    fn error(&self, message: impl Into<String>) -> ParseError {
+        let (line, column) = self.line_col(self.pos);
+        ParseError {
+            line,
+            column,
+            message: message.into(),
+        }
+    }
+
+    fn error_at(&self, line: usize, column: usize, message: impl Into<String>) -> ParseError {
+        ParseError {
+            line,
+            column,
+            message: message.into(),
+        }
+    }
+
+    /// Skips whitespace, `/* */` block comments and `//` line comments.
+    fn skip_trivia(&mut self) {
+        loop {
+            while self.peek().is_some_and(|b| b.is_ascii_whitespace()) {
+                self.pos += 1;
+            }
+            if self.rest().starts_with(b"/*") {
+                match find(&self.src[self.pos + 2..], b"*/") {
+                    Some(end) => self.pos += 2 + end + 2,
+                    None => self.pos = self.src.len(),
+                }
+            } else if self.rest().starts_with(b"//") {
+                while self.peek().is_some_and(|b| b != b'\n') {
+                    self.pos += 1;
+                }
+            } else {
+                return;
+            }
+        }
+    }
+
+    fn eat(&mut self, byte: u8) -> bool {
+        self.skip_trivia();
+        if self.peek() == Some(byte) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn expect(&mut self, byte: u8, what: &str) -> Result<(), ParseError> {
+        if self.eat(byte) {
+            Ok(())
+        } else {
+            Err(self.error(format!(
+                "expected `{}` {what}, found {}",
+                byte as char,
+                self.found()
+            )))
+        }
+    }
+
+    fn found(&self) -> String {
+        match self.peek() {
+            None => "the end of the text".into(),
+            Some(_) => {
+                let rest = self.rest();
+                let end = rest
+                    .iter()
+                    .position(|b| b.is_ascii_whitespace())
+                    .unwrap_or(rest.len())
+                    .clamp(1, 24);
+                format!("`{}`", String::from_utf8_lossy(&rest[..end]))
+            }
+        }
+    }
+
+    fn word_at_cursor(&self) -> &[u8] {
+        let rest = self.rest();
+        let end = rest
+            .iter()
+            .position(|&b| !is_name_byte(b))
+            .unwrap_or(rest.len());
+        &rest[..end]
+    }
+
+    fn eat_keyword(&mut self, keyword: &str) -> bool {
+        self.skip_trivia();
+        if self.word_at_cursor() == keyword.as_bytes() {
+            self.pos += keyword.len();
+            true
+        } else {
+            false
+        }
+    }
+
+    fn expect_keyword(&mut self, keyword: &str) -> Result<(), ParseError> {
+        if self.eat_keyword(keyword) {
+            Ok(())
+        } else {
+            Err(self.error(format!("expected `{keyword}`, found {}", self.found())))
+        }
+    }
+
+    /// An identifier, with an optional leading `%` dropped.
+    fn name(&mut self) -> Result<String, ParseError> {
+        self.skip_trivia();
+        if self.peek() == Some(b'%') {
+            self.pos += 1;
+        }
+        let word = self.word_at_cursor();
+        if word.is_empty() {
+            return Err(self.error(format!("expected a name, found {}", self.found())));
+        }
+        let name = String::from_utf8_lossy(word).into_owned();
+        self.pos += word.len();
+        Ok(name)
+    }
+
+    fn unsigned(&mut self) -> Result<u64, ParseError> {
+        self.skip_trivia();
+        let rest = self.rest();
+        let len = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+        let text = std::str::from_utf8(&rest[..len]).unwrap_or("");
+        let value = text.parse::<u64>().map_err(|_| {
+            self.error(format!(
+                "expected a non-negative integer, found {}",
+                self.found()
+            ))
+        })?;
+        self.pos += len;
+        Ok(value)
+    }
+
+    /// `name (params) -> shape { instructions }`; the signature is optional.
+    fn computation(&mut self) -> Result<Computation, ParseError> {
+        self.skip_trivia();
+        let line = self.line();
+        let name = self.name()?;
+        if self.eat(b'(') {
+            if !self.eat(b')') {
+                loop {
+                    self.name()?;
+                    self.expect(b':', "after a parameter name in a computation signature")?;
+                    self.shape()?;
+                    if self.eat(b')') {
+                        break;
+                    }
+                    self.expect(b',', "between computation parameters")?;
+                }
+            }
+            self.skip_trivia();
+            if self.rest().starts_with(b"->") {
+                self.pos += 2;
+                self.shape()?;
+            }
+        }
+        self.expect(b'{', &format!("to open the body of computation `{name}`"))?;
+        let mut instructions: Vec<Instruction> = Vec::new();
+        let mut root = None;
+        loop {
+            if self.eat(b'}') {
+                break;
+            }
+            if self.at_end() {
+                return Err(self.error(format!("computation `{name}` is not closed with `}}`")));
+            }
+            let is_root = self.eat_keyword("ROOT");
+            let instruction = self.instruction()?;
+            if instructions.iter().any(|i| i.name == instruction.name) {
+                return Err(self.error_at(
+                    instruction.line,
+                    1,
+                    format!(
+                        "`{}` is defined twice in computation `{name}`",
+                        instruction.name
+                    ),
+                ));
+            }
+            if is_root {
+                if root.is_some() {
+                    return Err(self.error_at(
+                        instruction.line,
+                        1,
+                        format!("computation `{name}` has more than one ROOT"),
+                    ));
+                }
+                root = Some(instructions.len());
+            }
+            instructions.push(instruction);
+        }
+        if instructions.is_empty() {
+            return Err(self.error_at(
+                line,
+                1,
+                format!("computation `{name}` has no instructions"),
+            ));
+        }
+        let root = root.unwrap_or(instructions.len() - 1);
+        Ok(Computation {
+            name,
+            instructions,
+            root,
+            line,
+        })
+    }
+
+    fn instruction(&mut self) -> Result<Instruction, ParseError> {
+        self.skip_trivia();
+        let line = self.line();
+        let name = self.name()?;
+        self.expect(b'=', &format!("after instruction name `{name}`"))?;
+        let shape = self.shape()?;
+        let opcode = self.name()?;
+        self.expect(b'(', &format!("after opcode `{opcode}`"))?;
+        let mut operands = Vec::new();
+        let mut payload = None;
+        match opcode.as_str() {
+            "parameter" => {
+                payload = Some(Payload::ParameterNumber(self.unsigned()?));
+                self.expect(b')', "after the parameter number")?;
+            }
+            "constant" => {
+                payload = Some(Payload::Literal(self.literal()?));
+            }
+            _ => {
+                if !self.eat(b')') {
+                    loop {
+                        operands.push(self.operand()?);
+                        if self.eat(b')') {
+                            break;
+                        }
+                        self.expect(b',', "between operands")?;
+                    }
+                }
+            }
+        }
+        let mut attributes = Vec::new();
+        while self.eat(b',') {
+            attributes.push(self.attribute()?);
+        }
+        Ok(Instruction {
+            name,
+            shape,
+            opcode,
+            operands,
+            payload,
+            attributes,
+            line,
+        })
+    }
+
+    /// An operand reference, optionally preceded by its shape: `f32[2]{0} %x` or `x`.
+    fn operand(&mut self) -> Result<String, ParseError> {
+        self.skip_trivia();
+        let starts_shape = self.peek() == Some(b'(') || {
+            let word_len = self.word_at_cursor().len();
+            word_len > 0 && self.src.get(self.pos + word_len) == Some(&b'[')
+        };
+        if starts_shape {
+            self.shape()?;
+        }
+        self.name()
+    }
+
+    /// `f32[2,3]{1,0}`, `f32[]`, or a tuple `(f32[], s32[4]{0})`.
+    fn shape(&mut self) -> Result<Shape, ParseError> {
+        self.skip_trivia();
+        if self.eat(b'(') {
+            let mut parts = Vec::new();
+            if !self.eat(b')') {
+                loop {
+                    parts.push(self.shape()?);
+                    if self.eat(b')') {
+                        break;
+                    }
+                    self.expect(b',', "between tuple element shapes")?;
+                }
+            }
+            return Ok(Shape::Tuple(parts));
+        }
+        let word = self.word_at_cursor();
+        if word.is_empty() {
+            return Err(self.error(format!(
+                "expected a shape such as `f32[2,3]`, found {}",
+                self.found()
+            )));
+        }
+        let element_type = String::from_utf8_lossy(word).into_owned();
+        self.pos += word.len();
+        if self.peek() != Some(b'[') {
+            return Err(self.error(format!(
+                "expected `[` after element type `{element_type}` in a shape, found {}",
+                self.found()
+            )));
+        }
+        self.pos += 1;
+        let mut dims = Vec::new();
+        if !self.eat(b']') {
+            loop {
+                self.skip_trivia();
+                if self.rest().starts_with(b"<=") || self.peek() == Some(b'?') {
+                    return Err(self.error("dynamic dimensions (`<=N`, `?`) are not supported; export with static shapes"));
+                }
+                dims.push(self.unsigned()?);
+                if self.eat(b']') {
+                    break;
+                }
+                self.expect(b',', "between dimensions")?;
+            }
+        }
+        // A layout such as `{1,0}` or `{1,0:T(8,128)}`: parsed and dropped.
+        if self.peek() == Some(b'{') {
+            self.balanced()?;
+        }
+        Ok(Shape::Array { element_type, dims })
+    }
+
+    /// The literal of `constant(...)`, through its closing parenthesis, flattened to tokens.
+    fn literal(&mut self) -> Result<Vec<String>, ParseError> {
+        let mut tokens = Vec::new();
+        let mut depth = 0usize;
+        loop {
+            self.skip_trivia();
+            match self.peek() {
+                None => return Err(self.error("constant literal is not closed with `)`")),
+                Some(b'{') => {
+                    depth += 1;
+                    self.pos += 1;
+                }
+                Some(b'}') => {
+                    depth = depth
+                        .checked_sub(1)
+                        .ok_or_else(|| self.error("unbalanced `}` in constant literal"))?;
+                    self.pos += 1;
+                }
+                Some(b',') => self.pos += 1,
+                Some(b')') if depth == 0 => {
+                    self.pos += 1;
+                    return Ok(tokens);
+                }
+                Some(b'.') if self.rest().starts_with(b"...") => {
+                    return Err(self.error(
+                        "constant literal is elided (`{...}`); re-export the HLO with large constants printed",
+                    ));
+                }
+                Some(_) => {
+                    let rest = self.rest();
+                    let len = rest
+                        .iter()
+                        .position(|&b| {
+                            b.is_ascii_whitespace() || matches!(b, b',' | b'{' | b'}' | b')')
+                        })
+                        .unwrap_or(rest.len());
+                    if len == 0 {
+                        return Err(
+                            self.error(format!("unexpected {} in constant literal", self.found()))
+                        );
+                    }
+                    tokens.push(String::from_utf8_lossy(&rest[..len]).into_owned());
+                    self.pos += len;
+                }
+            }
+        }
+    }
+
+    /// `name=value`, where the value runs to the next top-level `,` or the end of the
+    /// instruction, with brackets and quotes balanced.
+    fn attribute(&mut self) -> Result<Attribute, ParseError> {
+        let name = self.name()?;
+        self.expect(b'=', &format!("after attribute `{name}`"))?;
+        self.skip_trivia();
+        let start = self.pos;
+        match self.peek() {
+            Some(b'{') => self.balanced()?,
+            Some(b'"') => self.quoted()?,
+            _ => {
+                while let Some(b) = self.peek() {
+                    if b.is_ascii_whitespace() || matches!(b, b',' | b'}' | b')') {
+                        break;
+                    }
+                    if matches!(b, b'{' | b'[' | b'(') {
+                        self.balanced()?;
+                    } else {
+                        self.pos += 1;
+                    }
+                }
+            }
+        }
+        if self.pos == start {
+            return Err(self.error(format!("attribute `{name}` has no value")));
+        }
+        let value = String::from_utf8_lossy(&self.src[start..self.pos]).into_owned();
+        Ok(Attribute { name, value })
+    }
+
+    /// Skips a bracketed group starting at the cursor, honouring nesting and quotes.
+    fn balanced(&mut self) -> Result<(), ParseError> {
+        let open_pos = self.pos;
+        let mut stack: Vec<u8> = Vec::new();
+        while let Some(b) = self.peek() {
+            match b {
+                b'{' | b'[' | b'(' => {
+                    stack.push(match b {
+                        b'{' => b'}',
+                        b'[' => b']',
+                        _ => b')',
+                    });
+                    self.pos += 1;
+                }
+                b'}' | b']' | b')' => {
+                    if stack.pop() != Some(b) {
+                        return Err(self.error(format!("mismatched `{}`", b as char)));
+                    }
+                    self.pos += 1;
+                    if stack.is_empty() {
+                        return Ok(());
+                    }
+                }
+                b'"' => self.quoted()?,
+                _ => self.pos += 1,
+            }
+        }
+        let (line, column) = self.line_col(open_pos);
+        Err(self.error_at(line, column, "bracket opened here is never closed"))
+    }
+
+    fn quoted(&mut self) -> Result<(), ParseError> {
+        let open_pos = self.pos;
+        self.pos += 1;
+        while let Some(b) = self.peek() {
+            self.pos += 1;
+            match b {
+                b'\\' => self.pos = (self.pos + 1).min(self.src.len()),
+                b'"' => return Ok(()),
+                _ => {}
+            }
+        }
+        let (line, column) = self.line_col(open_pos);
+        Err(self.error_at(line, column, "string opened here is never closed"))
+    }
+}
+
+fn is_name_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-')
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const JAX_STYLE: &str = r#"HloModule jit_f, entry_computation_layout={(f32[4,5]{1,0})->(f32[4]{0}, f32[])}
+
+region_0.1 {
+  a.3 = f32[] parameter(0)
+  b.4 = f32[] parameter(1)
+  ROOT add.5 = f32[] add(a.3, b.4)
+}
+
+ENTRY main.6 {
+  x.1 = f32[4,5]{1,0} parameter(0)
+  constant.7 = f32[] constant(-inf)
+  c.2 = f32[2,2]{1,0} constant({ { 1, 2.5 }, { nan, inf } })
+  r.7 = f32[4]{0} reduce(x.1, constant.7), dimensions={1}, to_apply=region_0.1
+  s.8 = f32[2,3]{1,0} slice(x.1), slice={[0:4:2], [1:4]}, metadata={op_name="jit(f)/slice" source_file="/a, b.py" source_line=3}
+  ROOT tuple.1 = (f32[4]{0}, f32[]) tuple(r.7, /*index=1*/constant.7)
+}
+"#;
+
+    const XLA_STYLE: &str = r#"HloModule m
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %add = f32[] add(f32[] %x, f32[] %y)
+}
+
+ENTRY %main (p: f32[2]) -> f32[] {
+  %p = f32[2]{0} parameter(0)
+  %zero = f32[] constant(0)
+  ROOT %r = f32[] reduce(f32[2]{0} %p, f32[] %zero), dimensions={0}, to_apply=%add
+}
+"#;
+
+    #[test]
+    fn parses_jax_output_with_regions_literals_and_attributes() {
+        let m = parse_module(JAX_STYLE).expect("valid");
+        assert_eq!(m.name, "jit_f");
+        assert_eq!(m.entry().name, "main.6");
+        let entry = m.entry();
+        assert_eq!(entry.instructions[entry.root].opcode, "tuple");
+        assert_eq!(
+            entry.instructions[entry.root].operands,
+            vec!["r.7", "constant.7"]
+        );
+        let c = &entry.instructions[2];
+        assert_eq!(
+            c.payload,
+            Some(Payload::Literal(vec![
+                "1".into(),
+                "2.5".into(),
+                "nan".into(),
+                "inf".into()
+            ]))
+        );
+        let s = &entry.instructions[4];
+        assert_eq!(s.attribute("slice"), Some("{[0:4:2], [1:4]}"));
+        assert!(
+            s.attribute("metadata")
+                .is_some_and(|m| m.contains("a, b.py"))
+        );
+        assert_eq!(
+            entry.instructions[3].attribute("to_apply"),
+            Some("region_0.1")
+        );
+        assert_eq!(entry.instructions[0].line, 10);
+    }
+
+    #[test]
+    fn parses_xla_style_with_percent_names_and_typed_operands() {
+        let m = parse_module(XLA_STYLE).expect("valid");
+        let entry = m.entry();
+        assert_eq!(entry.instructions[2].operands, vec!["p", "zero"]);
+        assert_eq!(entry.instructions[2].attribute("to_apply"), Some("%add"));
+        assert_eq!(m.computations[0].name, "add");
+    }
+
+    #[test]
+    fn errors_carry_line_numbers() {
+        let text = "HloModule m\n\nENTRY e {\n  a = f32[2 parameter(0)\n}\n";
+        let err = parse_module(text).expect_err("bad shape");
+        assert_eq!(err.line, 4);
+        let err =
+            parse_module("HloModule m\nfoo {\n a = f32[] parameter(0)\n}\n").expect_err("no entry");
+        assert!(err.message.contains("no ENTRY"), "{err}");
+    }
+
+    #[test]
+    fn every_prefix_of_valid_text_is_handled_without_panicking() {
+        for text in [JAX_STYLE, XLA_STYLE] {
+            for end in 0..text.len() {
+                if text.is_char_boundary(end) {
+                    let _ = parse_module(&text[..end]);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,808 @@
+//! The lowered program a NEFF carries: buffers, per-engine instruction streams, DMA
+//! queues and constants.
+//!
+//! The compiler produces a [`Program`], the NEFF codec stores it, and the backend runs
+//! it. [`Program::validate`] re-derives every instruction's output type from its
+//! operands with the same [`infer_output`] the compiler uses, so a program that passes
+//! validation cannot make the backend index out of bounds, whatever file it came from.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::dtype::{ArrayType, DType};
+use crate::topology::NeuronCoreVersion;
+
+/// A compiled model, ready to encode into a NEFF or to load.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Program {
+    pub target: NeuronCoreVersion,
+    pub buffers: Vec<Buffer>,
+    pub inputs: Vec<IoTensor>,
+    pub outputs: Vec<IoTensor>,
+    pub streams: Vec<EngineStream>,
+    pub dma_queues: Vec<DmaQueue>,
+    /// Constant data, little-endian, one blob per `BufferKind::Constant` buffer.
+    pub constants: Vec<Vec<u8>>,
+    /// Names of the HLO instructions that instructions came from (`Instruction::hlo`).
+    pub hlo_names: Vec<String>,
+    /// Bytes of device scratchpad that the intermediate buffers are planned into.
+    pub scratchpad_bytes: u64,
+}
+
+/// One array the program reads or writes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Buffer {
+    pub ty: ArrayType,
+    pub kind: BufferKind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BufferKind {
+    /// Filled from input tensor `index` by the input DMA queue at each execution.
+    Input { index: u32 },
+    /// Filled from constant blob `index` by the weights DMA queue at load.
+    Constant { index: u32 },
+    /// Written by exactly one instruction, at `offset` in the scratchpad.
+    Intermediate { offset: u64 },
+}
+
+/// A named model input or output.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IoTensor {
+    /// The name tensors are bound by: `input0`, `output1`, ...
+    pub name: String,
+    /// The HLO parameter (or result instruction) it came from.
+    pub hlo_name: String,
+    pub buffer: u32,
+}
+
+/// The NeuronCore engines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Engine {
+    /// Tensor engine: matrix products.
+    Pe,
+    /// Scalar/activation engine: transcendental element-wise functions.
+    Act,
+    /// Vector engine: arithmetic, compare, select, reduce, layout.
+    Dve,
+    /// GpSimd engine: iota, gathers, scatters.
+    Pool,
+    /// Sync engine.
+    Sp,
+}
+
+impl Engine {
+    pub const ALL: [Engine; 5] = [
+        Engine::Pe,
+        Engine::Act,
+        Engine::Dve,
+        Engine::Pool,
+        Engine::Sp,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::Pe => "PE",
+            Engine::Act => "ACT",
+            Engine::Dve => "DVE",
+            Engine::Pool => "POOL",
+            Engine::Sp => "SP",
+        }
+    }
+}
+
+impl fmt::Display for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The instructions one engine executes, in its own order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineStream {
+    pub engine: Engine,
+    pub instructions: Vec<Instruction>,
+}
+
+/// One engine instruction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Instruction {
+    /// Position in the program's global order; engines synchronise on it.
+    pub step: u32,
+    pub op: Op,
+    pub operands: Vec<u32>,
+    pub output: u32,
+    /// Index into `Program::hlo_names`.
+    pub hlo: u32,
+}
+
+/// Engine operations.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Op {
+    /// Matrix product with XLA `dot` dimension numbers.
+    MatMul(DotDims),
+    Activation(ActivationFn),
+    Unary(UnaryOp),
+    Binary(BinaryOp),
+    Compare {
+        direction: CompareDirection,
+        total_order: bool,
+    },
+    /// `select(pred, on_true, on_false)`.
+    Select,
+    /// Element type conversion to the output buffer's type.
+    Convert,
+    /// Operand dimension `i` becomes output dimension `dims[i]`.
+    Broadcast {
+        dims: Vec<u32>,
+    },
+    /// Same elements in row-major order, new dimensions (the output buffer's).
+    Reshape,
+    /// Output dimension `i` is operand dimension `perm[i]`.
+    Transpose {
+        perm: Vec<u32>,
+    },
+    /// Operands: the array and a scalar initial value.
+    Reduce {
+        op: ReduceOp,
+        dims: Vec<u32>,
+    },
+    Concatenate {
+        dim: u32,
+    },
+    Slice {
+        start: Vec<u64>,
+        limit: Vec<u64>,
+        stride: Vec<u64>,
+    },
+    Iota {
+        dim: u32,
+    },
+    Copy,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DotDims {
+    pub lhs_batch: Vec<u32>,
+    pub lhs_contracting: Vec<u32>,
+    pub rhs_batch: Vec<u32>,
+    pub rhs_contracting: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ActivationFn {
+    Exp,
+    Log,
+    Tanh,
+    Logistic,
+    Rsqrt,
+    Sqrt,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum UnaryOp {
+    Negate,
+    Abs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum BinaryOp {
+    Add,
+    Subtract,
+    Multiply,
+    Divide,
+    Maximum,
+    Minimum,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ReduceOp {
+    Add,
+    Multiply,
+    Maximum,
+    Minimum,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum CompareDirection {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+/// The DMA queue types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DmaQueueKind {
+    Input,
+    Output,
+    Weights,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DmaQueue {
+    pub kind: DmaQueueKind,
+    pub transfers: Vec<DmaTransfer>,
+}
+
+/// Moves one buffer: input tensor → buffer, buffer → output tensor, or constant → buffer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DmaTransfer {
+    pub buffer: u32,
+    /// Input index, output index or constant index, by queue kind.
+    pub index: u32,
+    pub bytes: u64,
+}
+
+impl Op {
+    /// The engine that executes this operation.
+    pub fn engine(&self) -> Engine {
+        match self {
+            Op::MatMul(_) => Engine::Pe,
+            Op::Activation(_) => Engine::Act,
+            Op::Iota { .. } => Engine::Pool,
+            Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare { .. }
+            | Op::Select
+            | Op::Convert
+            | Op::Broadcast { .. }
+            | Op::Reshape
+            | Op::Transpose { .. }
+            | Op::Reduce { .. }
+            | Op::Concatenate { .. }
+            | Op::Slice { .. }
+            | Op::Copy => Engine::Dve,
+        }
+    }
+
+    /// A short opcode name for summaries and traces.
+    pub fn opcode(&self) -> &'static str {
+        match self {
+            Op::MatMul(_) => "MatMul",
+            Op::Activation(f) => match f {
+                ActivationFn::Exp => "Exp",
+                ActivationFn::Log => "Log",
+                ActivationFn::Tanh => "Tanh",
+                ActivationFn::Logistic => "Logistic",
+                ActivationFn::Rsqrt => "Rsqrt",
+                ActivationFn::Sqrt => "Sqrt",
+            },
+            Op::Unary(UnaryOp::Negate) => "Negate",
+            Op::Unary(UnaryOp::Abs) => "Abs",
+            Op::Binary(b) => match b {
+                BinaryOp::Add => "Add",
+                BinaryOp::Subtract => "Subtract",
+                BinaryOp::Multiply => "Multiply",
+                BinaryOp::Divide => "Divide",
+                BinaryOp::Maximum => "Maximum",
+                BinaryOp::Minimum => "Minimum",
+            },
+            Op::Compare { .. } => "Compare",
+            Op::Select => "Select",
+            Op::Convert => "Convert",
+            Op::Broadcast { .. } => "Broadcast",
+            Op::Reshape => "Reshape",
+            Op::Transpose { .. } => "Transpose",
+            Op::Reduce { .. } => "Reduce",
+            Op::Concatenate { .. } => "Concatenate",
+            Op::Slice { .. } => "Slice",
+            Op::Iota { .. } => "Iota",
+            Op::Copy => "Copy",
+        }
+    }
+
+    /// Floating-point (or integer) operations the instruction performs.
+    pub fn flops(&self, operands: &[&ArrayType], output: &ArrayType) -> u64 {
+        let out_elems = output.element_count().unwrap_or(0);
+        match self {
+            Op::MatMul(d) => {
+                let k: u64 = operands
+                    .first()
+                    .map(|lhs| {
+                        d.lhs_contracting
+                            .iter()
+                            .map(|&i| lhs.dims[i as usize])
+                            .product()
+                    })
+                    .unwrap_or(0);
+                out_elems.saturating_mul(k).saturating_mul(2)
+            }
+            Op::Activation(_) | Op::Unary(_) | Op::Binary(_) | Op::Compare { .. } | Op::Select => {
+                out_elems
+            }
+            Op::Reduce { .. } => operands
+                .first()
+                .and_then(|t| t.element_count())
+                .unwrap_or(0),
+            _ => 0,
+        }
+    }
+}
+
+/// Why an instruction's operands do not fit its operation.
+pub type TypeError = String;
+
+/// Derives (and checks) the output type of `op` applied to `operands`; `declared` is
+/// the output buffer's type, which supplies what the operation does not determine
+/// (the target of `Convert`, the shape of `Reshape` and `Iota`, ...).
+pub fn infer_output(
+    op: &Op,
+    operands: &[&ArrayType],
+    declared: &ArrayType,
+) -> Result<ArrayType, TypeError> {
+    let arity = |n: usize| -> Result<(), TypeError> {
+        if operands.len() == n {
+            Ok(())
+        } else {
+            Err(format!(
+                "{} takes {n} operand(s), got {}",
+                op.opcode(),
+                operands.len()
+            ))
+        }
+    };
+    let check_dims = |dims: &[u32], rank: usize, what: &str| -> Result<(), TypeError> {
+        let mut seen = vec![false; rank];
+        for &d in dims {
+            let d = d as usize;
+            if d >= rank || std::mem::replace(&mut seen[d], true) {
+                return Err(format!(
+                    "{what} {dims:?} is not a set of distinct dimensions below rank {rank}"
+                ));
+            }
+        }
+        Ok(())
+    };
+    match op {
+        Op::MatMul(d) => {
+            arity(2)?;
+            let (lhs, rhs) = (operands[0], operands[1]);
+            if lhs.dtype != rhs.dtype || lhs.dtype == DType::Pred {
+                return Err(format!(
+                    "dot of {lhs} and {rhs}: operands must share a numeric type"
+                ));
+            }
+            if d.lhs_batch.len() != d.rhs_batch.len()
+                || d.lhs_contracting.len() != d.rhs_contracting.len()
+            {
+                return Err("dot: batch and contracting dimension lists must pair up".into());
+            }
+            let lhs_all: Vec<u32> = d
+                .lhs_batch
+                .iter()
+                .chain(&d.lhs_contracting)
+                .copied()
+                .collect();
+            let rhs_all: Vec<u32> = d
+                .rhs_batch
+                .iter()
+                .chain(&d.rhs_contracting)
+                .copied()
+                .collect();
+            check_dims(&lhs_all, lhs.rank(), "dot lhs batch+contracting dims")?;
+            check_dims(&rhs_all, rhs.rank(), "dot rhs batch+contracting dims")?;
+            for (l, r) in lhs_all.iter().zip(&rhs_all) {
+                if lhs.dims[*l as usize] != rhs.dims[*r as usize] {
+                    return Err(format!(
+                        "dot: lhs dimension {l} ({}) does not match rhs dimension {r} ({})",
+                        lhs.dims[*l as usize], rhs.dims[*r as usize]
+                    ));
+                }
+            }
+            let mut dims: Vec<u64> = d.lhs_batch.iter().map(|&i| lhs.dims[i as usize]).collect();
+            let free = |t: &ArrayType, used: &[u32]| -> Vec<u64> {
+                (0..t.rank() as u32)
+                    .filter(|i| !used.contains(i))
+                    .map(|i| t.dims[i as usize])
+                    .collect()
+            };
+            dims.extend(free(lhs, &lhs_all));
+            dims.extend(free(rhs, &rhs_all));
+            Ok(ArrayType::new(lhs.dtype, dims))
+        }
+        Op::Activation(_) => {
+            arity(1)?;
+            if operands[0].dtype != DType::F32 {
+                return Err(format!(
+                    "{} needs a floating-point operand, got {}",
+                    op.opcode(),
+                    operands[0]
+                ));
+            }
+            Ok(operands[0].clone())
+        }
+        Op::Unary(_) => {
+            arity(1)?;
+            if operands[0].dtype == DType::Pred {
+                return Err(format!(
+                    "{} needs a numeric operand, got {}",
+                    op.opcode(),
+                    operands[0]
+                ));
+            }
+            Ok(operands[0].clone())
+        }
+        Op::Binary(b) => {
+            arity(2)?;
+            if operands[0] != operands[1] {
+                return Err(format!(
+                    "{} of {} and {}: operand types differ",
+                    op.opcode(),
+                    operands[0],
+                    operands[1]
+                ));
+            }
+            let logical = matches!(b, BinaryOp::Maximum | BinaryOp::Minimum);
+            if operands[0].dtype == DType::Pred && !logical {
+                return Err(format!("{} is not defined on pred", op.opcode()));
+            }
+            Ok(operands[0].clone())
+        }
+        Op::Compare { .. } => {
+            arity(2)?;
+            if operands[0] != operands[1] {
+                return Err(format!(
+                    "compare of {} and {}: operand types differ",
+                    operands[0], operands[1]
+                ));
+            }
+            Ok(ArrayType::new(DType::Pred, operands[0].dims.clone()))
+        }
+        Op::Select => {
+            arity(3)?;
+            let (pred, a, b) = (operands[0], operands[1], operands[2]);
+            if a != b {
+                return Err(format!("select branches differ: {a} and {b}"));
+            }
+            if pred.dtype != DType::Pred || (pred.rank() != 0 && pred.dims != a.dims) {
+                return Err(format!(
+                    "select predicate {pred} must be pred of shape {:?} or a scalar",
+                    a.dims
+                ));
+            }
+            Ok(a.clone())
+        }
+        Op::Convert => {
+            arity(1)?;
+            Ok(ArrayType::new(declared.dtype, operands[0].dims.clone()))
+        }
+        Op::Broadcast { dims } => {
+            arity(1)?;
+            let operand = operands[0];
+            if dims.len() != operand.rank() {
+                return Err(format!(
+                    "broadcast dimensions {dims:?} do not match operand rank {}",
+                    operand.rank()
+                ));
+            }
+            check_dims(dims, declared.rank(), "broadcast dimensions")?;
+            for (i, &d) in dims.iter().enumerate() {
+                let (from, to) = (operand.dims[i], declared.dims[d as usize]);
+                if from != to && from != 1 {
+                    return Err(format!(
+                        "broadcast: operand dimension {i} ({from}) cannot become {to}"
+                    ));
+                }
+            }
+            Ok(ArrayType::new(operand.dtype, declared.dims.clone()))
+        }
+        Op::Reshape => {
+            arity(1)?;
+            if operands[0].element_count() != declared.element_count() {
+                return Err(format!(
+                    "reshape of {} to {declared} changes the element count",
+                    operands[0]
+                ));
+            }
+            Ok(ArrayType::new(operands[0].dtype, declared.dims.clone()))
+        }
+        Op::Transpose { perm } => {
+            arity(1)?;
+            let operand = operands[0];
+            if perm.len() != operand.rank() {
+                return Err(format!(
+                    "transpose permutation {perm:?} does not match rank {}",
+                    operand.rank()
+                ));
+            }
+            check_dims(perm, operand.rank(), "transpose permutation")?;
+            Ok(ArrayType::new(
+                operand.dtype,
+                perm.iter().map(|&p| operand.dims[p as usize]).collect(),
+            ))
+        }
+        Op::Reduce { op: reduce, dims } => {
+            arity(2)?;
+            let (operand, init) = (operands[0], operands[1]);
+            if init.rank() != 0 || init.dtype != operand.dtype {
+                return Err(format!(
+                    "reduce init value {init} must be a {} scalar",
+                    operand.dtype
+                ));
+            }
+            if operand.dtype == DType::Pred && matches!(reduce, ReduceOp::Add | ReduceOp::Multiply)
+            {
+                return Err("reduce with add or multiply is not defined on pred".into());
+            }
+            check_dims(dims, operand.rank(), "reduce dimensions")?;
+            Ok(ArrayType::new(
+                operand.dtype,
+                (0..operand.rank() as u32)
+                    .filter(|d| !dims.contains(d))
+                    .map(|d| operand.dims[d as usize])
+                    .collect(),
+            ))
+        }
+        Op::Concatenate { dim } => {
+            let first = operands
+                .first()
+                .ok_or("concatenate needs at least one operand")?;
+            let d = *dim as usize;
+            if d >= first.rank() {
+                return Err(format!(
+                    "concatenate dimension {dim} is not below rank {}",
+                    first.rank()
+                ));
+            }
+            let mut dims = first.dims.clone();
+            dims[d] = 0;
+            for t in operands {
+                let same_rest = t.rank() == first.rank()
+                    && t.dtype == first.dtype
+                    && t.dims
+                        .iter()
+                        .zip(&first.dims)
+                        .enumerate()
+                        .all(|(i, (a, b))| i == d || a == b);
+                if !same_rest {
+                    return Err(format!(
+                        "concatenate operands {first} and {t} differ outside dimension {dim}"
+                    ));
+                }
+                dims[d] = dims[d]
+                    .checked_add(t.dims[d])
+                    .ok_or("concatenate size overflows")?;
+            }
+            Ok(ArrayType::new(first.dtype, dims))
+        }
+        Op::Slice {
+            start,
+            limit,
+            stride,
+        } => {
+            arity(1)?;
+            let operand = operands[0];
+            let rank = operand.rank();
+            if start.len() != rank || limit.len() != rank || stride.len() != rank {
+                return Err(format!("slice bounds do not match rank {rank}"));
+            }
+            let mut dims = Vec::with_capacity(rank);
+            for i in 0..rank {
+                if stride[i] == 0 || start[i] > limit[i] || limit[i] > operand.dims[i] {
+                    return Err(format!(
+                        "slice [{}:{}:{}] is out of bounds for dimension {i} of size {}",
+                        start[i], limit[i], stride[i], operand.dims[i]
+                    ));
+                }
+                dims.push((limit[i] - start[i]).div_ceil(stride[i]));
+            }
+            Ok(ArrayType::new(operand.dtype, dims))
+        }
+        Op::Iota { dim } => {
+            arity(0)?;
+            if *dim as usize >= declared.rank() || declared.dtype == DType::Pred {
+                return Err(format!("iota dimension {dim} does not fit {declared}"));
+            }
+            Ok(declared.clone())
+        }
+        Op::Copy => {
+            arity(1)?;
+            Ok(operands[0].clone())
+        }
+    }
+}
+
+impl Program {
+    /// Total FLOPs of one execution.
+    pub fn flops_per_execution(&self) -> u64 {
+        self.instructions()
+            .map(|i| {
+                let operands: Vec<&ArrayType> = i
+                    .operands
+                    .iter()
+                    .map(|&b| &self.buffers[b as usize].ty)
+                    .collect();
+                i.op.flops(&operands, &self.buffers[i.output as usize].ty)
+            })
+            .sum()
+    }
+
+    /// Every engine instruction, stream by stream.
+    pub fn instructions(&self) -> impl Iterator<Item = &Instruction> {
+        self.streams.iter().flat_map(|s| s.instructions.iter())
+    }
+
+    /// Instruction count per engine.
+    pub fn instruction_counts(&self) -> Vec<(Engine, usize)> {
+        Engine::ALL
+            .iter()
+            .map(|&e| {
+                let n = self
+                    .streams
+                    .iter()
+                    .filter(|s| s.engine == e)
+                    .map(|s| s.instructions.len())
+                    .sum();
+                (e, n)
+            })
+            .collect()
+    }
+
+    pub fn constant_bytes(&self) -> u64 {
+        self.constants.iter().map(|c| c.len() as u64).sum()
+    }
+
+    /// Checks every structural invariant the backend relies on.
+    pub fn validate(&self) -> Result<(), String> {
+        let buffer = |id: u32| -> Result<&Buffer, String> {
+            self.buffers.get(id as usize).ok_or_else(|| {
+                format!(
+                    "buffer {id} does not exist ({} buffers)",
+                    self.buffers.len()
+                )
+            })
+        };
+        for (id, b) in self.buffers.iter().enumerate() {
+            let size =
+                b.ty.size_bytes()
+                    .ok_or_else(|| format!("buffer {id} ({}) has a size that overflows", b.ty))?;
+            match b.kind {
+                BufferKind::Input { index } => {
+                    let io = self
+                        .inputs
+                        .get(index as usize)
+                        .ok_or_else(|| format!("buffer {id} names missing input {index}"))?;
+                    if io.buffer as usize != id {
+                        return Err(format!("input {index} and buffer {id} disagree"));
+                    }
+                }
+                BufferKind::Constant { index } => {
+                    let blob = self
+                        .constants
+                        .get(index as usize)
+                        .ok_or_else(|| format!("buffer {id} names missing constant {index}"))?;
+                    if blob.len() as u64 != size {
+                        return Err(format!(
+                            "constant {index} holds {} bytes but buffer {id} is {} ({size} bytes)",
+                            blob.len(),
+                            b.ty
+                        ));
+                    }
+                }
+                BufferKind::Intermediate { offset } => {
+                    if offset
+                        .checked_add(size)
+                        .is_none_or(|end| end > self.scratchpad_bytes)
+                    {
+                        return Err(format!(
+                            "buffer {id} lies outside the {}-byte scratchpad",
+                            self.scratchpad_bytes
+                        ));
+                    }
+                }
+            }
+        }
+        for (index, io) in self.inputs.iter().enumerate() {
+            if buffer(io.buffer)?.kind
+                != (BufferKind::Input {
+                    index: index as u32,
+                })
+            {
+                return Err(format!(
+                    "input `{}` is not bound to an input buffer",
+                    io.name
+                ));
+            }
+        }
+        for io in &self.outputs {
+            buffer(io.buffer)?;
+        }
+
+        let total: usize = self.streams.iter().map(|s| s.instructions.len()).sum();
+        let mut by_step: Vec<Option<&Instruction>> = vec![None; total];
+        for stream in &self.streams {
+            for instruction in &stream.instructions {
+                if instruction.op.engine() != stream.engine {
+                    return Err(format!(
+                        "{} instruction at step {} sits in the {} stream",
+                        instruction.op.opcode(),
+                        instruction.step,
+                        stream.engine
+                    ));
+                }
+                let slot = by_step.get_mut(instruction.step as usize).ok_or_else(|| {
+                    format!(
+                        "step {} is beyond the {total} instructions",
+                        instruction.step
+                    )
+                })?;
+                if slot.replace(instruction).is_some() {
+                    return Err(format!("step {} is used twice", instruction.step));
+                }
+            }
+        }
+
+        let mut defined: Vec<bool> = self
+            .buffers
+            .iter()
+            .map(|b| !matches!(b.kind, BufferKind::Intermediate { .. }))
+            .collect();
+        for (step, instruction) in by_step.iter().enumerate() {
+            let instruction = instruction.ok_or_else(|| format!("step {step} is missing"))?;
+            if instruction.hlo as usize >= self.hlo_names.len() {
+                return Err(format!(
+                    "step {step} names HLO instruction {} that does not exist",
+                    instruction.hlo
+                ));
+            }
+            let mut operands = Vec::with_capacity(instruction.operands.len());
+            for &id in &instruction.operands {
+                let b = buffer(id)?;
+                if !defined[id as usize] {
+                    return Err(format!(
+                        "step {step} reads buffer {id} before it is written"
+                    ));
+                }
+                operands.push(&b.ty);
+            }
+            let out = buffer(instruction.output)?;
+            if !matches!(out.kind, BufferKind::Intermediate { .. })
+                || defined[instruction.output as usize]
+            {
+                return Err(format!(
+                    "step {step} writes buffer {} that is not a fresh intermediate",
+                    instruction.output
+                ));
+            }
+            let inferred = infer_output(&instruction.op, &operands, &out.ty)
+                .map_err(|e| format!("step {step}: {e}"))?;
+            if inferred != out.ty {
+                return Err(format!(
+                    "step {step}: {} produces {inferred} but its output buffer is {}",
+                    instruction.op.opcode(),
+                    out.ty
+                ));
+            }
+            defined[instruction.output as usize] = true;
+        }
+        for io in &self.outputs {
+            if !defined[io.buffer as usize] {
+                return Err(format!("output `{}` is never written", io.name));
+            }
+        }
+        for queue in &self.dma_queues {
+            for t in &queue.transfers {
+                let b = buffer(t.buffer)?;
+                let matches = match queue.kind {
+                    DmaQueueKind::Input => b.kind == BufferKind::Input { index: t.index },
+                    DmaQueueKind::Weights => b.kind == BufferKind::Constant { index: t.index },
+                    DmaQueueKind::Output => self
+                        .outputs
+                        .get(t.index as usize)
+                        .is_some_and(|o| o.buffer == t.buffer),
+                };
+                if !matches || Some(t.bytes) != b.ty.size_bytes() {
+                    return Err(format!(
+                        "{:?} DMA transfer of buffer {} does not match the graph",
+                        queue.kind, t.buffer
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,34 @@
+//! The virtual Neuron runtime: virtual NeuronCores that run real tensor programs on
+//! the host CPU with correct numerics, and account for every resource they use.
+//!
+//! The pipeline: HLO text is parsed ([`hlo`]) and lowered to engine instructions
+//! ([`compile`]), packed into a NEFF ([`neff`]), loaded onto a NeuronCore of a
+//! [`Runtime`], and executed by the CPU backend with [`Tensor`]s bound to its inputs
+//! and outputs. Every failure is an [`NrtError`] carrying the public `NRT_STATUS` code.
+
+pub mod compile;
+pub mod config;
+pub mod dtype;
+pub mod error;
+pub mod hlo;
+pub mod isa;
+pub mod memory;
+pub mod neff;
+pub mod topology;
+
+mod backend;
+mod pool;
+mod reservation;
+mod runtime;
+mod tensor;
+
+pub use backend::Value;
+pub use compile::{CompileError, Target, compile_hlo};
+pub use config::Config;
+pub use dtype::{ArrayType, DType};
+pub use error::{NrtError, NrtResult, NrtStatus};
+pub use neff::Neff;
+pub use reservation::CoreReservation;
+pub use runtime::{ExecutionReport, Model, Runtime};
+pub use tensor::{Tensor, TensorPlacement, TensorSet};
+pub use topology::{CoreSet, InstanceType, Topology};

@@ -1,0 +1,189 @@
+//! Exclusive, host-wide reservation of NeuronCores between processes.
+//!
+//! Each core is a lock file under `<run dir>/cores/`, held with `flock` for as long as
+//! the owning [`CoreReservation`] lives. The kernel drops the lock when the holder's file
+//! descriptor closes, so a process killed with SIGKILL releases its cores at once and
+//! no stale state is ever left to clean up.
+
+use std::fs::{DirBuilder, File, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{Flock, FlockArg};
+
+use crate::config::CoreRequest;
+use crate::error::{NrtError, NrtResult, NrtStatus};
+use crate::topology::{CoreSet, Topology};
+
+/// Cores held by this process; dropping it releases them.
+#[derive(Debug)]
+pub struct CoreReservation {
+    cores: CoreSet,
+    _locks: Vec<Flock<File>>,
+}
+
+impl CoreReservation {
+    /// Reserves the requested cores, or fails at once with `NRT_EXEC_NC_BUSY` if any of
+    /// them is held by another process (or another runtime in this one).
+    pub fn acquire(run_dir: &Path, topology: &Topology, request: &CoreRequest) -> NrtResult<Self> {
+        let lock_dir = run_dir.join("cores");
+        create_private_dir(&lock_dir)?;
+        let total = topology.core_count();
+        match request {
+            CoreRequest::All => Self::acquire_exact(&lock_dir, total, CoreSet::range(0, total - 1)),
+            CoreRequest::Visible(set) => Self::acquire_exact(&lock_dir, total, set.clone()),
+            CoreRequest::Count(n) => {
+                let mut locks = Vec::new();
+                let mut cores = Vec::new();
+                for core in 0..total {
+                    if cores.len() == *n as usize {
+                        break;
+                    }
+                    if let Some(lock) = try_lock(&lock_dir, core)? {
+                        locks.push(lock);
+                        cores.push(core);
+                    }
+                }
+                if cores.len() < *n as usize {
+                    let available = cores.len();
+                    drop(locks);
+                    return Err(not_available(&format!("{n} cores"), available));
+                }
+                Ok(CoreReservation {
+                    cores: CoreSet::new(cores),
+                    _locks: locks,
+                })
+            }
+        }
+    }
+
+    fn acquire_exact(lock_dir: &Path, total: u32, wanted: CoreSet) -> NrtResult<Self> {
+        let mut locks = Vec::with_capacity(wanted.len());
+        for &core in wanted.cores() {
+            match try_lock(lock_dir, core)? {
+                Some(lock) => locks.push(lock),
+                None => {
+                    drop(locks);
+                    let available = count_free(lock_dir, total)?;
+                    return Err(not_available(&wanted.to_string(), available));
+                }
+            }
+        }
+        Ok(CoreReservation {
+            cores: wanted,
+            _locks: locks,
+        })
+    }
+
+    pub fn cores(&self) -> &CoreSet {
+        &self.cores
+    }
+}
+
+fn not_available(requested: &str, available: usize) -> NrtError {
+    NrtError::new(
+        NrtStatus::ExecNcBusy,
+        format!(
+            "NeuronCore(s) not available - Requested:{requested} Available:{available}; \
+             another process holds them: pick other cores with NEURON_RT_VISIBLE_CORES or stop that process"
+        ),
+    )
+}
+
+fn lock_path(lock_dir: &Path, core: u32) -> PathBuf {
+    lock_dir.join(format!("nc{core}.lock"))
+}
+
+/// Takes the lock of one core without waiting; `None` when someone else holds it.
+fn try_lock(lock_dir: &Path, core: u32) -> NrtResult<Option<Flock<File>>> {
+    let path = lock_path(lock_dir, core);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| {
+            NrtError::new(
+                NrtStatus::Failure,
+                format!("cannot open core lock file {}: {e}", path.display()),
+            )
+        })?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => Ok(Some(lock)),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+        Err((_, errno)) => Err(NrtError::new(
+            NrtStatus::Failure,
+            format!("cannot lock {}: {errno}", path.display()),
+        )),
+    }
+}
+
+/// Counts the cores nobody holds right now (probing each lock and letting it go).
+fn count_free(lock_dir: &Path, total: u32) -> NrtResult<usize> {
+    let mut free = 0;
+    for core in 0..total {
+        if try_lock(lock_dir, core)?.is_some() {
+            free += 1;
+        }
+    }
+    Ok(free)
+}
+
+/// Creates a directory (and its parents) readable only by this user.
+pub(crate) fn create_private_dir(dir: &Path) -> NrtResult<()> {
+    DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(|e| {
+            NrtError::new(
+                NrtStatus::Failure,
+                format!(
+                    "cannot create runtime directory {}: {e}; set NEURON_VIRT_RUN_DIR to a writable directory",
+                    dir.display()
+                ),
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::InstanceType;
+
+    #[test]
+    fn a_held_core_is_refused_until_released() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let topo = InstanceType::Trn1_2xlarge.topology();
+        let first = CoreReservation::acquire(
+            dir.path(),
+            &topo,
+            &CoreRequest::Visible(CoreSet::range(1, 1)),
+        )
+        .expect("free core");
+        let err = CoreReservation::acquire(
+            dir.path(),
+            &topo,
+            &CoreRequest::Visible(CoreSet::range(1, 1)),
+        )
+        .expect_err("held core");
+        assert_eq!(err.status, NrtStatus::ExecNcBusy);
+        assert!(
+            err.message
+                .starts_with("NeuronCore(s) not available - Requested:nc1-nc1 Available:1"),
+            "{}",
+            err.message
+        );
+        let count = CoreReservation::acquire(dir.path(), &topo, &CoreRequest::Count(1))
+            .expect("nc0 is free");
+        assert_eq!(count.cores().cores(), &[0]);
+        drop(first);
+        CoreReservation::acquire(
+            dir.path(),
+            &topo,
+            &CoreRequest::Visible(CoreSet::range(1, 1)),
+        )
+        .expect("released");
+    }
+}

@@ -1,0 +1,397 @@
+#!/usr/bin/env python3
+"""Generate HLO test fixtures from small, real JAX programs.
+
+For every case below this script writes a directory ``tests/data/jax/<case>/``
+containing:
+
+  model.hlo              HLO text of the jitted program, exactly as produced by
+                         ``jax.jit(f).lower(*args).as_text(dialect="hlo")``.
+  input0.npy, ...        the program arguments, in HLO parameter order.
+  output0.npy, ...       the results XLA:CPU computed for those arguments
+                         (``np.asarray(jax.jit(f)(*args))``); one file per tuple
+                         element, in order, when the program returns a tuple.
+
+The Rust runtime's integration tests parse ``model.hlo``, feed it the inputs and
+compare against the outputs.
+
+Constraints the fixtures are built to respect (checked by this script, which
+fails loudly if JAX starts emitting something else):
+
+  * only these HLO opcodes: parameter, constant, dot, add, subtract, multiply,
+    divide, maximum, minimum, negate, abs, exponential, log, tanh, logistic,
+    rsqrt, sqrt, broadcast, reshape, transpose, reduce, compare, select,
+    convert, iota, concatenate, slice, call, tuple, get-tuple-element;
+  * reduce regions only apply add / maximum / minimum / multiply;
+  * only the element types f32, s32 and pred;
+  * every tensor file at most 64 KiB.
+
+The inputs are deterministic (``np.random.default_rng`` with a fixed seed per
+case) and every case directory is wiped and rewritten, so rerunning the script
+reproduces the same files.
+
+How to run (from the repository root):
+
+    pip install "jax[cpu]==0.10.2"
+    python3 tests/data/gen_jax_fixtures.py
+
+The fixtures checked in were produced with jax 0.10.2 / jaxlib 0.10.2.
+"""
+
+import os
+
+# Force the CPU backend before JAX is imported (no GPU/TPU probing).
+os.environ["JAX_PLATFORMS"] = "cpu"
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+jax.config.update("jax_platform_name", "cpu")
+jax.config.update("jax_enable_x64", False)  # keep everything 32-bit
+
+OUT_DIR = Path(__file__).resolve().parent / "jax"
+
+ALLOWED_OPCODES = {
+    "parameter", "constant", "dot", "add", "subtract", "multiply", "divide",
+    "maximum", "minimum", "negate", "abs", "exponential", "log", "tanh",
+    "logistic", "rsqrt", "sqrt", "broadcast", "reshape", "transpose", "reduce",
+    "compare", "select", "convert", "iota", "concatenate", "slice", "call",
+    "tuple", "get-tuple-element",
+}
+ALLOWED_REDUCE_OPS = {"add", "maximum", "minimum", "multiply"}
+ALLOWED_DTYPES = {"f32", "s32", "pred"}
+MAX_TENSOR_BYTES = 64 * 1024
+
+
+# ---------------------------------------------------------------------------
+# Input helpers
+# ---------------------------------------------------------------------------
+
+def normal(rng, shape, scale=0.5):
+    """float32 normal samples of modest magnitude."""
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def weight(rng, fan_in, fan_out):
+    """Dense-layer weight, scaled by 1/sqrt(fan_in) to keep activations O(1)."""
+    return normal(rng, (fan_in, fan_out), scale=1.0 / np.sqrt(fan_in))
+
+
+# ---------------------------------------------------------------------------
+# Cases. Each returns (function, list of numpy arguments).
+# ---------------------------------------------------------------------------
+
+def case_mlp(rng):
+    """x[8,32] -> dense(32->64) + relu -> dense(64->16)."""
+    def f(x, w1, b1, w2, b2):
+        h = jax.nn.relu(x @ w1 + b1)
+        return h @ w2 + b2
+
+    args = [
+        normal(rng, (8, 32)),
+        weight(rng, 32, 64), normal(rng, (64,), 0.1),
+        weight(rng, 64, 16), normal(rng, (16,), 0.1),
+    ]
+    return f, args
+
+
+def case_attention(rng):
+    """Two-head causal self-attention block on x[16,32]."""
+    seq, dim, heads = 16, 32, 2
+    head_dim = dim // heads
+
+    def f(x, wq, wk, wv, wo):
+        def split(t):  # [seq, dim] -> [heads, seq, head_dim]
+            return t.reshape(seq, heads, head_dim).transpose(1, 0, 2)
+
+        q, k, v = split(x @ wq), split(x @ wk), split(x @ wv)
+        scores = jnp.einsum("hqd,hkd->hqk", q, k) / jnp.sqrt(jnp.float32(head_dim))
+        # Causal mask built inside the program (tril -> iota + compare).
+        causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+        scores = jnp.where(causal[None, :, :], scores, -jnp.inf)
+        probs = jax.nn.softmax(scores, axis=-1)
+        ctx = jnp.einsum("hqk,hkd->hqd", probs, v)  # [heads, seq, head_dim]
+        ctx = ctx.transpose(1, 0, 2).reshape(seq, dim)
+        return ctx @ wo
+
+    args = [normal(rng, (seq, dim))] + [weight(rng, dim, dim) for _ in range(4)]
+    return f, args
+
+
+def case_gelu_ffn(rng):
+    """x[8,32] -> dense(32->64) -> GELU (tanh approximation) -> dense(64->32)."""
+    def f(x, w1, b1, w2, b2):
+        h = jax.nn.gelu(x @ w1 + b1, approximate=True)
+        return h @ w2 + b2
+
+    args = [
+        normal(rng, (8, 32)),
+        weight(rng, 32, 64), normal(rng, (64,), 0.1),
+        weight(rng, 64, 32), normal(rng, (32,), 0.1),
+    ]
+    return f, args
+
+
+def case_rmsnorm(rng):
+    """RMSNorm: x * rsqrt(mean(x^2, -1) + eps) * weight."""
+    eps = 1e-6
+
+    def f(x, w):
+        ms = jnp.mean(x * x, axis=-1, keepdims=True)
+        return x * jax.lax.rsqrt(ms + eps) * w
+
+    args = [normal(rng, (8, 64)), (1.0 + normal(rng, (64,), 0.1)).astype(np.float32)]
+    return f, args
+
+
+def case_softmax_rows(rng):
+    """jax.nn.softmax over the last axis of a [4,10] input."""
+    def f(x):
+        return jax.nn.softmax(x, axis=-1)
+
+    return f, [normal(rng, (4, 10), scale=2.0)]
+
+
+def case_batched_matmul(rng):
+    """einsum 'bij,bjk->bik' (dot with batch dims), then transpose to [3,6,4]."""
+    def f(a, b):
+        c = jnp.einsum("bij,bjk->bik", a, b)
+        return jnp.transpose(c, (0, 2, 1))
+
+    return f, [normal(rng, (3, 4, 5)), normal(rng, (3, 5, 6))]
+
+
+def case_int_ops(rng):
+    """int32 / pred program; returns (s32[12], f32[12], pred[12], s32[])."""
+    def f(x, flags):
+        i = jnp.arange(12, dtype=jnp.int32)               # iota
+        gt = x > i                                         # compare s32
+        picked = jnp.where(gt, x, i)                       # select s32
+        y = picked * 3 + i                                 # integer mul/add
+        y = jnp.minimum(jnp.maximum(y, -5), 20)            # integer max/min
+        y = jnp.where(flags, y, -y)                        # select on pred param
+        as_float = y.astype(jnp.float32) * 0.5             # convert s32->f32
+        # pred result via select (and/or/not opcodes are outside the subset)
+        mask = jnp.where(flags, gt, x == 0)
+        total = jnp.sum(y)                                 # s32 reduce-add
+        return y, as_float, mask, total
+
+    args = [
+        rng.integers(-10, 10, size=(12,), dtype=np.int32),
+        rng.integers(0, 2, size=(12,)).astype(np.bool_),
+    ]
+    return f, args
+
+
+def case_slice_concat(rng):
+    """Strided slice, concatenate, reshape, broadcast."""
+    def f(x):
+        a = x[::2, 1:5]                        # [3,4], strided slice
+        b = x[1::2, 4:8]                       # [3,4]
+        c = jnp.concatenate([a, b], axis=0)    # [6,4]
+        d = jnp.concatenate([c, x[:, :2]], axis=1)  # [6,6]
+        r = d.reshape(3, 12)                   # [3,12]
+        tiled = jnp.broadcast_to(r, (2, 3, 12))      # broadcast to a new leading dim
+        scaled = r[:, None, :] * x[:3, :2, None]     # [3,1,12] * [3,2,1] -> [3,2,12]
+        return tiled, scaled
+
+    return f, [normal(rng, (6, 8))]
+
+
+def case_reduce_variants(rng):
+    """max / min / sum / prod reductions over various axes of a [4,5,6] input."""
+    def f(x):
+        return (
+            jnp.max(x, axis=0),          # [5,6]
+            jnp.min(x, axis=(1, 2)),     # [4]
+            jnp.sum(x, axis=(0, 2)),     # [5]
+            jnp.prod(x, axis=-1),        # [4,5]
+            jnp.sum(x),                  # []
+        )
+
+    return f, [normal(rng, (4, 5, 6), scale=1.0)]
+
+
+def case_nested_call(rng):
+    """Nested jax.jit functions, which lower to HLO `call` with to_apply=."""
+    @jax.jit
+    def innermost(x):
+        return jnp.tanh(x) * 2.0
+
+    @jax.jit
+    def inner(x, y):
+        return innermost(x) + y * 3.0
+
+    def f(x, y):
+        return inner(x, y) - inner(y, x) * 0.5
+
+    return f, [normal(rng, (4, 6)), normal(rng, (4, 6))]
+
+
+def case_special_constants(rng):
+    """Constants inf / -inf / nan plus an array literal; outputs hold inf/nan."""
+    lit = np.array([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], dtype=np.float32)
+
+    def f(x):
+        a = jnp.where(x > 0, x, -jnp.inf)          # constant(-inf); -inf in output
+        b = jnp.where(x < -0.5, jnp.inf, x)        # constant(inf); +inf in output
+        c = jnp.maximum(x, -jnp.inf)               # identity; finite
+        d = jnp.where(x > 0.5, jnp.nan, x)         # constant(nan); nan in output
+        e = x + lit                                # array-literal constant
+        g = jnp.log(jnp.maximum(x, 0.0))           # -inf computed at run time
+        return a, b, c, d, e, g
+
+    return f, [normal(rng, (3, 2), scale=1.0)]
+
+
+def check_special_constants(outs):
+    """The point of this case is non-finite values: make sure they occur."""
+    allv = np.concatenate([o.ravel() for o in outs])
+    assert np.isposinf(allv).any(), "no +inf in outputs"
+    assert np.isneginf(allv).any(), "no -inf in outputs"
+    assert np.isnan(allv).any(), "no nan in outputs"
+    assert np.isfinite(allv).any(), "no finite values in outputs"
+
+
+# (case name, builder, rng seed)
+CASES = [
+    ("mlp", case_mlp, 1001),
+    ("attention", case_attention, 1002),
+    ("gelu_ffn", case_gelu_ffn, 1003),
+    ("rmsnorm", case_rmsnorm, 1004),
+    ("softmax_rows", case_softmax_rows, 1005),
+    ("batched_matmul", case_batched_matmul, 1006),
+    ("int_ops", case_int_ops, 1007),
+    ("slice_concat", case_slice_concat, 1008),
+    ("reduce_variants", case_reduce_variants, 1009),
+    ("nested_call", case_nested_call, 1010),
+    ("special_constants", case_special_constants, 1011),
+]
+
+# Extra sanity checks on the computed outputs of some cases.
+OUTPUT_CHECKS = {"special_constants": check_special_constants}
+
+
+# ---------------------------------------------------------------------------
+# HLO inspection
+# ---------------------------------------------------------------------------
+
+# Computation header, e.g. "region_0.1 {" or "ENTRY main.3 {".
+_COMP_RE = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+# Instruction line, e.g. "  ROOT add.3 = f32[4]{0} add(a.1, b.2)".
+_INSTR_RE = re.compile(r"^\s+(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.*)$")
+
+
+def instructions(hlo):
+    """Yield (computation_name, opcode, full_line) for every HLO instruction."""
+    comp = None
+    for line in hlo.splitlines():
+        if line.startswith("HloModule"):
+            continue
+        m = _COMP_RE.match(line)
+        if m:
+            comp = m.group(1)
+            continue
+        m = _INSTR_RE.match(line)
+        if not m:
+            continue
+        rest = m.group(1)
+        # Skip the result type: either a tuple type "( ... )" or one token.
+        if rest.startswith("("):
+            depth = 0
+            for idx, ch in enumerate(rest):
+                depth += ch == "("
+                depth -= ch == ")"
+                if depth == 0:
+                    rest = rest[idx + 1:]
+                    break
+        else:
+            rest = rest.split(None, 1)[1]
+        opcode = rest.strip().split("(", 1)[0]
+        yield comp, opcode, line
+
+
+def check_hlo(name, hlo):
+    """Return the opcode set; raise if anything outside the allowed subset."""
+    ops = set()
+    reduce_regions = set(re.findall(r"reduce\(.*to_apply=([\w.\-]+)", hlo))
+    for comp, op, line in instructions(hlo):
+        ops.add(op)
+        if op not in ALLOWED_OPCODES:
+            raise SystemExit(f"[{name}] disallowed opcode {op!r}: {line.strip()}")
+        if comp in reduce_regions and op not in ("parameter",) \
+                and op not in ALLOWED_REDUCE_OPS:
+            raise SystemExit(f"[{name}] disallowed reduce region op {op!r}")
+    dtypes = set(re.findall(r"\b([a-z]+[0-9]*)\[", hlo))
+    bad = dtypes - ALLOWED_DTYPES
+    if bad:
+        raise SystemExit(f"[{name}] disallowed element types {sorted(bad)}")
+    return ops
+
+
+# ---------------------------------------------------------------------------
+# Driver
+# ---------------------------------------------------------------------------
+
+def describe(arr):
+    return f"{arr.dtype}{list(arr.shape)}"
+
+
+def save_npy(path, arr):
+    # (np.ascontiguousarray would turn 0-d scalars into shape (1,); avoid it.)
+    arr = np.asarray(arr, order="C")
+    if arr.nbytes > MAX_TENSOR_BYTES:
+        raise SystemExit(f"{path}: {arr.nbytes} bytes exceeds {MAX_TENSOR_BYTES}")
+    np.save(path, arr, allow_pickle=False)
+
+
+def generate(name, builder, seed):
+    rng = np.random.default_rng(seed)
+    fn, args = builder(rng)
+    jitted = jax.jit(fn)
+    hlo = jitted.lower(*args).as_text(dialect="hlo")
+    ops = check_hlo(name, hlo)
+
+    outs = jitted(*args)
+    if not isinstance(outs, (tuple, list)):
+        outs = (outs,)
+    outs = [np.asarray(o) for o in outs]
+    if name in OUTPUT_CHECKS:
+        OUTPUT_CHECKS[name](outs)
+
+    case_dir = OUT_DIR / name
+    if case_dir.exists():
+        shutil.rmtree(case_dir)  # drop stale files from earlier versions
+    case_dir.mkdir(parents=True)
+    (case_dir / "model.hlo").write_text(hlo)
+    for i, a in enumerate(args):
+        save_npy(case_dir / f"input{i}.npy", np.asarray(a))
+    for i, o in enumerate(outs):
+        save_npy(case_dir / f"output{i}.npy", o)
+
+    return {
+        "case": name,
+        "inputs": ", ".join(describe(np.asarray(a)) for a in args),
+        "outputs": ", ".join(describe(o) for o in outs),
+        "ops": " ".join(sorted(ops)),
+    }
+
+
+def main():
+    print(f"jax {jax.__version__}, jaxlib {jax.lib.__version__}, "
+          f"numpy {np.__version__}, backend {jax.default_backend()}")
+    OUT_DIR.mkdir(parents=True, exist_ok=True)
+    rows = [generate(name, builder, seed) for name, builder, seed in CASES]
+    for r in rows:
+        print(f"\n{r['case']}\n  inputs : {r['inputs']}\n  outputs: {r['outputs']}"
+              f"\n  opcodes: {r['ops']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
