@@ -94,7 +94,8 @@ struct LoadedModel {
     core: u32,
     executable: Executable,
     flops_per_execution: u64,
-    charges: Vec<MemoryCharge>,
+    /// Released at unload (or close), even while handles to the model remain.
+    charges: Mutex<Vec<MemoryCharge>>,
 }
 
 /// What one execution did.
@@ -189,7 +190,9 @@ impl Runtime {
         self.shared.lifecycle.check()?;
         let mut running = lock(&self.shared.running);
         self.shared.lifecycle.0.store(CLOSED, Ordering::Release);
-        lock(&self.shared.models).clear();
+        for (_, model) in lock(&self.shared.models).drain() {
+            lock(&model.charges).clear();
+        }
         *running = None;
         tracing::info!("runtime closed");
         Ok(())
@@ -249,7 +252,7 @@ impl Runtime {
             core,
             flops_per_execution: program.flops_per_execution(),
             executable: Executable::new(neff.program),
-            charges,
+            charges: Mutex::new(charges),
         });
         lock(&self.shared.models).insert(id, Arc::clone(&model));
         tracing::info!(model = %model.name, id, core, "model loaded");
@@ -260,7 +263,8 @@ impl Runtime {
     pub fn unload(&self, model: &Model) -> NrtResult<()> {
         self.shared.lifecycle.check()?;
         match lock(&self.shared.models).remove(&model.inner.id) {
-            Some(_) => {
+            Some(loaded) => {
+                lock(&loaded.charges).clear();
                 tracing::info!(model = %model.inner.name, id = model.inner.id, "model unloaded");
                 Ok(())
             }
@@ -485,10 +489,9 @@ impl Model {
         self.inner.flops_per_execution
     }
 
-    /// Device memory this model holds, by category.
+    /// Device memory this model holds, by category (zero once unloaded).
     pub fn device_memory(&self, category: DeviceCategory) -> u64 {
-        self.inner
-            .charges
+        lock(&self.inner.charges)
             .iter()
             .filter(|c| {
                 c.charge()
@@ -501,10 +504,9 @@ impl Model {
             .sum()
     }
 
-    /// Host memory this model holds, by category.
+    /// Host memory this model holds, by category (zero once unloaded).
     pub fn host_memory(&self, category: HostCategory) -> u64 {
-        self.inner
-            .charges
+        lock(&self.inner.charges)
             .iter()
             .filter(|c| c.charge() == Charge::Host(category))
             .map(MemoryCharge::bytes)

@@ -1,0 +1,188 @@
+//! The command-line contracts of `neuron-cc` and `neuron-bench`.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn run(binary: &str, run_dir: &Path, args: &[&str]) -> Output {
+    Command::new(binary)
+        .env("NEURON_VIRT_RUN_DIR", run_dir)
+        .env_remove("NEURON_RT_VISIBLE_CORES")
+        .env_remove("NEURON_RT_NUM_CORES")
+        .args(args)
+        .output()
+        .expect("run the binary")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn an_unknown_operator_names_operator_instruction_and_line_and_writes_no_neff() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hlo = dir.path().join("bad.hlo");
+    std::fs::write(&hlo, "HloModule bad\n\nENTRY e {\n  x = f32[4]{0} parameter(0)\n  ROOT y = f32[4]{0} erf(x)\n}\n")
+        .expect("write");
+    let neff = dir.path().join("bad.neff");
+    let out = run(
+        env!("CARGO_BIN_EXE_neuron-cc"),
+        dir.path(),
+        &[
+            "compile",
+            hlo.to_str().expect("utf-8"),
+            "-o",
+            neff.to_str().expect("utf-8"),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("line 5, instruction `y`: operator `erf` is not supported"),
+        "{stderr}"
+    );
+    assert!(!neff.exists(), "no NEFF may be written");
+    let leftovers = std::fs::read_dir(dir.path()).expect("list").count();
+    assert_eq!(leftovers, 1, "no temporary file is left behind");
+}
+
+#[test]
+fn compile_prints_a_summary_and_list_operators_names_engines() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hlo = dir.path().join("mm.hlo");
+    std::fs::write(
+        &hlo,
+        "HloModule mm\nENTRY e {\n  a = f32[2,3]{1,0} parameter(0)\n  w = f32[3,2]{1,0} constant({ { 1, 2 }, { 3, 4 }, { 5, 6 } })\n  \
+         d = f32[2,2]{1,0} dot(a, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n  ROOT t = f32[2,2]{1,0} tanh(d)\n}\n",
+    )
+    .expect("write");
+    let out = run(
+        env!("CARGO_BIN_EXE_neuron-cc"),
+        dir.path(),
+        &["compile", hlo.to_str().expect("utf-8")],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("instructions        2 (PE 1, ACT 1)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("weights             24 B in 1 constants"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("FLOPs/execution     28"), "{stdout}");
+    assert!(dir.path().join("mm.neff").exists());
+
+    let list = text(
+        &run(
+            env!("CARGO_BIN_EXE_neuron-cc"),
+            dir.path(),
+            &["list-operators"],
+        )
+        .stdout,
+    );
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with("dot") && l.ends_with("PE")),
+        "{list}"
+    );
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with("exponential") && l.ends_with("ACT")),
+        "{list}"
+    );
+}
+
+#[test]
+fn exec_json_reports_counts_throughput_and_latency_percentiles() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hlo = dir.path().join("neg.hlo");
+    std::fs::write(&hlo, "HloModule neg\nENTRY e {\n  x = f32[8]{0} parameter(0)\n  ROOT y = f32[8]{0} negate(x)\n}\n")
+        .expect("write");
+    let out = run(
+        env!("CARGO_BIN_EXE_neuron-bench"),
+        dir.path(),
+        &[
+            "exec",
+            hlo.to_str().expect("utf-8"),
+            "--cores",
+            "0-1",
+            "--iterations",
+            "25",
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(report["executions"], 50, "25 per core on two cores");
+    assert_eq!(report["cores"], serde_json::json!([0, 1]));
+    assert!(
+        report["throughput_per_second"]
+            .as_f64()
+            .is_some_and(|t| t > 0.0)
+    );
+    let latency = &report["latency_seconds"];
+    let (p50, p90, p99, max) = (
+        latency["p50"].as_f64().expect("p50"),
+        latency["p90"].as_f64().expect("p90"),
+        latency["p99"].as_f64().expect("p99"),
+        latency["max"].as_f64().expect("max"),
+    );
+    assert!(
+        0.0 < p50 && p50 <= p90 && p90 <= p99 && p99 <= max,
+        "{latency}"
+    );
+}
+
+#[test]
+fn bad_arguments_get_clear_errors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hlo = dir.path().join("neg.hlo");
+    std::fs::write(&hlo, "HloModule neg\nENTRY e {\n  x = f32[8]{0} parameter(0)\n  ROOT y = f32[8]{0} negate(x)\n}\n")
+        .expect("write");
+    let model = hlo.to_str().expect("utf-8");
+    let bench = env!("CARGO_BIN_EXE_neuron-bench");
+
+    let out = run(bench, dir.path(), &["exec", model, "--cores", "7"]);
+    assert!(
+        text(&out.stderr).contains("--cores 7"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        text(&out.stderr).contains("core 7 does not exist"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = run(
+        bench,
+        dir.path(),
+        &["exec", model, "--cores", "0", "--input", "x.9=nowhere.npy"],
+    );
+    assert!(
+        text(&out.stderr).contains("no input `x.9`"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = run(bench, dir.path(), &["exec", "missing.neff", "--cores", "0"]);
+    assert!(
+        text(&out.stderr).contains("cannot read model file missing.neff"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let garbage = dir.path().join("garbage.neff");
+    std::fs::write(&garbage, b"not a neff").expect("write");
+    let out = run(
+        bench,
+        dir.path(),
+        &["exec", garbage.to_str().expect("utf-8"), "--cores", "0"],
+    );
+    assert!(
+        text(&out.stderr).contains("NRT_INVALID (2): not a NEFF"),
+        "{}",
+        text(&out.stderr)
+    );
+}
