@@ -718,7 +718,11 @@ fn array_type(shape: &Shape) -> Result<ArrayType, String> {
                     "element type `{element_type}` is not supported (supported: f32, s32, pred)"
                 )
             })?;
-            Ok(ArrayType::new(dtype, dims.clone()))
+            let ty = ArrayType::new(dtype, dims.clone());
+            if !ty.is_addressable() || ty.size_bytes().is_none() {
+                return Err(format!("shape {ty} is too large to address on this host"));
+            }
+            Ok(ty)
         }
         Shape::Tuple(_) => Err(format!("expected an array shape, found the tuple {shape}")),
     }
@@ -769,6 +773,15 @@ mod tests {
         assert_eq!(err.line, Some(4));
         assert_eq!(err.instruction.as_deref(), Some("b"));
         assert!(err.message.contains("`erf`"), "{err}");
+    }
+
+    #[test]
+    fn shapes_too_large_to_address_are_rejected() {
+        let err = compile(
+            "HloModule m\nENTRY e {\n ROOT a = f32[0,4611686018427387904,4] parameter(0)\n}\n",
+        )
+        .expect_err("unaddressable");
+        assert!(err.message.contains("too large"), "{err}");
     }
 
     #[test]

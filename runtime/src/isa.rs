@@ -659,7 +659,8 @@ impl Program {
         for (id, b) in self.buffers.iter().enumerate() {
             let size =
                 b.ty.size_bytes()
-                    .ok_or_else(|| format!("buffer {id} ({}) has a size that overflows", b.ty))?;
+                    .filter(|_| b.ty.is_addressable())
+                    .ok_or_else(|| format!("buffer {id} ({}) is too large to address", b.ty))?;
             match b.kind {
                 BufferKind::Input { index } => {
                     let io = self

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use crate::backend::{Executable, RunError, Value};
+use crate::backend::{Executable, Input, RunError, Value, ValueRef};
 use crate::config::{Config, NumericalErrorsVerbosity};
 use crate::dtype::ArrayType;
 use crate::error::{NrtError, NrtResult, NrtStatus};
@@ -24,7 +24,7 @@ use crate::memory::{
 use crate::neff::{DecodeOptions, Neff};
 use crate::pool::HostPool;
 use crate::reservation::CoreReservation;
-use crate::tensor::{Tensor, TensorPlacement, TensorSet};
+use crate::tensor::{ReadSet, Tensor, TensorPlacement, TensorSet};
 use crate::topology::{CoreSet, Topology};
 
 /// Device memory the runtime keeps per DMA descriptor of a loaded model.
@@ -577,11 +577,23 @@ fn run_on_core(
 ) -> NrtResult<(Duration, u64)> {
     let started = Instant::now();
     let program = model.executable.program();
-    let mut values = Vec::with_capacity(inputs.len());
-    for (io, tensor) in program.inputs.iter().zip(inputs) {
-        let ty = &program.buffers[io.buffer as usize].ty;
-        values.push(tensor.with_bytes(|bytes| Value::from_le_bytes(ty, bytes)));
-    }
+    // Inputs are read in place from their tensors while the program runs (or copied
+    // when unaligned); the locks are released before outputs are written, so a tensor
+    // bound as both input and output works.
+    let read = ReadSet::new(inputs);
+    let values: Vec<Input<'_>> = program
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, io)| {
+            let ty = &program.buffers[io.buffer as usize].ty;
+            let bytes = read.bytes(i);
+            match ValueRef::from_le_bytes(ty, bytes) {
+                Some(view) => Input::InPlace(view),
+                None => Input::Copied(Value::from_le_bytes(ty, bytes)),
+            }
+        })
+        .collect();
     let results = model.executable.run(values, started + timeout).map_err(|e| match e {
         RunError::DeadlineExceeded { step, steps } => NrtError::new(
             NrtStatus::Timeout,
@@ -593,6 +605,7 @@ fn run_on_core(
             ),
         ),
     })?;
+    drop(read);
     let mut non_finite = 0;
     for (value, tensor) in results.iter().zip(outputs) {
         non_finite += value.non_finite_count();

@@ -225,13 +225,6 @@ impl Tensor {
         Ok(())
     }
 
-    /// Runs `f` on the tensor's bytes.
-    pub(crate) fn with_bytes<R>(&self, f: impl FnOnce(&[u8]) -> R) -> R {
-        let storage = self.storage();
-        let start = self.inner.offset as usize;
-        f(&storage[start..start + self.inner.size as usize])
-    }
-
     /// Runs `f` on the tensor's bytes, mutably.
     pub(crate) fn with_bytes_mut<R>(&self, f: impl FnOnce(&mut [u8]) -> R) -> R {
         let mut storage = self.storage_mut();
@@ -263,6 +256,47 @@ impl Tensor {
             .bytes
             .write()
             .unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Read access to several tensors at once, for the length of an execution. Each
+/// storage is locked once, however many of the tensors share it, so binding one tensor
+/// to two inputs cannot deadlock against a waiting writer.
+pub(crate) struct ReadSet<'t> {
+    tensors: &'t [Tensor],
+    guards: Vec<RwLockReadGuard<'t, memmap2::MmapMut>>,
+    /// For each tensor, the index of its storage's guard.
+    guard_of: Vec<usize>,
+}
+
+impl<'t> ReadSet<'t> {
+    pub(crate) fn new(tensors: &'t [Tensor]) -> ReadSet<'t> {
+        let mut storages: Vec<*const Storage> = Vec::new();
+        let mut guards = Vec::new();
+        let mut guard_of = Vec::with_capacity(tensors.len());
+        for tensor in tensors {
+            let storage = Arc::as_ptr(&tensor.inner.storage);
+            match storages.iter().position(|&s| s == storage) {
+                Some(i) => guard_of.push(i),
+                None => {
+                    storages.push(storage);
+                    guards.push(tensor.storage());
+                    guard_of.push(guards.len() - 1);
+                }
+            }
+        }
+        ReadSet {
+            tensors,
+            guards,
+            guard_of,
+        }
+    }
+
+    /// The bytes of tensor `i`.
+    pub(crate) fn bytes(&self, i: usize) -> &[u8] {
+        let inner = &self.tensors[i].inner;
+        let start = inner.offset as usize;
+        &self.guards[self.guard_of[i]][start..start + inner.size as usize]
     }
 }
 

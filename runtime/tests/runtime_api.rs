@@ -131,6 +131,28 @@ fn executes_a_model_and_accounts_its_memory() {
 }
 
 #[test]
+fn one_tensor_can_be_both_input_and_output() {
+    let f = started(|_| {});
+    let (model, inputs, _) = bound(&f.runtime, ADD_ONE, &[1.0, 2.0, 3.0, 4.0]);
+    let mut outputs = TensorSet::new();
+    outputs.add("output0", inputs.get("input0").expect("bound").clone());
+    f.runtime
+        .execute(&model, &inputs, &outputs)
+        .expect("in-place execution");
+    f.runtime
+        .execute(&model, &inputs, &outputs)
+        .expect("and again");
+    let y = floats(
+        &outputs
+            .get("output0")
+            .expect("bound")
+            .read_all()
+            .expect("read"),
+    );
+    assert_eq!(y, [3.0, 4.0, 5.0, 6.0]);
+}
+
+#[test]
 fn calls_before_init_and_after_close_fail_with_their_codes() {
     let run_dir = tempfile::tempdir().expect("tempdir");
     let rt = Runtime::new(config_in(&run_dir));

@@ -18,6 +18,11 @@ use neuron_runtime::{
     compile_hlo,
 };
 
+// mimalloc keeps freed buffers for reuse; glibc's allocator returns large ones to the
+// kernel and faults them back in at every execution, which costs more than small models.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "neuron-bench",

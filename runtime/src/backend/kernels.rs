@@ -7,7 +7,7 @@
 
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice, Zip};
 
-use super::Value;
+use super::{Value, ValueRef};
 use crate::dtype::{ArrayType, DType};
 use crate::isa::{ActivationFn, BinaryOp, CompareDirection, DotDims, Op, ReduceOp, UnaryOp};
 
@@ -15,42 +15,42 @@ use crate::isa::{ActivationFn, BinaryOp, CompareDirection, DotDims, Op, ReduceOp
 macro_rules! each_type {
     ($value:expr, $a:ident => $body:expr) => {
         match $value {
-            Value::F32($a) => Value::F32($body),
-            Value::S32($a) => Value::S32($body),
-            Value::Pred($a) => Value::Pred($body),
+            ValueRef::F32($a) => Value::F32($body),
+            ValueRef::S32($a) => Value::S32($body),
+            ValueRef::Pred($a) => Value::Pred($body),
         }
     };
 }
 
 /// Applies `op` to `operands`, producing a value of type `out`.
-pub(super) fn execute(op: &Op, operands: &[&Value], out: &ArrayType) -> Value {
+pub(super) fn execute(op: &Op, operands: &[ValueRef<'_>], out: &ArrayType) -> Value {
     let dims = to_usize(&out.dims);
     match op {
-        Op::MatMul(d) => matmul(operands[0], operands[1], d, &dims),
-        Op::Activation(f) => match operands[0] {
-            Value::F32(a) => Value::F32(a.mapv(activation(*f))),
-            other => other.clone(),
+        Op::MatMul(d) => matmul(&operands[0], &operands[1], d, &dims),
+        Op::Activation(f) => match &operands[0] {
+            ValueRef::F32(a) => Value::F32(a.mapv(activation(*f))),
+            other => other.to_owned(),
         },
-        Op::Unary(u) => unary(*u, operands[0]),
-        Op::Binary(b) => binary(*b, operands[0], operands[1]),
+        Op::Unary(u) => unary(*u, &operands[0]),
+        Op::Binary(b) => binary(*b, &operands[0], &operands[1]),
         Op::Compare {
             direction,
             total_order,
-        } => compare(*direction, *total_order, operands[0], operands[1]),
-        Op::Select => select(operands[0], operands[1], operands[2]),
-        Op::Convert => convert(operands[0], out.dtype),
-        Op::Broadcast { dims: map } => each_type!(operands[0], a => broadcast(a, map, &dims)),
-        Op::Reshape => each_type!(operands[0], a => reshape(a, &dims)),
-        Op::Transpose { perm } => each_type!(operands[0], a => transpose(a, perm)),
-        Op::Reduce { op, dims: axes } => reduce(*op, operands[0], operands[1], axes),
+        } => compare(*direction, *total_order, &operands[0], &operands[1]),
+        Op::Select => select(&operands[0], &operands[1], &operands[2]),
+        Op::Convert => convert(&operands[0], out.dtype),
+        Op::Broadcast { dims: map } => each_type!(&operands[0], a => broadcast(a, map, &dims)),
+        Op::Reshape => each_type!(&operands[0], a => reshape(a, &dims)),
+        Op::Transpose { perm } => each_type!(&operands[0], a => transpose(a, perm)),
+        Op::Reduce { op, dims: axes } => reduce(*op, &operands[0], &operands[1], axes),
         Op::Concatenate { dim } => concatenate(operands, *dim as usize),
         Op::Slice {
             start,
             limit,
             stride,
-        } => each_type!(operands[0], a => slice(a, start, limit, stride)),
+        } => each_type!(&operands[0], a => slice(a, start, limit, stride)),
         Op::Iota { dim } => iota(out.dtype, &dims, *dim as usize),
-        Op::Copy => operands[0].clone(),
+        Op::Copy => operands[0].to_owned(),
     }
 }
 
@@ -69,23 +69,27 @@ fn activation(f: ActivationFn) -> fn(f32) -> f32 {
     }
 }
 
-fn unary(op: UnaryOp, a: &Value) -> Value {
+fn unary(op: UnaryOp, a: &ValueRef<'_>) -> Value {
     match (op, a) {
-        (UnaryOp::Negate, Value::F32(a)) => Value::F32(a.mapv(|x| -x)),
-        (UnaryOp::Abs, Value::F32(a)) => Value::F32(a.mapv(f32::abs)),
-        (UnaryOp::Negate, Value::S32(a)) => Value::S32(a.mapv(i32::wrapping_neg)),
-        (UnaryOp::Abs, Value::S32(a)) => Value::S32(a.mapv(i32::wrapping_abs)),
-        (_, other) => other.clone(),
+        (UnaryOp::Negate, ValueRef::F32(a)) => Value::F32(a.mapv(|x| -x)),
+        (UnaryOp::Abs, ValueRef::F32(a)) => Value::F32(a.mapv(f32::abs)),
+        (UnaryOp::Negate, ValueRef::S32(a)) => Value::S32(a.mapv(i32::wrapping_neg)),
+        (UnaryOp::Abs, ValueRef::S32(a)) => Value::S32(a.mapv(i32::wrapping_abs)),
+        (_, other) => other.to_owned(),
     }
 }
 
-fn zip_map<T: Copy, U>(a: &ArrayD<T>, b: &ArrayD<T>, f: impl Fn(T, T) -> U) -> ArrayD<U> {
+fn zip_map<T: Copy, U>(
+    a: &ArrayViewD<'_, T>,
+    b: &ArrayViewD<'_, T>,
+    f: impl Fn(T, T) -> U,
+) -> ArrayD<U> {
     Zip::from(a).and(b).map_collect(|&x, &y| f(x, y))
 }
 
-fn binary(op: BinaryOp, a: &Value, b: &Value) -> Value {
+fn binary(op: BinaryOp, a: &ValueRef<'_>, b: &ValueRef<'_>) -> Value {
     match (a, b) {
-        (Value::F32(a), Value::F32(b)) => Value::F32(match op {
+        (ValueRef::F32(a), ValueRef::F32(b)) => Value::F32(match op {
             BinaryOp::Add => zip_map(a, b, |x, y| x + y),
             BinaryOp::Subtract => zip_map(a, b, |x, y| x - y),
             BinaryOp::Multiply => zip_map(a, b, |x, y| x * y),
@@ -93,7 +97,7 @@ fn binary(op: BinaryOp, a: &Value, b: &Value) -> Value {
             BinaryOp::Maximum => zip_map(a, b, max_f32),
             BinaryOp::Minimum => zip_map(a, b, min_f32),
         }),
-        (Value::S32(a), Value::S32(b)) => Value::S32(match op {
+        (ValueRef::S32(a), ValueRef::S32(b)) => Value::S32(match op {
             BinaryOp::Add => zip_map(a, b, i32::wrapping_add),
             BinaryOp::Subtract => zip_map(a, b, i32::wrapping_sub),
             BinaryOp::Multiply => zip_map(a, b, i32::wrapping_mul),
@@ -101,11 +105,11 @@ fn binary(op: BinaryOp, a: &Value, b: &Value) -> Value {
             BinaryOp::Maximum => zip_map(a, b, i32::max),
             BinaryOp::Minimum => zip_map(a, b, i32::min),
         }),
-        (Value::Pred(a), Value::Pred(b)) => Value::Pred(match op {
+        (ValueRef::Pred(a), ValueRef::Pred(b)) => Value::Pred(match op {
             BinaryOp::Minimum => zip_map(a, b, |x, y| x && y),
             _ => zip_map(a, b, |x, y| x || y),
         }),
-        (a, _) => a.clone(),
+        (a, _) => a.to_owned(),
     }
 }
 
@@ -131,7 +135,12 @@ fn div_s32(x: i32, y: i32) -> i32 {
     if y == 0 { -1 } else { x.wrapping_div(y) }
 }
 
-fn compare(direction: CompareDirection, total_order: bool, a: &Value, b: &Value) -> Value {
+fn compare(
+    direction: CompareDirection,
+    total_order: bool,
+    a: &ValueRef<'_>,
+    b: &ValueRef<'_>,
+) -> Value {
     use std::cmp::Ordering;
     let decide = |ord: Option<Ordering>| match (direction, ord) {
         (CompareDirection::Ne, None) => true,
@@ -144,24 +153,28 @@ fn compare(direction: CompareDirection, total_order: bool, a: &Value, b: &Value)
         (CompareDirection::Ge, Some(o)) => o != Ordering::Less,
     };
     Value::Pred(match (a, b) {
-        (Value::F32(a), Value::F32(b)) if total_order => {
+        (ValueRef::F32(a), ValueRef::F32(b)) if total_order => {
             zip_map(a, b, |x, y| decide(Some(x.total_cmp(&y))))
         }
-        (Value::F32(a), Value::F32(b)) => zip_map(a, b, |x, y| decide(x.partial_cmp(&y))),
-        (Value::S32(a), Value::S32(b)) => zip_map(a, b, |x, y| decide(Some(x.cmp(&y)))),
-        (Value::Pred(a), Value::Pred(b)) => zip_map(a, b, |x, y| decide(Some(x.cmp(&y)))),
+        (ValueRef::F32(a), ValueRef::F32(b)) => zip_map(a, b, |x, y| decide(x.partial_cmp(&y))),
+        (ValueRef::S32(a), ValueRef::S32(b)) => zip_map(a, b, |x, y| decide(Some(x.cmp(&y)))),
+        (ValueRef::Pred(a), ValueRef::Pred(b)) => zip_map(a, b, |x, y| decide(Some(x.cmp(&y)))),
         _ => ArrayD::from_elem(IxDyn(&[]), false),
     })
 }
 
-fn select(pred: &Value, on_true: &Value, on_false: &Value) -> Value {
-    let Value::Pred(p) = pred else {
-        return on_true.clone();
+fn select(pred: &ValueRef<'_>, on_true: &ValueRef<'_>, on_false: &ValueRef<'_>) -> Value {
+    let ValueRef::Pred(p) = pred else {
+        return on_true.to_owned();
     };
-    fn pick<T: Copy>(p: &ArrayD<bool>, a: &ArrayD<T>, b: &ArrayD<T>) -> ArrayD<T> {
+    fn pick<T: Copy>(
+        p: &ArrayViewD<'_, bool>,
+        a: &ArrayViewD<'_, T>,
+        b: &ArrayViewD<'_, T>,
+    ) -> ArrayD<T> {
         match p.ndim() {
-            0 if p.iter().next().copied().unwrap_or(false) => a.clone(),
-            0 => b.clone(),
+            0 if p.iter().next().copied().unwrap_or(false) => a.to_owned(),
+            0 => b.to_owned(),
             _ => Zip::from(p)
                 .and(a)
                 .and(b)
@@ -169,29 +182,29 @@ fn select(pred: &Value, on_true: &Value, on_false: &Value) -> Value {
         }
     }
     match (on_true, on_false) {
-        (Value::F32(a), Value::F32(b)) => Value::F32(pick(p, a, b)),
-        (Value::S32(a), Value::S32(b)) => Value::S32(pick(p, a, b)),
-        (Value::Pred(a), Value::Pred(b)) => Value::Pred(pick(p, a, b)),
-        (a, _) => a.clone(),
+        (ValueRef::F32(a), ValueRef::F32(b)) => Value::F32(pick(p, a, b)),
+        (ValueRef::S32(a), ValueRef::S32(b)) => Value::S32(pick(p, a, b)),
+        (ValueRef::Pred(a), ValueRef::Pred(b)) => Value::Pred(pick(p, a, b)),
+        (a, _) => a.to_owned(),
     }
 }
 
-fn convert(a: &Value, to: DType) -> Value {
+fn convert(a: &ValueRef<'_>, to: DType) -> Value {
     match (a, to) {
-        (Value::F32(a), DType::F32) => Value::F32(a.clone()),
-        (Value::F32(a), DType::S32) => Value::S32(a.mapv(|x| x as i32)),
-        (Value::F32(a), DType::Pred) => Value::Pred(a.mapv(|x| x != 0.0)),
-        (Value::S32(a), DType::F32) => Value::F32(a.mapv(|x| x as f32)),
-        (Value::S32(a), DType::S32) => Value::S32(a.clone()),
-        (Value::S32(a), DType::Pred) => Value::Pred(a.mapv(|x| x != 0)),
-        (Value::Pred(a), DType::F32) => Value::F32(a.mapv(|x| if x { 1.0 } else { 0.0 })),
-        (Value::Pred(a), DType::S32) => Value::S32(a.mapv(i32::from)),
-        (Value::Pred(a), DType::Pred) => Value::Pred(a.clone()),
+        (ValueRef::F32(a), DType::F32) => Value::F32(a.to_owned()),
+        (ValueRef::F32(a), DType::S32) => Value::S32(a.mapv(|x| x as i32)),
+        (ValueRef::F32(a), DType::Pred) => Value::Pred(a.mapv(|x| x != 0.0)),
+        (ValueRef::S32(a), DType::F32) => Value::F32(a.mapv(|x| x as f32)),
+        (ValueRef::S32(a), DType::S32) => Value::S32(a.to_owned()),
+        (ValueRef::S32(a), DType::Pred) => Value::Pred(a.mapv(|x| x != 0)),
+        (ValueRef::Pred(a), DType::F32) => Value::F32(a.mapv(|x| if x { 1.0 } else { 0.0 })),
+        (ValueRef::Pred(a), DType::S32) => Value::S32(a.mapv(i32::from)),
+        (ValueRef::Pred(a), DType::Pred) => Value::Pred(a.to_owned()),
     }
 }
 
 /// Operand dimension `i` becomes output dimension `map[i]`.
-fn broadcast<T: Clone>(a: &ArrayD<T>, map: &[u32], out_dims: &[usize]) -> ArrayD<T> {
+fn broadcast<T: Clone>(a: &ArrayViewD<'_, T>, map: &[u32], out_dims: &[usize]) -> ArrayD<T> {
     // Order the operand's axes by their target position, then insert unit axes for
     // the new dimensions, and let ndarray stretch the result.
     let mut order: Vec<usize> = (0..map.len()).collect();
@@ -202,22 +215,22 @@ fn broadcast<T: Clone>(a: &ArrayD<T>, map: &[u32], out_dims: &[usize]) -> ArrayD
         expanded_dims[map[i] as usize] = *axis_len;
     }
     let Ok(expanded) = view.to_shape(IxDyn(&expanded_dims)) else {
-        return a.clone();
+        return a.to_owned();
     };
     match expanded.broadcast(IxDyn(out_dims)) {
         Some(b) => b.as_standard_layout().into_owned(),
-        None => a.clone(),
+        None => a.to_owned(),
     }
 }
 
-fn reshape<T: Clone>(a: &ArrayD<T>, dims: &[usize]) -> ArrayD<T> {
+fn reshape<T: Clone>(a: &ArrayViewD<'_, T>, dims: &[usize]) -> ArrayD<T> {
     match a.to_shape(IxDyn(dims)) {
         Ok(v) => v.into_owned(),
-        Err(_) => a.clone(),
+        Err(_) => a.to_owned(),
     }
 }
 
-fn transpose<T: Clone>(a: &ArrayD<T>, perm: &[u32]) -> ArrayD<T> {
+fn transpose<T: Clone>(a: &ArrayViewD<'_, T>, perm: &[u32]) -> ArrayD<T> {
     let perm: Vec<usize> = perm.iter().map(|&p| p as usize).collect();
     a.view()
         .permuted_axes(IxDyn(&perm))
@@ -225,7 +238,12 @@ fn transpose<T: Clone>(a: &ArrayD<T>, perm: &[u32]) -> ArrayD<T> {
         .into_owned()
 }
 
-fn slice<T: Clone>(a: &ArrayD<T>, start: &[u64], limit: &[u64], stride: &[u64]) -> ArrayD<T> {
+fn slice<T: Clone>(
+    a: &ArrayViewD<'_, T>,
+    start: &[u64],
+    limit: &[u64],
+    stride: &[u64],
+) -> ArrayD<T> {
     a.slice_each_axis(|ax| {
         let i = ax.axis.index();
         Slice::new(
@@ -238,13 +256,13 @@ fn slice<T: Clone>(a: &ArrayD<T>, start: &[u64], limit: &[u64], stride: &[u64]) 
     .into_owned()
 }
 
-fn concatenate(operands: &[&Value], dim: usize) -> Value {
+fn concatenate(operands: &[ValueRef<'_>], dim: usize) -> Value {
     fn join<T: Clone>(parts: Vec<ArrayViewD<'_, T>>, dim: usize) -> ArrayD<T> {
         ndarray::concatenate(Axis(dim), &parts)
             .unwrap_or_else(|_| ndarray::Array1::from_vec(Vec::new()).into_dyn())
     }
     match operands.first() {
-        Some(Value::F32(_)) => Value::F32(join(
+        Some(ValueRef::F32(_)) => Value::F32(join(
             operands
                 .iter()
                 .filter_map(|v| v.as_f32())
@@ -252,7 +270,7 @@ fn concatenate(operands: &[&Value], dim: usize) -> Value {
                 .collect(),
             dim,
         )),
-        Some(Value::S32(_)) => Value::S32(join(
+        Some(ValueRef::S32(_)) => Value::S32(join(
             operands
                 .iter()
                 .filter_map(|v| v.as_s32())
@@ -260,7 +278,7 @@ fn concatenate(operands: &[&Value], dim: usize) -> Value {
                 .collect(),
             dim,
         )),
-        Some(Value::Pred(_)) => Value::Pred(join(
+        Some(ValueRef::Pred(_)) => Value::Pred(join(
             operands
                 .iter()
                 .filter_map(|v| v.as_pred())
@@ -279,9 +297,9 @@ fn iota(dtype: DType, dims: &[usize], dim: usize) -> Value {
     }
 }
 
-fn reduce(op: ReduceOp, operand: &Value, init: &Value, axes: &[u32]) -> Value {
+fn reduce(op: ReduceOp, operand: &ValueRef<'_>, init: &ValueRef<'_>, axes: &[u32]) -> Value {
     match (operand, init) {
-        (Value::F32(a), Value::F32(i)) => Value::F32(reduce_array(
+        (ValueRef::F32(a), ValueRef::F32(i)) => Value::F32(reduce_array(
             a,
             first(i),
             axes,
@@ -292,7 +310,7 @@ fn reduce(op: ReduceOp, operand: &Value, init: &Value, axes: &[u32]) -> Value {
                 ReduceOp::Minimum => min_f32,
             },
         )),
-        (Value::S32(a), Value::S32(i)) => Value::S32(reduce_array(
+        (ValueRef::S32(a), ValueRef::S32(i)) => Value::S32(reduce_array(
             a,
             first(i),
             axes,
@@ -303,7 +321,7 @@ fn reduce(op: ReduceOp, operand: &Value, init: &Value, axes: &[u32]) -> Value {
                 ReduceOp::Minimum => i32::min,
             },
         )),
-        (Value::Pred(a), Value::Pred(i)) => Value::Pred(reduce_array(
+        (ValueRef::Pred(a), ValueRef::Pred(i)) => Value::Pred(reduce_array(
             a,
             first(i),
             axes,
@@ -312,16 +330,21 @@ fn reduce(op: ReduceOp, operand: &Value, init: &Value, axes: &[u32]) -> Value {
                 ReduceOp::Maximum | ReduceOp::Add => |x, y| x || y,
             },
         )),
-        (a, _) => a.clone(),
+        (a, _) => a.to_owned(),
     }
 }
 
-fn first<T: Copy + Default>(a: &ArrayD<T>) -> T {
+fn first<T: Copy + Default>(a: &ArrayViewD<'_, T>) -> T {
     a.iter().next().copied().unwrap_or_default()
 }
 
 /// Folds the `axes` of `a` into `init` with `f`, keeping the other axes in order.
-fn reduce_array<T: Copy>(a: &ArrayD<T>, init: T, axes: &[u32], f: fn(T, T) -> T) -> ArrayD<T> {
+fn reduce_array<T: Copy>(
+    a: &ArrayViewD<'_, T>,
+    init: T,
+    axes: &[u32],
+    f: fn(T, T) -> T,
+) -> ArrayD<T> {
     let rank = a.ndim();
     let kept: Vec<usize> = (0..rank).filter(|d| !axes.contains(&(*d as u32))).collect();
     let reduced: Vec<usize> = (0..rank).filter(|d| axes.contains(&(*d as u32))).collect();
@@ -347,11 +370,15 @@ fn reduce_array<T: Copy>(a: &ArrayD<T>, init: T, axes: &[u32], f: fn(T, T) -> T)
 }
 
 /// `dot` with general dimension numbers, as batched matrix products.
-fn matmul(lhs: &Value, rhs: &Value, d: &DotDims, out_dims: &[usize]) -> Value {
+fn matmul(lhs: &ValueRef<'_>, rhs: &ValueRef<'_>, d: &DotDims, out_dims: &[usize]) -> Value {
     match (lhs, rhs) {
-        (Value::F32(l), Value::F32(r)) => Value::F32(batched_matmul(l, r, d, out_dims, gemm_f32)),
-        (Value::S32(l), Value::S32(r)) => Value::S32(batched_matmul(l, r, d, out_dims, gemm_naive)),
-        (a, _) => a.clone(),
+        (ValueRef::F32(l), ValueRef::F32(r)) => {
+            Value::F32(batched_matmul(l, r, d, out_dims, gemm_f32))
+        }
+        (ValueRef::S32(l), ValueRef::S32(r)) => {
+            Value::S32(batched_matmul(l, r, d, out_dims, gemm_naive))
+        }
+        (a, _) => a.to_owned(),
     }
 }
 
@@ -360,36 +387,37 @@ type Gemm<T> =
     fn(ndarray::ArrayView2<'_, T>, ndarray::ArrayView2<'_, T>, ndarray::ArrayViewMut2<'_, T>);
 
 fn batched_matmul<T: Copy + Default>(
-    lhs: &ArrayD<T>,
-    rhs: &ArrayD<T>,
+    lhs: &ArrayViewD<'_, T>,
+    rhs: &ArrayViewD<'_, T>,
     d: &DotDims,
     out_dims: &[usize],
     gemm: Gemm<T>,
 ) -> ArrayD<T> {
-    let arrange = |a: &ArrayD<T>, batch: &[u32], contracting: &[u32], contracting_last: bool| {
-        let free: Vec<usize> = (0..a.ndim())
-            .filter(|i| !batch.contains(&(*i as u32)) && !contracting.contains(&(*i as u32)))
-            .collect();
-        let batch: Vec<usize> = batch.iter().map(|&i| i as usize).collect();
-        let contracting: Vec<usize> = contracting.iter().map(|&i| i as usize).collect();
-        let size = |axes: &[usize]| axes.iter().map(|&i| a.shape()[i]).product::<usize>();
-        let (b, f, c) = (size(&batch), size(&free), size(&contracting));
-        let mut perm = batch.clone();
-        if contracting_last {
-            perm.extend(&free);
-            perm.extend(&contracting);
-        } else {
-            perm.extend(&contracting);
-            perm.extend(&free);
-        }
-        let view = a.view().permuted_axes(IxDyn(&perm));
-        let shape = if contracting_last {
-            (b, f, c)
-        } else {
-            (b, c, f)
+    let arrange =
+        |a: &ArrayViewD<'_, T>, batch: &[u32], contracting: &[u32], contracting_last: bool| {
+            let free: Vec<usize> = (0..a.ndim())
+                .filter(|i| !batch.contains(&(*i as u32)) && !contracting.contains(&(*i as u32)))
+                .collect();
+            let batch: Vec<usize> = batch.iter().map(|&i| i as usize).collect();
+            let contracting: Vec<usize> = contracting.iter().map(|&i| i as usize).collect();
+            let size = |axes: &[usize]| axes.iter().map(|&i| a.shape()[i]).product::<usize>();
+            let (b, f, c) = (size(&batch), size(&free), size(&contracting));
+            let mut perm = batch.clone();
+            if contracting_last {
+                perm.extend(&free);
+                perm.extend(&contracting);
+            } else {
+                perm.extend(&contracting);
+                perm.extend(&free);
+            }
+            let view = a.view().permuted_axes(IxDyn(&perm));
+            let shape = if contracting_last {
+                (b, f, c)
+            } else {
+                (b, c, f)
+            };
+            view.to_shape(shape).map(|v| v.into_owned())
         };
-        view.to_shape(shape).map(|v| v.into_owned())
-    };
     let (Ok(l), Ok(r)) = (
         arrange(lhs, &d.lhs_batch, &d.lhs_contracting, true),
         arrange(rhs, &d.rhs_batch, &d.rhs_contracting, false),

@@ -10,7 +10,7 @@ mod kernels;
 
 use std::time::Instant;
 
-use ndarray::{ArrayD, IxDyn};
+use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
 use crate::dtype::{ArrayType, DType};
 use crate::isa::{BufferKind, Instruction, Program};
@@ -28,22 +28,10 @@ impl Value {
     pub fn from_le_bytes(ty: &ArrayType, bytes: &[u8]) -> Value {
         let dims = IxDyn(&kernels::to_usize(&ty.dims));
         let decoded = match ty.dtype {
-            DType::F32 => ArrayD::from_shape_vec(
-                dims,
-                bytes
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
-            )
-            .map(Value::F32),
-            DType::S32 => ArrayD::from_shape_vec(
-                dims,
-                bytes
-                    .chunks_exact(4)
-                    .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
-            )
-            .map(Value::S32),
+            DType::F32 => ArrayD::from_shape_vec(dims, decode_words(bytes, f32::from_le_bytes))
+                .map(Value::F32),
+            DType::S32 => ArrayD::from_shape_vec(dims, decode_words(bytes, i32::from_le_bytes))
+                .map(Value::S32),
             DType::Pred => ArrayD::from_shape_vec(dims, bytes.iter().map(|&b| b != 0).collect())
                 .map(Value::Pred),
         };
@@ -64,16 +52,8 @@ impl Value {
     /// Writes the value's elements, row-major and little-endian, into `out`.
     pub fn write_le_bytes(&self, out: &mut [u8]) {
         match self {
-            Value::F32(a) => {
-                for (chunk, x) in out.chunks_exact_mut(4).zip(a.iter()) {
-                    chunk.copy_from_slice(&x.to_le_bytes());
-                }
-            }
-            Value::S32(a) => {
-                for (chunk, x) in out.chunks_exact_mut(4).zip(a.iter()) {
-                    chunk.copy_from_slice(&x.to_le_bytes());
-                }
-            }
+            Value::F32(a) => encode_words(a, out, f32::to_le_bytes),
+            Value::S32(a) => encode_words(a, out, i32::to_le_bytes),
             Value::Pred(a) => {
                 for (byte, x) in out.iter_mut().zip(a.iter()) {
                     *byte = u8::from(*x);
@@ -85,29 +65,126 @@ impl Value {
     /// Number of NaN or infinite elements (zero for integer types).
     pub fn non_finite_count(&self) -> u64 {
         match self {
-            Value::F32(a) => a.iter().filter(|x| !x.is_finite()).count() as u64,
+            Value::F32(a) => match a.as_slice() {
+                Some(slice) => slice.iter().filter(|x| !x.is_finite()).count() as u64,
+                None => a.iter().filter(|x| !x.is_finite()).count() as u64,
+            },
             Value::S32(_) | Value::Pred(_) => 0,
         }
     }
 
-    fn as_f32(&self) -> Option<&ArrayD<f32>> {
+    /// A borrowed view of the value.
+    pub(crate) fn view(&self) -> ValueRef<'_> {
         match self {
-            Value::F32(a) => Some(a),
+            Value::F32(a) => ValueRef::F32(a.view()),
+            Value::S32(a) => ValueRef::S32(a.view()),
+            Value::Pred(a) => ValueRef::Pred(a.view()),
+        }
+    }
+}
+
+/// A borrowed array: an intermediate, a constant, or an input read in place from its
+/// tensor's memory.
+#[derive(Debug, Clone)]
+pub(crate) enum ValueRef<'a> {
+    F32(ArrayViewD<'a, f32>),
+    S32(ArrayViewD<'a, i32>),
+    Pred(ArrayViewD<'a, bool>),
+}
+
+impl<'a> ValueRef<'a> {
+    /// Views little-endian tensor bytes in place when the host is little-endian and
+    /// the bytes are aligned for the element type; `None` when a copy is needed.
+    pub(crate) fn from_le_bytes(ty: &ArrayType, bytes: &'a [u8]) -> Option<ValueRef<'a>> {
+        if cfg!(target_endian = "big") {
+            return None;
+        }
+        let dims = IxDyn(&kernels::to_usize(&ty.dims));
+        match ty.dtype {
+            DType::F32 => {
+                let words = bytemuck::try_cast_slice::<u8, f32>(bytes).ok()?;
+                ArrayViewD::from_shape(dims, words).ok().map(ValueRef::F32)
+            }
+            DType::S32 => {
+                let words = bytemuck::try_cast_slice::<u8, i32>(bytes).ok()?;
+                ArrayViewD::from_shape(dims, words).ok().map(ValueRef::S32)
+            }
+            // Bytes other than 0 and 1 are valid `pred` input but not valid `bool`s.
+            DType::Pred => None,
+        }
+    }
+
+    /// The same view, borrowed for a shorter time.
+    pub(crate) fn view(&self) -> ValueRef<'_> {
+        match self {
+            ValueRef::F32(a) => ValueRef::F32(a.view()),
+            ValueRef::S32(a) => ValueRef::S32(a.view()),
+            ValueRef::Pred(a) => ValueRef::Pred(a.view()),
+        }
+    }
+
+    pub(crate) fn to_owned(&self) -> Value {
+        match self {
+            ValueRef::F32(a) => Value::F32(a.to_owned()),
+            ValueRef::S32(a) => Value::S32(a.to_owned()),
+            ValueRef::Pred(a) => Value::Pred(a.to_owned()),
+        }
+    }
+
+    fn as_f32(&self) -> Option<&ArrayViewD<'a, f32>> {
+        match self {
+            ValueRef::F32(a) => Some(a),
             _ => None,
         }
     }
 
-    fn as_s32(&self) -> Option<&ArrayD<i32>> {
+    fn as_s32(&self) -> Option<&ArrayViewD<'a, i32>> {
         match self {
-            Value::S32(a) => Some(a),
+            ValueRef::S32(a) => Some(a),
             _ => None,
         }
     }
 
-    fn as_pred(&self) -> Option<&ArrayD<bool>> {
+    fn as_pred(&self) -> Option<&ArrayViewD<'a, bool>> {
         match self {
-            Value::Pred(a) => Some(a),
+            ValueRef::Pred(a) => Some(a),
             _ => None,
+        }
+    }
+}
+
+/// A program input: read in place from tensor memory, or decoded into a copy.
+#[derive(Debug)]
+pub(crate) enum Input<'a> {
+    InPlace(ValueRef<'a>),
+    Copied(Value),
+}
+
+/// Decodes 4-byte little-endian words; on little-endian hosts this is one copy.
+fn decode_words<T: bytemuck::Pod + Default>(bytes: &[u8], from_le: fn([u8; 4]) -> T) -> Vec<T> {
+    let mut out = vec![T::default(); bytes.len() / 4];
+    if cfg!(target_endian = "little") {
+        let len = out.len() * 4;
+        bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes[..len]);
+    } else {
+        for (x, chunk) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+            *x = from_le([chunk[0], chunk[1], chunk[2], chunk[3]]);
+        }
+    }
+    out
+}
+
+/// Encodes an array as 4-byte little-endian words, copying whole rows when it can.
+fn encode_words<T: bytemuck::Pod>(a: &ArrayD<T>, out: &mut [u8], to_le: fn(T) -> [u8; 4]) {
+    match a.as_slice() {
+        Some(slice) if cfg!(target_endian = "little") => {
+            let bytes: &[u8] = bytemuck::cast_slice(slice);
+            out[..bytes.len()].copy_from_slice(bytes);
+        }
+        _ => {
+            for (chunk, x) in out.chunks_exact_mut(4).zip(a.iter()) {
+                chunk.copy_from_slice(&to_le(*x));
+            }
         }
     }
 }
@@ -134,16 +211,16 @@ pub(crate) struct Executable {
 /// A buffer's contents during a run.
 enum Slot<'a> {
     Empty,
-    Borrowed(&'a Value),
+    Borrowed(ValueRef<'a>),
     Owned(Value),
 }
 
 impl Slot<'_> {
-    fn get(&self) -> Option<&Value> {
+    fn get(&self) -> Option<ValueRef<'_>> {
         match self {
             Slot::Empty => None,
-            Slot::Borrowed(v) => Some(v),
-            Slot::Owned(v) => Some(v),
+            Slot::Borrowed(v) => Some(v.view()),
+            Slot::Owned(v) => Some(v.view()),
         }
     }
 }
@@ -218,9 +295,9 @@ impl Executable {
 
     /// Runs the program on `inputs` (one value per program input, of its type) and
     /// returns one value per program output.
-    pub(crate) fn run(
-        &self,
-        inputs: Vec<Value>,
+    pub(crate) fn run<'a>(
+        &'a self,
+        inputs: Vec<Input<'a>>,
         deadline: Instant,
     ) -> Result<Vec<Value>, RunError> {
         let program = &self.program;
@@ -228,19 +305,24 @@ impl Executable {
             .buffers
             .iter()
             .map(|b| match b.kind {
-                BufferKind::Constant { index } => Slot::Borrowed(&self.constants[index as usize]),
+                BufferKind::Constant { index } => {
+                    Slot::Borrowed(self.constants[index as usize].view())
+                }
                 _ => Slot::Empty,
             })
             .collect();
-        for (io, value) in program.inputs.iter().zip(inputs) {
-            slots[io.buffer as usize] = Slot::Owned(value);
+        for (io, input) in program.inputs.iter().zip(inputs) {
+            slots[io.buffer as usize] = match input {
+                Input::InPlace(view) => Slot::Borrowed(view),
+                Input::Copied(value) => Slot::Owned(value),
+            };
         }
         let steps = self.order.len();
         for (step, instruction) in self.steps().enumerate() {
             if Instant::now() > deadline {
                 return Err(RunError::DeadlineExceeded { step, steps });
             }
-            let operands: Vec<&Value> = instruction
+            let operands: Vec<ValueRef<'_>> = instruction
                 .operands
                 .iter()
                 .filter_map(|&b| slots[b as usize].get())
@@ -270,7 +352,7 @@ impl Executable {
                     copy
                 }
                 Slot::Owned(v) => v,
-                Slot::Borrowed(v) => v.clone(),
+                Slot::Borrowed(v) => v.to_owned(),
                 Slot::Empty => Value::zeros(&program.buffers[b].ty),
             };
             outputs.push(value);
