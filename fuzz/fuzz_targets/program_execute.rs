@@ -17,12 +17,12 @@ fn runtime() -> &'static Runtime {
     static RUNTIME: OnceLock<(Runtime, tempfile::TempDir)> = OnceLock::new();
     &RUNTIME
         .get_or_init(|| {
-            let run_dir = tempfile::tempdir().expect("tempdir");
+            let lock_dir = tempfile::tempdir().expect("tempdir");
             let config = Config {
-                run_dir: run_dir.path().to_path_buf(),
+                lock_dir: lock_dir.path().to_path_buf(),
                 ..Config::default()
             };
-            (Runtime::start(config).expect("runtime"), run_dir)
+            (Runtime::start(config).expect("runtime"), lock_dir)
         })
         .0
 }

@@ -19,27 +19,22 @@ pub fn init_logging(level: LogLevel) {
         .try_init();
 }
 
-/// Reads a NEFF, or compiles HLO text (`.hlo`, `.txt`, or any file starting with
-/// `HloModule`) into NEFF bytes in memory.
+/// Reads a NEFF, or compiles HLO text into NEFF bytes in memory. A file is taken as
+/// HLO when its extension is `.hlo` or `.txt`, or when its text starts with `HloModule`.
 pub fn load_model_bytes(path: &Path, target: Target) -> Result<Vec<u8>> {
-    let bytes = std::fs::read(path)
-        .with_context(|| format!("cannot read model file {}", path.display()))?;
-    if bytes.starts_with(b"HloModule") {
-        let text = String::from_utf8(bytes)
-            .with_context(|| format!("{} is not UTF-8 HLO text", path.display()))?;
-        let program =
-            compile_hlo(&text, target).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        let name = model_name(path);
-        return Ok(Neff::new(&name, program).encode());
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read model file {}", path.display()))?;
+    let hlo_extension = path.extension().is_some_and(|e| e == "hlo" || e == "txt");
+    if hlo_extension || bytes.trim_ascii_start().starts_with(b"HloModule") {
+        let text = String::from_utf8(bytes).with_context(|| format!("{} is not UTF-8 HLO text", path.display()))?;
+        let program = compile_hlo(&text, target).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        return Ok(Neff::new(&model_name(path), program).encode());
     }
     Ok(bytes)
 }
 
 /// The model name a file stands for: its stem (`mlp` for `models/mlp.hlo`).
 pub fn model_name(path: &Path) -> String {
-    path.file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".into())
+    path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
 }
 
 /// Formats a count with thousands separators: `12,345,678`.

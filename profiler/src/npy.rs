@@ -31,27 +31,15 @@ pub fn read(path: &Path) -> Result<(ArrayType, Vec<u8>)> {
     };
     let (dtype, bytes) = match descr.as_str() {
         "<f4" => {
-            let data: Vec<f32> = npy
-                .into_vec()
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            (
-                DType::F32,
-                data.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            )
+            let data: Vec<f32> = npy.into_vec().with_context(|| format!("cannot read {}", path.display()))?;
+            (DType::F32, data.iter().flat_map(|x| x.to_le_bytes()).collect())
         }
         "<i4" => {
-            let data: Vec<i32> = npy
-                .into_vec()
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            (
-                DType::S32,
-                data.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            )
+            let data: Vec<i32> = npy.into_vec().with_context(|| format!("cannot read {}", path.display()))?;
+            (DType::S32, data.iter().flat_map(|x| x.to_le_bytes()).collect())
         }
         "|b1" => {
-            let data: Vec<bool> = npy
-                .into_vec()
-                .with_context(|| format!("cannot read {}", path.display()))?;
+            let data: Vec<bool> = npy.into_vec().with_context(|| format!("cannot read {}", path.display()))?;
             (DType::Pred, data.iter().map(|&b| u8::from(b)).collect())
         }
         other => bail!(
@@ -67,25 +55,15 @@ pub fn write(path: &Path, ty: &ArrayType, bytes: &[u8]) -> Result<()> {
     let file = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
     let mut out = BufWriter::new(file);
     let written = match ty.dtype {
-        DType::F32 => write_array(
-            &mut out,
-            &ty.dims,
-            bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        ),
-        DType::S32 => write_array(
-            &mut out,
-            &ty.dims,
-            bytes
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        ),
+        DType::F32 => {
+            write_array(&mut out, &ty.dims, bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+        }
+        DType::S32 => {
+            write_array(&mut out, &ty.dims, bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+        }
         DType::Pred => write_array(&mut out, &ty.dims, bytes.iter().map(|&b| b != 0)),
     };
-    written
-        .and_then(|()| out.flush())
-        .with_context(|| format!("cannot write {}", path.display()))
+    written.and_then(|()| out.flush()).with_context(|| format!("cannot write {}", path.display()))
 }
 
 fn write_array<T: npyz::AutoSerialize>(
@@ -93,11 +71,7 @@ fn write_array<T: npyz::AutoSerialize>(
     dims: &[u64],
     data: impl IntoIterator<Item = T>,
 ) -> std::io::Result<()> {
-    let mut writer = npyz::WriteOptions::<T>::new()
-        .default_dtype()
-        .shape(dims)
-        .writer(out)
-        .begin_nd()?;
+    let mut writer = npyz::WriteOptions::<T>::new().default_dtype().shape(dims).writer(out).begin_nd()?;
     writer.extend(data)?;
     writer.finish()
 }
@@ -112,18 +86,9 @@ mod tests {
         let cases = [
             (
                 ArrayType::new(DType::F32, vec![2, 3]),
-                [1.5f32, -2.0, 0.0, f32::INFINITY, 3.25, 7.0]
-                    .iter()
-                    .flat_map(|x| x.to_le_bytes())
-                    .collect::<Vec<u8>>(),
+                [1.5f32, -2.0, 0.0, f32::INFINITY, 3.25, 7.0].iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
             ),
-            (
-                ArrayType::new(DType::S32, vec![3]),
-                [-1i32, 0, 42]
-                    .iter()
-                    .flat_map(|x| x.to_le_bytes())
-                    .collect(),
-            ),
+            (ArrayType::new(DType::S32, vec![3]), [-1i32, 0, 42].iter().flat_map(|x| x.to_le_bytes()).collect()),
             (ArrayType::new(DType::Pred, vec![]), vec![1u8]),
         ];
         for (i, (ty, bytes)) in cases.iter().enumerate() {

@@ -21,8 +21,7 @@ pub struct LatencySummary {
 impl Default for LatencyHistogram {
     fn default() -> Self {
         LatencyHistogram(
-            Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
-                .expect("static histogram bounds are valid"),
+            Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("static histogram bounds are valid"),
         )
     }
 }
@@ -52,12 +51,7 @@ impl LatencyHistogram {
             return None;
         }
         let at = |q: f64| self.0.value_at_quantile(q) as f64 / 1e9;
-        Some(LatencySummary {
-            p50: at(0.50),
-            p90: at(0.90),
-            p99: at(0.99),
-            max: self.0.max() as f64 / 1e9,
-        })
+        Some(LatencySummary { p50: at(0.50), p90: at(0.90), p99: at(0.99), max: self.0.max() as f64 / 1e9 })
     }
 }
 

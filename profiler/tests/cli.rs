@@ -3,9 +3,9 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-fn run(binary: &str, run_dir: &Path, args: &[&str]) -> Output {
+fn run(binary: &str, lock_dir: &Path, args: &[&str]) -> Output {
     Command::new(binary)
-        .env("NEURON_VIRT_RUN_DIR", run_dir)
+        .env("NEURON_VIRT_LOCK_DIR", lock_dir)
         .env_remove("NEURON_RT_VISIBLE_CORES")
         .env_remove("NEURON_RT_NUM_CORES")
         .args(args)
@@ -27,19 +27,11 @@ fn an_unknown_operator_names_operator_instruction_and_line_and_writes_no_neff() 
     let out = run(
         env!("CARGO_BIN_EXE_neuron-cc"),
         dir.path(),
-        &[
-            "compile",
-            hlo.to_str().expect("utf-8"),
-            "-o",
-            neff.to_str().expect("utf-8"),
-        ],
+        &["compile", hlo.to_str().expect("utf-8"), "-o", neff.to_str().expect("utf-8")],
     );
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
-    assert!(
-        stderr.contains("line 5, instruction `y`: operator `erf` is not supported"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("line 5, instruction `y`: operator `erf` is not supported"), "{stderr}");
     assert!(!neff.exists(), "no NEFF may be written");
     let leftovers = std::fs::read_dir(dir.path()).expect("list").count();
     assert_eq!(leftovers, 1, "no temporary file is left behind");
@@ -55,42 +47,17 @@ fn compile_prints_a_summary_and_list_operators_names_engines() {
          d = f32[2,2]{1,0} dot(a, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n  ROOT t = f32[2,2]{1,0} tanh(d)\n}\n",
     )
     .expect("write");
-    let out = run(
-        env!("CARGO_BIN_EXE_neuron-cc"),
-        dir.path(),
-        &["compile", hlo.to_str().expect("utf-8")],
-    );
+    let out = run(env!("CARGO_BIN_EXE_neuron-cc"), dir.path(), &["compile", hlo.to_str().expect("utf-8")]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
-    assert!(
-        stdout.contains("instructions        2 (PE 1, ACT 1)"),
-        "{stdout}"
-    );
-    assert!(
-        stdout.contains("weights             24 B in 1 constants"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("instructions        2 (PE 1, ACT 1)"), "{stdout}");
+    assert!(stdout.contains("weights             24 B in 1 constants"), "{stdout}");
     assert!(stdout.contains("FLOPs/execution     28"), "{stdout}");
     assert!(dir.path().join("mm.neff").exists());
 
-    let list = text(
-        &run(
-            env!("CARGO_BIN_EXE_neuron-cc"),
-            dir.path(),
-            &["list-operators"],
-        )
-        .stdout,
-    );
-    assert!(
-        list.lines()
-            .any(|l| l.starts_with("dot") && l.ends_with("PE")),
-        "{list}"
-    );
-    assert!(
-        list.lines()
-            .any(|l| l.starts_with("exponential") && l.ends_with("ACT")),
-        "{list}"
-    );
+    let list = text(&run(env!("CARGO_BIN_EXE_neuron-cc"), dir.path(), &["list-operators"]).stdout);
+    assert!(list.lines().any(|l| l.starts_with("dot") && l.ends_with("PE")), "{list}");
+    assert!(list.lines().any(|l| l.starts_with("exponential") && l.ends_with("ACT")), "{list}");
 }
 
 #[test]
@@ -102,25 +69,13 @@ fn exec_json_reports_counts_throughput_and_latency_percentiles() {
     let out = run(
         env!("CARGO_BIN_EXE_neuron-bench"),
         dir.path(),
-        &[
-            "exec",
-            hlo.to_str().expect("utf-8"),
-            "--cores",
-            "0-1",
-            "--iterations",
-            "25",
-            "--json",
-        ],
+        &["exec", hlo.to_str().expect("utf-8"), "--cores", "0-1", "--iterations", "25", "--json"],
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert_eq!(report["executions"], 50, "25 per core on two cores");
     assert_eq!(report["cores"], serde_json::json!([0, 1]));
-    assert!(
-        report["throughput_per_second"]
-            .as_f64()
-            .is_some_and(|t| t > 0.0)
-    );
+    assert!(report["throughput_per_second"].as_f64().is_some_and(|t| t > 0.0));
     let latency = &report["latency_seconds"];
     let (p50, p90, p99, max) = (
         latency["p50"].as_f64().expect("p50"),
@@ -128,10 +83,7 @@ fn exec_json_reports_counts_throughput_and_latency_percentiles() {
         latency["p99"].as_f64().expect("p99"),
         latency["max"].as_f64().expect("max"),
     );
-    assert!(
-        0.0 < p50 && p50 <= p90 && p90 <= p99 && p99 <= max,
-        "{latency}"
-    );
+    assert!(0.0 < p50 && p50 <= p90 && p90 <= p99 && p99 <= max, "{latency}");
 }
 
 #[test]
@@ -144,45 +96,44 @@ fn bad_arguments_get_clear_errors() {
     let bench = env!("CARGO_BIN_EXE_neuron-bench");
 
     let out = run(bench, dir.path(), &["exec", model, "--cores", "7"]);
-    assert!(
-        text(&out.stderr).contains("--cores 7"),
-        "{}",
-        text(&out.stderr)
-    );
-    assert!(
-        text(&out.stderr).contains("core 7 does not exist"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert!(text(&out.stderr).contains("--cores 7"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("core 7 does not exist"), "{}", text(&out.stderr));
 
-    let out = run(
-        bench,
-        dir.path(),
-        &["exec", model, "--cores", "0", "--input", "x.9=nowhere.npy"],
-    );
-    assert!(
-        text(&out.stderr).contains("no input `x.9`"),
-        "{}",
-        text(&out.stderr)
-    );
+    let out = run(bench, dir.path(), &["exec", model, "--cores", "0", "--input", "x.9=nowhere.npy"]);
+    assert!(text(&out.stderr).contains("no input `x.9`"), "{}", text(&out.stderr));
 
     let out = run(bench, dir.path(), &["exec", "missing.neff", "--cores", "0"]);
-    assert!(
-        text(&out.stderr).contains("cannot read model file missing.neff"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert!(text(&out.stderr).contains("cannot read model file missing.neff"), "{}", text(&out.stderr));
 
     let garbage = dir.path().join("garbage.neff");
     std::fs::write(&garbage, b"not a neff").expect("write");
-    let out = run(
-        bench,
-        dir.path(),
-        &["exec", garbage.to_str().expect("utf-8"), "--cores", "0"],
-    );
-    assert!(
-        text(&out.stderr).contains("NRT_INVALID (2): not a NEFF"),
-        "{}",
-        text(&out.stderr)
-    );
+    let out = run(bench, dir.path(), &["exec", garbage.to_str().expect("utf-8"), "--cores", "0"]);
+    assert!(text(&out.stderr).contains("NRT_INVALID (2): not a NEFF"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn logs_follow_neuron_rt_log_level() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hlo = dir.path().join("neg.hlo");
+    std::fs::write(&hlo, "HloModule neg\nENTRY e {\n  x = f32[8]{0} parameter(0)\n  ROOT y = f32[8]{0} negate(x)\n}\n")
+        .expect("write");
+    let args = ["exec", hlo.to_str().expect("utf-8"), "--cores", "0", "--iterations", "1"];
+    let bench = env!("CARGO_BIN_EXE_neuron-bench");
+
+    let quiet = run(bench, dir.path(), &args);
+    assert!(quiet.status.success());
+    assert!(!text(&quiet.stderr).contains("model loaded"), "ERROR is the default: {}", text(&quiet.stderr));
+
+    let verbose = Command::new(bench)
+        .env("NEURON_VIRT_LOCK_DIR", dir.path())
+        .env("NEURON_RT_LOG_LEVEL", "INFO")
+        .args(args)
+        .output()
+        .expect("run");
+    assert!(verbose.status.success());
+    let stderr = text(&verbose.stderr);
+    assert!(stderr.contains("runtime initialised") && stderr.contains("model loaded"), "{stderr}");
+
+    let bad = Command::new(bench).env("NEURON_RT_LOG_LEVEL", "LOUD").args(args).output().expect("run");
+    assert!(text(&bad.stderr).contains("NEURON_RT_LOG_LEVEL=\"LOUD\" is not valid"), "{}", text(&bad.stderr));
 }

@@ -9,13 +9,12 @@ use std::process::{Command, Stdio};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-const MODEL: &str =
-    "HloModule tiny\nENTRY e {\n  x = f32[4]{0} parameter(0)\n  ROOT y = f32[4]{0} negate(x)\n}\n";
+const MODEL: &str = "HloModule tiny\nENTRY e {\n  x = f32[4]{0} parameter(0)\n  ROOT y = f32[4]{0} negate(x)\n}\n";
 
-fn bench(run_dir: &Path, model: &Path, extra: &[&str]) -> Command {
+fn bench(lock_dir: &Path, model: &Path, extra: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_neuron-bench"));
     command
-        .env("NEURON_VIRT_RUN_DIR", run_dir)
+        .env("NEURON_VIRT_LOCK_DIR", lock_dir)
         .env_remove("NEURON_RT_VISIBLE_CORES")
         .env_remove("NEURON_RT_NUM_CORES")
         .args(["exec", "--cores", "0"])
@@ -29,9 +28,9 @@ fn a_held_core_is_refused_until_its_holder_is_killed() {
     let dir = tempfile::tempdir().expect("tempdir");
     let model = dir.path().join("tiny.hlo");
     std::fs::write(&model, MODEL).expect("write model");
-    let run_dir = dir.path().join("run");
+    let lock_dir = dir.path().join("run");
 
-    let mut holder = bench(&run_dir, &model, &["--duration", "300s"])
+    let mut holder = bench(&lock_dir, &model, &["--duration", "300s"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -39,34 +38,18 @@ fn a_held_core_is_refused_until_its_holder_is_killed() {
     // The holder prints a progress line once it has run for a second: by then it
     // holds nc0.
     let mut progress = String::new();
-    BufReader::new(holder.stderr.take().expect("piped"))
-        .read_line(&mut progress)
-        .expect("holder progress");
-    assert!(
-        progress.contains("executions"),
-        "holder did not start: {progress:?}"
-    );
+    BufReader::new(holder.stderr.take().expect("piped")).read_line(&mut progress).expect("holder progress");
+    assert!(progress.contains("executions"), "holder did not start: {progress:?}");
 
-    let refused = bench(&run_dir, &model, &["--iterations", "1"])
-        .output()
-        .expect("run the second process");
+    let refused = bench(&lock_dir, &model, &["--iterations", "1"]).output().expect("run the second process");
     assert!(!refused.status.success(), "the second process must fail");
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("NRT_EXEC_NC_BUSY (1005)"), "{stderr}");
-    assert!(
-        stderr.contains("NeuronCore(s) not available - Requested:nc0-nc0 Available:1"),
-        "{stderr}"
-    );
+    assert!(stderr.contains("NeuronCore(s) not available - Requested:nc0-nc0 Available:1"), "{stderr}");
 
     kill(Pid::from_raw(holder.id() as i32), Signal::SIGKILL).expect("SIGKILL the holder");
     holder.wait().expect("reap the holder");
 
-    let after = bench(&run_dir, &model, &["--iterations", "1"])
-        .output()
-        .expect("run a third process");
-    assert!(
-        after.status.success(),
-        "the core must be free again: {}",
-        String::from_utf8_lossy(&after.stderr)
-    );
+    let after = bench(&lock_dir, &model, &["--iterations", "1"]).output().expect("run a third process");
+    assert!(after.status.success(), "the core must be free again: {}", String::from_utf8_lossy(&after.stderr));
 }

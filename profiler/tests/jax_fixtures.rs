@@ -21,10 +21,7 @@ fn fixtures_dir() -> PathBuf {
 }
 
 fn numbered_files(dir: &Path, prefix: &str) -> Vec<PathBuf> {
-    (0..)
-        .map(|i| dir.join(format!("{prefix}{i}.npy")))
-        .take_while(|p| p.exists())
-        .collect()
+    (0..).map(|i| dir.join(format!("{prefix}{i}.npy"))).take_while(|p| p.exists()).collect()
 }
 
 fn check(case: &str) {
@@ -38,54 +35,32 @@ fn check(case: &str) {
         .arg(&neff)
         .output()
         .expect("run neuron-cc");
-    assert!(
-        compiled.status.success(),
-        "{case}: neuron-cc failed: {}",
-        String::from_utf8_lossy(&compiled.stderr)
-    );
+    assert!(compiled.status.success(), "{case}: neuron-cc failed: {}", String::from_utf8_lossy(&compiled.stderr));
 
     let out_dir = work.path().join("out");
     let mut bench = Command::new(env!("CARGO_BIN_EXE_neuron-bench"));
     bench
-        .env("NEURON_VIRT_RUN_DIR", work.path().join("run"))
-        .args([
-            "exec",
-            "--cores",
-            "0",
-            "--iterations",
-            "2",
-            "--save-outputs",
-        ])
+        .env("NEURON_VIRT_LOCK_DIR", work.path().join("run"))
+        .args(["exec", "--cores", "0", "--iterations", "2", "--save-outputs"])
         .arg(&out_dir)
         .arg(&neff);
     for (i, input) in numbered_files(&dir, "input").iter().enumerate() {
         bench.arg("--input").arg(format!("{i}={}", input.display()));
     }
     let ran = bench.output().expect("run neuron-bench");
-    assert!(
-        ran.status.success(),
-        "{case}: neuron-bench failed: {}",
-        String::from_utf8_lossy(&ran.stderr)
-    );
+    assert!(ran.status.success(), "{case}: neuron-bench failed: {}", String::from_utf8_lossy(&ran.stderr));
 
     let expected = numbered_files(&dir, "output");
     assert!(!expected.is_empty(), "{case}: fixture has no outputs");
-    assert_eq!(
-        numbered_files(&out_dir, "output").len(),
-        expected.len(),
-        "{case}: output count"
-    );
+    assert_eq!(numbered_files(&out_dir, "output").len(), expected.len(), "{case}: output count");
     for (i, expected_path) in expected.iter().enumerate() {
         let (want_ty, want) = npy::read(expected_path).expect("fixture output");
-        let (got_ty, got) =
-            npy::read(&out_dir.join(format!("output{i}.npy"))).expect("saved output");
+        let (got_ty, got) = npy::read(&out_dir.join(format!("output{i}.npy"))).expect("saved output");
         assert_eq!(got_ty, want_ty, "{case}: output{i} type");
         match want_ty.dtype {
             DType::F32 => {
                 let floats = |b: &[u8]| {
-                    b.chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                        .collect::<Vec<_>>()
+                    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect::<Vec<_>>()
                 };
                 for (j, (g, w)) in floats(&got).into_iter().zip(floats(&want)).enumerate() {
                     let close = (g.is_nan() && w.is_nan())
@@ -165,9 +140,6 @@ fn every_fixture_directory_has_a_test() {
     cases.sort();
     let source = include_str!("jax_fixtures.rs");
     for case in cases {
-        assert!(
-            source.contains(&format!("check(\"{case}\")")),
-            "fixture `{case}` has no test"
-        );
+        assert!(source.contains(&format!("check(\"{case}\")")), "fixture `{case}` has no test");
     }
 }

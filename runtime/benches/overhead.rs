@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 
 use neuron_runtime::config::CoreRequest;
 use neuron_runtime::{
-    ArrayType, Config, CoreSet, DType, Neff, Runtime, Target, TensorPlacement, TensorSet,
-    compile_hlo,
+    ArrayType, Config, CoreSet, DType, Neff, Runtime, Target, TensorPlacement, TensorSet, compile_hlo,
 };
 
 // The allocator the runtime's own binaries use (see profiler/src/bin), so that both
@@ -27,9 +26,9 @@ const GEMM_BUDGET: Duration = Duration::from_secs(4);
 const OVERHEAD_EXECUTIONS: usize = 20_000;
 
 fn main() {
-    let run_dir = tempfile::tempdir().expect("tempdir");
+    let lock_dir = tempfile::tempdir().expect("tempdir");
     let runtime = Runtime::start(Config {
-        run_dir: run_dir.path().to_path_buf(),
+        lock_dir: lock_dir.path().to_path_buf(),
         cores: CoreRequest::Visible(CoreSet::range(0, 0)),
         ..Config::from_env().expect("configuration")
     })
@@ -39,26 +38,16 @@ fn main() {
     let wants = |name: &str| part.as_deref().is_none_or(|p| p == name);
     if wants("gemm") {
         println!("GEMM (f32, square): runtime execution vs matrixmultiply::sgemm called directly");
-        println!(
-            "{:>6} {:>14} {:>14} {:>8}",
-            "n", "direct GFLOP/s", "runtime GFLOP/s", "ratio"
-        );
+        println!("{:>6} {:>14} {:>14} {:>8}", "n", "direct GFLOP/s", "runtime GFLOP/s", "ratio");
         for n in GEMM_SIZES {
             let (direct, through_runtime) = gemm_pair(&runtime, n);
-            println!(
-                "{n:>6} {direct:>14.2} {through_runtime:>14.2} {:>8.3}",
-                through_runtime / direct
-            );
+            println!("{n:>6} {direct:>14.2} {through_runtime:>14.2} {:>8.3}", through_runtime / direct);
         }
     }
     if wants("fixed") {
         let (median, p99) = one_operator_latency(&runtime);
         println!("fixed overhead: synchronous execution of a one-operator model (negate f32[1])");
-        println!(
-            "  median {:.2} µs, p99 {:.2} µs over {OVERHEAD_EXECUTIONS} executions",
-            median * 1e6,
-            p99 * 1e6
-        );
+        println!("  median {:.2} µs, p99 {:.2} µs over {OVERHEAD_EXECUTIONS} executions", median * 1e6, p99 * 1e6);
     }
 }
 
@@ -129,32 +118,20 @@ fn gemm_pair(runtime: &Runtime, n: usize) -> (f64, f64) {
     let placement = TensorPlacement::Device { core: 0 };
     let mut inputs = TensorSet::new();
     for (name, data) in [("input0", &a), ("input1", &b)] {
-        let t = runtime
-            .allocate_tensor_for(placement, &ty, name)
-            .expect("alloc");
+        let t = runtime.allocate_tensor_for(placement, &ty, name).expect("alloc");
         let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
         t.write(0, &bytes).expect("write");
         inputs.add(name, t);
     }
     let mut outputs = TensorSet::new();
-    outputs.add(
-        "output0",
-        runtime
-            .allocate_tensor_for(placement, &ty, "c")
-            .expect("alloc"),
-    );
+    outputs.add("output0", runtime.allocate_tensor_for(placement, &ty, "c").expect("alloc"));
     let through_runtime = || {
-        runtime
-            .execute(&model, &inputs, &outputs)
-            .expect("executes");
+        runtime.execute(&model, &inputs, &outputs).expect("executes");
     };
 
     let (direct_seconds, runtime_seconds) = paired_median_seconds(direct, through_runtime);
     runtime.unload(&model).expect("unload");
-    (
-        flops(n) / direct_seconds / 1e9,
-        flops(n) / runtime_seconds / 1e9,
-    )
+    (flops(n) / direct_seconds / 1e9, flops(n) / runtime_seconds / 1e9)
 }
 
 fn one_operator_latency(runtime: &Runtime) -> (f64, f64) {
@@ -164,34 +141,19 @@ fn one_operator_latency(runtime: &Runtime) -> (f64, f64) {
     let ty = ArrayType::new(DType::F32, vec![1]);
     let placement = TensorPlacement::Device { core: 0 };
     let mut inputs = TensorSet::new();
-    inputs.add(
-        "input0",
-        runtime
-            .allocate_tensor_for(placement, &ty, "x")
-            .expect("alloc"),
-    );
+    inputs.add("input0", runtime.allocate_tensor_for(placement, &ty, "x").expect("alloc"));
     let mut outputs = TensorSet::new();
-    outputs.add(
-        "output0",
-        runtime
-            .allocate_tensor_for(placement, &ty, "y")
-            .expect("alloc"),
-    );
+    outputs.add("output0", runtime.allocate_tensor_for(placement, &ty, "y").expect("alloc"));
     for _ in 0..1000 {
         runtime.execute(&model, &inputs, &outputs).expect("warm-up");
     }
     let mut samples: Vec<f64> = (0..OVERHEAD_EXECUTIONS)
         .map(|_| {
             let t = Instant::now();
-            runtime
-                .execute(&model, &inputs, &outputs)
-                .expect("executes");
+            runtime.execute(&model, &inputs, &outputs).expect("executes");
             t.elapsed().as_secs_f64()
         })
         .collect();
     samples.sort_by(f64::total_cmp);
-    (
-        samples[samples.len() / 2],
-        samples[samples.len() * 99 / 100],
-    )
+    (samples[samples.len() / 2], samples[samples.len() * 99 / 100])
 }

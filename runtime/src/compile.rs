@@ -16,9 +16,8 @@ use std::fmt;
 use crate::dtype::{ArrayType, DType};
 use crate::hlo::{self, Computation, HloModule, Payload, Shape};
 use crate::isa::{
-    ActivationFn, BinaryOp, Buffer, BufferKind, CompareDirection, DmaQueue, DmaQueueKind,
-    DmaTransfer, DotDims, Engine, EngineStream, Instruction, IoTensor, Op, Program, ReduceOp,
-    UnaryOp, infer_output,
+    ActivationFn, BinaryOp, Buffer, BufferKind, CompareDirection, DmaQueue, DmaQueueKind, DmaTransfer, DotDims, Engine,
+    EngineStream, Instruction, IoTensor, Op, Program, ReduceOp, UnaryOp, infer_output,
 };
 use crate::topology::NeuronCoreVersion;
 
@@ -27,6 +26,11 @@ pub const SCRATCHPAD_ALIGNMENT: u64 = 64;
 
 /// How deeply `call`s may nest before the module is rejected as recursive.
 const MAX_CALL_DEPTH: usize = 64;
+/// How deeply tuples may nest.
+const MAX_TUPLE_DEPTH: usize = 64;
+/// How many HLO instructions a module may expand to once calls are inlined; a few
+/// lines that call a computation twice per level would otherwise expand exponentially.
+pub const MAX_LOWERED_INSTRUCTIONS: usize = 1_000_000;
 
 /// `neuron-cc --target`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -116,6 +120,7 @@ pub fn lower_module(module: &HloModule, target: Target) -> Result<Program, Compi
         constants: Vec::new(),
         hlo_names: Vec::new(),
         inputs: Vec::new(),
+        visited: 0,
     };
     let result = lowering.computation(module.entry(), None, 0)?;
     let mut outputs = Vec::new();
@@ -123,11 +128,7 @@ pub fn lower_module(module: &HloModule, target: Target) -> Result<Program, Compi
     let outputs: Vec<IoTensor> = outputs
         .into_iter()
         .enumerate()
-        .map(|(i, (buffer, hlo_name))| IoTensor {
-            name: format!("output{i}"),
-            hlo_name,
-            buffer,
-        })
+        .map(|(i, (buffer, hlo_name))| IoTensor { name: format!("output{i}"), hlo_name, buffer })
         .collect();
     lowering.finish(target, outputs)
 }
@@ -137,6 +138,16 @@ pub fn lower_module(module: &HloModule, target: Target) -> Result<Program, Compi
 enum Lowered {
     Buffer { id: u32, hlo_name: String },
     Tuple(Vec<Lowered>),
+}
+
+impl Lowered {
+    /// How many tuples deep the value is (0 for an array).
+    fn depth(&self) -> usize {
+        match self {
+            Lowered::Buffer { .. } => 0,
+            Lowered::Tuple(parts) => 1 + parts.iter().map(Lowered::depth).max().unwrap_or(0),
+        }
+    }
 }
 
 fn flatten(value: &Lowered, out: &mut Vec<(u32, String)>) {
@@ -154,6 +165,8 @@ struct Lowering<'m> {
     hlo_names: Vec<String>,
     /// (parameter number, parameter name, buffer).
     inputs: Vec<(u64, String, u32)>,
+    /// HLO instructions visited so far, counting each inlined call again.
+    visited: usize,
 }
 
 impl Lowering<'_> {
@@ -175,13 +188,11 @@ impl Lowering<'_> {
         }
         let mut env: HashMap<&str, Lowered> = HashMap::new();
         for instruction in &computation.instructions {
-            let value = self
-                .instruction(instruction, &env, args, depth)
-                .map_err(|message| CompileError {
-                    line: Some(instruction.line),
-                    instruction: Some(instruction.name.clone()),
-                    message,
-                })?;
+            let value = self.instruction(instruction, &env, args, depth).map_err(|message| CompileError {
+                line: Some(instruction.line),
+                instruction: Some(instruction.name.clone()),
+                message,
+            })?;
             env.insert(&instruction.name, value);
         }
         let root = &computation.instructions[computation.root];
@@ -199,6 +210,12 @@ impl Lowering<'_> {
         args: Option<&[Lowered]>,
         depth: usize,
     ) -> Result<Lowered, String> {
+        self.visited += 1;
+        if self.visited > MAX_LOWERED_INSTRUCTIONS {
+            return Err(format!(
+                "the module expands to more than {MAX_LOWERED_INSTRUCTIONS} instructions once calls are inlined"
+            ));
+        }
         let operand = |name: &str| -> Result<&Lowered, String> {
             env.get(strip_percent(name))
                 .ok_or_else(|| format!("operand `{name}` is not defined before this instruction"))
@@ -209,10 +226,7 @@ impl Lowering<'_> {
                 match operand(name)? {
                     Lowered::Buffer { id, .. } => buffer_operands.push(*id),
                     Lowered::Tuple(_) => {
-                        return Err(format!(
-                            "operand `{name}` is a tuple; `{}` takes arrays",
-                            inst.opcode
-                        ));
+                        return Err(format!("operand `{name}` is a tuple; `{}` takes arrays", inst.opcode));
                     }
                 }
             }
@@ -223,48 +237,43 @@ impl Lowering<'_> {
                     return Err("parameter without a number".into());
                 };
                 return match args {
-                    Some(args) => args.get(n as usize).cloned().ok_or_else(|| {
-                        format!(
-                            "parameter({n}) but the call passes {} argument(s)",
-                            args.len()
-                        )
-                    }),
+                    Some(args) => args
+                        .get(n as usize)
+                        .cloned()
+                        .ok_or_else(|| format!("parameter({n}) but the call passes {} argument(s)", args.len())),
                     None => self.entry_parameter(inst, n),
                 };
             }
             "constant" => return self.constant(inst),
             "tuple" => {
-                let parts = inst
-                    .operands
-                    .iter()
-                    .map(|n| operand(n).cloned())
-                    .collect::<Result<Vec<_>, _>>()?;
-                return Ok(Lowered::Tuple(parts));
+                let parts = inst.operands.iter().map(|n| operand(n).cloned()).collect::<Result<Vec<_>, _>>()?;
+                let tuple = Lowered::Tuple(parts);
+                if tuple.depth() > MAX_TUPLE_DEPTH {
+                    return Err(format!("tuples nest deeper than {MAX_TUPLE_DEPTH} levels"));
+                }
+                return Ok(tuple);
             }
             "get-tuple-element" => {
-                let index: usize = attr(inst, "index")?
-                    .parse()
-                    .map_err(|_| "`index` must be a non-negative integer".to_string())?;
+                let index: usize =
+                    attr(inst, "index")?.parse().map_err(|_| "`index` must be a non-negative integer".to_string())?;
                 let [name] = inst.operands.as_slice() else {
                     return Err("get-tuple-element takes one operand".into());
                 };
                 return match operand(name)? {
-                    Lowered::Tuple(parts) => parts.get(index).cloned().ok_or_else(|| {
-                        format!("index {index} is out of range for a {}-tuple", parts.len())
-                    }),
+                    Lowered::Tuple(parts) => parts
+                        .get(index)
+                        .cloned()
+                        .ok_or_else(|| format!("index {index} is out of range for a {}-tuple", parts.len())),
                     Lowered::Buffer { .. } => Err(format!("operand `{name}` is not a tuple")),
                 };
             }
             "call" => {
                 let callee_name = strip_percent(attr(inst, "to_apply")?);
-                let callee = self.module.computation(callee_name).ok_or_else(|| {
-                    format!("calls computation `{callee_name}`, which is not defined")
-                })?;
-                let call_args = inst
-                    .operands
-                    .iter()
-                    .map(|n| operand(n).cloned())
-                    .collect::<Result<Vec<_>, _>>()?;
+                let callee = self
+                    .module
+                    .computation(callee_name)
+                    .ok_or_else(|| format!("calls computation `{callee_name}`, which is not defined"))?;
+                let call_args = inst.operands.iter().map(|n| operand(n).cloned()).collect::<Result<Vec<_>, _>>()?;
                 return self
                     .computation(callee, Some(&call_args), depth + 1)
                     .map_err(|e| format!("in called computation `{callee_name}`: {e}"));
@@ -289,26 +298,23 @@ impl Lowering<'_> {
             "logistic" => Op::Activation(ActivationFn::Logistic),
             "rsqrt" => Op::Activation(ActivationFn::Rsqrt),
             "sqrt" => Op::Activation(ActivationFn::Sqrt),
-            "broadcast" => Op::Broadcast {
-                dims: dim_list(inst, "dimensions", false)?,
-            },
+            "broadcast" => Op::Broadcast { dims: dim_list(inst, "dimensions", false)? },
             "reshape" => Op::Reshape,
-            "transpose" => Op::Transpose {
-                perm: dim_list(inst, "dimensions", false)?,
-            },
+            "transpose" => Op::Transpose { perm: dim_list(inst, "dimensions", false)? },
             "copy" => Op::Copy,
             "reduce" => {
                 if inst.operands.len() != 2 {
-                    return Err("variadic reduce (several arrays at once) is not supported yet; reduce one array at a time".into());
+                    return Err(
+                        "variadic reduce (several arrays at once) is not supported yet; reduce one array at a time"
+                            .into(),
+                    );
                 }
                 let region_name = strip_percent(attr(inst, "to_apply")?);
-                let region = self.module.computation(region_name).ok_or_else(|| {
-                    format!("reduction computation `{region_name}` is not defined")
-                })?;
-                Op::Reduce {
-                    op: reduction_kind(region)?,
-                    dims: dim_list(inst, "dimensions", false)?,
-                }
+                let region = self
+                    .module
+                    .computation(region_name)
+                    .ok_or_else(|| format!("reduction computation `{region_name}` is not defined"))?;
+                Op::Reduce { op: reduction_kind(region)?, dims: dim_list(inst, "dimensions", false)? }
             }
             "compare" => {
                 let direction = match attr(inst, "direction")? {
@@ -320,10 +326,7 @@ impl Lowering<'_> {
                     "GE" => CompareDirection::Ge,
                     other => return Err(format!("unknown comparison direction `{other}`")),
                 };
-                Op::Compare {
-                    direction,
-                    total_order: inst.attribute("type") == Some("TOTALORDER"),
-                }
+                Op::Compare { direction, total_order: inst.attribute("type") == Some("TOTALORDER") }
             }
             "select" => Op::Select,
             "convert" => Op::Convert,
@@ -348,16 +351,10 @@ impl Lowering<'_> {
             }
         };
         let declared = array_type(&inst.shape)?;
-        let operand_types: Vec<&ArrayType> = buffer_operands
-            .iter()
-            .map(|&b| &self.buffers[b as usize].ty)
-            .collect();
+        let operand_types: Vec<&ArrayType> = buffer_operands.iter().map(|&b| &self.buffers[b as usize].ty).collect();
         let inferred = infer_output(&op, &operand_types, &declared)?;
         if inferred != declared {
-            return Err(format!(
-                "`{}` produces {inferred} but the instruction declares {declared}",
-                inst.opcode
-            ));
+            return Err(format!("`{}` produces {inferred} but the instruction declares {declared}", inst.opcode));
         }
         let output = self.new_buffer(declared, BufferKind::Intermediate { offset: 0 });
         let hlo = self.hlo_names.len() as u32;
@@ -369,10 +366,7 @@ impl Lowering<'_> {
             output,
             hlo,
         });
-        Ok(Lowered::Buffer {
-            id: output,
-            hlo_name: inst.name.clone(),
-        })
+        Ok(Lowered::Buffer { id: output, hlo_name: inst.name.clone() })
     }
 
     fn new_buffer(&mut self, ty: ArrayType, kind: BufferKind) -> u32 {
@@ -388,10 +382,7 @@ impl Lowering<'_> {
         // The buffer's input index is fixed once every parameter is known (`finish`).
         let id = self.new_buffer(ty, BufferKind::Input { index: 0 });
         self.inputs.push((number, inst.name.clone(), id));
-        Ok(Lowered::Buffer {
-            id,
-            hlo_name: inst.name.clone(),
-        })
+        Ok(Lowered::Buffer { id, hlo_name: inst.name.clone() })
     }
 
     fn constant(&mut self, inst: &hlo::Instruction) -> Result<Lowered, String> {
@@ -401,10 +392,7 @@ impl Lowering<'_> {
         };
         let count = ty.element_count().ok_or("constant is too large")?;
         if tokens.len() as u64 != count {
-            return Err(format!(
-                "literal has {} value(s) but {ty} holds {count}",
-                tokens.len()
-            ));
+            return Err(format!("literal has {} value(s) but {ty} holds {count}", tokens.len()));
         }
         let mut bytes = Vec::with_capacity(tokens.len() * ty.dtype.size_bytes() as usize);
         for token in tokens {
@@ -422,18 +410,11 @@ impl Lowering<'_> {
         let index = self.constants.len() as u32;
         self.constants.push(bytes);
         let id = self.new_buffer(ty, BufferKind::Constant { index });
-        Ok(Lowered::Buffer {
-            id,
-            hlo_name: inst.name.clone(),
-        })
+        Ok(Lowered::Buffer { id, hlo_name: inst.name.clone() })
     }
 
     fn finish(mut self, target: Target, outputs: Vec<IoTensor>) -> Result<Program, CompileError> {
-        let whole_module = |message: String| CompileError {
-            line: None,
-            instruction: None,
-            message,
-        };
+        let whole_module = |message: String| CompileError { line: None, instruction: None, message };
         self.inputs.sort_by_key(|(n, _, _)| *n);
         for (expected, (n, name, _)) in self.inputs.iter().enumerate() {
             if *n != expected as u64 {
@@ -457,17 +438,15 @@ impl Lowering<'_> {
             self.buffers[io.buffer as usize].kind = BufferKind::Input { index: i as u32 };
         }
 
-        let scratchpad_bytes = plan_scratchpad(&mut self.buffers, &self.instructions, &outputs);
+        let scratchpad_bytes =
+            plan_scratchpad(&mut self.buffers, &self.instructions, &outputs).map_err(whole_module)?;
 
         let mut streams: Vec<EngineStream> = Vec::new();
         for instruction in self.instructions {
             let engine = instruction.op.engine();
             match streams.iter_mut().find(|s| s.engine == engine) {
                 Some(stream) => stream.instructions.push(instruction),
-                None => streams.push(EngineStream {
-                    engine,
-                    instructions: vec![instruction],
-                }),
+                None => streams.push(EngineStream { engine, instructions: vec![instruction] }),
             }
         }
         streams.sort_by_key(|s| s.engine);
@@ -477,36 +456,22 @@ impl Lowering<'_> {
             index: index as u32,
             bytes: self.buffers[buffer as usize].ty.size_bytes().unwrap_or(0),
         };
-        let constant_buffers = self
-            .buffers
-            .iter()
-            .enumerate()
-            .filter_map(|(id, b)| match b.kind {
-                BufferKind::Constant { index } => Some((id as u32, index as usize)),
-                _ => None,
-            });
+        let constant_buffers = self.buffers.iter().enumerate().filter_map(|(id, b)| match b.kind {
+            BufferKind::Constant { index } => Some((id as u32, index as usize)),
+            _ => None,
+        });
         let dma_queues = vec![
             DmaQueue {
                 kind: DmaQueueKind::Input,
-                transfers: inputs
-                    .iter()
-                    .enumerate()
-                    .map(|(i, io)| transfer(io.buffer, i))
-                    .collect(),
+                transfers: inputs.iter().enumerate().map(|(i, io)| transfer(io.buffer, i)).collect(),
             },
             DmaQueue {
                 kind: DmaQueueKind::Weights,
-                transfers: constant_buffers
-                    .map(|(id, index)| transfer(id, index))
-                    .collect(),
+                transfers: constant_buffers.map(|(id, index)| transfer(id, index)).collect(),
             },
             DmaQueue {
                 kind: DmaQueueKind::Output,
-                transfers: outputs
-                    .iter()
-                    .enumerate()
-                    .map(|(i, io)| transfer(io.buffer, i))
-                    .collect(),
+                transfers: outputs.iter().enumerate().map(|(i, io)| transfer(io.buffer, i)).collect(),
             },
         ];
 
@@ -521,22 +486,18 @@ impl Lowering<'_> {
             hlo_names: self.hlo_names,
             scratchpad_bytes,
         };
-        program.validate().map_err(|e| {
-            whole_module(format!(
-                "internal error: lowered program is inconsistent: {e}"
-            ))
-        })?;
+        program
+            .validate()
+            .map_err(|e| whole_module(format!("internal error: lowered program is inconsistent: {e}")))?;
         Ok(program)
     }
 }
 
 /// Places intermediates in one scratchpad: first fit, reusing a buffer's space after
 /// its last reader. Program outputs stay live to the end. Returns the scratchpad size.
-fn plan_scratchpad(
-    buffers: &mut [Buffer],
-    instructions: &[Instruction],
-    outputs: &[IoTensor],
-) -> u64 {
+fn plan_scratchpad(buffers: &mut [Buffer], instructions: &[Instruction], outputs: &[IoTensor]) -> Result<u64, String> {
+    let too_large =
+        || "the intermediates of this module need more scratchpad than 64-bit offsets can address".to_string();
     let end = instructions.len();
     let mut last_use = vec![0usize; buffers.len()];
     for (step, instruction) in instructions.iter().enumerate() {
@@ -556,21 +517,22 @@ fn plan_scratchpad(
         let size = buffers[out]
             .ty
             .size_bytes()
-            .unwrap_or(0)
-            .next_multiple_of(SCRATCHPAD_ALIGNMENT);
+            .and_then(|s| s.checked_next_multiple_of(SCRATCHPAD_ALIGNMENT))
+            .ok_or_else(too_large)?;
         live.sort_unstable_by_key(|&(offset, _, _)| offset);
         let mut offset = 0u64;
         for &(o, s, _) in &live {
-            if o >= offset + size {
+            if offset.checked_add(size).is_some_and(|end| o >= end) {
                 break;
             }
-            offset = offset.max(o + s);
+            offset = offset.max(o.checked_add(s).ok_or_else(too_large)?);
         }
+        let end = offset.checked_add(size).ok_or_else(too_large)?;
         live.push((offset, size, last_use[out].max(step)));
-        high_water = high_water.max(offset + size);
+        high_water = high_water.max(end);
         buffers[out].kind = BufferKind::Intermediate { offset };
     }
-    high_water
+    Ok(high_water)
 }
 
 /// Operators `neuron-cc` lowers, in HLO spelling.
@@ -624,8 +586,7 @@ fn strip_percent(name: &str) -> &str {
 }
 
 fn attr<'i>(inst: &'i hlo::Instruction, name: &str) -> Result<&'i str, String> {
-    inst.attribute(name)
-        .ok_or_else(|| format!("`{}` needs the attribute `{name}`", inst.opcode))
+    inst.attribute(name).ok_or_else(|| format!("`{}` needs the attribute `{name}`", inst.opcode))
 }
 
 /// `{1,0}` → `[1, 0]`; a missing optional attribute is an empty list.
@@ -643,52 +604,33 @@ fn dim_list(inst: &hlo::Instruction, name: &str, optional: bool) -> Result<Vec<u
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| {
-            s.parse::<u32>()
-                .map_err(|_| format!("`{name}={value}`: `{s}` is not a dimension index"))
-        })
+        .map(|s| s.parse::<u32>().map_err(|_| format!("`{name}={value}`: `{s}` is not a dimension index")))
         .collect()
 }
 
 /// `slice={[0:4:2], [1:5]}` → the slice operation.
 fn slice_op(value: &str) -> Result<Op, String> {
     let bad = || format!("`slice={value}` should look like {{[0:4:2], [1:5]}}");
-    let inner = value
-        .strip_prefix('{')
-        .and_then(|v| v.strip_suffix('}'))
-        .ok_or_else(bad)?;
+    let inner = value.strip_prefix('{').and_then(|v| v.strip_suffix('}')).ok_or_else(bad)?;
     let (mut start, mut limit, mut stride) = (Vec::new(), Vec::new(), Vec::new());
     for part in inner.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let range = part
-            .strip_prefix('[')
-            .and_then(|p| p.strip_suffix(']'))
-            .ok_or_else(bad)?;
-        let numbers = range
-            .split(':')
-            .map(|n| n.trim().parse::<u64>().map_err(|_| bad()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let range = part.strip_prefix('[').and_then(|p| p.strip_suffix(']')).ok_or_else(bad)?;
+        let numbers =
+            range.split(':').map(|n| n.trim().parse::<u64>().map_err(|_| bad())).collect::<Result<Vec<_>, _>>()?;
         match numbers.as_slice() {
             [a, b] => (start.push(*a), limit.push(*b), stride.push(1)),
             [a, b, s] => (start.push(*a), limit.push(*b), stride.push(*s)),
             _ => return Err(bad()),
         };
     }
-    Ok(Op::Slice {
-        start,
-        limit,
-        stride,
-    })
+    Ok(Op::Slice { start, limit, stride })
 }
 
 /// Recognises a reduction region `(a, b) -> op(a, b)`.
 fn reduction_kind(region: &Computation) -> Result<ReduceOp, String> {
     let root = &region.instructions[region.root];
-    let params: Vec<&str> = region
-        .instructions
-        .iter()
-        .filter(|i| i.opcode == "parameter")
-        .map(|i| i.name.as_str())
-        .collect();
+    let params: Vec<&str> =
+        region.instructions.iter().filter(|i| i.opcode == "parameter").map(|i| i.name.as_str()).collect();
     let operands: Vec<&str> = root.operands.iter().map(|o| strip_percent(o)).collect();
     let plain = region.instructions.len() == 3
         && params.len() == 2
@@ -713,11 +655,8 @@ fn reduction_kind(region: &Computation) -> Result<ReduceOp, String> {
 fn array_type(shape: &Shape) -> Result<ArrayType, String> {
     match shape {
         Shape::Array { element_type, dims } => {
-            let dtype = DType::from_hlo_name(element_type).ok_or_else(|| {
-                format!(
-                    "element type `{element_type}` is not supported (supported: f32, s32, pred)"
-                )
-            })?;
+            let dtype = DType::from_hlo_name(element_type)
+                .ok_or_else(|| format!("element type `{element_type}` is not supported (supported: f32, s32, pred)"))?;
             let ty = ArrayType::new(dtype, dims.clone());
             if !ty.is_addressable() || ty.size_bytes().is_none() {
                 return Err(format!("shape {ty} is too large to address on this host"));
@@ -766,10 +705,8 @@ mod tests {
 
     #[test]
     fn unknown_operator_names_operator_instruction_and_line() {
-        let err = compile(
-            "HloModule m\nENTRY e {\n a = f32[2] parameter(0)\n ROOT b = f32[2] erf(a)\n}\n",
-        )
-        .expect_err("erf is unsupported");
+        let err = compile("HloModule m\nENTRY e {\n a = f32[2] parameter(0)\n ROOT b = f32[2] erf(a)\n}\n")
+            .expect_err("erf is unsupported");
         assert_eq!(err.line, Some(4));
         assert_eq!(err.instruction.as_deref(), Some("b"));
         assert!(err.message.contains("`erf`"), "{err}");
@@ -777,19 +714,41 @@ mod tests {
 
     #[test]
     fn shapes_too_large_to_address_are_rejected() {
-        let err = compile(
-            "HloModule m\nENTRY e {\n ROOT a = f32[0,4611686018427387904,4] parameter(0)\n}\n",
-        )
-        .expect_err("unaddressable");
+        let err = compile("HloModule m\nENTRY e {\n ROOT a = f32[0,4611686018427387904,4] parameter(0)\n}\n")
+            .expect_err("unaddressable");
         assert!(err.message.contains("too large"), "{err}");
     }
 
     #[test]
+    fn exponential_call_expansion_is_refused() {
+        let mut text = String::from("HloModule m\nc0 {\n p = f32[] parameter(0)\n ROOT n = f32[] negate(p)\n}\n");
+        for level in 1..=30 {
+            let prev = level - 1;
+            text.push_str(&format!(
+                "c{level} {{\n p = f32[] parameter(0)\n a = f32[] call(p), to_apply=c{prev}\n \
+                 ROOT b = f32[] call(a), to_apply=c{prev}\n}}\n"
+            ));
+        }
+        text.push_str("ENTRY e {\n x = f32[] parameter(0)\n ROOT y = f32[] call(x), to_apply=c30\n}\n");
+        let err = compile(&text).expect_err("2^30 instructions");
+        assert!(err.message.contains("once calls are inlined"), "{err}");
+    }
+
+    #[test]
+    fn deeply_nested_tuples_are_refused() {
+        let mut text = String::from("HloModule m\nENTRY e {\n t0 = f32[] parameter(0)\n");
+        for i in 1..=70 {
+            text.push_str(&format!(" t{i} = (f32[]) tuple(t{})\n", i - 1));
+        }
+        text.push_str(" ROOT r = f32[] parameter(1)\n}\n");
+        let err = compile(&text).expect_err("too deep");
+        assert!(err.message.contains("nest deeper"), "{err}");
+    }
+
+    #[test]
     fn declared_shapes_are_checked() {
-        let err = compile(
-            "HloModule m\nENTRY e {\n a = f32[2] parameter(0)\n ROOT b = f32[3] negate(a)\n}\n",
-        )
-        .expect_err("shape mismatch");
+        let err = compile("HloModule m\nENTRY e {\n a = f32[2] parameter(0)\n ROOT b = f32[3] negate(a)\n}\n")
+            .expect_err("shape mismatch");
         assert!(err.message.contains("f32[2]"), "{err}");
     }
 

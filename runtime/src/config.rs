@@ -12,8 +12,8 @@ use crate::topology::{CoreSet, DEFAULT_INSTANCE_TYPE, InstanceType};
 
 /// Selects the virtual instance type (our extension; default `trn1.2xlarge`).
 pub const ENV_INSTANCE_TYPE: &str = "NEURON_VIRT_INSTANCE_TYPE";
-/// Directory for per-user runtime files: core reservations now, datastores later.
-pub const ENV_RUN_DIR: &str = "NEURON_VIRT_RUN_DIR";
+/// Directory of the host-wide NeuronCore reservation locks (our extension).
+pub const ENV_LOCK_DIR: &str = "NEURON_VIRT_LOCK_DIR";
 /// Host threads executing virtual cores (our extension; default: the host's CPU count).
 pub const ENV_HOST_THREADS: &str = "NEURON_VIRT_HOST_THREADS";
 pub const ENV_VISIBLE_CORES: &str = "NEURON_RT_VISIBLE_CORES";
@@ -25,6 +25,8 @@ pub const ENV_NUMERICAL_ERRORS_VERBOSITY: &str = "NEURON_RT_NUMERICAL_ERRORS_VER
 
 /// How long one execution may run before it fails with `NRT_TIMEOUT`.
 pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest `NEURON_RT_EXEC_TIMEOUT` accepted: one week.
+pub const MAX_EXEC_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
 /// Log level when `NEURON_RT_LOG_LEVEL` is unset.
 pub const DEFAULT_LOG_LEVEL: LogLevel = LogLevel::Error;
 
@@ -82,7 +84,7 @@ pub struct Config {
     pub exec_timeout: Duration,
     pub validate_hash: bool,
     pub numerical_errors: NumericalErrorsVerbosity,
-    pub run_dir: PathBuf,
+    pub lock_dir: PathBuf,
     pub host_threads: usize,
 }
 
@@ -95,7 +97,7 @@ impl Default for Config {
             exec_timeout: DEFAULT_EXEC_TIMEOUT,
             validate_hash: false,
             numerical_errors: NumericalErrorsVerbosity::Warning,
-            run_dir: run_dir(None, None),
+            lock_dir: lock_dir(None),
             host_threads: default_host_threads(),
         }
     }
@@ -127,37 +129,20 @@ impl Config {
                 if num.is_some() {
                     tracing::warn!("{ENV_VISIBLE_CORES} is set, so {ENV_NUM_CORES} is ignored");
                 }
-                let set =
-                    CoreSet::parse(&visible).map_err(|e| bad(ENV_VISIBLE_CORES, &visible, &e))?;
-                if let Some(&last) = set.cores().last()
-                    && last >= core_count
-                {
-                    return Err(bad(
-                        ENV_VISIBLE_CORES,
-                        &visible,
-                        &format!(
-                            "{instance_type} has {core_count} NeuronCores (nc0-nc{}); core {last} does not exist",
-                            core_count - 1
-                        ),
-                    ));
-                }
+                let set = CoreSet::parse(&visible, core_count)
+                    .map_err(|e| bad(ENV_VISIBLE_CORES, &visible, &format!("{e} on {instance_type}")))?;
                 CoreRequest::Visible(set)
             }
             (None, Some(num)) => {
-                let n: u32 = num.trim().parse().map_err(|_| {
-                    bad(
-                        ENV_NUM_CORES,
-                        &num,
-                        "expected a whole number of cores, e.g. 2",
-                    )
-                })?;
+                let n: u32 = num
+                    .trim()
+                    .parse()
+                    .map_err(|_| bad(ENV_NUM_CORES, &num, "expected a whole number of cores, e.g. 2"))?;
                 if n == 0 || n > core_count {
                     return Err(bad(
                         ENV_NUM_CORES,
                         &num,
-                        &format!(
-                            "{instance_type} has {core_count} NeuronCores; ask for 1 to {core_count}"
-                        ),
+                        &format!("{instance_type} has {core_count} NeuronCores; ask for 1 to {core_count}"),
                     ));
                 }
                 CoreRequest::Count(n)
@@ -173,36 +158,33 @@ impl Config {
                 "DEBUG" => LogLevel::Debug,
                 "TRACE" => LogLevel::Trace,
                 _ => {
-                    return Err(bad(
-                        ENV_LOG_LEVEL,
-                        &v,
-                        "use ERROR, WARN, INFO, DEBUG or TRACE",
-                    ));
+                    return Err(bad(ENV_LOG_LEVEL, &v, "use ERROR, WARN, INFO, DEBUG or TRACE"));
                 }
             },
             None => DEFAULT_LOG_LEVEL,
         };
 
         let exec_timeout = match get(ENV_EXEC_TIMEOUT) {
-            Some(v) => match v.trim().parse::<f64>() {
-                Ok(seconds) if seconds.is_finite() && seconds > 0.0 => {
-                    Duration::from_secs_f64(seconds)
+            Some(v) => {
+                match v.trim().parse::<f64>().ok().filter(|s| *s > 0.0 && *s <= MAX_EXEC_TIMEOUT.as_secs_f64()) {
+                    Some(seconds) => Duration::from_secs_f64(seconds),
+                    None => {
+                        return Err(bad(
+                            ENV_EXEC_TIMEOUT,
+                            &v,
+                            &format!(
+                                "expected a positive number of seconds up to {}, e.g. 30",
+                                MAX_EXEC_TIMEOUT.as_secs()
+                            ),
+                        ));
+                    }
                 }
-                _ => {
-                    return Err(bad(
-                        ENV_EXEC_TIMEOUT,
-                        &v,
-                        "expected a positive number of seconds, e.g. 30",
-                    ));
-                }
-            },
+            }
             None => DEFAULT_EXEC_TIMEOUT,
         };
 
         let validate_hash = match get(ENV_VALIDATE_HASH) {
-            Some(v) => {
-                parse_bool(&v).ok_or_else(|| bad(ENV_VALIDATE_HASH, &v, "use true or false"))?
-            }
+            Some(v) => parse_bool(&v).ok_or_else(|| bad(ENV_VALIDATE_HASH, &v, "use true or false"))?,
             None => false,
         };
 
@@ -212,11 +194,7 @@ impl Config {
                 "warning" | "warn" => NumericalErrorsVerbosity::Warning,
                 "none" => NumericalErrorsVerbosity::None,
                 _ => {
-                    return Err(bad(
-                        ENV_NUMERICAL_ERRORS_VERBOSITY,
-                        &v,
-                        "use critical, warning or none",
-                    ));
+                    return Err(bad(ENV_NUMERICAL_ERRORS_VERBOSITY, &v, "use critical, warning or none"));
                 }
             },
             None => NumericalErrorsVerbosity::Warning,
@@ -226,11 +204,7 @@ impl Config {
             Some(v) => match v.trim().parse::<usize>() {
                 Ok(n) if n > 0 => n,
                 _ => {
-                    return Err(bad(
-                        ENV_HOST_THREADS,
-                        &v,
-                        "expected a positive number of threads",
-                    ));
+                    return Err(bad(ENV_HOST_THREADS, &v, "expected a positive number of threads"));
                 }
             },
             None => default_host_threads(),
@@ -243,7 +217,7 @@ impl Config {
             exec_timeout,
             validate_hash,
             numerical_errors,
-            run_dir: run_dir(get(ENV_RUN_DIR), get("XDG_RUNTIME_DIR")),
+            lock_dir: lock_dir(get(ENV_LOCK_DIR)),
             host_threads,
         })
     }
@@ -257,12 +231,13 @@ fn parse_bool(value: &str) -> Option<bool> {
     }
 }
 
-/// `$NEURON_VIRT_RUN_DIR`, else `$XDG_RUNTIME_DIR/neuron-virt`, else `/dev/shm/neuron-virt-<uid>`.
-fn run_dir(configured: Option<String>, xdg_runtime_dir: Option<String>) -> PathBuf {
-    match (configured, xdg_runtime_dir) {
-        (Some(dir), _) => PathBuf::from(dir),
-        (None, Some(xdg)) => PathBuf::from(xdg).join("neuron-virt"),
-        (None, None) => PathBuf::from(format!("/dev/shm/neuron-virt-{}", nix::unistd::getuid())),
+/// `$NEURON_VIRT_LOCK_DIR`, else `/dev/shm/neuron-virt-cores`: one directory for every
+/// user of the host, as NeuronCores are one set for the whole host.
+fn lock_dir(configured: Option<String>) -> PathBuf {
+    match configured {
+        Some(dir) => PathBuf::from(dir),
+        None if std::path::Path::new("/dev/shm").is_dir() => PathBuf::from("/dev/shm/neuron-virt-cores"),
+        None => std::env::temp_dir().join("neuron-virt-cores"),
     }
 }
 
@@ -276,10 +251,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn config(vars: &[(&str, &str)]) -> NrtResult<Config> {
-        let map: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Config::from_lookup(|name| map.get(name).cloned())
     }
 
@@ -301,7 +273,7 @@ mod tests {
             (ENV_EXEC_TIMEOUT, "0.5"),
             (ENV_VALIDATE_HASH, "true"),
             (ENV_NUMERICAL_ERRORS_VERBOSITY, "critical"),
-            (ENV_RUN_DIR, "/tmp/x"),
+            (ENV_LOCK_DIR, "/tmp/x"),
             (ENV_HOST_THREADS, "3"),
         ])
         .expect("valid");
@@ -310,12 +282,9 @@ mod tests {
         assert_eq!(c.exec_timeout, Duration::from_millis(500));
         assert!(c.validate_hash);
         assert_eq!(c.numerical_errors, NumericalErrorsVerbosity::Critical);
-        assert_eq!(c.run_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(c.lock_dir, PathBuf::from("/tmp/x"));
         assert_eq!(c.host_threads, 3);
-        assert_eq!(
-            config(&[(ENV_NUM_CORES, "2")]).map(|c| c.cores),
-            Ok(CoreRequest::Count(2))
-        );
+        assert_eq!(config(&[(ENV_NUM_CORES, "2")]).map(|c| c.cores), Ok(CoreRequest::Count(2)));
     }
 
     #[test]
@@ -327,6 +296,8 @@ mod tests {
             (ENV_NUM_CORES, "3"),
             (ENV_LOG_LEVEL, "LOUD"),
             (ENV_EXEC_TIMEOUT, "-1"),
+            (ENV_EXEC_TIMEOUT, "1e20"),
+            (ENV_VISIBLE_CORES, "0-4294967295"),
             (ENV_VALIDATE_HASH, "maybe"),
             (ENV_INSTANCE_TYPE, "p4d"),
         ] {

@@ -64,21 +64,14 @@ impl ArrayType {
 
     /// Number of elements, or `None` if it overflows `u64`.
     pub fn element_count(&self) -> Option<u64> {
-        self.dims
-            .iter()
-            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+        self.dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d))
     }
 
     /// Whether arrays of this type can be indexed on this host: the product of the
     /// non-zero dimensions (what strides span, even when another dimension is zero)
     /// must fit in `isize`.
     pub fn is_addressable(&self) -> bool {
-        self.dims
-            .iter()
-            .try_fold(1isize, |acc, &d| {
-                acc.checked_mul(isize::try_from(d.max(1)).ok()?)
-            })
-            .is_some()
+        self.dims.iter().try_fold(1isize, |acc, &d| acc.checked_mul(isize::try_from(d.max(1)).ok()?)).is_some()
     }
 
     /// Size in bytes, or `None` if it overflows `u64`.

@@ -93,10 +93,7 @@ pub struct NrtError {
 
 impl NrtError {
     pub fn new(status: NrtStatus, message: impl Into<String>) -> Self {
-        NrtError {
-            status,
-            message: message.into(),
-        }
+        NrtError { status, message: message.into() }
     }
 
     /// The public numeric status code of this error.

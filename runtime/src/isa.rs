@@ -73,13 +73,7 @@ pub enum Engine {
 }
 
 impl Engine {
-    pub const ALL: [Engine; 5] = [
-        Engine::Pe,
-        Engine::Act,
-        Engine::Dve,
-        Engine::Pool,
-        Engine::Sp,
-    ];
+    pub const ALL: [Engine; 5] = [Engine::Pe, Engine::Act, Engine::Dve, Engine::Pool, Engine::Sp];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -302,22 +296,12 @@ impl Op {
             Op::MatMul(d) => {
                 let k: u64 = operands
                     .first()
-                    .map(|lhs| {
-                        d.lhs_contracting
-                            .iter()
-                            .map(|&i| lhs.dims[i as usize])
-                            .product()
-                    })
+                    .map(|lhs| d.lhs_contracting.iter().map(|&i| lhs.dims[i as usize]).product())
                     .unwrap_or(0);
                 out_elems.saturating_mul(k).saturating_mul(2)
             }
-            Op::Activation(_) | Op::Unary(_) | Op::Binary(_) | Op::Compare { .. } | Op::Select => {
-                out_elems
-            }
-            Op::Reduce { .. } => operands
-                .first()
-                .and_then(|t| t.element_count())
-                .unwrap_or(0),
+            Op::Activation(_) | Op::Unary(_) | Op::Binary(_) | Op::Compare { .. } | Op::Select => out_elems,
+            Op::Reduce { .. } => operands.first().and_then(|t| t.element_count()).unwrap_or(0),
             _ => 0,
         }
     }
@@ -329,20 +313,12 @@ pub type TypeError = String;
 /// Derives (and checks) the output type of `op` applied to `operands`; `declared` is
 /// the output buffer's type, which supplies what the operation does not determine
 /// (the target of `Convert`, the shape of `Reshape` and `Iota`, ...).
-pub fn infer_output(
-    op: &Op,
-    operands: &[&ArrayType],
-    declared: &ArrayType,
-) -> Result<ArrayType, TypeError> {
+pub fn infer_output(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> Result<ArrayType, TypeError> {
     let arity = |n: usize| -> Result<(), TypeError> {
         if operands.len() == n {
             Ok(())
         } else {
-            Err(format!(
-                "{} takes {n} operand(s), got {}",
-                op.opcode(),
-                operands.len()
-            ))
+            Err(format!("{} takes {n} operand(s), got {}", op.opcode(), operands.len()))
         }
     };
     let check_dims = |dims: &[u32], rank: usize, what: &str| -> Result<(), TypeError> {
@@ -350,9 +326,7 @@ pub fn infer_output(
         for &d in dims {
             let d = d as usize;
             if d >= rank || std::mem::replace(&mut seen[d], true) {
-                return Err(format!(
-                    "{what} {dims:?} is not a set of distinct dimensions below rank {rank}"
-                ));
+                return Err(format!("{what} {dims:?} is not a set of distinct dimensions below rank {rank}"));
             }
         }
         Ok(())
@@ -362,27 +336,13 @@ pub fn infer_output(
             arity(2)?;
             let (lhs, rhs) = (operands[0], operands[1]);
             if lhs.dtype != rhs.dtype || lhs.dtype == DType::Pred {
-                return Err(format!(
-                    "dot of {lhs} and {rhs}: operands must share a numeric type"
-                ));
+                return Err(format!("dot of {lhs} and {rhs}: operands must share a numeric type"));
             }
-            if d.lhs_batch.len() != d.rhs_batch.len()
-                || d.lhs_contracting.len() != d.rhs_contracting.len()
-            {
+            if d.lhs_batch.len() != d.rhs_batch.len() || d.lhs_contracting.len() != d.rhs_contracting.len() {
                 return Err("dot: batch and contracting dimension lists must pair up".into());
             }
-            let lhs_all: Vec<u32> = d
-                .lhs_batch
-                .iter()
-                .chain(&d.lhs_contracting)
-                .copied()
-                .collect();
-            let rhs_all: Vec<u32> = d
-                .rhs_batch
-                .iter()
-                .chain(&d.rhs_contracting)
-                .copied()
-                .collect();
+            let lhs_all: Vec<u32> = d.lhs_batch.iter().chain(&d.lhs_contracting).copied().collect();
+            let rhs_all: Vec<u32> = d.rhs_batch.iter().chain(&d.rhs_contracting).copied().collect();
             check_dims(&lhs_all, lhs.rank(), "dot lhs batch+contracting dims")?;
             check_dims(&rhs_all, rhs.rank(), "dot rhs batch+contracting dims")?;
             for (l, r) in lhs_all.iter().zip(&rhs_all) {
@@ -395,10 +355,7 @@ pub fn infer_output(
             }
             let mut dims: Vec<u64> = d.lhs_batch.iter().map(|&i| lhs.dims[i as usize]).collect();
             let free = |t: &ArrayType, used: &[u32]| -> Vec<u64> {
-                (0..t.rank() as u32)
-                    .filter(|i| !used.contains(i))
-                    .map(|i| t.dims[i as usize])
-                    .collect()
+                (0..t.rank() as u32).filter(|i| !used.contains(i)).map(|i| t.dims[i as usize]).collect()
             };
             dims.extend(free(lhs, &lhs_all));
             dims.extend(free(rhs, &rhs_all));
@@ -407,34 +364,21 @@ pub fn infer_output(
         Op::Activation(_) => {
             arity(1)?;
             if operands[0].dtype != DType::F32 {
-                return Err(format!(
-                    "{} needs a floating-point operand, got {}",
-                    op.opcode(),
-                    operands[0]
-                ));
+                return Err(format!("{} needs a floating-point operand, got {}", op.opcode(), operands[0]));
             }
             Ok(operands[0].clone())
         }
         Op::Unary(_) => {
             arity(1)?;
             if operands[0].dtype == DType::Pred {
-                return Err(format!(
-                    "{} needs a numeric operand, got {}",
-                    op.opcode(),
-                    operands[0]
-                ));
+                return Err(format!("{} needs a numeric operand, got {}", op.opcode(), operands[0]));
             }
             Ok(operands[0].clone())
         }
         Op::Binary(b) => {
             arity(2)?;
             if operands[0] != operands[1] {
-                return Err(format!(
-                    "{} of {} and {}: operand types differ",
-                    op.opcode(),
-                    operands[0],
-                    operands[1]
-                ));
+                return Err(format!("{} of {} and {}: operand types differ", op.opcode(), operands[0], operands[1]));
             }
             let logical = matches!(b, BinaryOp::Maximum | BinaryOp::Minimum);
             if operands[0].dtype == DType::Pred && !logical {
@@ -445,10 +389,7 @@ pub fn infer_output(
         Op::Compare { .. } => {
             arity(2)?;
             if operands[0] != operands[1] {
-                return Err(format!(
-                    "compare of {} and {}: operand types differ",
-                    operands[0], operands[1]
-                ));
+                return Err(format!("compare of {} and {}: operand types differ", operands[0], operands[1]));
             }
             Ok(ArrayType::new(DType::Pred, operands[0].dims.clone()))
         }
@@ -459,10 +400,7 @@ pub fn infer_output(
                 return Err(format!("select branches differ: {a} and {b}"));
             }
             if pred.dtype != DType::Pred || (pred.rank() != 0 && pred.dims != a.dims) {
-                return Err(format!(
-                    "select predicate {pred} must be pred of shape {:?} or a scalar",
-                    a.dims
-                ));
+                return Err(format!("select predicate {pred} must be pred of shape {:?} or a scalar", a.dims));
             }
             Ok(a.clone())
         }
@@ -474,18 +412,13 @@ pub fn infer_output(
             arity(1)?;
             let operand = operands[0];
             if dims.len() != operand.rank() {
-                return Err(format!(
-                    "broadcast dimensions {dims:?} do not match operand rank {}",
-                    operand.rank()
-                ));
+                return Err(format!("broadcast dimensions {dims:?} do not match operand rank {}", operand.rank()));
             }
             check_dims(dims, declared.rank(), "broadcast dimensions")?;
             for (i, &d) in dims.iter().enumerate() {
                 let (from, to) = (operand.dims[i], declared.dims[d as usize]);
                 if from != to && from != 1 {
-                    return Err(format!(
-                        "broadcast: operand dimension {i} ({from}) cannot become {to}"
-                    ));
+                    return Err(format!("broadcast: operand dimension {i} ({from}) cannot become {to}"));
                 }
             }
             Ok(ArrayType::new(operand.dtype, declared.dims.clone()))
@@ -493,10 +426,7 @@ pub fn infer_output(
         Op::Reshape => {
             arity(1)?;
             if operands[0].element_count() != declared.element_count() {
-                return Err(format!(
-                    "reshape of {} to {declared} changes the element count",
-                    operands[0]
-                ));
+                return Err(format!("reshape of {} to {declared} changes the element count", operands[0]));
             }
             Ok(ArrayType::new(operands[0].dtype, declared.dims.clone()))
         }
@@ -504,76 +434,46 @@ pub fn infer_output(
             arity(1)?;
             let operand = operands[0];
             if perm.len() != operand.rank() {
-                return Err(format!(
-                    "transpose permutation {perm:?} does not match rank {}",
-                    operand.rank()
-                ));
+                return Err(format!("transpose permutation {perm:?} does not match rank {}", operand.rank()));
             }
             check_dims(perm, operand.rank(), "transpose permutation")?;
-            Ok(ArrayType::new(
-                operand.dtype,
-                perm.iter().map(|&p| operand.dims[p as usize]).collect(),
-            ))
+            Ok(ArrayType::new(operand.dtype, perm.iter().map(|&p| operand.dims[p as usize]).collect()))
         }
         Op::Reduce { op: reduce, dims } => {
             arity(2)?;
             let (operand, init) = (operands[0], operands[1]);
             if init.rank() != 0 || init.dtype != operand.dtype {
-                return Err(format!(
-                    "reduce init value {init} must be a {} scalar",
-                    operand.dtype
-                ));
+                return Err(format!("reduce init value {init} must be a {} scalar", operand.dtype));
             }
-            if operand.dtype == DType::Pred && matches!(reduce, ReduceOp::Add | ReduceOp::Multiply)
-            {
+            if operand.dtype == DType::Pred && matches!(reduce, ReduceOp::Add | ReduceOp::Multiply) {
                 return Err("reduce with add or multiply is not defined on pred".into());
             }
             check_dims(dims, operand.rank(), "reduce dimensions")?;
             Ok(ArrayType::new(
                 operand.dtype,
-                (0..operand.rank() as u32)
-                    .filter(|d| !dims.contains(d))
-                    .map(|d| operand.dims[d as usize])
-                    .collect(),
+                (0..operand.rank() as u32).filter(|d| !dims.contains(d)).map(|d| operand.dims[d as usize]).collect(),
             ))
         }
         Op::Concatenate { dim } => {
-            let first = operands
-                .first()
-                .ok_or("concatenate needs at least one operand")?;
+            let first = operands.first().ok_or("concatenate needs at least one operand")?;
             let d = *dim as usize;
             if d >= first.rank() {
-                return Err(format!(
-                    "concatenate dimension {dim} is not below rank {}",
-                    first.rank()
-                ));
+                return Err(format!("concatenate dimension {dim} is not below rank {}", first.rank()));
             }
             let mut dims = first.dims.clone();
             dims[d] = 0;
             for t in operands {
                 let same_rest = t.rank() == first.rank()
                     && t.dtype == first.dtype
-                    && t.dims
-                        .iter()
-                        .zip(&first.dims)
-                        .enumerate()
-                        .all(|(i, (a, b))| i == d || a == b);
+                    && t.dims.iter().zip(&first.dims).enumerate().all(|(i, (a, b))| i == d || a == b);
                 if !same_rest {
-                    return Err(format!(
-                        "concatenate operands {first} and {t} differ outside dimension {dim}"
-                    ));
+                    return Err(format!("concatenate operands {first} and {t} differ outside dimension {dim}"));
                 }
-                dims[d] = dims[d]
-                    .checked_add(t.dims[d])
-                    .ok_or("concatenate size overflows")?;
+                dims[d] = dims[d].checked_add(t.dims[d]).ok_or("concatenate size overflows")?;
             }
             Ok(ArrayType::new(first.dtype, dims))
         }
-        Op::Slice {
-            start,
-            limit,
-            stride,
-        } => {
+        Op::Slice { start, limit, stride } => {
             arity(1)?;
             let operand = operands[0];
             let rank = operand.rank();
@@ -582,7 +482,7 @@ pub fn infer_output(
             }
             let mut dims = Vec::with_capacity(rank);
             for i in 0..rank {
-                if stride[i] == 0 || start[i] > limit[i] || limit[i] > operand.dims[i] {
+                if stride[i] == 0 || stride[i] > i64::MAX as u64 || start[i] > limit[i] || limit[i] > operand.dims[i] {
                     return Err(format!(
                         "slice [{}:{}:{}] is out of bounds for dimension {i} of size {}",
                         start[i], limit[i], stride[i], operand.dims[i]
@@ -611,14 +511,10 @@ impl Program {
     pub fn flops_per_execution(&self) -> u64 {
         self.instructions()
             .map(|i| {
-                let operands: Vec<&ArrayType> = i
-                    .operands
-                    .iter()
-                    .map(|&b| &self.buffers[b as usize].ty)
-                    .collect();
+                let operands: Vec<&ArrayType> = i.operands.iter().map(|&b| &self.buffers[b as usize].ty).collect();
                 i.op.flops(&operands, &self.buffers[i.output as usize].ty)
             })
-            .sum()
+            .fold(0, u64::saturating_add)
     }
 
     /// Every engine instruction, stream by stream.
@@ -631,12 +527,7 @@ impl Program {
         Engine::ALL
             .iter()
             .map(|&e| {
-                let n = self
-                    .streams
-                    .iter()
-                    .filter(|s| s.engine == e)
-                    .map(|s| s.instructions.len())
-                    .sum();
+                let n = self.streams.iter().filter(|s| s.engine == e).map(|s| s.instructions.len()).sum();
                 (e, n)
             })
             .collect()
@@ -649,13 +540,11 @@ impl Program {
     /// Checks every structural invariant the backend relies on.
     pub fn validate(&self) -> Result<(), String> {
         let buffer = |id: u32| -> Result<&Buffer, String> {
-            self.buffers.get(id as usize).ok_or_else(|| {
-                format!(
-                    "buffer {id} does not exist ({} buffers)",
-                    self.buffers.len()
-                )
-            })
+            self.buffers
+                .get(id as usize)
+                .ok_or_else(|| format!("buffer {id} does not exist ({} buffers)", self.buffers.len()))
         };
+        let mut constant_used = vec![false; self.constants.len()];
         for (id, b) in self.buffers.iter().enumerate() {
             let size =
                 b.ty.size_bytes()
@@ -676,6 +565,9 @@ impl Program {
                         .constants
                         .get(index as usize)
                         .ok_or_else(|| format!("buffer {id} names missing constant {index}"))?;
+                    if std::mem::replace(&mut constant_used[index as usize], true) {
+                        return Err(format!("constant {index} is bound to more than one buffer"));
+                    }
                     if blob.len() as u64 != size {
                         return Err(format!(
                             "constant {index} holds {} bytes but buffer {id} is {} ({size} bytes)",
@@ -685,28 +577,18 @@ impl Program {
                     }
                 }
                 BufferKind::Intermediate { offset } => {
-                    if offset
-                        .checked_add(size)
-                        .is_none_or(|end| end > self.scratchpad_bytes)
-                    {
-                        return Err(format!(
-                            "buffer {id} lies outside the {}-byte scratchpad",
-                            self.scratchpad_bytes
-                        ));
+                    if offset.checked_add(size).is_none_or(|end| end > self.scratchpad_bytes) {
+                        return Err(format!("buffer {id} lies outside the {}-byte scratchpad", self.scratchpad_bytes));
                     }
                 }
             }
         }
+        if let Some(index) = constant_used.iter().position(|used| !used) {
+            return Err(format!("constant {index} is not bound to any buffer"));
+        }
         for (index, io) in self.inputs.iter().enumerate() {
-            if buffer(io.buffer)?.kind
-                != (BufferKind::Input {
-                    index: index as u32,
-                })
-            {
-                return Err(format!(
-                    "input `{}` is not bound to an input buffer",
-                    io.name
-                ));
+            if buffer(io.buffer)?.kind != (BufferKind::Input { index: index as u32 }) {
+                return Err(format!("input `{}` is not bound to an input buffer", io.name));
             }
         }
         for io in &self.outputs {
@@ -725,52 +607,39 @@ impl Program {
                         stream.engine
                     ));
                 }
-                let slot = by_step.get_mut(instruction.step as usize).ok_or_else(|| {
-                    format!(
-                        "step {} is beyond the {total} instructions",
-                        instruction.step
-                    )
-                })?;
+                let slot = by_step
+                    .get_mut(instruction.step as usize)
+                    .ok_or_else(|| format!("step {} is beyond the {total} instructions", instruction.step))?;
                 if slot.replace(instruction).is_some() {
                     return Err(format!("step {} is used twice", instruction.step));
                 }
             }
         }
 
-        let mut defined: Vec<bool> = self
-            .buffers
-            .iter()
-            .map(|b| !matches!(b.kind, BufferKind::Intermediate { .. }))
-            .collect();
+        let mut defined: Vec<bool> =
+            self.buffers.iter().map(|b| !matches!(b.kind, BufferKind::Intermediate { .. })).collect();
         for (step, instruction) in by_step.iter().enumerate() {
             let instruction = instruction.ok_or_else(|| format!("step {step} is missing"))?;
             if instruction.hlo as usize >= self.hlo_names.len() {
-                return Err(format!(
-                    "step {step} names HLO instruction {} that does not exist",
-                    instruction.hlo
-                ));
+                return Err(format!("step {step} names HLO instruction {} that does not exist", instruction.hlo));
             }
             let mut operands = Vec::with_capacity(instruction.operands.len());
             for &id in &instruction.operands {
                 let b = buffer(id)?;
                 if !defined[id as usize] {
-                    return Err(format!(
-                        "step {step} reads buffer {id} before it is written"
-                    ));
+                    return Err(format!("step {step} reads buffer {id} before it is written"));
                 }
                 operands.push(&b.ty);
             }
             let out = buffer(instruction.output)?;
-            if !matches!(out.kind, BufferKind::Intermediate { .. })
-                || defined[instruction.output as usize]
-            {
+            if !matches!(out.kind, BufferKind::Intermediate { .. }) || defined[instruction.output as usize] {
                 return Err(format!(
                     "step {step} writes buffer {} that is not a fresh intermediate",
                     instruction.output
                 ));
             }
-            let inferred = infer_output(&instruction.op, &operands, &out.ty)
-                .map_err(|e| format!("step {step}: {e}"))?;
+            let inferred =
+                infer_output(&instruction.op, &operands, &out.ty).map_err(|e| format!("step {step}: {e}"))?;
             if inferred != out.ty {
                 return Err(format!(
                     "step {step}: {} produces {inferred} but its output buffer is {}",
@@ -791,10 +660,7 @@ impl Program {
                 let matches = match queue.kind {
                     DmaQueueKind::Input => b.kind == BufferKind::Input { index: t.index },
                     DmaQueueKind::Weights => b.kind == BufferKind::Constant { index: t.index },
-                    DmaQueueKind::Output => self
-                        .outputs
-                        .get(t.index as usize)
-                        .is_some_and(|o| o.buffer == t.buffer),
+                    DmaQueueKind::Output => self.outputs.get(t.index as usize).is_some_and(|o| o.buffer == t.buffer),
                 };
                 if !matches || Some(t.bytes) != b.ty.size_bytes() {
                     return Err(format!(

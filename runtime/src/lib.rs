@@ -22,7 +22,6 @@ mod reservation;
 mod runtime;
 mod tensor;
 
-pub use backend::Value;
 pub use compile::{CompileError, Target, compile_hlo};
 pub use config::Config;
 pub use dtype::{ArrayType, DType};

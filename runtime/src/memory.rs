@@ -53,12 +53,8 @@ pub enum HostCategory {
 }
 
 impl HostCategory {
-    pub const ALL: [HostCategory; 4] = [
-        HostCategory::Tensors,
-        HostCategory::Constants,
-        HostCategory::DmaBuffers,
-        HostCategory::ApplicationMemory,
-    ];
+    pub const ALL: [HostCategory; 4] =
+        [HostCategory::Tensors, HostCategory::Constants, HostCategory::DmaBuffers, HostCategory::ApplicationMemory];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -122,9 +118,7 @@ impl MemoryLedger {
         Arc::new(MemoryLedger {
             cores_per_device: topology.cores_per_device(),
             device_capacity: topology.device_memory_bytes,
-            device: (0..topology.core_count())
-                .map(|_| Default::default())
-                .collect(),
+            device: (0..topology.core_count()).map(|_| Default::default()).collect(),
             host: Default::default(),
             device_allocation: Mutex::new(()),
         })
@@ -138,29 +132,20 @@ impl MemoryLedger {
                 self.host[category as usize].fetch_add(bytes, Ordering::Relaxed);
             }
             Charge::Device { core, category } => {
-                let counters = self.device.get(core as usize).ok_or_else(|| {
-                    NrtError::invalid(format!("NeuronCore {core} does not exist"))
-                })?;
-                let _guard = self
-                    .device_allocation
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
+                let counters = self
+                    .device
+                    .get(core as usize)
+                    .ok_or_else(|| NrtError::invalid(format!("NeuronCore {core} does not exist")))?;
+                let _guard = self.device_allocation.lock().unwrap_or_else(|e| e.into_inner());
                 let device = core / self.cores_per_device;
                 let in_use = self.device_in_use(device);
-                if in_use
-                    .checked_add(bytes)
-                    .is_none_or(|total| total > self.device_capacity)
-                {
+                if in_use.checked_add(bytes).is_none_or(|total| total > self.device_capacity) {
                     return Err(self.out_of_memory(core, category, bytes));
                 }
                 counters[category as usize].fetch_add(bytes, Ordering::Relaxed);
             }
         }
-        Ok(MemoryCharge {
-            ledger: Arc::clone(self),
-            charge,
-            bytes,
-        })
+        Ok(MemoryCharge { ledger: Arc::clone(self), charge, bytes })
     }
 
     pub fn device_usage(&self, core: u32) -> DeviceUsage {
@@ -186,9 +171,7 @@ impl MemoryLedger {
     }
 
     fn device_in_use(&self, device: u32) -> u64 {
-        self.device_cores(device)
-            .map(|c| self.device_usage(c).total())
-            .sum()
+        self.device_cores(device).map(|c| self.device_usage(c).total()).sum()
     }
 
     fn out_of_memory(&self, core: u32, category: DeviceCategory, bytes: u64) -> NrtError {
@@ -210,10 +193,7 @@ impl MemoryLedger {
         for category in DeviceCategory::ALL {
             message.push_str(&format!("  {:<26}", category.name()));
             for usage in &usages {
-                message.push_str(&format!(
-                    "{:>12}",
-                    HumanBytes(usage.get(category)).to_string()
-                ));
+                message.push_str(&format!("{:>12}", HumanBytes(usage.get(category)).to_string()));
             }
             message.push('\n');
         }
@@ -244,9 +224,7 @@ impl Drop for MemoryCharge {
     fn drop(&mut self) {
         let counter = match self.charge {
             Charge::Host(category) => &self.ledger.host[category as usize],
-            Charge::Device { core, category } => {
-                &self.ledger.device[core as usize][category as usize]
-            }
+            Charge::Device { core, category } => &self.ledger.device[core as usize][category as usize],
         };
         counter.fetch_sub(self.bytes, Ordering::Relaxed);
     }
@@ -280,39 +258,14 @@ mod tests {
     #[test]
     fn charges_are_returned_on_drop_and_capacity_is_per_device() {
         let ledger = MemoryLedger::new(&InstanceType::Trn1_2xlarge.topology());
-        let tensors = Charge::Device {
-            core: 0,
-            category: DeviceCategory::Tensors,
-        };
+        let tensors = Charge::Device { core: 0, category: DeviceCategory::Tensors };
         let a = ledger.charge(tensors, 20 << 30).expect("fits");
-        let b = ledger
-            .charge(
-                Charge::Device {
-                    core: 1,
-                    category: DeviceCategory::Constants,
-                },
-                10 << 30,
-            )
-            .expect("fits");
-        let err = ledger
-            .charge(tensors, 4 << 30)
-            .expect_err("device 0 is full");
+        let b = ledger.charge(Charge::Device { core: 1, category: DeviceCategory::Constants }, 10 << 30).expect("fits");
+        let err = ledger.charge(tensors, 4 << 30).expect_err("device 0 is full");
         assert_eq!(err.status, NrtStatus::Resource);
-        assert!(
-            err.message
-                .contains("Failed to allocate 4.0 GiB (tensors) on ND 0:NC 0"),
-            "{}",
-            err.message
-        );
-        assert!(
-            err.message.contains("model_shared_scratchpad"),
-            "{}",
-            err.message
-        );
-        assert_eq!(
-            ledger.device_usage(0).get(DeviceCategory::Tensors),
-            20 << 30
-        );
+        assert!(err.message.contains("Failed to allocate 4.0 GiB (tensors) on ND 0:NC 0"), "{}", err.message);
+        assert!(err.message.contains("model_shared_scratchpad"), "{}", err.message);
+        assert_eq!(ledger.device_usage(0).get(DeviceCategory::Tensors), 20 << 30);
         drop(a);
         drop(b);
         assert_eq!(ledger.device_usage(0).total(), 0);

@@ -54,13 +54,8 @@ pub struct DecodeOptions {
 impl Neff {
     /// Wraps a program in a new NEFF with a fresh uuid and the features it uses.
     pub fn new(name: &str, program: Program) -> Neff {
-        let mut end = name.len().min(MAX_NAME_LEN);
-        while !name.is_char_boundary(end) {
-            end -= 1;
-        }
-        let name = name[..end].to_owned();
         Neff {
-            name,
+            name: clamp_name(name).to_owned(),
             uuid: Uuid::new_v4(),
             version: (VERSION_MAJOR, VERSION_MINOR),
             features: features_of(&program),
@@ -70,9 +65,8 @@ impl Neff {
 
     /// Serialises to the NEFF byte layout.
     pub fn encode(&self) -> Vec<u8> {
-        let body = postcard::to_stdvec(&self.program)
-            .expect("serialising a program into memory cannot fail");
-        let name = self.name.as_bytes();
+        let body = postcard::to_stdvec(&self.program).expect("serialising a program into memory cannot fail");
+        let name = clamp_name(&self.name).as_bytes();
         let mut out = Vec::with_capacity(FIXED_HEADER_LEN + name.len() + 4 + body.len());
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&self.version.0.to_le_bytes());
@@ -109,10 +103,7 @@ impl Neff {
                 bytes.len()
             )));
         }
-        let mut r = Reader {
-            bytes,
-            pos: MAGIC.len(),
-        };
+        let mut r = Reader { bytes, pos: MAGIC.len() };
         let major = r.u16();
         let minor = r.u16();
         if major != VERSION_MAJOR {
@@ -130,11 +121,14 @@ impl Neff {
         let body_hash = r.array::<32>();
         let body_crc = r.u32();
         let name_len = r.u16() as usize;
+        if name_len > MAX_NAME_LEN {
+            return Err(NrtError::invalid(format!(
+                "NEFF header is corrupt: a {name_len}-byte model name is longer than {MAX_NAME_LEN} bytes"
+            )));
+        }
         let name_end = FIXED_HEADER_LEN + name_len;
         if header_len != name_end + 4 {
-            return Err(NrtError::invalid(
-                "NEFF header is corrupt: its length fields disagree",
-            ));
+            return Err(NrtError::invalid("NEFF header is corrupt: its length fields disagree"));
         }
         if bytes.len() < name_end + 4 {
             return Err(NrtError::invalid(format!(
@@ -143,12 +137,8 @@ impl Neff {
                 name_end + 4
             )));
         }
-        let stored_header_crc = u32::from_le_bytes([
-            bytes[name_end],
-            bytes[name_end + 1],
-            bytes[name_end + 2],
-            bytes[name_end + 3],
-        ]);
+        let stored_header_crc =
+            u32::from_le_bytes([bytes[name_end], bytes[name_end + 1], bytes[name_end + 2], bytes[name_end + 3]]);
         if crc32fast::hash(&bytes[..name_end]) != stored_header_crc {
             return Err(NrtError::invalid(
                 "NEFF header is corrupt (checksum mismatch); the file was damaged: recompile or copy it again",
@@ -189,11 +179,9 @@ impl Neff {
                 "NEFF body hash does not match its header (NEURON_RT_VALIDATE_HASH is on); the file was modified after compilation",
             ));
         }
-        let program: Program = postcard::from_bytes(body)
-            .map_err(|e| NrtError::invalid(format!("NEFF body does not decode: {e}")))?;
-        program
-            .validate()
-            .map_err(|e| NrtError::invalid(format!("NEFF program is inconsistent: {e}")))?;
+        let program: Program =
+            postcard::from_bytes(body).map_err(|e| NrtError::invalid(format!("NEFF body does not decode: {e}")))?;
+        program.validate().map_err(|e| NrtError::invalid(format!("NEFF program is inconsistent: {e}")))?;
         let used = features_of(&program);
         if used & !features != 0 {
             return Err(NrtError::invalid(format!(
@@ -201,14 +189,17 @@ impl Neff {
                 used & !features
             )));
         }
-        Ok(Neff {
-            name,
-            uuid,
-            version: (major, minor),
-            features,
-            program,
-        })
+        Ok(Neff { name, uuid, version: (major, minor), features, program })
     }
+}
+
+/// The longest prefix of `name` that fits the header, cut at a character boundary.
+fn clamp_name(name: &str) -> &str {
+    let mut end = name.len().min(MAX_NAME_LEN);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
 }
 
 /// The feature bits a program needs.
@@ -217,10 +208,7 @@ pub fn features_of(program: &Program) -> u64 {
     if program.buffers.iter().any(|b| b.ty.dtype != DType::F32) {
         features |= FEATURE_INTEGER_TYPES;
     }
-    if program
-        .instructions()
-        .any(|i| matches!(&i.op, crate::isa::Op::MatMul(d) if !d.lhs_batch.is_empty()))
-    {
+    if program.instructions().any(|i| matches!(&i.op, crate::isa::Op::MatMul(d) if !d.lhs_batch.is_empty())) {
         features |= FEATURE_BATCHED_MATMUL;
     }
     if program.outputs.len() > 1 {
@@ -262,6 +250,7 @@ impl Reader<'_> {
 mod tests {
     use super::*;
     use crate::compile::{Target, compile_hlo};
+    use crate::isa::BufferKind;
 
     fn sample() -> Neff {
         let program = compile_hlo(
@@ -276,13 +265,7 @@ mod tests {
     #[test]
     fn round_trips() {
         let neff = sample();
-        let decoded = Neff::decode(
-            &neff.encode(),
-            DecodeOptions {
-                validate_hash: true,
-            },
-        )
-        .expect("decodes");
+        let decoded = Neff::decode(&neff.encode(), DecodeOptions { validate_hash: true }).expect("decodes");
         assert_eq!(decoded, neff);
     }
 
@@ -302,14 +285,20 @@ mod tests {
             let mut flipped = bytes.clone();
             flipped[bit / 8] ^= 1 << (bit % 8);
             let err = Neff::decode(&flipped, DecodeOptions::default()).expect_err("corrupt");
-            assert!(
-                matches!(
-                    err.status,
-                    NrtStatus::Invalid | NrtStatus::UnsupportedNeffVersion
-                ),
-                "bit {bit}: {err}"
-            );
+            assert!(matches!(err.status, NrtStatus::Invalid | NrtStatus::UnsupportedNeffVersion), "bit {bit}: {err}");
         }
+    }
+
+    #[test]
+    fn a_constant_bound_to_two_buffers_is_rejected() {
+        let mut neff = sample();
+        let constant = neff.program.buffers.iter().position(|b| matches!(b.kind, BufferKind::Constant { .. }));
+        let constant = constant.expect("sample has a constant");
+        let mut twin = neff.program.buffers[constant].clone();
+        twin.ty.dims = vec![2, 2];
+        neff.program.buffers.push(twin);
+        let err = Neff::decode(&neff.encode(), DecodeOptions::default()).expect_err("shared constant");
+        assert!(err.message.contains("more than one buffer"), "{err}");
     }
 
     #[test]
@@ -339,13 +328,7 @@ mod tests {
         let name_end = header_len - 4;
         let header_crc = crc32fast::hash(&tampered[..name_end]);
         tampered[name_end..header_len].copy_from_slice(&header_crc.to_le_bytes());
-        let err = Neff::decode(
-            &tampered,
-            DecodeOptions {
-                validate_hash: true,
-            },
-        )
-        .expect_err("hash");
+        let err = Neff::decode(&tampered, DecodeOptions { validate_hash: true }).expect_err("hash");
         assert!(err.message.contains("hash"), "{err}");
     }
 }

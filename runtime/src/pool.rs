@@ -38,19 +38,14 @@ impl HostPool {
         let workers = (0..threads.max(1))
             .map(|i| {
                 let receiver = receiver.clone();
-                std::thread::Builder::new()
-                    .name(format!("neuron-core-worker-{i}"))
-                    .spawn(move || {
-                        while let Ok(job) = receive(&receiver) {
-                            job();
-                        }
-                    })
+                std::thread::Builder::new().name(format!("neuron-core-worker-{i}")).spawn(move || {
+                    while let Ok(job) = receive(&receiver) {
+                        job();
+                    }
+                })
             })
             .collect::<std::io::Result<Vec<_>>>()?;
-        Ok(HostPool {
-            jobs: Some(sender),
-            workers,
-        })
+        Ok(HostPool { jobs: Some(sender), workers })
     }
 
     pub(crate) fn threads(&self) -> usize {
@@ -58,10 +53,7 @@ impl HostPool {
     }
 
     /// Runs `f` on a worker and waits for its result.
-    pub(crate) fn run<R: Send + 'static>(
-        &self,
-        f: impl FnOnce() -> R + Send + 'static,
-    ) -> Result<R, JobPanicked> {
+    pub(crate) fn run<R: Send + 'static>(&self, f: impl FnOnce() -> R + Send + 'static) -> Result<R, JobPanicked> {
         let (reply, result) = crossbeam_channel::bounded(1);
         let job: Job = Box::new(move || {
             let outcome = catch_unwind(AssertUnwindSafe(f)).map_err(|panic| {
@@ -76,8 +68,9 @@ impl HostPool {
         });
         let sent = self.jobs.as_ref().map(|jobs| jobs.send(job));
         match sent {
-            Some(Ok(())) => receive(&result)
-                .unwrap_or_else(|_| Err(JobPanicked("worker exited before replying".into()))),
+            Some(Ok(())) => {
+                receive(&result).unwrap_or_else(|_| Err(JobPanicked("worker exited before replying".into())))
+            }
             _ => Err(JobPanicked("the host thread pool is shut down".into())),
         }
     }
@@ -118,9 +111,7 @@ mod tests {
     fn runs_jobs_and_survives_panics() {
         let pool = HostPool::new(2).expect("threads");
         assert_eq!(pool.run(|| 6 * 7).expect("ran"), 42);
-        let err = pool
-            .run(|| -> u32 { panic!("boom") })
-            .expect_err("panicked");
+        let err = pool.run(|| -> u32 { panic!("boom") }).expect_err("panicked");
         assert!(err.0.contains("boom"));
         assert_eq!(pool.run(|| 1).expect("still works"), 1);
     }

@@ -1,12 +1,15 @@
 //! Exclusive, host-wide reservation of NeuronCores between processes.
 //!
-//! Each core is a lock file under `<run dir>/cores/`, held with `flock` for as long as
-//! the owning [`CoreReservation`] lives. The kernel drops the lock when the holder's file
+//! Each core is a lock file in one directory for the whole host (every user, as
+//! NeuronCores are one set per host), held with `flock` for as long as the owning
+//! [`CoreReservation`] lives. The kernel drops the lock when the holder's file
 //! descriptor closes, so a process killed with SIGKILL releases its cores at once and
-//! no stale state is ever left to clean up.
+//! no stale state is ever left to clean up. The directory is world-writable and sticky
+//! (like `/tmp`); lock files are empty and world-readable, since `flock` needs only a
+//! read-only descriptor.
 
 use std::fs::{DirBuilder, File, OpenOptions};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{Flock, FlockArg};
@@ -25,13 +28,12 @@ pub struct CoreReservation {
 impl CoreReservation {
     /// Reserves the requested cores, or fails at once with `NRT_EXEC_NC_BUSY` if any of
     /// them is held by another process (or another runtime in this one).
-    pub fn acquire(run_dir: &Path, topology: &Topology, request: &CoreRequest) -> NrtResult<Self> {
-        let lock_dir = run_dir.join("cores");
-        create_private_dir(&lock_dir)?;
+    pub fn acquire(lock_dir: &Path, topology: &Topology, request: &CoreRequest) -> NrtResult<Self> {
+        create_shared_dir(lock_dir)?;
         let total = topology.core_count();
         match request {
-            CoreRequest::All => Self::acquire_exact(&lock_dir, total, CoreSet::range(0, total - 1)),
-            CoreRequest::Visible(set) => Self::acquire_exact(&lock_dir, total, set.clone()),
+            CoreRequest::All => Self::acquire_exact(lock_dir, total, CoreSet::range(0, total - 1)),
+            CoreRequest::Visible(set) => Self::acquire_exact(lock_dir, total, set.clone()),
             CoreRequest::Count(n) => {
                 let mut locks = Vec::new();
                 let mut cores = Vec::new();
@@ -39,7 +41,7 @@ impl CoreReservation {
                     if cores.len() == *n as usize {
                         break;
                     }
-                    if let Some(lock) = try_lock(&lock_dir, core)? {
+                    if let Some(lock) = try_lock(lock_dir, core)? {
                         locks.push(lock);
                         cores.push(core);
                     }
@@ -49,10 +51,7 @@ impl CoreReservation {
                     drop(locks);
                     return Err(not_available(&format!("{n} cores"), available));
                 }
-                Ok(CoreReservation {
-                    cores: CoreSet::new(cores),
-                    _locks: locks,
-                })
+                Ok(CoreReservation { cores: CoreSet::new(cores), _locks: locks })
             }
         }
     }
@@ -69,10 +68,7 @@ impl CoreReservation {
                 }
             }
         }
-        Ok(CoreReservation {
-            cores: wanted,
-            _locks: locks,
-        })
+        Ok(CoreReservation { cores: wanted, _locks: locks })
     }
 
     pub fn cores(&self) -> &CoreSet {
@@ -97,25 +93,31 @@ fn lock_path(lock_dir: &Path, core: u32) -> PathBuf {
 /// Takes the lock of one core without waiting; `None` when someone else holds it.
 fn try_lock(lock_dir: &Path, core: u32) -> NrtResult<Option<Flock<File>>> {
     let path = lock_path(lock_dir, core);
-    let file = OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| {
-            NrtError::new(
-                NrtStatus::Failure,
-                format!("cannot open core lock file {}: {e}", path.display()),
-            )
-        })?;
+    let cannot = |e: std::io::Error| {
+        NrtError::new(
+            NrtStatus::Failure,
+            format!(
+                "cannot open core lock file {}: {e}; set NEURON_VIRT_LOCK_DIR to a usable directory",
+                path.display()
+            ),
+        )
+    };
+    let file = match File::open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            match OpenOptions::new().write(true).create_new(true).mode(0o644).open(&path) {
+                Ok(file) => file,
+                // Another process created it first.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => File::open(&path).map_err(cannot)?,
+                Err(e) => return Err(cannot(e)),
+            }
+        }
+        Err(e) => return Err(cannot(e)),
+    };
     match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
         Ok(lock) => Ok(Some(lock)),
         Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
-        Err((_, errno)) => Err(NrtError::new(
-            NrtStatus::Failure,
-            format!("cannot lock {}: {errno}", path.display()),
-        )),
+        Err((_, errno)) => Err(NrtError::new(NrtStatus::Failure, format!("cannot lock {}: {errno}", path.display()))),
     }
 }
 
@@ -130,21 +132,27 @@ fn count_free(lock_dir: &Path, total: u32) -> NrtResult<usize> {
     Ok(free)
 }
 
-/// Creates a directory (and its parents) readable only by this user.
-pub(crate) fn create_private_dir(dir: &Path) -> NrtResult<()> {
-    DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|e| {
-            NrtError::new(
-                NrtStatus::Failure,
-                format!(
-                    "cannot create runtime directory {}: {e}; set NEURON_VIRT_RUN_DIR to a writable directory",
-                    dir.display()
-                ),
-            )
-        })
+/// Creates the lock directory, shared by every user of the host: world-writable with
+/// the sticky bit, so users can add lock files but not remove each other's.
+fn create_shared_dir(dir: &Path) -> NrtResult<()> {
+    let failed = |e: std::io::Error| {
+        NrtError::new(
+            NrtStatus::Failure,
+            format!(
+                "cannot create the core lock directory {}: {e}; set NEURON_VIRT_LOCK_DIR to a writable directory",
+                dir.display()
+            ),
+        )
+    };
+    if dir.is_dir() {
+        return Ok(());
+    }
+    match DirBuilder::new().recursive(true).mode(0o1777).create(dir) {
+        // The umask may have cleared bits of the requested mode.
+        Ok(()) => std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o1777)).map_err(failed),
+        Err(_) if dir.is_dir() => Ok(()),
+        Err(e) => Err(failed(e)),
+    }
 }
 
 #[cfg(test)]
@@ -156,34 +164,19 @@ mod tests {
     fn a_held_core_is_refused_until_released() {
         let dir = tempfile::tempdir().expect("tempdir");
         let topo = InstanceType::Trn1_2xlarge.topology();
-        let first = CoreReservation::acquire(
-            dir.path(),
-            &topo,
-            &CoreRequest::Visible(CoreSet::range(1, 1)),
-        )
-        .expect("free core");
-        let err = CoreReservation::acquire(
-            dir.path(),
-            &topo,
-            &CoreRequest::Visible(CoreSet::range(1, 1)),
-        )
-        .expect_err("held core");
+        let first = CoreReservation::acquire(dir.path(), &topo, &CoreRequest::Visible(CoreSet::range(1, 1)))
+            .expect("free core");
+        let err = CoreReservation::acquire(dir.path(), &topo, &CoreRequest::Visible(CoreSet::range(1, 1)))
+            .expect_err("held core");
         assert_eq!(err.status, NrtStatus::ExecNcBusy);
         assert!(
-            err.message
-                .starts_with("NeuronCore(s) not available - Requested:nc1-nc1 Available:1"),
+            err.message.starts_with("NeuronCore(s) not available - Requested:nc1-nc1 Available:1"),
             "{}",
             err.message
         );
-        let count = CoreReservation::acquire(dir.path(), &topo, &CoreRequest::Count(1))
-            .expect("nc0 is free");
+        let count = CoreReservation::acquire(dir.path(), &topo, &CoreRequest::Count(1)).expect("nc0 is free");
         assert_eq!(count.cores().cores(), &[0]);
         drop(first);
-        CoreReservation::acquire(
-            dir.path(),
-            &topo,
-            &CoreRequest::Visible(CoreSet::range(1, 1)),
-        )
-        .expect("released");
+        CoreReservation::acquire(dir.path(), &topo, &CoreRequest::Visible(CoreSet::range(1, 1))).expect("released");
     }
 }

@@ -82,33 +82,25 @@ impl Tensor {
         lifecycle: Arc<Lifecycle>,
     ) -> NrtResult<Tensor> {
         let len = usize::try_from(size).map_err(|_| {
-            NrtError::new(
-                NrtStatus::Resource,
-                format!("{size} bytes do not fit in this host's address space"),
-            )
+            NrtError::new(NrtStatus::Resource, format!("{size} bytes do not fit in this host's address space"))
         })?;
         // An anonymous mapping is zero-filled lazily: untouched pages of a large tensor
-        // cost no physical memory, and a request the host cannot back is an error
-        // instead of an abort. (A zero-length mapping is not allowed, hence the max.)
-        let bytes = memmap2::MmapOptions::new()
-            .len(len.max(1))
-            .map_anon()
-            .map_err(|e| {
-                NrtError::new(
-                    NrtStatus::Resource,
-                    format!("the host could not provide {size} bytes for tensor `{name}`: {e}"),
-                )
-            })?;
+        // cost no physical memory, and without a swap reservation device memory may
+        // exceed the host's RAM. A request the host cannot map is an error instead of an
+        // abort. (A zero-length mapping is not allowed, hence the max.)
+        let bytes = memmap2::MmapOptions::new().len(len.max(1)).no_reserve_swap().map_anon().map_err(|e| {
+            NrtError::new(
+                NrtStatus::Resource,
+                format!("the host could not provide {size} bytes for tensor `{name}`: {e}"),
+            )
+        })?;
         Ok(Tensor {
             inner: Arc::new(TensorInner {
                 id: NEXT_TENSOR_ID.fetch_add(1, Ordering::Relaxed),
                 name: name.to_owned(),
                 placement,
                 array_type,
-                storage: Arc::new(Storage {
-                    bytes: RwLock::new(bytes),
-                    _charge: charge,
-                }),
+                storage: Arc::new(Storage { bytes: RwLock::new(bytes), _charge: charge }),
                 offset: 0,
                 size,
                 lifecycle,
@@ -175,11 +167,8 @@ impl Tensor {
 
     /// Reads the whole tensor.
     pub fn read_all(&self) -> NrtResult<Vec<u8>> {
-        let mut out = vec![
-            0u8;
-            usize::try_from(self.size())
-                .map_err(|_| NrtError::invalid("tensor too large to read at once"))?
-        ];
+        let mut out =
+            vec![0u8; usize::try_from(self.size()).map_err(|_| NrtError::invalid("tensor too large to read at once"))?];
         self.read(0, &mut out)?;
         Ok(out)
     }
@@ -194,13 +183,7 @@ impl Tensor {
     }
 
     /// Copies `size` bytes from `self` at `src_offset` to `dst` at `dst_offset`.
-    pub fn copy_to(
-        &self,
-        src_offset: u64,
-        dst: &Tensor,
-        dst_offset: u64,
-        size: u64,
-    ) -> NrtResult<()> {
+    pub fn copy_to(&self, src_offset: u64, dst: &Tensor, dst_offset: u64, size: u64) -> NrtResult<()> {
         self.inner.lifecycle.check()?;
         self.check_range("copy from", src_offset, size)?;
         dst.check_range("copy into", dst_offset, size)?;
@@ -208,18 +191,16 @@ impl Tensor {
         let dst_start = (dst.inner.offset + dst_offset) as usize;
         let len = size as usize;
         if Arc::ptr_eq(&self.inner.storage, &dst.inner.storage) {
-            self.storage_mut()
-                .copy_within(src_start..src_start + len, dst_start);
+            self.storage_mut().copy_within(src_start..src_start + len, dst_start);
         } else {
             // Lock in address order so that two opposite copies cannot deadlock.
-            let (src, mut dst_bytes) =
-                if Arc::as_ptr(&self.inner.storage) < Arc::as_ptr(&dst.inner.storage) {
-                    let src = self.storage();
-                    (src, dst.storage_mut())
-                } else {
-                    let dst_bytes = dst.storage_mut();
-                    (self.storage(), dst_bytes)
-                };
+            let (src, mut dst_bytes) = if Arc::as_ptr(&self.inner.storage) < Arc::as_ptr(&dst.inner.storage) {
+                let src = self.storage();
+                (src, dst.storage_mut())
+            } else {
+                let dst_bytes = dst.storage_mut();
+                (self.storage(), dst_bytes)
+            };
             dst_bytes[dst_start..dst_start + len].copy_from_slice(&src[src_start..src_start + len]);
         }
         Ok(())
@@ -243,25 +224,17 @@ impl Tensor {
     }
 
     fn storage(&self) -> RwLockReadGuard<'_, memmap2::MmapMut> {
-        self.inner
-            .storage
-            .bytes
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
+        self.inner.storage.bytes.read().unwrap_or_else(|e| e.into_inner())
     }
 
     fn storage_mut(&self) -> RwLockWriteGuard<'_, memmap2::MmapMut> {
-        self.inner
-            .storage
-            .bytes
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
+        self.inner.storage.bytes.write().unwrap_or_else(|e| e.into_inner())
     }
 }
 
 /// Read access to several tensors at once, for the length of an execution. Each
-/// storage is locked once, however many of the tensors share it, so binding one tensor
-/// to two inputs cannot deadlock against a waiting writer.
+/// storage is locked once, however many of the tensors share it (a second read lock
+/// would wait behind a queued writer), and storages are locked in address order.
 pub(crate) struct ReadSet<'t> {
     tensors: &'t [Tensor],
     guards: Vec<RwLockReadGuard<'t, memmap2::MmapMut>>,
@@ -271,25 +244,21 @@ pub(crate) struct ReadSet<'t> {
 
 impl<'t> ReadSet<'t> {
     pub(crate) fn new(tensors: &'t [Tensor]) -> ReadSet<'t> {
-        let mut storages: Vec<*const Storage> = Vec::new();
-        let mut guards = Vec::new();
-        let mut guard_of = Vec::with_capacity(tensors.len());
-        for tensor in tensors {
-            let storage = Arc::as_ptr(&tensor.inner.storage);
-            match storages.iter().position(|&s| s == storage) {
-                Some(i) => guard_of.push(i),
-                None => {
-                    storages.push(storage);
-                    guards.push(tensor.storage());
-                    guard_of.push(guards.len() - 1);
-                }
-            }
-        }
-        ReadSet {
-            tensors,
-            guards,
-            guard_of,
-        }
+        // Lock each distinct storage once, in address order: the same global order
+        // `copy_to` uses, so no two lockers can wait on each other in a cycle.
+        let mut storages: Vec<(*const Storage, usize)> =
+            tensors.iter().enumerate().map(|(i, t)| (Arc::as_ptr(&t.inner.storage), i)).collect();
+        storages.sort_unstable();
+        storages.dedup_by_key(|(storage, _)| *storage);
+        let guards = storages.iter().map(|&(_, i)| tensors[i].storage()).collect();
+        let guard_of = tensors
+            .iter()
+            .map(|t| {
+                let storage = Arc::as_ptr(&t.inner.storage);
+                storages.binary_search_by_key(&storage, |&(s, _)| s).unwrap_or_default()
+            })
+            .collect();
+        ReadSet { tensors, guards, guard_of }
     }
 
     /// The bytes of tensor `i`.

@@ -96,16 +96,10 @@ impl FromStr for InstanceType {
 
     fn from_str(s: &str) -> NrtResult<Self> {
         let wanted = s.trim();
-        InstanceType::ALL
-            .into_iter()
-            .find(|t| t.name() == wanted)
-            .ok_or_else(|| {
-                let known: Vec<&str> = InstanceType::ALL.iter().map(|t| t.name()).collect();
-                NrtError::invalid(format!(
-                    "unknown instance type `{wanted}`; use one of {}",
-                    known.join(", ")
-                ))
-            })
+        InstanceType::ALL.into_iter().find(|t| t.name() == wanted).ok_or_else(|| {
+            let known: Vec<&str> = InstanceType::ALL.iter().map(|t| t.name()).collect();
+            NrtError::invalid(format!("unknown instance type `{wanted}`; use one of {}", known.join(", ")))
+        })
     }
 }
 
@@ -171,34 +165,37 @@ impl CoreSet {
     }
 
     /// Parses the `NEURON_RT_VISIBLE_CORES` syntax: `3`, `3-6` or `3,4,5,6` (ranges and
-    /// single cores may be mixed: `0,2-3`).
-    pub fn parse(text: &str) -> Result<CoreSet, String> {
+    /// single cores may be mixed: `0,2-3`), for an instance with `core_count` cores.
+    pub fn parse(text: &str, core_count: u32) -> Result<CoreSet, String> {
         let text = text.trim();
         if text.is_empty() {
-            return Err(
-                "it is empty; give a core (`3`), a range (`3-6`) or a list (`3,4,5`)".into(),
-            );
+            return Err("it is empty; give a core (`3`), a range (`3-6`) or a list (`3,4,5`)".into());
         }
         let mut cores = Vec::new();
         for part in text.split(',') {
             let part = part.trim();
             let parse_index = |s: &str| {
-                s.trim().parse::<u32>().map_err(|_| {
-                    format!("`{part}` is not a core index or range; use forms like `3`, `3-6` or `3,4,5`")
-                })
+                s.trim()
+                    .parse::<u32>()
+                    .map_err(|_| format!("`{part}` is not a core index or range; use forms like `3`, `3-6` or `3,4,5`"))
             };
-            match part.split_once('-') {
-                Some((first, last)) => {
-                    let (first, last) = (parse_index(first)?, parse_index(last)?);
-                    if first > last {
-                        return Err(format!(
-                            "range `{part}` runs backwards; write it as `{last}-{first}`"
-                        ));
-                    }
-                    cores.extend(first..=last);
+            let (first, last) = match part.split_once('-') {
+                Some((first, last)) => (parse_index(first)?, parse_index(last)?),
+                None => {
+                    let core = parse_index(part)?;
+                    (core, core)
                 }
-                None => cores.push(parse_index(part)?),
+            };
+            if first > last {
+                return Err(format!("range `{part}` runs backwards; write it as `{last}-{first}`"));
             }
+            if last >= core_count {
+                return Err(format!(
+                    "core {last} does not exist: there are {core_count} NeuronCores (nc0-nc{})",
+                    core_count.saturating_sub(1)
+                ));
+            }
+            cores.extend(first..=last);
         }
         Ok(CoreSet::new(cores))
     }
@@ -234,21 +231,18 @@ mod tests {
         assert_eq!(trn2.device_memory_bytes, 96 << 30);
         assert_eq!(trn2.device_of(5), 1);
         assert_eq!(InstanceType::Inf2_48xlarge.topology().core_count(), 24);
-        assert_eq!(
-            "inf2.xlarge".parse::<InstanceType>(),
-            Ok(InstanceType::Inf2_xlarge)
-        );
+        assert_eq!("inf2.xlarge".parse::<InstanceType>(), Ok(InstanceType::Inf2_xlarge));
         assert!("p4d.24xlarge".parse::<InstanceType>().is_err());
     }
 
     #[test]
     fn core_sets_parse_every_documented_form() {
-        assert_eq!(CoreSet::parse("3").map(|s| s.0), Ok(vec![3]));
-        assert_eq!(CoreSet::parse("3-6").map(|s| s.0), Ok(vec![3, 4, 5, 6]));
-        assert_eq!(CoreSet::parse("3,4,5,6").map(|s| s.0), Ok(vec![3, 4, 5, 6]));
-        assert_eq!(CoreSet::parse(" 0, 2-3 ").map(|s| s.0), Ok(vec![0, 2, 3]));
-        for bad in ["", "a", "3-", "6-3", "1,,2", "-1"] {
-            assert!(CoreSet::parse(bad).is_err(), "{bad:?} should be rejected");
+        assert_eq!(CoreSet::parse("3", 8).map(|s| s.0), Ok(vec![3]));
+        assert_eq!(CoreSet::parse("3-6", 8).map(|s| s.0), Ok(vec![3, 4, 5, 6]));
+        assert_eq!(CoreSet::parse("3,4,5,6", 8).map(|s| s.0), Ok(vec![3, 4, 5, 6]));
+        assert_eq!(CoreSet::parse(" 0, 2-3 ", 8).map(|s| s.0), Ok(vec![0, 2, 3]));
+        for bad in ["", "a", "3-", "6-3", "1,,2", "-1", "8", "0-4294967295"] {
+            assert!(CoreSet::parse(bad, 8).is_err(), "{bad:?} should be rejected");
         }
     }
 

@@ -22,9 +22,8 @@ fn check(path: &Path, runtime: &Runtime) {
     let bind = |ios: &[neuron_runtime::isa::IoTensor]| {
         let mut set = TensorSet::new();
         for io in ios {
-            let tensor = runtime
-                .allocate_tensor_for(TensorPlacement::Host, model.tensor_type(io), &io.name)
-                .expect("alloc");
+            let tensor =
+                runtime.allocate_tensor_for(TensorPlacement::Host, model.tensor_type(io), &io.name).expect("alloc");
             set.add(&io.name, tensor);
         }
         set
@@ -32,19 +31,15 @@ fn check(path: &Path, runtime: &Runtime) {
     let (inputs, outputs) = (bind(model.inputs()), bind(model.outputs()));
     // The host pool turns a panic inside the backend into NRT_FAILURE; that must not happen.
     if let Err(e) = runtime.execute(&model, &inputs, &outputs) {
-        assert!(
-            !e.message.contains("inside the backend"),
-            "{}: {e}",
-            path.display()
-        );
+        assert!(!e.message.contains("inside the backend"), "{}: {e}", path.display());
     }
 }
 
 #[test]
 fn past_crashes_are_handled() {
-    let run_dir = tempfile::tempdir().expect("tempdir");
+    let lock_dir = tempfile::tempdir().expect("tempdir");
     let runtime = Runtime::start(Config {
-        run_dir: run_dir.path().to_path_buf(),
+        lock_dir: lock_dir.path().to_path_buf(),
         cores: CoreRequest::Visible(CoreSet::range(0, 0)),
         ..Config::default()
     })

@@ -14,8 +14,7 @@ use neuron_profiler::{init_logging, load_model_bytes, model_name, npy, si, thous
 use neuron_runtime::config::{Config, ENV_VISIBLE_CORES};
 use neuron_runtime::topology::NeuronCoreVersion;
 use neuron_runtime::{
-    ArrayType, DType, Model, Neff, NrtError, Runtime, Target, TensorPlacement, TensorSet,
-    compile_hlo,
+    ArrayType, DType, Model, Neff, NrtError, Runtime, Target, TensorPlacement, TensorSet, compile_hlo,
 };
 
 // mimalloc keeps freed buffers for reuse; glibc's allocator returns large ones to the
@@ -102,13 +101,10 @@ fn main() -> ExitCode {
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(text.len());
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration; use forms like 10s, 500ms, 2m"))?;
+    let value: f64 =
+        number.parse().map_err(|_| format!("`{text}` is not a duration; use forms like 10s, 500ms, 2m"))?;
     let seconds = match unit.trim() {
         "" | "s" => value,
         "ms" => value / 1e3,
@@ -116,9 +112,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         "m" | "min" => value * 60.0,
         "h" => value * 3600.0,
         other => {
-            return Err(format!(
-                "unknown unit `{other}` in `{text}`; use ms, s, m or h"
-            ));
+            return Err(format!("unknown unit `{other}` in `{text}`; use ms, s, m or h"));
         }
     };
     Duration::try_from_secs_f64(seconds).map_err(|_| format!("`{text}` is not a valid duration"))
@@ -161,11 +155,7 @@ impl Replica {
         let mut inputs = TensorSet::new();
         for (i, io) in model.inputs().iter().enumerate() {
             let ty = model.tensor_type(io);
-            let tensor = runtime.allocate_tensor_for(
-                placement,
-                ty,
-                &format!("{}-{}", model.name(), io.name),
-            )?;
+            let tensor = runtime.allocate_tensor_for(placement, ty, &format!("{}-{}", model.name(), io.name))?;
             if let Some(bytes) = fill(i, ty)? {
                 tensor.write(0, &bytes)?;
             }
@@ -174,20 +164,10 @@ impl Replica {
         let mut outputs = TensorSet::new();
         for io in model.outputs() {
             let ty = model.tensor_type(io);
-            outputs.add(
-                &io.name,
-                runtime.allocate_tensor_for(
-                    placement,
-                    ty,
-                    &format!("{}-{}", model.name(), io.name),
-                )?,
-            );
+            outputs
+                .add(&io.name, runtime.allocate_tensor_for(placement, ty, &format!("{}-{}", model.name(), io.name))?);
         }
-        Ok(Replica {
-            model,
-            inputs,
-            outputs,
-        })
+        Ok(Replica { model, inputs, outputs })
     }
 }
 
@@ -195,24 +175,32 @@ impl Replica {
 fn parse_inputs(specs: &[String], model: &Model) -> Result<Vec<Option<Vec<u8>>>> {
     let mut by_index = vec![None; model.inputs().len()];
     for spec in specs {
-        let (key, path) = spec
-            .split_once('=')
-            .ok_or_else(|| anyhow!("--input {spec}: expected NAME_OR_INDEX=PATH.npy"))?;
+        let (key, path) =
+            spec.split_once('=').ok_or_else(|| anyhow!("--input {spec}: expected NAME_OR_INDEX=PATH.npy"))?;
         let index = model
             .inputs()
             .iter()
-            .position(|io| io.name == key || io.hlo_name == key || key.parse::<usize>().ok() == io.name.strip_prefix("input").and_then(|n| n.parse().ok()))
+            .position(|io| {
+                io.name == key
+                    || io.hlo_name == key
+                    || key.parse::<usize>().ok() == io.name.strip_prefix("input").and_then(|n| n.parse().ok())
+            })
             .ok_or_else(|| {
-                let names: Vec<String> = model.inputs().iter().enumerate().map(|(i, io)| format!("{i}/{}/{}", io.name, io.hlo_name)).collect();
-                anyhow!("--input {spec}: the model has no input `{key}` (inputs as index/name/HLO name: {})", names.join(", "))
+                let names: Vec<String> = model
+                    .inputs()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, io)| format!("{i}/{}/{}", io.name, io.hlo_name))
+                    .collect();
+                anyhow!(
+                    "--input {spec}: the model has no input `{key}` (inputs as index/name/HLO name: {})",
+                    names.join(", ")
+                )
             })?;
         let (ty, bytes) = npy::read(Path::new(path))?;
         let expected = model.tensor_type(&model.inputs()[index]);
         if &ty != expected {
-            bail!(
-                "--input {spec}: the file holds {ty} but input `{}` is {expected}",
-                model.inputs()[index].name
-            );
+            bail!("--input {spec}: the file holds {ty} but input `{}` is {expected}", model.inputs()[index].name);
         }
         by_index[index] = Some(bytes);
     }
@@ -236,21 +224,23 @@ fn exec(args: ExecArgs) -> Result<()> {
     let neff = load_model_bytes(&args.model, target_for(runtime.topology().core_version))?;
     let cores = runtime.cores()?;
 
-    let first = Replica::new(&runtime, &neff, cores.cores()[0], &mut |_, _| Ok(None))?;
-    let given = parse_inputs(&args.inputs, &first.model)?;
+    // A first copy only to learn the model's inputs, so `--input` is checked before
+    // anything runs.
+    let probe = runtime.load(&neff, Some(cores.cores()[0]))?;
+    let given = parse_inputs(&args.inputs, &probe)?;
+    runtime.unload(&probe)?;
     let mut fill = |i: usize, _: &ArrayType| Ok(given[i].clone());
-    runtime.unload(&first.model)?;
-    let replicas = cores
-        .cores()
-        .iter()
-        .map(|&core| Replica::new(&runtime, &neff, core, &mut fill))
-        .collect::<Result<Vec<_>>>()?;
+    let replicas =
+        cores.cores().iter().map(|&core| Replica::new(&runtime, &neff, core, &mut fill)).collect::<Result<Vec<_>>>()?;
 
     let iterations = match args.duration {
         Some(_) => u64::MAX,
         None => args.iterations.unwrap_or(DEFAULT_ITERATIONS),
     };
-    let deadline = args.duration.map(|d| Instant::now() + d);
+    let deadline = match args.duration {
+        Some(d) => Some(Instant::now().checked_add(d).ok_or_else(|| anyhow!("--duration is too long"))?),
+        None => None,
+    };
     let stop = AtomicBool::new(false);
     let done = AtomicU64::new(0);
     let started = Instant::now();
@@ -295,21 +285,13 @@ fn exec(args: ExecArgs) -> Result<()> {
                 );
             }
         }
-        workers
-            .into_iter()
-            .map(|w| w.join().unwrap_or_default())
-            .collect()
+        workers.into_iter().map(|w| w.join().unwrap_or_default()).collect()
     });
     let wall = started.elapsed();
 
     for (replica, result) in replicas.iter().zip(&results) {
         if let Some((after, e)) = &result.error {
-            bail!(
-                "execution {} of `{}` on nc{} failed: {e}",
-                after + 1,
-                replica.model.name(),
-                replica.model.core()
-            );
+            bail!("execution {} of `{}` on nc{} failed: {e}", after + 1, replica.model.name(), replica.model.core());
         }
     }
     let mut total = LatencyHistogram::default();
@@ -327,24 +309,15 @@ fn exec(args: ExecArgs) -> Result<()> {
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let replica = &replicas[0];
         for (i, io) in replica.model.outputs().iter().enumerate() {
-            let tensor = replica
-                .outputs
-                .get(&io.name)
-                .ok_or_else(|| anyhow!("output {} is not bound", io.name))?;
-            npy::write(
-                &dir.join(format!("output{i}.npy")),
-                replica.model.tensor_type(io),
-                &tensor.read_all()?,
-            )?;
+            let tensor = replica.outputs.get(&io.name).ok_or_else(|| anyhow!("output {} is not bound", io.name))?;
+            npy::write(&dir.join(format!("output{i}.npy")), replica.model.tensor_type(io), &tensor.read_all()?)?;
         }
     }
 
     let name = model_name(&args.model);
     if args.json {
-        let summary = |h: &LatencyHistogram| {
-            h.summary()
-                .map(|s: LatencySummary| serde_json::to_value(s).unwrap_or_default())
-        };
+        let summary =
+            |h: &LatencyHistogram| h.summary().map(|s: LatencySummary| serde_json::to_value(s).unwrap_or_default());
         let report = serde_json::json!({
             "model": name,
             "cores": cores.cores(),
@@ -359,22 +332,14 @@ fn exec(args: ExecArgs) -> Result<()> {
         });
         println!("{report}");
     } else {
-        println!(
-            "model        {name} on {} ({})",
-            cores,
-            runtime.topology().instance_type
-        );
+        println!("model        {name} on {} ({})", cores, runtime.topology().instance_type);
         println!(
             "executions   {} in {:.2} s ({} per core)",
             thousands(executions),
             wall.as_secs_f64(),
             thousands(executions / cores.len() as u64)
         );
-        println!(
-            "throughput   {:.1} executions/s, {}FLOP/s",
-            throughput,
-            si(flops as f64 * throughput)
-        );
+        println!("throughput   {:.1} executions/s, {}FLOP/s", throughput, si(flops as f64 * throughput));
         for (label, h) in [("latency", &total), ("device", &device)] {
             if let Some(s) = h.summary() {
                 println!(
@@ -387,10 +352,7 @@ fn exec(args: ExecArgs) -> Result<()> {
             }
         }
         if numerical_errors > 0 {
-            println!(
-                "NaN/Inf      {} values in outputs",
-                thousands(numerical_errors)
-            );
+            println!("NaN/Inf      {} values in outputs", thousands(numerical_errors));
         }
     }
     Ok(())
@@ -415,14 +377,12 @@ fn demo(args: DemoArgs) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = Arc::clone(&stop);
-        ctrlc::set_handler(move || stop.store(true, Ordering::Relaxed))
-            .context("cannot install the Ctrl-C handler")?;
+        ctrlc::set_handler(move || stop.store(true, Ordering::Relaxed)).context("cannot install the Ctrl-C handler")?;
     }
 
     let mut neffs = Vec::new();
     for (name, text) in DEMO_MODELS {
-        let program =
-            compile_hlo(text, target).map_err(|e| anyhow!("bundled example {name}: {e}"))?;
+        let program = compile_hlo(text, target).map_err(|e| anyhow!("bundled example {name}: {e}"))?;
         println!(
             "compiled {name}: {} instructions, {} FLOPs per execution",
             program.instructions().count(),
@@ -431,15 +391,11 @@ fn demo(args: DemoArgs) -> Result<()> {
         neffs.push(Neff::new(name, program).encode());
     }
     let mut seed = 0x2545_f491_4f6c_dd1d_u64;
-    let mut fill = |_: usize, ty: &ArrayType| -> Result<Option<Vec<u8>>> {
-        Ok(Some(pseudo_random(ty, &mut seed)))
-    };
+    let mut fill = |_: usize, ty: &ArrayType| -> Result<Option<Vec<u8>>> { Ok(Some(pseudo_random(ty, &mut seed))) };
     let mut replicas: Vec<Vec<Replica>> = Vec::new();
     for &core in cores.cores() {
-        let per_core = neffs
-            .iter()
-            .map(|neff| Replica::new(&runtime, neff, core, &mut fill))
-            .collect::<Result<Vec<_>>>();
+        let per_core =
+            neffs.iter().map(|neff| Replica::new(&runtime, neff, core, &mut fill)).collect::<Result<Vec<_>>>();
         replicas.push(per_core?);
     }
     println!(
@@ -451,7 +407,10 @@ fn demo(args: DemoArgs) -> Result<()> {
 
     let stats: Vec<DemoCore> = cores.cores().iter().map(|_| DemoCore::default()).collect();
     let started = Instant::now();
-    let end = args.duration.map(|d| started + d);
+    let end = match args.duration {
+        Some(d) => Some(started.checked_add(d).ok_or_else(|| anyhow!("--duration is too long"))?),
+        None => None,
+    };
     std::thread::scope(|scope| {
         for (models, core_stats) in replicas.iter().zip(&stats) {
             let (runtime, stop) = (&runtime, &stop);
@@ -464,15 +423,8 @@ fn demo(args: DemoArgs) -> Result<()> {
                         Ok(report) => {
                             core_stats.executions.fetch_add(1, Ordering::Relaxed);
                             core_stats.flops.fetch_add(report.flops, Ordering::Relaxed);
-                            core_stats.busy_nanos.fetch_add(
-                                report.device_latency.as_nanos() as u64,
-                                Ordering::Relaxed,
-                            );
-                            core_stats
-                                .latency
-                                .lock()
-                                .unwrap_or_else(|e| e.into_inner())
-                                .record(report.total_latency);
+                            core_stats.busy_nanos.fetch_add(report.device_latency.as_nanos() as u64, Ordering::Relaxed);
+                            core_stats.latency.lock().unwrap_or_else(|e| e.into_inner()).record(report.total_latency);
                         }
                         Err(e) => {
                             core_stats.errors.fetch_add(1, Ordering::Relaxed);
@@ -506,38 +458,23 @@ fn demo(args: DemoArgs) -> Result<()> {
                 flops += now.2 - prev_flops;
                 errors += s.errors.load(Ordering::Relaxed);
                 let busy = (now.1 - prev_busy) as f64 / elapsed.as_nanos() as f64 * 100.0;
-                line.push_str(&format!(
-                    " nc{} {:>5.1}%",
-                    cores.cores()[i],
-                    busy.min(100.0)
-                ));
+                line.push_str(&format!(" nc{} {:>5.1}%", cores.cores()[i], busy.min(100.0)));
                 let mut h = s.latency.lock().unwrap_or_else(|e| e.into_inner());
                 window.merge(&h);
                 h.clear();
                 last.1[i] = now;
             }
             let secs = elapsed.as_secs_f64();
-            line.push_str(&format!(
-                " | {:>8.1} exec/s | {}FLOP/s",
-                executions as f64 / secs,
-                si(flops as f64 / secs)
-            ));
+            line.push_str(&format!(" | {:>8.1} exec/s | {}FLOP/s", executions as f64 / secs, si(flops as f64 / secs)));
             if let Some(s) = window.summary() {
-                line.push_str(&format!(
-                    " | p50 {} p99 {}",
-                    format_seconds(s.p50),
-                    format_seconds(s.p99)
-                ));
+                line.push_str(&format!(" | p50 {} p99 {}", format_seconds(s.p50), format_seconds(s.p99)));
             }
             line.push_str(&format!(" | errors {errors}"));
             println!("{line}");
             last.0 = Instant::now();
         }
     });
-    let executions: u64 = stats
-        .iter()
-        .map(|s| s.executions.load(Ordering::Relaxed))
-        .sum();
+    let executions: u64 = stats.iter().map(|s| s.executions.load(Ordering::Relaxed)).sum();
     let errors: u64 = stats.iter().map(|s| s.errors.load(Ordering::Relaxed)).sum();
     println!(
         "stopped after {} executions in {:.1} s, {errors} errors",
@@ -546,9 +483,7 @@ fn demo(args: DemoArgs) -> Result<()> {
     );
     runtime.close()?;
     if errors > 0 {
-        bail!(
-            "{errors} executions failed; run with NEURON_RT_LOG_LEVEL=ERROR or higher to see why"
-        );
+        bail!("{errors} executions failed; run with NEURON_RT_LOG_LEVEL=ERROR or higher to see why");
     }
     Ok(())
 }
@@ -563,12 +498,10 @@ fn pseudo_random(ty: &ArrayType, state: &mut u64) -> Vec<u8> {
         *state
     };
     match ty.dtype {
-        DType::F32 => (0..count)
-            .flat_map(|_| ((next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).to_le_bytes())
-            .collect(),
-        DType::S32 => (0..count)
-            .flat_map(|_| ((next() % 16) as i32 - 8).to_le_bytes())
-            .collect(),
+        DType::F32 => {
+            (0..count).flat_map(|_| ((next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).to_le_bytes()).collect()
+        }
+        DType::S32 => (0..count).flat_map(|_| ((next() % 16) as i32 - 8).to_le_bytes()).collect(),
         DType::Pred => (0..count).map(|_| (next() & 1) as u8).collect(),
     }
 }

@@ -1,6 +1,7 @@
 //! `neuron-cc`: compiles HLO text (as JAX and PyTorch-XLA dump it) into a NEFF.
 
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -50,12 +51,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Compile {
-            model,
-            output,
-            target,
-            name,
-        } => compile(&model, output, target, name),
+        Command::Compile { model, output, target, name } => compile(&model, output, target, name),
         Command::ListOperators => {
             list_operators();
             Ok(())
@@ -70,16 +66,10 @@ fn main() -> ExitCode {
     }
 }
 
-fn compile(
-    model: &Path,
-    output: Option<PathBuf>,
-    target: Target,
-    name: Option<String>,
-) -> Result<()> {
-    let text = std::fs::read_to_string(model)
-        .with_context(|| format!("cannot read {}", model.display()))?;
-    let program = compile_hlo(&text, target)
-        .map_err(|e| anyhow::anyhow!("{}: {e}; no NEFF was written", model.display()))?;
+fn compile(model: &Path, output: Option<PathBuf>, target: Target, name: Option<String>) -> Result<()> {
+    let text = std::fs::read_to_string(model).with_context(|| format!("cannot read {}", model.display()))?;
+    let program =
+        compile_hlo(&text, target).map_err(|e| anyhow::anyhow!("{}: {e}; no NEFF was written", model.display()))?;
     let name = name.unwrap_or_else(|| neuron_profiler::model_name(model));
     let neff = Neff::new(&name, program);
     let bytes = neff.encode();
@@ -87,91 +77,51 @@ fn compile(
     write_atomically(&output, &bytes)?;
 
     let p = &neff.program;
-    println!(
-        "compiled {} -> {} ({}, NeuronCore-{})",
-        model.display(),
-        output.display(),
-        target.name(),
-        p.target
-    );
+    println!("compiled {} -> {} ({}, NeuronCore-{})", model.display(), output.display(), target.name(), p.target);
     for io in &p.inputs {
-        println!(
-            "  input   {:<9} {:<20} {}",
-            io.name,
-            p.buffers[io.buffer as usize].ty.to_string(),
-            io.hlo_name
-        );
+        println!("  input   {:<9} {:<20} {}", io.name, p.buffers[io.buffer as usize].ty.to_string(), io.hlo_name);
     }
     for io in &p.outputs {
-        println!(
-            "  output  {:<9} {:<20} {}",
-            io.name,
-            p.buffers[io.buffer as usize].ty.to_string(),
-            io.hlo_name
-        );
+        println!("  output  {:<9} {:<20} {}", io.name, p.buffers[io.buffer as usize].ty.to_string(), io.hlo_name);
     }
-    let counts: Vec<String> = p
-        .instruction_counts()
-        .into_iter()
-        .filter(|(_, n)| *n > 0)
-        .map(|(engine, n)| format!("{engine} {n}"))
-        .collect();
+    let counts: Vec<String> =
+        p.instruction_counts().into_iter().filter(|(_, n)| *n > 0).map(|(engine, n)| format!("{engine} {n}")).collect();
     let total: usize = p.instruction_counts().iter().map(|(_, n)| n).sum();
     println!("  instructions        {total} ({})", counts.join(", "));
-    let transfers = |kind| {
-        p.dma_queues
-            .iter()
-            .filter(|q| q.kind == kind)
-            .map(|q| q.transfers.len())
-            .sum::<usize>()
-    };
+    let transfers = |kind| p.dma_queues.iter().filter(|q| q.kind == kind).map(|q| q.transfers.len()).sum::<usize>();
     println!(
         "  DMA transfers       {} input, {} weights, {} output",
         transfers(DmaQueueKind::Input),
         transfers(DmaQueueKind::Weights),
         transfers(DmaQueueKind::Output)
     );
-    println!(
-        "  weights             {} in {} constants",
-        HumanBytes(p.constant_bytes()),
-        p.constants.len()
-    );
-    println!(
-        "  FLOPs/execution     {}",
-        thousands(p.flops_per_execution())
-    );
+    println!("  weights             {} in {} constants", HumanBytes(p.constant_bytes()), p.constants.len());
+    println!("  FLOPs/execution     {}", thousands(p.flops_per_execution()));
     println!("  scratchpad          {}", HumanBytes(p.scratchpad_bytes));
-    println!(
-        "  NEFF                {} (uuid {})",
-        HumanBytes(bytes.len() as u64),
-        neff.uuid
-    );
+    println!("  NEFF                {} (uuid {})", HumanBytes(bytes.len() as u64), neff.uuid);
     Ok(())
 }
 
 /// Writes through a temporary file and a rename, so a failed or interrupted compile
 /// never leaves a partial NEFF behind.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let mut temp = tempfile::NamedTempFile::new_in(dir)
-        .with_context(|| format!("cannot write into {}", dir.display()))?;
-    temp.write_all(bytes)
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mut temp =
+        tempfile::NamedTempFile::new_in(dir).with_context(|| format!("cannot write into {}", dir.display()))?;
+    temp.write_all(bytes).with_context(|| format!("cannot write {}", path.display()))?;
+    // Temporary files are private; a compiled model is as readable as any output file.
+    temp.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(0o644))
         .with_context(|| format!("cannot write {}", path.display()))?;
-    temp.persist(path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
+    temp.persist(path).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }
 
 fn list_operators() {
     println!("{:<20} engine", "operator");
     for op in SUPPORTED_OPERATORS {
-        let engine = engine_of_operator(op).map_or_else(
-            || "(resolved at compile time / DMA)".to_string(),
-            |e| e.to_string(),
-        );
+        let engine =
+            engine_of_operator(op).map_or_else(|| "(resolved at compile time / DMA)".to_string(), |e| e.to_string());
         println!("{op:<20} {engine}");
     }
 }

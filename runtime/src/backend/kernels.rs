@@ -1,7 +1,8 @@
 //! The numeric kernels: one function per engine operation, on host arrays.
 //!
 //! Kernels trust the shapes they are given: [`crate::isa::Program::validate`] has
-//! already proven that every operand fits its operation. Semantics follow XLA's
+//! already proven that every operand fits its operation, and a kernel that finds
+//! otherwise panics (see `unvalidated`) rather than compute something plausible. Semantics follow XLA's
 //! (NaN-propagating `maximum`/`minimum`, integer division by zero gives -1, wrapping
 //! integer arithmetic, saturating float-to-int conversion).
 
@@ -29,14 +30,11 @@ pub(super) fn execute(op: &Op, operands: &[ValueRef<'_>], out: &ArrayType) -> Va
         Op::MatMul(d) => matmul(&operands[0], &operands[1], d, &dims),
         Op::Activation(f) => match &operands[0] {
             ValueRef::F32(a) => Value::F32(a.mapv(activation(*f))),
-            other => other.to_owned(),
+            _ => unvalidated("activation"),
         },
         Op::Unary(u) => unary(*u, &operands[0]),
         Op::Binary(b) => binary(*b, &operands[0], &operands[1]),
-        Op::Compare {
-            direction,
-            total_order,
-        } => compare(*direction, *total_order, &operands[0], &operands[1]),
+        Op::Compare { direction, total_order } => compare(*direction, *total_order, &operands[0], &operands[1]),
         Op::Select => select(&operands[0], &operands[1], &operands[2]),
         Op::Convert => convert(&operands[0], out.dtype),
         Op::Broadcast { dims: map } => each_type!(&operands[0], a => broadcast(a, map, &dims)),
@@ -44,14 +42,16 @@ pub(super) fn execute(op: &Op, operands: &[ValueRef<'_>], out: &ArrayType) -> Va
         Op::Transpose { perm } => each_type!(&operands[0], a => transpose(a, perm)),
         Op::Reduce { op, dims: axes } => reduce(*op, &operands[0], &operands[1], axes),
         Op::Concatenate { dim } => concatenate(operands, *dim as usize),
-        Op::Slice {
-            start,
-            limit,
-            stride,
-        } => each_type!(&operands[0], a => slice(a, start, limit, stride)),
+        Op::Slice { start, limit, stride } => each_type!(&operands[0], a => slice(a, start, limit, stride)),
         Op::Iota { dim } => iota(out.dtype, &dims, *dim as usize),
         Op::Copy => operands[0].to_owned(),
     }
+}
+
+/// Operands that do not fit their operation: `Program::validate` rules this out, so
+/// reaching it is a bug in validation. The host pool reports it as `NRT_FAILURE`.
+fn unvalidated(op: &str) -> ! {
+    unreachable!("{op}: operands do not fit the operation; Program::validate should have rejected this program")
 }
 
 pub(super) fn to_usize(dims: &[u64]) -> Vec<usize> {
@@ -75,15 +75,11 @@ fn unary(op: UnaryOp, a: &ValueRef<'_>) -> Value {
         (UnaryOp::Abs, ValueRef::F32(a)) => Value::F32(a.mapv(f32::abs)),
         (UnaryOp::Negate, ValueRef::S32(a)) => Value::S32(a.mapv(i32::wrapping_neg)),
         (UnaryOp::Abs, ValueRef::S32(a)) => Value::S32(a.mapv(i32::wrapping_abs)),
-        (_, other) => other.to_owned(),
+        _ => unvalidated("unary"),
     }
 }
 
-fn zip_map<T: Copy, U>(
-    a: &ArrayViewD<'_, T>,
-    b: &ArrayViewD<'_, T>,
-    f: impl Fn(T, T) -> U,
-) -> ArrayD<U> {
+fn zip_map<T: Copy, U>(a: &ArrayViewD<'_, T>, b: &ArrayViewD<'_, T>, f: impl Fn(T, T) -> U) -> ArrayD<U> {
     Zip::from(a).and(b).map_collect(|&x, &y| f(x, y))
 }
 
@@ -109,25 +105,17 @@ fn binary(op: BinaryOp, a: &ValueRef<'_>, b: &ValueRef<'_>) -> Value {
             BinaryOp::Minimum => zip_map(a, b, |x, y| x && y),
             _ => zip_map(a, b, |x, y| x || y),
         }),
-        (a, _) => a.to_owned(),
+        _ => unvalidated("binary"),
     }
 }
 
 /// XLA's `maximum`: NaN in either operand gives NaN.
 fn max_f32(x: f32, y: f32) -> f32 {
-    if x.is_nan() || y.is_nan() {
-        f32::NAN
-    } else {
-        x.max(y)
-    }
+    if x.is_nan() || y.is_nan() { f32::NAN } else { x.max(y) }
 }
 
 fn min_f32(x: f32, y: f32) -> f32 {
-    if x.is_nan() || y.is_nan() {
-        f32::NAN
-    } else {
-        x.min(y)
-    }
+    if x.is_nan() || y.is_nan() { f32::NAN } else { x.min(y) }
 }
 
 /// XLA's integer division: `x / 0 = -1`, `MIN / -1 = MIN`.
@@ -135,12 +123,7 @@ fn div_s32(x: i32, y: i32) -> i32 {
     if y == 0 { -1 } else { x.wrapping_div(y) }
 }
 
-fn compare(
-    direction: CompareDirection,
-    total_order: bool,
-    a: &ValueRef<'_>,
-    b: &ValueRef<'_>,
-) -> Value {
+fn compare(direction: CompareDirection, total_order: bool, a: &ValueRef<'_>, b: &ValueRef<'_>) -> Value {
     use std::cmp::Ordering;
     let decide = |ord: Option<Ordering>| match (direction, ord) {
         (CompareDirection::Ne, None) => true,
@@ -153,39 +136,30 @@ fn compare(
         (CompareDirection::Ge, Some(o)) => o != Ordering::Less,
     };
     Value::Pred(match (a, b) {
-        (ValueRef::F32(a), ValueRef::F32(b)) if total_order => {
-            zip_map(a, b, |x, y| decide(Some(x.total_cmp(&y))))
-        }
+        (ValueRef::F32(a), ValueRef::F32(b)) if total_order => zip_map(a, b, |x, y| decide(Some(x.total_cmp(&y)))),
         (ValueRef::F32(a), ValueRef::F32(b)) => zip_map(a, b, |x, y| decide(x.partial_cmp(&y))),
         (ValueRef::S32(a), ValueRef::S32(b)) => zip_map(a, b, |x, y| decide(Some(x.cmp(&y)))),
         (ValueRef::Pred(a), ValueRef::Pred(b)) => zip_map(a, b, |x, y| decide(Some(x.cmp(&y)))),
-        _ => ArrayD::from_elem(IxDyn(&[]), false),
+        _ => unvalidated("compare"),
     })
 }
 
 fn select(pred: &ValueRef<'_>, on_true: &ValueRef<'_>, on_false: &ValueRef<'_>) -> Value {
     let ValueRef::Pred(p) = pred else {
-        return on_true.to_owned();
+        unvalidated("select");
     };
-    fn pick<T: Copy>(
-        p: &ArrayViewD<'_, bool>,
-        a: &ArrayViewD<'_, T>,
-        b: &ArrayViewD<'_, T>,
-    ) -> ArrayD<T> {
+    fn pick<T: Copy>(p: &ArrayViewD<'_, bool>, a: &ArrayViewD<'_, T>, b: &ArrayViewD<'_, T>) -> ArrayD<T> {
         match p.ndim() {
             0 if p.iter().next().copied().unwrap_or(false) => a.to_owned(),
             0 => b.to_owned(),
-            _ => Zip::from(p)
-                .and(a)
-                .and(b)
-                .map_collect(|&c, &x, &y| if c { x } else { y }),
+            _ => Zip::from(p).and(a).and(b).map_collect(|&c, &x, &y| if c { x } else { y }),
         }
     }
     match (on_true, on_false) {
         (ValueRef::F32(a), ValueRef::F32(b)) => Value::F32(pick(p, a, b)),
         (ValueRef::S32(a), ValueRef::S32(b)) => Value::S32(pick(p, a, b)),
         (ValueRef::Pred(a), ValueRef::Pred(b)) => Value::Pred(pick(p, a, b)),
-        (a, _) => a.to_owned(),
+        _ => unvalidated("select"),
     }
 }
 
@@ -215,42 +189,30 @@ fn broadcast<T: Clone>(a: &ArrayViewD<'_, T>, map: &[u32], out_dims: &[usize]) -
         expanded_dims[map[i] as usize] = *axis_len;
     }
     let Ok(expanded) = view.to_shape(IxDyn(&expanded_dims)) else {
-        return a.to_owned();
+        unvalidated("broadcast");
     };
     match expanded.broadcast(IxDyn(out_dims)) {
         Some(b) => b.as_standard_layout().into_owned(),
-        None => a.to_owned(),
+        None => unvalidated("broadcast"),
     }
 }
 
 fn reshape<T: Clone>(a: &ArrayViewD<'_, T>, dims: &[usize]) -> ArrayD<T> {
     match a.to_shape(IxDyn(dims)) {
         Ok(v) => v.into_owned(),
-        Err(_) => a.to_owned(),
+        Err(_) => unvalidated("reshape"),
     }
 }
 
 fn transpose<T: Clone>(a: &ArrayViewD<'_, T>, perm: &[u32]) -> ArrayD<T> {
     let perm: Vec<usize> = perm.iter().map(|&p| p as usize).collect();
-    a.view()
-        .permuted_axes(IxDyn(&perm))
-        .as_standard_layout()
-        .into_owned()
+    a.view().permuted_axes(IxDyn(&perm)).as_standard_layout().into_owned()
 }
 
-fn slice<T: Clone>(
-    a: &ArrayViewD<'_, T>,
-    start: &[u64],
-    limit: &[u64],
-    stride: &[u64],
-) -> ArrayD<T> {
+fn slice<T: Clone>(a: &ArrayViewD<'_, T>, start: &[u64], limit: &[u64], stride: &[u64]) -> ArrayD<T> {
     a.slice_each_axis(|ax| {
         let i = ax.axis.index();
-        Slice::new(
-            start[i] as isize,
-            Some(limit[i] as isize),
-            stride[i] as isize,
-        )
+        Slice::new(start[i] as isize, Some(limit[i] as isize), stride[i] as isize)
     })
     .as_standard_layout()
     .into_owned()
@@ -258,35 +220,19 @@ fn slice<T: Clone>(
 
 fn concatenate(operands: &[ValueRef<'_>], dim: usize) -> Value {
     fn join<T: Clone>(parts: Vec<ArrayViewD<'_, T>>, dim: usize) -> ArrayD<T> {
-        ndarray::concatenate(Axis(dim), &parts)
-            .unwrap_or_else(|_| ndarray::Array1::from_vec(Vec::new()).into_dyn())
+        ndarray::concatenate(Axis(dim), &parts).unwrap_or_else(|_| unvalidated("concatenate"))
     }
     match operands.first() {
-        Some(ValueRef::F32(_)) => Value::F32(join(
-            operands
-                .iter()
-                .filter_map(|v| v.as_f32())
-                .map(|a| a.view())
-                .collect(),
-            dim,
-        )),
-        Some(ValueRef::S32(_)) => Value::S32(join(
-            operands
-                .iter()
-                .filter_map(|v| v.as_s32())
-                .map(|a| a.view())
-                .collect(),
-            dim,
-        )),
-        Some(ValueRef::Pred(_)) => Value::Pred(join(
-            operands
-                .iter()
-                .filter_map(|v| v.as_pred())
-                .map(|a| a.view())
-                .collect(),
-            dim,
-        )),
-        None => Value::F32(ArrayD::zeros(IxDyn(&[0]))),
+        Some(ValueRef::F32(_)) => {
+            Value::F32(join(operands.iter().filter_map(|v| v.as_f32()).map(|a| a.view()).collect(), dim))
+        }
+        Some(ValueRef::S32(_)) => {
+            Value::S32(join(operands.iter().filter_map(|v| v.as_s32()).map(|a| a.view()).collect(), dim))
+        }
+        Some(ValueRef::Pred(_)) => {
+            Value::Pred(join(operands.iter().filter_map(|v| v.as_pred()).map(|a| a.view()).collect(), dim))
+        }
+        None => unvalidated("concatenate"),
     }
 }
 
@@ -330,7 +276,7 @@ fn reduce(op: ReduceOp, operand: &ValueRef<'_>, init: &ValueRef<'_>, axes: &[u32
                 ReduceOp::Maximum | ReduceOp::Add => |x, y| x || y,
             },
         )),
-        (a, _) => a.to_owned(),
+        _ => unvalidated("reduce"),
     }
 }
 
@@ -339,12 +285,7 @@ fn first<T: Copy + Default>(a: &ArrayViewD<'_, T>) -> T {
 }
 
 /// Folds the `axes` of `a` into `init` with `f`, keeping the other axes in order.
-fn reduce_array<T: Copy>(
-    a: &ArrayViewD<'_, T>,
-    init: T,
-    axes: &[u32],
-    f: fn(T, T) -> T,
-) -> ArrayD<T> {
+fn reduce_array<T: Copy>(a: &ArrayViewD<'_, T>, init: T, axes: &[u32], f: fn(T, T) -> T) -> ArrayD<T> {
     let rank = a.ndim();
     let kept: Vec<usize> = (0..rank).filter(|d| !axes.contains(&(*d as u32))).collect();
     let reduced: Vec<usize> = (0..rank).filter(|d| axes.contains(&(*d as u32))).collect();
@@ -358,33 +299,22 @@ fn reduce_array<T: Copy>(
     let mut out = Vec::with_capacity(outer);
     for row in 0..outer {
         let start = row * inner;
-        out.push(
-            flat.get(start..start + inner)
-                .unwrap_or(&[])
-                .iter()
-                .fold(init, |acc, &x| f(acc, x)),
-        );
+        out.push(flat.get(start..start + inner).unwrap_or(&[]).iter().fold(init, |acc, &x| f(acc, x)));
     }
-    ArrayD::from_shape_vec(IxDyn(&kept_dims), out)
-        .unwrap_or_else(|_| ArrayD::from_elem(IxDyn(&[]), init))
+    ArrayD::from_shape_vec(IxDyn(&kept_dims), out).unwrap_or_else(|_| unvalidated("reduce"))
 }
 
 /// `dot` with general dimension numbers, as batched matrix products.
 fn matmul(lhs: &ValueRef<'_>, rhs: &ValueRef<'_>, d: &DotDims, out_dims: &[usize]) -> Value {
     match (lhs, rhs) {
-        (ValueRef::F32(l), ValueRef::F32(r)) => {
-            Value::F32(batched_matmul(l, r, d, out_dims, gemm_f32))
-        }
-        (ValueRef::S32(l), ValueRef::S32(r)) => {
-            Value::S32(batched_matmul(l, r, d, out_dims, gemm_naive))
-        }
-        (a, _) => a.to_owned(),
+        (ValueRef::F32(l), ValueRef::F32(r)) => Value::F32(batched_matmul(l, r, d, out_dims, gemm_f32)),
+        (ValueRef::S32(l), ValueRef::S32(r)) => Value::S32(batched_matmul(l, r, d, out_dims, gemm_naive)),
+        _ => unvalidated("dot"),
     }
 }
 
 /// A matrix product `c = a · b` on strided 2-D views, `c` zero-initialised.
-type Gemm<T> =
-    fn(ndarray::ArrayView2<'_, T>, ndarray::ArrayView2<'_, T>, ndarray::ArrayViewMut2<'_, T>);
+type Gemm<T> = fn(ndarray::ArrayView2<'_, T>, ndarray::ArrayView2<'_, T>, ndarray::ArrayViewMut2<'_, T>);
 
 fn batched_matmul<T: Copy + Default>(
     lhs: &ArrayViewD<'_, T>,
@@ -393,57 +323,71 @@ fn batched_matmul<T: Copy + Default>(
     out_dims: &[usize],
     gemm: Gemm<T>,
 ) -> ArrayD<T> {
-    let arrange =
-        |a: &ArrayViewD<'_, T>, batch: &[u32], contracting: &[u32], contracting_last: bool| {
-            let free: Vec<usize> = (0..a.ndim())
-                .filter(|i| !batch.contains(&(*i as u32)) && !contracting.contains(&(*i as u32)))
-                .collect();
-            let batch: Vec<usize> = batch.iter().map(|&i| i as usize).collect();
-            let contracting: Vec<usize> = contracting.iter().map(|&i| i as usize).collect();
-            let size = |axes: &[usize]| axes.iter().map(|&i| a.shape()[i]).product::<usize>();
-            let (b, f, c) = (size(&batch), size(&free), size(&contracting));
-            let mut perm = batch.clone();
-            if contracting_last {
-                perm.extend(&free);
-                perm.extend(&contracting);
-            } else {
-                perm.extend(&contracting);
-                perm.extend(&free);
-            }
-            let view = a.view().permuted_axes(IxDyn(&perm));
-            let shape = if contracting_last {
-                (b, f, c)
-            } else {
-                (b, c, f)
-            };
-            view.to_shape(shape).map(|v| v.into_owned())
-        };
-    let (Ok(l), Ok(r)) = (
-        arrange(lhs, &d.lhs_batch, &d.lhs_contracting, true),
-        arrange(rhs, &d.rhs_batch, &d.rhs_contracting, false),
-    ) else {
+    let (Ok(l), Ok(r)) =
+        (arrange(lhs, &d.lhs_batch, &d.lhs_contracting, true), arrange(rhs, &d.rhs_batch, &d.rhs_contracting, false))
+    else {
         return ArrayD::from_elem(IxDyn(out_dims), T::default());
     };
     let (batch, m, _) = l.dim();
     let n = r.dim().2;
     let mut out = ndarray::Array3::<T>::from_elem((batch, m, n), T::default());
     for i in 0..batch {
-        gemm(
-            l.index_axis(Axis(0), i),
-            r.index_axis(Axis(0), i),
-            out.index_axis_mut(Axis(0), i),
-        );
+        gemm(l.index_axis(Axis(0), i), r.index_axis(Axis(0), i), out.index_axis_mut(Axis(0), i));
     }
-    out.into_shape_with_order(IxDyn(out_dims))
-        .unwrap_or_else(|_| ArrayD::from_elem(IxDyn(out_dims), T::default()))
+    out.into_shape_with_order(IxDyn(out_dims)).unwrap_or_else(|_| unvalidated("dot"))
+}
+
+/// Arranges an operand as `[batch, free, contracting]` (or `[batch, contracting, free]`),
+/// flattening each group of axes into one.
+fn arrange<'a, T: Copy>(
+    a: &'a ArrayViewD<'_, T>,
+    batch: &[u32],
+    contracting: &[u32],
+    contracting_last: bool,
+) -> Result<ndarray::CowArray<'a, T, ndarray::Ix3>, ndarray::ShapeError> {
+    let free: Vec<usize> =
+        (0..a.ndim()).filter(|i| !batch.contains(&(*i as u32)) && !contracting.contains(&(*i as u32))).collect();
+    let batch: Vec<usize> = batch.iter().map(|&i| i as usize).collect();
+    let contracting: Vec<usize> = contracting.iter().map(|&i| i as usize).collect();
+    let size = |axes: &[usize]| axes.iter().map(|&i| a.shape()[i]).product::<usize>();
+    let (b, f, c) = (size(&batch), size(&free), size(&contracting));
+    let mut perm = batch.clone();
+    if contracting_last {
+        perm.extend(&free);
+        perm.extend(&contracting);
+    } else {
+        perm.extend(&contracting);
+        perm.extend(&free);
+    }
+    let view = a.view().permuted_axes(IxDyn(&perm));
+    // With at most one axis per group, a strided view serves whatever the layout (the
+    // GEMM takes any strides): add unit axes for the empty groups.
+    if batch.len() <= 1 && free.len() <= 1 && contracting.len() <= 1 {
+        let groups = if contracting_last {
+            [batch.len(), free.len(), contracting.len()]
+        } else {
+            [batch.len(), contracting.len(), free.len()]
+        };
+        let mut strided = view.clone();
+        for (position, &axes) in groups.iter().enumerate() {
+            if axes == 0 {
+                strided = strided.insert_axis(Axis(position));
+            }
+        }
+        if let Ok(strided) = strided.into_dimensionality::<ndarray::Ix3>() {
+            return Ok(ndarray::CowArray::from(strided));
+        }
+    }
+    let shape = if contracting_last { (b, f, c) } else { (b, c, f) };
+    // A view when the axes already line up; a copy otherwise.
+    match view.clone().into_shape_with_order(shape) {
+        Ok(v) => Ok(ndarray::CowArray::from(v)),
+        Err(_) => view.to_shape(shape).map(|v| ndarray::CowArray::from(v.into_owned())),
+    }
 }
 
 /// Single-precision matrix product through `matrixmultiply`.
-fn gemm_f32(
-    a: ndarray::ArrayView2<'_, f32>,
-    b: ndarray::ArrayView2<'_, f32>,
-    mut c: ndarray::ArrayViewMut2<'_, f32>,
-) {
+fn gemm_f32(a: ndarray::ArrayView2<'_, f32>, b: ndarray::ArrayView2<'_, f32>, mut c: ndarray::ArrayViewMut2<'_, f32>) {
     let (m, k) = a.dim();
     let n = b.dim().1;
     if m == 0 || n == 0 || k == 0 || b.dim().0 != k || c.dim() != (m, n) {
@@ -456,22 +400,7 @@ fn gemm_f32(
     // dimensions were checked above), `c` is borrowed mutably and does not alias
     // `a` or `b`, and matrixmultiply reads and writes only within those bounds.
     unsafe {
-        matrixmultiply::sgemm(
-            m,
-            k,
-            n,
-            1.0,
-            a.as_ptr(),
-            rsa,
-            csa,
-            b.as_ptr(),
-            rsb,
-            csb,
-            0.0,
-            c.as_mut_ptr(),
-            rsc,
-            csc,
-        );
+        matrixmultiply::sgemm(m, k, n, 1.0, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, 0.0, c.as_mut_ptr(), rsc, csc);
     }
 }
 

@@ -1,6 +1,6 @@
 //! The CPU execution backend: runs a validated [`Program`] with real numerics.
 //!
-//! An [`Executable`] is prepared once per load: constants are decoded (the weights DMA
+//! An [`Executable`] is prepared once per load: constants are made resident (the weights DMA
 //! queue), the engine streams are merged into their global step order, and each
 //! intermediate's last reader is found so its memory is released as soon as it is dead.
 //! [`Executable::run`] then moves the inputs in, runs every instruction, and hands the
@@ -17,7 +17,7 @@ use crate::isa::{BufferKind, Instruction, Program};
 
 /// A host array of one of the executable element types.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Value {
+pub(crate) enum Value {
     F32(ArrayD<f32>),
     S32(ArrayD<i32>),
     Pred(ArrayD<bool>),
@@ -25,22 +25,19 @@ pub enum Value {
 
 impl Value {
     /// Decodes little-endian bytes (exactly `ty.size_bytes()` of them) into a value.
-    pub fn from_le_bytes(ty: &ArrayType, bytes: &[u8]) -> Value {
+    pub(crate) fn from_le_bytes(ty: &ArrayType, bytes: &[u8]) -> Value {
         let dims = IxDyn(&kernels::to_usize(&ty.dims));
         let decoded = match ty.dtype {
-            DType::F32 => ArrayD::from_shape_vec(dims, decode_words(bytes, f32::from_le_bytes))
-                .map(Value::F32),
-            DType::S32 => ArrayD::from_shape_vec(dims, decode_words(bytes, i32::from_le_bytes))
-                .map(Value::S32),
-            DType::Pred => ArrayD::from_shape_vec(dims, bytes.iter().map(|&b| b != 0).collect())
-                .map(Value::Pred),
+            DType::F32 => ArrayD::from_shape_vec(dims, decode_words(bytes, f32::from_le_bytes)).map(Value::F32),
+            DType::S32 => ArrayD::from_shape_vec(dims, decode_words(bytes, i32::from_le_bytes)).map(Value::S32),
+            DType::Pred => ArrayD::from_shape_vec(dims, bytes.iter().map(|&b| b != 0).collect()).map(Value::Pred),
         };
-        debug_assert!(decoded.is_ok(), "{} bytes do not hold a {ty}", bytes.len());
-        decoded.unwrap_or_else(|_| Value::zeros(ty))
+        // Callers pass exactly the bytes of `ty`: bindings and constants are size-checked.
+        decoded.unwrap_or_else(|_| unreachable!("{} bytes do not hold a {ty}", bytes.len()))
     }
 
     /// A zero-filled value of type `ty`.
-    pub fn zeros(ty: &ArrayType) -> Value {
+    pub(crate) fn zeros(ty: &ArrayType) -> Value {
         let dims = IxDyn(&kernels::to_usize(&ty.dims));
         match ty.dtype {
             DType::F32 => Value::F32(ArrayD::zeros(dims)),
@@ -50,7 +47,7 @@ impl Value {
     }
 
     /// Writes the value's elements, row-major and little-endian, into `out`.
-    pub fn write_le_bytes(&self, out: &mut [u8]) {
+    pub(crate) fn write_le_bytes(&self, out: &mut [u8]) {
         match self {
             Value::F32(a) => encode_words(a, out, f32::to_le_bytes),
             Value::S32(a) => encode_words(a, out, i32::to_le_bytes),
@@ -63,7 +60,7 @@ impl Value {
     }
 
     /// Number of NaN or infinite elements (zero for integer types).
-    pub fn non_finite_count(&self) -> u64 {
+    pub(crate) fn non_finite_count(&self) -> u64 {
         match self {
             Value::F32(a) => match a.as_slice() {
                 Some(slice) => slice.iter().filter(|x| !x.is_finite()).count() as u64,
@@ -202,8 +199,8 @@ pub(crate) struct Executable {
     program: Program,
     /// Instructions in global step order: (stream index, instruction index).
     order: Vec<(usize, usize)>,
-    /// Constant values by constant index, decoded once at load.
-    constants: Vec<Value>,
+    /// Decoded copies of the constants that cannot be viewed in place, by constant index.
+    decoded_constants: Vec<Option<Value>>,
     /// Buffers to release after each step.
     release_after: Vec<Vec<u32>>,
 }
@@ -237,25 +234,17 @@ impl Executable {
         order.sort_unstable();
         let order: Vec<(usize, usize)> = order.into_iter().map(|(_, s, i)| (s, i)).collect();
 
-        let constants = program
-            .buffers
-            .iter()
-            .filter_map(|b| match b.kind {
-                BufferKind::Constant { index } => Some((index, &b.ty)),
-                _ => None,
-            })
-            .fold(
-                vec![None; program.constants.len()],
-                |mut acc, (index, ty)| {
-                    if let Some(blob) = program.constants.get(index as usize) {
-                        acc[index as usize] = Some(Value::from_le_bytes(ty, blob));
-                    }
-                    acc
-                },
-            )
-            .into_iter()
-            .map(|v| v.unwrap_or_else(|| Value::F32(ArrayD::zeros(IxDyn(&[0])))))
-            .collect();
+        // Constants are viewed in place in the program's blobs at each run; only those
+        // that cannot be (predicates, unaligned blobs) are decoded, once, here.
+        let mut decoded_constants: Vec<Option<Value>> = vec![None; program.constants.len()];
+        for b in &program.buffers {
+            if let BufferKind::Constant { index } = b.kind
+                && let Some(blob) = program.constants.get(index as usize)
+                && ValueRef::from_le_bytes(&b.ty, blob).is_none()
+            {
+                decoded_constants[index as usize] = Some(Value::from_le_bytes(&b.ty, blob));
+            }
+        }
 
         let mut last_reader: Vec<Option<usize>> = vec![None; program.buffers.len()];
         for (step, &(s, i)) in order.iter().enumerate() {
@@ -263,9 +252,8 @@ impl Executable {
                 last_reader[b as usize] = Some(step);
             }
         }
-        let is_output: Vec<bool> = (0..program.buffers.len())
-            .map(|b| program.outputs.iter().any(|o| o.buffer as usize == b))
-            .collect();
+        let is_output: Vec<bool> =
+            (0..program.buffers.len()).map(|b| program.outputs.iter().any(|o| o.buffer as usize == b)).collect();
         let mut release_after = vec![Vec::new(); order.len()];
         for (b, last) in last_reader.iter().enumerate() {
             if let Some(step) = last
@@ -274,12 +262,7 @@ impl Executable {
                 release_after[*step].push(b as u32);
             }
         }
-        Executable {
-            program,
-            order,
-            constants,
-            release_after,
-        }
+        Executable { program, order, decoded_constants, release_after }
     }
 
     pub(crate) fn program(&self) -> &Program {
@@ -288,26 +271,29 @@ impl Executable {
 
     /// Instructions in the order they execute.
     pub(crate) fn steps(&self) -> impl Iterator<Item = &Instruction> {
-        self.order
-            .iter()
-            .map(|&(s, i)| &self.program.streams[s].instructions[i])
+        self.order.iter().map(|&(s, i)| &self.program.streams[s].instructions[i])
+    }
+
+    fn constant_slot(&self, index: usize, ty: &ArrayType) -> Slot<'_> {
+        if let Some(value) = &self.decoded_constants[index] {
+            return Slot::Borrowed(value.view());
+        }
+        let blob = &self.program.constants[index];
+        match ValueRef::from_le_bytes(ty, blob) {
+            Some(view) => Slot::Borrowed(view),
+            None => Slot::Owned(Value::from_le_bytes(ty, blob)),
+        }
     }
 
     /// Runs the program on `inputs` (one value per program input, of its type) and
     /// returns one value per program output.
-    pub(crate) fn run<'a>(
-        &'a self,
-        inputs: Vec<Input<'a>>,
-        deadline: Instant,
-    ) -> Result<Vec<Value>, RunError> {
+    pub(crate) fn run<'a>(&'a self, inputs: Vec<Input<'a>>, deadline: Instant) -> Result<Vec<Value>, RunError> {
         let program = &self.program;
         let mut slots: Vec<Slot<'_>> = program
             .buffers
             .iter()
             .map(|b| match b.kind {
-                BufferKind::Constant { index } => {
-                    Slot::Borrowed(self.constants[index as usize].view())
-                }
+                BufferKind::Constant { index } => self.constant_slot(index as usize, &b.ty),
                 _ => Slot::Empty,
             })
             .collect();
@@ -322,11 +308,8 @@ impl Executable {
             if Instant::now() > deadline {
                 return Err(RunError::DeadlineExceeded { step, steps });
             }
-            let operands: Vec<ValueRef<'_>> = instruction
-                .operands
-                .iter()
-                .filter_map(|&b| slots[b as usize].get())
-                .collect();
+            let operands: Vec<ValueRef<'_>> =
+                instruction.operands.iter().filter_map(|&b| slots[b as usize].get()).collect();
             let out_ty = &program.buffers[instruction.output as usize].ty;
             let value = kernels::execute(&instruction.op, &operands, out_ty);
             slots[instruction.output as usize] = Slot::Owned(value);
@@ -342,9 +325,7 @@ impl Executable {
         let mut outputs = Vec::with_capacity(program.outputs.len());
         for (k, io) in program.outputs.iter().enumerate() {
             let b = io.buffer as usize;
-            let returned_again = program.outputs[k + 1..]
-                .iter()
-                .any(|o| o.buffer == io.buffer);
+            let returned_again = program.outputs[k + 1..].iter().any(|o| o.buffer == io.buffer);
             let value = match std::mem::replace(&mut slots[b], Slot::Empty) {
                 Slot::Owned(v) if returned_again => {
                     let copy = v.clone();

@@ -59,10 +59,7 @@ pub struct Instruction {
 
 impl Instruction {
     pub fn attribute(&self, name: &str) -> Option<&str> {
-        self.attributes
-            .iter()
-            .find(|a| a.name == name)
-            .map(|a| a.value.as_str())
+        self.attributes.iter().find(|a| a.name == name).map(|a| a.value.as_str())
     }
 }
 
@@ -85,10 +82,7 @@ pub struct Attribute {
 /// An HLO shape: an array or a tuple of shapes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Shape {
-    Array {
-        element_type: String,
-        dims: Vec<u64>,
-    },
+    Array { element_type: String, dims: Vec<u64> },
     Tuple(Vec<Shape>),
 }
 

@@ -4,14 +4,16 @@
 //! the grammar never depends on line breaks. Every failure is a [`ParseError`] with the
 //! position, never a panic, whatever the input.
 
+use std::collections::HashSet;
+
 use super::{Attribute, Computation, HloModule, Instruction, ParseError, Payload, Shape};
 
 /// Parses the text of one `HloModule`.
 pub fn parse_module(text: &str) -> Result<HloModule, ParseError> {
-    let mut p = Parser {
-        src: text.as_bytes(),
-        pos: 0,
-    };
+    let line_starts =
+        std::iter::once(0).chain(text.bytes().enumerate().filter(|&(_, b)| b == b'\n').map(|(i, _)| i + 1)).collect();
+    let mut p = Parser { src: text.as_bytes(), pos: 0, line_starts };
+    let mut computation_names = HashSet::new();
     p.skip_trivia();
     p.expect_keyword("HloModule")?;
     let name = p.name()?;
@@ -31,10 +33,7 @@ pub fn parse_module(text: &str) -> Result<HloModule, ParseError> {
             return Err(p.error("a second ENTRY computation; a module has exactly one"));
         }
         let computation = p.computation()?;
-        if computations
-            .iter()
-            .any(|c: &Computation| c.name == computation.name)
-        {
+        if !computation_names.insert(computation.name.clone()) {
             return Err(p.error_at(
                 computation.line,
                 1,
@@ -50,17 +49,18 @@ pub fn parse_module(text: &str) -> Result<HloModule, ParseError> {
         Some(e) => e,
         None => return Err(p.error("the module has no ENTRY computation")),
     };
-    Ok(HloModule {
-        name,
-        computations,
-        entry,
-    })
+    Ok(HloModule { name, computations, entry })
 }
 
 struct Parser<'a> {
     src: &'a [u8],
     pos: usize,
+    /// Byte offset where each line starts, for positions in messages.
+    line_starts: Vec<usize>,
 }
+
+/// How deeply tuple shapes may nest.
+const MAX_SHAPE_DEPTH: usize = 64;
 
 impl Parser<'_> {
     fn at_end(&self) -> bool {
@@ -76,9 +76,9 @@ impl Parser<'_> {
     }
 
     fn line_col(&self, pos: usize) -> (usize, usize) {
-        let before = &self.src[..pos.min(self.src.len())];
-        let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
-        let column = before.iter().rev().take_while(|&&b| b != b'\n').count() + 1;
+        let pos = pos.min(self.src.len());
+        let line = self.line_starts.partition_point(|&start| start <= pos);
+        let column = pos - self.line_starts.get(line.wrapping_sub(1)).copied().unwrap_or(0) + 1;
         (line, column)
     }
 
@@ -88,19 +88,11 @@ impl Parser<'_> {
 
     fn error(&self, message: impl Into<String>) -> ParseError {
         let (line, column) = self.line_col(self.pos);
-        ParseError {
-            line,
-            column,
-            message: message.into(),
-        }
+        ParseError { line, column, message: message.into() }
     }
 
     fn error_at(&self, line: usize, column: usize, message: impl Into<String>) -> ParseError {
-        ParseError {
-            line,
-            column,
-            message: message.into(),
-        }
+        ParseError { line, column, message: message.into() }
     }
 
     /// Skips whitespace, `/* */` block comments and `//` line comments.
@@ -138,11 +130,7 @@ impl Parser<'_> {
         if self.eat(byte) {
             Ok(())
         } else {
-            Err(self.error(format!(
-                "expected `{}` {what}, found {}",
-                byte as char,
-                self.found()
-            )))
+            Err(self.error(format!("expected `{}` {what}, found {}", byte as char, self.found())))
         }
     }
 
@@ -151,11 +139,7 @@ impl Parser<'_> {
             None => "the end of the text".into(),
             Some(_) => {
                 let rest = self.rest();
-                let end = rest
-                    .iter()
-                    .position(|b| b.is_ascii_whitespace())
-                    .unwrap_or(rest.len())
-                    .clamp(1, 24);
+                let end = rest.iter().position(|b| b.is_ascii_whitespace()).unwrap_or(rest.len()).clamp(1, 24);
                 format!("`{}`", String::from_utf8_lossy(&rest[..end]))
             }
         }
@@ -163,10 +147,7 @@ impl Parser<'_> {
 
     fn word_at_cursor(&self) -> &[u8] {
         let rest = self.rest();
-        let end = rest
-            .iter()
-            .position(|&b| !is_name_byte(b))
-            .unwrap_or(rest.len());
+        let end = rest.iter().position(|&b| !is_name_byte(b)).unwrap_or(rest.len());
         &rest[..end]
     }
 
@@ -208,12 +189,9 @@ impl Parser<'_> {
         let rest = self.rest();
         let len = rest.iter().take_while(|b| b.is_ascii_digit()).count();
         let text = std::str::from_utf8(&rest[..len]).unwrap_or("");
-        let value = text.parse::<u64>().map_err(|_| {
-            self.error(format!(
-                "expected a non-negative integer, found {}",
-                self.found()
-            ))
-        })?;
+        let value = text
+            .parse::<u64>()
+            .map_err(|_| self.error(format!("expected a non-negative integer, found {}", self.found())))?;
         self.pos += len;
         Ok(value)
     }
@@ -243,6 +221,7 @@ impl Parser<'_> {
         }
         self.expect(b'{', &format!("to open the body of computation `{name}`"))?;
         let mut instructions: Vec<Instruction> = Vec::new();
+        let mut names = HashSet::new();
         let mut root = None;
         loop {
             if self.eat(b'}') {
@@ -253,14 +232,11 @@ impl Parser<'_> {
             }
             let is_root = self.eat_keyword("ROOT");
             let instruction = self.instruction()?;
-            if instructions.iter().any(|i| i.name == instruction.name) {
+            if !names.insert(instruction.name.clone()) {
                 return Err(self.error_at(
                     instruction.line,
                     1,
-                    format!(
-                        "`{}` is defined twice in computation `{name}`",
-                        instruction.name
-                    ),
+                    format!("`{}` is defined twice in computation `{name}`", instruction.name),
                 ));
             }
             if is_root {
@@ -276,19 +252,10 @@ impl Parser<'_> {
             instructions.push(instruction);
         }
         if instructions.is_empty() {
-            return Err(self.error_at(
-                line,
-                1,
-                format!("computation `{name}` has no instructions"),
-            ));
+            return Err(self.error_at(line, 1, format!("computation `{name}` has no instructions")));
         }
         let root = root.unwrap_or(instructions.len() - 1);
-        Ok(Computation {
-            name,
-            instructions,
-            root,
-            line,
-        })
+        Ok(Computation { name, instructions, root, line })
     }
 
     fn instruction(&mut self) -> Result<Instruction, ParseError> {
@@ -325,15 +292,7 @@ impl Parser<'_> {
         while self.eat(b',') {
             attributes.push(self.attribute()?);
         }
-        Ok(Instruction {
-            name,
-            shape,
-            opcode,
-            operands,
-            payload,
-            attributes,
-            line,
-        })
+        Ok(Instruction { name, shape, opcode, operands, payload, attributes, line })
     }
 
     /// An operand reference, optionally preceded by its shape: `f32[2]{0} %x` or `x`.
@@ -351,12 +310,19 @@ impl Parser<'_> {
 
     /// `f32[2,3]{1,0}`, `f32[]`, or a tuple `(f32[], s32[4]{0})`.
     fn shape(&mut self) -> Result<Shape, ParseError> {
+        self.nested_shape(0)
+    }
+
+    fn nested_shape(&mut self, depth: usize) -> Result<Shape, ParseError> {
+        if depth > MAX_SHAPE_DEPTH {
+            return Err(self.error(format!("tuple shapes nest deeper than {MAX_SHAPE_DEPTH} levels")));
+        }
         self.skip_trivia();
         if self.eat(b'(') {
             let mut parts = Vec::new();
             if !self.eat(b')') {
                 loop {
-                    parts.push(self.shape()?);
+                    parts.push(self.nested_shape(depth + 1)?);
                     if self.eat(b')') {
                         break;
                     }
@@ -367,10 +333,7 @@ impl Parser<'_> {
         }
         let word = self.word_at_cursor();
         if word.is_empty() {
-            return Err(self.error(format!(
-                "expected a shape such as `f32[2,3]`, found {}",
-                self.found()
-            )));
+            return Err(self.error(format!("expected a shape such as `f32[2,3]`, found {}", self.found())));
         }
         let element_type = String::from_utf8_lossy(word).into_owned();
         self.pos += word.len();
@@ -386,7 +349,9 @@ impl Parser<'_> {
             loop {
                 self.skip_trivia();
                 if self.rest().starts_with(b"<=") || self.peek() == Some(b'?') {
-                    return Err(self.error("dynamic dimensions (`<=N`, `?`) are not supported; export with static shapes"));
+                    return Err(
+                        self.error("dynamic dimensions (`<=N`, `?`) are not supported; export with static shapes")
+                    );
                 }
                 dims.push(self.unsigned()?);
                 if self.eat(b']') {
@@ -415,9 +380,7 @@ impl Parser<'_> {
                     self.pos += 1;
                 }
                 Some(b'}') => {
-                    depth = depth
-                        .checked_sub(1)
-                        .ok_or_else(|| self.error("unbalanced `}` in constant literal"))?;
+                    depth = depth.checked_sub(1).ok_or_else(|| self.error("unbalanced `}` in constant literal"))?;
                     self.pos += 1;
                 }
                 Some(b',') => self.pos += 1,
@@ -434,14 +397,10 @@ impl Parser<'_> {
                     let rest = self.rest();
                     let len = rest
                         .iter()
-                        .position(|&b| {
-                            b.is_ascii_whitespace() || matches!(b, b',' | b'{' | b'}' | b')')
-                        })
+                        .position(|&b| b.is_ascii_whitespace() || matches!(b, b',' | b'{' | b'}' | b')'))
                         .unwrap_or(rest.len());
                     if len == 0 {
-                        return Err(
-                            self.error(format!("unexpected {} in constant literal", self.found()))
-                        );
+                        return Err(self.error(format!("unexpected {} in constant literal", self.found())));
                     }
                     tokens.push(String::from_utf8_lossy(&rest[..len]).into_owned());
                     self.pos += len;
@@ -579,30 +538,13 @@ ENTRY %main (p: f32[2]) -> f32[] {
         assert_eq!(m.entry().name, "main.6");
         let entry = m.entry();
         assert_eq!(entry.instructions[entry.root].opcode, "tuple");
-        assert_eq!(
-            entry.instructions[entry.root].operands,
-            vec!["r.7", "constant.7"]
-        );
+        assert_eq!(entry.instructions[entry.root].operands, vec!["r.7", "constant.7"]);
         let c = &entry.instructions[2];
-        assert_eq!(
-            c.payload,
-            Some(Payload::Literal(vec![
-                "1".into(),
-                "2.5".into(),
-                "nan".into(),
-                "inf".into()
-            ]))
-        );
+        assert_eq!(c.payload, Some(Payload::Literal(vec!["1".into(), "2.5".into(), "nan".into(), "inf".into()])));
         let s = &entry.instructions[4];
         assert_eq!(s.attribute("slice"), Some("{[0:4:2], [1:4]}"));
-        assert!(
-            s.attribute("metadata")
-                .is_some_and(|m| m.contains("a, b.py"))
-        );
-        assert_eq!(
-            entry.instructions[3].attribute("to_apply"),
-            Some("region_0.1")
-        );
+        assert!(s.attribute("metadata").is_some_and(|m| m.contains("a, b.py")));
+        assert_eq!(entry.instructions[3].attribute("to_apply"), Some("region_0.1"));
         assert_eq!(entry.instructions[0].line, 10);
     }
 
@@ -620,9 +562,16 @@ ENTRY %main (p: f32[2]) -> f32[] {
         let text = "HloModule m\n\nENTRY e {\n  a = f32[2 parameter(0)\n}\n";
         let err = parse_module(text).expect_err("bad shape");
         assert_eq!(err.line, 4);
-        let err =
-            parse_module("HloModule m\nfoo {\n a = f32[] parameter(0)\n}\n").expect_err("no entry");
+        let err = parse_module("HloModule m\nfoo {\n a = f32[] parameter(0)\n}\n").expect_err("no entry");
         assert!(err.message.contains("no ENTRY"), "{err}");
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_stack_overflow() {
+        let text = format!("HloModule m\nENTRY e {{\n a = {} parameter(0)\n}}\n", "(".repeat(100_000));
+        let err = parse_module(&text).expect_err("too deep");
+        assert!(err.message.contains("nest deeper"), "{err}");
+        assert_eq!(err.line, 3);
     }
 
     #[test]
