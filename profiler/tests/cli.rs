@@ -137,3 +137,21 @@ fn logs_follow_neuron_rt_log_level() {
     let bad = Command::new(bench).env("NEURON_RT_LOG_LEVEL", "LOUD").args(args).output().expect("run");
     assert!(text(&bad.stderr).contains("NEURON_RT_LOG_LEVEL=\"LOUD\" is not valid"), "{}", text(&bad.stderr));
 }
+
+#[test]
+fn demo_runs_the_bundled_models_on_every_core_and_reports_each_second() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = run(env!("CARGO_BIN_EXE_neuron-bench"), dir.path(), &["demo", "--duration", "2500ms"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("compiled mlp:") && stdout.contains("compiled attention:"), "{stdout}");
+    assert!(stdout.contains("running on nc0-nc1 of a virtual trn1.2xlarge"), "{stdout}");
+    let status_lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with('[')).collect();
+    assert!(status_lines.len() >= 2, "one status line per second: {stdout}");
+    for line in &status_lines {
+        assert!(line.contains("nc0") && line.contains("nc1") && line.contains("exec/s"), "{line}");
+        assert!(line.ends_with("errors 0"), "{line}");
+    }
+    let last = stdout.lines().last().unwrap_or_default();
+    assert!(last.starts_with("stopped after") && last.ends_with("0 errors"), "{last}");
+}

@@ -704,6 +704,26 @@ mod tests {
     }
 
     #[test]
+    fn xla_style_text_with_percent_names_and_typed_operands_compiles() {
+        let p = compile(
+            "HloModule m\n\n%add (x: f32[], y: f32[]) -> f32[] {\n  %x = f32[] parameter(0)\n  %y = f32[] parameter(1)\n  \
+             ROOT %add = f32[] add(f32[] %x, f32[] %y)\n}\n\nENTRY %main (p: f32[2,3]) -> f32[2] {\n  \
+             %p = f32[2,3]{1,0} parameter(0)\n  %zero = f32[] constant(0)\n  \
+             ROOT %r = f32[2]{0} reduce(f32[2,3]{1,0} %p, f32[] %zero), dimensions={1}, to_apply=%add, \
+             metadata={op_type=\"aten::sum\" op_name=\"sum\"}\n}\n",
+        )
+        .expect("compiles");
+        assert_eq!(p.instructions().map(|i| i.op.opcode()).collect::<Vec<_>>(), ["Reduce"]);
+        assert_eq!(p.inputs[0].hlo_name, "p");
+    }
+
+    #[test]
+    fn elided_constants_are_explained() {
+        let err = compile("HloModule m\nENTRY e {\n ROOT c = f32[1000]{0} constant({...})\n}\n").expect_err("elided");
+        assert!(err.message.contains("large constants printed"), "{err}");
+    }
+
+    #[test]
     fn unknown_operator_names_operator_instruction_and_line() {
         let err = compile("HloModule m\nENTRY e {\n a = f32[2] parameter(0)\n ROOT b = f32[2] erf(a)\n}\n")
             .expect_err("erf is unsupported");
