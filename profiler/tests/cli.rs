@@ -13,6 +13,14 @@ fn run(binary: &str, lock_dir: &Path, args: &[&str]) -> Output {
         .expect("run the binary")
 }
 
+/// Writes a one-operator HLO model into `dir` and returns its path.
+fn negate_model(dir: &Path) -> std::path::PathBuf {
+    let hlo = dir.join("neg.hlo");
+    std::fs::write(&hlo, "HloModule neg\nENTRY e {\n  x = f32[8]{0} parameter(0)\n  ROOT y = f32[8]{0} negate(x)\n}\n")
+        .expect("write");
+    hlo
+}
+
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -63,9 +71,7 @@ fn compile_prints_a_summary_and_list_operators_names_engines() {
 #[test]
 fn exec_json_reports_counts_throughput_and_latency_percentiles() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let hlo = dir.path().join("neg.hlo");
-    std::fs::write(&hlo, "HloModule neg\nENTRY e {\n  x = f32[8]{0} parameter(0)\n  ROOT y = f32[8]{0} negate(x)\n}\n")
-        .expect("write");
+    let hlo = negate_model(dir.path());
     let out = run(
         env!("CARGO_BIN_EXE_neuron-bench"),
         dir.path(),
@@ -89,9 +95,7 @@ fn exec_json_reports_counts_throughput_and_latency_percentiles() {
 #[test]
 fn bad_arguments_get_clear_errors() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let hlo = dir.path().join("neg.hlo");
-    std::fs::write(&hlo, "HloModule neg\nENTRY e {\n  x = f32[8]{0} parameter(0)\n  ROOT y = f32[8]{0} negate(x)\n}\n")
-        .expect("write");
+    let hlo = negate_model(dir.path());
     let model = hlo.to_str().expect("utf-8");
     let bench = env!("CARGO_BIN_EXE_neuron-bench");
 
@@ -114,9 +118,7 @@ fn bad_arguments_get_clear_errors() {
 #[test]
 fn logs_follow_neuron_rt_log_level() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let hlo = dir.path().join("neg.hlo");
-    std::fs::write(&hlo, "HloModule neg\nENTRY e {\n  x = f32[8]{0} parameter(0)\n  ROOT y = f32[8]{0} negate(x)\n}\n")
-        .expect("write");
+    let hlo = negate_model(dir.path());
     let args = ["exec", hlo.to_str().expect("utf-8"), "--cores", "0", "--iterations", "1"];
     let bench = env!("CARGO_BIN_EXE_neuron-bench");
 
