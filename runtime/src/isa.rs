@@ -296,7 +296,7 @@ impl Op {
             Op::MatMul(d) => {
                 let k: u64 = operands
                     .first()
-                    .map(|lhs| d.lhs_contracting.iter().map(|&i| lhs.dims[i as usize]).product())
+                    .map(|lhs| d.lhs_contracting.iter().fold(1u64, |k, &i| k.saturating_mul(lhs.dims[i as usize])))
                     .unwrap_or(0);
                 out_elems.saturating_mul(k).saturating_mul(2)
             }

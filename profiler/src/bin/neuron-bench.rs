@@ -52,7 +52,7 @@ struct ExecArgs {
     /// Cores to run on, one copy of the model each: `0`, `0-1` or `0,2` (default: NEURON_RT_VISIBLE_CORES, else all).
     #[arg(long)]
     cores: Option<String>,
-    /// Executions per core.
+    /// Executions per core [default: 100].
     #[arg(long, conflicts_with = "duration")]
     iterations: Option<u64>,
     /// Run for this long instead of a number of iterations: `10s`, `500ms`, `2m`.
