@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use crate::backend::{Executable, Input, RunError, Value, ValueRef};
-use crate::config::{Config, NumericalErrorsVerbosity};
+use crate::backend::{Destination, Executable, Input, Output, RunError, Value, ValueRef};
+use crate::config::{Config, MAX_EXEC_TIMEOUT, NumericalErrorsVerbosity};
 use crate::dtype::ArrayType;
 use crate::error::{NrtError, NrtResult, NrtStatus};
 use crate::isa::{IoTensor, Program};
@@ -22,7 +22,7 @@ use crate::memory::{Charge, DeviceCategory, DeviceUsage, HostCategory, HostUsage
 use crate::neff::{DecodeOptions, Neff};
 use crate::pool::HostPool;
 use crate::reservation::CoreReservation;
-use crate::tensor::{ReadSet, Tensor, TensorPlacement, TensorSet};
+use crate::tensor::{ExecutionLocks, Tensor, TensorPlacement, TensorSet};
 use crate::topology::{CoreSet, Topology};
 
 /// Device memory the runtime keeps per DMA descriptor of a loaded model.
@@ -469,24 +469,31 @@ fn run_on_core(
 ) -> NrtResult<(Duration, u64)> {
     let started = Instant::now();
     let program = model.executable.program();
-    // Inputs are read in place from their tensors while the program runs (or copied
-    // when unaligned); the locks are released before outputs are written, so a tensor
-    // bound as both input and output works.
-    let read = ReadSet::new(inputs);
+    // Inputs are read in place from their tensors while the program runs (copied only
+    // when unaligned), and outputs that share memory with nothing else are written in
+    // place; the rest are copied out after the locks are released.
+    let mut locks = ExecutionLocks::new(inputs, outputs);
+    let (input_bytes, output_bytes) = locks.split();
     let values: Vec<Input<'_>> = program
         .inputs
         .iter()
-        .enumerate()
-        .map(|(i, io)| {
+        .zip(input_bytes)
+        .map(|(io, bytes)| {
             let ty = &program.buffers[io.buffer as usize].ty;
-            let bytes = read.bytes(i);
             match ValueRef::from_le_bytes(ty, bytes) {
                 Some(view) => Input::InPlace(view),
                 None => Input::Copied(Value::from_le_bytes(ty, bytes)),
             }
         })
         .collect();
-    let results = model.executable.run(values, started + timeout).map_err(|e| match e {
+    let destinations: Vec<Option<Destination<'_>>> = program
+        .outputs
+        .iter()
+        .zip(output_bytes)
+        .map(|(io, bytes)| Destination::from_le_bytes(program.buffers[io.buffer as usize].ty.dtype, bytes?))
+        .collect();
+    let deadline = started.checked_add(timeout).unwrap_or_else(|| started + MAX_EXEC_TIMEOUT);
+    let results = model.executable.run(values, destinations, deadline).map_err(|e| match e {
         RunError::DeadlineExceeded { step, steps } => NrtError::new(
             NrtStatus::Timeout,
             format!(
@@ -497,13 +504,26 @@ fn run_on_core(
             ),
         ),
     })?;
-    drop(read);
     let mut non_finite = 0;
-    for (value, tensor) in results.iter().zip(outputs) {
-        if check_outputs {
-            non_finite += value.non_finite_count();
+    let mut to_copy = Vec::new();
+    for (k, result) in results.into_iter().enumerate() {
+        match result {
+            Output::Written(view) => {
+                if check_outputs {
+                    non_finite += view.non_finite_count();
+                }
+            }
+            Output::Value(value) => {
+                if check_outputs {
+                    non_finite += value.view().non_finite_count();
+                }
+                to_copy.push((k, value));
+            }
         }
-        tensor.with_bytes_mut(|bytes| value.write_le_bytes(bytes));
+    }
+    drop(locks);
+    for (k, value) in to_copy {
+        outputs[k].with_bytes_mut(|bytes| value.write_le_bytes(bytes));
     }
     Ok((started.elapsed(), non_finite))
 }

@@ -232,40 +232,75 @@ impl Tensor {
     }
 }
 
-/// Read access to several tensors at once, for the length of an execution. Each
-/// storage is locked once, however many of the tensors share it (a second read lock
-/// would wait behind a queued writer), and storages are locked in address order.
-pub(crate) struct ReadSet<'t> {
-    tensors: &'t [Tensor],
-    guards: Vec<RwLockReadGuard<'t, memmap2::MmapMut>>,
-    /// For each tensor, the index of its storage's guard.
-    guard_of: Vec<usize>,
+/// The tensor memory one execution works on, locked for its whole length.
+///
+/// Inputs are read-locked. An output is write-locked, so the program can write it in
+/// place, when no input or other output shares its storage; other outputs are written
+/// after the locks are released (which also serves a tensor bound as both input and
+/// output). Each storage is locked once (a second read lock would wait behind a queued
+/// writer), and all of them in address order, the order `Tensor::copy_to` uses, so no
+/// two lockers can wait on each other in a cycle.
+pub(crate) struct ExecutionLocks<'t> {
+    inputs: &'t [Tensor],
+    outputs: &'t [Tensor],
+    read_guards: Vec<RwLockReadGuard<'t, memmap2::MmapMut>>,
+    /// For each input, the index of its storage's read guard.
+    read_guard_of: Vec<usize>,
+    /// Write guards of the outputs written in place, with the output's index.
+    write_guards: Vec<(usize, RwLockWriteGuard<'t, memmap2::MmapMut>)>,
 }
 
-impl<'t> ReadSet<'t> {
-    pub(crate) fn new(tensors: &'t [Tensor]) -> ReadSet<'t> {
-        // Lock each distinct storage once, in address order: the same global order
-        // `copy_to` uses, so no two lockers can wait on each other in a cycle.
-        let mut storages: Vec<(*const Storage, usize)> =
-            tensors.iter().enumerate().map(|(i, t)| (Arc::as_ptr(&t.inner.storage), i)).collect();
-        storages.sort_unstable();
-        storages.dedup_by_key(|(storage, _)| *storage);
-        let guards = storages.iter().map(|&(_, i)| tensors[i].storage()).collect();
-        let guard_of = tensors
-            .iter()
-            .map(|t| {
-                let storage = Arc::as_ptr(&t.inner.storage);
-                storages.binary_search_by_key(&storage, |&(s, _)| s).unwrap_or_default()
-            })
-            .collect();
-        ReadSet { tensors, guards, guard_of }
+impl<'t> ExecutionLocks<'t> {
+    pub(crate) fn new(inputs: &'t [Tensor], outputs: &'t [Tensor]) -> ExecutionLocks<'t> {
+        let storage = |t: &Tensor| Arc::as_ptr(&t.inner.storage);
+        let shared = |k: usize| {
+            let s = storage(&outputs[k]);
+            inputs.iter().any(|t| storage(t) == s)
+                || outputs.iter().enumerate().any(|(other, t)| other != k && storage(t) == s)
+        };
+        // (storage, Some(output) for a write lock or None for a read lock, a tensor on it)
+        let mut plan: Vec<(*const Storage, Option<usize>, &'t Tensor)> =
+            inputs.iter().map(|t| (storage(t), None, t)).collect();
+        plan.extend((0..outputs.len()).filter(|&k| !shared(k)).map(|k| (storage(&outputs[k]), Some(k), &outputs[k])));
+        plan.sort_unstable_by_key(|&(s, _, _)| s);
+        plan.dedup_by_key(|(s, _, _)| *s);
+
+        let mut read_storages = Vec::new();
+        let mut read_guards = Vec::new();
+        let mut write_guards = Vec::new();
+        for (s, output, tensor) in plan {
+            match output {
+                Some(k) => write_guards.push((k, tensor.storage_mut())),
+                None => {
+                    read_storages.push(s);
+                    read_guards.push(tensor.storage());
+                }
+            }
+        }
+        let read_guard_of =
+            inputs.iter().map(|t| read_storages.iter().position(|&s| s == storage(t)).unwrap_or_default()).collect();
+        ExecutionLocks { inputs, outputs, read_guards, read_guard_of, write_guards }
     }
 
-    /// The bytes of tensor `i`.
-    pub(crate) fn bytes(&self, i: usize) -> &[u8] {
-        let inner = &self.tensors[i].inner;
-        let start = inner.offset as usize;
-        &self.guards[self.guard_of[i]][start..start + inner.size as usize]
+    /// The bytes of every input, and of every output that is written in place (`None`
+    /// for the others), by position.
+    pub(crate) fn split(&mut self) -> (Vec<&[u8]>, Vec<Option<&mut [u8]>>) {
+        let inputs = self
+            .inputs
+            .iter()
+            .zip(&self.read_guard_of)
+            .map(|(t, &g)| {
+                let start = t.inner.offset as usize;
+                &self.read_guards[g][start..start + t.inner.size as usize]
+            })
+            .collect();
+        let mut outputs: Vec<Option<&mut [u8]>> = (0..self.outputs.len()).map(|_| None).collect();
+        for (k, guard) in &mut self.write_guards {
+            let t = &self.outputs[*k];
+            let start = t.inner.offset as usize;
+            outputs[*k] = Some(&mut guard[start..start + t.inner.size as usize]);
+        }
+        (inputs, outputs)
     }
 }
 

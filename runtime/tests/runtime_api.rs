@@ -301,3 +301,19 @@ fn operators_without_jax_fixtures_compute_the_right_values() {
         assert!((got - want).abs() <= 1e-6, "f({x}) = {got}, expected {want}");
     }
 }
+
+#[test]
+fn outputs_sharing_one_tensor_are_each_written() {
+    // Two outputs bound to slices of one tensor cannot both be written in place while
+    // the program runs; they are copied out afterwards, and both must arrive.
+    const HLO: &str = "HloModule two\nENTRY e {\n  x = f32[4]{0} parameter(0)\n  n = f32[4]{0} negate(x)\n  \
+                       d = f32[4]{0} add(x, x)\n  ROOT t = (f32[4]{0}, f32[4]{0}) tuple(n, d)\n}\n";
+    let f = started(|_| {});
+    let (model, inputs, _) = bound(&f.runtime, HLO, &[1.0, 2.0, 3.0, 4.0]);
+    let both = f.runtime.allocate_tensor(TensorPlacement::Host, 32, "both").expect("alloc");
+    let mut outputs = TensorSet::new();
+    outputs.add("output0", both.slice(0, 16, "first").expect("slice"));
+    outputs.add("output1", both.slice(16, 16, "second").expect("slice"));
+    f.runtime.execute(&model, &inputs, &outputs).expect("executes");
+    assert_eq!(floats(&both.read_all().expect("read")), [-1.0, -2.0, -3.0, -4.0, 2.0, 4.0, 6.0, 8.0]);
+}

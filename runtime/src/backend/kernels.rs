@@ -8,7 +8,7 @@
 
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice, Zip};
 
-use super::{Value, ValueRef};
+use super::{Destination, Value, ValueRef};
 use crate::dtype::{ArrayType, DType};
 use crate::isa::{ActivationFn, BinaryOp, CompareDirection, DotDims, Op, ReduceOp, UnaryOp};
 
@@ -45,6 +45,65 @@ pub(super) fn execute(op: &Op, operands: &[ValueRef<'_>], out: &ArrayType) -> Va
         Op::Slice { start, limit, stride } => each_type!(&operands[0], a => slice(a, start, limit, stride)),
         Op::Iota { dim } => iota(out.dtype, &dims, *dim as usize),
         Op::Copy => operands[0].to_owned(),
+    }
+}
+
+/// Applies `op` to `operands`, writing the result straight into `destination` (an
+/// output tensor), and returns a view of it. Matrix products, element-wise arithmetic
+/// and activations compute in place; other operations compute into a new array that
+/// is then copied.
+pub(super) fn execute_into<'d>(
+    op: &Op,
+    operands: &[ValueRef<'_>],
+    out: &ArrayType,
+    destination: Destination<'d>,
+) -> ValueRef<'d> {
+    let dims = IxDyn(&to_usize(&out.dims));
+    match destination {
+        Destination::F32(words) => {
+            let view = ndarray::ArrayViewMutD::from_shape(dims.clone(), &mut *words);
+            write_f32(op, operands, out, view.unwrap_or_else(|_| unvalidated("output")));
+            let words: &'d [f32] = words;
+            ValueRef::F32(ArrayViewD::from_shape(dims, words).unwrap_or_else(|_| unvalidated("output")))
+        }
+        Destination::S32(words) => {
+            let view = ndarray::ArrayViewMutD::from_shape(dims.clone(), &mut *words);
+            write_s32(op, operands, out, view.unwrap_or_else(|_| unvalidated("output")));
+            let words: &'d [i32] = words;
+            ValueRef::S32(ArrayViewD::from_shape(dims, words).unwrap_or_else(|_| unvalidated("output")))
+        }
+    }
+}
+
+fn write_f32(op: &Op, operands: &[ValueRef<'_>], out: &ArrayType, mut dest: ndarray::ArrayViewMutD<'_, f32>) {
+    match (op, operands) {
+        (Op::MatMul(d), [ValueRef::F32(l), ValueRef::F32(r)]) => batched_matmul_into(l, r, d, dest, gemm_f32),
+        (Op::Binary(b), [ValueRef::F32(x), ValueRef::F32(y)]) => {
+            let f = binary_f32(*b);
+            Zip::from(&mut dest).and(x).and(y).for_each(|o, &x, &y| *o = f(x, y));
+        }
+        (Op::Activation(f), [ValueRef::F32(x)]) => {
+            let f = activation(*f);
+            Zip::from(&mut dest).and(x).for_each(|o, &x| *o = f(x));
+        }
+        _ => match execute(op, operands, out) {
+            Value::F32(value) => dest.assign(&value),
+            _ => unvalidated("output"),
+        },
+    }
+}
+
+fn write_s32(op: &Op, operands: &[ValueRef<'_>], out: &ArrayType, mut dest: ndarray::ArrayViewMutD<'_, i32>) {
+    match (op, operands) {
+        (Op::MatMul(d), [ValueRef::S32(l), ValueRef::S32(r)]) => batched_matmul_into(l, r, d, dest, gemm_naive),
+        (Op::Binary(b), [ValueRef::S32(x), ValueRef::S32(y)]) => {
+            let f = binary_s32(*b);
+            Zip::from(&mut dest).and(x).and(y).for_each(|o, &x, &y| *o = f(x, y));
+        }
+        _ => match execute(op, operands, out) {
+            Value::S32(value) => dest.assign(&value),
+            _ => unvalidated("output"),
+        },
     }
 }
 
@@ -85,27 +144,35 @@ fn zip_map<T: Copy, U>(a: &ArrayViewD<'_, T>, b: &ArrayViewD<'_, T>, f: impl Fn(
 
 fn binary(op: BinaryOp, a: &ValueRef<'_>, b: &ValueRef<'_>) -> Value {
     match (a, b) {
-        (ValueRef::F32(a), ValueRef::F32(b)) => Value::F32(match op {
-            BinaryOp::Add => zip_map(a, b, |x, y| x + y),
-            BinaryOp::Subtract => zip_map(a, b, |x, y| x - y),
-            BinaryOp::Multiply => zip_map(a, b, |x, y| x * y),
-            BinaryOp::Divide => zip_map(a, b, |x, y| x / y),
-            BinaryOp::Maximum => zip_map(a, b, max_f32),
-            BinaryOp::Minimum => zip_map(a, b, min_f32),
-        }),
-        (ValueRef::S32(a), ValueRef::S32(b)) => Value::S32(match op {
-            BinaryOp::Add => zip_map(a, b, i32::wrapping_add),
-            BinaryOp::Subtract => zip_map(a, b, i32::wrapping_sub),
-            BinaryOp::Multiply => zip_map(a, b, i32::wrapping_mul),
-            BinaryOp::Divide => zip_map(a, b, div_s32),
-            BinaryOp::Maximum => zip_map(a, b, i32::max),
-            BinaryOp::Minimum => zip_map(a, b, i32::min),
-        }),
+        (ValueRef::F32(a), ValueRef::F32(b)) => Value::F32(zip_map(a, b, binary_f32(op))),
+        (ValueRef::S32(a), ValueRef::S32(b)) => Value::S32(zip_map(a, b, binary_s32(op))),
         (ValueRef::Pred(a), ValueRef::Pred(b)) => Value::Pred(match op {
             BinaryOp::Minimum => zip_map(a, b, |x, y| x && y),
             _ => zip_map(a, b, |x, y| x || y),
         }),
         _ => unvalidated("binary"),
+    }
+}
+
+fn binary_f32(op: BinaryOp) -> fn(f32, f32) -> f32 {
+    match op {
+        BinaryOp::Add => |x, y| x + y,
+        BinaryOp::Subtract => |x, y| x - y,
+        BinaryOp::Multiply => |x, y| x * y,
+        BinaryOp::Divide => |x, y| x / y,
+        BinaryOp::Maximum => max_f32,
+        BinaryOp::Minimum => min_f32,
+    }
+}
+
+fn binary_s32(op: BinaryOp) -> fn(i32, i32) -> i32 {
+    match op {
+        BinaryOp::Add => i32::wrapping_add,
+        BinaryOp::Subtract => i32::wrapping_sub,
+        BinaryOp::Multiply => i32::wrapping_mul,
+        BinaryOp::Divide => div_s32,
+        BinaryOp::Maximum => i32::max,
+        BinaryOp::Minimum => i32::min,
     }
 }
 
@@ -313,7 +380,7 @@ fn matmul(lhs: &ValueRef<'_>, rhs: &ValueRef<'_>, d: &DotDims, out_dims: &[usize
     }
 }
 
-/// A matrix product `c = a · b` on strided 2-D views, `c` zero-initialised.
+/// A matrix product `c = a · b` on strided 2-D views; every element of `c` is written.
 type Gemm<T> = fn(ndarray::ArrayView2<'_, T>, ndarray::ArrayView2<'_, T>, ndarray::ArrayViewMut2<'_, T>);
 
 fn batched_matmul<T: Copy + Default>(
@@ -323,18 +390,31 @@ fn batched_matmul<T: Copy + Default>(
     out_dims: &[usize],
     gemm: Gemm<T>,
 ) -> ArrayD<T> {
+    let mut out = ArrayD::from_elem(IxDyn(out_dims), T::default());
+    batched_matmul_into(lhs, rhs, d, out.view_mut(), gemm);
+    out
+}
+
+/// `dot` with general dimension numbers into `out` (the result's shape, row-major),
+/// as one matrix product per batch element. Every element of `out` is written.
+fn batched_matmul_into<T: Copy + Default>(
+    lhs: &ArrayViewD<'_, T>,
+    rhs: &ArrayViewD<'_, T>,
+    d: &DotDims,
+    out: ndarray::ArrayViewMutD<'_, T>,
+    gemm: Gemm<T>,
+) {
     let (Ok(l), Ok(r)) =
         (arrange(lhs, &d.lhs_batch, &d.lhs_contracting, true), arrange(rhs, &d.rhs_batch, &d.rhs_contracting, false))
     else {
-        return ArrayD::from_elem(IxDyn(out_dims), T::default());
+        unvalidated("dot")
     };
     let (batch, m, _) = l.dim();
     let n = r.dim().2;
-    let mut out = ndarray::Array3::<T>::from_elem((batch, m, n), T::default());
+    let mut out = out.into_shape_with_order((batch, m, n)).unwrap_or_else(|_| unvalidated("dot"));
     for i in 0..batch {
         gemm(l.index_axis(Axis(0), i), r.index_axis(Axis(0), i), out.index_axis_mut(Axis(0), i));
     }
-    out.into_shape_with_order(IxDyn(out_dims)).unwrap_or_else(|_| unvalidated("dot"))
 }
 
 /// Arranges an operand as `[batch, free, contracting]` (or `[batch, contracting, free]`),
@@ -390,7 +470,14 @@ fn arrange<'a, T: Copy>(
 fn gemm_f32(a: ndarray::ArrayView2<'_, f32>, b: ndarray::ArrayView2<'_, f32>, mut c: ndarray::ArrayViewMut2<'_, f32>) {
     let (m, k) = a.dim();
     let n = b.dim().1;
-    if m == 0 || n == 0 || k == 0 || b.dim().0 != k || c.dim() != (m, n) {
+    if b.dim().0 != k || c.dim() != (m, n) {
+        unvalidated("dot");
+    }
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        c.fill(0.0);
         return;
     }
     let (rsa, csa) = (a.strides()[0], a.strides()[1]);

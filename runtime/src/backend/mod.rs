@@ -59,17 +59,6 @@ impl Value {
         }
     }
 
-    /// Number of NaN or infinite elements (zero for integer types).
-    pub(crate) fn non_finite_count(&self) -> u64 {
-        match self {
-            Value::F32(a) => match a.as_slice() {
-                Some(slice) => slice.iter().filter(|x| !x.is_finite()).count() as u64,
-                None => a.iter().filter(|x| !x.is_finite()).count() as u64,
-            },
-            Value::S32(_) | Value::Pred(_) => 0,
-        }
-    }
-
     /// A borrowed view of the value.
     pub(crate) fn view(&self) -> ValueRef<'_> {
         match self {
@@ -117,6 +106,17 @@ impl<'a> ValueRef<'a> {
             ValueRef::F32(a) => ValueRef::F32(a.view()),
             ValueRef::S32(a) => ValueRef::S32(a.view()),
             ValueRef::Pred(a) => ValueRef::Pred(a.view()),
+        }
+    }
+
+    /// Number of NaN or infinite elements (zero for integer types).
+    pub(crate) fn non_finite_count(&self) -> u64 {
+        match self {
+            ValueRef::F32(a) => match a.as_slice() {
+                Some(slice) => slice.iter().filter(|x| !x.is_finite()).count() as u64,
+                None => a.iter().filter(|x| !x.is_finite()).count() as u64,
+            },
+            ValueRef::S32(_) | ValueRef::Pred(_) => 0,
         }
     }
 
@@ -186,6 +186,36 @@ fn encode_words<T: bytemuck::Pod>(a: &ArrayD<T>, out: &mut [u8], to_le: fn(T) ->
     }
 }
 
+/// Tensor memory an output is written into directly, typed for its element type.
+#[derive(Debug)]
+pub(crate) enum Destination<'a> {
+    F32(&'a mut [f32]),
+    S32(&'a mut [i32]),
+}
+
+impl<'a> Destination<'a> {
+    /// Views output tensor bytes as elements of `dtype`, when aligned for them on a
+    /// little-endian host (`pred` outputs are always written after the run).
+    pub(crate) fn from_le_bytes(dtype: DType, bytes: &'a mut [u8]) -> Option<Destination<'a>> {
+        if cfg!(target_endian = "big") {
+            return None;
+        }
+        match dtype {
+            DType::F32 => bytemuck::try_cast_slice_mut(bytes).ok().map(Destination::F32),
+            DType::S32 => bytemuck::try_cast_slice_mut(bytes).ok().map(Destination::S32),
+            DType::Pred => None,
+        }
+    }
+}
+
+/// One output of a run: already in its tensor, or a value still to be copied there.
+#[derive(Debug)]
+pub(crate) enum Output<'a> {
+    /// Written in place; the view reads it back.
+    Written(ValueRef<'a>),
+    Value(Value),
+}
+
 /// Why a run stopped early.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RunError {
@@ -203,6 +233,8 @@ pub(crate) struct Executable {
     decoded_constants: Vec<Option<Value>>,
     /// Buffers to release after each step.
     release_after: Vec<Vec<u32>>,
+    /// For each buffer, the first program output it is returned as.
+    output_of_buffer: Vec<Option<usize>>,
 }
 
 /// A buffer's contents during a run.
@@ -262,7 +294,11 @@ impl Executable {
                 release_after[*step].push(b as u32);
             }
         }
-        Executable { program, order, decoded_constants, release_after }
+        let mut output_of_buffer = vec![None; program.buffers.len()];
+        for (k, io) in program.outputs.iter().enumerate().rev() {
+            output_of_buffer[io.buffer as usize] = Some(k);
+        }
+        Executable { program, order, decoded_constants, release_after, output_of_buffer }
     }
 
     pub(crate) fn program(&self) -> &Program {
@@ -285,11 +321,17 @@ impl Executable {
         }
     }
 
-    /// Runs the program on `inputs` (one value per program input, of its type) and
-    /// returns one value per program output.
-    pub(crate) fn run<'a>(&'a self, inputs: Vec<Input<'a>>, deadline: Instant) -> Result<Vec<Value>, RunError> {
+    /// Runs the program on `inputs` (one value per program input, of its type). An
+    /// output with a destination is computed straight into it; the others are returned
+    /// as values.
+    pub(crate) fn run<'a>(
+        &'a self,
+        inputs: Vec<Input<'a>>,
+        mut destinations: Vec<Option<Destination<'a>>>,
+        deadline: Instant,
+    ) -> Result<Vec<Output<'a>>, RunError> {
         let program = &self.program;
-        let mut slots: Vec<Slot<'_>> = program
+        let mut slots: Vec<Slot<'a>> = program
             .buffers
             .iter()
             .map(|b| match b.kind {
@@ -303,22 +345,32 @@ impl Executable {
                 Input::Copied(value) => Slot::Owned(value),
             };
         }
+        let mut written = vec![false; program.outputs.len()];
         let steps = self.order.len();
         for (step, instruction) in self.steps().enumerate() {
             if Instant::now() > deadline {
                 return Err(RunError::DeadlineExceeded { step, steps });
             }
+            let b = instruction.output as usize;
+            let out_ty = &program.buffers[b].ty;
+            let destination = self.output_of_buffer[b].and_then(|k| destinations.get_mut(k)?.take().map(|d| (k, d)));
             let operands: Vec<ValueRef<'_>> =
-                instruction.operands.iter().filter_map(|&b| slots[b as usize].get()).collect();
-            let out_ty = &program.buffers[instruction.output as usize].ty;
-            let value = kernels::execute(&instruction.op, &operands, out_ty);
-            slots[instruction.output as usize] = Slot::Owned(value);
-            for &b in &self.release_after[step] {
+                instruction.operands.iter().filter_map(|&o| slots[o as usize].get()).collect();
+            let slot = match destination {
+                Some((k, destination)) => {
+                    written[k] = true;
+                    Slot::Borrowed(kernels::execute_into(&instruction.op, &operands, out_ty, destination))
+                }
+                None => Slot::Owned(kernels::execute(&instruction.op, &operands, out_ty)),
+            };
+            drop(operands);
+            slots[b] = slot;
+            for &r in &self.release_after[step] {
                 if matches!(
-                    program.buffers[b as usize].kind,
+                    program.buffers[r as usize].kind,
                     BufferKind::Intermediate { .. } | BufferKind::Input { .. }
                 ) {
-                    slots[b as usize] = Slot::Empty;
+                    slots[r as usize] = Slot::Empty;
                 }
             }
         }
@@ -326,17 +378,24 @@ impl Executable {
         for (k, io) in program.outputs.iter().enumerate() {
             let b = io.buffer as usize;
             let returned_again = program.outputs[k + 1..].iter().any(|o| o.buffer == io.buffer);
-            let value = match std::mem::replace(&mut slots[b], Slot::Empty) {
+            let output = match std::mem::replace(&mut slots[b], Slot::Empty) {
+                Slot::Borrowed(v) if written[k] => {
+                    slots[b] = Slot::Borrowed(v.clone());
+                    Output::Written(v)
+                }
                 Slot::Owned(v) if returned_again => {
                     let copy = v.clone();
                     slots[b] = Slot::Owned(v);
-                    copy
+                    Output::Value(copy)
                 }
-                Slot::Owned(v) => v,
-                Slot::Borrowed(v) => v.to_owned(),
-                Slot::Empty => Value::zeros(&program.buffers[b].ty),
+                Slot::Owned(v) => Output::Value(v),
+                Slot::Borrowed(v) => {
+                    slots[b] = Slot::Borrowed(v.clone());
+                    Output::Value(v.to_owned())
+                }
+                Slot::Empty => Output::Value(Value::zeros(&program.buffers[b].ty)),
             };
-            outputs.push(value);
+            outputs.push(output);
         }
         Ok(outputs)
     }
