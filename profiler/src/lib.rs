@@ -10,6 +10,15 @@ use anyhow::{Context, Result};
 use neuron_runtime::config::LogLevel;
 use neuron_runtime::{Neff, Target, compile_hlo};
 
+/// Lets the process end quietly when stdout is a closed pipe (`neuron-bench ... | head`),
+/// as command-line tools do, instead of failing on the next write. Call first in `main`.
+pub fn exit_quietly_on_closed_pipe() {
+    // SAFETY: restoring the default disposition of SIGPIPE installs no handler code, and
+    // this runs at the start of `main`, before the process starts other threads.
+    let _ =
+        unsafe { nix::sys::signal::signal(nix::sys::signal::Signal::SIGPIPE, nix::sys::signal::SigHandler::SigDfl) };
+}
+
 /// Installs a stderr log subscriber at the level `NEURON_RT_LOG_LEVEL` asked for.
 pub fn init_logging(level: LogLevel) {
     let _ = tracing_subscriber::fmt()

@@ -85,6 +85,7 @@ const DEMO_MODELS: [(&str, &str); 2] = [
 ];
 
 fn main() -> ExitCode {
+    neuron_profiler::exit_quietly_on_closed_pipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Exec(args) => exec(args),

@@ -49,6 +49,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    neuron_profiler::exit_quietly_on_closed_pipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Compile { model, output, target, name } => compile(&model, output, target, name),
