@@ -37,10 +37,6 @@ impl LatencyHistogram {
         let _ = self.0.add(&other.0);
     }
 
-    pub fn count(&self) -> u64 {
-        self.0.len()
-    }
-
     pub fn clear(&mut self) {
         self.0.reset();
     }
