@@ -12,6 +12,8 @@ use clap::{Args, Parser, Subcommand};
 use neuron_profiler::stats::{LatencyHistogram, LatencySummary, format_seconds};
 use neuron_profiler::{init_logging, load_model_bytes, model_name, npy, si, thousands};
 use neuron_runtime::config::{Config, ENV_VISIBLE_CORES};
+use neuron_runtime::isa::Program;
+use neuron_runtime::neff::DecodeOptions;
 use neuron_runtime::topology::NeuronCoreVersion;
 use neuron_runtime::{
     ArrayType, DType, Model, Neff, NrtError, Runtime, Target, TensorPlacement, TensorSet, compile_hlo,
@@ -173,13 +175,13 @@ impl Replica {
 }
 
 /// The bytes of inputs given with `--input`, by model input index, checked against the model.
-fn parse_inputs(specs: &[String], model: &Model) -> Result<Vec<Option<Vec<u8>>>> {
-    let mut by_index = vec![None; model.inputs().len()];
+fn parse_inputs(specs: &[String], program: &Program) -> Result<Vec<Option<Vec<u8>>>> {
+    let mut by_index = vec![None; program.inputs.len()];
     for spec in specs {
         let (key, path) =
             spec.split_once('=').ok_or_else(|| anyhow!("--input {spec}: expected NAME_OR_INDEX=PATH.npy"))?;
-        let index = model
-            .inputs()
+        let index = program
+            .inputs
             .iter()
             .position(|io| {
                 io.name == key
@@ -187,8 +189,8 @@ fn parse_inputs(specs: &[String], model: &Model) -> Result<Vec<Option<Vec<u8>>>>
                     || key.parse::<usize>().ok() == io.name.strip_prefix("input").and_then(|n| n.parse().ok())
             })
             .ok_or_else(|| {
-                let names: Vec<String> = model
-                    .inputs()
+                let names: Vec<String> = program
+                    .inputs
                     .iter()
                     .enumerate()
                     .map(|(i, io)| format!("{i}/{}/{}", io.name, io.hlo_name))
@@ -199,9 +201,9 @@ fn parse_inputs(specs: &[String], model: &Model) -> Result<Vec<Option<Vec<u8>>>>
                 )
             })?;
         let (ty, bytes) = npy::read(Path::new(path))?;
-        let expected = model.tensor_type(&model.inputs()[index]);
+        let expected = &program.buffers[program.inputs[index].buffer as usize].ty;
         if &ty != expected {
-            bail!("--input {spec}: the file holds {ty} but input `{}` is {expected}", model.inputs()[index].name);
+            bail!("--input {spec}: the file holds {ty} but input `{}` is {expected}", program.inputs[index].name);
         }
         by_index[index] = Some(bytes);
     }
@@ -225,11 +227,9 @@ fn exec(args: ExecArgs) -> Result<()> {
     let neff = load_model_bytes(&args.model, target_for(runtime.topology().core_version))?;
     let cores = runtime.cores()?;
 
-    // A first copy only to learn the model's inputs, so `--input` is checked before
-    // anything runs.
-    let probe = runtime.load(&neff, Some(cores.cores()[0]))?;
-    let given = parse_inputs(&args.inputs, &probe)?;
-    runtime.unload(&probe)?;
+    // The model's inputs, so that `--input` is checked before anything is loaded.
+    let program = Neff::decode(&neff, DecodeOptions::default())?.program;
+    let given = parse_inputs(&args.inputs, &program)?;
     let mut fill = |i: usize, _: &ArrayType| Ok(given[i].clone());
     let replicas =
         cores.cores().iter().map(|&core| Replica::new(&runtime, &neff, core, &mut fill)).collect::<Result<Vec<_>>>()?;
