@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::error::{NrtError, NrtResult};
 use crate::topology::{CoreSet, DEFAULT_INSTANCE_TYPE, InstanceType};
+use crate::trace::{self, InspectConfig};
 
 /// Selects the virtual instance type (our extension; default `trn1.2xlarge`).
 pub const ENV_INSTANCE_TYPE: &str = "NEURON_VIRT_INSTANCE_TYPE";
@@ -22,6 +23,19 @@ pub const ENV_LOG_LEVEL: &str = "NEURON_RT_LOG_LEVEL";
 pub const ENV_EXEC_TIMEOUT: &str = "NEURON_RT_EXEC_TIMEOUT";
 pub const ENV_VALIDATE_HASH: &str = "NEURON_RT_VALIDATE_HASH";
 pub const ENV_NUMERICAL_ERRORS_VERBOSITY: &str = "NEURON_RT_NUMERICAL_ERRORS_VERBOSITY";
+pub const ENV_PROCESS_TAG: &str = "NEURON_PROCESS_TAG";
+pub const ENV_INSPECT_ENABLE: &str = "NEURON_RT_INSPECT_ENABLE";
+pub const ENV_INSPECT_SYSTEM_PROFILE: &str = "NEURON_RT_INSPECT_SYSTEM_PROFILE";
+pub const ENV_INSPECT_DEVICE_PROFILE: &str = "NEURON_RT_INSPECT_DEVICE_PROFILE";
+pub const ENV_INSPECT_MAX_EVENTS_PER_NC: &str = "NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC";
+pub const ENV_INSPECT_EVENT_FILTER_NC: &str = "NEURON_RT_INSPECT_EVENT_FILTER_NC";
+pub const ENV_INSPECT_EVENT_FILTER_TYPE: &str = "NEURON_RT_INSPECT_EVENT_FILTER_TYPE";
+/// Refuse new trace events when a ring is full instead of overwriting (our extension).
+pub const ENV_TRACE_DISCARD: &str = "NEURON_VIRT_TRACE_DISCARD";
+/// Directory of the per-process datastores (our extension).
+pub const ENV_DATASTORE_DIR: &str = "NEURON_VIRT_DATASTORE_DIR";
+/// Longest `NEURON_PROCESS_TAG` accepted.
+pub const MAX_PROCESS_TAG_LEN: usize = 255;
 
 /// How long one execution may run before it fails with `NRT_TIMEOUT`.
 pub const DEFAULT_EXEC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -86,6 +100,12 @@ pub struct Config {
     pub numerical_errors: NumericalErrorsVerbosity,
     pub lock_dir: PathBuf,
     pub host_threads: usize,
+    /// `NEURON_PROCESS_TAG`: how tools label this process.
+    pub process_tag: Option<String>,
+    /// What the trace rings record.
+    pub inspect: InspectConfig,
+    /// Where the datastore file is created.
+    pub datastore_dir: PathBuf,
 }
 
 impl Default for Config {
@@ -99,6 +119,9 @@ impl Default for Config {
             numerical_errors: NumericalErrorsVerbosity::Warning,
             lock_dir: lock_dir(None),
             host_threads: default_host_threads(),
+            process_tag: None,
+            inspect: InspectConfig::default(),
+            datastore_dir: crate::datastore::default_dir(),
         }
     }
 }
@@ -210,7 +233,74 @@ impl Config {
             None => default_host_threads(),
         };
 
+        let process_tag = match lookup(ENV_PROCESS_TAG).filter(|v| !v.is_empty()) {
+            Some(tag) if tag.len() > MAX_PROCESS_TAG_LEN => {
+                return Err(bad(ENV_PROCESS_TAG, &tag, &format!("a tag is at most {MAX_PROCESS_TAG_LEN} characters")));
+            }
+            tag => tag,
+        };
+
+        let profile = |name: &str| -> NrtResult<Option<bool>> {
+            match get(name) {
+                None => Ok(None),
+                Some(v) => match v.trim().to_ascii_lowercase().as_str() {
+                    "0" | "false" | "off" => Ok(Some(false)),
+                    "1" | "true" | "on" | "model" | "session" => Ok(Some(true)),
+                    _ => Err(bad(name, &v, "use 0, 1, model or session")),
+                },
+            }
+        };
+        let enabled = match get(ENV_INSPECT_ENABLE) {
+            Some(v) => parse_bool(&v).ok_or_else(|| bad(ENV_INSPECT_ENABLE, &v, "use 0 or 1"))?,
+            None => true,
+        };
+        let system_profile = profile(ENV_INSPECT_SYSTEM_PROFILE)?.unwrap_or(true);
+        let device_profile = profile(ENV_INSPECT_DEVICE_PROFILE)?.unwrap_or(true);
+        let max_events_per_nc = match get(ENV_INSPECT_MAX_EVENTS_PER_NC) {
+            Some(v) => match v.trim().replace('_', "").parse::<u64>() {
+                Ok(n) if (trace::MIN_EVENTS_PER_NC..=trace::MAX_EVENTS_PER_NC).contains(&n) => n,
+                _ => {
+                    return Err(bad(
+                        ENV_INSPECT_MAX_EVENTS_PER_NC,
+                        &v,
+                        &format!(
+                            "expected a whole number of events from {} to {}",
+                            trace::MIN_EVENTS_PER_NC,
+                            trace::MAX_EVENTS_PER_NC
+                        ),
+                    ));
+                }
+            },
+            None => trace::DEFAULT_MAX_EVENTS_PER_NC,
+        };
+        let filter_cores = match get(ENV_INSPECT_EVENT_FILTER_NC) {
+            Some(v) => Some(
+                CoreSet::parse(&v, core_count)
+                    .map_err(|e| bad(ENV_INSPECT_EVENT_FILTER_NC, &v, &format!("{e} on {instance_type}")))?,
+            ),
+            None => None,
+        };
+        let event_types = match get(ENV_INSPECT_EVENT_FILTER_TYPE) {
+            Some(v) => trace::parse_event_filter(&v).map_err(|e| bad(ENV_INSPECT_EVENT_FILTER_TYPE, &v, &e))?,
+            None => trace::ALL_SYSTEM_EVENTS,
+        };
+        let discard = match get(ENV_TRACE_DISCARD) {
+            Some(v) => parse_bool(&v).ok_or_else(|| bad(ENV_TRACE_DISCARD, &v, "use true or false"))?,
+            None => false,
+        };
+        let inspect = InspectConfig {
+            system: enabled && system_profile,
+            device: enabled && device_profile,
+            cores: filter_cores,
+            event_types,
+            max_events_per_nc,
+            discard,
+        };
+
         Ok(Config {
+            process_tag,
+            inspect,
+            datastore_dir: get(ENV_DATASTORE_DIR).map_or_else(crate::datastore::default_dir, PathBuf::from),
             instance_type,
             cores,
             log_level,
@@ -300,10 +390,51 @@ mod tests {
             (ENV_VISIBLE_CORES, "0-4294967295"),
             (ENV_VALIDATE_HASH, "maybe"),
             (ENV_INSTANCE_TYPE, "p4d"),
+            (ENV_INSPECT_ENABLE, "yes please"),
+            (ENV_INSPECT_SYSTEM_PROFILE, "2"),
+            (ENV_INSPECT_DEVICE_PROFILE, "always"),
+            (ENV_INSPECT_MAX_EVENTS_PER_NC, "8"),
+            (ENV_INSPECT_MAX_EVENTS_PER_NC, "lots"),
+            (ENV_INSPECT_EVENT_FILTER_NC, "5"),
+            (ENV_INSPECT_EVENT_FILTER_TYPE, "nrt_execute,bogus_event"),
+            (ENV_TRACE_DISCARD, "sometimes"),
         ] {
             let err = config(&[(name, value)]).expect_err("must be rejected");
             assert!(err.message.contains(name), "{err}");
             assert!(err.message.contains(value), "{err}");
         }
+    }
+
+    #[test]
+    fn inspect_switches_decide_what_is_recorded() {
+        let c = config(&[]).expect("valid");
+        assert!(c.inspect.system && c.inspect.device, "rings are on by default");
+        assert_eq!(c.inspect.max_events_per_nc, trace::DEFAULT_MAX_EVENTS_PER_NC);
+        let c = config(&[(ENV_INSPECT_ENABLE, "0")]).expect("valid");
+        assert!(!c.inspect.system && !c.inspect.device);
+        let c = config(&[(ENV_INSPECT_DEVICE_PROFILE, "0"), (ENV_INSPECT_SYSTEM_PROFILE, "session")]).expect("valid");
+        assert!(c.inspect.system && !c.inspect.device);
+        let c = config(&[
+            (ENV_INSPECT_EVENT_FILTER_NC, "1"),
+            (ENV_INSPECT_EVENT_FILTER_TYPE, "hardware,^timestamp_sync_point,nrt_load"),
+            (ENV_INSPECT_MAX_EVENTS_PER_NC, "1000"),
+            (ENV_PROCESS_TAG, "trainer"),
+        ])
+        .expect("valid");
+        assert_eq!(c.inspect.cores, Some(CoreSet::range(1, 1)));
+        let types = c.inspect.event_types;
+        assert!(types & trace::EventType::NcExecRunning.bit() != 0);
+        assert!(types & trace::EventType::NrtLoad.bit() != 0);
+        assert!(types & trace::EventType::TimestampSyncPoint.bit() == 0);
+        assert!(types & trace::EventType::NrtExecute.bit() == 0);
+        assert_eq!(c.inspect.max_events_per_nc, 1000);
+        assert_eq!(c.process_tag.as_deref(), Some("trainer"));
+        let only_exclusions = config(&[(ENV_INSPECT_EVENT_FILTER_TYPE, "^software")]).expect("valid");
+        assert_eq!(
+            only_exclusions.inspect.event_types,
+            trace::EventType::ALL.iter().filter(|t| t.is_hardware()).fold(0, |m, t| m | t.bit())
+        );
+        let long_tag = "x".repeat(MAX_PROCESS_TAG_LEN + 1);
+        assert!(config(&[(ENV_PROCESS_TAG, &long_tag)]).is_err());
     }
 }

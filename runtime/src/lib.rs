@@ -8,6 +8,7 @@
 
 pub mod compile;
 pub mod config;
+pub mod datastore;
 pub mod dtype;
 pub mod error;
 pub mod hlo;
@@ -15,6 +16,7 @@ pub mod isa;
 pub mod memory;
 pub mod neff;
 pub mod topology;
+pub mod trace;
 
 mod backend;
 mod pool;
@@ -31,3 +33,4 @@ pub use reservation::CoreReservation;
 pub use runtime::{ExecutionReport, Model, Runtime};
 pub use tensor::{Tensor, TensorPlacement, TensorSet};
 pub use topology::{CoreSet, InstanceType, Topology};
+pub use trace::{SysTraceConfig, SysTraceFetch};

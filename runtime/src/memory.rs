@@ -7,8 +7,8 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
 
 use crate::error::{NrtError, NrtResult, NrtStatus};
 use crate::topology::Topology;
@@ -111,6 +111,17 @@ pub struct MemoryLedger {
     host: [AtomicU64; 4],
     /// Serialises capacity checks with the additions they guard.
     device_allocation: Mutex<()>,
+    /// Receives every change, to publish it (the datastore's memory counters).
+    mirror: OnceLock<MemoryMirror>,
+}
+
+/// A receiver of memory counter changes: `(charge, bytes, added)`.
+pub(crate) struct MemoryMirror(pub(crate) Box<dyn Fn(Charge, u64, bool) + Send + Sync>);
+
+impl fmt::Debug for MemoryMirror {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("MemoryMirror")
+    }
 }
 
 impl MemoryLedger {
@@ -121,6 +132,7 @@ impl MemoryLedger {
             device: (0..topology.core_count()).map(|_| Default::default()).collect(),
             host: Default::default(),
             device_allocation: Mutex::new(()),
+            mirror: OnceLock::new(),
         })
     }
 
@@ -145,7 +157,15 @@ impl MemoryLedger {
                 counters[category as usize].fetch_add(bytes, Ordering::Relaxed);
             }
         }
+        if let Some(mirror) = self.mirror.get() {
+            (mirror.0)(charge, bytes, true);
+        }
         Ok(MemoryCharge { ledger: Arc::clone(self), charge, bytes })
+    }
+
+    /// Sends every later change to `mirror` (set once, at init, before any charge).
+    pub(crate) fn set_mirror(&self, mirror: MemoryMirror) {
+        let _ = self.mirror.set(mirror);
     }
 
     pub fn device_usage(&self, core: u32) -> DeviceUsage {
@@ -227,6 +247,9 @@ impl Drop for MemoryCharge {
             Charge::Device { core, category } => &self.ledger.device[core as usize][category as usize],
         };
         counter.fetch_sub(self.bytes, Ordering::Relaxed);
+        if let Some(mirror) = self.ledger.mirror.get() {
+            (mirror.0)(self.charge, self.bytes, false);
+        }
     }
 }
 

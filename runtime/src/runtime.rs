@@ -7,23 +7,38 @@
 //! through tensor and model handles that outlive the runtime.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use uuid::Uuid;
 
 use crate::backend::{Destination, Executable, Input, Output, RunError, Value, ValueRef};
 use crate::config::{Config, MAX_EXEC_TIMEOUT, NumericalErrorsVerbosity};
+use crate::datastore::DatastoreError;
+use crate::datastore::layout::{core as counter, model as model_field};
+use crate::datastore::writer::{CreateParams, DatastoreWriter, ModelEntry};
 use crate::dtype::ArrayType;
 use crate::error::{NrtError, NrtResult, NrtStatus};
-use crate::isa::{IoTensor, Program};
-use crate::memory::{Charge, DeviceCategory, DeviceUsage, HostCategory, HostUsage, MemoryCharge, MemoryLedger};
+use crate::isa::{BufferKind, DmaQueueKind, IoTensor, Program};
+use crate::memory::{
+    Charge, DeviceCategory, DeviceUsage, HostCategory, HostUsage, MemoryCharge, MemoryLedger, MemoryMirror,
+};
 use crate::neff::{DecodeOptions, Neff};
 use crate::pool::HostPool;
 use crate::reservation::CoreReservation;
-use crate::tensor::{ExecutionLocks, Tensor, TensorPlacement, TensorSet};
+use crate::tensor::{ExecutionLocks, Tensor, TensorPlacement, TensorSet, TensorTracing};
 use crate::topology::{CoreSet, Topology};
+use crate::trace::clock::{self, DeviceClock, ticks};
+use crate::trace::event::{DEVICE_KIND_DMA, DEVICE_KIND_INSTRUCTION, DeviceRecord, FLAG_DEVICE_CLOCK, FLAG_STATUS};
+use crate::trace::{
+    DEFAULT_MODEL_SLOTS, DEFAULT_STRING_TABLE_BYTES, DmaQueueType, EventIds, EventType, ExecOutcome, INSTRUCTION_BYTES,
+    Phase, RingPos, SysTraceConfig, SysTraceFetch, Tracer,
+};
+
+/// How often the runtime marks its datastore alive.
+pub(crate) const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Device memory the runtime keeps per DMA descriptor of a loaded model.
 pub(crate) const DMA_DESCRIPTOR_BYTES: u64 = 64;
@@ -72,6 +87,9 @@ struct Running {
     pool: Arc<HostPool>,
     /// One lock per reserved core: a core executes one thing at a time.
     core_locks: Arc<HashMap<u32, Mutex<()>>>,
+    tracer: Arc<Tracer>,
+    /// Dropping it stops the heartbeat thread.
+    _heartbeat: crossbeam_channel::Sender<()>,
 }
 
 /// A model loaded on a NeuronCore.
@@ -90,6 +108,28 @@ struct LoadedModel {
     flops_per_execution: u64,
     /// Released at unload (or close), even while handles to the model remain.
     charges: Mutex<Vec<MemoryCharge>>,
+    /// The core's position among the held cores (its counters and rings).
+    slot: usize,
+    ring: RingPos,
+    name_id: u32,
+    /// The model's slot in the datastore's models table, if it got one.
+    table_slot: Option<u32>,
+    /// What each instruction's device event says, in execution order.
+    instructions: Vec<InstructionTrace>,
+    input_bytes: u64,
+    output_bytes: u64,
+}
+
+/// The fixed part of an instruction's device event, prepared at load.
+#[derive(Debug, Clone, Copy)]
+struct InstructionTrace {
+    engine: u8,
+    opcode_id: u32,
+    hlo_id: u32,
+    step: u32,
+    flops: u64,
+    bytes_read: u64,
+    bytes_written: u64,
 }
 
 /// What one execution did.
@@ -149,10 +189,53 @@ impl Runtime {
             host_threads = pool.threads(),
             "runtime initialised"
         );
+        let tracer = Arc::new(self.create_tracer(reservation.cores().cores())?);
+        let mirror = Arc::clone(&tracer);
+        shared.ledger.set_mirror(MemoryMirror(Box::new(move |charge, bytes, add| match charge {
+            Charge::Host(category) => mirror.store.add_host_memory(category, bytes, add),
+            Charge::Device { core, category } => mirror.store.add_device_memory(core, category, bytes, add),
+        })));
+        let heartbeat = start_heartbeat(Arc::clone(&tracer))?;
+        tracing::info!(datastore = %tracer.store.path().display(), "datastore created");
         let core_locks = reservation.cores().cores().iter().map(|&c| (c, Mutex::new(()))).collect();
-        *running = Some(Running { reservation, pool: Arc::new(pool), core_locks: Arc::new(core_locks) });
+        *running = Some(Running {
+            reservation,
+            pool: Arc::new(pool),
+            core_locks: Arc::new(core_locks),
+            tracer,
+            _heartbeat: heartbeat,
+        });
         shared.lifecycle.0.store(RUNNING, Ordering::Release);
         Ok(())
+    }
+
+    /// Creates the datastore for the held `cores` and the tracer writing into it.
+    fn create_tracer(&self, cores: &[u32]) -> NrtResult<Tracer> {
+        let config = &self.shared.config;
+        let topology = &self.shared.topology;
+        let (calibration, ns_per_tick) = clock::measure(Duration::from_millis(2));
+        let device_clocks: Vec<DeviceClock> =
+            cores.iter().map(|&c| DeviceClock::for_core(c, calibration.ticks, ns_per_tick)).collect();
+        let params = CreateParams {
+            dir: config.datastore_dir.clone(),
+            tag: config.process_tag.clone(),
+            instance_type: topology.instance_type.to_string(),
+            device_count: topology.device_count,
+            cores_per_device: topology.cores_per_device(),
+            device_memory_bytes: topology.device_memory_bytes,
+            instance_core_count: topology.core_count(),
+            cores: cores.to_vec(),
+            ring_capacity: config.inspect.max_events_per_nc.next_power_of_two(),
+            model_slots: DEFAULT_MODEL_SLOTS,
+            string_table_bytes: DEFAULT_STRING_TABLE_BYTES,
+            tick_source: clock::tick_source(),
+            calibration,
+            ns_per_tick,
+            device_clocks: device_clocks.clone(),
+            recording: 0,
+        };
+        let store = DatastoreWriter::create(&params).map_err(|e| datastore_error(&e))?;
+        Ok(Tracer::new(store, &config.inspect, cores, device_clocks, ns_per_tick))
     }
 
     /// Unloads every model, stops the host threads and releases the NeuronCores.
@@ -162,6 +245,9 @@ impl Runtime {
         self.shared.lifecycle.0.store(CLOSED, Ordering::Release);
         for (_, model) in lock(&self.shared.models).drain() {
             lock(&model.charges).clear();
+        }
+        if let Some(r) = running.as_ref() {
+            r.tracer.store.close();
         }
         *running = None;
         tracing::info!("runtime closed");
@@ -190,9 +276,46 @@ impl Runtime {
         self.shared.ledger.host_usage()
     }
 
+    /// The datastore file tools read this runtime from.
+    pub fn datastore_path(&self) -> NrtResult<PathBuf> {
+        Ok(self.tracer()?.store.path().to_owned())
+    }
+
+    /// Starts a system trace session (`nrt_sys_trace_start` with its configuration).
+    pub fn sys_trace_start(&self, config: &SysTraceConfig) -> NrtResult<()> {
+        self.tracer()?.session_start(config).map_err(NrtError::invalid)
+    }
+
+    /// Stops the session; what it recorded can still be fetched.
+    pub fn sys_trace_stop(&self) -> NrtResult<()> {
+        self.tracer()?.session_stop().map_err(NrtError::invalid)
+    }
+
+    /// Returns the session's events not fetched before (`nrt_sys_trace_fetch_events`).
+    pub fn sys_trace_fetch_events(&self) -> NrtResult<SysTraceFetch> {
+        self.tracer()?.session_fetch().map_err(NrtError::invalid)
+    }
+
+    /// Switches every trace ring on or off at once, overriding the
+    /// `NEURON_RT_INSPECT_*` configuration (used to measure tracing overhead).
+    pub fn set_trace_recording(&self, on: bool) -> NrtResult<()> {
+        self.tracer()?.set_all_recording(on);
+        Ok(())
+    }
+
+    fn tracer(&self) -> NrtResult<Arc<Tracer>> {
+        self.shared.lifecycle.check()?;
+        lock(&self.shared.running)
+            .as_ref()
+            .map(|r| Arc::clone(&r.tracer))
+            .ok_or_else(|| NrtError::new(NrtStatus::Closed, "the runtime has been closed"))
+    }
+
     /// Loads a NEFF onto `core`, or onto the held core with the fewest models.
     pub fn load(&self, neff_bytes: &[u8], core: Option<u32>) -> NrtResult<Model> {
+        let called = ticks();
         self.shared.lifecycle.check()?;
+        let tracer = self.tracer()?;
         let neff = Neff::decode(neff_bytes, DecodeOptions { validate_hash: self.shared.config.validate_hash })?;
         let program = &neff.program;
         if program.target != self.shared.topology.core_version {
@@ -202,39 +325,166 @@ impl Runtime {
             )));
         }
         let core = self.pick_core(core)?;
-        let charges = self.charge_model(program, neff_bytes.len() as u64, core)?;
+        let slot = tracer.store.core_slot(core).ok_or_else(|| NrtError::invalid(format!("nc{core} is not held")))?;
+        let ring = tracer.ring_of(Some(core));
         let id = self.shared.next_model_id.fetch_add(1, Ordering::Relaxed);
-        let model = Arc::new(LoadedModel {
-            id,
+        let name_id = tracer.store.intern(&neff.name);
+        let ids = EventIds { exec_id: 0, model_id: id };
+        let tracking_id = if tracer.enabled(ring, EventType::NrtLoad) {
+            let tracking_id = tracer.tracking_id();
+            tracer.emit_at(called, ring, EventType::NrtLoad, Phase::Start, tracking_id, ids, name_id, [0; 4], 0);
+            tracking_id
+        } else {
+            0
+        };
+        let loaded = self.load_on(&tracer, neff, neff_bytes.len() as u64, core, slot, ring, id, name_id);
+        tracer.stop(ring, EventType::NrtLoad, tracking_id, ids, name_id, loaded.as_ref().err().map(|e| e.status));
+        let model = loaded?;
+        tracing::info!(model = %model.inner.name, id, core, "model loaded");
+        Ok(model)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn load_on(
+        &self,
+        tracer: &Tracer,
+        neff: Neff,
+        neff_len: u64,
+        core: u32,
+        slot: usize,
+        ring: RingPos,
+        id: u32,
+        name_id: u32,
+    ) -> NrtResult<Model> {
+        let program = &neff.program;
+        let charges = self.charge_model(program, neff_len, core)?;
+        let size_of = |b: u32| program.buffers[b as usize].ty.size_bytes().unwrap_or(0);
+        let input_bytes = program.inputs.iter().map(|io| size_of(io.buffer)).sum();
+        let output_bytes = program.outputs.iter().map(|io| size_of(io.buffer)).sum();
+        let executable = Executable::new(neff.program);
+        let program = executable.program();
+        let instructions = executable
+            .steps()
+            .map(|instruction| {
+                let operand_types: Vec<&ArrayType> =
+                    instruction.operands.iter().map(|&o| &program.buffers[o as usize].ty).collect();
+                let output_type = &program.buffers[instruction.output as usize].ty;
+                let hlo = program.hlo_names.get(instruction.hlo as usize).map_or("", String::as_str);
+                InstructionTrace {
+                    engine: instruction.op.engine() as u8,
+                    opcode_id: tracer.store.intern(instruction.op.opcode()),
+                    hlo_id: tracer.store.intern(hlo),
+                    step: instruction.step,
+                    flops: instruction.op.flops(&operand_types, output_type),
+                    bytes_read: operand_types.iter().map(|t| t.size_bytes().unwrap_or(0)).sum(),
+                    bytes_written: output_type.size_bytes().unwrap_or(0),
+                }
+            })
+            .collect::<Vec<_>>();
+        let device_memory = |category| {
+            charges.iter().filter(|c| c.charge() == (Charge::Device { core, category })).map(|c| c.bytes()).sum()
+        };
+        let entry = ModelEntry {
+            model_id: id,
+            core,
             name: neff.name.clone(),
             uuid: neff.uuid,
-            core,
+            loaded_ticks: ticks(),
             flops_per_execution: program.flops_per_execution(),
-            executable: Executable::new(neff.program),
+            instructions: instructions.len() as u64,
+            device_memory: DeviceCategory::ALL.map(device_memory),
+            host_memory: charges.iter().filter(|c| matches!(c.charge(), Charge::Host(_))).map(|c| c.bytes()).sum(),
+        };
+        let table_slot = tracer.store.publish_model(&entry);
+        self.emit_weight_transfers(tracer, program, core, slot, id);
+        let model = Arc::new(LoadedModel {
+            id,
+            name: neff.name,
+            uuid: neff.uuid,
+            core,
+            flops_per_execution: entry.flops_per_execution,
+            executable,
             charges: Mutex::new(charges),
+            slot,
+            ring,
+            name_id,
+            table_slot,
+            instructions,
+            input_bytes,
+            output_bytes,
         });
         {
             // Checked again under the models lock: a concurrent close drains the table
             // after marking the runtime closed, so a model inserted here is never missed.
             let mut models = lock(&self.shared.models);
-            self.shared.lifecycle.check()?;
+            if let Err(e) = self.shared.lifecycle.check() {
+                if let Some(s) = table_slot {
+                    tracer.store.retract_model(s);
+                }
+                return Err(e);
+            }
             models.insert(id, Arc::clone(&model));
         }
-        tracing::info!(model = %model.name, id, core, "model loaded");
         Ok(Model { inner: model })
+    }
+
+    /// Weights DMA at load: one device event per constant (viewed in place from the
+    /// NEFF, so the transfers take no time), under the core's lock as every device
+    /// event is.
+    fn emit_weight_transfers(&self, tracer: &Tracer, program: &Program, core: u32, slot: usize, model_id: u32) {
+        let weights: u64 = program
+            .buffers
+            .iter()
+            .filter(|b| matches!(b.kind, BufferKind::Constant { .. }))
+            .map(|b| b.ty.size_bytes().unwrap_or(0))
+            .sum();
+        tracer.add(slot, counter::DMA_BYTES + DmaQueueType::Weights as u64, weights);
+        if !tracer.device_enabled(slot) {
+            return;
+        }
+        let core_locks = lock(&self.shared.running).as_ref().map(|r| Arc::clone(&r.core_locks));
+        let Some(core_locks) = core_locks else { return };
+        let _busy = core_locks.get(&core).map(|l| l.lock().unwrap_or_else(|e| e.into_inner()));
+        let now = tracer.device_ns(slot, ticks());
+        for queue in program.dma_queues.iter().filter(|q| q.kind == DmaQueueKind::Weights) {
+            for transfer in &queue.transfers {
+                tracer.emit_device(
+                    slot,
+                    &DeviceRecord {
+                        start_ns: now,
+                        end_ns: now,
+                        model_id,
+                        kind: DEVICE_KIND_DMA,
+                        unit: DmaQueueType::Weights as u8,
+                        opcode_or_index: transfer.index,
+                        flops_or_bytes: transfer.bytes,
+                        ..DeviceRecord::default()
+                    },
+                );
+            }
+        }
     }
 
     /// Unloads a model; its handle is invalid afterwards.
     pub fn unload(&self, model: &Model) -> NrtResult<()> {
-        self.shared.lifecycle.check()?;
-        match lock(&self.shared.models).remove(&model.inner.id) {
+        let tracer = self.tracer()?;
+        let m = &model.inner;
+        let ids = EventIds { exec_id: 0, model_id: m.id };
+        let tracking_id = tracer.start(m.ring, EventType::NrtUnload, ids, m.name_id);
+        let removed = lock(&self.shared.models).remove(&m.id);
+        let result = match removed {
             Some(loaded) => {
                 lock(&loaded.charges).clear();
-                tracing::info!(model = %model.inner.name, id = model.inner.id, "model unloaded");
+                if let Some(slot) = loaded.table_slot {
+                    tracer.store.retract_model(slot);
+                }
+                tracing::info!(model = %m.name, id = m.id, "model unloaded");
                 Ok(())
             }
             None => Err(stale_model(model)),
-        }
+        };
+        tracer.stop(m.ring, EventType::NrtUnload, tracking_id, ids, m.name_id, result.as_ref().err().map(|e| e.status));
+        result
     }
 
     /// Allocates a zero-filled tensor of `size` bytes.
@@ -249,66 +499,141 @@ impl Runtime {
     }
 
     fn allocate(&self, placement: TensorPlacement, size: u64, ty: Option<ArrayType>, name: &str) -> NrtResult<Tensor> {
-        self.shared.lifecycle.check()?;
-        let charge = match placement {
-            TensorPlacement::Host => Charge::Host(HostCategory::Tensors),
+        let tracer = self.tracer()?;
+        let (charge, core) = match placement {
+            TensorPlacement::Host => (Charge::Host(HostCategory::Tensors), None),
             TensorPlacement::Device { core } => {
                 self.check_held(core)?;
-                Charge::Device { core, category: DeviceCategory::Tensors }
+                (Charge::Device { core, category: DeviceCategory::Tensors }, Some(core))
             }
         };
         let charge = self.shared.ledger.charge(charge, size)?;
-        Tensor::allocate(name, placement, size, ty, charge, Arc::clone(&self.shared.lifecycle))
+        let tracing = TensorTracing { ring: tracer.ring_of(core), name_id: tracer.store.intern(name), tracer };
+        Tensor::allocate(name, placement, size, ty, charge, Arc::clone(&self.shared.lifecycle), Some(tracing))
     }
 
     /// Executes `model` synchronously: reads `inputs`, writes `outputs`.
     pub fn execute(&self, model: &Model, inputs: &TensorSet, outputs: &TensorSet) -> NrtResult<ExecutionReport> {
-        let started = Instant::now();
+        let called = ticks();
         self.shared.lifecycle.check()?;
         if !lock(&self.shared.models).contains_key(&model.inner.id) {
             return Err(stale_model(model));
         }
-        let program = model.inner.executable.program();
-        let input_tensors = bind(&model.inner.name, "input", &program.inputs, program, inputs)?;
-        let output_tensors = bind(&model.inner.name, "output", &program.outputs, program, outputs)?;
-        let (pool, core_locks) = {
+        let (pool, core_locks, tracer) = {
             let running = lock(&self.shared.running);
             let running =
                 running.as_ref().ok_or_else(|| NrtError::new(NrtStatus::Closed, "the runtime has been closed"))?;
-            (Arc::clone(&running.pool), Arc::clone(&running.core_locks))
+            (Arc::clone(&running.pool), Arc::clone(&running.core_locks), Arc::clone(&running.tracer))
         };
-        let model_inner = Arc::clone(&model.inner);
-        let timeout = self.shared.config.exec_timeout;
-        let check_outputs = self.shared.config.numerical_errors != NumericalErrorsVerbosity::None;
+        let m = Arc::clone(&model.inner);
+        let ids = EventIds { exec_id: tracer.next_exec_id(), model_id: m.id };
+        let execute_tracking = if tracer.enabled(m.ring, EventType::NrtExecute) {
+            let tracking_id = tracer.tracking_id();
+            tracer.emit_at(called, m.ring, EventType::NrtExecute, Phase::Start, tracking_id, ids, 0, [0; 4], 0);
+            tracking_id
+        } else {
+            0
+        };
+        if let Some(slot) = m.table_slot {
+            tracer.store.model_counter(slot, model_field::RUNNING).fetch_add(1, Ordering::Relaxed);
+        }
+        let wait_tracking = tracer.start(m.ring, EventType::KblExecWait, ids, 0);
+        let job = CoreJob {
+            model: Arc::clone(&m),
+            inputs: inputs.clone(),
+            outputs: outputs.clone(),
+            tracer: Arc::clone(&tracer),
+            ids,
+            timeout: self.shared.config.exec_timeout,
+            check_outputs: self.shared.config.numerical_errors != NumericalErrorsVerbosity::None,
+        };
         let outcome = pool.run(move || {
-            let core_lock = core_locks.get(&model_inner.core);
+            let kmgr_tracking = job.tracer.start(job.model.ring, EventType::KmgrExecCore, job.ids, 0);
+            let core_lock = core_locks.get(&job.model.core);
             let _busy = core_lock.map(|l| l.lock().unwrap_or_else(|e| e.into_inner()));
-            run_on_core(&model_inner, &input_tensors, &output_tensors, timeout, check_outputs)
+            job.switch_model();
+            job.tracer.stop(job.model.ring, EventType::KmgrExecCore, kmgr_tracking, job.ids, 0, None);
+            job.run()
         });
-        let (device_latency, numerical_errors) = outcome.map_err(|panic| {
-            NrtError::new(NrtStatus::Failure, format!("execution failed inside the backend: {}", panic.0))
-        })??;
-        let report = ExecutionReport {
-            total_latency: started.elapsed(),
-            device_latency,
+        let ran = outcome.unwrap_or_else(|panic| {
+            let error = NrtError::new(NrtStatus::Failure, format!("execution failed inside the backend: {}", panic.0));
+            tracer.emit(
+                m.ring,
+                EventType::HwNotify,
+                Phase::Instant,
+                0,
+                ids,
+                tracer.store.intern(&error.message),
+                [error.status.code() as u64, 0, 0, 0],
+                0,
+            );
+            CoreRun { result: Err(error), device_ticks: None, instructions: 0 }
+        });
+        let mut result = ran.result.map(|numerical_errors| ExecutionReport {
+            total_latency: Duration::ZERO,
+            device_latency: tracer_duration(&tracer, ran.device_ticks.unwrap_or(0)),
             numerical_errors,
-            flops: model.inner.flops_per_execution,
-        };
-        if numerical_errors > 0 {
-            tracing::warn!(model = %model.inner.name, numerical_errors, "execution produced NaN or Inf");
+            flops: m.flops_per_execution,
+        });
+        if let Ok(report) = &result
+            && report.numerical_errors > 0
+        {
+            tracing::warn!(model = %m.name, numerical_errors = report.numerical_errors, "execution produced NaN or Inf");
             if self.shared.config.numerical_errors == NumericalErrorsVerbosity::Critical {
-                return Err(NrtError::new(
+                result = Err(NrtError::new(
                     NrtStatus::ExecCompletedWithNumErr,
                     format!(
-                        "execution of `{}` completed with {numerical_errors} NaN/Inf value(s) in its outputs \
+                        "execution of `{}` completed with {} NaN/Inf value(s) in its outputs \
                          (NEURON_RT_NUMERICAL_ERRORS_VERBOSITY=critical)",
-                        model.inner.name
+                        m.name, report.numerical_errors
                     ),
                 ));
             }
         }
-        tracing::debug!(model = %model.inner.name, latency_us = report.total_latency.as_micros() as u64, "executed");
+        let status = result.as_ref().err().map(|e| e.status);
+        tracer.stop(m.ring, EventType::KblExecWait, wait_tracking, ids, 0, None);
+        let total_ticks = ticks().saturating_sub(called);
+        self.count_execution(&tracer, &m, &result, &ran_counts(ran.device_ticks, ran.instructions), total_ticks);
+        tracer.stop(m.ring, EventType::NrtExecute, execute_tracking, ids, 0, status);
+        let mut report = result?;
+        report.total_latency = tracer_duration(&tracer, total_ticks);
+        tracing::debug!(model = %m.name, latency_us = report.total_latency.as_micros() as u64, "executed");
         Ok(report)
+    }
+
+    /// Adds one execution to the core's and the model's counters.
+    fn count_execution(
+        &self,
+        tracer: &Tracer,
+        m: &LoadedModel,
+        result: &NrtResult<ExecutionReport>,
+        ran: &(Option<u64>, u64),
+        total_ticks: u64,
+    ) {
+        let (device_ticks, instructions) = *ran;
+        let numerical_errors = result.as_ref().map_or(0, |r| r.numerical_errors);
+        let (outcome, class) = ExecOutcome::classify(result.as_ref().err().map(|e| e.status), numerical_errors);
+        let slot = m.slot;
+        tracer.add(slot, counter::EXECUTIONS + outcome as u64, 1);
+        if let Some(class) = class {
+            tracer.add(slot, counter::ERRORS + class as u64, 1);
+        }
+        tracer.add(slot, counter::NUMERICAL_ERROR_VALUES, numerical_errors);
+        tracer.add(slot, counter::INSTRUCTIONS, instructions);
+        if let Some(device_ticks) = device_ticks {
+            tracer.add(slot, counter::DMA_BYTES + DmaQueueType::Input as u64, m.input_bytes);
+            tracer.add(slot, counter::DMA_BYTES + DmaQueueType::Instructions as u64, instructions * INSTRUCTION_BYTES);
+            tracer.store.record_latency(slot, false, tracer.ticks_to_ns(device_ticks));
+        }
+        if result.is_ok() || outcome == ExecOutcome::CompletedWithNumErr {
+            tracer.add(slot, counter::FLOPS, m.flops_per_execution);
+            tracer.add(slot, counter::DMA_BYTES + DmaQueueType::Output as u64, m.output_bytes);
+        }
+        tracer.store.record_latency(slot, true, tracer.ticks_to_ns(total_ticks));
+        if let Some(table_slot) = m.table_slot {
+            tracer.store.model_counter(table_slot, model_field::EXECUTIONS).fetch_add(1, Ordering::Relaxed);
+            tracer.store.model_counter(table_slot, model_field::RUNNING).fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     fn check_held(&self, core: u32) -> NrtResult<()> {
@@ -458,74 +783,300 @@ fn bind(model: &str, what: &str, ios: &[IoTensor], program: &Program, set: &Tens
         .collect()
 }
 
-/// Input DMA, the program, output DMA; returns the device time and the NaN/Inf count
-/// (zero when outputs are not checked).
-fn run_on_core(
-    model: &LoadedModel,
-    inputs: &[Tensor],
-    outputs: &[Tensor],
+/// One execution as the core runs it, on a host pool thread.
+struct CoreJob {
+    model: Arc<LoadedModel>,
+    inputs: TensorSet,
+    outputs: TensorSet,
+    tracer: Arc<Tracer>,
+    ids: EventIds,
     timeout: Duration,
     check_outputs: bool,
-) -> NrtResult<(Duration, u64)> {
-    let started = Instant::now();
-    let program = model.executable.program();
-    // Inputs are read in place from their tensors while the program runs (copied only
-    // when unaligned), and outputs that share memory with nothing else are written in
-    // place; the rest are copied out after the locks are released.
-    let mut locks = ExecutionLocks::new(inputs, outputs);
-    let (input_bytes, output_bytes) = locks.split();
-    let values: Vec<Input<'_>> = program
-        .inputs
-        .iter()
-        .zip(input_bytes)
-        .map(|(io, bytes)| {
-            let ty = &program.buffers[io.buffer as usize].ty;
-            match ValueRef::from_le_bytes(ty, bytes) {
-                Some(view) => Input::InPlace(view),
-                None => Input::Copied(Value::from_le_bytes(ty, bytes)),
-            }
-        })
-        .collect();
-    let destinations: Vec<Option<Destination<'_>>> = program
-        .outputs
-        .iter()
-        .zip(output_bytes)
-        .map(|(io, bytes)| Destination::from_le_bytes(program.buffers[io.buffer as usize].ty.dtype, bytes?))
-        .collect();
-    let deadline = started.checked_add(timeout).unwrap_or_else(|| started + MAX_EXEC_TIMEOUT);
-    let results = model.executable.run(values, destinations, deadline).map_err(|e| match e {
-        RunError::DeadlineExceeded { step, steps } => NrtError::new(
-            NrtStatus::Timeout,
-            format!(
-                "execution of `{}` on nc{} did not finish within NEURON_RT_EXEC_TIMEOUT ({:.3} s): stopped before instruction {step} of {steps}; raise the timeout if the model is expected to take this long",
-                model.name,
-                model.core,
-                timeout.as_secs_f64()
-            ),
-        ),
-    })?;
-    let mut non_finite = 0;
-    let mut to_copy = Vec::new();
-    for (k, result) in results.into_iter().enumerate() {
-        match result {
-            Output::Written(view) => {
-                if check_outputs {
-                    non_finite += view.non_finite_count();
-                }
-            }
-            Output::Value(value) => {
-                if check_outputs {
-                    non_finite += value.view().non_finite_count();
-                }
-                to_copy.push((k, value));
-            }
+}
+
+/// What the core did: the NaN/Inf count or the error, the program's device time
+/// (`None` if it never started) and the instructions it executed.
+struct CoreRun {
+    result: NrtResult<u64>,
+    device_ticks: Option<u64>,
+    instructions: u64,
+}
+
+fn ran_counts(device_ticks: Option<u64>, instructions: u64) -> (Option<u64>, u64) {
+    (device_ticks, instructions)
+}
+
+fn tracer_duration(tracer: &Tracer, ticks: u64) -> Duration {
+    Duration::from_nanos(tracer.ticks_to_ns(ticks))
+}
+
+impl CoreJob {
+    /// Counts and records a change of model on the core (the caller holds its lock).
+    fn switch_model(&self) {
+        let m = &self.model;
+        if let Some(previous) = self.tracer.switch_model(m.slot, m.id) {
+            self.tracer.add(m.slot, counter::MODEL_SWITCHES, 1);
+            self.tracer.emit(
+                m.ring,
+                EventType::NrtModelSwitch,
+                Phase::Instant,
+                0,
+                self.ids,
+                0,
+                [u64::from(previous), 0, 0, 0],
+                0,
+            );
         }
     }
-    drop(locks);
-    for (k, value) in to_copy {
-        outputs[k].with_bytes_mut(|bytes| value.write_le_bytes(bytes));
+
+    /// Validation and copy-in, the program, copy-out, with their events; the caller
+    /// holds the core's lock.
+    fn run(&self) -> CoreRun {
+        let started = ticks();
+        let mut run = self.run_phases();
+        let tracer = &self.tracer;
+        let m = &self.model;
+        tracer.add(m.slot, counter::BUSY_NS, tracer.ticks_to_ns(ticks().saturating_sub(started)));
+        if let Err(error) = &run.result {
+            tracer.emit(
+                m.ring,
+                EventType::HwNotify,
+                Phase::Instant,
+                0,
+                self.ids,
+                tracer.store.intern(&error.message),
+                [error.status.code() as u64, 0, 0, 0],
+                0,
+            );
+        }
+        if let Ok(count) = run.result
+            && count > 0
+        {
+            tracer.emit(m.ring, EventType::NumericalErr, Phase::Instant, 0, self.ids, 0, [count, 0, 0, 0], 0);
+        }
+        if tracer.enabled(m.ring, EventType::TimestampSyncPoint) {
+            let now = ticks();
+            let args = [now, tracer.device_ns(m.slot, now), 0, 0];
+            tracer.emit_at(now, m.ring, EventType::TimestampSyncPoint, Phase::Instant, 0, self.ids, 0, args, 0);
+        }
+        run.instructions = run.instructions.min(m.instructions.len() as u64);
+        run
     }
-    Ok((started.elapsed(), non_finite))
+
+    fn run_phases(&self) -> CoreRun {
+        let (tracer, m, ids) = (&*self.tracer, &*self.model, self.ids);
+        let (ring, slot) = (m.ring, m.slot);
+        let program = m.executable.program();
+        let device = tracer.device_enabled(slot);
+        let failed = |error: NrtError| CoreRun { result: Err(error), device_ticks: None, instructions: 0 };
+
+        let pre = tracer.start(ring, EventType::KblExecPre, ids, 0);
+        let bound = bind(&m.name, "input", &program.inputs, program, &self.inputs)
+            .and_then(|i| Ok((i, bind(&m.name, "output", &program.outputs, program, &self.outputs)?)));
+        let (input_tensors, output_tensors) = match bound {
+            Ok(bound) => bound,
+            Err(error) => {
+                tracer.stop(ring, EventType::KblExecPre, pre, ids, 0, Some(error.status));
+                return failed(error);
+            }
+        };
+        // Inputs are read in place from their tensors while the program runs (copied only
+        // when unaligned), and outputs that share memory with nothing else are written in
+        // place; the rest are copied out after the locks are released.
+        let mut locks = ExecutionLocks::new(&input_tensors, &output_tensors);
+        let (input_bytes, output_bytes) = locks.split();
+        if device {
+            let now = tracer.device_ns(slot, ticks());
+            for (k, stream) in program.streams.iter().enumerate() {
+                let bytes = stream.instructions.len() as u64 * INSTRUCTION_BYTES;
+                self.dma(DmaQueueType::Instructions, k as u32, bytes, now, now);
+            }
+        }
+        let values: Vec<Input<'_>> = program
+            .inputs
+            .iter()
+            .zip(input_bytes)
+            .zip(&input_tensors)
+            .enumerate()
+            .map(|(k, ((io, bytes), tensor))| {
+                let ty = &program.buffers[io.buffer as usize].ty;
+                let start = ticks();
+                let input = match ValueRef::from_le_bytes(ty, bytes) {
+                    Some(view) => Input::InPlace(view),
+                    None => Input::Copied(Value::from_le_bytes(ty, bytes)),
+                };
+                self.copied(EventType::DmemBufCopyin, DmaQueueType::Input, k, tensor, start, device);
+                input
+            })
+            .collect();
+        let destinations: Vec<Option<Destination<'_>>> = program
+            .outputs
+            .iter()
+            .zip(output_bytes)
+            .map(|(io, bytes)| Destination::from_le_bytes(program.buffers[io.buffer as usize].ty.dtype, bytes?))
+            .collect();
+        tracer.stop(ring, EventType::KblExecPre, pre, ids, 0, None);
+
+        let running = tracer.enabled(ring, EventType::NcExecRunning);
+        let run_start = ticks();
+        let running_tracking = if running {
+            let tracking_id = tracer.tracking_id();
+            let at = tracer.device_ns(slot, run_start);
+            tracer.emit_at(
+                at,
+                ring,
+                EventType::NcExecRunning,
+                Phase::Start,
+                tracking_id,
+                ids,
+                0,
+                [0; 4],
+                FLAG_DEVICE_CLOCK,
+            );
+            tracking_id
+        } else {
+            0
+        };
+        let timeout_ticks = (self.timeout.min(MAX_EXEC_TIMEOUT).as_nanos() as f64 / tracer.ns_per_tick) as u64;
+        let mut executed = 0u64;
+        let results = m.executable.run(values, destinations, run_start.saturating_add(timeout_ticks), |step, a, b| {
+            executed += 1;
+            if device && let Some(it) = m.instructions.get(step) {
+                tracer.emit_device(
+                    slot,
+                    &DeviceRecord {
+                        start_ns: tracer.device_ns(slot, a),
+                        end_ns: tracer.device_ns(slot, b),
+                        exec_id: ids.exec_id,
+                        model_id: ids.model_id,
+                        kind: DEVICE_KIND_INSTRUCTION,
+                        unit: it.engine,
+                        opcode_or_index: it.opcode_id,
+                        hlo_string: it.hlo_id,
+                        step: it.step,
+                        flops_or_bytes: it.flops,
+                        bytes_read: it.bytes_read,
+                        bytes_written: it.bytes_written,
+                    },
+                );
+            }
+        });
+        let run_end = ticks();
+        let results = results.map_err(|e| match e {
+            RunError::DeadlineExceeded { step, steps } => NrtError::new(
+                NrtStatus::Timeout,
+                format!(
+                    "execution of `{}` on nc{} did not finish within NEURON_RT_EXEC_TIMEOUT ({:.3} s): stopped before instruction {step} of {steps}; raise the timeout if the model is expected to take this long",
+                    m.name,
+                    m.core,
+                    self.timeout.as_secs_f64()
+                ),
+            ),
+        });
+        if running {
+            let (args, flags) = match &results {
+                Err(e) => ([0, 0, 0, e.status.code() as u64], FLAG_DEVICE_CLOCK | FLAG_STATUS),
+                Ok(_) => ([0; 4], FLAG_DEVICE_CLOCK),
+            };
+            let at = tracer.device_ns(slot, run_end);
+            tracer.emit_at(at, ring, EventType::NcExecRunning, Phase::Stop, running_tracking, ids, 0, args, flags);
+        }
+        let device_ticks = Some(run_end.saturating_sub(run_start));
+        let results = match results {
+            Ok(results) => results,
+            Err(error) => return CoreRun { result: Err(error), device_ticks, instructions: executed },
+        };
+
+        let post = tracer.start(ring, EventType::KblExecPost, ids, 0);
+        let mut non_finite = 0;
+        let mut to_copy = Vec::new();
+        for (k, result) in results.into_iter().enumerate() {
+            match result {
+                Output::Written(view) => {
+                    if self.check_outputs {
+                        non_finite += view.non_finite_count();
+                    }
+                    to_copy.push((k, None));
+                }
+                Output::Value(value) => {
+                    if self.check_outputs {
+                        non_finite += value.view().non_finite_count();
+                    }
+                    to_copy.push((k, Some(value)));
+                }
+            }
+        }
+        drop(locks);
+        for (k, value) in to_copy {
+            let start = ticks();
+            if let Some(value) = value {
+                output_tensors[k].with_bytes_mut(|bytes| value.write_le_bytes(bytes));
+            }
+            self.copied(EventType::DmemBufCopyout, DmaQueueType::Output, k, &output_tensors[k], start, device);
+        }
+        tracer.stop(ring, EventType::KblExecPost, post, ids, 0, None);
+        CoreRun { result: Ok(non_finite), device_ticks, instructions: executed }
+    }
+
+    /// Records a tensor's copy-in or copy-out, which started at `start` and ends now:
+    /// a `dmem_buf_copy*` event and a DMA transfer on the device trace.
+    fn copied(
+        &self,
+        event_type: EventType,
+        queue: DmaQueueType,
+        index: usize,
+        tensor: &Tensor,
+        start: u64,
+        device: bool,
+    ) {
+        let (tensor_id, name_id) = tensor.trace_ids();
+        let bytes = tensor.size();
+        let end = ticks();
+        if self.tracer.enabled(self.model.ring, event_type) {
+            let args = [tensor_id, bytes, 0, 0];
+            self.tracer.emit_at(end, self.model.ring, event_type, Phase::Instant, 0, self.ids, name_id, args, 0);
+        }
+        if device {
+            let slot = self.model.slot;
+            self.dma(queue, index as u32, bytes, self.tracer.device_ns(slot, start), self.tracer.device_ns(slot, end));
+        }
+    }
+
+    fn dma(&self, queue: DmaQueueType, index: u32, bytes: u64, start_ns: u64, end_ns: u64) {
+        self.tracer.emit_device(
+            self.model.slot,
+            &DeviceRecord {
+                start_ns,
+                end_ns,
+                exec_id: self.ids.exec_id,
+                model_id: self.ids.model_id,
+                kind: DEVICE_KIND_DMA,
+                unit: queue as u8,
+                opcode_or_index: index,
+                flops_or_bytes: bytes,
+                ..DeviceRecord::default()
+            },
+        );
+    }
+}
+
+/// Starts the thread that refreshes the datastore heartbeat until the returned sender
+/// is dropped.
+fn start_heartbeat(tracer: Arc<Tracer>) -> NrtResult<crossbeam_channel::Sender<()>> {
+    let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
+    std::thread::Builder::new()
+        .name("neuron-datastore-heartbeat".into())
+        .spawn(move || {
+            while let Err(crossbeam_channel::RecvTimeoutError::Timeout) = stopped.recv_timeout(HEARTBEAT_INTERVAL) {
+                tracer.store.heartbeat();
+            }
+        })
+        .map_err(|e| NrtError::new(NrtStatus::Resource, format!("cannot start the heartbeat thread: {e}")))?;
+    Ok(stop)
+}
+
+fn datastore_error(error: &DatastoreError) -> NrtError {
+    NrtError::new(NrtStatus::Resource, format!("cannot create the runtime's datastore: {error}"))
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -14,6 +14,8 @@ use crate::dtype::ArrayType;
 use crate::error::{NrtError, NrtResult, NrtStatus};
 use crate::memory::MemoryCharge;
 use crate::runtime::Lifecycle;
+use crate::trace::event::Phase;
+use crate::trace::{EventIds, EventType, RingPos, Tracer};
 
 /// Where a tensor's memory lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -50,11 +52,46 @@ struct TensorInner {
     offset: u64,
     size: u64,
     lifecycle: Arc<Lifecycle>,
+    tracing: Option<TensorTracing>,
+}
+
+/// Where a tensor's events go: its core's ring, or the process ring for host tensors.
+#[derive(Clone)]
+pub(crate) struct TensorTracing {
+    pub(crate) tracer: Arc<Tracer>,
+    pub(crate) ring: RingPos,
+    /// The tensor's name in the string table.
+    pub(crate) name_id: u32,
 }
 
 struct Storage {
     bytes: RwLock<memmap2::MmapMut>,
     _charge: MemoryCharge,
+    /// Emits `nrt_tensor_free` when the last view of the memory goes.
+    freed: Option<(TensorTracing, u64, u64)>,
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        if let Some((tracing, tensor_id, size)) = &self.freed {
+            tracing.instant(EventType::NrtTensorFree, [*tensor_id, *size, 0, 0]);
+        }
+    }
+}
+
+impl TensorTracing {
+    fn instant(&self, event_type: EventType, args: [u64; 4]) {
+        self.tracer.emit(self.ring, event_type, Phase::Instant, 0, EventIds::default(), self.name_id, args, 0);
+    }
+
+    /// Runs `f` inside a start/stop span of `event_type`.
+    fn span<R>(&self, event_type: EventType, args: [u64; 4], f: impl FnOnce() -> R) -> R {
+        let tracer = &self.tracer;
+        let tracking_id = tracer.start_with(self.ring, event_type, EventIds::default(), self.name_id, args);
+        let result = f();
+        tracer.emit(self.ring, event_type, Phase::Stop, tracking_id, EventIds::default(), self.name_id, args, 0);
+        result
+    }
 }
 
 static NEXT_TENSOR_ID: AtomicU64 = AtomicU64::new(1);
@@ -80,6 +117,7 @@ impl Tensor {
         array_type: Option<ArrayType>,
         charge: MemoryCharge,
         lifecycle: Arc<Lifecycle>,
+        tracing: Option<TensorTracing>,
     ) -> NrtResult<Tensor> {
         let len = usize::try_from(size).map_err(|_| {
             NrtError::new(NrtStatus::Resource, format!("{size} bytes do not fit in this host's address space"))
@@ -88,22 +126,34 @@ impl Tensor {
         // cost no physical memory, and without a swap reservation device memory may
         // exceed the host's RAM. A request the host cannot map is an error instead of an
         // abort. (A zero-length mapping is not allowed, hence the max.)
-        let bytes = memmap2::MmapOptions::new().len(len.max(1)).no_reserve_swap().map_anon().map_err(|e| {
-            NrtError::new(
-                NrtStatus::Resource,
-                format!("the host could not provide {size} bytes for tensor `{name}`: {e}"),
-            )
-        })?;
+        let id = NEXT_TENSOR_ID.fetch_add(1, Ordering::Relaxed);
+        let map = || {
+            memmap2::MmapOptions::new().len(len.max(1)).no_reserve_swap().map_anon().map_err(|e| {
+                NrtError::new(
+                    NrtStatus::Resource,
+                    format!("the host could not provide {size} bytes for tensor `{name}`: {e}"),
+                )
+            })
+        };
+        let bytes = match &tracing {
+            Some(t) => t.span(EventType::NrtTensorAllocate, [id, size, 0, 0], map)?,
+            None => map()?,
+        };
         Ok(Tensor {
             inner: Arc::new(TensorInner {
-                id: NEXT_TENSOR_ID.fetch_add(1, Ordering::Relaxed),
+                id,
                 name: name.to_owned(),
                 placement,
                 array_type,
-                storage: Arc::new(Storage { bytes: RwLock::new(bytes), _charge: charge }),
+                storage: Arc::new(Storage {
+                    bytes: RwLock::new(bytes),
+                    _charge: charge,
+                    freed: tracing.clone().map(|t| (t, id, size)),
+                }),
                 offset: 0,
                 size,
                 lifecycle,
+                tracing,
             }),
         })
     }
@@ -133,6 +183,11 @@ impl Tensor {
     pub fn slice(&self, offset: u64, size: u64, name: &str) -> NrtResult<Tensor> {
         self.inner.lifecycle.check()?;
         self.check_range("slice", offset, size)?;
+        let tracing = self.inner.tracing.as_ref().map(|t| TensorTracing {
+            tracer: Arc::clone(&t.tracer),
+            ring: t.ring,
+            name_id: t.tracer.store.intern(name),
+        });
         Ok(Tensor {
             inner: Arc::new(TensorInner {
                 id: NEXT_TENSOR_ID.fetch_add(1, Ordering::Relaxed),
@@ -143,6 +198,7 @@ impl Tensor {
                 offset: self.inner.offset + offset,
                 size,
                 lifecycle: Arc::clone(&self.inner.lifecycle),
+                tracing,
             }),
         })
     }
@@ -152,7 +208,9 @@ impl Tensor {
         self.inner.lifecycle.check()?;
         self.check_range("write", offset, data.len() as u64)?;
         let start = (self.inner.offset + offset) as usize;
-        self.storage_mut()[start..start + data.len()].copy_from_slice(data);
+        self.traced(EventType::NrtTensorWrite, offset, data.len() as u64, || {
+            self.storage_mut()[start..start + data.len()].copy_from_slice(data);
+        });
         Ok(())
     }
 
@@ -161,7 +219,10 @@ impl Tensor {
         self.inner.lifecycle.check()?;
         self.check_range("read", offset, out.len() as u64)?;
         let start = (self.inner.offset + offset) as usize;
-        out.copy_from_slice(&self.storage()[start..start + out.len()]);
+        let len = out.len();
+        self.traced(EventType::NrtTensorRead, offset, len as u64, || {
+            out.copy_from_slice(&self.storage()[start..start + len]);
+        });
         Ok(())
     }
 
@@ -178,7 +239,9 @@ impl Tensor {
         self.inner.lifecycle.check()?;
         self.check_range("memset", offset, size)?;
         let start = (self.inner.offset + offset) as usize;
-        self.storage_mut()[start..start + size as usize].fill(value);
+        self.traced(EventType::NrtTensorWrite, offset, size, || {
+            self.storage_mut()[start..start + size as usize].fill(value);
+        });
         Ok(())
     }
 
@@ -190,6 +253,11 @@ impl Tensor {
         let src_start = (self.inner.offset + src_offset) as usize;
         let dst_start = (dst.inner.offset + dst_offset) as usize;
         let len = size as usize;
+        dst.traced(EventType::NrtTensorWrite, dst_offset, size, || self.copy_bytes(src_start, dst, dst_start, len));
+        Ok(())
+    }
+
+    fn copy_bytes(&self, src_start: usize, dst: &Tensor, dst_start: usize, len: usize) {
         if Arc::ptr_eq(&self.inner.storage, &dst.inner.storage) {
             self.storage_mut().copy_within(src_start..src_start + len, dst_start);
         } else {
@@ -203,7 +271,19 @@ impl Tensor {
             };
             dst_bytes[dst_start..dst_start + len].copy_from_slice(&src[src_start..src_start + len]);
         }
-        Ok(())
+    }
+
+    /// Runs `f` inside an `nrt_tensor_read` or `nrt_tensor_write` span.
+    fn traced<R>(&self, event_type: EventType, offset: u64, bytes: u64, f: impl FnOnce() -> R) -> R {
+        match &self.inner.tracing {
+            Some(t) => t.span(event_type, [self.inner.id, offset, bytes, 0], f),
+            None => f(),
+        }
+    }
+
+    /// The tensor's id and its name's string id, for the events that mention it.
+    pub(crate) fn trace_ids(&self) -> (u64, u32) {
+        (self.inner.id, self.inner.tracing.as_ref().map_or(0, |t| t.name_id))
     }
 
     /// Runs `f` on the tensor's bytes, mutably.

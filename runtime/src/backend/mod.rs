@@ -8,12 +8,11 @@
 
 mod kernels;
 
-use std::time::Instant;
-
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
 use crate::dtype::{ArrayType, DType};
 use crate::isa::{BufferKind, Instruction, Program};
+use crate::trace::clock::ticks;
 
 /// A host array of one of the executable element types.
 #[derive(Debug, Clone, PartialEq)]
@@ -323,12 +322,15 @@ impl Executable {
 
     /// Runs the program on `inputs` (one value per program input, of its type). An
     /// output with a destination is computed straight into it; the others are returned
-    /// as values.
+    /// as values. The deadline is in host ticks (`trace::clock::ticks`), read once per
+    /// instruction; `on_instruction(step, start, end)` sees each instruction's tick
+    /// interval, which costs no extra clock read.
     pub(crate) fn run<'a>(
         &'a self,
         inputs: Vec<Input<'a>>,
         mut destinations: Vec<Option<Destination<'a>>>,
-        deadline: Instant,
+        deadline_ticks: u64,
+        mut on_instruction: impl FnMut(usize, u64, u64),
     ) -> Result<Vec<Output<'a>>, RunError> {
         let program = &self.program;
         let mut slots: Vec<Slot<'a>> = program
@@ -347,8 +349,14 @@ impl Executable {
         }
         let mut written = vec![false; program.outputs.len()];
         let steps = self.order.len();
+        let mut previous_start = ticks();
         for (step, instruction) in self.steps().enumerate() {
-            if Instant::now() > deadline {
+            let now = ticks();
+            if step > 0 {
+                on_instruction(step - 1, previous_start, now);
+            }
+            previous_start = now;
+            if now > deadline_ticks {
                 return Err(RunError::DeadlineExceeded { step, steps });
             }
             let b = instruction.output as usize;
@@ -373,6 +381,9 @@ impl Executable {
                     slots[r as usize] = Slot::Empty;
                 }
             }
+        }
+        if steps > 0 {
+            on_instruction(steps - 1, previous_start, ticks());
         }
         let mut outputs = Vec::with_capacity(program.outputs.len());
         for (k, io) in program.outputs.iter().enumerate() {

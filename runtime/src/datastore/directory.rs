@@ -1,0 +1,100 @@
+//! The per-user datastore directory, file names, and process identity checks.
+//!
+//! Files live in one directory per user: `$NEURON_VIRT_DATASTORE_DIR`, else
+//! `$XDG_RUNTIME_DIR/neuron-virt`, else `/dev/shm/neuron-virt-<uid>`. The directory is
+//! created `0700`; an existing one is used only if it is a real directory (not a
+//! symlink) owned by this user and closed to everyone else.
+
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use super::DatastoreError;
+
+/// The directory used when nothing is configured.
+pub fn default_dir() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(dir) => PathBuf::from(dir).join("neuron-virt"),
+        None if Path::new("/dev/shm").is_dir() => {
+            PathBuf::from(format!("/dev/shm/neuron-virt-{}", nix::unistd::geteuid()))
+        }
+        None => std::env::temp_dir().join(format!("neuron-virt-{}", nix::unistd::geteuid())),
+    }
+}
+
+/// `nrt-<pid>-<instance>.ds` in `dir`: one file per runtime, `instance` counting the
+/// runtimes a process has created.
+pub fn file_path(dir: &Path, pid: u32, instance: u32) -> PathBuf {
+    dir.join(format!("nrt-{pid}-{instance}.ds"))
+}
+
+/// The pid in a datastore file name, if it is one.
+pub fn pid_of_file_name(name: &str) -> Option<u32> {
+    let (pid, instance) = name.strip_prefix("nrt-")?.strip_suffix(".ds")?.split_once('-')?;
+    instance.parse::<u32>().ok()?;
+    pid.parse().ok()
+}
+
+/// Creates `dir` (mode 0700) or checks that the existing one is private to this user.
+pub(crate) fn ensure_private_dir(dir: &Path) -> Result<(), DatastoreError> {
+    match std::fs::symlink_metadata(dir) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if let Some(parent) = dir.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| DatastoreError::io(parent, e))?;
+            }
+            match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(DatastoreError::io(dir, e)),
+            }
+            check_private_dir(dir)
+        }
+        Err(e) => Err(DatastoreError::io(dir, e)),
+        Ok(_) => check_private_dir(dir),
+    }
+}
+
+/// Fails unless `dir` is a directory (not a symlink) owned by this user with no
+/// permissions for group or others.
+pub(crate) fn check_private_dir(dir: &Path) -> Result<(), DatastoreError> {
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| DatastoreError::io(dir, e))?;
+    if meta.file_type().is_symlink() {
+        return Err(DatastoreError::Refused {
+            path: dir.to_owned(),
+            reason: "it is a symbolic link; datastore directories must be real directories".into(),
+        });
+    }
+    if !meta.is_dir() {
+        return Err(DatastoreError::Refused { path: dir.to_owned(), reason: "it is not a directory".into() });
+    }
+    let uid = nix::unistd::geteuid().as_raw();
+    if meta.uid() != uid {
+        return Err(DatastoreError::Refused {
+            path: dir.to_owned(),
+            reason: format!("it is owned by uid {}, not by you (uid {uid})", meta.uid()),
+        });
+    }
+    if meta.mode() & 0o077 != 0 {
+        return Err(DatastoreError::Refused {
+            path: dir.to_owned(),
+            reason: format!("its mode is {:o}; it must be private to you (chmod 700)", meta.mode() & 0o7777),
+        });
+    }
+    Ok(())
+}
+
+/// Bytes free on the file system holding `dir`.
+pub(crate) fn free_space(dir: &Path) -> Result<u64, DatastoreError> {
+    let stat = nix::sys::statvfs::statvfs(dir).map_err(|e| DatastoreError::io(dir, e.into()))?;
+    Ok(stat.blocks_available() as u64 * stat.fragment_size() as u64)
+}
+
+/// The start time of process `pid` (clock ticks after boot, `/proc/<pid>/stat` field
+/// 22), which tells a reused pid from the original process.
+pub fn process_start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses; fields after the
+    // last ')' are plain.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}

@@ -1,0 +1,242 @@
+//! Where everything is in a datastore file, for one layout version.
+//!
+//! The file is a contract between processes, specified in `runtime/FORMAT.md`; this
+//! module is its single source of offsets. A [`Layout`] is derived from the few sizes
+//! the header records (cores, ring capacity, model slots, string table size, devices),
+//! so the writer and every reader compute identical offsets, and a reader can check
+//! that the file is exactly as long as its header says before touching anything else.
+
+/// `NRTVDS` followed by two zero bytes, as a little-endian `u64`.
+pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"NRTVDS\0\0");
+/// The layout this build writes and reads.
+pub const LAYOUT_VERSION: u32 = 1;
+
+pub(crate) const HEADER_BYTES: u64 = 4096;
+/// Bytes per ring slot: one sequence word and fifteen payload words.
+pub(crate) const SLOT_BYTES: u64 = 128;
+pub(crate) const SLOT_WORDS: usize = 16;
+pub(crate) const RING_HEADER_BYTES: u64 = 256;
+pub(crate) const MODEL_SLOT_BYTES: u64 = 256;
+pub(crate) const PROCESS_BLOCK_BYTES: u64 = 1024;
+pub(crate) const STRING_TABLE_HEADER_BYTES: u64 = 64;
+/// Scalar counters at the start of each core block, before its two histograms.
+pub(crate) const CORE_SCALAR_BYTES: u64 = 256;
+/// The most NeuronCores a file describes (an instance has at most 64).
+pub const MAX_CORES: u32 = 128;
+/// The most devices whose ECC counters a file holds.
+pub(crate) const MAX_DEVICES: u32 = 32;
+
+/// Header fields (byte offsets).
+pub(crate) mod header {
+    pub(crate) const MAGIC: u64 = 0;
+    pub(crate) const LAYOUT_VERSION: u64 = 8;
+    pub(crate) const HEADER_BYTES: u64 = 12;
+    pub(crate) const FILE_BYTES: u64 = 16;
+    pub(crate) const PID: u64 = 24;
+    /// `STATE_*`, updated by the writer.
+    pub(crate) const STATE: u64 = 28;
+    pub(crate) const PROCESS_START_TICKS: u64 = 32;
+    pub(crate) const HEARTBEAT_MONO_NS: u64 = 40;
+    pub(crate) const CREATED_REALTIME_NS: u64 = 48;
+    pub(crate) const CREATED_MONO_NS: u64 = 56;
+    pub(crate) const TICK_SOURCE: u64 = 64;
+    /// `RECORDING_*` bits: what the rings record right now.
+    pub(crate) const RECORDING: u64 = 68;
+    pub(crate) const CALIBRATION_SEQ: u64 = 72;
+    pub(crate) const CALIBRATION_FIRST_TICKS: u64 = 80;
+    pub(crate) const CALIBRATION_FIRST_NS: u64 = 88;
+    pub(crate) const CALIBRATION_LATEST_TICKS: u64 = 96;
+    pub(crate) const CALIBRATION_LATEST_NS: u64 = 104;
+    pub(crate) const DEVICE_CLOCK_EPOCH_TICKS: u64 = 112;
+    pub(crate) const RING_CAPACITY: u64 = 120;
+    pub(crate) const CORE_COUNT: u64 = 128;
+    pub(crate) const MODEL_SLOTS: u64 = 132;
+    pub(crate) const STRING_TABLE_BYTES: u64 = 136;
+    pub(crate) const DEVICE_COUNT: u64 = 144;
+    pub(crate) const CORES_PER_DEVICE: u64 = 148;
+    pub(crate) const DEVICE_MEMORY_BYTES: u64 = 152;
+    pub(crate) const INSTANCE_CORE_COUNT: u64 = 160;
+    pub(crate) const HISTOGRAM_BUCKETS: u64 = 164;
+    pub(crate) const INITIAL_NS_PER_TICK_FP32: u64 = 168;
+    /// Length-prefixed strings: a `u32` length, then the bytes.
+    pub(crate) const RUNTIME_VERSION: u64 = 256;
+    pub(crate) const RUNTIME_VERSION_MAX: u64 = 60;
+    pub(crate) const INSTANCE_TYPE: u64 = 320;
+    pub(crate) const INSTANCE_TYPE_MAX: u64 = 60;
+    pub(crate) const TAG: u64 = 384;
+    pub(crate) const TAG_MAX: u64 = 255;
+    /// `u32` global core index of each held core, in ring order.
+    pub(crate) const CORES: u64 = 768;
+    /// `u64` device-clock multiplier (ns per tick, 32.32 fixed point) of each held core.
+    pub(crate) const DEVICE_CLOCK_MULT: u64 = 1280;
+}
+
+pub(crate) const STATE_RUNNING: u32 = 1;
+pub(crate) const STATE_CLOSED: u32 = 2;
+
+pub(crate) const TICK_SOURCE_MONOTONIC_NS: u32 = 0;
+pub(crate) const TICK_SOURCE_TSC: u32 = 1;
+
+pub(crate) const RECORDING_SYSTEM: u32 = 1;
+pub(crate) const RECORDING_DEVICE: u32 = 2;
+pub(crate) const RECORDING_DISCARD_MODE: u32 = 4;
+
+/// Process-wide counters (word indexes in the process block).
+pub(crate) mod process {
+    /// `HostCategory` order: tensors, constants, dma_buffers, application_memory.
+    pub(crate) const HOST_MEMORY: u64 = 0;
+    pub(crate) const MODEL_SLOTS_OVERFLOWED: u64 = 4;
+    /// Four words per device: mem corrected, mem uncorrected, sram corrected, sram uncorrected.
+    pub(crate) const ECC: u64 = 16;
+}
+
+/// Per-core counters (word indexes in a core block).
+pub(crate) mod core {
+    pub(crate) const CORE_INDEX: u64 = 0;
+    pub(crate) const BUSY_NS: u64 = 1;
+    /// Six words, `ExecOutcome` order.
+    pub(crate) const EXECUTIONS: u64 = 2;
+    /// Six words, `ErrorClass` order.
+    pub(crate) const ERRORS: u64 = 8;
+    pub(crate) const FLOPS: u64 = 14;
+    /// Four words, `DmaQueueType` order: input, output, weights, instructions.
+    pub(crate) const DMA_BYTES: u64 = 15;
+    pub(crate) const INSTRUCTIONS: u64 = 19;
+    /// Five words, `DeviceCategory` order.
+    pub(crate) const DEVICE_MEMORY: u64 = 20;
+    pub(crate) const MODEL_SWITCHES: u64 = 25;
+    pub(crate) const NUMERICAL_ERROR_VALUES: u64 = 26;
+}
+
+/// Model slot fields (byte offsets in a slot).
+pub(crate) mod model {
+    pub(crate) const SEQ: u64 = 0;
+    pub(crate) const MODEL_ID: u64 = 8;
+    pub(crate) const CORE: u64 = 12;
+    pub(crate) const LOADED_TICKS: u64 = 16;
+    pub(crate) const UUID: u64 = 24;
+    pub(crate) const FLOPS_PER_EXECUTION: u64 = 40;
+    pub(crate) const INSTRUCTIONS: u64 = 48;
+    /// Five words, `DeviceCategory` order.
+    pub(crate) const DEVICE_MEMORY: u64 = 56;
+    pub(crate) const HOST_MEMORY: u64 = 96;
+    pub(crate) const NAME_LEN: u64 = 104;
+    pub(crate) const NAME: u64 = 112;
+    pub(crate) const NAME_MAX: u64 = 128;
+    /// Outside the seqlock: updated at every execution.
+    pub(crate) const EXECUTIONS: u64 = 240;
+    pub(crate) const RUNNING: u64 = 248;
+}
+
+/// Ring header fields (byte offsets in a ring header).
+pub(crate) mod ring {
+    pub(crate) const CAPACITY: u64 = 0;
+    pub(crate) const CORE: u64 = 8;
+    pub(crate) const KIND: u64 = 16;
+    /// Claimed slots: events produced into the ring (alone on its cache line).
+    pub(crate) const HEAD: u64 = 64;
+    /// Events refused in discard mode.
+    pub(crate) const DROPPED: u64 = 128;
+}
+
+/// `ring::CORE` of the process ring, for system events tied to no core.
+pub(crate) const HOST_RING_CORE: u64 = u64::MAX;
+pub(crate) const RING_KIND_SYSTEM: u64 = 0;
+pub(crate) const RING_KIND_DEVICE: u64 = 1;
+
+/// The sizes a header records, from which every offset follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Sizes {
+    pub(crate) core_count: u32,
+    pub(crate) ring_capacity: u64,
+    pub(crate) model_slots: u32,
+    pub(crate) string_table_bytes: u64,
+    pub(crate) histogram_buckets: u32,
+}
+
+/// Section offsets of one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Layout {
+    pub(crate) sizes: Sizes,
+    pub(crate) process_block: u64,
+    pub(crate) core_blocks: u64,
+    pub(crate) core_block_bytes: u64,
+    pub(crate) models: u64,
+    pub(crate) strings: u64,
+    pub(crate) rings: u64,
+    pub(crate) ring_bytes: u64,
+    pub(crate) file_bytes: u64,
+}
+
+impl Layout {
+    /// Offsets for `sizes`, or `None` when they overflow or break a limit (a reader
+    /// treats that as a corrupt header).
+    pub(crate) fn new(sizes: Sizes) -> Option<Layout> {
+        if sizes.core_count == 0
+            || sizes.core_count > MAX_CORES
+            || !sizes.ring_capacity.is_power_of_two()
+            || sizes.histogram_buckets as usize != super::histogram::BUCKETS
+            || !sizes.string_table_bytes.is_multiple_of(64)
+        {
+            return None;
+        }
+        let process_block = HEADER_BYTES;
+        let core_blocks = process_block + PROCESS_BLOCK_BYTES;
+        let core_block_bytes = round_up_64(CORE_SCALAR_BYTES + 2 * 8 * u64::from(sizes.histogram_buckets));
+        let models = core_blocks.checked_add(core_block_bytes.checked_mul(u64::from(sizes.core_count))?)?;
+        let strings = models.checked_add(MODEL_SLOT_BYTES.checked_mul(u64::from(sizes.model_slots))?)?;
+        let rings = strings.checked_add(STRING_TABLE_HEADER_BYTES)?.checked_add(sizes.string_table_bytes)?;
+        let ring_bytes = RING_HEADER_BYTES.checked_add(sizes.ring_capacity.checked_mul(SLOT_BYTES)?)?;
+        let file_bytes = rings.checked_add(ring_bytes.checked_mul(Layout::ring_count_of(sizes.core_count))?)?;
+        Some(Layout {
+            sizes,
+            process_block,
+            core_blocks,
+            core_block_bytes,
+            models,
+            strings,
+            rings,
+            ring_bytes,
+            file_bytes,
+        })
+    }
+
+    fn ring_count_of(core_count: u32) -> u64 {
+        1 + 2 * u64::from(core_count)
+    }
+
+    /// Byte offset of word `word` of the process block.
+    pub(crate) fn process_word(&self, word: u64) -> u64 {
+        self.process_block + 8 * word
+    }
+
+    /// Byte offset of word `word` of the block of the `slot`-th held core.
+    pub(crate) fn core_word(&self, slot: usize, word: u64) -> u64 {
+        self.core_blocks + self.core_block_bytes * slot as u64 + 8 * word
+    }
+
+    /// Byte offset of bucket `bucket` of a core's device (`total == false`) or total
+    /// latency histogram.
+    pub(crate) fn histogram_bucket(&self, slot: usize, total: bool, bucket: usize) -> u64 {
+        let histogram = u64::from(total) * 8 * u64::from(self.sizes.histogram_buckets);
+        self.core_blocks + self.core_block_bytes * slot as u64 + CORE_SCALAR_BYTES + histogram + 8 * bucket as u64
+    }
+
+    pub(crate) fn model_slot(&self, slot: u32) -> u64 {
+        self.models + MODEL_SLOT_BYTES * u64::from(slot)
+    }
+
+    /// The ring holding system events tied to no core.
+    pub(crate) fn host_ring(&self) -> u64 {
+        self.rings
+    }
+
+    /// The system (`device == false`) or device ring of the `slot`-th held core.
+    pub(crate) fn core_ring(&self, slot: usize, device: bool) -> u64 {
+        self.rings + self.ring_bytes * (1 + 2 * slot as u64 + u64::from(device))
+    }
+}
+
+fn round_up_64(n: u64) -> u64 {
+    n.div_ceil(64) * 64
+}

@@ -1,0 +1,809 @@
+//! The tools' side of the datastore: discover runtimes, map one read-only, take
+//! counter snapshots and deltas, read the models table, tail the event rings.
+//!
+//! A reader never writes to the file. It trusts nothing in it: the header is checked
+//! against the layout arithmetic and the file's real length before any other offset is
+//! used, and ring records are accepted only when their sequence and check agree.
+
+use std::collections::HashMap;
+use std::fs::OpenOptions;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{Ordering, fence};
+use std::time::Duration;
+
+use uuid::Uuid;
+
+use super::layout::{self, Layout, Sizes, header, model};
+use super::ring::{Payload, RingCursor, RingRef};
+use super::shm::{Mapping, Region};
+use super::strings::StringTable;
+use super::{DatastoreError, directory, histogram};
+use crate::memory::{DeviceCategory, HostCategory};
+use crate::trace::clock::{CalibrationPoint, TickConverter, monotonic_ns};
+use crate::trace::event::{DeviceEvent, DeviceRecord, SystemEvent, SystemRecord};
+use crate::trace::{ErrorClass, ExecOutcome};
+
+/// A writer whose heartbeat is older than this is reported exited.
+pub const HEARTBEAT_STALE_AFTER: Duration = Duration::from_secs(10);
+
+/// What a header says about its runtime process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimeInfo {
+    pub pid: u32,
+    /// `NEURON_PROCESS_TAG`, if set.
+    pub tag: Option<String>,
+    pub runtime_version: String,
+    pub instance_type: String,
+    pub device_count: u32,
+    pub cores_per_device: u32,
+    pub device_memory_bytes: u64,
+    pub instance_core_count: u32,
+    /// Global indexes of the NeuronCores the process holds.
+    pub cores: Vec<u32>,
+    pub ring_capacity: u64,
+    pub created_realtime_ns: u64,
+    pub system_trace_recording: bool,
+    pub device_trace_recording: bool,
+    pub discard_mode: bool,
+}
+
+impl RuntimeInfo {
+    /// The label tools show: the tag, else the pid.
+    pub fn label(&self) -> String {
+        self.tag.clone().unwrap_or_else(|| self.pid.to_string())
+    }
+}
+
+/// Whether the writing process is still there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    Live,
+    Exited(ExitReason),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitReason {
+    /// The runtime closed cleanly.
+    Closed,
+    /// No process has the pid any more.
+    ProcessGone,
+    /// Another process now has the pid.
+    PidReused,
+    /// The heartbeat stopped (seconds since the last one).
+    HeartbeatStale(u64),
+}
+
+impl std::fmt::Display for ExitReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExitReason::Closed => f.write_str("closed"),
+            ExitReason::ProcessGone => f.write_str("process gone"),
+            ExitReason::PidReused => f.write_str("pid reused by another process"),
+            ExitReason::HeartbeatStale(s) => write!(f, "no heartbeat for {s} s"),
+        }
+    }
+}
+
+/// Executions by outcome, in `neuron-monitor`'s `execution_summary` order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ExecutionCounts(pub [u64; 6]);
+
+impl ExecutionCounts {
+    pub fn get(&self, outcome: ExecOutcome) -> u64 {
+        self.0[outcome as usize]
+    }
+
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
+    }
+}
+
+/// Errors by class, in `neuron-monitor`'s `error_summary` order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ErrorCounts(pub [u64; 6]);
+
+impl ErrorCounts {
+    pub fn get(&self, class: ErrorClass) -> u64 {
+        self.0[class as usize]
+    }
+}
+
+/// One core's counters at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CoreSnapshot {
+    pub core: u32,
+    pub busy_ns: u64,
+    pub executions: ExecutionCounts,
+    pub errors: ErrorCounts,
+    pub flops: u64,
+    /// `DmaQueueType` order: input, output, weights, instructions.
+    pub dma_bytes: [u64; 4],
+    pub instructions: u64,
+    /// `DeviceCategory` order.
+    pub device_memory: [u64; 5],
+    pub model_switches: u64,
+    pub numerical_error_values: u64,
+    pub device_latency: Vec<u64>,
+    pub total_latency: Vec<u64>,
+}
+
+impl CoreSnapshot {
+    pub fn device_memory(&self, category: DeviceCategory) -> u64 {
+        self.device_memory[category as usize]
+    }
+}
+
+/// Events produced into one ring and refused by it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RingStats {
+    /// `None` for the process ring (events tied to no core).
+    pub core: Option<u32>,
+    pub device: bool,
+    pub produced: u64,
+    pub dropped: u64,
+}
+
+/// All counters at one moment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Host `CLOCK_MONOTONIC` when taken.
+    pub taken_ns: u64,
+    pub cores: Vec<CoreSnapshot>,
+    /// `HostCategory` order.
+    pub host_memory: [u64; 4],
+    /// Per device: mem corrected, mem uncorrected, sram corrected, sram uncorrected.
+    pub ecc: Vec<[u64; 4]>,
+    pub strings_dropped: u64,
+    pub model_slots_overflowed: u64,
+    pub rings: Vec<RingStats>,
+}
+
+impl Snapshot {
+    pub fn host_memory(&self, category: HostCategory) -> u64 {
+        self.host_memory[category as usize]
+    }
+
+    pub fn core(&self, core: u32) -> Option<&CoreSnapshot> {
+        self.cores.iter().find(|c| c.core == core)
+    }
+}
+
+/// Latency percentiles in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LatencyPercentiles {
+    pub p0: f64,
+    pub p1: f64,
+    pub p25: f64,
+    pub p50: f64,
+    pub p75: f64,
+    pub p99: f64,
+    pub p100: f64,
+    pub count: u64,
+}
+
+/// One core's activity between two snapshots.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CoreDelta {
+    pub core: u32,
+    pub utilization_percent: f64,
+    pub flops_per_second: f64,
+    pub executions: ExecutionCounts,
+    pub errors: ErrorCounts,
+    pub dma_bytes: [u64; 4],
+    pub instructions: u64,
+    /// `None` when nothing completed in the interval.
+    pub device_latency: Option<LatencyPercentiles>,
+    pub total_latency: Option<LatencyPercentiles>,
+}
+
+/// What happened between two snapshots.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delta {
+    pub seconds: f64,
+    pub cores: Vec<CoreDelta>,
+    pub ecc: Vec<[u64; 4]>,
+}
+
+impl Delta {
+    /// Activity from `earlier` to `later` (counters are monotonic; memory is a level,
+    /// read it from the snapshot).
+    pub fn between(earlier: &Snapshot, later: &Snapshot) -> Delta {
+        let seconds = later.taken_ns.saturating_sub(earlier.taken_ns) as f64 / 1e9;
+        let cores = later
+            .cores
+            .iter()
+            .map(|now| {
+                let before = earlier.core(now.core);
+                let sub = |f: fn(&CoreSnapshot) -> u64| f(now).saturating_sub(before.map_or(0, f));
+                let sub6 = |a: [u64; 6], b: Option<[u64; 6]>| {
+                    let mut out = [0u64; 6];
+                    for (k, o) in out.iter_mut().enumerate() {
+                        *o = a[k].saturating_sub(b.map_or(0, |b| b[k]));
+                    }
+                    out
+                };
+                let mut dma_bytes = [0u64; 4];
+                for (k, d) in dma_bytes.iter_mut().enumerate() {
+                    *d = now.dma_bytes[k].saturating_sub(before.map_or(0, |b| b.dma_bytes[k]));
+                }
+                let per_second = |n: u64| if seconds > 0.0 { n as f64 / seconds } else { 0.0 };
+                CoreDelta {
+                    core: now.core,
+                    utilization_percent: if seconds > 0.0 {
+                        (sub(|c| c.busy_ns) as f64 / 1e9 / seconds * 100.0).min(100.0)
+                    } else {
+                        0.0
+                    },
+                    flops_per_second: per_second(sub(|c| c.flops)),
+                    executions: ExecutionCounts(sub6(now.executions.0, before.map(|b| b.executions.0))),
+                    errors: ErrorCounts(sub6(now.errors.0, before.map(|b| b.errors.0))),
+                    dma_bytes,
+                    instructions: sub(|c| c.instructions),
+                    device_latency: percentiles(&now.device_latency, before.map(|b| b.device_latency.as_slice())),
+                    total_latency: percentiles(&now.total_latency, before.map(|b| b.total_latency.as_slice())),
+                }
+            })
+            .collect();
+        let ecc = later
+            .ecc
+            .iter()
+            .enumerate()
+            .map(|(d, now)| {
+                let before = earlier.ecc.get(d).copied().unwrap_or_default();
+                [0, 1, 2, 3].map(|k| now[k].saturating_sub(before[k]))
+            })
+            .collect();
+        Delta { seconds, cores, ecc }
+    }
+}
+
+/// Percentiles of the bucket counts gained from `before` to `now`, through an
+/// HdrHistogram fed with each bucket's midpoint.
+fn percentiles(now: &[u64], before: Option<&[u64]>) -> Option<LatencyPercentiles> {
+    let mut histogram = hdrhistogram::Histogram::<u64>::new(3).ok()?;
+    let mut count = 0;
+    for (bucket, &n) in now.iter().enumerate() {
+        let gained = n.saturating_sub(before.and_then(|b| b.get(bucket).copied()).unwrap_or(0));
+        if gained > 0 {
+            let (low, high) = histogram::bucket_bounds(bucket);
+            histogram.saturating_record_n(low + (high - low) / 2, gained);
+            count += gained;
+        }
+    }
+    if count == 0 {
+        return None;
+    }
+    let at = |q: f64| histogram.value_at_quantile(q) as f64 / 1e9;
+    Some(LatencyPercentiles {
+        p0: histogram.min() as f64 / 1e9,
+        p1: at(0.01),
+        p25: at(0.25),
+        p50: at(0.50),
+        p75: at(0.75),
+        p99: at(0.99),
+        p100: histogram.max() as f64 / 1e9,
+        count,
+    })
+}
+
+/// A loaded model, from the models table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelInfo {
+    pub model_id: u32,
+    pub core: u32,
+    pub name: String,
+    pub uuid: Uuid,
+    pub flops_per_execution: u64,
+    pub instructions: u64,
+    /// `DeviceCategory` order.
+    pub device_memory: [u64; 5],
+    pub host_memory: u64,
+    pub executions: u64,
+    /// Executions in flight right now.
+    pub running: u64,
+}
+
+/// One event from a ring.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TraceEvent {
+    System(SystemEvent),
+    Device(DeviceEvent),
+}
+
+/// Where a new tail starts reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TailStart {
+    /// At the oldest event still in each ring.
+    Oldest,
+    /// At the next event produced (like `tail -f`).
+    Now,
+}
+
+/// Cursors over a runtime's rings, with a filter.
+#[derive(Debug, Clone)]
+pub struct Tail {
+    rings: Vec<TailRing>,
+    strings: HashMap<u32, String>,
+    system_types: u64,
+}
+
+#[derive(Debug, Clone)]
+struct TailRing {
+    ring: RingRef,
+    core: Option<u32>,
+    device: bool,
+    cursor: RingCursor,
+}
+
+impl Tail {
+    /// Events lost so far (overwritten before they were read), over all rings.
+    pub fn lost(&self) -> u64 {
+        self.rings.iter().map(|r| r.cursor.lost).sum()
+    }
+
+    /// Events read so far (before filtering by type).
+    pub fn delivered(&self) -> u64 {
+        self.rings.iter().map(|r| r.cursor.delivered).sum()
+    }
+
+    /// The cursor of each ring: `(core, device ring?, cursor)`.
+    pub fn cursors(&self) -> impl Iterator<Item = (Option<u32>, bool, RingCursor)> + '_ {
+        self.rings.iter().map(|r| (r.core, r.device, r.cursor))
+    }
+
+    /// Reads up to `max` events per ring into `out`, decoded and filtered. With
+    /// `writer_done`, events whose producer never finished them are counted lost.
+    pub fn poll(&mut self, reader: &DatastoreReader, max: usize, writer_done: bool, out: &mut Vec<TraceEvent>) {
+        self.poll_region(&reader.region, reader.strings, &reader.converter(), max, writer_done, out);
+    }
+
+    pub(crate) fn poll_region(
+        &mut self,
+        region: &Region,
+        strings: StringTable,
+        converter: &TickConverter,
+        max: usize,
+        writer_done: bool,
+        out: &mut Vec<TraceEvent>,
+    ) {
+        let host_ns = |ticks: u64| converter.to_ns(ticks);
+        let types = self.system_types;
+        let cache = &mut self.strings;
+        let mut string = |id: u32| -> String {
+            if id == 0 {
+                return String::new();
+            }
+            if let Some(s) = cache.get(&id) {
+                return s.clone();
+            }
+            match strings.get(region, id) {
+                Some(s) => {
+                    cache.insert(id, s.clone());
+                    s
+                }
+                None => String::new(),
+            }
+        };
+        for ring in &mut self.rings {
+            let core = ring.core;
+            if ring.device {
+                ring.cursor.poll(region, ring.ring, max, writer_done, |id, payload| {
+                    if let Some(event) = DeviceRecord::decode(payload).to_event(id, core.unwrap_or(0), &mut string) {
+                        out.push(TraceEvent::Device(event));
+                    }
+                });
+            } else {
+                ring.cursor.poll(region, ring.ring, max, writer_done, |id, payload| {
+                    let record = SystemRecord::decode(payload);
+                    if types & (1u64 << record.event_type.min(63)) == 0 {
+                        return;
+                    }
+                    if let Some(event) = record.to_event(id, core, &mut string, &host_ns) {
+                        out.push(TraceEvent::System(event));
+                    }
+                });
+            }
+        }
+    }
+
+    /// Builds a tail over the rings of a file with `layout` whose held cores are
+    /// `held`; see [`DatastoreReader::tail`].
+    pub(crate) fn new(
+        region: &Region,
+        layout: &Layout,
+        held: &[u32],
+        start: TailStart,
+        cores: Option<&[u32]>,
+        system_types: u64,
+        device: bool,
+    ) -> Tail {
+        let capacity = layout.sizes.ring_capacity;
+        let at = |ring: RingRef| match start {
+            TailStart::Now => RingCursor::at(ring.produced(region)),
+            TailStart::Oldest => RingCursor::at(ring.produced(region).saturating_sub(ring.capacity)),
+        };
+        let mut rings = Vec::new();
+        if cores.is_none() && system_types != 0 {
+            let ring = RingRef { base: layout.host_ring(), capacity };
+            rings.push(TailRing { ring, core: None, device: false, cursor: at(ring) });
+        }
+        for (slot, &core) in held.iter().enumerate() {
+            if cores.is_some_and(|wanted| !wanted.contains(&core)) {
+                continue;
+            }
+            if system_types != 0 {
+                let ring = RingRef { base: layout.core_ring(slot, false), capacity };
+                rings.push(TailRing { ring, core: Some(core), device: false, cursor: at(ring) });
+            }
+            if device {
+                let ring = RingRef { base: layout.core_ring(slot, true), capacity };
+                rings.push(TailRing { ring, core: Some(core), device: true, cursor: at(ring) });
+            }
+        }
+        Tail { rings, strings: HashMap::new(), system_types }
+    }
+
+    /// Each ring's base offset and the index its cursor will read next.
+    pub(crate) fn positions(&self) -> impl Iterator<Item = (RingRef, u64)> + '_ {
+        self.rings.iter().map(|r| (r.ring, r.cursor.next))
+    }
+
+    /// Reads up to `max` records per ring, checking them but not decoding them;
+    /// returns how many were read. (The transport alone, for throughput tests.)
+    pub fn skim(&mut self, reader: &DatastoreReader, max: usize, writer_done: bool) -> u64 {
+        let mut read = 0;
+        for ring in &mut self.rings {
+            read += ring.cursor.poll(&reader.region, ring.ring, max, writer_done, |_, _: &Payload| {}) as u64;
+        }
+        read
+    }
+}
+
+/// A runtime found in a datastore directory.
+#[derive(Debug)]
+pub struct RuntimeEntry {
+    pub path: PathBuf,
+    pub pid: u32,
+    /// The open datastore, or why it could not be opened.
+    pub reader: Result<DatastoreReader, DatastoreError>,
+    /// `None` when the file could not be opened.
+    pub liveness: Option<Liveness>,
+    /// The file of an exited runtime was removed by this call.
+    pub removed: bool,
+}
+
+/// Lists the runtimes in `dir`, live and exited, and removes the files of exited ones
+/// (they are still returned, once). A missing directory means no runtimes.
+pub fn discover(dir: &Path) -> Result<Vec<RuntimeEntry>, DatastoreError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(DatastoreError::io(dir, e)),
+    };
+    directory::check_private_dir(dir)?;
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(directory::pid_of_file_name) else { continue };
+        let path = entry.path();
+        let reader = DatastoreReader::open(&path);
+        let liveness = reader.as_ref().ok().map(DatastoreReader::liveness);
+        let removed = matches!(liveness, Some(Liveness::Exited(_))) && std::fs::remove_file(&path).is_ok();
+        found.push(RuntimeEntry { path, pid, reader, liveness, removed });
+    }
+    found.sort_by_key(|e| e.pid);
+    Ok(found)
+}
+
+/// A datastore mapped read-only.
+#[derive(Debug)]
+pub struct DatastoreReader {
+    region: Region,
+    layout: Layout,
+    path: PathBuf,
+    info: RuntimeInfo,
+    process_start: u64,
+    strings: StringTable,
+    fallback_ns_per_tick: f64,
+}
+
+impl DatastoreReader {
+    /// Opens and validates a datastore file.
+    pub fn open(path: &Path) -> Result<DatastoreReader, DatastoreError> {
+        let refused = |reason: String| DatastoreError::Refused { path: path.to_owned(), reason };
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            let meta = std::fs::symlink_metadata(parent).map_err(|e| DatastoreError::io(parent, e))?;
+            if meta.file_type().is_symlink() {
+                return Err(refused(format!("its directory {} is a symbolic link", parent.display())));
+            }
+        }
+        let meta = std::fs::symlink_metadata(path).map_err(|e| DatastoreError::io(path, e))?;
+        if meta.file_type().is_symlink() {
+            return Err(refused("it is a symbolic link".into()));
+        }
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
+            .open(path)
+            .map_err(|e| DatastoreError::io(path, e))?;
+        let meta = file.metadata().map_err(|e| DatastoreError::io(path, e))?;
+        let uid = nix::unistd::geteuid().as_raw();
+        if !meta.is_file() {
+            return Err(refused("it is not a regular file".into()));
+        }
+        if meta.uid() != uid {
+            return Err(refused(format!("it is owned by uid {}, not by you (uid {uid})", meta.uid())));
+        }
+        if meta.len() < layout::HEADER_BYTES {
+            return Err(DatastoreError::Corrupt {
+                path: path.to_owned(),
+                reason: format!("{} bytes is shorter than a header", meta.len()),
+            });
+        }
+        // SAFETY: mapped read-only; the writer only ever grows nothing and accesses are
+        // atomic (see `shm`).
+        let map = unsafe { memmap2::MmapOptions::new().map(&file) }.map_err(|e| DatastoreError::io(path, e))?;
+        let region = Region::new(Mapping::ReadOnly(map));
+        DatastoreReader::validate(region, path)
+    }
+
+    fn validate(region: Region, path: &Path) -> Result<DatastoreReader, DatastoreError> {
+        let corrupt = |reason: String| DatastoreError::Corrupt { path: path.to_owned(), reason };
+        let word = |o| region.u64(o).load(Ordering::Acquire);
+        let half = |o| region.u32(o).load(Ordering::Acquire);
+        if word(header::MAGIC) != layout::MAGIC {
+            return Err(corrupt("the magic number is wrong".into()));
+        }
+        let version = half(header::LAYOUT_VERSION);
+        if version != layout::LAYOUT_VERSION {
+            return Err(DatastoreError::UnsupportedVersion {
+                path: path.to_owned(),
+                found: version,
+                supported: layout::LAYOUT_VERSION,
+            });
+        }
+        let sizes = Sizes {
+            core_count: half(header::CORE_COUNT),
+            ring_capacity: word(header::RING_CAPACITY),
+            model_slots: half(header::MODEL_SLOTS),
+            string_table_bytes: word(header::STRING_TABLE_BYTES),
+            histogram_buckets: half(header::HISTOGRAM_BUCKETS),
+        };
+        let layout = Layout::new(sizes).ok_or_else(|| corrupt(format!("impossible sizes {sizes:?}")))?;
+        if u64::from(half(header::HEADER_BYTES)) != layout::HEADER_BYTES
+            || word(header::FILE_BYTES) != layout.file_bytes
+            || region.len() != layout.file_bytes
+        {
+            return Err(corrupt(format!(
+                "the file is {} bytes but its header describes {} bytes",
+                region.len(),
+                layout.file_bytes
+            )));
+        }
+        let device_count = half(header::DEVICE_COUNT);
+        if device_count > layout::MAX_DEVICES {
+            return Err(corrupt(format!("{device_count} devices is more than {}", layout::MAX_DEVICES)));
+        }
+        let cores: Vec<u32> = (0..u64::from(sizes.core_count)).map(|slot| half(header::CORES + 4 * slot)).collect();
+        if cores.iter().any(|&c| c >= layout::MAX_CORES) {
+            return Err(corrupt("a core index is out of range".into()));
+        }
+        let string = |offset: u64, max: u64| {
+            let len = u64::from(half(offset)).min(max);
+            String::from_utf8_lossy(&region.read_bytes(offset + 4, len)).into_owned()
+        };
+        let recording = half(header::RECORDING);
+        let tag = string(header::TAG, header::TAG_MAX);
+        let info = RuntimeInfo {
+            pid: half(header::PID),
+            tag: (!tag.is_empty()).then_some(tag),
+            runtime_version: string(header::RUNTIME_VERSION, header::RUNTIME_VERSION_MAX),
+            instance_type: string(header::INSTANCE_TYPE, header::INSTANCE_TYPE_MAX),
+            device_count,
+            cores_per_device: half(header::CORES_PER_DEVICE),
+            device_memory_bytes: word(header::DEVICE_MEMORY_BYTES),
+            instance_core_count: half(header::INSTANCE_CORE_COUNT),
+            cores,
+            ring_capacity: sizes.ring_capacity,
+            created_realtime_ns: word(header::CREATED_REALTIME_NS),
+            system_trace_recording: recording & layout::RECORDING_SYSTEM != 0,
+            device_trace_recording: recording & layout::RECORDING_DEVICE != 0,
+            discard_mode: recording & layout::RECORDING_DISCARD_MODE != 0,
+        };
+        let fallback_ns_per_tick = word(header::INITIAL_NS_PER_TICK_FP32) as f64 / 4_294_967_296.0;
+        Ok(DatastoreReader {
+            strings: StringTable { base: layout.strings, capacity: layout.sizes.string_table_bytes },
+            process_start: word(header::PROCESS_START_TICKS),
+            region,
+            layout,
+            path: path.to_owned(),
+            info,
+            fallback_ns_per_tick,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn info(&self) -> &RuntimeInfo {
+        &self.info
+    }
+
+    /// Whether the writer is alive: not closed, its pid present and not reused, and
+    /// its heartbeat fresh.
+    pub fn liveness(&self) -> Liveness {
+        if self.region.u32(header::STATE).load(Ordering::Acquire) == layout::STATE_CLOSED {
+            return Liveness::Exited(ExitReason::Closed);
+        }
+        let pid = nix::unistd::Pid::from_raw(self.info.pid as i32);
+        if let Err(nix::errno::Errno::ESRCH) = nix::sys::signal::kill(pid, None) {
+            return Liveness::Exited(ExitReason::ProcessGone);
+        }
+        match directory::process_start_time(self.info.pid) {
+            None => return Liveness::Exited(ExitReason::ProcessGone),
+            Some(start) if self.process_start != 0 && start != self.process_start => {
+                return Liveness::Exited(ExitReason::PidReused);
+            }
+            Some(_) => {}
+        }
+        let heartbeat = self.region.u64(header::HEARTBEAT_MONO_NS).load(Ordering::Acquire);
+        let age = monotonic_ns().saturating_sub(heartbeat);
+        if age > HEARTBEAT_STALE_AFTER.as_nanos() as u64 {
+            return Liveness::Exited(ExitReason::HeartbeatStale(age / 1_000_000_000));
+        }
+        Liveness::Live
+    }
+
+    /// Host tick conversion from the header's calibration points.
+    pub fn converter(&self) -> TickConverter {
+        converter_of(&self.region, self.fallback_ns_per_tick)
+    }
+
+    /// Every counter, now.
+    pub fn snapshot(&self) -> Snapshot {
+        let r = &self.region;
+        let l = &self.layout;
+        let load = |offset: u64| r.u64(offset).load(Ordering::Relaxed);
+        let cores = self
+            .info
+            .cores
+            .iter()
+            .enumerate()
+            .map(|(slot, &core)| {
+                let w = |word: u64| load(l.core_word(slot, word));
+                let array = |start: u64| -> [u64; 6] { std::array::from_fn(|k| w(start + k as u64)) };
+                let histogram = |total: bool| -> Vec<u64> {
+                    (0..histogram::BUCKETS).map(|b| load(l.histogram_bucket(slot, total, b))).collect()
+                };
+                CoreSnapshot {
+                    core,
+                    busy_ns: w(layout::core::BUSY_NS),
+                    executions: ExecutionCounts(array(layout::core::EXECUTIONS)),
+                    errors: ErrorCounts(array(layout::core::ERRORS)),
+                    flops: w(layout::core::FLOPS),
+                    dma_bytes: std::array::from_fn(|k| w(layout::core::DMA_BYTES + k as u64)),
+                    instructions: w(layout::core::INSTRUCTIONS),
+                    device_memory: std::array::from_fn(|k| w(layout::core::DEVICE_MEMORY + k as u64)),
+                    model_switches: w(layout::core::MODEL_SWITCHES),
+                    numerical_error_values: w(layout::core::NUMERICAL_ERROR_VALUES),
+                    device_latency: histogram(false),
+                    total_latency: histogram(true),
+                }
+            })
+            .collect();
+        let process = |word: u64| load(l.process_word(word));
+        let ecc = (0..u64::from(self.info.device_count))
+            .map(|d| std::array::from_fn(|k| process(layout::process::ECC + 4 * d + k as u64)))
+            .collect();
+        let mut rings = vec![RingStats {
+            core: None,
+            device: false,
+            produced: self.host_ring().produced(r),
+            dropped: self.host_ring().dropped(r),
+        }];
+        for (slot, &core) in self.info.cores.iter().enumerate() {
+            for device in [false, true] {
+                let ring = self.core_ring(slot, device);
+                rings.push(RingStats {
+                    core: Some(core),
+                    device,
+                    produced: ring.produced(r),
+                    dropped: ring.dropped(r),
+                });
+            }
+        }
+        Snapshot {
+            taken_ns: monotonic_ns(),
+            cores,
+            host_memory: std::array::from_fn(|k| process(layout::process::HOST_MEMORY + k as u64)),
+            ecc,
+            strings_dropped: self.strings.dropped(r),
+            model_slots_overflowed: process(layout::process::MODEL_SLOTS_OVERFLOWED),
+            rings,
+        }
+    }
+
+    /// The loaded models, by model id.
+    pub fn models(&self) -> Vec<ModelInfo> {
+        let mut models: Vec<ModelInfo> = (0..self.layout.sizes.model_slots).filter_map(|s| self.model(s)).collect();
+        models.sort_by_key(|m| m.model_id);
+        models
+    }
+
+    fn model(&self, slot: u32) -> Option<ModelInfo> {
+        let r = &self.region;
+        let base = self.layout.model_slot(slot);
+        for _ in 0..1000 {
+            let seq = r.u64(base + model::SEQ).load(Ordering::Acquire);
+            if seq % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let model_id = r.u32(base + model::MODEL_ID).load(Ordering::Relaxed);
+            let name_len = u64::from(r.u32(base + model::NAME_LEN).load(Ordering::Relaxed)).min(model::NAME_MAX);
+            let uuid = u128::from(r.u64(base + model::UUID).load(Ordering::Relaxed))
+                | u128::from(r.u64(base + model::UUID + 8).load(Ordering::Relaxed)) << 64;
+            let info = ModelInfo {
+                model_id,
+                core: r.u32(base + model::CORE).load(Ordering::Relaxed),
+                name: String::from_utf8_lossy(&r.read_bytes(base + model::NAME, name_len)).into_owned(),
+                uuid: Uuid::from_u128(uuid),
+                flops_per_execution: r.u64(base + model::FLOPS_PER_EXECUTION).load(Ordering::Relaxed),
+                instructions: r.u64(base + model::INSTRUCTIONS).load(Ordering::Relaxed),
+                device_memory: std::array::from_fn(|k| {
+                    r.u64(base + model::DEVICE_MEMORY + 8 * k as u64).load(Ordering::Relaxed)
+                }),
+                host_memory: r.u64(base + model::HOST_MEMORY).load(Ordering::Relaxed),
+                executions: r.u64(base + model::EXECUTIONS).load(Ordering::Relaxed),
+                running: r.u64(base + model::RUNNING).load(Ordering::Relaxed),
+            };
+            fence(Ordering::Acquire);
+            if r.u64(base + model::SEQ).load(Ordering::Relaxed) == seq {
+                return (model_id != 0).then_some(info);
+            }
+        }
+        None
+    }
+
+    /// A tail over the rings of `cores` (all held cores when `None`; the process ring
+    /// is included only then), reading system events of the types in `system_types`
+    /// (a mask of `EventType::bit`s) and device events when `device` is set.
+    pub fn tail(&self, start: TailStart, cores: Option<&[u32]>, system_types: u64, device: bool) -> Tail {
+        Tail::new(&self.region, &self.layout, &self.info.cores, start, cores, system_types, device)
+    }
+
+    fn host_ring(&self) -> RingRef {
+        RingRef { base: self.layout.host_ring(), capacity: self.layout.sizes.ring_capacity }
+    }
+
+    fn core_ring(&self, slot: usize, device: bool) -> RingRef {
+        RingRef { base: self.layout.core_ring(slot, device), capacity: self.layout.sizes.ring_capacity }
+    }
+}
+
+/// Host tick conversion from a datastore header's calibration points.
+pub(crate) fn converter_of(region: &Region, fallback_ns_per_tick: f64) -> TickConverter {
+    let r = region;
+    let first = CalibrationPoint {
+        ticks: r.u64(header::CALIBRATION_FIRST_TICKS).load(Ordering::Relaxed),
+        ns: r.u64(header::CALIBRATION_FIRST_NS).load(Ordering::Relaxed),
+    };
+    let mut latest = first;
+    for _ in 0..100 {
+        let seq = r.u64(header::CALIBRATION_SEQ).load(Ordering::Acquire);
+        if seq % 2 == 1 {
+            std::hint::spin_loop();
+            continue;
+        }
+        let ticks = r.u64(header::CALIBRATION_LATEST_TICKS).load(Ordering::Relaxed);
+        let ns = r.u64(header::CALIBRATION_LATEST_NS).load(Ordering::Relaxed);
+        fence(Ordering::Acquire);
+        if r.u64(header::CALIBRATION_SEQ).load(Ordering::Relaxed) == seq {
+            latest = CalibrationPoint { ticks, ns };
+            break;
+        }
+    }
+    TickConverter::new(first, latest, fallback_ns_per_tick)
+}

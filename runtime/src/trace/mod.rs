@@ -1,0 +1,521 @@
+//! Event emission: the runtime's actions as system-trace and device-trace records in
+//! the datastore rings, and the lossless counters beside them.
+//!
+//! [`Tracer`] is what the runtime calls. Whether a kind of event is recorded is one
+//! relaxed load of a per-ring mask and a branch; recording one is a tick read, a
+//! claimed slot and sixteen stores. Nothing here allocates, locks or makes a system
+//! call on that path (the thread id is cached per thread). Counting is relaxed atomic
+//! additions into the same file.
+
+pub mod clock;
+pub mod event;
+pub(crate) mod session;
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crate::datastore::writer::DatastoreWriter;
+use crate::datastore::{Claim, RingRef, layout};
+use crate::error::NrtStatus;
+use crate::topology::CoreSet;
+use clock::DeviceClock;
+use event::{DeviceRecord, FLAG_STATUS, SystemRecord};
+
+pub use event::{ClockDomain, DeviceActivity, DeviceEvent, DmaQueueType, EventData, EventType, Phase, SystemEvent};
+pub use session::{FETCH_DATA_VERSION, SysTraceConfig, SysTraceFetch, event_type_names};
+
+/// Events kept per ring when `NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC` is unset.
+pub const DEFAULT_MAX_EVENTS_PER_NC: u64 = 1_000_000;
+/// The largest ring accepted (2²⁴ events, 2 GiB per ring).
+pub const MAX_EVENTS_PER_NC: u64 = 1 << 24;
+/// The smallest ring.
+pub const MIN_EVENTS_PER_NC: u64 = 16;
+/// Bytes the device reads per instruction fetched (the instructions DMA queue).
+pub const INSTRUCTION_BYTES: u64 = 64;
+/// Size of the string table.
+pub const DEFAULT_STRING_TABLE_BYTES: u64 = 4 << 20;
+/// Slots of the models table.
+pub const DEFAULT_MODEL_SLOTS: u32 = 256;
+
+/// How an execution ended, as `neuron-monitor`'s `execution_summary` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExecOutcome {
+    Completed = 0,
+    CompletedWithErr = 1,
+    CompletedWithNumErr = 2,
+    TimedOut = 3,
+    IncorrectInput = 4,
+    FailedToQueue = 5,
+}
+
+impl ExecOutcome {
+    pub const ALL: [ExecOutcome; 6] = [
+        ExecOutcome::Completed,
+        ExecOutcome::CompletedWithErr,
+        ExecOutcome::CompletedWithNumErr,
+        ExecOutcome::TimedOut,
+        ExecOutcome::IncorrectInput,
+        ExecOutcome::FailedToQueue,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ExecOutcome::Completed => "completed",
+            ExecOutcome::CompletedWithErr => "completed_with_err",
+            ExecOutcome::CompletedWithNumErr => "completed_with_num_err",
+            ExecOutcome::TimedOut => "timed_out",
+            ExecOutcome::IncorrectInput => "incorrect_input",
+            ExecOutcome::FailedToQueue => "failed_to_queue",
+        }
+    }
+
+    /// The outcome and error class of an execution that returned `status` (`None` for
+    /// success) having produced `numerical_errors` NaN/Inf values.
+    pub fn classify(status: Option<NrtStatus>, numerical_errors: u64) -> (ExecOutcome, Option<ErrorClass>) {
+        match status {
+            None if numerical_errors > 0 => (ExecOutcome::CompletedWithNumErr, Some(ErrorClass::Numerical)),
+            None => (ExecOutcome::Completed, None),
+            Some(NrtStatus::ExecCompletedWithNumErr) => (ExecOutcome::CompletedWithNumErr, Some(ErrorClass::Numerical)),
+            Some(NrtStatus::Timeout) => (ExecOutcome::TimedOut, Some(ErrorClass::Transient)),
+            Some(NrtStatus::ExecBadInput | NrtStatus::Invalid) => {
+                (ExecOutcome::IncorrectInput, Some(ErrorClass::Generic))
+            }
+            Some(NrtStatus::QueueFull) => (ExecOutcome::FailedToQueue, Some(ErrorClass::Transient)),
+            Some(
+                NrtStatus::HwError
+                | NrtStatus::ExecHwErrCollectives
+                | NrtStatus::ExecHwErrHbmUe
+                | NrtStatus::ExecHwErrNcUe
+                | NrtStatus::ExecHwErrDmaAbort
+                | NrtStatus::ExecHwErrRepairableHbmUe,
+            ) => (ExecOutcome::CompletedWithErr, Some(ErrorClass::Hardware)),
+            Some(NrtStatus::ExecOob | NrtStatus::ExecCompletedWithErr) => {
+                (ExecOutcome::CompletedWithErr, Some(ErrorClass::Model))
+            }
+            Some(_) => (ExecOutcome::CompletedWithErr, Some(ErrorClass::Runtime)),
+        }
+    }
+}
+
+/// Error classes, as `neuron-monitor`'s `error_summary` counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorClass {
+    Generic = 0,
+    Numerical = 1,
+    Transient = 2,
+    Model = 3,
+    Runtime = 4,
+    Hardware = 5,
+}
+
+impl ErrorClass {
+    pub const ALL: [ErrorClass; 6] = [
+        ErrorClass::Generic,
+        ErrorClass::Numerical,
+        ErrorClass::Transient,
+        ErrorClass::Model,
+        ErrorClass::Runtime,
+        ErrorClass::Hardware,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorClass::Generic => "generic",
+            ErrorClass::Numerical => "numerical",
+            ErrorClass::Transient => "transient",
+            ErrorClass::Model => "model",
+            ErrorClass::Runtime => "runtime",
+            ErrorClass::Hardware => "hardware",
+        }
+    }
+}
+
+/// A mask with every system event type.
+pub const ALL_SYSTEM_EVENTS: u64 = (1 << EventType::ALL.len()) - 1;
+
+/// Parses `NEURON_RT_INSPECT_EVENT_FILTER_TYPE`: event names and the groups
+/// `hardware` and `software`, comma-separated; `^x` excludes `x`. Only exclusions
+/// means "everything but".
+pub fn parse_event_filter(text: &str) -> Result<u64, String> {
+    let mut include = 0u64;
+    let mut exclude = 0u64;
+    let mut any_include = false;
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (negate, name) = match item.strip_prefix('^') {
+            Some(rest) => (true, rest.trim()),
+            None => (false, item),
+        };
+        let mask = match name {
+            "hardware" => EventType::ALL.iter().filter(|t| t.is_hardware()).fold(0, |m, t| m | t.bit()),
+            "software" => EventType::ALL.iter().filter(|t| !t.is_hardware()).fold(0, |m, t| m | t.bit()),
+            _ => EventType::from_name(name).map(EventType::bit).ok_or_else(|| {
+                let names: Vec<&str> = EventType::ALL.iter().map(|t| t.name()).collect();
+                format!("unknown event type `{name}`; use hardware, software or one of {}", names.join(", "))
+            })?,
+        };
+        if negate {
+            exclude |= mask;
+        } else {
+            include |= mask;
+            any_include = true;
+        }
+    }
+    Ok(if any_include { include } else { ALL_SYSTEM_EVENTS } & !exclude)
+}
+
+/// What the rings record, from the `NEURON_RT_INSPECT_*` variables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InspectConfig {
+    /// System trace rings record (`NEURON_RT_INSPECT_ENABLE`, `_SYSTEM_PROFILE`).
+    pub system: bool,
+    /// Device trace rings record (`NEURON_RT_INSPECT_ENABLE`, `_DEVICE_PROFILE`).
+    pub device: bool,
+    /// Only these cores record (`NEURON_RT_INSPECT_EVENT_FILTER_NC`).
+    pub cores: Option<CoreSet>,
+    /// System event types recorded (`NEURON_RT_INSPECT_EVENT_FILTER_TYPE`).
+    pub event_types: u64,
+    /// Ring size; rounded up to a power of two.
+    pub max_events_per_nc: u64,
+    /// Refuse new events instead of overwriting the oldest (`NEURON_VIRT_TRACE_DISCARD`).
+    pub discard: bool,
+}
+
+impl Default for InspectConfig {
+    fn default() -> InspectConfig {
+        InspectConfig {
+            system: true,
+            device: true,
+            cores: None,
+            event_types: ALL_SYSTEM_EVENTS,
+            max_events_per_nc: DEFAULT_MAX_EVENTS_PER_NC,
+            discard: false,
+        }
+    }
+}
+
+/// Emits events into a datastore's rings and counts into its counters.
+#[derive(Debug)]
+pub(crate) struct Tracer {
+    pub(crate) store: DatastoreWriter,
+    /// Per ring position (0: process ring, 1 + slot: core rings), the system event
+    /// types recorded now.
+    system_masks: Vec<AtomicU64>,
+    /// The masks the configuration asks for, restored when a trace session stops.
+    configured_system_masks: Vec<u64>,
+    /// Per core slot: whether device events are recorded.
+    device_enabled: Vec<AtomicBool>,
+    configured_device: Vec<bool>,
+    /// Per ring position (system rings, then device rings): events consumed by the
+    /// in-process trace session; discard mode refuses events a whole ring ahead.
+    consumed: Vec<AtomicU64>,
+    discard: bool,
+    pub(crate) device_clocks: Vec<DeviceClock>,
+    /// Nanoseconds per tick, measured at init (for durations).
+    pub(crate) ns_per_tick: f64,
+    next_tracking_id: AtomicU64,
+    next_exec_id: AtomicU64,
+    /// Per core slot: the model that ran last (for `nrt_model_switch`).
+    last_model: Vec<AtomicU64>,
+    pub(crate) session: std::sync::Mutex<Option<session::Session>>,
+}
+
+/// Identifies the ring an event goes to: 0 is the process ring, `1 + slot` a core's.
+pub(crate) type RingPos = usize;
+
+/// The ids an execution's events carry.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct EventIds {
+    pub(crate) exec_id: u64,
+    pub(crate) model_id: u32,
+}
+
+thread_local! {
+    static THREAD_ID: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The kernel thread id, read once per thread.
+#[inline]
+fn thread_id() -> u32 {
+    THREAD_ID.with(|cached| {
+        let id = cached.get();
+        if id != 0 {
+            return id;
+        }
+        let id = nix::unistd::gettid().as_raw() as u32;
+        cached.set(id);
+        id
+    })
+}
+
+impl Tracer {
+    pub(crate) fn new(
+        store: DatastoreWriter,
+        inspect: &InspectConfig,
+        cores: &[u32],
+        device_clocks: Vec<DeviceClock>,
+        ns_per_tick: f64,
+    ) -> Tracer {
+        let core_on = |core: u32| inspect.cores.as_ref().is_none_or(|set| set.contains(core));
+        let mut configured_system_masks = vec![if inspect.system { inspect.event_types } else { 0 }];
+        configured_system_masks
+            .extend(cores.iter().map(|&c| if inspect.system && core_on(c) { inspect.event_types } else { 0 }));
+        let configured_device: Vec<bool> = cores.iter().map(|&c| inspect.device && core_on(c)).collect();
+        let tracer = Tracer {
+            store,
+            system_masks: configured_system_masks.iter().map(|&m| AtomicU64::new(m)).collect(),
+            configured_system_masks,
+            device_enabled: configured_device.iter().map(|&d| AtomicBool::new(d)).collect(),
+            configured_device,
+            consumed: (0..1 + 2 * cores.len()).map(|_| AtomicU64::new(0)).collect(),
+            discard: inspect.discard,
+            device_clocks,
+            ns_per_tick,
+            next_tracking_id: AtomicU64::new(1),
+            next_exec_id: AtomicU64::new(1),
+            last_model: cores.iter().map(|_| AtomicU64::new(0)).collect(),
+            session: std::sync::Mutex::new(None),
+        };
+        tracer.publish_recording();
+        tracer
+    }
+
+    /// The ring position of `core` (`None`: the process ring).
+    #[inline]
+    pub(crate) fn ring_of(&self, core: Option<u32>) -> RingPos {
+        core.and_then(|c| self.store.core_slot(c)).map_or(0, |slot| slot + 1)
+    }
+
+    pub(crate) fn next_exec_id(&self) -> u64 {
+        self.next_exec_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Whether `event_type` is recorded in ring `ring` now.
+    #[inline]
+    pub(crate) fn enabled(&self, ring: RingPos, event_type: EventType) -> bool {
+        self.system_masks[ring].load(Ordering::Relaxed) & event_type.bit() != 0
+    }
+
+    /// Whether device events of core slot `slot` are recorded now.
+    #[inline]
+    pub(crate) fn device_enabled(&self, slot: usize) -> bool {
+        self.device_enabled[slot].load(Ordering::Relaxed)
+    }
+
+    fn system_ring(&self, ring: RingPos) -> RingRef {
+        if ring == 0 { self.store.host_ring() } else { self.store.core_ring(ring - 1, false) }
+    }
+
+    /// Records one system event (checks the mask first).
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn emit(
+        &self,
+        ring: RingPos,
+        event_type: EventType,
+        phase: Phase,
+        tracking_id: u64,
+        ids: EventIds,
+        string_id: u32,
+        args: [u64; 4],
+        flags: u8,
+    ) {
+        if !self.enabled(ring, event_type) {
+            return;
+        }
+        self.emit_at(clock::ticks(), ring, event_type, phase, tracking_id, ids, string_id, args, flags);
+    }
+
+    /// Records one system event with a given timestamp (mask already checked).
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn emit_at(
+        &self,
+        timestamp: u64,
+        ring: RingPos,
+        event_type: EventType,
+        phase: Phase,
+        tracking_id: u64,
+        ids: EventIds,
+        string_id: u32,
+        args: [u64; 4],
+        flags: u8,
+    ) {
+        let record = SystemRecord {
+            timestamp,
+            tracking_id,
+            exec_id: ids.exec_id,
+            nrta_seq_id: 0,
+            event_type: event_type as u16,
+            phase: phase as u8,
+            flags,
+            thread_id: thread_id(),
+            model_id: ids.model_id,
+            string_id,
+            args,
+        };
+        let claim = if self.discard { Claim::Discard { consumed: &self.consumed[ring] } } else { Claim::Shared };
+        self.system_ring(ring).push(&self.store.region, claim, &record.encode());
+    }
+
+    /// Opens a span: emits its start and returns the tracking id its stop must carry
+    /// (0 when the type is not recorded).
+    #[inline]
+    pub(crate) fn start(&self, ring: RingPos, event_type: EventType, ids: EventIds, string_id: u32) -> u64 {
+        if !self.enabled(ring, event_type) {
+            return 0;
+        }
+        let tracking_id = self.next_tracking_id.fetch_add(1, Ordering::Relaxed);
+        self.emit_at(clock::ticks(), ring, event_type, Phase::Start, tracking_id, ids, string_id, [0; 4], 0);
+        tracking_id
+    }
+
+    /// Opens a span whose start carries `args`.
+    #[inline]
+    pub(crate) fn start_with(
+        &self,
+        ring: RingPos,
+        event_type: EventType,
+        ids: EventIds,
+        string_id: u32,
+        args: [u64; 4],
+    ) -> u64 {
+        if !self.enabled(ring, event_type) {
+            return 0;
+        }
+        let tracking_id = self.next_tracking_id.fetch_add(1, Ordering::Relaxed);
+        self.emit_at(clock::ticks(), ring, event_type, Phase::Start, tracking_id, ids, string_id, args, 0);
+        tracking_id
+    }
+
+    /// Closes a span opened by [`Tracer::start`], with the call's status if it has one.
+    #[inline]
+    pub(crate) fn stop(
+        &self,
+        ring: RingPos,
+        event_type: EventType,
+        tracking_id: u64,
+        ids: EventIds,
+        string_id: u32,
+        status: Option<NrtStatus>,
+    ) {
+        let (args, flags) = match status {
+            Some(s) => ([0, 0, 0, s.code() as u64], FLAG_STATUS),
+            None => ([0; 4], 0),
+        };
+        self.emit(ring, event_type, Phase::Stop, tracking_id, ids, string_id, args, flags);
+    }
+
+    /// Allocates a tracking id for a span whose start is emitted by hand.
+    pub(crate) fn tracking_id(&self) -> u64 {
+        self.next_tracking_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Records a device event for core slot `slot`, whose execution lock the caller
+    /// holds (so it is the ring's only producer).
+    #[inline]
+    pub(crate) fn emit_device(&self, slot: usize, record: &DeviceRecord) {
+        let position = 1 + self.device_clocks.len() + slot;
+        let claim = if self.discard { Claim::Discard { consumed: &self.consumed[position] } } else { Claim::Exclusive };
+        self.store.core_ring(slot, true).push(&self.store.region, claim, &record.encode());
+    }
+
+    /// The device clock of core slot `slot` at host `ticks`.
+    #[inline]
+    pub(crate) fn device_ns(&self, slot: usize, ticks: u64) -> u64 {
+        self.device_clocks[slot].at(ticks)
+    }
+
+    /// Records which model core slot `slot` runs; returns the previous one if it
+    /// differs (a model switch).
+    pub(crate) fn switch_model(&self, slot: usize, model_id: u32) -> Option<u32> {
+        let previous = self.last_model[slot].swap(u64::from(model_id), Ordering::Relaxed) as u32;
+        (previous != 0 && previous != model_id).then_some(previous)
+    }
+
+    pub(crate) fn add(&self, slot: usize, word: u64, n: u64) {
+        self.store.core_counter(slot, word).fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A tick count in nanoseconds.
+    pub(crate) fn ticks_to_ns(&self, ticks: u64) -> u64 {
+        (ticks as f64 * self.ns_per_tick) as u64
+    }
+
+    /// Applies a trace session's recording request on top of the configuration
+    /// (`None` restores the configuration).
+    pub(crate) fn set_session_recording(&self, session: Option<(u64, Option<&[u32]>)>) {
+        for (ring, mask) in self.system_masks.iter().enumerate() {
+            let configured = self.configured_system_masks[ring];
+            let requested = match session {
+                Some((types, cores)) => {
+                    let core = (ring > 0).then(|| self.core_of_slot(ring - 1));
+                    let wanted = match (core, cores) {
+                        (Some(c), Some(list)) => list.contains(&c),
+                        (None, Some(_)) => false,
+                        (_, None) => true,
+                    };
+                    if wanted { types } else { 0 }
+                }
+                None => 0,
+            };
+            mask.store(configured | requested, Ordering::Relaxed);
+        }
+        for (slot, enabled) in self.device_enabled.iter().enumerate() {
+            enabled.store(self.configured_device[slot], Ordering::Relaxed);
+        }
+        self.publish_recording();
+    }
+
+    /// Turns every ring on or off (benchmarks and tools that compare the two).
+    pub(crate) fn set_all_recording(&self, on: bool) {
+        for mask in &self.system_masks {
+            mask.store(if on { ALL_SYSTEM_EVENTS } else { 0 }, Ordering::Relaxed);
+        }
+        for enabled in &self.device_enabled {
+            enabled.store(on, Ordering::Relaxed);
+        }
+        self.publish_recording();
+    }
+
+    fn publish_recording(&self) {
+        let system = self.system_masks.iter().any(|m| m.load(Ordering::Relaxed) != 0);
+        let device = self.device_enabled.iter().any(|d| d.load(Ordering::Relaxed));
+        let mut flags = 0;
+        if system {
+            flags |= layout::RECORDING_SYSTEM;
+        }
+        if device {
+            flags |= layout::RECORDING_DEVICE;
+        }
+        if self.discard {
+            flags |= layout::RECORDING_DISCARD_MODE;
+        }
+        self.store.set_recording(flags);
+    }
+
+    fn core_of_slot(&self, slot: usize) -> u32 {
+        self.store.held_cores()[slot]
+    }
+
+    /// The in-process consumer position of ring position `position`.
+    pub(crate) fn consumed(&self, position: usize) -> &AtomicU64 {
+        &self.consumed[position]
+    }
+
+    /// The ring position (system rings, then device rings) of the ring at `base`.
+    fn position_of(&self, base: u64) -> Option<usize> {
+        let cores = self.device_clocks.len();
+        if base == self.store.host_ring().base {
+            return Some(0);
+        }
+        (0..cores).find_map(|slot| {
+            if self.store.core_ring(slot, false).base == base {
+                Some(1 + slot)
+            } else if self.store.core_ring(slot, true).base == base {
+                Some(1 + cores + slot)
+            } else {
+                None
+            }
+        })
+    }
+}

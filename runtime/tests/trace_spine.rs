@@ -1,0 +1,235 @@
+//! The trace spine seen from outside: what an execution leaves in the datastore (read
+//! back through the reader API), and the in-process `nrt_sys_trace_*` API.
+
+use neuron_runtime::config::CoreRequest;
+use neuron_runtime::datastore::{DatastoreReader, Delta, TailStart, TraceEvent};
+use neuron_runtime::trace::{
+    ALL_SYSTEM_EVENTS, ClockDomain, DeviceActivity, DmaQueueType, EventData, EventType, ExecOutcome, Phase,
+    SysTraceConfig,
+};
+use neuron_runtime::{
+    ArrayType, Config, CoreSet, DType, Neff, Runtime, Target, TensorPlacement, TensorSet, compile_hlo,
+};
+
+const ADD_EXP: &str = r#"HloModule add_exp
+ENTRY main {
+  x = f32[4] parameter(0)
+  s = f32[4] add(x, x)
+  ROOT e = f32[4] exponential(s)
+}
+"#;
+
+struct Fixture {
+    runtime: Runtime,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+fn started(adjust: impl FnOnce(&mut Config)) -> Fixture {
+    let locks = tempfile::tempdir().expect("tempdir");
+    let stores = tempfile::tempdir().expect("tempdir");
+    let mut config = Config {
+        lock_dir: locks.path().to_path_buf(),
+        datastore_dir: stores.path().join("ds"),
+        cores: CoreRequest::Visible(CoreSet::range(0, 0)),
+        ..Config::default()
+    };
+    config.inspect.max_events_per_nc = 4096;
+    adjust(&mut config);
+    Fixture { runtime: Runtime::start(config).expect("runtime starts"), _dirs: (locks, stores) }
+}
+
+fn bound(rt: &Runtime) -> (neuron_runtime::Model, TensorSet, TensorSet) {
+    let neff = Neff::new("add_exp", compile_hlo(ADD_EXP, Target::Trn1).expect("compiles")).encode();
+    let model = rt.load(&neff, Some(0)).expect("loads");
+    let ty = ArrayType::new(DType::F32, vec![4]);
+    let input = rt.allocate_tensor_for(TensorPlacement::Device { core: 0 }, &ty, "x").expect("alloc");
+    let output = rt.allocate_tensor_for(TensorPlacement::Host, &ty, "y").expect("alloc");
+    let mut inputs = TensorSet::new();
+    inputs.add("input0", input);
+    let mut outputs = TensorSet::new();
+    outputs.add("output0", output);
+    (model, inputs, outputs)
+}
+
+#[test]
+fn an_execution_leaves_its_counters_and_events_in_the_datastore() {
+    let f = started(|_| {});
+    let rt = &f.runtime;
+    let reader = DatastoreReader::open(&rt.datastore_path().expect("path")).expect("opens");
+    let before = reader.snapshot();
+    let mut tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
+    let (model, inputs, outputs) = bound(rt);
+    let x = inputs.get("input0").expect("bound");
+    for _ in 0..3 {
+        x.write(0, &[0u8; 16]).expect("write");
+        rt.execute(&model, &inputs, &outputs).expect("runs");
+    }
+    let after = reader.snapshot();
+    let core = after.core(0).expect("nc0 counters");
+    assert_eq!(core.executions.get(ExecOutcome::Completed), 3);
+    assert_eq!(core.executions.total(), 3);
+    assert_eq!(core.instructions, 6);
+    assert_eq!(core.flops, 3 * model.flops_per_execution());
+    assert_eq!(core.dma_bytes[DmaQueueType::Input as usize], 48);
+    assert_eq!(core.dma_bytes[DmaQueueType::Output as usize], 48);
+    let delta = Delta::between(&before, &after);
+    let latency = delta.cores[0].total_latency.expect("latencies");
+    assert_eq!(latency.count, 3);
+    assert!(latency.p0 > 0.0 && latency.p0 <= latency.p50 && latency.p50 <= latency.p100);
+    assert_eq!(reader.models().len(), 1);
+    assert_eq!(reader.models()[0].executions, 3);
+    assert_eq!(reader.models()[0].name, "add_exp");
+
+    let mut events = Vec::new();
+    tail.poll(&reader, usize::MAX, false, &mut events);
+    assert_eq!(tail.lost(), 0);
+    let system: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            TraceEvent::System(e) if e.nc_idx == Some(0) => Some(e),
+            _ => None,
+        })
+        .collect();
+    let names: Vec<String> = system.iter().map(|e| format!("{} {}", e.event_type, e.phase.name())).collect();
+    let first_execution = names.iter().position(|n| n == "nrt_execute start").expect("an execution");
+    assert_eq!(
+        names[first_execution..first_execution + 16],
+        [
+            "nrt_execute start",
+            "kbl_exec_wait start",
+            "kmgr_exec_core start",
+            "kmgr_exec_core stop",
+            "kbl_exec_pre start",
+            "dmem_buf_copyin instant",
+            "kbl_exec_pre stop",
+            "nc_exec_running start",
+            "nc_exec_running stop",
+            "kbl_exec_post start",
+            "dmem_buf_copyout instant",
+            "kbl_exec_post stop",
+            "timestamp_sync_point instant",
+            "kbl_exec_wait stop",
+            "nrt_execute stop",
+            "nrt_tensor_write start",
+        ]
+    );
+    assert_eq!(names.iter().filter(|n| *n == "nrt_execute stop").count(), 3);
+    assert!(names.contains(&"nrt_load start".to_string()) && names.contains(&"nrt_tensor_allocate stop".to_string()));
+    for pair in system.windows(2) {
+        assert!(pair[0].id < pair[1].id, "events arrive in ring order");
+    }
+    let start = system.iter().find(|e| e.event_type == EventType::NrtExecute).expect("start");
+    let stop = system.iter().find(|e| e.event_type == EventType::NrtExecute && e.phase == Phase::Stop).expect("stop");
+    assert_eq!(start.tracking_id, stop.tracking_id);
+    assert_eq!(start.exec_id, stop.exec_id);
+    assert_eq!(start.model_id, Some(model.id()));
+
+    // Device time maps to host time through the sync point that follows it.
+    let running_stop = system
+        .iter()
+        .find(|e| e.event_type == EventType::NcExecRunning && e.phase == Phase::Stop)
+        .expect("nc_exec_running");
+    assert_eq!(running_stop.clock, ClockDomain::Device);
+    let sync = system.iter().find(|e| e.event_type == EventType::TimestampSyncPoint).expect("sync point");
+    let EventData::SyncPoint { cpu_timestamp_ns, nc_timestamp_ns } = sync.data else { panic!("{sync:?}") };
+    assert!(nc_timestamp_ns.abs_diff(cpu_timestamp_ns) > 1_000_000, "the device clock is not the host clock");
+    let aligned = cpu_timestamp_ns as i128 + (running_stop.timestamp_ns as i128 - nc_timestamp_ns as i128);
+    let post_stop =
+        system.iter().find(|e| e.event_type == EventType::KblExecPost && e.phase == Phase::Stop).expect("post");
+    assert!(aligned <= post_stop.timestamp_ns as i128 + 1000, "{aligned} after {}", post_stop.timestamp_ns);
+    assert!(aligned >= start.timestamp_ns as i128, "{aligned} before {}", start.timestamp_ns);
+
+    let device: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            TraceEvent::Device(e) => Some(e),
+            _ => None,
+        })
+        .collect();
+    let instructions: Vec<_> =
+        device.iter().filter(|e| matches!(e.activity, DeviceActivity::Instruction { .. })).collect();
+    assert_eq!(instructions.len(), 6);
+    let DeviceActivity::Instruction { opcode, hlo, bytes_read, bytes_written, .. } = &instructions[1].activity else {
+        unreachable!()
+    };
+    assert_eq!((opcode.as_str(), hlo.as_str(), *bytes_read, *bytes_written), ("Exp", "e", 16, 16));
+    assert!(instructions.iter().all(|e| e.start_ns <= e.end_ns));
+    let queues: Vec<DmaQueueType> = device
+        .iter()
+        .filter_map(|e| match e.activity {
+            DeviceActivity::Dma { queue, .. } => Some(queue),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(queues.iter().filter(|q| **q == DmaQueueType::Input).count(), 3);
+    assert_eq!(queues.iter().filter(|q| **q == DmaQueueType::Output).count(), 3);
+    assert!(queues.contains(&DmaQueueType::Instructions));
+}
+
+#[test]
+fn switches_off_what_the_inspect_configuration_excludes() {
+    let f = started(|c| {
+        c.inspect.device = false;
+        c.inspect.event_types = EventType::NrtExecute.bit();
+    });
+    let rt = &f.runtime;
+    let reader = DatastoreReader::open(&rt.datastore_path().expect("path")).expect("opens");
+    let mut tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
+    let (model, inputs, outputs) = bound(rt);
+    rt.execute(&model, &inputs, &outputs).expect("runs");
+    let mut events = Vec::new();
+    tail.poll(&reader, usize::MAX, false, &mut events);
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(events.iter().all(|e| matches!(e, TraceEvent::System(s) if s.event_type == EventType::NrtExecute)));
+    assert!(!reader.info().device_trace_recording);
+}
+
+#[test]
+fn sys_trace_fetch_matches_the_golden_shape_and_consumes_events() {
+    let f = started(|c| c.inspect.system = false);
+    let rt = &f.runtime;
+    let (model, inputs, outputs) = bound(rt);
+    let config = SysTraceConfig {
+        event_types: EventType::NrtExecute.bit()
+            | EventType::DmemBufCopyin.bit()
+            | EventType::TimestampSyncPoint.bit()
+            | EventType::NrtTensorRead.bit(),
+        ..SysTraceConfig::default()
+    };
+    rt.sys_trace_start(&config).expect("starts");
+    rt.execute(&model, &inputs, &outputs).expect("runs");
+    outputs.get("output0").expect("bound").read_all().expect("reads");
+    rt.sys_trace_stop().expect("stops");
+    let fetch = rt.sys_trace_fetch_events().expect("fetch");
+    assert_eq!(fetch.lost, 0);
+    // Times, thread ids and tensor ids differ from run to run; the shape, the key
+    // order and everything else do not. One event per line keeps diffs readable.
+    let mut actual = fetch.to_json();
+    for key in ["timestamp_ns", "thread_id", "cpu_timestamp_ns", "nc_timestamp_ns", "tensor_id"] {
+        actual = zero_numbers_after(&actual, &format!("\"{key}\":"));
+    }
+    let actual = actual.replace("},{\"event_type\"", "},\n{\"event_type\"") + "\n";
+    let golden_path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/trace/fetch_events.json");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(golden_path, &actual).expect("writes golden file");
+    }
+    let golden = std::fs::read_to_string(golden_path).expect("golden file (UPDATE_GOLDEN=1 writes it)");
+    assert_eq!(actual, golden, "fetch JSON differs from {golden_path}");
+    let again = rt.sys_trace_fetch_events().expect("fetch");
+    assert!(again.events.is_empty(), "a fetch consumes what it returns");
+    assert_eq!(again.to_json(), r#"{"events":[],"data_version":2}"#);
+}
+
+/// Replaces the number after every `prefix` with 0.
+fn zero_numbers_after(json: &str, prefix: &str) -> String {
+    let mut out = String::new();
+    let mut rest = json;
+    while let Some(at) = rest.find(prefix) {
+        let (head, tail) = rest.split_at(at + prefix.len());
+        out.push_str(head);
+        out.push('0');
+        rest = tail.trim_start_matches(|c: char| c.is_ascii_digit());
+    }
+    out.push_str(rest);
+    out
+}
