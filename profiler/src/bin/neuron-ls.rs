@@ -1,0 +1,148 @@
+//! `neuron-ls`: the instance's Neuron devices and cores, and which runtime process holds
+//! which core, read from the runtimes' datastores.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use neuron_runtime::Config;
+use neuron_runtime::datastore::{Liveness, RuntimeEntry, discover};
+use neuron_runtime::memory::HumanBytes;
+use serde::Serialize;
+
+/// List Neuron devices, their NeuronCores and memory, and the runtime processes using
+/// them (live, or exited since the last look; an exited runtime's datastore is removed).
+#[derive(Debug, Parser)]
+#[command(name = "neuron-ls", version)]
+struct Cli {
+    /// Print JSON: one object per device, with the processes holding its cores.
+    #[arg(long, short = 'j')]
+    json_output: bool,
+    /// Directory of the runtimes' datastores (default: the per-user directory).
+    #[arg(long, env = "NEURON_VIRT_DATASTORE_DIR")]
+    datastore_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Serialize)]
+struct Device {
+    neuron_device: u32,
+    nc_count: u32,
+    memory_size: u64,
+    neuron_processes: Vec<Process>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+struct Process {
+    pid: u32,
+    tag: Option<String>,
+    state: &'static str,
+    exit_reason: Option<String>,
+    /// The global indexes of the cores it holds on this device.
+    cores: Vec<u32>,
+    neuron_runtime_version: String,
+}
+
+fn main() -> ExitCode {
+    neuron_profiler::exit_quietly_on_closed_pipe();
+    match run(&Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Result<()> {
+    let config = Config::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let topology = config.instance_type.topology();
+    let dir = cli.datastore_dir.clone().unwrap_or(config.datastore_dir);
+    let entries = discover(&dir).with_context(|| format!("cannot list runtimes in {}", dir.display()))?;
+    let mut problems = Vec::new();
+    let runtimes: Vec<(Vec<u32>, Process)> = entries
+        .iter()
+        .filter_map(|entry| match process(entry) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                problems.push(e);
+                None
+            }
+        })
+        .collect();
+    let per_device = topology.cores_per_device();
+    let devices: Vec<Device> = (0..topology.device_count)
+        .map(|d| {
+            let on_device = |c: &u32| c / per_device == d;
+            Device {
+                neuron_device: d,
+                nc_count: per_device,
+                memory_size: topology.device_memory_bytes,
+                neuron_processes: runtimes
+                    .iter()
+                    .filter(|(cores, _)| cores.iter().any(on_device))
+                    .map(|(cores, p)| Process { cores: cores.iter().copied().filter(on_device).collect(), ..p.clone() })
+                    .collect(),
+            }
+        })
+        .collect();
+    if cli.json_output {
+        println!("{}", serde_json::to_string_pretty(&devices)?);
+    } else {
+        print_table(&config.instance_type.to_string(), &devices);
+    }
+    for problem in problems {
+        eprintln!("warning: {problem}");
+    }
+    Ok(())
+}
+
+fn process(entry: &RuntimeEntry) -> Result<(Vec<u32>, Process), String> {
+    let reader = entry.reader.as_ref().map_err(|e| e.to_string())?;
+    let info = reader.info();
+    let (state, exit_reason) = match entry.liveness {
+        Some(Liveness::Exited(reason)) => ("exited", Some(reason.to_string())),
+        _ => ("live", None),
+    };
+    Ok((
+        info.cores.clone(),
+        Process {
+            pid: info.pid,
+            tag: info.tag.clone(),
+            state,
+            exit_reason,
+            cores: info.cores.clone(),
+            neuron_runtime_version: info.runtime_version.clone(),
+        },
+    ))
+}
+
+fn print_table(instance_type: &str, devices: &[Device]) {
+    println!("instance-type: {instance_type}");
+    let rule = format!("+{:-<8}+{:-<8}+{:-<10}+{:-<52}+", "", "", "", "");
+    println!("{rule}");
+    println!("| {:<6} | {:<6} | {:<8} | {:<50} |", "NEURON", "NEURON", "NEURON", "PROCESSES");
+    println!("| {:<6} | {:<6} | {:<8} | {:<50} |", "DEVICE", "CORES", "MEMORY", "(PID TAG CORES STATE)");
+    println!("{rule}");
+    for device in devices {
+        let processes: Vec<String> = device
+            .neuron_processes
+            .iter()
+            .map(|p| {
+                let cores: Vec<String> = p.cores.iter().map(|c| format!("nc{c}")).collect();
+                let state = match &p.exit_reason {
+                    Some(reason) => format!("exited: {reason}"),
+                    None => p.state.to_string(),
+                };
+                format!("{} {} {} {}", p.pid, p.tag.as_deref().unwrap_or("-"), cores.join(","), state)
+            })
+            .collect();
+        let memory = HumanBytes(device.memory_size).to_string();
+        let first = processes.first().map_or("", String::as_str);
+        println!("| {:<6} | {:<6} | {:<8} | {:<50} |", device.neuron_device, device.nc_count, memory, first);
+        for more in processes.iter().skip(1) {
+            println!("| {:<6} | {:<6} | {:<8} | {:<50} |", "", "", "", more);
+        }
+    }
+    println!("{rule}");
+}
