@@ -593,7 +593,7 @@ impl Runtime {
         let status = result.as_ref().err().map(|e| e.status);
         tracer.stop(m.ring, EventType::KblExecWait, wait_tracking, ids, 0, None);
         let total_ticks = ticks().saturating_sub(called);
-        self.count_execution(&tracer, &m, &result, &ran_counts(ran.device_ticks, ran.instructions), total_ticks);
+        self.count_execution(&tracer, &m, &result, ran.device_ticks, ran.instructions, total_ticks);
         tracer.stop(m.ring, EventType::NrtExecute, execute_tracking, ids, 0, status);
         let mut report = result?;
         report.total_latency = tracer_duration(&tracer, total_ticks);
@@ -607,10 +607,10 @@ impl Runtime {
         tracer: &Tracer,
         m: &LoadedModel,
         result: &NrtResult<ExecutionReport>,
-        ran: &(Option<u64>, u64),
+        device_ticks: Option<u64>,
+        instructions: u64,
         total_ticks: u64,
     ) {
-        let (device_ticks, instructions) = *ran;
         let numerical_errors = result.as_ref().map_or(0, |r| r.numerical_errors);
         let (outcome, class) = ExecOutcome::classify(result.as_ref().err().map(|e| e.status), numerical_errors);
         let slot = m.slot;
@@ -800,10 +800,6 @@ struct CoreRun {
     result: NrtResult<u64>,
     device_ticks: Option<u64>,
     instructions: u64,
-}
-
-fn ran_counts(device_ticks: Option<u64>, instructions: u64) -> (Option<u64>, u64) {
-    (device_ticks, instructions)
 }
 
 fn tracer_duration(tracer: &Tracer, ticks: u64) -> Duration {
