@@ -31,10 +31,10 @@ use crate::reservation::CoreReservation;
 use crate::tensor::{ExecutionLocks, Tensor, TensorPlacement, TensorSet, TensorTracing};
 use crate::topology::{CoreSet, Topology};
 use crate::trace::clock::{self, DeviceClock, ticks};
-use crate::trace::event::{DEVICE_KIND_DMA, DEVICE_KIND_INSTRUCTION, DeviceRecord, FLAG_DEVICE_CLOCK, FLAG_STATUS};
+use crate::trace::event::{DEVICE_KIND_DMA, DeviceRecord, FLAG_DEVICE_CLOCK, FLAG_STATUS};
 use crate::trace::{
     DEFAULT_MODEL_SLOTS, DEFAULT_STRING_TABLE_BYTES, DmaQueueType, EventIds, EventType, ExecOutcome, INSTRUCTION_BYTES,
-    Phase, RingPos, SysTraceConfig, SysTraceFetch, Tracer,
+    InstructionTrace, Phase, RingPos, SysTraceConfig, SysTraceFetch, TraceProbe, Tracer,
 };
 
 /// How often the runtime marks its datastore alive.
@@ -118,18 +118,6 @@ struct LoadedModel {
     instructions: Vec<InstructionTrace>,
     input_bytes: u64,
     output_bytes: u64,
-}
-
-/// The fixed part of an instruction's device event, prepared at load.
-#[derive(Debug, Clone, Copy)]
-struct InstructionTrace {
-    engine: u8,
-    opcode_id: u32,
-    hlo_id: u32,
-    step: u32,
-    flops: u64,
-    bytes_read: u64,
-    bytes_written: u64,
 }
 
 /// What one execution did.
@@ -301,6 +289,18 @@ impl Runtime {
     pub fn set_trace_recording(&self, on: bool) -> NrtResult<()> {
         self.tracer()?.set_all_recording(on);
         Ok(())
+    }
+
+    /// Records events on `core` through the runtime's own emit path, with no program
+    /// around them: for the trace benchmarks and ring stress tests.
+    #[doc(hidden)]
+    pub fn trace_probe(&self, core: u32) -> NrtResult<TraceProbe> {
+        self.shared.lifecycle.check()?;
+        let running = lock(&self.shared.running);
+        let running =
+            running.as_ref().ok_or_else(|| NrtError::new(NrtStatus::Closed, "the runtime has been closed"))?;
+        TraceProbe::new(Arc::clone(&running.tracer), Arc::clone(&running.core_locks), core)
+            .ok_or_else(|| NrtError::invalid(format!("nc{core} is not held by this runtime")))
     }
 
     fn tracer(&self) -> NrtResult<Arc<Tracer>> {
@@ -938,23 +938,7 @@ impl CoreJob {
         let results = m.executable.run(values, destinations, run_start.saturating_add(timeout_ticks), |step, a, b| {
             executed += 1;
             if device && let Some(it) = m.instructions.get(step) {
-                tracer.emit_device(
-                    slot,
-                    &DeviceRecord {
-                        start_ns: tracer.device_ns(slot, a),
-                        end_ns: tracer.device_ns(slot, b),
-                        exec_id: ids.exec_id,
-                        model_id: ids.model_id,
-                        kind: DEVICE_KIND_INSTRUCTION,
-                        unit: it.engine,
-                        opcode_or_index: it.opcode_id,
-                        hlo_string: it.hlo_id,
-                        step: it.step,
-                        flops_or_bytes: it.flops,
-                        bytes_read: it.bytes_read,
-                        bytes_written: it.bytes_written,
-                    },
-                );
+                tracer.emit_instruction(slot, ids, it, a, b);
             }
         });
         let run_end = ticks();

@@ -9,6 +9,7 @@
 
 pub mod clock;
 pub mod event;
+mod probe;
 pub(crate) mod session;
 
 use std::cell::Cell;
@@ -19,9 +20,10 @@ use crate::datastore::{Claim, RingRef, layout};
 use crate::error::NrtStatus;
 use crate::topology::CoreSet;
 use clock::DeviceClock;
-use event::{DeviceRecord, FLAG_STATUS, SystemRecord};
+use event::{DEVICE_KIND_INSTRUCTION, DeviceRecord, FLAG_STATUS, SystemRecord};
 
 pub use event::{ClockDomain, DeviceActivity, DeviceEvent, DmaQueueType, EventData, EventType, Phase, SystemEvent};
+pub use probe::{DeviceProbe, TraceProbe};
 pub use session::{FETCH_DATA_VERSION, SysTraceConfig, SysTraceFetch, event_type_names};
 
 /// Events kept per ring when `NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC` is unset.
@@ -217,6 +219,18 @@ pub(crate) struct Tracer {
     /// Per core slot: the model that ran last (for `nrt_model_switch`).
     last_model: Vec<AtomicU64>,
     pub(crate) session: std::sync::Mutex<Option<session::Session>>,
+}
+
+/// The fixed part of an instruction's device event, prepared at load.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct InstructionTrace {
+    pub(crate) engine: u8,
+    pub(crate) opcode_id: u32,
+    pub(crate) hlo_id: u32,
+    pub(crate) step: u32,
+    pub(crate) flops: u64,
+    pub(crate) bytes_read: u64,
+    pub(crate) bytes_written: u64,
 }
 
 /// Identifies the ring an event goes to: 0 is the process ring, `1 + slot` a core's.
@@ -417,6 +431,29 @@ impl Tracer {
         let position = 1 + self.device_clocks.len() + slot;
         let claim = if self.discard { Claim::Discard { consumed: &self.consumed[position] } } else { Claim::Exclusive };
         self.store.core_ring(slot, true).push(&self.store.region, claim, &record.encode());
+    }
+
+    /// Records an instruction's device event, run from host `start` to `end` ticks,
+    /// for core slot `slot`, whose execution lock the caller holds.
+    #[inline]
+    pub(crate) fn emit_instruction(&self, slot: usize, ids: EventIds, it: &InstructionTrace, start: u64, end: u64) {
+        self.emit_device(
+            slot,
+            &DeviceRecord {
+                start_ns: self.device_ns(slot, start),
+                end_ns: self.device_ns(slot, end),
+                exec_id: ids.exec_id,
+                model_id: ids.model_id,
+                kind: DEVICE_KIND_INSTRUCTION,
+                unit: it.engine,
+                opcode_or_index: it.opcode_id,
+                hlo_string: it.hlo_id,
+                step: it.step,
+                flops_or_bytes: it.flops,
+                bytes_read: it.bytes_read,
+                bytes_written: it.bytes_written,
+            },
+        );
     }
 
     /// The device clock of core slot `slot` at host `ticks`.

@@ -1,0 +1,69 @@
+//! Emission through the runtime's own path with no program around it, for the trace
+//! benchmarks and the ring stress tests. It is not an application tracing API: what
+//! it records looks like runtime activity to every reader.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::event::Phase;
+use super::{EventIds, EventType, InstructionTrace, RingPos, Tracer};
+
+/// Records events on one held core exactly as the runtime does, from
+/// [`Runtime::trace_probe`](crate::Runtime::trace_probe).
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct TraceProbe {
+    tracer: Arc<Tracer>,
+    core_locks: Arc<HashMap<u32, Mutex<()>>>,
+    core: u32,
+    slot: usize,
+    ring: RingPos,
+}
+
+impl TraceProbe {
+    pub(crate) fn new(tracer: Arc<Tracer>, core_locks: Arc<HashMap<u32, Mutex<()>>>, core: u32) -> Option<TraceProbe> {
+        let slot = tracer.store.core_slot(core)?;
+        let ring = tracer.ring_of(Some(core));
+        Some(TraceProbe { tracer, core_locks, core, slot, ring })
+    }
+
+    /// Records an instant system event of `event_type` on the core's ring, when that
+    /// type is recorded there now: the same check and the same emit as every runtime
+    /// event. `args` are the type's payload words (see `runtime/FORMAT.md`).
+    #[inline]
+    pub fn system(&self, event_type: EventType, tracking_id: u64, args: [u64; 4]) {
+        self.tracer.emit(self.ring, event_type, Phase::Instant, tracking_id, EventIds::default(), 0, args, 0);
+    }
+
+    /// Runs `f` holding the core's execution lock, as the backend holds it while a
+    /// program runs, so that `f` can record device events. Whether device events are
+    /// recorded is read once here, as it is once per execution.
+    pub fn with_device<R>(&self, f: impl FnOnce(&DeviceProbe<'_>) -> R) -> R {
+        let _busy = self.core_locks.get(&self.core).map(|l| l.lock().unwrap_or_else(|e| e.into_inner()));
+        f(&DeviceProbe { probe: self, enabled: self.tracer.device_enabled(self.slot) })
+    }
+}
+
+/// Records device events while the core's execution lock is held.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct DeviceProbe<'a> {
+    probe: &'a TraceProbe,
+    enabled: bool,
+}
+
+impl DeviceProbe<'_> {
+    /// Records an instruction's device event, as the runtime does after each
+    /// instruction it runs: a PE instruction of execution `exec_id` with `flops`,
+    /// run from host tick `start_ticks` to `end_ticks` (converted to the core's
+    /// device clock).
+    #[inline]
+    pub fn instruction(&self, exec_id: u64, flops: u64, start_ticks: u64, end_ticks: u64) {
+        if self.enabled {
+            let p = self.probe;
+            let ids = EventIds { exec_id, model_id: 0 };
+            let it = InstructionTrace { flops, ..InstructionTrace::default() };
+            p.tracer.emit_instruction(p.slot, ids, &it, start_ticks, end_ticks);
+        }
+    }
+}
