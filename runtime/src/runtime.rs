@@ -1040,13 +1040,29 @@ impl CoreJob {
     }
 }
 
-/// Starts the thread that refreshes the datastore heartbeat until the returned sender
-/// is dropped.
+/// Bytes of ring faulted in at a time by the heartbeat thread.
+const PREFAULT_CHUNK_BYTES: u64 = 8 << 20;
+
+/// Starts the thread that faults the datastore's rings in, then refreshes its
+/// heartbeat until the returned sender is dropped.
 fn start_heartbeat(tracer: Arc<Tracer>) -> NrtResult<crossbeam_channel::Sender<()>> {
     let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
     std::thread::Builder::new()
         .name("neuron-datastore-heartbeat".into())
         .spawn(move || {
+            // First fault the rings in, a chunk at a time, so that events never take a
+            // page fault; stop early if the runtime closes meanwhile.
+            let mut last_beat = std::time::Instant::now();
+            for (offset, len) in tracer.store.prefault_chunks(PREFAULT_CHUNK_BYTES) {
+                if !matches!(stopped.try_recv(), Err(crossbeam_channel::TryRecvError::Empty)) {
+                    return;
+                }
+                tracer.store.region.prefault(offset, len);
+                if last_beat.elapsed() >= HEARTBEAT_INTERVAL {
+                    tracer.store.heartbeat();
+                    last_beat = std::time::Instant::now();
+                }
+            }
             while let Err(crossbeam_channel::RecvTimeoutError::Timeout) = stopped.recv_timeout(HEARTBEAT_INTERVAL) {
                 tracer.store.heartbeat();
             }

@@ -89,6 +89,12 @@ pub(crate) fn free_space(dir: &Path) -> Result<u64, DatastoreError> {
     Ok(stat.blocks_available() as u64 * stat.fragment_size() as u64)
 }
 
+/// Whether files in `dir` live in memory (tmpfs), so that faulting their pages in
+/// ahead of use costs memory the rings would use anyway, and no disk writes.
+pub(crate) fn in_memory(dir: &Path) -> bool {
+    nix::sys::statfs::statfs(dir).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC)
+}
+
 /// The start time of process `pid` (clock ticks after boot, `/proc/<pid>/stat` field
 /// 22), which tells a reused pid from the original process.
 pub fn process_start_time(pid: u32) -> Option<u64> {

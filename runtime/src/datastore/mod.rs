@@ -28,7 +28,7 @@ pub use reader::{
     TraceEvent, discover,
 };
 pub use ring::RingCursor;
-pub(crate) use ring::{Claim, PAYLOAD_WORDS, Payload, RingRef};
+pub(crate) use ring::{Claim, Payload, RingRef};
 pub use strings::MAX_STRING_BYTES;
 
 /// Why a datastore could not be created or opened.

@@ -52,10 +52,12 @@ pub(crate) enum SlotRead {
 }
 
 impl RingRef {
+    #[inline]
     fn head<'r>(&self, region: &'r Region) -> &'r AtomicU64 {
         region.u64(self.base + ring::HEAD)
     }
 
+    #[inline]
     fn slot<'r>(&self, region: &'r Region, index: u64) -> &'r [AtomicU64; SLOT_WORDS] {
         region.words::<SLOT_WORDS>(self.base + RING_HEADER_BYTES + (index & (self.capacity - 1)) * SLOT_BYTES)
     }
@@ -72,7 +74,12 @@ impl RingRef {
 
     /// Appends one event; `false` when discard mode refused it.
     #[inline]
-    pub(crate) fn push(&self, region: &Region, claim: Claim<'_>, payload: &Payload) -> bool {
+    ///
+    /// A record type may use fewer than [`PAYLOAD_WORDS`] words (`N`): the others are
+    /// not written, so they stay zero as the file was created, provided every record
+    /// in a ring has the same length (which the check then covers as if zero-padded).
+    pub(crate) fn push<const N: usize>(&self, region: &Region, claim: Claim<'_>, payload: &[u64; N]) -> bool {
+        const { assert!(N <= PAYLOAD_WORDS) };
         let head = self.head(region);
         let index = match claim {
             Claim::Shared => head.fetch_add(1, Ordering::Relaxed),
@@ -95,7 +102,7 @@ impl RingRef {
         let slot = self.slot(region, index);
         slot[0].store(2 * index + 1, Ordering::Relaxed);
         fence(Ordering::Release);
-        for (word, value) in slot[1..=PAYLOAD_WORDS].iter().zip(payload) {
+        for (word, value) in slot[1..=N].iter().zip(payload) {
             word.store(*value, Ordering::Relaxed);
         }
         slot[SLOT_WORDS - 1].store(check(index, payload), Ordering::Relaxed);
@@ -186,8 +193,8 @@ impl RingCursor {
 /// A check over a slot's index and payload. Products with distinct odd constants are
 /// summed (independent multiplies, so it costs a few cycles), and a record spliced
 /// from two writes differs from both in at least one term.
-#[inline]
-fn check(index: u64, payload: &Payload) -> u64 {
+#[inline(always)]
+fn check<const N: usize>(index: u64, payload: &[u64; N]) -> u64 {
     const K: [u64; PAYLOAD_WORDS + 1] = [
         0x9E37_79B9_7F4A_7C15,
         0xC2B2_AE3D_27D4_EB4F,

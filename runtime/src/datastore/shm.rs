@@ -75,6 +75,19 @@ impl Region {
         unsafe { &*(self.ptr.add(offset) as *const AtomicU8) }
     }
 
+    /// Faults in, writable, the pages of `len` bytes at `offset` of a read-write
+    /// mapping (`MADV_POPULATE_WRITE`) without changing their contents, so that the
+    /// first store to each does not take a page fault. Best effort: kernels before
+    /// 5.14 refuse, and the pages are then faulted in on first use as usual.
+    pub(crate) fn prefault(&self, offset: u64, len: u64) {
+        if let Mapping::ReadWrite(m) = &self._mapping {
+            let end = (offset.saturating_add(len)).min(self.len as u64);
+            if offset < end {
+                let _ = m.advise_range(memmap2::Advice::PopulateWrite, offset as usize, (end - offset) as usize);
+            }
+        }
+    }
+
     /// Copies `len` bytes out, one atomic load per byte (for short strings only).
     pub(crate) fn read_bytes(&self, offset: u64, len: u64) -> Vec<u8> {
         (offset..offset + len).map(|o| self.byte(o).load(Ordering::Relaxed)).collect()

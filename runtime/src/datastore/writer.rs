@@ -76,6 +76,8 @@ pub(crate) struct DatastoreWriter {
     /// Which model occupies each slot of the models table.
     model_slots: Mutex<Vec<Option<u32>>>,
     removed: std::sync::atomic::AtomicBool,
+    /// The file is on tmpfs (see [`DatastoreWriter::prefault_chunks`]).
+    in_memory: bool,
 }
 
 impl DatastoreWriter {
@@ -146,6 +148,7 @@ impl DatastoreWriter {
             interned: Mutex::new(HashMap::new()),
             model_slots: Mutex::new(vec![None; params.model_slots as usize]),
             removed: std::sync::atomic::AtomicBool::new(false),
+            in_memory: directory::in_memory(&params.dir),
             path: path.clone(),
         };
         writer.write_header(params, pid);
@@ -357,6 +360,19 @@ impl DatastoreWriter {
 
     pub(crate) fn strings(&self) -> StringTable {
         self.strings
+    }
+
+    /// The byte ranges of the rings, in chunks of at most `chunk` bytes, to fault in
+    /// ahead of the producers with [`Region::prefault`]: otherwise every event that
+    /// is the first in its page during a ring's first lap takes a page fault (about
+    /// one in 32). Empty when the file is not on tmpfs, where that would mean writing
+    /// the whole file to disk.
+    pub(crate) fn prefault_chunks(&self, chunk: u64) -> Vec<(u64, u64)> {
+        if !self.in_memory {
+            return Vec::new();
+        }
+        let (start, end) = (self.layout.host_ring(), self.region.len());
+        (start..end).step_by(chunk as usize).map(|offset| (offset, chunk.min(end - offset))).collect()
     }
 
     /// Marks the writer alive now, and refreshes the tick calibration.

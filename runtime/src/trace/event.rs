@@ -285,6 +285,11 @@ impl DeviceEvent {
     }
 }
 
+/// Payload words a system record uses (the rest of its slot stays zero).
+pub(crate) const SYSTEM_RECORD_WORDS: usize = 10;
+/// Payload words a device record uses.
+pub(crate) const DEVICE_RECORD_WORDS: usize = 9;
+
 /// Record flags.
 pub(crate) const FLAG_DEVICE_CLOCK: u8 = 1;
 pub(crate) const FLAG_STATUS: u8 = 2;
@@ -310,8 +315,8 @@ pub(crate) struct SystemRecord {
 
 impl SystemRecord {
     #[inline]
-    pub(crate) fn encode(&self) -> crate::datastore::Payload {
-        let mut p = [0u64; crate::datastore::PAYLOAD_WORDS];
+    pub(crate) fn encode(&self) -> [u64; SYSTEM_RECORD_WORDS] {
+        let mut p = [0u64; SYSTEM_RECORD_WORDS];
         p[0] = self.timestamp;
         p[1] = self.tracking_id;
         p[2] = self.exec_id;
@@ -424,8 +429,8 @@ pub(crate) struct DeviceRecord {
 
 impl DeviceRecord {
     #[inline]
-    pub(crate) fn encode(&self) -> crate::datastore::Payload {
-        let mut p = [0u64; crate::datastore::PAYLOAD_WORDS];
+    pub(crate) fn encode(&self) -> [u64; DEVICE_RECORD_WORDS] {
+        let mut p = [0u64; DEVICE_RECORD_WORDS];
         p[0] = self.start_ns;
         p[1] = self.end_ns;
         p[2] = self.exec_id;

@@ -210,6 +210,8 @@ pub(crate) struct Tracer {
     /// Per ring position (system rings, then device rings): events consumed by the
     /// in-process trace session; discard mode refuses events a whole ring ahead.
     consumed: Vec<AtomicU64>,
+    /// Every ring, in the same positions as `consumed`.
+    rings: Vec<RingRef>,
     discard: bool,
     pub(crate) device_clocks: Vec<DeviceClock>,
     /// Nanoseconds per tick, measured at init (for durations).
@@ -274,6 +276,10 @@ impl Tracer {
         configured_system_masks
             .extend(cores.iter().map(|&c| if inspect.system && core_on(c) { inspect.event_types } else { 0 }));
         let configured_device: Vec<bool> = cores.iter().map(|&c| inspect.device && core_on(c)).collect();
+        let rings = std::iter::once(store.host_ring())
+            .chain((0..cores.len()).map(|slot| store.core_ring(slot, false)))
+            .chain((0..cores.len()).map(|slot| store.core_ring(slot, true)))
+            .collect();
         let tracer = Tracer {
             store,
             system_masks: configured_system_masks.iter().map(|&m| AtomicU64::new(m)).collect(),
@@ -281,6 +287,7 @@ impl Tracer {
             device_enabled: configured_device.iter().map(|&d| AtomicBool::new(d)).collect(),
             configured_device,
             consumed: (0..1 + 2 * cores.len()).map(|_| AtomicU64::new(0)).collect(),
+            rings,
             discard: inspect.discard,
             device_clocks,
             ns_per_tick,
@@ -313,10 +320,6 @@ impl Tracer {
     #[inline]
     pub(crate) fn device_enabled(&self, slot: usize) -> bool {
         self.device_enabled[slot].load(Ordering::Relaxed)
-    }
-
-    fn system_ring(&self, ring: RingPos) -> RingRef {
-        if ring == 0 { self.store.host_ring() } else { self.store.core_ring(ring - 1, false) }
     }
 
     /// Records one system event (checks the mask first).
@@ -368,7 +371,7 @@ impl Tracer {
             args,
         };
         let claim = if self.discard { Claim::Discard { consumed: &self.consumed[ring] } } else { Claim::Shared };
-        self.system_ring(ring).push(&self.store.region, claim, &record.encode());
+        self.rings[ring].push(&self.store.region, claim, &record.encode());
     }
 
     /// Opens a span: emits its start and returns the tracking id its stop must carry
@@ -430,7 +433,7 @@ impl Tracer {
     pub(crate) fn emit_device(&self, slot: usize, record: &DeviceRecord) {
         let position = 1 + self.device_clocks.len() + slot;
         let claim = if self.discard { Claim::Discard { consumed: &self.consumed[position] } } else { Claim::Exclusive };
-        self.store.core_ring(slot, true).push(&self.store.region, claim, &record.encode());
+        self.rings[position].push(&self.store.region, claim, &record.encode());
     }
 
     /// Records an instruction's device event, run from host `start` to `end` ticks,
@@ -541,18 +544,6 @@ impl Tracer {
 
     /// The ring position (system rings, then device rings) of the ring at `base`.
     fn position_of(&self, base: u64) -> Option<usize> {
-        let cores = self.device_clocks.len();
-        if base == self.store.host_ring().base {
-            return Some(0);
-        }
-        (0..cores).find_map(|slot| {
-            if self.store.core_ring(slot, false).base == base {
-                Some(1 + slot)
-            } else if self.store.core_ring(slot, true).base == base {
-                Some(1 + cores + slot)
-            } else {
-                None
-            }
-        })
+        self.rings.iter().position(|r| r.base == base)
     }
 }
