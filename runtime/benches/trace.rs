@@ -143,7 +143,10 @@ fn emit_with_ring(dirs: &Path, events_per_ring: u64) {
             }
         }
     });
-    println!("ring of {events_per_ring} events ({:.1} MiB per ring):", (events_per_ring * 128) as f64 / f64::from(1 << 20));
+    println!(
+        "ring of {events_per_ring} events ({:.1} MiB per ring):",
+        (events_per_ring * 128) as f64 / f64::from(1 << 20)
+    );
     println!("  {:<28} {:>9} {:>9} {:>7}   {:>9} {:>9} {:>7}", "", "tight", "cost", "ratio", "spaced", "cost", "ratio");
     let medians = |samples: Vec<Vec<f64>>| samples.into_iter().map(median).collect::<Vec<f64>>();
     let (tight, spaced) = (medians(tight), medians(spaced));
@@ -163,18 +166,26 @@ fn emit_with_ring(dirs: &Path, events_per_ring: u64) {
 }
 
 /// Pins the calling thread (and what it starts afterwards) to `cpu`, when the machine
-/// has more than one; returns whether it did.
-fn pin_to(cpu: usize) -> bool {
+/// has more than one; returns the CPUs it was allowed before, to restore with
+/// [`unpin`], if it did.
+fn pin_to(cpu: usize) -> Option<nix::sched::CpuSet> {
     use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
     use nix::unistd::Pid;
-    let Ok(allowed) = sched_getaffinity(Pid::from_raw(0)) else { return false };
+    let allowed = sched_getaffinity(Pid::from_raw(0)).ok()?;
     let cpus: Vec<usize> = (0..CpuSet::count()).filter(|&c| allowed.is_set(c).unwrap_or(false)).collect();
     if cpus.len() < 2 {
-        return false;
+        return None;
     }
     let mut set = CpuSet::new();
-    let _ = set.set(cpus[cpu % cpus.len()]);
-    sched_setaffinity(Pid::from_raw(0), &set).is_ok()
+    set.set(cpus[cpu % cpus.len()]).ok()?;
+    sched_setaffinity(Pid::from_raw(0), &set).ok()?;
+    Some(allowed)
+}
+
+fn unpin(allowed: Option<nix::sched::CpuSet>) {
+    if let Some(set) = allowed {
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+    }
 }
 
 /// A reader process started by `readers`.
@@ -287,7 +298,7 @@ fn readers(dirs: &Path) {
     let (alone, watched) = (median(alone), median(watched));
     println!(
         "producer: bursts of {BURST} system events on one thread into a ring of {events_per_ring}, median of {BURST_ROUNDS}, alternating{}",
-        if pinned { " (producer pinned to one CPU, readers to another)" } else { "" }
+        if pinned.is_some() { " (producer pinned to one CPU, readers to another)" } else { "" }
     );
     println!(
         "  readers tail the ring with `Tail::skim`, sleeping {} ms whenever they have caught up",
@@ -313,7 +324,6 @@ fn readers(dirs: &Path) {
 
     // The ring now holds its last full capacity of events; drain it from a reader process.
     println!("reader drain rate (a reader process, the ring full and the producer idle, median of 3):");
-    let mut rates = Vec::new();
     for mode in ["skim", "decode"] {
         let mut samples = Vec::new();
         for _ in 0..3 {
@@ -322,11 +332,11 @@ fn readers(dirs: &Path) {
             samples.push(fields[0] / fields[2]);
         }
         let rate = median(samples);
-        rates.push(rate);
         let what = if mode == "skim" { "transport and check only" } else { "decoded into events" };
         println!("  {mode:<6} ({what}): {:>7.1} M events/s   ratio to producer {:.2}", rate / 1e6, rate / alone);
     }
     rt.close().expect("close");
+    unpin(pinned);
 }
 
 /// A model of `ops` element-wise operations on `f32[16]`, chained.
