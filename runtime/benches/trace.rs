@@ -63,16 +63,19 @@ fn main() {
 }
 
 /// A runtime on nc0 recording the system event types in `event_types`, with rings of
-/// `events_per_ring` events. Its datastore goes where any runtime's goes (the default
-/// directory is on tmpfs; see `NEURON_VIRT_DATASTORE_DIR`).
-fn runtime_with(dirs: &Path, event_types: u64, events_per_ring: u64) -> Runtime {
+/// `events_per_ring` events (`None`: as configured by
+/// `NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC`). Its datastore goes where any
+/// runtime's goes (the default directory is on tmpfs; see `NEURON_VIRT_DATASTORE_DIR`).
+fn runtime_with(dirs: &Path, event_types: u64, events_per_ring: Option<u64>) -> Runtime {
     let mut config = Config {
         lock_dir: dirs.join("locks"),
         cores: CoreRequest::Visible(CoreSet::range(0, 0)),
         ..Config::from_env().expect("configuration")
     };
     config.inspect.event_types = event_types;
-    config.inspect.max_events_per_nc = events_per_ring;
+    if let Some(events) = events_per_ring {
+        config.inspect.max_events_per_nc = events;
+    }
     Runtime::start(config).expect("runtime")
 }
 
@@ -105,7 +108,7 @@ fn emit(dirs: &Path) {
 
 fn emit_with_ring(dirs: &Path, events_per_ring: u64) {
     // Every type recorded but `nrt_tensor_write`: the disabled kind.
-    let rt = runtime_with(dirs, ALL_SYSTEM_EVENTS & !EventType::NrtTensorWrite.bit(), events_per_ring);
+    let rt = runtime_with(dirs, ALL_SYSTEM_EVENTS & !EventType::NrtTensorWrite.bit(), Some(events_per_ring));
     let probe = rt.trace_probe(0).expect("probe");
     let time_batch = |samples: &mut Vec<f64>, f: &mut dyn FnMut(u64) -> u64| {
         let mut v = 1;
@@ -280,9 +283,8 @@ fn burst(probe: &TraceProbe) -> f64 {
 }
 
 fn readers(dirs: &Path) {
-    // The ring size from NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC, as in any runtime.
-    let events_per_ring = Config::from_env().expect("configuration").inspect.max_events_per_nc;
-    let rt = runtime_with(dirs, ALL_SYSTEM_EVENTS, events_per_ring);
+    let rt = runtime_with(dirs, ALL_SYSTEM_EVENTS, None);
+    let events_per_ring = rt.config().inspect.max_events_per_nc;
     let path: PathBuf = rt.datastore_path().expect("path");
     let probe = rt.trace_probe(0).expect("probe");
     let pinned = pin_to(0);
@@ -377,8 +379,7 @@ fn bound(rt: &Runtime, name: &str, hlo: &str) -> (Model, TensorSet, TensorSet) {
 }
 
 fn overhead(dirs: &Path) {
-    let events_per_ring = Config::from_env().expect("configuration").inspect.max_events_per_nc;
-    let rt = runtime_with(dirs, ALL_SYSTEM_EVENTS, events_per_ring);
+    let rt = runtime_with(dirs, ALL_SYSTEM_EVENTS, None);
     let attention = include_str!("../../examples/attention.hlo");
     let tiny = tiny_ops_hlo(240);
     println!("profiling overhead: executions with every ring off (A) and system + device rings on (B), alternating");

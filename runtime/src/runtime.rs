@@ -295,19 +295,20 @@ impl Runtime {
     /// around them: for the trace benchmarks and ring stress tests.
     #[doc(hidden)]
     pub fn trace_probe(&self, core: u32) -> NrtResult<TraceProbe> {
-        self.shared.lifecycle.check()?;
-        let running = lock(&self.shared.running);
-        let running =
-            running.as_ref().ok_or_else(|| NrtError::new(NrtStatus::Closed, "the runtime has been closed"))?;
-        TraceProbe::new(Arc::clone(&running.tracer), Arc::clone(&running.core_locks), core)
+        self.with_running(|r| TraceProbe::new(Arc::clone(&r.tracer), Arc::clone(&r.core_locks), core))?
             .ok_or_else(|| NrtError::invalid(format!("nc{core} is not held by this runtime")))
     }
 
     fn tracer(&self) -> NrtResult<Arc<Tracer>> {
+        self.with_running(|r| Arc::clone(&r.tracer))
+    }
+
+    /// Applies `f` to the state of an initialised, not yet closed runtime.
+    fn with_running<T>(&self, f: impl FnOnce(&Running) -> T) -> NrtResult<T> {
         self.shared.lifecycle.check()?;
         lock(&self.shared.running)
             .as_ref()
-            .map(|r| Arc::clone(&r.tracer))
+            .map(f)
             .ok_or_else(|| NrtError::new(NrtStatus::Closed, "the runtime has been closed"))
     }
 

@@ -124,13 +124,7 @@ fn start_runtime() -> Runtime {
     Runtime::start(Config::from_env().expect("configuration")).expect("runtime starts")
 }
 
-const ADD_EXP: &str = r#"HloModule add_exp
-ENTRY main {
-  x = f32[4] parameter(0)
-  s = f32[4] add(x, x)
-  ROOT e = f32[4] exponential(s)
-}
-"#;
+const ADD_EXP: &str = include_str!("data/add_exp.hlo");
 
 /// What the workload process does, and what the reader expects to see of it.
 const EXECUTIONS: u64 = 7;

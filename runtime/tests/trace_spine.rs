@@ -11,13 +11,7 @@ use neuron_runtime::{
     ArrayType, Config, CoreSet, DType, Neff, Runtime, Target, TensorPlacement, TensorSet, compile_hlo,
 };
 
-const ADD_EXP: &str = r#"HloModule add_exp
-ENTRY main {
-  x = f32[4] parameter(0)
-  s = f32[4] add(x, x)
-  ROOT e = f32[4] exponential(s)
-}
-"#;
+const ADD_EXP: &str = include_str!("data/add_exp.hlo");
 
 struct Fixture {
     runtime: Runtime,
