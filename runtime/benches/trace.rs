@@ -36,6 +36,9 @@ const READER_MODE_ENV: &str = "NEURON_VIRT_BENCH_READER_MODE";
 /// Events per timed batch in `emit`, and batches per variant.
 const EMIT_BATCH: u64 = 1000;
 const EMIT_BATCHES: usize = 20_000;
+/// Instructions per execution in the device instruction variant (the tiny-operations
+/// model has 241).
+const RUN_LENGTH: usize = 256;
 /// Events per producer burst in `readers`, and bursts per variant.
 const BURST: u64 = 20_000_000;
 const BURST_ROUNDS: usize = 5;
@@ -119,7 +122,21 @@ fn emit_with_ring(dirs: &Path, events_per_ring: u64) {
         samples.push(start.elapsed().as_nanos() as f64 / EMIT_BATCH as f64);
         black_box(v);
     };
-    let variants = ["baseline", "disabled kind", "enabled system", "enabled device instruction", "clock read alone"];
+    let variants = [
+        "baseline",
+        "disabled kind",
+        "enabled system",
+        "enabled device instruction",
+        "device, a record each",
+        "clock read alone",
+    ];
+    // Instructions are recorded as the runtime records them: each one's boundary tick
+    // kept while the program runs, and run records written when it stops, here every
+    // RUN_LENGTH instructions.
+    // Their ticks advance by 100 per instruction (read from the clock by the backend
+    // anyway, so not counted here).
+    let mut boundaries = Vec::with_capacity(RUN_LENGTH + 1);
+    let mut tick = ticks();
     let mut tight: Vec<Vec<f64>> = variants.iter().map(|_| Vec::with_capacity(EMIT_BATCHES)).collect();
     let mut spaced: Vec<Vec<f64>> = variants.iter().map(|_| Vec::with_capacity(EMIT_BATCHES)).collect();
     probe.with_device(|dev| {
@@ -139,10 +156,20 @@ fn emit_with_ring(dirs: &Path, events_per_ring: u64) {
                 });
                 time_batch(&mut samples[3], &mut |i| {
                     let v = w(i);
+                    tick += 100;
+                    boundaries.push(tick);
+                    if boundaries.len() > RUN_LENGTH {
+                        dev.run(v, &boundaries);
+                        boundaries.clear();
+                    }
+                    v
+                });
+                time_batch(&mut samples[4], &mut |i| {
+                    let v = w(i);
                     dev.instruction(v, 2 * i, i, i + 1);
                     v
                 });
-                time_batch(&mut samples[4], &mut |i| w(i) ^ ticks());
+                time_batch(&mut samples[5], &mut |i| w(i) ^ ticks());
             }
         }
     });

@@ -1,118 +1,107 @@
-//! The bounded pool of host threads that virtual NeuronCores execute on.
+//! The bounded set of host compute slots that virtual NeuronCores execute in.
 //!
-//! Virtual cores own no threads: work for any core is queued here and taken by one of
-//! a fixed number of workers, so a 64-core trn2 instance runs on a 2-CPU host. Each
-//! core still executes one thing at a time (the runtime serialises per core); the pool
-//! only bounds how many cores compute at once. A job that panics is reported to its
-//! caller as a failure and the worker carries on.
-//!
-//! Both sides of a hand-off spin briefly before they sleep: waking a sleeping thread
-//! costs tens of microseconds on an idle (virtual) CPU, which would dwarf the runtime's
-//! own per-execution cost for small models.
+//! Virtual cores own no threads, and a synchronous execution runs on the thread that
+//! asked for it, as `nrt_execute` does: no hand-off to another thread, so nothing waits
+//! for a wake-up and an execution's data and events stay on one CPU. What bounds the
+//! host CPUs the runtime computes on is the number of slots: a thread holds one for
+//! the length of its job, and a thread that finds none free sleeps until one is
+//! released, so a 64-core trn2 instance runs on a 2-CPU host without oversubscribing
+//! it. Each core still executes one thing at a time (the runtime serialises per core);
+//! the slots only bound how many cores compute at once. A job that panics is reported
+//! to its caller as a failure and its slot is released.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
-
-use crossbeam_channel::{Receiver, RecvError, Sender, TryRecvError};
-
-/// How long a worker waiting for work, or a caller waiting for a result, spins before
-/// it sleeps.
-pub(crate) const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(100);
-
-type Job = Box<dyn FnOnce() + Send + 'static>;
+use std::sync::{Condvar, Mutex, PoisonError};
 
 #[derive(Debug)]
 pub(crate) struct HostPool {
-    jobs: Option<Sender<Job>>,
-    workers: Vec<JoinHandle<()>>,
+    slots: usize,
+    free: Mutex<usize>,
+    released: Condvar,
 }
 
 /// A job that panicked instead of returning.
 #[derive(Debug)]
 pub(crate) struct JobPanicked(pub String);
 
+/// A held slot, released when dropped (also when the job panics).
+struct Slot<'p>(&'p HostPool);
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        *self.0.free.lock().unwrap_or_else(PoisonError::into_inner) += 1;
+        self.0.released.notify_one();
+    }
+}
+
 impl HostPool {
-    pub(crate) fn new(threads: usize) -> std::io::Result<HostPool> {
-        let (sender, receiver): (Sender<Job>, Receiver<Job>) = crossbeam_channel::unbounded();
-        let workers = (0..threads.max(1))
-            .map(|i| {
-                let receiver = receiver.clone();
-                std::thread::Builder::new().name(format!("neuron-core-worker-{i}")).spawn(move || {
-                    while let Ok(job) = receive(&receiver) {
-                        job();
-                    }
-                })
-            })
-            .collect::<std::io::Result<Vec<_>>>()?;
-        Ok(HostPool { jobs: Some(sender), workers })
+    /// A pool of `slots` compute slots (at least one).
+    pub(crate) fn new(slots: usize) -> HostPool {
+        let slots = slots.max(1);
+        HostPool { slots, free: Mutex::new(slots), released: Condvar::new() }
     }
 
     pub(crate) fn threads(&self) -> usize {
-        self.workers.len()
+        self.slots
     }
 
-    /// Runs `f` on a worker and waits for its result.
-    pub(crate) fn run<R: Send + 'static>(&self, f: impl FnOnce() -> R + Send + 'static) -> Result<R, JobPanicked> {
-        let (reply, result) = crossbeam_channel::bounded(1);
-        let job: Job = Box::new(move || {
-            let outcome = catch_unwind(AssertUnwindSafe(f)).map_err(|panic| {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
-                JobPanicked(message)
-            });
-            let _ = reply.send(outcome);
-        });
-        let sent = self.jobs.as_ref().map(|jobs| jobs.send(job));
-        match sent {
-            Some(Ok(())) => {
-                receive(&result).unwrap_or_else(|_| Err(JobPanicked("worker exited before replying".into())))
-            }
-            _ => Err(JobPanicked("the host thread pool is shut down".into())),
-        }
+    /// Runs `f` on the calling thread once a slot is free, and returns its result.
+    pub(crate) fn run<R>(&self, f: impl FnOnce() -> R) -> Result<R, JobPanicked> {
+        let _slot = self.acquire();
+        catch_unwind(AssertUnwindSafe(f)).map_err(|panic| {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            JobPanicked(message)
+        })
     }
-}
 
-/// Receives a message, spinning for up to [`SPIN_BEFORE_SLEEP`] before blocking.
-fn receive<T>(receiver: &Receiver<T>) -> Result<T, RecvError> {
-    let start = Instant::now();
-    let mut polls = 0u32;
-    loop {
-        match receiver.try_recv() {
-            Ok(message) => return Ok(message),
-            Err(TryRecvError::Disconnected) => return Err(RecvError),
-            Err(TryRecvError::Empty) => {}
+    fn acquire(&self) -> Slot<'_> {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        while *free == 0 {
+            free = self.released.wait(free).unwrap_or_else(PoisonError::into_inner);
         }
-        polls = polls.wrapping_add(1);
-        if polls.is_multiple_of(64) && start.elapsed() >= SPIN_BEFORE_SLEEP {
-            return receiver.recv();
-        }
-        std::hint::spin_loop();
-    }
-}
-
-impl Drop for HostPool {
-    fn drop(&mut self) {
-        self.jobs.take();
-        for worker in self.workers.drain(..) {
-            let _ = worker.join();
-        }
+        *free -= 1;
+        Slot(self)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
     fn runs_jobs_and_survives_panics() {
-        let pool = HostPool::new(2).expect("threads");
+        let pool = HostPool::new(2);
         assert_eq!(pool.run(|| 6 * 7).expect("ran"), 42);
         let err = pool.run(|| -> u32 { panic!("boom") }).expect_err("panicked");
         assert!(err.0.contains("boom"));
         assert_eq!(pool.run(|| 1).expect("still works"), 1);
+        assert_eq!(*pool.free.lock().expect("lock"), 2, "the panicking job released its slot");
+    }
+
+    #[test]
+    fn no_more_jobs_run_at_once_than_there_are_slots() {
+        let pool = HostPool::new(2);
+        let (running, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        std::thread::scope(|scope| {
+            for _ in 0..6 {
+                scope.spawn(|| {
+                    for _ in 0..20 {
+                        pool.run(|| {
+                            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+                            most.fetch_max(now, Ordering::SeqCst);
+                            std::thread::sleep(std::time::Duration::from_micros(200));
+                            running.fetch_sub(1, Ordering::SeqCst);
+                        })
+                        .expect("ran");
+                    }
+                });
+            }
+        });
+        assert_eq!(most.load(Ordering::SeqCst), 2);
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! A [`Runtime`] follows the Neuron runtime's lifecycle: created uninitialised,
 //! [`Runtime::init`] reserves its NeuronCores (exclusively, host-wide) and starts the
-//! host thread pool, and [`Runtime::close`] releases them. Calls before `init` fail
+//! host compute slots, and [`Runtime::close`] releases them. Calls before `init` fail
 //! with `NRT_UNINITIALIZED` and calls after `close` with `NRT_CLOSED`, including calls
 //! through tensor and model handles that outlive the runtime.
 
@@ -33,8 +33,9 @@ use crate::topology::{CoreSet, Topology};
 use crate::trace::clock::{self, DeviceClock, ticks};
 use crate::trace::event::{DEVICE_KIND_DMA, DeviceRecord, FLAG_DEVICE_CLOCK, FLAG_STATUS};
 use crate::trace::{
-    DEFAULT_MODEL_SLOTS, DEFAULT_STRING_TABLE_BYTES, DmaQueueType, EventIds, EventType, ExecOutcome, INSTRUCTION_BYTES,
-    InstructionTrace, Phase, RingPos, SysTraceConfig, SysTraceFetch, TraceProbe, Tracer,
+    DEFAULT_INSTRUCTION_TABLE_BYTES, DEFAULT_MODEL_SLOTS, DEFAULT_STRING_TABLE_BYTES, DmaQueueType, EventIds,
+    EventType, ExecOutcome, INSTRUCTION_BYTES, InstructionTrace, Phase, RingPos, SysTraceConfig, SysTraceFetch,
+    TraceProbe, Tracer,
 };
 
 /// How often the runtime marks its datastore alive.
@@ -116,6 +117,9 @@ struct LoadedModel {
     table_slot: Option<u32>,
     /// What each instruction's device event says, in execution order.
     instructions: Vec<InstructionTrace>,
+    /// The instructions are in the datastore's instruction table, so device events
+    /// can be recorded as runs.
+    instructions_in_table: bool,
     input_bytes: u64,
     output_bytes: u64,
 }
@@ -156,7 +160,7 @@ impl Runtime {
         Ok(runtime)
     }
 
-    /// Reserves the configured NeuronCores and starts the host thread pool.
+    /// Reserves the configured NeuronCores and sets up the host compute slots.
     pub fn init(&self) -> NrtResult<()> {
         let shared = &self.shared;
         let mut running = lock(&shared.running);
@@ -169,8 +173,7 @@ impl Runtime {
         }
         let reservation = CoreReservation::acquire(&shared.config.lock_dir, &shared.topology, &shared.config.cores)?;
         let threads = shared.config.host_threads.min(reservation.cores().len()).max(1);
-        let pool = HostPool::new(threads)
-            .map_err(|e| NrtError::new(NrtStatus::Resource, format!("cannot start host threads: {e}")))?;
+        let pool = HostPool::new(threads);
         tracing::info!(
             instance = %shared.topology.instance_type,
             cores = %reservation.cores(),
@@ -216,6 +219,7 @@ impl Runtime {
             ring_capacity: config.inspect.max_events_per_nc.next_power_of_two(),
             model_slots: DEFAULT_MODEL_SLOTS,
             string_table_bytes: DEFAULT_STRING_TABLE_BYTES,
+            instruction_table_bytes: DEFAULT_INSTRUCTION_TABLE_BYTES,
             tick_source: clock::tick_source(),
             calibration,
             ns_per_tick,
@@ -396,6 +400,13 @@ impl Runtime {
             device_memory: DeviceCategory::ALL.map(device_memory),
             host_memory: charges.iter().filter(|c| matches!(c.charge(), Charge::Host(_))).map(|c| c.bytes()).sum(),
         };
+        let instructions_in_table = tracer.store.add_instructions(id, &instructions);
+        if !instructions_in_table {
+            tracing::warn!(
+                model = %neff.name,
+                "the datastore's instruction table is full: this model's device events take one record per instruction"
+            );
+        }
         let table_slot = tracer.store.publish_model(&entry);
         self.emit_weight_transfers(tracer, program, core, slot, id);
         let model = Arc::new(LoadedModel {
@@ -411,6 +422,7 @@ impl Runtime {
             name_id,
             table_slot,
             instructions,
+            instructions_in_table,
             input_bytes,
             output_bytes,
         });
@@ -540,15 +552,15 @@ impl Runtime {
         }
         let wait_tracking = tracer.start(m.ring, EventType::KblExecWait, ids, 0);
         let job = CoreJob {
-            model: Arc::clone(&m),
-            inputs: inputs.clone(),
-            outputs: outputs.clone(),
-            tracer: Arc::clone(&tracer),
+            model: &m,
+            inputs,
+            outputs,
+            tracer: &tracer,
             ids,
             timeout: self.shared.config.exec_timeout,
             check_outputs: self.shared.config.numerical_errors != NumericalErrorsVerbosity::None,
         };
-        let outcome = pool.run(move || {
+        let outcome = pool.run(|| {
             let kmgr_tracking = job.tracer.start(job.model.ring, EventType::KmgrExecCore, job.ids, 0);
             let core_lock = core_locks.get(&job.model.core);
             let _busy = core_lock.map(|l| l.lock().unwrap_or_else(|e| e.into_inner()));
@@ -784,12 +796,12 @@ fn bind(model: &str, what: &str, ios: &[IoTensor], program: &Program, set: &Tens
         .collect()
 }
 
-/// One execution as the core runs it, on a host pool thread.
-struct CoreJob {
-    model: Arc<LoadedModel>,
-    inputs: TensorSet,
-    outputs: TensorSet,
-    tracer: Arc<Tracer>,
+/// One execution as the core runs it, in a host compute slot.
+struct CoreJob<'a> {
+    model: &'a LoadedModel,
+    inputs: &'a TensorSet,
+    outputs: &'a TensorSet,
+    tracer: &'a Tracer,
     ids: EventIds,
     timeout: Duration,
     check_outputs: bool,
@@ -807,10 +819,10 @@ fn tracer_duration(tracer: &Tracer, ticks: u64) -> Duration {
     Duration::from_nanos(tracer.ticks_to_ns(ticks))
 }
 
-impl CoreJob {
+impl CoreJob<'_> {
     /// Counts and records a change of model on the core (the caller holds its lock).
     fn switch_model(&self) {
-        let m = &self.model;
+        let m = self.model;
         if let Some(previous) = self.tracer.switch_model(m.slot, m.id) {
             self.tracer.add(m.slot, counter::MODEL_SWITCHES, 1);
             self.tracer.emit(
@@ -831,8 +843,8 @@ impl CoreJob {
     fn run(&self) -> CoreRun {
         let started = ticks();
         let mut run = self.run_phases();
-        let tracer = &self.tracer;
-        let m = &self.model;
+        let tracer = self.tracer;
+        let m = self.model;
         tracer.add(m.slot, counter::BUSY_NS, tracer.ticks_to_ns(ticks().saturating_sub(started)));
         if let Err(error) = &run.result {
             tracer.emit(
@@ -861,15 +873,15 @@ impl CoreJob {
     }
 
     fn run_phases(&self) -> CoreRun {
-        let (tracer, m, ids) = (&*self.tracer, &*self.model, self.ids);
+        let (tracer, m, ids) = (self.tracer, self.model, self.ids);
         let (ring, slot) = (m.ring, m.slot);
         let program = m.executable.program();
         let device = tracer.device_enabled(slot);
         let failed = |error: NrtError| CoreRun { result: Err(error), device_ticks: None, instructions: 0 };
 
         let pre = tracer.start(ring, EventType::KblExecPre, ids, 0);
-        let bound = bind(&m.name, "input", &program.inputs, program, &self.inputs)
-            .and_then(|i| Ok((i, bind(&m.name, "output", &program.outputs, program, &self.outputs)?)));
+        let bound = bind(&m.name, "input", &program.inputs, program, self.inputs)
+            .and_then(|i| Ok((i, bind(&m.name, "output", &program.outputs, program, self.outputs)?)));
         let (input_tensors, output_tensors) = match bound {
             Ok(bound) => bound,
             Err(error) => {
@@ -936,13 +948,22 @@ impl CoreJob {
         };
         let timeout_ticks = (self.timeout.min(MAX_EXEC_TIMEOUT).as_nanos() as f64 / tracer.ns_per_tick) as u64;
         let mut executed = 0u64;
-        let results = m.executable.run(values, destinations, run_start.saturating_add(timeout_ticks), |step, a, b| {
+        // Instruction k runs from boundaries[k] to boundaries[k + 1]; their device
+        // events are recorded once the program stops, as run records.
+        let mut boundaries = Vec::with_capacity(if device { m.instructions.len() + 1 } else { 0 });
+        let results = m.executable.run(values, destinations, run_start.saturating_add(timeout_ticks), |_, a, b| {
             executed += 1;
-            if device && let Some(it) = m.instructions.get(step) {
-                tracer.emit_instruction(slot, ids, it, a, b);
+            if device {
+                if boundaries.is_empty() {
+                    boundaries.push(a);
+                }
+                boundaries.push(b);
             }
         });
         let run_end = ticks();
+        if device {
+            tracer.emit_instructions(slot, ids, &m.instructions, m.instructions_in_table, &boundaries);
+        }
         let results = results.map_err(|e| match e {
             RunError::DeadlineExceeded { step, steps } => NrtError::new(
                 NrtStatus::Timeout,

@@ -15,7 +15,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use neuron_runtime::datastore::{DatastoreReader, ExitReason, Liveness, TailStart, TraceEvent};
 use neuron_runtime::trace::clock::ticks;
 use neuron_runtime::trace::{
-    ALL_SYSTEM_EVENTS, DeviceActivity, DmaQueueType, EventData, EventType, ExecOutcome, Phase,
+    ALL_SYSTEM_EVENTS, DeviceActivity, DmaQueueType, EventData, EventType, ExecOutcome, PROBE_MODEL_ID, Phase,
 };
 use neuron_runtime::{ArrayType, Config, DType, Neff, Runtime, Target, TensorPlacement, TensorSet, compile_hlo};
 
@@ -324,10 +324,28 @@ fn stress_writer() {
         }
         let probe = rt.trace_probe(0).expect("probe");
         scope.spawn(move || {
+            // Device events alternate between one full record (event number n, its
+            // execution id n + 1) and runs of 2 to 40 instructions of the probe's
+            // program, many records long (execution id: the run's first event number
+            // plus one; instruction k has k FLOPs).
             probe.with_device(|device| {
-                for seq in 1..=STRESS_DEVICE {
+                let (mut produced, mut length) = (0u64, 1u64);
+                let mut boundaries = Vec::new();
+                while produced < STRESS_DEVICE {
                     let now = ticks();
-                    device.instruction(seq, stress_words(seq).0, now, now);
+                    let n = if length % 2 == 1 {
+                        let seq = produced + 1;
+                        device.instruction(seq, stress_words(seq).0, now, now);
+                        1
+                    } else {
+                        let n = length.min(STRESS_DEVICE - produced);
+                        boundaries.clear();
+                        boundaries.extend((0..=n).map(|k| now + 10 * k));
+                        device.run(produced + 1, &boundaries);
+                        n
+                    };
+                    produced += n;
+                    length = length % 40 + 1;
                 }
             })
         });
@@ -348,7 +366,7 @@ fn stress_reader() {
     let mut tail = reader.tail(TailStart::Oldest, Some(&[0]), EventType::NrtTensorRead.bit(), true);
     report("ready", "");
     let (mut bad_system, mut bad_device) = (0u64, 0u64);
-    let (mut last_system_id, mut last_device) = (None::<u64>, 0u64);
+    let (mut last_system_id, mut last_device) = (None::<u64>, None::<u64>);
     let mut events = Vec::with_capacity(8192);
     loop {
         let done = reader.liveness() != Liveness::Live;
@@ -370,13 +388,17 @@ fn stress_reader() {
                     bad_system += u64::from(!good || !ordered);
                 }
                 TraceEvent::Device(e) => {
-                    // One producer: its sequence numbers are the ring positions.
+                    // One producer: event numbers follow its sequence (see the writer).
                     let seq = e.exec_id.unwrap_or(0);
-                    let good = matches!(e.activity, DeviceActivity::Instruction { flops, .. } if flops == stress_words(seq).0)
-                        && seq == e.id + 1
-                        && seq > last_device
+                    let good = match e.activity {
+                        DeviceActivity::Instruction { flops, step, .. } if e.model_id == PROBE_MODEL_ID => {
+                            u64::from(step) == flops && seq + flops == e.id + 1
+                        }
+                        DeviceActivity::Instruction { flops, .. } => flops == stress_words(seq).0 && seq == e.id + 1,
+                        DeviceActivity::Dma { .. } => false,
+                    } && last_device.is_none_or(|last| e.id > last)
                         && e.start_ns <= e.end_ns;
-                    last_device = seq;
+                    last_device = Some(e.id);
                     bad_device += u64::from(!good);
                 }
             }

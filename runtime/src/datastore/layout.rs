@@ -9,7 +9,7 @@
 /// `NRTVDS` followed by two zero bytes, as a little-endian `u64`.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"NRTVDS\0\0");
 /// The layout this build writes and reads.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 pub(crate) const HEADER_BYTES: u64 = 4096;
 /// Bytes per ring slot: one sequence word and fifteen payload words.
@@ -19,6 +19,7 @@ pub(crate) const RING_HEADER_BYTES: u64 = 256;
 pub(crate) const MODEL_SLOT_BYTES: u64 = 256;
 pub(crate) const PROCESS_BLOCK_BYTES: u64 = 1024;
 pub(crate) const STRING_TABLE_HEADER_BYTES: u64 = 64;
+pub(crate) const INSTRUCTION_TABLE_HEADER_BYTES: u64 = 64;
 /// Scalar counters at the start of each core block, before its two histograms.
 pub(crate) const CORE_SCALAR_BYTES: u64 = 256;
 /// The most NeuronCores a file describes (an instance has at most 64).
@@ -58,6 +59,7 @@ pub(crate) mod header {
     pub(crate) const INSTANCE_CORE_COUNT: u64 = 160;
     pub(crate) const HISTOGRAM_BUCKETS: u64 = 164;
     pub(crate) const INITIAL_NS_PER_TICK_FP32: u64 = 168;
+    pub(crate) const INSTRUCTION_TABLE_BYTES: u64 = 176;
     /// Length-prefixed strings: a `u32` length, then the bytes.
     pub(crate) const RUNTIME_VERSION: u64 = 256;
     pub(crate) const RUNTIME_VERSION_MAX: u64 = 60;
@@ -137,6 +139,8 @@ pub(crate) mod ring {
     pub(crate) const HEAD: u64 = 64;
     /// Events refused in discard mode.
     pub(crate) const DROPPED: u64 = 128;
+    /// Device rings: device events produced (a record may hold several).
+    pub(crate) const EVENTS: u64 = 192;
 }
 
 /// `ring::CORE` of the process ring, for system events tied to no core.
@@ -151,6 +155,7 @@ pub(crate) struct Sizes {
     pub(crate) ring_capacity: u64,
     pub(crate) model_slots: u32,
     pub(crate) string_table_bytes: u64,
+    pub(crate) instruction_table_bytes: u64,
     pub(crate) histogram_buckets: u32,
 }
 
@@ -163,6 +168,7 @@ pub(crate) struct Layout {
     pub(crate) core_block_bytes: u64,
     pub(crate) models: u64,
     pub(crate) strings: u64,
+    pub(crate) instructions: u64,
     pub(crate) rings: u64,
     pub(crate) ring_bytes: u64,
     pub(crate) file_bytes: u64,
@@ -177,6 +183,7 @@ impl Layout {
             || !sizes.ring_capacity.is_power_of_two()
             || sizes.histogram_buckets as usize != super::histogram::BUCKETS
             || !sizes.string_table_bytes.is_multiple_of(64)
+            || !sizes.instruction_table_bytes.is_multiple_of(64)
         {
             return None;
         }
@@ -185,7 +192,9 @@ impl Layout {
         let core_block_bytes = round_up_64(CORE_SCALAR_BYTES + 2 * 8 * u64::from(sizes.histogram_buckets));
         let models = core_blocks.checked_add(core_block_bytes.checked_mul(u64::from(sizes.core_count))?)?;
         let strings = models.checked_add(MODEL_SLOT_BYTES.checked_mul(u64::from(sizes.model_slots))?)?;
-        let rings = strings.checked_add(STRING_TABLE_HEADER_BYTES)?.checked_add(sizes.string_table_bytes)?;
+        let instructions = strings.checked_add(STRING_TABLE_HEADER_BYTES)?.checked_add(sizes.string_table_bytes)?;
+        let rings =
+            instructions.checked_add(INSTRUCTION_TABLE_HEADER_BYTES)?.checked_add(sizes.instruction_table_bytes)?;
         let ring_bytes = RING_HEADER_BYTES.checked_add(sizes.ring_capacity.checked_mul(SLOT_BYTES)?)?;
         let file_bytes = rings.checked_add(ring_bytes.checked_mul(Layout::ring_count_of(sizes.core_count))?)?;
         Some(Layout {
@@ -195,6 +204,7 @@ impl Layout {
             core_block_bytes,
             models,
             strings,
+            instructions,
             rings,
             ring_bytes,
             file_bytes,

@@ -1,5 +1,6 @@
 //! The per-process shared-memory datastore: lossless counters, the models table,
-//! lossy event rings and a string table, in one file per runtime process.
+//! lossy event rings, a string table and an instruction table, in one file per runtime
+//! process.
 //!
 //! The runtime is the only writer ([`writer`], crate-private); tools in other
 //! processes map the file read-only through [`DatastoreReader`] and never slow the
@@ -8,6 +9,7 @@
 //! reached through symbolic links.
 
 mod directory;
+mod instructions;
 pub(crate) mod layout;
 mod reader;
 mod ring;
@@ -20,6 +22,7 @@ pub mod histogram;
 use std::path::{Path, PathBuf};
 
 pub use directory::{default_dir, file_path, pid_of_file_name, process_start_time};
+pub(crate) use instructions::InstructionTrace;
 pub use layout::{LAYOUT_VERSION, MAX_CORES};
 pub(crate) use reader::converter_of;
 pub use reader::{
@@ -28,7 +31,7 @@ pub use reader::{
     TraceEvent, discover,
 };
 pub use ring::RingCursor;
-pub(crate) use ring::{Claim, Payload, RingRef};
+pub(crate) use ring::{Claim, PAYLOAD_WORDS, Payload, RingRef};
 pub use strings::MAX_STRING_BYTES;
 
 /// Why a datastore could not be created or opened.

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
+use super::instructions::{InstructionCache, InstructionTable};
 use super::layout::{self, Layout, Sizes, header, model};
 use super::ring::{Payload, RingCursor, RingRef};
 use super::shm::{Mapping, Region};
@@ -21,7 +22,7 @@ use super::strings::StringTable;
 use super::{DatastoreError, directory, histogram};
 use crate::memory::{DeviceCategory, HostCategory};
 use crate::trace::clock::{CalibrationPoint, TickConverter, monotonic_ns};
-use crate::trace::event::{DeviceEvent, DeviceRecord, SystemEvent, SystemRecord};
+use crate::trace::event::{DeviceEvent, SystemEvent, SystemRecord, decode_device, device_record_events};
 use crate::trace::{ErrorClass, ExecOutcome};
 
 /// A writer whose heartbeat is older than this is reported exited.
@@ -140,7 +141,9 @@ pub struct RingStats {
     /// `None` for the process ring (events tied to no core).
     pub core: Option<u32>,
     pub device: bool,
+    /// Events produced into the ring (a device record may hold several).
     pub produced: u64,
+    /// Events refused in discard mode.
     pub dropped: u64,
 }
 
@@ -155,6 +158,9 @@ pub struct Snapshot {
     /// Per device: mem corrected, mem uncorrected, sram corrected, sram uncorrected.
     pub ecc: Vec<[u64; 4]>,
     pub strings_dropped: u64,
+    /// Models whose instructions did not fit the instruction table (their device
+    /// events take a record each).
+    pub instruction_tables_refused: u64,
     pub model_slots_overflowed: u64,
     pub rings: Vec<RingStats>,
 }
@@ -325,6 +331,8 @@ pub enum TailStart {
 pub struct Tail {
     rings: Vec<TailRing>,
     strings: HashMap<u32, String>,
+    instructions: InstructionTable,
+    tables: InstructionCache,
     system_types: u64,
 }
 
@@ -333,26 +341,48 @@ struct TailRing {
     ring: RingRef,
     core: Option<u32>,
     device: bool,
+    /// Records read and lost (for system rings, also the events).
     cursor: RingCursor,
+    /// Device rings: events, which a record may hold several of.
+    events: EventCount,
+}
+
+/// A device ring's events: a record holds one or more, numbered in the ring, so a
+/// gap in the numbering between two delivered records is the exact number of events
+/// lost between them.
+#[derive(Debug, Clone, Copy, Default)]
+struct EventCount {
+    /// The number of the next event expected (`None` until the first record).
+    next: Option<u64>,
+    delivered: u64,
+    lost: u64,
 }
 
 impl Tail {
     /// Events lost so far (overwritten before they were read), over all rings.
     pub fn lost(&self) -> u64 {
-        self.rings.iter().map(|r| r.cursor.lost).sum()
+        self.cursors().map(|(_, _, c)| c.lost).sum()
     }
 
     /// Events read so far (before filtering by type).
     pub fn delivered(&self) -> u64 {
-        self.rings.iter().map(|r| r.cursor.delivered).sum()
+        self.cursors().map(|(_, _, c)| c.delivered).sum()
     }
 
-    /// The cursor of each ring: `(core, device ring?, cursor)`.
+    /// The cursor of each ring: `(core, device ring?, cursor)`; `next` counts records,
+    /// `delivered` and `lost` count events.
     pub fn cursors(&self) -> impl Iterator<Item = (Option<u32>, bool, RingCursor)> + '_ {
-        self.rings.iter().map(|r| (r.core, r.device, r.cursor))
+        self.rings.iter().map(|r| {
+            let cursor = if r.device {
+                RingCursor { next: r.cursor.next, delivered: r.events.delivered, lost: r.events.lost }
+            } else {
+                r.cursor
+            };
+            (r.core, r.device, cursor)
+        })
     }
 
-    /// Reads up to `max` events per ring into `out`, decoded and filtered. With
+    /// Reads up to `max` records per ring into `out`, decoded and filtered. With
     /// `writer_done`, events whose producer never finished them are counted lost.
     pub fn poll(&mut self, reader: &DatastoreReader, max: usize, writer_done: bool, out: &mut Vec<TraceEvent>) {
         self.poll_region(&reader.region, reader.strings, &reader.converter(), max, writer_done, out);
@@ -385,14 +415,30 @@ impl Tail {
                 None => String::new(),
             }
         };
+        let (instructions, tables) = (self.instructions, &mut self.tables);
+        let mut table = |model_id: u32| tables.model(region, instructions, model_id);
         for ring in &mut self.rings {
             let core = ring.core;
             if ring.device {
-                ring.cursor.poll(region, ring.ring, max, writer_done, |id, payload| {
-                    if let Some(event) = DeviceRecord::decode(payload).to_event(id, core.unwrap_or(0), &mut string) {
-                        out.push(TraceEvent::Device(event));
+                let events = &mut ring.events;
+                ring.cursor.poll(region, ring.ring, max, writer_done, |_, payload| {
+                    let (first, count) = device_record_events(payload);
+                    if let Some(next) = events.next {
+                        events.lost += first.saturating_sub(next);
                     }
+                    events.next = Some(first + count);
+                    events.delivered += count;
+                    decode_device(payload, core.unwrap_or(0), &mut string, &mut table, &mut |event| {
+                        out.push(TraceEvent::Device(event))
+                    });
                 });
+                if writer_done && ring.cursor.next >= ring.ring.produced(region) {
+                    // Events after the last record read were lost.
+                    let produced = ring.ring.events(region).load(Ordering::Acquire);
+                    let next = events.next.get_or_insert(produced);
+                    events.lost += produced.saturating_sub(*next);
+                    *next = (*next).max(produced);
+                }
             } else {
                 ring.cursor.poll(region, ring.ring, max, writer_done, |id, payload| {
                     let record = SystemRecord::decode(payload);
@@ -423,25 +469,41 @@ impl Tail {
             TailStart::Now => RingCursor::at(ring.produced(region)),
             TailStart::Oldest => RingCursor::at(ring.produced(region).saturating_sub(ring.capacity)),
         };
+        let system = |ring: RingRef, core| TailRing {
+            ring,
+            core,
+            device: false,
+            cursor: at(ring),
+            events: EventCount::default(),
+        };
         let mut rings = Vec::new();
         if cores.is_none() && system_types != 0 {
-            let ring = RingRef { base: layout.host_ring(), capacity };
-            rings.push(TailRing { ring, core: None, device: false, cursor: at(ring) });
+            rings.push(system(RingRef { base: layout.host_ring(), capacity }, None));
         }
         for (slot, &core) in held.iter().enumerate() {
             if cores.is_some_and(|wanted| !wanted.contains(&core)) {
                 continue;
             }
             if system_types != 0 {
-                let ring = RingRef { base: layout.core_ring(slot, false), capacity };
-                rings.push(TailRing { ring, core: Some(core), device: false, cursor: at(ring) });
+                rings.push(system(RingRef { base: layout.core_ring(slot, false), capacity }, Some(core)));
             }
             if device {
                 let ring = RingRef { base: layout.core_ring(slot, true), capacity };
-                rings.push(TailRing { ring, core: Some(core), device: true, cursor: at(ring) });
+                let (cursor, next) = device_start(region, ring, start);
+                let events = EventCount { next, ..EventCount::default() };
+                rings.push(TailRing { ring, core: Some(core), device: true, cursor, events });
             }
         }
-        Tail { rings, strings: HashMap::new(), system_types }
+        Tail {
+            rings,
+            strings: HashMap::new(),
+            instructions: InstructionTable {
+                base: layout.instructions,
+                capacity: layout.sizes.instruction_table_bytes,
+            },
+            tables: InstructionCache::default(),
+            system_types,
+        }
     }
 
     /// Each ring's base offset and the index its cursor will read next.
@@ -457,6 +519,42 @@ impl Tail {
             read += ring.cursor.poll(&reader.region, ring.ring, max, writer_done, |_, _: &Payload| {}) as u64;
         }
         read
+    }
+}
+
+/// Where a tail starts in a device ring: the record index, and the number of the first
+/// event it will count (`None`: the number the first record it reads carries).
+///
+/// Starting now, the record index and the ring's event count must be read as a
+/// consistent pair: the producer advances the count after claiming a record and before
+/// publishing it, so the pair is taken when the last claimed record is finished and no
+/// new one is claimed meanwhile. Starting at the oldest record of a ring that has not
+/// wrapped, that is event 0; once it has wrapped, events older than the first record
+/// read are not this tail's.
+fn device_start(region: &Region, ring: RingRef, start: TailStart) -> (RingCursor, Option<u64>) {
+    if start == TailStart::Oldest {
+        let head = ring.produced(region);
+        return if head <= ring.capacity {
+            (RingCursor::at(0), Some(0))
+        } else {
+            (RingCursor::at(head - ring.capacity), None)
+        };
+    }
+    let began = std::time::Instant::now();
+    loop {
+        let head = ring.produced(region);
+        if head > 0 && ring.in_flight(region, head - 1) && began.elapsed() < Duration::from_millis(10) {
+            std::hint::spin_loop();
+            continue;
+        }
+        let events = ring.events(region).load(Ordering::Acquire);
+        if ring.produced(region) == head {
+            return (RingCursor::at(head), Some(events));
+        }
+        if began.elapsed() >= Duration::from_millis(10) {
+            // A producer stuck mid-record: count from the first record read.
+            return (RingCursor::at(head), None);
+        }
     }
 }
 
@@ -568,6 +666,7 @@ impl DatastoreReader {
             ring_capacity: word(header::RING_CAPACITY),
             model_slots: half(header::MODEL_SLOTS),
             string_table_bytes: word(header::STRING_TABLE_BYTES),
+            instruction_table_bytes: word(header::INSTRUCTION_TABLE_BYTES),
             histogram_buckets: half(header::HISTOGRAM_BUCKETS),
         };
         let layout = Layout::new(sizes).ok_or_else(|| corrupt(format!("impossible sizes {sizes:?}")))?;
@@ -709,7 +808,7 @@ impl DatastoreReader {
                 rings.push(RingStats {
                     core: Some(core),
                     device,
-                    produced: ring.produced(r),
+                    produced: if device { ring.events(r).load(Ordering::Acquire) } else { ring.produced(r) },
                     dropped: ring.dropped(r),
                 });
             }
@@ -720,6 +819,11 @@ impl DatastoreReader {
             host_memory: std::array::from_fn(|k| process(layout::process::HOST_MEMORY + k as u64)),
             ecc,
             strings_dropped: self.strings.dropped(r),
+            instruction_tables_refused: InstructionTable {
+                base: self.layout.instructions,
+                capacity: self.layout.sizes.instruction_table_bytes,
+            }
+            .refused(r),
             model_slots_overflowed: process(layout::process::MODEL_SLOTS_OVERFLOWED),
             rings,
         }

@@ -72,6 +72,16 @@ impl RingRef {
         region.u64(self.base + ring::DROPPED).load(Ordering::Relaxed)
     }
 
+    /// Device rings: the device events produced (a record may hold several).
+    pub(crate) fn events<'r>(&self, region: &'r Region) -> &'r AtomicU64 {
+        region.u64(self.base + ring::EVENTS)
+    }
+
+    /// Counts `n` more events refused in discard mode.
+    pub(crate) fn add_dropped(&self, region: &Region, n: u64) {
+        region.u64(self.base + ring::DROPPED).fetch_add(n, Ordering::Relaxed);
+    }
+
     /// Appends one event; `false` when discard mode refused it.
     #[inline]
     ///
@@ -79,6 +89,19 @@ impl RingRef {
     /// not written, so they stay zero as the file was created, provided every record
     /// in a ring has the same length (which the check then covers as if zero-padded).
     pub(crate) fn push<const N: usize>(&self, region: &Region, claim: Claim<'_>, payload: &[u64; N]) -> bool {
+        self.push_then(region, claim, payload, || {})
+    }
+
+    /// [`RingRef::push`], calling `written` after the payload is stored and before the
+    /// slot is published (a claim refused in discard mode never calls it).
+    #[inline]
+    pub(crate) fn push_then<const N: usize>(
+        &self,
+        region: &Region,
+        claim: Claim<'_>,
+        payload: &[u64; N],
+        written: impl FnOnce(),
+    ) -> bool {
         const { assert!(N <= PAYLOAD_WORDS) };
         let head = self.head(region);
         let index = match claim {
@@ -106,8 +129,14 @@ impl RingRef {
             word.store(*value, Ordering::Relaxed);
         }
         slot[SLOT_WORDS - 1].store(check(index, payload), Ordering::Relaxed);
+        written();
         slot[0].store(2 * index + 2, Ordering::Release);
         true
+    }
+
+    /// Whether the slot of `index` is claimed and still being written.
+    pub(crate) fn in_flight(&self, region: &Region, index: u64) -> bool {
+        self.slot(region, index)[0].load(Ordering::Acquire) == 2 * index + 1
     }
 
     /// Reads the event at `index`.

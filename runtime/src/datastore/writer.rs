@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use uuid::Uuid;
 
+use super::instructions::{InstructionTable, InstructionTrace};
 use super::layout::{self, Layout, Sizes, header, model};
 use super::ring::RingRef;
 use super::shm::{Mapping, Region};
@@ -41,6 +42,7 @@ pub(crate) struct CreateParams {
     pub(crate) ring_capacity: u64,
     pub(crate) model_slots: u32,
     pub(crate) string_table_bytes: u64,
+    pub(crate) instruction_table_bytes: u64,
     pub(crate) tick_source: TickSource,
     pub(crate) calibration: CalibrationPoint,
     pub(crate) ns_per_tick: f64,
@@ -73,6 +75,7 @@ pub(crate) struct DatastoreWriter {
     cores: Vec<u32>,
     strings: StringTable,
     interned: Mutex<HashMap<String, u32>>,
+    instructions: Mutex<InstructionTable>,
     /// Which model occupies each slot of the models table.
     model_slots: Mutex<Vec<Option<u32>>>,
     removed: std::sync::atomic::AtomicBool,
@@ -93,6 +96,7 @@ impl DatastoreWriter {
             ring_capacity: params.ring_capacity,
             model_slots: params.model_slots,
             string_table_bytes: params.string_table_bytes,
+            instruction_table_bytes: params.instruction_table_bytes,
             histogram_buckets: histogram::BUCKETS as u32,
         };
         let mut layout = Layout::new(sizes).ok_or_else(|| DatastoreError::Layout(format!("{sizes:?}")))?;
@@ -146,6 +150,10 @@ impl DatastoreWriter {
             },
             cores: params.cores.clone(),
             interned: Mutex::new(HashMap::new()),
+            instructions: Mutex::new(InstructionTable {
+                base: layout.instructions,
+                capacity: layout.sizes.instruction_table_bytes,
+            }),
             model_slots: Mutex::new(vec![None; params.model_slots as usize]),
             removed: std::sync::atomic::AtomicBool::new(false),
             in_memory: directory::in_memory(&params.dir),
@@ -188,6 +196,7 @@ impl DatastoreWriter {
         r.u32(header::CORE_COUNT).store(l.sizes.core_count, Ordering::Relaxed);
         r.u32(header::MODEL_SLOTS).store(l.sizes.model_slots, Ordering::Relaxed);
         r.u64(header::STRING_TABLE_BYTES).store(l.sizes.string_table_bytes, Ordering::Relaxed);
+        r.u64(header::INSTRUCTION_TABLE_BYTES).store(l.sizes.instruction_table_bytes, Ordering::Relaxed);
         r.u32(header::DEVICE_COUNT).store(params.device_count, Ordering::Relaxed);
         r.u32(header::CORES_PER_DEVICE).store(params.cores_per_device, Ordering::Relaxed);
         r.u64(header::DEVICE_MEMORY_BYTES).store(params.device_memory_bytes, Ordering::Relaxed);
@@ -287,6 +296,13 @@ impl DatastoreWriter {
             interned.insert(text.to_owned(), id);
         }
         id
+    }
+
+    /// Adds model `model_id`'s instructions, in execution order, to the instruction
+    /// table; `false` when the table is full.
+    pub(crate) fn add_instructions(&self, model_id: u32, instructions: &[InstructionTrace]) -> bool {
+        let table = self.instructions.lock().unwrap_or_else(|e| e.into_inner());
+        table.append(&self.region, model_id, instructions)
     }
 
     /// Publishes a loaded model; returns its slot, or `None` (counted) when the table

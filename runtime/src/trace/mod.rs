@@ -20,10 +20,12 @@ use crate::datastore::{Claim, RingRef, layout};
 use crate::error::NrtStatus;
 use crate::topology::CoreSet;
 use clock::DeviceClock;
-use event::{DEVICE_KIND_INSTRUCTION, DeviceRecord, FLAG_STATUS, SystemRecord};
+use event::{
+    DEVICE_KIND_INSTRUCTION, DEVICE_RECORD_WORDS, DeviceRecord, FLAG_STATUS, InstructionRun, RUN_MAX, SystemRecord,
+};
 
 pub use event::{ClockDomain, DeviceActivity, DeviceEvent, DmaQueueType, EventData, EventType, Phase, SystemEvent};
-pub use probe::{DeviceProbe, TraceProbe};
+pub use probe::{DeviceProbe, PROBE_MODEL_ID, PROBE_PROGRAM_LEN, TraceProbe};
 pub use session::{FETCH_DATA_VERSION, SysTraceConfig, SysTraceFetch, event_type_names};
 
 /// Events kept per ring when `NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC` is unset.
@@ -36,6 +38,8 @@ pub const MIN_EVENTS_PER_NC: u64 = 16;
 pub const INSTRUCTION_BYTES: u64 = 64;
 /// Size of the string table.
 pub const DEFAULT_STRING_TABLE_BYTES: u64 = 4 << 20;
+/// Size of the instruction table (40 bytes per instruction of each model loaded).
+pub const DEFAULT_INSTRUCTION_TABLE_BYTES: u64 = 8 << 20;
 /// Slots of the models table.
 pub const DEFAULT_MODEL_SLOTS: u32 = 256;
 
@@ -221,19 +225,10 @@ pub(crate) struct Tracer {
     /// Per core slot: the model that ran last (for `nrt_model_switch`).
     last_model: Vec<AtomicU64>,
     pub(crate) session: std::sync::Mutex<Option<session::Session>>,
+    probe_program: probe::ProbeProgram,
 }
 
-/// The fixed part of an instruction's device event, prepared at load.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct InstructionTrace {
-    pub(crate) engine: u8,
-    pub(crate) opcode_id: u32,
-    pub(crate) hlo_id: u32,
-    pub(crate) step: u32,
-    pub(crate) flops: u64,
-    pub(crate) bytes_read: u64,
-    pub(crate) bytes_written: u64,
-}
+pub(crate) use crate::datastore::InstructionTrace;
 
 /// Identifies the ring an event goes to: 0 is the process ring, `1 + slot` a core's.
 pub(crate) type RingPos = usize;
@@ -295,6 +290,7 @@ impl Tracer {
             next_exec_id: AtomicU64::new(1),
             last_model: cores.iter().map(|_| AtomicU64::new(0)).collect(),
             session: std::sync::Mutex::new(None),
+            probe_program: probe::ProbeProgram::default(),
         };
         tracer.publish_recording();
         tracer
@@ -431,9 +427,26 @@ impl Tracer {
     /// holds (so it is the ring's only producer).
     #[inline]
     pub(crate) fn emit_device(&self, slot: usize, record: &DeviceRecord) {
+        self.push_device(slot, 1, |first_event| DeviceRecord { first_event, ..*record }.encode());
+    }
+
+    /// Appends a device record holding `count` events, numbered from the ring's event
+    /// count, which is advanced before the record is published (single producer: the
+    /// caller holds the core's execution lock). Events of a record refused in discard
+    /// mode are counted dropped, and readers see them as a gap in the numbering.
+    #[inline]
+    fn push_device(&self, slot: usize, count: u64, record: impl FnOnce(u64) -> [u64; DEVICE_RECORD_WORDS]) {
         let position = 1 + self.device_clocks.len() + slot;
+        let ring = &self.rings[position];
+        let region = &self.store.region;
+        let events = ring.events(region);
+        let first = events.load(Ordering::Relaxed);
         let claim = if self.discard { Claim::Discard { consumed: &self.consumed[position] } } else { Claim::Exclusive };
-        self.rings[position].push(&self.store.region, claim, &record.encode());
+        let pushed = ring.push_then(region, claim, &record(first), || events.store(first + count, Ordering::Release));
+        if !pushed {
+            events.store(first + count, Ordering::Release);
+            ring.add_dropped(region, count - 1);
+        }
     }
 
     /// Records an instruction's device event, run from host `start` to `end` ticks,
@@ -443,6 +456,7 @@ impl Tracer {
         self.emit_device(
             slot,
             &DeviceRecord {
+                first_event: 0,
                 start_ns: self.device_ns(slot, start),
                 end_ns: self.device_ns(slot, end),
                 exec_id: ids.exec_id,
@@ -457,6 +471,61 @@ impl Tracer {
                 bytes_written: it.bytes_written,
             },
         );
+    }
+
+    /// Records the instructions an execution ran on core slot `slot` (whose execution
+    /// lock the caller holds): instruction `k` of `instructions` ran from host tick
+    /// `boundaries[k]` to `boundaries[k + 1]`. When the model's instructions are in the
+    /// datastore's instruction table (`in_table`), consecutive instructions share run
+    /// records of up to [`RUN_MAX`] durations; an instruction longer than `u32::MAX` ns,
+    /// or a model not in the table, gets a full record per instruction.
+    pub(crate) fn emit_instructions(
+        &self,
+        slot: usize,
+        ids: EventIds,
+        instructions: &[InstructionTrace],
+        in_table: bool,
+        boundaries: &[u64],
+    ) {
+        let n = boundaries.len().saturating_sub(1).min(instructions.len());
+        if !in_table {
+            for k in 0..n {
+                self.emit_instruction(slot, ids, &instructions[k], boundaries[k], boundaries[k + 1]);
+            }
+            return;
+        }
+        let clock = self.device_clocks[slot];
+        let mut k = 0;
+        while k < n {
+            let start_ns = clock.at(boundaries[k]);
+            let mut run = InstructionRun {
+                exec_id: ids.exec_id,
+                model_id: ids.model_id,
+                first: k as u32,
+                start_ns,
+                ..InstructionRun::default()
+            };
+            let mut previous = start_ns;
+            let mut count = 0;
+            while count < RUN_MAX && k + count < n {
+                let end = clock.at(boundaries[k + count + 1]);
+                let Ok(duration) = u32::try_from(end.saturating_sub(previous)) else { break };
+                run.durations[count] = duration;
+                previous = end;
+                count += 1;
+            }
+            if count == 0 {
+                self.emit_instruction(slot, ids, &instructions[k], boundaries[k], boundaries[k + 1]);
+                k += 1;
+                continue;
+            }
+            run.count = count as u8;
+            self.push_device(slot, count as u64, |first_event| {
+                run.first_event = first_event;
+                run.encode()
+            });
+            k += count;
+        }
     }
 
     /// The device clock of core slot `slot` at host `ticks`.

@@ -3,10 +3,34 @@
 //! it records looks like runtime activity to every reader.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::event::Phase;
 use super::{EventIds, EventType, InstructionTrace, RingPos, Tracer};
+
+/// The model id of the probe's program in the instruction table.
+pub const PROBE_MODEL_ID: u32 = u32::MAX;
+/// Instructions in the probe's program: instruction `k` is a PE instruction at step
+/// `k` with `k` FLOPs.
+pub const PROBE_PROGRAM_LEN: usize = 4096;
+
+/// The probe's program, added to the instruction table once per runtime: its
+/// instructions, and whether the table took them.
+#[derive(Debug, Default)]
+pub(crate) struct ProbeProgram(OnceLock<(Vec<InstructionTrace>, bool)>);
+
+impl ProbeProgram {
+    fn get(&self, tracer: &Tracer) -> &(Vec<InstructionTrace>, bool) {
+        self.0.get_or_init(|| {
+            let opcode_id = tracer.store.intern("probe");
+            let program: Vec<InstructionTrace> = (0..PROBE_PROGRAM_LEN as u32)
+                .map(|k| InstructionTrace { opcode_id, step: k, flops: u64::from(k), ..InstructionTrace::default() })
+                .collect();
+            let in_table = tracer.store.add_instructions(PROBE_MODEL_ID, &program);
+            (program, in_table)
+        })
+    }
+}
 
 /// Records events on one held core exactly as the runtime does, from
 /// [`Runtime::trace_probe`](crate::Runtime::trace_probe).
@@ -64,6 +88,20 @@ impl DeviceProbe<'_> {
             let ids = EventIds { exec_id, model_id: 0 };
             let it = InstructionTrace { flops, ..InstructionTrace::default() };
             p.tracer.emit_instruction(p.slot, ids, &it, start_ticks, end_ticks);
+        }
+    }
+
+    /// Records the instructions of one execution `exec_id` of the probe's program
+    /// ([`PROBE_MODEL_ID`]), as the runtime does when a program stops: instruction `k`
+    /// ran from host tick `boundaries[k]` to `boundaries[k + 1]`. At most
+    /// [`PROBE_PROGRAM_LEN`] instructions.
+    #[inline]
+    pub fn run(&self, exec_id: u64, boundaries: &[u64]) {
+        if self.enabled {
+            let p = self.probe;
+            let (program, in_table) = p.tracer.probe_program.get(&p.tracer);
+            let ids = EventIds { exec_id, model_id: PROBE_MODEL_ID };
+            p.tracer.emit_instructions(p.slot, ids, program, *in_table, boundaries);
         }
     }
 }
