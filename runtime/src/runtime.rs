@@ -538,7 +538,7 @@ impl Runtime {
                 running.as_ref().ok_or_else(|| NrtError::new(NrtStatus::Closed, "the runtime has been closed"))?;
             (Arc::clone(&running.pool), Arc::clone(&running.core_locks), Arc::clone(&running.tracer))
         };
-        let m = Arc::clone(&model.inner);
+        let m = &*model.inner;
         let ids = EventIds { exec_id: tracer.next_exec_id(), model_id: m.id };
         let execute_tracking = if tracer.enabled(m.ring, EventType::NrtExecute) {
             let tracking_id = tracer.tracking_id();
@@ -552,7 +552,7 @@ impl Runtime {
         }
         let wait_tracking = tracer.start(m.ring, EventType::KblExecWait, ids, 0);
         let job = CoreJob {
-            model: &m,
+            model: m,
             inputs,
             outputs,
             tracer: &tracer,
@@ -606,7 +606,7 @@ impl Runtime {
         let status = result.as_ref().err().map(|e| e.status);
         tracer.stop(m.ring, EventType::KblExecWait, wait_tracking, ids, 0, None);
         let total_ticks = ticks().saturating_sub(called);
-        self.count_execution(&tracer, &m, &result, ran.device_ticks, ran.instructions, total_ticks);
+        self.count_execution(&tracer, m, &result, ran.device_ticks, ran.instructions, total_ticks);
         tracer.stop(m.ring, EventType::NrtExecute, execute_tracking, ids, 0, status);
         let mut report = result?;
         report.total_latency = tracer_duration(&tracer, total_ticks);

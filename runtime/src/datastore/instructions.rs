@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use super::layout::Layout;
 use super::shm::Region;
 
 /// Words per instruction in an entry.
@@ -45,7 +46,7 @@ impl InstructionTrace {
         ]
     }
 
-    fn decode(w: &[u64]) -> InstructionTrace {
+    fn decode(w: [u64; WORDS_PER_INSTRUCTION as usize]) -> InstructionTrace {
         InstructionTrace {
             opcode_id: w[0] as u32,
             hlo_id: (w[0] >> 32) as u32,
@@ -65,6 +66,11 @@ pub(crate) struct InstructionTable {
 }
 
 impl InstructionTable {
+    /// The table of a file with `layout`.
+    pub(crate) fn of(layout: &Layout) -> InstructionTable {
+        InstructionTable { base: layout.instructions, capacity: layout.sizes.instruction_table_bytes }
+    }
+
     /// Appends model `model_id`'s instructions, in execution order; `false` (counted)
     /// when they do not fit. Callers serialise.
     pub(crate) fn append(&self, region: &Region, model_id: u32, instructions: &[InstructionTrace]) -> bool {
@@ -127,11 +133,14 @@ impl InstructionCache {
                 // Unpublished or corrupt: stop here, and try again next time.
                 return;
             }
-            let body: Vec<u64> = (0..count * WORDS_PER_INSTRUCTION)
-                .map(|k| region.u64(entry + 16 + 8 * k).load(Ordering::Relaxed))
+            let instructions: Arc<[InstructionTrace]> = (0..count)
+                .map(|k| {
+                    let at = entry + 16 + 8 * WORDS_PER_INSTRUCTION * k;
+                    InstructionTrace::decode(std::array::from_fn(|j| {
+                        region.u64(at + 8 * j as u64).load(Ordering::Relaxed)
+                    }))
+                })
                 .collect();
-            let instructions: Arc<[InstructionTrace]> =
-                body.chunks_exact(WORDS_PER_INSTRUCTION as usize).map(InstructionTrace::decode).collect();
             self.models.insert((head >> 32) as u32, instructions);
             self.read_to += 8 * words;
         }

@@ -497,10 +497,7 @@ impl Tail {
         Tail {
             rings,
             strings: HashMap::new(),
-            instructions: InstructionTable {
-                base: layout.instructions,
-                capacity: layout.sizes.instruction_table_bytes,
-            },
+            instructions: InstructionTable::of(layout),
             tables: InstructionCache::default(),
             system_types,
         }
@@ -819,11 +816,7 @@ impl DatastoreReader {
             host_memory: std::array::from_fn(|k| process(layout::process::HOST_MEMORY + k as u64)),
             ecc,
             strings_dropped: self.strings.dropped(r),
-            instruction_tables_refused: InstructionTable {
-                base: self.layout.instructions,
-                capacity: self.layout.sizes.instruction_table_bytes,
-            }
-            .refused(r),
+            instruction_tables_refused: InstructionTable::of(&self.layout).refused(r),
             model_slots_overflowed: process(layout::process::MODEL_SLOTS_OVERFLOWED),
             rings,
         }

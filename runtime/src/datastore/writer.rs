@@ -150,10 +150,7 @@ impl DatastoreWriter {
             },
             cores: params.cores.clone(),
             interned: Mutex::new(HashMap::new()),
-            instructions: Mutex::new(InstructionTable {
-                base: layout.instructions,
-                capacity: layout.sizes.instruction_table_bytes,
-            }),
+            instructions: Mutex::new(InstructionTable::of(&layout)),
             model_slots: Mutex::new(vec![None; params.model_slots as usize]),
             removed: std::sync::atomic::AtomicBool::new(false),
             in_memory: directory::in_memory(&params.dir),
