@@ -1,10 +1,12 @@
 //! What tracing costs, each figure against a baseline measured in the same run:
 //!
 //! - `emit`: one event through the runtime's emit path (a disabled kind, an enabled
-//!   system event, an enabled device instruction event) against an empty loop;
+//!   system event, an enabled device instruction event) against an empty loop, beside
+//!   the floor any timestamped event in a shared ring has (a clock read and an atomic
+//!   claim);
 //! - `readers`: a producer's event rate with no reader against three reader processes
-//!   tailing its ring, and how fast a reader process drains a ring (transport only,
-//!   and decoded into events);
+//!   tailing its ring, one, and three processes that only spin (a control); and how
+//!   fast a reader process drains a ring (transport only, and decoded into events);
 //! - `overhead`: executions of the attention example and of a model of 240 tiny
 //!   element-wise operations with every ring off against system + device rings on,
 //!   alternating.
@@ -32,6 +34,9 @@ const READER_ENV: &str = "NEURON_VIRT_BENCH_READER";
 /// How a reader process reads: `tail` (follow the producer), `skim` or `decode`
 /// (drain what the ring holds, timed).
 const READER_MODE_ENV: &str = "NEURON_VIRT_BENCH_READER_MODE";
+/// The CPU a reader process pins itself to (unset: not pinned). Passed explicitly
+/// because a child inherits the producer's pinning to its own CPU.
+const READER_CPU_ENV: &str = "NEURON_VIRT_BENCH_READER_CPU";
 
 /// Events per timed batch in `emit`, and batches per variant.
 const EMIT_BATCH: u64 = 1000;
@@ -129,7 +134,11 @@ fn emit_with_ring(dirs: &Path, events_per_ring: u64) {
         "enabled device instruction",
         "device, a record each",
         "clock read alone",
+        "floor: clock + atomic claim",
     ];
+    // What any timestamped event in a ring shared by threads needs at least: a clock
+    // read and one atomic increment to claim its slot (no record written).
+    let claims = std::sync::atomic::AtomicU64::new(0);
     // Instructions are recorded as the runtime records them: each one's boundary tick
     // kept while the program runs, and run records written when it stops, here every
     // RUN_LENGTH instructions.
@@ -169,7 +178,17 @@ fn emit_with_ring(dirs: &Path, events_per_ring: u64) {
                     dev.instruction(v, 2 * i, i, i + 1);
                     v
                 });
-                time_batch(&mut samples[5], &mut |i| w(i) ^ ticks());
+                time_batch(&mut samples[5], &mut |i| {
+                    // As an event reads it: the work does not wait for the value.
+                    black_box(ticks());
+                    w(i)
+                });
+                time_batch(&mut samples[6], &mut |i| {
+                    let v = w(i);
+                    black_box(ticks());
+                    black_box(claims.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+                    v
+                });
             }
         }
     });
@@ -195,19 +214,23 @@ fn emit_with_ring(dirs: &Path, events_per_ring: u64) {
     rt.close().expect("close");
 }
 
-/// Pins the calling thread (and what it starts afterwards) to `cpu`, when the machine
-/// has more than one; returns the CPUs it was allowed before, to restore with
-/// [`unpin`], if it did.
+/// The CPUs the calling thread may run on.
+fn allowed_cpus() -> Vec<usize> {
+    use nix::sched::{CpuSet, sched_getaffinity};
+    let Ok(allowed) = sched_getaffinity(nix::unistd::Pid::from_raw(0)) else {
+        return Vec::new();
+    };
+    (0..CpuSet::count()).filter(|&c| allowed.is_set(c).unwrap_or(false)).collect()
+}
+
+/// Pins the calling thread (and what it starts afterwards) to `cpu`; returns the CPUs
+/// it was allowed before, to restore with [`unpin`], or `None` if it could not.
 fn pin_to(cpu: usize) -> Option<nix::sched::CpuSet> {
     use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
     use nix::unistd::Pid;
     let allowed = sched_getaffinity(Pid::from_raw(0)).ok()?;
-    let cpus: Vec<usize> = (0..CpuSet::count()).filter(|&c| allowed.is_set(c).unwrap_or(false)).collect();
-    if cpus.len() < 2 {
-        return None;
-    }
     let mut set = CpuSet::new();
-    set.set(cpus[cpu % cpus.len()]).ok()?;
+    set.set(cpu).ok()?;
     sched_setaffinity(Pid::from_raw(0), &set).ok()?;
     Some(allowed)
 }
@@ -225,8 +248,12 @@ struct ReaderProcess {
 }
 
 impl ReaderProcess {
-    fn spawn(path: &Path, mode: &str) -> ReaderProcess {
-        let mut child = Command::new(std::env::current_exe().expect("benchmark binary"))
+    fn spawn(path: &Path, mode: &str, cpu: Option<usize>) -> ReaderProcess {
+        let mut command = Command::new(std::env::current_exe().expect("benchmark binary"));
+        if let Some(cpu) = cpu {
+            command.env(READER_CPU_ENV, cpu.to_string());
+        }
+        let mut child = command
             .env(READER_ENV, path)
             .env(READER_MODE_ENV, mode)
             .stdin(Stdio::piped())
@@ -251,15 +278,15 @@ impl ReaderProcess {
 
 /// A reader process: reads the nc0 system ring of the datastore at `path`.
 fn reader_process(path: &Path) {
-    pin_to(1);
+    if let Some(cpu) = std::env::var(READER_CPU_ENV).ok().and_then(|c| c.parse().ok()) {
+        pin_to(cpu).unwrap_or_else(|| panic!("cannot pin a reader process to CPU {cpu}"));
+    }
     let reader = DatastoreReader::open(path).expect("open the datastore");
     let mode = std::env::var(READER_MODE_ENV).unwrap_or_default();
     let types = EventType::NrtTensorRead.bit();
     let mut out = std::io::stdout();
-    if mode == "tail" {
-        // Follow the producer until told to stop (stdin closes), as the tools do: drain
-        // what is there, and when caught up, sleep a poll interval (1 ms here; the
-        // tools use 20 ms or more) instead of spinning on the ring's head.
+    if mode == "tail" || mode == "spin" {
+        // Run until told to stop (stdin closes).
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let watcher = std::sync::Arc::clone(&stop);
         std::thread::spawn(move || {
@@ -268,12 +295,19 @@ fn reader_process(path: &Path) {
         });
         let mut tail = reader.tail(TailStart::Now, Some(&[0]), types, false);
         writeln!(out, "ready").and_then(|()| out.flush()).expect("report");
+        let mut spun = 0u64;
         while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-            if tail.skim(&reader, 4096, false) < 4096 {
+            if mode == "spin" {
+                // Keep a CPU busy without touching the ring or much memory.
+                spun = black_box(work(spun));
+            } else if tail.skim(&reader, 4096, false) < 4096 {
+                // Follow the producer as the tools do: drain what is there, and when
+                // caught up, sleep a poll interval instead of spinning on the head.
                 std::thread::sleep(READER_POLL_INTERVAL);
             }
         }
-        writeln!(out, "{} {}", tail.delivered(), tail.lost()).expect("report");
+        let cpu = nix::sched::sched_getcpu().map_or(-1, |c| c as i64);
+        writeln!(out, "{} {} {cpu}", tail.delivered(), tail.lost()).expect("report");
         return;
     }
     // Drain what the ring holds (the producer is idle), timed.
@@ -314,41 +348,76 @@ fn readers(dirs: &Path) {
     let events_per_ring = rt.config().inspect.max_events_per_nc;
     let path: PathBuf = rt.datastore_path().expect("path");
     let probe = rt.trace_probe(0).expect("probe");
-    let pinned = pin_to(0);
+    // The producer on one CPU and the readers on another, when there are two.
+    let (pinned, reader_cpu) = match allowed_cpus()[..] {
+        [producer_cpu, reader_cpu, ..] => (pin_to(producer_cpu), Some(reader_cpu)),
+        _ => (None, None),
+    };
     burst(&probe);
-    let (mut alone, mut watched) = (Vec::new(), Vec::new());
-    let mut reader_reports = Vec::new();
+    let (mut alone, mut watched, mut watched_by_one, mut beside_spinners) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut reader_reports, mut one_reader_reports) = (Vec::new(), Vec::new());
+    let with_processes = |mode: &str, count: usize| -> (f64, Vec<String>) {
+        let processes: Vec<ReaderProcess> = (0..count).map(|_| ReaderProcess::spawn(&path, mode, reader_cpu)).collect();
+        let rate = burst(&probe);
+        (rate, processes.into_iter().map(ReaderProcess::finish).collect())
+    };
     for _ in 0..BURST_ROUNDS {
         alone.push(burst(&probe));
-        let tails: Vec<ReaderProcess> = (0..READERS).map(|_| ReaderProcess::spawn(&path, "tail")).collect();
-        watched.push(burst(&probe));
-        reader_reports.extend(tails.into_iter().map(ReaderProcess::finish));
+        let (rate, reports) = with_processes("tail", READERS);
+        watched.push(rate);
+        reader_reports.extend(reports);
+        let (rate, reports) = with_processes("tail", 1);
+        watched_by_one.push(rate);
+        one_reader_reports.extend(reports);
+        beside_spinners.push(with_processes("spin", READERS).0);
     }
-    let (alone, watched) = (median(alone), median(watched));
+    let (alone, watched, watched_by_one, beside_spinners) =
+        (median(alone), median(watched), median(watched_by_one), median(beside_spinners));
     println!(
-        "producer: bursts of {BURST} system events on one thread into a ring of {events_per_ring}, median of {BURST_ROUNDS}, alternating{}",
-        if pinned.is_some() { " (producer pinned to one CPU, readers to another)" } else { "" }
+        "producer: bursts of {BURST} system events on one thread into a ring of {events_per_ring}, median of {BURST_ROUNDS}, alternating"
     );
+    let mut reader_cpus: Vec<&str> = reader_reports.iter().filter_map(|r| r.split(' ').nth(2)).collect();
+    reader_cpus.sort_unstable();
+    reader_cpus.dedup();
+    match (pinned.is_some(), reader_cpu) {
+        (true, Some(cpu)) => println!(
+            "  producer pinned to CPU {}, readers to CPU {cpu} (readers last ran on CPU {})",
+            nix::sched::sched_getcpu().map_or(-1, |c| c as i64),
+            reader_cpus.join(", ")
+        ),
+        _ => println!("  not pinned (one CPU available): producer and readers share it"),
+    }
     println!(
         "  readers tail the ring with `Tail::skim`, sleeping {} ms whenever they have caught up",
         READER_POLL_INTERVAL.as_millis()
     );
     println!("  no reader:               {:>7.1} M events/s", alone / 1e6);
-    println!(
-        "  {READERS} reader processes:      {:>7.1} M events/s   ratio {:.3} (slowdown {:.1}%)",
-        watched / 1e6,
-        watched / alone,
-        (1.0 - watched / alone) * 100.0
-    );
-    let (mut delivered, mut lost) = (0u64, 0u64);
-    for report in &reader_reports {
-        let counts: Vec<u64> = report.split(' ').filter_map(|n| n.parse().ok()).collect();
-        delivered += counts.first().copied().unwrap_or(0);
-        lost += counts.get(1).copied().unwrap_or(0);
+    let read_share = |reports: &[String]| {
+        let (mut delivered, mut lost) = (0u64, 0u64);
+        for report in reports {
+            let counts: Vec<u64> = report.split(' ').filter_map(|n| n.parse().ok()).collect();
+            delivered += counts.first().copied().unwrap_or(0);
+            lost += counts.get(1).copied().unwrap_or(0);
+        }
+        100.0 * delivered as f64 / (delivered + lost).max(1) as f64
+    };
+    for (label, rate, reports) in [
+        (format!("{READERS} reader processes:"), watched, &reader_reports),
+        ("1 reader process:".to_string(), watched_by_one, &one_reader_reports),
+    ] {
+        println!(
+            "  {label:<24} {:>7.1} M events/s   ratio {:.3} (slowdown {:.1}%); each reader read {:.1}% of the events, the rest overwritten first",
+            rate / 1e6,
+            rate / alone,
+            (1.0 - rate / alone) * 100.0,
+            read_share(reports)
+        );
     }
     println!(
-        "  the tailing readers read {:.1}% of the events (the rest were overwritten first)",
-        100.0 * delivered as f64 / (delivered + lost).max(1) as f64
+        "  control, {READERS} processes spinning on the readers' CPU without reading: {:.1} M events/s   ratio {:.3}",
+        beside_spinners / 1e6,
+        beside_spinners / alone,
     );
 
     // The ring now holds its last full capacity of events; drain it from a reader process.
@@ -356,7 +425,7 @@ fn readers(dirs: &Path) {
     for mode in ["skim", "decode"] {
         let mut samples = Vec::new();
         for _ in 0..3 {
-            let report = ReaderProcess::spawn(&path, mode).finish();
+            let report = ReaderProcess::spawn(&path, mode, reader_cpu).finish();
             let fields: Vec<f64> = report.split(' ').filter_map(|n| n.parse().ok()).collect();
             samples.push(fields[0] / fields[2]);
         }
