@@ -66,6 +66,11 @@ fn compile_prints_a_summary_and_list_operators_names_engines() {
     let list = text(&run(env!("CARGO_BIN_EXE_neuron-cc"), dir.path(), &["list-operators"]).stdout);
     assert!(list.lines().any(|l| l.starts_with("dot") && l.ends_with("PE")), "{list}");
     assert!(list.lines().any(|l| l.starts_with("exponential") && l.ends_with("ACT")), "{list}");
+    // One engine column for all, after the longest name.
+    for (name, engine) in [("abs", "DVE"), ("shift-right-arithmetic", "DVE"), ("exponential-minus-one", "ACT")] {
+        let line = format!("{name:<22}  {engine}");
+        assert!(list.lines().any(|l| l == line), "no line `{line}` in\n{list}");
+    }
 }
 
 #[test]

@@ -130,6 +130,21 @@ fn inf_and_nan_constants_match_xla() {
 }
 
 #[test]
+fn transcendental_rounding_and_two_operand_float_functions_match_xla() {
+    check("float_math");
+}
+
+#[test]
+fn integer_bitwise_shift_and_remainder_edge_cases_match_xla() {
+    check("integer_bits");
+}
+
+#[test]
+fn predicate_logic_matches_xla() {
+    check("pred_logic");
+}
+
+#[test]
 fn every_fixture_directory_has_a_test() {
     let mut cases: Vec<String> = std::fs::read_dir(fixtures_dir())
         .expect("fixtures")

@@ -172,12 +172,28 @@ pub enum ActivationFn {
     Logistic,
     Rsqrt,
     Sqrt,
+    Sine,
+    Cosine,
+    /// `exp(x) - 1`, accurate near zero.
+    ExpMinusOne,
+    /// `ln(1 + x)`, accurate near zero.
+    LogPlusOne,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum UnaryOp {
     Negate,
     Abs,
+    /// -1, 0 or 1 by sign; zeros (keeping their sign) and NaN map to themselves.
+    Sign,
+    Ceil,
+    Floor,
+    /// Rounds half-way cases to the even neighbour.
+    RoundNearestEven,
+    /// Rounds half-way cases away from zero.
+    RoundNearestAfz,
+    /// Logical not on `pred`, bitwise not on integers.
+    Not,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -188,6 +204,18 @@ pub enum BinaryOp {
     Divide,
     Maximum,
     Minimum,
+    Power,
+    /// The remainder of truncating division (its sign is the dividend's).
+    Remainder,
+    /// `atan2(lhs, rhs)`: the angle of the point (rhs, lhs).
+    Atan2,
+    /// Logical on `pred`, bitwise on integers.
+    And,
+    Or,
+    Xor,
+    ShiftLeft,
+    ShiftRightLogical,
+    ShiftRightArithmetic,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -264,9 +292,21 @@ impl Op {
                 ActivationFn::Logistic => "Logistic",
                 ActivationFn::Rsqrt => "Rsqrt",
                 ActivationFn::Sqrt => "Sqrt",
+                ActivationFn::Sine => "Sin",
+                ActivationFn::Cosine => "Cos",
+                ActivationFn::ExpMinusOne => "Expm1",
+                ActivationFn::LogPlusOne => "Log1p",
             },
-            Op::Unary(UnaryOp::Negate) => "Negate",
-            Op::Unary(UnaryOp::Abs) => "Abs",
+            Op::Unary(u) => match u {
+                UnaryOp::Negate => "Negate",
+                UnaryOp::Abs => "Abs",
+                UnaryOp::Sign => "Sign",
+                UnaryOp::Ceil => "Ceil",
+                UnaryOp::Floor => "Floor",
+                UnaryOp::RoundNearestEven => "RoundNearestEven",
+                UnaryOp::RoundNearestAfz => "RoundNearestAfz",
+                UnaryOp::Not => "Not",
+            },
             Op::Binary(b) => match b {
                 BinaryOp::Add => "Add",
                 BinaryOp::Subtract => "Subtract",
@@ -274,6 +314,15 @@ impl Op {
                 BinaryOp::Divide => "Divide",
                 BinaryOp::Maximum => "Maximum",
                 BinaryOp::Minimum => "Minimum",
+                BinaryOp::Power => "Power",
+                BinaryOp::Remainder => "Remainder",
+                BinaryOp::Atan2 => "Atan2",
+                BinaryOp::And => "And",
+                BinaryOp::Or => "Or",
+                BinaryOp::Xor => "Xor",
+                BinaryOp::ShiftLeft => "ShiftLeft",
+                BinaryOp::ShiftRightLogical => "ShiftRightLogical",
+                BinaryOp::ShiftRightArithmetic => "ShiftRightArithmetic",
             },
             Op::Compare { .. } => "Compare",
             Op::Select => "Select",
@@ -368,10 +417,18 @@ pub fn infer_output(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> R
             }
             Ok(operands[0].clone())
         }
-        Op::Unary(_) => {
+        Op::Unary(u) => {
             arity(1)?;
-            if operands[0].dtype == DType::Pred {
-                return Err(format!("{} needs a numeric operand, got {}", op.opcode(), operands[0]));
+            let dtype = operands[0].dtype;
+            let fits = match u {
+                UnaryOp::Negate | UnaryOp::Abs | UnaryOp::Sign => dtype != DType::Pred,
+                UnaryOp::Ceil | UnaryOp::Floor | UnaryOp::RoundNearestEven | UnaryOp::RoundNearestAfz => {
+                    dtype == DType::F32
+                }
+                UnaryOp::Not => dtype != DType::F32,
+            };
+            if !fits {
+                return Err(format!("{} is not defined on {}", op.opcode(), operands[0]));
             }
             Ok(operands[0].clone())
         }
@@ -380,9 +437,23 @@ pub fn infer_output(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> R
             if operands[0] != operands[1] {
                 return Err(format!("{} of {} and {}: operand types differ", op.opcode(), operands[0], operands[1]));
             }
-            let logical = matches!(b, BinaryOp::Maximum | BinaryOp::Minimum);
-            if operands[0].dtype == DType::Pred && !logical {
-                return Err(format!("{} is not defined on pred", op.opcode()));
+            let dtype = operands[0].dtype;
+            let fits = match b {
+                BinaryOp::Maximum | BinaryOp::Minimum => true,
+                BinaryOp::Add
+                | BinaryOp::Subtract
+                | BinaryOp::Multiply
+                | BinaryOp::Divide
+                | BinaryOp::Power
+                | BinaryOp::Remainder => dtype != DType::Pred,
+                BinaryOp::Atan2 => dtype == DType::F32,
+                BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => dtype != DType::F32,
+                BinaryOp::ShiftLeft | BinaryOp::ShiftRightLogical | BinaryOp::ShiftRightArithmetic => {
+                    dtype == DType::S32
+                }
+            };
+            if !fits {
+                return Err(format!("{} is not defined on {}", op.opcode(), operands[0]));
             }
             Ok(operands[0].clone())
         }

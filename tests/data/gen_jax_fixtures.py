@@ -17,10 +17,7 @@ compare against the outputs.
 Constraints the fixtures are built to respect (checked by this script, which
 fails loudly if JAX starts emitting something else):
 
-  * only these HLO opcodes: parameter, constant, dot, add, subtract, multiply,
-    divide, maximum, minimum, negate, abs, exponential, log, tanh, logistic,
-    rsqrt, sqrt, broadcast, reshape, transpose, reduce, compare, select,
-    convert, iota, concatenate, slice, call, tuple, get-tuple-element;
+  * only the HLO opcodes in ALLOWED_OPCODES below (those neuron-cc lowers);
   * reduce regions only apply add / maximum / minimum / multiply;
   * only the element types f32, s32 and pred;
   * every tensor file at most 64 KiB.
@@ -49,6 +46,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 import numpy as np
 
 jax.config.update("jax_platform_name", "cpu")
@@ -62,6 +60,10 @@ ALLOWED_OPCODES = {
     "logistic", "rsqrt", "sqrt", "broadcast", "reshape", "transpose", "reduce",
     "compare", "select", "convert", "iota", "concatenate", "slice", "call",
     "tuple", "get-tuple-element",
+    "sine", "cosine", "exponential-minus-one", "log-plus-one", "floor", "ceil",
+    "round-nearest-even", "round-nearest-afz", "sign", "power", "remainder",
+    "atan2", "and", "or", "xor", "not", "shift-left", "shift-right-logical",
+    "shift-right-arithmetic",
 }
 ALLOWED_REDUCE_OPS = {"add", "maximum", "minimum", "multiply"}
 ALLOWED_DTYPES = {"f32", "s32", "pred"}
@@ -259,6 +261,61 @@ def check_special_constants(outs):
 
 
 # (case name, builder, rng seed)
+def case_float_math(rng):
+    """Transcendental, rounding and two-operand float functions on f32[6,8]."""
+    def f(x, y):
+        pos = jnp.abs(y) + 0.25  # a positive divisor / exponent base
+        return (
+            jnp.sin(x) + jnp.cos(y),
+            jnp.expm1(x * 0.1) - jnp.log1p(jnp.abs(y)),
+            jnp.floor(x * 3.0) + jnp.ceil(y * 3.0),
+            jnp.round(x * 4.0),  # half-way cases to even
+            lax.round(y * 4.0, lax.RoundingMethod.AWAY_FROM_ZERO),
+            jnp.sign(x) * jnp.sign(y),
+            lax.pow(pos, x),
+            lax.rem(x * 5.0, pos),  # C fmod: the dividend's sign
+            jnp.arctan2(x, y),
+        )
+
+    x = normal(rng, (6, 8), 2.0)
+    y = normal(rng, (6, 8), 2.0)
+    # Exact half-way points and signed zeros, where rounding and sign differ.
+    x[0, :8] = np.array([0.125, -0.125, 0.375, -0.375, 0.0, -0.0, 0.625, 2.5], np.float32)
+    y[0, :8] = np.array([0.125, -0.125, 0.375, -0.375, -0.0, 0.0, -0.625, -2.5], np.float32)
+    return f, [x, y]
+
+
+def case_integer_bits(rng):
+    """Bitwise logic, the three shifts (amounts past the bit width and negative
+    ones included), remainder (by zero and MIN % -1 included) and sign on s32."""
+    def f(a, b, n):
+        return (
+            (a & b) ^ (~a | b),
+            lax.shift_left(a, n),
+            lax.shift_right_logical(a, n),
+            lax.shift_right_arithmetic(a, n),
+            lax.rem(a, b),
+            jnp.sign(a) * 3,
+        )
+
+    a = rng.integers(-2**31, 2**31, size=(4, 16), dtype=np.int64).astype(np.int32)
+    b = rng.integers(-50, 50, size=(4, 16)).astype(np.int32)
+    n = rng.integers(-3, 40, size=(4, 16)).astype(np.int32)
+    b[0, :4] = [0, 0, -1, 7]
+    a[0, :4] = [5, -5, np.iinfo(np.int32).min, 0]
+    n[0, :6] = [0, 31, 32, 33, -1, 1]
+    return f, [a, b, n]
+
+
+def case_pred_logic(rng):
+    """and, or, xor and not on pred, from comparisons."""
+    def f(x, y):
+        p, q = x > 0, y > 0
+        return (p & q) | ~(p ^ q), jnp.logical_xor(p, ~q)
+
+    return f, [normal(rng, (5, 7)), normal(rng, (5, 7))]
+
+
 CASES = [
     ("mlp", case_mlp, 1001),
     ("attention", case_attention, 1002),
@@ -271,6 +328,9 @@ CASES = [
     ("reduce_variants", case_reduce_variants, 1009),
     ("nested_call", case_nested_call, 1010),
     ("special_constants", case_special_constants, 1011),
+    ("float_math", case_float_math, 1012),
+    ("integer_bits", case_integer_bits, 1013),
+    ("pred_logic", case_pred_logic, 1014),
 ]
 
 # Extra sanity checks on the computed outputs of some cases.

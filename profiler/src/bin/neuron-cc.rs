@@ -119,10 +119,11 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 fn list_operators() {
-    println!("{:<20} engine", "operator");
+    let width = SUPPORTED_OPERATORS.iter().map(|op| op.len()).max().unwrap_or(0);
+    println!("{:<width$}  engine", "operator");
     for op in SUPPORTED_OPERATORS {
         let engine =
             engine_of_operator(op).map_or_else(|| "(resolved at compile time / DMA)".to_string(), |e| e.to_string());
-        println!("{op:<20} {engine}");
+        println!("{op:<width$}  {engine}");
     }
 }

@@ -125,6 +125,10 @@ fn activation(f: ActivationFn) -> fn(f32) -> f32 {
         ActivationFn::Logistic => |x| 1.0 / (1.0 + (-x).exp()),
         ActivationFn::Rsqrt => |x| 1.0 / x.sqrt(),
         ActivationFn::Sqrt => f32::sqrt,
+        ActivationFn::Sine => f32::sin,
+        ActivationFn::Cosine => f32::cos,
+        ActivationFn::ExpMinusOne => f32::exp_m1,
+        ActivationFn::LogPlusOne => f32::ln_1p,
     }
 }
 
@@ -132,10 +136,23 @@ fn unary(op: UnaryOp, a: &ValueRef<'_>) -> Value {
     match (op, a) {
         (UnaryOp::Negate, ValueRef::F32(a)) => Value::F32(a.mapv(|x| -x)),
         (UnaryOp::Abs, ValueRef::F32(a)) => Value::F32(a.mapv(f32::abs)),
+        (UnaryOp::Sign, ValueRef::F32(a)) => Value::F32(a.mapv(sign_f32)),
+        (UnaryOp::Ceil, ValueRef::F32(a)) => Value::F32(a.mapv(f32::ceil)),
+        (UnaryOp::Floor, ValueRef::F32(a)) => Value::F32(a.mapv(f32::floor)),
+        (UnaryOp::RoundNearestEven, ValueRef::F32(a)) => Value::F32(a.mapv(f32::round_ties_even)),
+        (UnaryOp::RoundNearestAfz, ValueRef::F32(a)) => Value::F32(a.mapv(f32::round)),
         (UnaryOp::Negate, ValueRef::S32(a)) => Value::S32(a.mapv(i32::wrapping_neg)),
         (UnaryOp::Abs, ValueRef::S32(a)) => Value::S32(a.mapv(i32::wrapping_abs)),
+        (UnaryOp::Sign, ValueRef::S32(a)) => Value::S32(a.mapv(i32::signum)),
+        (UnaryOp::Not, ValueRef::S32(a)) => Value::S32(a.mapv(|x| !x)),
+        (UnaryOp::Not, ValueRef::Pred(a)) => Value::Pred(a.mapv(|x| !x)),
         _ => unvalidated("unary"),
     }
+}
+
+/// XLA's `sign` on floats: ±1 by sign, while ±0 and NaN stay as they are.
+fn sign_f32(x: f32) -> f32 {
+    if x == 0.0 || x.is_nan() { x } else { x.signum() }
 }
 
 fn zip_map<T: Copy, U>(a: &ArrayViewD<'_, T>, b: &ArrayViewD<'_, T>, f: impl Fn(T, T) -> U) -> ArrayD<U> {
@@ -147,8 +164,10 @@ fn binary(op: BinaryOp, a: &ValueRef<'_>, b: &ValueRef<'_>) -> Value {
         (ValueRef::F32(a), ValueRef::F32(b)) => Value::F32(zip_map(a, b, binary_f32(op))),
         (ValueRef::S32(a), ValueRef::S32(b)) => Value::S32(zip_map(a, b, binary_s32(op))),
         (ValueRef::Pred(a), ValueRef::Pred(b)) => Value::Pred(match op {
-            BinaryOp::Minimum => zip_map(a, b, |x, y| x && y),
-            _ => zip_map(a, b, |x, y| x || y),
+            BinaryOp::Minimum | BinaryOp::And => zip_map(a, b, |x, y| x && y),
+            BinaryOp::Maximum | BinaryOp::Or => zip_map(a, b, |x, y| x || y),
+            BinaryOp::Xor => zip_map(a, b, |x, y| x != y),
+            _ => unvalidated("binary on pred"),
         }),
         _ => unvalidated("binary"),
     }
@@ -162,6 +181,15 @@ fn binary_f32(op: BinaryOp) -> fn(f32, f32) -> f32 {
         BinaryOp::Divide => |x, y| x / y,
         BinaryOp::Maximum => max_f32,
         BinaryOp::Minimum => min_f32,
+        BinaryOp::Power => f32::powf,
+        BinaryOp::Remainder => |x, y| x % y,
+        BinaryOp::Atan2 => f32::atan2,
+        BinaryOp::And
+        | BinaryOp::Or
+        | BinaryOp::Xor
+        | BinaryOp::ShiftLeft
+        | BinaryOp::ShiftRightLogical
+        | BinaryOp::ShiftRightArithmetic => |_, _| unvalidated("bitwise operation on f32"),
     }
 }
 
@@ -173,6 +201,37 @@ fn binary_s32(op: BinaryOp) -> fn(i32, i32) -> i32 {
         BinaryOp::Divide => div_s32,
         BinaryOp::Maximum => i32::max,
         BinaryOp::Minimum => i32::min,
+        BinaryOp::Power => pow_s32,
+        BinaryOp::Remainder => rem_s32,
+        BinaryOp::And => |x, y| x & y,
+        BinaryOp::Or => |x, y| x | y,
+        BinaryOp::Xor => |x, y| x ^ y,
+        // Shift amounts are read as unsigned; from the bit width up, every bit is
+        // shifted out (an arithmetic right shift leaves copies of the sign bit).
+        BinaryOp::ShiftLeft => |x, y| u32::try_from(y).ok().and_then(|n| x.checked_shl(n)).unwrap_or(0),
+        BinaryOp::ShiftRightLogical => {
+            |x, y| u32::try_from(y).ok().and_then(|n| (x as u32).checked_shr(n)).unwrap_or(0) as i32
+        }
+        BinaryOp::ShiftRightArithmetic => |x, y| x >> u32::try_from(y).map_or(31, |n| n.min(31)),
+        BinaryOp::Atan2 => |_, _| unvalidated("atan2 on s32"),
+    }
+}
+
+/// XLA's integer remainder: `x % 0 = x`, `MIN % -1 = 0`.
+fn rem_s32(x: i32, y: i32) -> i32 {
+    if y == 0 { x } else { x.wrapping_rem(y) }
+}
+
+/// XLA's integer power: wrapping; a negative exponent gives 0 except for bases 1 and -1.
+fn pow_s32(x: i32, y: i32) -> i32 {
+    match u32::try_from(y) {
+        Ok(n) => x.wrapping_pow(n),
+        Err(_) => match x {
+            1 => 1,
+            -1 if y % 2 == 0 => 1,
+            -1 => -1,
+            _ => 0,
+        },
     }
 }
 
