@@ -350,7 +350,10 @@ fn readers(dirs: &Path) {
     let probe = rt.trace_probe(0).expect("probe");
     // The producer on one CPU and the readers on another, when there are two.
     let (pinned, reader_cpu) = match allowed_cpus()[..] {
-        [producer_cpu, reader_cpu, ..] => (pin_to(producer_cpu), Some(reader_cpu)),
+        [producer_cpu, reader_cpu, ..] => match pin_to(producer_cpu) {
+            Some(allowed) => (Some(allowed), Some(reader_cpu)),
+            None => (None, None),
+        },
         _ => (None, None),
     };
     burst(&probe);
@@ -380,13 +383,13 @@ fn readers(dirs: &Path) {
     let mut reader_cpus: Vec<&str> = reader_reports.iter().filter_map(|r| r.split(' ').nth(2)).collect();
     reader_cpus.sort_unstable();
     reader_cpus.dedup();
-    match (pinned.is_some(), reader_cpu) {
-        (true, Some(cpu)) => println!(
+    match reader_cpu {
+        Some(cpu) => println!(
             "  producer pinned to CPU {}, readers to CPU {cpu} (readers last ran on CPU {})",
             nix::sched::sched_getcpu().map_or(-1, |c| c as i64),
             reader_cpus.join(", ")
         ),
-        _ => println!("  not pinned (one CPU available): producer and readers share it"),
+        None => println!("  not pinned (one CPU available, or pinning refused): producer and readers share the CPUs"),
     }
     println!(
         "  readers tail the ring with `Tail::skim`, sleeping {} ms whenever they have caught up",

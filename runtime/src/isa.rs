@@ -744,3 +744,40 @@ impl Program {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn infer(op: Op, dtype: DType, arity: usize) -> Result<ArrayType, TypeError> {
+        let ty = ArrayType::new(dtype, vec![2, 3]);
+        infer_output(&op, &vec![&ty; arity], &ty)
+    }
+
+    #[test]
+    fn element_wise_operators_accept_only_their_element_types() {
+        let rejected = [
+            (Op::Binary(BinaryOp::Atan2), DType::S32, 2, "Atan2 is not defined on s32[2,3]"),
+            (Op::Binary(BinaryOp::ShiftLeft), DType::F32, 2, "ShiftLeft is not defined on f32[2,3]"),
+            (Op::Binary(BinaryOp::Xor), DType::F32, 2, "Xor is not defined on f32[2,3]"),
+            (Op::Binary(BinaryOp::Power), DType::Pred, 2, "Power is not defined on pred[2,3]"),
+            (Op::Unary(UnaryOp::Ceil), DType::S32, 1, "Ceil is not defined on s32[2,3]"),
+            (Op::Unary(UnaryOp::Not), DType::F32, 1, "Not is not defined on f32[2,3]"),
+            (Op::Unary(UnaryOp::Sign), DType::Pred, 1, "Sign is not defined on pred[2,3]"),
+        ];
+        for (op, dtype, arity, message) in rejected {
+            assert_eq!(infer(op, dtype, arity).err().as_deref(), Some(message));
+        }
+        let accepted = [
+            (Op::Binary(BinaryOp::And), DType::Pred, 2),
+            (Op::Binary(BinaryOp::ShiftRightArithmetic), DType::S32, 2),
+            (Op::Binary(BinaryOp::Remainder), DType::F32, 2),
+            (Op::Unary(UnaryOp::Not), DType::S32, 1),
+            (Op::Unary(UnaryOp::RoundNearestEven), DType::F32, 1),
+        ];
+        for (op, dtype, arity) in accepted {
+            let out = infer(op.clone(), dtype, arity).unwrap_or_else(|e| panic!("{op:?} on {dtype}: {e}"));
+            assert_eq!(out, ArrayType::new(dtype, vec![2, 3]));
+        }
+    }
+}
