@@ -415,16 +415,9 @@ impl Lowering<'_> {
         }
         let mut bytes = Vec::with_capacity(tokens.len() * ty.dtype.size_bytes() as usize);
         for token in tokens {
-            let bad = || format!("`{token}` is not a valid {} value", ty.dtype);
-            match ty.dtype {
-                DType::F32 => bytes.extend(parse_f32(token).ok_or_else(bad)?.to_le_bytes()),
-                DType::S32 => bytes.extend(token.parse::<i32>().map_err(|_| bad())?.to_le_bytes()),
-                DType::Pred => bytes.push(match token.as_str() {
-                    "true" | "1" => 1,
-                    "false" | "0" => 0,
-                    _ => return Err(bad()),
-                }),
-            }
+            let element = literal_element(ty.dtype, token)
+                .ok_or_else(|| format!("`{token}` is not a valid {} value", ty.dtype))?;
+            bytes.extend(element);
         }
         let index = self.constants.len() as u32;
         self.constants.push(bytes);
@@ -699,11 +692,20 @@ fn reduction_kind(region: &Computation) -> Result<ReduceOp, String> {
     }
 }
 
+fn unsupported_element_type(name: &str) -> String {
+    let supported: Vec<&str> = DType::ALL.iter().map(|t| t.hlo_name()).collect();
+    let why = match name {
+        "f64" => ": NeuronCores have no 64-bit floating point; export in f32 (in JAX, leave jax_enable_x64 off)",
+        "c64" | "c128" => ": complex numbers are not supported",
+        _ => "",
+    };
+    format!("element type `{name}` is not supported{why} (supported: {})", supported.join(", "))
+}
+
 fn array_type(shape: &Shape) -> Result<ArrayType, String> {
     match shape {
         Shape::Array { element_type, dims } => {
-            let dtype = DType::from_hlo_name(element_type)
-                .ok_or_else(|| format!("element type `{element_type}` is not supported (supported: f32, s32, pred)"))?;
+            let dtype = DType::from_hlo_name(element_type).ok_or_else(|| unsupported_element_type(element_type))?;
             let ty = ArrayType::new(dtype, dims.clone());
             if !ty.is_addressable() || ty.size_bytes().is_none() {
                 return Err(format!("shape {ty} is too large to address on this host"));
@@ -711,6 +713,41 @@ fn array_type(shape: &Shape) -> Result<ArrayType, String> {
             Ok(ty)
         }
         Shape::Tuple(_) => Err(format!("expected an array shape, found the tuple {shape}")),
+    }
+}
+
+/// One literal element as little-endian bytes, or `None` if `token` is not a value of
+/// `dtype` (out of range integers included).
+fn literal_element(dtype: DType, token: &str) -> Option<Vec<u8>> {
+    let int = || token.parse::<i128>().ok();
+    let bytes = match dtype {
+        DType::Pred => vec![match token {
+            "true" | "1" => 1,
+            "false" | "0" => 0,
+            _ => return None,
+        }],
+        DType::S8 => i8::try_from(int()?).ok()?.to_le_bytes().to_vec(),
+        DType::S16 => i16::try_from(int()?).ok()?.to_le_bytes().to_vec(),
+        DType::S32 => i32::try_from(int()?).ok()?.to_le_bytes().to_vec(),
+        DType::S64 => i64::try_from(int()?).ok()?.to_le_bytes().to_vec(),
+        DType::U8 => u8::try_from(int()?).ok()?.to_le_bytes().to_vec(),
+        DType::U16 => u16::try_from(int()?).ok()?.to_le_bytes().to_vec(),
+        DType::U32 => u32::try_from(int()?).ok()?.to_le_bytes().to_vec(),
+        DType::U64 => u64::try_from(int()?).ok()?.to_le_bytes().to_vec(),
+        DType::F32 => parse_f32(token)?.to_le_bytes().to_vec(),
+        // Parsed in double precision so that the value is rounded once.
+        DType::F16 => half::f16::from_f64(parse_f64(token)?).to_le_bytes().to_vec(),
+        DType::BF16 => half::bf16::from_f64(parse_f64(token)?).to_le_bytes().to_vec(),
+    };
+    Some(bytes)
+}
+
+fn parse_f64(token: &str) -> Option<f64> {
+    match token {
+        "inf" => Some(f64::INFINITY),
+        "-inf" => Some(f64::NEG_INFINITY),
+        "nan" | "-nan" => Some(f64::NAN),
+        _ => token.parse::<f64>().ok(),
     }
 }
 
@@ -777,6 +814,32 @@ mod tests {
         assert_eq!(err.line, Some(4));
         assert_eq!(err.instruction.as_deref(), Some("b"));
         assert!(err.message.contains("`erf`"), "{err}");
+    }
+
+    #[test]
+    fn f64_is_refused_at_compile_time_with_a_hint() {
+        let err = compile("HloModule m\nENTRY e {\n ROOT a = f64[2] parameter(0)\n}\n").expect_err("f64");
+        assert_eq!(err.line, Some(3));
+        assert!(err.message.starts_with("element type `f64` is not supported: NeuronCores have no 64-bit"), "{err}");
+        assert!(
+            err.message.ends_with("(supported: pred, s8, s16, s32, s64, u8, u16, u32, u64, f16, bf16, f32)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn literals_are_checked_against_their_element_type() {
+        let literal = |ty: &str, value: &str| {
+            compile(&format!("HloModule m\nENTRY e {{\n ROOT c = {ty}[] constant({value})\n}}\n"))
+                .map(|p| p.constants[0].clone())
+        };
+        assert_eq!(literal("s8", "-128").ok(), Some(vec![0x80]));
+        assert_eq!(literal("u64", "18446744073709551615").ok(), Some(vec![0xff; 8]));
+        assert_eq!(literal("bf16", "1.5").ok(), Some(half::bf16::from_f32(1.5).to_le_bytes().to_vec()));
+        assert_eq!(literal("f16", "-inf").ok(), Some(half::f16::NEG_INFINITY.to_le_bytes().to_vec()));
+        let err = literal("u8", "256").expect_err("out of range");
+        assert!(err.message.contains("`256` is not a valid u8 value"), "{err}");
+        assert!(literal("s16", "-1.5").is_err());
     }
 
     #[test]

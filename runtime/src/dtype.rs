@@ -5,38 +5,99 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 /// Element types the runtime executes.
+///
+/// The variant order is part of the NEFF encoding: new types are appended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum DType {
     F32,
     S32,
     Pred,
+    S8,
+    S16,
+    S64,
+    U8,
+    U16,
+    U32,
+    U64,
+    F16,
+    /// bfloat16: the upper half of an f32 (8-bit exponent, 7-bit mantissa).
+    BF16,
+}
+
+/// How the bits of an element are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DTypeClass {
+    Pred,
+    Signed,
+    Unsigned,
+    Float,
 }
 
 impl DType {
+    /// Every element type, in HLO's usual order.
+    pub const ALL: [DType; 12] = [
+        DType::Pred,
+        DType::S8,
+        DType::S16,
+        DType::S32,
+        DType::S64,
+        DType::U8,
+        DType::U16,
+        DType::U32,
+        DType::U64,
+        DType::F16,
+        DType::BF16,
+        DType::F32,
+    ];
+
     /// Bytes per element as stored in tensors (`pred` is one byte, 0 or 1).
     pub fn size_bytes(self) -> u64 {
         match self {
-            DType::F32 | DType::S32 => 4,
-            DType::Pred => 1,
+            DType::Pred | DType::S8 | DType::U8 => 1,
+            DType::S16 | DType::U16 | DType::F16 | DType::BF16 => 2,
+            DType::F32 | DType::S32 | DType::U32 => 4,
+            DType::S64 | DType::U64 => 8,
         }
     }
 
-    /// The HLO spelling: `f32`, `s32`, `pred`.
+    pub fn class(self) -> DTypeClass {
+        match self {
+            DType::Pred => DTypeClass::Pred,
+            DType::S8 | DType::S16 | DType::S32 | DType::S64 => DTypeClass::Signed,
+            DType::U8 | DType::U16 | DType::U32 | DType::U64 => DTypeClass::Unsigned,
+            DType::F16 | DType::BF16 | DType::F32 => DTypeClass::Float,
+        }
+    }
+
+    pub fn is_float(self) -> bool {
+        self.class() == DTypeClass::Float
+    }
+
+    /// Signed or unsigned integers (not `pred`).
+    pub fn is_integer(self) -> bool {
+        matches!(self.class(), DTypeClass::Signed | DTypeClass::Unsigned)
+    }
+
+    /// The HLO spelling: `f32`, `s32`, `pred`, `bf16`, ...
     pub fn hlo_name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
             DType::S32 => "s32",
             DType::Pred => "pred",
+            DType::S8 => "s8",
+            DType::S16 => "s16",
+            DType::S64 => "s64",
+            DType::U8 => "u8",
+            DType::U16 => "u16",
+            DType::U32 => "u32",
+            DType::U64 => "u64",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
         }
     }
 
     pub fn from_hlo_name(name: &str) -> Option<DType> {
-        match name {
-            "f32" => Some(DType::F32),
-            "s32" => Some(DType::S32),
-            "pred" => Some(DType::Pred),
-            _ => None,
-        }
+        DType::ALL.into_iter().find(|t| t.hlo_name() == name)
     }
 }
 

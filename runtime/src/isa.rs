@@ -387,6 +387,10 @@ pub fn infer_output(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> R
             if lhs.dtype != rhs.dtype || lhs.dtype == DType::Pred {
                 return Err(format!("dot of {lhs} and {rhs}: operands must share a numeric type"));
             }
+            // The result may be wider than the operands (JAX's `preferred_element_type`),
+            // within the same family: floats to floats, integers to integers.
+            let same_family = lhs.dtype.is_float() == declared.dtype.is_float() && declared.dtype != DType::Pred;
+            let out_dtype = if same_family { declared.dtype } else { lhs.dtype };
             if d.lhs_batch.len() != d.rhs_batch.len() || d.lhs_contracting.len() != d.rhs_contracting.len() {
                 return Err("dot: batch and contracting dimension lists must pair up".into());
             }
@@ -408,11 +412,11 @@ pub fn infer_output(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> R
             };
             dims.extend(free(lhs, &lhs_all));
             dims.extend(free(rhs, &rhs_all));
-            Ok(ArrayType::new(lhs.dtype, dims))
+            Ok(ArrayType::new(out_dtype, dims))
         }
         Op::Activation(_) => {
             arity(1)?;
-            if operands[0].dtype != DType::F32 {
+            if !operands[0].dtype.is_float() {
                 return Err(format!("{} needs a floating-point operand, got {}", op.opcode(), operands[0]));
             }
             Ok(operands[0].clone())
@@ -423,9 +427,9 @@ pub fn infer_output(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> R
             let fits = match u {
                 UnaryOp::Negate | UnaryOp::Abs | UnaryOp::Sign => dtype != DType::Pred,
                 UnaryOp::Ceil | UnaryOp::Floor | UnaryOp::RoundNearestEven | UnaryOp::RoundNearestAfz => {
-                    dtype == DType::F32
+                    dtype.is_float()
                 }
-                UnaryOp::Not => dtype != DType::F32,
+                UnaryOp::Not => !dtype.is_float(),
             };
             if !fits {
                 return Err(format!("{} is not defined on {}", op.opcode(), operands[0]));
@@ -446,10 +450,10 @@ pub fn infer_output(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> R
                 | BinaryOp::Divide
                 | BinaryOp::Power
                 | BinaryOp::Remainder => dtype != DType::Pred,
-                BinaryOp::Atan2 => dtype == DType::F32,
-                BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => dtype != DType::F32,
+                BinaryOp::Atan2 => dtype.is_float(),
+                BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => !dtype.is_float(),
                 BinaryOp::ShiftLeft | BinaryOp::ShiftRightLogical | BinaryOp::ShiftRightArithmetic => {
-                    dtype == DType::S32
+                    dtype.is_integer()
                 }
             };
             if !fits {

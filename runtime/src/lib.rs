@@ -26,7 +26,7 @@ mod tensor;
 
 pub use compile::{CompileError, Target, compile_hlo};
 pub use config::Config;
-pub use dtype::{ArrayType, DType};
+pub use dtype::{ArrayType, DType, DTypeClass};
 pub use error::{NrtError, NrtResult, NrtStatus};
 pub use neff::Neff;
 pub use reservation::CoreReservation;

@@ -25,9 +25,11 @@ pub const FEATURE_INTEGER_TYPES: u64 = 0x2;
 pub const FEATURE_BATCHED_MATMUL: u64 = 0x4;
 /// More than one output tensor.
 pub const FEATURE_MULTI_OUTPUT: u64 = 0x8;
+/// Buffers of 8-, 16- or 64-bit integers, unsigned integers, f16 or bf16.
+pub const FEATURE_EXTENDED_TYPES: u64 = 0x10;
 /// The feature bits this runtime executes.
 pub const SUPPORTED_FEATURES: u64 =
-    FEATURE_BASE | FEATURE_INTEGER_TYPES | FEATURE_BATCHED_MATMUL | FEATURE_MULTI_OUTPUT;
+    FEATURE_BASE | FEATURE_INTEGER_TYPES | FEATURE_BATCHED_MATMUL | FEATURE_MULTI_OUTPUT | FEATURE_EXTENDED_TYPES;
 
 /// Size of the header before the variable-length name.
 const FIXED_HEADER_LEN: usize = 86;
@@ -207,6 +209,9 @@ pub fn features_of(program: &Program) -> u64 {
     let mut features = FEATURE_BASE;
     if program.buffers.iter().any(|b| b.ty.dtype != DType::F32) {
         features |= FEATURE_INTEGER_TYPES;
+    }
+    if program.buffers.iter().any(|b| !matches!(b.ty.dtype, DType::F32 | DType::S32 | DType::Pred)) {
+        features |= FEATURE_EXTENDED_TYPES;
     }
     if program.instructions().any(|i| matches!(&i.op, crate::isa::Op::MatMul(d) if !d.lhs_batch.is_empty())) {
         features |= FEATURE_BATCHED_MATMUL;

@@ -19,7 +19,9 @@ fails loudly if JAX starts emitting something else):
 
   * only the HLO opcodes in ALLOWED_OPCODES below (those neuron-cc lowers);
   * reduce regions only apply add / maximum / minimum / multiply;
-  * only the element types f32, s32 and pred;
+  * only the element types pred, s8, s16, s32, s64, u8, u16, u32, u64, f16, bf16
+    and f32 (64-bit integers only in the cases listed in X64_CASES, which run with
+    jax_enable_x64; nothing is ever f64);
   * every tensor file at most 64 KiB.
 
 The inputs are deterministic (``np.random.default_rng`` with a fixed seed per
@@ -66,7 +68,7 @@ ALLOWED_OPCODES = {
     "shift-right-arithmetic",
 }
 ALLOWED_REDUCE_OPS = {"add", "maximum", "minimum", "multiply"}
-ALLOWED_DTYPES = {"f32", "s32", "pred"}
+ALLOWED_DTYPES = {"pred", "s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64", "f16", "bf16", "f32"}
 MAX_TENSOR_BYTES = 64 * 1024
 
 
@@ -316,6 +318,105 @@ def case_pred_logic(rng):
     return f, [normal(rng, (5, 7)), normal(rng, (5, 7))]
 
 
+def ints(rng, dtype, shape, low=None, high=None):
+    """Integers spread over most of dtype's range (or [low, high))."""
+    info = np.iinfo(dtype)
+    low = info.min // 2 if low is None else low
+    high = info.max // 2 if high is None else high
+    return rng.integers(low, high, size=shape, dtype=np.int64).astype(dtype)
+
+
+def case_narrow_ints(rng):
+    """s8 / s16 / u8 / u16 / u32 arithmetic that wraps, divides by zero, shifts and
+    converts between widths."""
+    def f(a8, b8, a16, b16, u8, v8, u16, u32, v32):
+        s8 = (a8 * b8 + a8, a8 // jnp.where(b8 == 0, 1, b8), lax.rem(a8, b8), jnp.maximum(a8, b8))
+        s16 = (a16 - b16, a16 >> 3, lax.shift_right_logical(a16, jnp.int16(2)),
+               lax.div(a16, b16), jnp.abs(a16), jnp.sign(b16))
+        uns8 = (u8 + v8, u8 * v8, lax.div(u8, v8), lax.rem(u8, v8), u8 >> 2, ~u8, jnp.minimum(u8, v8))
+        uns16 = (u16 << 3, u16.astype(jnp.int8), u16.astype(jnp.float32))
+        uns32 = (u32 ^ v32, lax.shift_right_arithmetic(u32, jnp.uint32(4)), u32 // jnp.maximum(v32, 1),
+                 (u32 > v32), u32.astype(jnp.int16), jnp.sum(u32, dtype=jnp.uint32))
+        return (*s8, *s16, *uns8, *uns16, *uns32, a8.astype(jnp.uint16), b16.astype(jnp.uint8))
+
+    b8 = ints(rng, np.int8, (24,))
+    b8[:3] = 0
+    v8 = ints(rng, np.uint8, (24,), 0, 256)
+    v8[:2] = 0
+    b16 = ints(rng, np.int16, (24,))
+    b16[5] = 0
+    args = [
+        ints(rng, np.int8, (24,)), b8,
+        ints(rng, np.int16, (24,)), b16,
+        ints(rng, np.uint8, (24,), 0, 256), v8,
+        ints(rng, np.uint16, (24,), 0, 65536),
+        ints(rng, np.uint32, (24,), 0, 2**32), ints(rng, np.uint32, (24,), 0, 2**32),
+    ]
+    return f, args
+
+
+def case_wide_ints(rng):
+    """Real 64-bit integers (s64, u64): products and sums past 2^32, shifts past 32
+    bits, and conversions to and from narrower types. Generated with jax_enable_x64."""
+    def f(a, b, u, v):
+        return (a * b + a, a // jnp.where(b == 0, 1, b), a >> 40, lax.shift_right_logical(a, jnp.int64(60)),
+                a << 33, jnp.sum(a), jnp.max(b), u * v, u >> 35, u // jnp.maximum(v, 1),
+                u.astype(jnp.int64), a.astype(jnp.int32), a.astype(jnp.float32), (a < b),
+                u.astype(jnp.uint32), jnp.arange(6, dtype=jnp.int64) * jnp.int64(3_000_000_000))
+
+    args = [
+        ints(rng, np.int64, (16,), -(2**40), 2**40), ints(rng, np.int64, (16,), -(2**31), 2**31),
+        ints(rng, np.int64, (16,), 0, 2**62).astype(np.uint64) * np.uint64(2),
+        ints(rng, np.int64, (16,), 0, 2**40).astype(np.uint64),
+    ]
+    return f, args
+
+
+def case_half_floats(rng):
+    """f16 element-wise math, a reduction (JAX accumulates in f32) and conversions,
+    including values that overflow f16 to infinity."""
+    def f(x, y):
+        big = x * jnp.float16(3000.0)
+        return (x + y, x * y, x / (jnp.abs(y) + jnp.float16(0.5)), jnp.exp(x), jnp.tanh(y),
+                jax.nn.sigmoid(x), jnp.sqrt(jnp.abs(x)), jnp.sum(x, axis=1), jnp.max(y, axis=0),
+                big * big, x.astype(jnp.float32), (x > y), jnp.floor(x * jnp.float16(4.0)),
+                x.astype(jnp.int16), x.astype(jnp.bfloat16))
+
+    return f, [normal(rng, (8, 16)).astype(np.float16), normal(rng, (8, 16)).astype(np.float16)]
+
+
+def case_bf16_matmul(rng):
+    """bf16 matrix products: bf16 result, f32 result (preferred_element_type), and a
+    bf16 MLP layer with bias, GELU and a row softmax."""
+    import ml_dtypes
+
+    def f(x, w, b, w2):
+        h = jax.nn.gelu(x @ w + b)
+        wide = jnp.dot(x, w, preferred_element_type=jnp.float32)
+        logits = h @ w2
+        return h, wide, jax.nn.softmax(logits.astype(jnp.float32), axis=-1), jnp.sum(h, axis=0)
+
+    bf = ml_dtypes.bfloat16
+    args = [normal(rng, (16, 32)).astype(bf), weight(rng, 32, 48).astype(bf),
+            normal(rng, (48,), 0.1).astype(bf), weight(rng, 48, 8).astype(bf)]
+    return f, args
+
+
+def case_convert_matrix(rng):
+    """convert from each of f32, s32, u8, bf16 and pred to every other element type."""
+    types = [jnp.bool_, jnp.int8, jnp.int16, jnp.int32, jnp.uint8, jnp.uint16, jnp.uint32,
+             jnp.float16, jnp.bfloat16, jnp.float32]
+
+    def f(x, i, u, h, p):
+        return tuple(a.astype(t) for a in (x, i, u, h, p) for t in types if a.dtype != t)
+
+    import ml_dtypes
+    x = (rng.standard_normal(20) * 200).astype(np.float32)
+    x[:4] = [np.nan, np.inf, -np.inf, 1e10]
+    return f, [x, ints(rng, np.int32, (20,)), ints(rng, np.uint8, (20,), 0, 256),
+               (rng.standard_normal(20) * 50).astype(ml_dtypes.bfloat16), rng.random(20) < 0.5]
+
+
 CASES = [
     ("mlp", case_mlp, 1001),
     ("attention", case_attention, 1002),
@@ -331,7 +432,15 @@ CASES = [
     ("float_math", case_float_math, 1012),
     ("integer_bits", case_integer_bits, 1013),
     ("pred_logic", case_pred_logic, 1014),
+    ("narrow_ints", case_narrow_ints, 1015),
+    ("wide_ints", case_wide_ints, 1016),
+    ("half_floats", case_half_floats, 1017),
+    ("bf16_matmul", case_bf16_matmul, 1018),
+    ("convert_matrix", case_convert_matrix, 1019),
 ]
+
+# Cases generated with 64-bit types enabled (jax_enable_x64), for s64 / u64.
+X64_CASES = {"wide_ints"}
 
 # Extra sanity checks on the computed outputs of some cases.
 OUTPUT_CHECKS = {"special_constants": check_special_constants}
@@ -411,6 +520,13 @@ def save_npy(path, arr):
 
 
 def generate(name, builder, seed):
+    if name in X64_CASES:
+        with jax.enable_x64(True):
+            return generate_case(name, builder, seed)
+    return generate_case(name, builder, seed)
+
+
+def generate_case(name, builder, seed):
     rng = np.random.default_rng(seed)
     fn, args = builder(rng)
     jitted = jax.jit(fn)

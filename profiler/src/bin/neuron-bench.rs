@@ -16,7 +16,7 @@ use neuron_runtime::isa::Program;
 use neuron_runtime::neff::DecodeOptions;
 use neuron_runtime::topology::NeuronCoreVersion;
 use neuron_runtime::{
-    ArrayType, DType, Model, Neff, NrtError, Runtime, Target, TensorPlacement, TensorSet, compile_hlo,
+    ArrayType, DType, DTypeClass, Model, Neff, NrtError, Runtime, Target, TensorPlacement, TensorSet, compile_hlo,
 };
 
 // mimalloc keeps freed buffers for reuse; glibc's allocator returns large ones to the
@@ -489,20 +489,31 @@ fn demo(args: DemoArgs) -> Result<()> {
     Ok(())
 }
 
-/// Deterministic values in [-1, 1) (floats), [-8, 8) (integers) or booleans.
+/// Deterministic values: floats in [-1, 1), signed integers in [-8, 8), unsigned ones
+/// in [0, 16), or booleans.
 fn pseudo_random(ty: &ArrayType, state: &mut u64) -> Vec<u8> {
     let count = ty.element_count().unwrap_or(0) as usize;
+    let size = ty.dtype.size_bytes() as usize;
     let mut next = || {
         *state ^= *state << 13;
         *state ^= *state >> 7;
         *state ^= *state << 17;
         *state
     };
-    match ty.dtype {
-        DType::F32 => {
-            (0..count).flat_map(|_| ((next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0).to_le_bytes()).collect()
+    let mut out = Vec::with_capacity(count * size);
+    for _ in 0..count {
+        let bits = next();
+        let float = (bits >> 40) as f32 / (1u64 << 23) as f32 - 1.0;
+        match ty.dtype.class() {
+            DTypeClass::Pred => out.push((bits & 1) as u8),
+            DTypeClass::Signed => out.extend_from_slice(&((bits % 16) as i64 - 8).to_le_bytes()[..size]),
+            DTypeClass::Unsigned => out.extend_from_slice(&(bits % 16).to_le_bytes()[..size]),
+            DTypeClass::Float => match ty.dtype {
+                DType::F16 => out.extend_from_slice(&half::f16::from_f32(float).to_le_bytes()),
+                DType::BF16 => out.extend_from_slice(&half::bf16::from_f32(float).to_le_bytes()),
+                _ => out.extend_from_slice(&float.to_le_bytes()),
+            },
         }
-        DType::S32 => (0..count).flat_map(|_| ((next() % 16) as i32 - 8).to_le_bytes()).collect(),
-        DType::Pred => (0..count).map(|_| (next() & 1) as u8).collect(),
     }
+    out
 }

@@ -8,34 +8,44 @@
 
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice, Zip};
 
+use super::element::{Element, Int, cast, with_element, with_float, with_int};
 use super::{Destination, Value, ValueRef};
-use crate::dtype::{ArrayType, DType};
+use crate::dtype::{ArrayType, DType, DTypeClass};
 use crate::isa::{ActivationFn, BinaryOp, CompareDirection, DotDims, Op, ReduceOp, UnaryOp};
 
-/// Dispatches a generic array function over the element types.
+/// The array inside `v`, which validation has proven to be of type `T`.
+fn arr<'v, 'a, T: Element>(v: &'v ValueRef<'a>) -> &'v ArrayViewD<'a, T> {
+    T::unwrap(v).unwrap_or_else(|| unvalidated("operand type"))
+}
+
+/// Applies a generic array function to `$value`, whatever its element type.
 macro_rules! each_type {
-    ($value:expr, $a:ident => $body:expr) => {
-        match $value {
-            ValueRef::F32($a) => Value::F32($body),
-            ValueRef::S32($a) => Value::S32($body),
-            ValueRef::Pred($a) => Value::Pred($body),
-        }
-    };
+    ($value:expr, $a:ident => $body:expr) => {{
+        let value: &ValueRef<'_> = $value;
+        with_element!(value.dtype(), T => {
+            let $a = arr::<T>(value);
+            T::wrap($body)
+        })
+    }};
 }
 
 /// Applies `op` to `operands`, producing a value of type `out`.
 pub(super) fn execute(op: &Op, operands: &[ValueRef<'_>], out: &ArrayType) -> Value {
     let dims = to_usize(&out.dims);
     match op {
-        Op::MatMul(d) => matmul(&operands[0], &operands[1], d, &dims),
-        Op::Activation(f) => match &operands[0] {
-            ValueRef::F32(a) => Value::F32(a.mapv(activation(*f))),
-            _ => unvalidated("activation"),
-        },
+        Op::MatMul(d) => matmul(&operands[0], &operands[1], d, out),
+        Op::Activation(f) => {
+            let f = activation(*f);
+            with_float!(operands[0].dtype(), T => T::wrap(arr::<T>(&operands[0]).mapv(|x| T::from_f32(f(x.to_f32())))),
+                unvalidated("activation"))
+        }
         Op::Unary(u) => unary(*u, &operands[0]),
         Op::Binary(b) => binary(*b, &operands[0], &operands[1]),
         Op::Compare { direction, total_order } => compare(*direction, *total_order, &operands[0], &operands[1]),
-        Op::Select => select(&operands[0], &operands[1], &operands[2]),
+        Op::Select => {
+            let p = arr::<bool>(&operands[0]);
+            with_element!(operands[1].dtype(), T => T::wrap(select(p, arr::<T>(&operands[1]), arr::<T>(&operands[2]))))
+        }
         Op::Convert => convert(&operands[0], out.dtype),
         Op::Broadcast { dims: map } => each_type!(&operands[0], a => broadcast(a, map, &dims)),
         Op::Reshape => each_type!(&operands[0], a => reshape(a, &dims)),
@@ -43,15 +53,18 @@ pub(super) fn execute(op: &Op, operands: &[ValueRef<'_>], out: &ArrayType) -> Va
         Op::Reduce { op, dims: axes } => reduce(*op, &operands[0], &operands[1], axes),
         Op::Concatenate { dim } => concatenate(operands, *dim as usize),
         Op::Slice { start, limit, stride } => each_type!(&operands[0], a => slice(a, start, limit, stride)),
-        Op::Iota { dim } => iota(out.dtype, &dims, *dim as usize),
+        Op::Iota { dim } => {
+            let dim = *dim as usize;
+            with_element!(out.dtype, T => T::wrap(ArrayD::from_shape_fn(IxDyn(&dims), |ix| T::from_i64(ix[dim] as i64))))
+        }
         Op::Copy => operands[0].to_owned(),
     }
 }
 
-/// Applies `op` to `operands`, writing the result straight into `destination` (an
-/// output tensor), and returns a view of it. Matrix products, element-wise arithmetic
-/// and activations compute in place; other operations compute into a new array that
-/// is then copied.
+/// Applies `op` to `operands`, writing the `f32` result straight into `destination`
+/// (an output tensor), and returns a view of it. Matrix products, element-wise
+/// arithmetic and activations compute in place; other operations compute into a new
+/// array that is then copied.
 pub(super) fn execute_into<'d>(
     op: &Op,
     operands: &[ValueRef<'_>],
@@ -59,20 +72,11 @@ pub(super) fn execute_into<'d>(
     destination: Destination<'d>,
 ) -> ValueRef<'d> {
     let dims = IxDyn(&to_usize(&out.dims));
-    match destination {
-        Destination::F32(words) => {
-            let view = ndarray::ArrayViewMutD::from_shape(dims.clone(), &mut *words);
-            write_f32(op, operands, out, view.unwrap_or_else(|_| unvalidated("output")));
-            let words: &'d [f32] = words;
-            ValueRef::F32(ArrayViewD::from_shape(dims, words).unwrap_or_else(|_| unvalidated("output")))
-        }
-        Destination::S32(words) => {
-            let view = ndarray::ArrayViewMutD::from_shape(dims.clone(), &mut *words);
-            write_s32(op, operands, out, view.unwrap_or_else(|_| unvalidated("output")));
-            let words: &'d [i32] = words;
-            ValueRef::S32(ArrayViewD::from_shape(dims, words).unwrap_or_else(|_| unvalidated("output")))
-        }
-    }
+    let words = destination.0;
+    let view = ndarray::ArrayViewMutD::from_shape(dims.clone(), &mut *words);
+    write_f32(op, operands, out, view.unwrap_or_else(|_| unvalidated("output")));
+    let words: &'d [f32] = words;
+    ValueRef::F32(ArrayViewD::from_shape(dims, words).unwrap_or_else(|_| unvalidated("output")))
 }
 
 fn write_f32(op: &Op, operands: &[ValueRef<'_>], out: &ArrayType, mut dest: ndarray::ArrayViewMutD<'_, f32>) {
@@ -88,20 +92,6 @@ fn write_f32(op: &Op, operands: &[ValueRef<'_>], out: &ArrayType, mut dest: ndar
         }
         _ => match execute(op, operands, out) {
             Value::F32(value) => dest.assign(&value),
-            _ => unvalidated("output"),
-        },
-    }
-}
-
-fn write_s32(op: &Op, operands: &[ValueRef<'_>], out: &ArrayType, mut dest: ndarray::ArrayViewMutD<'_, i32>) {
-    match (op, operands) {
-        (Op::MatMul(d), [ValueRef::S32(l), ValueRef::S32(r)]) => batched_matmul_into(l, r, d, dest, gemm_naive),
-        (Op::Binary(b), [ValueRef::S32(x), ValueRef::S32(y)]) => {
-            let f = binary_s32(*b);
-            Zip::from(&mut dest).and(x).and(y).for_each(|o, &x, &y| *o = f(x, y));
-        }
-        _ => match execute(op, operands, out) {
-            Value::S32(value) => dest.assign(&value),
             _ => unvalidated("output"),
         },
     }
@@ -133,20 +123,44 @@ fn activation(f: ActivationFn) -> fn(f32) -> f32 {
 }
 
 fn unary(op: UnaryOp, a: &ValueRef<'_>) -> Value {
-    match (op, a) {
-        (UnaryOp::Negate, ValueRef::F32(a)) => Value::F32(a.mapv(|x| -x)),
-        (UnaryOp::Abs, ValueRef::F32(a)) => Value::F32(a.mapv(f32::abs)),
-        (UnaryOp::Sign, ValueRef::F32(a)) => Value::F32(a.mapv(sign_f32)),
-        (UnaryOp::Ceil, ValueRef::F32(a)) => Value::F32(a.mapv(f32::ceil)),
-        (UnaryOp::Floor, ValueRef::F32(a)) => Value::F32(a.mapv(f32::floor)),
-        (UnaryOp::RoundNearestEven, ValueRef::F32(a)) => Value::F32(a.mapv(f32::round_ties_even)),
-        (UnaryOp::RoundNearestAfz, ValueRef::F32(a)) => Value::F32(a.mapv(f32::round)),
-        (UnaryOp::Negate, ValueRef::S32(a)) => Value::S32(a.mapv(i32::wrapping_neg)),
-        (UnaryOp::Abs, ValueRef::S32(a)) => Value::S32(a.mapv(i32::wrapping_abs)),
-        (UnaryOp::Sign, ValueRef::S32(a)) => Value::S32(a.mapv(i32::signum)),
-        (UnaryOp::Not, ValueRef::S32(a)) => Value::S32(a.mapv(|x| !x)),
-        (UnaryOp::Not, ValueRef::Pred(a)) => Value::Pred(a.mapv(|x| !x)),
-        _ => unvalidated("unary"),
+    let dtype = a.dtype();
+    match dtype.class() {
+        DTypeClass::Float => {
+            let f = unary_f32(op);
+            with_float!(dtype, T => T::wrap(arr::<T>(a).mapv(|x| T::from_f32(f(x.to_f32())))), unvalidated("unary"))
+        }
+        DTypeClass::Signed | DTypeClass::Unsigned => {
+            with_int!(dtype, T => T::wrap(arr::<T>(a).mapv(unary_int::<T>(op))), unvalidated("unary"))
+        }
+        DTypeClass::Pred => match op {
+            UnaryOp::Not => Value::Pred(arr::<bool>(a).mapv(|x| !x)),
+            _ => unvalidated("unary on pred"),
+        },
+    }
+}
+
+fn unary_f32(op: UnaryOp) -> fn(f32) -> f32 {
+    match op {
+        UnaryOp::Negate => |x| -x,
+        UnaryOp::Abs => f32::abs,
+        UnaryOp::Sign => sign_f32,
+        UnaryOp::Ceil => f32::ceil,
+        UnaryOp::Floor => f32::floor,
+        UnaryOp::RoundNearestEven => f32::round_ties_even,
+        UnaryOp::RoundNearestAfz => f32::round,
+        UnaryOp::Not => |_| unvalidated("not on a float"),
+    }
+}
+
+fn unary_int<T: Int>(op: UnaryOp) -> fn(T) -> T {
+    match op {
+        UnaryOp::Negate => T::neg,
+        UnaryOp::Abs => T::abs,
+        UnaryOp::Sign => T::signum,
+        UnaryOp::Not => T::not,
+        UnaryOp::Ceil | UnaryOp::Floor | UnaryOp::RoundNearestEven | UnaryOp::RoundNearestAfz => {
+            |_| unvalidated("rounding an integer")
+        }
     }
 }
 
@@ -160,16 +174,25 @@ fn zip_map<T: Copy, U>(a: &ArrayViewD<'_, T>, b: &ArrayViewD<'_, T>, f: impl Fn(
 }
 
 fn binary(op: BinaryOp, a: &ValueRef<'_>, b: &ValueRef<'_>) -> Value {
-    match (a, b) {
-        (ValueRef::F32(a), ValueRef::F32(b)) => Value::F32(zip_map(a, b, binary_f32(op))),
-        (ValueRef::S32(a), ValueRef::S32(b)) => Value::S32(zip_map(a, b, binary_s32(op))),
-        (ValueRef::Pred(a), ValueRef::Pred(b)) => Value::Pred(match op {
-            BinaryOp::Minimum | BinaryOp::And => zip_map(a, b, |x, y| x && y),
-            BinaryOp::Maximum | BinaryOp::Or => zip_map(a, b, |x, y| x || y),
-            BinaryOp::Xor => zip_map(a, b, |x, y| x != y),
-            _ => unvalidated("binary on pred"),
-        }),
-        _ => unvalidated("binary"),
+    let dtype = a.dtype();
+    match dtype.class() {
+        DTypeClass::Float => {
+            let f = binary_f32(op);
+            with_float!(dtype, T => T::wrap(zip_map(arr::<T>(a), arr::<T>(b), |x, y| T::from_f32(f(x.to_f32(), y.to_f32())))),
+                unvalidated("binary"))
+        }
+        DTypeClass::Signed | DTypeClass::Unsigned => {
+            with_int!(dtype, T => T::wrap(zip_map(arr::<T>(a), arr::<T>(b), binary_int::<T>(op))), unvalidated("binary"))
+        }
+        DTypeClass::Pred => {
+            let (a, b) = (arr::<bool>(a), arr::<bool>(b));
+            Value::Pred(match op {
+                BinaryOp::Minimum | BinaryOp::And => zip_map(a, b, |x, y| x && y),
+                BinaryOp::Maximum | BinaryOp::Or => zip_map(a, b, |x, y| x || y),
+                BinaryOp::Xor => zip_map(a, b, |x, y| x != y),
+                _ => unvalidated("binary on pred"),
+            })
+        }
     }
 }
 
@@ -189,49 +212,27 @@ fn binary_f32(op: BinaryOp) -> fn(f32, f32) -> f32 {
         | BinaryOp::Xor
         | BinaryOp::ShiftLeft
         | BinaryOp::ShiftRightLogical
-        | BinaryOp::ShiftRightArithmetic => |_, _| unvalidated("bitwise operation on f32"),
+        | BinaryOp::ShiftRightArithmetic => |_, _| unvalidated("bitwise operation on a float"),
     }
 }
 
-fn binary_s32(op: BinaryOp) -> fn(i32, i32) -> i32 {
+fn binary_int<T: Int>(op: BinaryOp) -> fn(T, T) -> T {
     match op {
-        BinaryOp::Add => i32::wrapping_add,
-        BinaryOp::Subtract => i32::wrapping_sub,
-        BinaryOp::Multiply => i32::wrapping_mul,
-        BinaryOp::Divide => div_s32,
-        BinaryOp::Maximum => i32::max,
-        BinaryOp::Minimum => i32::min,
-        BinaryOp::Power => pow_s32,
-        BinaryOp::Remainder => rem_s32,
-        BinaryOp::And => |x, y| x & y,
-        BinaryOp::Or => |x, y| x | y,
-        BinaryOp::Xor => |x, y| x ^ y,
-        // Shift amounts are read as unsigned; from the bit width up, every bit is
-        // shifted out (an arithmetic right shift leaves copies of the sign bit).
-        BinaryOp::ShiftLeft => |x, y| u32::try_from(y).ok().and_then(|n| x.checked_shl(n)).unwrap_or(0),
-        BinaryOp::ShiftRightLogical => {
-            |x, y| u32::try_from(y).ok().and_then(|n| (x as u32).checked_shr(n)).unwrap_or(0) as i32
-        }
-        BinaryOp::ShiftRightArithmetic => |x, y| x >> u32::try_from(y).map_or(31, |n| n.min(31)),
-        BinaryOp::Atan2 => |_, _| unvalidated("atan2 on s32"),
-    }
-}
-
-/// XLA's integer remainder: `x % 0 = x`, `MIN % -1 = 0`.
-fn rem_s32(x: i32, y: i32) -> i32 {
-    if y == 0 { x } else { x.wrapping_rem(y) }
-}
-
-/// XLA's integer power: wrapping; a negative exponent gives 0 except for bases 1 and -1.
-fn pow_s32(x: i32, y: i32) -> i32 {
-    match u32::try_from(y) {
-        Ok(n) => x.wrapping_pow(n),
-        Err(_) => match x {
-            1 => 1,
-            -1 if y % 2 == 0 => 1,
-            -1 => -1,
-            _ => 0,
-        },
+        BinaryOp::Add => T::add,
+        BinaryOp::Subtract => T::sub,
+        BinaryOp::Multiply => T::mul,
+        BinaryOp::Divide => T::div,
+        BinaryOp::Maximum => Ord::max,
+        BinaryOp::Minimum => Ord::min,
+        BinaryOp::Power => T::pow,
+        BinaryOp::Remainder => T::rem,
+        BinaryOp::And => T::and,
+        BinaryOp::Or => T::or,
+        BinaryOp::Xor => T::xor,
+        BinaryOp::ShiftLeft => T::shl,
+        BinaryOp::ShiftRightLogical => T::shr_logical,
+        BinaryOp::ShiftRightArithmetic => T::shr_arithmetic,
+        BinaryOp::Atan2 => |_, _| unvalidated("atan2 on an integer"),
     }
 }
 
@@ -244,63 +245,46 @@ fn min_f32(x: f32, y: f32) -> f32 {
     if x.is_nan() || y.is_nan() { f32::NAN } else { x.min(y) }
 }
 
-/// XLA's integer division: `x / 0 = -1`, `MIN / -1 = MIN`.
-fn div_s32(x: i32, y: i32) -> i32 {
-    if y == 0 { -1 } else { x.wrapping_div(y) }
-}
-
 fn compare(direction: CompareDirection, total_order: bool, a: &ValueRef<'_>, b: &ValueRef<'_>) -> Value {
-    use std::cmp::Ordering;
-    let decide = |ord: Option<Ordering>| match (direction, ord) {
-        (CompareDirection::Ne, None) => true,
-        (_, None) => false,
-        (CompareDirection::Eq, Some(o)) => o == Ordering::Equal,
-        (CompareDirection::Ne, Some(o)) => o != Ordering::Equal,
-        (CompareDirection::Lt, Some(o)) => o == Ordering::Less,
-        (CompareDirection::Le, Some(o)) => o != Ordering::Greater,
-        (CompareDirection::Gt, Some(o)) => o == Ordering::Greater,
-        (CompareDirection::Ge, Some(o)) => o != Ordering::Less,
-    };
-    Value::Pred(match (a, b) {
-        (ValueRef::F32(a), ValueRef::F32(b)) if total_order => zip_map(a, b, |x, y| decide(Some(x.total_cmp(&y)))),
-        (ValueRef::F32(a), ValueRef::F32(b)) => zip_map(a, b, |x, y| decide(x.partial_cmp(&y))),
-        (ValueRef::S32(a), ValueRef::S32(b)) => zip_map(a, b, |x, y| decide(Some(x.cmp(&y)))),
-        (ValueRef::Pred(a), ValueRef::Pred(b)) => zip_map(a, b, |x, y| decide(Some(x.cmp(&y)))),
-        _ => unvalidated("compare"),
-    })
-}
-
-fn select(pred: &ValueRef<'_>, on_true: &ValueRef<'_>, on_false: &ValueRef<'_>) -> Value {
-    let ValueRef::Pred(p) = pred else {
-        unvalidated("select");
-    };
-    fn pick<T: Copy>(p: &ArrayViewD<'_, bool>, a: &ArrayViewD<'_, T>, b: &ArrayViewD<'_, T>) -> ArrayD<T> {
-        match p.ndim() {
-            0 if p.iter().next().copied().unwrap_or(false) => a.to_owned(),
-            0 => b.to_owned(),
-            _ => Zip::from(p).and(a).and(b).map_collect(|&c, &x, &y| if c { x } else { y }),
+    fn compare_arrays<T: Element>(
+        direction: CompareDirection,
+        total_order: bool,
+        a: &ArrayViewD<'_, T>,
+        b: &ArrayViewD<'_, T>,
+    ) -> ArrayD<bool> {
+        use std::cmp::Ordering;
+        let decide = move |ord: Option<Ordering>| match (direction, ord) {
+            (CompareDirection::Ne, None) => true,
+            (_, None) => false,
+            (CompareDirection::Eq, Some(o)) => o == Ordering::Equal,
+            (CompareDirection::Ne, Some(o)) => o != Ordering::Equal,
+            (CompareDirection::Lt, Some(o)) => o == Ordering::Less,
+            (CompareDirection::Le, Some(o)) => o != Ordering::Greater,
+            (CompareDirection::Gt, Some(o)) => o == Ordering::Greater,
+            (CompareDirection::Ge, Some(o)) => o != Ordering::Less,
+        };
+        if total_order {
+            zip_map(a, b, |x, y| decide(Some(x.total_cmp(&y))))
+        } else {
+            zip_map(a, b, |x, y| decide(x.partial_cmp(&y)))
         }
     }
-    match (on_true, on_false) {
-        (ValueRef::F32(a), ValueRef::F32(b)) => Value::F32(pick(p, a, b)),
-        (ValueRef::S32(a), ValueRef::S32(b)) => Value::S32(pick(p, a, b)),
-        (ValueRef::Pred(a), ValueRef::Pred(b)) => Value::Pred(pick(p, a, b)),
-        _ => unvalidated("select"),
+    with_element!(a.dtype(), T => Value::Pred(compare_arrays(direction, total_order, arr::<T>(a), arr::<T>(b))))
+}
+
+fn select<T: Copy>(p: &ArrayViewD<'_, bool>, a: &ArrayViewD<'_, T>, b: &ArrayViewD<'_, T>) -> ArrayD<T> {
+    match p.ndim() {
+        0 if p.iter().next().copied().unwrap_or(false) => a.to_owned(),
+        0 => b.to_owned(),
+        _ => Zip::from(p).and(a).and(b).map_collect(|&c, &x, &y| if c { x } else { y }),
     }
 }
 
 fn convert(a: &ValueRef<'_>, to: DType) -> Value {
-    match (a, to) {
-        (ValueRef::F32(a), DType::F32) => Value::F32(a.to_owned()),
-        (ValueRef::F32(a), DType::S32) => Value::S32(a.mapv(|x| x as i32)),
-        (ValueRef::F32(a), DType::Pred) => Value::Pred(a.mapv(|x| x != 0.0)),
-        (ValueRef::S32(a), DType::F32) => Value::F32(a.mapv(|x| x as f32)),
-        (ValueRef::S32(a), DType::S32) => Value::S32(a.to_owned()),
-        (ValueRef::S32(a), DType::Pred) => Value::Pred(a.mapv(|x| x != 0)),
-        (ValueRef::Pred(a), DType::F32) => Value::F32(a.mapv(|x| if x { 1.0 } else { 0.0 })),
-        (ValueRef::Pred(a), DType::S32) => Value::S32(a.mapv(i32::from)),
-        (ValueRef::Pred(a), DType::Pred) => Value::Pred(a.to_owned()),
-    }
+    with_element!(a.dtype(), S => {
+        let a = arr::<S>(a);
+        with_element!(to, D => D::wrap(a.mapv(cast::<S, D>)))
+    })
 }
 
 /// Operand dimension `i` becomes output dimension `map[i]`.
@@ -345,64 +329,50 @@ fn slice<T: Clone>(a: &ArrayViewD<'_, T>, start: &[u64], limit: &[u64], stride: 
 }
 
 fn concatenate(operands: &[ValueRef<'_>], dim: usize) -> Value {
-    fn join<T: Clone>(parts: Vec<ArrayViewD<'_, T>>, dim: usize) -> ArrayD<T> {
+    fn join<T: Element>(operands: &[ValueRef<'_>], dim: usize) -> ArrayD<T> {
+        let parts: Vec<ArrayViewD<'_, T>> = operands.iter().map(|v| arr::<T>(v).view()).collect();
         ndarray::concatenate(Axis(dim), &parts).unwrap_or_else(|_| unvalidated("concatenate"))
     }
-    match operands.first() {
-        Some(ValueRef::F32(_)) => {
-            Value::F32(join(operands.iter().filter_map(|v| v.as_f32()).map(|a| a.view()).collect(), dim))
-        }
-        Some(ValueRef::S32(_)) => {
-            Value::S32(join(operands.iter().filter_map(|v| v.as_s32()).map(|a| a.view()).collect(), dim))
-        }
-        Some(ValueRef::Pred(_)) => {
-            Value::Pred(join(operands.iter().filter_map(|v| v.as_pred()).map(|a| a.view()).collect(), dim))
-        }
-        None => unvalidated("concatenate"),
-    }
-}
-
-fn iota(dtype: DType, dims: &[usize], dim: usize) -> Value {
-    match dtype {
-        DType::F32 => Value::F32(ArrayD::from_shape_fn(IxDyn(dims), |ix| ix[dim] as f32)),
-        _ => Value::S32(ArrayD::from_shape_fn(IxDyn(dims), |ix| ix[dim] as i32)),
-    }
+    let first = operands.first().unwrap_or_else(|| unvalidated("concatenate"));
+    with_element!(first.dtype(), T => T::wrap(join::<T>(operands, dim)))
 }
 
 fn reduce(op: ReduceOp, operand: &ValueRef<'_>, init: &ValueRef<'_>, axes: &[u32]) -> Value {
-    match (operand, init) {
-        (ValueRef::F32(a), ValueRef::F32(i)) => Value::F32(reduce_array(
-            a,
-            first(i),
-            axes,
-            match op {
+    let dtype = operand.dtype();
+    match dtype.class() {
+        // Narrow floats accumulate in f32 and round once at the end.
+        DTypeClass::Float => {
+            let f: fn(f32, f32) -> f32 = match op {
                 ReduceOp::Add => |x, y| x + y,
                 ReduceOp::Multiply => |x, y| x * y,
                 ReduceOp::Maximum => max_f32,
                 ReduceOp::Minimum => min_f32,
-            },
-        )),
-        (ValueRef::S32(a), ValueRef::S32(i)) => Value::S32(reduce_array(
-            a,
-            first(i),
-            axes,
-            match op {
-                ReduceOp::Add => i32::wrapping_add,
-                ReduceOp::Multiply => i32::wrapping_mul,
-                ReduceOp::Maximum => i32::max,
-                ReduceOp::Minimum => i32::min,
-            },
-        )),
-        (ValueRef::Pred(a), ValueRef::Pred(i)) => Value::Pred(reduce_array(
-            a,
-            first(i),
-            axes,
-            match op {
+            };
+            if let (ValueRef::F32(a), ValueRef::F32(init)) = (operand, init) {
+                return Value::F32(reduce_array(a, first(init), axes, f));
+            }
+            with_float!(dtype, T => {
+                let widened = arr::<T>(operand).mapv(T::to_f32);
+                let out = reduce_array(&widened.view(), first(arr::<T>(init)).to_f32(), axes, f);
+                T::wrap(out.mapv(T::from_f32))
+            }, unvalidated("reduce"))
+        }
+        DTypeClass::Signed | DTypeClass::Unsigned => with_int!(dtype, T => {
+            let f: fn(T, T) -> T = match op {
+                ReduceOp::Add => T::add,
+                ReduceOp::Multiply => T::mul,
+                ReduceOp::Maximum => Ord::max,
+                ReduceOp::Minimum => Ord::min,
+            };
+            T::wrap(reduce_array(arr::<T>(operand), first(arr::<T>(init)), axes, f))
+        }, unvalidated("reduce")),
+        DTypeClass::Pred => {
+            let f: fn(bool, bool) -> bool = match op {
                 ReduceOp::Minimum | ReduceOp::Multiply => |x, y| x && y,
                 ReduceOp::Maximum | ReduceOp::Add => |x, y| x || y,
-            },
-        )),
-        _ => unvalidated("reduce"),
+            };
+            Value::Pred(reduce_array(arr::<bool>(operand), first(arr::<bool>(init)), axes, f))
+        }
     }
 }
 
@@ -430,13 +400,31 @@ fn reduce_array<T: Copy>(a: &ArrayViewD<'_, T>, init: T, axes: &[u32], f: fn(T, 
     ArrayD::from_shape_vec(IxDyn(&kept_dims), out).unwrap_or_else(|_| unvalidated("reduce"))
 }
 
-/// `dot` with general dimension numbers, as batched matrix products.
-fn matmul(lhs: &ValueRef<'_>, rhs: &ValueRef<'_>, d: &DotDims, out_dims: &[usize]) -> Value {
-    match (lhs, rhs) {
-        (ValueRef::F32(l), ValueRef::F32(r)) => Value::F32(batched_matmul(l, r, d, out_dims, gemm_f32)),
-        (ValueRef::S32(l), ValueRef::S32(r)) => Value::S32(batched_matmul(l, r, d, out_dims, gemm_naive)),
-        _ => unvalidated("dot"),
+/// `dot` with general dimension numbers, as batched matrix products. Floats multiply
+/// in f32 with f32 accumulation and round once to the output type; integers are
+/// converted to the output type first and wrap.
+fn matmul(lhs: &ValueRef<'_>, rhs: &ValueRef<'_>, d: &DotDims, out: &ArrayType) -> Value {
+    let dims = to_usize(&out.dims);
+    match lhs.dtype().class() {
+        DTypeClass::Float => {
+            if let (ValueRef::F32(l), ValueRef::F32(r), DType::F32) = (lhs, rhs, out.dtype) {
+                return Value::F32(batched_matmul(l, r, d, &dims, gemm_f32));
+            }
+            let (l, r) = (converted::<f32>(lhs), converted::<f32>(rhs));
+            let product = batched_matmul(&l.view(), &r.view(), d, &dims, gemm_f32);
+            with_float!(out.dtype, D => D::wrap(product.mapv(D::from_f32)), unvalidated("dot"))
+        }
+        DTypeClass::Signed | DTypeClass::Unsigned => with_int!(out.dtype, D => {
+            let (l, r) = (converted::<D>(lhs), converted::<D>(rhs));
+            D::wrap(batched_matmul(&l.view(), &r.view(), d, &dims, gemm_int::<D>))
+        }, unvalidated("dot")),
+        DTypeClass::Pred => unvalidated("dot on pred"),
     }
+}
+
+/// A copy of `v` converted to `D`.
+fn converted<D: Element>(v: &ValueRef<'_>) -> ArrayD<D> {
+    with_element!(v.dtype(), S => arr::<S>(v).mapv(cast::<S, D>))
 }
 
 /// A matrix product `c = a · b` on strided 2-D views; every element of `c` is written.
@@ -550,18 +538,19 @@ fn gemm_f32(a: ndarray::ArrayView2<'_, f32>, b: ndarray::ArrayView2<'_, f32>, mu
     }
 }
 
-fn gemm_naive(
-    a: ndarray::ArrayView2<'_, i32>,
-    b: ndarray::ArrayView2<'_, i32>,
-    mut c: ndarray::ArrayViewMut2<'_, i32>,
+/// Integer matrix product, wrapping.
+fn gemm_int<T: Int>(
+    a: ndarray::ArrayView2<'_, T>,
+    b: ndarray::ArrayView2<'_, T>,
+    mut c: ndarray::ArrayViewMut2<'_, T>,
 ) {
     let (m, k) = a.dim();
     let n = b.dim().1;
     for i in 0..m {
         for j in 0..n {
-            let mut acc = 0i32;
+            let mut acc = T::ZERO;
             for p in 0..k {
-                acc = acc.wrapping_add(a[[i, p]].wrapping_mul(b[[p, j]]));
+                acc = acc.add(a[[i, p]].mul(b[[p, j]]));
             }
             c[[i, j]] = acc;
         }

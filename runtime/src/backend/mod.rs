@@ -6,65 +6,90 @@
 //! [`Executable::run`] then moves the inputs in, runs every instruction, and hands the
 //! outputs back. It checks the deadline between instructions.
 
+mod element;
 mod kernels;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
+
+pub(crate) use element::Element;
+use element::with_element;
 
 use crate::dtype::{ArrayType, DType};
 use crate::isa::{BufferKind, Instruction, Program};
 use crate::trace::clock::ticks;
 
-/// A host array of one of the executable element types.
+/// A host array of one of the element types.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Value {
     F32(ArrayD<f32>),
     S32(ArrayD<i32>),
     Pred(ArrayD<bool>),
+    S8(ArrayD<i8>),
+    S16(ArrayD<i16>),
+    S64(ArrayD<i64>),
+    U8(ArrayD<u8>),
+    U16(ArrayD<u16>),
+    U32(ArrayD<u32>),
+    U64(ArrayD<u64>),
+    F16(ArrayD<half::f16>),
+    BF16(ArrayD<half::bf16>),
+}
+
+/// Applies `$f` to the array inside a `Value` or `ValueRef`, whatever its type.
+macro_rules! each_variant {
+    ($enum:ident, $value:expr, $a:ident => $body:expr) => {
+        match $value {
+            $enum::F32($a) => $body,
+            $enum::S32($a) => $body,
+            $enum::Pred($a) => $body,
+            $enum::S8($a) => $body,
+            $enum::S16($a) => $body,
+            $enum::S64($a) => $body,
+            $enum::U8($a) => $body,
+            $enum::U16($a) => $body,
+            $enum::U32($a) => $body,
+            $enum::U64($a) => $body,
+            $enum::F16($a) => $body,
+            $enum::BF16($a) => $body,
+        }
+    };
 }
 
 impl Value {
     /// Decodes little-endian bytes (exactly `ty.size_bytes()` of them) into a value.
     pub(crate) fn from_le_bytes(ty: &ArrayType, bytes: &[u8]) -> Value {
         let dims = IxDyn(&kernels::to_usize(&ty.dims));
-        let decoded = match ty.dtype {
-            DType::F32 => ArrayD::from_shape_vec(dims, decode_words(bytes, f32::from_le_bytes)).map(Value::F32),
-            DType::S32 => ArrayD::from_shape_vec(dims, decode_words(bytes, i32::from_le_bytes)).map(Value::S32),
-            DType::Pred => ArrayD::from_shape_vec(dims, bytes.iter().map(|&b| b != 0).collect()).map(Value::Pred),
-        };
-        // Callers pass exactly the bytes of `ty`: bindings and constants are size-checked.
-        decoded.unwrap_or_else(|_| unreachable!("{} bytes do not hold a {ty}", bytes.len()))
+        with_element!(ty.dtype, T => {
+            // Callers pass exactly the bytes of `ty`: bindings and constants are size-checked.
+            let array = ArrayD::from_shape_vec(dims, T::decode_le(bytes))
+                .unwrap_or_else(|_| unreachable!("{} bytes do not hold a {ty}", bytes.len()));
+            T::wrap(array)
+        })
     }
 
     /// A zero-filled value of type `ty`.
     pub(crate) fn zeros(ty: &ArrayType) -> Value {
         let dims = IxDyn(&kernels::to_usize(&ty.dims));
-        match ty.dtype {
-            DType::F32 => Value::F32(ArrayD::zeros(dims)),
-            DType::S32 => Value::S32(ArrayD::zeros(dims)),
-            DType::Pred => Value::Pred(ArrayD::from_elem(dims, false)),
-        }
+        with_element!(ty.dtype, T => T::wrap(ArrayD::from_elem(dims, T::default())))
     }
 
     /// Writes the value's elements, row-major and little-endian, into `out`.
     pub(crate) fn write_le_bytes(&self, out: &mut [u8]) {
-        match self {
-            Value::F32(a) => encode_words(a, out, f32::to_le_bytes),
-            Value::S32(a) => encode_words(a, out, i32::to_le_bytes),
-            Value::Pred(a) => {
-                for (byte, x) in out.iter_mut().zip(a.iter()) {
-                    *byte = u8::from(*x);
-                }
+        fn write<T: Element>(a: &ArrayD<T>, out: &mut [u8]) {
+            match a.as_slice() {
+                Some(slice) => T::encode_le(slice.iter(), out),
+                None => T::encode_le(a.iter(), out),
             }
         }
+        each_variant!(Value, self, a => write(a, out))
     }
 
     /// A borrowed view of the value.
     pub(crate) fn view(&self) -> ValueRef<'_> {
-        match self {
-            Value::F32(a) => ValueRef::F32(a.view()),
-            Value::S32(a) => ValueRef::S32(a.view()),
-            Value::Pred(a) => ValueRef::Pred(a.view()),
+        fn view<T: Element>(a: &ArrayD<T>) -> ValueRef<'_> {
+            T::wrap_view(a.view())
         }
+        each_variant!(Value, self, a => view(a))
     }
 }
 
@@ -75,77 +100,59 @@ pub(crate) enum ValueRef<'a> {
     F32(ArrayViewD<'a, f32>),
     S32(ArrayViewD<'a, i32>),
     Pred(ArrayViewD<'a, bool>),
+    S8(ArrayViewD<'a, i8>),
+    S16(ArrayViewD<'a, i16>),
+    S64(ArrayViewD<'a, i64>),
+    U8(ArrayViewD<'a, u8>),
+    U16(ArrayViewD<'a, u16>),
+    U32(ArrayViewD<'a, u32>),
+    U64(ArrayViewD<'a, u64>),
+    F16(ArrayViewD<'a, half::f16>),
+    BF16(ArrayViewD<'a, half::bf16>),
 }
 
 impl<'a> ValueRef<'a> {
     /// Views little-endian tensor bytes in place when the host is little-endian and
     /// the bytes are aligned for the element type; `None` when a copy is needed.
     pub(crate) fn from_le_bytes(ty: &ArrayType, bytes: &'a [u8]) -> Option<ValueRef<'a>> {
-        if cfg!(target_endian = "big") {
-            return None;
-        }
         let dims = IxDyn(&kernels::to_usize(&ty.dims));
-        match ty.dtype {
-            DType::F32 => {
-                let words = bytemuck::try_cast_slice::<u8, f32>(bytes).ok()?;
-                ArrayViewD::from_shape(dims, words).ok().map(ValueRef::F32)
-            }
-            DType::S32 => {
-                let words = bytemuck::try_cast_slice::<u8, i32>(bytes).ok()?;
-                ArrayViewD::from_shape(dims, words).ok().map(ValueRef::S32)
-            }
-            // Bytes other than 0 and 1 are valid `pred` input but not valid `bool`s.
-            DType::Pred => None,
+        with_element!(ty.dtype, T => ArrayViewD::from_shape(dims, T::view_le(bytes)?).ok().map(T::wrap_view))
+    }
+
+    pub(crate) fn dtype(&self) -> DType {
+        fn dtype<T: Element>(_: &ArrayViewD<'_, T>) -> DType {
+            T::DTYPE
         }
+        each_variant!(ValueRef, self, a => dtype(a))
     }
 
     /// The same view, borrowed for a shorter time.
     pub(crate) fn view(&self) -> ValueRef<'_> {
-        match self {
-            ValueRef::F32(a) => ValueRef::F32(a.view()),
-            ValueRef::S32(a) => ValueRef::S32(a.view()),
-            ValueRef::Pred(a) => ValueRef::Pred(a.view()),
+        fn view<'v, T: Element>(a: &'v ArrayViewD<'_, T>) -> ValueRef<'v> {
+            T::wrap_view(a.view())
         }
+        each_variant!(ValueRef, self, a => view(a))
     }
 
     /// Number of NaN or infinite elements (zero for integer types).
     pub(crate) fn non_finite_count(&self) -> u64 {
-        match self {
-            ValueRef::F32(a) => match a.as_slice() {
+        fn count<T: Element>(a: &ArrayViewD<'_, T>) -> u64 {
+            if !T::DTYPE.is_float() {
+                return 0;
+            }
+            match a.as_slice() {
                 Some(slice) => slice.iter().filter(|x| !x.is_finite()).count() as u64,
                 None => a.iter().filter(|x| !x.is_finite()).count() as u64,
-            },
-            ValueRef::S32(_) | ValueRef::Pred(_) => 0,
+            }
         }
+        each_variant!(ValueRef, self, a => count(a))
     }
 
     pub(crate) fn to_owned(&self) -> Value {
-        match self {
-            ValueRef::F32(a) => Value::F32(a.to_owned()),
-            ValueRef::S32(a) => Value::S32(a.to_owned()),
-            ValueRef::Pred(a) => Value::Pred(a.to_owned()),
+        fn owned<T: Element>(a: &ArrayViewD<'_, T>) -> Value {
+            T::wrap(a.to_owned())
         }
-    }
-
-    fn as_f32(&self) -> Option<&ArrayViewD<'a, f32>> {
-        match self {
-            ValueRef::F32(a) => Some(a),
-            _ => None,
-        }
-    }
-
-    fn as_s32(&self) -> Option<&ArrayViewD<'a, i32>> {
-        match self {
-            ValueRef::S32(a) => Some(a),
-            _ => None,
-        }
-    }
-
-    fn as_pred(&self) -> Option<&ArrayViewD<'a, bool>> {
-        match self {
-            ValueRef::Pred(a) => Some(a),
-            _ => None,
-        }
+        each_variant!(ValueRef, self, a => owned(a))
     }
 }
 
@@ -156,54 +163,19 @@ pub(crate) enum Input<'a> {
     Copied(Value),
 }
 
-/// Decodes 4-byte little-endian words; on little-endian hosts this is one copy.
-fn decode_words<T: bytemuck::Pod + Default>(bytes: &[u8], from_le: fn([u8; 4]) -> T) -> Vec<T> {
-    let mut out = vec![T::default(); bytes.len() / 4];
-    if cfg!(target_endian = "little") {
-        let len = out.len() * 4;
-        bytemuck::cast_slice_mut::<T, u8>(&mut out).copy_from_slice(&bytes[..len]);
-    } else {
-        for (x, chunk) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-            *x = from_le([chunk[0], chunk[1], chunk[2], chunk[3]]);
-        }
-    }
-    out
-}
-
-/// Encodes an array as 4-byte little-endian words, copying whole rows when it can.
-fn encode_words<T: bytemuck::Pod>(a: &ArrayD<T>, out: &mut [u8], to_le: fn(T) -> [u8; 4]) {
-    match a.as_slice() {
-        Some(slice) if cfg!(target_endian = "little") => {
-            let bytes: &[u8] = bytemuck::cast_slice(slice);
-            out[..bytes.len()].copy_from_slice(bytes);
-        }
-        _ => {
-            for (chunk, x) in out.chunks_exact_mut(4).zip(a.iter()) {
-                chunk.copy_from_slice(&to_le(*x));
-            }
-        }
-    }
-}
-
-/// Tensor memory an output is written into directly, typed for its element type.
+/// Output tensor memory that an `f32` result is computed straight into. Outputs of
+/// other types are computed into the scratchpad and copied out after the run.
 #[derive(Debug)]
-pub(crate) enum Destination<'a> {
-    F32(&'a mut [f32]),
-    S32(&'a mut [i32]),
-}
+pub(crate) struct Destination<'a>(&'a mut [f32]);
 
 impl<'a> Destination<'a> {
-    /// Views output tensor bytes as elements of `dtype`, when aligned for them on a
-    /// little-endian host (`pred` outputs are always written after the run).
+    /// Views output tensor bytes as `f32` elements, when the output is `f32` and the
+    /// bytes are aligned for them on a little-endian host.
     pub(crate) fn from_le_bytes(dtype: DType, bytes: &'a mut [u8]) -> Option<Destination<'a>> {
-        if cfg!(target_endian = "big") {
+        if cfg!(target_endian = "big") || dtype != DType::F32 {
             return None;
         }
-        match dtype {
-            DType::F32 => bytemuck::try_cast_slice_mut(bytes).ok().map(Destination::F32),
-            DType::S32 => bytemuck::try_cast_slice_mut(bytes).ok().map(Destination::S32),
-            DType::Pred => None,
-        }
+        bytemuck::try_cast_slice_mut(bytes).ok().map(Destination)
     }
 }
 
