@@ -162,3 +162,93 @@ fn demo_runs_the_bundled_models_on_every_core_and_reports_each_second() {
     let last = stdout.lines().last().unwrap_or_default();
     assert!(last.starts_with("stopped after") && last.ends_with("0 errors"), "{last}");
 }
+
+/// Compiles `hlo` and checks that `neuron-cc` exits with status 1, prints `expected`,
+/// and leaves no NEFF (nor any temporary file) behind.
+fn assert_refused(hlo: &str, expected: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("model.hlo");
+    std::fs::write(&path, hlo).expect("write");
+    let neff = dir.path().join("model.neff");
+    let out = run(
+        env!("CARGO_BIN_EXE_neuron-cc"),
+        dir.path(),
+        &["compile", path.to_str().expect("utf-8"), "-o", neff.to_str().expect("utf-8")],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains(expected), "expected `{expected}` in: {stderr}");
+    assert!(!neff.exists(), "no NEFF may be written");
+    assert_eq!(std::fs::read_dir(dir.path()).expect("list").count(), 1, "no temporary file is left behind");
+}
+
+#[test]
+fn convolution_is_refused() {
+    assert_refused(
+        "HloModule conv\nENTRY e {\n  x = f32[1,8,8,3]{3,2,1,0} parameter(0)\n  k = f32[3,3,3,4]{3,2,1,0} parameter(1)\n  \
+         ROOT y = f32[1,6,6,4]{3,2,1,0} convolution(x, k), window={size=3x3}, dim_labels=b01f_01io->b01f\n}\n",
+        "line 5, instruction `y`: operator `convolution` is not supported",
+    );
+}
+
+#[test]
+fn while_loops_are_refused() {
+    assert_refused(
+        "HloModule loop\ncond {\n  c = s32[] parameter(0)\n  ten = s32[] constant(10)\n  ROOT lt = pred[] compare(c, ten), direction=LT\n}\n\
+         body {\n  b = s32[] parameter(0)\n  one = s32[] constant(1)\n  ROOT n = s32[] add(b, one)\n}\n\
+         ENTRY e {\n  i = s32[] parameter(0)\n  ROOT w = s32[] while(i), condition=cond, body=body\n}\n",
+        "line 14, instruction `w`: operator `while` is not supported",
+    );
+}
+
+#[test]
+fn sort_is_refused() {
+    assert_refused(
+        "HloModule sort\nless {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT lt = pred[] compare(a, b), direction=LT\n}\n\
+         ENTRY e {\n  x = f32[8]{0} parameter(0)\n  ROOT s = f32[8]{0} sort(x), dimensions={0}, to_apply=less\n}\n",
+        "line 9, instruction `s`: operator `sort` is not supported",
+    );
+}
+
+#[test]
+fn an_unknown_custom_call_target_is_refused_with_the_supported_list() {
+    assert_refused(
+        "HloModule cc\nENTRY e {\n  x = f32[8]{0} parameter(0)\n  \
+         ROOT y = f32[8]{0} custom-call(x), custom_call_target=\"lapack_sgetrf\"\n}\n",
+        "line 4, instruction `y`: custom-call target `lapack_sgetrf` is not supported (supported, with one operand: Sharding, SPMDFullToShardShape, SPMDShardToFullShape)",
+    );
+}
+
+#[test]
+fn an_all_reduce_across_two_replicas_is_refused() {
+    assert_refused(
+        "HloModule ar\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\
+         ENTRY e {\n  x = f32[8]{0} parameter(0)\n  ROOT y = f32[8]{0} all-reduce(x), replica_groups={{0,1}}, to_apply=sum\n}\n",
+        "line 9, instruction `y`: `all-reduce` with replica_groups={{0,1}} needs several NeuronCores",
+    );
+}
+
+#[test]
+fn f64_is_refused() {
+    assert_refused(
+        "HloModule d\nENTRY e {\n  x = f64[8]{0} parameter(0)\n  ROOT y = f64[8]{0} negate(x)\n}\n",
+        "line 3, instruction `x`: element type `f64` is not supported: NeuronCores have no 64-bit floating point",
+    );
+}
+
+#[test]
+fn a_clean_exit_removes_the_datastore_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let stores = dir.path().join("stores");
+    let out = Command::new(env!("CARGO_BIN_EXE_neuron-bench"))
+        .env("NEURON_VIRT_LOCK_DIR", dir.path())
+        .env("NEURON_VIRT_DATASTORE_DIR", &stores)
+        .env_remove("NEURON_RT_VISIBLE_CORES")
+        .args(["exec", "--cores", "0", "--iterations", "3"])
+        .arg(negate_model(dir.path()))
+        .output()
+        .expect("run neuron-bench");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let left: Vec<_> = std::fs::read_dir(&stores).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+    assert!(left.is_empty(), "datastore files left behind: {left:?}");
+}

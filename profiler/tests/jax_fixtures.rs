@@ -193,6 +193,66 @@ fn convert_matrix_matches_xla() {
 }
 
 #[test]
+fn layer_norm_matches_xla() {
+    check("layer_norm");
+}
+
+#[test]
+fn rotary_embedding_matches_xla() {
+    check("rotary_embedding");
+}
+
+#[test]
+fn embedding_gather_matches_xla() {
+    check("embedding_gather");
+}
+
+#[test]
+fn scatter_updates_matches_xla() {
+    check("scatter_updates");
+}
+
+#[test]
+fn mlp_grad_matches_xla() {
+    check("mlp_grad");
+}
+
+#[test]
+fn pad_reverse_matches_xla() {
+    check("pad_reverse");
+}
+
+#[test]
+fn dynamic_slices_matches_xla() {
+    check("dynamic_slices");
+}
+
+#[test]
+fn batch_norm_matches_xla() {
+    check("batch_norm");
+}
+
+#[test]
+fn random_numbers_matches_xla() {
+    check("random_numbers");
+}
+
+#[test]
+fn clamp_bitcast_matches_xla() {
+    check("clamp_bitcast");
+}
+
+#[test]
+fn batched_gather_scatter_matches_xla() {
+    check("batched_gather_scatter");
+}
+
+#[test]
+fn single_core_collectives_matches_xla() {
+    check("single_core_collectives");
+}
+
+#[test]
 fn every_fixture_directory_has_a_test() {
     let mut cases: Vec<String> = std::fs::read_dir(fixtures_dir())
         .expect("fixtures")

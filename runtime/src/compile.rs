@@ -17,7 +17,8 @@ use crate::dtype::{ArrayType, DType};
 use crate::hlo::{self, Computation, HloModule, Payload, Shape};
 use crate::isa::{
     ActivationFn, BinaryOp, Buffer, BufferKind, CompareDirection, DmaQueue, DmaQueueKind, DmaTransfer, DotDims, Engine,
-    EngineStream, Instruction, IoTensor, Op, Program, ReduceOp, UnaryOp, infer_output,
+    EngineStream, GatherDims, Instruction, IoTensor, Op, Program, ReduceOp, ScatterCombine, ScatterDims, UnaryOp,
+    infer_output,
 };
 use crate::topology::NeuronCoreVersion;
 
@@ -328,12 +329,7 @@ impl Lowering<'_> {
                             .into(),
                     );
                 }
-                let region_name = strip_percent(attr(inst, "to_apply")?);
-                let region = self
-                    .module
-                    .computation(region_name)
-                    .ok_or_else(|| format!("reduction computation `{region_name}` is not defined"))?;
-                Op::Reduce { op: reduction_kind(region)?, dims: dim_list(inst, "dimensions", false)? }
+                Op::Reduce { op: reduction_kind(self.region(inst)?)?, dims: dim_list(inst, "dimensions", false)? }
             }
             "compare" => {
                 let direction = match attr(inst, "direction")? {
@@ -362,6 +358,58 @@ impl Lowering<'_> {
                 Op::Concatenate { dim: *dim }
             }
             "slice" => slice_op(attr(inst, "slice")?)?,
+            "clamp" => Op::Clamp,
+            "reverse" => Op::Reverse { dims: dim_list(inst, "dimensions", false)? },
+            "pad" => pad_op(attr(inst, "padding")?)?,
+            "dynamic-slice" => Op::DynamicSlice { sizes: u64_list(inst, "dynamic_slice_sizes")? },
+            "dynamic-update-slice" => Op::DynamicUpdateSlice,
+            "bitcast-convert" => Op::BitcastConvert,
+            "gather" => Op::Gather(GatherDims {
+                offset_dims: dim_list(inst, "offset_dims", true)?,
+                collapsed_slice_dims: dim_list(inst, "collapsed_slice_dims", true)?,
+                start_index_map: dim_list(inst, "start_index_map", true)?,
+                operand_batching_dims: dim_list(inst, "operand_batching_dims", true)?,
+                start_indices_batching_dims: dim_list(inst, "start_indices_batching_dims", true)?,
+                index_vector_dim: index_attr(inst, "index_vector_dim")?,
+                slice_sizes: u64_list(inst, "slice_sizes")?,
+            }),
+            "scatter" => {
+                if inst.operands.len() != 3 {
+                    return Err(
+                        "variadic scatter (several arrays at once) is not supported; scatter one array at a time"
+                            .into(),
+                    );
+                }
+                Op::Scatter {
+                    dims: ScatterDims {
+                        update_window_dims: dim_list(inst, "update_window_dims", true)?,
+                        inserted_window_dims: dim_list(inst, "inserted_window_dims", true)?,
+                        scatter_dims_to_operand_dims: dim_list(inst, "scatter_dims_to_operand_dims", true)?,
+                        input_batching_dims: dim_list(inst, "input_batching_dims", true)?,
+                        scatter_indices_batching_dims: dim_list(inst, "scatter_indices_batching_dims", true)?,
+                        index_vector_dim: index_attr(inst, "index_vector_dim")?,
+                    },
+                    combine: scatter_combine(self.region(inst)?)?,
+                }
+            }
+            "all-reduce" | "all-gather" => {
+                single_replica_groups(inst)?;
+                if inst.operands.len() != 1 {
+                    return Err(format!("`{}` of several arrays at once is not supported", inst.opcode));
+                }
+                // With one participant, both return their operand unchanged.
+                Op::Copy
+            }
+            "custom-call" => {
+                let target = attr(inst, "custom_call_target")?.trim_matches('"');
+                if !CUSTOM_CALL_TARGETS.contains(&target) || inst.operands.len() != 1 {
+                    return Err(format!(
+                        "custom-call target `{target}` is not supported (supported, with one operand: {})",
+                        CUSTOM_CALL_TARGETS.join(", ")
+                    ));
+                }
+                Op::Copy
+            }
             other => {
                 return Err(format!(
                     "operator `{other}` is not supported by this compiler (supported: {})",
@@ -386,6 +434,12 @@ impl Lowering<'_> {
             hlo,
         });
         Ok(Lowered::Buffer { id: output, hlo_name: inst.name.clone() })
+    }
+
+    /// The computation an instruction's `to_apply` names.
+    fn region(&self, inst: &hlo::Instruction) -> Result<&Computation, String> {
+        let name = strip_percent(attr(inst, "to_apply")?);
+        self.module.computation(name).ok_or_else(|| format!("computation `{name}` is not defined"))
     }
 
     fn new_buffer(&mut self, ty: ArrayType, kind: BufferKind) -> u32 {
@@ -551,22 +605,29 @@ fn plan_scratchpad(buffers: &mut [Buffer], instructions: &[Instruction], outputs
 pub const SUPPORTED_OPERATORS: &[&str] = &[
     "abs",
     "add",
+    "all-gather",
+    "all-reduce",
     "and",
-    "atan2",
+    "bitcast-convert",
     "broadcast",
     "call",
     "ceil",
+    "clamp",
     "compare",
     "concatenate",
     "constant",
     "convert",
     "copy",
     "cosine",
+    "custom-call",
     "divide",
     "dot",
+    "dynamic-slice",
+    "dynamic-update-slice",
     "exponential",
     "exponential-minus-one",
     "floor",
+    "gather",
     "get-tuple-element",
     "iota",
     "log",
@@ -578,14 +639,17 @@ pub const SUPPORTED_OPERATORS: &[&str] = &[
     "negate",
     "not",
     "or",
+    "pad",
     "parameter",
     "power",
     "reduce",
     "remainder",
     "reshape",
+    "reverse",
     "round-nearest-afz",
     "round-nearest-even",
     "rsqrt",
+    "scatter",
     "select",
     "shift-left",
     "shift-right-arithmetic",
@@ -615,7 +679,7 @@ pub fn engine_of_operator(opcode: &str) -> Option<Engine> {
         | "sqrt"
         | "sine"
         | "cosine" => Engine::Act,
-        "iota" => Engine::Pool,
+        "iota" | "dynamic-slice" | "dynamic-update-slice" | "gather" | "scatter" => Engine::Pool,
         "parameter" | "constant" | "tuple" | "get-tuple-element" | "call" => return None,
         _ => Engine::Dve,
     })
@@ -666,6 +730,84 @@ fn slice_op(value: &str) -> Result<Op, String> {
     Ok(Op::Slice { start, limit, stride })
 }
 
+/// `custom-call` targets `neuron-cc` lowers: sharding annotations, which on one core
+/// leave their operand unchanged.
+pub const CUSTOM_CALL_TARGETS: &[&str] = &["Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"];
+
+/// Collectives run on one core for now: every replica group must hold one replica.
+fn single_replica_groups(inst: &hlo::Instruction) -> Result<(), String> {
+    let groups = inst.attribute("replica_groups").unwrap_or("{}");
+    let members = |group: &str| group.split(',').filter(|m| !m.trim().is_empty()).count();
+    let inner = groups.trim().strip_prefix('{').and_then(|g| g.strip_suffix('}')).unwrap_or(groups);
+    let largest = if inner.trim_start().starts_with('{') {
+        inner.split('}').map(|g| members(g.trim_start_matches([',', ' ', '{']))).max().unwrap_or(0)
+    } else {
+        // The iota form `[N,M]<=[...]`: N groups of M replicas.
+        inner
+            .strip_prefix('[')
+            .and_then(|r| r.split(']').next())
+            .and_then(|r| r.split(',').nth(1))
+            .map_or(if inner.trim().is_empty() { 0 } else { 2 }, |m| m.trim().parse().unwrap_or(2))
+    };
+    if largest > 1 {
+        return Err(format!(
+            "`{}` with replica_groups={groups} needs several NeuronCores; collectives across cores are not supported yet, so compile for one replica",
+            inst.opcode
+        ));
+    }
+    Ok(())
+}
+
+/// How a scatter region combines: `(a, b) -> b` replaces, otherwise a reduction.
+fn scatter_combine(region: &Computation) -> Result<ScatterCombine, String> {
+    let root = &region.instructions[region.root];
+    if root.opcode == "parameter" {
+        return match root.payload {
+            Some(Payload::ParameterNumber(1)) => Ok(ScatterCombine::Replace),
+            _ => {
+                Err(format!("scatter computation `{}` returns its first parameter; nothing would change", region.name))
+            }
+        };
+    }
+    reduction_kind(region).map(ScatterCombine::Reduce)
+}
+
+/// `index_vector_dim=1` and similar single indices.
+fn index_attr(inst: &hlo::Instruction, name: &str) -> Result<u32, String> {
+    attr(inst, name)?.trim().parse().map_err(|_| format!("`{name}` must be a non-negative integer"))
+}
+
+/// `{2,3}` → `[2, 3]`, for sizes.
+fn u64_list(inst: &hlo::Instruction, name: &str) -> Result<Vec<u64>, String> {
+    let value = attr(inst, name)?;
+    let inner = value
+        .strip_prefix('{')
+        .and_then(|v| v.strip_suffix('}'))
+        .ok_or_else(|| format!("`{name}={value}` should be a list like {{2,3}}"))?;
+    inner
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<u64>().map_err(|_| format!("`{name}={value}`: `{s}` is not a size")))
+        .collect()
+}
+
+/// `padding=0_0x1_2_1` (per dimension `low_high` or `low_high_interior`) → the pad op.
+fn pad_op(value: &str) -> Result<Op, String> {
+    let bad = || format!("`padding={value}` should look like 0_0x1_2_1 (low_high[_interior] per dimension)");
+    let (mut low, mut high, mut interior) = (Vec::new(), Vec::new(), Vec::new());
+    for part in value.split('x').map(str::trim).filter(|p| !p.is_empty()) {
+        let numbers: Vec<&str> = part.split('_').collect();
+        let edge = |s: &str| s.parse::<i64>().map_err(|_| bad());
+        match numbers.as_slice() {
+            [l, h] => (low.push(edge(l)?), high.push(edge(h)?), interior.push(0)),
+            [l, h, i] => (low.push(edge(l)?), high.push(edge(h)?), interior.push(i.parse::<u64>().map_err(|_| bad())?)),
+            _ => return Err(bad()),
+        };
+    }
+    Ok(Op::Pad { low, high, interior })
+}
+
 /// Recognises a reduction region `(a, b) -> op(a, b)`.
 fn reduction_kind(region: &Computation) -> Result<ReduceOp, String> {
     let root = &region.instructions[region.root];
@@ -676,17 +818,21 @@ fn reduction_kind(region: &Computation) -> Result<ReduceOp, String> {
         && params.len() == 2
         && operands.len() == 2
         && params.iter().all(|p| operands.contains(p));
+    let on_pred = matches!(&root.shape, Shape::Array { element_type, .. } if element_type == "pred");
     let kind = match root.opcode.as_str() {
         "add" => Some(ReduceOp::Add),
         "multiply" => Some(ReduceOp::Multiply),
         "maximum" => Some(ReduceOp::Maximum),
         "minimum" => Some(ReduceOp::Minimum),
+        // On pred, `or` is the maximum and `and` the minimum.
+        "or" if on_pred => Some(ReduceOp::Maximum),
+        "and" if on_pred => Some(ReduceOp::Minimum),
         _ => None,
     };
     match kind {
         Some(kind) if plain => Ok(kind),
         _ => Err(format!(
-            "reduction computation `{}` is not a plain add, multiply, maximum or minimum of its two parameters",
+            "computation `{}` is not a plain add, multiply, maximum or minimum (or, on pred, `or` and `and`) of its two parameters",
             region.name
         )),
     }
@@ -840,6 +986,24 @@ mod tests {
         let err = literal("u8", "256").expect_err("out of range");
         assert!(err.message.contains("`256` is not a valid u8 value"), "{err}");
         assert!(literal("s16", "-1.5").is_err());
+    }
+
+    #[test]
+    fn collectives_compile_only_with_single_replica_groups() {
+        let all_reduce = |groups: &str| {
+            compile(&format!(
+                "HloModule m\nsum {{\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT s = f32[] add(a, b)\n}}\n\
+                 ENTRY e {{\n x = f32[4] parameter(0)\n ROOT y = f32[4] all-reduce(x), replica_groups={groups}, to_apply=sum\n}}\n"
+            ))
+        };
+        for ok in ["{}", "{{0}}", "{{0},{1}}", "[2,1]<=[2]"] {
+            let program = all_reduce(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+            assert_eq!(program.instructions().map(|i| i.op.opcode()).collect::<Vec<_>>(), ["Copy"]);
+        }
+        for refused in ["{{0,1}}", "{{0},{1,2}}", "[1,2]<=[2]"] {
+            let err = all_reduce(refused).expect_err(refused);
+            assert!(err.message.contains("needs several NeuronCores"), "{refused}: {err}");
+        }
     }
 
     #[test]

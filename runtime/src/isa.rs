@@ -154,6 +154,65 @@ pub enum Op {
         dim: u32,
     },
     Copy,
+    /// `clamp(min, x, max)`; `min` and `max` are scalars or shaped like `x`.
+    Clamp,
+    Reverse {
+        dims: Vec<u32>,
+    },
+    /// Operands: the array and a scalar padding value. Negative edge padding crops.
+    Pad {
+        low: Vec<i64>,
+        high: Vec<i64>,
+        interior: Vec<u64>,
+    },
+    /// Operands: the array, then one integer scalar start index per dimension; starts
+    /// are clamped so that the slice fits, as in XLA.
+    DynamicSlice {
+        sizes: Vec<u64>,
+    },
+    /// Operands: the array, the update, then one integer scalar start index per
+    /// dimension (clamped so that the update fits).
+    DynamicUpdateSlice,
+    /// Reinterprets the bits of each element as the output's element type (same width).
+    BitcastConvert,
+    /// XLA `gather`. Operands: the array and the start indices. A start index that
+    /// puts a slice outside the array fails the execution with `NRT_EXEC_OOB`.
+    Gather(GatherDims),
+    /// XLA `scatter` of one array. Operands: the array, the indices and the updates.
+    /// An update window outside the array fails the execution with `NRT_EXEC_OOB`.
+    Scatter {
+        dims: ScatterDims,
+        combine: ScatterCombine,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GatherDims {
+    pub offset_dims: Vec<u32>,
+    pub collapsed_slice_dims: Vec<u32>,
+    pub start_index_map: Vec<u32>,
+    pub operand_batching_dims: Vec<u32>,
+    pub start_indices_batching_dims: Vec<u32>,
+    pub index_vector_dim: u32,
+    pub slice_sizes: Vec<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScatterDims {
+    pub update_window_dims: Vec<u32>,
+    pub inserted_window_dims: Vec<u32>,
+    pub scatter_dims_to_operand_dims: Vec<u32>,
+    pub input_batching_dims: Vec<u32>,
+    pub scatter_indices_batching_dims: Vec<u32>,
+    pub index_vector_dim: u32,
+}
+
+/// How a scatter combines an update with the element it lands on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ScatterCombine {
+    /// The update replaces the element.
+    Replace,
+    Reduce(ReduceOp),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -265,7 +324,9 @@ impl Op {
         match self {
             Op::MatMul(_) => Engine::Pe,
             Op::Activation(_) => Engine::Act,
-            Op::Iota { .. } => Engine::Pool,
+            Op::Iota { .. } | Op::DynamicSlice { .. } | Op::DynamicUpdateSlice | Op::Gather(_) | Op::Scatter { .. } => {
+                Engine::Pool
+            }
             Op::Unary(_)
             | Op::Binary(_)
             | Op::Compare { .. }
@@ -277,7 +338,11 @@ impl Op {
             | Op::Reduce { .. }
             | Op::Concatenate { .. }
             | Op::Slice { .. }
-            | Op::Copy => Engine::Dve,
+            | Op::Copy
+            | Op::Clamp
+            | Op::Reverse { .. }
+            | Op::Pad { .. }
+            | Op::BitcastConvert => Engine::Dve,
         }
     }
 
@@ -335,6 +400,14 @@ impl Op {
             Op::Slice { .. } => "Slice",
             Op::Iota { .. } => "Iota",
             Op::Copy => "Copy",
+            Op::Clamp => "Clamp",
+            Op::Reverse { .. } => "Reverse",
+            Op::Pad { .. } => "Pad",
+            Op::DynamicSlice { .. } => "DynamicSlice",
+            Op::DynamicUpdateSlice => "DynamicUpdateSlice",
+            Op::BitcastConvert => "BitcastConvert",
+            Op::Gather(_) => "Gather",
+            Op::Scatter { .. } => "Scatter",
         }
     }
 
@@ -349,7 +422,10 @@ impl Op {
                     .unwrap_or(0);
                 out_elems.saturating_mul(k).saturating_mul(2)
             }
-            Op::Activation(_) | Op::Unary(_) | Op::Binary(_) | Op::Compare { .. } | Op::Select => out_elems,
+            Op::Activation(_) | Op::Unary(_) | Op::Binary(_) | Op::Compare { .. } | Op::Select | Op::Clamp => out_elems,
+            Op::Scatter { combine: ScatterCombine::Reduce(_), .. } => {
+                operands.get(2).and_then(|t| t.element_count()).unwrap_or(0)
+            }
             Op::Reduce { .. } => operands.first().and_then(|t| t.element_count()).unwrap_or(0),
             _ => 0,
         }
@@ -578,7 +654,232 @@ pub fn infer_output(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> R
             arity(1)?;
             Ok(operands[0].clone())
         }
+        Op::Clamp => {
+            arity(3)?;
+            let (lo, x, hi) = (operands[0], operands[1], operands[2]);
+            for bound in [lo, hi] {
+                if bound.dtype != x.dtype || (bound.rank() != 0 && bound.dims != x.dims) {
+                    return Err(format!("clamp bound {bound} must be a {} scalar or shaped like {x}", x.dtype));
+                }
+            }
+            if x.dtype == DType::Pred {
+                return Err(format!("Clamp is not defined on {x}"));
+            }
+            Ok(x.clone())
+        }
+        Op::Reverse { dims } => {
+            arity(1)?;
+            check_dims(dims, operands[0].rank(), "reverse dimensions")?;
+            Ok(operands[0].clone())
+        }
+        Op::Pad { low, high, interior } => {
+            arity(2)?;
+            let (operand, value) = (operands[0], operands[1]);
+            if value.rank() != 0 || value.dtype != operand.dtype {
+                return Err(format!("pad value {value} must be a {} scalar", operand.dtype));
+            }
+            let rank = operand.rank();
+            if low.len() != rank || high.len() != rank || interior.len() != rank {
+                return Err(format!("padding does not match rank {rank}"));
+            }
+            let mut dims = Vec::with_capacity(rank);
+            for i in 0..rank {
+                let d = i128::from(operand.dims[i]);
+                let stretched = if d == 0 { 0 } else { d + (d - 1) * i128::from(interior[i]) };
+                let size = stretched + i128::from(low[i]) + i128::from(high[i]);
+                let size = u64::try_from(size)
+                    .map_err(|_| format!("padding {}_{} crops dimension {i} below zero", low[i], high[i]))?;
+                dims.push(size);
+            }
+            Ok(ArrayType::new(operand.dtype, dims))
+        }
+        Op::DynamicSlice { sizes } => {
+            let operand = operands.first().ok_or("DynamicSlice needs an operand")?;
+            arity(1 + operand.rank())?;
+            check_start_indices(&operands[1..])?;
+            if sizes.len() != operand.rank() || sizes.iter().zip(&operand.dims).any(|(s, d)| s > d) {
+                return Err(format!("dynamic slice sizes {sizes:?} do not fit {operand}"));
+            }
+            Ok(ArrayType::new(operand.dtype, sizes.clone()))
+        }
+        Op::DynamicUpdateSlice => {
+            let operand = operands.first().ok_or("DynamicUpdateSlice needs an operand")?;
+            arity(2 + operand.rank())?;
+            let update = operands[1];
+            check_start_indices(&operands[2..])?;
+            if update.dtype != operand.dtype
+                || update.rank() != operand.rank()
+                || update.dims.iter().zip(&operand.dims).any(|(u, d)| u > d)
+            {
+                return Err(format!("update {update} does not fit in {operand}"));
+            }
+            Ok((*operand).clone())
+        }
+        Op::BitcastConvert => {
+            arity(1)?;
+            if operands[0].dtype.size_bytes() != declared.dtype.size_bytes() || declared.dtype == DType::Pred {
+                return Err(format!(
+                    "bitcast-convert of {} to {}: only element types of the same width are supported",
+                    operands[0], declared.dtype
+                ));
+            }
+            Ok(ArrayType::new(declared.dtype, operands[0].dims.clone()))
+        }
+        Op::Gather(g) => {
+            arity(2)?;
+            gather_output(g, operands[0], operands[1])
+        }
+        Op::Scatter { dims, combine } => {
+            arity(3)?;
+            let (operand, indices, updates) = (operands[0], operands[1], operands[2]);
+            if updates.dtype != operand.dtype {
+                return Err(format!("scatter updates {updates} do not match {operand}"));
+            }
+            if operand.dtype == DType::Pred
+                && matches!(combine, ScatterCombine::Reduce(ReduceOp::Add | ReduceOp::Multiply))
+            {
+                return Err("scatter with add or multiply is not defined on pred".into());
+            }
+            check_scatter(dims, operand, indices, updates)?;
+            Ok((*operand).clone())
+        }
     }
+}
+
+fn check_start_indices(indices: &[&ArrayType]) -> Result<(), TypeError> {
+    match indices.iter().find(|t| t.rank() != 0 || !t.dtype.is_integer()) {
+        Some(t) => Err(format!("start index {t} must be an integer scalar")),
+        None => Ok(()),
+    }
+}
+
+/// Checks that `dims` are distinct and below `rank`, and that none is in `taken`.
+fn disjoint_dims(dims: &[u32], taken: &[bool], what: &str) -> Result<(), TypeError> {
+    let mut seen = vec![false; taken.len()];
+    for &d in dims {
+        let d = d as usize;
+        if d >= taken.len() || taken[d] || std::mem::replace(&mut seen[d], true) {
+            return Err(format!("{what} {dims:?} are not distinct unused dimensions below rank {}", taken.len()));
+        }
+    }
+    Ok(())
+}
+
+fn mark(taken: &mut [bool], dims: &[u32]) {
+    for &d in dims {
+        taken[d as usize] = true;
+    }
+}
+
+/// The shape of `indices` without its index vector dimension, and the length of that
+/// vector (1 when `index_vector_dim` is the rank: an implicit trailing dimension).
+fn index_batch(indices: &ArrayType, index_vector_dim: u32) -> Result<(Vec<u64>, u64), TypeError> {
+    let ivd = index_vector_dim as usize;
+    if !indices.dtype.is_integer() || ivd > indices.rank() {
+        return Err(format!("indices {indices} must be integers with index_vector_dim={ivd} at most their rank"));
+    }
+    let batch = indices.dims.iter().enumerate().filter(|&(i, _)| i != ivd).map(|(_, &d)| d).collect();
+    Ok((batch, indices.dims.get(ivd).copied().unwrap_or(1)))
+}
+
+fn gather_output(g: &GatherDims, operand: &ArrayType, indices: &ArrayType) -> Result<ArrayType, TypeError> {
+    let rank = operand.rank();
+    let (batch, vector) = index_batch(indices, g.index_vector_dim)?;
+    if g.slice_sizes.len() != rank || g.slice_sizes.iter().zip(&operand.dims).any(|(s, d)| s > d) {
+        return Err(format!("gather slice sizes {:?} do not fit {operand}", g.slice_sizes));
+    }
+    if g.start_index_map.len() as u64 != vector {
+        return Err(format!("gather start_index_map {:?} does not match index vectors of {vector}", g.start_index_map));
+    }
+    disjoint_dims(&g.start_index_map, &vec![false; rank], "gather start_index_map")?;
+    let mut taken = vec![false; rank];
+    disjoint_dims(&g.collapsed_slice_dims, &taken, "gather collapsed_slice_dims")?;
+    mark(&mut taken, &g.collapsed_slice_dims);
+    disjoint_dims(&g.operand_batching_dims, &taken, "gather operand_batching_dims")?;
+    mark(&mut taken, &g.operand_batching_dims);
+    if taken.iter().enumerate().any(|(d, &t)| t && g.slice_sizes[d] > 1) {
+        return Err("gather collapses or batches a dimension whose slice size is not 1".into());
+    }
+    let mut indices_taken = vec![false; indices.rank()];
+    if let Some(t) = indices_taken.get_mut(g.index_vector_dim as usize) {
+        *t = true;
+    }
+    disjoint_dims(&g.start_indices_batching_dims, &indices_taken, "gather start_indices_batching_dims")?;
+    if g.start_indices_batching_dims.len() != g.operand_batching_dims.len() {
+        return Err("gather batching dimension lists must pair up".into());
+    }
+    let offsets: Vec<u64> = (0..rank).filter(|&d| !taken[d]).map(|d| g.slice_sizes[d]).collect();
+    let out_rank = batch.len() + offsets.len();
+    if g.offset_dims.len() != offsets.len() || g.offset_dims.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(format!(
+            "gather offset_dims {:?} must list {} increasing dimensions",
+            g.offset_dims,
+            offsets.len()
+        ));
+    }
+    disjoint_dims(&g.offset_dims, &vec![false; out_rank], "gather offset_dims")?;
+    let (mut offsets, mut batch) = (offsets.into_iter(), batch.into_iter());
+    let dims = (0..out_rank as u32)
+        .map(|d| if g.offset_dims.contains(&d) { offsets.next() } else { batch.next() })
+        .collect::<Option<Vec<u64>>>()
+        .ok_or("gather dimensions do not add up")?;
+    Ok(ArrayType::new(operand.dtype, dims))
+}
+
+fn check_scatter(
+    s: &ScatterDims,
+    operand: &ArrayType,
+    indices: &ArrayType,
+    updates: &ArrayType,
+) -> Result<(), TypeError> {
+    let rank = operand.rank();
+    let (batch, vector) = index_batch(indices, s.index_vector_dim)?;
+    if s.scatter_dims_to_operand_dims.len() as u64 != vector {
+        return Err(format!(
+            "scatter_dims_to_operand_dims {:?} does not match index vectors of {vector}",
+            s.scatter_dims_to_operand_dims
+        ));
+    }
+    disjoint_dims(&s.scatter_dims_to_operand_dims, &vec![false; rank], "scatter_dims_to_operand_dims")?;
+    let mut taken = vec![false; rank];
+    disjoint_dims(&s.inserted_window_dims, &taken, "scatter inserted_window_dims")?;
+    mark(&mut taken, &s.inserted_window_dims);
+    disjoint_dims(&s.input_batching_dims, &taken, "scatter input_batching_dims")?;
+    mark(&mut taken, &s.input_batching_dims);
+    let mut indices_taken = vec![false; indices.rank()];
+    if let Some(t) = indices_taken.get_mut(s.index_vector_dim as usize) {
+        *t = true;
+    }
+    disjoint_dims(&s.scatter_indices_batching_dims, &indices_taken, "scatter_indices_batching_dims")?;
+    if s.scatter_indices_batching_dims.len() != s.input_batching_dims.len() {
+        return Err("scatter batching dimension lists must pair up".into());
+    }
+    let window_operand_dims: Vec<usize> = (0..rank).filter(|&d| !taken[d]).collect();
+    if s.update_window_dims.len() != window_operand_dims.len() || s.update_window_dims.windows(2).any(|w| w[0] >= w[1])
+    {
+        return Err(format!(
+            "scatter update_window_dims {:?} must list {} increasing dimensions",
+            s.update_window_dims,
+            window_operand_dims.len()
+        ));
+    }
+    if updates.rank() != batch.len() + window_operand_dims.len() {
+        return Err(format!("scatter updates {updates} have the wrong rank"));
+    }
+    disjoint_dims(&s.update_window_dims, &vec![false; updates.rank()], "scatter update_window_dims")?;
+    let mut window = window_operand_dims.iter();
+    let mut batch = batch.iter();
+    for (d, &size) in updates.dims.iter().enumerate() {
+        let fits = if s.update_window_dims.contains(&(d as u32)) {
+            window.next().is_some_and(|&o| size <= operand.dims[o])
+        } else {
+            batch.next() == Some(&size)
+        };
+        if !fits {
+            return Err(format!("scatter updates {updates} do not fit {operand} and indices {indices}"));
+        }
+    }
+    Ok(())
 }
 
 impl Program {

@@ -974,6 +974,21 @@ impl CoreJob<'_> {
                     self.timeout.as_secs_f64()
                 ),
             ),
+            RunError::OutOfBounds { step, detail } => {
+                let (opcode, hlo) = m
+                    .executable
+                    .steps()
+                    .nth(step)
+                    .map(|i| (i.op.opcode(), m.executable.program().hlo_names[i.hlo as usize].as_str()))
+                    .unwrap_or_default();
+                NrtError::new(
+                    NrtStatus::ExecOob,
+                    format!(
+                        "failed to run scatter/gather (indirect memory copy), due to out-of-bound access: instruction {step} ({opcode}, HLO `{hlo}`) of `{}` on nc{}: {detail}",
+                        m.name, m.core
+                    ),
+                )
+            }
         });
         if running {
             let (args, flags) = match &results {
@@ -1059,6 +1074,16 @@ impl CoreJob<'_> {
                 ..DeviceRecord::default()
             },
         );
+    }
+}
+
+impl Drop for Shared {
+    /// A runtime dropped without `close` still removes its datastore file: the
+    /// heartbeat thread holds the tracer, and may outlive `main` by a heartbeat.
+    fn drop(&mut self) {
+        if let Some(r) = lock(&self.running).as_ref() {
+            r.tracer.store.close();
+        }
     }
 }
 

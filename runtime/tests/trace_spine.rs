@@ -227,3 +227,56 @@ fn zero_numbers_after(json: &str, prefix: &str) -> String {
     out.push_str(rest);
     out
 }
+
+#[test]
+fn a_gather_past_the_table_fails_with_nrt_exec_oob_and_is_counted_as_an_error() {
+    // rows = table[ids]: an embedding lookup of 3 rows from a 5-row table.
+    const GATHER: &str = "HloModule lookup\nENTRY e {\n  table = f32[5,2]{1,0} parameter(0)\n  \
+        ids = s32[3]{0} parameter(1)\n  ROOT rows = f32[3,2]{1,0} gather(table, ids), offset_dims={1}, \
+        collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,2}\n}\n";
+    let f = started(|_| {});
+    let rt = &f.runtime;
+    let reader = DatastoreReader::open(&rt.datastore_path().expect("path")).expect("opens");
+    let model = rt.load(&Neff::new("lookup", compile_hlo(GATHER, Target::Trn1).expect("compiles")).encode(), None);
+    let model = model.expect("loads");
+    let table_ty = ArrayType::new(DType::F32, vec![5, 2]);
+    let ids_ty = ArrayType::new(DType::S32, vec![3]);
+    let table = rt.allocate_tensor_for(TensorPlacement::Device { core: 0 }, &table_ty, "table").expect("alloc");
+    let table_values: Vec<u8> = (0..10).flat_map(|i| (i as f32).to_le_bytes()).collect();
+    table.write(0, &table_values).expect("write");
+    let ids = rt.allocate_tensor_for(TensorPlacement::Device { core: 0 }, &ids_ty, "ids").expect("alloc");
+    let output = rt.allocate_tensor_for(TensorPlacement::Host, &ArrayType::new(DType::F32, vec![3, 2]), "rows");
+    let mut inputs = TensorSet::new();
+    inputs.add("input0", table);
+    inputs.add("input1", ids);
+    let mut outputs = TensorSet::new();
+    outputs.add("output0", output.expect("alloc"));
+    let set_ids = |values: [i32; 3]| {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        inputs.get("input1").expect("bound").write(0, &bytes).expect("write");
+    };
+
+    set_ids([4, 0, 2]);
+    rt.execute(&model, &inputs, &outputs).expect("in-range lookup runs");
+    let rows = outputs.get("output0").expect("bound").read_all().expect("read");
+    let rows: Vec<f32> = rows.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    assert_eq!(rows, [8.0, 9.0, 0.0, 1.0, 4.0, 5.0]);
+
+    // XLA would clamp index 5 to 4; the Neuron runtime fails the execution.
+    for bad in [[1, 5, 0], [0, 1, -1]] {
+        set_ids(bad);
+        let err = rt.execute(&model, &inputs, &outputs).expect_err("out of bounds");
+        assert_eq!(err.status, neuron_runtime::NrtStatus::ExecOob);
+        assert!(
+            err.message.starts_with(
+                "failed to run scatter/gather (indirect memory copy), due to out-of-bound access: instruction 0 (Gather, HLO `rows`) of `lookup` on nc0"
+            ),
+            "{}",
+            err.message
+        );
+    }
+    let core = reader.snapshot().core(0).expect("nc0 counters").clone();
+    assert_eq!(core.executions.get(ExecOutcome::Completed), 1);
+    assert_eq!(core.executions.get(ExecOutcome::CompletedWithErr), 2);
+    assert_eq!(core.errors.get(neuron_runtime::trace::ErrorClass::Model), 2);
+}

@@ -65,9 +65,11 @@ ALLOWED_OPCODES = {
     "sine", "cosine", "exponential-minus-one", "log-plus-one", "floor", "ceil",
     "round-nearest-even", "round-nearest-afz", "sign", "power", "remainder",
     "atan2", "and", "or", "xor", "not", "shift-left", "shift-right-logical",
-    "shift-right-arithmetic",
+    "shift-right-arithmetic", "clamp", "reverse", "pad", "dynamic-slice",
+    "dynamic-update-slice", "bitcast-convert", "gather", "scatter", "all-reduce",
+    "all-gather",
 }
-ALLOWED_REDUCE_OPS = {"add", "maximum", "minimum", "multiply"}
+ALLOWED_REDUCE_OPS = {"add", "maximum", "minimum", "multiply", "and", "or"}
 ALLOWED_DTYPES = {"pred", "s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64", "f16", "bf16", "f32"}
 MAX_TENSOR_BYTES = 64 * 1024
 
@@ -417,6 +419,168 @@ def case_convert_matrix(rng):
                (rng.standard_normal(20) * 50).astype(ml_dtypes.bfloat16), rng.random(20) < 0.5]
 
 
+def case_layer_norm(rng):
+    """LayerNorm over the last axis with learned scale and bias."""
+    def f(x, g, b):
+        mean = jnp.mean(x, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+        return (x - mean) * lax.rsqrt(var + 1e-5) * g + b
+
+    return f, [normal(rng, (8, 64), 1.0), 1.0 + normal(rng, (64,), 0.1), normal(rng, (64,), 0.1)]
+
+
+def case_rotary_embedding(rng):
+    """Rotary position embeddings (RoPE) on q[16, 4, 32]: sin/cos tables from iota,
+    half-rotation by slicing, negation and concatenation."""
+    seq, heads, dim = 16, 4, 32
+
+    def f(q):
+        inv = 1.0 / (10000.0 ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim))
+        angles = jnp.arange(seq, dtype=jnp.float32)[:, None] * inv[None, :]
+        sin = jnp.concatenate([jnp.sin(angles)] * 2, axis=-1)[:, None, :]
+        cos = jnp.concatenate([jnp.cos(angles)] * 2, axis=-1)[:, None, :]
+        rotated = jnp.concatenate([-q[..., dim // 2:], q[..., :dim // 2]], axis=-1)
+        return q * cos + rotated * sin
+
+    return f, [normal(rng, (seq, heads, dim), 1.0)]
+
+
+def case_embedding_gather(rng):
+    """Embedding lookup table[ids] (gather of rows), jnp.take along an axis, and
+    take_along_axis (a gather with two index components)."""
+    def f(table, ids, cols):
+        rows = table[ids]
+        picked = jnp.take(table, cols, axis=1)
+        along = jnp.take_along_axis(table, cols[None, :3].repeat(table.shape[0], 0), axis=1)
+        return rows, picked, along
+
+    return f, [normal(rng, (50, 16), 1.0), rng.integers(0, 50, size=(4, 6)).astype(np.int32),
+               rng.integers(0, 16, size=(5,)).astype(np.int32)]
+
+
+def case_scatter_updates(rng):
+    """Scatter with add (repeated indices accumulate), max, min, multiply and set, and a
+    segment sum."""
+    def f(x, idx, v, seg):
+        return (x.at[idx].add(v), x.at[idx].max(v), x.at[idx].min(v), x.at[idx].multiply(v),
+                x.at[idx].set(v), jax.ops.segment_sum(v, seg, num_segments=5))
+
+    idx = np.array([0, 3, 3, 7, 1, 9], dtype=np.int32)
+    seg = np.array([0, 0, 1, 4, 4, 4], dtype=np.int32)
+    return f, [normal(rng, (10, 4), 1.0), idx, normal(rng, (6, 4), 1.0), seg]
+
+
+def case_mlp_grad(rng):
+    """Gradient of a two-layer MLP's squared-error loss from jax.grad, with respect to
+    every weight: transposed matrix products, ReLU masks, broadcasts and reductions."""
+    def loss(params, x, y):
+        w1, b1, w2, b2 = params
+        h = jax.nn.relu(x @ w1 + b1)
+        return jnp.mean(jnp.square(h @ w2 + b2 - y))
+
+    def f(w1, b1, w2, b2, x, y):
+        return jax.grad(loss)((w1, b1, w2, b2), x, y)
+
+    return f, [weight(rng, 16, 32), normal(rng, (32,), 0.1), weight(rng, 32, 8), normal(rng, (8,), 0.1),
+               normal(rng, (12, 16), 1.0), normal(rng, (12, 8), 1.0)]
+
+
+def case_pad_reverse(rng):
+    """Constant and edge padding, lax.pad with interior and negative padding, flips,
+    strided slices and concatenation."""
+    def f(x):
+        return (jnp.pad(x, ((1, 2), (0, 3))), jnp.pad(x, ((2, 0), (1, 1)), mode="edge"),
+                lax.pad(x, jnp.float32(-1.0), ((1, -2, 1), (-1, 2, 2))), jnp.flip(x, axis=0),
+                jnp.flip(x), jnp.concatenate([x[::2], jnp.flip(x[1::2], axis=1)], axis=0))
+
+    return f, [normal(rng, (6, 5), 1.0)]
+
+
+def case_dynamic_slices(rng):
+    """lax.dynamic_slice and dynamic_update_slice with indices computed at run time,
+    including starts past the end, which XLA clamps."""
+    def f(x, u, i, j):
+        return (lax.dynamic_slice(x, (i, j), (3, 4)), lax.dynamic_slice(x, (i + 10, j - 7), (2, 2)),
+                lax.dynamic_update_slice(x, u, (j, i)), lax.dynamic_update_slice(x, u * 2.0, (i + 50, j)),
+                lax.dynamic_index_in_dim(x, i, axis=1, keepdims=False))
+
+    return f, [normal(rng, (8, 10), 1.0), normal(rng, (2, 3), 1.0), np.int32(2), np.int32(5)]
+
+
+def case_batch_norm(rng):
+    """Batch normalisation in training mode over [N, H, W, C] (statistics over N, H and
+    W) and in inference mode from running statistics."""
+    def f(x, gamma, beta, mean, var):
+        m = jnp.mean(x, axis=(0, 1, 2))
+        v = jnp.var(x, axis=(0, 1, 2))
+        train = (x - m) * lax.rsqrt(v + 1e-5) * gamma + beta
+        infer = (x - mean) * lax.rsqrt(var + 1e-5) * gamma + beta
+        return train, infer, m, v
+
+    return f, [normal(rng, (4, 5, 5, 8), 1.0), 1.0 + normal(rng, (8,), 0.1), normal(rng, (8,), 0.1),
+               normal(rng, (8,), 0.1), 1.0 + np.abs(normal(rng, (8,), 0.1))]
+
+
+def case_random_numbers(rng):
+    """Counter-based random numbers from a seed passed in: PCG-style u32 hashing
+    (multiply, xor, shifts), mantissa bits bitcast to uniform floats in [0, 1), normal
+    samples by Box-Muller and a Bernoulli mask. (jax.random's threefry lowers to a
+    `while` loop on CPU, which neuron-cc does not lower.)"""
+    def hash32(x):
+        x = x * jnp.uint32(747796405) + jnp.uint32(2891336453)
+        word = ((x >> ((x >> 28) + jnp.uint32(4))) ^ x) * jnp.uint32(277803737)
+        return (word >> 22) ^ word
+
+    def uniform(seed, shape, stream):
+        counter = lax.iota(jnp.uint32, int(np.prod(shape))).reshape(shape)
+        bits = hash32(hash32(counter ^ seed) + jnp.uint32(stream))
+        return lax.bitcast_convert_type((bits >> 9) | jnp.uint32(0x3F800000), jnp.float32) - 1.0
+
+    def f(seed):
+        u1, u2 = uniform(seed, (16,), 1), uniform(seed, (16,), 2)
+        normal = jnp.sqrt(-2.0 * jnp.log1p(-u1)) * jnp.cos(2.0 * np.pi * u2)
+        return uniform(seed, (6, 8), 3), normal, hash32(seed + lax.iota(jnp.uint32, 10)), uniform(seed, (12,), 4) < 0.3
+
+    return f, [np.uint32(20261121)]
+
+
+def case_clamp_bitcast(rng):
+    """lax.clamp with scalar and array bounds, jnp.clip, and bitcast-convert between
+    f32, s32 and u32 (and f16 / s16)."""
+    def f(x, lo, h):
+        return (lax.clamp(jnp.float32(-0.5), x, jnp.float32(0.5)), lax.clamp(lo, x, lo + 1.0),
+                jnp.clip(x, -1.0, None), lax.bitcast_convert_type(x, jnp.int32),
+                lax.bitcast_convert_type(x, jnp.uint32) >> 23, lax.bitcast_convert_type(h, jnp.int16),
+                lax.bitcast_convert_type(lax.bitcast_convert_type(x, jnp.int32) + 1, jnp.float32))
+
+    return f, [normal(rng, (4, 6), 1.0), normal(rng, (4, 6), 0.5), normal(rng, (4, 6)).astype(np.float16)]
+
+
+def case_batched_gather_scatter(rng):
+    """vmap of per-row indexing and of a per-row scatter-add: gather and scatter with
+    operand batching dimensions."""
+    def f(x, idx):
+        picked = jax.vmap(lambda row, i: row[i])(x, idx)
+        added = jax.vmap(lambda row, i, v: row.at[i].add(v))(x, idx, picked * 2.0)
+        return picked, added
+
+    return f, [normal(rng, (4, 7), 1.0), rng.integers(0, 7, size=(4, 3)).astype(np.int32)]
+
+
+def case_single_core_collectives(rng):
+    """psum and all_gather inside shard_map over a one-device mesh: all-reduce and
+    all-gather with a single replica, which return their operand."""
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    mesh = Mesh(np.array(jax.devices()[:1]), ("d",))
+
+    def body(a):
+        return jax.lax.psum(a, "d") * 2.0, jax.lax.all_gather(a, "d", tiled=True) + 1.0
+
+    f = jax.shard_map(body, mesh=mesh, in_specs=P("d"), out_specs=(P(), P()), check_vma=False)
+    return f, [normal(rng, (4, 6), 1.0)]
+
+
 CASES = [
     ("mlp", case_mlp, 1001),
     ("attention", case_attention, 1002),
@@ -437,6 +601,18 @@ CASES = [
     ("half_floats", case_half_floats, 1017),
     ("bf16_matmul", case_bf16_matmul, 1018),
     ("convert_matrix", case_convert_matrix, 1019),
+    ("layer_norm", case_layer_norm, 1020),
+    ("rotary_embedding", case_rotary_embedding, 1021),
+    ("embedding_gather", case_embedding_gather, 1022),
+    ("scatter_updates", case_scatter_updates, 1023),
+    ("mlp_grad", case_mlp_grad, 1024),
+    ("pad_reverse", case_pad_reverse, 1025),
+    ("dynamic_slices", case_dynamic_slices, 1026),
+    ("batch_norm", case_batch_norm, 1027),
+    ("random_numbers", case_random_numbers, 1028),
+    ("clamp_bitcast", case_clamp_bitcast, 1029),
+    ("batched_gather_scatter", case_batched_gather_scatter, 1030),
+    ("single_core_collectives", case_single_core_collectives, 1031),
 ]
 
 # Cases generated with 64-bit types enabled (jax_enable_x64), for s64 / u64.

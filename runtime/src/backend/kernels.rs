@@ -6,12 +6,14 @@
 //! (NaN-propagating `maximum`/`minimum`, integer division by zero gives -1, wrapping
 //! integer arithmetic, saturating float-to-int conversion).
 
-use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn, Slice, Zip};
+use ndarray::{ArrayD, ArrayViewD, Axis, Dimension, IxDyn, Slice, Zip};
 
 use super::element::{Element, Int, cast, with_element, with_float, with_int};
-use super::{Destination, Value, ValueRef};
+use super::{Destination, OutOfBounds, Value, ValueRef};
 use crate::dtype::{ArrayType, DType, DTypeClass};
-use crate::isa::{ActivationFn, BinaryOp, CompareDirection, DotDims, Op, ReduceOp, UnaryOp};
+use crate::isa::{
+    ActivationFn, BinaryOp, CompareDirection, DotDims, GatherDims, Op, ReduceOp, ScatterCombine, ScatterDims, UnaryOp,
+};
 
 /// The array inside `v`, which validation has proven to be of type `T`.
 fn arr<'v, 'a, T: Element>(v: &'v ValueRef<'a>) -> &'v ArrayViewD<'a, T> {
@@ -29,10 +31,11 @@ macro_rules! each_type {
     }};
 }
 
-/// Applies `op` to `operands`, producing a value of type `out`.
-pub(super) fn execute(op: &Op, operands: &[ValueRef<'_>], out: &ArrayType) -> Value {
+/// Applies `op` to `operands`, producing a value of type `out`. Only gathers and
+/// scatters fail, on an index outside their array.
+pub(super) fn execute(op: &Op, operands: &[ValueRef<'_>], out: &ArrayType) -> Result<Value, OutOfBounds> {
     let dims = to_usize(&out.dims);
-    match op {
+    Ok(match op {
         Op::MatMul(d) => matmul(&operands[0], &operands[1], d, out),
         Op::Activation(f) => {
             let f = activation(*f);
@@ -58,7 +61,35 @@ pub(super) fn execute(op: &Op, operands: &[ValueRef<'_>], out: &ArrayType) -> Va
             with_element!(out.dtype, T => T::wrap(ArrayD::from_shape_fn(IxDyn(&dims), |ix| T::from_i64(ix[dim] as i64))))
         }
         Op::Copy => operands[0].to_owned(),
-    }
+        Op::Clamp => clamp(&operands[0], &operands[1], &operands[2]),
+        Op::Reverse { dims: axes } => each_type!(&operands[0], a => reverse(a, axes)),
+        Op::Pad { low, interior, .. } => {
+            each_type!(&operands[0], a => pad(a, first(arr(&operands[1])), low, interior, &dims))
+        }
+        Op::DynamicSlice { .. } => {
+            let start = clamped_starts(&operands[1..], operands[0].shape(), &dims);
+            each_type!(&operands[0], a => a.slice_each_axis(|ax| window(&start, &dims, ax.axis.index())).to_owned())
+        }
+        Op::DynamicUpdateSlice => {
+            let update_dims = operands[1].shape().to_vec();
+            let start = clamped_starts(&operands[2..], operands[0].shape(), &update_dims);
+            each_type!(&operands[0], a => {
+                let mut out = a.to_owned();
+                out.slice_each_axis_mut(|ax| window(&start, &update_dims, ax.axis.index())).assign(arr(&operands[1]));
+                out
+            })
+        }
+        Op::BitcastConvert => {
+            let mut bytes = vec![0u8; out.size_bytes().unwrap_or(0) as usize];
+            operands[0].write_le_bytes(&mut bytes);
+            Value::from_le_bytes(out, &bytes)
+        }
+        Op::Gather(g) => {
+            let indices = IndexRows::new(&operands[1], g.index_vector_dim);
+            each_type!(&operands[0], a => gather(a, &indices, g, &dims)?)
+        }
+        Op::Scatter { dims: s, combine } => scatter_value(&operands[0], &operands[1], &operands[2], s, *combine)?,
+    })
 }
 
 /// Applies `op` to `operands`, writing the `f32` result straight into `destination`
@@ -70,16 +101,21 @@ pub(super) fn execute_into<'d>(
     operands: &[ValueRef<'_>],
     out: &ArrayType,
     destination: Destination<'d>,
-) -> ValueRef<'d> {
+) -> Result<ValueRef<'d>, OutOfBounds> {
     let dims = IxDyn(&to_usize(&out.dims));
     let words = destination.0;
     let view = ndarray::ArrayViewMutD::from_shape(dims.clone(), &mut *words);
-    write_f32(op, operands, out, view.unwrap_or_else(|_| unvalidated("output")));
+    write_f32(op, operands, out, view.unwrap_or_else(|_| unvalidated("output")))?;
     let words: &'d [f32] = words;
-    ValueRef::F32(ArrayViewD::from_shape(dims, words).unwrap_or_else(|_| unvalidated("output")))
+    Ok(ValueRef::F32(ArrayViewD::from_shape(dims, words).unwrap_or_else(|_| unvalidated("output"))))
 }
 
-fn write_f32(op: &Op, operands: &[ValueRef<'_>], out: &ArrayType, mut dest: ndarray::ArrayViewMutD<'_, f32>) {
+fn write_f32(
+    op: &Op,
+    operands: &[ValueRef<'_>],
+    out: &ArrayType,
+    mut dest: ndarray::ArrayViewMutD<'_, f32>,
+) -> Result<(), OutOfBounds> {
     match (op, operands) {
         (Op::MatMul(d), [ValueRef::F32(l), ValueRef::F32(r)]) => batched_matmul_into(l, r, d, dest, gemm_f32),
         (Op::Binary(b), [ValueRef::F32(x), ValueRef::F32(y)]) => {
@@ -90,11 +126,12 @@ fn write_f32(op: &Op, operands: &[ValueRef<'_>], out: &ArrayType, mut dest: ndar
             let f = activation(*f);
             Zip::from(&mut dest).and(x).for_each(|o, &x| *o = f(x));
         }
-        _ => match execute(op, operands, out) {
+        _ => match execute(op, operands, out)? {
             Value::F32(value) => dest.assign(&value),
             _ => unvalidated("output"),
         },
     }
+    Ok(())
 }
 
 /// Operands that do not fit their operation: `Program::validate` rules this out, so
@@ -337,17 +374,37 @@ fn concatenate(operands: &[ValueRef<'_>], dim: usize) -> Value {
     with_element!(first.dtype(), T => T::wrap(join::<T>(operands, dim)))
 }
 
+fn reduce_f32(op: ReduceOp) -> fn(f32, f32) -> f32 {
+    match op {
+        ReduceOp::Add => |x, y| x + y,
+        ReduceOp::Multiply => |x, y| x * y,
+        ReduceOp::Maximum => max_f32,
+        ReduceOp::Minimum => min_f32,
+    }
+}
+
+fn reduce_int<T: Int>(op: ReduceOp) -> fn(T, T) -> T {
+    match op {
+        ReduceOp::Add => T::add,
+        ReduceOp::Multiply => T::mul,
+        ReduceOp::Maximum => Ord::max,
+        ReduceOp::Minimum => Ord::min,
+    }
+}
+
+fn reduce_pred(op: ReduceOp) -> fn(bool, bool) -> bool {
+    match op {
+        ReduceOp::Minimum | ReduceOp::Multiply => |x, y| x && y,
+        ReduceOp::Maximum | ReduceOp::Add => |x, y| x || y,
+    }
+}
+
 fn reduce(op: ReduceOp, operand: &ValueRef<'_>, init: &ValueRef<'_>, axes: &[u32]) -> Value {
     let dtype = operand.dtype();
     match dtype.class() {
         // Narrow floats accumulate in f32 and round once at the end.
         DTypeClass::Float => {
-            let f: fn(f32, f32) -> f32 = match op {
-                ReduceOp::Add => |x, y| x + y,
-                ReduceOp::Multiply => |x, y| x * y,
-                ReduceOp::Maximum => max_f32,
-                ReduceOp::Minimum => min_f32,
-            };
+            let f = reduce_f32(op);
             if let (ValueRef::F32(a), ValueRef::F32(init)) = (operand, init) {
                 return Value::F32(reduce_array(a, first(init), axes, f));
             }
@@ -358,20 +415,10 @@ fn reduce(op: ReduceOp, operand: &ValueRef<'_>, init: &ValueRef<'_>, axes: &[u32
             }, unvalidated("reduce"))
         }
         DTypeClass::Signed | DTypeClass::Unsigned => with_int!(dtype, T => {
-            let f: fn(T, T) -> T = match op {
-                ReduceOp::Add => T::add,
-                ReduceOp::Multiply => T::mul,
-                ReduceOp::Maximum => Ord::max,
-                ReduceOp::Minimum => Ord::min,
-            };
-            T::wrap(reduce_array(arr::<T>(operand), first(arr::<T>(init)), axes, f))
+            T::wrap(reduce_array(arr::<T>(operand), first(arr::<T>(init)), axes, reduce_int::<T>(op)))
         }, unvalidated("reduce")),
         DTypeClass::Pred => {
-            let f: fn(bool, bool) -> bool = match op {
-                ReduceOp::Minimum | ReduceOp::Multiply => |x, y| x && y,
-                ReduceOp::Maximum | ReduceOp::Add => |x, y| x || y,
-            };
-            Value::Pred(reduce_array(arr::<bool>(operand), first(arr::<bool>(init)), axes, f))
+            Value::Pred(reduce_array(arr::<bool>(operand), first(arr::<bool>(init)), axes, reduce_pred(op)))
         }
     }
 }
@@ -555,4 +602,244 @@ fn gemm_int<T: Int>(
             c[[i, j]] = acc;
         }
     }
+}
+
+fn clamp(lo: &ValueRef<'_>, x: &ValueRef<'_>, hi: &ValueRef<'_>) -> Value {
+    fn clamp_with<T: Copy>(
+        lo: &ArrayViewD<'_, T>,
+        x: &ArrayViewD<'_, T>,
+        hi: &ArrayViewD<'_, T>,
+        f: impl Fn(T, T, T) -> T,
+    ) -> ArrayD<T> {
+        let (Some(lo), Some(hi)) = (lo.broadcast(x.raw_dim()), hi.broadcast(x.raw_dim())) else {
+            unvalidated("clamp");
+        };
+        Zip::from(x).and(&lo).and(&hi).map_collect(|&v, &l, &h| f(v, l, h))
+    }
+    let dtype = x.dtype();
+    match dtype.class() {
+        DTypeClass::Float => with_float!(dtype, T => T::wrap(clamp_with(arr::<T>(lo), arr::<T>(x), arr::<T>(hi),
+            |v, l, h| T::from_f32(min_f32(max_f32(v.to_f32(), l.to_f32()), h.to_f32())))), unvalidated("clamp")),
+        DTypeClass::Signed | DTypeClass::Unsigned => {
+            with_int!(dtype, T => T::wrap(clamp_with(arr::<T>(lo), arr::<T>(x),
+            arr::<T>(hi), |v, l, h| v.max(l).min(h))), unvalidated("clamp"))
+        }
+        DTypeClass::Pred => unvalidated("clamp on pred"),
+    }
+}
+
+fn reverse<T: Clone>(a: &ArrayViewD<'_, T>, axes: &[u32]) -> ArrayD<T> {
+    let mut view = a.view();
+    for &axis in axes {
+        view.invert_axis(Axis(axis as usize));
+    }
+    view.as_standard_layout().into_owned()
+}
+
+/// XLA `pad`: operand element `i` of an axis lands at `low + i * (interior + 1)`; those
+/// that land outside the output (negative padding) are cropped.
+fn pad<T: Clone>(a: &ArrayViewD<'_, T>, value: T, low: &[i64], interior: &[u64], out_dims: &[usize]) -> ArrayD<T> {
+    let mut out = ArrayD::from_elem(IxDyn(out_dims), value);
+    let mut source = Vec::with_capacity(a.ndim());
+    let mut target = Vec::with_capacity(a.ndim());
+    for (d, &n) in a.shape().iter().enumerate() {
+        let (low, step, size) = (low[d], interior[d] as i64 + 1, out_dims[d] as i64);
+        // The operand elements whose position falls in [0, size).
+        let first = if low >= 0 { 0 } else { (-low + step - 1) / step };
+        let last = (size - 1 - low).div_euclid(step).min(n as i64 - 1);
+        if n == 0 || first > last {
+            return out;
+        }
+        source.push(Slice::from(first as isize..=last as isize));
+        target.push(Slice::new((low + first * step) as isize, Some((low + last * step + 1) as isize), step as isize));
+    }
+    out.slice_each_axis_mut(|ax| target[ax.axis.index()]).assign(&a.slice_each_axis(|ax| source[ax.axis.index()]));
+    out
+}
+
+/// An integer scalar as an index: signed values as they are, unsigned ones capped at
+/// `i64::MAX`.
+fn index_value<T: Element>(x: T) -> i64 {
+    match T::DTYPE.class() {
+        DTypeClass::Unsigned => x.to_u64().min(i64::MAX as u64) as i64,
+        _ => x.to_i64(),
+    }
+}
+
+/// Dynamic-slice start indices, clamped so that a window of `sizes` fits in `dims`.
+fn clamped_starts(indices: &[ValueRef<'_>], dims: &[usize], sizes: &[usize]) -> Vec<usize> {
+    indices
+        .iter()
+        .zip(dims.iter().zip(sizes))
+        .map(|(v, (&dim, &size))| {
+            let i = with_int!(v.dtype(), T => index_value(first(arr::<T>(v))), unvalidated("start index"));
+            i.clamp(0, dim.saturating_sub(size) as i64) as usize
+        })
+        .collect()
+}
+
+fn window(start: &[usize], sizes: &[usize], axis: usize) -> Slice {
+    Slice::from(start[axis]..start[axis] + sizes[axis])
+}
+
+/// Gather and scatter indices: one index vector per position of the batch shape.
+struct IndexRows {
+    batch_shape: Vec<usize>,
+    vector: usize,
+    values: Vec<i64>,
+}
+
+impl IndexRows {
+    fn new(indices: &ValueRef<'_>, index_vector_dim: u32) -> IndexRows {
+        fn rows<T: Element>(a: &ArrayViewD<'_, T>, ivd: usize) -> IndexRows {
+            let mut view = a.view();
+            if ivd == view.ndim() {
+                view = view.insert_axis(Axis(ivd));
+            }
+            let mut order: Vec<usize> = (0..view.ndim()).filter(|&d| d != ivd).collect();
+            order.push(ivd);
+            let batch_shape: Vec<usize> = order[..order.len() - 1].iter().map(|&d| view.shape()[d]).collect();
+            let vector = view.shape()[ivd];
+            let values = view.permuted_axes(IxDyn(&order)).iter().map(|&x| index_value(x)).collect();
+            IndexRows { batch_shape, vector, values }
+        }
+        let ivd = index_vector_dim as usize;
+        with_int!(indices.dtype(), T => rows(arr::<T>(indices), ivd), unvalidated("indices"))
+    }
+
+    fn row(&self, r: usize) -> &[i64] {
+        &self.values[r * self.vector..(r + 1) * self.vector]
+    }
+}
+
+/// The position of indices dimension `dim` in the batch shape (the index vector
+/// dimension taken out).
+fn batch_position(dim: u32, index_vector_dim: u32) -> usize {
+    (if dim > index_vector_dim { dim - 1 } else { dim }) as usize
+}
+
+/// Full start coordinates of one gather or scatter window, checked to fit in `dims`.
+fn window_start(
+    row: &[i64],
+    batch: &[usize],
+    to_operand: &[u32],
+    batching: (&[u32], &[u32], u32),
+    sizes: &[usize],
+    dims: &[usize],
+    what: &str,
+) -> Result<Vec<usize>, OutOfBounds> {
+    let mut start = vec![0i64; dims.len()];
+    for (&d, &i) in to_operand.iter().zip(row) {
+        start[d as usize] = i;
+    }
+    let (operand_batching, indices_batching, ivd) = batching;
+    for (&d, &i) in operand_batching.iter().zip(indices_batching) {
+        start[d as usize] = batch[batch_position(i, ivd)] as i64;
+    }
+    let fits = start
+        .iter()
+        .zip(sizes.iter().zip(dims))
+        .all(|(&s, (&size, &dim))| s >= 0 && s as u64 + size as u64 <= dim as u64);
+    if fits {
+        Ok(start.into_iter().map(|s| s as usize).collect())
+    } else {
+        Err(OutOfBounds(format!(
+            "{what} index {row:?} at batch position {batch:?} puts a window of {sizes:?} at {start:?}, outside an array of {dims:?}"
+        )))
+    }
+}
+
+fn gather<T: Copy + Default>(
+    a: &ArrayViewD<'_, T>,
+    indices: &IndexRows,
+    g: &GatherDims,
+    out_dims: &[usize],
+) -> Result<ArrayD<T>, OutOfBounds> {
+    let mut out = ArrayD::from_elem(IxDyn(out_dims), T::default());
+    let sizes = to_usize(&g.slice_sizes);
+    let mut dropped: Vec<usize> =
+        g.collapsed_slice_dims.iter().chain(&g.operand_batching_dims).map(|&d| d as usize).collect();
+    dropped.sort_unstable();
+    let batch_dims: Vec<usize> = (0..out_dims.len()).filter(|d| !g.offset_dims.contains(&(*d as u32))).collect();
+    let batching = (g.operand_batching_dims.as_slice(), g.start_indices_batching_dims.as_slice(), g.index_vector_dim);
+    for (r, batch) in ndarray::indices(IxDyn(&indices.batch_shape)).into_iter().enumerate() {
+        let batch = batch.slice();
+        let start = window_start(indices.row(r), batch, &g.start_index_map, batching, &sizes, a.shape(), "gather")?;
+        let mut slice = a.slice_each_axis(|ax| window(&start, &sizes, ax.axis.index()));
+        for &d in dropped.iter().rev() {
+            slice = slice.index_axis_move(Axis(d), 0);
+        }
+        let mut target = out.view_mut();
+        for (&d, &i) in batch_dims.iter().zip(batch).rev() {
+            target = target.index_axis_move(Axis(d), i);
+        }
+        target.assign(&slice);
+    }
+    Ok(out)
+}
+
+fn scatter<T: Copy>(
+    a: &ArrayViewD<'_, T>,
+    indices: &IndexRows,
+    updates: &ArrayViewD<'_, T>,
+    s: &ScatterDims,
+    combine: impl Fn(T, T) -> T,
+) -> Result<ArrayD<T>, OutOfBounds> {
+    let mut out = a.to_owned();
+    let mut dropped: Vec<usize> =
+        s.inserted_window_dims.iter().chain(&s.input_batching_dims).map(|&d| d as usize).collect();
+    dropped.sort_unstable();
+    let mut window_sizes = s.update_window_dims.iter().map(|&d| updates.shape()[d as usize]);
+    let sizes: Vec<usize> =
+        (0..a.ndim()).map(|d| if dropped.contains(&d) { 1 } else { window_sizes.next().unwrap_or(1) }).collect();
+    let batch_dims: Vec<usize> = (0..updates.ndim()).filter(|d| !s.update_window_dims.contains(&(*d as u32))).collect();
+    let batching = (s.input_batching_dims.as_slice(), s.scatter_indices_batching_dims.as_slice(), s.index_vector_dim);
+    for (r, batch) in ndarray::indices(IxDyn(&indices.batch_shape)).into_iter().enumerate() {
+        let batch = batch.slice();
+        let start = window_start(
+            indices.row(r),
+            batch,
+            &s.scatter_dims_to_operand_dims,
+            batching,
+            &sizes,
+            a.shape(),
+            "scatter",
+        )?;
+        let mut target = out.slice_each_axis_mut(|ax| window(&start, &sizes, ax.axis.index()));
+        for &d in dropped.iter().rev() {
+            target = target.index_axis_move(Axis(d), 0);
+        }
+        let mut update = updates.view();
+        for (&d, &i) in batch_dims.iter().zip(batch).rev() {
+            update = update.index_axis_move(Axis(d), i);
+        }
+        Zip::from(&mut target).and(&update).for_each(|o, &u| *o = combine(*o, u));
+    }
+    Ok(out)
+}
+
+fn scatter_value(
+    a: &ValueRef<'_>,
+    indices: &ValueRef<'_>,
+    updates: &ValueRef<'_>,
+    s: &ScatterDims,
+    combine: ScatterCombine,
+) -> Result<Value, OutOfBounds> {
+    let indices = IndexRows::new(indices, s.index_vector_dim);
+    let dtype = a.dtype();
+    Ok(match (combine, dtype.class()) {
+        (ScatterCombine::Replace, _) => each_type!(a, a => scatter(a, &indices, arr(updates), s, |_, u| u)?),
+        (ScatterCombine::Reduce(op), DTypeClass::Float) => {
+            let f = reduce_f32(op);
+            with_float!(dtype, T => T::wrap(scatter(arr::<T>(a), &indices, arr::<T>(updates), s,
+                |x, u| T::from_f32(f(x.to_f32(), u.to_f32())))?), unvalidated("scatter"))
+        }
+        (ScatterCombine::Reduce(op), DTypeClass::Signed | DTypeClass::Unsigned) => {
+            with_int!(dtype, T => T::wrap(scatter(arr::<T>(a), &indices, arr::<T>(updates), s, reduce_int::<T>(op))?),
+                unvalidated("scatter"))
+        }
+        (ScatterCombine::Reduce(op), DTypeClass::Pred) => {
+            Value::Pred(scatter(arr::<bool>(a), &indices, arr::<bool>(updates), s, reduce_pred(op))?)
+        }
+    })
 }

@@ -75,13 +75,7 @@ impl Value {
 
     /// Writes the value's elements, row-major and little-endian, into `out`.
     pub(crate) fn write_le_bytes(&self, out: &mut [u8]) {
-        fn write<T: Element>(a: &ArrayD<T>, out: &mut [u8]) {
-            match a.as_slice() {
-                Some(slice) => T::encode_le(slice.iter(), out),
-                None => T::encode_le(a.iter(), out),
-            }
-        }
-        each_variant!(Value, self, a => write(a, out))
+        self.view().write_le_bytes(out)
     }
 
     /// A borrowed view of the value.
@@ -124,6 +118,21 @@ impl<'a> ValueRef<'a> {
             T::DTYPE
         }
         each_variant!(ValueRef, self, a => dtype(a))
+    }
+
+    pub(crate) fn shape(&self) -> &[usize] {
+        each_variant!(ValueRef, self, a => a.shape())
+    }
+
+    /// Writes the elements, row-major and little-endian, into `out`.
+    pub(crate) fn write_le_bytes(&self, out: &mut [u8]) {
+        fn write<T: Element>(a: &ArrayViewD<'_, T>, out: &mut [u8]) {
+            match a.as_slice() {
+                Some(slice) => T::encode_le(slice.iter(), out),
+                None => T::encode_le(a.iter(), out),
+            }
+        }
+        each_variant!(ValueRef, self, a => write(a, out))
     }
 
     /// The same view, borrowed for a shorter time.
@@ -187,11 +196,17 @@ pub(crate) enum Output<'a> {
     Value(Value),
 }
 
+/// A gather or scatter index that reaches outside its array: what and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct OutOfBounds(pub(crate) String);
+
 /// Why a run stopped early.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RunError {
     /// The deadline passed before `step` could start.
     DeadlineExceeded { step: usize, steps: usize },
+    /// The instruction at `step` indexed outside an array.
+    OutOfBounds { step: usize, detail: String },
 }
 
 /// A program prepared for repeated execution.
@@ -339,10 +354,11 @@ impl Executable {
             let slot = match destination {
                 Some((k, destination)) => {
                     written[k] = true;
-                    Slot::Borrowed(kernels::execute_into(&instruction.op, &operands, out_ty, destination))
+                    kernels::execute_into(&instruction.op, &operands, out_ty, destination).map(Slot::Borrowed)
                 }
-                None => Slot::Owned(kernels::execute(&instruction.op, &operands, out_ty)),
+                None => kernels::execute(&instruction.op, &operands, out_ty).map(Slot::Owned),
             };
+            let slot = slot.map_err(|OutOfBounds(detail)| RunError::OutOfBounds { step, detail })?;
             drop(operands);
             slots[b] = slot;
             for &r in &self.release_after[step] {
