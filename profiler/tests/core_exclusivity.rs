@@ -15,6 +15,8 @@ fn bench(lock_dir: &Path, model: &Path, extra: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_neuron-bench"));
     command
         .env("NEURON_VIRT_LOCK_DIR", lock_dir)
+        // The killed holder's datastore file stays behind: keep it in the test's directory.
+        .env("NEURON_VIRT_DATASTORE_DIR", lock_dir.with_file_name("datastores"))
         .env_remove("NEURON_RT_VISIBLE_CORES")
         .env_remove("NEURON_RT_NUM_CORES")
         .args(["exec", "--cores", "0"])
