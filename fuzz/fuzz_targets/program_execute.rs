@@ -22,7 +22,13 @@ fn runtime() -> &'static Runtime {
                 lock_dir: lock_dir.path().to_path_buf(),
                 ..Config::default()
             };
-            (Runtime::start(config).expect("runtime"), lock_dir)
+            let runtime = Runtime::start(config).expect("runtime");
+            // A static is never dropped, so the runtime never closes: unlink its datastore
+            // file now (the mapping stays valid) rather than leave it in shared memory.
+            if let Ok(path) = runtime.datastore_path() {
+                let _ = std::fs::remove_file(path);
+            }
+            (runtime, lock_dir)
         })
         .0
 }

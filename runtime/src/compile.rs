@@ -737,18 +737,15 @@ pub const CUSTOM_CALL_TARGETS: &[&str] = &["Sharding", "SPMDFullToShardShape", "
 /// Collectives run on one core for now: every replica group must hold one replica.
 fn single_replica_groups(inst: &hlo::Instruction) -> Result<(), String> {
     let groups = inst.attribute("replica_groups").unwrap_or("{}");
-    let members = |group: &str| group.split(',').filter(|m| !m.trim().is_empty()).count();
-    let inner = groups.trim().strip_prefix('{').and_then(|g| g.strip_suffix('}')).unwrap_or(groups);
-    let largest = if inner.trim_start().starts_with('{') {
-        inner.split('}').map(|g| members(g.trim_start_matches([',', ' ', '{']))).max().unwrap_or(0)
-    } else {
-        // The iota form `[N,M]<=[...]`: N groups of M replicas.
-        inner
-            .strip_prefix('[')
-            .and_then(|r| r.split(']').next())
-            .and_then(|r| r.split(',').nth(1))
-            .map_or(if inner.trim().is_empty() { 0 } else { 2 }, |m| m.trim().parse().unwrap_or(2))
+    let largest = match groups.strip_prefix('[') {
+        // The iota form `[N,M]<=[...]`: N groups of M replicas (unreadable: refuse).
+        Some(iota) => iota.split(']').next().and_then(|d| d.split(',').nth(1)).and_then(|m| m.trim().parse().ok()),
+        // `{{0,1},{2,3}}`: count the members of each group.
+        None => {
+            groups.split('}').map(|g| g.split(',').filter(|m| !m.trim_matches(['{', ' ']).is_empty()).count()).max()
+        }
     };
+    let largest = largest.unwrap_or(usize::MAX);
     if largest > 1 {
         return Err(format!(
             "`{}` with replica_groups={groups} needs several NeuronCores; collectives across cores are not supported yet, so compile for one replica",

@@ -417,125 +417,47 @@ int_arithmetic!(
     u8: u8, i8; u16: u16, i16; u32: u32, i32; u64: u64, i64
 );
 
+/// Matches `$dtype` against the listed element types, running `$body` with `$T` bound
+/// to the listed host type; any other type runs `$other`.
+macro_rules! dispatch_types {
+    ($dtype:expr, $T:ident => $body:expr, $other:expr; $($variant:ident: $host:ty),+) => {{
+        #[allow(unreachable_patterns)]
+        let result = match $dtype {
+            $($crate::dtype::DType::$variant => {
+                type $T = $host;
+                $body
+            })+
+            _ => $other,
+        };
+        result
+    }};
+}
+
 /// Runs `$body` with `$T` bound to the host type of `$dtype`.
 macro_rules! with_element {
     ($dtype:expr, $T:ident => $body:expr) => {
-        match $dtype {
-            $crate::dtype::DType::Pred => {
-                type $T = bool;
-                $body
-            }
-            $crate::dtype::DType::S8 => {
-                type $T = i8;
-                $body
-            }
-            $crate::dtype::DType::S16 => {
-                type $T = i16;
-                $body
-            }
-            $crate::dtype::DType::S32 => {
-                type $T = i32;
-                $body
-            }
-            $crate::dtype::DType::S64 => {
-                type $T = i64;
-                $body
-            }
-            $crate::dtype::DType::U8 => {
-                type $T = u8;
-                $body
-            }
-            $crate::dtype::DType::U16 => {
-                type $T = u16;
-                $body
-            }
-            $crate::dtype::DType::U32 => {
-                type $T = u32;
-                $body
-            }
-            $crate::dtype::DType::U64 => {
-                type $T = u64;
-                $body
-            }
-            $crate::dtype::DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            $crate::dtype::DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            $crate::dtype::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-        }
+        $crate::backend::element::dispatch_types!($dtype, $T => $body, unreachable!("every element type is listed");
+            Pred: bool, S8: i8, S16: i16, S32: i32, S64: i64, U8: u8, U16: u16, U32: u32, U64: u64,
+            F16: half::f16, BF16: half::bf16, F32: f32)
     };
 }
 
 /// Runs `$body` with `$T` bound to the host type of integer `$dtype`, or `$other`.
 macro_rules! with_int {
     ($dtype:expr, $T:ident => $body:expr, $other:expr) => {
-        match $dtype {
-            $crate::dtype::DType::S8 => {
-                type $T = i8;
-                $body
-            }
-            $crate::dtype::DType::S16 => {
-                type $T = i16;
-                $body
-            }
-            $crate::dtype::DType::S32 => {
-                type $T = i32;
-                $body
-            }
-            $crate::dtype::DType::S64 => {
-                type $T = i64;
-                $body
-            }
-            $crate::dtype::DType::U8 => {
-                type $T = u8;
-                $body
-            }
-            $crate::dtype::DType::U16 => {
-                type $T = u16;
-                $body
-            }
-            $crate::dtype::DType::U32 => {
-                type $T = u32;
-                $body
-            }
-            $crate::dtype::DType::U64 => {
-                type $T = u64;
-                $body
-            }
-            _ => $other,
-        }
+        $crate::backend::element::dispatch_types!($dtype, $T => $body, $other;
+            S8: i8, S16: i16, S32: i32, S64: i64, U8: u8, U16: u16, U32: u32, U64: u64)
     };
 }
 
 /// Runs `$body` with `$T` bound to the host type of floating-point `$dtype`, or `$other`.
 macro_rules! with_float {
     ($dtype:expr, $T:ident => $body:expr, $other:expr) => {
-        match $dtype {
-            $crate::dtype::DType::F16 => {
-                type $T = half::f16;
-                $body
-            }
-            $crate::dtype::DType::BF16 => {
-                type $T = half::bf16;
-                $body
-            }
-            $crate::dtype::DType::F32 => {
-                type $T = f32;
-                $body
-            }
-            _ => $other,
-        }
+        $crate::backend::element::dispatch_types!($dtype, $T => $body, $other; F16: half::f16, BF16: half::bf16, F32: f32)
     };
 }
 
-pub(crate) use {with_element, with_float, with_int};
+pub(crate) use {dispatch_types, with_element, with_float, with_int};
 
 #[cfg(test)]
 mod tests {
