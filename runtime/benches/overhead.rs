@@ -1,6 +1,6 @@
 //! What the runtime adds on top of the arithmetic: GEMM throughput through a full
-//! synchronous execution against `matrixmultiply::sgemm` called directly on the same
-//! shapes, and the fixed cost of executing a one-operator model.
+//! synchronous execution against `gemm::gemm` (the GEMM the backend uses) called directly
+//! on the same shapes, both on one host thread, and the fixed cost of executing a one-operator model.
 //!
 //! Run: `cargo bench -p neuron-runtime --bench overhead [-- gemm|fixed]` (both parts by
 //! default). Results go in BENCHMARKS.md.
@@ -30,6 +30,9 @@ fn main() {
     let runtime = Runtime::start(Config {
         lock_dir: lock_dir.path().to_path_buf(),
         cores: CoreRequest::Visible(CoreSet::range(0, 0)),
+        // One compute slot: no idle slot to lend, so products stay on the calling
+        // thread, like the direct call they are compared with.
+        host_threads: 1,
         ..Config::from_env().expect("configuration")
     })
     .expect("runtime");
@@ -37,7 +40,7 @@ fn main() {
     let part = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let wants = |name: &str| part.as_deref().is_none_or(|p| p == name);
     if wants("gemm") {
-        println!("GEMM (f32, square): runtime execution vs matrixmultiply::sgemm called directly");
+        println!("GEMM (f32, square): runtime execution vs gemm::gemm called directly, one thread each");
         println!("{:>6} {:>14} {:>14} {:>8}", "n", "direct GFLOP/s", "runtime GFLOP/s", "ratio");
         for n in GEMM_SIZES {
             let (direct, through_runtime) = gemm_pair(&runtime, n);
@@ -79,7 +82,7 @@ fn paired_median_seconds(mut a: impl FnMut(), mut b: impl FnMut()) -> (f64, f64)
     (median(a_samples), median(b_samples))
 }
 
-/// GFLOP/s of an n×n×n product: matrixmultiply called directly, and a `dot` model
+/// GFLOP/s of an n×n×n product: the `gemm` crate called directly, and a `dot` model
 /// executed by the runtime (input DMA, the product, output DMA and the NaN scan).
 fn gemm_pair(runtime: &Runtime, n: usize) -> (f64, f64) {
     let a: Vec<f32> = (0..n * n).map(|i| (i % 7) as f32 * 0.25).collect();
@@ -88,21 +91,26 @@ fn gemm_pair(runtime: &Runtime, n: usize) -> (f64, f64) {
     let direct = || {
         // SAFETY: a, b and c are n×n row-major buffers matching the strides given.
         unsafe {
-            matrixmultiply::sgemm(
+            gemm::gemm(
                 n,
                 n,
                 n,
-                1.0,
-                a.as_ptr(),
-                n as isize,
-                1,
-                b.as_ptr(),
-                n as isize,
-                1,
-                0.0,
                 c.as_mut_ptr(),
-                n as isize,
                 1,
+                n as isize,
+                false,
+                a.as_ptr(),
+                1,
+                n as isize,
+                b.as_ptr(),
+                1,
+                n as isize,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
             );
         }
         std::hint::black_box(&mut c);

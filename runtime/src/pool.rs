@@ -9,15 +9,23 @@
 //! it. Each core still executes one thing at a time (the runtime serialises per core);
 //! the slots only bound how many cores compute at once. A job that panics is reported
 //! to its caller as a failure and its slot is released.
+//!
+//! A job may also borrow slots that are idle at that moment for data-parallel work (the
+//! halves of a large matrix product): [`HostPool::lend`] takes them without waiting, and
+//! the work runs on the job's thread plus one helper thread per lent slot. While they are
+//! lent, other jobs wait for them as for any held slot, so the host CPUs in use never
+//! exceed the slots.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Condvar, Mutex, PoisonError};
+use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
 
 #[derive(Debug)]
 pub(crate) struct HostPool {
     slots: usize,
     free: Mutex<usize>,
     released: Condvar,
+    /// Threads that run the parts of lent-slot work beyond the first; built on first use.
+    helpers: OnceLock<Option<rayon::ThreadPool>>,
 }
 
 /// A job that panicked instead of returning.
@@ -29,8 +37,48 @@ struct Slot<'p>(&'p HostPool);
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        *self.0.free.lock().unwrap_or_else(PoisonError::into_inner) += 1;
-        self.0.released.notify_one();
+        self.0.give_back(1);
+    }
+}
+
+/// Idle slots lent to a running job, given back when dropped.
+#[derive(Debug)]
+pub(crate) struct Lent<'p> {
+    pool: &'p HostPool,
+    count: usize,
+}
+
+impl Lent<'_> {
+    /// Threads the work may use: the job's own plus one per lent slot.
+    pub(crate) fn threads(&self) -> usize {
+        1 + self.count
+    }
+
+    /// Runs every part, the first on the calling thread and the others on helper
+    /// threads, and returns when all have finished. At most [`Lent::threads`] parts
+    /// run at once.
+    pub(crate) fn run<P: Send>(&self, parts: Vec<P>, work: impl Fn(P) + Sync) {
+        let helpers = match (self.count, self.pool.helpers()) {
+            (1.., Some(helpers)) => helpers,
+            _ => return parts.into_iter().for_each(work),
+        };
+        let mut parts = parts.into_iter();
+        let Some(first) = parts.next() else { return };
+        let work = &work;
+        helpers.in_place_scope(|scope| {
+            for part in parts {
+                scope.spawn(move |_| work(part));
+            }
+            work(first);
+        });
+    }
+}
+
+impl Drop for Lent<'_> {
+    fn drop(&mut self) {
+        if self.count > 0 {
+            self.pool.give_back(self.count);
+        }
     }
 }
 
@@ -38,7 +86,39 @@ impl HostPool {
     /// A pool of `slots` compute slots (at least one).
     pub(crate) fn new(slots: usize) -> HostPool {
         let slots = slots.max(1);
-        HostPool { slots, free: Mutex::new(slots), released: Condvar::new() }
+        HostPool { slots, free: Mutex::new(slots), released: Condvar::new(), helpers: OnceLock::new() }
+    }
+
+    /// Takes up to `max` slots that are idle now, without waiting for any.
+    pub(crate) fn lend(&self, max: usize) -> Lent<'_> {
+        if max == 0 || self.slots == 1 {
+            return Lent { pool: self, count: 0 };
+        }
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = max.min(*free);
+        *free -= count;
+        Lent { pool: self, count }
+    }
+
+    fn give_back(&self, count: usize) {
+        *self.free.lock().unwrap_or_else(PoisonError::into_inner) += count;
+        for _ in 0..count {
+            self.released.notify_one();
+        }
+    }
+
+    /// The helper threads (one fewer than the slots: the job's own thread does a part).
+    fn helpers(&self) -> Option<&rayon::ThreadPool> {
+        self.helpers
+            .get_or_init(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(self.slots - 1)
+                    .thread_name(|i| format!("neuron-helper-{i}"))
+                    .build()
+                    .map_err(|e| tracing::warn!("no helper threads for large matrix products: {e}"))
+                    .ok()
+            })
+            .as_ref()
     }
 
     pub(crate) fn threads(&self) -> usize {
@@ -81,6 +161,42 @@ mod tests {
         assert!(err.0.contains("boom"));
         assert_eq!(pool.run(|| 1).expect("still works"), 1);
         assert_eq!(*pool.free.lock().expect("lock"), 2, "the panicking job released its slot");
+    }
+
+    #[test]
+    fn lent_slots_run_parts_in_parallel_and_come_back() {
+        let pool = HostPool::new(3);
+        let held = pool.acquire();
+        let lent = pool.lend(8);
+        assert_eq!(lent.threads(), 3, "the two idle slots are lent, the held one is not");
+        assert_eq!(*pool.free.lock().expect("lock"), 0);
+        let (running, most, done) = (AtomicUsize::new(0), AtomicUsize::new(0), AtomicUsize::new(0));
+        lent.run((0..9).collect(), |part: usize| {
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            running.fetch_sub(1, Ordering::SeqCst);
+            done.fetch_add(part, Ordering::SeqCst);
+        });
+        assert_eq!(done.load(Ordering::SeqCst), 36, "every part ran once");
+        assert!(most.load(Ordering::SeqCst) <= 3);
+        drop(lent);
+        assert_eq!(*pool.free.lock().expect("lock"), 2);
+        assert_eq!(pool.lend(8).threads(), 3);
+        drop(held);
+        assert_eq!(*pool.free.lock().expect("lock"), 3);
+    }
+
+    #[test]
+    fn nothing_is_lent_when_no_slot_is_idle() {
+        let pool = HostPool::new(1);
+        let lent = pool.lend(4);
+        assert_eq!(lent.threads(), 1);
+        let sum = AtomicUsize::new(0);
+        lent.run(vec![1, 2, 3], |p| {
+            sum.fetch_add(p, Ordering::SeqCst);
+        });
+        assert_eq!(sum.load(Ordering::SeqCst), 6);
     }
 
     #[test]

@@ -172,8 +172,9 @@ impl Runtime {
             _ => {}
         }
         let reservation = CoreReservation::acquire(&shared.config.lock_dir, &shared.topology, &shared.config.cores)?;
-        let threads = shared.config.host_threads.min(reservation.cores().len()).max(1);
-        let pool = HostPool::new(threads);
+        // Each core runs one execution at a time, so at most `cores` slots hold jobs;
+        // the others are lent to large matrix products.
+        let pool = HostPool::new(shared.config.host_threads.max(1));
         tracing::info!(
             instance = %shared.topology.instance_type,
             cores = %reservation.cores(),
@@ -559,6 +560,7 @@ impl Runtime {
             ids,
             timeout: self.shared.config.exec_timeout,
             check_outputs: self.shared.config.numerical_errors != NumericalErrorsVerbosity::None,
+            pool: &pool,
         };
         let outcome = pool.run(|| {
             let kmgr_tracking = job.tracer.start(job.model.ring, EventType::KmgrExecCore, job.ids, 0);
@@ -805,6 +807,8 @@ struct CoreJob<'a> {
     ids: EventIds,
     timeout: Duration,
     check_outputs: bool,
+    /// The host compute slots, whose idle ones large matrix products may borrow.
+    pool: &'a HostPool,
 }
 
 /// What the core did: the NaN/Inf count or the error, the program's device time
@@ -951,15 +955,16 @@ impl CoreJob<'_> {
         // Instruction k runs from boundaries[k] to boundaries[k + 1]; their device
         // events are recorded once the program stops, as run records.
         let mut boundaries = Vec::with_capacity(if device { m.instructions.len() + 1 } else { 0 });
-        let results = m.executable.run(values, destinations, run_start.saturating_add(timeout_ticks), |_, a, b| {
-            executed += 1;
-            if device {
-                if boundaries.is_empty() {
-                    boundaries.push(a);
+        let results =
+            m.executable.run(values, destinations, run_start.saturating_add(timeout_ticks), self.pool, |_, a, b| {
+                executed += 1;
+                if device {
+                    if boundaries.is_empty() {
+                        boundaries.push(a);
+                    }
+                    boundaries.push(b);
                 }
-                boundaries.push(b);
-            }
-        });
+            });
         let run_end = ticks();
         if device {
             tracer.emit_instructions(slot, ids, &m.instructions, m.instructions_in_table, &boundaries);

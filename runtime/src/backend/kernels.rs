@@ -14,6 +14,7 @@ use crate::dtype::{ArrayType, DType, DTypeClass};
 use crate::isa::{
     ActivationFn, BinaryOp, CompareDirection, DotDims, GatherDims, Op, ReduceOp, ScatterCombine, ScatterDims, UnaryOp,
 };
+use crate::pool::HostPool;
 
 /// The array inside `v`, which validation has proven to be of type `T`.
 fn arr<'v, 'a, T: Element>(v: &'v ValueRef<'a>) -> &'v ArrayViewD<'a, T> {
@@ -31,17 +32,182 @@ macro_rules! each_type {
     }};
 }
 
+/// Binds `$f` to the `f32` function of an activation and evaluates `$body`. Each arm
+/// gets its own function item, so the loop in `$body` inlines it and can vectorise,
+/// which a function pointer chosen at run time would prevent.
+macro_rules! with_activation {
+    ($op:expr, $f:ident => $body:expr) => {
+        match $op {
+            ActivationFn::Exp => {
+                let $f = f32::exp;
+                $body
+            }
+            ActivationFn::Log => {
+                let $f = f32::ln;
+                $body
+            }
+            ActivationFn::Tanh => {
+                let $f = f32::tanh;
+                $body
+            }
+            ActivationFn::Logistic => {
+                let $f = |x: f32| 1.0 / (1.0 + (-x).exp());
+                $body
+            }
+            ActivationFn::Rsqrt => {
+                let $f = |x: f32| 1.0 / x.sqrt();
+                $body
+            }
+            ActivationFn::Sqrt => {
+                let $f = f32::sqrt;
+                $body
+            }
+            ActivationFn::Sine => {
+                let $f = f32::sin;
+                $body
+            }
+            ActivationFn::Cosine => {
+                let $f = f32::cos;
+                $body
+            }
+            ActivationFn::ExpMinusOne => {
+                let $f = f32::exp_m1;
+                $body
+            }
+            ActivationFn::LogPlusOne => {
+                let $f = f32::ln_1p;
+                $body
+            }
+        }
+    };
+}
+
+/// Binds `$f` to the `f32` function of a unary operation (see `with_activation`).
+macro_rules! with_unary_f32 {
+    ($op:expr, $f:ident => $body:expr) => {
+        match $op {
+            UnaryOp::Negate => {
+                let $f = |x: f32| -x;
+                $body
+            }
+            UnaryOp::Abs => {
+                let $f = f32::abs;
+                $body
+            }
+            UnaryOp::Sign => {
+                let $f = sign_f32;
+                $body
+            }
+            UnaryOp::Ceil => {
+                let $f = f32::ceil;
+                $body
+            }
+            UnaryOp::Floor => {
+                let $f = f32::floor;
+                $body
+            }
+            UnaryOp::RoundNearestEven => {
+                let $f = f32::round_ties_even;
+                $body
+            }
+            UnaryOp::RoundNearestAfz => {
+                let $f = f32::round;
+                $body
+            }
+            UnaryOp::Not => unvalidated("not on a float"),
+        }
+    };
+}
+
+/// Binds `$f` to the `f32` function of a binary operation (see `with_activation`).
+macro_rules! with_binary_f32 {
+    ($op:expr, $f:ident => $body:expr) => {
+        match $op {
+            BinaryOp::Add => {
+                let $f = |x: f32, y: f32| x + y;
+                $body
+            }
+            BinaryOp::Subtract => {
+                let $f = |x: f32, y: f32| x - y;
+                $body
+            }
+            BinaryOp::Multiply => {
+                let $f = |x: f32, y: f32| x * y;
+                $body
+            }
+            BinaryOp::Divide => {
+                let $f = |x: f32, y: f32| x / y;
+                $body
+            }
+            BinaryOp::Maximum => {
+                let $f = max_f32;
+                $body
+            }
+            BinaryOp::Minimum => {
+                let $f = min_f32;
+                $body
+            }
+            BinaryOp::Power => {
+                let $f = f32::powf;
+                $body
+            }
+            BinaryOp::Remainder => {
+                let $f = |x: f32, y: f32| x % y;
+                $body
+            }
+            BinaryOp::Atan2 => {
+                let $f = f32::atan2;
+                $body
+            }
+            BinaryOp::And
+            | BinaryOp::Or
+            | BinaryOp::Xor
+            | BinaryOp::ShiftLeft
+            | BinaryOp::ShiftRightLogical
+            | BinaryOp::ShiftRightArithmetic => unvalidated("bitwise operation on a float"),
+        }
+    };
+}
+
+/// Binds `$f` to the `f32` function of a reduction (see `with_activation`).
+macro_rules! with_reduce_f32 {
+    ($op:expr, $f:ident => $body:expr) => {
+        match $op {
+            ReduceOp::Add => {
+                let $f = |x: f32, y: f32| x + y;
+                $body
+            }
+            ReduceOp::Multiply => {
+                let $f = |x: f32, y: f32| x * y;
+                $body
+            }
+            ReduceOp::Maximum => {
+                let $f = max_f32;
+                $body
+            }
+            ReduceOp::Minimum => {
+                let $f = min_f32;
+                $body
+            }
+        }
+    };
+}
+
 /// Applies `op` to `operands`, producing a value of type `out`. Only gathers and
 /// scatters fail, on an index outside their array.
-pub(super) fn execute(op: &Op, operands: &[ValueRef<'_>], out: &ArrayType) -> Result<Value, OutOfBounds> {
+pub(super) fn execute(
+    op: &Op,
+    operands: &[ValueRef<'_>],
+    out: &ArrayType,
+    helpers: &HostPool,
+) -> Result<Value, OutOfBounds> {
     let dims = to_usize(&out.dims);
     Ok(match op {
-        Op::MatMul(d) => matmul(&operands[0], &operands[1], d, out),
-        Op::Activation(f) => {
-            let f = activation(*f);
+        Op::MatMul(d) => matmul(&operands[0], &operands[1], d, out, helpers),
+        Op::Activation(f) => with_activation!(*f, f => {
             with_float!(operands[0].dtype(), T => T::wrap(arr::<T>(&operands[0]).mapv(|x| T::from_f32(f(x.to_f32())))),
                 unvalidated("activation"))
-        }
+        }),
         Op::Unary(u) => unary(*u, &operands[0]),
         Op::Binary(b) => binary(*b, &operands[0], &operands[1]),
         Op::Compare { direction, total_order } => compare(*direction, *total_order, &operands[0], &operands[1]),
@@ -101,11 +267,12 @@ pub(super) fn execute_into<'d>(
     operands: &[ValueRef<'_>],
     out: &ArrayType,
     destination: Destination<'d>,
+    helpers: &HostPool,
 ) -> Result<ValueRef<'d>, OutOfBounds> {
     let dims = IxDyn(&to_usize(&out.dims));
     let words = destination.0;
     let view = ndarray::ArrayViewMutD::from_shape(dims.clone(), &mut *words);
-    write_f32(op, operands, out, view.unwrap_or_else(|_| unvalidated("output")))?;
+    write_f32(op, operands, out, view.unwrap_or_else(|_| unvalidated("output")), helpers)?;
     let words: &'d [f32] = words;
     Ok(ValueRef::F32(ArrayViewD::from_shape(dims, words).unwrap_or_else(|_| unvalidated("output"))))
 }
@@ -115,18 +282,17 @@ fn write_f32(
     operands: &[ValueRef<'_>],
     out: &ArrayType,
     mut dest: ndarray::ArrayViewMutD<'_, f32>,
+    helpers: &HostPool,
 ) -> Result<(), OutOfBounds> {
     match (op, operands) {
-        (Op::MatMul(d), [ValueRef::F32(l), ValueRef::F32(r)]) => batched_matmul_into(l, r, d, dest, gemm_f32),
+        (Op::MatMul(d), [ValueRef::F32(l), ValueRef::F32(r)]) => batched_matmul_into(l, r, d, dest, gemm_f32, helpers),
         (Op::Binary(b), [ValueRef::F32(x), ValueRef::F32(y)]) => {
-            let f = binary_f32(*b);
-            Zip::from(&mut dest).and(x).and(y).for_each(|o, &x, &y| *o = f(x, y));
+            with_binary_f32!(*b, f => Zip::from(&mut dest).and(x).and(y).for_each(|o, &x, &y| *o = f(x, y)))
         }
         (Op::Activation(f), [ValueRef::F32(x)]) => {
-            let f = activation(*f);
-            Zip::from(&mut dest).and(x).for_each(|o, &x| *o = f(x));
+            with_activation!(*f, f => Zip::from(&mut dest).and(x).for_each(|o, &x| *o = f(x)))
         }
-        _ => match execute(op, operands, out)? {
+        _ => match execute(op, operands, out, helpers)? {
             Value::F32(value) => dest.assign(&value),
             _ => unvalidated("output"),
         },
@@ -144,28 +310,12 @@ pub(super) fn to_usize(dims: &[u64]) -> Vec<usize> {
     dims.iter().map(|&d| d as usize).collect()
 }
 
-fn activation(f: ActivationFn) -> fn(f32) -> f32 {
-    match f {
-        ActivationFn::Exp => f32::exp,
-        ActivationFn::Log => f32::ln,
-        ActivationFn::Tanh => f32::tanh,
-        ActivationFn::Logistic => |x| 1.0 / (1.0 + (-x).exp()),
-        ActivationFn::Rsqrt => |x| 1.0 / x.sqrt(),
-        ActivationFn::Sqrt => f32::sqrt,
-        ActivationFn::Sine => f32::sin,
-        ActivationFn::Cosine => f32::cos,
-        ActivationFn::ExpMinusOne => f32::exp_m1,
-        ActivationFn::LogPlusOne => f32::ln_1p,
-    }
-}
-
 fn unary(op: UnaryOp, a: &ValueRef<'_>) -> Value {
     let dtype = a.dtype();
     match dtype.class() {
-        DTypeClass::Float => {
-            let f = unary_f32(op);
+        DTypeClass::Float => with_unary_f32!(op, f => {
             with_float!(dtype, T => T::wrap(arr::<T>(a).mapv(|x| T::from_f32(f(x.to_f32())))), unvalidated("unary"))
-        }
+        }),
         DTypeClass::Signed | DTypeClass::Unsigned => {
             with_int!(dtype, T => T::wrap(arr::<T>(a).mapv(unary_int::<T>(op))), unvalidated("unary"))
         }
@@ -173,19 +323,6 @@ fn unary(op: UnaryOp, a: &ValueRef<'_>) -> Value {
             UnaryOp::Not => Value::Pred(arr::<bool>(a).mapv(|x| !x)),
             _ => unvalidated("unary on pred"),
         },
-    }
-}
-
-fn unary_f32(op: UnaryOp) -> fn(f32) -> f32 {
-    match op {
-        UnaryOp::Negate => |x| -x,
-        UnaryOp::Abs => f32::abs,
-        UnaryOp::Sign => sign_f32,
-        UnaryOp::Ceil => f32::ceil,
-        UnaryOp::Floor => f32::floor,
-        UnaryOp::RoundNearestEven => f32::round_ties_even,
-        UnaryOp::RoundNearestAfz => f32::round,
-        UnaryOp::Not => |_| unvalidated("not on a float"),
     }
 }
 
@@ -213,11 +350,10 @@ fn zip_map<T: Copy, U>(a: &ArrayViewD<'_, T>, b: &ArrayViewD<'_, T>, f: impl Fn(
 fn binary(op: BinaryOp, a: &ValueRef<'_>, b: &ValueRef<'_>) -> Value {
     let dtype = a.dtype();
     match dtype.class() {
-        DTypeClass::Float => {
-            let f = binary_f32(op);
+        DTypeClass::Float => with_binary_f32!(op, f => {
             with_float!(dtype, T => T::wrap(zip_map(arr::<T>(a), arr::<T>(b), |x, y| T::from_f32(f(x.to_f32(), y.to_f32())))),
                 unvalidated("binary"))
-        }
+        }),
         DTypeClass::Signed | DTypeClass::Unsigned => {
             with_int!(dtype, T => T::wrap(zip_map(arr::<T>(a), arr::<T>(b), binary_int::<T>(op))), unvalidated("binary"))
         }
@@ -230,26 +366,6 @@ fn binary(op: BinaryOp, a: &ValueRef<'_>, b: &ValueRef<'_>) -> Value {
                 _ => unvalidated("binary on pred"),
             })
         }
-    }
-}
-
-fn binary_f32(op: BinaryOp) -> fn(f32, f32) -> f32 {
-    match op {
-        BinaryOp::Add => |x, y| x + y,
-        BinaryOp::Subtract => |x, y| x - y,
-        BinaryOp::Multiply => |x, y| x * y,
-        BinaryOp::Divide => |x, y| x / y,
-        BinaryOp::Maximum => max_f32,
-        BinaryOp::Minimum => min_f32,
-        BinaryOp::Power => f32::powf,
-        BinaryOp::Remainder => |x, y| x % y,
-        BinaryOp::Atan2 => f32::atan2,
-        BinaryOp::And
-        | BinaryOp::Or
-        | BinaryOp::Xor
-        | BinaryOp::ShiftLeft
-        | BinaryOp::ShiftRightLogical
-        | BinaryOp::ShiftRightArithmetic => |_, _| unvalidated("bitwise operation on a float"),
     }
 }
 
@@ -274,10 +390,12 @@ fn binary_int<T: Int>(op: BinaryOp) -> fn(T, T) -> T {
 }
 
 /// XLA's `maximum`: NaN in either operand gives NaN.
+#[inline]
 fn max_f32(x: f32, y: f32) -> f32 {
     if x.is_nan() || y.is_nan() { f32::NAN } else { x.max(y) }
 }
 
+#[inline]
 fn min_f32(x: f32, y: f32) -> f32 {
     if x.is_nan() || y.is_nan() { f32::NAN } else { x.min(y) }
 }
@@ -325,7 +443,11 @@ fn convert(a: &ValueRef<'_>, to: DType) -> Value {
 }
 
 /// Operand dimension `i` becomes output dimension `map[i]`.
-fn broadcast<T: Clone>(a: &ArrayViewD<'_, T>, map: &[u32], out_dims: &[usize]) -> ArrayD<T> {
+fn broadcast<T: Copy>(a: &ArrayViewD<'_, T>, map: &[u32], out_dims: &[usize]) -> ArrayD<T> {
+    if a.len() == 1 {
+        let value = *a.iter().next().unwrap_or_else(|| unvalidated("broadcast"));
+        return ArrayD::from_elem(IxDyn(out_dims), value);
+    }
     // Order the operand's axes by their target position, then insert unit axes for
     // the new dimensions, and let ndarray stretch the result.
     let mut order: Vec<usize> = (0..map.len()).collect();
@@ -339,7 +461,7 @@ fn broadcast<T: Clone>(a: &ArrayViewD<'_, T>, map: &[u32], out_dims: &[usize]) -
         unvalidated("broadcast");
     };
     match expanded.broadcast(IxDyn(out_dims)) {
-        Some(b) => b.as_standard_layout().into_owned(),
+        Some(b) => materialize(&b),
         None => unvalidated("broadcast"),
     }
 }
@@ -351,18 +473,31 @@ fn reshape<T: Clone>(a: &ArrayViewD<'_, T>, dims: &[usize]) -> ArrayD<T> {
     }
 }
 
-fn transpose<T: Clone>(a: &ArrayViewD<'_, T>, perm: &[u32]) -> ArrayD<T> {
+fn transpose<T: Copy>(a: &ArrayViewD<'_, T>, perm: &[u32]) -> ArrayD<T> {
     let perm: Vec<usize> = perm.iter().map(|&p| p as usize).collect();
-    a.view().permuted_axes(IxDyn(&perm)).as_standard_layout().into_owned()
+    materialize(&a.view().permuted_axes(IxDyn(&perm)))
 }
 
-fn slice<T: Clone>(a: &ArrayViewD<'_, T>, start: &[u64], limit: &[u64], stride: &[u64]) -> ArrayD<T> {
-    a.slice_each_axis(|ax| {
+fn slice<T: Copy>(a: &ArrayViewD<'_, T>, start: &[u64], limit: &[u64], stride: &[u64]) -> ArrayD<T> {
+    materialize(&a.slice_each_axis(|ax| {
         let i = ax.axis.index();
         Slice::new(start[i] as isize, Some(limit[i] as isize), stride[i] as isize)
-    })
-    .as_standard_layout()
-    .into_owned()
+    }))
+}
+
+/// A row-major copy of a view of any strides (a transposition, a broadcast, a strided
+/// slice). ndarray's element iterator steps through the dynamic index one element at a
+/// time; `Zip` walks the innermost axis as a plain strided loop.
+fn materialize<T: Copy>(view: &ArrayViewD<'_, T>) -> ArrayD<T> {
+    if view.is_standard_layout() {
+        return view.to_owned();
+    }
+    let mut out = ArrayD::uninit(view.raw_dim());
+    Zip::from(&mut out).and(view).for_each(|o, &x| {
+        o.write(x);
+    });
+    // SAFETY: `Zip` visited every element of `out` (same shape as `view`) once.
+    unsafe { out.assume_init() }
 }
 
 fn concatenate(operands: &[ValueRef<'_>], dim: usize) -> Value {
@@ -375,12 +510,7 @@ fn concatenate(operands: &[ValueRef<'_>], dim: usize) -> Value {
 }
 
 fn reduce_f32(op: ReduceOp) -> fn(f32, f32) -> f32 {
-    match op {
-        ReduceOp::Add => |x, y| x + y,
-        ReduceOp::Multiply => |x, y| x * y,
-        ReduceOp::Maximum => max_f32,
-        ReduceOp::Minimum => min_f32,
-    }
+    with_reduce_f32!(op, f => f)
 }
 
 fn reduce_int<T: Int>(op: ReduceOp) -> fn(T, T) -> T {
@@ -403,8 +533,7 @@ fn reduce(op: ReduceOp, operand: &ValueRef<'_>, init: &ValueRef<'_>, axes: &[u32
     let dtype = operand.dtype();
     match dtype.class() {
         // Narrow floats accumulate in f32 and round once at the end.
-        DTypeClass::Float => {
-            let f = reduce_f32(op);
+        DTypeClass::Float => with_reduce_f32!(op, f => {
             if let (ValueRef::F32(a), ValueRef::F32(init)) = (operand, init) {
                 return Value::F32(reduce_array(a, first(init), axes, f));
             }
@@ -413,7 +542,7 @@ fn reduce(op: ReduceOp, operand: &ValueRef<'_>, init: &ValueRef<'_>, axes: &[u32
                 let out = reduce_array(&widened.view(), first(arr::<T>(init)).to_f32(), axes, f);
                 T::wrap(out.mapv(T::from_f32))
             }, unvalidated("reduce"))
-        }
+        }),
         DTypeClass::Signed | DTypeClass::Unsigned => with_int!(dtype, T => {
             T::wrap(reduce_array(arr::<T>(operand), first(arr::<T>(init)), axes, reduce_int::<T>(op)))
         }, unvalidated("reduce")),
@@ -428,42 +557,79 @@ fn first<T: Copy + Default>(a: &ArrayViewD<'_, T>) -> T {
 }
 
 /// Folds the `axes` of `a` into `init` with `f`, keeping the other axes in order.
-fn reduce_array<T: Copy>(a: &ArrayViewD<'_, T>, init: T, axes: &[u32], f: fn(T, T) -> T) -> ArrayD<T> {
+/// `f` is associative and commutative (XLA requires it of reductions), so the fold
+/// may run in any order: trailing axes fold in eight interleaved lanes, leading axes
+/// row by row, both of which the compiler vectorises. Float sums may therefore round
+/// differently from a strictly sequential sum, as in XLA.
+fn reduce_array<T: Copy>(a: &ArrayViewD<'_, T>, init: T, axes: &[u32], f: impl Fn(T, T) -> T + Copy) -> ArrayD<T> {
     let rank = a.ndim();
-    let kept: Vec<usize> = (0..rank).filter(|d| !axes.contains(&(*d as u32))).collect();
-    let reduced: Vec<usize> = (0..rank).filter(|d| axes.contains(&(*d as u32))).collect();
-    let perm: Vec<usize> = kept.iter().chain(&reduced).copied().collect();
+    let is_reduced = |d: usize| axes.contains(&(d as u32));
+    let kept: Vec<usize> = (0..rank).filter(|&d| !is_reduced(d)).collect();
     let kept_dims: Vec<usize> = kept.iter().map(|&d| a.shape()[d]).collect();
     let outer: usize = kept_dims.iter().product();
-    let inner: usize = reduced.iter().map(|&d| a.shape()[d]).product();
-    let permuted = a.view().permuted_axes(IxDyn(&perm));
-    let rows = permuted.as_standard_layout();
-    let flat = rows.as_slice().unwrap_or(&[]);
-    let mut out = Vec::with_capacity(outer);
-    for row in 0..outer {
-        let start = row * inner;
-        out.push(flat.get(start..start + inner).unwrap_or(&[]).iter().fold(init, |acc, &x| f(acc, x)));
+    let inner: usize = (0..rank).filter(|&d| is_reduced(d)).map(|d| a.shape()[d]).product();
+    let out =
+        |values: Vec<T>| ArrayD::from_shape_vec(IxDyn(&kept_dims), values).unwrap_or_else(|_| unvalidated("reduce"));
+    if outer == 0 || inner == 0 {
+        return out(vec![init; outer]);
     }
-    ArrayD::from_shape_vec(IxDyn(&kept_dims), out).unwrap_or_else(|_| unvalidated("reduce"))
+    let trailing = kept.iter().enumerate().all(|(i, &d)| i == d);
+    let leading = kept.iter().enumerate().all(|(i, &d)| d == rank - kept.len() + i);
+    if trailing || leading {
+        let standard = a.as_standard_layout();
+        let flat = standard.as_slice().unwrap_or_else(|| unvalidated("reduce"));
+        if trailing {
+            return out(flat.chunks_exact(inner).map(|row| fold_lanes(row, init, f)).collect());
+        }
+        let mut acc = vec![init; outer];
+        for row in flat.chunks_exact(outer) {
+            acc.iter_mut().zip(row).for_each(|(acc, &x)| *acc = f(*acc, x));
+        }
+        return out(acc);
+    }
+    let reduced: Vec<usize> = (0..rank).filter(|&d| is_reduced(d)).collect();
+    let perm: Vec<usize> = kept.iter().chain(&reduced).copied().collect();
+    let rows = a.view().permuted_axes(IxDyn(&perm));
+    let rows = rows.as_standard_layout();
+    let flat = rows.as_slice().unwrap_or_else(|| unvalidated("reduce"));
+    out(flat.chunks_exact(inner).map(|row| fold_lanes(row, init, f)).collect())
+}
+
+/// Folds `row` into `init` with eight independent accumulators, combined at the end.
+fn fold_lanes<T: Copy>(row: &[T], init: T, f: impl Fn(T, T) -> T) -> T {
+    const LANES: usize = 8;
+    if row.len() < 2 * LANES {
+        return row.iter().fold(init, |acc, &x| f(acc, x));
+    }
+    let (head, rest) = row.split_at(LANES);
+    let mut lanes: [T; LANES] = head.try_into().unwrap_or_else(|_| unvalidated("reduce"));
+    let mut chunks = rest.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (lane, &x) in lanes.iter_mut().zip(chunk) {
+            *lane = f(*lane, x);
+        }
+    }
+    let folded = lanes.iter().fold(init, |acc, &x| f(acc, x));
+    chunks.remainder().iter().fold(folded, |acc, &x| f(acc, x))
 }
 
 /// `dot` with general dimension numbers, as batched matrix products. Floats multiply
 /// in f32 with f32 accumulation and round once to the output type; integers are
 /// converted to the output type first and wrap.
-fn matmul(lhs: &ValueRef<'_>, rhs: &ValueRef<'_>, d: &DotDims, out: &ArrayType) -> Value {
+fn matmul(lhs: &ValueRef<'_>, rhs: &ValueRef<'_>, d: &DotDims, out: &ArrayType, helpers: &HostPool) -> Value {
     let dims = to_usize(&out.dims);
     match lhs.dtype().class() {
         DTypeClass::Float => {
             if let (ValueRef::F32(l), ValueRef::F32(r), DType::F32) = (lhs, rhs, out.dtype) {
-                return Value::F32(batched_matmul(l, r, d, &dims, gemm_f32));
+                return Value::F32(batched_matmul(l, r, d, &dims, gemm_f32, helpers));
             }
             let (l, r) = (converted::<f32>(lhs), converted::<f32>(rhs));
-            let product = batched_matmul(&l.view(), &r.view(), d, &dims, gemm_f32);
+            let product = batched_matmul(&l.view(), &r.view(), d, &dims, gemm_f32, helpers);
             with_float!(out.dtype, D => D::wrap(product.mapv(D::from_f32)), unvalidated("dot"))
         }
         DTypeClass::Signed | DTypeClass::Unsigned => with_int!(out.dtype, D => {
             let (l, r) = (converted::<D>(lhs), converted::<D>(rhs));
-            D::wrap(batched_matmul(&l.view(), &r.view(), d, &dims, gemm_int::<D>))
+            D::wrap(batched_matmul(&l.view(), &r.view(), d, &dims, gemm_int::<D>, helpers))
         }, unvalidated("dot")),
         DTypeClass::Pred => unvalidated("dot on pred"),
     }
@@ -477,38 +643,92 @@ fn converted<D: Element>(v: &ValueRef<'_>) -> ArrayD<D> {
 /// A matrix product `c = a · b` on strided 2-D views; every element of `c` is written.
 type Gemm<T> = fn(ndarray::ArrayView2<'_, T>, ndarray::ArrayView2<'_, T>, ndarray::ArrayViewMut2<'_, T>);
 
-fn batched_matmul<T: Copy + Default>(
+fn batched_matmul<T: Copy + Default + Send + Sync>(
     lhs: &ArrayViewD<'_, T>,
     rhs: &ArrayViewD<'_, T>,
     d: &DotDims,
     out_dims: &[usize],
     gemm: Gemm<T>,
+    helpers: &HostPool,
 ) -> ArrayD<T> {
     let mut out = ArrayD::from_elem(IxDyn(out_dims), T::default());
-    batched_matmul_into(lhs, rhs, d, out.view_mut(), gemm);
+    batched_matmul_into(lhs, rhs, d, out.view_mut(), gemm, helpers);
     out
 }
 
+/// Products smaller than this many multiply-adds run on the calling thread alone:
+/// waking a helper thread costs tens of microseconds.
+const PARALLEL_MIN_MACS: usize = 1 << 22;
+
+/// One matrix product of a batch, or a block of columns or rows of one.
+type GemmJob<'a, T> = (ndarray::ArrayView2<'a, T>, ndarray::ArrayView2<'a, T>, ndarray::ArrayViewMut2<'a, T>);
+
 /// `dot` with general dimension numbers into `out` (the result's shape, row-major),
-/// as one matrix product per batch element. Every element of `out` is written.
-fn batched_matmul_into<T: Copy + Default>(
+/// as one matrix product per batch element. Every element of `out` is written. A large
+/// product is split across the host compute slots that are idle at that moment.
+fn batched_matmul_into<T: Copy + Default + Send + Sync>(
     lhs: &ArrayViewD<'_, T>,
     rhs: &ArrayViewD<'_, T>,
     d: &DotDims,
     out: ndarray::ArrayViewMutD<'_, T>,
     gemm: Gemm<T>,
+    helpers: &HostPool,
 ) {
     let (Ok(l), Ok(r)) =
         (arrange(lhs, &d.lhs_batch, &d.lhs_contracting, true), arrange(rhs, &d.rhs_batch, &d.rhs_contracting, false))
     else {
         unvalidated("dot")
     };
-    let (batch, m, _) = l.dim();
+    let (batch, m, k) = l.dim();
     let n = r.dim().2;
     let mut out = out.into_shape_with_order((batch, m, n)).unwrap_or_else(|_| unvalidated("dot"));
-    for i in 0..batch {
-        gemm(l.index_axis(Axis(0), i), r.index_axis(Axis(0), i), out.index_axis_mut(Axis(0), i));
+    let macs = batch.saturating_mul(m).saturating_mul(n).saturating_mul(k);
+    let wanted = if macs >= PARALLEL_MIN_MACS { (macs / PARALLEL_MIN_MACS).min(batch.max(m).max(n)) - 1 } else { 0 };
+    let lent = helpers.lend(wanted);
+    let threads = lent.threads();
+    let mut jobs: Vec<GemmJob<'_, T>> = Vec::with_capacity(batch);
+    for (i, c) in out.outer_iter_mut().enumerate() {
+        jobs.push((l.index_axis(Axis(0), i), r.index_axis(Axis(0), i), c));
     }
+    if threads == 1 {
+        return jobs.into_iter().for_each(|(a, b, c)| gemm(a, b, c));
+    }
+    // Fewer products than threads: cut each into blocks of its wider side.
+    if jobs.len() < threads {
+        let pieces = threads.div_ceil(jobs.len());
+        jobs = jobs.into_iter().flat_map(|job| split_gemm(job, pieces)).collect();
+    }
+    let per_part = jobs.len().div_ceil(threads);
+    let mut parts: Vec<Vec<GemmJob<'_, T>>> = Vec::with_capacity(threads);
+    let mut jobs = jobs.into_iter().peekable();
+    while jobs.peek().is_some() {
+        parts.push(jobs.by_ref().take(per_part).collect());
+    }
+    lent.run(parts, |part| part.into_iter().for_each(|(a, b, c)| gemm(a, b, c)));
+}
+
+/// Cuts a product into up to `pieces` products over blocks of columns (or of rows,
+/// when there are more rows than columns).
+fn split_gemm<T>((mut a, mut b, mut c): GemmJob<'_, T>, pieces: usize) -> Vec<GemmJob<'_, T>> {
+    let (m, n) = c.dim();
+    let (axis, len) = if n >= m { (Axis(1), n) } else { (Axis(0), m) };
+    let block = len.div_ceil(pieces).max(1);
+    let mut blocks = Vec::with_capacity(pieces);
+    while c.len_of(axis) > block {
+        let (c_head, c_rest) = c.split_at(axis, block);
+        c = c_rest;
+        if axis == Axis(1) {
+            let (b_head, b_rest) = b.split_at(axis, block);
+            b = b_rest;
+            blocks.push((a, b_head, c_head));
+        } else {
+            let (a_head, a_rest) = a.split_at(axis, block);
+            a = a_rest;
+            blocks.push((a_head, b, c_head));
+        }
+    }
+    blocks.push((a, b, c));
+    blocks
 }
 
 /// Arranges an operand as `[batch, free, contracting]` (or `[batch, contracting, free]`),
@@ -560,7 +780,8 @@ fn arrange<'a, T: Copy>(
     }
 }
 
-/// Single-precision matrix product through `matrixmultiply`.
+/// Single-precision matrix product through the `gemm` crate (its best kernel for the
+/// host CPU, on the calling thread).
 fn gemm_f32(a: ndarray::ArrayView2<'_, f32>, b: ndarray::ArrayView2<'_, f32>, mut c: ndarray::ArrayViewMut2<'_, f32>) {
     let (m, k) = a.dim();
     let n = b.dim().1;
@@ -577,11 +798,32 @@ fn gemm_f32(a: ndarray::ArrayView2<'_, f32>, b: ndarray::ArrayView2<'_, f32>, mu
     let (rsa, csa) = (a.strides()[0], a.strides()[1]);
     let (rsb, csb) = (b.strides()[0], b.strides()[1]);
     let (rsc, csc) = (c.strides()[0], c.strides()[1]);
-    // SAFETY: the pointers and strides describe the three views exactly (their
-    // dimensions were checked above), `c` is borrowed mutably and does not alias
-    // `a` or `b`, and matrixmultiply reads and writes only within those bounds.
+    // SAFETY: the pointers (to each view's first element) and strides describe the
+    // three views exactly (their dimensions were checked above), `c` is borrowed
+    // mutably and does not alias `a` or `b`, and gemm reads and writes only within
+    // those bounds. With `read_dst` false, `c` is only written: c = 1.0 * a * b.
     unsafe {
-        matrixmultiply::sgemm(m, k, n, 1.0, a.as_ptr(), rsa, csa, b.as_ptr(), rsb, csb, 0.0, c.as_mut_ptr(), rsc, csc);
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            csc,
+            rsc,
+            false,
+            a.as_ptr(),
+            csa,
+            rsa,
+            b.as_ptr(),
+            csb,
+            rsb,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
     }
 }
 
@@ -842,4 +1084,65 @@ fn scatter_value(
             Value::Pred(scatter(arr::<bool>(a), &indices, arr::<bool>(updates), s, reduce_pred(op))?)
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Deterministic values in [-1, 1).
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n as u32).map(|i| ((i.wrapping_mul(2_654_435_761) ^ seed) % 2001) as f32 / 1000.0 - 1.0).collect()
+    }
+
+    fn reference(l: &ndarray::Array3<f32>, r: &ndarray::Array3<f32>) -> ndarray::Array3<f64> {
+        let (b, m, k) = l.dim();
+        let n = r.dim().2;
+        ndarray::Array3::from_shape_fn((b, m, n), |(i, row, col)| {
+            (0..k).map(|p| l[[i, row, p]] as f64 * r[[i, p, col]] as f64).sum()
+        })
+    }
+
+    /// Products large enough to be split run on lent slots, cut by columns, by rows or
+    /// by batch element, and give the product a single thread gives.
+    #[test]
+    fn split_matrix_products_match_the_reference() {
+        let dims =
+            DotDims { lhs_batch: vec![0], lhs_contracting: vec![2], rhs_batch: vec![0], rhs_contracting: vec![1] };
+        for (b, m, k, n) in [(1, 8, 600, 1024), (1, 1024, 600, 8), (3, 64, 300, 256), (1, 3, 4, 5)] {
+            let l = ndarray::Array3::from_shape_vec((b, m, k), values(b * m * k, 7)).expect("shape");
+            let r = ndarray::Array3::from_shape_vec((b, k, n), values(b * k * n, 11)).expect("shape");
+            let expected = reference(&l, &r);
+            for slots in [1, 2, 3] {
+                let pool = HostPool::new(slots);
+                let out =
+                    batched_matmul(&l.view().into_dyn(), &r.view().into_dyn(), &dims, &[b, m, n], gemm_f32, &pool);
+                let worst = out.iter().zip(&expected).map(|(&x, &y)| (x as f64 - y).abs()).fold(0.0, f64::max);
+                assert!(worst < 1e-3, "{b}x{m}x{k}x{n} on {slots} slot(s): off by {worst}");
+            }
+        }
+    }
+
+    #[test]
+    fn reductions_over_leading_trailing_and_mixed_axes_match_a_sequential_fold() {
+        let a = ndarray::Array3::from_shape_vec((5, 7, 33), values(5 * 7 * 33, 3)).expect("shape").into_dyn();
+        for axes in [vec![2], vec![1, 2], vec![0], vec![0, 1], vec![1], vec![0, 2], vec![0, 1, 2], vec![]] {
+            let got = reduce_array(&a.view(), 0.5f32, &axes, |x, y| x + y);
+            let mut expected = a.mapv(|x| x as f64);
+            for &axis in axes.iter().rev() {
+                expected = expected.sum_axis(Axis(axis as usize));
+            }
+            assert_eq!(got.shape(), expected.shape(), "axes {axes:?}");
+            for (g, e) in got.iter().zip(&expected) {
+                assert!((*g as f64 - (e + 0.5)).abs() < 1e-4, "axes {axes:?}: {g} vs {}", e + 0.5);
+            }
+            let max = reduce_array(&a.view(), f32::NEG_INFINITY, &axes, max_f32);
+            let mut expected_max = a.clone();
+            for &axis in axes.iter().rev() {
+                expected_max = expected_max
+                    .map_axis(Axis(axis as usize), |lane| lane.iter().copied().fold(f32::NEG_INFINITY, max_f32));
+            }
+            assert_eq!(max, expected_max, "max over axes {axes:?} is exact");
+        }
+    }
 }

@@ -16,6 +16,7 @@ use element::with_element;
 
 use crate::dtype::{ArrayType, DType};
 use crate::isa::{BufferKind, Instruction, Program};
+use crate::pool::HostPool;
 use crate::trace::clock::ticks;
 
 /// A host array of one of the element types.
@@ -311,12 +312,14 @@ impl Executable {
     /// output with a destination is computed straight into it; the others are returned
     /// as values. The deadline is in host ticks (`trace::clock::ticks`), read once per
     /// instruction; `on_instruction(step, start, end)` sees each instruction's tick
-    /// interval, which costs no extra clock read.
+    /// interval, which costs no extra clock read. Large matrix products may borrow the
+    /// idle slots of `helpers`.
     pub(crate) fn run<'a>(
         &'a self,
         inputs: Vec<Input<'a>>,
         mut destinations: Vec<Option<Destination<'a>>>,
         deadline_ticks: u64,
+        helpers: &HostPool,
         mut on_instruction: impl FnMut(usize, u64, u64),
     ) -> Result<Vec<Output<'a>>, RunError> {
         let program = &self.program;
@@ -354,9 +357,9 @@ impl Executable {
             let slot = match destination {
                 Some((k, destination)) => {
                     written[k] = true;
-                    kernels::execute_into(&instruction.op, &operands, out_ty, destination).map(Slot::Borrowed)
+                    kernels::execute_into(&instruction.op, &operands, out_ty, destination, helpers).map(Slot::Borrowed)
                 }
-                None => kernels::execute(&instruction.op, &operands, out_ty).map(Slot::Owned),
+                None => kernels::execute(&instruction.op, &operands, out_ty, helpers).map(Slot::Owned),
             };
             let slot = slot.map_err(|OutOfBounds(detail)| RunError::OutOfBounds { step, detail })?;
             drop(operands);

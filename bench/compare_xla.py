@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""Time the same programs under XLA:CPU (through JAX) and under `neuron-bench`, in one run.
+
+Three programs, as the speed goals name them:
+
+- ``mlp``: a two-layer MLP with ReLU, batch 64, 512 -> 2048 -> 512;
+- ``attention``: causal multi-head self-attention, 256 tokens x 256 features, 4 heads;
+- ``chain``: 20 element-wise operations on a 64x64 tensor.
+
+For each program the script exports the HLO text JAX lowers it to, compiles it with
+``neuron-cc compile --auto-cast none`` (so both sides compute in f32, as XLA:CPU does),
+checks that one execution on virtual core nc0 matches XLA's output, then alternates
+rounds: XLA, then ``neuron-bench exec``, several times, and reports each side's median
+latency over all rounds and the ratio ours / XLA's.
+
+What each side's latency covers:
+
+- XLA: one call of the jitted function on arrays already on the device, until the
+  result is ready, timed in Python. This includes JAX's Python dispatch, which the
+  script measures on its own (a jitted ``negate`` of one float) and reports, with the
+  ratio recomputed against XLA's latency minus that dispatch cost.
+- neuron-bench: one synchronous ``Runtime::execute`` with bound input and output
+  tensors (input DMA, every engine instruction, output DMA, the NaN/Inf check), as
+  neuron-bench reports it.
+
+XLA:CPU may use every host CPU for one program; a virtual NeuronCore computes on one
+host thread. ``--xla-threads 1`` runs XLA single-threaded too.
+
+How to run (from the repository root, outside CI: it needs jax):
+
+    python3 -m venv /tmp/jaxenv && /tmp/jaxenv/bin/pip install "jax[cpu]==0.10.2"
+    cargo build --release -p neuron-profiler --bins
+    /tmp/jaxenv/bin/python bench/compare_xla.py [--rounds 5] [--iterations 400] [--xla-threads 1]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds per program (default 5)")
+    parser.add_argument("--iterations", type=int, default=400, help="executions per side per round (default 400)")
+    parser.add_argument("--xla-threads", type=int, default=0, help="limit XLA:CPU to this many threads (0: its default)")
+    parser.add_argument("--bin-dir", type=Path, default=ROOT / "target" / "release", help="where neuron-cc and neuron-bench are")
+    parser.add_argument("--only", action="append", help="run only this program (repeatable)")
+    return parser.parse_args()
+
+
+ARGS = parse_args()
+os.environ["JAX_PLATFORMS"] = "cpu"
+if ARGS.xla_threads:
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "")
+        + f" --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads={ARGS.xla_threads}"
+    )
+
+import jax  # noqa: E402  (the environment above must be set first)
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def mlp(x, w1, b1, w2, b2):
+    h = jax.nn.relu(x @ w1 + b1)
+    return h @ w2 + b2
+
+
+def attention(x, wq, wk, wv, wo, heads=4):
+    tokens, width = x.shape
+    head_dim = width // heads
+
+    def split(t):
+        return t.reshape(tokens, heads, head_dim).transpose(1, 0, 2)
+
+    q, k, v = split(x @ wq), split(x @ wk), split(x @ wv)
+    scores = jnp.einsum("htd,hsd->hts", q, k) / np.float32(np.sqrt(head_dim))
+    causal = jnp.tril(jnp.ones((tokens, tokens), dtype=bool))
+    scores = jnp.where(causal[None], scores, -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("hts,hsd->htd", probs, v).transpose(1, 0, 2).reshape(tokens, width)
+    return out @ wo
+
+
+def chain(x):
+    """Twenty element-wise operations; each one is an HLO instruction."""
+    y = x * np.float32(0.5)  # 1
+    y = y + np.float32(0.25)  # 2
+    y = jnp.tanh(y)  # 3
+    y = y * x  # 4
+    y = y - np.float32(0.125)  # 5
+    y = jnp.abs(y)  # 6
+    y = jnp.sqrt(y)  # 7
+    y = y + x  # 8
+    y = jnp.exp(y)  # 9
+    y = jnp.log1p(y)  # 10
+    y = jnp.maximum(y, x)  # 11
+    y = -y  # 12
+    y = y * np.float32(1.5)  # 13
+    y = jnp.minimum(y, np.float32(0.75))  # 14
+    y = jnp.sin(y)  # 15
+    y = y / np.float32(3.0)  # 16
+    y = jax.nn.sigmoid(y)  # 17
+    y = y - x  # 18
+    y = jnp.cos(y)  # 19
+    return y * y  # 20
+
+
+def programs():
+    rng = np.random.default_rng(20261121)
+
+    def normal(*shape, scale=1.0):
+        return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+    return {
+        "mlp": (
+            mlp,
+            [normal(64, 512), normal(512, 2048, scale=0.04), normal(2048, scale=0.1), normal(2048, 512, scale=0.02), normal(512, scale=0.1)],
+        ),
+        "attention": (attention, [normal(256, 256)] + [normal(256, 256, scale=0.06) for _ in range(4)]),
+        "chain": (chain, [normal(64, 64)]),
+    }
+
+
+def time_xla(jitted, args, iterations):
+    samples = []
+    for _ in range(iterations):
+        start = time.perf_counter_ns()
+        jitted(*args).block_until_ready()
+        samples.append(time.perf_counter_ns() - start)
+    return samples
+
+
+def run(cmd):
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(f"{' '.join(map(str, cmd))} failed ({result.returncode}):\n{result.stderr}")
+    return result.stdout
+
+
+def neuron_bench(bench, neff, inputs, iterations, env, save=None):
+    cmd = [bench, "exec", neff, "--cores", "0", "--iterations", str(iterations), "--json"]
+    for i, path in enumerate(inputs):
+        cmd += ["--input", f"{i}={path}"]
+    if save:
+        cmd += ["--save-outputs", save]
+    result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if result.returncode != 0:
+        sys.exit(f"neuron-bench failed ({result.returncode}):\n{result.stderr}")
+    return json.loads(result.stdout)
+
+
+def main():
+    cc, bench = ARGS.bin_dir / "neuron-cc", ARGS.bin_dir / "neuron-bench"
+    for tool in (cc, bench):
+        if not tool.exists():
+            sys.exit(f"{tool} is missing; build it with `cargo build --release -p neuron-profiler --bins`")
+    work = Path(tempfile.mkdtemp(prefix="compare-xla-"))
+    env = dict(os.environ)
+    # Private lock and datastore directories, so a run never collides with other runtimes.
+    env.setdefault("NEURON_VIRT_LOCK_DIR", str(work / "locks"))
+    env.setdefault("NEURON_VIRT_DATASTORE_DIR", str(work / "datastores"))
+
+    print(f"jax {jax.__version__}, XLA:CPU threads: {ARGS.xla_threads or 'default'}, "
+          f"{ARGS.rounds} rounds x {ARGS.iterations} executions per side", flush=True)
+    negate = jax.jit(lambda v: -v)
+    one = jax.device_put(np.ones(1, np.float32))
+    negate(one).block_until_ready()
+    time_xla(negate, [one], 1000)
+    dispatch = statistics.median(time_xla(negate, [one], 5000)) / 1e3
+    print(f"JAX dispatch (jitted negate of f32[1]): median {dispatch:.1f} us\n", flush=True)
+
+    header = f"{'program':<10} {'XLA median':>11} {'ours median':>12} {'ratio':>6} {'ratio without dispatch':>23}"
+    rows = []
+    for name, (fn, arrays) in programs().items():
+        if ARGS.only and name not in ARGS.only:
+            continue
+        jitted = jax.jit(fn)
+        hlo = work / f"{name}.hlo"
+        hlo.write_text(jitted.lower(*arrays).as_text(dialect="hlo"))
+        neff = work / f"{name}.neff"
+        run([cc, "compile", hlo, "-o", neff, "--auto-cast", "none"])
+        inputs = []
+        for i, a in enumerate(arrays):
+            path = work / f"{name}.input{i}.npy"
+            np.save(path, a)
+            inputs.append(path)
+
+        device_args = [jax.device_put(a) for a in arrays]
+        expected = np.asarray(jitted(*device_args))
+        out_dir = work / f"{name}.out"
+        neuron_bench(bench, neff, inputs, 1, env, save=out_dir)
+        got = np.load(out_dir / "output0.npy")
+        if not np.allclose(got, expected, rtol=1e-4, atol=1e-5):
+            worst = float(np.max(np.abs(got - expected)))
+            sys.exit(f"{name}: neuron-bench's output differs from XLA's (max abs difference {worst})")
+
+        time_xla(jitted, device_args, ARGS.iterations)  # warm-up
+        xla, ours = [], []
+        for _ in range(ARGS.rounds):
+            xla += time_xla(jitted, device_args, ARGS.iterations)
+            report = neuron_bench(bench, neff, inputs, ARGS.iterations, env)
+            ours.append(report["latency_seconds"]["p50"] * 1e6)
+        xla_median = statistics.median(xla) / 1e3
+        ours_median = statistics.median(ours)
+        ratio = ours_median / xla_median
+        bare = ours_median / max(xla_median - dispatch, 1e-9)
+        rows.append((name, xla_median, ours_median, ratio, bare))
+        print(f"{name:<10} {xla_median:>8.1f} us {ours_median:>9.1f} us {ratio:>6.2f} {bare:>23.2f}", flush=True)
+
+    print("\n" + header)
+    for name, x, o, r, b in rows:
+        print(f"{name:<10} {x:>8.1f} us {o:>9.1f} us {r:>6.2f} {b:>23.2f}")
+    print("\n(ours: median of the per-round p50s of neuron-bench; XLA: median over every call)")
+
+
+if __name__ == "__main__":
+    main()
