@@ -12,13 +12,14 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::str::FromStr;
 
 use crate::dtype::{ArrayType, DType};
 use crate::hlo::{self, Computation, HloModule, Payload, Shape};
 use crate::isa::{
     ActivationFn, BinaryOp, Buffer, BufferKind, CompareDirection, DmaQueue, DmaQueueKind, DmaTransfer, DotDims, Engine,
-    EngineStream, GatherDims, Instruction, IoTensor, Op, Program, ReduceOp, ScatterCombine, ScatterDims, UnaryOp,
-    infer_output,
+    EngineStream, FloatFormat, GatherDims, Instruction, IoTensor, Op, Program, ReduceOp, ScatterCombine, ScatterDims,
+    UnaryOp, infer_output,
 };
 use crate::topology::NeuronCoreVersion;
 
@@ -74,6 +75,130 @@ impl std::str::FromStr for Target {
     }
 }
 
+/// `neuron-cc --auto-cast`: which f32 operations compute in the `--auto-cast-type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AutoCast {
+    /// f32 stays f32 everywhere.
+    None,
+    /// The operands of f32 matrix products are rounded to the auto-cast type; the
+    /// product accumulates and returns f32 (the PE array's accumulators are f32).
+    #[default]
+    MatMult,
+    /// Every f32 value is rounded to the auto-cast type: parameters, constants and the
+    /// result of every operation that computes new values.
+    All,
+}
+
+impl FromStr for AutoCast {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "none" => Ok(AutoCast::None),
+            "matmult" => Ok(AutoCast::MatMult),
+            "all" => Ok(AutoCast::All),
+            _ => Err(format!("unknown auto-cast mode `{s}`; use none, matmult or all")),
+        }
+    }
+}
+
+/// `neuron-cc --auto-cast-type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AutoCastType {
+    #[default]
+    Bf16,
+    Fp16,
+    Tf32,
+    Fp8E4m3,
+}
+
+impl AutoCastType {
+    pub fn format(self) -> FloatFormat {
+        match self {
+            AutoCastType::Bf16 => FloatFormat::Bf16,
+            AutoCastType::Fp16 => FloatFormat::Fp16,
+            AutoCastType::Tf32 => FloatFormat::Tf32,
+            AutoCastType::Fp8E4m3 => FloatFormat::Fp8E4m3,
+        }
+    }
+}
+
+impl FromStr for AutoCastType {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "bf16" => Ok(AutoCastType::Bf16),
+            "fp16" => Ok(AutoCastType::Fp16),
+            "tf32" => Ok(AutoCastType::Tf32),
+            "fp8_e4m3" => Ok(AutoCastType::Fp8E4m3),
+            _ => Err(format!("unknown auto-cast type `{s}`; use bf16, fp16, tf32 or fp8_e4m3")),
+        }
+    }
+}
+
+/// `neuron-cc --optlevel`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+pub enum OptLevel {
+    /// Every HLO instruction as written; each intermediate keeps its own scratchpad space.
+    O1,
+    /// Also removes instructions whose results are never used, and reuses the
+    /// scratchpad space of intermediates once they are dead.
+    #[default]
+    O2,
+    /// Also removes copies that change nothing (`copy`, single-core collectives and
+    /// sharding annotations, reshapes to the same shape, identity transposes), so
+    /// their readers use the original buffer.
+    O3,
+}
+
+impl FromStr for OptLevel {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "1" => Ok(OptLevel::O1),
+            "2" => Ok(OptLevel::O2),
+            "3" => Ok(OptLevel::O3),
+            _ => Err(format!("unknown optimisation level `{s}`; use 1, 2 or 3")),
+        }
+    }
+}
+
+/// Everything `neuron-cc compile` can be told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CompileOptions {
+    pub target: Target,
+    pub auto_cast: AutoCast,
+    pub auto_cast_type: AutoCastType,
+    /// Reductions over bf16 or fp16 values (and, with `--auto-cast all`, over f32
+    /// values) accumulate in f32 and round once; otherwise every partial result is
+    /// rounded to the narrow type.
+    pub mixed_precision_accumulation: bool,
+    /// The roundings the compiler inserts turn out-of-range values and infinities into
+    /// the largest finite value of the narrow type instead of infinity.
+    pub saturate_infinity: bool,
+    pub optlevel: OptLevel,
+}
+
+impl CompileOptions {
+    /// The defaults (as on trn1: matrix-product operands in bf16, fp32 accumulation) for `target`.
+    pub fn new(target: Target) -> CompileOptions {
+        CompileOptions { target, ..CompileOptions::default() }
+    }
+
+    /// Options under which a program computes as XLA:CPU computes it: f32 stays f32
+    /// and reductions over narrow floats accumulate in f32.
+    pub fn exact(target: Target) -> CompileOptions {
+        CompileOptions {
+            target,
+            auto_cast: AutoCast::None,
+            mixed_precision_accumulation: true,
+            ..CompileOptions::default()
+        }
+    }
+}
+
 /// A module that cannot be compiled: where and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub struct CompileError {
@@ -106,22 +231,29 @@ impl From<hlo::ParseError> for CompileError {
     }
 }
 
-/// Parses and lowers HLO text.
+/// Parses and lowers HLO text for `target` with the default options.
 pub fn compile_hlo(text: &str, target: Target) -> Result<Program, CompileError> {
-    let module = hlo::parse_module(text)?;
-    lower_module(&module, target)
+    compile_hlo_with(text, &CompileOptions::new(target))
 }
 
-/// Lowers a parsed module for `target`.
-pub fn lower_module(module: &HloModule, target: Target) -> Result<Program, CompileError> {
+/// Parses and lowers HLO text.
+pub fn compile_hlo_with(text: &str, options: &CompileOptions) -> Result<Program, CompileError> {
+    let module = hlo::parse_module(text)?;
+    lower_module(&module, options)
+}
+
+/// Lowers a parsed module.
+pub fn lower_module(module: &HloModule, options: &CompileOptions) -> Result<Program, CompileError> {
     let mut lowering = Lowering {
         module,
+        options: *options,
         buffers: Vec::new(),
         instructions: Vec::new(),
         constants: Vec::new(),
         hlo_names: Vec::new(),
         inputs: Vec::new(),
         visited: 0,
+        cast: HashMap::new(),
     };
     let result = lowering.computation(module.entry(), None, 0)?;
     let mut outputs = Vec::new();
@@ -131,7 +263,7 @@ pub fn lower_module(module: &HloModule, target: Target) -> Result<Program, Compi
         .enumerate()
         .map(|(i, (buffer, hlo_name))| IoTensor { name: format!("output{i}"), hlo_name, buffer })
         .collect();
-    lowering.finish(target, outputs)
+    lowering.finish(outputs)
 }
 
 /// What an HLO instruction evaluates to after lowering.
@@ -160,6 +292,7 @@ fn flatten(value: &Lowered, out: &mut Vec<(u32, String)>) {
 
 struct Lowering<'m> {
     module: &'m HloModule,
+    options: CompileOptions,
     buffers: Vec<Buffer>,
     instructions: Vec<Instruction>,
     constants: Vec<Vec<u8>>,
@@ -168,6 +301,9 @@ struct Lowering<'m> {
     inputs: Vec<(u64, String, u32)>,
     /// HLO instructions visited so far, counting each inlined call again.
     visited: usize,
+    /// Each f32 buffer already rounded to the auto-cast type, and its rounded copy
+    /// (itself, for buffers computed in that type).
+    cast: HashMap<u32, u32>,
 }
 
 impl Lowering<'_> {
@@ -232,6 +368,7 @@ impl Lowering<'_> {
                 }
             }
         }
+        let auto_cast_all = self.options.auto_cast == AutoCast::All;
         let op = match inst.opcode.as_str() {
             "parameter" => {
                 let Some(Payload::ParameterNumber(n)) = inst.payload else {
@@ -242,10 +379,16 @@ impl Lowering<'_> {
                         .get(n as usize)
                         .cloned()
                         .ok_or_else(|| format!("parameter({n}) but the call passes {} argument(s)", args.len())),
-                    None => self.entry_parameter(inst, n),
+                    None => {
+                        let parameter = self.entry_parameter(inst, n)?;
+                        self.cast_value_if_all(parameter, &inst.name)
+                    }
                 };
             }
-            "constant" => return self.constant(inst),
+            "constant" => {
+                let constant = self.constant(inst)?;
+                return self.cast_value_if_all(constant, &inst.name);
+            }
             "tuple" => {
                 let parts = inst.operands.iter().map(|n| operand(n).cloned()).collect::<Result<Vec<_>, _>>()?;
                 let tuple = Lowered::Tuple(parts);
@@ -279,12 +422,19 @@ impl Lowering<'_> {
                     .computation(callee, Some(&call_args), depth + 1)
                     .map_err(|e| format!("in called computation `{callee_name}`: {e}"));
             }
-            "dot" => Op::MatMul(DotDims {
-                lhs_batch: dim_list(inst, "lhs_batch_dims", true)?,
-                lhs_contracting: dim_list(inst, "lhs_contracting_dims", true)?,
-                rhs_batch: dim_list(inst, "rhs_batch_dims", true)?,
-                rhs_contracting: dim_list(inst, "rhs_contracting_dims", true)?,
-            }),
+            "dot" => {
+                if self.options.auto_cast != AutoCast::None {
+                    for b in &mut buffer_operands {
+                        *b = self.auto_cast(*b, &inst.name)?;
+                    }
+                }
+                Op::MatMul(DotDims {
+                    lhs_batch: dim_list(inst, "lhs_batch_dims", true)?,
+                    lhs_contracting: dim_list(inst, "lhs_contracting_dims", true)?,
+                    rhs_batch: dim_list(inst, "rhs_batch_dims", true)?,
+                    rhs_contracting: dim_list(inst, "rhs_contracting_dims", true)?,
+                })
+            }
             "add" => Op::Binary(BinaryOp::Add),
             "subtract" => Op::Binary(BinaryOp::Subtract),
             "multiply" => Op::Binary(BinaryOp::Multiply),
@@ -329,8 +479,28 @@ impl Lowering<'_> {
                             .into(),
                     );
                 }
-                Op::Reduce { op: reduction_kind(self.region(inst)?)?, dims: dim_list(inst, "dimensions", false)? }
+                let (op, dims) = (reduction_kind(self.region(inst)?)?, dim_list(inst, "dimensions", false)?);
+                let operand = self.buffers[buffer_operands[0] as usize].ty.dtype;
+                let narrow = match operand {
+                    DType::BF16 => Some(FloatFormat::Bf16),
+                    DType::F16 => Some(FloatFormat::Fp16),
+                    DType::F32 if auto_cast_all => Some(self.options.auto_cast_type.format()),
+                    _ => None,
+                };
+                match narrow {
+                    Some(format) if !self.options.mixed_precision_accumulation => {
+                        Op::ReduceRounded { op, dims, format, saturate: self.options.saturate_infinity }
+                    }
+                    _ => Op::Reduce { op, dims },
+                }
             }
+            "reduce-precision" => Op::RoundPrecision {
+                format: FloatFormat::Bits {
+                    exponent: small_attr(inst, "exponent_bits")?,
+                    mantissa: small_attr(inst, "mantissa_bits")?,
+                },
+                saturate: false,
+            },
             "compare" => {
                 let direction = match attr(inst, "direction")? {
                     "EQ" => CompareDirection::Eq,
@@ -423,17 +593,72 @@ impl Lowering<'_> {
         if inferred != declared {
             return Err(format!("`{}` produces {inferred} but the instruction declares {declared}", inst.opcode));
         }
-        let output = self.new_buffer(declared, BufferKind::Intermediate { offset: 0 });
-        let hlo = self.hlo_names.len() as u32;
-        self.hlo_names.push(inst.name.clone());
-        self.instructions.push(Instruction {
-            step: self.instructions.len() as u32,
+        // Under `--auto-cast all`, operations that compute new f32 values round them.
+        let computes = matches!(
             op,
-            operands: buffer_operands,
-            output,
-            hlo,
-        });
+            Op::MatMul(_) | Op::Activation(_) | Op::Binary(_) | Op::Reduce { .. } | Op::Convert | Op::Iota { .. }
+        );
+        let rounded_already = matches!(op, Op::ReduceRounded { .. });
+        let mut output = self.emit(op, buffer_operands, declared, &inst.name);
+        if auto_cast_all && self.buffers[output as usize].ty.dtype == DType::F32 {
+            if computes {
+                output = self.auto_cast(output, &inst.name)?;
+            } else if rounded_already {
+                self.cast.insert(output, output);
+            }
+        }
         Ok(Lowered::Buffer { id: output, hlo_name: inst.name.clone() })
+    }
+
+    /// Appends an instruction of HLO instruction `hlo_name`; returns its output buffer.
+    fn emit(&mut self, op: Op, operands: Vec<u32>, ty: ArrayType, hlo_name: &str) -> u32 {
+        let output = self.new_buffer(ty, BufferKind::Intermediate { offset: 0 });
+        let hlo = self.hlo_names.len() as u32;
+        self.hlo_names.push(hlo_name.to_string());
+        self.instructions.push(Instruction { step: self.instructions.len() as u32, op, operands, output, hlo });
+        output
+    }
+
+    /// The buffer rounded to the auto-cast type: a constant is rounded here, once; any
+    /// other f32 buffer by a `RoundPrecision` instruction of `hlo_name`. Buffers of
+    /// other types are returned as they are.
+    fn auto_cast(&mut self, buffer: u32, hlo_name: &str) -> Result<u32, String> {
+        if self.buffers[buffer as usize].ty.dtype != DType::F32 {
+            return Ok(buffer);
+        }
+        if let Some(&rounded) = self.cast.get(&buffer) {
+            return Ok(rounded);
+        }
+        let (format, saturate) = (self.options.auto_cast_type.format(), self.options.saturate_infinity);
+        let ty = self.buffers[buffer as usize].ty.clone();
+        let rounded = match self.buffers[buffer as usize].kind {
+            BufferKind::Constant { index } => {
+                let blob: Vec<u8> = self.constants[index as usize]
+                    .chunks_exact(4)
+                    .flat_map(|word| {
+                        let x = f32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+                        crate::backend::round_to_format(x, format, saturate).to_le_bytes()
+                    })
+                    .collect();
+                let index = self.constants.len() as u32;
+                self.constants.push(blob);
+                self.new_buffer(ty, BufferKind::Constant { index })
+            }
+            _ => self.emit(Op::RoundPrecision { format, saturate }, vec![buffer], ty, hlo_name),
+        };
+        self.cast.insert(buffer, rounded);
+        self.cast.insert(rounded, rounded);
+        Ok(rounded)
+    }
+
+    /// Under `--auto-cast all`, an f32 parameter or constant rounded to the auto-cast type.
+    fn cast_value_if_all(&mut self, value: Lowered, hlo_name: &str) -> Result<Lowered, String> {
+        match value {
+            Lowered::Buffer { id, hlo_name: name } if self.options.auto_cast == AutoCast::All => {
+                Ok(Lowered::Buffer { id: self.auto_cast(id, hlo_name)?, hlo_name: name })
+            }
+            other => Ok(other),
+        }
     }
 
     /// The computation an instruction's `to_apply` names.
@@ -479,7 +704,8 @@ impl Lowering<'_> {
         Ok(Lowered::Buffer { id, hlo_name: inst.name.clone() })
     }
 
-    fn finish(mut self, target: Target, outputs: Vec<IoTensor>) -> Result<Program, CompileError> {
+    fn finish(mut self, mut outputs: Vec<IoTensor>) -> Result<Program, CompileError> {
+        let target = self.options.target;
         let whole_module = |message: String| CompileError { line: None, instruction: None, message };
         self.inputs.sort_by_key(|(n, _, _)| *n);
         for (expected, (n, name, _)) in self.inputs.iter().enumerate() {
@@ -490,7 +716,7 @@ impl Lowering<'_> {
                 )));
             }
         }
-        let inputs: Vec<IoTensor> = self
+        let mut inputs: Vec<IoTensor> = self
             .inputs
             .iter()
             .enumerate()
@@ -504,8 +730,16 @@ impl Lowering<'_> {
             self.buffers[io.buffer as usize].kind = BufferKind::Input { index: i as u32 };
         }
 
+        if self.options.optlevel >= OptLevel::O3 {
+            forward_copies(&self.buffers, &mut self.instructions, &mut outputs);
+        }
+        if self.options.optlevel >= OptLevel::O2 {
+            remove_dead_instructions(&mut self.instructions, &outputs);
+        }
+        compact_buffers(&mut self.buffers, &mut self.constants, &mut self.instructions, &mut outputs, &mut inputs);
+        let reuse = self.options.optlevel >= OptLevel::O2;
         let scratchpad_bytes =
-            plan_scratchpad(&mut self.buffers, &self.instructions, &outputs).map_err(whole_module)?;
+            plan_scratchpad(&mut self.buffers, &self.instructions, &outputs, reuse).map_err(whole_module)?;
 
         let mut streams: Vec<EngineStream> = Vec::new();
         for instruction in self.instructions {
@@ -561,7 +795,12 @@ impl Lowering<'_> {
 
 /// Places intermediates in one scratchpad: first fit, reusing a buffer's space after
 /// its last reader. Program outputs stay live to the end. Returns the scratchpad size.
-fn plan_scratchpad(buffers: &mut [Buffer], instructions: &[Instruction], outputs: &[IoTensor]) -> Result<u64, String> {
+fn plan_scratchpad(
+    buffers: &mut [Buffer],
+    instructions: &[Instruction],
+    outputs: &[IoTensor],
+    reuse: bool,
+) -> Result<u64, String> {
     let too_large =
         || "the intermediates of this module need more scratchpad than 64-bit offsets can address".to_string();
     let end = instructions.len();
@@ -573,6 +812,9 @@ fn plan_scratchpad(buffers: &mut [Buffer], instructions: &[Instruction], outputs
     }
     for io in outputs {
         last_use[io.buffer as usize] = end;
+    }
+    if !reuse {
+        last_use.iter_mut().for_each(|last| *last = end);
     }
     // Live allocations: (offset, size, last use).
     let mut live: Vec<(u64, u64, usize)> = Vec::new();
@@ -599,6 +841,105 @@ fn plan_scratchpad(buffers: &mut [Buffer], instructions: &[Instruction], outputs
         buffers[out].kind = BufferKind::Intermediate { offset };
     }
     Ok(high_water)
+}
+
+/// Instructions that leave their operand unchanged (`--optlevel 3` removes them):
+/// copies, reshapes to the same shape, identity transposes.
+fn is_identity(op: &Op, operand: &Buffer, output: &Buffer) -> bool {
+    match op {
+        Op::Copy | Op::Reshape => operand.ty == output.ty,
+        Op::Transpose { perm } => perm.iter().enumerate().all(|(i, &p)| i as u32 == p),
+        _ => false,
+    }
+}
+
+/// Removes identity instructions whose operand is an intermediate: later readers and
+/// the outputs use the operand's buffer instead.
+fn forward_copies(buffers: &[Buffer], instructions: &mut Vec<Instruction>, outputs: &mut [IoTensor]) {
+    let mut replaced: HashMap<u32, u32> = HashMap::new();
+    instructions.retain_mut(|instruction| {
+        for b in &mut instruction.operands {
+            if let Some(&to) = replaced.get(b) {
+                *b = to;
+            }
+        }
+        let [operand] = instruction.operands[..] else { return true };
+        let forward = matches!(buffers[operand as usize].kind, BufferKind::Intermediate { .. })
+            && is_identity(&instruction.op, &buffers[operand as usize], &buffers[instruction.output as usize]);
+        if forward {
+            replaced.insert(instruction.output, operand);
+        }
+        !forward
+    });
+    for io in outputs {
+        if let Some(&to) = replaced.get(&io.buffer) {
+            io.buffer = to;
+        }
+    }
+}
+
+/// Removes instructions whose results nothing reads (transitively) and no output returns.
+fn remove_dead_instructions(instructions: &mut Vec<Instruction>, outputs: &[IoTensor]) {
+    let mut live: std::collections::HashSet<u32> = outputs.iter().map(|io| io.buffer).collect();
+    let mut keep = vec![false; instructions.len()];
+    for (i, instruction) in instructions.iter().enumerate().rev() {
+        if live.contains(&instruction.output) {
+            keep[i] = true;
+            live.extend(&instruction.operands);
+        }
+    }
+    let mut index = 0;
+    instructions.retain(|_| {
+        index += 1;
+        keep[index - 1]
+    });
+}
+
+/// Drops the intermediates no instruction writes any more and the constants nothing
+/// reads (a weight replaced by its auto-cast copy), and renumbers buffers, constants
+/// and the instructions' steps.
+fn compact_buffers(
+    buffers: &mut Vec<Buffer>,
+    constants: &mut Vec<Vec<u8>>,
+    instructions: &mut [Instruction],
+    outputs: &mut [IoTensor],
+    inputs: &mut [IoTensor],
+) {
+    let mut used = vec![false; buffers.len()];
+    for instruction in instructions.iter() {
+        used[instruction.output as usize] = true;
+        instruction.operands.iter().for_each(|&b| used[b as usize] = true);
+    }
+    outputs.iter().for_each(|io| used[io.buffer as usize] = true);
+    let mut renumbered = vec![u32::MAX; buffers.len()];
+    let mut kept = Vec::with_capacity(buffers.len());
+    let mut kept_constants = Vec::with_capacity(constants.len());
+    for (id, mut buffer) in buffers.drain(..).enumerate() {
+        let keep = match &mut buffer.kind {
+            BufferKind::Input { .. } => true,
+            BufferKind::Intermediate { .. } => used[id],
+            BufferKind::Constant { index } if used[id] => {
+                kept_constants.push(std::mem::take(&mut constants[*index as usize]));
+                *index = kept_constants.len() as u32 - 1;
+                true
+            }
+            BufferKind::Constant { .. } => false,
+        };
+        if keep {
+            renumbered[id] = kept.len() as u32;
+            kept.push(buffer);
+        }
+    }
+    *buffers = kept;
+    *constants = kept_constants;
+    for (step, instruction) in instructions.iter_mut().enumerate() {
+        instruction.step = step as u32;
+        instruction.output = renumbered[instruction.output as usize];
+        instruction.operands.iter_mut().for_each(|b| *b = renumbered[*b as usize]);
+    }
+    for io in outputs.iter_mut().chain(inputs.iter_mut()) {
+        io.buffer = renumbered[io.buffer as usize];
+    }
 }
 
 /// Operators `neuron-cc` lowers, in HLO spelling.
@@ -643,6 +984,7 @@ pub const SUPPORTED_OPERATORS: &[&str] = &[
     "parameter",
     "power",
     "reduce",
+    "reduce-precision",
     "remainder",
     "reshape",
     "reverse",
@@ -772,6 +1114,11 @@ fn scatter_combine(region: &Computation) -> Result<ScatterCombine, String> {
 /// `index_vector_dim=1` and similar single indices.
 fn index_attr(inst: &hlo::Instruction, name: &str) -> Result<u32, String> {
     attr(inst, name)?.trim().parse().map_err(|_| format!("`{name}` must be a non-negative integer"))
+}
+
+/// A small non-negative integer attribute (`exponent_bits=5`).
+fn small_attr(inst: &hlo::Instruction, name: &str) -> Result<u8, String> {
+    attr(inst, name)?.trim().parse().map_err(|_| format!("`{name}` must be an integer from 0 to 255"))
 }
 
 /// `{2,3}` → `[2, 3]`, for sizes.
@@ -907,8 +1254,9 @@ fn parse_f32(token: &str) -> Option<f32> {
 mod tests {
     use super::*;
 
+    /// Compiles without auto-cast, so that each HLO instruction is one engine instruction.
     fn compile(text: &str) -> Result<Program, CompileError> {
-        compile_hlo(text, Target::Trn1)
+        compile_hlo_with(text, &CompileOptions::exact(Target::Trn1))
     }
 
     #[test]

@@ -184,6 +184,62 @@ pub enum Op {
         dims: ScatterDims,
         combine: ScatterCombine,
     },
+    /// Rounds each element to the nearest value of a narrower float format (ties to
+    /// even), keeping the element type: the casts of `--auto-cast`, and HLO
+    /// `reduce-precision`. Out-of-range values become infinite (NaN for formats without
+    /// infinities), or the largest finite value when `saturate` is set.
+    RoundPrecision {
+        format: FloatFormat,
+        saturate: bool,
+    },
+    /// A reduction that accumulates in a narrower float format: every partial result
+    /// is rounded to `format` (what a reduction over bf16 or fp16 data does without
+    /// `--enable-mixed-precision-accumulation`).
+    ReduceRounded {
+        op: ReduceOp,
+        dims: Vec<u32>,
+        format: FloatFormat,
+        saturate: bool,
+    },
+}
+
+/// A floating-point format narrower than f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FloatFormat {
+    /// 8 exponent bits, 7 mantissa bits.
+    Bf16,
+    /// IEEE half precision: 5 exponent bits, 10 mantissa bits.
+    Fp16,
+    /// 8 exponent bits, 10 mantissa bits.
+    Tf32,
+    /// OCP FP8 E4M3 (`float8_e4m3fn`): 4 exponent bits, 3 mantissa bits, no infinities,
+    /// largest finite value 448.
+    Fp8E4m3,
+    /// IEEE-style layout with these widths (HLO `reduce-precision`).
+    Bits { exponent: u8, mantissa: u8 },
+}
+
+impl FloatFormat {
+    /// Exponent and explicit mantissa bits.
+    pub fn widths(self) -> (u32, u32) {
+        match self {
+            FloatFormat::Bf16 => (8, 7),
+            FloatFormat::Fp16 => (5, 10),
+            FloatFormat::Tf32 => (8, 10),
+            FloatFormat::Fp8E4m3 => (4, 3),
+            FloatFormat::Bits { exponent, mantissa } => (exponent.into(), mantissa.into()),
+        }
+    }
+
+    pub fn name(self) -> String {
+        match self {
+            FloatFormat::Bf16 => "bf16".into(),
+            FloatFormat::Fp16 => "fp16".into(),
+            FloatFormat::Tf32 => "tf32".into(),
+            FloatFormat::Fp8E4m3 => "fp8_e4m3".into(),
+            FloatFormat::Bits { exponent, mantissa } => format!("e{exponent}m{mantissa}"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -342,7 +398,9 @@ impl Op {
             | Op::Clamp
             | Op::Reverse { .. }
             | Op::Pad { .. }
-            | Op::BitcastConvert => Engine::Dve,
+            | Op::BitcastConvert
+            | Op::RoundPrecision { .. }
+            | Op::ReduceRounded { .. } => Engine::Dve,
         }
     }
 
@@ -408,6 +466,8 @@ impl Op {
             Op::BitcastConvert => "BitcastConvert",
             Op::Gather(_) => "Gather",
             Op::Scatter { .. } => "Scatter",
+            Op::RoundPrecision { .. } => "RoundPrecision",
+            Op::ReduceRounded { .. } => "Reduce",
         }
     }
 
@@ -422,11 +482,19 @@ impl Op {
                     .unwrap_or(0);
                 out_elems.saturating_mul(k).saturating_mul(2)
             }
-            Op::Activation(_) | Op::Unary(_) | Op::Binary(_) | Op::Compare { .. } | Op::Select | Op::Clamp => out_elems,
+            Op::Activation(_)
+            | Op::Unary(_)
+            | Op::Binary(_)
+            | Op::Compare { .. }
+            | Op::Select
+            | Op::Clamp
+            | Op::RoundPrecision { .. } => out_elems,
             Op::Scatter { combine: ScatterCombine::Reduce(_), .. } => {
                 operands.get(2).and_then(|t| t.element_count()).unwrap_or(0)
             }
-            Op::Reduce { .. } => operands.first().and_then(|t| t.element_count()).unwrap_or(0),
+            Op::Reduce { .. } | Op::ReduceRounded { .. } => {
+                operands.first().and_then(|t| t.element_count()).unwrap_or(0)
+            }
             _ => 0,
         }
     }
@@ -434,6 +502,15 @@ impl Op {
 
 /// Why an instruction's operands do not fit its operation.
 pub type TypeError = String;
+
+/// Formats must have at least one exponent bit and fit in f32's widths.
+fn check_format(format: FloatFormat) -> Result<(), TypeError> {
+    let (exponent, mantissa) = format.widths();
+    if !(1..=8).contains(&exponent) || mantissa > 23 {
+        return Err(format!("float format {} needs 1 to 8 exponent bits and at most 23 mantissa bits", format.name()));
+    }
+    Ok(())
+}
 
 /// Derives (and checks) the output type of `op` applied to `operands`; `declared` is
 /// the output buffer's type, which supplies what the operation does not determine
@@ -589,6 +666,21 @@ pub fn infer_output(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> R
             }
             check_dims(perm, operand.rank(), "transpose permutation")?;
             Ok(ArrayType::new(operand.dtype, perm.iter().map(|&p| operand.dims[p as usize]).collect()))
+        }
+        Op::ReduceRounded { op: reduce, dims, format, .. } => {
+            check_format(*format)?;
+            if !operands.first().is_some_and(|t| t.dtype.is_float()) {
+                return Err("a reduction rounded to a narrower float format needs a floating-point operand".into());
+            }
+            infer_output(&Op::Reduce { op: *reduce, dims: dims.clone() }, operands, declared)
+        }
+        Op::RoundPrecision { format, .. } => {
+            arity(1)?;
+            check_format(*format)?;
+            if !operands[0].dtype.is_float() {
+                return Err(format!("{} needs a floating-point operand, got {}", op.opcode(), operands[0]));
+            }
+            Ok(operands[0].clone())
         }
         Op::Reduce { op: reduce, dims } => {
             arity(2)?;

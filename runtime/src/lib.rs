@@ -24,7 +24,9 @@ mod reservation;
 mod runtime;
 mod tensor;
 
-pub use compile::{CompileError, Target, compile_hlo};
+pub use compile::{
+    AutoCast, AutoCastType, CompileError, CompileOptions, OptLevel, Target, compile_hlo, compile_hlo_with,
+};
 pub use config::Config;
 pub use dtype::{ArrayType, DType, DTypeClass};
 pub use error::{NrtError, NrtResult, NrtStatus};

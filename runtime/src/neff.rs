@@ -10,7 +10,7 @@ use uuid::Uuid;
 
 use crate::dtype::DType;
 use crate::error::{NrtError, NrtResult, NrtStatus};
-use crate::isa::Program;
+use crate::isa::{Op, Program};
 
 /// First bytes of every NEFF file.
 pub const MAGIC: [u8; 8] = *b"NEFF\x89\r\n\x1a";
@@ -27,9 +27,16 @@ pub const FEATURE_BATCHED_MATMUL: u64 = 0x4;
 pub const FEATURE_MULTI_OUTPUT: u64 = 0x8;
 /// Buffers of 8-, 16- or 64-bit integers, unsigned integers, f16 or bf16.
 pub const FEATURE_EXTENDED_TYPES: u64 = 0x10;
+/// Rounding to narrower float formats: `RoundPrecision` and `ReduceRounded` instructions
+/// (`--auto-cast`, reduced-precision accumulation, HLO `reduce-precision`).
+pub const FEATURE_FLOAT_FORMATS: u64 = 0x20;
 /// The feature bits this runtime executes.
-pub const SUPPORTED_FEATURES: u64 =
-    FEATURE_BASE | FEATURE_INTEGER_TYPES | FEATURE_BATCHED_MATMUL | FEATURE_MULTI_OUTPUT | FEATURE_EXTENDED_TYPES;
+pub const SUPPORTED_FEATURES: u64 = FEATURE_BASE
+    | FEATURE_INTEGER_TYPES
+    | FEATURE_BATCHED_MATMUL
+    | FEATURE_MULTI_OUTPUT
+    | FEATURE_EXTENDED_TYPES
+    | FEATURE_FLOAT_FORMATS;
 
 /// Size of the header before the variable-length name.
 const FIXED_HEADER_LEN: usize = 86;
@@ -213,11 +220,14 @@ pub fn features_of(program: &Program) -> u64 {
     if program.buffers.iter().any(|b| !matches!(b.ty.dtype, DType::F32 | DType::S32 | DType::Pred)) {
         features |= FEATURE_EXTENDED_TYPES;
     }
-    if program.instructions().any(|i| matches!(&i.op, crate::isa::Op::MatMul(d) if !d.lhs_batch.is_empty())) {
+    if program.instructions().any(|i| matches!(&i.op, Op::MatMul(d) if !d.lhs_batch.is_empty())) {
         features |= FEATURE_BATCHED_MATMUL;
     }
     if program.outputs.len() > 1 {
         features |= FEATURE_MULTI_OUTPUT;
+    }
+    if program.instructions().any(|i| matches!(&i.op, Op::RoundPrecision { .. } | Op::ReduceRounded { .. })) {
+        features |= FEATURE_FLOAT_FORMATS;
     }
     features
 }

@@ -8,7 +8,8 @@ use std::sync::OnceLock;
 
 use neuron_runtime::config::CoreRequest;
 use neuron_runtime::{
-    ArrayType, Config, CoreSet, DType, Neff, Runtime, Target, TensorPlacement, TensorSet, compile_hlo,
+    ArrayType, CompileOptions, Config, CoreSet, DType, Neff, Runtime, Target, TensorPlacement, TensorSet,
+    compile_hlo_with,
 };
 use proptest::prelude::*;
 
@@ -47,7 +48,7 @@ fn list(values: &[usize]) -> String {
 /// returns output 0.
 fn run(hlo: &str, inputs: &[(&[u64], &[f32])]) -> Vec<f32> {
     let rt = runtime();
-    let program = compile_hlo(hlo, Target::Trn1).unwrap_or_else(|e| panic!("{e}\n{hlo}"));
+    let program = compile_hlo_with(hlo, &CompileOptions::exact(Target::Trn1)).unwrap_or_else(|e| panic!("{e}\n{hlo}"));
     let model = rt.load(&Neff::new("prop", program).encode(), None).expect("load");
     let mut bound = TensorSet::new();
     for (i, (dims, values)) in inputs.iter().enumerate() {

@@ -11,7 +11,7 @@ use neuron_profiler::thousands;
 use neuron_runtime::compile::{SUPPORTED_OPERATORS, engine_of_operator};
 use neuron_runtime::isa::DmaQueueKind;
 use neuron_runtime::memory::HumanBytes;
-use neuron_runtime::{Neff, Target, compile_hlo};
+use neuron_runtime::{AutoCast, AutoCastType, CompileOptions, Neff, OptLevel, Target, compile_hlo_with};
 
 #[derive(Parser)]
 #[command(
@@ -43,16 +43,61 @@ enum Command {
         /// Name recorded in the NEFF (default: the file stem).
         #[arg(long)]
         name: Option<String>,
+        #[command(flatten)]
+        numerics: NumericsArgs,
     },
     /// List the HLO operators this compiler supports and the engine each runs on.
     ListOperators,
+}
+
+#[derive(clap::Args)]
+struct NumericsArgs {
+    /// Which f32 operations compute in the auto-cast type: `none` (f32 stays f32, as XLA:CPU
+    /// computes), `matmult` (the operands of matrix products are rounded to it; products
+    /// accumulate in f32) or `all` (every f32 value is rounded to it: parameters, constants
+    /// and every result that computes new values).
+    #[arg(long, value_name = "MODE", default_value = "matmult")]
+    auto_cast: AutoCast,
+    /// The narrower type of --auto-cast: bf16, fp16, tf32 (8-bit exponent, 10-bit mantissa)
+    /// or fp8_e4m3 (OCP E4M3, largest value 448, no infinities).
+    #[arg(long, value_name = "TYPE", default_value = "bf16")]
+    auto_cast_type: AutoCastType,
+    /// Reductions over bf16 or fp16 values (and over f32 values under --auto-cast all)
+    /// accumulate in f32 and round once, instead of rounding every partial result.
+    #[arg(long)]
+    enable_mixed_precision_accumulation: bool,
+    /// The roundings the compiler inserts give the largest finite value of the narrow type,
+    /// instead of infinity, for values beyond its range and for infinities.
+    #[arg(long)]
+    enable_saturate_infinity: bool,
+    /// 1: every HLO instruction as written, each intermediate in its own scratchpad space;
+    /// 2: also drop instructions whose results are unused and reuse dead intermediates'
+    /// space; 3: also drop copies that change nothing (copies, same-shape reshapes,
+    /// identity transposes, single-core collectives, sharding annotations).
+    #[arg(long, value_name = "LEVEL", default_value = "2")]
+    optlevel: OptLevel,
+}
+
+impl NumericsArgs {
+    fn options(&self, target: Target) -> CompileOptions {
+        CompileOptions {
+            target,
+            auto_cast: self.auto_cast,
+            auto_cast_type: self.auto_cast_type,
+            mixed_precision_accumulation: self.enable_mixed_precision_accumulation,
+            saturate_infinity: self.enable_saturate_infinity,
+            optlevel: self.optlevel,
+        }
+    }
 }
 
 fn main() -> ExitCode {
     neuron_profiler::exit_quietly_on_closed_pipe();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Compile { model, output, target, name } => compile(&model, output, target, name),
+        Command::Compile { model, output, target, name, numerics } => {
+            compile(&model, output, &numerics.options(target), name)
+        }
         Command::ListOperators => {
             list_operators();
             Ok(())
@@ -67,10 +112,11 @@ fn main() -> ExitCode {
     }
 }
 
-fn compile(model: &Path, output: Option<PathBuf>, target: Target, name: Option<String>) -> Result<()> {
+fn compile(model: &Path, output: Option<PathBuf>, options: &CompileOptions, name: Option<String>) -> Result<()> {
+    let target = options.target;
     let text = std::fs::read_to_string(model).with_context(|| format!("cannot read {}", model.display()))?;
-    let program =
-        compile_hlo(&text, target).map_err(|e| anyhow::anyhow!("{}: {e}; no NEFF was written", model.display()))?;
+    let program = compile_hlo_with(&text, options)
+        .map_err(|e| anyhow::anyhow!("{}: {e}; no NEFF was written", model.display()))?;
     let name = name.unwrap_or_else(|| neuron_profiler::model_name(model));
     let neff = Neff::new(&name, program);
     let bytes = neff.encode();
@@ -79,6 +125,16 @@ fn compile(model: &Path, output: Option<PathBuf>, target: Target, name: Option<S
 
     let p = &neff.program;
     println!("compiled {} -> {} ({}, NeuronCore-{})", model.display(), output.display(), target.name(), p.target);
+    let cast = match options.auto_cast {
+        AutoCast::None => "none (f32 stays f32)".to_string(),
+        AutoCast::MatMult => format!("matmult, {}", options.auto_cast_type.format().name()),
+        AutoCast::All => format!("all, {}", options.auto_cast_type.format().name()),
+    };
+    let accumulation = if options.mixed_precision_accumulation { "f32" } else { "narrow type" };
+    println!(
+        "  auto-cast           {cast}; reductions accumulate in {accumulation}; optlevel {}",
+        options.optlevel as u8 + 1
+    );
     for io in &p.inputs {
         println!("  input   {:<9} {:<20} {}", io.name, p.buffers[io.buffer as usize].ty.to_string(), io.hlo_name);
     }

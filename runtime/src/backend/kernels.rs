@@ -12,7 +12,8 @@ use super::element::{Element, Int, cast, with_element, with_float, with_int};
 use super::{Destination, OutOfBounds, Value, ValueRef};
 use crate::dtype::{ArrayType, DType, DTypeClass};
 use crate::isa::{
-    ActivationFn, BinaryOp, CompareDirection, DotDims, GatherDims, Op, ReduceOp, ScatterCombine, ScatterDims, UnaryOp,
+    ActivationFn, BinaryOp, CompareDirection, DotDims, FloatFormat, GatherDims, Op, ReduceOp, ScatterCombine,
+    ScatterDims, UnaryOp,
 };
 use crate::pool::HostPool;
 
@@ -255,6 +256,26 @@ pub(super) fn execute(
             each_type!(&operands[0], a => gather(a, &indices, g, &dims)?)
         }
         Op::Scatter { dims: s, combine } => scatter_value(&operands[0], &operands[1], &operands[2], s, *combine)?,
+        Op::RoundPrecision { format, saturate } => {
+            let (format, saturate) = (*format, *saturate);
+            if let ValueRef::F32(a) = &operands[0] {
+                return Ok(Value::F32(a.mapv(|x| round_to_format(x, format, saturate))));
+            }
+            with_float!(operands[0].dtype(), T => {
+                T::wrap(arr::<T>(&operands[0]).mapv(|x| T::from_f32(round_to_format(x.to_f32(), format, saturate))))
+            }, unvalidated("round-precision"))
+        }
+        Op::ReduceRounded { op, dims: axes, format, saturate } => {
+            let (format, saturate) = (*format, *saturate);
+            with_reduce_f32!(*op, f => {
+                let rounded = move |x: f32, y: f32| round_to_format(f(x, y), format, saturate);
+                with_float!(operands[0].dtype(), T => {
+                    let widened = arr::<T>(&operands[0]).mapv(T::to_f32);
+                    let init = first(arr::<T>(&operands[1])).to_f32();
+                    T::wrap(reduce_array_sequential(&widened.view(), init, axes, rounded).mapv(T::from_f32))
+                }, unvalidated("reduce"))
+            })
+        }
     })
 }
 
@@ -336,6 +357,63 @@ fn unary_int<T: Int>(op: UnaryOp) -> fn(T) -> T {
             |_| unvalidated("rounding an integer")
         }
     }
+}
+
+/// `x` rounded to the nearest value of `format`, ties to even. A finite value beyond
+/// the format's range becomes infinite (NaN in FP8 E4M3, which has no infinities);
+/// with `saturate`, it and an infinite `x` become the largest finite value instead.
+pub(crate) fn round_to_format(x: f32, format: FloatFormat, saturate: bool) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let rounded = match format {
+        FloatFormat::Bf16 => round_mantissa(x, 16),
+        FloatFormat::Tf32 => round_mantissa(x, 13),
+        FloatFormat::Fp16 => half::f16::from_f32(x).to_f32(),
+        FloatFormat::Fp8E4m3 | FloatFormat::Bits { .. } => round_by_quantum(x, format),
+    };
+    if saturate && !rounded.is_finite() { largest_finite(format).copysign(x) } else { rounded }
+}
+
+/// Clears the low `drop` bits of an f32, rounding to nearest even; a carry out of the
+/// mantissa moves to the next binade, or to infinity past the largest finite value.
+fn round_mantissa(x: f32, drop: u32) -> f32 {
+    let bits = x.to_bits();
+    let bias = (1u32 << (drop - 1)) - 1 + ((bits >> drop) & 1);
+    f32::from_bits(bits.wrapping_add(bias) & !((1u32 << drop) - 1))
+}
+
+/// Rounds to a multiple of the spacing of `format` around `x` (exact in f64), for
+/// formats without a bit-level shortcut.
+fn round_by_quantum(x: f32, format: FloatFormat) -> f32 {
+    let (exponent_bits, mantissa_bits) = format.widths();
+    let min_exponent = 2 - (1i32 << (exponent_bits - 1));
+    if x.is_infinite() {
+        return if format == FloatFormat::Fp8E4m3 { f32::NAN } else { x };
+    }
+    let magnitude = f64::from(x).abs();
+    if magnitude == 0.0 {
+        return x;
+    }
+    let exponent = ((magnitude.to_bits() >> 52) as i32 - 1023).max(min_exponent);
+    let quantum = 2f64.powi(exponent - mantissa_bits as i32);
+    let rounded = (magnitude / quantum).round_ties_even() * quantum;
+    if rounded > f64::from(largest_finite(format)) {
+        return if format == FloatFormat::Fp8E4m3 { f32::NAN } else { f32::INFINITY.copysign(x) };
+    }
+    (rounded as f32).copysign(x)
+}
+
+/// The largest finite value of `format`.
+fn largest_finite(format: FloatFormat) -> f32 {
+    let (exponent_bits, mantissa_bits) = format.widths();
+    let max_exponent = (1i32 << (exponent_bits - 1)) - 1;
+    let value = match format {
+        // E4M3FN keeps the top exponent for finite values: 1.75 * 2^8.
+        FloatFormat::Fp8E4m3 => 448.0,
+        _ => (2.0 - 2f64.powi(-(mantissa_bits as i32))) * 2f64.powi(max_exponent),
+    };
+    value.min(f64::from(f32::MAX)) as f32
 }
 
 /// XLA's `sign` on floats: ±1 by sign, while ±0 and NaN stay as they are.
@@ -562,6 +640,28 @@ fn first<T: Copy + Default>(a: &ArrayViewD<'_, T>) -> T {
 /// row by row, both of which the compiler vectorises. Float sums may therefore round
 /// differently from a strictly sequential sum, as in XLA.
 fn reduce_array<T: Copy>(a: &ArrayViewD<'_, T>, init: T, axes: &[u32], f: impl Fn(T, T) -> T + Copy) -> ArrayD<T> {
+    reduce_array_with(a, init, axes, f, fold_lanes)
+}
+
+/// `reduce_array` with one accumulator per output element, in index order: a
+/// reduction whose partial results are rounded must not get the extra precision of
+/// eight partial sums.
+fn reduce_array_sequential<T: Copy>(
+    a: &ArrayViewD<'_, T>,
+    init: T,
+    axes: &[u32],
+    f: impl Fn(T, T) -> T + Copy,
+) -> ArrayD<T> {
+    reduce_array_with(a, init, axes, f, |row, init, f| row.iter().fold(init, |acc, &x| f(acc, x)))
+}
+
+fn reduce_array_with<T: Copy, F: Fn(T, T) -> T + Copy>(
+    a: &ArrayViewD<'_, T>,
+    init: T,
+    axes: &[u32],
+    f: F,
+    fold_row: fn(&[T], T, F) -> T,
+) -> ArrayD<T> {
     let rank = a.ndim();
     let is_reduced = |d: usize| axes.contains(&(d as u32));
     let kept: Vec<usize> = (0..rank).filter(|&d| !is_reduced(d)).collect();
@@ -579,7 +679,7 @@ fn reduce_array<T: Copy>(a: &ArrayViewD<'_, T>, init: T, axes: &[u32], f: impl F
         let standard = a.as_standard_layout();
         let flat = standard.as_slice().unwrap_or_else(|| unvalidated("reduce"));
         if trailing {
-            return out(flat.chunks_exact(inner).map(|row| fold_lanes(row, init, f)).collect());
+            return out(flat.chunks_exact(inner).map(|row| fold_row(row, init, f)).collect());
         }
         let mut acc = vec![init; outer];
         for row in flat.chunks_exact(outer) {
@@ -592,11 +692,11 @@ fn reduce_array<T: Copy>(a: &ArrayViewD<'_, T>, init: T, axes: &[u32], f: impl F
     let rows = a.view().permuted_axes(IxDyn(&perm));
     let rows = rows.as_standard_layout();
     let flat = rows.as_slice().unwrap_or_else(|| unvalidated("reduce"));
-    out(flat.chunks_exact(inner).map(|row| fold_lanes(row, init, f)).collect())
+    out(flat.chunks_exact(inner).map(|row| fold_row(row, init, f)).collect())
 }
 
 /// Folds `row` into `init` with eight independent accumulators, combined at the end.
-fn fold_lanes<T: Copy>(row: &[T], init: T, f: impl Fn(T, T) -> T) -> T {
+fn fold_lanes<T: Copy, F: Fn(T, T) -> T>(row: &[T], init: T, f: F) -> T {
     const LANES: usize = 8;
     if row.len() < 2 * LANES {
         return row.iter().fold(init, |acc, &x| f(acc, x));
@@ -1121,6 +1221,47 @@ mod tests {
                 assert!(worst < 1e-3, "{b}x{m}x{k}x{n} on {slots} slot(s): off by {worst}");
             }
         }
+    }
+
+    #[test]
+    fn rounding_to_narrow_formats_matches_their_conversions() {
+        let samples: Vec<f32> = values(4000, 5)
+            .into_iter()
+            .enumerate()
+            .map(|(i, x)| x * 2f32.powi(i as i32 % 60 - 30))
+            .chain([0.0, -0.0, 1.0, 65504.0, 65520.0, 3.0e38, f32::MAX, f32::INFINITY, f32::NEG_INFINITY, 1e-40, 448.0])
+            .collect();
+        for &x in &samples {
+            let bf16 = half::bf16::from_f32(x).to_f32();
+            assert_eq!(round_to_format(x, FloatFormat::Bf16, false).to_bits(), bf16.to_bits(), "bf16 of {x:e}");
+            let general = round_to_format(x, FloatFormat::Bits { exponent: 8, mantissa: 7 }, false);
+            assert_eq!(general.to_bits(), bf16.to_bits(), "e8m7 of {x:e}");
+            let fp16 = half::f16::from_f32(x).to_f32();
+            let e5m10 = round_to_format(x, FloatFormat::Bits { exponent: 5, mantissa: 10 }, false);
+            assert_eq!(e5m10.to_bits(), fp16.to_bits(), "e5m10 of {x:e}");
+            assert_eq!(round_to_format(x, FloatFormat::Fp16, false).to_bits(), fp16.to_bits(), "fp16 of {x:e}");
+            let tf32 = round_to_format(x, FloatFormat::Tf32, false);
+            let e8m10 = round_to_format(x, FloatFormat::Bits { exponent: 8, mantissa: 10 }, false);
+            assert_eq!(tf32.to_bits(), e8m10.to_bits(), "tf32 of {x:e}");
+        }
+        assert!(round_to_format(f32::NAN, FloatFormat::Bf16, true).is_nan());
+        assert_eq!(round_to_format(3.4e38, FloatFormat::Bf16, false), f32::INFINITY);
+        assert_eq!(round_to_format(-1e6, FloatFormat::Fp16, true), -65504.0);
+        assert_eq!(round_to_format(f32::INFINITY, FloatFormat::Bf16, true), half::bf16::MAX.to_f32());
+        // FP8 E4M3: 3 mantissa bits, subnormals down to 2^-9, 448 the largest finite value.
+        assert_eq!(round_to_format(1.0625, FloatFormat::Fp8E4m3, false), 1.0, "tie to even");
+        assert_eq!(round_to_format(1.1875, FloatFormat::Fp8E4m3, false), 1.25);
+        assert_eq!(round_to_format(300.0, FloatFormat::Fp8E4m3, false), 288.0);
+        assert_eq!(round_to_format(440.0, FloatFormat::Fp8E4m3, false), 448.0);
+        assert_eq!(
+            round_to_format(2f32.powi(-10), FloatFormat::Fp8E4m3, false),
+            0.0,
+            "half the smallest subnormal ties to 0"
+        );
+        assert_eq!(round_to_format(3.0 * 2f32.powi(-10), FloatFormat::Fp8E4m3, false), 2f32.powi(-8));
+        assert!(round_to_format(500.0, FloatFormat::Fp8E4m3, false).is_nan());
+        assert_eq!(round_to_format(-500.0, FloatFormat::Fp8E4m3, true), -448.0);
+        assert!(round_to_format(f32::INFINITY, FloatFormat::Fp8E4m3, false).is_nan());
     }
 
     #[test]

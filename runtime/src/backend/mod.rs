@@ -13,6 +13,7 @@ use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
 pub(crate) use element::Element;
 use element::with_element;
+pub(crate) use kernels::round_to_format;
 
 use crate::dtype::{ArrayType, DType};
 use crate::isa::{BufferKind, Instruction, Program};
