@@ -68,26 +68,9 @@ import jax  # noqa: E402  (the environment above must be set first)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-
-def mlp(x, w1, b1, w2, b2):
-    h = jax.nn.relu(x @ w1 + b1)
-    return h @ w2 + b2
-
-
-def attention(x, wq, wk, wv, wo, heads=4):
-    tokens, width = x.shape
-    head_dim = width // heads
-
-    def split(t):
-        return t.reshape(tokens, heads, head_dim).transpose(1, 0, 2)
-
-    q, k, v = split(x @ wq), split(x @ wk), split(x @ wv)
-    scores = jnp.einsum("htd,hsd->hts", q, k) / np.float32(np.sqrt(head_dim))
-    causal = jnp.tril(jnp.ones((tokens, tokens), dtype=bool))
-    scores = jnp.where(causal[None], scores, -jnp.inf)
-    probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("hts,hsd->htd", probs, v).transpose(1, 0, 2).reshape(tokens, width)
-    return out @ wo
+# The same MLP and attention block as the demo's example models, at the sizes below.
+sys.path.insert(0, str(ROOT / "examples"))
+from gen_examples import attention, mlp  # noqa: E402
 
 
 def chain(x):
