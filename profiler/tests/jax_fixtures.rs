@@ -258,6 +258,31 @@ fn single_core_collectives_matches_xla() {
 }
 
 #[test]
+fn argmax_argmin_and_variadic_reduce_match_xla() {
+    check("argmax");
+}
+
+#[test]
+fn max_pool_gradient_select_and_scatter_matches_xla() {
+    check("max_pool_grad");
+}
+
+#[test]
+fn batch_norm_training_inference_and_grad_operators_match_xla() {
+    check("batch_norm_ops");
+}
+
+#[test]
+fn rng_bit_generator_philox_and_threefry_bits_match_xla() {
+    check("rng_bit_generator");
+}
+
+#[test]
+fn jax_random_with_the_rbg_generator_matches_xla() {
+    check("jax_random");
+}
+
+#[test]
 fn every_fixture_directory_has_a_test() {
     let mut cases: Vec<String> = std::fs::read_dir(fixtures_dir())
         .expect("fixtures")

@@ -14,12 +14,12 @@ use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
-use crate::dtype::{ArrayType, DType};
+use crate::dtype::{ArrayType, DType, DTypeClass};
 use crate::hlo::{self, Computation, HloModule, Payload, Shape};
 use crate::isa::{
     ActivationFn, BinaryOp, Buffer, BufferKind, CompareDirection, DmaQueue, DmaQueueKind, DmaTransfer, DotDims, Engine,
-    EngineStream, FloatFormat, GatherDims, Instruction, IoTensor, Op, Program, ReduceOp, ScatterCombine, ScatterDims,
-    UnaryOp, infer_output,
+    EngineStream, FloatFormat, GatherDims, Instruction, IoTensor, Op, Program, ReduceOp, Region, RegionStep,
+    RegionValue, RngAlgorithm, RngResult, ScatterCombine, ScatterDims, UnaryOp, Window, infer_output,
 };
 use crate::topology::NeuronCoreVersion;
 
@@ -306,7 +306,7 @@ struct Lowering<'m> {
     cast: HashMap<u32, u32>,
 }
 
-impl Lowering<'_> {
+impl<'m> Lowering<'m> {
     fn computation(
         &mut self,
         computation: &Computation,
@@ -435,86 +435,45 @@ impl Lowering<'_> {
                     rhs_contracting: dim_list(inst, "rhs_contracting_dims", true)?,
                 })
             }
-            "add" => Op::Binary(BinaryOp::Add),
-            "subtract" => Op::Binary(BinaryOp::Subtract),
-            "multiply" => Op::Binary(BinaryOp::Multiply),
-            "divide" => Op::Binary(BinaryOp::Divide),
-            "maximum" => Op::Binary(BinaryOp::Maximum),
-            "minimum" => Op::Binary(BinaryOp::Minimum),
-            "power" => Op::Binary(BinaryOp::Power),
-            "remainder" => Op::Binary(BinaryOp::Remainder),
-            "atan2" => Op::Binary(BinaryOp::Atan2),
-            "and" => Op::Binary(BinaryOp::And),
-            "or" => Op::Binary(BinaryOp::Or),
-            "xor" => Op::Binary(BinaryOp::Xor),
-            "shift-left" => Op::Binary(BinaryOp::ShiftLeft),
-            "shift-right-logical" => Op::Binary(BinaryOp::ShiftRightLogical),
-            "shift-right-arithmetic" => Op::Binary(BinaryOp::ShiftRightArithmetic),
-            "negate" => Op::Unary(UnaryOp::Negate),
-            "abs" => Op::Unary(UnaryOp::Abs),
-            "sign" => Op::Unary(UnaryOp::Sign),
-            "ceil" => Op::Unary(UnaryOp::Ceil),
-            "floor" => Op::Unary(UnaryOp::Floor),
-            "round-nearest-even" => Op::Unary(UnaryOp::RoundNearestEven),
-            "round-nearest-afz" => Op::Unary(UnaryOp::RoundNearestAfz),
-            "not" => Op::Unary(UnaryOp::Not),
-            "sine" => Op::Activation(ActivationFn::Sine),
-            "cosine" => Op::Activation(ActivationFn::Cosine),
-            "exponential-minus-one" => Op::Activation(ActivationFn::ExpMinusOne),
-            "log-plus-one" => Op::Activation(ActivationFn::LogPlusOne),
-            "exponential" => Op::Activation(ActivationFn::Exp),
-            "log" => Op::Activation(ActivationFn::Log),
-            "tanh" => Op::Activation(ActivationFn::Tanh),
-            "logistic" => Op::Activation(ActivationFn::Logistic),
-            "rsqrt" => Op::Activation(ActivationFn::Rsqrt),
-            "sqrt" => Op::Activation(ActivationFn::Sqrt),
             "broadcast" => Op::Broadcast { dims: dim_list(inst, "dimensions", false)? },
             "reshape" => Op::Reshape,
             "transpose" => Op::Transpose { perm: dim_list(inst, "dimensions", false)? },
             "copy" => Op::Copy,
             "reduce" => {
-                if inst.operands.len() != 2 {
-                    return Err(
-                        "variadic reduce (several arrays at once) is not supported yet; reduce one array at a time"
-                            .into(),
-                    );
-                }
-                let (op, dims) = (reduction_kind(self.region(inst)?)?, dim_list(inst, "dimensions", false)?);
-                let operand = self.buffers[buffer_operands[0] as usize].ty.dtype;
-                let narrow = match operand {
-                    DType::BF16 => Some(FloatFormat::Bf16),
-                    DType::F16 => Some(FloatFormat::Fp16),
-                    DType::F32 if auto_cast_all => Some(self.options.auto_cast_type.format()),
-                    _ => None,
-                };
-                match narrow {
-                    Some(format) if !self.options.mixed_precision_accumulation => {
-                        Op::ReduceRounded { op, dims, format, saturate: self.options.saturate_infinity }
+                let region = self.region(inst)?;
+                let dims = dim_list(inst, "dimensions", false)?;
+                match reduction_kind(region) {
+                    Ok(op) if inst.operands.len() == 2 => {
+                        let dtype = self.buffers[buffer_operands[0] as usize].ty.dtype;
+                        self.plain_reduce(op, dims, dtype)
                     }
-                    _ => Op::Reduce { op, dims },
+                    _ => return self.reduce_with_region(inst, region, dims, buffer_operands),
                 }
             }
-            "reduce-precision" => Op::RoundPrecision {
-                format: FloatFormat::Bits {
-                    exponent: small_attr(inst, "exponent_bits")?,
-                    mantissa: small_attr(inst, "mantissa_bits")?,
-                },
-                saturate: false,
-            },
-            "compare" => {
-                let direction = match attr(inst, "direction")? {
-                    "EQ" => CompareDirection::Eq,
-                    "NE" => CompareDirection::Ne,
-                    "LT" => CompareDirection::Lt,
-                    "LE" => CompareDirection::Le,
-                    "GT" => CompareDirection::Gt,
-                    "GE" => CompareDirection::Ge,
-                    other => return Err(format!("unknown comparison direction `{other}`")),
+            "select-and-scatter" => {
+                let computation = |name: &str| -> Result<&Computation, String> {
+                    let name = strip_percent(attr(inst, name)?);
+                    self.module.computation(name).ok_or_else(|| format!("computation `{name}` is not defined"))
                 };
-                Op::Compare { direction, total_order: inst.attribute("type") == Some("TOTALORDER") }
+                let (select, total_order) = select_comparison(computation("select")?)?;
+                let rank = self.buffers[buffer_operands[0] as usize].ty.rank();
+                Op::SelectAndScatter {
+                    window: window_attr(attr(inst, "window")?, rank)?,
+                    select,
+                    total_order,
+                    combine: scatter_combine(computation("scatter")?)?,
+                }
             }
-            "select" => Op::Select,
-            "convert" => Op::Convert,
+            "rng-bit-generator" => return self.rng_bit_generator(inst, buffer_operands),
+            "rng" => match attr(inst, "distribution")? {
+                "rng_uniform" => Op::RngUniform,
+                other => {
+                    return Err(format!("rng distribution `{other}` is not supported (supported: rng_uniform)"));
+                }
+            },
+            "batch-norm-inference" | "batch-norm-training" | "batch-norm-grad" => {
+                return self.batch_norm(inst, buffer_operands);
+            }
             "iota" => Op::Iota {
                 dim: attr(inst, "iota_dimension")?
                     .parse()
@@ -528,7 +487,6 @@ impl Lowering<'_> {
                 Op::Concatenate { dim: *dim }
             }
             "slice" => slice_op(attr(inst, "slice")?)?,
-            "clamp" => Op::Clamp,
             "reverse" => Op::Reverse { dims: dim_list(inst, "dimensions", false)? },
             "pad" => pad_op(attr(inst, "padding")?)?,
             "dynamic-slice" => Op::DynamicSlice { sizes: u64_list(inst, "dynamic_slice_sizes")? },
@@ -581,10 +539,16 @@ impl Lowering<'_> {
                 Op::Copy
             }
             other => {
-                return Err(format!(
-                    "operator `{other}` is not supported by this compiler (supported: {})",
-                    SUPPORTED_OPERATORS.join(", ")
-                ));
+                let dtypes: Vec<DType> = buffer_operands.iter().map(|&b| self.buffers[b as usize].ty.dtype).collect();
+                match elementwise_op(inst, &dtypes)? {
+                    Some(op) => op,
+                    None => {
+                        return Err(format!(
+                            "operator `{other}` is not supported by this compiler (supported: {})",
+                            SUPPORTED_OPERATORS.join(", ")
+                        ));
+                    }
+                }
             }
         };
         let declared = array_type(&inst.shape)?;
@@ -608,6 +572,234 @@ impl Lowering<'_> {
             }
         }
         Ok(Lowered::Buffer { id: output, hlo_name: inst.name.clone() })
+    }
+
+    /// A reduction by a plain `op`, accumulating in a narrower format when the data is
+    /// bf16 or f16 (or f32 under `--auto-cast all`) unless mixed-precision accumulation
+    /// is on.
+    fn plain_reduce(&self, op: ReduceOp, dims: Vec<u32>, dtype: DType) -> Op {
+        let narrow = match dtype {
+            DType::BF16 => Some(FloatFormat::Bf16),
+            DType::F16 => Some(FloatFormat::Fp16),
+            DType::F32 if self.options.auto_cast == AutoCast::All => Some(self.options.auto_cast_type.format()),
+            _ => None,
+        };
+        match narrow {
+            Some(format) if !self.options.mixed_precision_accumulation => {
+                Op::ReduceRounded { op, dims, format, saturate: self.options.saturate_infinity }
+            }
+            _ => Op::Reduce { op, dims },
+        }
+    }
+
+    /// Emits `op` after checking its output against `declared`.
+    fn emit_checked(&mut self, op: Op, operands: Vec<u32>, declared: ArrayType, hlo_name: &str) -> Result<u32, String> {
+        let types: Vec<&ArrayType> = operands.iter().map(|&b| &self.buffers[b as usize].ty).collect();
+        let inferred = infer_output(&op, &types, &declared)?;
+        if inferred != declared {
+            return Err(format!("`{}` produces {inferred} but the instruction declares {declared}", op.opcode()));
+        }
+        Ok(self.emit(op, operands, declared, hlo_name))
+    }
+
+    /// A `reduce` whose reducer is not a plain add, multiply, maximum or minimum of one
+    /// array: one `ReduceRegion` instruction per result.
+    fn reduce_with_region(
+        &mut self,
+        inst: &hlo::Instruction,
+        region: &Computation,
+        dims: Vec<u32>,
+        operands: Vec<u32>,
+    ) -> Result<Lowered, String> {
+        let n = operands.len() / 2;
+        if n == 0 || !operands.len().is_multiple_of(2) {
+            return Err(format!("reduce takes arrays and as many initial values, got {} operand(s)", operands.len()));
+        }
+        let arrays: Vec<DType> = operands[..n].iter().map(|&b| self.buffers[b as usize].ty.dtype).collect();
+        let params: Vec<DType> = arrays.iter().chain(&arrays).copied().collect();
+        let lowered = lower_region(region, &params).map_err(|e| format!("reducer `{}`: {e}", region.name))?;
+        let declared: Vec<ArrayType> = match &inst.shape {
+            Shape::Tuple(parts) => parts.iter().map(array_type).collect::<Result<_, _>>()?,
+            shape => vec![array_type(shape)?],
+        };
+        if declared.len() != n {
+            return Err(format!("reduce of {n} array(s) declares {} result(s)", declared.len()));
+        }
+        let mut results = Vec::with_capacity(n);
+        for (j, ty) in declared.into_iter().enumerate() {
+            let op = Op::ReduceRegion { dims: dims.clone(), region: lowered.clone(), result: j as u32 };
+            let id = self.emit_checked(op, operands.clone(), ty, &inst.name)?;
+            results.push(Lowered::Buffer { id, hlo_name: inst.name.clone() });
+        }
+        Ok(match (inst.shape.clone(), results.pop()) {
+            (Shape::Tuple(_), Some(last)) => {
+                results.push(last);
+                Lowered::Tuple(results)
+            }
+            (_, Some(only)) => only,
+            (_, None) => unreachable!("n >= 1"),
+        })
+    }
+
+    /// `rng-bit-generator`: one instruction for the new state, one for the bits.
+    fn rng_bit_generator(&mut self, inst: &hlo::Instruction, operands: Vec<u32>) -> Result<Lowered, String> {
+        let algorithm = match inst.attribute("algorithm").unwrap_or("rng_default") {
+            "rng_default" | "rng_philox" => RngAlgorithm::Philox,
+            "rng_three_fry" => RngAlgorithm::ThreeFry,
+            other => {
+                return Err(format!(
+                    "rng-bit-generator algorithm `{other}` is not supported (supported: rng_default, rng_philox, rng_three_fry)"
+                ));
+            }
+        };
+        let Shape::Tuple(parts) = &inst.shape else {
+            return Err("rng-bit-generator must return a (state, bits) tuple".into());
+        };
+        let [state_ty, bits_ty] = parts.as_slice() else {
+            return Err("rng-bit-generator must return a (state, bits) tuple".into());
+        };
+        let (state_ty, bits_ty) = (array_type(state_ty)?, array_type(bits_ty)?);
+        let state = self.emit_checked(
+            Op::RngBitGenerator { algorithm, result: RngResult::State, bits: bits_ty.clone() },
+            operands.clone(),
+            state_ty,
+            &inst.name,
+        )?;
+        let bits = self.emit_checked(
+            Op::RngBitGenerator { algorithm, result: RngResult::Bits, bits: bits_ty.clone() },
+            operands,
+            bits_ty,
+            &inst.name,
+        )?;
+        Ok(Lowered::Tuple(vec![
+            Lowered::Buffer { id: state, hlo_name: inst.name.clone() },
+            Lowered::Buffer { id: bits, hlo_name: inst.name.clone() },
+        ]))
+    }
+
+    /// The batch-norm operators, expanded into reductions and element-wise arithmetic
+    /// as XLA's `BatchNormExpander` does. Every instruction keeps the batch-norm
+    /// instruction's name, so profiles attribute the time to it.
+    fn batch_norm(&mut self, inst: &hlo::Instruction, operands: Vec<u32>) -> Result<Lowered, String> {
+        let expected = if inst.opcode == "batch-norm-training" { 3 } else { 5 };
+        if operands.len() != expected {
+            return Err(format!("{} takes {expected} operands, got {}", inst.opcode, operands.len()));
+        }
+        let x_ty = self.buffers[operands[0] as usize].ty.clone();
+        if !x_ty.dtype.is_float() {
+            return Err(format!("{} needs a floating-point operand, got {x_ty}", inst.opcode));
+        }
+        let feature: u32 = index_attr(inst, "feature_index")?;
+        if feature as usize >= x_ty.rank() {
+            return Err(format!("feature_index {feature} is out of range for {x_ty}"));
+        }
+        let epsilon = match inst.attribute("epsilon") {
+            Some(e) => parse_f64(e).ok_or_else(|| format!("`epsilon={e}` is not a number"))?,
+            None => 0.0,
+        };
+        let channels = x_ty.dims[feature as usize];
+        let feature_ty = ArrayType::new(x_ty.dtype, vec![channels]);
+        for (k, &b) in operands.iter().enumerate().skip(1) {
+            let ty = &self.buffers[b as usize].ty;
+            let want = if inst.opcode == "batch-norm-grad" && k == 4 { &x_ty } else { &feature_ty };
+            if ty != want {
+                return Err(format!("{} operand {k} is {ty}; expected {want}", inst.opcode));
+            }
+        }
+        let per_feature = x_ty.element_count().unwrap_or(0) / channels.max(1);
+        let other_dims: Vec<u32> = (0..x_ty.rank() as u32).filter(|&d| d != feature).collect();
+        let mut bn = Expander { lowering: self, hlo: &inst.name, x_ty: x_ty.clone(), feature_ty, feature };
+        let eps = bn.constant_like_feature(epsilon)?;
+        let results = match inst.opcode.as_str() {
+            "batch-norm-inference" => {
+                let [x, scale, offset, mean, var] = operands[..] else { unreachable!("checked above") };
+                let var_eps = bn.feature(BinaryOp::Add, var, eps)?;
+                let rsqrt = bn.feature_activation(ActivationFn::Rsqrt, var_eps)?;
+                let true_scale = bn.feature(BinaryOp::Multiply, scale, rsqrt)?;
+                let mean_scaled = bn.feature(BinaryOp::Multiply, mean, true_scale)?;
+                let true_shift = bn.feature(BinaryOp::Subtract, offset, mean_scaled)?;
+                let scale_b = bn.broadcast(true_scale)?;
+                let shift_b = bn.broadcast(true_shift)?;
+                let scaled = bn.full(BinaryOp::Multiply, x, scale_b)?;
+                vec![bn.full(BinaryOp::Add, scaled, shift_b)?]
+            }
+            "batch-norm-training" => {
+                let [x, scale, offset] = operands[..] else { unreachable!("checked above") };
+                let count = bn.constant_like_feature(per_feature as f64)?;
+                let sum = bn.sum(x, &other_dims)?;
+                let squares = bn.full(BinaryOp::Multiply, x, x)?;
+                let square_sum = bn.sum(squares, &other_dims)?;
+                let mean = bn.feature(BinaryOp::Divide, sum, count)?;
+                let square_mean = bn.feature(BinaryOp::Divide, square_sum, count)?;
+                let mean_square = bn.feature(BinaryOp::Multiply, mean, mean)?;
+                let var = bn.feature(BinaryOp::Subtract, square_mean, mean_square)?;
+                let var_eps = bn.feature(BinaryOp::Add, var, eps)?;
+                let rsqrt = bn.feature_activation(ActivationFn::Rsqrt, var_eps)?;
+                let mean_b = bn.broadcast(mean)?;
+                let centred = bn.full(BinaryOp::Subtract, x, mean_b)?;
+                let rsqrt_b = bn.broadcast(rsqrt)?;
+                let normalized = bn.full(BinaryOp::Multiply, centred, rsqrt_b)?;
+                let scale_b = bn.broadcast(scale)?;
+                let scaled = bn.full(BinaryOp::Multiply, normalized, scale_b)?;
+                let offset_b = bn.broadcast(offset)?;
+                vec![bn.full(BinaryOp::Add, scaled, offset_b)?, mean, var]
+            }
+            _ => {
+                let [x, scale, mean, var, grad] = operands[..] else { unreachable!("checked above") };
+                let var_eps = bn.feature(BinaryOp::Add, var, eps)?;
+                let rsqrt = bn.feature_activation(ActivationFn::Rsqrt, var_eps)?;
+                let mean_b = bn.broadcast(mean)?;
+                let centred = bn.full(BinaryOp::Subtract, x, mean_b)?;
+                let grad_centred = bn.full(BinaryOp::Multiply, grad, centred)?;
+                let sum_grad_centred = bn.sum(grad_centred, &other_dims)?;
+                let grad_offset = bn.sum(grad, &other_dims)?;
+                let grad_scale = bn.feature(BinaryOp::Multiply, sum_grad_centred, rsqrt)?;
+                // grad_x = scale * rsqrt(var + eps) / N * (N * grad - sum(grad)
+                //          - (x - mean) * sum(grad * (x - mean)) / (var + eps))
+                let i2 = bn.broadcast(grad_offset)?;
+                let i3 = bn.broadcast(sum_grad_centred)?;
+                let i4 = bn.full(BinaryOp::Multiply, centred, i3)?;
+                let var_eps_b = bn.broadcast(var_eps)?;
+                let i5 = bn.full(BinaryOp::Divide, i4, var_eps_b)?;
+                let scale_b = bn.broadcast(scale)?;
+                let rsqrt_b = bn.broadcast(rsqrt)?;
+                let scale_rsqrt = bn.full(BinaryOp::Multiply, scale_b, rsqrt_b)?;
+                let inverse_count = bn.constant_like_x(1.0 / per_feature.max(1) as f64)?;
+                let scale_rsqrt = bn.full(BinaryOp::Multiply, scale_rsqrt, inverse_count)?;
+                let count = bn.constant_like_x(per_feature as f64)?;
+                let i1 = bn.full(BinaryOp::Multiply, grad, count)?;
+                let i6 = bn.full(BinaryOp::Subtract, i1, i2)?;
+                let i6 = bn.full(BinaryOp::Subtract, i6, i5)?;
+                vec![bn.full(BinaryOp::Multiply, scale_rsqrt, i6)?, grad_scale, grad_offset]
+            }
+        };
+        let name = inst.name.clone();
+        let mut parts: Vec<Lowered> =
+            results.into_iter().map(|id| Lowered::Buffer { id, hlo_name: name.clone() }).collect();
+        if let Shape::Tuple(_) = inst.shape {
+            let declared: Vec<ArrayType> = match &inst.shape {
+                Shape::Tuple(parts) => parts.iter().map(array_type).collect::<Result<_, _>>()?,
+                _ => Vec::new(),
+            };
+            let produced: Vec<ArrayType> = parts
+                .iter()
+                .map(|p| match p {
+                    Lowered::Buffer { id, .. } => self.buffers[*id as usize].ty.clone(),
+                    Lowered::Tuple(_) => unreachable!("batch norm produces arrays"),
+                })
+                .collect();
+            if declared != produced {
+                return Err(format!("{} declares {} but produces {produced:?}", inst.opcode, inst.shape));
+            }
+            return Ok(Lowered::Tuple(parts));
+        }
+        let declared = array_type(&inst.shape)?;
+        match parts.pop() {
+            Some(Lowered::Buffer { id, hlo_name }) if parts.is_empty() && self.buffers[id as usize].ty == declared => {
+                Ok(Lowered::Buffer { id, hlo_name })
+            }
+            _ => Err(format!("{} must declare {x_ty}", inst.opcode)),
+        }
     }
 
     /// Appends an instruction of HLO instruction `hlo_name`; returns its output buffer.
@@ -662,7 +854,7 @@ impl Lowering<'_> {
     }
 
     /// The computation an instruction's `to_apply` names.
-    fn region(&self, inst: &hlo::Instruction) -> Result<&Computation, String> {
+    fn region(&self, inst: &hlo::Instruction) -> Result<&'m Computation, String> {
         let name = strip_percent(attr(inst, "to_apply")?);
         self.module.computation(name).ok_or_else(|| format!("computation `{name}` is not defined"))
     }
@@ -949,6 +1141,10 @@ pub const SUPPORTED_OPERATORS: &[&str] = &[
     "all-gather",
     "all-reduce",
     "and",
+    "atan2",
+    "batch-norm-grad",
+    "batch-norm-inference",
+    "batch-norm-training",
     "bitcast-convert",
     "broadcast",
     "call",
@@ -988,11 +1184,14 @@ pub const SUPPORTED_OPERATORS: &[&str] = &[
     "remainder",
     "reshape",
     "reverse",
+    "rng",
+    "rng-bit-generator",
     "round-nearest-afz",
     "round-nearest-even",
     "rsqrt",
     "scatter",
     "select",
+    "select-and-scatter",
     "shift-left",
     "shift-right-arithmetic",
     "shift-right-logical",
@@ -1021,7 +1220,14 @@ pub fn engine_of_operator(opcode: &str) -> Option<Engine> {
         | "sqrt"
         | "sine"
         | "cosine" => Engine::Act,
-        "iota" | "dynamic-slice" | "dynamic-update-slice" | "gather" | "scatter" => Engine::Pool,
+        "iota"
+        | "dynamic-slice"
+        | "dynamic-update-slice"
+        | "gather"
+        | "scatter"
+        | "select-and-scatter"
+        | "rng"
+        | "rng-bit-generator" => Engine::Pool,
         "parameter" | "constant" | "tuple" | "get-tuple-element" | "call" => return None,
         _ => Engine::Dve,
     })
@@ -1150,6 +1356,326 @@ fn pad_op(value: &str) -> Result<Op, String> {
         };
     }
     Ok(Op::Pad { low, high, interior })
+}
+
+/// The operation of an element-wise HLO instruction (arithmetic, activations,
+/// comparisons, selection, conversion), or `None` for any other opcode.
+/// `operand_dtypes` are the element types of its operands.
+fn elementwise_op(inst: &hlo::Instruction, operand_dtypes: &[DType]) -> Result<Option<Op>, String> {
+    Ok(Some(match inst.opcode.as_str() {
+        "add" => Op::Binary(BinaryOp::Add),
+        "subtract" => Op::Binary(BinaryOp::Subtract),
+        "multiply" => Op::Binary(BinaryOp::Multiply),
+        "divide" => Op::Binary(BinaryOp::Divide),
+        "maximum" => Op::Binary(BinaryOp::Maximum),
+        "minimum" => Op::Binary(BinaryOp::Minimum),
+        "power" => Op::Binary(BinaryOp::Power),
+        "remainder" => Op::Binary(BinaryOp::Remainder),
+        "atan2" => Op::Binary(BinaryOp::Atan2),
+        "and" => Op::Binary(BinaryOp::And),
+        "or" => Op::Binary(BinaryOp::Or),
+        "xor" => Op::Binary(BinaryOp::Xor),
+        "shift-left" => Op::Binary(BinaryOp::ShiftLeft),
+        "shift-right-logical" => Op::Binary(BinaryOp::ShiftRightLogical),
+        "shift-right-arithmetic" => Op::Binary(BinaryOp::ShiftRightArithmetic),
+        "negate" => Op::Unary(UnaryOp::Negate),
+        "abs" => Op::Unary(UnaryOp::Abs),
+        "sign" => Op::Unary(UnaryOp::Sign),
+        "ceil" => Op::Unary(UnaryOp::Ceil),
+        "floor" => Op::Unary(UnaryOp::Floor),
+        "round-nearest-even" => Op::Unary(UnaryOp::RoundNearestEven),
+        "round-nearest-afz" => Op::Unary(UnaryOp::RoundNearestAfz),
+        "not" => Op::Unary(UnaryOp::Not),
+        "sine" => Op::Activation(ActivationFn::Sine),
+        "cosine" => Op::Activation(ActivationFn::Cosine),
+        "exponential-minus-one" => Op::Activation(ActivationFn::ExpMinusOne),
+        "log-plus-one" => Op::Activation(ActivationFn::LogPlusOne),
+        "exponential" => Op::Activation(ActivationFn::Exp),
+        "log" => Op::Activation(ActivationFn::Log),
+        "tanh" => Op::Activation(ActivationFn::Tanh),
+        "logistic" => Op::Activation(ActivationFn::Logistic),
+        "rsqrt" => Op::Activation(ActivationFn::Rsqrt),
+        "sqrt" => Op::Activation(ActivationFn::Sqrt),
+        "reduce-precision" => Op::RoundPrecision {
+            format: FloatFormat::Bits {
+                exponent: small_attr(inst, "exponent_bits")?,
+                mantissa: small_attr(inst, "mantissa_bits")?,
+            },
+            saturate: false,
+        },
+        "compare" => {
+            let direction = match attr(inst, "direction")? {
+                "EQ" => CompareDirection::Eq,
+                "NE" => CompareDirection::Ne,
+                "LT" => CompareDirection::Lt,
+                "LE" => CompareDirection::Le,
+                "GT" => CompareDirection::Gt,
+                "GE" => CompareDirection::Ge,
+                other => return Err(format!("unknown comparison direction `{other}`")),
+            };
+            let compared = operand_dtypes.first().copied().unwrap_or(DType::F32);
+            Op::Compare { direction, total_order: comparison_type(inst, compared)? }
+        }
+        "select" => Op::Select,
+        "convert" => Op::Convert,
+        "clamp" => Op::Clamp,
+        _ => return Ok(None),
+    }))
+}
+
+/// Whether a `compare` orders NaNs (`type=TOTALORDER`), after checking that its
+/// `type`, if given, fits the operands: FLOAT or TOTALORDER for floats, SIGNED for
+/// signed integers, UNSIGNED for unsigned integers and pred.
+fn comparison_type(inst: &hlo::Instruction, compared: DType) -> Result<bool, String> {
+    let Some(kind) = inst.attribute("type") else {
+        return Ok(false);
+    };
+    let fits = match kind {
+        "FLOAT" | "TOTALORDER" => compared.is_float(),
+        "SIGNED" => compared.class() == DTypeClass::Signed,
+        "UNSIGNED" => matches!(compared.class(), DTypeClass::Unsigned | DTypeClass::Pred),
+        other => {
+            return Err(format!("unknown comparison type `{other}` (expected FLOAT, TOTALORDER, SIGNED or UNSIGNED)"));
+        }
+    };
+    if !fits {
+        return Err(format!("comparison type {kind} does not fit {compared} operands"));
+    }
+    Ok(kind == "TOTALORDER")
+}
+
+/// Emits the instructions of an expanded batch-norm operator.
+struct Expander<'l, 'm> {
+    lowering: &'l mut Lowering<'m>,
+    hlo: &'l str,
+    x_ty: ArrayType,
+    feature_ty: ArrayType,
+    feature: u32,
+}
+
+impl Expander<'_, '_> {
+    fn constant(&mut self, value: f64, ty: ArrayType) -> Result<u32, String> {
+        let scalar_ty = ArrayType::new(ty.dtype, vec![]);
+        let bytes = literal_element(ty.dtype, &format!("{value:e}"))
+            .ok_or_else(|| format!("{value} is not representable as {}", ty.dtype))?;
+        let index = self.lowering.constants.len() as u32;
+        self.lowering.constants.push(bytes);
+        let scalar = self.lowering.new_buffer(scalar_ty, BufferKind::Constant { index });
+        self.lowering.emit_checked(Op::Broadcast { dims: vec![] }, vec![scalar], ty, self.hlo)
+    }
+
+    fn constant_like_feature(&mut self, value: f64) -> Result<u32, String> {
+        self.constant(value, self.feature_ty.clone())
+    }
+
+    fn constant_like_x(&mut self, value: f64) -> Result<u32, String> {
+        self.constant(value, self.x_ty.clone())
+    }
+
+    fn feature(&mut self, op: BinaryOp, a: u32, b: u32) -> Result<u32, String> {
+        self.lowering.emit_checked(Op::Binary(op), vec![a, b], self.feature_ty.clone(), self.hlo)
+    }
+
+    fn feature_activation(&mut self, f: ActivationFn, a: u32) -> Result<u32, String> {
+        self.lowering.emit_checked(Op::Activation(f), vec![a], self.feature_ty.clone(), self.hlo)
+    }
+
+    fn full(&mut self, op: BinaryOp, a: u32, b: u32) -> Result<u32, String> {
+        self.lowering.emit_checked(Op::Binary(op), vec![a, b], self.x_ty.clone(), self.hlo)
+    }
+
+    fn broadcast(&mut self, a: u32) -> Result<u32, String> {
+        self.lowering.emit_checked(Op::Broadcast { dims: vec![self.feature] }, vec![a], self.x_ty.clone(), self.hlo)
+    }
+
+    /// The per-feature sum of `a` over `dims`.
+    fn sum(&mut self, a: u32, dims: &[u32]) -> Result<u32, String> {
+        let zero = {
+            let bytes = literal_element(self.x_ty.dtype, "0").ok_or("zero is not representable")?;
+            let index = self.lowering.constants.len() as u32;
+            self.lowering.constants.push(bytes);
+            self.lowering.new_buffer(ArrayType::new(self.x_ty.dtype, vec![]), BufferKind::Constant { index })
+        };
+        let op = self.lowering.plain_reduce(ReduceOp::Add, dims.to_vec(), self.x_ty.dtype);
+        self.lowering.emit_checked(op, vec![a, zero], self.feature_ty.clone(), self.hlo)
+    }
+}
+
+/// Lowers a reducer computation whose parameters have the element types `params`.
+fn lower_region(region: &Computation, params: &[DType]) -> Result<Region, String> {
+    let mut values: HashMap<&str, RegionValue> = HashMap::new();
+    let mut steps: Vec<RegionStep> = Vec::new();
+    let dtype_of = |steps: &[RegionStep], v: RegionValue| match v {
+        RegionValue::Parameter(p) => params[p as usize],
+        RegionValue::Step(s) => steps[s as usize].dtype,
+        RegionValue::Constant { dtype, .. } => dtype,
+    };
+    let root = &region.instructions[region.root];
+    for (i, inst) in region.instructions.iter().enumerate() {
+        let at = |e: String| format!("`{}` (line {}): {e}", inst.name, inst.line);
+        let scalar = || -> Result<DType, String> {
+            let ty = array_type(&inst.shape).map_err(at)?;
+            if ty.rank() != 0 {
+                return Err(at(format!("reducers work on scalars, not {ty}")));
+            }
+            Ok(ty.dtype)
+        };
+        let value = match inst.opcode.as_str() {
+            "tuple" if i == region.root => continue,
+            "parameter" => {
+                let Some(Payload::ParameterNumber(n)) = inst.payload else {
+                    return Err(at("parameter without a number".into()));
+                };
+                let expected = params
+                    .get(n as usize)
+                    .copied()
+                    .ok_or_else(|| at(format!("parameter({n}) but the reducer takes {} parameters", params.len())))?;
+                if scalar()? != expected {
+                    return Err(at(format!("parameter({n}) must be a {expected} scalar")));
+                }
+                RegionValue::Parameter(n as u32)
+            }
+            "constant" => {
+                let dtype = scalar()?;
+                let Some(Payload::Literal(tokens)) = &inst.payload else {
+                    return Err(at("constant without a literal".into()));
+                };
+                let [token] = tokens.as_slice() else {
+                    return Err(at("a scalar constant holds one value".into()));
+                };
+                let bytes =
+                    literal_element(dtype, token).ok_or_else(|| at(format!("`{token}` is not a valid {dtype}")))?;
+                let mut word = [0u8; 8];
+                word[..bytes.len()].copy_from_slice(&bytes);
+                RegionValue::Constant { dtype, bits: u64::from_le_bytes(word) }
+            }
+            _ => {
+                let operands = inst
+                    .operands
+                    .iter()
+                    .map(|o| values.get(strip_percent(o)).copied())
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| at("an operand is not defined before this instruction".into()))?;
+                let dtypes: Vec<DType> = operands.iter().map(|&v| dtype_of(&steps, v)).collect();
+                let op = elementwise_op(inst, &dtypes).map_err(at)?.ok_or_else(|| {
+                    at(format!("`{}` is not supported in a reducer (element-wise operations only)", inst.opcode))
+                })?;
+                steps.push(RegionStep { op, operands, dtype: scalar()? });
+                RegionValue::Step(steps.len() as u32 - 1)
+            }
+        };
+        values.insert(&inst.name, value);
+    }
+    let result_names: Vec<&str> = if root.opcode == "tuple" {
+        root.operands.iter().map(|o| strip_percent(o)).collect()
+    } else {
+        vec![root.name.as_str()]
+    };
+    let results = result_names
+        .iter()
+        .map(|name| values.get(name).copied().ok_or_else(|| format!("reducer result `{name}` is not a scalar value")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let region = Region { params: params.to_vec(), steps, results };
+    region.check()?;
+    Ok(region)
+}
+
+/// The comparison of a `select-and-scatter` selector `(a, b) -> compare(a, b)`:
+/// the element `a` selected so far is kept over candidate `b` while it holds.
+fn select_comparison(region: &Computation) -> Result<(CompareDirection, bool), String> {
+    let root = &region.instructions[region.root];
+    let param = |name: &str| {
+        region.instructions.iter().find(|i| i.name == strip_percent(name)).and_then(|i| match i.payload {
+            Some(Payload::ParameterNumber(n)) if i.opcode == "parameter" => Some(n),
+            _ => None,
+        })
+    };
+    let order: Vec<Option<u64>> = root.operands.iter().map(|o| param(o)).collect();
+    let bad = || {
+        format!(
+            "select computation `{}` must be a comparison of its two parameters (such as GE for max pooling)",
+            region.name
+        )
+    };
+    if root.opcode != "compare" || region.instructions.len() != 3 {
+        return Err(bad());
+    }
+    let direction = match (attr(root, "direction")?, order.as_slice()) {
+        (d, [Some(0), Some(1)]) => d.to_string(),
+        // compare(b, a): the mirrored direction.
+        (d, [Some(1), Some(0)]) => match d {
+            "LT" => "GT",
+            "LE" => "GE",
+            "GT" => "LT",
+            "GE" => "LE",
+            other => other,
+        }
+        .to_string(),
+        _ => return Err(bad()),
+    };
+    let direction = match direction.as_str() {
+        "EQ" => CompareDirection::Eq,
+        "NE" => CompareDirection::Ne,
+        "LT" => CompareDirection::Lt,
+        "LE" => CompareDirection::Le,
+        "GT" => CompareDirection::Gt,
+        "GE" => CompareDirection::Ge,
+        other => return Err(format!("unknown comparison direction `{other}`")),
+    };
+    let compared = match &root.shape {
+        Shape::Array { .. } => region
+            .instructions
+            .iter()
+            .find(|i| i.opcode == "parameter")
+            .and_then(|p| array_type(&p.shape).ok())
+            .map(|t| t.dtype)
+            .unwrap_or(DType::F32),
+        Shape::Tuple(_) => return Err(bad()),
+    };
+    Ok((direction, comparison_type(root, compared)?))
+}
+
+/// Parses `window={size=2x2 stride=2x2 pad=0_0x0_0}` for an array of `rank` dimensions.
+fn window_attr(value: &str, rank: usize) -> Result<Window, String> {
+    let inner = value.trim().trim_start_matches('{').trim_end_matches('}');
+    let mut window =
+        Window { size: vec![1; rank], stride: vec![1; rank], pad_low: vec![0; rank], pad_high: vec![0; rank] };
+    let numbers = |key: &str, v: &str| -> Result<Vec<u64>, String> {
+        let parsed: Vec<u64> = v
+            .split('x')
+            .map(|n| n.parse::<u64>())
+            .collect::<Result<_, _>>()
+            .map_err(|_| format!("window `{key}={v}` must be non-negative integers separated by `x`"))?;
+        if parsed.len() != rank {
+            return Err(format!("window `{key}={v}` gives {} dimension(s); the array has {rank}", parsed.len()));
+        }
+        Ok(parsed)
+    };
+    for part in inner.split_whitespace() {
+        let (key, v) = part.split_once('=').ok_or_else(|| format!("window part `{part}` is not key=value"))?;
+        match key {
+            "size" => window.size = numbers(key, v)?,
+            "stride" => window.stride = numbers(key, v)?,
+            "pad" => {
+                let pairs: Vec<&str> = v.split('x').collect();
+                if pairs.len() != rank {
+                    return Err(format!("window `pad={v}` gives {} dimension(s); the array has {rank}", pairs.len()));
+                }
+                for (d, pair) in pairs.iter().enumerate() {
+                    let (lo, hi) = pair
+                        .split_once('_')
+                        .and_then(|(l, h)| Some((l.parse::<u64>().ok()?, h.parse::<u64>().ok()?)))
+                        .ok_or_else(|| format!("window `pad={v}` must be low_high pairs of non-negative integers"))?;
+                    (window.pad_low[d], window.pad_high[d]) = (lo, hi);
+                }
+            }
+            "lhs_dilate" | "rhs_dilate" | "rhs_reversal" => {
+                return Err(format!("window `{key}` is not supported in select-and-scatter"));
+            }
+            other => return Err(format!("unknown window attribute `{other}`")),
+        }
+    }
+    Ok(window)
 }
 
 /// Recognises a reduction region `(a, b) -> op(a, b)`.
@@ -1296,6 +1822,91 @@ mod tests {
     fn elided_constants_are_explained() {
         let err = compile("HloModule m\nENTRY e {\n ROOT c = f32[1000]{0} constant({...})\n}\n").expect_err("elided");
         assert!(err.message.contains("large constants printed"), "{err}");
+    }
+
+    /// The message of compiling an entry computation made of `body`.
+    fn error_of(body: &str) -> String {
+        let text = format!("HloModule m\nENTRY e {{\n{body}\n}}\n");
+        compile(&text).expect_err("must not compile").message
+    }
+
+    #[test]
+    fn every_listed_operator_is_recognised_by_the_lowering() {
+        // The operator list of the Neuron compiler that neuron-cc stays compatible with.
+        let required = "abs add all-gather all-reduce and or xor not atan2 batch-norm-training batch-norm-grad \
+            batch-norm-inference bitcast-convert broadcast ceil clamp compare concatenate constant convert cosine sine \
+            custom-call divide dot dynamic-slice dynamic-update-slice exponential exponential-minus-one floor \
+            round-nearest-even round-nearest-afz gather scatter get-tuple-element iota log log-plus-one logistic \
+            maximum minimum multiply negate pad power reduce remainder reshape reverse rng-bit-generator rng rsqrt \
+            select select-and-scatter shift-left shift-right-logical shift-right-arithmetic sign slice sqrt subtract \
+            tanh transpose tuple call";
+        for op in required.split_whitespace() {
+            assert!(SUPPORTED_OPERATORS.contains(&op), "`{op}` is missing from SUPPORTED_OPERATORS");
+        }
+        for op in SUPPORTED_OPERATORS {
+            // Malformed on purpose: the lowering must get past the opcode to complain.
+            let text = format!("HloModule m\nENTRY e {{\n ROOT r = f32[] {op}()\n}}\n");
+            if let Err(e) = compile(&text) {
+                assert!(!e.message.contains("is not supported by this compiler"), "{op}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn comparison_types_must_fit_the_operands() {
+        let message = error_of(" a = f32[2] parameter(0)\n ROOT c = pred[2] compare(a, a), direction=LT, type=SIGNED");
+        assert!(message.contains("comparison type SIGNED does not fit f32 operands"), "{message}");
+        let message = error_of(" a = u8[2] parameter(0)\n ROOT c = pred[2] compare(a, a), direction=LT, type=FLOAT");
+        assert!(message.contains("comparison type FLOAT does not fit u8 operands"), "{message}");
+        let message = error_of(" a = s8[2] parameter(0)\n ROOT c = pred[2] compare(a, a), direction=LT, type=SIDEWAYS");
+        assert!(message.contains("unknown comparison type `SIDEWAYS`"), "{message}");
+        for (ty, kind) in
+            [("f32", "TOTALORDER"), ("bf16", "FLOAT"), ("s64", "SIGNED"), ("u16", "UNSIGNED"), ("pred", "UNSIGNED")]
+        {
+            let body = format!(" a = {ty}[2] parameter(0)\n ROOT c = pred[2] compare(a, a), direction=EQ, type={kind}");
+            compile(&format!("HloModule m\nENTRY e {{\n{body}\n}}\n")).unwrap_or_else(|e| panic!("{ty} {kind}: {e}"));
+        }
+    }
+
+    #[test]
+    fn random_number_operators_reject_what_they_cannot_generate() {
+        let message = error_of(
+            " s = u64[2] parameter(0)\n ROOT r = (u64[2], u32[4]) rng-bit-generator(s), algorithm=rng_mersenne",
+        );
+        assert!(message.contains("algorithm `rng_mersenne` is not supported"), "{message}");
+        let message = error_of(
+            " s = u64[3] parameter(0)\n ROOT r = (u64[3], u32[4]) rng-bit-generator(s), algorithm=rng_three_fry",
+        );
+        assert!(message.contains("must be u64[2]"), "{message}");
+        let message = error_of(
+            " a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT r = f32[4] rng(a, b), distribution=rng_normal",
+        );
+        assert!(message.contains("rng distribution `rng_normal` is not supported"), "{message}");
+    }
+
+    #[test]
+    fn batch_norm_operands_are_checked_against_the_feature_dimension() {
+        let message = error_of(
+            " x = f32[2,3] parameter(0)\n s = f32[2] parameter(1)\n o = f32[3] parameter(2)\n \
+             ROOT b = (f32[2,3], f32[3], f32[3]) batch-norm-training(x, s, o), epsilon=0.001, feature_index=1",
+        );
+        assert!(message.contains("operand 1 is f32[2]; expected f32[3]"), "{message}");
+        let message = error_of(
+            " x = s32[2,3] parameter(0)\n s = s32[3] parameter(1)\n o = s32[3] parameter(2)\n \
+             ROOT b = (s32[2,3], s32[3], s32[3]) batch-norm-training(x, s, o), epsilon=0.001, feature_index=1",
+        );
+        assert!(message.contains("needs a floating-point operand"), "{message}");
+    }
+
+    #[test]
+    fn reducers_may_only_use_element_wise_operations() {
+        let text = "HloModule m\nr {\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n \
+                    c = f32[1] reshape(a)\n ROOT d = f32[] add(a, b)\n}\n\
+                    ENTRY e {\n x = f32[4] parameter(0)\n z = f32[] constant(0)\n \
+                    ROOT s = f32[] reduce(x, z), dimensions={0}, to_apply=r\n}\n";
+        let message = compile(text).expect_err("reshape in a reducer").message;
+        assert!(message.contains("reducer `r`"), "{message}");
+        assert!(message.contains("`reshape` is not supported in a reducer"), "{message}");
     }
 
     #[test]

@@ -201,6 +201,159 @@ pub enum Op {
         format: FloatFormat,
         saturate: bool,
     },
+    /// XLA `reduce` with a reducer `region` evaluated element-wise: several arrays at
+    /// once (an arg-max reduces values and indices together), or one array with a
+    /// reducer that is not a plain add, multiply, maximum or minimum. Operands: the `n`
+    /// arrays, then their `n` scalar initial values. The instruction produces the
+    /// reducer's result number `result`; a reduce of `n` arrays lowers to `n`
+    /// instructions. Elements combine pairwise (a tree), then with the initial value.
+    ReduceRegion {
+        dims: Vec<u32>,
+        region: Region,
+        result: u32,
+    },
+    /// XLA `select-and-scatter` (the gradient of max pooling). Operands: the array, the
+    /// source (one element per window) and the scalar initial value of the output. In
+    /// each window the element `e` is selected over a later candidate `c` while
+    /// `compare(e, c)` holds; the source element is combined into the output at the
+    /// selected position.
+    SelectAndScatter {
+        window: Window,
+        select: CompareDirection,
+        total_order: bool,
+        combine: ScatterCombine,
+    },
+    /// XLA `rng-bit-generator`: random bits from a counter-based generator. Operand: the
+    /// state (`u64[2]`, or `u64[3]` for Philox). The instruction produces either the
+    /// advanced state or the bits; the HLO instruction lowers to one of each.
+    RngBitGenerator {
+        algorithm: RngAlgorithm,
+        result: RngResult,
+        /// The type of the bits (which the new state depends on too).
+        bits: ArrayType,
+    },
+    /// XLA `rng` with the uniform distribution: values in `[a, b)` (integers: `[a, b)`
+    /// too). Operands: the scalar bounds `a` and `b`. Each execution draws new values
+    /// from a process-wide generator, so runs differ, as they do under XLA.
+    RngUniform,
+}
+
+/// A reducer computation of `ReduceRegion`: scalar operations over its parameters,
+/// applied element-wise to whole arrays. Parameters `0..n` are the accumulated values
+/// and `n..2n` the incoming ones.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Region {
+    pub params: Vec<DType>,
+    pub steps: Vec<RegionStep>,
+    pub results: Vec<RegionValue>,
+}
+
+/// One element-wise operation of a [`Region`], producing a scalar of `dtype`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RegionStep {
+    pub op: Op,
+    pub operands: Vec<RegionValue>,
+    pub dtype: DType,
+}
+
+/// A scalar inside a [`Region`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RegionValue {
+    Parameter(u32),
+    /// The result of an earlier step.
+    Step(u32),
+    /// A constant: its little-endian bytes in the low bytes of `bits`.
+    Constant {
+        dtype: DType,
+        bits: u64,
+    },
+}
+
+impl Region {
+    /// The element type of a value, if it refers to something that exists before step `before`.
+    fn value_type(&self, value: RegionValue, before: usize) -> Option<DType> {
+        match value {
+            RegionValue::Parameter(p) => self.params.get(p as usize).copied(),
+            RegionValue::Step(s) if (s as usize) < before => Some(self.steps[s as usize].dtype),
+            RegionValue::Step(_) => None,
+            RegionValue::Constant { dtype, .. } => Some(dtype),
+        }
+    }
+
+    /// Checks that every step is an element-wise operation on values defined before
+    /// it, of the types it produces; returns the types of the results.
+    pub fn check(&self) -> Result<Vec<DType>, TypeError> {
+        for (i, step) in self.steps.iter().enumerate() {
+            let elementwise = matches!(
+                step.op,
+                Op::Activation(_)
+                    | Op::Unary(_)
+                    | Op::Binary(_)
+                    | Op::Compare { .. }
+                    | Op::Select
+                    | Op::Convert
+                    | Op::Clamp
+                    | Op::RoundPrecision { .. }
+            );
+            if !elementwise {
+                return Err(format!("reducer step {i}: {} is not an element-wise operation", step.op.opcode()));
+            }
+            let types = step
+                .operands
+                .iter()
+                .map(|&v| self.value_type(v, i).map(|d| ArrayType::new(d, vec![])))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| format!("reducer step {i} reads a value that is not defined before it"))?;
+            let refs: Vec<&ArrayType> = types.iter().collect();
+            let declared = ArrayType::new(step.dtype, vec![]);
+            let inferred = infer_output(&step.op, &refs, &declared).map_err(|e| format!("reducer step {i}: {e}"))?;
+            if inferred != declared {
+                return Err(format!("reducer step {i} produces {inferred} but declares {declared}"));
+            }
+        }
+        self.results
+            .iter()
+            .map(|&v| self.value_type(v, self.steps.len()).ok_or_else(|| "a reducer result is not defined".to_string()))
+            .collect()
+    }
+}
+
+/// The windows of `select-and-scatter`, per dimension: size, stride and edge padding.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Window {
+    pub size: Vec<u64>,
+    pub stride: Vec<u64>,
+    pub pad_low: Vec<u64>,
+    pub pad_high: Vec<u64>,
+}
+
+impl Window {
+    /// How many windows fit along each dimension of an array of `dims`.
+    pub fn counts(&self, dims: &[u64]) -> Option<Vec<u64>> {
+        (0..dims.len())
+            .map(|d| {
+                let padded = dims[d].checked_add(self.pad_low[d])?.checked_add(self.pad_high[d])?;
+                let (size, stride) = (self.size[d], self.stride[d]);
+                (size >= 1 && stride >= 1 && padded >= size).then(|| (padded - size) / stride + 1)
+            })
+            .collect()
+    }
+}
+
+/// The counter-based generators of `rng-bit-generator`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RngAlgorithm {
+    /// Philox-4x32-10 (XLA's `rng_philox`, and `rng_default` on CPU).
+    Philox,
+    /// Threefry-2x32-20 (XLA's `rng_three_fry`).
+    ThreeFry,
+}
+
+/// Which output of `rng-bit-generator` an instruction produces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RngResult {
+    State,
+    Bits,
 }
 
 /// A floating-point format narrower than f32.
@@ -380,9 +533,15 @@ impl Op {
         match self {
             Op::MatMul(_) => Engine::Pe,
             Op::Activation(_) => Engine::Act,
-            Op::Iota { .. } | Op::DynamicSlice { .. } | Op::DynamicUpdateSlice | Op::Gather(_) | Op::Scatter { .. } => {
-                Engine::Pool
-            }
+            Op::Iota { .. }
+            | Op::DynamicSlice { .. }
+            | Op::DynamicUpdateSlice
+            | Op::Gather(_)
+            | Op::Scatter { .. }
+            | Op::ReduceRegion { .. }
+            | Op::SelectAndScatter { .. }
+            | Op::RngBitGenerator { .. }
+            | Op::RngUniform => Engine::Pool,
             Op::Unary(_)
             | Op::Binary(_)
             | Op::Compare { .. }
@@ -467,7 +626,10 @@ impl Op {
             Op::Gather(_) => "Gather",
             Op::Scatter { .. } => "Scatter",
             Op::RoundPrecision { .. } => "RoundPrecision",
-            Op::ReduceRounded { .. } => "Reduce",
+            Op::ReduceRounded { .. } | Op::ReduceRegion { .. } => "Reduce",
+            Op::SelectAndScatter { .. } => "SelectAndScatter",
+            Op::RngBitGenerator { .. } => "RngBitGenerator",
+            Op::RngUniform => "RngUniform",
         }
     }
 
@@ -495,6 +657,14 @@ impl Op {
             Op::Reduce { .. } | Op::ReduceRounded { .. } => {
                 operands.first().and_then(|t| t.element_count()).unwrap_or(0)
             }
+            Op::ReduceRegion { region, .. } => {
+                operands.first().and_then(|t| t.element_count()).unwrap_or(0).saturating_mul(region.steps.len() as u64)
+            }
+            Op::SelectAndScatter { window, .. } => operands
+                .get(1)
+                .and_then(|t| t.element_count())
+                .unwrap_or(0)
+                .saturating_mul(window.size.iter().product::<u64>().saturating_add(1)),
             _ => 0,
         }
     }
@@ -808,14 +978,28 @@ pub fn infer_output(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> R
             Ok((*operand).clone())
         }
         Op::BitcastConvert => {
+            // Between widths, the narrower side has one more dimension, of the ratio:
+            // u32[n,2] <-> u64[n], the low-addressed (least significant) word first.
             arity(1)?;
-            if operands[0].dtype.size_bytes() != declared.dtype.size_bytes() || declared.dtype == DType::Pred {
-                return Err(format!(
-                    "bitcast-convert of {} to {}: only element types of the same width are supported",
-                    operands[0], declared.dtype
-                ));
+            let operand = operands[0];
+            let (from, to) = (operand.dtype.size_bytes(), declared.dtype.size_bytes());
+            if operand.dtype == DType::Pred || declared.dtype == DType::Pred {
+                return Err(format!("bitcast-convert of {operand} to {}: pred has no bit layout", declared.dtype));
             }
-            Ok(ArrayType::new(declared.dtype, operands[0].dims.clone()))
+            let mut dims = operand.dims.clone();
+            if from > to {
+                dims.push(from / to);
+            } else if from < to {
+                if dims.last() != Some(&(to / from)) {
+                    return Err(format!(
+                        "bitcast-convert of {operand} to {}: the last dimension must be {}",
+                        declared.dtype,
+                        to / from
+                    ));
+                }
+                dims.pop();
+            }
+            Ok(ArrayType::new(declared.dtype, dims))
         }
         Op::Gather(g) => {
             arity(2)?;
@@ -834,6 +1018,98 @@ pub fn infer_output(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> R
             }
             check_scatter(dims, operand, indices, updates)?;
             Ok((*operand).clone())
+        }
+        Op::ReduceRegion { dims, region, result } => {
+            let n = operands.len() / 2;
+            if n == 0 || !operands.len().is_multiple_of(2) {
+                return Err(format!(
+                    "reduce takes arrays and as many initial values, got {} operand(s)",
+                    operands.len()
+                ));
+            }
+            let (arrays, inits) = operands.split_at(n);
+            for (array, init) in arrays.iter().zip(inits) {
+                if array.dims != arrays[0].dims {
+                    return Err(format!("reduce of {} and {}: arrays differ in shape", arrays[0], array));
+                }
+                if init.rank() != 0 || init.dtype != array.dtype {
+                    return Err(format!("reduce init value {init} must be a {} scalar", array.dtype));
+                }
+            }
+            let expected: Vec<DType> = arrays.iter().chain(arrays).map(|t| t.dtype).collect();
+            if region.params != expected {
+                return Err(format!("reducer parameters {:?} do not match the arrays ({expected:?})", region.params));
+            }
+            let results = region.check()?;
+            if results != expected[..n] {
+                return Err(format!("reducer results {results:?} do not match the arrays ({:?})", &expected[..n]));
+            }
+            let array = arrays.get(*result as usize).ok_or_else(|| format!("reduce has no result {result}"))?;
+            check_dims(dims, array.rank(), "reduce dimensions")?;
+            Ok(ArrayType::new(
+                array.dtype,
+                (0..array.rank() as u32).filter(|d| !dims.contains(d)).map(|d| array.dims[d as usize]).collect(),
+            ))
+        }
+        Op::SelectAndScatter { window, combine, .. } => {
+            arity(3)?;
+            let (operand, source, init) = (operands[0], operands[1], operands[2]);
+            if source.dtype != operand.dtype || init.dtype != operand.dtype || init.rank() != 0 {
+                return Err(format!(
+                    "select-and-scatter of {operand}: source {source} and initial value {init} must share its type"
+                ));
+            }
+            if operand.dtype == DType::Pred
+                && matches!(combine, ScatterCombine::Reduce(ReduceOp::Add | ReduceOp::Multiply))
+            {
+                return Err("select-and-scatter with add or multiply is not defined on pred".into());
+            }
+            let rank = operand.rank();
+            if [&window.size, &window.stride, &window.pad_low, &window.pad_high].iter().any(|v| v.len() != rank) {
+                return Err(format!("the window must give a size, stride and padding for each of {rank} dimension(s)"));
+            }
+            let counts = window.counts(&operand.dims).ok_or_else(|| {
+                format!("window sizes {:?} and strides {:?} do not fit {operand}", window.size, window.stride)
+            })?;
+            if counts != source.dims {
+                return Err(format!("source {source} must hold one element per window ({counts:?})"));
+            }
+            Ok(operand.clone())
+        }
+        Op::RngBitGenerator { algorithm, result, bits } => {
+            arity(1)?;
+            let state = operands[0];
+            let words = match algorithm {
+                RngAlgorithm::Philox => [2, 3].as_slice(),
+                RngAlgorithm::ThreeFry => [2].as_slice(),
+            };
+            if state.dtype != DType::U64 || state.rank() != 1 || !words.contains(&state.dims[0]) {
+                return Err(format!(
+                    "rng-bit-generator state {state} must be u64[2]{}",
+                    match algorithm {
+                        RngAlgorithm::Philox => " or u64[3]",
+                        RngAlgorithm::ThreeFry => "",
+                    }
+                ));
+            }
+            if !bits.dtype.is_integer() {
+                return Err(format!("rng-bit-generator produces integers, not {}", bits.dtype));
+            }
+            match result {
+                RngResult::State => Ok(state.clone()),
+                RngResult::Bits => Ok(bits.clone()),
+            }
+        }
+        Op::RngUniform => {
+            arity(2)?;
+            let (a, b) = (operands[0], operands[1]);
+            if a.rank() != 0 || b.rank() != 0 || a.dtype != b.dtype || a.dtype != declared.dtype {
+                return Err(format!("rng bounds {a} and {b} must be scalars of the result's type {}", declared.dtype));
+            }
+            if declared.dtype == DType::Pred {
+                return Err("rng does not produce pred".into());
+            }
+            Ok(declared.clone())
         }
     }
 }

@@ -30,13 +30,20 @@ pub const FEATURE_EXTENDED_TYPES: u64 = 0x10;
 /// Rounding to narrower float formats: `RoundPrecision` and `ReduceRounded` instructions
 /// (`--auto-cast`, reduced-precision accumulation, HLO `reduce-precision`).
 pub const FEATURE_FLOAT_FORMATS: u64 = 0x20;
+/// Reductions with a reducer computation (`ReduceRegion`: variadic reduce, arg-max)
+/// and window operations (`SelectAndScatter`).
+pub const FEATURE_REGIONS_AND_WINDOWS: u64 = 0x40;
+/// Random number generation (`RngBitGenerator`, `RngUniform`).
+pub const FEATURE_RANDOM: u64 = 0x80;
 /// The feature bits this runtime executes.
 pub const SUPPORTED_FEATURES: u64 = FEATURE_BASE
     | FEATURE_INTEGER_TYPES
     | FEATURE_BATCHED_MATMUL
     | FEATURE_MULTI_OUTPUT
     | FEATURE_EXTENDED_TYPES
-    | FEATURE_FLOAT_FORMATS;
+    | FEATURE_FLOAT_FORMATS
+    | FEATURE_REGIONS_AND_WINDOWS
+    | FEATURE_RANDOM;
 
 /// Size of the header before the variable-length name.
 const FIXED_HEADER_LEN: usize = 86;
@@ -228,6 +235,12 @@ pub fn features_of(program: &Program) -> u64 {
     }
     if program.instructions().any(|i| matches!(&i.op, Op::RoundPrecision { .. } | Op::ReduceRounded { .. })) {
         features |= FEATURE_FLOAT_FORMATS;
+    }
+    if program.instructions().any(|i| matches!(&i.op, Op::ReduceRegion { .. } | Op::SelectAndScatter { .. })) {
+        features |= FEATURE_REGIONS_AND_WINDOWS;
+    }
+    if program.instructions().any(|i| matches!(&i.op, Op::RngBitGenerator { .. } | Op::RngUniform)) {
+        features |= FEATURE_RANDOM;
     }
     features
 }

@@ -1,72 +1,12 @@
 //! What each `neuron-cc` numerics and optimisation option does to a program's results
 //! and instructions, checked by executing compiled HLO against host references.
 
-use neuron_runtime::config::CoreRequest;
 use neuron_runtime::isa::{Op, Program};
-use std::sync::OnceLock;
 
-use neuron_runtime::{
-    AutoCast, AutoCastType, CompileOptions, Config, CoreSet, Neff, OptLevel, Runtime, Target, TensorPlacement,
-    TensorSet, compile_hlo_with,
-};
+use neuron_runtime::{AutoCast, AutoCastType, CompileOptions, OptLevel, Target, compile_hlo_with};
 
-struct Bench {
-    runtime: Runtime,
-    _lock_dir: tempfile::TempDir,
-}
-
-impl Bench {
-    /// One runtime for every test of this binary (they run on threads of one process,
-    /// and a core is held by one runtime at a time).
-    fn new() -> &'static Bench {
-        static BENCH: OnceLock<Bench> = OnceLock::new();
-        BENCH.get_or_init(|| {
-            let lock_dir = tempfile::tempdir().expect("tempdir");
-            let runtime = Runtime::start(Config {
-                lock_dir: lock_dir.path().to_path_buf(),
-                cores: CoreRequest::Visible(CoreSet::range(0, 0)),
-                ..Config::default()
-            })
-            .expect("runtime");
-            // A static is never dropped: unlink the datastore file now (the mapping stays valid).
-            if let Ok(path) = runtime.datastore_path() {
-                let _ = std::fs::remove_file(path);
-            }
-            Bench { runtime, _lock_dir: lock_dir }
-        })
-    }
-
-    /// Compiles `hlo` with `options`, runs it on `inputs` (raw little-endian bytes per
-    /// input) and returns the first output's bytes.
-    fn run(&self, hlo: &str, options: &CompileOptions, inputs: &[Vec<u8>]) -> Vec<u8> {
-        let rt = &self.runtime;
-        let program = compile_hlo_with(hlo, options).unwrap_or_else(|e| panic!("{e}\n{hlo}"));
-        let model = rt.load(&Neff::new("options", program).encode(), None).expect("load");
-        let mut bound = TensorSet::new();
-        for (i, bytes) in inputs.iter().enumerate() {
-            let ty = model.tensor_type(&model.inputs()[i]).clone();
-            let tensor = rt.allocate_tensor_for(TensorPlacement::Host, &ty, "in").expect("alloc");
-            tensor.write(0, bytes).expect("write");
-            bound.add(&format!("input{i}"), tensor);
-        }
-        let out_ty = model.tensor_type(&model.outputs()[0]).clone();
-        let output = rt.allocate_tensor_for(TensorPlacement::Host, &out_ty, "out").expect("alloc");
-        let mut outputs = TensorSet::new();
-        outputs.add("output0", output.clone());
-        rt.execute(&model, &bound, &outputs).expect("execute");
-        rt.unload(&model).expect("unload");
-        output.read_all().expect("read")
-    }
-
-    fn run_f32(&self, hlo: &str, options: &CompileOptions, inputs: &[&[f32]]) -> Vec<f32> {
-        let inputs: Vec<Vec<u8>> = inputs.iter().map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect();
-        floats(&self.run(hlo, options, &inputs))
-    }
-}
-
-fn floats(bytes: &[u8]) -> Vec<f32> {
-    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
-}
+mod common;
+use common::Bench;
 
 fn options(auto_cast: AutoCast, auto_cast_type: AutoCastType) -> CompileOptions {
     CompileOptions { auto_cast, auto_cast_type, ..CompileOptions::new(Target::Trn1) }

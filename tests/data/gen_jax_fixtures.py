@@ -18,7 +18,7 @@ Constraints the fixtures are built to respect (checked by this script, which
 fails loudly if JAX starts emitting something else):
 
   * only the HLO opcodes in ALLOWED_OPCODES below (those neuron-cc lowers);
-  * reduce regions only apply add / maximum / minimum / multiply;
+  * reduce regions only use element-wise operations;
   * only the element types pred, s8, s16, s32, s64, u8, u16, u32, u64, f16, bf16
     and f32 (64-bit integers only in the cases listed in X64_CASES, which run with
     jax_enable_x64; nothing is ever f64);
@@ -31,7 +31,7 @@ reproduces the same files.
 How to run (from the repository root):
 
     pip install "jax[cpu]==0.10.2"
-    python3 tests/data/gen_jax_fixtures.py
+    python3 tests/data/gen_jax_fixtures.py [CASE ...]   # all cases, or just those named
 
 The fixtures checked in were produced with jax 0.10.2 / jaxlib 0.10.2.
 """
@@ -67,9 +67,12 @@ ALLOWED_OPCODES = {
     "atan2", "and", "or", "xor", "not", "shift-left", "shift-right-logical",
     "shift-right-arithmetic", "clamp", "reverse", "pad", "dynamic-slice",
     "dynamic-update-slice", "bitcast-convert", "gather", "scatter", "all-reduce",
-    "all-gather",
+    "all-gather", "select-and-scatter", "rng-bit-generator", "batch-norm-training",
+    "batch-norm-inference", "batch-norm-grad",
 }
-ALLOWED_REDUCE_OPS = {"add", "maximum", "minimum", "multiply", "and", "or"}
+# Reducers may use element-wise operations only.
+ALLOWED_REDUCE_OPS = {"add", "maximum", "minimum", "multiply", "and", "or", "compare", "select",
+                      "constant", "tuple", "subtract", "xor", "convert"}
 ALLOWED_DTYPES = {"pred", "s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64", "f16", "bf16", "f32"}
 MAX_TENSOR_BYTES = 64 * 1024
 
@@ -581,6 +584,117 @@ def case_single_core_collectives(rng):
     return f, [normal(rng, (4, 6), 1.0)]
 
 
+def case_argmax(rng):
+    """jnp.argmax / argmin (variadic reduce of values and indices, with an index
+    tie-break), over rows, columns and an integer array, plus lax.reduce of two arrays
+    at once with a sum and a maximum."""
+    def f(x, n):
+        x = x.at[1, 3].set(jnp.nan)  # argmax picks the first NaN, as XLA does
+        both = lax.reduce((x[2:], n.astype(jnp.float32)[:, :x.shape[1]]), (jnp.float32(0), jnp.float32(-jnp.inf)),
+                          lambda a, b: (a[0] + b[0], jnp.maximum(a[1], b[1])), (1,))
+        return jnp.argmax(x, axis=1), jnp.argmin(x, axis=0), jnp.argmax(n, axis=0), both[0], both[1]
+
+    x = normal(rng, (6, 10), 1.0)
+    x[4, 2] = x[4, 7] = 5.0  # a tie: the lower index wins
+    return f, [x, rng.integers(-50, 50, size=(4, 12)).astype(np.int32)]
+
+
+def _select_and_scatter_add(source, operand, strides, window, padding):
+    from jax._src.lax.windowed_reductions import _select_and_scatter_add as op
+    return op(source, operand, lax.ge_p, window, strides, padding)
+
+
+def case_max_pool_grad(rng):
+    """select-and-scatter as the gradient of max pooling: 2x2 windows with stride 2,
+    and overlapping padded 3x3 windows with stride 2."""
+    def f(x, g1, g2):
+        plain = _select_and_scatter_add(g1, x, (1, 2, 2, 1), (1, 2, 2, 1), ((0, 0),) * 4)
+        padded = _select_and_scatter_add(g2, x, (1, 2, 2, 1), (1, 3, 3, 1), ((0, 0), (1, 1), (1, 1), (0, 0)))
+        return plain, padded
+
+    return f, [normal(rng, (2, 8, 8, 3), 1.0), normal(rng, (2, 4, 4, 3), 1.0), normal(rng, (2, 4, 4, 3), 1.0)]
+
+
+def _hlo_primitive(name, results, lower):
+    """A JAX primitive lowered straight to one StableHLO operation, for HLO operators
+    JAX itself never emits (the batch-norm family)."""
+    from jax._src import core
+    from jax.extend.core import Primitive
+    from jax.interpreters import mlir
+
+    prim = Primitive(name)
+    prim.multiple_results = True
+    prim.def_abstract_eval(lambda *args, **params: tuple(
+        core.ShapedArray(args[i].shape, args[i].dtype) for i in results))
+    mlir.register_lowering(prim, lambda ctx, *args, **params: lower(*args, **params).results)
+    return prim
+
+
+def _batch_norm_primitives():
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import hlo as stablehlo
+
+    def attrs(epsilon, feature_index):
+        return (ir.FloatAttr.get(ir.F32Type.get(), epsilon),
+                ir.IntegerAttr.get(ir.IntegerType.get_signless(64), feature_index))
+
+    training = _hlo_primitive("batch_norm_training", (0, 1, 1), lambda x, s, o, *, epsilon, feature_index:
+                              stablehlo.BatchNormTrainingOp(x, s, o, *attrs(epsilon, feature_index)))
+    inference = _hlo_primitive("batch_norm_inference", (0,), lambda x, s, o, m, v, *, epsilon, feature_index:
+                               stablehlo.BatchNormInferenceOp(x, s, o, m, v, *attrs(epsilon, feature_index)))
+    grad = _hlo_primitive("batch_norm_grad", (0, 1, 1), lambda x, s, m, v, g, *, epsilon, feature_index:
+                          stablehlo.BatchNormGradOp(x, s, m, v, g, *attrs(epsilon, feature_index)))
+    return training, inference, grad
+
+
+def case_batch_norm_ops(rng):
+    """The HLO batch-norm operators (batch-norm-training, -inference and -grad), over
+    NHWC with the feature last and over NCHW with the feature at index 1."""
+    training, inference, grad = _batch_norm_primitives()
+
+    def f(x, scale, offset, mean, var, dy, y):
+        out, m, v = training.bind(x, scale, offset, epsilon=1e-3, feature_index=3)
+        (inf,) = inference.bind(x, scale, offset, mean, var, epsilon=1e-5, feature_index=3)
+        dx, dscale, doffset = grad.bind(x, scale, m, v, dy, epsilon=1e-3, feature_index=3)
+        out1, m1, v1 = training.bind(y, scale, offset, epsilon=1e-3, feature_index=1)
+        return out, m, v, inf, dx, dscale, doffset, out1, m1, v1
+
+    return f, [normal(rng, (4, 5, 5, 8), 1.0) + 0.5, 1.0 + normal(rng, (8,), 0.1), normal(rng, (8,), 0.1),
+               normal(rng, (8,), 0.1), 1.0 + np.abs(normal(rng, (8,), 0.1)), normal(rng, (4, 5, 5, 8), 1.0),
+               normal(rng, (3, 8, 4, 4), 2.0)]
+
+
+def case_rng_bit_generator(rng):
+    """lax.rng_bit_generator with the Philox and Threefry algorithms and XLA's
+    default, for 8-, 16-, 32- and 64-bit outputs of awkward sizes; the new states too."""
+    def f(key):
+        outs = []
+        for algorithm in (lax.RandomAlgorithm.RNG_PHILOX, lax.RandomAlgorithm.RNG_THREE_FRY,
+                          lax.RandomAlgorithm.RNG_DEFAULT):
+            new_key, bits = lax.rng_bit_generator(key, (5, 7), dtype=jnp.uint32, algorithm=algorithm)
+            next_key, wide = lax.rng_bit_generator(new_key, (3,), dtype=jnp.uint64, algorithm=algorithm)
+            _, narrow = lax.rng_bit_generator(next_key, (2, 6), dtype=jnp.uint16, algorithm=algorithm)
+            _, scalar = lax.rng_bit_generator(next_key, (), dtype=jnp.uint8, algorithm=algorithm)
+            outs += [new_key, bits, wide, narrow, scalar]
+        return tuple(outs)
+
+    return f, [np.array([0x12345678, 0x9abcdef0, 0x0fedcba9, 0x87654321], dtype=np.uint32)]
+
+
+def case_jax_random(rng):
+    """jax.random with the `unsafe_rbg` generator (rng-bit-generator underneath):
+    uniform floats, normal samples, integers in a range and a Bernoulli mask, from a
+    key passed in."""
+    def f(key_data):
+        key = jax.random.wrap_key_data(key_data, impl="unsafe_rbg")
+        k1, k2, k3, k4 = jax.random.split(key, 4)
+        return (jax.random.uniform(k1, (6, 8)), jax.random.normal(k2, (16,)),
+                jax.random.randint(k3, (10,), -5, 17), jax.random.bernoulli(k4, 0.3, (12,)))
+
+    key = jax.random.key_data(jax.random.key(20261121, impl="unsafe_rbg"))
+    return f, [np.asarray(key)]
+
+
 CASES = [
     ("mlp", case_mlp, 1001),
     ("attention", case_attention, 1002),
@@ -613,10 +727,15 @@ CASES = [
     ("clamp_bitcast", case_clamp_bitcast, 1029),
     ("batched_gather_scatter", case_batched_gather_scatter, 1030),
     ("single_core_collectives", case_single_core_collectives, 1031),
+    ("argmax", case_argmax, 1032),
+    ("max_pool_grad", case_max_pool_grad, 1033),
+    ("batch_norm_ops", case_batch_norm_ops, 1034),
+    ("rng_bit_generator", case_rng_bit_generator, 1035),
+    ("jax_random", case_jax_random, 1036),
 ]
 
 # Cases generated with 64-bit types enabled (jax_enable_x64), for s64 / u64.
-X64_CASES = {"wide_ints"}
+X64_CASES = {"wide_ints", "rng_bit_generator"}
 
 # Extra sanity checks on the computed outputs of some cases.
 OUTPUT_CHECKS = {"special_constants": check_special_constants}
@@ -738,7 +857,11 @@ def main():
     print(f"jax {jax.__version__}, jaxlib {jax.lib.__version__}, "
           f"numpy {np.__version__}, backend {jax.default_backend()}")
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    rows = [generate(name, builder, seed) for name, builder, seed in CASES]
+    only = set(sys.argv[1:])  # optional case names: regenerate just those
+    unknown = only - {name for name, _, _ in CASES}
+    if unknown:
+        raise SystemExit(f"unknown case(s): {sorted(unknown)}")
+    rows = [generate(name, builder, seed) for name, builder, seed in CASES if not only or name in only]
     for r in rows:
         print(f"\n{r['case']}\n  inputs : {r['inputs']}\n  outputs: {r['outputs']}"
               f"\n  opcodes: {r['ops']}")

@@ -18,7 +18,7 @@ use crate::isa::{
 use crate::pool::HostPool;
 
 /// The array inside `v`, which validation has proven to be of type `T`.
-fn arr<'v, 'a, T: Element>(v: &'v ValueRef<'a>) -> &'v ArrayViewD<'a, T> {
+pub(super) fn arr<'v, 'a, T: Element>(v: &'v ValueRef<'a>) -> &'v ArrayViewD<'a, T> {
     T::unwrap(v).unwrap_or_else(|| unvalidated("operand type"))
 }
 
@@ -32,6 +32,7 @@ macro_rules! each_type {
         })
     }};
 }
+pub(super) use each_type;
 
 /// Binds `$f` to the `f32` function of an activation and evaluates `$body`. Each arm
 /// gets its own function item, so the loop in `$body` inlines it and can vectorise,
@@ -265,6 +266,22 @@ pub(super) fn execute(
                 T::wrap(arr::<T>(&operands[0]).mapv(|x| T::from_f32(round_to_format(x.to_f32(), format, saturate))))
             }, unvalidated("round-precision"))
         }
+        Op::ReduceRegion { dims: axes, region, result } => {
+            super::region::reduce_region(region, axes, *result as usize, operands, out, helpers)
+        }
+        Op::SelectAndScatter { window, select, total_order, combine } => super::region::select_and_scatter(
+            window,
+            *select,
+            *total_order,
+            *combine,
+            &operands[0],
+            &operands[1],
+            &operands[2],
+        ),
+        Op::RngBitGenerator { algorithm, result, bits } => {
+            super::random::bit_generator(*algorithm, *result, &operands[0], bits)
+        }
+        Op::RngUniform => super::random::uniform(&operands[0], &operands[1], out),
         Op::ReduceRounded { op, dims: axes, format, saturate } => {
             let (format, saturate) = (*format, *saturate);
             with_reduce_f32!(*op, f => {
@@ -323,7 +340,7 @@ fn write_f32(
 
 /// Operands that do not fit their operation: `Program::validate` rules this out, so
 /// reaching it is a bug in validation. The host pool reports it as `NRT_FAILURE`.
-fn unvalidated(op: &str) -> ! {
+pub(super) fn unvalidated(op: &str) -> ! {
     unreachable!("{op}: operands do not fit the operation; Program::validate should have rejected this program")
 }
 
@@ -478,6 +495,24 @@ fn min_f32(x: f32, y: f32) -> f32 {
     if x.is_nan() || y.is_nan() { f32::NAN } else { x.min(y) }
 }
 
+/// HLO `compare` of two elements: unordered (NaN) operands are only "not equal",
+/// unless `total_order` orders them too.
+#[inline]
+pub(super) fn compare_scalars<T: Element>(direction: CompareDirection, total_order: bool, x: T, y: T) -> bool {
+    use std::cmp::Ordering;
+    let ord = if total_order { Some(x.total_cmp(&y)) } else { x.partial_cmp(&y) };
+    match (direction, ord) {
+        (CompareDirection::Ne, None) => true,
+        (_, None) => false,
+        (CompareDirection::Eq, Some(o)) => o == Ordering::Equal,
+        (CompareDirection::Ne, Some(o)) => o != Ordering::Equal,
+        (CompareDirection::Lt, Some(o)) => o == Ordering::Less,
+        (CompareDirection::Le, Some(o)) => o != Ordering::Greater,
+        (CompareDirection::Gt, Some(o)) => o == Ordering::Greater,
+        (CompareDirection::Ge, Some(o)) => o != Ordering::Less,
+    }
+}
+
 fn compare(direction: CompareDirection, total_order: bool, a: &ValueRef<'_>, b: &ValueRef<'_>) -> Value {
     fn compare_arrays<T: Element>(
         direction: CompareDirection,
@@ -485,21 +520,10 @@ fn compare(direction: CompareDirection, total_order: bool, a: &ValueRef<'_>, b: 
         a: &ArrayViewD<'_, T>,
         b: &ArrayViewD<'_, T>,
     ) -> ArrayD<bool> {
-        use std::cmp::Ordering;
-        let decide = move |ord: Option<Ordering>| match (direction, ord) {
-            (CompareDirection::Ne, None) => true,
-            (_, None) => false,
-            (CompareDirection::Eq, Some(o)) => o == Ordering::Equal,
-            (CompareDirection::Ne, Some(o)) => o != Ordering::Equal,
-            (CompareDirection::Lt, Some(o)) => o == Ordering::Less,
-            (CompareDirection::Le, Some(o)) => o != Ordering::Greater,
-            (CompareDirection::Gt, Some(o)) => o == Ordering::Greater,
-            (CompareDirection::Ge, Some(o)) => o != Ordering::Less,
-        };
         if total_order {
-            zip_map(a, b, |x, y| decide(Some(x.total_cmp(&y))))
+            zip_map(a, b, |x, y| compare_scalars(direction, true, x, y))
         } else {
-            zip_map(a, b, |x, y| decide(x.partial_cmp(&y)))
+            zip_map(a, b, |x, y| compare_scalars(direction, false, x, y))
         }
     }
     with_element!(a.dtype(), T => Value::Pred(compare_arrays(direction, total_order, arr::<T>(a), arr::<T>(b))))
@@ -578,7 +602,7 @@ fn materialize<T: Copy>(view: &ArrayViewD<'_, T>) -> ArrayD<T> {
     unsafe { out.assume_init() }
 }
 
-fn concatenate(operands: &[ValueRef<'_>], dim: usize) -> Value {
+pub(super) fn concatenate(operands: &[ValueRef<'_>], dim: usize) -> Value {
     fn join<T: Element>(operands: &[ValueRef<'_>], dim: usize) -> ArrayD<T> {
         let parts: Vec<ArrayViewD<'_, T>> = operands.iter().map(|v| arr::<T>(v).view()).collect();
         ndarray::concatenate(Axis(dim), &parts).unwrap_or_else(|_| unvalidated("concatenate"))
@@ -587,11 +611,11 @@ fn concatenate(operands: &[ValueRef<'_>], dim: usize) -> Value {
     with_element!(first.dtype(), T => T::wrap(join::<T>(operands, dim)))
 }
 
-fn reduce_f32(op: ReduceOp) -> fn(f32, f32) -> f32 {
+pub(super) fn reduce_f32(op: ReduceOp) -> fn(f32, f32) -> f32 {
     with_reduce_f32!(op, f => f)
 }
 
-fn reduce_int<T: Int>(op: ReduceOp) -> fn(T, T) -> T {
+pub(super) fn reduce_int<T: Int>(op: ReduceOp) -> fn(T, T) -> T {
     match op {
         ReduceOp::Add => T::add,
         ReduceOp::Multiply => T::mul,
@@ -600,7 +624,7 @@ fn reduce_int<T: Int>(op: ReduceOp) -> fn(T, T) -> T {
     }
 }
 
-fn reduce_pred(op: ReduceOp) -> fn(bool, bool) -> bool {
+pub(super) fn reduce_pred(op: ReduceOp) -> fn(bool, bool) -> bool {
     match op {
         ReduceOp::Minimum | ReduceOp::Multiply => |x, y| x && y,
         ReduceOp::Maximum | ReduceOp::Add => |x, y| x || y,

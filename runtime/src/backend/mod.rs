@@ -8,6 +8,8 @@
 
 mod element;
 mod kernels;
+mod random;
+mod region;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
