@@ -1404,15 +1404,7 @@ fn elementwise_op(inst: &hlo::Instruction, operand_dtypes: &[DType]) -> Result<O
             saturate: false,
         },
         "compare" => {
-            let direction = match attr(inst, "direction")? {
-                "EQ" => CompareDirection::Eq,
-                "NE" => CompareDirection::Ne,
-                "LT" => CompareDirection::Lt,
-                "LE" => CompareDirection::Le,
-                "GT" => CompareDirection::Gt,
-                "GE" => CompareDirection::Ge,
-                other => return Err(format!("unknown comparison direction `{other}`")),
-            };
+            let direction = comparison_direction(attr(inst, "direction")?)?;
             let compared = operand_dtypes.first().copied().unwrap_or(DType::F32);
             Op::Compare { direction, total_order: comparison_type(inst, compared)? }
         }
@@ -1421,6 +1413,19 @@ fn elementwise_op(inst: &hlo::Instruction, operand_dtypes: &[DType]) -> Result<O
         "clamp" => Op::Clamp,
         _ => return Ok(None),
     }))
+}
+
+/// A `compare` instruction's `direction`.
+fn comparison_direction(name: &str) -> Result<CompareDirection, String> {
+    Ok(match name {
+        "EQ" => CompareDirection::Eq,
+        "NE" => CompareDirection::Ne,
+        "LT" => CompareDirection::Lt,
+        "LE" => CompareDirection::Le,
+        "GT" => CompareDirection::Gt,
+        "GE" => CompareDirection::Ge,
+        other => return Err(format!("unknown comparison direction `{other}`")),
+    })
 }
 
 /// Whether a `compare` orders NaNs (`type=TOTALORDER`), after checking that its
@@ -1600,27 +1605,18 @@ fn select_comparison(region: &Computation) -> Result<(CompareDirection, bool), S
     if root.opcode != "compare" || region.instructions.len() != 3 {
         return Err(bad());
     }
-    let direction = match (attr(root, "direction")?, order.as_slice()) {
-        (d, [Some(0), Some(1)]) => d.to_string(),
+    let direction = comparison_direction(attr(root, "direction")?)?;
+    let direction = match order.as_slice() {
+        [Some(0), Some(1)] => direction,
         // compare(b, a): the mirrored direction.
-        (d, [Some(1), Some(0)]) => match d {
-            "LT" => "GT",
-            "LE" => "GE",
-            "GT" => "LT",
-            "GE" => "LE",
-            other => other,
-        }
-        .to_string(),
+        [Some(1), Some(0)] => match direction {
+            CompareDirection::Lt => CompareDirection::Gt,
+            CompareDirection::Le => CompareDirection::Ge,
+            CompareDirection::Gt => CompareDirection::Lt,
+            CompareDirection::Ge => CompareDirection::Le,
+            symmetric => symmetric,
+        },
         _ => return Err(bad()),
-    };
-    let direction = match direction.as_str() {
-        "EQ" => CompareDirection::Eq,
-        "NE" => CompareDirection::Ne,
-        "LT" => CompareDirection::Lt,
-        "LE" => CompareDirection::Le,
-        "GT" => CompareDirection::Gt,
-        "GE" => CompareDirection::Ge,
-        other => return Err(format!("unknown comparison direction `{other}`")),
     };
     let compared = match &root.shape {
         Shape::Array { .. } => region

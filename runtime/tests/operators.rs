@@ -47,6 +47,14 @@ fn select_and_scatter_skips_padding_keeps_the_first_of_equal_elements_and_adds_o
     // [7, 1] its first (element 1), [1, 0] element 2 and [0, 3] element 4.
     let got = select_and_scatter("size=2 stride=1", 4, &[7.0, 7.0, 1.0, 0.0, 3.0], &[1.0, 2.0, 4.0, 8.0]);
     assert_eq!(got, [1.0, 2.0, 4.0, 0.0, 8.0]);
+
+    // The same selector written with its parameters swapped: compare(b, a), LE.
+    let mirrored = SELECT_AND_SCATTER
+        .replace("compare(a, b), direction=GE", "compare(b, a), direction=LE")
+        .replace("WINDOW", "size=2 stride=1")
+        .replace("SOURCE", "4");
+    let got = Bench::new().run_f32(&mirrored, &exact(), &[&[7.0, 7.0, 1.0, 0.0, 3.0], &[1.0, 2.0, 4.0, 8.0]]);
+    assert_eq!(got, [1.0, 2.0, 4.0, 0.0, 8.0]);
 }
 
 #[test]

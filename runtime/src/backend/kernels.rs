@@ -34,6 +34,27 @@ macro_rules! each_type {
 }
 pub(super) use each_type;
 
+/// Binds `$f` to `round_to_format` specialised for one format and saturation mode, so
+/// that the loop in `$body` inlines it (and, for bf16 and tf32, vectorises it).
+macro_rules! with_rounding {
+    ($format:expr, $saturate:expr, $f:ident => $body:expr) => {
+        match ($format, $saturate) {
+            (FloatFormat::Bf16, false) => {
+                let $f = |x: f32| if x.is_nan() { x } else { round_mantissa(x, 16) };
+                $body
+            }
+            (FloatFormat::Tf32, false) => {
+                let $f = |x: f32| if x.is_nan() { x } else { round_mantissa(x, 13) };
+                $body
+            }
+            (format, saturate) => {
+                let $f = move |x: f32| round_to_format(x, format, saturate);
+                $body
+            }
+        }
+    };
+}
+
 /// Binds `$f` to the `f32` function of an activation and evaluates `$body`. Each arm
 /// gets its own function item, so the loop in `$body` inlines it and can vectorise,
 /// which a function pointer chosen at run time would prevent.
@@ -203,6 +224,12 @@ pub(super) fn execute(
     out: &ArrayType,
     helpers: &HostPool,
 ) -> Result<Value, OutOfBounds> {
+    if matches!(op, Op::Binary(_) | Op::Activation(_) | Op::RoundPrecision { .. })
+        && out.dtype == DType::F32
+        && let Some(value) = elementwise_f32(op, operands, out, helpers)
+    {
+        return Ok(value);
+    }
     let dims = to_usize(&out.dims);
     Ok(match op {
         Op::MatMul(d) => matmul(&operands[0], &operands[1], d, out, helpers),
@@ -260,7 +287,7 @@ pub(super) fn execute(
         Op::RoundPrecision { format, saturate } => {
             let (format, saturate) = (*format, *saturate);
             if let ValueRef::F32(a) = &operands[0] {
-                return Ok(Value::F32(a.mapv(|x| round_to_format(x, format, saturate))));
+                return Ok(Value::F32(with_rounding!(format, saturate, f => a.mapv(f))));
             }
             with_float!(operands[0].dtype(), T => {
                 T::wrap(arr::<T>(&operands[0]).mapv(|x| T::from_f32(round_to_format(x.to_f32(), format, saturate))))
@@ -315,6 +342,72 @@ pub(super) fn execute_into<'d>(
     Ok(ValueRef::F32(ArrayViewD::from_shape(dims, words).unwrap_or_else(|_| unvalidated("output"))))
 }
 
+/// Element-wise `f32` work of at least this many elements is split across idle compute
+/// slots (about 256 KiB per array: below it, waking a helper costs more than it saves).
+const PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
+
+/// Computes an element-wise `f32` binary operation or activation over contiguous
+/// operands into contiguous `dest`, split into equal runs across the compute slots
+/// idle now. `None` when the operation or the layouts do not allow it.
+fn elementwise_f32_flat(op: &Op, operands: &[ValueRef<'_>], dest: &mut [f32], helpers: &HostPool) -> Option<()> {
+    let slices: Vec<&[f32]> = operands
+        .iter()
+        .map(|v| match v {
+            ValueRef::F32(a) => a.as_slice().filter(|s| s.len() == dest.len()),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let run = |start: usize, out: &mut [f32]| {
+        let end = start + out.len();
+        match (op, slices.as_slice()) {
+            (Op::Binary(b), [x, y]) => with_binary_f32!(*b, f => {
+                for ((o, &x), &y) in out.iter_mut().zip(&x[start..end]).zip(&y[start..end]) {
+                    *o = f(x, y);
+                }
+            }),
+            (Op::Activation(a), [x]) => with_activation!(*a, f => {
+                for (o, &x) in out.iter_mut().zip(&x[start..end]) {
+                    *o = f(x);
+                }
+            }),
+            (Op::RoundPrecision { format, saturate }, [x]) => with_rounding!(*format, *saturate, f => {
+                for (o, &x) in out.iter_mut().zip(&x[start..end]) {
+                    *o = f(x);
+                }
+            }),
+            _ => unvalidated("element-wise f32"),
+        }
+    };
+    if !matches!((op, slices.len()), (Op::Binary(_), 2) | (Op::Activation(_), 1) | (Op::RoundPrecision { .. }, 1)) {
+        return None;
+    }
+    let n = dest.len();
+    let lent =
+        if n >= 2 * PARALLEL_MIN_ELEMENTS { helpers.lend(n / PARALLEL_MIN_ELEMENTS - 1) } else { helpers.lend(0) };
+    let threads = lent.threads();
+    if threads == 1 {
+        run(0, dest);
+        return Some(());
+    }
+    // Runs of whole 64-byte lines, so that no two threads write one cache line.
+    let chunk = n.div_ceil(threads).next_multiple_of(16);
+    let parts: Vec<(usize, &mut [f32])> = dest.chunks_mut(chunk).enumerate().map(|(i, c)| (i * chunk, c)).collect();
+    lent.run(parts, |(start, out)| run(start, out));
+    Some(())
+}
+
+/// An element-wise `f32` operation computed into a new array, in parallel when large.
+fn elementwise_f32(op: &Op, operands: &[ValueRef<'_>], out: &ArrayType, helpers: &HostPool) -> Option<Value> {
+    let dims = to_usize(&out.dims);
+    let n: usize = dims.iter().product();
+    if n < 2 * PARALLEL_MIN_ELEMENTS {
+        return None;
+    }
+    let mut data = vec![0.0f32; n];
+    elementwise_f32_flat(op, operands, &mut data, helpers)?;
+    Some(Value::F32(ArrayD::from_shape_vec(IxDyn(&dims), data).unwrap_or_else(|_| unvalidated("output"))))
+}
+
 fn write_f32(
     op: &Op,
     operands: &[ValueRef<'_>],
@@ -322,6 +415,11 @@ fn write_f32(
     mut dest: ndarray::ArrayViewMutD<'_, f32>,
     helpers: &HostPool,
 ) -> Result<(), OutOfBounds> {
+    if let Some(flat) = dest.as_slice_mut()
+        && elementwise_f32_flat(op, operands, flat, helpers).is_some()
+    {
+        return Ok(());
+    }
     match (op, operands) {
         (Op::MatMul(d), [ValueRef::F32(l), ValueRef::F32(r)]) => batched_matmul_into(l, r, d, dest, gemm_f32, helpers),
         (Op::Binary(b), [ValueRef::F32(x), ValueRef::F32(y)]) => {
@@ -394,6 +492,7 @@ pub(crate) fn round_to_format(x: f32, format: FloatFormat, saturate: bool) -> f3
 
 /// Clears the low `drop` bits of an f32, rounding to nearest even; a carry out of the
 /// mantissa moves to the next binade, or to infinity past the largest finite value.
+#[inline]
 fn round_mantissa(x: f32, drop: u32) -> f32 {
     let bits = x.to_bits();
     let bias = (1u32 << (drop - 1)) - 1 + ((bits >> drop) & 1);
@@ -1229,6 +1328,39 @@ mod tests {
 
     /// Products large enough to be split run on lent slots, cut by columns, by rows or
     /// by batch element, and give the product a single thread gives.
+    #[test]
+    fn large_element_wise_operations_split_across_slots_give_the_serial_result() {
+        // Odd sizes so that the last run is short; both above the parallel threshold.
+        for n in [2 * PARALLEL_MIN_ELEMENTS + 13, 5 * PARALLEL_MIN_ELEMENTS + 1] {
+            let x = ArrayD::from_shape_vec(IxDyn(&[n]), values(n, 3)).expect("shape");
+            let y = ArrayD::from_shape_vec(IxDyn(&[n]), values(n, 5)).expect("shape");
+            let ty = ArrayType::new(DType::F32, vec![n as u64]);
+            let ops = [
+                (Op::Binary(BinaryOp::Divide), x.mapv(f32::abs) / y.mapv(|v| v + 2.0)),
+                (Op::Activation(ActivationFn::Exp), x.mapv(f32::exp)),
+                (
+                    Op::RoundPrecision { format: FloatFormat::Bf16, saturate: false },
+                    x.mapv(|v| round_to_format(v, FloatFormat::Bf16, false)),
+                ),
+            ];
+            for (op, expected) in ops {
+                let (a, b) = (x.mapv(f32::abs), y.mapv(|v| v + 2.0));
+                let operands: Vec<ValueRef<'_>> = match op {
+                    Op::Binary(_) => vec![ValueRef::F32(a.view()), ValueRef::F32(b.view())],
+                    _ => vec![ValueRef::F32(x.view())],
+                };
+                for slots in [1, 2, 3] {
+                    let pool = HostPool::new(slots);
+                    let got = execute(&op, &operands, &ty, &pool).expect("element-wise");
+                    assert_eq!(got, Value::F32(expected.clone()), "{op:?} of {n} on {slots} slot(s)");
+                    let mut dest = vec![0.0f32; n];
+                    let view = execute_into(&op, &operands, &ty, Destination(&mut dest), &pool).expect("into");
+                    assert_eq!(view.to_owned(), Value::F32(expected.clone()), "{op:?} into an output");
+                }
+            }
+        }
+    }
+
     #[test]
     fn split_matrix_products_match_the_reference() {
         let dims =
