@@ -207,6 +207,7 @@ fn first_of<T: Element>(v: &ValueRef<'_>) -> T {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dtype::DType;
 
     #[test]
     fn philox_matches_the_random123_known_answers() {
@@ -217,6 +218,50 @@ mod tests {
             philox4x32([0x243f_6a88, 0x85a3_08d3, 0x1319_8a2e, 0x0370_7344], [0xa409_3822, 0x299f_31d0]),
             [0xd16c_fe09, 0x94fd_cceb, 0x5001_e420, 0x2412_6ea1]
         );
+    }
+
+    fn generate(algorithm: RngAlgorithm, state: &[u64], dtype: DType, dims: &[u64]) -> (Vec<u64>, Vec<u64>) {
+        let state = ndarray::ArrayD::from_shape_vec(IxDyn(&[state.len()]), state.to_vec()).expect("state");
+        let out = ArrayType::new(dtype, dims.to_vec());
+        let run = |result| bit_generator(algorithm, result, &ValueRef::U64(state.view()), &out);
+        let mut bits = vec![0u8; out.size_bytes().expect("size") as usize];
+        run(RngResult::Bits).write_le_bytes(&mut bits);
+        let width = dtype.size_bytes() as usize;
+        let words =
+            bits.chunks_exact(width).map(|c| c.iter().rev().fold(0u64, |w, &b| w << 8 | u64::from(b))).collect();
+        let Value::U64(new_state) = run(RngResult::State) else { panic!("state is u64") };
+        (words, new_state.iter().copied().collect())
+    }
+
+    #[test]
+    fn bit_generator_reproduces_xla_for_three_word_states_and_odd_shapes() {
+        // Vectors computed by XLA:CPU (jax 0.10.2) for the same states and shapes.
+        let (bits, state) = generate(RngAlgorithm::Philox, &[1, 2, 3], DType::U32, &[5]);
+        assert_eq!(bits, [0xf045_e74a, 0x5176_30e6, 0x1d8a_f405, 0xb5e5_9a96, 0x0554_5ceb]);
+        assert_eq!(state, [1, 4, 3]);
+
+        let s = [0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210];
+        let (bits, state) = generate(RngAlgorithm::ThreeFry, &s, DType::U32, &[3, 3]);
+        assert_eq!(
+            bits,
+            [
+                0xaed4_a37f,
+                0xc3cc_4d02,
+                0xaee5_264e,
+                0x1130_d111,
+                0x798e_402e,
+                0xb089_da7a,
+                0x49b1_05a8,
+                0xe8e5_2210,
+                0xf0a3_9a78
+            ]
+        );
+        assert_eq!(state, [s[0], 0xfedc_ba98_7654_3216]);
+        let (bits, _) = generate(RngAlgorithm::Philox, &s, DType::U8, &[5]);
+        assert_eq!(bits, [0x42, 0xb5, 0x02, 0x17, 0x19]);
+        let (bits, state) = generate(RngAlgorithm::Philox, &s, DType::U64, &[3]);
+        assert_eq!(bits, [0xcfa3_90b5_1ec5_3d42, 0xe71f_f917_f223_5702, 0xd682_777a_cb47_2319]);
+        assert_eq!(state, [s[0], 0xfedc_ba98_7654_3212]);
     }
 
     #[test]
