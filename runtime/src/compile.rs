@@ -618,27 +618,16 @@ impl<'m> Lowering<'m> {
         let arrays: Vec<DType> = operands[..n].iter().map(|&b| self.buffers[b as usize].ty.dtype).collect();
         let params: Vec<DType> = arrays.iter().chain(&arrays).copied().collect();
         let lowered = lower_region(region, &params).map_err(|e| format!("reducer `{}`: {e}", region.name))?;
-        let declared: Vec<ArrayType> = match &inst.shape {
-            Shape::Tuple(parts) => parts.iter().map(array_type).collect::<Result<_, _>>()?,
-            shape => vec![array_type(shape)?],
-        };
+        let declared = result_types(&inst.shape)?;
         if declared.len() != n {
             return Err(format!("reduce of {n} array(s) declares {} result(s)", declared.len()));
         }
         let mut results = Vec::with_capacity(n);
         for (j, ty) in declared.into_iter().enumerate() {
             let op = Op::ReduceRegion { dims: dims.clone(), region: lowered.clone(), result: j as u32 };
-            let id = self.emit_checked(op, operands.clone(), ty, &inst.name)?;
-            results.push(Lowered::Buffer { id, hlo_name: inst.name.clone() });
+            results.push(self.emit_checked(op, operands.clone(), ty, &inst.name)?);
         }
-        Ok(match (inst.shape.clone(), results.pop()) {
-            (Shape::Tuple(_), Some(last)) => {
-                results.push(last);
-                Lowered::Tuple(results)
-            }
-            (_, Some(only)) => only,
-            (_, None) => unreachable!("n >= 1"),
-        })
+        Ok(lowered_results(inst, results))
     }
 
     /// `rng-bit-generator`: one instruction for the new state, one for the bits.
@@ -652,13 +641,11 @@ impl<'m> Lowering<'m> {
                 ));
             }
         };
-        let Shape::Tuple(parts) = &inst.shape else {
+        let types = result_types(&inst.shape)?;
+        let (Shape::Tuple(_), [state_ty, bits_ty]) = (&inst.shape, types.as_slice()) else {
             return Err("rng-bit-generator must return a (state, bits) tuple".into());
         };
-        let [state_ty, bits_ty] = parts.as_slice() else {
-            return Err("rng-bit-generator must return a (state, bits) tuple".into());
-        };
-        let (state_ty, bits_ty) = (array_type(state_ty)?, array_type(bits_ty)?);
+        let (state_ty, bits_ty) = (state_ty.clone(), bits_ty.clone());
         let state = self.emit_checked(
             Op::RngBitGenerator { algorithm, result: RngResult::State, bits: bits_ty.clone() },
             operands.clone(),
@@ -671,10 +658,7 @@ impl<'m> Lowering<'m> {
             bits_ty,
             &inst.name,
         )?;
-        Ok(Lowered::Tuple(vec![
-            Lowered::Buffer { id: state, hlo_name: inst.name.clone() },
-            Lowered::Buffer { id: bits, hlo_name: inst.name.clone() },
-        ]))
+        Ok(lowered_results(inst, vec![state, bits]))
     }
 
     /// The batch-norm operators, expanded into reductions and element-wise arithmetic
@@ -773,33 +757,12 @@ impl<'m> Lowering<'m> {
                 vec![bn.full(BinaryOp::Multiply, scale_rsqrt, i6)?, grad_scale, grad_offset]
             }
         };
-        let name = inst.name.clone();
-        let mut parts: Vec<Lowered> =
-            results.into_iter().map(|id| Lowered::Buffer { id, hlo_name: name.clone() }).collect();
-        if let Shape::Tuple(_) = inst.shape {
-            let declared: Vec<ArrayType> = match &inst.shape {
-                Shape::Tuple(parts) => parts.iter().map(array_type).collect::<Result<_, _>>()?,
-                _ => Vec::new(),
-            };
-            let produced: Vec<ArrayType> = parts
-                .iter()
-                .map(|p| match p {
-                    Lowered::Buffer { id, .. } => self.buffers[*id as usize].ty.clone(),
-                    Lowered::Tuple(_) => unreachable!("batch norm produces arrays"),
-                })
-                .collect();
-            if declared != produced {
-                return Err(format!("{} declares {} but produces {produced:?}", inst.opcode, inst.shape));
-            }
-            return Ok(Lowered::Tuple(parts));
+        let produced: Vec<ArrayType> = results.iter().map(|&id| self.buffers[id as usize].ty.clone()).collect();
+        if result_types(&inst.shape)? != produced {
+            let produced: Vec<String> = produced.iter().map(ToString::to_string).collect();
+            return Err(format!("{} produces ({}) but declares {}", inst.opcode, produced.join(", "), inst.shape));
         }
-        let declared = array_type(&inst.shape)?;
-        match parts.pop() {
-            Some(Lowered::Buffer { id, hlo_name }) if parts.is_empty() && self.buffers[id as usize].ty == declared => {
-                Ok(Lowered::Buffer { id, hlo_name })
-            }
-            _ => Err(format!("{} must declare {x_ty}", inst.opcode)),
-        }
+        Ok(lowered_results(inst, results))
     }
 
     /// Appends an instruction of HLO instruction `hlo_name`; returns its output buffer.
@@ -1459,13 +1422,19 @@ struct Expander<'l, 'm> {
 }
 
 impl Expander<'_, '_> {
-    fn constant(&mut self, value: f64, ty: ArrayType) -> Result<u32, String> {
-        let scalar_ty = ArrayType::new(ty.dtype, vec![]);
-        let bytes = literal_element(ty.dtype, &format!("{value:e}"))
-            .ok_or_else(|| format!("{value} is not representable as {}", ty.dtype))?;
+    /// A scalar constant of the operand's element type.
+    fn scalar(&mut self, value: f64) -> Result<u32, String> {
+        let dtype = self.x_ty.dtype;
+        let bytes = literal_element(dtype, &format!("{value:e}"))
+            .ok_or_else(|| format!("{value} is not representable as {dtype}"))?;
         let index = self.lowering.constants.len() as u32;
         self.lowering.constants.push(bytes);
-        let scalar = self.lowering.new_buffer(scalar_ty, BufferKind::Constant { index });
+        Ok(self.lowering.new_buffer(ArrayType::new(dtype, vec![]), BufferKind::Constant { index }))
+    }
+
+    /// A constant of type `ty` with every element `value`.
+    fn constant(&mut self, value: f64, ty: ArrayType) -> Result<u32, String> {
+        let scalar = self.scalar(value)?;
         self.lowering.emit_checked(Op::Broadcast { dims: vec![] }, vec![scalar], ty, self.hlo)
     }
 
@@ -1495,14 +1464,27 @@ impl Expander<'_, '_> {
 
     /// The per-feature sum of `a` over `dims`.
     fn sum(&mut self, a: u32, dims: &[u32]) -> Result<u32, String> {
-        let zero = {
-            let bytes = literal_element(self.x_ty.dtype, "0").ok_or("zero is not representable")?;
-            let index = self.lowering.constants.len() as u32;
-            self.lowering.constants.push(bytes);
-            self.lowering.new_buffer(ArrayType::new(self.x_ty.dtype, vec![]), BufferKind::Constant { index })
-        };
+        let zero = self.scalar(0.0)?;
         let op = self.lowering.plain_reduce(ReduceOp::Add, dims.to_vec(), self.x_ty.dtype);
         self.lowering.emit_checked(op, vec![a, zero], self.feature_ty.clone(), self.hlo)
+    }
+}
+
+/// The array types an instruction declares: a tuple's elements, or its one array.
+fn result_types(shape: &Shape) -> Result<Vec<ArrayType>, String> {
+    match shape {
+        Shape::Tuple(parts) => parts.iter().map(array_type).collect(),
+        array => Ok(vec![array_type(array)?]),
+    }
+}
+
+/// The buffers an instruction lowered to, as its declared shape has them: a tuple, or
+/// the one array.
+fn lowered_results(inst: &hlo::Instruction, ids: Vec<u32>) -> Lowered {
+    let buffer = |id| Lowered::Buffer { id, hlo_name: inst.name.clone() };
+    match (&inst.shape, ids.as_slice()) {
+        (Shape::Array { .. }, [id]) => buffer(*id),
+        _ => Lowered::Tuple(ids.into_iter().map(buffer).collect()),
     }
 }
 
@@ -1618,16 +1600,13 @@ fn select_comparison(region: &Computation) -> Result<(CompareDirection, bool), S
         },
         _ => return Err(bad()),
     };
-    let compared = match &root.shape {
-        Shape::Array { .. } => region
-            .instructions
-            .iter()
-            .find(|i| i.opcode == "parameter")
-            .and_then(|p| array_type(&p.shape).ok())
-            .map(|t| t.dtype)
-            .unwrap_or(DType::F32),
-        Shape::Tuple(_) => return Err(bad()),
-    };
+    let compared = region
+        .instructions
+        .iter()
+        .find(|i| i.opcode == "parameter")
+        .map(|p| array_type(&p.shape))
+        .transpose()?
+        .map_or(DType::F32, |t| t.dtype);
     Ok((direction, comparison_type(root, compared)?))
 }
 

@@ -350,6 +350,9 @@ const PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
 /// operands into contiguous `dest`, split into equal runs across the compute slots
 /// idle now. `None` when the operation or the layouts do not allow it.
 fn elementwise_f32_flat(op: &Op, operands: &[ValueRef<'_>], dest: &mut [f32], helpers: &HostPool) -> Option<()> {
+    if !matches!((op, operands.len()), (Op::Binary(_), 2) | (Op::Activation(_), 1) | (Op::RoundPrecision { .. }, 1)) {
+        return None;
+    }
     let slices: Vec<&[f32]> = operands
         .iter()
         .map(|v| match v {
@@ -378,9 +381,6 @@ fn elementwise_f32_flat(op: &Op, operands: &[ValueRef<'_>], dest: &mut [f32], he
             _ => unvalidated("element-wise f32"),
         }
     };
-    if !matches!((op, slices.len()), (Op::Binary(_), 2) | (Op::Activation(_), 1) | (Op::RoundPrecision { .. }, 1)) {
-        return None;
-    }
     let n = dest.len();
     let lent =
         if n >= 2 * PARALLEL_MIN_ELEMENTS { helpers.lend(n / PARALLEL_MIN_ELEMENTS - 1) } else { helpers.lend(0) };
@@ -753,7 +753,7 @@ fn reduce(op: ReduceOp, operand: &ValueRef<'_>, init: &ValueRef<'_>, axes: &[u32
     }
 }
 
-fn first<T: Copy + Default>(a: &ArrayViewD<'_, T>) -> T {
+pub(super) fn first<T: Copy + Default>(a: &ArrayViewD<'_, T>) -> T {
     a.iter().next().copied().unwrap_or_default()
 }
 

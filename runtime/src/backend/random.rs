@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use ndarray::{ArrayD, Dimension, IxDyn};
 
 use super::element::{Element, with_element};
-use super::kernels::{arr, to_usize, unvalidated};
+use super::kernels::{arr, first, to_usize, unvalidated};
 use super::{Value, ValueRef};
 use crate::dtype::{ArrayType, DTypeClass};
 use crate::isa::{RngAlgorithm, RngResult};
@@ -154,9 +154,9 @@ const UNIFORM_KEY: [u32; 2] = [0x243F_6A88, 0x85A3_08D3];
 pub(super) fn uniform(a: &ValueRef<'_>, b: &ValueRef<'_>, out: &ArrayType) -> Value {
     let count = out.element_count().unwrap_or(0) as usize;
     let blocks = count.div_ceil(2) as u64;
-    let first = UNIFORM_COUNTER.fetch_add(blocks, Ordering::Relaxed);
+    let first_block = UNIFORM_COUNTER.fetch_add(blocks, Ordering::Relaxed);
     let words = move |i: usize| -> [u32; 2] {
-        let block = first.wrapping_add((i / 2) as u64);
+        let block = first_block.wrapping_add((i / 2) as u64);
         let w = philox4x32([block as u32, (block >> 32) as u32, 0, 0], UNIFORM_KEY);
         if i.is_multiple_of(2) { [w[0], w[1]] } else { [w[2], w[3]] }
     };
@@ -195,13 +195,9 @@ pub(super) fn uniform(a: &ValueRef<'_>, b: &ValueRef<'_>, out: &ArrayType) -> Va
     }
     let dims = to_usize(&out.dims);
     with_element!(out.dtype, T => {
-        let (a, b) = (first_of::<T>(a), first_of::<T>(b));
+        let (a, b) = (first(arr::<T>(a)), first(arr::<T>(b)));
         T::wrap(fill(a, b, count, &dims, words))
     })
-}
-
-fn first_of<T: Element>(v: &ValueRef<'_>) -> T {
-    arr::<T>(v).iter().next().copied().unwrap_or_else(|| unvalidated("rng bound"))
 }
 
 #[cfg(test)]

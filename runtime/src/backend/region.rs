@@ -6,7 +6,7 @@ use ndarray::{ArrayD, ArrayViewD, Axis, Dimension, IxDyn, Slice};
 
 use super::element::{Element, with_element, with_float, with_int};
 use super::kernels::{
-    arr, compare_scalars, each_type, execute, reduce_f32, reduce_int, reduce_pred, to_usize, unvalidated,
+    arr, compare_scalars, each_type, execute, first, reduce_f32, reduce_int, reduce_pred, to_usize, unvalidated,
 };
 use super::{Value, ValueRef};
 use crate::dtype::{ArrayType, DType, DTypeClass};
@@ -83,10 +83,7 @@ fn columns_of(v: &ValueRef<'_>, start: usize, end: usize) -> Value {
 
 /// A scalar value repeated to `dims`.
 fn broadcast_scalar(scalar: &ValueRef<'_>, dims: &[usize]) -> Value {
-    each_type!(scalar, a => {
-        let x = a.iter().next().copied().unwrap_or_else(|| unvalidated("scalar"));
-        ArrayD::from_elem(IxDyn(dims), x)
-    })
+    each_type!(scalar, a => ArrayD::from_elem(IxDyn(dims), first(a)))
 }
 
 /// Evaluates `region` element-wise on `params` (arrays of one shape); returns its results.
@@ -99,24 +96,23 @@ fn apply(region: &Region, params: &[ValueRef<'_>], helpers: &HostPool) -> Vec<Va
     };
     let mut steps: Vec<Value> = Vec::with_capacity(region.steps.len());
     for step in &region.steps {
-        let constants: Vec<Value> = step
+        let constants: Vec<Option<Value>> = step
             .operands
             .iter()
-            .filter_map(|v| match *v {
+            .map(|v| match *v {
                 RegionValue::Constant { dtype, bits } => Some(constant(dtype, bits)),
                 _ => None,
             })
             .collect();
-        let mut next_constant = constants.iter();
         let operands: Vec<ValueRef<'_>> = step
             .operands
             .iter()
-            .map(|v| match *v {
-                RegionValue::Parameter(p) => params[p as usize].view(),
-                RegionValue::Step(s) => steps[s as usize].view(),
-                RegionValue::Constant { .. } => {
-                    next_constant.next().unwrap_or_else(|| unvalidated("reducer constant")).view()
-                }
+            .zip(&constants)
+            .map(|(v, c)| match (*v, c) {
+                (_, Some(c)) => c.view(),
+                (RegionValue::Parameter(p), None) => params[p as usize].view(),
+                (RegionValue::Step(s), None) => steps[s as usize].view(),
+                (RegionValue::Constant { .. }, None) => unvalidated("reducer constant"),
             })
             .collect();
         let ty = ArrayType::new(step.dtype, dims.iter().map(|&d| d as u64).collect());
@@ -188,10 +184,9 @@ pub(super) fn select_and_scatter(
         }
         out
     }
-    let init = init.to_owned();
     macro_rules! go {
         ($t:ty, $combine:expr) => {{
-            let init = *arr::<$t>(&init.view()).iter().next().unwrap_or_else(|| unvalidated("init"));
+            let init = first(arr::<$t>(init));
             let keep = move |a: $t, b: $t| compare_scalars(select, total_order, a, b);
             <$t>::wrap(run(window, keep, $combine, arr::<$t>(operand), arr::<$t>(source), init))
         }};
