@@ -34,6 +34,8 @@ pub const ENV_INSPECT_EVENT_FILTER_TYPE: &str = "NEURON_RT_INSPECT_EVENT_FILTER_
 pub const ENV_TRACE_DISCARD: &str = "NEURON_VIRT_TRACE_DISCARD";
 /// Directory of the per-process datastores (our extension).
 pub const ENV_DATASTORE_DIR: &str = "NEURON_VIRT_DATASTORE_DIR";
+/// Whether chains of element-wise instructions run fused (our extension; default on).
+pub const ENV_FUSION: &str = "NEURON_VIRT_FUSION";
 /// Longest `NEURON_PROCESS_TAG` accepted.
 pub const MAX_PROCESS_TAG_LEN: usize = 255;
 
@@ -106,6 +108,8 @@ pub struct Config {
     pub inspect: InspectConfig,
     /// Where the datastore file is created.
     pub datastore_dir: PathBuf,
+    /// Run chains of element-wise instructions fused (`NEURON_VIRT_FUSION`).
+    pub fusion: bool,
 }
 
 impl Default for Config {
@@ -122,6 +126,7 @@ impl Default for Config {
             process_tag: None,
             inspect: InspectConfig::default(),
             datastore_dir: crate::datastore::default_dir(),
+            fusion: true,
         }
     }
 }
@@ -223,6 +228,11 @@ impl Config {
             None => NumericalErrorsVerbosity::Warning,
         };
 
+        let fusion = match get(ENV_FUSION) {
+            Some(v) => parse_bool(&v).ok_or_else(|| bad(ENV_FUSION, &v, "use true or false"))?,
+            None => true,
+        };
+
         let host_threads = match get(ENV_HOST_THREADS) {
             Some(v) => match v.trim().parse::<usize>() {
                 Ok(n) if n > 0 => n,
@@ -309,6 +319,7 @@ impl Config {
             numerical_errors,
             lock_dir: lock_dir(get(ENV_LOCK_DIR)),
             host_threads,
+            fusion,
         })
     }
 }
@@ -352,6 +363,8 @@ mod tests {
         assert_eq!(c.cores, CoreRequest::All);
         assert_eq!(c.log_level, LogLevel::Error);
         assert_eq!(c.exec_timeout, DEFAULT_EXEC_TIMEOUT);
+        assert!(c.fusion, "element-wise fusion is on by default");
+        assert!(!config(&[(ENV_FUSION, "false")]).expect("valid").fusion);
     }
 
     #[test]
@@ -389,6 +402,7 @@ mod tests {
             (ENV_EXEC_TIMEOUT, "1e20"),
             (ENV_VISIBLE_CORES, "0-4294967295"),
             (ENV_VALIDATE_HASH, "maybe"),
+            (ENV_FUSION, "sometimes"),
             (ENV_INSTANCE_TYPE, "p4d"),
             (ENV_INSPECT_ENABLE, "yes please"),
             (ENV_INSPECT_SYSTEM_PROFILE, "2"),

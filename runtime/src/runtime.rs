@@ -367,7 +367,7 @@ impl Runtime {
         let size_of = |b: u32| program.buffers[b as usize].ty.size_bytes().unwrap_or(0);
         let input_bytes = program.inputs.iter().map(|io| size_of(io.buffer)).sum();
         let output_bytes = program.outputs.iter().map(|io| size_of(io.buffer)).sum();
-        let executable = Executable::new(neff.program);
+        let executable = Executable::new(neff.program, self.shared.config.fusion);
         let program = executable.program();
         let instructions = executable
             .steps()

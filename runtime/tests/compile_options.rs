@@ -155,9 +155,15 @@ fn optlevels_drop_dead_code_reuse_scratchpad_and_forward_copies() {
         let options = CompileOptions { optlevel: level, ..CompileOptions::exact(Target::Trn1) };
         bench.run_f32(hlo, &options, &[&x])
     };
-    let expected: Vec<f32> = x.iter().map(|v| v.exp().tanh().sin().cos()).collect();
-    for level in [OptLevel::O1, OptLevel::O2, OptLevel::O3] {
-        assert_eq!(run(level), expected, "{level:?}");
+    // Every level computes the same values, and they are those of the formula (the
+    // runtime's `exponential` is a polynomial within 1 ulp, not libm's).
+    let o1_values = run(OptLevel::O1);
+    for (got, v) in o1_values.iter().zip(&x) {
+        let exact = f64::from(*v).exp().tanh().sin().cos();
+        assert!((f64::from(*got) - exact).abs() <= 1e-6 * exact.abs(), "{got} vs {exact}");
+    }
+    for level in [OptLevel::O2, OptLevel::O3] {
+        assert_eq!(run(level), o1_values, "{level:?}");
     }
 }
 

@@ -280,3 +280,81 @@ fn a_gather_past_the_table_fails_with_nrt_exec_oob_and_is_counted_as_an_error() 
     assert_eq!(core.executions.get(ExecOutcome::CompletedWithErr), 2);
     assert_eq!(core.errors.get(neuron_runtime::trace::ErrorClass::Model), 2);
 }
+
+/// A softmax row: `scaled`, `shifted` and `e` fuse (with the broadcast `m` read in place),
+/// and `n`, which does not depend on them, runs before the group.
+const FUSED: &str = r#"
+HloModule fused
+max {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(a, b)
+}
+ENTRY main {
+  x = f32[64,256] parameter(0)
+  c = f32[] constant(0.125)
+  bc = f32[64,256] broadcast(c), dimensions={}
+  scaled = f32[64,256] multiply(x, bc)
+  n = f32[] negate(c)
+  shifted = f32[64,256] subtract(scaled, bc)
+  e = f32[64,256] exponential(shifted)
+  lo = f32[64] reduce(e, n), dimensions={1}, to_apply=max
+  ROOT t = (f32[64,256], f32[64]) tuple(e, lo)
+}
+"#;
+
+/// The instruction events of one execution of `FUSED`, with fusion on or off:
+/// (hlo, step, start, end) in the order they were recorded.
+fn fused_instructions(fusion: bool) -> Vec<(String, u32, u64, u64)> {
+    let f = started(|config| {
+        config.fusion = fusion;
+        config.inspect.device = true;
+    });
+    let rt = &f.runtime;
+    let reader = DatastoreReader::open(&rt.datastore_path().expect("path")).expect("opens");
+    let mut tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
+    let neff = Neff::new("fused", compile_hlo(FUSED, Target::Trn1).expect("compiles")).encode();
+    let model = rt.load(&neff, Some(0)).expect("loads");
+    let tensor = |dims: Vec<u64>, name: &str| {
+        rt.allocate_tensor_for(TensorPlacement::Host, &ArrayType::new(DType::F32, dims), name).expect("alloc")
+    };
+    let mut inputs = TensorSet::new();
+    inputs.add("input0", tensor(vec![64, 256], "x"));
+    let mut outputs = TensorSet::new();
+    outputs.add("output0", tensor(vec![64, 256], "e"));
+    outputs.add("output1", tensor(vec![64], "lo"));
+    rt.execute(&model, &inputs, &outputs).expect("runs");
+    let mut events = Vec::new();
+    tail.poll(&reader, usize::MAX, false, &mut events);
+    events
+        .iter()
+        .filter_map(|e| match e {
+            TraceEvent::Device(e) => match &e.activity {
+                DeviceActivity::Instruction { hlo, step, .. } => Some((hlo.clone(), *step, e.start_ns, e.end_ns)),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_fused_group_shows_every_instruction_with_its_share_of_the_time() {
+    let plain = fused_instructions(false);
+    let fused = fused_instructions(true);
+    let names = |list: &[(String, u32, u64, u64)]| list.iter().map(|(h, ..)| h.clone()).collect::<Vec<_>>();
+    // Unfused, in step order; fused, `n` runs first and the group's members follow each
+    // other, each with its own step number.
+    let mut steps: Vec<u32> = plain.iter().map(|(_, s, ..)| *s).collect();
+    assert!(steps.windows(2).all(|w| w[0] < w[1]), "{plain:?}");
+    assert_eq!(names(&plain), ["bc", "scaled", "n", "shifted", "e", "lo"]);
+    assert_eq!(names(&fused), ["n", "bc", "scaled", "shifted", "e", "lo"]);
+    let mut fused_steps: Vec<u32> = fused.iter().map(|(_, s, ..)| *s).collect();
+    fused_steps.sort_unstable();
+    steps.sort_unstable();
+    assert_eq!(fused_steps, steps);
+    // Back to back: the group's interval is split between its members.
+    for pair in fused.windows(2) {
+        assert_eq!(pair[0].3, pair[1].2, "{fused:?}");
+    }
+}

@@ -56,21 +56,23 @@ macro_rules! with_rounding {
 }
 
 /// Binds `$f` to the `f32` function of an activation and evaluates `$body`. Each arm
-/// gets its own function item, so the loop in `$body` inlines it and can vectorise,
-/// which a function pointer chosen at run time would prevent.
+/// gets its own closure, so the loop in `$body` inlines it and can vectorise, which a
+/// function pointer chosen at run time would prevent. (Closures rather than function
+/// items: a function item is called through a shim, which is not always inlined into
+/// the vectorised copies that `vectorized` compiles.)
 macro_rules! with_activation {
     ($op:expr, $f:ident => $body:expr) => {
         match $op {
             ActivationFn::Exp => {
-                let $f = f32::exp;
+                let $f = |x: f32| exp_f32(x);
                 $body
             }
             ActivationFn::Log => {
-                let $f = f32::ln;
+                let $f = |x: f32| x.ln();
                 $body
             }
             ActivationFn::Tanh => {
-                let $f = f32::tanh;
+                let $f = |x: f32| x.tanh();
                 $body
             }
             ActivationFn::Logistic => {
@@ -82,23 +84,23 @@ macro_rules! with_activation {
                 $body
             }
             ActivationFn::Sqrt => {
-                let $f = f32::sqrt;
+                let $f = |x: f32| x.sqrt();
                 $body
             }
             ActivationFn::Sine => {
-                let $f = f32::sin;
+                let $f = |x: f32| x.sin();
                 $body
             }
             ActivationFn::Cosine => {
-                let $f = f32::cos;
+                let $f = |x: f32| x.cos();
                 $body
             }
             ActivationFn::ExpMinusOne => {
-                let $f = f32::exp_m1;
+                let $f = |x: f32| x.exp_m1();
                 $body
             }
             ActivationFn::LogPlusOne => {
-                let $f = f32::ln_1p;
+                let $f = |x: f32| x.ln_1p();
                 $body
             }
         }
@@ -114,27 +116,27 @@ macro_rules! with_unary_f32 {
                 $body
             }
             UnaryOp::Abs => {
-                let $f = f32::abs;
+                let $f = |x: f32| x.abs();
                 $body
             }
             UnaryOp::Sign => {
-                let $f = sign_f32;
+                let $f = |x: f32| sign_f32(x);
                 $body
             }
             UnaryOp::Ceil => {
-                let $f = f32::ceil;
+                let $f = |x: f32| x.ceil();
                 $body
             }
             UnaryOp::Floor => {
-                let $f = f32::floor;
+                let $f = |x: f32| x.floor();
                 $body
             }
             UnaryOp::RoundNearestEven => {
-                let $f = f32::round_ties_even;
+                let $f = |x: f32| x.round_ties_even();
                 $body
             }
             UnaryOp::RoundNearestAfz => {
-                let $f = f32::round;
+                let $f = |x: f32| x.round();
                 $body
             }
             UnaryOp::Not => unvalidated("not on a float"),
@@ -163,15 +165,15 @@ macro_rules! with_binary_f32 {
                 $body
             }
             BinaryOp::Maximum => {
-                let $f = max_f32;
+                let $f = |x: f32, y: f32| max_f32(x, y);
                 $body
             }
             BinaryOp::Minimum => {
-                let $f = min_f32;
+                let $f = |x: f32, y: f32| min_f32(x, y);
                 $body
             }
             BinaryOp::Power => {
-                let $f = f32::powf;
+                let $f = |x: f32, y: f32| x.powf(y);
                 $body
             }
             BinaryOp::Remainder => {
@@ -179,7 +181,7 @@ macro_rules! with_binary_f32 {
                 $body
             }
             BinaryOp::Atan2 => {
-                let $f = f32::atan2;
+                let $f = |x: f32, y: f32| x.atan2(y);
                 $body
             }
             BinaryOp::And
@@ -205,16 +207,18 @@ macro_rules! with_reduce_f32 {
                 $body
             }
             ReduceOp::Maximum => {
-                let $f = max_f32;
+                let $f = |x: f32, y: f32| max_f32(x, y);
                 $body
             }
             ReduceOp::Minimum => {
-                let $f = min_f32;
+                let $f = |x: f32, y: f32| min_f32(x, y);
                 $body
             }
         }
     };
 }
+
+pub(super) use {with_activation, with_binary_f32, with_rounding, with_unary_f32};
 
 /// Applies `op` to `operands`, producing a value of type `out`. Only gathers and
 /// scatters fail, on an index outside their array.
@@ -342,6 +346,39 @@ pub(super) fn execute_into<'d>(
     Ok(ValueRef::F32(ArrayViewD::from_shape(dims, words).unwrap_or_else(|_| unvalidated("output"))))
 }
 
+/// Declares `$job`, a call of the `#[inline(always)]` function `$f` on one argument of
+/// type `$args`, and implements `pulp::WithSimd` for it so that `vectorized` compiles the
+/// call (and the loops inlined into it) for the widest vector instructions this CPU has.
+/// A closure would not do: it cannot be marked `#[inline(always)]`, and without that
+/// its body stays a separate function compiled for the baseline instruction set.
+macro_rules! vectorized_job {
+    ($(#[$doc:meta])* $job:ident<$($lt:lifetime),*> ($args:ty) -> $out:ty = $f:path) => {
+        $(#[$doc])*
+        struct $job<$($lt),*>($args);
+
+        impl<$($lt),*> pulp::WithSimd for $job<$($lt),*> {
+            type Output = $out;
+
+            #[inline(always)]
+            fn with_simd<S: pulp::Simd>(self, _: S) -> $out {
+                $f(self.0)
+            }
+        }
+    };
+}
+pub(super) use vectorized_job;
+
+/// Runs `job` compiled for the widest vector instructions of this CPU (AVX-512, AVX2
+/// and FMA, or the baseline), chosen at run time.
+pub(super) fn vectorized<J: pulp::WithSimd>(job: J) -> J::Output {
+    pulp::Arch::new().dispatch(job)
+}
+
+vectorized_job!(
+    /// `elementwise_run`, vectorised.
+    ElementwiseRun<'a> ((&'a Op, &'a [&'a [f32]], usize, &'a mut [f32])) -> () = elementwise_run
+);
+
 /// Element-wise `f32` work of at least this many elements is split across idle compute
 /// slots (about 256 KiB per array: below it, waking a helper costs more than it saves).
 const PARALLEL_MIN_ELEMENTS: usize = 1 << 16;
@@ -360,27 +397,8 @@ fn elementwise_f32_flat(op: &Op, operands: &[ValueRef<'_>], dest: &mut [f32], he
             _ => None,
         })
         .collect::<Option<_>>()?;
-    let run = |start: usize, out: &mut [f32]| {
-        let end = start + out.len();
-        match (op, slices.as_slice()) {
-            (Op::Binary(b), [x, y]) => with_binary_f32!(*b, f => {
-                for ((o, &x), &y) in out.iter_mut().zip(&x[start..end]).zip(&y[start..end]) {
-                    *o = f(x, y);
-                }
-            }),
-            (Op::Activation(a), [x]) => with_activation!(*a, f => {
-                for (o, &x) in out.iter_mut().zip(&x[start..end]) {
-                    *o = f(x);
-                }
-            }),
-            (Op::RoundPrecision { format, saturate }, [x]) => with_rounding!(*format, *saturate, f => {
-                for (o, &x) in out.iter_mut().zip(&x[start..end]) {
-                    *o = f(x);
-                }
-            }),
-            _ => unvalidated("element-wise f32"),
-        }
-    };
+    // Each run is compiled for the widest vector instructions this CPU has.
+    let run = |start: usize, out: &mut [f32]| vectorized(ElementwiseRun((op, slices.as_slice(), start, out)));
     let n = dest.len();
     let lent =
         if n >= 2 * PARALLEL_MIN_ELEMENTS { helpers.lend(n / PARALLEL_MIN_ELEMENTS - 1) } else { helpers.lend(0) };
@@ -394,6 +412,30 @@ fn elementwise_f32_flat(op: &Op, operands: &[ValueRef<'_>], dest: &mut [f32], he
     let parts: Vec<(usize, &mut [f32])> = dest.chunks_mut(chunk).enumerate().map(|(i, c)| (i * chunk, c)).collect();
     lent.run(parts, |(start, out)| run(start, out));
     Some(())
+}
+
+/// One run of `elementwise_f32_flat`: the elements `start..start + out.len()`.
+#[inline(always)]
+fn elementwise_run((op, slices, start, out): (&Op, &[&[f32]], usize, &mut [f32])) {
+    let end = start + out.len();
+    match (op, slices) {
+        (Op::Binary(b), [x, y]) => with_binary_f32!(*b, f => {
+            for ((o, &x), &y) in out.iter_mut().zip(&x[start..end]).zip(&y[start..end]) {
+                *o = f(x, y);
+            }
+        }),
+        (Op::Activation(a), [x]) => with_activation!(*a, f => {
+            for (o, &x) in out.iter_mut().zip(&x[start..end]) {
+                *o = f(x);
+            }
+        }),
+        (Op::RoundPrecision { format, saturate }, [x]) => with_rounding!(*format, *saturate, f => {
+            for (o, &x) in out.iter_mut().zip(&x[start..end]) {
+                *o = f(x);
+            }
+        }),
+        _ => unvalidated("element-wise f32"),
+    }
 }
 
 /// An element-wise `f32` operation computed into a new array, in parallel when large.
@@ -493,7 +535,7 @@ pub(crate) fn round_to_format(x: f32, format: FloatFormat, saturate: bool) -> f3
 /// Clears the low `drop` bits of an f32, rounding to nearest even; a carry out of the
 /// mantissa moves to the next binade, or to infinity past the largest finite value.
 #[inline]
-fn round_mantissa(x: f32, drop: u32) -> f32 {
+pub(super) fn round_mantissa(x: f32, drop: u32) -> f32 {
     let bits = x.to_bits();
     let bias = (1u32 << (drop - 1)) - 1 + ((bits >> drop) & 1);
     f32::from_bits(bits.wrapping_add(bias) & !((1u32 << drop) - 1))
@@ -533,7 +575,7 @@ fn largest_finite(format: FloatFormat) -> f32 {
 }
 
 /// XLA's `sign` on floats: ±1 by sign, while ±0 and NaN stay as they are.
-fn sign_f32(x: f32) -> f32 {
+pub(super) fn sign_f32(x: f32) -> f32 {
     if x == 0.0 || x.is_nan() { x } else { x.signum() }
 }
 
@@ -583,15 +625,58 @@ fn binary_int<T: Int>(op: BinaryOp) -> fn(T, T) -> T {
     }
 }
 
-/// XLA's `maximum`: NaN in either operand gives NaN.
-#[inline]
-fn max_f32(x: f32, y: f32) -> f32 {
-    if x.is_nan() || y.is_nan() { f32::NAN } else { x.max(y) }
+/// `e^x` in `f32`, less than 1 ulp from the exact value (Cephes' `expf` polynomial;
+/// the test measures it), with no branches or library calls, so that loops over it vectorise.
+/// XLA:CPU evaluates `exponential` with a polynomial of its own too, not libm's.
+/// Overflow gives infinity, underflow gradual subnormals then zero, NaN stays NaN.
+#[inline(always)]
+pub(super) fn exp_f32(x: f32) -> f32 {
+    // ln 2 split in two so that `n · LN2_HI` is exact for every `n` used (Cody-Waite).
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // Adding and subtracting 1.5 · 2^23 rounds a float of magnitude below 2^22 to an
+    // integer, ties to even, with plain arithmetic.
+    const ROUND: f32 = 12_582_912.0;
+    // Arguments whose result is infinity or zero are replaced by 0 (their result is
+    // chosen at the end), so that a masked `-inf` costs no subnormal arithmetic, which
+    // is many times slower. The comparisons are false for NaN, which then flows
+    // through the arithmetic.
+    #[allow(clippy::manual_range_contains)] // `contains` is false for NaN, which must pass
+    let clamped = if x > 88.8 || x < -103.972_08 { 0.0 } else { x };
+    let shifted = clamped * std::f32::consts::LOG2_E + ROUND;
+    let n = shifted - ROUND;
+    // The integer `n` is in the low bits of `shifted` (a cast would not vectorise).
+    let n_int = shifted.to_bits() as i32 - ROUND.to_bits() as i32;
+    let r = (clamped - n * LN2_HI) - n * LN2_LO;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1)
+        * r
+        + 0.5;
+    let y = p * r * r + r + 1.0;
+    // Scale by 2^n in two steps, each a normal power of two, so that results in the
+    // subnormal range round once.
+    let half = n_int >> 1;
+    let scale = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
+    let y = y * scale(half) * scale(n_int - half);
+    if x > 88.722_84 {
+        f32::INFINITY
+    } else if x < -103.972_08 {
+        0.0
+    } else {
+        y
+    }
 }
 
+/// XLA's `maximum`: NaN in either operand gives NaN. Written as one comparison and a
+/// choice, which vectorises (in a reduction too) better than `f32::max` plus NaN tests.
 #[inline]
-fn min_f32(x: f32, y: f32) -> f32 {
-    if x.is_nan() || y.is_nan() { f32::NAN } else { x.min(y) }
+pub(super) fn max_f32(x: f32, y: f32) -> f32 {
+    if x > y || x.is_nan() { x } else { y }
+}
+
+/// XLA's `minimum`: NaN in either operand gives NaN.
+#[inline]
+pub(super) fn min_f32(x: f32, y: f32) -> f32 {
+    if x < y || x.is_nan() { x } else { y }
 }
 
 /// HLO `compare` of two elements: unordered (NaN) operands are only "not equal",
@@ -763,7 +848,7 @@ pub(super) fn first<T: Copy + Default>(a: &ArrayViewD<'_, T>) -> T {
 /// row by row, both of which the compiler vectorises. Float sums may therefore round
 /// differently from a strictly sequential sum, as in XLA.
 fn reduce_array<T: Copy>(a: &ArrayViewD<'_, T>, init: T, axes: &[u32], f: impl Fn(T, T) -> T + Copy) -> ArrayD<T> {
-    reduce_array_with(a, init, axes, f, fold_lanes)
+    reduce_array_with(a, init, axes, f, true)
 }
 
 /// `reduce_array` with one accumulator per output element, in index order: a
@@ -775,7 +860,7 @@ fn reduce_array_sequential<T: Copy>(
     axes: &[u32],
     f: impl Fn(T, T) -> T + Copy,
 ) -> ArrayD<T> {
-    reduce_array_with(a, init, axes, f, |row, init, f| row.iter().fold(init, |acc, &x| f(acc, x)))
+    reduce_array_with(a, init, axes, f, false)
 }
 
 fn reduce_array_with<T: Copy, F: Fn(T, T) -> T + Copy>(
@@ -783,7 +868,7 @@ fn reduce_array_with<T: Copy, F: Fn(T, T) -> T + Copy>(
     init: T,
     axes: &[u32],
     f: F,
-    fold_row: fn(&[T], T, F) -> T,
+    lanes: bool,
 ) -> ArrayD<T> {
     let rank = a.ndim();
     let is_reduced = |d: usize| axes.contains(&(d as u32));
@@ -802,7 +887,7 @@ fn reduce_array_with<T: Copy, F: Fn(T, T) -> T + Copy>(
         let standard = a.as_standard_layout();
         let flat = standard.as_slice().unwrap_or_else(|| unvalidated("reduce"));
         if trailing {
-            return out(flat.chunks_exact(inner).map(|row| fold_row(row, init, f)).collect());
+            return out(vectorized(FoldRows((flat, inner, init, f, lanes))));
         }
         let mut acc = vec![init; outer];
         for row in flat.chunks_exact(outer) {
@@ -815,10 +900,30 @@ fn reduce_array_with<T: Copy, F: Fn(T, T) -> T + Copy>(
     let rows = a.view().permuted_axes(IxDyn(&perm));
     let rows = rows.as_standard_layout();
     let flat = rows.as_slice().unwrap_or_else(|| unvalidated("reduce"));
-    out(flat.chunks_exact(inner).map(|row| fold_row(row, init, f)).collect())
+    out(vectorized(FoldRows((flat, inner, init, f, lanes))))
+}
+
+/// Folds each run of `inner` elements of `flat` into `init`: in eight interleaved
+/// lanes (`fold_lanes`), or strictly in order.
+struct FoldRows<'a, T, F>((&'a [T], usize, T, F, bool));
+
+impl<T: Copy, F: Fn(T, T) -> T + Copy> pulp::WithSimd for FoldRows<'_, T, F> {
+    type Output = Vec<T>;
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) -> Vec<T> {
+        // Plain loops: a closure around `fold_lanes` would stay an uninlined call.
+        let (flat, inner, init, f, lanes) = self.0;
+        let mut folded = Vec::with_capacity(flat.len() / inner);
+        for row in flat.chunks_exact(inner) {
+            folded.push(if lanes { fold_lanes(row, init, f) } else { row.iter().fold(init, |acc, &x| f(acc, x)) });
+        }
+        folded
+    }
 }
 
 /// Folds `row` into `init` with eight independent accumulators, combined at the end.
+#[inline(always)]
 fn fold_lanes<T: Copy, F: Fn(T, T) -> T>(row: &[T], init: T, f: F) -> T {
     const LANES: usize = 8;
     if row.len() < 2 * LANES {
@@ -1313,6 +1418,48 @@ fn scatter_value(
 mod tests {
     use super::*;
 
+    /// Distance in units in the last place between an `f32` and the exact value.
+    fn ulps(got: f32, exact: f64) -> f64 {
+        let rounded = exact as f32;
+        let ulp = if rounded == 0.0 {
+            f64::from(f32::from_bits(1))
+        } else {
+            f64::from(f32::from_bits(rounded.abs().to_bits() + 1)) - f64::from(rounded.abs())
+        };
+        (f64::from(got) - exact).abs() / ulp
+    }
+
+    #[test]
+    fn exp_is_within_one_ulp_everywhere_and_exact_at_the_edges() {
+        let mut worst = (0.0f64, 0.0f32);
+        // Every 251st float between the underflow and overflow thresholds, both signs.
+        let mut bits = 0u32;
+        while bits < 0x42b2_0000 {
+            for x in [f32::from_bits(bits), -f32::from_bits(bits)] {
+                if x >= -103.9 {
+                    let e = ulps(exp_f32(x), f64::from(x).exp());
+                    if e > worst.0 {
+                        worst = (e, x);
+                    }
+                }
+            }
+            bits += 251;
+        }
+        assert!(worst.0 < 1.0, "exp({}) is {} ulp off", worst.1, worst.0);
+        assert_eq!(exp_f32(0.0), 1.0);
+        assert_eq!(exp_f32(-0.0), 1.0);
+        assert_eq!(exp_f32(f32::INFINITY), f32::INFINITY);
+        assert_eq!(exp_f32(89.0), f32::INFINITY);
+        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_f32(-105.0), 0.0);
+        assert!(exp_f32(f32::NAN).is_nan());
+        assert!(exp_f32(88.72).is_finite());
+        // Subnormal results round once.
+        for x in [-88.0f32, -95.5, -100.25, -103.0] {
+            assert!(ulps(exp_f32(x), f64::from(x).exp()) < 1.0, "exp({x}) = {}", exp_f32(x));
+        }
+    }
+
     /// Deterministic values in [-1, 1).
     fn values(n: usize, seed: u32) -> Vec<f32> {
         (0..n as u32).map(|i| ((i.wrapping_mul(2_654_435_761) ^ seed) % 2001) as f32 / 1000.0 - 1.0).collect()
@@ -1337,7 +1484,7 @@ mod tests {
             let ty = ArrayType::new(DType::F32, vec![n as u64]);
             let ops = [
                 (Op::Binary(BinaryOp::Divide), x.mapv(f32::abs) / y.mapv(|v| v + 2.0)),
-                (Op::Activation(ActivationFn::Exp), x.mapv(f32::exp)),
+                (Op::Activation(ActivationFn::Exp), x.mapv(exp_f32)),
                 (
                     Op::RoundPrecision { format: FloatFormat::Bf16, saturate: false },
                     x.mapv(|v| round_to_format(v, FloatFormat::Bf16, false)),

@@ -1,15 +1,19 @@
 //! The CPU execution backend: runs a validated [`Program`] with real numerics.
 //!
 //! An [`Executable`] is prepared once per load: constants are made resident (the weights DMA
-//! queue), the engine streams are merged into their global step order, and each
+//! queue), the engine streams are merged into their global step order, chains of
+//! element-wise instructions are grouped to run fused (see `fusion`), and each
 //! intermediate's last reader is found so its memory is released as soon as it is dead.
 //! [`Executable::run`] then moves the inputs in, runs every instruction, and hands the
 //! outputs back. It checks the deadline between instructions.
 
 mod element;
+mod fusion;
 mod kernels;
 mod random;
 mod region;
+
+use std::sync::{Mutex, PoisonError};
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
@@ -18,7 +22,7 @@ use element::with_element;
 pub(crate) use kernels::round_to_format;
 
 use crate::dtype::{ArrayType, DType};
-use crate::isa::{BufferKind, Instruction, Program};
+use crate::isa::{BufferKind, Instruction, Op, Program};
 use crate::pool::HostPool;
 use crate::trace::clock::ticks;
 
@@ -80,6 +84,16 @@ impl Value {
     /// Writes the value's elements, row-major and little-endian, into `out`.
     pub(crate) fn write_le_bytes(&self, out: &mut [u8]) {
         self.view().write_le_bytes(out)
+    }
+
+    /// The same elements in row-major order with new dimensions (as many elements);
+    /// no copy when the array is in standard layout.
+    fn reshaped(self, dims: &[usize]) -> Value {
+        fn reshape<T: Element>(a: ArrayD<T>, dims: &[usize]) -> Value {
+            let a = if a.is_standard_layout() { a } else { a.as_standard_layout().into_owned() };
+            T::wrap(a.into_shape_with_order(IxDyn(dims)).unwrap_or_else(|_| kernels::unvalidated("reshape")))
+        }
+        each_variant!(Value, self, a => reshape(a, dims))
     }
 
     /// A borrowed view of the value.
@@ -217,15 +231,25 @@ pub(crate) enum RunError {
 #[derive(Debug)]
 pub(crate) struct Executable {
     program: Program,
-    /// Instructions in global step order: (stream index, instruction index).
+    /// Instructions in the order they execute: (stream index, instruction index). This
+    /// is the global step order, except that the members of a fused group are moved
+    /// next to each other (past instructions that do not depend on them).
     order: Vec<(usize, usize)>,
+    /// Runs of `order` that execute as one: a single instruction or a fused group.
+    units: Vec<fusion::Unit>,
     /// Decoded copies of the constants that cannot be viewed in place, by constant index.
     decoded_constants: Vec<Option<Value>>,
-    /// Buffers to release after each step.
+    /// Buffers to release after each unit.
     release_after: Vec<Vec<u32>>,
     /// For each buffer, the first program output it is returned as.
     output_of_buffer: Vec<Option<usize>>,
+    /// `f32` arrays that died in earlier runs, reused for the outputs of fused groups
+    /// (a new array would be zeroed and then faulted in page by page).
+    spare: Mutex<Vec<Vec<f32>>>,
 }
+
+/// The most dead arrays kept for reuse.
+const MAX_SPARE: usize = 16;
 
 /// A buffer's contents during a run.
 enum Slot<'a> {
@@ -245,16 +269,20 @@ impl Slot<'_> {
 }
 
 impl Executable {
-    /// Prepares a program that has passed [`Program::validate`].
-    pub(crate) fn new(program: Program) -> Executable {
-        let mut order: Vec<(u32, usize, usize)> = Vec::new();
+    /// Prepares a program that has passed [`Program::validate`]; with `fuse`, chains of
+    /// element-wise instructions run fused.
+    pub(crate) fn new(program: Program, fuse: bool) -> Executable {
+        let mut by_step: Vec<(u32, usize, usize)> = Vec::new();
         for (s, stream) in program.streams.iter().enumerate() {
             for (i, instruction) in stream.instructions.iter().enumerate() {
-                order.push((instruction.step, s, i));
+                by_step.push((instruction.step, s, i));
             }
         }
-        order.sort_unstable();
-        let order: Vec<(usize, usize)> = order.into_iter().map(|(_, s, i)| (s, i)).collect();
+        by_step.sort_unstable();
+        let steps: Vec<&Instruction> = by_step.iter().map(|&(_, s, i)| &program.streams[s].instructions[i]).collect();
+        let schedule = fusion::schedule(&program, &steps, fuse);
+        let order: Vec<(usize, usize)> = schedule.order.iter().map(|&p| (by_step[p].1, by_step[p].2)).collect();
+        let units = schedule.units;
 
         // Constants are viewed in place in the program's blobs at each run; only those
         // that cannot be (predicates, unaligned blobs) are decoded, once, here.
@@ -269,26 +297,58 @@ impl Executable {
         }
 
         let mut last_reader: Vec<Option<usize>> = vec![None; program.buffers.len()];
-        for (step, &(s, i)) in order.iter().enumerate() {
-            for &b in &program.streams[s].instructions[i].operands {
-                last_reader[b as usize] = Some(step);
+        for (u, unit) in units.iter().enumerate() {
+            for &(s, i) in &order[unit.first..unit.first + unit.len] {
+                for &b in &program.streams[s].instructions[i].operands {
+                    last_reader[b as usize] = Some(u);
+                }
             }
         }
         let is_output: Vec<bool> =
             (0..program.buffers.len()).map(|b| program.outputs.iter().any(|o| o.buffer as usize == b)).collect();
-        let mut release_after = vec![Vec::new(); order.len()];
+        let mut release_after = vec![Vec::new(); units.len()];
         for (b, last) in last_reader.iter().enumerate() {
-            if let Some(step) = last
+            if let Some(u) = last
                 && !is_output[b]
             {
-                release_after[*step].push(b as u32);
+                release_after[*u].push(b as u32);
             }
         }
         let mut output_of_buffer = vec![None; program.buffers.len()];
         for (k, io) in program.outputs.iter().enumerate().rev() {
             output_of_buffer[io.buffer as usize] = Some(k);
         }
-        Executable { program, order, decoded_constants, release_after, output_of_buffer }
+        Executable {
+            program,
+            order,
+            units,
+            decoded_constants,
+            release_after,
+            output_of_buffer,
+            spare: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// An `f32` array of `n` elements with unspecified contents, for a fused output.
+    fn spare_f32(&self, n: usize) -> Vec<f32> {
+        let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
+        match spare.iter().position(|v| v.len() == n) {
+            Some(i) => spare.swap_remove(i),
+            None => vec![0.0; n],
+        }
+    }
+
+    /// Keeps a dead intermediate's array for reuse, if it is an `f32` one.
+    fn recycle(&self, slot: Slot<'_>) {
+        if let Slot::Owned(Value::F32(array)) = slot
+            && array.is_standard_layout()
+            && let (data, Some(0)) = array.into_raw_vec_and_offset()
+        {
+            let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
+            if spare.len() < MAX_SPARE {
+                spare.push(data);
+            }
+        }
     }
 
     pub(crate) fn program(&self) -> &Program {
@@ -313,10 +373,12 @@ impl Executable {
 
     /// Runs the program on `inputs` (one value per program input, of its type). An
     /// output with a destination is computed straight into it; the others are returned
-    /// as values. The deadline is in host ticks (`trace::clock::ticks`), read once per
-    /// instruction; `on_instruction(step, start, end)` sees each instruction's tick
-    /// interval, which costs no extra clock read. Large matrix products may borrow the
-    /// idle slots of `helpers`.
+    /// as values. The deadline is in host ticks (`trace::clock::ticks`), read before
+    /// each instruction or fused group; `on_instruction(k, start, end)` sees the tick
+    /// interval of the `k`-th instruction of [`Executable::steps`], in that order and
+    /// back to back: a fused group's interval is split between its members in
+    /// proportion to the time each took. Large matrix products and element-wise work
+    /// may borrow the idle slots of `helpers`.
     pub(crate) fn run<'a>(
         &'a self,
         inputs: Vec<Input<'a>>,
@@ -342,42 +404,91 @@ impl Executable {
         }
         let mut written = vec![false; program.outputs.len()];
         let steps = self.order.len();
-        let mut previous_start = ticks();
-        for (step, instruction) in self.steps().enumerate() {
+        // A single instruction's interval ends at the next clock read.
+        let mut open: Option<usize> = None;
+        let mut previous = ticks();
+        for (u, unit) in self.units.iter().enumerate() {
             let now = ticks();
-            if step > 0 {
-                on_instruction(step - 1, previous_start, now);
+            if let Some(k) = open.take() {
+                on_instruction(k, previous, now);
             }
-            previous_start = now;
+            previous = now;
             if now > deadline_ticks {
-                return Err(RunError::DeadlineExceeded { step, steps });
+                return Err(RunError::DeadlineExceeded { step: unit.first, steps });
             }
-            let b = instruction.output as usize;
-            let out_ty = &program.buffers[b].ty;
-            let destination = self.output_of_buffer[b].and_then(|k| destinations.get_mut(k)?.take().map(|d| (k, d)));
-            let operands: Vec<ValueRef<'_>> =
-                instruction.operands.iter().filter_map(|&o| slots[o as usize].get()).collect();
-            let slot = match destination {
-                Some((k, destination)) => {
-                    written[k] = true;
-                    kernels::execute_into(&instruction.op, &operands, out_ty, destination, helpers).map(Slot::Borrowed)
+            if let Some(group) = &unit.group {
+                let (results, shares) = fusion::run(
+                    group,
+                    |b| slots[b as usize].get(),
+                    |b| {
+                        let k = self.output_of_buffer[b as usize]?;
+                        let destination = destinations.get_mut(k)?.take()?;
+                        written[k] = true;
+                        Some(destination)
+                    },
+                    |n| self.spare_f32(n),
+                    helpers,
+                );
+                let end = ticks();
+                for (b, result) in results {
+                    slots[b as usize] = match result {
+                        fusion::Output::Written(view) => Slot::Borrowed(ValueRef::F32(view)),
+                        fusion::Output::Value(value) => Slot::Owned(value),
+                    };
                 }
-                None => kernels::execute(&instruction.op, &operands, out_ty, helpers).map(Slot::Owned),
-            };
-            let slot = slot.map_err(|OutOfBounds(detail)| RunError::OutOfBounds { step, detail })?;
-            drop(operands);
-            slots[b] = slot;
-            for &r in &self.release_after[step] {
+                for (k, (start, stop)) in split_interval(now, end, &shares).into_iter().enumerate() {
+                    on_instruction(unit.first + k, start, stop);
+                }
+                previous = end;
+            } else {
+                let step = unit.first;
+                let (s, i) = self.order[step];
+                let instruction = &program.streams[s].instructions[i];
+                let b = instruction.output as usize;
+                let out_ty = &program.buffers[b].ty;
+                let destination =
+                    self.output_of_buffer[b].and_then(|k| destinations.get_mut(k)?.take().map(|d| (k, d)));
+                // A reshape of an array that dies here takes the array over: no copy.
+                let dying = match (&instruction.op, &destination, instruction.operands.as_slice()) {
+                    (Op::Reshape, None, &[operand])
+                        if self.release_after[u].contains(&operand)
+                            && matches!(slots[operand as usize], Slot::Owned(_))
+                            && matches!(program.buffers[operand as usize].kind, BufferKind::Intermediate { .. }) =>
+                    {
+                        match std::mem::replace(&mut slots[operand as usize], Slot::Empty) {
+                            Slot::Owned(value) => Some(value),
+                            _ => None,
+                        }
+                    }
+                    _ => None,
+                };
+                let operands: Vec<ValueRef<'_>> =
+                    instruction.operands.iter().filter_map(|&o| slots[o as usize].get()).collect();
+                let slot = match (dying, destination) {
+                    (Some(value), _) => Ok(Slot::Owned(value.reshaped(&kernels::to_usize(&out_ty.dims)))),
+                    (None, Some((k, destination))) => {
+                        written[k] = true;
+                        kernels::execute_into(&instruction.op, &operands, out_ty, destination, helpers)
+                            .map(Slot::Borrowed)
+                    }
+                    (None, None) => kernels::execute(&instruction.op, &operands, out_ty, helpers).map(Slot::Owned),
+                };
+                let slot = slot.map_err(|OutOfBounds(detail)| RunError::OutOfBounds { step, detail })?;
+                drop(operands);
+                slots[b] = slot;
+                open = Some(step);
+            }
+            for &r in &self.release_after[u] {
                 if matches!(
                     program.buffers[r as usize].kind,
                     BufferKind::Intermediate { .. } | BufferKind::Input { .. }
                 ) {
-                    slots[r as usize] = Slot::Empty;
+                    self.recycle(std::mem::replace(&mut slots[r as usize], Slot::Empty));
                 }
             }
         }
-        if steps > 0 {
-            on_instruction(steps - 1, previous_start, ticks());
+        if let Some(k) = open {
+            on_instruction(k, previous, ticks());
         }
         let mut outputs = Vec::with_capacity(program.outputs.len());
         for (k, io) in program.outputs.iter().enumerate() {
@@ -403,5 +514,35 @@ impl Executable {
             outputs.push(output);
         }
         Ok(outputs)
+    }
+}
+
+/// Splits the tick interval `start..end` into consecutive pieces in proportion to
+/// `shares` (equal pieces when no share was measured).
+fn split_interval(start: u64, end: u64, shares: &[u64]) -> Vec<(u64, u64)> {
+    let span = u128::from(end.saturating_sub(start));
+    let total: u128 = shares.iter().map(|&s| u128::from(s)).sum();
+    let mut pieces = Vec::with_capacity(shares.len());
+    let mut at = start;
+    let mut sum = 0u128;
+    for (k, &share) in shares.iter().enumerate() {
+        sum += if total == 0 { 1 } else { u128::from(share) };
+        let whole = if total == 0 { shares.len() as u128 } else { total };
+        let next = if k + 1 == shares.len() { end } else { start + (span * sum / whole) as u64 };
+        pieces.push((at, next));
+        at = next;
+    }
+    pieces
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fused_interval_is_split_by_share_and_covers_the_whole_span() {
+        assert_eq!(split_interval(100, 200, &[1, 3]), vec![(100, 125), (125, 200)]);
+        assert_eq!(split_interval(0, 9, &[0, 0, 0]), vec![(0, 3), (3, 6), (6, 9)]);
+        assert_eq!(split_interval(5, 5, &[2, 2]), vec![(5, 5), (5, 5)]);
     }
 }
