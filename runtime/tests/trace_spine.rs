@@ -281,7 +281,7 @@ fn a_gather_past_the_table_fails_with_nrt_exec_oob_and_is_counted_as_an_error() 
     assert_eq!(core.errors.get(neuron_runtime::trace::ErrorClass::Model), 2);
 }
 
-/// A softmax row: `scaled`, `shifted` and `e` fuse (with the broadcast `m` read in place),
+/// A softmax row: `bc`, `scaled`, `shifted` and `e` fuse (the broadcast read in place),
 /// and `n`, which does not depend on them, runs before the group.
 const FUSED: &str = r#"
 HloModule fused
