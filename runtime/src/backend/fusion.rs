@@ -25,7 +25,7 @@ use super::kernels::{
     compare_scalars, exp_f32, max_f32, min_f32, round_mantissa, round_to_format, sign_f32, unvalidated, vectorized,
     vectorized_job, with_activation, with_binary_f32, with_rounding, with_unary_f32,
 };
-use super::{Destination, Value, ValueRef};
+use super::{Destination, Output, Value, ValueRef};
 use crate::dtype::DType;
 use crate::isa::{ActivationFn, BinaryOp, CompareDirection, FloatFormat, Instruction, Op, Program, UnaryOp};
 use crate::pool::HostPool;
@@ -318,15 +318,15 @@ fn grow(
         }
         let instruction = steps[p];
         let joinable = !grouped[p] && ty(instruction.output).dims.iter().map(|&d| d as usize).eq(dims.iter().copied());
-        let member =
-            joinable.then(|| candidate(program, instruction, &dims, &member_of_buffer, &mut inputs.clone())).flatten();
-        let Some((member, new_inputs)) = member else {
+        let mut trial = inputs.clone();
+        let member = joinable.then(|| candidate(program, instruction, &dims, &member_of_buffer, &mut trial)).flatten();
+        let Some(member) = member else {
             if p == limit {
                 break;
             }
             continue;
         };
-        inputs = new_inputs;
+        inputs = trial;
         member_of_buffer.insert(instruction.output, kernels.len());
         kernels.push(member);
         members.push(p);
@@ -380,15 +380,14 @@ fn grow(
     Some((members, Group { row_dims: dims[..split].to_vec(), dims, row_len, inputs, members: kernels, outputs }))
 }
 
-/// The member an instruction would be, with the group's inputs after it joins.
-#[allow(clippy::type_complexity)]
+/// The member an instruction would be; adds the outside values it reads to `inputs`.
 fn candidate(
     program: &Program,
     instruction: &Instruction,
     dims: &[usize],
     member_of_buffer: &std::collections::HashMap<u32, usize>,
     inputs: &mut Vec<(u32, Option<Vec<u32>>)>,
-) -> Option<(Member, Vec<(u32, Option<Vec<u32>>)>)> {
+) -> Option<Member> {
     let ty = |b: u32| &program.buffers[b as usize].ty;
     let operand_types: Vec<DType> = instruction.operands.iter().map(|&b| ty(b).dtype).collect();
     let kernel = kernel(&instruction.op, &operand_types, ty(instruction.output).dtype)?;
@@ -420,7 +419,7 @@ fn candidate(
         };
         operands.push(Source::Input(index));
     }
-    Some((Member { kernel, operands }, inputs.clone()))
+    Some(Member { kernel, operands })
 }
 
 /// A tile of one operand or result: `TILE` or fewer values, or one value for all.
@@ -665,9 +664,9 @@ pub(super) fn run<'s, 'd>(
             let value = match store {
                 Store::Dest(words) => {
                     let words: &'d [f32] = words;
-                    Output::Written(
+                    Output::Written(ValueRef::F32(
                         ArrayViewD::from_shape(dims.clone(), words).unwrap_or_else(|_| unvalidated("output")),
-                    )
+                    ))
                 }
                 Store::F32(v) => Output::Value(Value::F32(
                     ArrayD::from_shape_vec(dims.clone(), v).unwrap_or_else(|_| unvalidated("output")),
@@ -680,12 +679,6 @@ pub(super) fn run<'s, 'd>(
         })
         .collect();
     (outputs, shares)
-}
-
-/// A group output: written into tensor memory, or a new value.
-pub(super) enum Output<'d> {
-    Written(ArrayViewD<'d, f32>),
-    Value(Value),
 }
 
 /// Where an input's tile is: in the input itself, one value, or assembled in scratch.
@@ -768,17 +761,17 @@ fn run_part((group, inputs, part): (&Group, &[InputData<'_>], &mut Part<'_>)) {
             At::Assembled => Lane::Slice(&assembled[i * TILE..i * TILE + tile]),
         };
 
-        let mut results = scratch.chunks_mut(TILE);
-        let mut done: Vec<&[f32]> = Vec::with_capacity(members);
         for (k, member) in group.members.iter().enumerate() {
-            let out = &mut results.next().unwrap_or_else(|| unvalidated("fused member"))[..tile];
+            // Earlier members' tiles, and this member's.
+            let (done, rest) = scratch.split_at_mut(k * TILE);
+            let out = &mut rest[..tile];
             let mut operands = [Lane::Scalar(0.0); 3];
             for (operand, source) in operands.iter_mut().zip(&member.operands) {
                 *operand = match *source {
                     Source::Input(i) => lane(i),
                     Source::Member(m) => match scalars[m] {
                         Some(v) => Lane::Scalar(v),
-                        None => Lane::Slice(done[m]),
+                        None => Lane::Slice(&done[m * TILE..m * TILE + tile]),
                     },
                 };
             }
@@ -796,7 +789,6 @@ fn run_part((group, inputs, part): (&Group, &[InputData<'_>], &mut Part<'_>)) {
                     }
                 }
             }
-            done.push(out);
             let now = ticks();
             member_ticks[k] += now - before;
             before = now;

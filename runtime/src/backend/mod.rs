@@ -432,8 +432,8 @@ impl Executable {
                 let end = ticks();
                 for (b, result) in results {
                     slots[b as usize] = match result {
-                        fusion::Output::Written(view) => Slot::Borrowed(ValueRef::F32(view)),
-                        fusion::Output::Value(value) => Slot::Owned(value),
+                        Output::Written(view) => Slot::Borrowed(view),
+                        Output::Value(value) => Slot::Owned(value),
                     };
                 }
                 for (k, (start, stop)) in split_interval(now, end, &shares).into_iter().enumerate() {
