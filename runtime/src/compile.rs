@@ -21,6 +21,7 @@ use crate::isa::{
     EngineStream, FloatFormat, GatherDims, Instruction, IoTensor, Op, Program, ReduceOp, Region, RegionStep,
     RegionValue, RngAlgorithm, RngResult, ScatterCombine, ScatterDims, UnaryOp, Window, infer_output,
 };
+use crate::simplify;
 use crate::topology::NeuronCoreVersion;
 
 /// Alignment of intermediate buffers in the scratchpad.
@@ -142,8 +143,11 @@ impl FromStr for AutoCastType {
 pub enum OptLevel {
     /// Every HLO instruction as written; each intermediate keeps its own scratchpad space.
     O1,
-    /// Also removes instructions whose results are never used, and reuses the
-    /// scratchpad space of intermediates once they are dead.
+    /// Also computes at compile time what depends on constants alone (except
+    /// broadcasts and iotas, cheaper to run than to store), lets matrix products read
+    /// transposed operands in place (when the result's order allows), removes
+    /// instructions whose results are never used, and reuses the scratchpad space of
+    /// intermediates once they are dead.
     #[default]
     O2,
     /// Also removes copies that change nothing (`copy`, single-core collectives and
@@ -885,6 +889,10 @@ impl<'m> Lowering<'m> {
             self.buffers[io.buffer as usize].kind = BufferKind::Input { index: i as u32 };
         }
 
+        if self.options.optlevel >= OptLevel::O2 {
+            simplify::fold_constants(&mut self.buffers, &mut self.constants, &mut self.instructions, &outputs);
+            simplify::fold_transposes(&mut self.instructions);
+        }
         if self.options.optlevel >= OptLevel::O3 {
             forward_copies(&self.buffers, &mut self.instructions, &mut outputs);
         }
@@ -1755,9 +1763,10 @@ fn parse_f32(token: &str) -> Option<f32> {
 mod tests {
     use super::*;
 
-    /// Compiles without auto-cast, so that each HLO instruction is one engine instruction.
+    /// Compiles without auto-cast and at level 1 (no constant folding), so that each HLO
+    /// instruction is one engine instruction.
     fn compile(text: &str) -> Result<Program, CompileError> {
-        compile_hlo_with(text, &CompileOptions::exact(Target::Trn1))
+        compile_hlo_with(text, &CompileOptions { optlevel: OptLevel::O1, ..CompileOptions::exact(Target::Trn1) })
     }
 
     #[test]
@@ -1979,9 +1988,10 @@ mod tests {
 
     #[test]
     fn scratchpad_space_is_reused_after_last_use() {
-        let p = compile(
+        let p = compile_hlo_with(
             "HloModule m\nENTRY e {\n a = f32[16] parameter(0)\n b = f32[16] negate(a)\n c = f32[16] negate(b)\n \
              d = f32[16] negate(c)\n ROOT e = f32[16] negate(d)\n}\n",
+            &CompileOptions::exact(Target::Trn1),
         )
         .expect("compiles");
         // Each step needs its operand and its result live at once: two 64-byte slots.

@@ -22,6 +22,7 @@ mod backend;
 mod pool;
 mod reservation;
 mod runtime;
+mod simplify;
 mod tensor;
 
 pub use compile::{

@@ -167,6 +167,86 @@ fn optlevels_drop_dead_code_reuse_scratchpad_and_forward_copies() {
     }
 }
 
+/// A causal mask built from iotas (constant, so computed at compile time at level 2)
+/// applied to per-head scores whose operands are transposed (read in place at level 2).
+const MASKED_SCORES: &str = "HloModule masked\nENTRY e {\n  \
+    x = f32[64,4,32]{2,1,0} parameter(0)\n  y = f32[64,4,32]{2,1,0} parameter(1)\n  \
+    i0 = s32[64]{0} iota(), iota_dimension=0\n  rows = s32[64,64]{1,0} broadcast(i0), dimensions={0}\n  \
+    i1 = s32[64]{0} iota(), iota_dimension=0\n  cols = s32[64,64]{1,0} broadcast(i1), dimensions={1}\n  \
+    causal = pred[64,64]{1,0} compare(rows, cols), direction=GE\n  \
+    xt = f32[4,64,32]{2,1,0} transpose(x), dimensions={1,0,2}\n  \
+    yt = f32[4,64,32]{2,1,0} transpose(y), dimensions={1,0,2}\n  \
+    s = f32[4,64,64]{2,1,0} dot(xt, yt), lhs_batch_dims={0}, lhs_contracting_dims={2}, rhs_batch_dims={0}, \
+    rhs_contracting_dims={2}\n  \
+    mask = pred[4,64,64]{2,1,0} broadcast(causal), dimensions={1,2}\n  \
+    low = f32[] constant(-1000)\n  lows = f32[4,64,64]{2,1,0} broadcast(low), dimensions={}\n  \
+    ROOT r = f32[4,64,64]{2,1,0} select(mask, s, lows)\n}\n";
+
+#[test]
+fn optlevel_2_computes_constant_values_at_compile_time_and_reads_transposed_operands_in_place() {
+    let o1 = compile(MASKED_SCORES, OptLevel::O1);
+    let o2 = compile(MASKED_SCORES, OptLevel::O2);
+    assert_eq!(
+        opcodes(&o1),
+        [
+            "Iota",
+            "Broadcast",
+            "Iota",
+            "Broadcast",
+            "Compare",
+            "Transpose",
+            "Transpose",
+            "MatMul",
+            "Broadcast",
+            "Broadcast",
+            "Select"
+        ]
+    );
+    // The mask is a constant now; broadcasts of constants stay (cheaper than storing them).
+    assert_eq!(opcodes(&o2), ["MatMul", "Broadcast", "Broadcast", "Select"]);
+    let matmul = o2.instructions().find(|i| matches!(i.op, Op::MatMul(_))).expect("a product");
+    assert!(
+        matmul.operands.iter().all(|&b| o2.inputs.iter().any(|io| io.buffer == b)),
+        "the product reads the parameters, not transposed copies: {matmul:?}"
+    );
+    let causal = o2.buffers.iter().find(|b| b.ty.to_string() == "pred[64,64]").expect("the folded mask");
+    assert!(matches!(causal.kind, neuron_runtime::isa::BufferKind::Constant { .. }), "{causal:?}");
+    o2.validate().expect("valid");
+
+    let bench = Bench::new();
+    let x = awkward(64 * 4 * 32, 0.5);
+    let y = awkward(64 * 4 * 32, 7.25);
+    let run = |level| {
+        let options = CompileOptions { optlevel: level, ..CompileOptions::exact(Target::Trn1) };
+        bench.run_f32(MASKED_SCORES, &options, &[&x, &y])
+    };
+    let o1_values = run(OptLevel::O1);
+    for (at, got) in o1_values.iter().enumerate() {
+        let (h, i, j) = (at / 4096, at / 64 % 64, at % 64);
+        let expected = if i >= j {
+            (0..32).map(|d| f64::from(x[(i * 4 + h) * 32 + d]) * f64::from(y[(j * 4 + h) * 32 + d])).sum()
+        } else {
+            -1000.0
+        };
+        assert!((f64::from(*got) - expected).abs() <= 1e-5 * expected.abs().max(1.0), "{at}: {got} vs {expected}");
+    }
+    assert_eq!(run(OptLevel::O2), o1_values, "level 2 computes the same bits");
+}
+
+#[test]
+fn values_that_vary_or_fail_are_left_to_the_execution() {
+    // `rng` draws anew at each execution, and a gather outside its table must fail there
+    // (NRT_EXEC_OOB), so neither is computed at compile time, though both read constants.
+    let hlo = "HloModule left\nENTRY e {\n  a = f32[] constant(0)\n  b = f32[] constant(1)\n  \
+        r = f32[8]{0} rng(a, b), distribution=rng_uniform\n  \
+        table = f32[4,2]{1,0} constant({{1,2},{3,4},{5,6},{7,8}})\n  \
+        i = s32[1,1]{1,0} constant({{9}})\n  \
+        g = f32[1,2]{1,0} gather(table, i), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, \
+        index_vector_dim=1, slice_sizes={1,2}\n  ROOT t = (f32[8]{0}, f32[1,2]{1,0}) tuple(r, g)\n}\n";
+    let o2 = compile(hlo, OptLevel::O2);
+    assert_eq!(opcodes(&o2), ["RngUniform", "Gather"]);
+}
+
 #[test]
 fn the_default_options_are_those_of_trn1() {
     let defaults = CompileOptions::new(Target::Trn1);

@@ -8,7 +8,8 @@ use neuron_runtime::trace::{
     SysTraceConfig,
 };
 use neuron_runtime::{
-    ArrayType, Config, CoreSet, DType, Neff, Runtime, Target, TensorPlacement, TensorSet, compile_hlo,
+    ArrayType, CompileOptions, Config, CoreSet, DType, Neff, OptLevel, Runtime, Target, TensorPlacement, TensorSet,
+    compile_hlo, compile_hlo_with,
 };
 
 const ADD_EXP: &str = include_str!("data/add_exp.hlo");
@@ -282,7 +283,8 @@ fn a_gather_past_the_table_fails_with_nrt_exec_oob_and_is_counted_as_an_error() 
 }
 
 /// A softmax row: `bc`, `scaled`, `shifted` and `e` fuse (the broadcast read in place),
-/// and `n`, which does not depend on them, runs before the group.
+/// and `n`, which does not depend on them, runs before the group (compiled at
+/// `--optlevel 1`, which leaves `n` an instruction rather than a constant).
 const FUSED: &str = r#"
 HloModule fused
 max {
@@ -313,7 +315,9 @@ fn fused_instructions(fusion: bool) -> Vec<(String, u32, u64, u64)> {
     let rt = &f.runtime;
     let reader = DatastoreReader::open(&rt.datastore_path().expect("path")).expect("opens");
     let mut tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
-    let neff = Neff::new("fused", compile_hlo(FUSED, Target::Trn1).expect("compiles")).encode();
+    // At level 1, so that `n` (of a constant) stays an instruction.
+    let options = CompileOptions { optlevel: OptLevel::O1, ..CompileOptions::new(Target::Trn1) };
+    let neff = Neff::new("fused", compile_hlo_with(FUSED, &options).expect("compiles")).encode();
     let model = rt.load(&neff, Some(0)).expect("loads");
     let tensor = |dims: Vec<u64>, name: &str| {
         rt.allocate_tensor_for(TensorPlacement::Host, &ArrayType::new(DType::F32, dims), name).expect("alloc")

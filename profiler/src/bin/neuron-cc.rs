@@ -71,8 +71,10 @@ struct NumericsArgs {
     #[arg(long)]
     enable_saturate_infinity: bool,
     /// 1: every HLO instruction as written, each intermediate in its own scratchpad space;
-    /// 2: also drop instructions whose results are unused and reuse dead intermediates'
-    /// space; 3: also drop copies that change nothing (copies, same-shape reshapes,
+    /// 2: also compute values that depend on constants alone at compile time (broadcasts
+    /// and iotas of constants stay instructions), let matrix products read transposed
+    /// operands in place, drop instructions whose results are unused and reuse dead
+    /// intermediates' space; 3: also drop copies that change nothing (copies, same-shape reshapes,
     /// identity transposes, single-core collectives, sharding annotations).
     #[arg(long, value_name = "LEVEL", default_value = "2")]
     optlevel: OptLevel,
@@ -144,7 +146,10 @@ fn compile(model: &Path, output: Option<PathBuf>, options: &CompileOptions, name
     let counts: Vec<String> =
         p.instruction_counts().into_iter().filter(|(_, n)| *n > 0).map(|(engine, n)| format!("{engine} {n}")).collect();
     let total: usize = p.instruction_counts().iter().map(|(_, n)| n).sum();
-    println!("  instructions        {total} ({})", counts.join(", "));
+    match total {
+        0 => println!("  instructions        0 (every output is an input or computed at compile time)"),
+        _ => println!("  instructions        {total} ({})", counts.join(", ")),
+    }
     let transfers = |kind| p.dma_queues.iter().filter(|q| q.kind == kind).map(|q| q.transfers.len()).sum::<usize>();
     println!(
         "  DMA transfers       {} input, {} weights, {} output",
