@@ -25,6 +25,7 @@ pub fn init_logging(level: LogLevel) {
         .with_writer(std::io::stderr)
         .with_max_level(level.as_tracing())
         .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
 

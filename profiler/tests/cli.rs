@@ -109,6 +109,56 @@ fn exec_json_reports_counts_throughput_and_latency_percentiles() {
 }
 
 #[test]
+fn exec_reports_each_failed_execution_keeps_going_and_exits_with_failure() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hlo = negate_model(dir.path());
+    let out = Command::new(env!("CARGO_BIN_EXE_neuron-bench"))
+        .env("NEURON_VIRT_LOCK_DIR", dir.path())
+        .env("NEURON_RT_FAULT_INJECT", "oob:core=0:every=3,hbm_ue:core=1:after=4")
+        .env_remove("NEURON_RT_VISIBLE_CORES")
+        .args(["exec", hlo.to_str().expect("utf-8"), "--cores", "0-1", "--iterations", "10", "--json"])
+        .output()
+        .expect("run neuron-bench");
+    assert_eq!(out.status.code(), Some(1), "failed executions make the exit status 1");
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("nc0 execution 3 failed: NRT_EXEC_OOB (1006): failed to run scatter/gather"), "{stderr}");
+    assert!(stderr.contains("nc1 execution 5 failed: NRT_EXEC_HW_ERR_HBM_UE (1201)"), "{stderr}");
+    assert!(stderr.contains("nc1 execution 6 failed: NRT_EXEC_UNIT_UNRECOVERABLE (101)"), "{stderr}");
+    assert!(stderr.contains("9 of 20 executions failed"), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(report["executions"], 20, "every execution was attempted");
+    assert_eq!(report["failed_executions"], 9, "3 on nc0 (3, 6, 9), 6 on nc1 (5 to 10)");
+    let failures: Vec<(u64, u64, u64)> = report["failures"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|f| {
+            let field = |name: &str| f[name].as_u64().unwrap_or_else(|| panic!("{name} in {f}"));
+            (field("core"), field("execution"), field("code"))
+        })
+        .collect();
+    assert_eq!(
+        failures,
+        [
+            (0, 3, 1006),
+            (0, 6, 1006),
+            (0, 9, 1006),
+            (1, 5, 1201),
+            (1, 6, 101),
+            (1, 7, 101),
+            (1, 8, 101),
+            (1, 9, 101),
+            (1, 10, 101)
+        ]
+    );
+    assert_eq!(report["failures_listed_all"], true);
+    let by_status = report["failures_by_status"].as_array().expect("a list");
+    assert_eq!(by_status.len(), 3, "{by_status:?}");
+    assert_eq!(by_status[2]["status"], "NRT_EXEC_UNIT_UNRECOVERABLE");
+    assert_eq!(by_status[2]["count"], 5);
+}
+
+#[test]
 fn bad_arguments_get_clear_errors() {
     let dir = tempfile::tempdir().expect("tempdir");
     let hlo = negate_model(dir.path());

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::{NrtError, NrtResult};
+use crate::fault::{self, FaultRule};
 use crate::topology::{CoreSet, DEFAULT_INSTANCE_TYPE, InstanceType};
 use crate::trace::{self, InspectConfig};
 
@@ -36,6 +37,8 @@ pub const ENV_TRACE_DISCARD: &str = "NEURON_VIRT_TRACE_DISCARD";
 pub const ENV_DATASTORE_DIR: &str = "NEURON_VIRT_DATASTORE_DIR";
 /// Whether chains of element-wise instructions run fused (our extension; default on).
 pub const ENV_FUSION: &str = "NEURON_VIRT_FUSION";
+/// Faults to inject: `KIND[:core=N][:every=K|:after=K|:rate=P]`, comma-separated (see `fault`).
+pub const ENV_FAULT_INJECT: &str = "NEURON_RT_FAULT_INJECT";
 /// Longest `NEURON_PROCESS_TAG` accepted.
 pub const MAX_PROCESS_TAG_LEN: usize = 255;
 
@@ -110,6 +113,8 @@ pub struct Config {
     pub datastore_dir: PathBuf,
     /// Run chains of element-wise instructions fused (`NEURON_VIRT_FUSION`).
     pub fusion: bool,
+    /// Faults to inject (`NEURON_RT_FAULT_INJECT`); none by default.
+    pub faults: Vec<FaultRule>,
 }
 
 impl Default for Config {
@@ -127,6 +132,7 @@ impl Default for Config {
             inspect: InspectConfig::default(),
             datastore_dir: crate::datastore::default_dir(),
             fusion: true,
+            faults: Vec::new(),
         }
     }
 }
@@ -233,6 +239,17 @@ impl Config {
             None => true,
         };
 
+        let faults = match get(ENV_FAULT_INJECT) {
+            Some(v) => fault::parse_rules(&v, core_count).map_err(|e| {
+                bad(
+                    ENV_FAULT_INJECT,
+                    &v,
+                    &format!("{e} (rules are KIND[:core=N][:every=K|:after=K|:rate=P], comma-separated)"),
+                )
+            })?,
+            None => Vec::new(),
+        };
+
         let host_threads = match get(ENV_HOST_THREADS) {
             Some(v) => match v.trim().parse::<usize>() {
                 Ok(n) if n > 0 => n,
@@ -320,6 +337,7 @@ impl Config {
             lock_dir: lock_dir(get(ENV_LOCK_DIR)),
             host_threads,
             fusion,
+            faults,
         })
     }
 }
@@ -388,6 +406,13 @@ mod tests {
         assert_eq!(c.lock_dir, PathBuf::from("/tmp/x"));
         assert_eq!(c.host_threads, 3);
         assert_eq!(config(&[(ENV_NUM_CORES, "2")]).map(|c| c.cores), Ok(CoreRequest::Count(2)));
+        let faults =
+            config(&[(ENV_FAULT_INJECT, "nc_ue:core=1:after=10,ecc_corrected:rate=0.5")]).expect("valid").faults;
+        assert_eq!(
+            faults.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["nc_ue:core=1:after=10", "ecc_corrected:rate=0.5"]
+        );
+        assert!(config(&[]).expect("valid").faults.is_empty(), "no faults by default");
     }
 
     #[test]
@@ -412,6 +437,8 @@ mod tests {
             (ENV_INSPECT_EVENT_FILTER_NC, "5"),
             (ENV_INSPECT_EVENT_FILTER_TYPE, "nrt_execute,bogus_event"),
             (ENV_TRACE_DISCARD, "sometimes"),
+            (ENV_FAULT_INJECT, "hbm_ue:core=7"),
+            (ENV_FAULT_INJECT, "meteor_strike"),
         ] {
             let err = config(&[(name, value)]).expect_err("must be rejected");
             assert!(err.message.contains(name), "{err}");

@@ -11,6 +11,7 @@ pub mod config;
 pub mod datastore;
 pub mod dtype;
 pub mod error;
+pub mod fault;
 pub mod hlo;
 pub mod isa;
 pub mod memory;

@@ -18,9 +18,10 @@ use crate::backend::{Destination, Executable, Input, Output, RunError, Value, Va
 use crate::config::{Config, MAX_EXEC_TIMEOUT, NumericalErrorsVerbosity};
 use crate::datastore::DatastoreError;
 use crate::datastore::layout::{core as counter, model as model_field};
-use crate::datastore::writer::{CreateParams, DatastoreWriter, ModelEntry};
-use crate::dtype::ArrayType;
+use crate::datastore::writer::{CreateParams, DatastoreWriter, EccCounter, ModelEntry};
+use crate::dtype::{ArrayType, DType};
 use crate::error::{NrtError, NrtResult, NrtStatus};
+use crate::fault::{Degraded, FaultKind, Faults, Strike};
 use crate::isa::{BufferKind, DmaQueueKind, IoTensor, Program};
 use crate::memory::{
     Charge, DeviceCategory, DeviceUsage, HostCategory, HostUsage, MemoryCharge, MemoryLedger, MemoryMirror,
@@ -33,9 +34,9 @@ use crate::topology::{CoreSet, Topology};
 use crate::trace::clock::{self, DeviceClock, ticks};
 use crate::trace::event::{DEVICE_KIND_DMA, DeviceRecord, FLAG_DEVICE_CLOCK, FLAG_STATUS};
 use crate::trace::{
-    DEFAULT_INSTRUCTION_TABLE_BYTES, DEFAULT_MODEL_SLOTS, DEFAULT_STRING_TABLE_BYTES, DmaQueueType, EventIds,
-    EventType, ExecOutcome, INSTRUCTION_BYTES, InstructionTrace, Phase, RingPos, SysTraceConfig, SysTraceFetch,
-    TraceProbe, Tracer,
+    DEFAULT_INSTRUCTION_TABLE_BYTES, DEFAULT_MODEL_SLOTS, DEFAULT_STRING_TABLE_BYTES, DmaQueueType, ErrorClass,
+    EventIds, EventType, ExecOutcome, INSTRUCTION_BYTES, InstructionTrace, Phase, RingPos, SysTraceConfig,
+    SysTraceFetch, TraceProbe, Tracer,
 };
 
 /// How often the runtime marks its datastore alive.
@@ -89,6 +90,8 @@ struct Running {
     /// One lock per reserved core: a core executes one thing at a time.
     core_locks: Arc<HashMap<u32, Mutex<()>>>,
     tracer: Arc<Tracer>,
+    /// Injected faults, and the cores they have degraded.
+    faults: Arc<Faults>,
     /// Dropping it stops the heartbeat thread.
     _heartbeat: crossbeam_channel::Sender<()>,
 }
@@ -195,6 +198,7 @@ impl Runtime {
             pool: Arc::new(pool),
             core_locks: Arc::new(core_locks),
             tracer,
+            faults: Arc::new(Faults::new(shared.config.faults.clone())),
             _heartbeat: heartbeat,
         });
         shared.lifecycle.0.store(RUNNING, Ordering::Release);
@@ -533,11 +537,16 @@ impl Runtime {
         if !lock(&self.shared.models).contains_key(&model.inner.id) {
             return Err(stale_model(model));
         }
-        let (pool, core_locks, tracer) = {
+        let (pool, core_locks, tracer, faults) = {
             let running = lock(&self.shared.running);
             let running =
                 running.as_ref().ok_or_else(|| NrtError::new(NrtStatus::Closed, "the runtime has been closed"))?;
-            (Arc::clone(&running.pool), Arc::clone(&running.core_locks), Arc::clone(&running.tracer))
+            (
+                Arc::clone(&running.pool),
+                Arc::clone(&running.core_locks),
+                Arc::clone(&running.tracer),
+                Arc::clone(&running.faults),
+            )
         };
         let m = &*model.inner;
         let ids = EventIds { exec_id: tracer.next_exec_id(), model_id: m.id };
@@ -561,6 +570,8 @@ impl Runtime {
             timeout: self.shared.config.exec_timeout,
             check_outputs: self.shared.config.numerical_errors != NumericalErrorsVerbosity::None,
             pool: &pool,
+            faults: &faults,
+            device: self.shared.topology.device_of(m.core),
         };
         let outcome = pool.run(|| {
             let kmgr_tracking = job.tracer.start(job.model.ring, EventType::KmgrExecCore, job.ids, 0);
@@ -809,6 +820,9 @@ struct CoreJob<'a> {
     check_outputs: bool,
     /// The host compute slots, whose idle ones large matrix products may borrow.
     pool: &'a HostPool,
+    faults: &'a Faults,
+    /// The Neuron Device of the model's core.
+    device: u32,
 }
 
 /// What the core did: the NaN/Inf count or the error, the program's device time
@@ -846,10 +860,20 @@ impl CoreJob<'_> {
     /// holds the core's lock.
     fn run(&self) -> CoreRun {
         let started = ticks();
-        let mut run = self.run_phases();
+        let strikes = match self.faults.degraded(self.model.core) {
+            Some(degraded) => Err(self.unit_unrecoverable(&degraded)),
+            None => Ok(self.faults.strike(self.model.core)),
+        };
+        let mut run = match &strikes {
+            Ok(strikes) => self.run_phases(strikes),
+            Err(error) => CoreRun { result: Err(error.clone()), device_ticks: None, instructions: 0 },
+        };
         let tracer = self.tracer;
         let m = self.model;
         tracer.add(m.slot, counter::BUSY_NS, tracer.ticks_to_ns(ticks().saturating_sub(started)));
+        for strike in strikes.iter().flatten() {
+            self.struck(strike, &run.result);
+        }
         if let Err(error) = &run.result {
             tracer.emit(
                 m.ring,
@@ -876,7 +900,106 @@ impl CoreJob<'_> {
         run
     }
 
-    fn run_phases(&self) -> CoreRun {
+    /// Records what an injected fault did once the execution is over: the log line, the
+    /// ECC counters and, for corrected errors, the `hw_notify` event and the transient
+    /// error count (failures get theirs as every failure does); an uncorrectable error
+    /// degrades the core.
+    fn struck(&self, strike: &Strike, result: &NrtResult<u64>) {
+        let (tracer, m) = (self.tracer, self.model);
+        let kind = strike.kind;
+        let ecc = match kind {
+            FaultKind::EccCorrected => Some(EccCounter::MemCorrected),
+            FaultKind::SramEccCorrected => Some(EccCounter::SramCorrected),
+            FaultKind::HbmUe => Some(EccCounter::MemUncorrected),
+            FaultKind::NcUe => Some(EccCounter::SramUncorrected),
+            _ => None,
+        };
+        if let Some(ecc) = ecc {
+            tracer.store.add_ecc(self.device, ecc);
+        }
+        let place = format!("nc{} (Neuron Device {})", m.core, self.device);
+        let what = format!(
+            "in execution id {} of `{}`; injected by NEURON_RT_FAULT_INJECT rule `{}`",
+            self.ids.exec_id, m.name, strike.rule
+        );
+        match (kind, result) {
+            (FaultKind::EccCorrected | FaultKind::SramEccCorrected, _) => {
+                let message = format!("{place}: {} [corrected, the execution continues] {what}", kind.description());
+                tracing::warn!("{message}");
+                tracer.add(m.slot, counter::ERRORS + ErrorClass::Transient as u64, 1);
+                let args = [0, kind as u64, 0, 0];
+                tracer.emit(
+                    m.ring,
+                    EventType::HwNotify,
+                    Phase::Instant,
+                    0,
+                    self.ids,
+                    tracer.store.intern(&message),
+                    args,
+                    0,
+                );
+            }
+            (FaultKind::Nan, _) => {
+                tracing::warn!("{place}: {} [counted as a numerical error] {what}", kind.description())
+            }
+            (_, Err(error)) => {
+                let degraded = if kind.degrades() {
+                    self.faults.degrade(m.core, kind, self.ids.exec_id);
+                    format!(
+                        "; nc{}'s execution unit is now degraded: later executions on it fail with {}",
+                        m.core,
+                        NrtStatus::ExecUnitUnrecoverable
+                    )
+                } else {
+                    String::new()
+                };
+                tracing::error!("{place}: {} [{}] {what}{degraded}", kind.description(), error.status);
+            }
+            (_, Ok(_)) => {}
+        }
+    }
+
+    /// The error of an execution on a degraded core.
+    fn unit_unrecoverable(&self, degraded: &Degraded) -> NrtError {
+        let m = self.model;
+        NrtError::new(
+            NrtStatus::ExecUnitUnrecoverable,
+            format!(
+                "nc{}'s execution unit is degraded: execution id {} hit an {} ({}), so nothing more runs on this core until the runtime restarts; other cores are unaffected",
+                m.core,
+                degraded.exec_id,
+                degraded.kind.description(),
+                degraded.kind.failure().unwrap_or(NrtStatus::HwError),
+            ),
+        )
+    }
+
+    /// The failure an injected fault turns a finished execution into.
+    fn injected_failure(&self, strike: &Strike, status: NrtStatus) -> NrtError {
+        let m = self.model;
+        let degraded = if strike.kind.degrades() {
+            format!(
+                "; nc{} is now degraded and fails later executions with {}",
+                m.core,
+                NrtStatus::ExecUnitUnrecoverable
+            )
+        } else {
+            String::new()
+        };
+        NrtError::new(
+            status,
+            format!(
+                "{} on Neuron Device {} nc{} while executing `{}` (injected by NEURON_RT_FAULT_INJECT rule `{}`){degraded}",
+                strike.kind.description(),
+                self.device,
+                m.core,
+                m.name,
+                strike.rule
+            ),
+        )
+    }
+
+    fn run_phases(&self, strikes: &[Strike]) -> CoreRun {
         let (tracer, m, ids) = (self.tracer, self.model, self.ids);
         let (ring, slot) = (m.ring, m.slot);
         let program = m.executable.program();
@@ -955,7 +1078,13 @@ impl CoreJob<'_> {
         // Instruction k runs from boundaries[k] to boundaries[k + 1]; their device
         // events are recorded once the program stops, as run records.
         let mut boundaries = Vec::with_capacity(if device { m.instructions.len() + 1 } else { 0 });
-        let results =
+        let hang = strikes.iter().any(|s| s.kind == FaultKind::Timeout);
+        let results = if hang {
+            // The core stops making progress: nothing runs, and the deadline passes.
+            drop((values, destinations));
+            std::thread::sleep(self.timeout.min(MAX_EXEC_TIMEOUT));
+            Err(RunError::DeadlineExceeded { step: 0, steps: m.instructions.len() })
+        } else {
             m.executable.run(values, destinations, run_start.saturating_add(timeout_ticks), self.pool, |_, a, b| {
                 executed += 1;
                 if device {
@@ -964,7 +1093,8 @@ impl CoreJob<'_> {
                     }
                     boundaries.push(b);
                 }
-            });
+            })
+        };
         let run_end = ticks();
         if device {
             tracer.emit_instructions(slot, ids, &m.instructions, m.instructions_in_table, &boundaries);
@@ -973,10 +1103,15 @@ impl CoreJob<'_> {
             RunError::DeadlineExceeded { step, steps } => NrtError::new(
                 NrtStatus::Timeout,
                 format!(
-                    "execution of `{}` on nc{} did not finish within NEURON_RT_EXEC_TIMEOUT ({:.3} s): stopped before instruction {step} of {steps}; raise the timeout if the model is expected to take this long",
+                    "execution of `{}` on nc{} did not finish within NEURON_RT_EXEC_TIMEOUT ({:.3} s): stopped before instruction {step} of {steps}; {}",
                     m.name,
                     m.core,
-                    self.timeout.as_secs_f64()
+                    self.timeout.as_secs_f64(),
+                    if hang {
+                        "the core stopped making progress (injected by NEURON_RT_FAULT_INJECT rule `timeout`)"
+                    } else {
+                        "raise the timeout if the model is expected to take this long"
+                    }
                 ),
             ),
             RunError::OutOfBounds { step, detail } => {
@@ -995,6 +1130,13 @@ impl CoreJob<'_> {
                 )
             }
         });
+        // A fault that fails the execution is seen when it completes, as the runtime
+        // reads the core's status.
+        let failing = strikes.iter().find_map(|s| Some((s, s.kind.failure()?)));
+        let results = match (results, failing) {
+            (Ok(_), Some((strike, status))) => Err(self.injected_failure(strike, status)),
+            (results, _) => results,
+        };
         if running {
             let (args, flags) = match &results {
                 Err(e) => ([0, 0, 0, e.status.code() as u64], FLAG_DEVICE_CLOCK | FLAG_STATUS),
@@ -1036,8 +1178,47 @@ impl CoreJob<'_> {
             }
             self.copied(EventType::DmemBufCopyout, DmaQueueType::Output, k, &output_tensors[k], start, device);
         }
+        if strikes.iter().any(|s| s.kind == FaultKind::Nan)
+            && self.poison_first_float_output(&output_tensors)
+            && self.check_outputs
+        {
+            non_finite += 1;
+        }
         tracer.stop(ring, EventType::KblExecPost, post, ids, 0, None);
         CoreRun { result: Ok(non_finite), device_ticks, instructions: executed }
+    }
+
+    /// Writes a NaN over the first element of the first floating-point output; `true`
+    /// when that element was finite before (so that one more non-finite value exists).
+    fn poison_first_float_output(&self, outputs: &[Tensor]) -> bool {
+        let program = self.model.executable.program();
+        let Some((k, dtype)) = program
+            .outputs
+            .iter()
+            .map(|io| program.buffers[io.buffer as usize].ty.clone())
+            .enumerate()
+            .find(|(_, ty)| ty.dtype.is_float() && ty.element_count().is_some_and(|n| n > 0))
+            .map(|(k, ty)| (k, ty.dtype))
+        else {
+            return false;
+        };
+        let mut was_finite = false;
+        outputs[k].with_bytes_mut(|bytes| match dtype {
+            DType::F32 => {
+                was_finite = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]).is_finite();
+                bytes[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+            }
+            DType::F16 => {
+                was_finite = half::f16::from_le_bytes([bytes[0], bytes[1]]).is_finite();
+                bytes[..2].copy_from_slice(&half::f16::NAN.to_le_bytes());
+            }
+            DType::BF16 => {
+                was_finite = half::bf16::from_le_bytes([bytes[0], bytes[1]]).is_finite();
+                bytes[..2].copy_from_slice(&half::bf16::NAN.to_le_bytes());
+            }
+            _ => {}
+        });
+        was_finite
     }
 
     /// Records a tensor's copy-in or copy-out, which started at `start` and ends now:

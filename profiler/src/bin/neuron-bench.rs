@@ -16,7 +16,8 @@ use neuron_runtime::isa::Program;
 use neuron_runtime::neff::DecodeOptions;
 use neuron_runtime::topology::NeuronCoreVersion;
 use neuron_runtime::{
-    ArrayType, DType, DTypeClass, Model, Neff, NrtError, Runtime, Target, TensorPlacement, TensorSet, compile_hlo,
+    ArrayType, DType, DTypeClass, Model, Neff, NrtError, NrtStatus, Runtime, Target, TensorPlacement, TensorSet,
+    compile_hlo,
 };
 
 // mimalloc keeps freed buffers for reuse; glibc's allocator returns large ones to the
@@ -42,6 +43,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run one model repeatedly, one copy per core, and report latency percentiles.
+    ///
+    /// A failed execution is reported on stderr (and in --json) and the run goes on; the
+    /// exit status is 1 if any execution failed.
     Exec(ExecArgs),
     /// Run the bundled example models (an MLP and an attention block) on every core until Ctrl-C.
     Demo(DemoArgs),
@@ -210,14 +214,52 @@ fn parse_inputs(specs: &[String], program: &Program) -> Result<Vec<Option<Vec<u8
     Ok(by_index)
 }
 
+/// The failed executions one core keeps individually; later ones are only counted.
+const MAX_LISTED_FAILURES: usize = 10_000;
+/// The failures per core printed as they happen; later ones are only counted.
+const MAX_PRINTED_FAILURES: usize = 100;
+
 /// What the worker of one core measured.
 #[derive(Default)]
 struct CoreResult {
+    /// Executions attempted, failed ones included.
     executions: u64,
     numerical_errors: u64,
+    /// Latencies of the executions that succeeded.
     total: LatencyHistogram,
     device: LatencyHistogram,
-    error: Option<(u64, NrtError)>,
+    /// (1-based execution number, status code) of the first `MAX_LISTED_FAILURES` failures.
+    failures: Vec<(u64, u32)>,
+    /// Every failure by status: (status, count, first message).
+    by_status: Vec<(NrtStatus, u64, String)>,
+}
+
+impl CoreResult {
+    fn failed(&mut self, core: u32, error: NrtError) {
+        let execution = self.executions;
+        let failed: u64 = self.by_status.iter().map(|(_, n, _)| n).sum();
+        if (failed as usize) < MAX_PRINTED_FAILURES {
+            let known = self.by_status.iter().any(|(s, ..)| *s == error.status);
+            match known {
+                true => eprintln!("  nc{core} execution {execution} failed: {}", error.status),
+                false => eprintln!("  nc{core} execution {execution} failed: {error}"),
+            }
+            if failed as usize + 1 == MAX_PRINTED_FAILURES {
+                eprintln!("  (further failures on nc{core} are counted, not printed)");
+            }
+        }
+        if self.failures.len() < MAX_LISTED_FAILURES {
+            self.failures.push((execution, error.code()));
+        }
+        match self.by_status.iter_mut().find(|(s, ..)| *s == error.status) {
+            Some((_, n, _)) => *n += 1,
+            None => self.by_status.push((error.status, 1, error.message)),
+        }
+    }
+
+    fn failed_count(&self) -> u64 {
+        self.by_status.iter().map(|(_, n, _)| n).sum()
+    }
 }
 
 fn exec(args: ExecArgs) -> Result<()> {
@@ -256,19 +298,17 @@ fn exec(args: ExecArgs) -> Result<()> {
                         && !stop.load(Ordering::Relaxed)
                         && deadline.is_none_or(|d| Instant::now() < d)
                     {
+                        result.executions += 1;
                         match runtime.execute(&replica.model, &replica.inputs, &replica.outputs) {
                             Ok(report) => {
-                                result.executions += 1;
                                 result.numerical_errors += report.numerical_errors;
                                 result.total.record(report.total_latency);
                                 result.device.record(report.device_latency);
-                                done.fetch_add(1, Ordering::Relaxed);
                             }
-                            Err(e) => {
-                                result.error = Some((result.executions, e));
-                                stop.store(true, Ordering::Relaxed);
-                            }
+                            // Failures are reported and counted; the run goes on.
+                            Err(e) => result.failed(replica.model.core(), e),
                         }
+                        done.fetch_add(1, Ordering::Relaxed);
                     }
                     result
                 })
@@ -290,11 +330,7 @@ fn exec(args: ExecArgs) -> Result<()> {
     });
     let wall = started.elapsed();
 
-    for (replica, result) in replicas.iter().zip(&results) {
-        if let Some((after, e)) = &result.error {
-            bail!("execution {} of `{}` on nc{} failed: {e}", after + 1, replica.model.name(), replica.model.core());
-        }
-    }
+    let failed: u64 = results.iter().map(CoreResult::failed_count).sum();
     let mut total = LatencyHistogram::default();
     let mut device = LatencyHistogram::default();
     for r in &results {
@@ -303,7 +339,8 @@ fn exec(args: ExecArgs) -> Result<()> {
     }
     let executions: u64 = results.iter().map(|r| r.executions).sum();
     let numerical_errors: u64 = results.iter().map(|r| r.numerical_errors).sum();
-    let throughput = executions as f64 / wall.as_secs_f64();
+    // Throughput counts the executions that completed.
+    let throughput = (executions - failed) as f64 / wall.as_secs_f64();
     let flops = replicas[0].model.flops_per_execution();
 
     if let Some(dir) = &args.save_outputs {
@@ -330,6 +367,21 @@ fn exec(args: ExecArgs) -> Result<()> {
             "flops_per_execution": flops,
             "flops_per_second": flops as f64 * throughput,
             "numerical_errors": numerical_errors,
+            "failed_executions": failed,
+            "failures": replicas.iter().zip(&results).flat_map(|(replica, r)| {
+                let core = replica.model.core();
+                r.failures.iter().map(move |&(execution, code)| serde_json::json!({
+                    "core": core, "execution": execution, "code": code,
+                }))
+            }).collect::<Vec<_>>(),
+            "failures_listed_all": results.iter().all(|r| r.failures.len() as u64 == r.failed_count()),
+            "failures_by_status": replicas.iter().zip(&results).flat_map(|(replica, r)| {
+                let core = replica.model.core();
+                r.by_status.iter().map(move |(status, count, message)| serde_json::json!({
+                    "core": core, "status": status.name(), "code": status.code(), "count": count,
+                    "first_message": message,
+                }))
+            }).collect::<Vec<_>>(),
         });
         println!("{report}");
     } else {
@@ -355,6 +407,14 @@ fn exec(args: ExecArgs) -> Result<()> {
         if numerical_errors > 0 {
             println!("NaN/Inf      {} values in outputs", thousands(numerical_errors));
         }
+        for (replica, r) in replicas.iter().zip(&results) {
+            for (status, count, _) in &r.by_status {
+                println!("failed       {} on nc{} with {status}", thousands(*count), replica.model.core());
+            }
+        }
+    }
+    if failed > 0 {
+        bail!("{} of {} executions failed (listed above)", thousands(failed), thousands(executions));
     }
     Ok(())
 }

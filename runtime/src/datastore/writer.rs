@@ -64,6 +64,15 @@ pub(crate) struct ModelEntry {
     pub(crate) host_memory: u64,
 }
 
+/// The ECC counters of a device, in their order in the process block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EccCounter {
+    MemCorrected = 0,
+    MemUncorrected = 1,
+    SramCorrected = 2,
+    SramUncorrected = 3,
+}
+
 /// An open, writable datastore.
 #[derive(Debug)]
 pub(crate) struct DatastoreWriter {
@@ -275,6 +284,14 @@ impl DatastoreWriter {
             } else {
                 counter.fetch_sub(bytes, Ordering::Relaxed);
             }
+        }
+    }
+
+    /// Counts one ECC event on `device` (of the instance).
+    pub(crate) fn add_ecc(&self, device: u32, counter: EccCounter) {
+        if device < layout::MAX_DEVICES {
+            let word = layout::process::ECC + 4 * u64::from(device) + counter as u64;
+            self.region.u64(self.layout.process_word(word)).fetch_add(1, Ordering::Relaxed);
         }
     }
 

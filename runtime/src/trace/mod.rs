@@ -93,7 +93,8 @@ impl ExecOutcome {
                 | NrtStatus::ExecHwErrHbmUe
                 | NrtStatus::ExecHwErrNcUe
                 | NrtStatus::ExecHwErrDmaAbort
-                | NrtStatus::ExecHwErrRepairableHbmUe,
+                | NrtStatus::ExecHwErrRepairableHbmUe
+                | NrtStatus::ExecUnitUnrecoverable,
             ) => (ExecOutcome::CompletedWithErr, Some(ErrorClass::Hardware)),
             Some(NrtStatus::ExecOob | NrtStatus::ExecCompletedWithErr) => {
                 (ExecOutcome::CompletedWithErr, Some(ErrorClass::Model))

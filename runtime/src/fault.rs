@@ -1,0 +1,380 @@
+//! The fault model: the faults `NEURON_RT_FAULT_INJECT` asks for, when each strikes, and
+//! which cores an uncorrectable hardware error has left degraded.
+//!
+//! A rule is `KIND[:core=N][:every=K|:after=K|:rate=P]`; a list separates rules with
+//! commas. Each rule counts the executions that start on each core it applies to (all
+//! cores, or `core=N`) and strikes on executions `K, 2K, …` (`every=K`, the default
+//! being every execution), on every execution after the first `K` (`after=K`), or on
+//! each with probability `P` (`rate=P`, from a generator seeded per rule and core, so
+//! that a run repeats exactly). What a fault does is the runtime's business
+//! (`runtime.rs`); this module only decides when.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::error::NrtStatus;
+
+/// What can go wrong on a virtual core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum FaultKind {
+    /// A gather or scatter index outside its table.
+    Oob,
+    /// An uncorrectable error in device memory (HBM); degrades the core.
+    HbmUe,
+    /// A parity error in the core's on-chip memory (SRAM); degrades the core.
+    NcUe,
+    /// A DMA engine stops with an unrecoverable error; degrades the core.
+    DmaAbort,
+    /// The runtime's notification queue overflowed: the execution's completion status is lost.
+    NqOverflow,
+    /// The core stops making progress; the execution fails once `NEURON_RT_EXEC_TIMEOUT` passes.
+    Timeout,
+    /// A NaN appears in the first floating-point output.
+    Nan,
+    /// A corrected device-memory ECC error: counted, the execution goes on.
+    EccCorrected,
+    /// A corrected on-chip-memory ECC error: counted, the execution goes on.
+    SramEccCorrected,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 9] = [
+        FaultKind::Oob,
+        FaultKind::HbmUe,
+        FaultKind::NcUe,
+        FaultKind::DmaAbort,
+        FaultKind::NqOverflow,
+        FaultKind::Timeout,
+        FaultKind::Nan,
+        FaultKind::EccCorrected,
+        FaultKind::SramEccCorrected,
+    ];
+
+    /// The spelling in `NEURON_RT_FAULT_INJECT`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::Oob => "oob",
+            FaultKind::HbmUe => "hbm_ue",
+            FaultKind::NcUe => "nc_ue",
+            FaultKind::DmaAbort => "dma_abort",
+            FaultKind::NqOverflow => "nq_overflow",
+            FaultKind::Timeout => "timeout",
+            FaultKind::Nan => "nan",
+            FaultKind::EccCorrected => "ecc_corrected",
+            FaultKind::SramEccCorrected => "sram_ecc_corrected",
+        }
+    }
+
+    /// The status an execution it strikes fails with, for the faults that fail it at
+    /// completion (a timeout fails it too, but by waiting; a NaN only when
+    /// `NEURON_RT_NUMERICAL_ERRORS_VERBOSITY=critical`).
+    pub fn failure(self) -> Option<NrtStatus> {
+        match self {
+            FaultKind::Oob => Some(NrtStatus::ExecOob),
+            FaultKind::HbmUe => Some(NrtStatus::ExecHwErrHbmUe),
+            FaultKind::NcUe => Some(NrtStatus::ExecHwErrNcUe),
+            FaultKind::DmaAbort => Some(NrtStatus::ExecHwErrDmaAbort),
+            FaultKind::NqOverflow => Some(NrtStatus::ExecSwNqOverflow),
+            FaultKind::Timeout | FaultKind::Nan | FaultKind::EccCorrected | FaultKind::SramEccCorrected => None,
+        }
+    }
+
+    /// Whether the fault leaves the core's execution unit unusable.
+    pub fn degrades(self) -> bool {
+        matches!(self, FaultKind::HbmUe | FaultKind::NcUe | FaultKind::DmaAbort)
+    }
+
+    /// What happened, for messages.
+    pub fn description(self) -> &'static str {
+        match self {
+            FaultKind::Oob => "failed to run scatter/gather (indirect memory copy), due to out-of-bound access",
+            FaultKind::HbmUe => "uncorrectable memory error (HBM)",
+            FaultKind::NcUe => "uncorrectable parity error in the NeuronCore's on-chip memory",
+            FaultKind::DmaAbort => "DMA engine aborted with an unrecoverable error",
+            FaultKind::NqOverflow => "software notification queue overflowed; the completion status was lost",
+            FaultKind::Timeout => "the NeuronCore stopped making progress",
+            FaultKind::Nan => "NaN written to an output",
+            FaultKind::EccCorrected => "corrected ECC error in device memory (HBM)",
+            FaultKind::SramEccCorrected => "corrected ECC error in on-chip memory (SRAM)",
+        }
+    }
+}
+
+impl FromStr for FaultKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        FaultKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
+            let kinds: Vec<&str> = FaultKind::ALL.iter().map(|k| k.name()).collect();
+            format!("unknown fault `{s}`; the kinds are {}", kinds.join(", "))
+        })
+    }
+}
+
+/// When a rule strikes, counting the executions that start on a core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trigger {
+    /// On executions `K, 2K, 3K, …` (`every=1`: each one).
+    Every(u64),
+    /// On every execution after the first `K`.
+    After(u64),
+    /// On each execution with probability `millionths / 1e6`.
+    Rate { millionths: u32 },
+}
+
+/// One `NEURON_RT_FAULT_INJECT` rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FaultRule {
+    pub kind: FaultKind,
+    /// The global core it applies to; every core when `None`.
+    pub core: Option<u32>,
+    pub trigger: Trigger,
+}
+
+impl fmt::Display for FaultRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.kind.name())?;
+        if let Some(core) = self.core {
+            write!(f, ":core={core}")?;
+        }
+        match self.trigger {
+            Trigger::Every(1) => Ok(()),
+            Trigger::Every(k) => write!(f, ":every={k}"),
+            Trigger::After(k) => write!(f, ":after={k}"),
+            Trigger::Rate { millionths } => write!(f, ":rate={}", f64::from(millionths) / 1e6),
+        }
+    }
+}
+
+/// Parses a `NEURON_RT_FAULT_INJECT` value for an instance of `core_count` cores.
+pub fn parse_rules(text: &str, core_count: u32) -> Result<Vec<FaultRule>, String> {
+    let mut rules = Vec::new();
+    for rule in text.split(',').map(str::trim) {
+        if rule.is_empty() {
+            return Err("an empty rule; separate rules with single commas".into());
+        }
+        let mut parts = rule.split(':').map(str::trim);
+        let kind: FaultKind = parts.next().unwrap_or_default().parse()?;
+        let mut core = None;
+        let mut trigger = None;
+        for option in parts {
+            let (key, value) =
+                option.split_once('=').ok_or_else(|| format!("`{option}` in `{rule}` is not KEY=VALUE"))?;
+            let count = || match value.parse::<u64>() {
+                Ok(k) if k > 0 => Ok(k),
+                _ => Err(format!("`{key}={value}` in `{rule}`: expected a whole number of executions from 1")),
+            };
+            let new_trigger = match key {
+                "core" => {
+                    let n = value.parse::<u32>().ok().filter(|&n| n < core_count).ok_or_else(|| {
+                        format!("`core={value}` in `{rule}`: the instance has cores 0 to {}", core_count - 1)
+                    })?;
+                    if core.replace(n).is_some() {
+                        return Err(format!("`{rule}` names a core twice"));
+                    }
+                    continue;
+                }
+                "every" => Trigger::Every(count()?),
+                "after" => Trigger::After(
+                    value
+                        .parse::<u64>()
+                        .map_err(|_| format!("`after={value}` in `{rule}`: expected a whole number of executions"))?,
+                ),
+                "rate" => match value.parse::<f64>() {
+                    Ok(p) if p > 0.0 && p <= 1.0 && (p * 1e6).round() >= 1.0 => {
+                        Trigger::Rate { millionths: (p * 1e6).round() as u32 }
+                    }
+                    _ => {
+                        return Err(format!(
+                            "`rate={value}` in `{rule}`: expected a probability from 0.000001 to 1, e.g. 0.01"
+                        ));
+                    }
+                },
+                _ => {
+                    return Err(format!(
+                        "unknown option `{key}` in `{rule}`; use core=N and one of every=K, after=K, rate=P"
+                    ));
+                }
+            };
+            if trigger.replace(new_trigger).is_some() {
+                return Err(format!("`{rule}` has more than one of every=K, after=K, rate=P"));
+            }
+        }
+        rules.push(FaultRule { kind, core, trigger: trigger.unwrap_or(Trigger::Every(1)) });
+    }
+    Ok(rules)
+}
+
+/// The fault state of a running runtime: the rules, each core's execution count and
+/// generators, and the cores left degraded.
+#[derive(Debug)]
+pub(crate) struct Faults {
+    rules: Vec<FaultRule>,
+    cores: Mutex<HashMap<u32, CoreFaults>>,
+    /// Set once any core is degraded, so that healthy runs check one flag.
+    any_degraded: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct CoreFaults {
+    executions: u64,
+    /// One generator state per rule, seeded on first use.
+    generators: Vec<u64>,
+    degraded: Option<Degraded>,
+}
+
+/// What degraded a core.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Degraded {
+    pub(crate) kind: FaultKind,
+    pub(crate) exec_id: u64,
+}
+
+/// A fault that strikes an execution, and the rule that asked for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Strike {
+    pub(crate) kind: FaultKind,
+    pub(crate) rule: FaultRule,
+}
+
+impl Faults {
+    pub(crate) fn new(rules: Vec<FaultRule>) -> Faults {
+        Faults { rules, cores: Mutex::new(HashMap::new()), any_degraded: AtomicBool::new(false) }
+    }
+
+    /// Counts an execution starting on `core` and returns the faults that strike it,
+    /// in rule order, each kind once.
+    pub(crate) fn strike(&self, core: u32) -> Vec<Strike> {
+        if self.rules.is_empty() {
+            return Vec::new();
+        }
+        let mut cores = self.cores.lock().unwrap_or_else(|e| e.into_inner());
+        let state = cores.entry(core).or_default();
+        state.executions += 1;
+        let n = state.executions;
+        if state.generators.is_empty() {
+            state.generators =
+                (0..self.rules.len() as u64).map(|r| 0x9e37_79b9_7f4a_7c15 ^ (r << 32) ^ u64::from(core)).collect();
+        }
+        let mut strikes: Vec<Strike> = Vec::new();
+        for (rule, generator) in self.rules.iter().zip(&mut state.generators) {
+            if rule.core.is_some_and(|c| c != core) {
+                continue;
+            }
+            let hit = match rule.trigger {
+                Trigger::Every(k) => n.is_multiple_of(k),
+                Trigger::After(k) => n > k,
+                Trigger::Rate { millionths } => splitmix64(generator) % 1_000_000 < u64::from(millionths),
+            };
+            if hit && !strikes.iter().any(|s| s.kind == rule.kind) {
+                strikes.push(Strike { kind: rule.kind, rule: *rule });
+            }
+        }
+        strikes
+    }
+
+    /// Marks `core` degraded by `kind` (the first degradation is kept).
+    pub(crate) fn degrade(&self, core: u32, kind: FaultKind, exec_id: u64) {
+        let mut cores = self.cores.lock().unwrap_or_else(|e| e.into_inner());
+        cores.entry(core).or_default().degraded.get_or_insert(Degraded { kind, exec_id });
+        self.any_degraded.store(true, Ordering::Release);
+    }
+
+    /// What degraded `core`, if anything has.
+    pub(crate) fn degraded(&self, core: u32) -> Option<Degraded> {
+        if !self.any_degraded.load(Ordering::Acquire) {
+            return None;
+        }
+        let cores = self.cores.lock().unwrap_or_else(|e| e.into_inner());
+        cores.get(&core).and_then(|c| c.degraded.clone())
+    }
+}
+
+/// The next value of a SplitMix64 generator.
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_parse_with_their_options_and_defaults() {
+        let rules = parse_rules("hbm_ue:core=1:after=3, nan:every=2,oob,ecc_corrected:rate=0.25", 2).expect("parses");
+        assert_eq!(
+            rules,
+            [
+                FaultRule { kind: FaultKind::HbmUe, core: Some(1), trigger: Trigger::After(3) },
+                FaultRule { kind: FaultKind::Nan, core: None, trigger: Trigger::Every(2) },
+                FaultRule { kind: FaultKind::Oob, core: None, trigger: Trigger::Every(1) },
+                FaultRule { kind: FaultKind::EccCorrected, core: None, trigger: Trigger::Rate { millionths: 250_000 } },
+            ]
+        );
+        assert_eq!(rules[0].to_string(), "hbm_ue:core=1:after=3");
+        assert_eq!(rules[3].to_string(), "ecc_corrected:rate=0.25");
+    }
+
+    #[test]
+    fn bad_rules_say_what_is_wrong() {
+        for (text, expected) in [
+            ("hbm", "unknown fault `hbm`; the kinds are oob, hbm_ue, nc_ue"),
+            ("oob:core=2", "`core=2` in `oob:core=2`: the instance has cores 0 to 1"),
+            ("oob:every=0", "expected a whole number of executions from 1"),
+            ("oob:every=2:after=1", "has more than one of every=K, after=K, rate=P"),
+            ("oob:rate=1.5", "expected a probability from 0.000001 to 1"),
+            ("oob:rate=0", "expected a probability"),
+            ("oob:when=3", "unknown option `when`"),
+            ("oob:3", "`3` in `oob:3` is not KEY=VALUE"),
+            ("oob,,nan", "an empty rule"),
+            ("oob:core=0:core=1", "names a core twice"),
+        ] {
+            let error = parse_rules(text, 2).expect_err(text);
+            assert!(error.contains(expected), "{text}: {error}");
+        }
+    }
+
+    #[test]
+    fn triggers_count_executions_per_core() {
+        let rules = parse_rules("oob:every=3,nan:core=1:after=2,timeout:core=0", 2).expect("parses");
+        let faults = Faults::new(rules);
+        let kinds = |core| faults.strike(core).iter().map(|s| s.kind).collect::<Vec<_>>();
+        assert_eq!(kinds(0), [FaultKind::Timeout]);
+        assert_eq!(kinds(0), [FaultKind::Timeout]);
+        assert_eq!(kinds(0), [FaultKind::Oob, FaultKind::Timeout]);
+        // Core 1 counts its own executions.
+        assert_eq!(kinds(1), Vec::<FaultKind>::new());
+        assert_eq!(kinds(1), Vec::<FaultKind>::new());
+        assert_eq!(kinds(1), [FaultKind::Oob, FaultKind::Nan]);
+        assert_eq!(kinds(1), [FaultKind::Nan]);
+    }
+
+    #[test]
+    fn a_rate_strikes_about_that_often_and_the_same_way_each_run() {
+        let draw = || {
+            let faults = Faults::new(parse_rules("nan:rate=0.1", 1).expect("parses"));
+            (0..10_000).map(|_| !faults.strike(0).is_empty()).collect::<Vec<bool>>()
+        };
+        let hits = draw();
+        let count = hits.iter().filter(|&&h| h).count();
+        assert!((850..1150).contains(&count), "{count} of 10000 at rate 0.1");
+        assert_eq!(draw(), hits, "reproducible");
+    }
+
+    #[test]
+    fn the_first_degradation_of_a_core_is_kept() {
+        let faults = Faults::new(Vec::new());
+        assert_eq!(faults.degraded(0), None);
+        faults.degrade(0, FaultKind::NcUe, 7);
+        faults.degrade(0, FaultKind::HbmUe, 9);
+        assert_eq!(faults.degraded(0), Some(Degraded { kind: FaultKind::NcUe, exec_id: 7 }));
+        assert_eq!(faults.degraded(1), None);
+    }
+}
