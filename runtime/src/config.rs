@@ -37,6 +37,12 @@ pub const ENV_TRACE_DISCARD: &str = "NEURON_VIRT_TRACE_DISCARD";
 pub const ENV_DATASTORE_DIR: &str = "NEURON_VIRT_DATASTORE_DIR";
 /// Whether chains of element-wise instructions run fused (our extension; default on).
 pub const ENV_FUSION: &str = "NEURON_VIRT_FUSION";
+/// Requests each compute execution unit holds in flight (`nrta_*`).
+pub const ENV_XU_COMPUTE_MAX_QUEUED: &str = "NEURON_RT_XU_COMPUTE_MAX_QUEUED_REQUESTS";
+/// `NEURON_RT_XU_COMPUTE_MAX_QUEUED_REQUESTS` when unset.
+pub const DEFAULT_XU_QUEUE: usize = 8;
+/// The largest queue accepted.
+pub const MAX_XU_QUEUE: usize = 1 << 16;
 /// Faults to inject: `KIND[:core=N][:every=K|:after=K|:rate=P]`, comma-separated (see `fault`).
 pub const ENV_FAULT_INJECT: &str = "NEURON_RT_FAULT_INJECT";
 /// Longest `NEURON_PROCESS_TAG` accepted.
@@ -115,6 +121,8 @@ pub struct Config {
     pub fusion: bool,
     /// Faults to inject (`NEURON_RT_FAULT_INJECT`); none by default.
     pub faults: Vec<FaultRule>,
+    /// Requests in flight per execution unit (`NEURON_RT_XU_COMPUTE_MAX_QUEUED_REQUESTS`).
+    pub xu_queue: usize,
 }
 
 impl Default for Config {
@@ -133,6 +141,7 @@ impl Default for Config {
             datastore_dir: crate::datastore::default_dir(),
             fusion: true,
             faults: Vec::new(),
+            xu_queue: DEFAULT_XU_QUEUE,
         }
     }
 }
@@ -250,6 +259,20 @@ impl Config {
             None => Vec::new(),
         };
 
+        let xu_queue = match get(ENV_XU_COMPUTE_MAX_QUEUED) {
+            Some(v) => match v.trim().parse::<usize>() {
+                Ok(n) if (1..=MAX_XU_QUEUE).contains(&n) => n,
+                _ => {
+                    return Err(bad(
+                        ENV_XU_COMPUTE_MAX_QUEUED,
+                        &v,
+                        &format!("expected a whole number of requests from 1 to {MAX_XU_QUEUE}"),
+                    ));
+                }
+            },
+            None => DEFAULT_XU_QUEUE,
+        };
+
         let host_threads = match get(ENV_HOST_THREADS) {
             Some(v) => match v.trim().parse::<usize>() {
                 Ok(n) if n > 0 => n,
@@ -338,6 +361,7 @@ impl Config {
             host_threads,
             fusion,
             faults,
+            xu_queue,
         })
     }
 }
@@ -439,6 +463,7 @@ mod tests {
             (ENV_TRACE_DISCARD, "sometimes"),
             (ENV_FAULT_INJECT, "hbm_ue:core=7"),
             (ENV_FAULT_INJECT, "meteor_strike"),
+            (ENV_XU_COMPUTE_MAX_QUEUED, "0"),
         ] {
             let err = config(&[(name, value)]).expect_err("must be rejected");
             assert!(err.message.contains(name), "{err}");

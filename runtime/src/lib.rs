@@ -19,6 +19,8 @@ pub mod neff;
 pub mod topology;
 pub mod trace;
 
+pub mod nrta;
+
 mod backend;
 mod pool;
 mod reservation;
@@ -33,6 +35,7 @@ pub use config::Config;
 pub use dtype::{ArrayType, DType, DTypeClass};
 pub use error::{NrtError, NrtResult, NrtStatus};
 pub use neff::Neff;
+pub use nrta::{CompletionHandle, ErrorTracker, SeqId, TrackedError, Xu};
 pub use reservation::CoreReservation;
 pub use runtime::{ExecutionReport, Model, Runtime};
 pub use tensor::{Tensor, TensorPlacement, TensorSet};

@@ -27,6 +27,7 @@ use crate::memory::{
     Charge, DeviceCategory, DeviceUsage, HostCategory, HostUsage, MemoryCharge, MemoryLedger, MemoryMirror,
 };
 use crate::neff::{DecodeOptions, Neff};
+use crate::nrta::{self, CompletionHandle, ErrorTracker, SeqId, Unit, Xu};
 use crate::pool::HostPool;
 use crate::reservation::CoreReservation;
 use crate::tensor::{ExecutionLocks, Tensor, TensorPlacement, TensorSet, TensorTracing};
@@ -92,8 +93,23 @@ struct Running {
     tracer: Arc<Tracer>,
     /// Injected faults, and the cores they have degraded.
     faults: Arc<Faults>,
+    /// The execution units started so far, by unit id.
+    units: Mutex<HashMap<u16, Arc<Unit>>>,
     /// Dropping it stops the heartbeat thread.
     _heartbeat: crossbeam_channel::Sender<()>,
+}
+
+impl Running {
+    fn shut_down_units(&self) {
+        let units: Vec<Arc<Unit>> = lock(&self.units).drain().map(|(_, u)| u).collect();
+        units.iter().for_each(|u| u.shut_down());
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.shut_down_units();
+    }
 }
 
 /// A model loaded on a NeuronCore.
@@ -199,6 +215,7 @@ impl Runtime {
             core_locks: Arc::new(core_locks),
             tracer,
             faults: Arc::new(Faults::new(shared.config.faults.clone())),
+            units: Mutex::new(HashMap::new()),
             _heartbeat: heartbeat,
         });
         shared.lifecycle.0.store(RUNNING, Ordering::Release);
@@ -244,6 +261,8 @@ impl Runtime {
             lock(&model.charges).clear();
         }
         if let Some(r) = running.as_ref() {
+            // Queued requests fail with NRT_CLOSED; the workers finish them and stop.
+            r.shut_down_units();
             r.tracer.store.close();
         }
         *running = None;
@@ -339,7 +358,7 @@ impl Runtime {
         let ring = tracer.ring_of(Some(core));
         let id = self.shared.next_model_id.fetch_add(1, Ordering::Relaxed);
         let name_id = tracer.store.intern(&neff.name);
-        let ids = EventIds { exec_id: 0, model_id: id };
+        let ids = EventIds { model_id: id, ..EventIds::default() };
         let tracking_id = if tracer.enabled(ring, EventType::NrtLoad) {
             let tracking_id = tracer.tracking_id();
             tracer.emit_at(called, ring, EventType::NrtLoad, Phase::Start, tracking_id, ids, name_id, [0; 4], 0);
@@ -487,7 +506,7 @@ impl Runtime {
     pub fn unload(&self, model: &Model) -> NrtResult<()> {
         let tracer = self.tracer()?;
         let m = &model.inner;
-        let ids = EventIds { exec_id: 0, model_id: m.id };
+        let ids = EventIds { model_id: m.id, ..EventIds::default() };
         let tracking_id = tracer.start(m.ring, EventType::NrtUnload, ids, m.name_id);
         let removed = lock(&self.shared.models).remove(&m.id);
         let result = match removed {
@@ -530,8 +549,155 @@ impl Runtime {
         Tensor::allocate(name, placement, size, ty, charge, Arc::clone(&self.shared.lifecycle), Some(tracing))
     }
 
+    /// The execution unit `xu` of `core` (started on first use), with the tracer and
+    /// the fault state.
+    fn unit(&self, core: u32, xu: Xu) -> NrtResult<(Arc<Unit>, Arc<Tracer>, Arc<Faults>)> {
+        self.check_held(core)?;
+        let running = lock(&self.shared.running);
+        let running =
+            running.as_ref().ok_or_else(|| NrtError::new(NrtStatus::Closed, "the runtime has been closed"))?;
+        let id = nrta::unit_id(core, xu);
+        let mut units = lock(&running.units);
+        let unit = match units.get(&id) {
+            Some(unit) => Arc::clone(unit),
+            None => {
+                let unit = Unit::start(id, self.shared.config.xu_queue)?;
+                units.insert(id, Arc::clone(&unit));
+                unit
+            }
+        };
+        Ok((unit, Arc::clone(&running.tracer), Arc::clone(&running.faults)))
+    }
+
+    /// Schedules an execution of `model` on its core's compute unit and returns its
+    /// sequence id at once (`nrta_execute_schedule`). `NRT_QUEUE_FULL` when
+    /// `NEURON_RT_XU_COMPUTE_MAX_QUEUED_REQUESTS` requests are in flight on the unit
+    /// (counted as `failed_to_queue`); `NRT_EXEC_UNIT_UNRECOVERABLE` on a degraded core.
+    /// A failure of the execution itself goes to `tracker`, if given. The tensors are
+    /// read and written when the execution runs.
+    pub fn execute_schedule(
+        &self,
+        model: &Model,
+        inputs: &TensorSet,
+        outputs: &TensorSet,
+        tracker: Option<&ErrorTracker>,
+    ) -> NrtResult<SeqId> {
+        let called = ticks();
+        self.shared.lifecycle.check()?;
+        if !lock(&self.shared.models).contains_key(&model.inner.id) {
+            return Err(stale_model(model));
+        }
+        let m = &*model.inner;
+        if let Some(tracker) = tracker
+            && tracker.core() != m.core
+        {
+            return Err(NrtError::invalid(format!(
+                "the error tracker belongs to nc{}, but `{}` runs on nc{}",
+                tracker.core(),
+                m.name,
+                m.core
+            )));
+        }
+        let (unit, tracer, faults) = self.unit(m.core, Xu::Compute)?;
+        let mut ids = EventIds { model_id: m.id, ..EventIds::default() };
+        let tracking_id = if tracer.enabled(m.ring, EventType::NrtaExecuteSchedule) { tracer.tracking_id() } else { 0 };
+        let result = match faults.degraded(m.core) {
+            Some(degraded) => Err(unit_unrecoverable(m.core, &degraded)),
+            None => {
+                let (runtime, model, inputs, outputs) = (self.clone(), model.clone(), inputs.clone(), outputs.clone());
+                let work: nrta::Work =
+                    Box::new(move |seq| runtime.execute_as(&model, &inputs, &outputs, seq.0).map(|_| ()));
+                unit.schedule(work, tracker.cloned(), |seq| {
+                    ids.nrta_seq_id = seq.0;
+                    if tracking_id != 0 {
+                        let (start, phase) = (EventType::NrtaExecuteSchedule, Phase::Start);
+                        tracer.emit_at(called, m.ring, start, phase, tracking_id, ids, 0, [0; 4], 0);
+                    }
+                })
+            }
+        };
+        if let Err(error) = &result {
+            if tracking_id != 0 && ids.nrta_seq_id == 0 {
+                tracer.emit_at(
+                    called,
+                    m.ring,
+                    EventType::NrtaExecuteSchedule,
+                    Phase::Start,
+                    tracking_id,
+                    ids,
+                    0,
+                    [0; 4],
+                    0,
+                );
+            }
+            if error.status == NrtStatus::QueueFull {
+                tracer.add(m.slot, counter::EXECUTIONS + ExecOutcome::FailedToQueue as u64, 1);
+                tracer.add(m.slot, counter::ERRORS + ErrorClass::Transient as u64, 1);
+            }
+        }
+        tracer.stop(
+            m.ring,
+            EventType::NrtaExecuteSchedule,
+            tracking_id,
+            ids,
+            0,
+            result.as_ref().err().map(|e| e.status),
+        );
+        result
+    }
+
+    /// Whether request `seq` has completed, successfully or not (`nrta_is_completed`).
+    pub fn is_completed(&self, seq: SeqId) -> NrtResult<bool> {
+        self.scheduled_unit(seq)?.is_completed(seq)
+    }
+
+    /// Waits up to `timeout` for request `seq` to complete (`NRT_TIMEOUT` otherwise).
+    pub fn wait_sequence(&self, seq: SeqId, timeout: Duration) -> NrtResult<()> {
+        self.scheduled_unit(seq)?.wait(seq, timeout)
+    }
+
+    /// The last request of `core`'s unit `xu` that completed (`nrta_get_sequence`).
+    pub fn get_sequence(&self, core: u32, xu: Xu) -> NrtResult<Option<SeqId>> {
+        Ok(self.unit(core, xu)?.0.last_completed())
+    }
+
+    /// A pollable handle that becomes readable whenever a request of `core`'s unit `xu`
+    /// completes.
+    pub fn completion_handle(&self, core: u32, xu: Xu) -> NrtResult<CompletionHandle> {
+        Ok(CompletionHandle(self.unit(core, xu)?.0))
+    }
+
+    /// An error tracker for the requests of `core` (`nrta_error_tracker_create`).
+    pub fn error_tracker_create(&self, core: u32) -> NrtResult<ErrorTracker> {
+        self.shared.lifecycle.check()?;
+        self.check_held(core)?;
+        Ok(ErrorTracker::new(core))
+    }
+
+    fn scheduled_unit(&self, seq: SeqId) -> NrtResult<Arc<Unit>> {
+        self.shared.lifecycle.check()?;
+        let running = lock(&self.shared.running);
+        let running =
+            running.as_ref().ok_or_else(|| NrtError::new(NrtStatus::Closed, "the runtime has been closed"))?;
+        lock(&running.units).get(&seq.unit()).cloned().ok_or_else(|| {
+            NrtError::invalid(format!("sequence id {:#x} names no execution unit of this runtime", seq.0))
+        })
+    }
+
     /// Executes `model` synchronously: reads `inputs`, writes `outputs`.
     pub fn execute(&self, model: &Model, inputs: &TensorSet, outputs: &TensorSet) -> NrtResult<ExecutionReport> {
+        self.execute_as(model, inputs, outputs, 0)
+    }
+
+    /// An execution, as request `nrta_seq_id` of an execution unit when not 0 (its
+    /// events carry the id).
+    pub(crate) fn execute_as(
+        &self,
+        model: &Model,
+        inputs: &TensorSet,
+        outputs: &TensorSet,
+        nrta_seq_id: u64,
+    ) -> NrtResult<ExecutionReport> {
         let called = ticks();
         self.shared.lifecycle.check()?;
         if !lock(&self.shared.models).contains_key(&model.inner.id) {
@@ -549,7 +715,7 @@ impl Runtime {
             )
         };
         let m = &*model.inner;
-        let ids = EventIds { exec_id: tracer.next_exec_id(), model_id: m.id };
+        let ids = EventIds { exec_id: tracer.next_exec_id(), model_id: m.id, nrta_seq_id };
         let execute_tracking = if tracer.enabled(m.ring, EventType::NrtExecute) {
             let tracking_id = tracer.tracking_id();
             tracer.emit_at(called, m.ring, EventType::NrtExecute, Phase::Start, tracking_id, ids, 0, [0; 4], 0);
@@ -758,6 +924,19 @@ impl Model {
     }
 }
 
+/// The error of a request on a degraded core.
+fn unit_unrecoverable(core: u32, degraded: &Degraded) -> NrtError {
+    NrtError::new(
+        NrtStatus::ExecUnitUnrecoverable,
+        format!(
+            "nc{core}'s execution unit is degraded: execution id {} hit an {} ({}), so nothing more runs on this core until the runtime restarts; other cores are unaffected",
+            degraded.exec_id,
+            degraded.kind.description(),
+            degraded.kind.failure().unwrap_or(NrtStatus::HwError),
+        ),
+    )
+}
+
 fn stale_model(model: &Model) -> NrtError {
     NrtError::new(
         NrtStatus::InvalidHandle,
@@ -861,7 +1040,7 @@ impl CoreJob<'_> {
     fn run(&self) -> CoreRun {
         let started = ticks();
         let strikes = match self.faults.degraded(self.model.core) {
-            Some(degraded) => Err(self.unit_unrecoverable(&degraded)),
+            Some(degraded) => Err(unit_unrecoverable(self.model.core, &degraded)),
             None => Ok(self.faults.strike(self.model.core)),
         };
         let mut run = match &strikes {
@@ -957,21 +1136,6 @@ impl CoreJob<'_> {
             }
             (_, Ok(_)) => {}
         }
-    }
-
-    /// The error of an execution on a degraded core.
-    fn unit_unrecoverable(&self, degraded: &Degraded) -> NrtError {
-        let m = self.model;
-        NrtError::new(
-            NrtStatus::ExecUnitUnrecoverable,
-            format!(
-                "nc{}'s execution unit is degraded: execution id {} hit an {} ({}), so nothing more runs on this core until the runtime restarts; other cores are unaffected",
-                m.core,
-                degraded.exec_id,
-                degraded.kind.description(),
-                degraded.kind.failure().unwrap_or(NrtStatus::HwError),
-            ),
-        )
     }
 
     /// The failure an injected fault turns a finished execution into.

@@ -38,10 +38,11 @@ pub enum EventType {
     NumericalErr = 15,
     HwNotify = 16,
     TimestampSyncPoint = 17,
+    NrtaExecuteSchedule = 18,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 18] = [
+    pub const ALL: [EventType; 19] = [
         EventType::NrtLoad,
         EventType::NrtUnload,
         EventType::NrtExecute,
@@ -60,6 +61,7 @@ impl EventType {
         EventType::NumericalErr,
         EventType::HwNotify,
         EventType::TimestampSyncPoint,
+        EventType::NrtaExecuteSchedule,
     ];
 
     pub fn name(self) -> &'static str {
@@ -81,6 +83,7 @@ impl EventType {
             EventType::NrtModelSwitch => "nrt_model_switch",
             EventType::NumericalErr => "numerical_err",
             EventType::HwNotify => "hw_notify",
+            EventType::NrtaExecuteSchedule => "nrta_execute_schedule",
             EventType::TimestampSyncPoint => "timestamp_sync_point",
         }
     }
@@ -368,6 +371,7 @@ impl SystemRecord {
         let data = match event_type {
             EventType::NrtLoad | EventType::NrtUnload => EventData::Model { name: string(self.string_id), status },
             EventType::NrtExecute
+            | EventType::NrtaExecuteSchedule
             | EventType::KblExecPre
             | EventType::KmgrExecCore
             | EventType::KblExecWait

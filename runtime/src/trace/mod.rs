@@ -21,7 +21,8 @@ use crate::error::NrtStatus;
 use crate::topology::CoreSet;
 use clock::DeviceClock;
 use event::{
-    DEVICE_KIND_INSTRUCTION, DEVICE_RECORD_WORDS, DeviceRecord, FLAG_STATUS, InstructionRun, RUN_MAX, SystemRecord,
+    DEVICE_KIND_INSTRUCTION, DEVICE_RECORD_WORDS, DeviceRecord, FLAG_NRTA_SEQ, FLAG_STATUS, InstructionRun, RUN_MAX,
+    SystemRecord,
 };
 
 pub use event::{ClockDomain, DeviceActivity, DeviceEvent, DmaQueueType, EventData, EventType, Phase, SystemEvent};
@@ -239,6 +240,8 @@ pub(crate) type RingPos = usize;
 pub(crate) struct EventIds {
     pub(crate) exec_id: u64,
     pub(crate) model_id: u32,
+    /// The sequence id of the asynchronous request the event belongs to; 0 for none.
+    pub(crate) nrta_seq_id: u64,
 }
 
 thread_local! {
@@ -359,10 +362,10 @@ impl Tracer {
             timestamp,
             tracking_id,
             exec_id: ids.exec_id,
-            nrta_seq_id: 0,
+            nrta_seq_id: ids.nrta_seq_id,
             event_type: event_type as u16,
             phase: phase as u8,
-            flags,
+            flags: if ids.nrta_seq_id != 0 { flags | FLAG_NRTA_SEQ } else { flags },
             thread_id: thread_id(),
             model_id: ids.model_id,
             string_id,

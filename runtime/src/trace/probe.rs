@@ -85,7 +85,7 @@ impl DeviceProbe<'_> {
     pub fn instruction(&self, exec_id: u64, flops: u64, start_ticks: u64, end_ticks: u64) {
         if self.enabled {
             let p = self.probe;
-            let ids = EventIds { exec_id, model_id: 0 };
+            let ids = EventIds { exec_id, ..EventIds::default() };
             let it = InstructionTrace { flops, ..InstructionTrace::default() };
             p.tracer.emit_instruction(p.slot, ids, &it, start_ticks, end_ticks);
         }
@@ -100,7 +100,7 @@ impl DeviceProbe<'_> {
         if self.enabled {
             let p = self.probe;
             let (program, in_table) = p.tracer.probe_program.get(&p.tracer);
-            let ids = EventIds { exec_id, model_id: PROBE_MODEL_ID };
+            let ids = EventIds { exec_id, model_id: PROBE_MODEL_ID, ..EventIds::default() };
             p.tracer.emit_instructions(p.slot, ids, program, *in_table, boundaries);
         }
     }
