@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use neuron_runtime::config::{CoreRequest, NumericalErrorsVerbosity};
+use neuron_runtime::config::NumericalErrorsVerbosity;
 use neuron_runtime::datastore::{DatastoreReader, TailStart, TraceEvent};
 use neuron_runtime::fault::parse_rules;
 use neuron_runtime::trace::{ALL_SYSTEM_EVENTS, ErrorClass, EventData, EventType, ExecOutcome};
@@ -13,27 +13,16 @@ use neuron_runtime::{
     ArrayType, Config, CoreSet, DType, Model, Neff, NrtStatus, Runtime, Target, TensorPlacement, TensorSet, compile_hlo,
 };
 
+mod common;
+
 const ADD_EXP: &str = include_str!("data/add_exp.hlo");
 
-struct Fixture {
-    runtime: Runtime,
-    _dirs: (tempfile::TempDir, tempfile::TempDir),
-}
-
 /// A runtime on cores 0 and 1 with `faults` injected.
-fn started(faults: &str, adjust: impl FnOnce(&mut Config)) -> Fixture {
-    let locks = tempfile::tempdir().expect("tempdir");
-    let stores = tempfile::tempdir().expect("tempdir");
-    let mut config = Config {
-        lock_dir: locks.path().to_path_buf(),
-        datastore_dir: stores.path().join("ds"),
-        cores: CoreRequest::Visible(CoreSet::range(0, 1)),
-        faults: parse_rules(faults, 2).expect("rules parse"),
-        ..Config::default()
-    };
-    config.inspect.max_events_per_nc = 4096;
-    adjust(&mut config);
-    Fixture { runtime: Runtime::start(config).expect("runtime starts"), _dirs: (locks, stores) }
+fn started(faults: &str, adjust: impl FnOnce(&mut Config)) -> common::Fixture {
+    common::started(CoreSet::range(0, 1), |config| {
+        config.faults = parse_rules(faults, 2).expect("rules parse");
+        adjust(config);
+    })
 }
 
 struct Bound {

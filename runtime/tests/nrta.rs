@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use neuron_runtime::config::CoreRequest;
 use neuron_runtime::datastore::{DatastoreReader, TailStart, TraceEvent};
 use neuron_runtime::fault::parse_rules;
 use neuron_runtime::trace::{ALL_SYSTEM_EVENTS, EventType, ExecOutcome, Phase};
@@ -12,26 +11,14 @@ use neuron_runtime::{
     compile_hlo,
 };
 
+mod common;
+
 const ADD_EXP: &str = include_str!("data/add_exp.hlo");
 const WAIT: Duration = Duration::from_secs(30);
 
-struct Fixture {
-    runtime: Runtime,
-    _dirs: (tempfile::TempDir, tempfile::TempDir),
-}
-
-fn started(adjust: impl FnOnce(&mut Config)) -> Fixture {
-    let locks = tempfile::tempdir().expect("tempdir");
-    let stores = tempfile::tempdir().expect("tempdir");
-    let mut config = Config {
-        lock_dir: locks.path().to_path_buf(),
-        datastore_dir: stores.path().join("ds"),
-        cores: CoreRequest::Visible(CoreSet::range(0, 1)),
-        ..Config::default()
-    };
-    config.inspect.max_events_per_nc = 4096;
-    adjust(&mut config);
-    Fixture { runtime: Runtime::start(config).expect("runtime starts"), _dirs: (locks, stores) }
+/// A runtime on cores 0 and 1.
+fn started(adjust: impl FnOnce(&mut Config)) -> common::Fixture {
+    common::started(CoreSet::range(0, 1), adjust)
 }
 
 fn model(rt: &Runtime, core: u32) -> Model {

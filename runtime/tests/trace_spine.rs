@@ -1,7 +1,6 @@
 //! The trace spine seen from outside: what an execution leaves in the datastore (read
 //! back through the reader API), and the in-process `nrt_sys_trace_*` API.
 
-use neuron_runtime::config::CoreRequest;
 use neuron_runtime::datastore::{DatastoreReader, Delta, TailStart, TraceEvent};
 use neuron_runtime::trace::{
     ALL_SYSTEM_EVENTS, ClockDomain, DeviceActivity, DmaQueueType, EventData, EventType, ExecOutcome, Phase,
@@ -12,25 +11,13 @@ use neuron_runtime::{
     compile_hlo, compile_hlo_with,
 };
 
+mod common;
+
 const ADD_EXP: &str = include_str!("data/add_exp.hlo");
 
-struct Fixture {
-    runtime: Runtime,
-    _dirs: (tempfile::TempDir, tempfile::TempDir),
-}
-
-fn started(adjust: impl FnOnce(&mut Config)) -> Fixture {
-    let locks = tempfile::tempdir().expect("tempdir");
-    let stores = tempfile::tempdir().expect("tempdir");
-    let mut config = Config {
-        lock_dir: locks.path().to_path_buf(),
-        datastore_dir: stores.path().join("ds"),
-        cores: CoreRequest::Visible(CoreSet::range(0, 0)),
-        ..Config::default()
-    };
-    config.inspect.max_events_per_nc = 4096;
-    adjust(&mut config);
-    Fixture { runtime: Runtime::start(config).expect("runtime starts"), _dirs: (locks, stores) }
+/// A runtime on core 0.
+fn started(adjust: impl FnOnce(&mut Config)) -> common::Fixture {
+    common::started(CoreSet::range(0, 0), adjust)
 }
 
 fn bound(rt: &Runtime) -> (neuron_runtime::Model, TensorSet, TensorSet) {

@@ -96,3 +96,25 @@ pub fn floats(bytes: &[u8]) -> Vec<f32> {
 pub fn ints(bytes: &[u8]) -> Vec<i32> {
     bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
+
+/// A runtime of its own for one test, holding `cores`, with its lock and datastore
+/// directories (removed with it) and rings of 4,096 events.
+pub struct Fixture {
+    pub runtime: Runtime,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+}
+
+/// Starts a [`Fixture`] on `cores` after `adjust` has changed its configuration.
+pub fn started(cores: CoreSet, adjust: impl FnOnce(&mut Config)) -> Fixture {
+    let locks = tempfile::tempdir().expect("tempdir");
+    let stores = tempfile::tempdir().expect("tempdir");
+    let mut config = Config {
+        lock_dir: locks.path().to_path_buf(),
+        datastore_dir: stores.path().join("ds"),
+        cores: CoreRequest::Visible(cores),
+        ..Config::default()
+    };
+    config.inspect.max_events_per_nc = 4096;
+    adjust(&mut config);
+    Fixture { runtime: Runtime::start(config).expect("runtime starts"), _dirs: (locks, stores) }
+}
