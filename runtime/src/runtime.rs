@@ -601,34 +601,29 @@ impl Runtime {
         let (unit, tracer, faults) = self.unit(m.core, Xu::Compute)?;
         let mut ids = EventIds { model_id: m.id, ..EventIds::default() };
         let tracking_id = if tracer.enabled(m.ring, EventType::NrtaExecuteSchedule) { tracer.tracking_id() } else { 0 };
+        let start = |ids: EventIds| {
+            if tracking_id != 0 {
+                let (event, phase) = (EventType::NrtaExecuteSchedule, Phase::Start);
+                tracer.emit_at(called, m.ring, event, phase, tracking_id, ids, 0, [0; 4], 0);
+            }
+        };
         let result = match faults.degraded(m.core) {
             Some(degraded) => Err(unit_unrecoverable(m.core, &degraded)),
             None => {
                 let (runtime, model, inputs, outputs) = (self.clone(), model.clone(), inputs.clone(), outputs.clone());
                 let work: nrta::Work =
                     Box::new(move |seq| runtime.execute_as(&model, &inputs, &outputs, seq.0).map(|_| ()));
+                // The start carries the sequence id, so it is recorded once the id exists
+                // and before the worker can record the execution's events.
                 unit.schedule(work, tracker.cloned(), |seq| {
                     ids.nrta_seq_id = seq.0;
-                    if tracking_id != 0 {
-                        let (start, phase) = (EventType::NrtaExecuteSchedule, Phase::Start);
-                        tracer.emit_at(called, m.ring, start, phase, tracking_id, ids, 0, [0; 4], 0);
-                    }
+                    start(ids);
                 })
             }
         };
         if let Err(error) = &result {
-            if tracking_id != 0 && ids.nrta_seq_id == 0 {
-                tracer.emit_at(
-                    called,
-                    m.ring,
-                    EventType::NrtaExecuteSchedule,
-                    Phase::Start,
-                    tracking_id,
-                    ids,
-                    0,
-                    [0; 4],
-                    0,
-                );
+            if ids.nrta_seq_id == 0 {
+                start(ids);
             }
             if error.status == NrtStatus::QueueFull {
                 tracer.add(m.slot, counter::EXECUTIONS + ExecOutcome::FailedToQueue as u64, 1);
@@ -1103,20 +1098,13 @@ impl CoreJob<'_> {
         );
         match (kind, result) {
             (FaultKind::EccCorrected | FaultKind::SramEccCorrected, _) => {
-                let message = format!("{place}: {} [corrected, the execution continues] {what}", kind.description());
-                tracing::warn!("{message}");
+                // The event carries the execution id; its message is the same each time,
+                // so the string table holds it once.
+                let message = format!("{place}: {} [corrected, the execution continues]", kind.description());
+                tracing::warn!("{message} {what}");
                 tracer.add(m.slot, counter::ERRORS + ErrorClass::Transient as u64, 1);
-                let args = [0, kind as u64, 0, 0];
-                tracer.emit(
-                    m.ring,
-                    EventType::HwNotify,
-                    Phase::Instant,
-                    0,
-                    self.ids,
-                    tracer.store.intern(&message),
-                    args,
-                    0,
-                );
+                let message_id = tracer.store.intern(&message);
+                tracer.emit(m.ring, EventType::HwNotify, Phase::Instant, 0, self.ids, message_id, [0; 4], 0);
             }
             (FaultKind::Nan, _) => {
                 tracing::warn!("{place}: {} [counted as a numerical error] {what}", kind.description())
@@ -1359,7 +1347,7 @@ impl CoreJob<'_> {
         let Some((k, dtype)) = program
             .outputs
             .iter()
-            .map(|io| program.buffers[io.buffer as usize].ty.clone())
+            .map(|io| &program.buffers[io.buffer as usize].ty)
             .enumerate()
             .find(|(_, ty)| ty.dtype.is_float() && ty.element_count().is_some_and(|n| n > 0))
             .map(|(k, ty)| (k, ty.dtype))

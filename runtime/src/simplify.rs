@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 
-use crate::backend::{self, Value};
+use crate::backend::{self, Value, ValueRef};
 use crate::isa::{Buffer, BufferKind, Instruction, IoTensor, Op};
 
 /// The largest result (in bytes) that is computed at compile time; larger ones stay
@@ -80,22 +80,22 @@ pub(crate) fn fold_constants(
         if !is_pure(&instruction.op) || out.size_bytes().is_none_or(|bytes| bytes > MAX_FOLDED_BYTES) {
             continue;
         }
-        let mut operands = Vec::with_capacity(instruction.operands.len());
-        for &b in &instruction.operands {
-            if let Some(value) = known.get(&b) {
-                operands.push(value.clone());
-            } else if let BufferKind::Constant { index } = buffers[b as usize].kind {
-                let value = Value::from_le_bytes(&buffers[b as usize].ty, &constants[index as usize]);
-                known.insert(b, value.clone());
-                operands.push(value);
-            } else {
-                break;
+        let all_known = instruction.operands.iter().all(|&b| match buffers[b as usize].kind {
+            _ if known.contains_key(&b) => true,
+            BufferKind::Constant { index } => {
+                known.insert(b, Value::from_le_bytes(&buffers[b as usize].ty, &constants[index as usize]));
+                true
             }
-        }
-        if operands.len() != instruction.operands.len() {
+            _ => false,
+        });
+        if !all_known {
             continue;
         }
-        if let Some(value) = backend::evaluate(&instruction.op, &operands, out) {
+        let value = {
+            let operands: Vec<ValueRef<'_>> = instruction.operands.iter().map(|b| known[b].view()).collect();
+            backend::evaluate(&instruction.op, &operands, out)
+        };
+        if let Some(value) = value {
             known.insert(instruction.output, value);
             producer.insert(instruction.output, i);
         }

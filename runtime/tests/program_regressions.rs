@@ -4,9 +4,10 @@
 
 use std::path::Path;
 
-use neuron_runtime::config::CoreRequest;
 use neuron_runtime::isa::Program;
-use neuron_runtime::{Config, CoreSet, Neff, Runtime, TensorPlacement, TensorSet};
+use neuron_runtime::{CoreSet, Neff, Runtime, TensorPlacement, TensorSet};
+
+mod common;
 
 fn check(path: &Path, runtime: &Runtime) {
     let bytes = std::fs::read(path).expect("read case");
@@ -37,17 +38,12 @@ fn check(path: &Path, runtime: &Runtime) {
 
 #[test]
 fn past_crashes_are_handled() {
-    let lock_dir = tempfile::tempdir().expect("tempdir");
-    let runtime = Runtime::start(Config {
-        lock_dir: lock_dir.path().to_path_buf(),
-        cores: CoreRequest::Visible(CoreSet::range(0, 0)),
-        ..Config::default()
-    })
-    .expect("runtime");
+    let fixture = common::started(CoreSet::range(0, 0), |_| {});
+    let runtime = &fixture.runtime;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/program_regressions");
     let mut cases = 0;
     for entry in std::fs::read_dir(dir).expect("cases") {
-        check(&entry.expect("entry").path(), &runtime);
+        check(&entry.expect("entry").path(), runtime);
         cases += 1;
     }
     assert!(cases > 0, "no regression cases found");

@@ -520,9 +520,8 @@ impl Executable {
 /// Evaluates one instruction on known operand values exactly as an execution would,
 /// on the calling thread: the compiler's constant folding. `None` when the execution
 /// would fail (an index out of bounds), so that the failure is left to the execution.
-pub(crate) fn evaluate(op: &Op, operands: &[Value], out: &ArrayType) -> Option<Value> {
-    let views: Vec<ValueRef<'_>> = operands.iter().map(Value::view).collect();
-    kernels::execute(op, &views, out, &HostPool::new(1)).ok()
+pub(crate) fn evaluate(op: &Op, operands: &[ValueRef<'_>], out: &ArrayType) -> Option<Value> {
+    kernels::execute(op, operands, out, &HostPool::new(1)).ok()
 }
 
 /// Splits the tick interval `start..end` into consecutive pieces in proportion to
