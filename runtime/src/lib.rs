@@ -35,7 +35,7 @@ pub use config::Config;
 pub use dtype::{ArrayType, DType, DTypeClass};
 pub use error::{NrtError, NrtResult, NrtStatus};
 pub use neff::Neff;
-pub use nrta::{CompletionHandle, ErrorTracker, SeqId, TrackedError, Xu};
+pub use nrta::{CompletionHandle, ErrorTracker, PendingRead, SeqId, TrackedError, Xu};
 pub use reservation::CoreReservation;
 pub use runtime::{ExecutionReport, Model, Runtime};
 pub use tensor::{Tensor, TensorPlacement, TensorSet};

@@ -116,6 +116,18 @@ impl ErrorTracker {
     }
 }
 
+/// The bytes a scheduled tensor read fills in when it completes.
+#[derive(Debug, Clone, Default)]
+pub struct PendingRead(pub(crate) Arc<Mutex<Option<Vec<u8>>>>);
+
+impl PendingRead {
+    /// The bytes read, once the request has completed successfully (then `None` again:
+    /// they are handed over once).
+    pub fn take(&self) -> Option<Vec<u8>> {
+        lock(&self.0).take()
+    }
+}
+
 /// The work of one request; its result is what the error tracker sees.
 pub(crate) type Work = Box<dyn FnOnce(SeqId) -> NrtResult<()> + Send>;
 

@@ -27,7 +27,7 @@ use crate::memory::{
     Charge, DeviceCategory, DeviceUsage, HostCategory, HostUsage, MemoryCharge, MemoryLedger, MemoryMirror,
 };
 use crate::neff::{DecodeOptions, Neff};
-use crate::nrta::{self, CompletionHandle, ErrorTracker, SeqId, Unit, Xu};
+use crate::nrta::{self, CompletionHandle, ErrorTracker, PendingRead, SeqId, Unit, Xu};
 use crate::pool::HostPool;
 use crate::reservation::CoreReservation;
 use crate::tensor::{ExecutionLocks, Tensor, TensorPlacement, TensorSet, TensorTracing};
@@ -549,9 +549,8 @@ impl Runtime {
         Tensor::allocate(name, placement, size, ty, charge, Arc::clone(&self.shared.lifecycle), Some(tracing))
     }
 
-    /// The execution unit `xu` of `core` (started on first use), with the tracer and
-    /// the fault state.
-    fn unit(&self, core: u32, xu: Xu) -> NrtResult<(Arc<Unit>, Arc<Tracer>, Arc<Faults>)> {
+    /// The execution unit `xu` of `core` (started on first use), with the fault state.
+    fn unit(&self, core: u32, xu: Xu) -> NrtResult<(Arc<Unit>, Arc<Faults>)> {
         self.check_held(core)?;
         let running = lock(&self.shared.running);
         let running =
@@ -566,7 +565,7 @@ impl Runtime {
                 unit
             }
         };
-        Ok((unit, Arc::clone(&running.tracer), Arc::clone(&running.faults)))
+        Ok((unit, Arc::clone(&running.faults)))
     }
 
     /// Schedules an execution of `model` on its core's compute unit and returns its
@@ -588,17 +587,7 @@ impl Runtime {
             return Err(stale_model(model));
         }
         let m = &*model.inner;
-        if let Some(tracker) = tracker
-            && tracker.core() != m.core
-        {
-            return Err(NrtError::invalid(format!(
-                "the error tracker belongs to nc{}, but `{}` runs on nc{}",
-                tracker.core(),
-                m.name,
-                m.core
-            )));
-        }
-        let (unit, tracer, faults) = self.unit(m.core, Xu::Compute)?;
+        let tracer = self.tracer()?;
         let mut ids = EventIds { model_id: m.id, ..EventIds::default() };
         let tracking_id = if tracer.enabled(m.ring, EventType::NrtaExecuteSchedule) { tracer.tracking_id() } else { 0 };
         let start = |ids: EventIds| {
@@ -607,20 +596,17 @@ impl Runtime {
                 tracer.emit_at(called, m.ring, event, phase, tracking_id, ids, 0, [0; 4], 0);
             }
         };
-        let result = match faults.degraded(m.core) {
-            Some(degraded) => Err(unit_unrecoverable(m.core, &degraded)),
-            None => {
-                let (runtime, model, inputs, outputs) = (self.clone(), model.clone(), inputs.clone(), outputs.clone());
-                let work: nrta::Work =
-                    Box::new(move |seq| runtime.execute_as(&model, &inputs, &outputs, seq.0).map(|_| ()));
-                // The start carries the sequence id, so it is recorded once the id exists
-                // and before the worker can record the execution's events.
-                unit.schedule(work, tracker.cloned(), |seq| {
-                    ids.nrta_seq_id = seq.0;
-                    start(ids);
-                })
-            }
-        };
+        let (runtime, owned) = (self.clone(), (model.clone(), inputs.clone(), outputs.clone()));
+        let work: nrta::Work = Box::new(move |seq| {
+            let (model, inputs, outputs) = &owned;
+            runtime.execute_as(model, inputs, outputs, seq.0).map(|_| ())
+        });
+        // The start carries the sequence id, so it is recorded once the id exists and
+        // before the worker can record the execution's events.
+        let result = self.schedule(m.core, Xu::Compute, tracker, &format!("`{}`", m.name), work, |seq| {
+            ids.nrta_seq_id = seq.0;
+            start(ids);
+        });
         if let Err(error) = &result {
             if ids.nrta_seq_id == 0 {
                 start(ids);
@@ -639,6 +625,99 @@ impl Runtime {
             result.as_ref().err().map(|e| e.status),
         );
         result
+    }
+
+    /// Schedules a read of `size` bytes of `tensor` from `offset` on `core`'s tensor-read
+    /// unit (`nrta_tensor_read`); the bytes are in the returned [`PendingRead`] once the
+    /// request completes. Its `nrt_tensor_read` events carry the sequence id.
+    pub fn tensor_read_schedule(
+        &self,
+        core: u32,
+        tensor: &Tensor,
+        offset: u64,
+        size: u64,
+        tracker: Option<&ErrorTracker>,
+    ) -> NrtResult<(SeqId, PendingRead)> {
+        self.shared.lifecycle.check()?;
+        tensor.check_range("read", offset, size)?;
+        let len = usize::try_from(size).map_err(|_| NrtError::invalid("a read that large does not fit in memory"))?;
+        let pending = PendingRead::default();
+        let (tensor_owned, filled) = (tensor.clone(), pending.clone());
+        let work: nrta::Work = Box::new(move |seq| {
+            let mut bytes = vec![0u8; len];
+            tensor_owned.read_as(offset, &mut bytes, seq.0)?;
+            *lock(&filled.0) = Some(bytes);
+            Ok(())
+        });
+        let what = format!("a read of tensor `{}`", tensor.name());
+        let seq = self.schedule(core, Xu::TensorRead, tracker, &what, work, |_| {})?;
+        Ok((seq, pending))
+    }
+
+    /// Schedules writing `data` into `tensor` at `offset` on `core`'s tensor-write unit
+    /// (`nrta_tensor_write`).
+    pub fn tensor_write_schedule(
+        &self,
+        core: u32,
+        tensor: &Tensor,
+        offset: u64,
+        data: Vec<u8>,
+        tracker: Option<&ErrorTracker>,
+    ) -> NrtResult<SeqId> {
+        self.shared.lifecycle.check()?;
+        tensor.check_range("write", offset, data.len() as u64)?;
+        let tensor_owned = tensor.clone();
+        let work: nrta::Work = Box::new(move |seq| tensor_owned.write_as(offset, &data, seq.0));
+        self.schedule(core, Xu::TensorWrite, tracker, &format!("a write of tensor `{}`", tensor.name()), work, |_| {})
+    }
+
+    /// Schedules copying `size` bytes from `src` at `src_offset` to `dst` at
+    /// `dst_offset` on `core`'s tensor-op unit (`nrta_tensor_copy`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn tensor_copy_schedule(
+        &self,
+        core: u32,
+        src: &Tensor,
+        src_offset: u64,
+        dst: &Tensor,
+        dst_offset: u64,
+        size: u64,
+        tracker: Option<&ErrorTracker>,
+    ) -> NrtResult<SeqId> {
+        self.shared.lifecycle.check()?;
+        src.check_range("copy from", src_offset, size)?;
+        dst.check_range("copy into", dst_offset, size)?;
+        let (src_owned, dst_owned) = (src.clone(), dst.clone());
+        let work: nrta::Work =
+            Box::new(move |seq| src_owned.copy_to_as(src_offset, &dst_owned, dst_offset, size, seq.0));
+        let what = format!("a copy from tensor `{}` to `{}`", src.name(), dst.name());
+        self.schedule(core, Xu::TensorOp, tracker, &what, work, |_| {})
+    }
+
+    /// Queues `work` on `core`'s unit `xu`: checks the tracker belongs to the core and
+    /// the core is not degraded. `what` names the request in errors.
+    fn schedule(
+        &self,
+        core: u32,
+        xu: Xu,
+        tracker: Option<&ErrorTracker>,
+        what: &str,
+        work: nrta::Work,
+        scheduled: impl FnOnce(SeqId),
+    ) -> NrtResult<SeqId> {
+        if let Some(tracker) = tracker
+            && tracker.core() != core
+        {
+            return Err(NrtError::invalid(format!(
+                "the error tracker belongs to nc{}, but {what} is scheduled on nc{core}",
+                tracker.core()
+            )));
+        }
+        let (unit, faults) = self.unit(core, xu)?;
+        if let Some(degraded) = faults.degraded(core) {
+            return Err(unit_unrecoverable(core, &degraded));
+        }
+        unit.schedule(work, tracker.cloned(), scheduled)
     }
 
     /// Whether request `seq` has completed, successfully or not (`nrta_is_completed`).

@@ -84,12 +84,14 @@ impl TensorTracing {
         self.tracer.emit(self.ring, event_type, Phase::Instant, 0, EventIds::default(), self.name_id, args, 0);
     }
 
-    /// Runs `f` inside a start/stop span of `event_type`.
-    fn span<R>(&self, event_type: EventType, args: [u64; 4], f: impl FnOnce() -> R) -> R {
+    /// Runs `f` inside a start/stop span of `event_type`, as request `nrta_seq_id` of an
+    /// execution unit when not 0.
+    fn span<R>(&self, event_type: EventType, args: [u64; 4], nrta_seq_id: u64, f: impl FnOnce() -> R) -> R {
         let tracer = &self.tracer;
-        let tracking_id = tracer.start_with(self.ring, event_type, EventIds::default(), self.name_id, args);
+        let ids = EventIds { nrta_seq_id, ..EventIds::default() };
+        let tracking_id = tracer.start_with(self.ring, event_type, ids, self.name_id, args);
         let result = f();
-        tracer.emit(self.ring, event_type, Phase::Stop, tracking_id, EventIds::default(), self.name_id, args, 0);
+        tracer.emit(self.ring, event_type, Phase::Stop, tracking_id, ids, self.name_id, args, 0);
         result
     }
 }
@@ -136,7 +138,7 @@ impl Tensor {
             })
         };
         let bytes = match &tracing {
-            Some(t) => t.span(EventType::NrtTensorAllocate, [id, size, 0, 0], map)?,
+            Some(t) => t.span(EventType::NrtTensorAllocate, [id, size, 0, 0], 0, map)?,
             None => map()?,
         };
         Ok(Tensor {
@@ -205,10 +207,15 @@ impl Tensor {
 
     /// Copies `data` into the tensor at `offset`.
     pub fn write(&self, offset: u64, data: &[u8]) -> NrtResult<()> {
+        self.write_as(offset, data, 0)
+    }
+
+    /// A write, as request `nrta_seq_id` of an execution unit when not 0.
+    pub(crate) fn write_as(&self, offset: u64, data: &[u8], nrta_seq_id: u64) -> NrtResult<()> {
         self.inner.lifecycle.check()?;
         self.check_range("write", offset, data.len() as u64)?;
         let start = (self.inner.offset + offset) as usize;
-        self.traced(EventType::NrtTensorWrite, offset, data.len() as u64, || {
+        self.traced(EventType::NrtTensorWrite, offset, data.len() as u64, nrta_seq_id, || {
             self.storage_mut()[start..start + data.len()].copy_from_slice(data);
         });
         Ok(())
@@ -216,11 +223,16 @@ impl Tensor {
 
     /// Copies `out.len()` bytes from the tensor at `offset` into `out`.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> NrtResult<()> {
+        self.read_as(offset, out, 0)
+    }
+
+    /// A read, as request `nrta_seq_id` of an execution unit when not 0.
+    pub(crate) fn read_as(&self, offset: u64, out: &mut [u8], nrta_seq_id: u64) -> NrtResult<()> {
         self.inner.lifecycle.check()?;
         self.check_range("read", offset, out.len() as u64)?;
         let start = (self.inner.offset + offset) as usize;
         let len = out.len();
-        self.traced(EventType::NrtTensorRead, offset, len as u64, || {
+        self.traced(EventType::NrtTensorRead, offset, len as u64, nrta_seq_id, || {
             out.copy_from_slice(&self.storage()[start..start + len]);
         });
         Ok(())
@@ -239,7 +251,7 @@ impl Tensor {
         self.inner.lifecycle.check()?;
         self.check_range("memset", offset, size)?;
         let start = (self.inner.offset + offset) as usize;
-        self.traced(EventType::NrtTensorWrite, offset, size, || {
+        self.traced(EventType::NrtTensorWrite, offset, size, 0, || {
             self.storage_mut()[start..start + size as usize].fill(value);
         });
         Ok(())
@@ -247,13 +259,27 @@ impl Tensor {
 
     /// Copies `size` bytes from `self` at `src_offset` to `dst` at `dst_offset`.
     pub fn copy_to(&self, src_offset: u64, dst: &Tensor, dst_offset: u64, size: u64) -> NrtResult<()> {
+        self.copy_to_as(src_offset, dst, dst_offset, size, 0)
+    }
+
+    /// A copy, as request `nrta_seq_id` of an execution unit when not 0.
+    pub(crate) fn copy_to_as(
+        &self,
+        src_offset: u64,
+        dst: &Tensor,
+        dst_offset: u64,
+        size: u64,
+        nrta_seq_id: u64,
+    ) -> NrtResult<()> {
         self.inner.lifecycle.check()?;
         self.check_range("copy from", src_offset, size)?;
         dst.check_range("copy into", dst_offset, size)?;
         let src_start = (self.inner.offset + src_offset) as usize;
         let dst_start = (dst.inner.offset + dst_offset) as usize;
         let len = size as usize;
-        dst.traced(EventType::NrtTensorWrite, dst_offset, size, || self.copy_bytes(src_start, dst, dst_start, len));
+        dst.traced(EventType::NrtTensorWrite, dst_offset, size, nrta_seq_id, || {
+            self.copy_bytes(src_start, dst, dst_start, len)
+        });
         Ok(())
     }
 
@@ -274,9 +300,9 @@ impl Tensor {
     }
 
     /// Runs `f` inside an `nrt_tensor_read` or `nrt_tensor_write` span.
-    fn traced<R>(&self, event_type: EventType, offset: u64, bytes: u64, f: impl FnOnce() -> R) -> R {
+    fn traced<R>(&self, event_type: EventType, offset: u64, bytes: u64, nrta_seq_id: u64, f: impl FnOnce() -> R) -> R {
         match &self.inner.tracing {
-            Some(t) => t.span(event_type, [self.inner.id, offset, bytes, 0], f),
+            Some(t) => t.span(event_type, [self.inner.id, offset, bytes, 0], nrta_seq_id, f),
             None => f(),
         }
     }
@@ -293,7 +319,7 @@ impl Tensor {
         f(&mut storage[start..start + self.inner.size as usize])
     }
 
-    fn check_range(&self, what: &str, offset: u64, len: u64) -> NrtResult<()> {
+    pub(crate) fn check_range(&self, what: &str, offset: u64, len: u64) -> NrtResult<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.inner.size => Ok(()),
             _ => Err(NrtError::invalid(format!(

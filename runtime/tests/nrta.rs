@@ -134,6 +134,11 @@ fn a_degraded_core_refuses_schedules_at_once() {
     rt.wait_sequence(seq, WAIT).expect("completes");
     let refused = rt.execute_schedule(&m, &inputs, &outputs, None).expect_err("degraded");
     assert_eq!(refused.status, NrtStatus::ExecUnitUnrecoverable, "{refused}");
+    let tensor = rt.allocate_tensor(TensorPlacement::Device { core: 0 }, 16, "t").expect("alloc");
+    let refused = rt.tensor_write_schedule(0, &tensor, 0, vec![1; 16], None).expect_err("degraded");
+    assert_eq!(refused.status, NrtStatus::ExecUnitUnrecoverable, "{refused}");
+    let refused = rt.tensor_read_schedule(0, &tensor, 0, 16, None).expect_err("degraded");
+    assert_eq!(refused.status, NrtStatus::ExecUnitUnrecoverable, "{refused}");
     let healthy = model(rt, 1);
     let seq = rt.execute_schedule(&healthy, &inputs, &outputs, None).expect("nc1 takes work");
     rt.wait_sequence(seq, WAIT).expect("completes");
@@ -193,4 +198,60 @@ fn requests_leave_schedule_events_and_execution_events_with_their_sequence_id() 
     let executes: Vec<Option<u64>> =
         system.iter().filter(|e| e.event_type == EventType::NrtExecute).map(|e| e.nrta_seq_id).collect();
     assert_eq!(executes, [Some(seq.0), Some(seq.0), None, None], "the scheduled execution, then the synchronous one");
+}
+
+#[test]
+fn tensor_reads_writes_and_copies_run_on_their_units_in_order() {
+    let f = started(|_| {});
+    let rt = &f.runtime;
+    let reader = DatastoreReader::open(&rt.datastore_path().expect("path")).expect("opens");
+    let mut tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
+    let a = rt.allocate_tensor(TensorPlacement::Device { core: 1 }, 64, "a").expect("alloc");
+    let b = rt.allocate_tensor(TensorPlacement::Device { core: 1 }, 64, "b").expect("alloc");
+    let tracker = rt.error_tracker_create(1).expect("tracker");
+    let data: Vec<u8> = (0..64).collect();
+    let write = rt.tensor_write_schedule(1, &a, 0, data.clone(), Some(&tracker)).expect("room");
+    assert_eq!((write.core(), write.xu(), write.number()), (1, Some(Xu::TensorWrite), 1));
+    rt.wait_sequence(write, WAIT).expect("completes");
+    let copy = rt.tensor_copy_schedule(1, &a, 16, &b, 0, 48, Some(&tracker)).expect("room");
+    assert_eq!(copy.xu(), Some(Xu::TensorOp));
+    rt.wait_sequence(copy, WAIT).expect("completes");
+    let (read, pending) = rt.tensor_read_schedule(1, &b, 0, 64, Some(&tracker)).expect("room");
+    assert_eq!(read.xu(), Some(Xu::TensorRead));
+    rt.wait_sequence(read, WAIT).expect("completes");
+    let mut expected = data[16..].to_vec();
+    expected.resize(64, 0);
+    assert_eq!(pending.take(), Some(expected), "a[16..64] copied to the start of b");
+    assert_eq!(pending.take(), None, "handed over once");
+    assert_eq!(rt.get_sequence(1, Xu::TensorRead).expect("held"), Some(read));
+    assert!(tracker.errors().is_empty());
+
+    let outside = rt.tensor_read_schedule(1, &b, 60, 8, None).expect_err("past the end");
+    assert_eq!(outside.status, NrtStatus::Invalid, "{outside}");
+    let other = rt.error_tracker_create(0).expect("tracker");
+    let refused = rt.tensor_write_schedule(1, &a, 0, vec![0; 4], Some(&other)).expect_err("tracker of nc0");
+    assert_eq!(refused.status, NrtStatus::Invalid, "{refused}");
+
+    let mut events = Vec::new();
+    tail.poll(&reader, usize::MAX, false, &mut events);
+    let tensor_events: Vec<(EventType, Phase, Option<u64>)> = events
+        .iter()
+        .filter_map(|e| match e {
+            TraceEvent::System(e) if matches!(e.event_type, EventType::NrtTensorRead | EventType::NrtTensorWrite) => {
+                Some((e.event_type, e.phase, e.nrta_seq_id))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        tensor_events,
+        [
+            (EventType::NrtTensorWrite, Phase::Start, Some(write.0)),
+            (EventType::NrtTensorWrite, Phase::Stop, Some(write.0)),
+            (EventType::NrtTensorWrite, Phase::Start, Some(copy.0)),
+            (EventType::NrtTensorWrite, Phase::Stop, Some(copy.0)),
+            (EventType::NrtTensorRead, Phase::Start, Some(read.0)),
+            (EventType::NrtTensorRead, Phase::Stop, Some(read.0)),
+        ]
+    );
 }
