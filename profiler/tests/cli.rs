@@ -159,6 +159,48 @@ fn exec_reports_each_failed_execution_keeps_going_and_exits_with_failure() {
 }
 
 #[test]
+fn async_exec_keeps_requests_queued_and_reports_failures_by_execution() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hlo = negate_model(dir.path());
+    let out = Command::new(env!("CARGO_BIN_EXE_neuron-bench"))
+        .env("NEURON_VIRT_LOCK_DIR", dir.path())
+        .env("NEURON_RT_FAULT_INJECT", "oob:core=1:every=4")
+        .env_remove("NEURON_RT_VISIBLE_CORES")
+        .args(["exec", hlo.to_str().expect("utf-8"), "--cores", "0-1", "--iterations", "12", "--json"])
+        .args(["--exec-mode", "async", "--inflight", "3"])
+        .output()
+        .expect("run neuron-bench");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!((report["exec_mode"].as_str(), report["inflight"].as_u64()), (Some("async"), Some(3)));
+    assert_eq!(report["executions"], 24);
+    assert_eq!(report["failed_executions"], 3);
+    let failed: Vec<(u64, u64)> = report["failures"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|f| (f["core"].as_u64().expect("core"), f["execution"].as_u64().expect("execution")))
+        .collect();
+    assert_eq!(failed, [(1, 4), (1, 8), (1, 12)]);
+    let latency = &report["latency_seconds"];
+    assert!(latency["p50"].as_f64().is_some_and(|p| p > 0.0), "{latency}");
+
+    let too_many = run(
+        env!("CARGO_BIN_EXE_neuron-bench"),
+        dir.path(),
+        &["exec", hlo.to_str().expect("utf-8"), "--cores", "0", "--exec-mode", "async", "--inflight", "9"],
+    );
+    assert_eq!(too_many.status.code(), Some(1));
+    assert!(
+        text(&too_many.stderr).contains(
+            "--inflight 9 is more than an execution unit can queue (NEURON_RT_XU_COMPUTE_MAX_QUEUED_REQUESTS=8)"
+        ),
+        "{}",
+        text(&too_many.stderr)
+    );
+}
+
+#[test]
 fn bad_arguments_get_clear_errors() {
     let dir = tempfile::tempdir().expect("tempdir");
     let hlo = negate_model(dir.path());

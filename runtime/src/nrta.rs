@@ -114,6 +114,12 @@ impl ErrorTracker {
     pub fn errors(&self) -> Vec<TrackedError> {
         lock(&self.errors).clone()
     }
+
+    /// The failures so far, in completion order, leaving the tracker empty (for callers
+    /// that run long and collect as they go).
+    pub fn take(&self) -> Vec<TrackedError> {
+        std::mem::take(&mut *lock(&self.errors))
+    }
 }
 
 /// The bytes a scheduled tensor read fills in when it completes.

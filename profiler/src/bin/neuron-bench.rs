@@ -1,5 +1,7 @@
 //! `neuron-bench`: runs models on virtual NeuronCores and reports throughput and latency.
 
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -12,13 +14,15 @@ use clap::{Args, Parser, Subcommand};
 use neuron_profiler::stats::{LatencyHistogram, LatencySummary, format_seconds};
 use neuron_profiler::{init_logging, load_model_bytes, model_name, npy, si, thousands};
 use neuron_runtime::config::{Config, ENV_VISIBLE_CORES};
+use neuron_runtime::datastore::DatastoreReader;
 use neuron_runtime::isa::Program;
 use neuron_runtime::neff::DecodeOptions;
 use neuron_runtime::topology::NeuronCoreVersion;
 use neuron_runtime::{
-    ArrayType, DType, DTypeClass, Model, Neff, NrtError, NrtStatus, Runtime, Target, TensorPlacement, TensorSet,
-    compile_hlo,
+    ArrayType, CompletionHandle, DType, DTypeClass, ErrorTracker, Model, Neff, NrtError, NrtStatus, Runtime, SeqId,
+    Target, TensorPlacement, TensorSet, TrackedError, Xu, compile_hlo,
 };
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 // mimalloc keeps freed buffers for reuse; glibc's allocator returns large ones to the
 // kernel and faults them back in at every execution, which costs more than small models.
@@ -73,6 +77,23 @@ struct ExecArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// `sync`: one thread per core, each execution waited for before the next.
+    /// `async`: one thread schedules on every core's execution unit and keeps --inflight
+    /// requests queued per core, woken by the units' completion descriptors; latency then
+    /// includes the time a request waits behind earlier ones, and device latency is not
+    /// reported per request.
+    #[arg(long, value_enum, default_value_t = ExecMode::Sync)]
+    exec_mode: ExecMode,
+    /// Requests kept queued per core in async mode (at most
+    /// NEURON_RT_XU_COMPUTE_MAX_QUEUED_REQUESTS, default 8).
+    #[arg(long, value_name = "K", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..))]
+    inflight: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ExecMode {
+    Sync,
+    Async,
 }
 
 #[derive(Args)]
@@ -235,8 +256,8 @@ struct CoreResult {
 }
 
 impl CoreResult {
-    fn failed(&mut self, core: u32, error: NrtError) {
-        let execution = self.executions;
+    /// Records that execution number `execution` (from 1) failed.
+    fn failed(&mut self, core: u32, execution: u64, error: NrtError) {
         let failed: u64 = self.by_status.iter().map(|(_, n, _)| n).sum();
         if (failed as usize) < MAX_PRINTED_FAILURES {
             let known = self.by_status.iter().any(|(s, ..)| *s == error.status);
@@ -284,50 +305,19 @@ fn exec(args: ExecArgs) -> Result<()> {
         Some(d) => Some(Instant::now().checked_add(d).ok_or_else(|| anyhow!("--duration is too long"))?),
         None => None,
     };
-    let stop = AtomicBool::new(false);
-    let done = AtomicU64::new(0);
+    if args.exec_mode == ExecMode::Async && args.inflight > runtime.config().xu_queue as u64 {
+        bail!(
+            "--inflight {} is more than an execution unit can queue (NEURON_RT_XU_COMPUTE_MAX_QUEUED_REQUESTS={}); \
+             raise that variable or lower --inflight",
+            args.inflight,
+            runtime.config().xu_queue
+        );
+    }
     let started = Instant::now();
-    let results: Vec<CoreResult> = std::thread::scope(|scope| {
-        let workers: Vec<_> = replicas
-            .iter()
-            .map(|replica| {
-                let (runtime, stop, done) = (&runtime, &stop, &done);
-                scope.spawn(move || {
-                    let mut result = CoreResult::default();
-                    while result.executions < iterations
-                        && !stop.load(Ordering::Relaxed)
-                        && deadline.is_none_or(|d| Instant::now() < d)
-                    {
-                        result.executions += 1;
-                        match runtime.execute(&replica.model, &replica.inputs, &replica.outputs) {
-                            Ok(report) => {
-                                result.numerical_errors += report.numerical_errors;
-                                result.total.record(report.total_latency);
-                                result.device.record(report.device_latency);
-                            }
-                            // Failures are reported and counted; the run goes on.
-                            Err(e) => result.failed(replica.model.core(), e),
-                        }
-                        done.fetch_add(1, Ordering::Relaxed);
-                    }
-                    result
-                })
-            })
-            .collect();
-        let mut next_report = started + Duration::from_secs(1);
-        while !workers.iter().all(|w| w.is_finished()) {
-            std::thread::sleep(Duration::from_millis(20));
-            if Instant::now() >= next_report {
-                next_report += Duration::from_secs(1);
-                eprintln!(
-                    "  {:>4.0}s  {} executions",
-                    started.elapsed().as_secs_f64(),
-                    thousands(done.load(Ordering::Relaxed))
-                );
-            }
-        }
-        workers.into_iter().map(|w| w.join().unwrap_or_default()).collect()
-    });
+    let results = match args.exec_mode {
+        ExecMode::Sync => run_sync(&runtime, &replicas, iterations, deadline, started),
+        ExecMode::Async => run_async(&runtime, &replicas, iterations, deadline, args.inflight as usize, started)?,
+    };
     let wall = started.elapsed();
 
     let failed: u64 = results.iter().map(CoreResult::failed_count).sum();
@@ -359,6 +349,8 @@ fn exec(args: ExecArgs) -> Result<()> {
         let report = serde_json::json!({
             "model": name,
             "cores": cores.cores(),
+            "exec_mode": if args.exec_mode == ExecMode::Async { "async" } else { "sync" },
+            "inflight": if args.exec_mode == ExecMode::Async { Some(args.inflight) } else { None },
             "executions": executions,
             "duration_seconds": wall.as_secs_f64(),
             "throughput_per_second": throughput,
@@ -386,6 +378,9 @@ fn exec(args: ExecArgs) -> Result<()> {
         println!("{report}");
     } else {
         println!("model        {name} on {} ({})", cores, runtime.topology().instance_type);
+        if args.exec_mode == ExecMode::Async {
+            println!("mode         async, {} requests in flight per core", args.inflight);
+        }
         println!(
             "executions   {} in {:.2} s ({} per core)",
             thousands(executions),
@@ -417,6 +412,167 @@ fn exec(args: ExecArgs) -> Result<()> {
         bail!("{} of {} executions failed (listed above)", thousands(failed), thousands(executions));
     }
     Ok(())
+}
+
+/// Prints the executions done so far, once a second.
+struct Progress {
+    started: Instant,
+    next: Instant,
+}
+
+impl Progress {
+    fn new(started: Instant) -> Progress {
+        Progress { started, next: started + Duration::from_secs(1) }
+    }
+
+    fn tick(&mut self, done: u64) {
+        if Instant::now() >= self.next {
+            self.next += Duration::from_secs(1);
+            eprintln!("  {:>4.0}s  {} executions", self.started.elapsed().as_secs_f64(), thousands(done));
+        }
+    }
+}
+
+/// Each core's executions from its own thread, one at a time.
+fn run_sync(
+    runtime: &Runtime,
+    replicas: &[Replica],
+    iterations: u64,
+    deadline: Option<Instant>,
+    started: Instant,
+) -> Vec<CoreResult> {
+    let done = AtomicU64::new(0);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = replicas
+            .iter()
+            .map(|replica| {
+                let done = &done;
+                scope.spawn(move || {
+                    let mut result = CoreResult::default();
+                    while result.executions < iterations && deadline.is_none_or(|d| Instant::now() < d) {
+                        result.executions += 1;
+                        match runtime.execute(&replica.model, &replica.inputs, &replica.outputs) {
+                            Ok(report) => {
+                                result.numerical_errors += report.numerical_errors;
+                                result.total.record(report.total_latency);
+                                result.device.record(report.device_latency);
+                            }
+                            // Failures are reported and counted; the run goes on.
+                            Err(e) => result.failed(replica.model.core(), result.executions, e),
+                        }
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    result
+                })
+            })
+            .collect();
+        let mut progress = Progress::new(started);
+        while !workers.iter().all(|w| w.is_finished()) {
+            std::thread::sleep(Duration::from_millis(20));
+            progress.tick(done.load(Ordering::Relaxed));
+        }
+        workers.into_iter().map(|w| w.join().unwrap_or_default()).collect()
+    })
+}
+
+/// A request in flight in async mode.
+struct InFlight {
+    seq: SeqId,
+    /// The execution's number on its core, from 1.
+    execution: u64,
+    scheduled: Instant,
+}
+
+/// Every core's executions scheduled from this thread, `inflight` queued per core.
+/// The thread sleeps in `poll(2)` on the compute units' completion descriptors.
+fn run_async(
+    runtime: &Runtime,
+    replicas: &[Replica],
+    iterations: u64,
+    deadline: Option<Instant>,
+    inflight: usize,
+    started: Instant,
+) -> Result<Vec<CoreResult>> {
+    struct Core<'r> {
+        replica: &'r Replica,
+        handle: CompletionHandle,
+        tracker: ErrorTracker,
+        queue: VecDeque<InFlight>,
+        failures: HashMap<SeqId, TrackedError>,
+        result: CoreResult,
+    }
+    let mut cores = replicas
+        .iter()
+        .map(|replica| {
+            let core = replica.model.core();
+            Ok(Core {
+                replica,
+                handle: runtime.completion_handle(core, Xu::Compute)?,
+                tracker: runtime.error_tracker_create(core)?,
+                queue: VecDeque::with_capacity(inflight),
+                failures: HashMap::new(),
+                result: CoreResult::default(),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // The NaN/Inf count of a scheduled execution is in the datastore's counters.
+    let datastore = DatastoreReader::open(&runtime.datastore_path()?)?;
+    let numerical_errors = |core: u32| datastore.snapshot().core(core).map_or(0, |c| c.numerical_error_values);
+    let numerical_before: Vec<u64> = replicas.iter().map(|r| numerical_errors(r.model.core())).collect();
+    let mut progress = Progress::new(started);
+    let mut done = 0u64;
+    loop {
+        let open = deadline.is_none_or(|d| Instant::now() < d);
+        for core in &mut cores {
+            while open && core.queue.len() < inflight && core.result.executions < iterations {
+                core.result.executions += 1;
+                let execution = core.result.executions;
+                let r = core.replica;
+                match runtime.execute_schedule(&r.model, &r.inputs, &r.outputs, Some(&core.tracker)) {
+                    Ok(seq) => core.queue.push_back(InFlight { seq, execution, scheduled: Instant::now() }),
+                    Err(e) => {
+                        core.result.failed(r.model.core(), execution, e);
+                        done += 1;
+                    }
+                }
+            }
+        }
+        if cores.iter().all(|c| c.queue.is_empty()) {
+            break;
+        }
+        {
+            let mut fds: Vec<PollFd<'_>> =
+                cores.iter().map(|c| PollFd::new(c.handle.as_fd(), PollFlags::POLLIN)).collect();
+            match poll(&mut fds, PollTimeout::from(100u16)) {
+                Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                Err(e) => bail!("cannot wait for completions: {e}"),
+            }
+        }
+        for core in &mut cores {
+            core.handle.acknowledge();
+            let Some(last) = core.handle.last_completed() else { continue };
+            // A failure reaches the tracker before its request counts as completed.
+            core.failures.extend(core.tracker.take().into_iter().map(|e| (e.seq_id, e)));
+            while let Some(request) = core.queue.front().filter(|r| r.seq.number() <= last.number()) {
+                let latency = request.scheduled.elapsed();
+                match core.failures.remove(&request.seq) {
+                    Some(e) => core.result.failed(
+                        core.replica.model.core(),
+                        request.execution,
+                        NrtError::new(e.status, e.message),
+                    ),
+                    None => core.result.total.record(latency),
+                }
+                core.queue.pop_front();
+                done += 1;
+            }
+        }
+        progress.tick(done);
+    }
+    for (core, before) in cores.iter_mut().zip(numerical_before) {
+        core.result.numerical_errors = numerical_errors(core.replica.model.core()) - before;
+    }
+    Ok(cores.into_iter().map(|c| c.result).collect())
 }
 
 /// Counters one demo worker shares with the status line.
