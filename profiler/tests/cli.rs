@@ -323,12 +323,31 @@ fn an_unknown_custom_call_target_is_refused_with_the_supported_list() {
 }
 
 #[test]
-fn an_all_reduce_across_two_replicas_is_refused() {
-    assert_refused(
+fn an_all_reduce_model_runs_as_one_rank_per_core() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hlo = dir.path().join("ar.hlo");
+    std::fs::write(
+        &hlo,
         "HloModule ar\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\
          ENTRY e {\n  x = f32[8]{0} parameter(0)\n  ROOT y = f32[8]{0} all-reduce(x), replica_groups={{0,1}}, to_apply=sum\n}\n",
-        "line 9, instruction `y`: `all-reduce` with replica_groups={{0,1}} needs several NeuronCores",
+    )
+    .expect("write");
+    let bench = env!("CARGO_BIN_EXE_neuron-bench");
+    let model = hlo.to_str().expect("utf-8");
+    let one = run(bench, dir.path(), &["exec", model, "--cores", "0", "--iterations", "2"]);
+    assert_eq!(one.status.code(), Some(1));
+    let stderr = text(&one.stderr);
+    assert!(
+        stderr.contains("is loaded as 1 rank(s), but its all-reduce (HLO `y`) with replica_groups={{0,1}}")
+            && stderr.contains(
+                "load it on 2 cores as 2 ranks (Runtime::load_collectives, or neuron-bench exec --cores 0-1)"
+            ),
+        "{stderr}"
     );
+    let two = run(bench, dir.path(), &["exec", model, "--cores", "0-1", "--iterations", "20", "--json"]);
+    assert!(two.status.success(), "{}", text(&two.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&two.stdout).expect("one JSON object");
+    assert_eq!((report["executions"].as_u64(), report["failed_executions"].as_u64()), (Some(40), Some(0)));
 }
 
 #[test]

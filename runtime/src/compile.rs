@@ -17,9 +17,10 @@ use std::str::FromStr;
 use crate::dtype::{ArrayType, DType, DTypeClass};
 use crate::hlo::{self, Computation, HloModule, Payload, Shape};
 use crate::isa::{
-    ActivationFn, BinaryOp, Buffer, BufferKind, CompareDirection, DmaQueue, DmaQueueKind, DmaTransfer, DotDims, Engine,
-    EngineStream, FloatFormat, GatherDims, Instruction, IoTensor, Op, Program, ReduceOp, Region, RegionStep,
-    RegionValue, RngAlgorithm, RngResult, ScatterCombine, ScatterDims, UnaryOp, Window, infer_output,
+    ActivationFn, BinaryOp, Buffer, BufferKind, CollectiveKind, CollectiveOp, CompareDirection, DmaQueue, DmaQueueKind,
+    DmaTransfer, DotDims, Engine, EngineStream, FloatFormat, GatherDims, Instruction, IoTensor, Op, Program, ReduceOp,
+    Region, RegionStep, RegionValue, RngAlgorithm, RngResult, ScatterCombine, ScatterDims, UnaryOp, Window,
+    infer_output,
 };
 use crate::simplify;
 use crate::topology::NeuronCoreVersion;
@@ -524,13 +525,25 @@ impl<'m> Lowering<'m> {
                     combine: scatter_combine(self.region(inst)?)?,
                 }
             }
-            "all-reduce" | "all-gather" => {
-                single_replica_groups(inst)?;
+            "all-reduce" | "all-gather" | "reduce-scatter" | "all-to-all" => {
                 if inst.operands.len() != 1 {
                     return Err(format!("`{}` of several arrays at once is not supported", inst.opcode));
                 }
-                // With one participant, both return their operand unchanged.
-                Op::Copy
+                let dim = || -> Result<u32, String> {
+                    match dim_list(inst, "dimensions", false)?.as_slice() {
+                        &[d] => Ok(d),
+                        _ => Err(format!("`{}` needs exactly one dimension in `dimensions`", inst.opcode)),
+                    }
+                };
+                let kind = match inst.opcode.as_str() {
+                    "all-reduce" => CollectiveKind::AllReduce(reduction_kind(self.region(inst)?)?),
+                    "all-gather" => CollectiveKind::AllGather { dim: dim()? },
+                    "reduce-scatter" => {
+                        CollectiveKind::ReduceScatter { op: reduction_kind(self.region(inst)?)?, dim: dim()? }
+                    }
+                    _ => CollectiveKind::AllToAll { dim: dim()? },
+                };
+                Op::Collective(CollectiveOp { kind, groups: replica_groups(inst)? })
             }
             "custom-call" => {
                 let target = attr(inst, "custom_call_target")?.trim_matches('"');
@@ -1111,6 +1124,7 @@ pub const SUPPORTED_OPERATORS: &[&str] = &[
     "add",
     "all-gather",
     "all-reduce",
+    "all-to-all",
     "and",
     "atan2",
     "batch-norm-grad",
@@ -1152,6 +1166,7 @@ pub const SUPPORTED_OPERATORS: &[&str] = &[
     "power",
     "reduce",
     "reduce-precision",
+    "reduce-scatter",
     "remainder",
     "reshape",
     "reverse",
@@ -1253,25 +1268,40 @@ fn slice_op(value: &str) -> Result<Op, String> {
 /// leave their operand unchanged.
 pub const CUSTOM_CALL_TARGETS: &[&str] = &["Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"];
 
-/// Collectives run on one core for now: every replica group must hold one replica.
-fn single_replica_groups(inst: &hlo::Instruction) -> Result<(), String> {
-    let groups = inst.attribute("replica_groups").unwrap_or("{}");
-    let largest = match groups.strip_prefix('[') {
-        // The iota form `[N,M]<=[...]`: N groups of M replicas (unreadable: refuse).
-        Some(iota) => iota.split(']').next().and_then(|d| d.split(',').nth(1)).and_then(|m| m.trim().parse().ok()),
-        // `{{0,1},{2,3}}`: count the members of each group.
-        None => {
-            groups.split('}').map(|g| g.split(',').filter(|m| !m.trim_matches(['{', ' ']).is_empty()).count()).max()
-        }
+/// A collective's replica groups: `{}` (one group of every rank, given as no groups),
+/// `{{0,1},{2,3}}`, or the iota form `[G,S]<=[N]` (G groups of S consecutive ranks).
+/// Which ranks exist is checked when the model is loaded.
+fn replica_groups(inst: &hlo::Instruction) -> Result<Vec<Vec<u32>>, String> {
+    let text = inst.attribute("replica_groups").unwrap_or("{}").trim();
+    let bad = || {
+        format!(
+            "replica_groups={text} is not understood (forms: {{}}, {{{{0,1}},{{2,3}}}}, or [2,2]<=[4] without a transpose)"
+        )
     };
-    let largest = largest.unwrap_or(usize::MAX);
-    if largest > 1 {
-        return Err(format!(
-            "`{}` with replica_groups={groups} needs several NeuronCores; collectives across cores are not supported yet, so compile for one replica",
-            inst.opcode
-        ));
+    if let Some(iota) = text.strip_prefix('[') {
+        let (shape, rest) = iota.split_once("]<=[").ok_or_else(bad)?;
+        let total: u32 = rest.strip_suffix(']').and_then(|n| n.trim().parse().ok()).ok_or_else(bad)?;
+        let (groups, size) = shape.split_once(',').ok_or_else(bad)?;
+        let (groups, size): (u32, u32) =
+            (groups.trim().parse().map_err(|_| bad())?, size.trim().parse().map_err(|_| bad())?);
+        if size == 0 || groups.checked_mul(size) != Some(total) {
+            return Err(bad());
+        }
+        return Ok((0..groups).map(|g| (g * size..(g + 1) * size).collect()).collect());
     }
-    Ok(())
+    let inner = text.strip_prefix('{').and_then(|t| t.strip_suffix('}')).ok_or_else(bad)?.trim();
+    if inner.is_empty() {
+        return Ok(Vec::new());
+    }
+    inner
+        .split('}')
+        .map(|g| g.trim_start_matches([',', ' ']).trim())
+        .filter(|g| !g.is_empty())
+        .map(|g| {
+            let members = g.strip_prefix('{').ok_or_else(bad)?;
+            members.split(',').map(|m| m.trim().parse::<u32>().map_err(|_| bad())).collect()
+        })
+        .collect()
 }
 
 /// How a scatter region combines: `(a, b) -> b` replaces, otherwise a reduction.
@@ -1929,21 +1959,43 @@ mod tests {
     }
 
     #[test]
-    fn collectives_compile_only_with_single_replica_groups() {
+    fn collectives_lower_with_their_replica_groups() {
         let all_reduce = |groups: &str| {
             compile(&format!(
-                "HloModule m\nsum {{\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT s = f32[] add(a, b)\n}}\n\
-                 ENTRY e {{\n x = f32[4] parameter(0)\n ROOT y = f32[4] all-reduce(x), replica_groups={groups}, to_apply=sum\n}}\n"
+                "HloModule m\nmax {{\n a = f32[] parameter(0)\n b = f32[] parameter(1)\n ROOT s = f32[] maximum(a, b)\n}}\n\
+                 ENTRY e {{\n x = f32[4] parameter(0)\n ROOT y = f32[4] all-reduce(x), replica_groups={groups}, to_apply=max\n}}\n"
             ))
         };
-        for ok in ["{}", "{{0}}", "{{0},{1}}", "[2,1]<=[2]"] {
-            let program = all_reduce(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
-            assert_eq!(program.instructions().map(|i| i.op.opcode()).collect::<Vec<_>>(), ["Copy"]);
+        for (text, groups) in [
+            ("{}", vec![]),
+            ("{{0}}", vec![vec![0]]),
+            ("{{0,1},{2,3}}", vec![vec![0, 1], vec![2, 3]]),
+            ("{{0, 2}, {1, 3}}", vec![vec![0, 2], vec![1, 3]]),
+            ("[2,2]<=[4]", vec![vec![0, 1], vec![2, 3]]),
+        ] {
+            let program = all_reduce(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            let ops: Vec<Op> = program.instructions().map(|i| i.op.clone()).collect();
+            let expected = Op::Collective(CollectiveOp { kind: CollectiveKind::AllReduce(ReduceOp::Maximum), groups });
+            assert_eq!(ops, [expected], "{text}");
         }
-        for refused in ["{{0,1}}", "{{0},{1,2}}", "[1,2]<=[2]"] {
+        for refused in ["{{0,x}}", "[2,2]<=[2,2]T(1,0)", "[2,2]<=[5]", "{0,1}"] {
             let err = all_reduce(refused).expect_err(refused);
-            assert!(err.message.contains("needs several NeuronCores"), "{refused}: {err}");
+            assert!(err.message.contains("is not understood"), "{refused}: {err}");
         }
+        let gather = compile(
+            "HloModule m\nENTRY e {\n x = f32[2,3] parameter(0)\n \
+             ROOT y = f32[2,6] all-gather(x), replica_groups={{0,1}}, dimensions={1}\n}\n",
+        )
+        .expect("compiles");
+        let ops: Vec<Op> = gather.instructions().map(|i| i.op.clone()).collect();
+        let expected = CollectiveOp { kind: CollectiveKind::AllGather { dim: 1 }, groups: vec![vec![0, 1]] };
+        assert_eq!(ops, [Op::Collective(expected)]);
+        let err = compile(
+            "HloModule m\nENTRY e {\n x = f32[2,3] parameter(0)\n \
+             ROOT y = f32[2,9] all-gather(x), replica_groups={{0,1}}, dimensions={1}\n}\n",
+        )
+        .expect_err("groups of 2 cannot triple a dimension");
+        assert!(err.message.contains("needs groups of 3 ranks"), "{err}");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::collectives::Algorithm;
 use crate::error::{NrtError, NrtResult};
 use crate::fault::{self, FaultRule};
 use crate::topology::{CoreSet, DEFAULT_INSTANCE_TYPE, InstanceType};
@@ -45,6 +46,8 @@ pub const DEFAULT_XU_QUEUE: usize = 8;
 pub const MAX_XU_QUEUE: usize = 1 << 16;
 /// Faults to inject: `KIND[:core=N][:every=K|:after=K|:rate=P]`, comma-separated (see `fault`).
 pub const ENV_FAULT_INJECT: &str = "NEURON_RT_FAULT_INJECT";
+/// How collectives move data: `ring`, `all-to-all`, or `auto` (by size; the default).
+pub const ENV_COLLECTIVES_ALGORITHM: &str = "NEURON_RT_COLLECTIVES_ALGORITHM";
 /// Longest `NEURON_PROCESS_TAG` accepted.
 pub const MAX_PROCESS_TAG_LEN: usize = 255;
 
@@ -123,6 +126,9 @@ pub struct Config {
     pub faults: Vec<FaultRule>,
     /// Requests in flight per execution unit (`NEURON_RT_XU_COMPUTE_MAX_QUEUED_REQUESTS`).
     pub xu_queue: usize,
+    /// The algorithm of every collective (`NEURON_RT_COLLECTIVES_ALGORITHM`); `None`
+    /// chooses by size.
+    pub collectives_algorithm: Option<Algorithm>,
 }
 
 impl Default for Config {
@@ -142,6 +148,7 @@ impl Default for Config {
             fusion: true,
             faults: Vec::new(),
             xu_queue: DEFAULT_XU_QUEUE,
+            collectives_algorithm: None,
         }
     }
 }
@@ -273,6 +280,11 @@ impl Config {
             None => DEFAULT_XU_QUEUE,
         };
 
+        let collectives_algorithm = match get(ENV_COLLECTIVES_ALGORITHM) {
+            Some(v) => Algorithm::parse(&v).map_err(|e| bad(ENV_COLLECTIVES_ALGORITHM, &v, &e))?,
+            None => None,
+        };
+
         let host_threads = match get(ENV_HOST_THREADS) {
             Some(v) => match v.trim().parse::<usize>() {
                 Ok(n) if n > 0 => n,
@@ -362,6 +374,7 @@ impl Config {
             fusion,
             faults,
             xu_queue,
+            collectives_algorithm,
         })
     }
 }
@@ -452,6 +465,7 @@ mod tests {
             (ENV_VISIBLE_CORES, "0-4294967295"),
             (ENV_VALIDATE_HASH, "maybe"),
             (ENV_FUSION, "sometimes"),
+            (ENV_COLLECTIVES_ALGORITHM, "tree"),
             (ENV_INSTANCE_TYPE, "p4d"),
             (ENV_INSPECT_ENABLE, "yes please"),
             (ENV_INSPECT_SYSTEM_PROFILE, "2"),

@@ -236,6 +236,56 @@ pub enum Op {
     /// too). Operands: the scalar bounds `a` and `b`. Each execution draws new values
     /// from a process-wide generator, so runs differ, as they do under XLA.
     RngUniform,
+    /// A collective across the ranks the model is loaded on (`all-reduce`,
+    /// `all-gather`, `reduce-scatter`, `all-to-all`). Operand: the rank's array.
+    Collective(CollectiveOp),
+}
+
+/// A collective operation of a program.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CollectiveOp {
+    pub kind: CollectiveKind,
+    /// Replica groups: lists of ranks that exchange among themselves; empty means one
+    /// group of every rank.
+    pub groups: Vec<Vec<u32>>,
+}
+
+/// What a collective computes. `dim` is the dimension gathered, scattered or
+/// exchanged along.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CollectiveKind {
+    /// Every rank gets the element-wise reduction of all ranks' arrays.
+    AllReduce(ReduceOp),
+    /// Every rank gets the ranks' arrays concatenated along `dim`, in group order.
+    AllGather { dim: u32 },
+    /// The reduction of all ranks' arrays, split along `dim`: rank `i` of a group
+    /// gets part `i`.
+    ReduceScatter { op: ReduceOp, dim: u32 },
+    /// Each array is split along `dim` into one part per rank; part `j` of rank `i`
+    /// becomes part `i` of rank `j`.
+    AllToAll { dim: u32 },
+}
+
+impl CollectiveKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            CollectiveKind::AllReduce(_) => "all-reduce",
+            CollectiveKind::AllGather { .. } => "all-gather",
+            CollectiveKind::ReduceScatter { .. } => "reduce-scatter",
+            CollectiveKind::AllToAll { .. } => "all-to-all",
+        }
+    }
+}
+
+/// `{{0,1},{2,3}}`, or `{}` for one group of every rank.
+pub fn format_groups(groups: &[Vec<u32>]) -> String {
+    let inner: Vec<String> = groups.iter().map(|g| format_group(g)).collect();
+    format!("{{{}}}", inner.join(","))
+}
+
+/// One replica group: `{0,1}`.
+pub fn format_group(group: &[u32]) -> String {
+    format!("{{{}}}", group.iter().map(u32::to_string).collect::<Vec<_>>().join(","))
 }
 
 /// A reducer computation of `ReduceRegion`: scalar operations over its parameters,
@@ -542,6 +592,8 @@ impl Op {
             | Op::SelectAndScatter { .. }
             | Op::RngBitGenerator { .. }
             | Op::RngUniform => Engine::Pool,
+            // The sync engine drives the collective DMA rings and their semaphores.
+            Op::Collective(_) => Engine::Sp,
             Op::Unary(_)
             | Op::Binary(_)
             | Op::Compare { .. }
@@ -630,6 +682,12 @@ impl Op {
             Op::SelectAndScatter { .. } => "SelectAndScatter",
             Op::RngBitGenerator { .. } => "RngBitGenerator",
             Op::RngUniform => "RngUniform",
+            Op::Collective(c) => match c.kind {
+                CollectiveKind::AllReduce(_) => "AllReduce",
+                CollectiveKind::AllGather { .. } => "AllGather",
+                CollectiveKind::ReduceScatter { .. } => "ReduceScatter",
+                CollectiveKind::AllToAll { .. } => "AllToAll",
+            },
         }
     }
 
@@ -1108,6 +1166,53 @@ pub fn infer_output(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> R
             }
             if declared.dtype == DType::Pred {
                 return Err("rng does not produce pred".into());
+            }
+            Ok(declared.clone())
+        }
+        Op::Collective(c) => {
+            arity(1)?;
+            let x = operands[0];
+            let dim = match c.kind {
+                CollectiveKind::AllReduce(_) => {
+                    if x.dtype == DType::Pred
+                        && !matches!(c.kind, CollectiveKind::AllReduce(ReduceOp::Maximum | ReduceOp::Minimum))
+                    {
+                        return Err(format!("all-reduce of {x} must combine with or (maximum) or and (minimum)"));
+                    }
+                    return Ok(x.clone());
+                }
+                CollectiveKind::AllGather { dim }
+                | CollectiveKind::ReduceScatter { dim, .. }
+                | CollectiveKind::AllToAll { dim } => dim,
+            };
+            let d = dim as usize;
+            if d >= x.rank() || declared.rank() != x.rank() || declared.dtype != x.dtype {
+                return Err(format!("{} along dimension {dim} of {x} cannot give {declared}", c.kind.name()));
+            }
+            let other_dims_agree = (0..x.rank()).all(|i| i == d || x.dims[i] == declared.dims[i]);
+            let (small, large) = match c.kind {
+                CollectiveKind::AllGather { .. } => (x.dims[d], declared.dims[d]),
+                CollectiveKind::ReduceScatter { .. } => (declared.dims[d], x.dims[d]),
+                _ => (x.dims[d], declared.dims[d]),
+            };
+            let fits = small > 0
+                && large % small == 0
+                && (!matches!(c.kind, CollectiveKind::AllToAll { .. }) || small == large);
+            if !other_dims_agree || !fits {
+                return Err(format!("{} along dimension {dim} of {x} cannot give {declared}", c.kind.name()));
+            }
+            if let Some(group) = c
+                .groups
+                .iter()
+                .find(|g| g.len() as u64 != large / small && !matches!(c.kind, CollectiveKind::AllToAll { .. }))
+            {
+                return Err(format!(
+                    "{} of {x} into {declared} needs groups of {} ranks, but group {} has {}",
+                    c.kind.name(),
+                    large / small,
+                    format_groups(std::slice::from_ref(group)),
+                    group.len()
+                ));
             }
             Ok(declared.clone())
         }

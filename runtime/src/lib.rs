@@ -6,6 +6,7 @@
 //! [`Runtime`], and executed by the CPU backend with [`Tensor`]s bound to its inputs
 //! and outputs. Every failure is an [`NrtError`] carrying the public `NRT_STATUS` code.
 
+pub mod collectives;
 pub mod compile;
 pub mod config;
 pub mod datastore;
@@ -28,6 +29,7 @@ mod runtime;
 mod simplify;
 mod tensor;
 
+pub use collectives::{Algorithm, Collective, CollectiveCall, Communicator};
 pub use compile::{
     AutoCast, AutoCastType, CompileError, CompileOptions, OptLevel, Target, compile_hlo, compile_hlo_with,
 };

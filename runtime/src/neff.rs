@@ -36,6 +36,8 @@ pub const FEATURE_REGIONS_AND_WINDOWS: u64 = 0x40;
 /// Random number generation (`RngBitGenerator`, `RngUniform`).
 pub const FEATURE_RANDOM: u64 = 0x80;
 /// The feature bits this runtime executes.
+/// Collectives across the ranks a model is loaded on.
+pub const FEATURE_COLLECTIVES: u64 = 0x100;
 pub const SUPPORTED_FEATURES: u64 = FEATURE_BASE
     | FEATURE_INTEGER_TYPES
     | FEATURE_BATCHED_MATMUL
@@ -43,7 +45,8 @@ pub const SUPPORTED_FEATURES: u64 = FEATURE_BASE
     | FEATURE_EXTENDED_TYPES
     | FEATURE_FLOAT_FORMATS
     | FEATURE_REGIONS_AND_WINDOWS
-    | FEATURE_RANDOM;
+    | FEATURE_RANDOM
+    | FEATURE_COLLECTIVES;
 
 /// Size of the header before the variable-length name.
 const FIXED_HEADER_LEN: usize = 86;
@@ -241,6 +244,9 @@ pub fn features_of(program: &Program) -> u64 {
     }
     if program.instructions().any(|i| matches!(&i.op, Op::RngBitGenerator { .. } | Op::RngUniform)) {
         features |= FEATURE_RANDOM;
+    }
+    if program.instructions().any(|i| matches!(&i.op, Op::Collective(_))) {
+        features |= FEATURE_COLLECTIVES;
     }
     features
 }

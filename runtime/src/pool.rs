@@ -139,12 +139,31 @@ impl HostPool {
     }
 
     fn acquire(&self) -> Slot<'_> {
+        self.take_one();
+        Slot(self)
+    }
+
+    fn take_one(&self) {
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         while *free == 0 {
             free = self.released.wait(free).unwrap_or_else(PoisonError::into_inner);
         }
         *free -= 1;
-        Slot(self)
+    }
+
+    /// Runs `f`, for a job that waits on other jobs (a collective waiting for its other
+    /// ranks), with the job's slot given back, and takes a slot again (waiting for one)
+    /// before returning, also if `f` panics.
+    pub(crate) fn released<R>(&self, f: impl FnOnce() -> R) -> R {
+        struct Retake<'p>(&'p HostPool);
+        impl Drop for Retake<'_> {
+            fn drop(&mut self) {
+                self.0.take_one();
+            }
+        }
+        self.give_back(1);
+        let _retake = Retake(self);
+        f()
     }
 }
 
@@ -185,6 +204,25 @@ mod tests {
         assert_eq!(pool.lend(8).threads(), 3);
         drop(held);
         assert_eq!(*pool.free.lock().expect("lock"), 3);
+    }
+
+    #[test]
+    fn a_waiting_job_lets_another_run_in_its_slot() {
+        let pool = HostPool::new(1);
+        let (ready, wait) = crossbeam_channel::bounded::<()>(0);
+        std::thread::scope(|scope| {
+            let waiter = scope.spawn(|| pool.run(|| pool.released(|| wait.recv().is_ok())).expect("ran"));
+            // With the only slot held by the waiter, this job can run only if the slot
+            // was given back while it waits.
+            while !waiter.is_finished() {
+                if pool.run(|| ready.try_send(()).is_ok()).expect("ran") {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+            assert!(waiter.join().expect("joins"));
+        });
+        assert_eq!(*pool.free.lock().expect("lock"), 1, "the slot was taken back and released once");
     }
 
     #[test]

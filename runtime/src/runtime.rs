@@ -10,11 +10,12 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
 use crate::backend::{Destination, Executable, Input, Output, RunError, Value, ValueRef};
+use crate::collectives::{self, Algorithm, CollectiveCall, Communicator, OpPosition, Request};
 use crate::config::{Config, MAX_EXEC_TIMEOUT, NumericalErrorsVerbosity};
 use crate::datastore::DatastoreError;
 use crate::datastore::layout::{core as counter, model as model_field};
@@ -22,7 +23,7 @@ use crate::datastore::writer::{CreateParams, DatastoreWriter, EccCounter, ModelE
 use crate::dtype::{ArrayType, DType};
 use crate::error::{NrtError, NrtResult, NrtStatus};
 use crate::fault::{Degraded, FaultKind, Faults, Strike};
-use crate::isa::{BufferKind, DmaQueueKind, IoTensor, Program};
+use crate::isa::{BufferKind, CollectiveKind, CollectiveOp, DmaQueueKind, IoTensor, Op, Program, format_groups};
 use crate::memory::{
     Charge, DeviceCategory, DeviceUsage, HostCategory, HostUsage, MemoryCharge, MemoryLedger, MemoryMirror,
 };
@@ -141,6 +142,10 @@ struct LoadedModel {
     instructions_in_table: bool,
     input_bytes: u64,
     output_bytes: u64,
+    /// For a program with collectives: its communicator and rank.
+    rank: Option<(Communicator, u32)>,
+    /// The program's collective instructions.
+    collectives: u32,
 }
 
 /// What one execution did.
@@ -340,8 +345,59 @@ impl Runtime {
             .ok_or_else(|| NrtError::new(NrtStatus::Closed, "the runtime has been closed"))
     }
 
-    /// Loads a NEFF onto `core`, or onto the held core with the fewest models.
+    /// Loads a NEFF onto `core`, or onto the held core with the fewest models. A program
+    /// with collectives runs as a single rank; see [`Runtime::load_collectives`].
     pub fn load(&self, neff_bytes: &[u8], core: Option<u32>) -> NrtResult<Model> {
+        self.load_rank(neff_bytes, core, None)
+    }
+
+    /// Loads a NEFF once per core of `cores`, as ranks `0..cores.len()` of one
+    /// communicator (`nrt_load_collectives`): the program's collectives (HLO
+    /// `all-reduce`, `all-gather`, `reduce-scatter`, `all-to-all`) exchange data between
+    /// the ranks. Every rank is executed like any model, each from its own thread or
+    /// execution unit; a rank's collective waits for the other ranks of its replica
+    /// group, up to `NEURON_RT_EXEC_TIMEOUT`. The replica groups must split the ranks.
+    pub fn load_collectives(&self, neff_bytes: &[u8], cores: &[u32]) -> NrtResult<Vec<Model>> {
+        self.shared.lifecycle.check()?;
+        let name = Neff::decode(neff_bytes, DecodeOptions { validate_hash: false })?.name;
+        let communicator = self.communicator_named(Some(&name), cores)?;
+        let mut models = Vec::with_capacity(cores.len());
+        for (rank, &core) in cores.iter().enumerate() {
+            match self.load_rank(neff_bytes, Some(core), Some((communicator.clone(), rank as u32))) {
+                Ok(model) => models.push(model),
+                Err(error) => {
+                    for model in &models {
+                        let _ = self.unload(model);
+                    }
+                    return Err(error);
+                }
+            }
+        }
+        Ok(models)
+    }
+
+    /// A communicator whose ranks `0..cores.len()` run on `cores`, for collectives called
+    /// through [`Communicator::run`] or [`Runtime::collective_schedule`].
+    pub fn communicator(&self, cores: &[u32]) -> NrtResult<Communicator> {
+        self.communicator_named(None, cores)
+    }
+
+    fn communicator_named(&self, name: Option<&str>, cores: &[u32]) -> NrtResult<Communicator> {
+        self.shared.lifecycle.check()?;
+        for &core in cores {
+            self.check_held(core)?;
+        }
+        Communicator::new(
+            name,
+            cores,
+            &self.shared.topology,
+            self.tracer()?,
+            Arc::clone(&self.shared.lifecycle),
+            self.shared.config.exec_timeout.min(MAX_EXEC_TIMEOUT),
+        )
+    }
+
+    fn load_rank(&self, neff_bytes: &[u8], core: Option<u32>, rank: Option<(Communicator, u32)>) -> NrtResult<Model> {
         let called = ticks();
         self.shared.lifecycle.check()?;
         let tracer = self.tracer()?;
@@ -354,6 +410,15 @@ impl Runtime {
             )));
         }
         let core = self.pick_core(core)?;
+        let ranks = rank.as_ref().map_or(1, |(c, _)| c.ranks());
+        check_collectives(program, &neff.name, ranks)?;
+        let rank = match rank {
+            Some(rank) => Some(rank),
+            None if program.instructions().any(|i| matches!(i.op, Op::Collective(_))) => {
+                Some((self.communicator_named(Some(&neff.name), &[core])?, 0))
+            }
+            None => None,
+        };
         let slot = tracer.store.core_slot(core).ok_or_else(|| NrtError::invalid(format!("nc{core} is not held")))?;
         let ring = tracer.ring_of(Some(core));
         let id = self.shared.next_model_id.fetch_add(1, Ordering::Relaxed);
@@ -366,7 +431,7 @@ impl Runtime {
         } else {
             0
         };
-        let loaded = self.load_on(&tracer, neff, neff_bytes.len() as u64, core, slot, ring, id, name_id);
+        let loaded = self.load_on(&tracer, neff, neff_bytes.len() as u64, core, slot, ring, id, name_id, rank);
         tracer.stop(ring, EventType::NrtLoad, tracking_id, ids, name_id, loaded.as_ref().err().map(|e| e.status));
         let model = loaded?;
         tracing::info!(model = %model.inner.name, id, core, "model loaded");
@@ -384,8 +449,10 @@ impl Runtime {
         ring: RingPos,
         id: u32,
         name_id: u32,
+        rank: Option<(Communicator, u32)>,
     ) -> NrtResult<Model> {
         let program = &neff.program;
+        let collectives = program.instructions().filter(|i| matches!(i.op, Op::Collective(_))).count() as u32;
         let charges = self.charge_model(program, neff_len, core)?;
         let size_of = |b: u32| program.buffers[b as usize].ty.size_bytes().unwrap_or(0);
         let input_bytes = program.inputs.iter().map(|io| size_of(io.buffer)).sum();
@@ -449,6 +516,8 @@ impl Runtime {
             instructions_in_table,
             input_bytes,
             output_bytes,
+            rank,
+            collectives,
         });
         {
             // Checked again under the models lock: a concurrent close drains the table
@@ -694,6 +763,33 @@ impl Runtime {
         self.schedule(core, Xu::TensorOp, tracker, &what, work, |_| {})
     }
 
+    /// Schedules `call` as rank `rank` of `communicator` on the rank core's collectives
+    /// unit (`nrta_cc_schedule`); see [`Communicator::run`]. The `cc_running` events of
+    /// the request carry its sequence id.
+    pub fn collective_schedule(
+        &self,
+        communicator: &Communicator,
+        rank: u32,
+        call: CollectiveCall,
+        input: Option<&Tensor>,
+        output: Option<&Tensor>,
+        tracker: Option<&ErrorTracker>,
+    ) -> NrtResult<SeqId> {
+        self.shared.lifecycle.check()?;
+        let core = communicator.core(rank).ok_or_else(|| {
+            NrtError::invalid(format!(
+                "rank {rank} does not exist: {} has {} ranks",
+                communicator.name(),
+                communicator.ranks()
+            ))
+        })?;
+        let (communicator_owned, input, output) = (communicator.clone(), input.cloned(), output.cloned());
+        let what = format!("{} of rank {rank}", call.op.name());
+        let work: nrta::Work =
+            Box::new(move |seq| communicator_owned.run_as(rank, &call, input.as_ref(), output.as_ref(), seq.0));
+        self.schedule(core, Xu::Collectives, tracker, &what, work, |_| {})
+    }
+
     /// Queues `work` on `core`'s unit `xu`: checks the tracker belongs to the core and
     /// the core is not degraded. `what` names the request in errors.
     fn schedule(
@@ -812,6 +908,7 @@ impl Runtime {
             pool: &pool,
             faults: &faults,
             device: self.shared.topology.device_of(m.core),
+            collectives_algorithm: self.shared.config.collectives_algorithm,
         };
         let outcome = pool.run(|| {
             let kmgr_tracking = job.tracer.start(job.model.ring, EventType::KmgrExecCore, job.ids, 0);
@@ -1021,6 +1118,60 @@ fn stale_model(model: &Model) -> NrtError {
     )
 }
 
+/// The type of a collective's operand value.
+fn operand_type(value: &ValueRef<'_>, dtype: DType) -> ArrayType {
+    ArrayType::new(dtype, value.shape().iter().map(|&d| d as u64).collect())
+}
+
+/// Checks at load that a program's collectives fit `ranks` ranks: their replica groups
+/// split the ranks, and a gather, scatter or exchange over every rank divides its
+/// dimension by the number of ranks.
+fn check_collectives(program: &Program, name: &str, ranks: usize) -> NrtResult<()> {
+    for instruction in program.instructions() {
+        let Op::Collective(op) = &instruction.op else { continue };
+        let hlo = program.hlo_names.get(instruction.hlo as usize).map_or("", String::as_str);
+        let needed = op.groups.iter().flatten().map(|&r| r as usize + 1).max().unwrap_or(1);
+        let operand = &program.buffers[instruction.operands[0] as usize].ty;
+        let output = &program.buffers[instruction.output as usize].ty;
+        let factor = match op.kind {
+            CollectiveKind::AllGather { dim } => output.dims[dim as usize] / operand.dims[dim as usize].max(1),
+            CollectiveKind::ReduceScatter { dim, .. } => operand.dims[dim as usize] / output.dims[dim as usize].max(1),
+            _ => 1,
+        };
+        let hint = |need: usize| {
+            format!(
+                "; load it on {need} cores as {need} ranks (Runtime::load_collectives, or neuron-bench exec --cores 0-{})",
+                need - 1
+            )
+        };
+        if let Err(error) = collectives::check_groups(&op.groups, ranks) {
+            let hint = if needed > ranks { hint(needed) } else { String::new() };
+            return Err(NrtError::invalid(format!(
+                "`{name}` is loaded as {ranks} rank(s), but its {} (HLO `{hlo}`) with replica_groups={}: {}{hint}",
+                op.kind.name(),
+                format_groups(&op.groups),
+                error.message
+            )));
+        }
+        if op.groups.is_empty() && factor as usize != ranks && factor != 1 {
+            return Err(NrtError::invalid(format!(
+                "`{name}` is loaded as {ranks} rank(s), but its {} (HLO `{hlo}`) of {operand} into {output} is over {factor} ranks{}",
+                op.kind.name(),
+                hint(factor as usize)
+            )));
+        }
+        if let CollectiveKind::AllToAll { dim } = op.kind {
+            let group = if op.groups.is_empty() { ranks } else { op.groups[0].len() };
+            if !operand.dims[dim as usize].is_multiple_of(group as u64) {
+                return Err(NrtError::invalid(format!(
+                    "`{name}`: all-to-all (HLO `{hlo}`) splits dimension {dim} of {operand} into {group} parts, which does not divide it"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Matches a tensor set against a model's inputs or outputs, by name, size and type.
 fn bind(model: &str, what: &str, ios: &[IoTensor], program: &Program, set: &TensorSet) -> NrtResult<Vec<Tensor>> {
     let expected: Vec<&str> = ios.iter().map(|io| io.name.as_str()).collect();
@@ -1076,6 +1227,8 @@ struct CoreJob<'a> {
     faults: &'a Faults,
     /// The Neuron Device of the model's core.
     device: u32,
+    /// `NEURON_RT_COLLECTIVES_ALGORITHM`.
+    collectives_algorithm: Option<Algorithm>,
 }
 
 /// What the core did: the NaN/Inf count or the error, the program's device time
@@ -1205,6 +1358,42 @@ impl CoreJob<'_> {
         }
     }
 
+    /// Runs collective `op` of this execution as the model's rank, with the host
+    /// compute slot given back while it waits for the other ranks.
+    #[allow(clippy::too_many_arguments)]
+    fn collective(
+        &self,
+        communicator: &Communicator,
+        rank: u32,
+        at: OpPosition,
+        op: &CollectiveOp,
+        operand: ValueRef<'_>,
+        out: &ArrayType,
+        deadline: Instant,
+    ) -> NrtResult<Value> {
+        let ty_in = operand_type(&operand, out.dtype);
+        let mut input = vec![0u8; ty_in.size_bytes().unwrap_or(0) as usize];
+        operand.write_le_bytes(&mut input);
+        let mut output = vec![0u8; out.size_bytes().unwrap_or(0) as usize];
+        let outer = match op.kind {
+            CollectiveKind::AllReduce(_) => 1,
+            CollectiveKind::AllGather { dim }
+            | CollectiveKind::ReduceScatter { dim, .. }
+            | CollectiveKind::AllToAll { dim } => ty_in.dims[..dim as usize].iter().product::<u64>() as usize,
+        };
+        let request = Request {
+            op: collectives::from_kind(op.kind),
+            dtype: out.dtype,
+            groups: &op.groups,
+            algorithm: self.collectives_algorithm,
+            outer,
+            input: &input,
+            output: &mut output,
+        };
+        self.pool.released(|| communicator.exchange(rank, at, request, deadline, self.ids))?;
+        Ok(Value::from_le_bytes(out, &output))
+    }
+
     /// The failure an injected fault turns a finished execution into.
     fn injected_failure(&self, strike: &Strike, status: NrtStatus) -> NrtError {
         let m = self.model;
@@ -1305,6 +1494,24 @@ impl CoreJob<'_> {
             0
         };
         let timeout_ticks = (self.timeout.min(MAX_EXEC_TIMEOUT).as_nanos() as f64 / tracer.ns_per_tick) as u64;
+        let deadline = Instant::now() + self.timeout.min(MAX_EXEC_TIMEOUT);
+        // This execution is the rank's next unit: its collectives meet the other ranks' in
+        // their executions with the same unit.
+        let unit = m.rank.as_ref().map(|(communicator, rank)| communicator.begin(*rank));
+        let mut run_collective = |index: u32, op: &CollectiveOp, operand: ValueRef<'_>, out: &ArrayType| {
+            let (Some((communicator, rank)), Some(unit)) = (&m.rank, unit) else {
+                unreachable!("a program with collectives is loaded with a communicator")
+            };
+            self.collective(
+                communicator,
+                *rank,
+                OpPosition { unit, index, count: m.collectives },
+                op,
+                operand,
+                out,
+                deadline,
+            )
+        };
         let mut executed = 0u64;
         // Instruction k runs from boundaries[k] to boundaries[k + 1]; their device
         // events are recorded once the program stops, as run records.
@@ -1316,7 +1523,8 @@ impl CoreJob<'_> {
             std::thread::sleep(self.timeout.min(MAX_EXEC_TIMEOUT));
             Err(RunError::DeadlineExceeded { step: 0, steps: m.instructions.len() })
         } else {
-            m.executable.run(values, destinations, run_start.saturating_add(timeout_ticks), self.pool, |_, a, b| {
+            let deadline_ticks = run_start.saturating_add(timeout_ticks);
+            m.executable.run(values, destinations, deadline_ticks, self.pool, &mut run_collective, |_, a, b| {
                 executed += 1;
                 if device {
                     if boundaries.is_empty() {
@@ -1360,6 +1568,7 @@ impl CoreJob<'_> {
                     ),
                 )
             }
+            RunError::Collective { error, .. } => error,
         });
         // A fault that fails the execution is seen when it completes, as the runtime
         // reads the core's status.

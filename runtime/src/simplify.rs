@@ -17,7 +17,8 @@ pub(crate) const MAX_FOLDED_BYTES: u64 = 4 << 20;
 fn is_pure(op: &Op) -> bool {
     match op {
         // A new draw at each execution.
-        Op::RngUniform => false,
+        // A new draw at each execution; data from other ranks.
+        Op::RngUniform | Op::Collective(_) => false,
         Op::MatMul(_)
         | Op::Activation(_)
         | Op::Unary(_)

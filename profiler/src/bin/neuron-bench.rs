@@ -15,7 +15,7 @@ use neuron_profiler::stats::{LatencyHistogram, LatencySummary, format_seconds};
 use neuron_profiler::{init_logging, load_model_bytes, model_name, npy, si, thousands};
 use neuron_runtime::config::{Config, ENV_VISIBLE_CORES};
 use neuron_runtime::datastore::DatastoreReader;
-use neuron_runtime::isa::Program;
+use neuron_runtime::isa::{Op, Program};
 use neuron_runtime::neff::DecodeOptions;
 use neuron_runtime::topology::NeuronCoreVersion;
 use neuron_runtime::{
@@ -47,6 +47,9 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run one model repeatedly, one copy per core, and report latency percentiles.
+    ///
+    /// A model with collectives (HLO all-reduce, all-gather, reduce-scatter, all-to-all)
+    /// is loaded as one rank per core, and the ranks run together.
     ///
     /// A failed execution is reported on stderr (and in --json) and the run goes on; the
     /// exit status is 1 if any execution failed.
@@ -178,7 +181,12 @@ struct Replica {
 
 impl Replica {
     fn new(runtime: &Runtime, neff: &[u8], core: u32, fill: &mut InputFill<'_>) -> Result<Replica> {
-        let model = runtime.load(neff, Some(core))?;
+        Replica::bind(runtime, runtime.load(neff, Some(core))?, fill)
+    }
+
+    /// Allocates and fills the tensors of a loaded model on its core.
+    fn bind(runtime: &Runtime, model: Model, fill: &mut InputFill<'_>) -> Result<Replica> {
+        let core = model.core();
         let placement = TensorPlacement::Device { core };
         let mut inputs = TensorSet::new();
         for (i, io) in model.inputs().iter().enumerate() {
@@ -294,8 +302,14 @@ fn exec(args: ExecArgs) -> Result<()> {
     let program = Neff::decode(&neff, DecodeOptions::default())?.program;
     let given = parse_inputs(&args.inputs, &program)?;
     let mut fill = |i: usize, _: &ArrayType| Ok(given[i].clone());
-    let replicas =
-        cores.cores().iter().map(|&core| Replica::new(&runtime, &neff, core, &mut fill)).collect::<Result<Vec<_>>>()?;
+    // A program with collectives runs as one rank per core; each core's worker executes
+    // its rank, and the ranks meet in the collectives.
+    let replicas = if program.instructions().any(|i| matches!(i.op, Op::Collective(_))) {
+        let models = runtime.load_collectives(&neff, cores.cores())?;
+        models.into_iter().map(|model| Replica::bind(&runtime, model, &mut fill)).collect::<Result<Vec<_>>>()?
+    } else {
+        cores.cores().iter().map(|&core| Replica::new(&runtime, &neff, core, &mut fill)).collect::<Result<Vec<_>>>()?
+    };
 
     let iterations = match args.duration {
         Some(_) => u64::MAX,

@@ -822,7 +822,9 @@ mod tests {
                 })
                 .collect();
             let destinations = program.outputs.iter().map(|_| None).collect();
-            let outputs = executable.run(values, destinations, u64::MAX, &pool, |_, _, _| {}).expect("runs");
+            let outputs = executable
+                .run(values, destinations, u64::MAX, &pool, &mut |_, _, _, _| unreachable!(), |_, _, _| {})
+                .expect("runs");
             let bytes = outputs
                 .iter()
                 .map(|output| {

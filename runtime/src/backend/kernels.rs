@@ -313,6 +313,8 @@ pub(super) fn execute(
             super::random::bit_generator(*algorithm, *result, &operands[0], bits)
         }
         Op::RngUniform => super::random::uniform(&operands[0], &operands[1], out),
+        // The run hands collectives to the communicator; nothing else executes them.
+        Op::Collective(_) => unvalidated("collective outside a run"),
         Op::ReduceRounded { op, dims: axes, format, saturate } => {
             let (format, saturate) = (*format, *saturate);
             with_reduce_f32!(*op, f => {

@@ -22,7 +22,8 @@ use element::with_element;
 pub(crate) use kernels::round_to_format;
 
 use crate::dtype::{ArrayType, DType};
-use crate::isa::{BufferKind, Instruction, Op, Program};
+use crate::error::NrtError;
+use crate::isa::{BinaryOp, BufferKind, CollectiveOp, Instruction, Op, Program, ReduceOp};
 use crate::pool::HostPool;
 use crate::trace::clock::ticks;
 
@@ -225,7 +226,15 @@ pub(crate) enum RunError {
     DeadlineExceeded { step: usize, steps: usize },
     /// The instruction at `step` indexed outside an array.
     OutOfBounds { step: usize, detail: String },
+    /// The collective at `step` failed.
+    Collective { step: usize, error: NrtError },
 }
+
+/// Runs a program's collectives: called with the collective's index among the
+/// program's collectives (in execution order), the operation, the rank's operand and
+/// the output type; returns this rank's result.
+pub(crate) type CollectiveRunner<'r> =
+    dyn FnMut(u32, &CollectiveOp, ValueRef<'_>, &ArrayType) -> Result<Value, NrtError> + 'r;
 
 /// A program prepared for repeated execution.
 #[derive(Debug)]
@@ -385,8 +394,10 @@ impl Executable {
         mut destinations: Vec<Option<Destination<'a>>>,
         deadline_ticks: u64,
         helpers: &HostPool,
+        collectives: &mut CollectiveRunner<'_>,
         mut on_instruction: impl FnMut(usize, u64, u64),
     ) -> Result<Vec<Output<'a>>, RunError> {
+        let mut collective_index = 0u32;
         let program = &self.program;
         let mut slots: Vec<Slot<'a>> = program
             .buffers
@@ -446,6 +457,26 @@ impl Executable {
                 let instruction = &program.streams[s].instructions[i];
                 let b = instruction.output as usize;
                 let out_ty = &program.buffers[b].ty;
+                if let Op::Collective(collective) = &instruction.op {
+                    // Another rank's data arrives as a value; an output is copied out later.
+                    let operand = slots[instruction.operands[0] as usize]
+                        .get()
+                        .unwrap_or_else(|| kernels::unvalidated("collective operand"));
+                    let value = collectives(collective_index, collective, operand, out_ty)
+                        .map_err(|error| RunError::Collective { step, error })?;
+                    collective_index += 1;
+                    slots[b] = Slot::Owned(value);
+                    open = Some(step);
+                    for &r in &self.release_after[u] {
+                        if matches!(
+                            program.buffers[r as usize].kind,
+                            BufferKind::Intermediate { .. } | BufferKind::Input { .. }
+                        ) {
+                            self.recycle(std::mem::replace(&mut slots[r as usize], Slot::Empty));
+                        }
+                    }
+                    continue;
+                }
                 let destination =
                     self.output_of_buffer[b].and_then(|k| destinations.get_mut(k)?.take().map(|d| (k, d)));
                 // A reshape of an array that dies here takes the array over: no copy.
@@ -514,6 +545,26 @@ impl Executable {
             outputs.push(output);
         }
         Ok(outputs)
+    }
+}
+
+/// Combines `x` into `acc` element by element (`acc = acc op x`), both little-endian
+/// arrays of `dtype`, with the arithmetic of the element-wise kernels (NaN propagates
+/// through maximum and minimum; on `pred`, add is `or` and multiply is `and`).
+pub(crate) fn combine_le_bytes(op: ReduceOp, dtype: DType, acc: &mut [u8], x: &[u8]) {
+    let ty = ArrayType::new(dtype, vec![acc.len() as u64 / dtype.size_bytes()]);
+    let binary = match (op, dtype) {
+        (ReduceOp::Add | ReduceOp::Maximum, DType::Pred) => BinaryOp::Or,
+        (ReduceOp::Multiply | ReduceOp::Minimum, DType::Pred) => BinaryOp::And,
+        (ReduceOp::Add, _) => BinaryOp::Add,
+        (ReduceOp::Multiply, _) => BinaryOp::Multiply,
+        (ReduceOp::Maximum, _) => BinaryOp::Maximum,
+        (ReduceOp::Minimum, _) => BinaryOp::Minimum,
+    };
+    let (a, b) = (Value::from_le_bytes(&ty, acc), Value::from_le_bytes(&ty, x));
+    match kernels::execute(&Op::Binary(binary), &[a.view(), b.view()], &ty, &HostPool::new(1)) {
+        Ok(result) => result.write_le_bytes(acc),
+        Err(_) => kernels::unvalidated("element-wise combine"),
     }
 }
 

@@ -108,6 +108,10 @@ pub(crate) mod core {
     pub(crate) const DEVICE_MEMORY: u64 = 20;
     pub(crate) const MODEL_SWITCHES: u64 = 25;
     pub(crate) const NUMERICAL_ERROR_VALUES: u64 = 26;
+    /// Collective operations the core's ranks took part in, and the time they spent in
+    /// them (waiting for the other ranks included).
+    pub(crate) const COLLECTIVES: u64 = 27;
+    pub(crate) const COLLECTIVES_NS: u64 = 28;
 }
 
 /// Model slot fields (byte offsets in a slot).

@@ -125,6 +125,9 @@ pub struct CoreSnapshot {
     pub device_memory: [u64; 5],
     pub model_switches: u64,
     pub numerical_error_values: u64,
+    /// Collective operations the core's ranks took part in, and the ns spent in them.
+    pub collectives: u64,
+    pub collectives_ns: u64,
     pub device_latency: Vec<u64>,
     pub total_latency: Vec<u64>,
 }
@@ -784,6 +787,8 @@ impl DatastoreReader {
                     device_memory: std::array::from_fn(|k| w(layout::core::DEVICE_MEMORY + k as u64)),
                     model_switches: w(layout::core::MODEL_SWITCHES),
                     numerical_error_values: w(layout::core::NUMERICAL_ERROR_VALUES),
+                    collectives: w(layout::core::COLLECTIVES),
+                    collectives_ns: w(layout::core::COLLECTIVES_NS),
                     device_latency: histogram(false),
                     total_latency: histogram(true),
                 }

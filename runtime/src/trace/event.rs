@@ -39,10 +39,11 @@ pub enum EventType {
     HwNotify = 16,
     TimestampSyncPoint = 17,
     NrtaExecuteSchedule = 18,
+    CcRunning = 19,
 }
 
 impl EventType {
-    pub const ALL: [EventType; 19] = [
+    pub const ALL: [EventType; 20] = [
         EventType::NrtLoad,
         EventType::NrtUnload,
         EventType::NrtExecute,
@@ -62,6 +63,7 @@ impl EventType {
         EventType::HwNotify,
         EventType::TimestampSyncPoint,
         EventType::NrtaExecuteSchedule,
+        EventType::CcRunning,
     ];
 
     pub fn name(self) -> &'static str {
@@ -84,6 +86,7 @@ impl EventType {
             EventType::NumericalErr => "numerical_err",
             EventType::HwNotify => "hw_notify",
             EventType::NrtaExecuteSchedule => "nrta_execute_schedule",
+            EventType::CcRunning => "cc_running",
             EventType::TimestampSyncPoint => "timestamp_sync_point",
         }
     }
@@ -101,6 +104,7 @@ impl EventType {
         matches!(
             self,
             EventType::NcExecRunning
+                | EventType::CcRunning
                 | EventType::NrtModelSwitch
                 | EventType::NumericalErr
                 | EventType::HwNotify
@@ -198,6 +202,20 @@ pub enum EventData {
     SyncPoint {
         cpu_timestamp_ns: u64,
         nc_timestamp_ns: u64,
+    },
+    /// `cc_running`: one collective on one rank.
+    Collective {
+        /// `all-reduce`, `all-gather`, `reduce-scatter`, `all-to-all`, `barrier`.
+        operation: &'static str,
+        /// `ring` or `all-to-all`.
+        algorithm: &'static str,
+        /// Bytes of the larger of the rank's input and output.
+        bytes: u64,
+        /// The rank's replica group, as ranks: `{0,1}`.
+        replica_group: String,
+        /// The collective's index among its execution's collectives (0 for API calls).
+        op_id: u32,
+        status: Option<i32>,
     },
 }
 
@@ -395,6 +413,14 @@ impl SystemRecord {
             EventType::TimestampSyncPoint => {
                 EventData::SyncPoint { cpu_timestamp_ns: host_ns(a[0]), nc_timestamp_ns: a[1] }
             }
+            EventType::CcRunning => EventData::Collective {
+                operation: crate::collectives::Collective::name_of_code(a[2] & 0xff),
+                algorithm: crate::collectives::algorithm_name_of_code(a[2] >> 8 & 0xff),
+                bytes: a[1],
+                replica_group: string(self.string_id),
+                op_id: a[0] as u32,
+                status,
+            },
         };
         Some(SystemEvent {
             event_type,
@@ -675,6 +701,16 @@ impl Serialize for DataJson<'_> {
             EventData::SyncPoint { cpu_timestamp_ns, nc_timestamp_ns } => {
                 map.serialize_entry("cpu_timestamp_ns", cpu_timestamp_ns)?;
                 map.serialize_entry("nc_timestamp_ns", nc_timestamp_ns)?;
+            }
+            EventData::Collective { operation, algorithm, bytes, replica_group, op_id, status } => {
+                map.serialize_entry("operation", operation)?;
+                map.serialize_entry("algorithm", algorithm)?;
+                map.serialize_entry("bytes", bytes)?;
+                map.serialize_entry("replica_group", replica_group)?;
+                map.serialize_entry("op_id", op_id)?;
+                if let Some(status) = status {
+                    map.serialize_entry("status", status)?;
+                }
             }
         }
         map.end()
