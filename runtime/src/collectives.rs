@@ -12,9 +12,13 @@
 //!   reduce-scatter phase and an all-gather phase of `n − 1` steps each, every step
 //!   moving `1/n` of the data, so each rank moves about twice the data whatever `n`.
 //!
-//! The default is all-to-all up to two ranks or below [`RING_MIN_BYTES`] per rank, and
-//! ring otherwise. Either way every rank ends with the same bits: in the ring each
-//! part is reduced by one rank and then copied to the others.
+//! The default is the ring from three ranks when a rank's message times the other ranks
+//! reaches [`RING_MIN_TRAFFIC`] (what all-to-all makes each rank read), and all-to-all
+//! otherwise: on host CPUs the ring's `2(n − 1)` hand-offs cost more than they save
+//! until all-to-all's reads dominate (`cargo bench -p neuron-runtime --bench
+//! collectives` measures both; BENCHMARKS.md has the figures). Either way every rank
+//! ends with the same bits: in the ring each part is reduced by one rank and then
+//! copied to the others.
 //!
 //! A rank that never arrives makes every waiting rank fail at the deadline with
 //! `NRT_EXEC_HW_ERR_COLLECTIVES`. The communicator then starts the next operation of
@@ -45,8 +49,9 @@ use crate::trace::clock::ticks;
 use crate::trace::event::FLAG_STATUS;
 use crate::trace::{EventIds, EventType, Phase, RingPos, Tracer};
 
-/// Messages from this many bytes per rank move around a ring (with more than two ranks).
-pub const RING_MIN_BYTES: u64 = 256 << 10;
+/// From this many bytes of other ranks' data per rank (message × (ranks − 1)), the
+/// default algorithm is the ring (with more than two ranks).
+pub const RING_MIN_TRAFFIC: u64 = 16 << 20;
 
 /// How the data of a collective moves between ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -75,7 +80,11 @@ impl Algorithm {
 
     /// The default for `bytes` per rank in a group of `ranks`.
     pub fn choose(bytes: u64, ranks: usize) -> Algorithm {
-        if ranks > 2 && bytes >= RING_MIN_BYTES { Algorithm::Ring } else { Algorithm::AllToAll }
+        if ranks > 2 && bytes.saturating_mul(ranks as u64 - 1) >= RING_MIN_TRAFFIC {
+            Algorithm::Ring
+        } else {
+            Algorithm::AllToAll
+        }
     }
 
     fn code(self) -> u64 {
@@ -926,4 +935,43 @@ fn ring(
         Collective::AllToAll | Collective::Barrier | Collective::Send { .. } | Collective::Recv { .. } => {}
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_algorithm_is_the_ring_only_for_large_exchanges_of_three_or_more_ranks() {
+        assert_eq!(Algorithm::choose(1 << 30, 2), Algorithm::AllToAll);
+        assert_eq!(Algorithm::choose(RING_MIN_TRAFFIC.div_ceil(3), 4), Algorithm::Ring);
+        assert_eq!(Algorithm::choose(RING_MIN_TRAFFIC.div_ceil(3) - 1, 4), Algorithm::AllToAll);
+        assert_eq!(Algorithm::choose(4 << 20, 8), Algorithm::Ring);
+        assert_eq!(Algorithm::choose(1 << 20, 8), Algorithm::AllToAll);
+        assert_eq!(Algorithm::parse("auto"), Ok(None));
+        assert_eq!(Algorithm::parse("ring"), Ok(Some(Algorithm::Ring)));
+        assert!(Algorithm::parse("tree").is_err());
+    }
+
+    #[test]
+    fn parts_cover_a_buffer_exactly_once() {
+        for parts in
+            [Parts::Flat { elements: 13, element_bytes: 4, n: 4 }, Parts::Strided { outer: 3, segment: 8, n: 4 }]
+        {
+            let len = match parts {
+                Parts::Flat { elements, element_bytes, .. } => elements * element_bytes,
+                Parts::Strided { outer, segment, n } => outer * segment * n,
+            };
+            let mut covered = vec![0u8; len];
+            for k in 0..4 {
+                for range in parts.ranges(k) {
+                    covered[range].iter_mut().for_each(|c| *c += 1);
+                }
+            }
+            assert!(covered.iter().all(|&c| c == 1), "{parts:?}: {covered:?}");
+        }
+        let parts = Parts::Strided { outer: 2, segment: 2, n: 2 };
+        let buffer = [0, 1, 2, 3, 4, 5, 6, 7];
+        assert_eq!(parts.pack(&buffer, 1), [2, 3, 6, 7], "segment 1 of each row");
+    }
 }

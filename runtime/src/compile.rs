@@ -151,9 +151,9 @@ pub enum OptLevel {
     /// intermediates once they are dead.
     #[default]
     O2,
-    /// Also removes copies that change nothing (`copy`, single-core collectives and
-    /// sharding annotations, reshapes to the same shape, identity transposes), so
-    /// their readers use the original buffer.
+    /// Also removes copies that change nothing (`copy` and sharding annotations,
+    /// reshapes to the same shape, identity transposes), so their readers use the
+    /// original buffer.
     O3,
 }
 

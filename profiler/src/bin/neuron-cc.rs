@@ -75,7 +75,7 @@ struct NumericsArgs {
     /// and iotas of constants stay instructions), let matrix products read transposed
     /// operands in place, drop instructions whose results are unused and reuse dead
     /// intermediates' space; 3: also drop copies that change nothing (copies, same-shape reshapes,
-    /// identity transposes, single-core collectives, sharding annotations).
+    /// identity transposes, sharding annotations).
     #[arg(long, value_name = "LEVEL", default_value = "2")]
     optlevel: OptLevel,
 }
