@@ -348,6 +348,20 @@ fn an_all_reduce_model_runs_as_one_rank_per_core() {
     assert!(two.status.success(), "{}", text(&two.stderr));
     let report: serde_json::Value = serde_json::from_slice(&two.stdout).expect("one JSON object");
     assert_eq!((report["executions"].as_u64(), report["failed_executions"].as_u64()), (Some(40), Some(0)));
+    // Run for a time, both ways: the ranks stop together, so none waits for a partner.
+    for mode in ["sync", "async"] {
+        let timed = Command::new(bench)
+            .env("NEURON_VIRT_LOCK_DIR", dir.path())
+            .env("NEURON_RT_EXEC_TIMEOUT", "5")
+            .env_remove("NEURON_RT_VISIBLE_CORES")
+            .args(["exec", model, "--cores", "0-1", "--duration", "500ms", "--json", "--exec-mode", mode])
+            .output()
+            .expect("run neuron-bench");
+        assert!(timed.status.success(), "{mode}: {}", text(&timed.stderr));
+        let report: serde_json::Value = serde_json::from_slice(&timed.stdout).expect("one JSON object");
+        assert_eq!(report["failed_executions"], 0, "{mode}");
+        assert!(report["duration_seconds"].as_f64().is_some_and(|d| d < 3.0), "{mode}: {report}");
+    }
 }
 
 #[test]

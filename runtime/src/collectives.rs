@@ -248,6 +248,7 @@ type Channel = (Sender<Vec<u8>>, Receiver<Vec<u8>>);
 struct Signature {
     op: Collective,
     dtype: DType,
+    group: Vec<u32>,
     input_bytes: usize,
     output_bytes: usize,
     outer: usize,
@@ -259,6 +260,14 @@ enum Failure {
     /// Positions that had not arrived when a rank's wait ran out.
     Missing(Vec<usize>),
     Mismatch(String),
+}
+
+/// What a checked request does: its group, the rank's position in it, the algorithm.
+struct Plan {
+    group_index: usize,
+    group: Vec<u32>,
+    position: usize,
+    algorithm: Algorithm,
 }
 
 /// Where a collective is in its unit, for the missing-rank message.
@@ -397,6 +406,9 @@ impl Communicator {
             None => Vec::new(),
         };
         let mut output_bytes = vec![0u8; output.as_ref().map_or(0, |t| t.size() as usize)];
+        // A call that cannot run is refused before it takes the rank's next unit, so the
+        // other ranks are not left waiting for it.
+        self.plan(rank, call.op, call.dtype, &call.groups, call.algorithm, 1, input_bytes.len(), output_bytes.len())?;
         let unit = self.begin(rank);
         let position = OpPosition { unit, index: 0, count: 1 };
         let request = Request {
@@ -437,25 +449,59 @@ impl Communicator {
         unit
     }
 
-    /// The rank's group (as ranks) and its position in it, after checking that the
-    /// groups split the ranks.
-    fn group_of<'g>(
+    /// Checks a request of rank `rank` (its groups split the ranks, its sizes fit the
+    /// operation) and works out its group, position and algorithm.
+    #[allow(clippy::too_many_arguments)]
+    fn plan(
         &self,
         rank: u32,
-        groups: &'g [Vec<u32>],
-        all: &'g mut Vec<u32>,
-    ) -> NrtResult<(usize, &'g [u32], usize)> {
+        op: Collective,
+        dtype: DType,
+        groups: &[Vec<u32>],
+        algorithm: Option<Algorithm>,
+        outer: usize,
+        input_len: usize,
+        output_len: usize,
+    ) -> NrtResult<Plan> {
         check_groups(groups, self.ranks())?;
-        if groups.is_empty() {
-            *all = (0..self.ranks() as u32).collect();
-            return Ok((0, all.as_slice(), rank as usize));
+        let (group_index, group, position) = if groups.is_empty() {
+            (0, (0..self.ranks() as u32).collect::<Vec<_>>(), rank as usize)
+        } else {
+            groups
+                .iter()
+                .enumerate()
+                .find_map(|(g, group)| Some((g, group.clone(), group.iter().position(|&r| r == rank)?)))
+                .ok_or_else(|| {
+                    NrtError::invalid(format!("rank {rank} is in no replica group of {}", format_groups(groups)))
+                })?
+        };
+        let n = group.len();
+        let row = outer.max(1) * dtype.size_bytes() as usize;
+        let shapes_fit = match op {
+            Collective::AllReduce(_) => input_len == output_len,
+            Collective::AllGather => output_len == input_len * n,
+            Collective::ReduceScatter(_) => input_len == output_len * n,
+            Collective::AllToAll => input_len == output_len && input_len.is_multiple_of(n * row),
+            Collective::Barrier => true,
+            Collective::Send { .. } | Collective::Recv { .. } => false,
+        } && input_len.is_multiple_of(row)
+            && output_len.is_multiple_of(row);
+        if !shapes_fit {
+            return Err(NrtError::invalid(format!(
+                "{} in a group of {n} ranks cannot take {input_len} bytes in and give {output_len} bytes of {dtype}",
+                op.name(),
+            )));
         }
-        for (g, group) in groups.iter().enumerate() {
-            if let Some(p) = group.iter().position(|&r| r == rank) {
-                return Ok((g, group.as_slice(), p));
+        // What all-to-all makes each rank read from each other rank: the whole buffer of
+        // an all-reduce, the input of a gather, the output-sized part of a scatter.
+        let message = input_len.min(output_len) as u64;
+        let algorithm = match op {
+            Collective::AllReduce(_) | Collective::AllGather | Collective::ReduceScatter(_) => {
+                algorithm.unwrap_or_else(|| Algorithm::choose(message, n))
             }
-        }
-        Err(NrtError::invalid(format!("rank {rank} is in no replica group of {}", format_groups(groups))))
+            _ => Algorithm::AllToAll,
+        };
+        Ok(Plan { group_index, group, position, algorithm })
     }
 
     /// Rank `rank`'s part of one collective: meets its group, moves the data, and
@@ -471,35 +517,20 @@ impl Communicator {
     ) -> NrtResult<Algorithm> {
         let inner = &*self.inner;
         let place = inner.ranks[rank as usize];
-        let mut all = Vec::new();
-        let (group_index, group, position) = self.group_of(rank, request.groups, &mut all)?;
-        let n = group.len();
-        let esize = request.dtype.size_bytes() as usize;
         let (input_len, output_len) = (request.input.len(), request.output.len());
-        let shapes_fit = match request.op {
-            Collective::AllReduce(_) => input_len == output_len,
-            Collective::AllGather => output_len == input_len * n,
-            Collective::ReduceScatter(_) => input_len == output_len * n,
-            Collective::AllToAll => input_len == output_len && input_len % (n * request.outer * esize) == 0,
-            Collective::Barrier => true,
-            Collective::Send { .. } | Collective::Recv { .. } => false,
-        } && input_len % (request.outer * esize) == 0
-            && output_len % (request.outer * esize) == 0;
-        if !shapes_fit {
-            return Err(NrtError::invalid(format!(
-                "{} in a group of {n} ranks cannot take {input_len} bytes in and give {output_len} bytes of {}",
-                request.op.name(),
-                request.dtype
-            )));
-        }
-        let algorithm = match request.op {
-            Collective::AllReduce(_) | Collective::AllGather | Collective::ReduceScatter(_) => {
-                request.algorithm.unwrap_or_else(|| Algorithm::choose(input_len.max(output_len) as u64, n))
-            }
-            _ => Algorithm::AllToAll,
-        };
+        let plan = self.plan(
+            rank,
+            request.op,
+            request.dtype,
+            request.groups,
+            request.algorithm,
+            request.outer,
+            input_len,
+            output_len,
+        )?;
+        let (n, algorithm) = (plan.group.len(), plan.algorithm);
         let group_name = {
-            let text = format_group(group);
+            let text = format_group(&plan.group);
             let mut names = inner.group_names.lock().unwrap_or_else(|e| e.into_inner());
             *names.entry(text.clone()).or_insert_with(|| inner.tracer.store.intern(&text))
         };
@@ -527,6 +558,7 @@ impl Communicator {
         let signature = Signature {
             op: request.op,
             dtype: request.dtype,
+            group: plan.group.clone(),
             input_bytes: input_len,
             output_bytes: output_len,
             outer: request.outer,
@@ -536,7 +568,7 @@ impl Communicator {
             local(request);
             Ok(())
         } else {
-            self.meet(rank, at, group_index, group, position, signature, request, deadline)
+            self.meet(rank, at, &plan, signature, request, deadline)
         };
         let status = result.as_ref().err().map(|e| e.status);
         if tracking_id != 0 {
@@ -559,21 +591,24 @@ impl Communicator {
         result.map(|()| algorithm)
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn meet(
         &self,
         rank: u32,
         at: OpPosition,
-        group_index: usize,
-        group: &[u32],
-        position: usize,
+        plan: &Plan,
         signature: Signature,
         mut request: Request<'_>,
         deadline: Instant,
     ) -> NrtResult<()> {
+        let (group, position) = (plan.group.as_slice(), plan.position);
         let n = group.len();
-        let key = (at.unit, at.index, group_index);
+        let key = (at.unit, at.index, plan.group_index);
         let mut state = self.lock();
+        if at.unit < state.resync {
+            // The ranks gave this unit up (a rank went missing) after this rank began it.
+            drop(state);
+            return Err(self.abandoned(rank, at));
+        }
         let meeting = state.meetings.entry(key).or_insert_with(|| Meeting {
             signature: signature.clone(),
             inputs: vec![None; n],
@@ -582,24 +617,34 @@ impl Communicator {
             failure: None,
             channels: (0..n).map(|_| crossbeam_channel::unbounded()).collect(),
         });
-        if meeting.failure.is_none() && meeting.signature != signature {
-            meeting.failure = Some(Failure::Mismatch(format!(
-                "rank {rank} called {} of {} bytes in, {} out ({} algorithm), but its group called {} of {} bytes in, {} out ({} algorithm)",
-                signature.op.name(),
-                signature.input_bytes,
-                signature.output_bytes,
-                signature.algorithm.name(),
-                meeting.signature.op.name(),
-                meeting.signature.input_bytes,
-                meeting.signature.output_bytes,
-                meeting.signature.algorithm.name()
-            )));
-            self.inner.changed.notify_all();
-        }
-        meeting.inputs[position] = Some(Arc::new(request.input.to_vec()));
         meeting.arrived += 1;
-        if meeting.arrived == n {
+        if meeting.signature != signature {
+            if meeting.failure.is_none() {
+                let describe = |s: &Signature| {
+                    format!(
+                        "{:?} of {} in group {}, {} bytes in, {} out, {} algorithm",
+                        s.op,
+                        s.dtype,
+                        format_group(&s.group),
+                        s.input_bytes,
+                        s.output_bytes,
+                        s.algorithm.name()
+                    )
+                };
+                let detail = format!(
+                    "rank {rank} called {}, but its group called {}",
+                    describe(&signature),
+                    describe(&meeting.signature)
+                );
+                meeting.failure = Some(Failure::Mismatch(detail));
+            }
+            state.resync = state.resync.max(at.unit + 1);
             self.inner.changed.notify_all();
+        } else {
+            meeting.inputs[position] = Some(Arc::new(request.input.to_vec()));
+            if meeting.inputs.iter().all(Option::is_some) {
+                self.inner.changed.notify_all();
+            }
         }
         // Wait for the group, the deadline, or another rank's failure.
         loop {
@@ -607,7 +652,7 @@ impl Communicator {
             if let Some(failure) = meeting.failure.clone() {
                 return Err(self.leave_failed(state, key, rank, at, group, failure));
             }
-            if meeting.arrived == n {
+            if meeting.inputs.iter().all(Option::is_some) {
                 break;
             }
             let now = Instant::now();
@@ -617,6 +662,13 @@ impl Communicator {
                 state.resync = state.resync.max(at.unit + 1);
                 self.inner.changed.notify_all();
                 return Err(self.leave_failed(state, key, rank, at, group, Failure::Missing(missing)));
+            }
+            if at.unit < state.resync {
+                // Another group of this unit lost a rank: the ranks this one waits for
+                // have moved on to their next unit.
+                self.leave(&mut state, key, n);
+                drop(state);
+                return Err(self.abandoned(rank, at));
             }
             state = self.inner.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
         }
@@ -647,14 +699,28 @@ impl Communicator {
         })
     }
 
-    /// Marks this rank gone from a meeting; the last one to leave closes it.
+    /// Marks this rank gone from a meeting. The meeting closes when every rank has left
+    /// it, or, once it has failed, when every rank that arrived has (ranks arriving
+    /// later fail before looking for it: the failure moved every rank past its unit).
     fn leave(&self, state: &mut State, key: (u64, u32, usize), n: usize) {
         if let Some(meeting) = state.meetings.get_mut(&key) {
             meeting.left += 1;
-            if meeting.left == n {
+            let failed = meeting.failure.is_some() || key.0 < state.resync;
+            if meeting.left == n || (failed && meeting.left == meeting.arrived) {
                 state.meetings.remove(&key);
             }
         }
+    }
+
+    /// The error of a rank whose unit the ranks gave up while it was in it.
+    fn abandoned(&self, rank: u32, at: OpPosition) -> NrtError {
+        NrtError::new(
+            NrtStatus::ExecHwErrCollectives,
+            format!(
+                "{} (the ranks gave this execution up after a rank went missing; they meet again from their next one)",
+                self.missing_message(rank, at)
+            ),
+        )
     }
 
     fn leave_failed(

@@ -1196,6 +1196,7 @@ pub fn infer_output(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> R
                 _ => (x.dims[d], declared.dims[d]),
             };
             let fits = small > 0
+                && large >= small
                 && large % small == 0
                 && (!matches!(c.kind, CollectiveKind::AllToAll { .. }) || small == large);
             if !other_dims_agree || !fits {

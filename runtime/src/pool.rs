@@ -22,7 +22,9 @@ use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
 #[derive(Debug)]
 pub(crate) struct HostPool {
     slots: usize,
-    free: Mutex<usize>,
+    /// Slots free now; below zero while jobs that came back from waiting on other jobs
+    /// run over the bound (see [`HostPool::released`]).
+    free: Mutex<isize>,
     released: Condvar,
     /// Threads that run the parts of lent-slot work beyond the first; built on first use.
     helpers: OnceLock<Option<rayon::ThreadPool>>,
@@ -86,7 +88,7 @@ impl HostPool {
     /// A pool of `slots` compute slots (at least one).
     pub(crate) fn new(slots: usize) -> HostPool {
         let slots = slots.max(1);
-        HostPool { slots, free: Mutex::new(slots), released: Condvar::new(), helpers: OnceLock::new() }
+        HostPool { slots, free: Mutex::new(slots as isize), released: Condvar::new(), helpers: OnceLock::new() }
     }
 
     /// Takes up to `max` slots that are idle now, without waiting for any.
@@ -95,13 +97,13 @@ impl HostPool {
             return Lent { pool: self, count: 0 };
         }
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
-        let count = max.min(*free);
-        *free -= count;
+        let count = max.min((*free).max(0) as usize);
+        *free -= count as isize;
         Lent { pool: self, count }
     }
 
     fn give_back(&self, count: usize) {
-        *self.free.lock().unwrap_or_else(PoisonError::into_inner) += count;
+        *self.free.lock().unwrap_or_else(PoisonError::into_inner) += count as isize;
         for _ in 0..count {
             self.released.notify_one();
         }
@@ -145,20 +147,23 @@ impl HostPool {
 
     fn take_one(&self) {
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
-        while *free == 0 {
+        while *free <= 0 {
             free = self.released.wait(free).unwrap_or_else(PoisonError::into_inner);
         }
         *free -= 1;
     }
 
     /// Runs `f`, for a job that waits on other jobs (a collective waiting for its other
-    /// ranks), with the job's slot given back, and takes a slot again (waiting for one)
-    /// before returning, also if `f` panics.
+    /// ranks), with the job's slot given back, and takes its slot back when `f` returns
+    /// (or panics) without waiting: the job still holds its core and tensors, and jobs
+    /// that took the slot meanwhile may be waiting for those, so the pool runs one over
+    /// its bound until a job finishes. `f` itself runs outside the bound too (the
+    /// collective's data movement, which every rank must do at once).
     pub(crate) fn released<R>(&self, f: impl FnOnce() -> R) -> R {
         struct Retake<'p>(&'p HostPool);
         impl Drop for Retake<'_> {
             fn drop(&mut self) {
-                self.0.take_one();
+                *self.0.free.lock().unwrap_or_else(PoisonError::into_inner) -= 1;
             }
         }
         self.give_back(1);

@@ -910,14 +910,16 @@ impl Runtime {
             device: self.shared.topology.device_of(m.core),
             collectives_algorithm: self.shared.config.collectives_algorithm,
         };
+        // The core first, then a host compute slot: an execution waiting for the core
+        // holds no slot, which a rank of a collective on that core may need back.
+        let kmgr_tracking = tracer.start(m.ring, EventType::KmgrExecCore, ids, 0);
+        let busy = core_locks.get(&m.core).map(|l| l.lock().unwrap_or_else(|e| e.into_inner()));
         let outcome = pool.run(|| {
-            let kmgr_tracking = job.tracer.start(job.model.ring, EventType::KmgrExecCore, job.ids, 0);
-            let core_lock = core_locks.get(&job.model.core);
-            let _busy = core_lock.map(|l| l.lock().unwrap_or_else(|e| e.into_inner()));
             job.switch_model();
             job.tracer.stop(job.model.ring, EventType::KmgrExecCore, kmgr_tracking, job.ids, 0, None);
             job.run()
         });
+        drop(busy);
         let ran = outcome.unwrap_or_else(|panic| {
             let error = NrtError::new(NrtStatus::Failure, format!("execution failed inside the backend: {}", panic.0));
             tracer.emit(
@@ -1141,7 +1143,7 @@ fn check_collectives(program: &Program, name: &str, ranks: usize) -> NrtResult<(
         let hint = |need: usize| {
             format!(
                 "; load it on {need} cores as {need} ranks (Runtime::load_collectives, or neuron-bench exec --cores 0-{})",
-                need - 1
+                need.saturating_sub(1)
             )
         };
         if let Err(error) = collectives::check_groups(&op.groups, ranks) {
@@ -1153,7 +1155,8 @@ fn check_collectives(program: &Program, name: &str, ranks: usize) -> NrtResult<(
                 error.message
             )));
         }
-        if op.groups.is_empty() && factor as usize != ranks && factor != 1 {
+        let gathers = matches!(op.kind, CollectiveKind::AllGather { .. } | CollectiveKind::ReduceScatter { .. });
+        if gathers && op.groups.is_empty() && factor as usize != ranks {
             return Err(NrtError::invalid(format!(
                 "`{name}` is loaded as {ranks} rank(s), but its {} (HLO `{hlo}`) of {operand} into {output} is over {factor} ranks{}",
                 op.kind.name(),
@@ -1161,8 +1164,9 @@ fn check_collectives(program: &Program, name: &str, ranks: usize) -> NrtResult<(
             )));
         }
         if let CollectiveKind::AllToAll { dim } = op.kind {
-            let group = if op.groups.is_empty() { ranks } else { op.groups[0].len() };
-            if !operand.dims[dim as usize].is_multiple_of(group as u64) {
+            let sizes: Vec<usize> =
+                if op.groups.is_empty() { vec![ranks] } else { op.groups.iter().map(Vec::len).collect() };
+            if let Some(group) = sizes.into_iter().find(|&g| !operand.dims[dim as usize].is_multiple_of(g as u64)) {
                 return Err(NrtError::invalid(format!(
                     "`{name}`: all-to-all (HLO `{hlo}`) splits dimension {dim} of {operand} into {group} parts, which does not divide it"
                 )));

@@ -425,3 +425,41 @@ fn bad_calls_are_refused_with_clear_errors() {
     let missing = comm.run(5, &call, Some(&x), Some(&y)).expect_err("no rank 5");
     assert!(missing.message.contains("rank 5 does not exist"), "{missing}");
 }
+
+#[test]
+fn ranks_that_disagree_fail_without_harm_and_meet_again() {
+    let f = started(|_| {});
+    let rt = &f.runtime;
+    let comm = rt.communicator(&[0, 1, 2]).expect("communicator");
+    let inputs: Vec<Vec<u8>> = (0..3).map(|r| f32_bytes(&[r as f32; 6])).collect();
+    let sum =
+        |groups: Vec<Vec<u32>>| CollectiveCall::new(Collective::AllReduce(ReduceOp::Add), DType::F32).groups(groups);
+    // Rank 1 thinks the groups are {0,1},{2}; ranks 0 and 2 think there is one group.
+    let outcomes = std::thread::scope(|scope| {
+        let ranks: Vec<_> = (0..3u32)
+            .map(|rank| {
+                let (comm, input) = (&comm, &inputs[rank as usize]);
+                let call = if rank == 1 { sum(vec![vec![0, 1], vec![2]]) } else { sum(vec![]) };
+                scope.spawn(move || {
+                    let core = comm.core(rank).expect("rank");
+                    let x = rt.allocate_tensor(TensorPlacement::Device { core }, 24, "x").expect("alloc");
+                    x.write(0, input).expect("write");
+                    let y = rt.allocate_tensor(TensorPlacement::Device { core }, 24, "y").expect("alloc");
+                    comm.run(rank, &call, Some(&x), Some(&y))
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|r| r.join().expect("no rank panics")).collect::<Vec<_>>()
+    });
+    assert!(outcomes.iter().all(Result::is_err), "{outcomes:?}");
+    assert!(
+        outcomes
+            .iter()
+            .any(|o| o.as_ref().is_err_and(|e| e.status == NrtStatus::Invalid && e.message.contains("do not match"))),
+        "{outcomes:?}"
+    );
+    // The next calls agree and meet.
+    for output in run_ranks(rt, &comm, &sum(vec![]), &inputs, 24) {
+        assert_eq!(common::floats(&output.expect("runs")), [3.0; 6]);
+    }
+}

@@ -304,7 +304,8 @@ fn exec(args: ExecArgs) -> Result<()> {
     let mut fill = |i: usize, _: &ArrayType| Ok(given[i].clone());
     // A program with collectives runs as one rank per core; each core's worker executes
     // its rank, and the ranks meet in the collectives.
-    let replicas = if program.instructions().any(|i| matches!(i.op, Op::Collective(_))) {
+    let lockstep = program.instructions().any(|i| matches!(i.op, Op::Collective(_)));
+    let replicas = if lockstep {
         let models = runtime.load_collectives(&neff, cores.cores())?;
         models.into_iter().map(|model| Replica::bind(&runtime, model, &mut fill)).collect::<Result<Vec<_>>>()?
     } else {
@@ -327,10 +328,11 @@ fn exec(args: ExecArgs) -> Result<()> {
             runtime.config().xu_queue
         );
     }
+    let stop = Stop { iterations, deadline, lockstep, state: Mutex::new((None, 0)) };
     let started = Instant::now();
     let results = match args.exec_mode {
-        ExecMode::Sync => run_sync(&runtime, &replicas, iterations, deadline, started),
-        ExecMode::Async => run_async(&runtime, &replicas, iterations, deadline, args.inflight as usize, started)?,
+        ExecMode::Sync => run_sync(&runtime, &replicas, &stop, started),
+        ExecMode::Async => run_async(&runtime, &replicas, &stop, args.inflight as usize, started)?,
     };
     let wall = started.elapsed();
 
@@ -447,14 +449,40 @@ impl Progress {
     }
 }
 
-/// Each core's executions from its own thread, one at a time.
-fn run_sync(
-    runtime: &Runtime,
-    replicas: &[Replica],
+/// When each core stops: after `iterations`, or at the deadline. In lockstep (the ranks
+/// of a model with collectives) every core then runs up to the most executions any core
+/// has started, so that no rank waits for a partner that has stopped.
+struct Stop {
     iterations: u64,
     deadline: Option<Instant>,
-    started: Instant,
-) -> Vec<CoreResult> {
+    lockstep: bool,
+    /// The execution count to stop at, once the deadline has passed, and the most
+    /// executions any core has started.
+    state: Mutex<(Option<u64>, u64)>,
+}
+
+impl Stop {
+    /// Whether a core that has started `started` executions may start another.
+    fn may_start(&self, started: u64) -> bool {
+        if started >= self.iterations {
+            return false;
+        }
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.0.is_none() && self.deadline.is_some_and(|d| Instant::now() >= d) {
+            state.0 = Some(if self.lockstep { state.1 } else { 0 });
+        }
+        match state.0 {
+            Some(stop_at) => started < stop_at,
+            None => {
+                state.1 = state.1.max(started + 1);
+                true
+            }
+        }
+    }
+}
+
+/// Each core's executions from its own thread, one at a time.
+fn run_sync(runtime: &Runtime, replicas: &[Replica], stop: &Stop, started: Instant) -> Vec<CoreResult> {
     let done = AtomicU64::new(0);
     std::thread::scope(|scope| {
         let workers: Vec<_> = replicas
@@ -463,7 +491,7 @@ fn run_sync(
                 let done = &done;
                 scope.spawn(move || {
                     let mut result = CoreResult::default();
-                    while result.executions < iterations && deadline.is_none_or(|d| Instant::now() < d) {
+                    while stop.may_start(result.executions) {
                         result.executions += 1;
                         match runtime.execute(&replica.model, &replica.inputs, &replica.outputs) {
                             Ok(report) => {
@@ -502,8 +530,7 @@ struct InFlight {
 fn run_async(
     runtime: &Runtime,
     replicas: &[Replica],
-    iterations: u64,
-    deadline: Option<Instant>,
+    stop: &Stop,
     inflight: usize,
     started: Instant,
 ) -> Result<Vec<CoreResult>> {
@@ -536,9 +563,8 @@ fn run_async(
     let mut progress = Progress::new(started);
     let mut done = 0u64;
     loop {
-        let open = deadline.is_none_or(|d| Instant::now() < d);
         for core in &mut cores {
-            while open && core.queue.len() < inflight && core.result.executions < iterations {
+            while core.queue.len() < inflight && stop.may_start(core.result.executions) {
                 core.result.executions += 1;
                 let execution = core.result.executions;
                 let r = core.replica;
@@ -584,7 +610,7 @@ fn run_async(
         progress.tick(done);
     }
     for (core, before) in cores.iter_mut().zip(numerical_before) {
-        core.result.numerical_errors = numerical_errors(core.replica.model.core()) - before;
+        core.result.numerical_errors = numerical_errors(core.replica.model.core()).saturating_sub(before);
     }
     Ok(cores.into_iter().map(|c| c.result).collect())
 }

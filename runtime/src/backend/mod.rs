@@ -457,7 +457,7 @@ impl Executable {
                 let instruction = &program.streams[s].instructions[i];
                 let b = instruction.output as usize;
                 let out_ty = &program.buffers[b].ty;
-                if let Op::Collective(collective) = &instruction.op {
+                let slot = if let Op::Collective(collective) = &instruction.op {
                     // Another rank's data arrives as a value; an output is copied out later.
                     let operand = slots[instruction.operands[0] as usize]
                         .get()
@@ -465,47 +465,42 @@ impl Executable {
                     let value = collectives(collective_index, collective, operand, out_ty)
                         .map_err(|error| RunError::Collective { step, error })?;
                     collective_index += 1;
-                    slots[b] = Slot::Owned(value);
-                    open = Some(step);
-                    for &r in &self.release_after[u] {
-                        if matches!(
-                            program.buffers[r as usize].kind,
-                            BufferKind::Intermediate { .. } | BufferKind::Input { .. }
-                        ) {
-                            self.recycle(std::mem::replace(&mut slots[r as usize], Slot::Empty));
+                    Slot::Owned(value)
+                } else {
+                    let destination =
+                        self.output_of_buffer[b].and_then(|k| destinations.get_mut(k)?.take().map(|d| (k, d)));
+                    // A reshape of an array that dies here takes the array over: no copy.
+                    let dying = match (&instruction.op, &destination, instruction.operands.as_slice()) {
+                        (Op::Reshape, None, &[operand])
+                            if self.release_after[u].contains(&operand)
+                                && matches!(slots[operand as usize], Slot::Owned(_))
+                                && matches!(
+                                    program.buffers[operand as usize].kind,
+                                    BufferKind::Intermediate { .. }
+                                ) =>
+                        {
+                            match std::mem::replace(&mut slots[operand as usize], Slot::Empty) {
+                                Slot::Owned(value) => Some(value),
+                                _ => None,
+                            }
                         }
-                    }
-                    continue;
-                }
-                let destination =
-                    self.output_of_buffer[b].and_then(|k| destinations.get_mut(k)?.take().map(|d| (k, d)));
-                // A reshape of an array that dies here takes the array over: no copy.
-                let dying = match (&instruction.op, &destination, instruction.operands.as_slice()) {
-                    (Op::Reshape, None, &[operand])
-                        if self.release_after[u].contains(&operand)
-                            && matches!(slots[operand as usize], Slot::Owned(_))
-                            && matches!(program.buffers[operand as usize].kind, BufferKind::Intermediate { .. }) =>
-                    {
-                        match std::mem::replace(&mut slots[operand as usize], Slot::Empty) {
-                            Slot::Owned(value) => Some(value),
-                            _ => None,
+                        _ => None,
+                    };
+                    let operands: Vec<ValueRef<'_>> =
+                        instruction.operands.iter().filter_map(|&o| slots[o as usize].get()).collect();
+                    let slot = match (dying, destination) {
+                        (Some(value), _) => Ok(Slot::Owned(value.reshaped(&kernels::to_usize(&out_ty.dims)))),
+                        (None, Some((k, destination))) => {
+                            written[k] = true;
+                            kernels::execute_into(&instruction.op, &operands, out_ty, destination, helpers)
+                                .map(Slot::Borrowed)
                         }
-                    }
-                    _ => None,
+                        (None, None) => kernels::execute(&instruction.op, &operands, out_ty, helpers).map(Slot::Owned),
+                    };
+                    let slot = slot.map_err(|OutOfBounds(detail)| RunError::OutOfBounds { step, detail })?;
+                    drop(operands);
+                    slot
                 };
-                let operands: Vec<ValueRef<'_>> =
-                    instruction.operands.iter().filter_map(|&o| slots[o as usize].get()).collect();
-                let slot = match (dying, destination) {
-                    (Some(value), _) => Ok(Slot::Owned(value.reshaped(&kernels::to_usize(&out_ty.dims)))),
-                    (None, Some((k, destination))) => {
-                        written[k] = true;
-                        kernels::execute_into(&instruction.op, &operands, out_ty, destination, helpers)
-                            .map(Slot::Borrowed)
-                    }
-                    (None, None) => kernels::execute(&instruction.op, &operands, out_ty, helpers).map(Slot::Owned),
-                };
-                let slot = slot.map_err(|OutOfBounds(detail)| RunError::OutOfBounds { step, detail })?;
-                drop(operands);
                 slots[b] = slot;
                 open = Some(step);
             }
