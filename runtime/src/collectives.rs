@@ -233,7 +233,9 @@ struct State {
 struct Meeting {
     /// What the first rank asked for; every other rank must ask for the same.
     signature: Signature,
+    /// Each position's input, once its rank has arrived with a matching request.
     inputs: Vec<Option<Arc<Vec<u8>>>>,
+    /// Ranks that reached the meeting (matching or not), and ranks gone from it.
     arrived: usize,
     left: usize,
     failure: Option<Failure>,
