@@ -115,17 +115,13 @@ pub enum Collective {
     Recv { peer: u32 },
 }
 
+/// Operation names by event code.
+const OPERATION_NAMES: [&str; 7] =
+    ["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "barrier", "send", "recv"];
+
 impl Collective {
     pub fn name(self) -> &'static str {
-        match self {
-            Collective::AllReduce(_) => "all-reduce",
-            Collective::AllGather => "all-gather",
-            Collective::ReduceScatter(_) => "reduce-scatter",
-            Collective::AllToAll => "all-to-all",
-            Collective::Barrier => "barrier",
-            Collective::Send { .. } => "send",
-            Collective::Recv { .. } => "recv",
-        }
+        Collective::name_of_code(self.code())
     }
 
     fn code(self) -> u64 {
@@ -142,20 +138,13 @@ impl Collective {
 
     /// The name of the operation an event's code stands for.
     pub fn name_of_code(code: u64) -> &'static str {
-        ["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "barrier", "send", "recv"]
-            .get(code as usize)
-            .copied()
-            .unwrap_or("unknown")
+        OPERATION_NAMES.get(code as usize).copied().unwrap_or("unknown")
     }
 }
 
 /// The algorithm an event's code stands for.
 pub fn algorithm_name_of_code(code: u64) -> &'static str {
-    match code {
-        0 => "ring",
-        1 => "all-to-all",
-        _ => "direct",
-    }
+    [Algorithm::Ring, Algorithm::AllToAll].into_iter().find(|a| a.code() == code).map_or("unknown", Algorithm::name)
 }
 
 /// One call of [`Communicator::run`]: the operation, the element type, the replica
@@ -212,8 +201,6 @@ struct Inner {
     timeout: Duration,
     state: Mutex<State>,
     changed: Condvar,
-    /// The string id of each rank's replica group text, interned on first use.
-    group_names: Mutex<HashMap<String, u32>>,
 }
 
 #[derive(Debug, Default)]
@@ -338,7 +325,6 @@ impl Communicator {
                 timeout,
                 state: Mutex::new(State { next_unit: vec![0; cores.len()], ..State::default() }),
                 changed: Condvar::new(),
-                group_names: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -408,11 +394,9 @@ impl Communicator {
             None => Vec::new(),
         };
         let mut output_bytes = vec![0u8; output.as_ref().map_or(0, |t| t.size() as usize)];
-        // A call that cannot run is refused before it takes the rank's next unit, so the
-        // other ranks are not left waiting for it.
-        self.plan(rank, call.op, call.dtype, &call.groups, call.algorithm, 1, input_bytes.len(), output_bytes.len())?;
-        let unit = self.begin(rank);
-        let position = OpPosition { unit, index: 0, count: 1 };
+        // The call is checked before it takes the rank's next unit, so that one that
+        // cannot run does not leave the other ranks waiting for it.
+        let position = || OpPosition { unit: self.begin(rank), index: 0, count: 1 };
         let request = Request {
             op: call.op,
             dtype: call.dtype,
@@ -506,13 +490,13 @@ impl Communicator {
         Ok(Plan { group_index, group, position, algorithm })
     }
 
-    /// Rank `rank`'s part of one collective: meets its group, moves the data, and
-    /// records a `cc_running` span and the collectives counters. `released` runs the
-    /// wait and the data movement (the caller gives its compute slot back around it).
+    /// Rank `rank`'s part of one collective: checks the request, meets its group, moves
+    /// the data, and records a `cc_running` span and the collectives counters. `at`
+    /// gives the collective's place once the request has passed its checks.
     pub(crate) fn exchange(
         &self,
         rank: u32,
-        at: OpPosition,
+        at: impl FnOnce() -> OpPosition,
         request: Request<'_>,
         deadline: Instant,
         ids: EventIds,
@@ -530,12 +514,9 @@ impl Communicator {
             input_len,
             output_len,
         )?;
+        let at = at();
         let (n, algorithm) = (plan.group.len(), plan.algorithm);
-        let group_name = {
-            let text = format_group(&plan.group);
-            let mut names = inner.group_names.lock().unwrap_or_else(|e| e.into_inner());
-            *names.entry(text.clone()).or_insert_with(|| inner.tracer.store.intern(&text))
-        };
+        let group_name = inner.tracer.store.intern(&format_group(&plan.group));
         let tracer = &inner.tracer;
         let bytes = input_len.max(output_len) as u64;
         let op_code = request.op.code();

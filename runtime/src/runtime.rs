@@ -1120,11 +1120,6 @@ fn stale_model(model: &Model) -> NrtError {
     )
 }
 
-/// The type of a collective's operand value.
-fn operand_type(value: &ValueRef<'_>, dtype: DType) -> ArrayType {
-    ArrayType::new(dtype, value.shape().iter().map(|&d| d as u64).collect())
-}
-
 /// Checks at load that a program's collectives fit `ranks` ranks: their replica groups
 /// split the ranks, and a gather, scatter or exchange over every rank divides its
 /// dimension by the number of ranks.
@@ -1375,15 +1370,15 @@ impl CoreJob<'_> {
         out: &ArrayType,
         deadline: Instant,
     ) -> NrtResult<Value> {
-        let ty_in = operand_type(&operand, out.dtype);
-        let mut input = vec![0u8; ty_in.size_bytes().unwrap_or(0) as usize];
+        let shape = operand.shape();
+        let mut input = vec![0u8; shape.iter().product::<usize>() * out.dtype.size_bytes() as usize];
         operand.write_le_bytes(&mut input);
         let mut output = vec![0u8; out.size_bytes().unwrap_or(0) as usize];
         let outer = match op.kind {
             CollectiveKind::AllReduce(_) => 1,
             CollectiveKind::AllGather { dim }
             | CollectiveKind::ReduceScatter { dim, .. }
-            | CollectiveKind::AllToAll { dim } => ty_in.dims[..dim as usize].iter().product::<u64>() as usize,
+            | CollectiveKind::AllToAll { dim } => shape[..dim as usize].iter().product(),
         };
         let request = Request {
             op: collectives::from_kind(op.kind),
@@ -1394,7 +1389,7 @@ impl CoreJob<'_> {
             input: &input,
             output: &mut output,
         };
-        self.pool.released(|| communicator.exchange(rank, at, request, deadline, self.ids))?;
+        self.pool.released(|| communicator.exchange(rank, || at, request, deadline, self.ids))?;
         Ok(Value::from_le_bytes(out, &output))
     }
 
@@ -1498,17 +1493,18 @@ impl CoreJob<'_> {
             0
         };
         let timeout_ticks = (self.timeout.min(MAX_EXEC_TIMEOUT).as_nanos() as f64 / tracer.ns_per_tick) as u64;
-        let deadline = Instant::now() + self.timeout.min(MAX_EXEC_TIMEOUT);
         // This execution is the rank's next unit: its collectives meet the other ranks' in
-        // their executions with the same unit.
-        let unit = m.rank.as_ref().map(|(communicator, rank)| communicator.begin(*rank));
+        // their executions with the same unit, until the execution's deadline.
+        let unit = m.rank.as_ref().map(|(communicator, rank)| {
+            (communicator, *rank, communicator.begin(*rank), Instant::now() + self.timeout.min(MAX_EXEC_TIMEOUT))
+        });
         let mut run_collective = |index: u32, op: &CollectiveOp, operand: ValueRef<'_>, out: &ArrayType| {
-            let (Some((communicator, rank)), Some(unit)) = (&m.rank, unit) else {
+            let Some((communicator, rank, unit, deadline)) = unit else {
                 unreachable!("a program with collectives is loaded with a communicator")
             };
             self.collective(
                 communicator,
-                *rank,
+                rank,
                 OpPosition { unit, index, count: m.collectives },
                 op,
                 operand,
