@@ -1,0 +1,536 @@
+//! The reader: maps a file and finds its records, through the index of a finished
+//! file or by scanning the frames of one that was cut short or damaged. Opening reads
+//! the tables; events are decoded chunk by chunk, when asked for.
+//!
+//! Recovery guarantees: any byte string opens without a panic; every complete,
+//! undamaged chunk of a file cut anywhere is read; a damaged record is skipped and
+//! reported with its offset, and the scan resumes at the next frame; the report says
+//! how many bytes (and, when the frame header survived, how many events) were lost.
+
+use std::fs::File;
+use std::ops::Range;
+use std::path::Path;
+
+use crate::codec::decode_chunk;
+use crate::format::{self, Frame, RecordKind};
+use crate::model::{Chunk, ChunkInfo, Descriptor, DescriptorId, Sym, core_of_stream};
+use crate::proto;
+use crate::{NtffError, SyncPoint};
+
+/// The bytes of a file: mapped, or owned (for tests and fuzzing).
+#[derive(Debug)]
+enum Bytes {
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(m) => m,
+            Bytes::Owned(v) => v,
+        }
+    }
+}
+
+/// A damaged or incomplete part of a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Damage {
+    pub offset: u64,
+    pub bytes: u64,
+    /// What the record held, when its frame header survived.
+    pub kind: Option<&'static str>,
+    /// Events in it, when its frame header survived.
+    pub events: Option<u32>,
+    pub reason: String,
+}
+
+/// How complete a file is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// The file ends with its index: the writer finished it.
+    pub finished: bool,
+    /// Damaged records that were skipped.
+    pub damaged: Vec<Damage>,
+    /// The incomplete record at the end of a file that was cut short.
+    pub truncated: Option<Damage>,
+}
+
+impl Recovery {
+    /// Nothing is missing.
+    pub fn is_clean(&self) -> bool {
+        self.finished && self.damaged.is_empty() && self.truncated.is_none()
+    }
+
+    /// Events known to be lost in damaged or cut records.
+    pub fn events_lost(&self) -> u64 {
+        self.damaged.iter().chain(&self.truncated).filter_map(|d| d.events).map(u64::from).sum()
+    }
+
+    /// One line per problem, for people.
+    pub fn describe(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        if !self.finished {
+            lines.push("the file was not finished (no index at its end): the capture was interrupted; every complete record was recovered".to_string());
+        }
+        for d in self.damaged.iter().chain(&self.truncated) {
+            let what = d.kind.unwrap_or("data");
+            let events = d.events.map_or(String::new(), |n| format!(" holding {n} events"));
+            lines.push(format!("{} bytes at offset {}: {what}{events} lost: {}", d.bytes, d.offset, d.reason));
+        }
+        lines
+    }
+}
+
+/// An NTFF file, open for reading.
+#[derive(Debug)]
+pub struct NtffFile {
+    bytes: Bytes,
+    version: u32,
+    metadata: proto::Metadata,
+    models: Vec<proto::Model>,
+    /// `None` where a damaged record's strings were lost.
+    strings: Vec<Option<String>>,
+    descriptors: Vec<Option<Descriptor>>,
+    chunks: Vec<ChunkInfo>,
+    recovery: Recovery,
+}
+
+impl NtffFile {
+    /// Maps and opens `path`.
+    pub fn open(path: &Path) -> Result<NtffFile, NtffError> {
+        let file = File::open(path).map_err(|e| NtffError::io(path, e))?;
+        // SAFETY: the map is read-only and private to this reader. A writer still
+        // appending to the file only adds bytes past the mapped length.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| NtffError::io(path, e))?;
+        NtffFile::parse(Bytes::Mapped(map))
+    }
+
+    /// Opens a file held in memory.
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<NtffFile, NtffError> {
+        NtffFile::parse(Bytes::Owned(bytes))
+    }
+
+    fn parse(bytes: Bytes) -> Result<NtffFile, NtffError> {
+        let version = check_header(&bytes)?;
+        let mut file = NtffFile {
+            bytes,
+            version,
+            metadata: proto::Metadata::default(),
+            models: Vec::new(),
+            strings: vec![Some(String::new())],
+            descriptors: Vec::new(),
+            chunks: Vec::new(),
+            recovery: Recovery::default(),
+        };
+        if !file.open_by_index() {
+            file.scan();
+        }
+        Ok(file)
+    }
+
+    /// The format version in the header.
+    pub fn version(&self) -> u32 {
+        self.version
+    }
+
+    pub fn metadata(&self) -> &proto::Metadata {
+        &self.metadata
+    }
+
+    pub fn models(&self) -> &[proto::Model] {
+        &self.models
+    }
+
+    /// The string `sym` names (`None` when it was lost or never written).
+    pub fn string(&self, sym: Sym) -> Option<&str> {
+        self.strings.get(sym.0 as usize).and_then(Option::as_deref)
+    }
+
+    /// The string `sym` names, or a placeholder naming the id.
+    pub fn string_or_placeholder(&self, sym: Sym) -> std::borrow::Cow<'_, str> {
+        match self.string(sym) {
+            Some(s) => std::borrow::Cow::Borrowed(s),
+            None => std::borrow::Cow::Owned(format!("<string {}>", sym.0)),
+        }
+    }
+
+    /// The id of `s` in the string table, if the file has it.
+    pub fn find_string(&self, s: &str) -> Option<Sym> {
+        self.strings.iter().position(|x| x.as_deref() == Some(s)).map(|k| Sym(k as u32))
+    }
+
+    pub fn descriptor(&self, id: DescriptorId) -> Option<&Descriptor> {
+        self.descriptors.get(id.0 as usize).and_then(Option::as_ref)
+    }
+
+    /// Every descriptor, by id (`None` where one was lost).
+    pub fn descriptors(&self) -> &[Option<Descriptor>] {
+        &self.descriptors
+    }
+
+    /// The chunks, in file order.
+    pub fn chunks(&self) -> &[ChunkInfo] {
+        &self.chunks
+    }
+
+    /// The chunks of `cores` (`None`: every stream, the host's too) whose host-time
+    /// span meets `host_range` (`None`: any time; chunks of unknown span always meet).
+    pub fn select<'a>(
+        &'a self,
+        cores: Option<&'a [u32]>,
+        host_range: Option<Range<u64>>,
+    ) -> impl Iterator<Item = &'a ChunkInfo> + 'a {
+        self.chunks.iter().filter(move |c| {
+            let core_ok = match (cores, c.core) {
+                (None, _) => true,
+                (Some(list), Some(core)) => list.contains(&core),
+                (Some(_), None) => false,
+            };
+            let time_ok = match (&host_range, c.host_span) {
+                (Some(range), Some((low, high))) => low < range.end && high >= range.start,
+                _ => true,
+            };
+            core_ok && time_ok
+        })
+    }
+
+    /// Decodes the chunk `info` describes, checking its checksum.
+    pub fn read_chunk(&self, info: &ChunkInfo) -> Result<Chunk, NtffError> {
+        let payload = self
+            .payload(info.offset, RecordKind::Chunk)
+            .map_err(|reason| NtffError::Damaged { offset: info.offset, reason })?;
+        decode_chunk(payload).map_err(|e| NtffError::Damaged { offset: info.offset, reason: e.0 })
+    }
+
+    /// Every sync point of `core`, in file order (reads the core's chunks).
+    pub fn sync_points(&self, core: u32) -> Vec<SyncPoint> {
+        self.select(Some(&[core]), None)
+            .filter_map(|info| self.read_chunk(info).ok())
+            .flat_map(|chunk| chunk.sync_points)
+            .collect()
+    }
+
+    /// What is missing from the file.
+    pub fn recovery(&self) -> &Recovery {
+        &self.recovery
+    }
+
+    /// The file's size in bytes.
+    pub fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// The checked payload of the record of `kind` whose frame is at `offset`.
+    fn payload(&self, offset: u64, kind: RecordKind) -> Result<&[u8], String> {
+        let at = usize::try_from(offset).map_err(|_| "offset out of range".to_string())?;
+        let rest = self.bytes.get(at..).ok_or_else(|| format!("offset {offset} is past the end of the file"))?;
+        let frame = Frame::decode(rest).ok_or_else(|| "no record frame there".to_string())?;
+        if frame.kind_code != kind as u8 {
+            return Err(format!("expected a {} record, found kind {}", kind.name(), frame.kind_code));
+        }
+        let end = format::FRAME_BYTES + frame.length as usize;
+        let payload = rest.get(format::FRAME_BYTES..end).ok_or_else(|| "the record is cut short".to_string())?;
+        if !frame.verify(rest, payload) {
+            return Err("checksum mismatch".to_string());
+        }
+        Ok(payload)
+    }
+
+    /// Opens through the trailer and index; false when they are missing or damaged.
+    fn open_by_index(&mut self) -> bool {
+        let len = self.bytes.len();
+        if len < format::HEADER_BYTES + format::TRAILER_BYTES {
+            return false;
+        }
+        let trailer = &self.bytes[len - format::TRAILER_BYTES..];
+        if trailer[8..] != format::TRAILER_MAGIC {
+            return false;
+        }
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&trailer[..8]);
+        let at = u64::from_le_bytes(word);
+        let Ok(payload) = self.payload(at, RecordKind::Index) else { return false };
+        if at as usize + format::FRAME_BYTES + payload.len() != len - format::TRAILER_BYTES {
+            return false;
+        }
+        let Ok(index) = <proto::Index as prost::Message>::decode(payload) else { return false };
+        let mut tables = Vec::with_capacity(index.tables.len());
+        for &offset in &index.tables {
+            let kind = match Frame::decode(self.bytes.get(offset as usize..).unwrap_or_default()) {
+                Some(frame) => RecordKind::from_code(frame.kind_code),
+                None => None,
+            };
+            let Some(kind) = kind else { return false };
+            let Ok(payload) = self.payload(offset, kind) else { return false };
+            tables.push((offset, kind, payload.to_vec()));
+        }
+        for (offset, kind, payload) in tables {
+            self.table(offset, kind, &payload);
+        }
+        self.chunks = index
+            .chunks
+            .iter()
+            .map(|c| ChunkInfo {
+                offset: c.offset,
+                core: core_of_stream(c.stream),
+                system_events: c.system_events,
+                device_events: c.device_events,
+                lost_events: c.lost_events,
+                host_span: (c.host_max_ns != 0).then_some((c.host_min_ns, c.host_max_ns)),
+                device_span: (c.device_max_ns != 0).then_some((c.device_min_ns, c.device_max_ns)),
+            })
+            .collect();
+        self.recovery.finished = true;
+        true
+    }
+
+    /// Walks the frames from the header on, keeping every sound record.
+    fn scan(&mut self) {
+        let len = self.bytes.len();
+        let mut at = format::HEADER_BYTES;
+        while at < len {
+            let rest = &self.bytes[at..];
+            let Some(frame) = Frame::decode(rest) else {
+                if rest.len() < format::FRAME_BYTES && format::FRAME_SYNC.starts_with(&rest[..rest.len().min(4)]) {
+                    self.recovery.truncated = Some(Damage {
+                        offset: at as u64,
+                        bytes: rest.len() as u64,
+                        kind: None,
+                        events: None,
+                        reason: "the file ends inside a record header".into(),
+                    });
+                    break;
+                }
+                at = self.skip_to_next_frame(at, None, "no record frame where one should start".into());
+                continue;
+            };
+            let kind = RecordKind::from_code(frame.kind_code);
+            let length = frame.length as usize;
+            let end = format::FRAME_BYTES.saturating_add(length);
+            if length > format::MAX_RECORD_BYTES || kind.is_none() {
+                at = self.skip_to_next_frame(at, None, format!("implausible record header (kind {})", frame.kind_code));
+                continue;
+            }
+            let kind_name = kind.map(RecordKind::name);
+            let events = (kind == Some(RecordKind::Chunk)).then_some(frame.events);
+            if end > rest.len() {
+                // Cut short; unless a later frame shows that the length was damaged.
+                if let Some(next) = find_frame(&self.bytes, at + 1) {
+                    let bad = Damage {
+                        offset: at as u64,
+                        bytes: (next - at) as u64,
+                        kind: kind_name,
+                        events,
+                        reason: "record length runs past the next record".into(),
+                    };
+                    self.recovery.damaged.push(bad);
+                    at = next;
+                    continue;
+                }
+                self.recovery.truncated = Some(Damage {
+                    offset: at as u64,
+                    bytes: rest.len() as u64,
+                    kind: kind_name,
+                    events,
+                    reason: format!("the file ends {} bytes into this {}-byte record", rest.len(), end),
+                });
+                break;
+            }
+            let payload = &rest[format::FRAME_BYTES..end];
+            if !frame.verify(rest, payload) {
+                // Trust the length only when a frame (or the end) follows it.
+                let next = at + end;
+                let follows =
+                    next == len || Frame::decode(&self.bytes[next..]).is_some() || is_trailer(&self.bytes[next..]);
+                if follows {
+                    self.recovery.damaged.push(Damage {
+                        offset: at as u64,
+                        bytes: end as u64,
+                        kind: kind_name,
+                        events,
+                        reason: "checksum mismatch".into(),
+                    });
+                    at = next;
+                } else {
+                    at = self.skip_to_next_frame(at, kind_name, "checksum mismatch".into());
+                }
+                continue;
+            }
+            let kind = kind.unwrap_or(RecordKind::Index);
+            let payload = payload.to_vec();
+            match kind {
+                RecordKind::Chunk => match decode_chunk(&payload) {
+                    Ok(chunk) => self.chunks.push(info_of(at as u64, &chunk)),
+                    Err(e) => self.recovery.damaged.push(Damage {
+                        offset: at as u64,
+                        bytes: end as u64,
+                        kind: kind_name,
+                        events,
+                        reason: e.0,
+                    }),
+                },
+                RecordKind::Index => {
+                    // The index is written last: whatever follows should be the trailer.
+                    let next = at + end;
+                    if is_trailer(&self.bytes[next..]) {
+                        self.recovery.finished = true;
+                    } else if len - next < format::TRAILER_BYTES {
+                        self.recovery.truncated = Some(Damage {
+                            offset: next as u64,
+                            bytes: (len - next) as u64,
+                            kind: Some("trailer"),
+                            events: None,
+                            reason: "the file ends inside its trailer".into(),
+                        });
+                    }
+                    if len - next <= format::TRAILER_BYTES {
+                        break;
+                    }
+                }
+                other => self.table(at as u64, other, &payload),
+            }
+            at += end;
+        }
+    }
+
+    /// Records damage from `at` to the next frame and returns where that is.
+    fn skip_to_next_frame(&mut self, at: usize, kind: Option<&'static str>, reason: String) -> usize {
+        let next = find_frame(&self.bytes, at + 1).unwrap_or(self.bytes.len());
+        self.recovery.damaged.push(Damage { offset: at as u64, bytes: (next - at) as u64, kind, events: None, reason });
+        next
+    }
+
+    /// Applies a table record (metadata, models, strings, descriptors).
+    fn table(&mut self, offset: u64, kind: RecordKind, payload: &[u8]) {
+        let damaged = |reason: String| Damage {
+            offset,
+            bytes: (format::FRAME_BYTES + payload.len()) as u64,
+            kind: Some(kind.name()),
+            events: None,
+            reason,
+        };
+        let result: Result<(), String> = match kind {
+            RecordKind::Metadata => <proto::Metadata as prost::Message>::decode(payload)
+                .map(|m| self.metadata = m)
+                .map_err(|e| e.to_string()),
+            RecordKind::Models => <proto::Models as prost::Message>::decode(payload)
+                .map(|m| self.models.extend(m.models))
+                .map_err(|e| e.to_string()),
+            RecordKind::Strings => match <proto::Strings as prost::Message>::decode(payload) {
+                Ok(s) => {
+                    let first = s.first_id as usize;
+                    if first < self.strings.len() {
+                        Err(format!("string ids from {first} were already defined"))
+                    } else {
+                        self.strings.resize(first, None);
+                        self.strings.extend(s.values.into_iter().map(Some));
+                        Ok(())
+                    }
+                }
+                Err(e) => Err(e.to_string()),
+            },
+            RecordKind::Descriptors => match <proto::Descriptors as prost::Message>::decode(payload) {
+                Ok(d) => {
+                    let first = d.first_id as usize;
+                    if first < self.descriptors.len() {
+                        Err(format!("descriptor ids from {first} were already defined"))
+                    } else {
+                        self.descriptors.resize(first, None);
+                        self.descriptors.extend(d.values.iter().map(descriptor_from_proto));
+                        Ok(())
+                    }
+                }
+                Err(e) => Err(e.to_string()),
+            },
+            RecordKind::Chunk | RecordKind::Index => Ok(()),
+        };
+        if let Err(reason) = result {
+            self.recovery.damaged.push(damaged(reason));
+        }
+    }
+}
+
+/// Checks the header; returns the version.
+fn check_header(bytes: &[u8]) -> Result<u32, NtffError> {
+    let head = &bytes[..bytes.len().min(format::HEADER_BYTES)];
+    let magic_part = &head[..head.len().min(8)];
+    if format::MAGIC[..magic_part.len()] != *magic_part {
+        return Err(NtffError::NotNtff);
+    }
+    if head.len() < format::HEADER_BYTES {
+        return Err(NtffError::Truncated { bytes: bytes.len() as u64 });
+    }
+    let version = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
+    if !(format::MIN_READ_VERSION..=format::MAX_READ_VERSION).contains(&version) {
+        return Err(NtffError::UnsupportedVersion {
+            found: version,
+            min: format::MIN_READ_VERSION,
+            max: format::MAX_READ_VERSION,
+        });
+    }
+    Ok(version)
+}
+
+fn is_trailer(bytes: &[u8]) -> bool {
+    bytes.len() == format::TRAILER_BYTES && bytes[8..] == format::TRAILER_MAGIC
+}
+
+/// The offset of the next frame sync word at or after `from`.
+fn find_frame(bytes: &[u8], from: usize) -> Option<usize> {
+    let rest = bytes.get(from..)?;
+    rest.windows(format::FRAME_SYNC.len()).position(|w| w == format::FRAME_SYNC).map(|k| from + k)
+}
+
+fn info_of(offset: u64, chunk: &Chunk) -> ChunkInfo {
+    let mut host: Option<(u64, u64)> = None;
+    let mut device: Option<(u64, u64)> = None;
+    let widen = |span: &mut Option<(u64, u64)>, low: u64, high: u64| {
+        *span = Some(span.map_or((low, high), |(a, b)| (a.min(low), b.max(high))));
+    };
+    for e in &chunk.system {
+        match e.clock {
+            crate::Clock::Host => widen(&mut host, e.timestamp_ns, e.timestamp_ns),
+            crate::Clock::Device => widen(&mut device, e.timestamp_ns, e.timestamp_ns),
+        }
+    }
+    for e in &chunk.device {
+        widen(&mut device, e.start_ns.min(e.end_ns), e.start_ns.max(e.end_ns));
+    }
+    if let (Some((low, high)), Some(point)) = (device, chunk.sync_points.last()) {
+        let offset = point.host_ns.wrapping_sub(point.device_ns);
+        widen(&mut host, low.wrapping_add(offset), high.wrapping_add(offset));
+    }
+    ChunkInfo {
+        offset,
+        core: chunk.core,
+        system_events: chunk.system.len() as u32,
+        device_events: chunk.device.len() as u32,
+        lost_events: chunk.losses.iter().map(|l| l.events).fold(0, u64::saturating_add),
+        host_span: host,
+        device_span: device,
+    }
+}
+
+fn descriptor_from_proto(d: &proto::Descriptor) -> Option<Descriptor> {
+    Some(match d.kind.as_ref()? {
+        proto::descriptor::Kind::Instruction(i) => Descriptor::Instruction {
+            model_id: d.model_id,
+            engine: Sym(i.engine),
+            opcode: Sym(i.opcode),
+            hlo: Sym(i.hlo),
+            step: i.step,
+            flops: i.flops,
+            bytes_read: i.bytes_read,
+            bytes_written: i.bytes_written,
+        },
+        proto::descriptor::Kind::Dma(m) => {
+            Descriptor::Dma { model_id: d.model_id, queue: Sym(m.queue), index: m.index, bytes: m.bytes }
+        }
+    })
+}
