@@ -320,7 +320,14 @@ impl Runtime {
     /// Switches every trace ring on or off at once, overriding the
     /// `NEURON_RT_INSPECT_*` configuration (used to measure tracing overhead).
     pub fn set_trace_recording(&self, on: bool) -> NrtResult<()> {
-        self.tracer()?.set_all_recording(on);
+        self.set_trace_recording_of(on, on)
+    }
+
+    /// Switches the system trace rings and the device trace rings on or off
+    /// separately, overriding the `NEURON_RT_INSPECT_*` configuration (a profiler
+    /// records the device trace of chosen executions only).
+    pub fn set_trace_recording_of(&self, system: bool, device: bool) -> NrtResult<()> {
+        self.tracer()?.set_recording(system, device);
         Ok(())
     }
 

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
 use neuron_profiler::stats::{LatencyHistogram, LatencySummary, format_seconds};
-use neuron_profiler::{init_logging, load_model_bytes, model_name, npy, si, thousands};
+use neuron_profiler::{init_logging, load_model_bytes, model_name, npy, parse_duration, si, thousands};
 use neuron_runtime::config::{Config, ENV_VISIBLE_CORES};
 use neuron_runtime::datastore::DatastoreReader;
 use neuron_runtime::isa::{Op, Program};
@@ -128,25 +128,6 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 =
-        number.parse().map_err(|_| format!("`{text}` is not a duration; use forms like 10s, 500ms, 2m"))?;
-    let seconds = match unit.trim() {
-        "" | "s" => value,
-        "ms" => value / 1e3,
-        "us" | "µs" => value / 1e6,
-        "m" | "min" => value * 60.0,
-        "h" => value * 3600.0,
-        other => {
-            return Err(format!("unknown unit `{other}` in `{text}`; use ms, s, m or h"));
-        }
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|_| format!("`{text}` is not a valid duration"))
 }
 
 /// The runtime configuration from the environment, with `--cores` in place of

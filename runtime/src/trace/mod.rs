@@ -580,13 +580,14 @@ impl Tracer {
         self.publish_recording();
     }
 
-    /// Turns every ring on or off (benchmarks and tools that compare the two).
-    pub(crate) fn set_all_recording(&self, on: bool) {
+    /// Turns the system rings and the device rings on or off, every event type and
+    /// core (benchmarks, and tools that record chosen executions).
+    pub(crate) fn set_recording(&self, system: bool, device: bool) {
         for mask in &self.system_masks {
-            mask.store(if on { ALL_SYSTEM_EVENTS } else { 0 }, Ordering::Relaxed);
+            mask.store(if system { ALL_SYSTEM_EVENTS } else { 0 }, Ordering::Relaxed);
         }
         for enabled in &self.device_enabled {
-            enabled.store(on, Ordering::Relaxed);
+            enabled.store(device, Ordering::Relaxed);
         }
         self.publish_recording();
     }

@@ -1,5 +1,15 @@
-//! `neuron-profile`: look inside a running runtime's traces. `tail` prints a process's
-//! events as they happen, from its datastore's rings.
+//! `neuron-profile`: record runtime traces into NTFF files and read them.
+//!
+//! `capture` runs a model and records it; `inspect` records any program that uses the
+//! runtime; `snapshot` writes what a running process's rings hold now; `view`
+//! summarises a file or exports it (Perfetto, Chrome JSON, JSON); `tail` prints a
+//! running process's events as they happen.
+
+mod capture;
+mod inspect;
+mod snapshot;
+mod summary;
+mod view;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -25,6 +35,17 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run a model and record the system trace of its executions and the device trace
+    /// of the chosen ones into an NTFF file.
+    Capture(capture::CaptureArgs),
+    /// Run a program with profiling switched on (the `NEURON_RT_INSPECT_*` variables)
+    /// and record every runtime process it starts into its own NTFF file.
+    Inspect(inspect::InspectArgs),
+    /// Write what a running process's trace rings hold now into an NTFF file, without
+    /// stopping it (the flight recorder).
+    Snapshot(snapshot::SnapshotArgs),
+    /// Summarise an NTFF file, or export it as Perfetto, Chrome JSON or JSON.
+    View(view::ViewArgs),
     /// Print a running process's trace events as they happen, until it exits or you
     /// press Ctrl-C; then say how many events were lost (overwritten before they could
     /// be read).
@@ -53,6 +74,10 @@ enum Command {
 fn main() -> ExitCode {
     neuron_profiler::exit_quietly_on_closed_pipe();
     let result = match Cli::parse().command {
+        Command::Capture(args) => capture::capture(args),
+        Command::Inspect(args) => inspect::inspect(args),
+        Command::Snapshot(args) => snapshot::snapshot(args),
+        Command::View(args) => view::view(args),
         Command::Tail { pid, json, cores, types, from_start, datastore_dir } => {
             tail(pid, json, cores.as_deref(), types.as_deref(), from_start, datastore_dir)
         }
@@ -64,6 +89,24 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The datastore of the live runtime process `pid`, in `dir` or the configured directory.
+fn live_runtime(pid: u32, dir: Option<PathBuf>) -> Result<DatastoreReader> {
+    let dir = match dir {
+        Some(dir) => dir,
+        None => Config::from_env().map_err(|e| anyhow::anyhow!("{e}"))?.datastore_dir,
+    };
+    let entries = discover(&dir).with_context(|| format!("cannot list runtimes in {}", dir.display()))?;
+    for entry in entries.into_iter().filter(|e| e.pid == pid) {
+        match (entry.reader, entry.liveness) {
+            (Ok(reader), Some(Liveness::Live)) => return Ok(reader),
+            (Ok(_), Some(Liveness::Exited(reason))) => bail!("process {pid} has exited ({reason})"),
+            (Err(e), _) => bail!("{e}"),
+            _ => {}
+        }
+    }
+    bail!("no Neuron runtime with pid {pid} in {}; `neuron-ls` lists the running ones", dir.display())
 }
 
 /// System event mask and whether device events are wanted, from `--types`.
@@ -93,27 +136,13 @@ fn tail(
     from_start: bool,
     datastore_dir: Option<PathBuf>,
 ) -> Result<()> {
-    let config = Config::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let dir = datastore_dir.unwrap_or(config.datastore_dir);
     let (system_types, device_types) = parse_types(types)?;
     let wanted_device: Option<&'static str> = match types {
         Some(t) if t.iter().any(|x| x == "instruction") && !t.iter().any(|x| x == "dma") => Some("instruction"),
         Some(t) if t.iter().any(|x| x == "dma") && !t.iter().any(|x| x == "instruction") => Some("dma"),
         _ => None,
     };
-    let entries = discover(&dir).with_context(|| format!("cannot list runtimes in {}", dir.display()))?;
-    let mut readers: Vec<DatastoreReader> = Vec::new();
-    for entry in entries.into_iter().filter(|e| e.pid == pid) {
-        match (entry.reader, entry.liveness) {
-            (Ok(reader), Some(Liveness::Live)) => readers.push(reader),
-            (Ok(_), Some(Liveness::Exited(reason))) => bail!("process {pid} has exited ({reason})"),
-            (Err(e), _) => bail!("{e}"),
-            _ => {}
-        }
-    }
-    if readers.is_empty() {
-        bail!("no Neuron runtime with pid {pid} in {}; `neuron-ls` lists the running ones", dir.display());
-    }
+    let readers = [live_runtime(pid, datastore_dir)?];
     let core_filter: Option<Vec<u32>> = match cores {
         Some(text) => {
             let count = readers[0].info().instance_core_count;

@@ -1,0 +1,214 @@
+//! `neuron-profile inspect`: runs a program with profiling switched on and records
+//! each runtime process it starts (itself or any descendant) into its own NTFF file,
+//! draining the process's rings while it runs and after it exits. With
+//! `NEURON_RT_INSPECT_ON_FAIL`, it writes what the rings hold when an execution fails
+//! instead.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Args;
+use neuron_profiler::record::{Recorder, create_writer, metadata};
+use neuron_runtime::Config;
+use neuron_runtime::config::{ENV_DATASTORE_DIR, ENV_INSPECT_ENABLE, ENV_INSPECT_MAX_EVENTS_PER_NC};
+use neuron_runtime::datastore::{DatastoreReader, Liveness, Tail, TailStart, discover};
+use neuron_runtime::trace::ALL_SYSTEM_EVENTS;
+
+/// How often the datastore directory is searched and the rings drained.
+const POLL_INTERVAL: Duration = Duration::from_millis(10);
+/// How often the files are flushed, at most.
+const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Args)]
+pub(crate) struct InspectArgs {
+    /// Directory for the NTFF files.
+    #[arg(short = 'o', long = "output-dir", env = "NEURON_RT_INSPECT_OUTPUT_DIR", default_value = "output")]
+    output_dir: PathBuf,
+    /// Events each ring keeps (NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC for the program).
+    #[arg(short = 'n', long = "max-events", value_name = "MAX_EVENTS")]
+    max_events: Option<u64>,
+    /// Write a file only when an execution fails: what the rings hold then.
+    #[arg(long, env = "NEURON_RT_INSPECT_ON_FAIL", value_parser = parse_flag, default_value = "0")]
+    on_fail: bool,
+    /// The program and its arguments.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+fn parse_flag(text: &str) -> Result<bool, String> {
+    match text.trim() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" | "" => Ok(false),
+        other => Err(format!("`{other}` is not 0 or 1")),
+    }
+}
+
+/// A runtime process being recorded.
+struct Traced {
+    reader: DatastoreReader,
+    path: PathBuf,
+    mode: Mode,
+}
+
+enum Mode {
+    /// Everything, as it happens.
+    Stream { tail: Box<Tail>, recorder: Box<Recorder<std::io::BufWriter<std::fs::File>>>, flushed: Instant },
+    /// The rings, whenever the error count grows.
+    OnFail { errors: u64, captures: u32 },
+}
+
+pub(crate) fn inspect(args: InspectArgs) -> Result<()> {
+    std::fs::create_dir_all(&args.output_dir)
+        .with_context(|| format!("cannot create the output directory {}", args.output_dir.display()))?;
+    let datastore_dir = Config::from_env().map_err(|e| anyhow::anyhow!("{e}"))?.datastore_dir;
+    let mut command = Command::new(&args.command[0]);
+    command.args(&args.command[1..]).env(ENV_INSPECT_ENABLE, "1").env(ENV_DATASTORE_DIR, &datastore_dir);
+    if let Some(n) = args.max_events {
+        command.env(ENV_INSPECT_MAX_EVENTS_PER_NC, n.to_string());
+    }
+    // Ctrl-C reaches the program too; this process stays to finish the files.
+    ctrlc::set_handler(|| {}).context("cannot install the Ctrl-C handler")?;
+    let mut child = command.spawn().with_context(|| format!("cannot run {}", args.command[0]))?;
+    let root = child.id();
+    let session = neuron_runtime::trace::clock::realtime_ns() / 1_000_000_000;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    let mut traced: HashMap<u32, Traced> = HashMap::new();
+    let mut seen: Vec<u32> = Vec::new();
+    let mut written: Vec<PathBuf> = Vec::new();
+    let status: ExitStatus = loop {
+        let exited = child.try_wait().context("cannot wait for the program")?;
+        for entry in discover(&datastore_dir).unwrap_or_default() {
+            if seen.contains(&entry.pid) || !descends_from(entry.pid, root) {
+                continue;
+            }
+            let Ok(reader) = entry.reader else { continue };
+            seen.push(entry.pid);
+            let name = format!("{}-pid{}-{session}.ntff", if host.is_empty() { "host" } else { &host }, entry.pid);
+            let path = args.output_dir.join(name);
+            let mode = if args.on_fail {
+                Mode::OnFail { errors: error_count(&reader), captures: 0 }
+            } else {
+                let command: Vec<String> = args.command.clone();
+                let recorder = Recorder::new(create_writer(&path, &metadata(reader.info(), "inspect", &command))?);
+                let tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
+                Mode::Stream { tail: Box::new(tail), recorder: Box::new(recorder), flushed: Instant::now() }
+            };
+            traced.insert(entry.pid, Traced { reader, path, mode });
+        }
+        let mut finished = Vec::new();
+        for (&pid, t) in &mut traced {
+            let done = t.reader.liveness() != Liveness::Live;
+            if let Some(path) = step(t, done, &args.command)? {
+                written.push(path);
+            }
+            if done {
+                finished.push(pid);
+            }
+        }
+        for pid in finished {
+            if let Some(Traced { mode: Mode::Stream { recorder, .. }, path, .. }) = traced.remove(&pid) {
+                let (_, summary) = recorder.finish()?;
+                eprintln!(
+                    "neuron-profile: pid {pid}: {} system events, {} device events, {} lost: {}",
+                    summary.system_events,
+                    summary.device_events,
+                    summary.lost_events,
+                    path.display()
+                );
+                written.push(path);
+            }
+        }
+        if let Some(status) = exited {
+            // Runtimes of the program that are still alive are recorded until they exit.
+            if traced.is_empty() {
+                break status;
+            }
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    };
+    if seen.is_empty() {
+        eprintln!("neuron-profile: {} started no Neuron runtime; nothing was recorded", args.command[0]);
+    } else if written.is_empty() {
+        eprintln!("neuron-profile: no execution failed; nothing was written");
+    }
+    if !status.success() {
+        use std::os::unix::process::ExitStatusExt;
+        let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+        eprintln!("neuron-profile: {} exited with status {code}", args.command[0]);
+        std::process::exit(code);
+    }
+    Ok(())
+}
+
+/// Drains or watches one process; returns the path of a file written by an
+/// on-failure capture.
+fn step(t: &mut Traced, done: bool, command: &[String]) -> Result<Option<PathBuf>> {
+    match &mut t.mode {
+        Mode::Stream { tail, recorder, flushed } => {
+            recorder.models(&t.reader.models(), &|_| String::new())?;
+            recorder.drain(&t.reader, tail, done)?;
+            if flushed.elapsed() >= FLUSH_INTERVAL {
+                recorder.flush()?;
+                *flushed = Instant::now();
+            }
+            Ok(None)
+        }
+        Mode::OnFail { errors, captures } => {
+            let now = error_count(&t.reader);
+            if now <= *errors {
+                return Ok(None);
+            }
+            *errors = now;
+            *captures += 1;
+            let path = numbered(&t.path, *captures);
+            let mut recorder =
+                Recorder::new(create_writer(&path, &metadata(t.reader.info(), "inspect-on-fail", command))?);
+            recorder.models(&t.reader.models(), &|_| String::new())?;
+            let mut tail = t.reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
+            recorder.drain(&t.reader, &mut tail, done)?;
+            recorder.finish()?;
+            eprintln!(
+                "neuron-profile: an execution of pid {} failed; its rings are in {}",
+                t.reader.info().pid,
+                path.display()
+            );
+            Ok(Some(path))
+        }
+    }
+}
+
+/// `x-pid1-1.ntff` → `x-pid1-1-fail2.ntff`.
+fn numbered(path: &Path, n: u32) -> PathBuf {
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+    path.with_file_name(format!("{stem}-fail{n}.ntff"))
+}
+
+/// Failed executions of every core, from the lossless counters.
+fn error_count(reader: &DatastoreReader) -> u64 {
+    reader.snapshot().cores.iter().map(|c| c.errors.0.iter().sum::<u64>()).sum()
+}
+
+/// Whether `pid` is `root` or one of its descendants.
+fn descends_from(pid: u32, root: u32) -> bool {
+    let mut current = pid;
+    for _ in 0..64 {
+        if current == root {
+            return true;
+        }
+        match parent_of(current) {
+            Some(parent) if parent > 1 => current = parent,
+            _ => return false,
+        }
+    }
+    false
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name is in parentheses and may hold spaces: the fields follow the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}

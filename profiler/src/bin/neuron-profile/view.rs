@@ -1,0 +1,186 @@
+//! `neuron-profile view`: reads NTFF files and prints a summary or exports the events.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, ValueEnum};
+use neuron_profiler::record::{to_device_event, to_system_event};
+use ntff::NtffFile;
+
+use crate::summary;
+
+#[derive(Debug, Args)]
+pub(crate) struct ViewArgs {
+    /// The NTFF file to read.
+    #[arg(short = 's', long = "session-file", value_name = "FILE.ntff", required_unless_present = "session_dir")]
+    session_file: Option<PathBuf>,
+    /// A directory of NTFF files (as `inspect` writes): each is viewed in turn.
+    #[arg(short = 'd', long = "session-dir", value_name = "DIR", conflicts_with = "session_file")]
+    session_dir: Option<PathBuf>,
+    /// What to print.
+    #[arg(long, value_enum, default_value_t = OutputFormat::SummaryText)]
+    output_format: OutputFormat,
+    /// Write there instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    output_file: Option<PathBuf>,
+    /// Only these NeuronCores, e.g. "0,1" or "0-3".
+    #[arg(long, value_name = "CORES")]
+    system_trace_filter_neuron_core: Option<String>,
+    /// Only these system event types, e.g. "nrt_execute,nrt_load" (json output).
+    #[arg(long, value_name = "TYPES", value_delimiter = ',')]
+    system_trace_filter_event_type: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OutputFormat {
+    /// Where the time went, FLOPs, DMA, latency, losses: for people.
+    SummaryText,
+    /// The same summary as one JSON object.
+    SummaryJson,
+    /// Every event as JSON, in the runtime's event shapes.
+    Json,
+}
+
+pub(crate) fn view(args: ViewArgs) -> Result<()> {
+    let files = match (&args.session_file, &args.session_dir) {
+        (Some(file), _) => vec![file.clone()],
+        (None, Some(dir)) => ntff_files_in(dir)?,
+        (None, None) => bail!("give a file with -s FILE.ntff or a directory with -d DIR"),
+    };
+    let mut out: Box<dyn Write> = match &args.output_file {
+        Some(path) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
+        )),
+        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+    };
+    let mut summaries = Vec::new();
+    for path in &files {
+        let file = NtffFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let cores = match &args.system_trace_filter_neuron_core {
+            Some(text) => Some(parse_cores(text)?),
+            None => None,
+        };
+        match args.output_format {
+            OutputFormat::SummaryText => {
+                let s = summary::summarise(&file, cores.as_deref());
+                writeln!(out, "{}", summary::to_text(&s, &path.display().to_string()))?;
+            }
+            OutputFormat::SummaryJson => summaries.push(summary::summarise(&file, cores.as_deref())),
+            OutputFormat::Json => {
+                write_json(&file, cores.as_deref(), args.system_trace_filter_event_type.as_deref(), &mut out)?
+            }
+        }
+    }
+    if args.output_format == OutputFormat::SummaryJson {
+        if summaries.len() == 1 {
+            serde_json::to_writer_pretty(&mut out, &summaries[0])?;
+        } else {
+            serde_json::to_writer_pretty(&mut out, &summaries)?;
+        }
+        writeln!(out)?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// The `.ntff` files of `dir`, by name.
+fn ntff_files_in(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot list {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "ntff"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        bail!("{} holds no .ntff files", dir.display());
+    }
+    Ok(files)
+}
+
+/// "0,1", "0-3": core numbers.
+pub(crate) fn parse_cores(text: &str) -> Result<Vec<u32>> {
+    let mut cores = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = || anyhow::anyhow!("`{part}` in \"{text}\" is not a core number or range (e.g. 0,1 or 0-3)");
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+                if a > b {
+                    return Err(bad());
+                }
+                cores.extend(a..=b);
+            }
+            None => cores.push(part.parse().map_err(|_| bad())?),
+        }
+    }
+    Ok(cores)
+}
+
+/// `{"metadata": …, "models": […], "events": [system and device events], "losses":
+/// […], "file_problems": […]}`, streamed chunk by chunk.
+fn write_json(file: &NtffFile, cores: Option<&[u32]>, types: Option<&[String]>, out: &mut dyn Write) -> Result<()> {
+    let types: Option<Vec<ntff::Sym>> =
+        types.map(|t| t.iter().filter_map(|name| file.find_string(name.trim())).collect());
+    let meta = file.metadata();
+    let metadata = serde_json::json!({
+        "runtime_version": meta.runtime_version,
+        "tool": meta.tool,
+        "capture_kind": meta.capture_kind,
+        "capture_unix_ns": meta.capture_unix_ns,
+        "instance_type": meta.instance_type,
+        "pid": meta.pid,
+        "process_tag": meta.process_tag,
+        "peak_flops_per_core": meta.peak_flops_per_core,
+        "command": meta.command,
+    });
+    let models: Vec<serde_json::Value> = file
+        .models()
+        .iter()
+        .map(|m| serde_json::json!({"model_id": m.model_id, "core": m.core, "name": m.name, "neff_sha256": m.neff_sha256, "flops_per_execution": m.flops_per_execution}))
+        .collect();
+    write!(out, "{{\"metadata\":{metadata},\"models\":{},\"events\":[", serde_json::Value::Array(models))?;
+    let mut first = true;
+    let mut losses = Vec::new();
+    for info in file.select(cores, None) {
+        let chunk = match file.read_chunk(info) {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                eprintln!("warning: {e}");
+                continue;
+            }
+        };
+        for e in &chunk.system {
+            if types.as_ref().is_some_and(|t| !t.contains(&e.name)) {
+                continue;
+            }
+            let Some(event) = to_system_event(file, e) else { continue };
+            if !first {
+                out.write_all(b",")?;
+            }
+            first = false;
+            serde_json::to_writer(&mut *out, &event)?;
+        }
+        if types.is_none() {
+            for e in &chunk.device {
+                let Some(event) = to_device_event(file, e) else { continue };
+                if !first {
+                    out.write_all(b",")?;
+                }
+                first = false;
+                serde_json::to_writer(&mut *out, &event)?;
+            }
+        }
+        losses.extend(chunk.losses.iter().map(|l| {
+            serde_json::json!({"nc_idx": chunk.core, "ring": if l.device { "device" } else { "system" }, "events": l.events})
+        }));
+    }
+    write!(
+        out,
+        "],\"losses\":{},\"file_problems\":{}}}",
+        serde_json::Value::Array(losses),
+        serde_json::to_string(&file.recovery().describe())?
+    )?;
+    writeln!(out)?;
+    Ok(())
+}

@@ -1,0 +1,427 @@
+//! Records a runtime's trace events, read from its datastore rings, into an NTFF file;
+//! and turns NTFF events back into the runtime's typed events.
+//!
+//! This is the one place that knows both the runtime's event model and the file's:
+//! event data becomes named arguments, device activities become descriptors, ring
+//! overwrites become loss markers and `timestamp_sync_point` events become sync points.
+
+use std::collections::HashMap;
+use std::io::Write;
+
+use anyhow::{Context, Result};
+use neuron_runtime::datastore::{DatastoreReader, ModelInfo, RuntimeInfo, Tail, TraceEvent};
+use neuron_runtime::isa::Engine;
+use neuron_runtime::trace::{
+    ClockDomain, DeviceActivity, DeviceEvent, DmaQueueType, EventData, EventType, Phase, SystemEvent,
+};
+use ntff::{Arg, ArgValue, Descriptor, DescriptorId, Sym, SyncPoint, Writer};
+
+/// Records read per ring per poll.
+pub const POLL_RECORDS: usize = 65_536;
+
+/// Which events a recorder keeps.
+type EventFilter = dyn Fn(&TraceEvent) -> bool;
+
+/// Writes runtime events into an NTFF writer.
+pub struct Recorder<W: Write> {
+    writer: Writer<W>,
+    names: HashMap<EventType, Sym>,
+    /// Device activities by (model, kind, engine or queue, step or index), with their id.
+    descriptors: HashMap<(u32, u8, u8, u32), (DeviceActivity, DescriptorId)>,
+    /// Events lost so far per ring (core, device?), as the tail counted them.
+    lost: HashMap<(Option<u32>, bool), u64>,
+    models: Vec<u32>,
+    buffer: Vec<TraceEvent>,
+    /// Events not kept are left out on purpose (not losses).
+    keep: Option<Box<EventFilter>>,
+}
+
+impl<W: Write> std::fmt::Debug for Recorder<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recorder").field("summary", &self.writer.summary()).finish_non_exhaustive()
+    }
+}
+
+impl<W: Write> Recorder<W> {
+    pub fn new(writer: Writer<W>) -> Recorder<W> {
+        Recorder {
+            writer,
+            names: HashMap::new(),
+            descriptors: HashMap::new(),
+            lost: HashMap::new(),
+            models: Vec::new(),
+            buffer: Vec::new(),
+            keep: None,
+        }
+    }
+
+    /// Records only the events `keep` accepts from now on.
+    pub fn keep_only(&mut self, keep: impl Fn(&TraceEvent) -> bool + 'static) {
+        self.keep = Some(Box::new(keep));
+    }
+
+    /// Records the models of `models` not recorded yet; `sha256` gives a NEFF's hash
+    /// when the recorder's caller has the file.
+    pub fn models(&mut self, models: &[ModelInfo], sha256: &dyn Fn(&ModelInfo) -> String) -> Result<()> {
+        let new: Vec<ntff::Model> = models
+            .iter()
+            .filter(|m| !self.models.contains(&m.model_id))
+            .map(|m| ntff::Model {
+                model_id: m.model_id,
+                core: m.core,
+                name: m.name.clone(),
+                uuid: m.uuid.as_bytes().to_vec(),
+                neff_sha256: sha256(m),
+                flops_per_execution: m.flops_per_execution,
+                instructions: m.instructions,
+            })
+            .collect();
+        if new.is_empty() {
+            return Ok(());
+        }
+        self.models.extend(new.iter().map(|m| m.model_id));
+        self.writer.models(&new)?;
+        Ok(())
+    }
+
+    /// Reads what `tail` has not read yet from `reader`'s rings (everything, with
+    /// `writer_done`) and records it, losses first; returns the events recorded.
+    pub fn drain(&mut self, reader: &DatastoreReader, tail: &mut Tail, writer_done: bool) -> Result<u64> {
+        let mut recorded = 0;
+        loop {
+            let mut events = std::mem::take(&mut self.buffer);
+            events.clear();
+            tail.poll(reader, POLL_RECORDS, writer_done, &mut events);
+            self.record_losses(tail)?;
+            for event in &events {
+                if self.keep.as_ref().is_none_or(|keep| keep(event)) {
+                    self.event(event)?;
+                }
+            }
+            recorded += events.len() as u64;
+            let more = events.len() >= POLL_RECORDS;
+            self.buffer = events;
+            if !more {
+                return Ok(recorded);
+            }
+        }
+    }
+
+    /// Writes a loss marker for every ring whose lost count grew.
+    fn record_losses(&mut self, tail: &Tail) -> Result<()> {
+        for (core, device, cursor) in tail.cursors() {
+            let seen = self.lost.entry((core, device)).or_insert(0);
+            if cursor.lost > *seen {
+                self.writer.loss(core, device, cursor.lost - *seen)?;
+                *seen = cursor.lost;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records one event.
+    pub fn event(&mut self, event: &TraceEvent) -> Result<()> {
+        match event {
+            TraceEvent::System(e) => self.system(e),
+            TraceEvent::Device(e) => self.device(e),
+        }
+    }
+
+    fn system(&mut self, e: &SystemEvent) -> Result<()> {
+        let name = match self.names.get(&e.event_type) {
+            Some(&sym) => sym,
+            None => {
+                let sym = self.writer.intern(e.event_type.name());
+                self.names.insert(e.event_type, sym);
+                sym
+            }
+        };
+        let args = self.args(&e.data);
+        if let (EventData::SyncPoint { cpu_timestamp_ns, nc_timestamp_ns }, Some(core)) = (&e.data, e.nc_idx) {
+            self.writer.sync_point(core, SyncPoint { host_ns: *cpu_timestamp_ns, device_ns: *nc_timestamp_ns })?;
+        }
+        self.writer.system(&ntff::SystemEvent {
+            core: e.nc_idx,
+            id: e.id,
+            name,
+            phase: match e.phase {
+                Phase::Start => ntff::Phase::Start,
+                Phase::Stop => ntff::Phase::Stop,
+                Phase::Instant => ntff::Phase::Instant,
+            },
+            clock: match e.clock {
+                ClockDomain::Host => ntff::Clock::Host,
+                ClockDomain::Device => ntff::Clock::Device,
+            },
+            timestamp_ns: e.timestamp_ns,
+            tracking_id: e.tracking_id,
+            thread_id: e.thread_id,
+            exec_id: e.exec_id,
+            model_id: e.model_id,
+            nrta_seq_id: e.nrta_seq_id,
+            args,
+        })?;
+        Ok(())
+    }
+
+    fn args(&mut self, data: &EventData) -> Vec<Arg> {
+        let w = &mut self.writer;
+        let mut args = Vec::with_capacity(6);
+        let status = |w: &mut Writer<W>, s: &Option<i32>| s.map(|s| int(w, "status", s));
+        match data {
+            EventData::Model { name, status: s } => {
+                args.push(string(w, "model_name", name));
+                args.extend(status(w, s));
+            }
+            EventData::Execution { status: s } => args.extend(status(w, s)),
+            EventData::Copy { tensor_id, tensor_name, bytes } => {
+                args.extend([unsigned(w, "tensor_id", *tensor_id), string(w, "tensor_name", tensor_name)]);
+                args.push(unsigned(w, "bytes", *bytes));
+            }
+            EventData::Tensor { tensor_id, tensor_name, size } => {
+                args.extend([unsigned(w, "tensor_id", *tensor_id), string(w, "tensor_name", tensor_name)]);
+                args.push(unsigned(w, "size", *size));
+            }
+            EventData::TensorAccess { tensor_id, tensor_name, offset, bytes } => {
+                args.extend([unsigned(w, "tensor_id", *tensor_id), string(w, "tensor_name", tensor_name)]);
+                args.extend([unsigned(w, "offset", *offset), unsigned(w, "bytes", *bytes)]);
+            }
+            EventData::ModelSwitch { from_model_id } => {
+                args.push(unsigned(w, "from_model_id", u64::from(*from_model_id)))
+            }
+            EventData::NumericalError { count } => args.push(unsigned(w, "count", *count)),
+            EventData::HwNotify { status, message } => {
+                args.extend([int(w, "status", *status), string(w, "message", message)])
+            }
+            EventData::SyncPoint { cpu_timestamp_ns, nc_timestamp_ns } => args.extend([
+                unsigned(w, "cpu_timestamp_ns", *cpu_timestamp_ns),
+                unsigned(w, "nc_timestamp_ns", *nc_timestamp_ns),
+            ]),
+            EventData::Collective { operation, algorithm, bytes, replica_group, op_id, status: s } => {
+                args.extend([string(w, "operation", operation), string(w, "algorithm", algorithm)]);
+                args.extend([unsigned(w, "bytes", *bytes), string(w, "replica_group", replica_group)]);
+                args.push(unsigned(w, "op_id", u64::from(*op_id)));
+                args.extend(status(w, s));
+            }
+        }
+        args
+    }
+
+    fn device(&mut self, e: &DeviceEvent) -> Result<()> {
+        let key = match &e.activity {
+            DeviceActivity::Instruction { engine, step, .. } => (e.model_id, 0, *engine as u8, *step),
+            DeviceActivity::Dma { queue, index, .. } => (e.model_id, 1, *queue as u8, *index),
+        };
+        let descriptor = match self.descriptors.get(&key) {
+            Some((activity, id)) if *activity == e.activity => *id,
+            _ => {
+                let descriptor = self.descriptor_of(e.model_id, &e.activity);
+                let id = self.writer.descriptor(&descriptor);
+                self.descriptors.insert(key, (e.activity.clone(), id));
+                id
+            }
+        };
+        self.writer.device(&ntff::DeviceEvent {
+            core: e.nc_idx,
+            id: e.id,
+            exec_id: e.exec_id,
+            start_ns: e.start_ns,
+            end_ns: e.end_ns,
+            descriptor,
+        })?;
+        Ok(())
+    }
+
+    fn descriptor_of(&mut self, model_id: u32, activity: &DeviceActivity) -> Descriptor {
+        match activity {
+            DeviceActivity::Instruction { engine, opcode, hlo, step, flops, bytes_read, bytes_written } => {
+                Descriptor::Instruction {
+                    model_id,
+                    engine: self.writer.intern(engine.name()),
+                    opcode: self.writer.intern(opcode),
+                    hlo: self.writer.intern(hlo),
+                    step: *step,
+                    flops: *flops,
+                    bytes_read: *bytes_read,
+                    bytes_written: *bytes_written,
+                }
+            }
+            DeviceActivity::Dma { queue, index, bytes } => {
+                Descriptor::Dma { model_id, queue: self.writer.intern(queue.name()), index: *index, bytes: *bytes }
+            }
+        }
+    }
+
+    /// Writes what is buffered, so the file holds everything recorded so far.
+    pub fn flush(&mut self) -> Result<()> {
+        self.writer.flush().context("cannot write the trace file")
+    }
+
+    /// What has been recorded so far.
+    pub fn summary(&self) -> ntff::WriteSummary {
+        self.writer.summary()
+    }
+
+    /// Finishes the file.
+    pub fn finish(self) -> Result<(W, ntff::WriteSummary)> {
+        self.writer.finish().context("cannot finish the trace file")
+    }
+}
+
+fn unsigned<W: Write>(w: &mut Writer<W>, key: &str, value: u64) -> Arg {
+    Arg { key: w.intern(key), value: ArgValue::U64(value) }
+}
+
+fn int<W: Write>(w: &mut Writer<W>, key: &str, value: i32) -> Arg {
+    Arg { key: w.intern(key), value: ArgValue::I64(i64::from(value)) }
+}
+
+fn string<W: Write>(w: &mut Writer<W>, key: &str, value: &str) -> Arg {
+    Arg { key: w.intern(key), value: ArgValue::Str(w.intern(value)) }
+}
+
+/// The file metadata for a trace of the runtime `info` describes.
+pub fn metadata(info: &RuntimeInfo, capture_kind: &str, command: &[String]) -> ntff::Metadata {
+    let realtime = neuron_runtime::trace::clock::realtime_ns();
+    let monotonic = neuron_runtime::trace::clock::monotonic_ns();
+    ntff::Metadata {
+        runtime_version: info.runtime_version.clone(),
+        tool: format!("neuron-profile {} {capture_kind}", env!("CARGO_PKG_VERSION")),
+        capture_unix_ns: realtime,
+        instance_type: info.instance_type.clone(),
+        topology: Some(ntff::Topology {
+            device_count: info.device_count,
+            cores_per_device: info.cores_per_device,
+            device_memory_bytes: info.device_memory_bytes,
+            cores: info.cores.clone(),
+        }),
+        pid: info.pid,
+        process_tag: info.tag.clone().unwrap_or_default(),
+        clock: Some(ntff::ClockCalibration { realtime_minus_monotonic_ns: realtime as i64 - monotonic as i64 }),
+        capture_kind: capture_kind.to_string(),
+        peak_flops_per_core: 0.0,
+        peak_flops_method: String::new(),
+        command: command.to_vec(),
+    }
+}
+
+/// The runtime's typed event for an NTFF system event (`None` when its name or
+/// arguments are not the runtime's).
+pub fn to_system_event(file: &ntff::NtffFile, e: &ntff::SystemEvent) -> Option<SystemEvent> {
+    let event_type = EventType::from_name(file.string(e.name)?)?;
+    let arg = |key: &str| e.args.iter().find(|a| file.string(a.key) == Some(key)).map(|a| a.value);
+    let u = |key: &str| match arg(key) {
+        Some(ArgValue::U64(v)) => Some(v),
+        _ => None,
+    };
+    let i = |key: &str| match arg(key) {
+        Some(ArgValue::I64(v)) => i32::try_from(v).ok(),
+        _ => None,
+    };
+    let s = |key: &str| match arg(key) {
+        Some(ArgValue::Str(sym)) => file.string(sym).map(str::to_owned),
+        _ => None,
+    };
+    let data = match event_type {
+        EventType::NrtLoad | EventType::NrtUnload => EventData::Model { name: s("model_name")?, status: i("status") },
+        EventType::NrtExecute
+        | EventType::NrtaExecuteSchedule
+        | EventType::KblExecPre
+        | EventType::KmgrExecCore
+        | EventType::KblExecWait
+        | EventType::KblExecPost
+        | EventType::NcExecRunning => EventData::Execution { status: i("status") },
+        EventType::DmemBufCopyin | EventType::DmemBufCopyout => {
+            EventData::Copy { tensor_id: u("tensor_id")?, tensor_name: s("tensor_name")?, bytes: u("bytes")? }
+        }
+        EventType::NrtTensorAllocate | EventType::NrtTensorFree => {
+            EventData::Tensor { tensor_id: u("tensor_id")?, tensor_name: s("tensor_name")?, size: u("size")? }
+        }
+        EventType::NrtTensorRead | EventType::NrtTensorWrite => EventData::TensorAccess {
+            tensor_id: u("tensor_id")?,
+            tensor_name: s("tensor_name")?,
+            offset: u("offset")?,
+            bytes: u("bytes")?,
+        },
+        EventType::NrtModelSwitch => EventData::ModelSwitch { from_model_id: u32::try_from(u("from_model_id")?).ok()? },
+        EventType::NumericalErr => EventData::NumericalError { count: u("count")? },
+        EventType::HwNotify => EventData::HwNotify { status: i("status")?, message: s("message")? },
+        EventType::TimestampSyncPoint => {
+            EventData::SyncPoint { cpu_timestamp_ns: u("cpu_timestamp_ns")?, nc_timestamp_ns: u("nc_timestamp_ns")? }
+        }
+        EventType::CcRunning => {
+            let operation = s("operation")?;
+            let algorithm = s("algorithm")?;
+            EventData::Collective {
+                operation: (0..16).map(neuron_runtime::Collective::name_of_code).find(|n| *n == operation)?,
+                algorithm: (0..4).map(neuron_runtime::collectives::algorithm_name_of_code).find(|n| *n == algorithm)?,
+                bytes: u("bytes")?,
+                replica_group: s("replica_group")?,
+                op_id: u32::try_from(u("op_id")?).ok()?,
+                status: i("status"),
+            }
+        }
+    };
+    Some(SystemEvent {
+        event_type,
+        phase: match e.phase {
+            ntff::Phase::Start => Phase::Start,
+            ntff::Phase::Stop => Phase::Stop,
+            ntff::Phase::Instant => Phase::Instant,
+        },
+        id: e.id,
+        nc_idx: e.core,
+        tracking_id: e.tracking_id,
+        thread_id: e.thread_id,
+        timestamp_ns: e.timestamp_ns,
+        clock: match e.clock {
+            ntff::Clock::Host => ClockDomain::Host,
+            ntff::Clock::Device => ClockDomain::Device,
+        },
+        exec_id: e.exec_id,
+        model_id: e.model_id,
+        nrta_seq_id: e.nrta_seq_id,
+        data,
+    })
+}
+
+/// The runtime's typed event for an NTFF device event (`None` when its descriptor was
+/// lost or names an unknown engine or queue).
+pub fn to_device_event(file: &ntff::NtffFile, e: &ntff::DeviceEvent) -> Option<DeviceEvent> {
+    let descriptor = file.descriptor(e.descriptor)?;
+    let activity = match *descriptor {
+        Descriptor::Instruction { engine, opcode, hlo, step, flops, bytes_read, bytes_written, .. } => {
+            let engine_name = file.string(engine)?;
+            DeviceActivity::Instruction {
+                engine: Engine::ALL.into_iter().find(|x| x.name() == engine_name)?,
+                opcode: file.string(opcode)?.to_owned(),
+                hlo: file.string(hlo)?.to_owned(),
+                step,
+                flops,
+                bytes_read,
+                bytes_written,
+            }
+        }
+        Descriptor::Dma { queue, index, bytes, .. } => {
+            let queue_name = file.string(queue)?;
+            DeviceActivity::Dma { queue: DmaQueueType::ALL.into_iter().find(|q| q.name() == queue_name)?, index, bytes }
+        }
+    };
+    Some(DeviceEvent {
+        id: e.id,
+        nc_idx: e.core,
+        exec_id: e.exec_id,
+        model_id: descriptor.model_id(),
+        start_ns: e.start_ns,
+        end_ns: e.end_ns,
+        activity,
+    })
+}
+
+/// Opens `path` for a new trace, with a clear error when the directory is missing.
+pub fn create_writer(
+    path: &std::path::Path,
+    metadata: &ntff::Metadata,
+) -> Result<Writer<std::io::BufWriter<std::fs::File>>> {
+    Writer::create(path, metadata).with_context(|| format!("cannot create the trace file {}", path.display()))
+}
