@@ -11,11 +11,11 @@ use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
 
+use crate::NtffError;
 use crate::codec::decode_chunk;
 use crate::format::{self, Frame, RecordKind};
 use crate::model::{Chunk, ChunkInfo, Descriptor, DescriptorId, Sym, core_of_stream};
 use crate::proto;
-use crate::{NtffError, SyncPoint};
 
 /// The bytes of a file: mapped, or owned (for tests and fuzzing).
 #[derive(Debug)]
@@ -202,14 +202,6 @@ impl NtffFile {
             .payload(info.offset, RecordKind::Chunk)
             .map_err(|reason| NtffError::Damaged { offset: info.offset, reason })?;
         decode_chunk(payload).map_err(|e| NtffError::Damaged { offset: info.offset, reason: e.0 })
-    }
-
-    /// Every sync point of `core`, in file order (reads the core's chunks).
-    pub fn sync_points(&self, core: u32) -> Vec<SyncPoint> {
-        self.select(Some(&[core]), None)
-            .filter_map(|info| self.read_chunk(info).ok())
-            .flat_map(|chunk| chunk.sync_points)
-            .collect()
     }
 
     /// What is missing from the file.

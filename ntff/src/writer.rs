@@ -195,11 +195,6 @@ impl<W: Write> Writer<W> {
         Ok((self.out, self.summary))
     }
 
-    /// Bytes written so far.
-    pub fn bytes_written(&self) -> u64 {
-        self.offset
-    }
-
     /// What has been given so far.
     pub fn summary(&self) -> WriteSummary {
         WriteSummary { bytes: self.offset, ..self.summary }

@@ -8,9 +8,11 @@ pub mod stats;
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, anyhow, bail};
 use neuron_runtime::config::LogLevel;
-use neuron_runtime::{Neff, Target, compile_hlo};
+use neuron_runtime::isa::Program;
+use neuron_runtime::topology::NeuronCoreVersion;
+use neuron_runtime::{ArrayType, Model, Neff, Runtime, Target, TensorPlacement, TensorSet, compile_hlo};
 
 /// Lets the process end quietly when stdout is a closed pipe (`neuron-bench ... | head`),
 /// as command-line tools do, instead of failing on the next write. Call first in `main`.
@@ -42,6 +44,72 @@ pub fn load_model_bytes(path: &Path, target: Target) -> Result<Vec<u8>> {
         return Ok(Neff::new(&model_name(path), program).encode());
     }
     Ok(bytes)
+}
+
+/// The compile target of a NeuronCore version.
+pub fn target_for(version: NeuronCoreVersion) -> Target {
+    match version {
+        NeuronCoreVersion::V2 => Target::Trn1,
+        NeuronCoreVersion::V3 => Target::Trn2,
+    }
+}
+
+/// Supplies the bytes of input `i` (of the given type), or `None` for zeros.
+pub type InputFill<'a> = dyn FnMut(usize, &ArrayType) -> Result<Option<Vec<u8>>> + 'a;
+
+/// Allocates the tensors of a loaded model on its core and fills the inputs.
+pub fn bind_tensors(runtime: &Runtime, model: &Model, fill: &mut InputFill<'_>) -> Result<(TensorSet, TensorSet)> {
+    let placement = TensorPlacement::Device { core: model.core() };
+    let mut inputs = TensorSet::new();
+    for (i, io) in model.inputs().iter().enumerate() {
+        let ty = model.tensor_type(io);
+        let tensor = runtime.allocate_tensor_for(placement, ty, &format!("{}-{}", model.name(), io.name))?;
+        if let Some(bytes) = fill(i, ty)? {
+            tensor.write(0, &bytes)?;
+        }
+        inputs.add(&io.name, tensor);
+    }
+    let mut outputs = TensorSet::new();
+    for io in model.outputs() {
+        let ty = model.tensor_type(io);
+        outputs.add(&io.name, runtime.allocate_tensor_for(placement, ty, &format!("{}-{}", model.name(), io.name))?);
+    }
+    Ok((inputs, outputs))
+}
+
+/// Reads `.npy` inputs given as (name, index or HLO name; path) pairs, by model input
+/// index, checked against the model.
+pub fn read_inputs(pairs: &[(&str, &str)], program: &Program) -> Result<Vec<Option<Vec<u8>>>> {
+    let mut by_index = vec![None; program.inputs.len()];
+    for &(key, path) in pairs {
+        let index = program
+            .inputs
+            .iter()
+            .position(|io| {
+                io.name == key
+                    || io.hlo_name == key
+                    || key.parse::<usize>().ok() == io.name.strip_prefix("input").and_then(|n| n.parse().ok())
+            })
+            .ok_or_else(|| {
+                let names: Vec<String> = program
+                    .inputs
+                    .iter()
+                    .enumerate()
+                    .map(|(i, io)| format!("{i}/{}/{}", io.name, io.hlo_name))
+                    .collect();
+                anyhow!(
+                    "input {key}={path}: the model has no input `{key}` (inputs as index/name/HLO name: {})",
+                    names.join(", ")
+                )
+            })?;
+        let (ty, bytes) = npy::read(Path::new(path))?;
+        let expected = &program.buffers[program.inputs[index].buffer as usize].ty;
+        if &ty != expected {
+            bail!("input {key}={path}: the file holds {ty} but input `{}` is {expected}", program.inputs[index].name);
+        }
+        by_index[index] = Some(bytes);
+    }
+    Ok(by_index)
 }
 
 /// The model name a file stands for: its stem (`mlp` for `models/mlp.hlo`).

@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::AsFd;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -12,15 +12,17 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
 use neuron_profiler::stats::{LatencyHistogram, LatencySummary, format_seconds};
-use neuron_profiler::{init_logging, load_model_bytes, model_name, npy, parse_duration, si, thousands};
+use neuron_profiler::{
+    InputFill, bind_tensors, init_logging, load_model_bytes, model_name, npy, parse_duration, read_inputs, si,
+    target_for, thousands,
+};
 use neuron_runtime::config::{Config, ENV_VISIBLE_CORES};
 use neuron_runtime::datastore::DatastoreReader;
 use neuron_runtime::isa::{Op, Program};
 use neuron_runtime::neff::DecodeOptions;
-use neuron_runtime::topology::NeuronCoreVersion;
 use neuron_runtime::{
     ArrayType, CompletionHandle, DType, DTypeClass, ErrorTracker, Model, Neff, NrtError, NrtStatus, Runtime, SeqId,
-    Target, TensorPlacement, TensorSet, TrackedError, Xu, compile_hlo,
+    TensorSet, TrackedError, Xu, compile_hlo,
 };
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
@@ -143,16 +145,6 @@ fn runtime_config(cores: Option<&str>) -> Result<Config> {
     })
 }
 
-fn target_for(version: NeuronCoreVersion) -> Target {
-    match version {
-        NeuronCoreVersion::V2 => Target::Trn1,
-        NeuronCoreVersion::V3 => Target::Trn2,
-    }
-}
-
-/// Supplies the bytes of input `i` (of the given type), or `None` for zeros.
-type InputFill<'a> = dyn FnMut(usize, &ArrayType) -> Result<Option<Vec<u8>>> + 'a;
-
 /// One loaded copy of a model with its bound tensors.
 struct Replica {
     model: Model,
@@ -165,63 +157,19 @@ impl Replica {
         Replica::bind(runtime, runtime.load(neff, Some(core))?, fill)
     }
 
-    /// Allocates and fills the tensors of a loaded model on its core.
     fn bind(runtime: &Runtime, model: Model, fill: &mut InputFill<'_>) -> Result<Replica> {
-        let core = model.core();
-        let placement = TensorPlacement::Device { core };
-        let mut inputs = TensorSet::new();
-        for (i, io) in model.inputs().iter().enumerate() {
-            let ty = model.tensor_type(io);
-            let tensor = runtime.allocate_tensor_for(placement, ty, &format!("{}-{}", model.name(), io.name))?;
-            if let Some(bytes) = fill(i, ty)? {
-                tensor.write(0, &bytes)?;
-            }
-            inputs.add(&io.name, tensor);
-        }
-        let mut outputs = TensorSet::new();
-        for io in model.outputs() {
-            let ty = model.tensor_type(io);
-            outputs
-                .add(&io.name, runtime.allocate_tensor_for(placement, ty, &format!("{}-{}", model.name(), io.name))?);
-        }
+        let (inputs, outputs) = bind_tensors(runtime, &model, fill)?;
         Ok(Replica { model, inputs, outputs })
     }
 }
 
 /// The bytes of inputs given with `--input`, by model input index, checked against the model.
 fn parse_inputs(specs: &[String], program: &Program) -> Result<Vec<Option<Vec<u8>>>> {
-    let mut by_index = vec![None; program.inputs.len()];
-    for spec in specs {
-        let (key, path) =
-            spec.split_once('=').ok_or_else(|| anyhow!("--input {spec}: expected NAME_OR_INDEX=PATH.npy"))?;
-        let index = program
-            .inputs
-            .iter()
-            .position(|io| {
-                io.name == key
-                    || io.hlo_name == key
-                    || key.parse::<usize>().ok() == io.name.strip_prefix("input").and_then(|n| n.parse().ok())
-            })
-            .ok_or_else(|| {
-                let names: Vec<String> = program
-                    .inputs
-                    .iter()
-                    .enumerate()
-                    .map(|(i, io)| format!("{i}/{}/{}", io.name, io.hlo_name))
-                    .collect();
-                anyhow!(
-                    "--input {spec}: the model has no input `{key}` (inputs as index/name/HLO name: {})",
-                    names.join(", ")
-                )
-            })?;
-        let (ty, bytes) = npy::read(Path::new(path))?;
-        let expected = &program.buffers[program.inputs[index].buffer as usize].ty;
-        if &ty != expected {
-            bail!("--input {spec}: the file holds {ty} but input `{}` is {expected}", program.inputs[index].name);
-        }
-        by_index[index] = Some(bytes);
-    }
-    Ok(by_index)
+    let pairs = specs
+        .iter()
+        .map(|spec| spec.split_once('=').ok_or_else(|| anyhow!("--input {spec}: expected NAME_OR_INDEX=PATH.npy")))
+        .collect::<Result<Vec<_>>>()?;
+    read_inputs(&pairs, program)
 }
 
 /// The failed executions one core keeps individually; later ones are only counted.

@@ -12,13 +12,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, ValueEnum};
 use neuron_profiler::record::{Recorder, create_writer, metadata};
-use neuron_profiler::{load_model_bytes, model_name, npy};
+use neuron_profiler::{bind_tensors, load_model_bytes, model_name, npy, read_inputs, target_for};
 use neuron_runtime::config::{ENV_NUM_CORES, ENV_VISIBLE_CORES};
 use neuron_runtime::datastore::{DatastoreReader, TailStart};
 use neuron_runtime::trace::ALL_SYSTEM_EVENTS;
-use neuron_runtime::{
-    Config, ErrorTracker, Model, Neff, NrtError, Runtime, SeqId, Target, TensorPlacement, TensorSet, compile_hlo,
-};
+use neuron_runtime::{Config, ErrorTracker, Model, Neff, NrtError, Runtime, SeqId, Target, TensorSet, compile_hlo};
 
 /// How often the file is flushed while capturing, at most.
 const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
@@ -94,10 +92,7 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
     .map_err(|e| anyhow!(e))?;
     neuron_profiler::init_logging(config.log_level);
     let runtime = Runtime::start(config)?;
-    let target = match runtime.topology().core_version {
-        neuron_runtime::topology::NeuronCoreVersion::V2 => Target::Trn1,
-        neuron_runtime::topology::NeuronCoreVersion::V3 => Target::Trn2,
-    };
+    let target = target_for(runtime.topology().core_version);
     let neff = load_model_bytes(&args.model, target)?;
     let core = runtime.cores()?.cores()[0];
     runtime.set_trace_recording_of(false, false)?;
@@ -335,34 +330,9 @@ fn save_outputs(model: &Model, outputs: &TensorSet, session_file: &Path) -> Resu
 /// Allocates the model's tensors on its core and fills the inputs given as
 /// `NAME PATH.npy` pairs (zeros for the others).
 fn bind(runtime: &Runtime, model: &Model, pairs: &[String]) -> Result<(TensorSet, TensorSet)> {
-    let placement = TensorPlacement::Device { core: model.core() };
-    let mut given: Vec<(&str, &str)> = pairs.chunks_exact(2).map(|p| (p[0].as_str(), p[1].as_str())).collect();
-    let mut inputs = TensorSet::new();
-    for (index, io) in model.inputs().iter().enumerate() {
-        let ty = model.tensor_type(io);
-        let tensor = runtime.allocate_tensor_for(placement, ty, &format!("{}-{}", model.name(), io.name))?;
-        let wanted = |key: &str| key == io.name || key == io.hlo_name || key.parse::<usize>().ok() == Some(index);
-        if let Some(at) = given.iter().position(|(key, _)| wanted(key)) {
-            let (key, path) = given.remove(at);
-            let (file_ty, bytes) = npy::read(Path::new(path))?;
-            if &file_ty != ty {
-                bail!("input {key}: {path} holds {file_ty} but the input is {ty}");
-            }
-            tensor.write(0, &bytes)?;
-        }
-        inputs.add(&io.name, tensor);
-    }
-    if let Some((key, _)) = given.first() {
-        let names: Vec<String> =
-            model.inputs().iter().enumerate().map(|(i, io)| format!("{i}/{}/{}", io.name, io.hlo_name)).collect();
-        bail!("the model has no input `{key}` (inputs as index/name/HLO name: {})", names.join(", "));
-    }
-    let mut outputs = TensorSet::new();
-    for io in model.outputs() {
-        let ty = model.tensor_type(io);
-        outputs.add(&io.name, runtime.allocate_tensor_for(placement, ty, &format!("{}-{}", model.name(), io.name))?);
-    }
-    Ok((inputs, outputs))
+    let pairs: Vec<(&str, &str)> = pairs.chunks_exact(2).map(|p| (p[0].as_str(), p[1].as_str())).collect();
+    let mut given = read_inputs(&pairs, model.program())?;
+    bind_tensors(runtime, model, &mut |i, _| Ok(given[i].take()))
 }
 
 /// Side of the square matrices of the peak measurement.

@@ -14,7 +14,7 @@ use clap::Args;
 use neuron_profiler::record::{Recorder, create_writer, metadata};
 use neuron_runtime::Config;
 use neuron_runtime::config::{ENV_DATASTORE_DIR, ENV_INSPECT_ENABLE, ENV_INSPECT_MAX_EVENTS_PER_NC};
-use neuron_runtime::datastore::{DatastoreReader, Liveness, Tail, TailStart, discover};
+use neuron_runtime::datastore::{DatastoreReader, Liveness, Tail, TailStart, pid_of_file_name};
 use neuron_runtime::trace::ALL_SYSTEM_EVENTS;
 
 /// How often the datastore directory is searched and the rings drained.
@@ -80,13 +80,14 @@ pub(crate) fn inspect(args: InspectArgs) -> Result<()> {
     let mut written: Vec<PathBuf> = Vec::new();
     let status: ExitStatus = loop {
         let exited = child.try_wait().context("cannot wait for the program")?;
-        for entry in discover(&datastore_dir).unwrap_or_default() {
-            if seen.contains(&entry.pid) || !descends_from(entry.pid, root) {
+        // Only new files of the program's processes are opened.
+        for (pid, path) in datastore_files(&datastore_dir) {
+            if seen.contains(&pid) || !descends_from(pid, root) {
                 continue;
             }
-            let Ok(reader) = entry.reader else { continue };
-            seen.push(entry.pid);
-            let name = format!("{}-pid{}-{session}.ntff", if host.is_empty() { "host" } else { &host }, entry.pid);
+            let Ok(reader) = DatastoreReader::open(&path) else { continue };
+            seen.push(pid);
+            let name = format!("{}-pid{pid}-{session}.ntff", if host.is_empty() { "host" } else { &host });
             let path = args.output_dir.join(name);
             let mode = if args.on_fail {
                 Mode::OnFail { errors: error_count(&reader), captures: 0 }
@@ -96,7 +97,7 @@ pub(crate) fn inspect(args: InspectArgs) -> Result<()> {
                 let tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
                 Mode::Stream { tail: Box::new(tail), recorder: Box::new(recorder), flushed: Instant::now() }
             };
-            traced.insert(entry.pid, Traced { reader, path, mode });
+            traced.insert(pid, Traced { reader, path, mode });
         }
         let mut finished = Vec::new();
         for (&pid, t) in &mut traced {
@@ -189,6 +190,15 @@ fn numbered(path: &Path, n: u32) -> PathBuf {
 /// Failed executions of every core, from the lossless counters.
 fn error_count(reader: &DatastoreReader) -> u64 {
     reader.snapshot().cores.iter().map(|c| c.errors.0.iter().sum::<u64>()).sum()
+}
+
+/// The datastore files in `dir`, by the pid they belong to.
+fn datastore_files(dir: &Path) -> Vec<(u32, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(pid_of_file_name).map(|pid| (pid, e.path())))
+        .collect()
 }
 
 /// Whether `pid` is `root` or one of its descendants.

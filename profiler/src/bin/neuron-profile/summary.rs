@@ -145,10 +145,11 @@ pub(crate) fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
     let mut starts: HashMap<(Option<u32>, u64, bool), u64> = HashMap::new();
     let mut latency = LatencyHistogram::default();
     let mut device_latency = LatencyHistogram::default();
-    let (mut executions, mut device_executions) = (0u64, 0u64);
+    let mut executions = 0u64;
     let (mut first, mut last) = (u64::MAX, 0u64);
     let execute = file.find_string("nrt_execute");
     let running = file.find_string("nc_exec_running");
+    let status = file.find_string("status");
     // Per-descriptor totals first; names are resolved once per descriptor at the end.
     let mut by_descriptor: HashMap<u32, Totals> = HashMap::new();
     for info in file.select(cores, None) {
@@ -173,7 +174,7 @@ pub(crate) fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
                 Phase::Stop => {
                     if let Some(start) = starts.remove(&key) {
                         let ns = e.timestamp_ns.saturating_sub(start);
-                        let status_ok = !e.args.iter().any(|a| file.string(a.key) == Some("status"));
+                        let status_ok = !e.args.iter().any(|a| Some(a.key) == status);
                         if is_execute {
                             executions += 1;
                             if status_ok {
@@ -216,7 +217,7 @@ pub(crate) fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
             }
         }
     }
-    device_executions += windows.keys().filter(|(_, exec)| exec.is_some()).count() as u64;
+    let device_executions = windows.keys().filter(|(_, exec)| exec.is_some()).count() as u64;
     let device_ns: u64 = windows.values().map(|(a, b)| b.saturating_sub(*a)).sum();
     let seconds = |ns: u64| ns as f64 / 1e9;
     let percent = |ns: u64| if device_ns == 0 { 0.0 } else { 100.0 * ns as f64 / device_ns as f64 };

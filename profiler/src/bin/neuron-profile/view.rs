@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use neuron_profiler::record::{to_device_event, to_system_event};
+use neuron_runtime::CoreSet;
+use neuron_runtime::datastore::MAX_CORES;
 use ntff::NtffFile;
 
 use crate::summary;
@@ -58,7 +60,18 @@ pub(crate) fn view(args: ViewArgs) -> Result<()> {
     for path in &files {
         let file = NtffFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
         let cores = match &args.system_trace_filter_neuron_core {
-            Some(text) => Some(parse_cores(text)?),
+            Some(text) => {
+                let count = file
+                    .metadata()
+                    .topology
+                    .as_ref()
+                    .map(|t| t.device_count * t.cores_per_device)
+                    .filter(|&n| n > 0)
+                    .unwrap_or(MAX_CORES);
+                let cores = CoreSet::parse(text, count)
+                    .map_err(|e| anyhow::anyhow!("--system-trace-filter-neuron-core {text:?}: {e}"))?;
+                Some(cores.cores().to_vec())
+            }
             None => None,
         };
         match args.output_format {
@@ -96,25 +109,6 @@ fn ntff_files_in(dir: &Path) -> Result<Vec<PathBuf>> {
         bail!("{} holds no .ntff files", dir.display());
     }
     Ok(files)
-}
-
-/// "0,1", "0-3": core numbers.
-pub(crate) fn parse_cores(text: &str) -> Result<Vec<u32>> {
-    let mut cores = Vec::new();
-    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let bad = || anyhow::anyhow!("`{part}` in \"{text}\" is not a core number or range (e.g. 0,1 or 0-3)");
-        match part.split_once('-') {
-            Some((a, b)) => {
-                let (a, b): (u32, u32) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
-                if a > b {
-                    return Err(bad());
-                }
-                cores.extend(a..=b);
-            }
-            None => cores.push(part.parse().map_err(|_| bad())?),
-        }
-    }
-    Ok(cores)
 }
 
 /// `{"metadata": …, "models": […], "events": [system and device events], "losses":
