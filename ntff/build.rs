@@ -2,7 +2,7 @@
 //! the `.proto` files with `protox`, so building needs no system `protoc`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/ntff.proto"];
+    let protos = ["proto/ntff.proto", "proto/perfetto.proto"];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }

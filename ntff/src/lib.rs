@@ -7,6 +7,7 @@
 //! The crate takes plain event records and knows nothing of the runtime.
 
 mod codec;
+pub mod export;
 mod format;
 mod model;
 mod reader;

@@ -14,7 +14,7 @@ use std::path::Path;
 use crate::NtffError;
 use crate::codec::decode_chunk;
 use crate::format::{self, Frame, RecordKind};
-use crate::model::{Chunk, ChunkInfo, Descriptor, DescriptorId, Sym, core_of_stream};
+use crate::model::{Chunk, ChunkInfo, Descriptor, DescriptorId, Sym, SyncPoint, core_of_stream};
 use crate::proto;
 
 /// The bytes of a file: mapped, or owned (for tests and fuzzing).
@@ -32,6 +32,13 @@ impl std::ops::Deref for Bytes {
             Bytes::Owned(v) => v,
         }
     }
+}
+
+/// A chunk record decoded for its sync points alone: prost skips the other fields.
+#[derive(Clone, PartialEq, prost::Message)]
+struct SyncPointsOnly {
+    #[prost(message, repeated, tag = "6")]
+    sync_points: Vec<proto::SyncPoint>,
 }
 
 /// A damaged or incomplete part of a file.
@@ -202,6 +209,17 @@ impl NtffFile {
             .payload(info.offset, RecordKind::Chunk)
             .map_err(|reason| NtffError::Damaged { offset: info.offset, reason })?;
         decode_chunk(payload).map_err(|e| NtffError::Damaged { offset: info.offset, reason: e.0 })
+    }
+
+    /// The clock sync points of the chunk `info` describes, checking its checksum but
+    /// skipping over its event columns.
+    pub fn read_sync_points(&self, info: &ChunkInfo) -> Result<Vec<SyncPoint>, NtffError> {
+        let payload = self
+            .payload(info.offset, RecordKind::Chunk)
+            .map_err(|reason| NtffError::Damaged { offset: info.offset, reason })?;
+        let chunk = <SyncPointsOnly as prost::Message>::decode(payload)
+            .map_err(|e| NtffError::Damaged { offset: info.offset, reason: e.to_string() })?;
+        Ok(chunk.sync_points.iter().map(|s| SyncPoint { host_ns: s.host_ns, device_ns: s.device_ns }).collect())
     }
 
     /// What is missing from the file.

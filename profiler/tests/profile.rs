@@ -382,3 +382,83 @@ fn a_recorded_trace_reads_back_event_for_event() {
     assert!(expected.iter().any(|e| matches!(e, TraceEvent::Device(_))));
     assert_eq!(read, expected);
 }
+
+/// The interpreter with the official Perfetto protos: `NTFF_PERFETTO_PYTHON`, else
+/// `python3`; `None` outside CI when it lacks the `perfetto` package.
+fn perfetto_python() -> Option<String> {
+    let python = std::env::var("NTFF_PERFETTO_PYTHON").unwrap_or_else(|_| "python3".into());
+    let probe = Command::new(&python).args(["-c", "import perfetto.protos.perfetto.trace.perfetto_trace_pb2"]).output();
+    if probe.is_ok_and(|o| o.status.success()) {
+        return Some(python);
+    }
+    assert!(std::env::var_os("CI").is_none(), "{python} cannot import the perfetto package; .ci/run installs it");
+    eprintln!("SKIPPED the official-protos check: {python} has no `perfetto` package (pip install perfetto)");
+    None
+}
+
+#[test]
+fn a_real_capture_exports_to_perfetto_and_chrome_json() {
+    let env = Env::new();
+    let file = env.path("attention.ntff");
+    let capture = [
+        "capture",
+        "-n",
+        &example("attention.hlo"),
+        "-s",
+        file.to_str().expect("utf-8"),
+        "--num-exec",
+        "6",
+        "--profile-all-execs",
+    ];
+    succeeded(&env.run(PROFILE, &capture));
+    let events = events_json(&env, &file, &[]);
+    let device_events =
+        events["events"].as_array().expect("events").iter().filter(|e| e.get("start_ns").is_some()).count() as u64;
+    assert!(device_events > 0);
+
+    let trace = env.path("attention.pftrace");
+    let out = env.run(
+        PROFILE,
+        &[
+            "view",
+            "-s",
+            file.to_str().expect("utf-8"),
+            "--output-format",
+            "perfetto",
+            "--output-file",
+            trace.to_str().expect("utf-8"),
+        ],
+    );
+    succeeded(&out);
+    assert!(text(&out.stderr).contains(&format!("({device_events} device)")), "{}", text(&out.stderr));
+    let bytes = std::fs::read(&trace).expect("trace written");
+    let check = ntff::export::verify_perfetto(&bytes).expect("a valid trace");
+    assert_eq!(check.open_at_end, 0);
+    let names: Vec<&str> = check.tracks.iter().map(|t| t.name.as_str()).collect();
+    for track in ["NeuronCore 0", "executions", "PE", "DMA input", "utilisation", "tensor memory"] {
+        assert!(names.contains(&track), "no {track} track in {names:?}");
+    }
+    let executions = check.tracks.iter().find(|t| t.name == "executions").expect("executions track");
+    assert_eq!(executions.slices, 6);
+    assert_eq!(check.flows, 6, "one flow from each nrt_execute to its device execution");
+    let device: u64 = check
+        .tracks
+        .iter()
+        .filter(|t| ["PE", "ACT", "DVE", "POOL", "SP"].contains(&t.name.as_str()) || t.name.starts_with("DMA "))
+        .map(|t| t.slices)
+        .sum();
+    assert_eq!(device, device_events);
+
+    if let Some(python) = perfetto_python() {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ntff/tests/perfetto_check.py");
+        let out = Command::new(python).arg(script).arg(&trace).output().expect("python runs");
+        let report: Value = serde_json::from_str(succeeded(&out).trim()).expect("report");
+        assert_eq!(report["slices"].as_u64(), Some(check.slices));
+    }
+
+    // Chrome JSON: the same slices, to stdout.
+    let out = env.run(PROFILE, &["view", "-s", file.to_str().expect("utf-8"), "--output-format", "chrome-json"]);
+    let json: Value = serde_json::from_str(&succeeded(&out)).expect("JSON");
+    let begins = json["traceEvents"].as_array().expect("events").iter().filter(|e| e["ph"] == "B").count() as u64;
+    assert_eq!(begins, check.slices);
+}

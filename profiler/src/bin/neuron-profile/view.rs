@@ -1,6 +1,6 @@
 //! `neuron-profile view`: reads NTFF files and prints a summary or exports the events.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -9,6 +9,7 @@ use neuron_profiler::record::{to_device_event, to_system_event};
 use neuron_runtime::CoreSet;
 use neuron_runtime::datastore::MAX_CORES;
 use ntff::NtffFile;
+use ntff::export::{ExportOptions, Format, Progress};
 
 use crate::summary;
 
@@ -29,7 +30,8 @@ pub(crate) struct ViewArgs {
     /// Only these NeuronCores, e.g. "0,1" or "0-3".
     #[arg(long, value_name = "CORES")]
     system_trace_filter_neuron_core: Option<String>,
-    /// Only these system event types, e.g. "nrt_execute,nrt_load" (json output).
+    /// Only these system event types, e.g. "nrt_execute,nrt_load"; device events are
+    /// then left out (json, perfetto and chrome-json output).
     #[arg(long, value_name = "TYPES", value_delimiter = ',')]
     system_trace_filter_event_type: Option<Vec<String>>,
 }
@@ -42,6 +44,11 @@ enum OutputFormat {
     SummaryJson,
     /// Every event as JSON, in the runtime's event shapes.
     Json,
+    /// A Perfetto trace (protobuf) for ui.perfetto.dev or trace_processor: a process
+    /// per file, tracks per core, engine and DMA queue, counters and flows.
+    Perfetto,
+    /// The same timeline in Chrome's JSON trace format, for small traces.
+    ChromeJson,
 }
 
 pub(crate) fn view(args: ViewArgs) -> Result<()> {
@@ -50,6 +57,9 @@ pub(crate) fn view(args: ViewArgs) -> Result<()> {
         (None, Some(dir)) => ntff_files_in(dir)?,
         (None, None) => bail!("give a file with -s FILE.ntff or a directory with -d DIR"),
     };
+    if matches!(args.output_format, OutputFormat::Perfetto | OutputFormat::ChromeJson) {
+        return export(&args, &files);
+    }
     let mut out: Box<dyn Write> = match &args.output_file {
         Some(path) => Box::new(std::io::BufWriter::new(
             std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?,
@@ -59,21 +69,7 @@ pub(crate) fn view(args: ViewArgs) -> Result<()> {
     let mut summaries = Vec::new();
     for path in &files {
         let file = NtffFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-        let cores = match &args.system_trace_filter_neuron_core {
-            Some(text) => {
-                let count = file
-                    .metadata()
-                    .topology
-                    .as_ref()
-                    .map(|t| t.device_count * t.cores_per_device)
-                    .filter(|&n| n > 0)
-                    .unwrap_or(MAX_CORES);
-                let cores = CoreSet::parse(text, count)
-                    .map_err(|e| anyhow::anyhow!("--system-trace-filter-neuron-core {text:?}: {e}"))?;
-                Some(cores.cores().to_vec())
-            }
-            None => None,
-        };
+        let cores = core_filter(&args, &file)?;
         match args.output_format {
             OutputFormat::SummaryText => {
                 let s = summary::summarise(&file, cores.as_deref());
@@ -83,6 +79,7 @@ pub(crate) fn view(args: ViewArgs) -> Result<()> {
             OutputFormat::Json => {
                 write_json(&file, cores.as_deref(), args.system_trace_filter_event_type.as_deref(), &mut out)?
             }
+            OutputFormat::Perfetto | OutputFormat::ChromeJson => unreachable!("exported above"),
         }
     }
     if args.output_format == OutputFormat::SummaryJson {
@@ -94,6 +91,82 @@ pub(crate) fn view(args: ViewArgs) -> Result<()> {
         writeln!(out)?;
     }
     out.flush()?;
+    Ok(())
+}
+
+/// The cores `--system-trace-filter-neuron-core` selects in `file`.
+fn core_filter(args: &ViewArgs, file: &NtffFile) -> Result<Option<Vec<u32>>> {
+    let Some(text) = &args.system_trace_filter_neuron_core else { return Ok(None) };
+    let count = file
+        .metadata()
+        .topology
+        .as_ref()
+        .map(|t| t.device_count * t.cores_per_device)
+        .filter(|&n| n > 0)
+        .unwrap_or(MAX_CORES);
+    let cores =
+        CoreSet::parse(text, count).map_err(|e| anyhow::anyhow!("--system-trace-filter-neuron-core {text:?}: {e}"))?;
+    Ok(Some(cores.cores().to_vec()))
+}
+
+/// Writes every file as one Perfetto or Chrome JSON trace, a process per file.
+fn export(args: &ViewArgs, paths: &[PathBuf]) -> Result<()> {
+    let format = match args.output_format {
+        OutputFormat::Perfetto => Format::Perfetto,
+        _ => Format::ChromeJson,
+    };
+    if args.output_file.is_none() && std::io::stdout().is_terminal() {
+        bail!(
+            "this output is a file for a trace viewer: give --output-file FILE (e.g. trace.pftrace) or redirect stdout"
+        );
+    }
+    let files = paths
+        .iter()
+        .map(|path| NtffFile::open(path).with_context(|| format!("cannot read {}", path.display())))
+        .collect::<Result<Vec<_>>>()?;
+    for (path, file) in paths.iter().zip(&files) {
+        for problem in file.recovery().describe() {
+            eprintln!("warning: {}: {problem}", path.display());
+        }
+    }
+    let cores = match files.first() {
+        Some(file) => core_filter(args, file)?,
+        None => None,
+    };
+    let options = ExportOptions { cores, system_types: args.system_trace_filter_event_type.clone() };
+    let out: Box<dyn Write> = match &args.output_file {
+        Some(path) => {
+            Box::new(std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?)
+        }
+        None => Box::new(std::io::stdout().lock()),
+    };
+    let bar = indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} exporting {human_pos}/{human_len} events [{elapsed_precise}] {wide_bar} {eta}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let mut progress = |p: Progress| {
+        bar.set_length(p.events_total);
+        bar.set_position(p.events_done);
+    };
+    let (_, summary) = ntff::export::export(&files, &options, format, out, &mut progress)?;
+    bar.finish_and_clear();
+    let target = args.output_file.as_ref().map_or("stdout".to_string(), |p| p.display().to_string());
+    eprintln!(
+        "wrote {} slices ({} device), {} instants, {} counter values and {} flows on {} tracks of {} processes to {target}: {} bytes",
+        summary.slices(),
+        summary.device_slices,
+        summary.instants,
+        summary.counter_values,
+        summary.flows,
+        summary.tracks,
+        summary.processes,
+        summary.bytes
+    );
+    for problem in summary.problems() {
+        eprintln!("note: {problem}");
+    }
     Ok(())
 }
 
