@@ -211,6 +211,49 @@ impl NtffFile {
         decode_chunk(payload).map_err(|e| NtffError::Damaged { offset: info.offset, reason: e.0 })
     }
 
+    /// Decodes the chunks `infos` describe on up to `threads` threads and gives them to
+    /// `f` in order, on the calling thread, a few chunks ahead of it: memory stays
+    /// bounded by a few decoded chunks per thread. Stops at the first error `f` returns.
+    pub fn for_each_chunk<E>(
+        &self,
+        infos: &[ChunkInfo],
+        threads: usize,
+        mut f: impl FnMut(&ChunkInfo, Result<Chunk, NtffError>) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let threads = threads.clamp(1, infos.len().max(1));
+        if threads == 1 {
+            for info in infos {
+                f(info, self.read_chunk(info))?;
+            }
+            return Ok(());
+        }
+        std::thread::scope(|scope| {
+            // Thread t decodes chunks t, t + threads, …, into its own bounded queue, so
+            // taking the queues in turn gives the chunks in order.
+            let queues: Vec<_> = (0..threads)
+                .map(|t| {
+                    let (tx, rx) = std::sync::mpsc::sync_channel(2);
+                    scope.spawn(move || {
+                        for info in infos.iter().skip(t).step_by(threads) {
+                            if tx.send(self.read_chunk(info)).is_err() {
+                                break;
+                            }
+                        }
+                    });
+                    rx
+                })
+                .collect();
+            for (k, info) in infos.iter().enumerate() {
+                let chunk = queues[k % threads].recv().unwrap_or_else(|_| {
+                    Err(NtffError::Damaged { offset: info.offset, reason: "the decoding thread stopped".into() })
+                });
+                // Returning drops the queues, which stops the threads.
+                f(info, chunk)?;
+            }
+            Ok(())
+        })
+    }
+
     /// The clock sync points of the chunk `info` describes, checking its checksum but
     /// skipping over its event columns.
     pub fn read_sync_points(&self, info: &ChunkInfo) -> Result<Vec<SyncPoint>, NtffError> {

@@ -43,6 +43,8 @@ pub struct Writer<W: Write> {
     pending_descriptors: Vec<Descriptor>,
     /// Open chunks by stream code.
     open: Vec<Option<ChunkEncoder>>,
+    /// Encoders of written chunks, kept for their buffers.
+    spare: Vec<ChunkEncoder>,
     index: Vec<ChunkInfo>,
     tables: Vec<u64>,
     buffer: Vec<u8>,
@@ -71,6 +73,7 @@ impl<W: Write> Writer<W> {
             descriptors: HashMap::new(),
             pending_descriptors: Vec::new(),
             open: Vec::new(),
+            spare: Vec::new(),
             index: Vec::new(),
             tables: Vec::new(),
             buffer: Vec::new(),
@@ -205,7 +208,17 @@ impl<W: Write> Writer<W> {
         if code >= self.open.len() {
             self.open.resize_with(code + 1, || None);
         }
-        Ok(self.open[code].get_or_insert_with(|| ChunkEncoder::new(core, base_ns)))
+        let slot = &mut self.open[code];
+        if slot.is_none() {
+            *slot = Some(match self.spare.pop() {
+                Some(mut encoder) => {
+                    encoder.reset(core, base_ns);
+                    encoder
+                }
+                None => ChunkEncoder::new(core, base_ns),
+            });
+        }
+        Ok(slot.as_mut().expect("filled above"))
     }
 
     fn close_if_full(&mut self, core: Option<u32>) -> Result<(), NtffError> {
@@ -237,6 +250,7 @@ impl<W: Write> Writer<W> {
         let events = info.system_events + info.device_events;
         let written = self.record(RecordKind::Chunk, events, &buffer);
         self.buffer = buffer;
+        self.spare.push(chunk);
         info.offset = written?;
         self.index.push(info);
         self.summary.chunks += 1;

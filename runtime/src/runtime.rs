@@ -683,14 +683,8 @@ impl Runtime {
             ids.nrta_seq_id = seq.0;
             start(ids);
         });
-        if let Err(error) = &result {
-            if ids.nrta_seq_id == 0 {
-                start(ids);
-            }
-            if error.status == NrtStatus::QueueFull {
-                tracer.add(m.slot, counter::EXECUTIONS + ExecOutcome::FailedToQueue as u64, 1);
-                tracer.add(m.slot, counter::ERRORS + ErrorClass::Transient as u64, 1);
-            }
+        if result.is_err() && ids.nrta_seq_id == 0 {
+            start(ids);
         }
         tracer.stop(
             m.ring,
@@ -700,6 +694,13 @@ impl Runtime {
             0,
             result.as_ref().err().map(|e| e.status),
         );
+        // Counted after the events, as executions are.
+        if let Err(error) = &result
+            && error.status == NrtStatus::QueueFull
+        {
+            tracer.add(m.slot, counter::EXECUTIONS + ExecOutcome::FailedToQueue as u64, 1);
+            tracer.add(m.slot, counter::ERRORS + ErrorClass::Transient as u64, 1);
+        }
         result
     }
 
@@ -965,8 +966,10 @@ impl Runtime {
         let status = result.as_ref().err().map(|e| e.status);
         tracer.stop(m.ring, EventType::KblExecWait, wait_tracking, ids, 0, None);
         let total_ticks = ticks().saturating_sub(called);
-        self.count_execution(&tracer, m, &result, ran.device_ticks, ran.instructions, total_ticks);
         tracer.stop(m.ring, EventType::NrtExecute, execute_tracking, ids, 0, status);
+        // Counted after its last event: a reader that sees the counters grow finds the
+        // whole execution in the ring (`neuron-profile inspect` on failure relies on it).
+        self.count_execution(&tracer, m, &result, ran.device_ticks, ran.instructions, total_ticks);
         let mut report = result?;
         report.total_latency = tracer_duration(&tracer, total_ticks);
         tracing::debug!(model = %m.name, latency_us = report.total_latency.as_micros() as u64, "executed");
@@ -1340,9 +1343,9 @@ impl CoreJob<'_> {
                 // so the string table holds it once.
                 let message = format!("{place}: {} [corrected, the execution continues]", kind.description());
                 tracing::warn!("{message} {what}");
-                tracer.add(m.slot, counter::ERRORS + ErrorClass::Transient as u64, 1);
                 let message_id = tracer.store.intern(&message);
                 tracer.emit(m.ring, EventType::HwNotify, Phase::Instant, 0, self.ids, message_id, [0; 4], 0);
+                tracer.add(m.slot, counter::ERRORS + ErrorClass::Transient as u64, 1);
             }
             (FaultKind::Nan, _) => {
                 tracing::warn!("{place}: {} [counted as a numerical error] {what}", kind.description())

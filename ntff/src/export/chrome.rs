@@ -93,7 +93,7 @@ impl<W: Write> ChromeSink<W> {
             match arg.value {
                 AnnotationValue::U64(v) => self.write(v.to_string().as_bytes())?,
                 AnnotationValue::I64(v) => self.write(v.to_string().as_bytes())?,
-                AnnotationValue::Str(s) => self.string(s)?,
+                AnnotationValue::Str(_, s) => self.string(s)?,
             }
         }
         self.write(b"}")

@@ -20,6 +20,7 @@ mod verify;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
 use std::io::Write;
+use std::sync::mpsc::Receiver;
 
 use crate::model::{ArgValue, Chunk, ChunkInfo, Clock, Descriptor, DescriptorId, DeviceEvent, Phase, Sym, SystemEvent};
 use crate::{NtffError, NtffFile, SyncPoint};
@@ -250,7 +251,8 @@ pub(crate) struct Annotation<'a> {
 pub(crate) enum AnnotationValue<'a> {
     U64(u64),
     I64(i64),
-    Str(&'a str),
+    /// A string with its id in the name table (encodings may intern it).
+    Str(NameId, &'a str),
 }
 
 /// A named event: its id in the name table and its text.
@@ -290,10 +292,26 @@ pub(crate) trait Sink {
 }
 
 /// Names shared by every file of an export.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Names {
     text: Vec<String>,
     ids: HashMap<String, NameId>,
+}
+
+/// Names every export has, at fixed ids.
+const KEY_EXEC_ID: NameId = 0;
+const KEY_MODEL_ID: NameId = 1;
+const KEY_NRTA_SEQ_ID: NameId = 2;
+
+impl Default for Names {
+    fn default() -> Names {
+        let mut names = Names { text: Vec::new(), ids: HashMap::new() };
+        for (id, key) in [(KEY_EXEC_ID, "exec_id"), (KEY_MODEL_ID, "model_id"), (KEY_NRTA_SEQ_ID, "nrta_seq_id")] {
+            let interned = names.intern(key);
+            debug_assert_eq!(interned, id);
+        }
+        names
+    }
 }
 
 impl Names {
@@ -494,7 +512,7 @@ struct CoreTracks {
     system_lost: (Option<TrackIx>, u64),
     device_lost: (Option<TrackIx>, u64),
     /// Sync points by device time.
-    sync: Vec<SyncPoint>,
+    sync: SyncClock,
 }
 
 /// Busy time of a core per fixed bucket, from its execution spans (which do not overlap
@@ -602,7 +620,12 @@ struct Cursor<'f> {
     losses: VecDeque<(u32, u64)>,
     /// Host time of the last system event taken.
     last_ts: u64,
+    /// Chunks decoded ahead on another thread, when there is one for the stream.
+    decoded: Option<Receiver<(&'f ChunkInfo, Result<Chunk, NtffError>)>>,
 }
+
+/// Streams up to which each gets a thread decoding its chunks ahead of the export.
+const MAX_DECODE_THREADS: usize = 8;
 
 /// The export of one file.
 struct FileExport<'f> {
@@ -622,7 +645,7 @@ struct FileExport<'f> {
     /// Name ids of the file's strings and descriptors, once used.
     sym_names: Vec<Option<NameId>>,
     descriptor_names: Vec<Option<NameId>>,
-    kinds: HashMap<Sym, SystemKind>,
+    kinds: Vec<Option<SystemKind>>,
     /// Flows started by `nrt_execute` and not yet ended.
     flows: HashSet<u64>,
     origin: u64,
@@ -680,7 +703,7 @@ impl<'f> FileExport<'f> {
             host_lost: (None, 0),
             sym_names: Vec::new(),
             descriptor_names: Vec::new(),
-            kinds: HashMap::new(),
+            kinds: Vec::new(),
             flows: HashSet::new(),
             origin,
             width: bucket_width(last.saturating_sub(origin)),
@@ -707,7 +730,7 @@ impl<'f> FileExport<'f> {
             points.sort_by_key(|p| p.device_ns);
             points.dedup_by_key(|p| p.device_ns);
             let slot = export.core(layout, *core)?;
-            export.cores[slot].sync = points;
+            export.cores[slot].sync = SyncClock::new(points);
         }
         export.cursors = streams
             .into_iter()
@@ -718,6 +741,7 @@ impl<'f> FileExport<'f> {
                 next: 0,
                 losses: VecDeque::new(),
                 last_ts: origin,
+                decoded: None,
             })
             .collect();
         Ok(export)
@@ -726,6 +750,35 @@ impl<'f> FileExport<'f> {
     /// Merges the streams' system events by host time, reading each stream's chunks
     /// in turn and writing their device events as they are read.
     fn run<S: Sink>(mut self, layout: &mut Layout<S>, progress: &mut dyn FnMut(Progress)) -> Result<(), NtffError> {
+        let file = self.file;
+        std::thread::scope(|scope| {
+            // Decoding a chunk costs about as much as laying it out: with a thread per
+            // stream decoding one chunk ahead, the two overlap.
+            if self.cursors.len() <= MAX_DECODE_THREADS {
+                for cursor in &mut self.cursors {
+                    let chunks = std::mem::take(&mut cursor.chunks);
+                    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                    scope.spawn(move || {
+                        for info in chunks {
+                            if tx.send((info, file.read_chunk(info))).is_err() {
+                                break;
+                            }
+                        }
+                    });
+                    cursor.decoded = Some(rx);
+                }
+            }
+            let merged = self.merge(layout, progress);
+            // Closing the queues stops the threads (after an error, before the end).
+            for cursor in &mut self.cursors {
+                cursor.decoded = None;
+            }
+            merged
+        })?;
+        self.finish(layout)
+    }
+
+    fn merge<S: Sink>(&mut self, layout: &mut Layout<S>, progress: &mut dyn FnMut(Progress)) -> Result<(), NtffError> {
         let mut heap = BinaryHeap::new();
         for k in 0..self.cursors.len() {
             if let Some(ts) = self.advance(layout, k, progress)? {
@@ -752,7 +805,7 @@ impl<'f> FileExport<'f> {
                 heap.push(Reverse((ts, k)));
             }
         }
-        self.finish(layout)
+        Ok(())
     }
 
     /// The merge key of stream `k`'s next system event, reading chunks as needed.
@@ -772,9 +825,14 @@ impl<'f> FileExport<'f> {
             while let Some((_, events)) = self.cursors[k].losses.pop_front() {
                 self.system_loss(layout, core, last, events)?;
             }
-            let Some(info) = self.cursors[k].chunks.pop_front() else { return Ok(None) };
+            let cursor = &mut self.cursors[k];
+            let next = match &cursor.decoded {
+                Some(queue) => queue.recv().ok(),
+                None => cursor.chunks.pop_front().map(|info| (info, self.file.read_chunk(info))),
+            };
+            let Some((info, chunk)) = next else { return Ok(None) };
             layout.progress.events_done += u64::from(info.system_events) + u64::from(info.device_events);
-            let chunk = match self.file.read_chunk(info) {
+            let chunk = match chunk {
                 Ok(chunk) => chunk,
                 Err(_) => {
                     layout.summary.damaged_chunks += 1;
@@ -806,7 +864,7 @@ impl<'f> FileExport<'f> {
             (Clock::Device, Some(core)) => self
                 .core_slots
                 .get(&core)
-                .and_then(|&slot| to_host(&self.cores[slot].sync, e.timestamp_ns))
+                .and_then(|&slot| self.cores[slot].sync.to_host(e.timestamp_ns))
                 .unwrap_or(e.timestamp_ns),
             (Clock::Device, None) => e.timestamp_ns,
         }
@@ -840,7 +898,7 @@ impl<'f> FileExport<'f> {
                 memory_bytes: 0,
                 system_lost: (None, 0),
                 device_lost: (None, 0),
-                sync: Vec::new(),
+                sync: SyncClock::default(),
             };
             self.cores.push(tracks);
         }
@@ -875,8 +933,16 @@ impl<'f> FileExport<'f> {
     }
 
     fn kind(&mut self, sym: Sym) -> SystemKind {
-        let file = self.file;
-        *self.kinds.entry(sym).or_insert_with(|| file.string(sym).map_or(SystemKind::Other, SystemKind::of))
+        let k = sym.0 as usize;
+        if let Some(Some(kind)) = self.kinds.get(k) {
+            return *kind;
+        }
+        let kind = self.file.string(sym).map_or(SystemKind::Other, SystemKind::of);
+        if self.kinds.len() <= k {
+            self.kinds.resize(k + 1, None);
+        }
+        self.kinds[k] = Some(kind);
+        kind
     }
 
     fn device_events<S: Sink>(&mut self, layout: &mut Layout<S>, chunk: &Chunk) -> Result<(), NtffError> {
@@ -885,12 +951,12 @@ impl<'f> FileExport<'f> {
         let mut losses = chunk.losses.iter().filter(|l| l.device).peekable();
         for (index, e) in chunk.device.iter().enumerate() {
             while let Some(loss) = losses.next_if(|l| l.before as usize <= index) {
-                let ts = to_host(&self.cores[slot].sync, e.start_ns).unwrap_or(self.origin);
+                let ts = self.cores[slot].sync.to_host(e.start_ns).unwrap_or(self.origin);
                 self.device_loss(layout, slot, ts, loss.events)?;
             }
             self.device_event(layout, slot, e)?;
         }
-        let end = chunk.device.last().and_then(|e| to_host(&self.cores[slot].sync, e.end_ns)).unwrap_or(self.origin);
+        let end = chunk.device.last().and_then(|e| self.cores[slot].sync.to_host(e.end_ns)).unwrap_or(self.origin);
         for loss in losses {
             self.device_loss(layout, slot, end, loss.events)?;
         }
@@ -899,7 +965,7 @@ impl<'f> FileExport<'f> {
 
     fn device_event<S: Sink>(&mut self, layout: &mut Layout<S>, slot: usize, e: &DeviceEvent) -> Result<(), NtffError> {
         let tracks = &self.cores[slot];
-        let (Some(start), Some(end)) = (to_host(&tracks.sync, e.start_ns), to_host(&tracks.sync, e.end_ns)) else {
+        let (Some(start), Some(end)) = (tracks.sync.to_host(e.start_ns), tracks.sync.to_host(e.end_ns)) else {
             layout.summary.unaligned_device_events += 1;
             return Ok(());
         };
@@ -1110,7 +1176,7 @@ impl<'f> FileExport<'f> {
             SystemKind::DeviceExecution => {
                 let Some(core) = core else { return Ok(()) };
                 let slot = self.core(layout, core)?;
-                if e.clock == Clock::Device && self.cores[slot].sync.is_empty() {
+                if e.clock == Clock::Device && self.cores[slot].sync.points.is_empty() {
                     layout.summary.unaligned_system_events += 1;
                     return Ok(());
                 }
@@ -1198,20 +1264,20 @@ impl<'f> FileExport<'f> {
     fn annotations<S: Sink>(&mut self, layout: &mut Layout<S>, e: &SystemEvent) -> Vec<OwnedAnnotation> {
         let mut args = Vec::with_capacity(e.args.len() + 3);
         if let Some(exec) = e.exec_id {
-            args.push(OwnedAnnotation { key: layout.names.intern("exec_id"), value: OwnedValue::U64(exec) });
+            args.push(OwnedAnnotation { key: KEY_EXEC_ID, value: OwnedValue::U64(exec) });
         }
         if let Some(model) = e.model_id {
-            args.push(OwnedAnnotation { key: layout.names.intern("model_id"), value: OwnedValue::U64(model.into()) });
+            args.push(OwnedAnnotation { key: KEY_MODEL_ID, value: OwnedValue::U64(model.into()) });
         }
         if let Some(seq) = e.nrta_seq_id {
-            args.push(OwnedAnnotation { key: layout.names.intern("nrta_seq_id"), value: OwnedValue::U64(seq) });
+            args.push(OwnedAnnotation { key: KEY_NRTA_SEQ_ID, value: OwnedValue::U64(seq) });
         }
         for arg in &e.args {
             let key = self.sym_name(layout, arg.key);
             let value = match arg.value {
                 ArgValue::U64(v) => OwnedValue::U64(v),
                 ArgValue::I64(v) => OwnedValue::I64(v),
-                ArgValue::Str(s) => OwnedValue::Str(self.file.string_or_placeholder(s).into_owned()),
+                ArgValue::Str(s) => OwnedValue::Str(self.sym_name(layout, s)),
             };
             args.push(OwnedAnnotation { key, value });
         }
@@ -1382,7 +1448,7 @@ impl<'f> FileExport<'f> {
     }
 }
 
-/// An annotation whose strings the layout owns until it is written.
+/// An annotation kept until it is written (strings by their id in the name table).
 #[derive(Debug)]
 struct OwnedAnnotation {
     key: NameId,
@@ -1393,7 +1459,8 @@ struct OwnedAnnotation {
 enum OwnedValue {
     U64(u64),
     I64(i64),
-    Str(String),
+    /// A string, by its id in the name table.
+    Str(NameId),
 }
 
 impl OwnedAnnotation {
@@ -1404,7 +1471,7 @@ impl OwnedAnnotation {
             value: match &self.value {
                 OwnedValue::U64(v) => AnnotationValue::U64(*v),
                 OwnedValue::I64(v) => AnnotationValue::I64(*v),
-                OwnedValue::Str(s) => AnnotationValue::Str(s),
+                OwnedValue::Str(id) => AnnotationValue::Str(*id, &names.text[*id as usize]),
             },
         }
     }
@@ -1428,12 +1495,36 @@ fn placeholder_event() -> SystemEvent {
     }
 }
 
-/// Host time of device time `t`, through the first sync point at or after it (the one
-/// its execution took), else the last before it.
-fn to_host(sync: &[SyncPoint], t: u64) -> Option<u64> {
-    let at = sync.partition_point(|p| p.device_ns < t);
-    let point = sync.get(at).or_else(|| sync.last())?;
-    Some((t as i128 + point.host_ns as i128 - point.device_ns as i128).clamp(0, u64::MAX as i128) as u64)
+/// A core's sync points, by device time, with the place of the latest lookup: device
+/// times come nearly in order, so most lookups look at one or two points.
+#[derive(Debug, Default)]
+struct SyncClock {
+    points: Vec<SyncPoint>,
+    at: std::cell::Cell<usize>,
+}
+
+impl SyncClock {
+    fn new(points: Vec<SyncPoint>) -> SyncClock {
+        SyncClock { points, at: std::cell::Cell::new(0) }
+    }
+
+    /// Host time of device time `t`, through the first sync point at or after it (the
+    /// one its execution took), else the last before it.
+    fn to_host(&self, t: u64) -> Option<u64> {
+        let points = &self.points;
+        let fits = |k: usize| k < points.len() && points[k].device_ns >= t && (k == 0 || points[k - 1].device_ns < t);
+        let guess = self.at.get();
+        let at = if fits(guess) {
+            guess
+        } else if fits(guess + 1) {
+            guess + 1
+        } else {
+            points.partition_point(|p| p.device_ns < t)
+        };
+        self.at.set(at);
+        let point = points.get(at).or_else(|| points.last())?;
+        Some((t as i128 + point.host_ns as i128 - point.device_ns as i128).clamp(0, u64::MAX as i128) as u64)
+    }
 }
 
 /// A flow id unique to one execution of one core of one file.
@@ -1495,10 +1586,14 @@ mod tests {
     #[test]
     fn device_times_use_the_next_sync_point() {
         let sync = [SyncPoint { host_ns: 1_000, device_ns: 100 }, SyncPoint { host_ns: 2_010, device_ns: 1_100 }];
-        assert_eq!(to_host(&sync, 50), Some(950));
-        assert_eq!(to_host(&sync, 100), Some(1_000));
-        assert_eq!(to_host(&sync, 500), Some(1_410));
-        assert_eq!(to_host(&sync, 5_000), Some(5_910));
-        assert_eq!(to_host(&[], 5), None);
+        let clock = SyncClock::new(sync.to_vec());
+        for _ in 0..2 {
+            assert_eq!(clock.to_host(50), Some(950));
+            assert_eq!(clock.to_host(100), Some(1_000));
+            assert_eq!(clock.to_host(500), Some(1_410));
+            assert_eq!(clock.to_host(5_000), Some(5_910));
+            assert_eq!(clock.to_host(60), Some(960));
+        }
+        assert_eq!(SyncClock::default().to_host(5), None);
     }
 }

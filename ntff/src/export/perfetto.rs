@@ -14,7 +14,6 @@
 use std::io::Write;
 
 use prost::Message;
-use prost::encoding::encode_varint;
 
 use super::{Annotation, AnnotationValue, CounterUnit, Name, NameId, Sink, Track, TrackIx, TrackKind};
 
@@ -54,7 +53,8 @@ const INTERNED_NAME: u32 = 2;
 const ANNOTATION_NAME_IID: u32 = 1;
 const ANNOTATION_UINT: u32 = 3;
 const ANNOTATION_INT: u32 = 4;
-const ANNOTATION_STRING: u32 = 6;
+const ANNOTATION_STRING_IID: u32 = 17;
+const INTERNED_STRING_VALUES: u32 = 29;
 
 const TYPE_SLICE_BEGIN: u64 = 1;
 const TYPE_SLICE_END: u64 = 2;
@@ -81,6 +81,7 @@ struct Sequence {
     dropped: u32,
     names: BitSet,
     annotation_names: BitSet,
+    string_values: BitSet,
 }
 
 #[derive(Debug, Default)]
@@ -112,6 +113,7 @@ pub(crate) struct PerfettoSink<W: Write> {
     event: Vec<u8>,
     interned: Vec<u8>,
     scratch: Vec<u8>,
+    intern_scratch: Vec<u8>,
     /// By track; `None` for tracks without events of their own.
     sequences: Vec<Option<Sequence>>,
     next_sequence: u32,
@@ -127,6 +129,7 @@ impl<W: Write> PerfettoSink<W> {
             event: Vec::new(),
             interned: Vec::new(),
             scratch: Vec::new(),
+            intern_scratch: Vec::new(),
             sequences: Vec::new(),
             next_sequence: DESCRIPTOR_SEQUENCE + 1,
             bytes: 0,
@@ -185,6 +188,7 @@ impl<W: Write> PerfettoSink<W> {
             seq.last = ts;
             seq.names.clear();
             seq.annotation_names.clear();
+            seq.string_values.clear();
             self.message(&packet)?;
         }
         let seq = self.sequences[track as usize].as_mut().expect("checked above");
@@ -218,7 +222,12 @@ impl<W: Write> PerfettoSink<W> {
             match arg.value {
                 AnnotationValue::U64(v) => put_varint(&mut self.scratch, ANNOTATION_UINT, v),
                 AnnotationValue::I64(v) => put_varint(&mut self.scratch, ANNOTATION_INT, v as u64),
-                AnnotationValue::Str(s) => put_bytes(&mut self.scratch, ANNOTATION_STRING, s.as_bytes()),
+                AnnotationValue::Str(id, text) => {
+                    if seq.string_values.insert(id) {
+                        intern(&mut self.interned, &mut self.intern_scratch, INTERNED_STRING_VALUES, id, text);
+                    }
+                    put_varint(&mut self.scratch, ANNOTATION_STRING_IID, u64::from(id) + 1);
+                }
             }
             put_bytes(&mut self.event, EVENT_ANNOTATIONS, &self.scratch);
         }
@@ -320,6 +329,7 @@ impl<W: Write> Sink for PerfettoSink<W> {
                 dropped: 0,
                 names: BitSet::default(),
                 annotation_names: BitSet::default(),
+                string_values: BitSet::default(),
             });
             self.next_sequence += 1;
         }
@@ -407,10 +417,21 @@ fn intern(interned: &mut Vec<u8>, scratch: &mut Vec<u8>, field: u32, id: NameId,
     put_bytes(interned, field, scratch);
 }
 
+#[inline(always)]
+fn encode_varint(mut value: u64, buf: &mut Vec<u8>) {
+    while value >= 0x80 {
+        buf.push(value as u8 | 0x80);
+        value >>= 7;
+    }
+    buf.push(value as u8);
+}
+
+#[inline(always)]
 fn put_key(buf: &mut Vec<u8>, field: u32, wire: u32) {
     encode_varint(u64::from(field << 3 | wire), buf);
 }
 
+#[inline(always)]
 fn put_varint(buf: &mut Vec<u8>, field: u32, value: u64) {
     put_key(buf, field, WIRE_VARINT);
     encode_varint(value, buf);
@@ -421,6 +442,7 @@ fn put_fixed64(buf: &mut Vec<u8>, field: u32, value: u64) {
     buf.extend_from_slice(&value.to_le_bytes());
 }
 
+#[inline(always)]
 fn put_bytes(buf: &mut Vec<u8>, field: u32, bytes: &[u8]) {
     put_key(buf, field, WIRE_BYTES);
     encode_varint(bytes.len() as u64, buf);

@@ -53,6 +53,7 @@ struct SequenceState {
     default_clock: Option<u32>,
     names: HashMap<u64, String>,
     annotation_names: HashMap<u64, String>,
+    string_values: HashMap<u64, Vec<u8>>,
     last: Option<u64>,
 }
 
@@ -107,6 +108,9 @@ pub fn verify_perfetto(bytes: &[u8]) -> Result<TraceCheck, String> {
             }
             for name in &interned.debug_annotation_names {
                 seq.annotation_names.insert(name.iid.unwrap_or(0), name.name.clone().unwrap_or_default());
+            }
+            for value in &interned.debug_annotation_string_values {
+                seq.string_values.insert(value.iid.unwrap_or(0), value.str.clone().unwrap_or_default());
             }
         }
         if let Some(d) = &packet.track_descriptor {
@@ -170,6 +174,11 @@ pub fn verify_perfetto(bytes: &[u8]) -> Result<TraceCheck, String> {
                 && !seq.annotation_names.contains_key(&iid)
             {
                 return Err(fail(format!("annotation name {iid} is not interned")));
+            }
+            if let Some(iid) = a.string_value_iid
+                && !seq.string_values.contains_key(&iid)
+            {
+                return Err(fail(format!("annotation string value {iid} is not interned")));
             }
         }
         for flow in &event.flow_ids {

@@ -196,9 +196,10 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
             recorder.drain(&reader, &mut tail, true)?;
             let (_, summary) = recorder.finish()?;
             eprintln!(
-                "captured {executed} executions of {} in {:.2} s: {} system events, {} device events, {} lost; {} ({} bytes)",
+                "captured {executed} executions of {} in {:.3} s ({} each): {} system events, {} device events, {} lost; {} ({} bytes)",
                 model_name(&args.model),
                 elapsed.as_secs_f64(),
+                per_execution(elapsed, executed),
                 summary.system_events,
                 summary.device_events,
                 summary.lost_events,
@@ -207,7 +208,11 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
             );
             eprintln!("view it with: neuron-profile view -s {}", args.session_file.display());
         }
-        None => eprintln!("ran {executed} executions in {:.2} s without profiling", elapsed.as_secs_f64()),
+        None => eprintln!(
+            "ran {executed} executions in {:.3} s ({} each) without profiling",
+            elapsed.as_secs_f64(),
+            per_execution(elapsed, executed)
+        ),
     }
     if !run.failures.is_empty() {
         eprintln!(
@@ -358,6 +363,12 @@ fn measure_peak(runtime: &Runtime, core: u32, target: Target) -> Result<f64> {
     drop((inputs, outputs));
     runtime.unload(&model)?;
     Ok(2.0 * (n * n * n) as f64 / best.as_secs_f64().max(1e-9))
+}
+
+/// The mean time of an execution, for people.
+fn per_execution(elapsed: Duration, executions: u64) -> String {
+    let micros = elapsed.as_secs_f64() * 1e6 / executions.max(1) as f64;
+    if micros >= 1000.0 { format!("{:.2} ms", micros / 1000.0) } else { format!("{micros:.1} µs") }
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {

@@ -8,6 +8,7 @@ use clap::{Args, ValueEnum};
 use neuron_profiler::record::{to_device_event, to_system_event};
 use neuron_runtime::CoreSet;
 use neuron_runtime::datastore::MAX_CORES;
+use neuron_runtime::trace::EventType;
 use ntff::NtffFile;
 use ntff::export::{ExportOptions, Format, Progress};
 
@@ -52,6 +53,12 @@ enum OutputFormat {
 }
 
 pub(crate) fn view(args: ViewArgs) -> Result<()> {
+    for name in args.system_trace_filter_event_type.iter().flatten() {
+        if EventType::from_name(name.trim()).is_none() {
+            let known: Vec<&str> = EventType::ALL.iter().map(|t| t.name()).collect();
+            bail!("--system-trace-filter-event-type: unknown event type {name:?} (known: {})", known.join(", "));
+        }
+    }
     let files = match (&args.session_file, &args.session_dir) {
         (Some(file), _) => vec![file.clone()],
         (None, Some(dir)) => ntff_files_in(dir)?,
