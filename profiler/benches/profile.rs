@@ -40,8 +40,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const PROFILE: &str = env!("CARGO_BIN_EXE_neuron-profile");
 
 /// Executions per sample in `overhead`, and rounds of the three modes.
-const OVERHEAD_EXECUTIONS: u32 = 100;
-const OVERHEAD_ROUNDS: usize = 30;
+const OVERHEAD_EXECUTIONS: u32 = 10;
+const OVERHEAD_ROUNDS: usize = 600;
 /// Executions of the capture `format` starts from, and events it replicates them to.
 const FORMAT_EXECUTIONS: u32 = 1000;
 const FORMAT_EVENTS: u64 = 10_000_000;
@@ -135,7 +135,7 @@ fn overhead(dir: &Path) {
     let model = runtime.load(&neff, Some(core)).expect("load");
     let (inputs, outputs) = bind_tensors(&runtime, &model, &mut |_, _| Ok(None)).expect("tensors");
     // As `neuron-profile capture` runs: rings as the mode says, the recorder draining
-    // the rings into the file after every execution and flushing every second.
+    // the rings into the file every 10 ms (between executions) and flushing every second.
     let modes: [(&str, bool, bool); 3] = [
         ("unprofiled (`--disable-profile`: rings off, no recorder)", false, false),
         ("system trace of every execution (the default between device-traced ones)", true, false),
@@ -144,19 +144,24 @@ fn overhead(dir: &Path) {
     let mut run = |system: bool, device: bool, executions: u32| {
         runtime.set_trace_recording_of(system, device).expect("recording");
         let mut last_flush = Instant::now();
+        let mut last_drain = Instant::now();
         let started = Instant::now();
         for _ in 0..executions {
             runtime.execute(&model, &inputs, &outputs).expect("execute");
-            if system {
+            if system && last_drain.elapsed().as_millis() >= 10 {
                 recorder.drain(&reader, &mut tail, false).expect("drain");
+                last_drain = Instant::now();
                 if last_flush.elapsed().as_secs() >= 1 {
                     recorder.flush().expect("flush");
                     last_flush = Instant::now();
                 }
             }
         }
+        // The rest of the sample's events, timed too: each sample pays for all it made.
+        if system {
+            recorder.drain(&reader, &mut tail, false).expect("drain");
+        }
         let seconds = started.elapsed().as_secs_f64();
-        recorder.drain(&reader, &mut tail, false).expect("drain");
         seconds * 1e6 / f64::from(executions)
     };
     for &(_, system, device) in &modes {
@@ -171,12 +176,15 @@ fn overhead(dir: &Path) {
         }
     }
     let (_, summary) = recorder.finish().expect("finish");
+    // Ratios within a round (samples taken next to each other), then their median:
+    // steadier on a noisy machine than the ratio of the medians, which is shown too.
     let base = median(samples[0].clone());
-    println!("| mode | µs per execution | ratio | overhead |");
-    println!("|---|---:|---:|---:|");
+    println!("| mode | µs per execution | ratio of medians | median of per-round ratios | overhead |");
+    println!("|---|---:|---:|---:|---:|");
     for (k, (name, _, _)) in modes.iter().enumerate() {
         let m = median(samples[k].clone());
-        println!("| {name} | {m:.1} | {:.3} | {:+.1}% |", m / base, (m / base - 1.0) * 100.0);
+        let paired = median(samples[k].iter().zip(&samples[0]).map(|(x, a)| x / a).collect());
+        println!("| {name} | {m:.1} | {:.3} | {paired:.3} | **{:+.1}%** |", m / base, (paired - 1.0) * 100.0);
     }
     let spread: Vec<String> = samples
         .iter()
