@@ -1,10 +1,12 @@
 //! Any byte string given to the NTFF reader opens as a (possibly partial) trace or
 //! fails with a typed error, never a panic; every chunk it lists decodes or reports
-//! damage, and every id an event holds resolves or is absent.
+//! damage, and every id an event holds resolves or is absent. Whatever it opens
+//! exports to a Perfetto trace that passes `verify_perfetto`, and to Chrome JSON.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use ntff::NtffFile;
+use ntff::export::{ExportOptions, Format, export, verify_perfetto};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(file) = NtffFile::from_bytes(data.to_vec()) else { return };
@@ -18,4 +20,12 @@ fuzz_target!(|data: &[u8]| {
             let _ = file.descriptor(event.descriptor);
         }
     }
+    let files = [file];
+    let options = ExportOptions::default();
+    if let Ok((trace, _)) = export(&files, &options, Format::Perfetto, Vec::new(), &mut |_| {}) {
+        if let Err(problem) = verify_perfetto(&trace) {
+            panic!("the export of an opened file is not a valid trace: {problem}");
+        }
+    }
+    let _ = export(&files, &options, Format::ChromeJson, std::io::sink(), &mut |_| {});
 });

@@ -34,6 +34,23 @@ impl std::ops::Deref for Bytes {
     }
 }
 
+/// Appends the entries of a table record that starts at id `first` (entries it skips
+/// are `None`: they were in a record that was lost).
+fn append<T>(
+    table: &mut Vec<Option<T>>,
+    first: u32,
+    values: impl Iterator<Item = Option<T>>,
+    what: &str,
+) -> Result<(), String> {
+    let first = first as usize;
+    if first < table.len() {
+        return Err(format!("{what} ids from {first} were already defined"));
+    }
+    table.resize_with(first, || None);
+    table.extend(values);
+    Ok(())
+}
+
 /// A chunk record decoded for its sync points alone: prost skips the other fields.
 #[derive(Clone, PartialEq, prost::Message)]
 struct SyncPointsOnly {
@@ -475,32 +492,14 @@ impl NtffFile {
             RecordKind::Models => <proto::Models as prost::Message>::decode(payload)
                 .map(|m| self.models.extend(m.models))
                 .map_err(|e| e.to_string()),
-            RecordKind::Strings => match <proto::Strings as prost::Message>::decode(payload) {
-                Ok(s) => {
-                    let first = s.first_id as usize;
-                    if first < self.strings.len() {
-                        Err(format!("string ids from {first} were already defined"))
-                    } else {
-                        self.strings.resize(first, None);
-                        self.strings.extend(s.values.into_iter().map(Some));
-                        Ok(())
-                    }
-                }
-                Err(e) => Err(e.to_string()),
-            },
-            RecordKind::Descriptors => match <proto::Descriptors as prost::Message>::decode(payload) {
-                Ok(d) => {
-                    let first = d.first_id as usize;
-                    if first < self.descriptors.len() {
-                        Err(format!("descriptor ids from {first} were already defined"))
-                    } else {
-                        self.descriptors.resize(first, None);
-                        self.descriptors.extend(d.values.iter().map(descriptor_from_proto));
-                        Ok(())
-                    }
-                }
-                Err(e) => Err(e.to_string()),
-            },
+            RecordKind::Strings => <proto::Strings as prost::Message>::decode(payload)
+                .map_err(|e| e.to_string())
+                .and_then(|s| append(&mut self.strings, s.first_id, s.values.into_iter().map(Some), "string")),
+            RecordKind::Descriptors => {
+                <proto::Descriptors as prost::Message>::decode(payload).map_err(|e| e.to_string()).and_then(|d| {
+                    append(&mut self.descriptors, d.first_id, d.values.iter().map(descriptor_from_proto), "descriptor")
+                })
+            }
             RecordKind::Chunk | RecordKind::Index => Ok(()),
         };
         if let Err(reason) = result {

@@ -509,8 +509,8 @@ struct CoreTracks {
     busy: Busy,
     memory: Option<TrackIx>,
     memory_bytes: i64,
-    system_lost: (Option<TrackIx>, u64),
-    device_lost: (Option<TrackIx>, u64),
+    system_lost: LostCounter,
+    device_lost: LostCounter,
     /// Sync points by device time.
     sync: SyncClock,
 }
@@ -627,6 +627,21 @@ struct Cursor<'f> {
 /// Streams up to which each gets a thread decoding its chunks ahead of the export.
 const MAX_DECODE_THREADS: usize = 8;
 
+/// A cumulative count of lost events and its counter track, once it has one.
+#[derive(Debug, Default, Clone, Copy)]
+struct LostCounter {
+    track: Option<TrackIx>,
+    total: u64,
+}
+
+/// Which ring lost events: a core's device or system ring (by core slot), or the host's.
+#[derive(Debug, Clone, Copy)]
+enum LostIn {
+    Device(usize),
+    System(usize),
+    Host,
+}
+
 /// The export of one file.
 struct FileExport<'f> {
     file: &'f NtffFile,
@@ -641,7 +656,7 @@ struct FileExport<'f> {
     core_slots: HashMap<u32, usize>,
     threads: HashMap<u32, TrackIx>,
     host_memory: (Option<TrackIx>, i64),
-    host_lost: (Option<TrackIx>, u64),
+    host_lost: LostCounter,
     /// Name ids of the file's strings and descriptors, once used.
     sym_names: Vec<Option<NameId>>,
     descriptor_names: Vec<Option<NameId>>,
@@ -700,7 +715,7 @@ impl<'f> FileExport<'f> {
             core_slots: HashMap::new(),
             threads: HashMap::new(),
             host_memory: (None, 0),
-            host_lost: (None, 0),
+            host_lost: LostCounter::default(),
             sym_names: Vec::new(),
             descriptor_names: Vec::new(),
             kinds: Vec::new(),
@@ -896,8 +911,8 @@ impl<'f> FileExport<'f> {
                 busy: Busy::new(self.origin, self.width),
                 memory: None,
                 memory_bytes: 0,
-                system_lost: (None, 0),
-                device_lost: (None, 0),
+                system_lost: LostCounter::default(),
+                device_lost: LostCounter::default(),
                 sync: SyncClock::default(),
             };
             self.cores.push(tracks);
@@ -1073,24 +1088,6 @@ impl<'f> FileExport<'f> {
         Ok(track)
     }
 
-    /// A cumulative counter of lost events: created at zero on first use.
-    fn lost_track<S: Sink>(
-        &mut self,
-        layout: &mut Layout<S>,
-        parent: (TrackIx, u64),
-        rank: i32,
-        name: &str,
-    ) -> Result<TrackIx, NtffError> {
-        let kind = TrackKind::Counter {
-            name: name.into(),
-            unit: CounterUnit::Count,
-            description: "Events the ring overwrote before they were read, since the trace began".into(),
-        };
-        let track = layout.add_track(self.key, Some(parent), rank, self.pid, kind)?;
-        layout.counter(track, self.origin, 0.0)?;
-        Ok(track)
-    }
-
     fn device_loss<S: Sink>(
         &mut self,
         layout: &mut Layout<S>,
@@ -1098,21 +1095,10 @@ impl<'f> FileExport<'f> {
         ts: u64,
         events: u64,
     ) -> Result<(), NtffError> {
-        layout.summary.ring_events_lost += events;
         for &lane in self.cores[slot].lane_sets.iter().flatten() {
             layout.sink.dropped(lane, LOSS_OVERWRITE);
         }
-        let track = match self.cores[slot].device_lost.0 {
-            Some(track) => track,
-            None => {
-                let group = (self.cores[slot].group, self.cores[slot].group_uuid);
-                let track = self.lost_track(layout, group, RANK_COUNTER + 3, "device events lost")?;
-                self.cores[slot].device_lost.0 = Some(track);
-                track
-            }
-        };
-        self.cores[slot].device_lost.1 += events;
-        layout.counter(track, ts, self.cores[slot].device_lost.1 as f64)
+        self.count_lost(layout, LostIn::Device(slot), ts, events)
     }
 
     fn system_loss<S: Sink>(
@@ -1122,43 +1108,67 @@ impl<'f> FileExport<'f> {
         ts: u64,
         events: u64,
     ) -> Result<(), NtffError> {
-        layout.summary.ring_events_lost += events;
         for &thread in self.threads.values() {
             layout.sink.dropped(thread, LOSS_OVERWRITE);
         }
-        let (track, total) = match core {
+        let place = match core {
             Some(core) => {
                 let slot = self.core(layout, core)?;
                 if let Some(execution) = self.cores[slot].execution {
                     layout.sink.dropped(execution, LOSS_OVERWRITE);
                 }
-                let track = match self.cores[slot].system_lost.0 {
-                    Some(track) => track,
-                    None => {
-                        let group = (self.cores[slot].group, self.cores[slot].group_uuid);
-                        let track = self.lost_track(layout, group, RANK_COUNTER + 2, "system events lost")?;
-                        self.cores[slot].system_lost.0 = Some(track);
-                        track
-                    }
-                };
-                self.cores[slot].system_lost.1 += events;
-                (track, self.cores[slot].system_lost.1)
+                LostIn::System(slot)
             }
+            None => LostIn::Host,
+        };
+        self.count_lost(layout, place, ts, events)
+    }
+
+    fn lost_counter(&mut self, place: LostIn) -> &mut LostCounter {
+        match place {
+            LostIn::Device(slot) => &mut self.cores[slot].device_lost,
+            LostIn::System(slot) => &mut self.cores[slot].system_lost,
+            LostIn::Host => &mut self.host_lost,
+        }
+    }
+
+    /// Adds `events` to a cumulative counter of lost events, created at zero on first use.
+    fn count_lost<S: Sink>(
+        &mut self,
+        layout: &mut Layout<S>,
+        place: LostIn,
+        ts: u64,
+        events: u64,
+    ) -> Result<(), NtffError> {
+        layout.summary.ring_events_lost += events;
+        let track = match self.lost_counter(place).track {
+            Some(track) => track,
             None => {
-                let track = match self.host_lost.0 {
-                    Some(track) => track,
-                    None => {
-                        let process = (self.process, self.process_uuid);
-                        let track =
-                            self.lost_track(layout, process, RANK_PROCESS_COUNTER + 1, "host system events lost")?;
-                        self.host_lost.0 = Some(track);
-                        track
+                let (parent, rank, name) = match place {
+                    LostIn::Device(slot) => {
+                        ((self.cores[slot].group, self.cores[slot].group_uuid), RANK_COUNTER + 3, "device events lost")
+                    }
+                    LostIn::System(slot) => {
+                        ((self.cores[slot].group, self.cores[slot].group_uuid), RANK_COUNTER + 2, "system events lost")
+                    }
+                    LostIn::Host => {
+                        ((self.process, self.process_uuid), RANK_PROCESS_COUNTER + 1, "host system events lost")
                     }
                 };
-                self.host_lost.1 += events;
-                (track, self.host_lost.1)
+                let kind = TrackKind::Counter {
+                    name: name.into(),
+                    unit: CounterUnit::Count,
+                    description: "Events the ring overwrote before they were read, since the trace began".into(),
+                };
+                let track = layout.add_track(self.key, Some(parent), rank, self.pid, kind)?;
+                layout.counter(track, self.origin, 0.0)?;
+                self.lost_counter(place).track = Some(track);
+                track
             }
         };
+        let counter = self.lost_counter(place);
+        counter.total += events;
+        let total = counter.total;
         layout.counter(track, ts, total as f64)
     }
 

@@ -19,7 +19,8 @@ pub(crate) struct ViewArgs {
     /// The NTFF file to read.
     #[arg(short = 's', long = "session-file", value_name = "FILE.ntff", required_unless_present = "session_dir")]
     session_file: Option<PathBuf>,
-    /// A directory of NTFF files (as `inspect` writes): each is viewed in turn.
+    /// A directory of NTFF files (as `inspect` writes): each is summarised in turn, or
+    /// all are exported as one trace with a process per file.
     #[arg(short = 'd', long = "session-dir", value_name = "DIR", conflicts_with = "session_file")]
     session_dir: Option<PathBuf>,
     /// What to print.
