@@ -620,9 +620,10 @@ struct Cursor<'f> {
     losses: VecDeque<(u32, u64)>,
     /// Host time of the last system event taken.
     last_ts: u64,
-    /// Chunks decoded ahead on another thread, when there is one for the stream.
-    decoded: Option<Receiver<(&'f ChunkInfo, Result<Chunk, NtffError>)>>,
 }
+
+/// Chunks of a stream decoded ahead on another thread, in order.
+type Decoded<'f> = Receiver<(&'f ChunkInfo, Result<Chunk, NtffError>)>;
 
 /// Streams up to which each gets a thread decoding its chunks ahead of the export.
 const MAX_DECODE_THREADS: usize = 8;
@@ -756,7 +757,6 @@ impl<'f> FileExport<'f> {
                 next: 0,
                 losses: VecDeque::new(),
                 last_ts: origin,
-                decoded: None,
             })
             .collect();
         Ok(export)
@@ -768,7 +768,10 @@ impl<'f> FileExport<'f> {
         let file = self.file;
         std::thread::scope(|scope| {
             // Decoding a chunk costs about as much as laying it out: with a thread per
-            // stream decoding one chunk ahead, the two overlap.
+            // stream decoding one chunk ahead, the two overlap. The queues belong to
+            // this closure, so that leaving it in any way (an error, a panic) closes
+            // them and stops the threads, which the scope then joins.
+            let mut queues: Vec<Option<Decoded<'f>>> = Vec::new();
             if self.cursors.len() <= MAX_DECODE_THREADS {
                 for cursor in &mut self.cursors {
                     let chunks = std::mem::take(&mut cursor.chunks);
@@ -780,23 +783,23 @@ impl<'f> FileExport<'f> {
                             }
                         }
                     });
-                    cursor.decoded = Some(rx);
+                    queues.push(Some(rx));
                 }
             }
-            let merged = self.merge(layout, progress);
-            // Closing the queues stops the threads (after an error, before the end).
-            for cursor in &mut self.cursors {
-                cursor.decoded = None;
-            }
-            merged
+            self.merge(layout, progress, &queues)
         })?;
         self.finish(layout)
     }
 
-    fn merge<S: Sink>(&mut self, layout: &mut Layout<S>, progress: &mut dyn FnMut(Progress)) -> Result<(), NtffError> {
+    fn merge<S: Sink>(
+        &mut self,
+        layout: &mut Layout<S>,
+        progress: &mut dyn FnMut(Progress),
+        queues: &[Option<Decoded<'f>>],
+    ) -> Result<(), NtffError> {
         let mut heap = BinaryHeap::new();
         for k in 0..self.cursors.len() {
-            if let Some(ts) = self.advance(layout, k, progress)? {
+            if let Some(ts) = self.advance(layout, k, progress, queues)? {
                 heap.push(Reverse((ts, k)));
             }
         }
@@ -816,7 +819,7 @@ impl<'f> FileExport<'f> {
                 self.system_loss(layout, core, ts, events)?;
             }
             self.system_event(layout, core, &event)?;
-            if let Some(ts) = self.advance(layout, k, progress)? {
+            if let Some(ts) = self.advance(layout, k, progress, queues)? {
                 heap.push(Reverse((ts, k)));
             }
         }
@@ -829,6 +832,7 @@ impl<'f> FileExport<'f> {
         layout: &mut Layout<S>,
         k: usize,
         progress: &mut dyn FnMut(Progress),
+        queues: &[Option<Decoded<'f>>],
     ) -> Result<Option<u64>, NtffError> {
         loop {
             let cursor = &self.cursors[k];
@@ -840,10 +844,9 @@ impl<'f> FileExport<'f> {
             while let Some((_, events)) = self.cursors[k].losses.pop_front() {
                 self.system_loss(layout, core, last, events)?;
             }
-            let cursor = &mut self.cursors[k];
-            let next = match &cursor.decoded {
+            let next = match queues.get(k).and_then(Option::as_ref) {
                 Some(queue) => queue.recv().ok(),
-                None => cursor.chunks.pop_front().map(|info| (info, self.file.read_chunk(info))),
+                None => self.cursors[k].chunks.pop_front().map(|info| (info, self.file.read_chunk(info))),
             };
             let Some((info, chunk)) = next else { return Ok(None) };
             layout.progress.events_done += u64::from(info.system_events) + u64::from(info.device_events);
