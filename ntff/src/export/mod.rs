@@ -11,7 +11,8 @@
 //! Every track is written in time order with strict nesting: system events nest by
 //! their start/stop pairs; device events that overlap without nesting (which the
 //! runtime does not produce on one engine) go to an extra lane of their track. The
-//! exporter streams: it holds one decoded chunk per stream and small per-track state.
+//! exporter streams: it holds, per stream, the chunk being merged and one decoded
+//! ahead of it, and small per-track state.
 
 mod chrome;
 pub mod perfetto;
