@@ -1,6 +1,7 @@
 //! Shared pieces of the command-line tools: loading models from HLO or NEFF files,
 //! NumPy `.npy` input and output, latency statistics and log setup.
 
+pub mod host;
 pub mod monitor_config;
 pub mod npy;
 pub mod record;
