@@ -2,6 +2,7 @@
 //! NumPy `.npy` input and output, latency statistics and log setup.
 
 pub mod host;
+pub mod monitor;
 pub mod monitor_config;
 pub mod npy;
 pub mod record;

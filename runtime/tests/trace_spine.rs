@@ -1,7 +1,7 @@
 //! The trace spine seen from outside: what an execution leaves in the datastore (read
 //! back through the reader API), and the in-process `nrt_sys_trace_*` API.
 
-use neuron_runtime::datastore::{DatastoreReader, Delta, TailStart, TraceEvent};
+use neuron_runtime::datastore::{DatastoreReader, Delta, TailStart, TraceEvent, latency_of_all_cores};
 use neuron_runtime::trace::{
     ALL_SYSTEM_EVENTS, ClockDomain, DeviceActivity, DmaQueueType, EventData, EventType, ExecOutcome, Phase,
     SysTraceConfig,
@@ -58,6 +58,10 @@ fn an_execution_leaves_its_counters_and_events_in_the_datastore() {
     let latency = delta.cores[0].total_latency.expect("latencies");
     assert_eq!(latency.count, 3);
     assert!(latency.p0 > 0.0 && latency.p0 <= latency.p50 && latency.p50 <= latency.p100);
+    // The process's percentiles over all its cores: here one core's.
+    assert_eq!(latency_of_all_cores(&before, &after, false), Some(latency));
+    assert_eq!(latency_of_all_cores(&before, &after, true).map(|l| l.count), Some(3));
+    assert_eq!(latency_of_all_cores(&after, &after, true), None);
     assert_eq!(reader.models().len(), 1);
     assert_eq!(reader.models()[0].executions, 3);
     assert_eq!(reader.models()[0].name, "add_exp");

@@ -267,6 +267,32 @@ impl Delta {
     }
 }
 
+/// Percentiles of the latencies of every core's executions from `earlier` to `later`:
+/// the cores' histograms added up. `device`: the device latency, else the total
+/// (host call to return) latency. `None` when nothing completed in the interval.
+pub fn latency_of_all_cores(earlier: &Snapshot, later: &Snapshot, device: bool) -> Option<LatencyPercentiles> {
+    fn buckets(c: &CoreSnapshot, device: bool) -> &[u64] {
+        if device { &c.device_latency } else { &c.total_latency }
+    }
+    let (mut now, mut before) = (Vec::new(), Vec::new());
+    for core in &later.cores {
+        add_buckets(&mut now, buckets(core, device));
+        if let Some(earlier) = earlier.core(core.core) {
+            add_buckets(&mut before, buckets(earlier, device));
+        }
+    }
+    percentiles(&now, Some(&before))
+}
+
+fn add_buckets(sum: &mut Vec<u64>, buckets: &[u64]) {
+    if sum.len() < buckets.len() {
+        sum.resize(buckets.len(), 0);
+    }
+    for (s, &n) in sum.iter_mut().zip(buckets) {
+        *s += n;
+    }
+}
+
 /// Percentiles of the bucket counts gained from `before` to `now`, through an
 /// HdrHistogram fed with each bucket's midpoint.
 fn percentiles(now: &[u64], before: Option<&[u64]>) -> Option<LatencyPercentiles> {
