@@ -20,6 +20,32 @@ pub struct RuntimeSample {
     pub cpu: Option<ProcessCpu>,
 }
 
+impl RuntimeSample {
+    /// The process as it was when it started, at host monotonic time `taken_ns`: no
+    /// execution, error or ECC event yet. A process that starts while the monitor runs
+    /// is measured from this, so that its first period counts all it did.
+    pub fn at_start(&self, taken_ns: u64) -> RuntimeSample {
+        let mut snapshot = self.snapshot.clone();
+        snapshot.taken_ns = taken_ns.min(snapshot.taken_ns);
+        for core in &mut snapshot.cores {
+            core.busy_ns = 0;
+            core.executions.0 = [0; 6];
+            core.errors.0 = [0; 6];
+            core.flops = 0;
+            core.dma_bytes = [0; 4];
+            core.instructions = 0;
+            core.model_switches = 0;
+            core.numerical_error_values = 0;
+            core.collectives = 0;
+            core.collectives_ns = 0;
+            core.device_latency.iter_mut().for_each(|n| *n = 0);
+            core.total_latency.iter_mut().for_each(|n| *n = 0);
+        }
+        snapshot.ecc.iter_mut().for_each(|d| *d = [0; 4]);
+        RuntimeSample { snapshot, models: self.models.clone(), cpu: Some(ProcessCpu::default()) }
+    }
+}
+
 /// One look at the host.
 #[derive(Debug, Clone)]
 pub struct HostSample {

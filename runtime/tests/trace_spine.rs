@@ -39,6 +39,7 @@ fn an_execution_leaves_its_counters_and_events_in_the_datastore() {
     let rt = &f.runtime;
     let reader = DatastoreReader::open(&rt.datastore_path().expect("path")).expect("opens");
     let before = reader.snapshot();
+    let began = std::time::Instant::now();
     let mut tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
     let (model, inputs, outputs) = bound(rt);
     let x = inputs.get("input0").expect("bound");
@@ -58,6 +59,8 @@ fn an_execution_leaves_its_counters_and_events_in_the_datastore() {
     let latency = delta.cores[0].total_latency.expect("latencies");
     assert_eq!(latency.count, 3);
     assert!(latency.p0 > 0.0 && latency.p0 <= latency.p50 && latency.p50 <= latency.p100);
+    // In seconds: an execution takes at least a microsecond, and less than the test.
+    assert!(latency.p0 > 1e-6 && latency.p100 < began.elapsed().as_secs_f64(), "{latency:?}");
     // The process's percentiles over all its cores: here one core's.
     assert_eq!(latency_of_all_cores(&before, &after, false), Some(latency));
     assert_eq!(latency_of_all_cores(&before, &after, true).map(|l| l.count), Some(3));

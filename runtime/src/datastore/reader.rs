@@ -293,10 +293,15 @@ fn add_buckets(sum: &mut Vec<u64>, buckets: &[u64]) {
     }
 }
 
+/// Latencies above this (an hour) count as this in percentiles.
+const MAX_LATENCY_NS: u64 = 3_600_000_000_000;
+
 /// Percentiles of the bucket counts gained from `before` to `now`, through an
 /// HdrHistogram fed with each bucket's midpoint.
 fn percentiles(now: &[u64], before: Option<&[u64]>) -> Option<LatencyPercentiles> {
-    let mut histogram = hdrhistogram::Histogram::<u64>::new(3).ok()?;
+    // Bounded: `saturating_record_n` does not grow an auto-resizing histogram, it
+    // clamps to the highest value it tracks so far.
+    let mut histogram = hdrhistogram::Histogram::<u64>::new_with_bounds(1, MAX_LATENCY_NS, 3).ok()?;
     let mut count = 0;
     for (bucket, &n) in now.iter().enumerate() {
         let gained = n.saturating_sub(before.and_then(|b| b.get(bucket).copied()).unwrap_or(0));

@@ -1,0 +1,312 @@
+//! `neuron-monitor`: one JSON report per line on stdout, the first at once and then
+//! every period, on every runtime process of the host that the configuration selects
+//! and on the host itself, in the shape of the Neuron tool's reports.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use neuron_profiler::host::{CpuStat, MemoryInfo, ProcessCpu, clock_ticks_per_second};
+use neuron_profiler::monitor::{CpuClock, HostSample, RuntimeSample, runtime_group, system_group};
+use neuron_profiler::monitor_config::{Group, MonitorConfig, RuntimeGroup, SystemGroup};
+use neuron_runtime::Config;
+use neuron_runtime::datastore::{DatastoreReader, Liveness, discover};
+use neuron_runtime::topology::Topology;
+use neuron_runtime::trace::clock::{monotonic_ns, realtime_ns};
+use serde_json::{Map, Value, json};
+
+/// Report on the Neuron runtime processes of this host and on the host, as one JSON
+/// document per line on stdout: the first at once, then every period.
+#[derive(Debug, Parser)]
+#[command(name = "neuron-monitor", version)]
+struct Cli {
+    /// A JSON configuration: which processes (a regex on NEURON_PROCESS_TAG, else the
+    /// pid), which metric groups, how often. Default: every process, every group, 5 s.
+    #[arg(short = 'c', long = "config-file", value_name = "CONFIG")]
+    config: Option<PathBuf>,
+    /// Diagnostics on stderr: 0 errors only, 1 warnings, 2 and more each period's work.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    verbose: u8,
+    /// Write one report and exit.
+    #[arg(long)]
+    once: bool,
+    /// Directory of the runtimes' datastores (default: the per-user directory).
+    #[arg(long, env = "NEURON_VIRT_DATASTORE_DIR", value_name = "DIR")]
+    datastore_dir: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    neuron_profiler::exit_quietly_on_closed_pipe();
+    let cli = Cli::parse();
+    let config = match &cli.config {
+        None => MonitorConfig::default(),
+        Some(path) => match std::fs::read_to_string(path) {
+            Ok(text) => match MonitorConfig::parse(&text) {
+                Ok(config) => config,
+                Err(e) => {
+                    eprintln!("neuron-monitor: invalid configuration {}: {e}", path.display());
+                    return ExitCode::FAILURE;
+                }
+            },
+            Err(e) => {
+                eprintln!("neuron-monitor: cannot read the configuration {}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    match run(&cli, &config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("neuron-monitor: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A metric group being followed: its sample at the start of its period, and its
+/// latest value.
+#[derive(Debug)]
+struct Followed<G, S> {
+    group: Group<G>,
+    since: S,
+    since_at: Instant,
+    value: Value,
+}
+
+/// A runtime process being reported on.
+#[derive(Debug)]
+struct Process {
+    reader: DatastoreReader,
+    pid: u32,
+    tag: String,
+    groups: Vec<Followed<RuntimeGroup, RuntimeSample>>,
+    /// ECC counts at the last `neuron_hw_counters` report.
+    ecc_since: Vec<[u64; 4]>,
+    exited: bool,
+}
+
+struct Monitor<'a> {
+    config: &'a MonitorConfig,
+    cli: &'a Cli,
+    dir: PathBuf,
+    topology: Topology,
+    clock: CpuClock,
+    processes: BTreeMap<u32, Process>,
+    system: Vec<Followed<SystemGroup, HostSample>>,
+    /// CLOCK_REALTIME when the monitor started.
+    started_realtime_ns: u64,
+}
+
+fn run(cli: &Cli, config: &MonitorConfig) -> Result<()> {
+    let runtime_config = Config::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let topology = runtime_config.instance_type.topology();
+    let dir = cli.datastore_dir.clone().unwrap_or(runtime_config.datastore_dir);
+    let host = host_sample();
+    let cpus = host.cpu.as_ref().map_or(1, |c| c.cpus.len().max(1));
+    let now = Instant::now();
+    let mut monitor = Monitor {
+        config,
+        cli,
+        dir,
+        topology,
+        clock: CpuClock { ticks_per_second: clock_ticks_per_second(), cpus },
+        processes: BTreeMap::new(),
+        system: config
+            .system
+            .iter()
+            .map(|&group| Followed { group, since: host.clone(), since_at: now, value: Value::Null })
+            .collect(),
+        started_realtime_ns: realtime_ns(),
+    };
+    // Every group is looked at as often as the shortest period asks; a report goes
+    // out every root period.
+    let tick = config
+        .runtimes
+        .iter()
+        .flat_map(|r| r.groups.iter().map(|g| g.period))
+        .chain(config.system.iter().map(|g| g.period))
+        .chain([config.period])
+        .min()
+        .unwrap_or(config.period);
+    let mut next_report = Instant::now();
+    let stdout = std::io::stdout();
+    loop {
+        let due_report = Instant::now() >= next_report;
+        monitor.look(due_report)?;
+        if due_report {
+            let report = monitor.report();
+            let mut out = stdout.lock();
+            serde_json::to_writer(&mut out, &report)?;
+            out.write_all(b"\n")?;
+            out.flush()?;
+            monitor.forget_exited();
+            if cli.once {
+                return Ok(());
+            }
+            next_report += config.period;
+        }
+        let wake = next_report.min(Instant::now() + tick);
+        std::thread::sleep(wake.saturating_duration_since(Instant::now()));
+    }
+}
+
+fn host_sample() -> HostSample {
+    HostSample {
+        taken_ns: monotonic_ns(),
+        cpu: CpuStat::read().map_err(|e| format!("cannot read /proc/stat: {e}")),
+        memory: MemoryInfo::read().map_err(|e| format!("cannot read /proc/meminfo: {e}")),
+    }
+}
+
+fn sample(reader: &DatastoreReader, pid: u32) -> RuntimeSample {
+    RuntimeSample { snapshot: reader.snapshot(), models: reader.models(), cpu: ProcessCpu::read(pid).ok() }
+}
+
+impl Monitor<'_> {
+    /// Finds new and exited processes, and brings every due group up to date (all of
+    /// them when `all_due`, for a report).
+    fn look(&mut self, all_due: bool) -> Result<()> {
+        let entries = discover(&self.dir).with_context(|| format!("cannot list runtimes in {}", self.dir.display()))?;
+        for entry in entries {
+            if self.processes.contains_key(&entry.pid) {
+                continue;
+            }
+            let Ok(reader) = entry.reader else {
+                if self.cli.verbose >= 1 {
+                    eprintln!("neuron-monitor: cannot open the datastore of pid {}", entry.pid);
+                }
+                continue;
+            };
+            if matches!(entry.liveness, Some(Liveness::Exited(_))) {
+                continue;
+            }
+            let info = reader.info();
+            let tag = info.tag.clone().unwrap_or_else(|| info.pid.to_string());
+            let Some(selector) = self.config.runtimes.iter().find(|r| r.selects(&tag)) else { continue };
+            let mut first = sample(&reader, info.pid);
+            // A process that started after the monitor: measured from its start, so
+            // that nothing it did before it was found is lost.
+            if info.created_realtime_ns >= self.started_realtime_ns {
+                let age = realtime_ns().saturating_sub(info.created_realtime_ns);
+                first = first.at_start(monotonic_ns().saturating_sub(age));
+            }
+            let now = Instant::now();
+            let groups = selector
+                .groups
+                .iter()
+                .map(|&group| Followed { group, since: first.clone(), since_at: now, value: Value::Null })
+                .collect();
+            let ecc_since = first.snapshot.ecc.clone();
+            let pid = info.pid;
+            self.processes.insert(pid, Process { reader, pid, tag, groups, ecc_since, exited: false });
+        }
+        let now = Instant::now();
+        let cores_per_device = self.topology.cores_per_device();
+        for process in self.processes.values_mut() {
+            process.exited = matches!(process.reader.liveness(), Liveness::Exited(_));
+            if !process.groups.iter().any(|g| all_due || process.exited || due(g.since_at, g.group.period, now)) {
+                continue;
+            }
+            let current = sample(&process.reader, process.pid);
+            for followed in &mut process.groups {
+                if all_due || process.exited || due(followed.since_at, followed.group.period, now) {
+                    followed.value =
+                        runtime_group(followed.group.group, &followed.since, &current, cores_per_device, self.clock);
+                    followed.since = current.clone();
+                    followed.since_at = now;
+                }
+            }
+        }
+        if self.system.iter().any(|g| all_due || due(g.since_at, g.group.period, now)) {
+            let host = host_sample();
+            let ecc = self.ecc_delta();
+            for followed in &mut self.system {
+                if all_due || due(followed.since_at, followed.group.period, now) {
+                    followed.value = system_group(followed.group.group, &followed.since, &host, &ecc);
+                    followed.since = host.clone();
+                    followed.since_at = now;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// ECC events per device since the last look, over every process (an exited one's
+    /// too, in the look before it is dropped).
+    fn ecc_delta(&mut self) -> Vec<[u64; 4]> {
+        let mut total = vec![[0u64; 4]; self.topology.device_count as usize];
+        let mut add = |d: usize, counts: [u64; 4]| {
+            if let Some(slot) = total.get_mut(d) {
+                for k in 0..4 {
+                    slot[k] += counts[k];
+                }
+            }
+        };
+        for process in self.processes.values_mut() {
+            let now = process.reader.snapshot().ecc;
+            for (d, counts) in now.iter().enumerate() {
+                let before = process.ecc_since.get(d).copied().unwrap_or_default();
+                add(d, std::array::from_fn(|k| counts[k].saturating_sub(before[k])));
+            }
+            process.ecc_since = now;
+        }
+        total
+    }
+
+    /// Drops processes that exited, once their last period has been reported.
+    fn forget_exited(&mut self) {
+        self.processes.retain(|_, p| !p.exited);
+    }
+
+    fn report(&self) -> Value {
+        let runtimes: Vec<Value> = self
+            .processes
+            .values()
+            .map(|p| {
+                let groups: Map<String, Value> =
+                    p.groups.iter().map(|g| (g.group.group.name().to_string(), g.value.clone())).collect();
+                json!({"pid": p.pid, "neuron_runtime_tag": p.tag, "error": "", "report": groups})
+            })
+            .collect();
+        let system: Map<String, Value> =
+            self.system.iter().map(|g| (g.group.group.name().to_string(), g.value.clone())).collect();
+        let t = &self.topology;
+        json!({
+            "neuron_runtime_data": runtimes,
+            "system_data": system,
+            // A virtual instance has no cloud identity: these are empty, as the Neuron
+            // tool leaves them off EC2.
+            "instance_info": {
+                "instance_name": "",
+                "instance_id": "",
+                "instance_type": t.instance_type.to_string(),
+                "instance_availability_zone": "",
+                "instance_availability_zone_id": "",
+                "instance_region": "",
+                "ami_id": "",
+                "subnet_id": "",
+                "error": "",
+            },
+            "neuron_hardware_info": {
+                "neuron_device_type": t.device_type,
+                "neuron_device_version": format!("{:?}", t.core_version).to_lowercase(),
+                "neuroncore_version": format!("{:?}", t.core_version).to_lowercase(),
+                "neuron_device_count": t.device_count,
+                "neuron_device_memory_size": t.device_memory_bytes,
+                "neuroncore_per_device_count": t.cores_per_device(),
+                "logical_neuroncore_config": t.logical_core_size,
+                "error": "",
+            },
+        })
+    }
+}
+
+/// Whether a group looked at `since` with period `period` is due at `now` (a little
+/// early rather than a whole tick late).
+fn due(since: Instant, period: Duration, now: Instant) -> bool {
+    now.saturating_duration_since(since) + Duration::from_millis(5) >= period
+}
