@@ -8,7 +8,7 @@ use neuron_profiler::monitor::{CpuClock, HostSample, RuntimeSample, runtime_grou
 use neuron_profiler::monitor_config::{RuntimeGroup, SystemGroup};
 use neuron_runtime::datastore::DatastoreReader;
 use neuron_runtime::trace::clock::monotonic_ns;
-use neuron_runtime::{Config, Runtime, TensorPlacement, TensorSet};
+use neuron_runtime::{Config, Runtime};
 use serde_json::Value;
 
 fn sample(reader: &DatastoreReader) -> RuntimeSample {
@@ -45,14 +45,7 @@ fn every_group_reports_what_ran_between_two_samples() {
     let hlo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp.hlo");
     let neff = neuron_profiler::load_model_bytes(&hlo, neuron_runtime::Target::Trn1).expect("model");
     let model = runtime.load(&neff, Some(0)).expect("load");
-    let placement = TensorPlacement::Device { core: 0 };
-    let (mut inputs, mut outputs) = (TensorSet::new(), TensorSet::new());
-    for io in model.inputs() {
-        inputs.add(&io.name, runtime.allocate_tensor_for(placement, model.tensor_type(io), &io.name).expect("input"));
-    }
-    for io in model.outputs() {
-        outputs.add(&io.name, runtime.allocate_tensor_for(placement, model.tensor_type(io), &io.name).expect("output"));
-    }
+    let (inputs, outputs) = neuron_profiler::bind_tensors(&runtime, &model, &mut |_, _| Ok(None)).expect("tensors");
 
     let (before, host_before) = (sample(&reader), host());
     let began = std::time::Instant::now();
