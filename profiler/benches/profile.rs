@@ -2,7 +2,7 @@
 //! against a baseline measured in the same run:
 //!
 //! - `overhead`: the attention example executed as `neuron-profile capture` executes it
-//!   (a recorder draining the rings into an NTFF file after every execution), with
+//!   (a recorder draining the rings into an NTFF file every 10 ms), with
 //!   rings and recorder off (`--disable-profile`), with the system trace, and with system
 //!   and device traces (`--profile-all-execs`), the three interleaved in one process so
 //!   that they share one warmed-up runtime;
@@ -134,8 +134,8 @@ fn overhead(dir: &Path) {
     let mut tail = reader.tail(TailStart::Now, None, ALL_SYSTEM_EVENTS, true);
     let model = runtime.load(&neff, Some(core)).expect("load");
     let (inputs, outputs) = bind_tensors(&runtime, &model, &mut |_, _| Ok(None)).expect("tensors");
-    // As `neuron-profile capture` runs: rings as the mode says, the recorder draining
-    // the rings into the file every 10 ms (between executions) and flushing every second.
+    // As `neuron-profile capture` runs: rings as the mode says, and the recorder's own
+    // pacing of drains (every 10 ms, between executions) and flushes.
     let modes: [(&str, bool, bool); 3] = [
         ("unprofiled (`--disable-profile`: rings off, no recorder)", false, false),
         ("system trace of every execution (the default between device-traced ones)", true, false),
@@ -143,18 +143,11 @@ fn overhead(dir: &Path) {
     ];
     let mut run = |system: bool, device: bool, executions: u32| {
         runtime.set_trace_recording_of(system, device).expect("recording");
-        let mut last_flush = Instant::now();
-        let mut last_drain = Instant::now();
         let started = Instant::now();
         for _ in 0..executions {
             runtime.execute(&model, &inputs, &outputs).expect("execute");
-            if system && last_drain.elapsed().as_millis() >= 10 {
-                recorder.drain(&reader, &mut tail, false).expect("drain");
-                last_drain = Instant::now();
-                if last_flush.elapsed().as_secs() >= 1 {
-                    recorder.flush().expect("flush");
-                    last_flush = Instant::now();
-                }
+            if system {
+                recorder.drain_when_due(&reader, &mut tail).expect("drain");
             }
         }
         // The rest of the sample's events, timed too: each sample pays for all it made.

@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::io::Write;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use neuron_runtime::datastore::{DatastoreReader, ModelInfo, RuntimeInfo, Tail, TraceEvent};
@@ -34,7 +35,17 @@ pub struct Recorder<W: Write> {
     buffer: Vec<TraceEvent>,
     /// Events not kept are left out on purpose (not losses).
     keep: Option<Box<EventFilter>>,
+    last_drain: Instant,
+    last_flush: Instant,
 }
+
+/// How often [`Recorder::drain_when_due`] drains the rings of a running process.
+/// Draining after every short execution cost about 2% of the attention example's time
+/// (see BENCHMARKS.md); a ring holds far more than short executions make in this time.
+pub const DRAIN_INTERVAL: Duration = Duration::from_millis(10);
+/// How often a running recording writes its open chunks, so that a reader, or a file
+/// left by a crash, has them.
+pub const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 
 impl<W: Write> std::fmt::Debug for Recorder<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -52,6 +63,8 @@ impl<W: Write> Recorder<W> {
             models: Vec::new(),
             buffer: Vec::new(),
             keep: None,
+            last_drain: Instant::now(),
+            last_flush: Instant::now(),
         }
     }
 
@@ -87,6 +100,7 @@ impl<W: Write> Recorder<W> {
     /// Reads what `tail` has not read yet from `reader`'s rings (everything, with
     /// `writer_done`) and records it, losses first; returns the events recorded.
     pub fn drain(&mut self, reader: &DatastoreReader, tail: &mut Tail, writer_done: bool) -> Result<u64> {
+        self.last_drain = Instant::now();
         let mut recorded = 0;
         loop {
             let mut events = std::mem::take(&mut self.buffer);
@@ -254,7 +268,26 @@ impl<W: Write> Recorder<W> {
 
     /// Writes what is buffered, so the file holds everything recorded so far.
     pub fn flush(&mut self) -> Result<()> {
+        self.last_flush = Instant::now();
         self.writer.flush().context("cannot write the trace file")
+    }
+
+    /// Drains the rings of a process that is still running when [`DRAIN_INTERVAL`] has
+    /// passed since the last drain, and flushes when due.
+    pub fn drain_when_due(&mut self, reader: &DatastoreReader, tail: &mut Tail) -> Result<()> {
+        if self.last_drain.elapsed() < DRAIN_INTERVAL {
+            return Ok(());
+        }
+        self.drain(reader, tail, false)?;
+        self.flush_when_due()
+    }
+
+    /// Flushes when [`FLUSH_INTERVAL`] has passed since the last flush.
+    pub fn flush_when_due(&mut self) -> Result<()> {
+        if self.last_flush.elapsed() < FLUSH_INTERVAL {
+            return Ok(());
+        }
+        self.flush()
     }
 
     /// What has been recorded so far.

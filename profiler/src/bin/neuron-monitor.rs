@@ -2,7 +2,7 @@
 //! every period, on every runtime process of the host that the configuration selects
 //! and on the host itself, in the shape of the Neuron tool's reports.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,7 +14,7 @@ use neuron_profiler::host::{CpuStat, MemoryInfo, ProcessCpu, clock_ticks_per_sec
 use neuron_profiler::monitor::{CpuClock, HostSample, RuntimeSample, runtime_group, system_group};
 use neuron_profiler::monitor_config::{Group, MonitorConfig, RuntimeGroup, SystemGroup};
 use neuron_runtime::Config;
-use neuron_runtime::datastore::{DatastoreReader, Liveness, discover};
+use neuron_runtime::datastore::{DatastoreReader, Liveness, discover_new};
 use neuron_runtime::topology::Topology;
 use neuron_runtime::trace::clock::{monotonic_ns, realtime_ns};
 use serde_json::{Map, Value, json};
@@ -99,6 +99,8 @@ struct Monitor<'a> {
     system: Vec<Followed<SystemGroup, HostSample>>,
     /// CLOCK_REALTIME when the monitor started.
     started_realtime_ns: u64,
+    /// Runtime processes the configuration does not select.
+    ignored: HashSet<u32>,
 }
 
 fn run(cli: &Cli, config: &MonitorConfig) -> Result<()> {
@@ -121,6 +123,7 @@ fn run(cli: &Cli, config: &MonitorConfig) -> Result<()> {
             .map(|&group| Followed { group, since: host.clone(), since_at: now, value: Value::Null })
             .collect(),
         started_realtime_ns: realtime_ns(),
+        ignored: HashSet::new(),
     };
     // Every group is looked at as often as the shortest period asks; a report goes
     // out every root period.
@@ -170,11 +173,67 @@ impl Monitor<'_> {
     /// Finds new and exited processes, and brings every due group up to date (all of
     /// them when `all_due`, for a report).
     fn look(&mut self, all_due: bool) -> Result<()> {
-        let entries = discover(&self.dir).with_context(|| format!("cannot list runtimes in {}", self.dir.display()))?;
-        for entry in entries {
-            if self.processes.contains_key(&entry.pid) {
+        self.find_new()?;
+        let now = Instant::now();
+        let cores_per_device = self.topology.cores_per_device();
+        let host_due: Vec<bool> = self.system.iter().map(|g| all_due || due(g.since_at, g.group.period, now)).collect();
+        let ecc_due =
+            self.system.iter().zip(&host_due).any(|(g, &d)| d && g.group.group == SystemGroup::NeuronHwCounters);
+        // ECC events per device since the last hardware-counter look, over every process
+        // (an exited one's too, in the look before it is dropped).
+        let mut ecc = vec![[0u64; 4]; self.topology.device_count as usize];
+        for process in self.processes.values_mut() {
+            process.exited = matches!(process.reader.liveness(), Liveness::Exited(_));
+            let is_due = |g: &Followed<RuntimeGroup, RuntimeSample>| {
+                all_due || process.exited || due(g.since_at, g.group.period, now)
+            };
+            if !ecc_due && !process.groups.iter().any(is_due) {
                 continue;
             }
+            let current = sample(&process.reader, process.pid);
+            for followed in process.groups.iter_mut().filter(|g| is_due(g)) {
+                followed.value =
+                    runtime_group(followed.group.group, &followed.since, &current, cores_per_device, self.clock);
+                followed.since = current.clone();
+                followed.since_at = now;
+            }
+            if ecc_due {
+                for (d, counts) in current.snapshot.ecc.iter().enumerate() {
+                    let before = process.ecc_since.get(d).copied().unwrap_or_default();
+                    if let Some(total) = ecc.get_mut(d) {
+                        for k in 0..4 {
+                            total[k] += counts[k].saturating_sub(before[k]);
+                        }
+                    }
+                }
+                process.ecc_since = current.snapshot.ecc;
+            }
+        }
+        if host_due.contains(&true) {
+            let host = host_sample();
+            for (followed, _) in self.system.iter_mut().zip(&host_due).filter(|(_, d)| **d) {
+                followed.value = system_group(followed.group.group, &followed.since, &host, &ecc);
+                followed.since = host.clone();
+                followed.since_at = now;
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts following the runtime processes that appeared since the last look and
+    /// that the configuration selects. Known processes are not opened again.
+    fn find_new(&mut self) -> Result<()> {
+        let present = std::cell::RefCell::new(Vec::new());
+        let known = |pid: u32| {
+            present.borrow_mut().push(pid);
+            self.processes.contains_key(&pid) || self.ignored.contains(&pid)
+        };
+        let entries = discover_new(&self.dir, &known)
+            .with_context(|| format!("cannot list runtimes in {}", self.dir.display()))?;
+        // Pids left out whose datastore is gone may be reused by a new process.
+        let present = present.into_inner();
+        self.ignored.retain(|pid| present.contains(pid));
+        for entry in entries {
             let Ok(reader) = entry.reader else {
                 if self.cli.verbose >= 1 {
                     eprintln!("neuron-monitor: cannot open the datastore of pid {}", entry.pid);
@@ -186,7 +245,10 @@ impl Monitor<'_> {
             }
             let info = reader.info();
             let tag = info.tag.clone().unwrap_or_else(|| info.pid.to_string());
-            let Some(selector) = self.config.runtimes.iter().find(|r| r.selects(&tag)) else { continue };
+            let Some(selector) = self.config.runtimes.iter().find(|r| r.selects(&tag)) else {
+                self.ignored.insert(info.pid);
+                continue;
+            };
             let mut first = sample(&reader, info.pid);
             // A process that started after the monitor: measured from its start, so
             // that nothing it did before it was found is lost.
@@ -204,57 +266,7 @@ impl Monitor<'_> {
             let pid = info.pid;
             self.processes.insert(pid, Process { reader, pid, tag, groups, ecc_since, exited: false });
         }
-        let now = Instant::now();
-        let cores_per_device = self.topology.cores_per_device();
-        for process in self.processes.values_mut() {
-            process.exited = matches!(process.reader.liveness(), Liveness::Exited(_));
-            if !process.groups.iter().any(|g| all_due || process.exited || due(g.since_at, g.group.period, now)) {
-                continue;
-            }
-            let current = sample(&process.reader, process.pid);
-            for followed in &mut process.groups {
-                if all_due || process.exited || due(followed.since_at, followed.group.period, now) {
-                    followed.value =
-                        runtime_group(followed.group.group, &followed.since, &current, cores_per_device, self.clock);
-                    followed.since = current.clone();
-                    followed.since_at = now;
-                }
-            }
-        }
-        if self.system.iter().any(|g| all_due || due(g.since_at, g.group.period, now)) {
-            let host = host_sample();
-            let ecc = self.ecc_delta();
-            for followed in &mut self.system {
-                if all_due || due(followed.since_at, followed.group.period, now) {
-                    followed.value = system_group(followed.group.group, &followed.since, &host, &ecc);
-                    followed.since = host.clone();
-                    followed.since_at = now;
-                }
-            }
-        }
         Ok(())
-    }
-
-    /// ECC events per device since the last look, over every process (an exited one's
-    /// too, in the look before it is dropped).
-    fn ecc_delta(&mut self) -> Vec<[u64; 4]> {
-        let mut total = vec![[0u64; 4]; self.topology.device_count as usize];
-        let mut add = |d: usize, counts: [u64; 4]| {
-            if let Some(slot) = total.get_mut(d) {
-                for k in 0..4 {
-                    slot[k] += counts[k];
-                }
-            }
-        };
-        for process in self.processes.values_mut() {
-            let now = process.reader.snapshot().ecc;
-            for (d, counts) in now.iter().enumerate() {
-                let before = process.ecc_since.get(d).copied().unwrap_or_default();
-                add(d, std::array::from_fn(|k| counts[k].saturating_sub(before[k])));
-            }
-            process.ecc_since = now;
-        }
-        total
     }
 
     /// Drops processes that exited, once their last period has been reported.

@@ -28,7 +28,7 @@ pub(crate) use reader::converter_of;
 pub use reader::{
     CoreDelta, CoreSnapshot, DatastoreReader, Delta, ErrorCounts, ExecutionCounts, ExitReason, HEARTBEAT_STALE_AFTER,
     LatencyPercentiles, Liveness, ModelInfo, RingStats, RuntimeEntry, RuntimeInfo, Snapshot, Tail, TailStart,
-    TraceEvent, discover, latency_of_all_cores,
+    TraceEvent, discover, discover_new, latency_of_all_cores,
 };
 pub use ring::RingCursor;
 pub(crate) use ring::{Claim, PAYLOAD_WORDS, Payload, RingRef};

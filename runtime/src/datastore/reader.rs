@@ -605,6 +605,12 @@ pub struct RuntimeEntry {
 /// Lists the runtimes in `dir`, live and exited, and removes the files of exited ones
 /// (they are still returned, once). A missing directory means no runtimes.
 pub fn discover(dir: &Path) -> Result<Vec<RuntimeEntry>, DatastoreError> {
+    discover_new(dir, &|_| false)
+}
+
+/// [`discover`], leaving out (neither opened nor removed) the runtimes whose pid
+/// `known` accepts: for a tool that looks again and again and keeps its own readers.
+pub fn discover_new(dir: &Path, known: &dyn Fn(u32) -> bool) -> Result<Vec<RuntimeEntry>, DatastoreError> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -615,6 +621,9 @@ pub fn discover(dir: &Path) -> Result<Vec<RuntimeEntry>, DatastoreError> {
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(pid) = name.to_str().and_then(directory::pid_of_file_name) else { continue };
+        if known(pid) {
+            continue;
+        }
         let path = entry.path();
         let reader = DatastoreReader::open(&path);
         let liveness = reader.as_ref().ok().map(DatastoreReader::liveness);

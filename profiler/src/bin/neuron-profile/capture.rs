@@ -2,8 +2,9 @@
 //! trace of every execution and the device trace of the chosen ones into an NTFF file.
 //!
 //! The runtime writes its rings as usual; this process reads its own datastore with
-//! the same reader other tools use and drains it into the file after every execution,
-//! so the recording path is the one `inspect` and `snapshot` use.
+//! the same reader other tools use and drains it into the file between executions
+//! (every 10 ms, and after every longer execution), so the recording path is the one
+//! `inspect` and `snapshot` use.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -17,14 +18,6 @@ use neuron_runtime::config::{ENV_NUM_CORES, ENV_VISIBLE_CORES};
 use neuron_runtime::datastore::{DatastoreReader, TailStart};
 use neuron_runtime::trace::ALL_SYSTEM_EVENTS;
 use neuron_runtime::{Config, ErrorTracker, Model, Neff, NrtError, Runtime, SeqId, Target, TensorSet, compile_hlo};
-
-/// How often the file is flushed while capturing, at most.
-const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
-/// How often the rings are drained into the file: after every execution longer than
-/// this, else every few short ones. Draining after every short execution cost about 2%
-/// of the attention example's time; a ring holds far more than short executions make
-/// in this time.
-const DRAIN_INTERVAL: Duration = Duration::from_millis(10);
 
 #[derive(Debug, Args)]
 pub(crate) struct CaptureArgs {
@@ -145,8 +138,6 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
         nondeterministic: Vec::new(),
         check_outputs: args.check_output_determinism,
     };
-    let mut last_flush = Instant::now();
-    let mut last_drain = Instant::now();
     let mut in_flight: VecDeque<(u64, SeqId)> = VecDeque::new();
     let depth = runtime.config().xu_queue.max(1);
     let started = Instant::now();
@@ -174,15 +165,8 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
             }
         }
         progress.set_position(execution - in_flight.len() as u64);
-        if let Some(recorder) = &mut recorder
-            && last_drain.elapsed() >= DRAIN_INTERVAL
-        {
-            recorder.drain(&reader, &mut tail, false)?;
-            last_drain = Instant::now();
-            if last_flush.elapsed() >= FLUSH_INTERVAL {
-                recorder.flush()?;
-                last_flush = Instant::now();
-            }
+        if let Some(recorder) = &mut recorder {
+            recorder.drain_when_due(&reader, &mut tail)?;
         }
         if !args.ignore_exec_errors
             && let Some(failure) = run.failures.first()

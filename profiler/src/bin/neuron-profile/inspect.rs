@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -19,8 +19,6 @@ use neuron_runtime::trace::ALL_SYSTEM_EVENTS;
 
 /// How often the datastore directory is searched and the rings drained.
 const POLL_INTERVAL: Duration = Duration::from_millis(10);
-/// How often the files are flushed, at most.
-const FLUSH_INTERVAL: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Args)]
 pub(crate) struct InspectArgs {
@@ -55,7 +53,7 @@ struct Traced {
 
 enum Mode {
     /// Everything, as it happens.
-    Stream { tail: Box<Tail>, recorder: Box<Recorder<std::io::BufWriter<std::fs::File>>>, flushed: Instant },
+    Stream { tail: Box<Tail>, recorder: Box<Recorder<std::io::BufWriter<std::fs::File>>> },
     /// The rings, whenever the error count grows.
     OnFail { errors: u64, captures: u32 },
 }
@@ -95,7 +93,7 @@ pub(crate) fn inspect(args: InspectArgs) -> Result<()> {
                 let command: Vec<String> = args.command.clone();
                 let recorder = Recorder::new(create_writer(&path, &metadata(reader.info(), "inspect", &command))?);
                 let tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
-                Mode::Stream { tail: Box::new(tail), recorder: Box::new(recorder), flushed: Instant::now() }
+                Mode::Stream { tail: Box::new(tail), recorder: Box::new(recorder) }
             };
             traced.insert(pid, Traced { reader, path, mode });
         }
@@ -148,13 +146,10 @@ pub(crate) fn inspect(args: InspectArgs) -> Result<()> {
 /// on-failure capture.
 fn step(t: &mut Traced, done: bool, command: &[String]) -> Result<Option<PathBuf>> {
     match &mut t.mode {
-        Mode::Stream { tail, recorder, flushed } => {
+        Mode::Stream { tail, recorder } => {
             recorder.models(&t.reader.models(), &|_| String::new())?;
             recorder.drain(&t.reader, tail, done)?;
-            if flushed.elapsed() >= FLUSH_INTERVAL {
-                recorder.flush()?;
-                *flushed = Instant::now();
-            }
+            recorder.flush_when_due()?;
             Ok(None)
         }
         Mode::OnFail { errors, captures } => {
