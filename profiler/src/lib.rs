@@ -5,6 +5,7 @@ pub mod host;
 pub mod monitor;
 pub mod monitor_config;
 pub mod npy;
+pub mod prometheus;
 pub mod record;
 pub mod stats;
 

@@ -42,6 +42,10 @@ impl RuntimeSample {
             core.total_latency.iter_mut().for_each(|n| *n = 0);
         }
         snapshot.ecc.iter_mut().for_each(|d| *d = [0; 4]);
+        for ring in &mut snapshot.rings {
+            ring.produced = 0;
+            ring.dropped = 0;
+        }
         RuntimeSample { snapshot, models: self.models.clone(), cpu: Some(ProcessCpu::default()) }
     }
 }

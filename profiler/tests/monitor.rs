@@ -69,14 +69,15 @@ fn reports_follow_a_workload_from_start_to_exit() {
     assert!(first["system_data"]["memory_info"]["period"].as_f64() < Some(0.3), "{first}");
     assert_eq!(first["neuron_hardware_info"]["neuron_device_count"].as_u64().map(|n| n > 0), Some(true));
 
-    // A tagged workload of a known number of executions, and an untagged one the
-    // filter leaves out.
+    // A tagged workload of a known number of executions, every third failing with an
+    // out-of-bounds access, and an untagged one the filter leaves out.
     let iterations = 40;
     let mlp = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp.hlo");
     let mut tagged = Command::new(BENCH);
     env(&mut tagged);
     let mut tagged = tagged
         .env("NEURON_PROCESS_TAG", "trainer-1")
+        .env("NEURON_RT_FAULT_INJECT", "oob:core=0:every=3")
         .args(["exec", mlp.to_str().expect("utf-8"), "--cores", "0", "--iterations", &iterations.to_string()])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -91,10 +92,12 @@ fn reports_follow_a_workload_from_start_to_exit() {
         .spawn()
         .expect("bench");
     let pid = tagged.id();
-    assert!(tagged.wait().expect("bench ends").success());
+    assert_eq!(tagged.wait().expect("bench ends").code(), Some(1), "the injected faults fail executions");
     let _ = untagged.wait();
 
     let (mut seen, mut completed, mut busy, mut device_bytes, mut after_exit) = (0, 0, false, 0, 0);
+    let mut outcomes = std::collections::BTreeMap::<String, u64>::new();
+    let mut errors = std::collections::BTreeMap::<String, u64>::new();
     for line in lines.by_ref() {
         let report: Value = serde_json::from_str(&line.expect("line")).expect("JSON");
         let runtimes = report["neuron_runtime_data"].as_array().expect("runtimes").clone();
@@ -107,6 +110,13 @@ fn reports_follow_a_workload_from_start_to_exit() {
                 seen += 1;
                 let stats = &r["report"]["execution_stats"];
                 completed += stats["execution_summary"]["completed"].as_u64().expect("count");
+                let add = |into: &mut std::collections::BTreeMap<String, u64>, counts: &Value| {
+                    for (name, n) in counts.as_object().expect("counts") {
+                        *into.entry(name.clone()).or_default() += n.as_u64().expect("a count");
+                    }
+                };
+                add(&mut outcomes, &stats["execution_summary"]);
+                add(&mut errors, &stats["error_summary"]);
                 busy |= r["report"]["neuroncore_counters"]["neuroncores_in_use"]["0"]["neuroncore_utilization"]
                     .as_f64()
                     > Some(0.0);
@@ -130,7 +140,14 @@ fn reports_follow_a_workload_from_start_to_exit() {
     let _ = monitor.kill();
     let _ = monitor.wait();
     assert!(seen > 0, "the tagged workload was reported");
-    assert_eq!(completed, iterations, "every execution counted once, over the periods");
+    // Executions 3, 6, …, 39 failed: 13 of 40.
+    assert_eq!(completed, iterations - 13, "every execution counted once, over the periods");
+    let nonzero = |m: &std::collections::BTreeMap<String, u64>| {
+        m.iter().filter(|(_, n)| **n > 0).map(|(k, n)| (k.clone(), *n)).collect::<Vec<_>>()
+    };
+    assert_eq!(nonzero(&outcomes), [("completed".to_string(), 27), ("completed_with_err".to_string(), 13)]);
+    assert_eq!(nonzero(&errors), [("model".to_string(), 13)], "an out-of-bounds access is the model's error");
+    assert_eq!(errors.len(), 6, "every error class is reported: {errors:?}");
     assert!(busy, "the core was busy in some period");
     assert!(device_bytes > 0, "the model's device memory");
 }

@@ -4,17 +4,24 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
 use clap::Parser;
 use neuron_profiler::host::{CpuStat, MemoryInfo, ProcessCpu, clock_ticks_per_second};
 use neuron_profiler::monitor::{CpuClock, HostSample, RuntimeSample, runtime_group, system_group};
 use neuron_profiler::monitor_config::{Group, MonitorConfig, RuntimeGroup, SystemGroup};
+use neuron_profiler::prometheus::{self, RuntimeCounters};
 use neuron_runtime::Config;
-use neuron_runtime::datastore::{DatastoreReader, Liveness, discover_new};
+use neuron_runtime::datastore::{DatastoreReader, Liveness, Snapshot, discover_new};
 use neuron_runtime::topology::Topology;
 use neuron_runtime::trace::clock::{monotonic_ns, realtime_ns};
 use serde_json::{Map, Value, json};
@@ -37,6 +44,14 @@ struct Cli {
     /// Directory of the runtimes' datastores (default: the per-user directory).
     #[arg(long, env = "NEURON_VIRT_DATASTORE_DIR", value_name = "DIR")]
     datastore_dir: Option<PathBuf>,
+    /// Serve the reports as Prometheus metrics on http://ADDR/metrics, updated at each
+    /// report. ADDR is HOST:PORT, or a port alone for 127.0.0.1:PORT (port 0 picks a
+    /// free one). Without ADDR: 127.0.0.1:8000. The address served is printed on stderr.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "8000", conflicts_with = "once")]
+    prometheus_listen: Option<String>,
+    /// Do not write the JSON reports on stdout (with --prometheus-listen).
+    #[arg(long, requires = "prometheus_listen")]
+    no_stdout: bool,
 }
 
 fn main() -> ExitCode {
@@ -58,7 +73,20 @@ fn main() -> ExitCode {
             }
         },
     };
-    match run(&cli, &config) {
+    let server = match &cli.prometheus_listen {
+        None => None,
+        Some(addr) => match MetricsServer::start(addr) {
+            Ok(server) => {
+                eprintln!("neuron-monitor: serving Prometheus metrics on http://{}/metrics", server.addr);
+                Some(server)
+            }
+            Err(e) => {
+                eprintln!("neuron-monitor: {e:#}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    match run(&cli, &config, server.as_ref()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("neuron-monitor: {e:#}");
@@ -84,6 +112,9 @@ struct Process {
     pid: u32,
     tag: String,
     groups: Vec<Followed<RuntimeGroup, RuntimeSample>>,
+    /// The counters when the monitor began following the process, and at the last look.
+    since: Snapshot,
+    latest: Snapshot,
     /// ECC counts at the last `neuron_hw_counters` report.
     ecc_since: Vec<[u64; 4]>,
     exited: bool,
@@ -101,9 +132,11 @@ struct Monitor<'a> {
     started_realtime_ns: u64,
     /// Runtime processes the configuration does not select.
     ignored: HashSet<u32>,
+    /// Each device's ECC events since the monitor started.
+    ecc_total: Vec<[u64; 4]>,
 }
 
-fn run(cli: &Cli, config: &MonitorConfig) -> Result<()> {
+fn run(cli: &Cli, config: &MonitorConfig, server: Option<&MetricsServer>) -> Result<()> {
     let runtime_config = Config::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
     let topology = runtime_config.instance_type.topology();
     let dir = cli.datastore_dir.clone().unwrap_or(runtime_config.datastore_dir);
@@ -114,7 +147,6 @@ fn run(cli: &Cli, config: &MonitorConfig) -> Result<()> {
         config,
         cli,
         dir,
-        topology,
         clock: CpuClock { ticks_per_second: clock_ticks_per_second(), cpus },
         processes: BTreeMap::new(),
         system: config
@@ -124,6 +156,8 @@ fn run(cli: &Cli, config: &MonitorConfig) -> Result<()> {
             .collect(),
         started_realtime_ns: realtime_ns(),
         ignored: HashSet::new(),
+        ecc_total: vec![[0; 4]; topology.device_count as usize],
+        topology,
     };
     // Every group is looked at as often as the shortest period asks; a report goes
     // out every root period.
@@ -142,10 +176,15 @@ fn run(cli: &Cli, config: &MonitorConfig) -> Result<()> {
         monitor.look(due_report)?;
         if due_report {
             let report = monitor.report();
-            let mut out = stdout.lock();
-            serde_json::to_writer(&mut out, &report)?;
-            out.write_all(b"\n")?;
-            out.flush()?;
+            if let Some(server) = server {
+                server.publish(monitor.exposition(&report));
+            }
+            if !cli.no_stdout {
+                let mut out = stdout.lock();
+                serde_json::to_writer(&mut out, &report)?;
+                out.write_all(b"\n")?;
+                out.flush()?;
+            }
             monitor.forget_exited();
             if cli.once {
                 return Ok(());
@@ -191,6 +230,7 @@ impl Monitor<'_> {
                 continue;
             }
             let current = sample(&process.reader, process.pid);
+            process.latest = current.snapshot.clone();
             for followed in process.groups.iter_mut().filter(|g| is_due(g)) {
                 followed.value =
                     runtime_group(followed.group.group, &followed.since, &current, cores_per_device, self.clock);
@@ -207,6 +247,11 @@ impl Monitor<'_> {
                     }
                 }
                 process.ecc_since = current.snapshot.ecc;
+            }
+        }
+        for (total, gained) in self.ecc_total.iter_mut().zip(&ecc) {
+            for k in 0..4 {
+                total[k] += gained[k];
             }
         }
         if host_due.contains(&true) {
@@ -264,7 +309,8 @@ impl Monitor<'_> {
                 .collect();
             let ecc_since = first.snapshot.ecc.clone();
             let pid = info.pid;
-            self.processes.insert(pid, Process { reader, pid, tag, groups, ecc_since, exited: false });
+            let (since, latest) = (first.snapshot.clone(), first.snapshot);
+            self.processes.insert(pid, Process { reader, pid, tag, groups, since, latest, ecc_since, exited: false });
         }
         Ok(())
     }
@@ -272,6 +318,13 @@ impl Monitor<'_> {
     /// Drops processes that exited, once their last period has been reported.
     fn forget_exited(&mut self) {
         self.processes.retain(|_, p| !p.exited);
+    }
+
+    /// The Prometheus exposition of `report`, made of this look.
+    fn exposition(&self, report: &Value) -> String {
+        let counters: Vec<RuntimeCounters<'_>> =
+            self.processes.values().map(|p| RuntimeCounters { pid: p.pid, since: &p.since, now: &p.latest }).collect();
+        prometheus::exposition(report, &counters, &self.ecc_total)
     }
 
     fn report(&self) -> Value {
@@ -321,4 +374,77 @@ impl Monitor<'_> {
 /// early rather than a whole tick late).
 fn due(since: Instant, period: Duration, now: Instant) -> bool {
     now.saturating_duration_since(since) + Duration::from_millis(5) >= period
+}
+
+/// The latest exposition, `None` before the first report.
+type Latest = Arc<Mutex<Option<Bytes>>>;
+
+/// The `/metrics` endpoint: an HTTP server on its own thread, serving the exposition
+/// of the latest report.
+struct MetricsServer {
+    addr: SocketAddr,
+    latest: Latest,
+}
+
+impl MetricsServer {
+    /// Binds `addr` (a port alone means 127.0.0.1) and starts serving.
+    fn start(addr: &str) -> Result<MetricsServer> {
+        let addr = listen_address(addr)?;
+        let listener =
+            std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr} for Prometheus"))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let latest: Latest = Arc::default();
+        let state = latest.clone();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_io().build()?;
+        std::thread::Builder::new().name("prometheus".into()).spawn(move || {
+            runtime.block_on(async move {
+                let app = axum::Router::new()
+                    .route("/metrics", axum::routing::get(metrics))
+                    .route("/", axum::routing::get(index))
+                    .with_state(state);
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => {
+                        if let Err(e) = axum::serve(listener, app).await {
+                            eprintln!("neuron-monitor: the Prometheus endpoint stopped: {e}");
+                        }
+                    }
+                    Err(e) => eprintln!("neuron-monitor: the Prometheus endpoint cannot start: {e}"),
+                }
+            });
+        })?;
+        Ok(MetricsServer { addr, latest })
+    }
+
+    fn publish(&self, exposition: String) {
+        if let Ok(mut latest) = self.latest.lock() {
+            *latest = Some(Bytes::from(exposition));
+        }
+    }
+}
+
+/// `PORT` alone is on loopback; `HOST:PORT` and `[V6]:PORT` are taken as they are.
+fn listen_address(addr: &str) -> Result<SocketAddr> {
+    if let Ok(port) = addr.trim_start_matches(':').parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    addr.to_socket_addrs()
+        .with_context(|| format!("--prometheus-listen {addr:?}: not a PORT, nor a HOST:PORT that resolves"))?
+        .next()
+        .with_context(|| format!("--prometheus-listen {addr:?}: the host has no address"))
+}
+
+async fn metrics(State(latest): State<Latest>) -> Response {
+    let latest = latest.lock().ok().and_then(|l| l.clone());
+    match latest {
+        Some(text) => ([(header::CONTENT_TYPE, prometheus::CONTENT_TYPE)], text).into_response(),
+        None => (StatusCode::SERVICE_UNAVAILABLE, "no report yet\n").into_response(),
+    }
+}
+
+async fn index() -> Html<&'static str> {
+    Html(
+        "<!doctype html><title>neuron-monitor</title><h1>neuron-monitor</h1>\
+         <p><a href=\"/metrics\">Metrics</a> (Prometheus text format)</p>\n",
+    )
 }

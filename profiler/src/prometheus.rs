@@ -1,0 +1,560 @@
+//! `neuron-monitor`'s Prometheus exposition: the series the Neuron tool's companion
+//! exporter publishes, with its names, labels and arithmetic, so that existing
+//! dashboards work unchanged, and this project's extensions (prefixed `neuron_`).
+//!
+//! Levels (utilisation, memory, CPU, latency percentiles) come from the JSON report,
+//! exactly as the companion exporter reads them. Counters count from when the monitor
+//! began following a process (from its start when it started after the monitor), out
+//! of the runtime's own cumulative counters, so that no period is counted twice or
+//! lost. Processes that share a tag share their series: counts, memory and CPU add up;
+//! a latency percentile is the highest of theirs.
+
+use std::collections::BTreeMap;
+
+use neuron_runtime::datastore::Snapshot;
+use neuron_runtime::datastore::histogram::bucket_bounds;
+use neuron_runtime::trace::{ErrorClass, ExecOutcome};
+use prometheus::proto::{self, MetricType};
+use serde_json::Value;
+
+/// The `Content-Type` of the exposition.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Upper bounds, in seconds, of `neuron_execution_latency_seconds`'s buckets.
+pub const LATENCY_BUCKETS: [f64; 19] = [
+    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 5.0, 10.0, 30.0,
+];
+
+/// The device-memory categories of `neuroncore_memory_usage_<category>`.
+const MEMORY_CATEGORIES: [&str; 5] =
+    ["constants", "model_code", "model_shared_scratchpad", "runtime_memory", "tensors"];
+
+/// ECC event types of `hardware_ecc_events_total`, in the report's device order.
+const ECC_EVENTS: [&str; 4] =
+    ["mem_ecc_corrected", "mem_ecc_uncorrected", "sram_ecc_corrected", "sram_ecc_uncorrected"];
+
+/// A runtime process in the report, for its counters: the runtime's cumulative
+/// counters when the monitor began following it (`since`) and at this report (`now`).
+#[derive(Debug, Clone, Copy)]
+pub struct RuntimeCounters<'a> {
+    pub pid: u32,
+    pub since: &'a Snapshot,
+    pub now: &'a Snapshot,
+}
+
+/// The exposition of one report. `ecc_total` is each device's ECC events since the
+/// monitor started (mem corrected, mem uncorrected, sram corrected, sram uncorrected).
+pub fn exposition(report: &Value, runtimes: &[RuntimeCounters<'_>], ecc_total: &[[u64; 4]]) -> String {
+    let mut out = Families::default();
+    let instance = instance_labels(&report["instance_info"]);
+    let info = Labels::from(&instance);
+    out.add("instance_info", "EC2 instance information", Kind::Gauge, info.clone(), 1.0);
+    let hardware = &report["neuron_hardware_info"];
+    let mut labels = info.clone();
+    for field in [
+        "neuron_device_count",
+        "neuroncore_per_device_count",
+        "neuron_device_type",
+        "neuroncore_version",
+        "neuron_device_memory_size",
+        "logical_neuroncore_config",
+    ] {
+        labels = labels.with(field, text(&hardware[field]));
+    }
+    out.add("neuron_hardware_info", "Neuron hardware information", Kind::Gauge, labels, 1.0);
+    out.add(
+        "neuron_monitor_build_info",
+        "neuron-monitor's version (constant 1)",
+        Kind::Gauge,
+        Labels::default().with("version", env!("CARGO_PKG_VERSION").to_string()),
+        1.0,
+    );
+
+    for runtime in report["neuron_runtime_data"].as_array().into_iter().flatten() {
+        let tag = text(&runtime["neuron_runtime_tag"]);
+        let labels = info.clone().with("runtime_tag", tag);
+        let groups = &runtime["report"];
+        runtime_levels(&mut out, groups, &labels);
+        let pid = runtime["pid"].as_u64();
+        if let Some(counters) = runtimes.iter().find(|r| Some(u64::from(r.pid)) == pid) {
+            runtime_counters(&mut out, groups, &labels, counters);
+        }
+    }
+    system_levels(&mut out, &report["system_data"], &info);
+    if report["system_data"]["neuron_hw_counters"].is_object() {
+        for (device, counts) in ecc_total.iter().enumerate() {
+            for (event, &n) in ECC_EVENTS.iter().zip(counts) {
+                let labels =
+                    info.clone().with("event_type", event.to_string()).with("neuron_device_index", device.to_string());
+                out.add("hardware_ecc_events_total", "Hardware ECC events", Kind::Counter, labels, n as f64);
+            }
+        }
+    }
+    out.encode()
+}
+
+/// The instance labels every series carries.
+fn instance_labels(info: &Value) -> Vec<(&'static str, String)> {
+    [
+        ("instance_name", "instance_name"),
+        ("instance_id", "instance_id"),
+        ("instance_type", "instance_type"),
+        ("availability_zone", "instance_availability_zone"),
+        ("region", "instance_region"),
+        ("subnet_id", "subnet_id"),
+    ]
+    .into_iter()
+    .map(|(label, field)| (label, text(&info[field])))
+    .collect()
+}
+
+/// A JSON value as a label value: strings as they are, anything else as JSON.
+fn text(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// Whether a report group is present and without error (the companion exporter skips
+/// a group with an error).
+fn group<'a>(groups: &'a Value, name: &str) -> Option<&'a Value> {
+    let g = groups.get(name)?;
+    (g.is_object() && g["error"].as_str().is_none_or(str::is_empty)).then_some(g)
+}
+
+fn runtime_levels(out: &mut Families, groups: &Value, labels: &Labels) {
+    if let Some(g) = group(groups, "neuroncore_counters") {
+        for (core, counters) in g["neuroncores_in_use"].as_object().into_iter().flatten() {
+            let labels = labels.clone().with("neuroncore", core.clone());
+            if let Some(percent) = counters["neuroncore_utilization"].as_f64() {
+                out.add(
+                    "neuroncore_utilization_ratio",
+                    "NeuronCore utilization ratio",
+                    Kind::Gauge,
+                    labels.clone(),
+                    percent / 100.0,
+                );
+            }
+            if let Some(flops) = counters["flops"].as_f64() {
+                out.add(
+                    "neuron_neuroncore_flops",
+                    "Floating-point operations per second the NeuronCore executed over the last period",
+                    Kind::Gauge,
+                    labels,
+                    flops,
+                );
+            }
+        }
+    }
+    if let Some(g) = group(groups, "neuron_runtime_vcpu_usage") {
+        for usage in ["user", "system"] {
+            if let Some(percent) = g["vcpu_usage"][usage].as_f64() {
+                let labels = labels.clone().with("usage_type", usage.to_string());
+                out.add(
+                    "neuron_runtime_vcpu_usage_ratio",
+                    "Runtime vCPU utilization ratio",
+                    Kind::Gauge,
+                    labels,
+                    percent / 100.0,
+                );
+            }
+        }
+    }
+    if let Some(g) = group(groups, "memory_used") {
+        let used = &g["neuron_runtime_used_bytes"];
+        for location in ["host", "neuron_device"] {
+            if let Some(bytes) = used[location].as_f64() {
+                let labels = labels.clone().with("memory_location", location.to_string());
+                out.add("neuron_runtime_memory_used_bytes", "Runtime memory used bytes", Kind::Gauge, labels, bytes);
+            }
+        }
+        for (core, categories) in used["usage_breakdown"]["neuroncore_memory_usage"].as_object().into_iter().flatten() {
+            for category in MEMORY_CATEGORIES {
+                if let Some(bytes) = categories[category].as_f64() {
+                    let labels = labels.clone().with("neuroncore", core.clone());
+                    out.add_named(
+                        format!("neuroncore_memory_usage_{category}"),
+                        "NeuronCore memory usage by category, in bytes",
+                        Kind::Gauge,
+                        labels,
+                        bytes,
+                    );
+                }
+            }
+        }
+    }
+    if let Some(g) = group(groups, "execution_stats")
+        && let Some(total) = g["latency_stats"]["total_latency"].as_object()
+    {
+        for (percentile, seconds) in total {
+            if let Some(seconds) = seconds.as_f64() {
+                let labels = labels.clone().with("percentile", percentile.clone());
+                out.add_max("execution_latency_seconds", "Execution latency in seconds", labels, seconds);
+            }
+        }
+    }
+}
+
+fn runtime_counters(out: &mut Families, groups: &Value, labels: &Labels, counters: &RuntimeCounters<'_>) {
+    let (since, now) = (counters.since, counters.now);
+    if group(groups, "execution_stats").is_some() {
+        let gained = |f: &dyn Fn(&neuron_runtime::datastore::CoreSnapshot) -> u64| -> u64 {
+            now.cores.iter().map(|c| f(c).saturating_sub(since.core(c.core).map_or(0, f))).sum()
+        };
+        for class in ErrorClass::ALL {
+            let n = gained(&|c| c.errors.get(class));
+            let labels = labels.clone().with("error_type", class.name().to_string());
+            out.add("execution_errors_total", "Execution errors", Kind::Counter, labels, n as f64);
+        }
+        for outcome in ExecOutcome::ALL {
+            let n = gained(&|c| c.executions.get(outcome));
+            let labels = labels.clone().with("status_type", outcome.name().to_string());
+            out.add("execution_status_total", "Execution outcomes", Kind::Counter, labels, n as f64);
+        }
+        for core in &now.cores {
+            let before = since.core(core.core).map(|c| c.total_latency.as_slice());
+            let labels = labels.clone().with("neuroncore", core.core.to_string());
+            out.add_histogram(
+                "neuron_execution_latency_seconds",
+                "Execution latency (host call to return), from the runtime's own histogram (bucket edges within 3%)",
+                labels,
+                latency_histogram(&core.total_latency, before),
+            );
+        }
+    }
+    for device in [false, true] {
+        let rings = |s: &Snapshot, f: fn(&neuron_runtime::datastore::RingStats) -> u64| -> u64 {
+            s.rings.iter().filter(|r| r.device == device).map(f).sum()
+        };
+        let produced = rings(now, |r| r.produced).saturating_sub(rings(since, |r| r.produced));
+        let dropped = rings(now, |r| r.dropped).saturating_sub(rings(since, |r| r.dropped));
+        let labels = labels.clone().with("trace", if device { "device" } else { "system" }.to_string());
+        out.add(
+            "neuron_trace_events_total",
+            "Trace events the runtime produced into its rings",
+            Kind::Counter,
+            labels.clone(),
+            produced as f64,
+        );
+        out.add(
+            "neuron_trace_events_dropped_total",
+            "Trace events a full ring refused (lost to every reader)",
+            Kind::Counter,
+            labels,
+            dropped as f64,
+        );
+    }
+}
+
+fn system_levels(out: &mut Families, system: &Value, labels: &Labels) {
+    if let Some(g) = group(system, "vcpu_usage") {
+        if let Some(cpus) = g["usage_data"].as_object() {
+            out.add("system_vcpu_count", "System vCPU count", Kind::Gauge, labels.clone(), cpus.len() as f64);
+        }
+        let average = &g["average_usage"];
+        for (usage, fields) in [("user", &["user", "nice"][..]), ("system", &["system", "io_wait", "irq", "soft_irq"])]
+        {
+            let percent: f64 = fields.iter().filter_map(|f| average[f].as_f64()).sum();
+            let labels = labels.clone().with("usage_type", usage.to_string());
+            out.add(
+                "system_vcpu_usage_ratio",
+                "System CPU utilization ratio",
+                Kind::Gauge,
+                labels,
+                percent.min(100.0) / 100.0,
+            );
+        }
+    }
+    if let Some(g) = group(system, "memory_info") {
+        for (name, field, help) in [
+            ("system_memory_total_bytes", "memory_total_bytes", "System memory total bytes"),
+            ("system_memory_used_bytes", "memory_used_bytes", "System memory used bytes"),
+            ("system_swap_total_bytes", "swap_total_bytes", "System swap total bytes"),
+            ("system_swap_used_bytes", "swap_used_bytes", "System swap used bytes"),
+        ] {
+            if let Some(bytes) = g[field].as_f64() {
+                out.add(name, help, Kind::Gauge, labels.clone(), bytes);
+            }
+        }
+    }
+}
+
+/// A cumulative latency histogram in `LATENCY_BUCKETS`, from the runtime's fine
+/// buckets gained since `before`: each fine bucket (at most 3% wide) counts in the
+/// first bound at or above its midpoint, and adds its midpoint to the sum.
+pub fn latency_histogram(now: &[u64], before: Option<&[u64]>) -> Histogram {
+    let mut counts = [0u64; LATENCY_BUCKETS.len()];
+    let (mut count, mut sum) = (0u64, 0.0f64);
+    for (bucket, &n) in now.iter().enumerate() {
+        let gained = n.saturating_sub(before.and_then(|b| b.get(bucket).copied()).unwrap_or(0));
+        if gained == 0 {
+            continue;
+        }
+        let (low, high) = bucket_bounds(bucket);
+        let seconds = (low as f64 + (high - low) as f64 / 2.0) / 1e9;
+        count += gained;
+        sum += seconds * gained as f64;
+        if let Some(first) = LATENCY_BUCKETS.iter().position(|&le| seconds <= le) {
+            counts[first] += gained;
+        }
+    }
+    let mut cumulative = 0;
+    let buckets = counts
+        .iter()
+        .map(|&n| {
+            cumulative += n;
+            cumulative
+        })
+        .collect();
+    Histogram { buckets, count, sum }
+}
+
+/// A histogram's cumulative counts per `LATENCY_BUCKETS` bound (the `+Inf` bucket is
+/// `count`), with the number and sum of the observations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Histogram {
+    pub buckets: Vec<u64>,
+    pub count: u64,
+    pub sum: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Gauge,
+    Counter,
+}
+
+/// A series' labels, in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
+struct Labels(Vec<(&'static str, String)>);
+
+impl Labels {
+    fn with(mut self, name: &'static str, value: String) -> Labels {
+        self.0.push((name, value));
+        self
+    }
+}
+
+impl From<&Vec<(&'static str, String)>> for Labels {
+    fn from(labels: &Vec<(&'static str, String)>) -> Labels {
+        Labels(labels.clone())
+    }
+}
+
+/// How two samples of the same series (processes sharing a tag) combine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Combine {
+    Sum,
+    Max,
+}
+
+#[derive(Debug)]
+enum Sample {
+    Value(f64),
+    Histogram(Histogram),
+}
+
+#[derive(Debug)]
+struct Family {
+    name: String,
+    help: &'static str,
+    kind: MetricType,
+    combine: Combine,
+    samples: BTreeMap<Labels, Sample>,
+}
+
+/// The families of one exposition, in the order they were first added.
+#[derive(Debug, Default)]
+struct Families(Vec<Family>);
+
+impl Families {
+    fn family(&mut self, name: String, help: &'static str, kind: MetricType, combine: Combine) -> &mut Family {
+        let at = match self.0.iter().position(|f| f.name == name) {
+            Some(at) => at,
+            None => {
+                self.0.push(Family { name, help, kind, combine, samples: BTreeMap::new() });
+                self.0.len() - 1
+            }
+        };
+        &mut self.0[at]
+    }
+
+    fn add(&mut self, name: &str, help: &'static str, kind: Kind, labels: Labels, value: f64) {
+        self.add_named(name.to_string(), help, kind, labels, value);
+    }
+
+    fn add_named(&mut self, name: String, help: &'static str, kind: Kind, labels: Labels, value: f64) {
+        let kind = match kind {
+            Kind::Gauge => MetricType::GAUGE,
+            Kind::Counter => MetricType::COUNTER,
+        };
+        self.add_value(name, help, kind, Combine::Sum, labels, value);
+    }
+
+    fn add_max(&mut self, name: &str, help: &'static str, labels: Labels, value: f64) {
+        self.add_value(name.to_string(), help, MetricType::GAUGE, Combine::Max, labels, value);
+    }
+
+    fn add_value(
+        &mut self,
+        name: String,
+        help: &'static str,
+        kind: MetricType,
+        combine: Combine,
+        labels: Labels,
+        value: f64,
+    ) {
+        let family = self.family(name, help, kind, combine);
+        let combine = family.combine;
+        family
+            .samples
+            .entry(labels)
+            .and_modify(|s| {
+                if let Sample::Value(v) = s {
+                    *v = match combine {
+                        Combine::Sum => *v + value,
+                        Combine::Max => v.max(value),
+                    };
+                }
+            })
+            .or_insert(Sample::Value(value));
+    }
+
+    fn add_histogram(&mut self, name: &str, help: &'static str, labels: Labels, histogram: Histogram) {
+        let family = self.family(name.to_string(), help, MetricType::HISTOGRAM, Combine::Sum);
+        family
+            .samples
+            .entry(labels)
+            .and_modify(|s| {
+                if let Sample::Histogram(h) = s {
+                    h.buckets.iter_mut().zip(&histogram.buckets).for_each(|(a, b)| *a += b);
+                    h.count += histogram.count;
+                    h.sum += histogram.sum;
+                }
+            })
+            .or_insert_with(|| Sample::Histogram(histogram.clone()));
+    }
+
+    /// The text format, through the `prometheus` crate's encoder.
+    fn encode(self) -> String {
+        let families: Vec<proto::MetricFamily> = self
+            .0
+            .into_iter()
+            .filter(|f| !f.samples.is_empty())
+            .map(|f| {
+                let mut family = proto::MetricFamily::default();
+                family.set_name(f.name);
+                family.set_help(f.help.to_string());
+                family.set_field_type(f.kind);
+                let metrics = f
+                    .samples
+                    .into_iter()
+                    .map(|(labels, sample)| {
+                        let pairs = labels
+                            .0
+                            .into_iter()
+                            .map(|(name, value)| {
+                                let mut pair = proto::LabelPair::default();
+                                pair.set_name(name.to_string());
+                                pair.set_value(value);
+                                pair
+                            })
+                            .collect();
+                        let mut metric = proto::Metric::from_label(pairs);
+                        match (sample, f.kind) {
+                            (Sample::Value(v), MetricType::COUNTER) => {
+                                let mut counter = proto::Counter::default();
+                                counter.set_value(v);
+                                metric.set_counter(counter);
+                            }
+                            (Sample::Value(v), _) => {
+                                let mut gauge = proto::Gauge::default();
+                                gauge.set_value(v);
+                                metric.set_gauge(gauge);
+                            }
+                            (Sample::Histogram(h), _) => {
+                                let mut histogram = proto::Histogram::default();
+                                histogram.set_sample_count(h.count);
+                                histogram.set_sample_sum(h.sum);
+                                histogram.set_bucket(
+                                    LATENCY_BUCKETS
+                                        .iter()
+                                        .zip(&h.buckets)
+                                        .map(|(&le, &n)| {
+                                            let mut bucket = proto::Bucket::default();
+                                            bucket.set_upper_bound(le);
+                                            bucket.set_cumulative_count(n);
+                                            bucket
+                                        })
+                                        .collect(),
+                                );
+                                metric.set_histogram(histogram);
+                            }
+                        }
+                        metric
+                    })
+                    .collect();
+                family.set_metric(metrics);
+                family
+            })
+            .collect();
+        let mut text = String::new();
+        // Every family has a name and a sample, the only things the encoder checks.
+        if let Err(e) = prometheus::TextEncoder::new().encode_utf8(&families, &mut text) {
+            text = format!("# the exposition could not be encoded: {e}\n");
+        }
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use neuron_runtime::datastore::histogram::bucket_of;
+
+    #[test]
+    fn latency_histogram_counts_each_value_under_its_bound_and_only_what_was_gained() {
+        let mut before = vec![0u64; 1920];
+        let mut now = vec![0u64; 1920];
+        // 3 executions at 80 µs, 2 at 3 ms, 1 at 40 s (past every bound), one earlier.
+        now[bucket_of(80_000)] += 3;
+        now[bucket_of(3_000_000)] += 2;
+        now[bucket_of(40_000_000_000)] += 1;
+        now[bucket_of(1_000_000)] += 1;
+        before[bucket_of(1_000_000)] += 1;
+        let h = latency_histogram(&now, Some(&before));
+        assert_eq!(h.count, 6);
+        let le = |bound: f64| h.buckets[LATENCY_BUCKETS.iter().position(|&b| b == bound).expect("bound")];
+        assert_eq!(le(0.000_05), 0);
+        assert_eq!(le(0.000_1), 3);
+        assert_eq!(le(0.002_5), 3);
+        assert_eq!(le(0.005), 5);
+        assert_eq!(le(30.0), 5, "40 s is only in +Inf");
+        let expected = 3.0 * 80e-6 + 2.0 * 3e-3 + 40.0;
+        assert!((h.sum - expected).abs() / expected < 0.03, "{} vs {expected}", h.sum);
+    }
+
+    #[test]
+    fn series_of_processes_sharing_a_tag_add_up_and_percentiles_take_the_highest() {
+        let mut out = Families::default();
+        let labels = Labels::default().with("runtime_tag", "a".into());
+        out.add("execution_status_total", "h", Kind::Counter, labels.clone(), 2.0);
+        out.add("execution_status_total", "h", Kind::Counter, labels.clone(), 3.0);
+        out.add_max("execution_latency_seconds", "h", labels.clone(), 0.5);
+        out.add_max("execution_latency_seconds", "h", labels, 0.25);
+        let text = out.encode();
+        assert!(text.contains("execution_status_total{runtime_tag=\"a\"} 5\n"), "{text}");
+        assert!(text.contains("execution_latency_seconds{runtime_tag=\"a\"} 0.5\n"), "{text}");
+        assert!(text.contains("# TYPE execution_status_total counter\n"), "{text}");
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut out = Families::default();
+        out.add("m", "h", Kind::Gauge, Labels::default().with("runtime_tag", "a\"b\\c\nd".into()), 1.0);
+        assert!(out.encode().contains(r#"m{runtime_tag="a\"b\\c\nd"} 1"#));
+    }
+}

@@ -1,0 +1,360 @@
+//! `neuron-monitor --prometheus-listen` end to end: a real Prometheus server (Debian's
+//! `prometheus` package) scrapes the exporter while a tagged workload of known size
+//! runs, and its HTTP API must give back what the workload did. The exposition passes
+//! `promtool check metrics`, and the Grafana dashboard queries only exported metrics.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use regex::Regex;
+use serde_json::Value;
+
+const MONITOR: &str = env!("CARGO_BIN_EXE_neuron-monitor");
+const BENCH: &str = env!("CARGO_BIN_EXE_neuron-bench");
+const TAG: &str = "prom-e2e";
+
+/// Kills a child process when dropped, so that a failed assertion leaves nothing behind.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A tool CI installs; outside CI a missing tool skips that part with a note.
+fn tool(name: &str) -> Option<PathBuf> {
+    let found = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(std::env::var_os("CI").is_none(), "{name} is not installed (.ci/run installs Debian's prometheus)");
+        eprintln!("note: {name} is not installed; that part of the test is skipped (apt-get install prometheus)");
+    }
+    found
+}
+
+/// `GET path` over HTTP/1.0: the status code and the body.
+fn get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connects");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, body.to_string())
+}
+
+/// Percent-encodes a query-string value.
+fn encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// An instant PromQL query: each result's labels and value.
+fn query(prometheus: SocketAddr, promql: &str) -> Vec<(Value, f64)> {
+    let (status, body) = get(prometheus, &format!("/api/v1/query?query={}", encode(promql)));
+    assert_eq!(status, 200, "{promql}: {body}");
+    let answer: Value = serde_json::from_str(&body).expect("JSON");
+    answer["data"]["result"]
+        .as_array()
+        .expect("a vector")
+        .iter()
+        .map(|r| (r["metric"].clone(), r["value"][1].as_str().and_then(|v| v.parse().ok()).expect("a value")))
+        .collect()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+}
+
+/// The names of the samples in an exposition.
+fn sample_names(exposition: &str) -> BTreeSet<String> {
+    exposition
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The metric names a PromQL expression selects: what is left once label matchers,
+/// ranges, strings, grouping clauses and function calls are taken out.
+fn queried_metrics(expr: &str) -> BTreeSet<String> {
+    let mut rest = expr.to_string();
+    for pattern in
+        [r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", r"\{[^}]*\}", r"\[[^\]]*\]", r#""[^"]*""#]
+    {
+        rest = Regex::new(pattern).expect("regex").replace_all(&rest, " ").into_owned();
+    }
+    let keywords = ["and", "or", "unless", "bool", "offset"];
+    Regex::new(r"[A-Za-z_:][A-Za-z0-9_:]*(\s*\()?")
+        .expect("regex")
+        .captures_iter(&rest)
+        .filter(|c| c.get(1).is_none())
+        .map(|c| c[0].to_string())
+        .filter(|name| !keywords.contains(&name.as_str()))
+        .collect()
+}
+
+#[test]
+fn queried_metrics_finds_the_selected_names_only() {
+    let expr = r#"histogram_quantile(0.99, sum by (runtime_tag, le) (rate(neuron_execution_latency_seconds_bucket{runtime_tag=~"$runtime_tag"}[$__rate_interval]))) > 0 or on (x) up"#;
+    assert_eq!(queried_metrics(expr), BTreeSet::from(["neuron_execution_latency_seconds_bucket".into(), "up".into()]));
+}
+
+#[test]
+fn prometheus_scrapes_the_exporter_while_a_workload_runs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let datastores = dir.path().join("datastores");
+    std::fs::create_dir(&datastores).expect("dir");
+    std::fs::set_permissions(&datastores, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("private");
+    let env = |c: &mut Command| {
+        c.env("NEURON_VIRT_LOCK_DIR", dir.path())
+            .env("NEURON_VIRT_DATASTORE_DIR", &datastores)
+            .env_remove("NEURON_RT_VISIBLE_CORES")
+            .env_remove("NEURON_RT_NUM_CORES");
+    };
+    let config = dir.path().join("monitor.json");
+    std::fs::write(
+        &config,
+        r#"{"period": "500ms", "neuron_runtimes": [{"tag_filter": ".*", "metrics": [
+             {"type": "neuroncore_counters"}, {"type": "execution_stats"}, {"type": "memory_used"},
+             {"type": "neuron_runtime_vcpu_usage"}]}],
+           "system_metrics": [{"type": "vcpu_usage"}, {"type": "memory_info"}, {"type": "neuron_hw_counters"}]}"#,
+    )
+    .expect("config");
+
+    // The exporter, on a free loopback port it prints.
+    let mut monitor = Command::new(MONITOR);
+    env(&mut monitor);
+    let mut monitor = Running(
+        monitor
+            .arg("-c")
+            .arg(&config)
+            .args(["--prometheus-listen", "0", "--no-stdout"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("monitor"),
+    );
+    let mut stderr = BufReader::new(monitor.0.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    stderr.read_line(&mut line).expect("the address line");
+    let exporter: SocketAddr = Regex::new(r"http://([0-9.:]+)/metrics")
+        .expect("regex")
+        .captures(&line)
+        .and_then(|c| c[1].parse().ok())
+        .unwrap_or_else(|| panic!("no address in {line:?}"));
+    assert!(exporter.ip().is_loopback(), "a port alone listens on loopback: {exporter}");
+
+    // A real Prometheus server scraping it every 200 ms: each report (every 500 ms) is
+    // scraped at least twice.
+    let prometheus_bin = tool("prometheus");
+    let prometheus_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let _prometheus = prometheus_bin.as_ref().map(|bin| {
+        let yml = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &yml,
+            format!(
+                "global:\n  scrape_interval: 200ms\n  scrape_timeout: 150ms\nscrape_configs:\n  - job_name: neuron\n    static_configs:\n      - targets: ['{exporter}']\n"
+            ),
+        )
+        .expect("prometheus.yml");
+        Running(
+            Command::new(bin)
+                .arg(format!("--config.file={}", yml.display()))
+                .arg(format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()))
+                .arg(format!("--web.listen-address={prometheus_addr}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("prometheus"),
+        )
+    });
+
+    // Ready, and scraping the exporter, before the workload starts.
+    if prometheus_bin.is_some() {
+        let started = Instant::now();
+        loop {
+            let up = TcpStream::connect(prometheus_addr).is_ok()
+                && get(prometheus_addr, "/-/ready").0 == 200
+                && query(prometheus_addr, "up{job=\"neuron\"}").iter().any(|(_, v)| *v == 1.0);
+            if up {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(60), "Prometheus never scraped the exporter");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    // A tagged workload of a known size on two cores: 60 executions each, every third
+    // on core 0 failing with an out-of-bounds access (20 of them).
+    let mlp = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp.hlo");
+    let mut bench = Command::new(BENCH);
+    env(&mut bench);
+    let mut bench = Running(
+        bench
+            .env("NEURON_PROCESS_TAG", TAG)
+            .env("NEURON_RT_FAULT_INJECT", "oob:core=0:every=3")
+            .args(["exec", mlp.to_str().expect("utf-8"), "--cores", "0-1", "--iterations", "60"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("bench"),
+    );
+
+    // While it runs: the exposition has the workload's series, passes promtool, and
+    // holds every metric the Grafana dashboard queries.
+    let started = Instant::now();
+    let exposition = loop {
+        let (status, body) = get(exporter, "/metrics");
+        if status == 200 && body.contains("neuroncore_utilization_ratio{") && body.contains(TAG) {
+            let busy = body
+                .lines()
+                .any(|l| l.starts_with("neuroncore_utilization_ratio{") && l.contains(TAG) && !l.ends_with(" 0"));
+            if busy && body.contains("execution_latency_seconds{") {
+                break body;
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "the workload never showed up busy:\n{body}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    if let Some(promtool) = tool("promtool") {
+        check_with_promtool(&promtool, &exposition);
+    }
+    check_dashboard(&exposition);
+
+    assert_eq!(bench.0.wait().expect("bench ends").code(), Some(1), "the injected faults fail executions");
+
+    // Once it has exited, its series disappear from the exposition.
+    let started = Instant::now();
+    loop {
+        let (status, body) = get(exporter, "/metrics");
+        assert_eq!(status, 200);
+        if !body.contains(TAG) {
+            assert!(body.contains("system_memory_total_bytes"), "{body}");
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "the exited runtime's series stay:\n{body}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let Some(_) = prometheus_bin else { return };
+    // What Prometheus stored. The last scrape before the runtime exited holds its final
+    // counts; the series are stale since, so look back over a range.
+    let counts = |promql: &str| -> Vec<(String, f64)> {
+        let mut out: Vec<(String, f64)> = query(prometheus_addr, promql)
+            .into_iter()
+            .map(|(labels, v)| {
+                let key = ["status_type", "error_type", "neuroncore"]
+                    .iter()
+                    .find_map(|k| labels[k].as_str())
+                    .unwrap_or("")
+                    .to_string();
+                (key, v)
+            })
+            .filter(|(_, v)| *v > 0.0)
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    };
+    let started = Instant::now();
+    let status = loop {
+        let status = counts(&format!("max_over_time(execution_status_total{{runtime_tag=\"{TAG}\"}}[5m])"));
+        let total: f64 = status.iter().map(|(_, v)| v).sum();
+        if total >= 120.0 {
+            break status;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "Prometheus has {status:?}");
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    assert_eq!(status, [("completed".to_string(), 100.0), ("completed_with_err".to_string(), 20.0)]);
+    let errors = counts(&format!("max_over_time(execution_errors_total{{runtime_tag=\"{TAG}\"}}[5m])"));
+    assert_eq!(errors, [("model".to_string(), 20.0)]);
+    let utilisation = counts(&format!("max_over_time(neuroncore_utilization_ratio{{runtime_tag=\"{TAG}\"}}[5m])"));
+    assert_eq!(utilisation.iter().map(|(core, _)| core.as_str()).collect::<Vec<_>>(), ["0", "1"], "{utilisation:?}");
+    assert!(utilisation.iter().all(|(_, v)| *v > 0.0 && *v <= 1.0), "{utilisation:?}");
+    let histogram =
+        counts(&format!("max_over_time(neuron_execution_latency_seconds_count{{runtime_tag=\"{TAG}\"}}[5m])"));
+    assert_eq!(histogram, [("0".to_string(), 60.0), ("1".to_string(), 60.0)], "every execution has a latency");
+    // Now: no live series of the exited runtime.
+    let started = Instant::now();
+    while !query(prometheus_addr, &format!("execution_status_total{{runtime_tag=\"{TAG}\"}}")).is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(10), "the exited runtime's series stay live in Prometheus");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(!query(prometheus_addr, "system_memory_total_bytes").is_empty());
+}
+
+/// `promtool check metrics`: no parse error, and no lint finding but the one on
+/// `system_vcpu_count`, a name the ecosystem's dashboards need that promtool's
+/// naming rules (a `_count` suffix outside histograms) dislike.
+fn check_with_promtool(promtool: &Path, exposition: &str) {
+    let run = |text: &str| {
+        let mut child = Command::new(promtool)
+            .args(["check", "metrics"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("promtool");
+        child.stdin.take().expect("stdin").write_all(text.as_bytes()).expect("write");
+        let out = child.wait_with_output().expect("promtool ends");
+        (out.status.code(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+    };
+    let (code, findings) = run(exposition);
+    let findings: Vec<&str> = findings.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(
+        findings.iter().all(|f| f.starts_with("system_vcpu_count ")),
+        "promtool check metrics (exit {code:?}): {findings:?}"
+    );
+    let without: String =
+        exposition.lines().filter(|l| !l.contains("system_vcpu_count")).map(|l| format!("{l}\n")).collect();
+    let (code, findings) = run(&without);
+    assert_eq!(code, Some(0), "promtool check metrics: {findings}");
+}
+
+/// Every metric the Grafana dashboard (and its variables) queries is in `exposition`.
+fn check_dashboard(exposition: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../grafana/neuron-monitor.json");
+    let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("dashboard")).expect("JSON");
+    let exported = sample_names(exposition);
+    let mut ids = BTreeSet::new();
+    let mut queried = BTreeSet::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        assert!(ids.insert(panel["id"].as_u64().expect("an id")), "panel ids are unique: {panel}");
+        assert!(panel["gridPos"]["w"].as_u64().is_some(), "{panel}");
+        if panel["type"] == "row" {
+            continue;
+        }
+        let targets = panel["targets"].as_array().expect("targets");
+        assert!(!targets.is_empty(), "{}", panel["title"]);
+        for target in targets {
+            queried.extend(queried_metrics(target["expr"].as_str().expect("expr")));
+        }
+    }
+    let label_values = Regex::new(r"label_values\((\w+)").expect("regex");
+    for variable in dashboard["templating"]["list"].as_array().expect("variables") {
+        if let Some(q) = variable["definition"].as_str() {
+            let metric = label_values.captures(q).map(|c| c[1].to_string());
+            queried.extend(metric);
+        }
+    }
+    assert!(queried.len() >= 15, "{queried:?}");
+    let missing: Vec<&String> = queried.difference(&exported).collect();
+    assert!(missing.is_empty(), "the dashboard queries metrics that are not exported: {missing:?}");
+}
