@@ -9,7 +9,7 @@
 //! lost. Processes that share a tag share their series: counts, memory and CPU add up;
 //! a latency percentile is the highest of theirs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use neuron_runtime::datastore::Snapshot;
 use neuron_runtime::datastore::histogram::bucket_bounds;
@@ -46,9 +46,9 @@ pub struct RuntimeCounters<'a> {
 /// The exposition of one report. `ecc_total` is each device's ECC events since the
 /// monitor started (mem corrected, mem uncorrected, sram corrected, sram uncorrected).
 pub fn exposition(report: &Value, runtimes: &[RuntimeCounters<'_>], ecc_total: &[[u64; 4]]) -> String {
-    let mut out = Families::default();
-    let instance = instance_labels(&report["instance_info"]);
-    let info = Labels::from(&instance);
+    // Every series carries the instance's labels.
+    let mut out = Families::new(instance_labels(&report["instance_info"]));
+    let info = Labels::default();
     out.add("instance_info", "EC2 instance information", Kind::Gauge, info.clone(), 1.0);
     let hardware = &report["neuron_hardware_info"];
     let mut labels = info.clone();
@@ -67,7 +67,7 @@ pub fn exposition(report: &Value, runtimes: &[RuntimeCounters<'_>], ecc_total: &
         "neuron_monitor_build_info",
         "neuron-monitor's version (constant 1)",
         Kind::Gauge,
-        Labels::default().with("version", env!("CARGO_PKG_VERSION").to_string()),
+        info.clone().with("version", env!("CARGO_PKG_VERSION").to_string()),
         1.0,
     );
 
@@ -338,12 +338,6 @@ impl Labels {
     }
 }
 
-impl From<&Vec<(&'static str, String)>> for Labels {
-    fn from(labels: &Vec<(&'static str, String)>) -> Labels {
-        Labels(labels.clone())
-    }
-}
-
 /// How two samples of the same series (processes sharing a tag) combine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Combine {
@@ -366,20 +360,30 @@ struct Family {
     samples: BTreeMap<Labels, Sample>,
 }
 
-/// The families of one exposition, in the order they were first added.
+/// The families of one exposition, in the order they were first added, and the labels
+/// every series starts with.
 #[derive(Debug, Default)]
-struct Families(Vec<Family>);
+struct Families {
+    families: Vec<Family>,
+    index: HashMap<String, usize>,
+    common: Vec<(&'static str, String)>,
+}
 
 impl Families {
+    fn new(common: Vec<(&'static str, String)>) -> Families {
+        Families { common, ..Families::default() }
+    }
+
     fn family(&mut self, name: String, help: &'static str, kind: MetricType, combine: Combine) -> &mut Family {
-        let at = match self.0.iter().position(|f| f.name == name) {
-            Some(at) => at,
+        let at = match self.index.get(&name) {
+            Some(&at) => at,
             None => {
-                self.0.push(Family { name, help, kind, combine, samples: BTreeMap::new() });
-                self.0.len() - 1
+                self.index.insert(name.clone(), self.families.len());
+                self.families.push(Family { name, help, kind, combine, samples: BTreeMap::new() });
+                self.families.len() - 1
             }
         };
-        &mut self.0[at]
+        &mut self.families[at]
     }
 
     fn add(&mut self, name: &str, help: &'static str, kind: Kind, labels: Labels, value: f64) {
@@ -440,8 +444,9 @@ impl Families {
 
     /// The text format, through the `prometheus` crate's encoder.
     fn encode(self) -> String {
+        let common = self.common;
         let families: Vec<proto::MetricFamily> = self
-            .0
+            .families
             .into_iter()
             .filter(|f| !f.samples.is_empty())
             .map(|f| {
@@ -453,9 +458,10 @@ impl Families {
                     .samples
                     .into_iter()
                     .map(|(labels, sample)| {
-                        let pairs = labels
-                            .0
-                            .into_iter()
+                        let pairs = common
+                            .iter()
+                            .cloned()
+                            .chain(labels.0)
                             .map(|(name, value)| {
                                 let mut pair = proto::LabelPair::default();
                                 pair.set_name(name.to_string());

@@ -296,35 +296,37 @@ fn add_buckets(sum: &mut Vec<u64>, buckets: &[u64]) {
 /// Latencies above this (an hour) count as this in percentiles.
 const MAX_LATENCY_NS: u64 = 3_600_000_000_000;
 
-/// Percentiles of the bucket counts gained from `before` to `now`, through an
-/// HdrHistogram fed with each bucket's midpoint.
+/// Percentiles of the bucket counts gained from `before` to `now`, read straight off the
+/// buckets: a percentile is the midpoint of the bucket holding its rank (buckets are at
+/// most about 3% wide). `None` when nothing was gained.
 fn percentiles(now: &[u64], before: Option<&[u64]>) -> Option<LatencyPercentiles> {
-    // Bounded: `saturating_record_n` does not grow an auto-resizing histogram, it
-    // clamps to the highest value it tracks so far.
-    let mut histogram = hdrhistogram::Histogram::<u64>::new_with_bounds(1, MAX_LATENCY_NS, 3).ok()?;
-    let mut count = 0;
-    for (bucket, &n) in now.iter().enumerate() {
-        let gained = n.saturating_sub(before.and_then(|b| b.get(bucket).copied()).unwrap_or(0));
-        if gained > 0 {
-            let (low, high) = histogram::bucket_bounds(bucket);
-            histogram.saturating_record_n(low + (high - low) / 2, gained);
-            count += gained;
-        }
-    }
+    let gained = |bucket: usize| now[bucket].saturating_sub(before.and_then(|b| b.get(bucket).copied()).unwrap_or(0));
+    let count: u64 = (0..now.len()).map(gained).sum();
     if count == 0 {
         return None;
     }
-    let at = |q: f64| histogram.value_at_quantile(q) as f64 / 1e9;
-    Some(LatencyPercentiles {
-        p0: histogram.min() as f64 / 1e9,
-        p1: at(0.01),
-        p25: at(0.25),
-        p50: at(0.50),
-        p75: at(0.75),
-        p99: at(0.99),
-        p100: histogram.max() as f64 / 1e9,
-        count,
-    })
+    let seconds = |bucket: usize| {
+        let (low, high) = histogram::bucket_bounds(bucket);
+        (low + (high - low) / 2).min(MAX_LATENCY_NS) as f64 / 1e9
+    };
+    // The ranks wanted, in increasing order: the value at quantile q is the one with
+    // rank ceil(q × count), at least 1.
+    const QUANTILES: [f64; 7] = [0.0, 0.01, 0.25, 0.50, 0.75, 0.99, 1.0];
+    let ranks = QUANTILES.map(|q| ((q * count as f64).ceil() as u64).clamp(1, count));
+    let mut values = [0.0; 7];
+    let (mut next, mut seen) = (0, 0u64);
+    for bucket in 0..now.len() {
+        seen += gained(bucket);
+        while next < ranks.len() && seen >= ranks[next] {
+            values[next] = seconds(bucket);
+            next += 1;
+        }
+        if next == ranks.len() {
+            break;
+        }
+    }
+    let [p0, p1, p25, p50, p75, p99, p100] = values;
+    Some(LatencyPercentiles { p0, p1, p25, p50, p75, p99, p100, count })
 }
 
 /// A loaded model, from the models table.
@@ -948,4 +950,30 @@ pub(crate) fn converter_of(region: &Region, fallback_ns_per_tick: f64) -> TickCo
         }
     }
     TickConverter::new(first, latest, fallback_ns_per_tick)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_read_off_the_buckets_gained() {
+        let mut now = vec![0u64; histogram::BUCKETS];
+        // 1 µs, 2 µs, …, 100 µs, once each, and an older 5 s one already counted before.
+        for us in 1..=100u64 {
+            now[histogram::bucket_of(us * 1000)] += 1;
+        }
+        let mut before = vec![0u64; histogram::BUCKETS];
+        now[histogram::bucket_of(5_000_000_000)] += 1;
+        before[histogram::bucket_of(5_000_000_000)] += 1;
+        let p = percentiles(&now, Some(&before)).expect("gained");
+        assert_eq!(p.count, 100);
+        let near = |value: f64, us: f64| (value - us * 1e-6).abs() <= us * 1e-6 * 0.035;
+        for (value, us) in
+            [(p.p0, 1.0), (p.p1, 1.0), (p.p25, 25.0), (p.p50, 50.0), (p.p75, 75.0), (p.p99, 99.0), (p.p100, 100.0)]
+        {
+            assert!(near(value, us), "{value} for {us} µs in {p:?}");
+        }
+        assert_eq!(percentiles(&before, Some(&before)), None, "nothing gained");
+    }
 }
