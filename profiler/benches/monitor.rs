@@ -19,8 +19,13 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use support::{Running, Sandbox};
+
+#[path = "../tests/support/mod.rs"]
+mod support;
 
 const MONITOR: &str = env!("CARGO_BIN_EXE_neuron-monitor");
 const BENCH: &str = env!("CARGO_BIN_EXE_neuron-bench");
@@ -29,16 +34,6 @@ const NODE_EXPORTER: &str = "prometheus-node-exporter";
 const WORKLOADS: u32 = 4;
 const WARM_UP: Duration = Duration::from_secs(5);
 const WINDOW: Duration = Duration::from_secs(60);
-
-/// Kills a child process when dropped.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A process's CPU time so far (all its threads), in nanoseconds.
 fn cpu_ns(pid: u32) -> u64 {
@@ -85,18 +80,9 @@ struct Measured {
 }
 
 fn main() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let datastores = dir.path().join("datastores");
-    std::fs::create_dir(&datastores).expect("dir");
-    std::fs::set_permissions(&datastores, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("private");
+    let sandbox = Sandbox::new();
     let env = |c: &mut Command| {
-        c.env("NEURON_VIRT_LOCK_DIR", dir.path())
-            .env("NEURON_VIRT_DATASTORE_DIR", &datastores)
-            .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge")
-            .env_remove("NEURON_RT_VISIBLE_CORES")
-            .env_remove("NEURON_RT_NUM_CORES")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+        sandbox.env(c).env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge").stdout(Stdio::null()).stderr(Stdio::null());
     };
     let mlp = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp.hlo");
     let seconds = (WARM_UP + WINDOW).as_secs() + 30;
@@ -117,16 +103,8 @@ fn main() {
         })
         .collect();
 
-    let config = dir.path().join("monitor.json");
-    std::fs::write(
-        &config,
-        r#"{"period": "1s", "neuron_runtimes": [{"tag_filter": ".*", "metrics": [
-             {"type": "neuroncore_counters"}, {"type": "execution_stats"}, {"type": "memory_used"},
-             {"type": "neuron_runtime_vcpu_usage"}]}],
-           "system_metrics": [{"type": "vcpu_usage"}, {"type": "memory_info"}, {"type": "neuron_hw_counters"}]}"#,
-    )
-    .expect("config");
-    let reports = dir.path().join("reports.jsonl");
+    let config = sandbox.every_group_config("1s");
+    let reports = sandbox.path().join("reports.jsonl");
     let mut json = Command::new(MONITOR);
     env(&mut json);
     let json = Running(

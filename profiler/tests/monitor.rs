@@ -7,6 +7,9 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use support::Sandbox;
+
+mod support;
 
 const MONITOR: &str = env!("CARGO_BIN_EXE_neuron-monitor");
 const BENCH: &str = env!("CARGO_BIN_EXE_neuron-bench");
@@ -38,11 +41,8 @@ fn an_invalid_configuration_exits_1_naming_the_field_and_value() {
 
 #[test]
 fn reports_follow_a_workload_from_start_to_exit() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let datastores = dir.path().join("datastores");
-    std::fs::create_dir(&datastores).expect("dir");
-    std::fs::set_permissions(&datastores, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("private");
-    let config = dir.path().join("monitor.json");
+    let sandbox = Sandbox::new();
+    let config = sandbox.path().join("monitor.json");
     std::fs::write(
         &config,
         r#"{"period": "300ms", "neuron_runtimes": [{"tag_filter": "^train", "metrics": [
@@ -51,16 +51,9 @@ fn reports_follow_a_workload_from_start_to_exit() {
            "system_metrics": [{"type": "vcpu_usage"}, {"type": "memory_info"}, {"type": "neuron_hw_counters", "period": "600ms"}]}"#,
     )
     .expect("config");
-    let env = |c: &mut Command| {
-        c.env("NEURON_VIRT_LOCK_DIR", dir.path())
-            .env("NEURON_VIRT_DATASTORE_DIR", &datastores)
-            .env_remove("NEURON_RT_VISIBLE_CORES")
-            .env_remove("NEURON_RT_NUM_CORES");
-    };
-    let mut monitor = Command::new(MONITOR);
-    env(&mut monitor);
     let started = Instant::now();
-    let mut monitor = monitor.arg("-c").arg(&config).stdout(Stdio::piped()).spawn().expect("monitor");
+    let mut monitor =
+        sandbox.env(&mut Command::new(MONITOR)).arg("-c").arg(&config).stdout(Stdio::piped()).spawn().expect("monitor");
     let mut lines = BufReader::new(monitor.stdout.take().expect("stdout")).lines();
     let first = lines.next().expect("a first report").expect("a line");
     assert!(started.elapsed() < Duration::from_secs(10), "the first report comes at once");
@@ -73,9 +66,8 @@ fn reports_follow_a_workload_from_start_to_exit() {
     // out-of-bounds access, and an untagged one the filter leaves out.
     let iterations = 40;
     let mlp = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp.hlo");
-    let mut tagged = Command::new(BENCH);
-    env(&mut tagged);
-    let mut tagged = tagged
+    let mut tagged = sandbox
+        .env(&mut Command::new(BENCH))
         .env("NEURON_PROCESS_TAG", "trainer-1")
         .env("NEURON_RT_FAULT_INJECT", "oob:core=0:every=3")
         .args(["exec", mlp.to_str().expect("utf-8"), "--cores", "0", "--iterations", &iterations.to_string()])
@@ -83,9 +75,8 @@ fn reports_follow_a_workload_from_start_to_exit() {
         .stderr(Stdio::null())
         .spawn()
         .expect("bench");
-    let mut untagged = Command::new(BENCH);
-    env(&mut untagged);
-    let mut untagged = untagged
+    let mut untagged = sandbox
+        .env(&mut Command::new(BENCH))
         .args(["exec", mlp.to_str().expect("utf-8"), "--cores", "1", "--duration", "2s"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

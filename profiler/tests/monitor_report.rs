@@ -10,6 +10,9 @@ use neuron_runtime::datastore::DatastoreReader;
 use neuron_runtime::trace::clock::monotonic_ns;
 use neuron_runtime::{Config, Runtime};
 use serde_json::Value;
+use support::Sandbox;
+
+mod support;
 
 fn sample(reader: &DatastoreReader) -> RuntimeSample {
     RuntimeSample {
@@ -29,13 +32,10 @@ fn host() -> HostSample {
 
 #[test]
 fn every_group_reports_what_ran_between_two_samples() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let datastores = dir.path().join("datastores");
-    std::fs::create_dir(&datastores).expect("dir");
-    std::fs::set_permissions(&datastores, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("private");
+    let sandbox = Sandbox::new();
     let config = Config::from_lookup(|name| match name {
-        "NEURON_VIRT_LOCK_DIR" => Some(dir.path().to_string_lossy().into_owned()),
-        "NEURON_VIRT_DATASTORE_DIR" => Some(datastores.to_string_lossy().into_owned()),
+        "NEURON_VIRT_LOCK_DIR" => Some(sandbox.path().to_string_lossy().into_owned()),
+        "NEURON_VIRT_DATASTORE_DIR" => Some(sandbox.datastores.to_string_lossy().into_owned()),
         "NEURON_RT_VISIBLE_CORES" => Some("0".into()),
         _ => None,
     })

@@ -7,25 +7,18 @@ use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use regex::Regex;
 use serde_json::Value;
+use support::{Running, Sandbox};
+
+mod support;
 
 const MONITOR: &str = env!("CARGO_BIN_EXE_neuron-monitor");
 const BENCH: &str = env!("CARGO_BIN_EXE_neuron-bench");
 const TAG: &str = "prom-e2e";
-
-/// Kills a child process when dropped, so that a failed assertion leaves nothing behind.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// A tool CI installs; outside CI a missing tool skips that part with a note.
 fn tool(name: &str) -> Option<PathBuf> {
@@ -118,31 +111,14 @@ fn queried_metrics_finds_the_selected_names_only() {
 
 #[test]
 fn prometheus_scrapes_the_exporter_while_a_workload_runs() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let datastores = dir.path().join("datastores");
-    std::fs::create_dir(&datastores).expect("dir");
-    std::fs::set_permissions(&datastores, std::os::unix::fs::PermissionsExt::from_mode(0o700)).expect("private");
-    let env = |c: &mut Command| {
-        c.env("NEURON_VIRT_LOCK_DIR", dir.path())
-            .env("NEURON_VIRT_DATASTORE_DIR", &datastores)
-            .env_remove("NEURON_RT_VISIBLE_CORES")
-            .env_remove("NEURON_RT_NUM_CORES");
-    };
-    let config = dir.path().join("monitor.json");
-    std::fs::write(
-        &config,
-        r#"{"period": "500ms", "neuron_runtimes": [{"tag_filter": ".*", "metrics": [
-             {"type": "neuroncore_counters"}, {"type": "execution_stats"}, {"type": "memory_used"},
-             {"type": "neuron_runtime_vcpu_usage"}]}],
-           "system_metrics": [{"type": "vcpu_usage"}, {"type": "memory_info"}, {"type": "neuron_hw_counters"}]}"#,
-    )
-    .expect("config");
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path();
+    let config = sandbox.every_group_config("500ms");
 
     // The exporter, on a free loopback port it prints.
-    let mut monitor = Command::new(MONITOR);
-    env(&mut monitor);
     let mut monitor = Running(
-        monitor
+        sandbox
+            .env(&mut Command::new(MONITOR))
             .arg("-c")
             .arg(&config)
             .args(["--prometheus-listen", "0", "--no-stdout"])
@@ -166,7 +142,7 @@ fn prometheus_scrapes_the_exporter_while_a_workload_runs() {
     let prometheus_bin = tool("prometheus");
     let prometheus_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let _prometheus = prometheus_bin.as_ref().map(|bin| {
-        let yml = dir.path().join("prometheus.yml");
+        let yml = dir.join("prometheus.yml");
         std::fs::write(
             &yml,
             format!(
@@ -177,7 +153,7 @@ fn prometheus_scrapes_the_exporter_while_a_workload_runs() {
         Running(
             Command::new(bin)
                 .arg(format!("--config.file={}", yml.display()))
-                .arg(format!("--storage.tsdb.path={}", dir.path().join("tsdb").display()))
+                .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
                 .arg(format!("--web.listen-address={prometheus_addr}"))
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -204,10 +180,9 @@ fn prometheus_scrapes_the_exporter_while_a_workload_runs() {
     // A tagged workload of a known size on two cores: 60 executions each, every third
     // on core 0 failing with an out-of-bounds access (20 of them).
     let mlp = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp.hlo");
-    let mut bench = Command::new(BENCH);
-    env(&mut bench);
     let mut bench = Running(
-        bench
+        sandbox
+            .env(&mut Command::new(BENCH))
             .env("NEURON_PROCESS_TAG", TAG)
             .env("NEURON_RT_FAULT_INJECT", "oob:core=0:every=3")
             .args(["exec", mlp.to_str().expect("utf-8"), "--cores", "0-1", "--iterations", "60"])
