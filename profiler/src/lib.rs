@@ -1,16 +1,11 @@
 //! Shared pieces of the command-line tools: loading models from HLO or NEFF files,
 //! NumPy `.npy` input and output, latency statistics and log setup.
 
-pub mod host;
-pub mod monitor;
-pub mod monitor_config;
 pub mod npy;
-pub mod prometheus;
 pub mod record;
 pub mod stats;
 
 use std::path::Path;
-use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use neuron_runtime::config::LogLevel;
@@ -119,26 +114,6 @@ pub fn read_inputs(pairs: &[(&str, &str)], program: &Program) -> Result<Vec<Opti
 /// The model name a file stands for: its stem (`mlp` for `models/mlp.hlo`).
 pub fn model_name(path: &Path) -> String {
     path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
-}
-
-/// Parses a duration: `10s`, `500ms`, `2m`, `1.5h`, `250us`; a bare number is seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 =
-        number.parse().map_err(|_| format!("`{text}` is not a duration; use forms like 10s, 500ms, 2m"))?;
-    let seconds = match unit.trim() {
-        "" | "s" => value,
-        "ms" => value / 1e3,
-        "us" | "µs" => value / 1e6,
-        "m" | "min" => value * 60.0,
-        "h" => value * 3600.0,
-        other => {
-            return Err(format!("unknown unit `{other}` in `{text}`; use ms, s, m or h"));
-        }
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|_| format!("`{text}` is not a valid duration"))
 }
 
 /// Formats a count with thousands separators: `12,345,678`.

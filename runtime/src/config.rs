@@ -379,6 +379,26 @@ impl Config {
     }
 }
 
+/// Parses a duration: `10s`, `500ms`, `2m`, `1.5h`, `250us`; a bare number is seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 =
+        number.parse().map_err(|_| format!("`{text}` is not a duration; use forms like 10s, 500ms, 2m"))?;
+    let seconds = match unit.trim() {
+        "" | "s" => value,
+        "ms" => value / 1e3,
+        "us" | "µs" => value / 1e6,
+        "m" | "min" => value * 60.0,
+        "h" => value * 3600.0,
+        other => {
+            return Err(format!("unknown unit `{other}` in `{text}`; use ms, s, m or h"));
+        }
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|_| format!("`{text}` is not a valid duration"))
+}
+
 fn parse_bool(value: &str) -> Option<bool> {
     match value.trim().to_ascii_lowercase().as_str() {
         "1" | "true" | "yes" | "on" => Some(true),
@@ -405,6 +425,20 @@ fn default_host_threads() -> usize {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+
+    #[test]
+    fn durations_take_the_units_people_write() {
+        let ok = |text: &str| parse_duration(text).map(|d| d.as_secs_f64());
+        assert_eq!(ok("10s"), Ok(10.0));
+        assert_eq!(ok("500ms"), Ok(0.5));
+        assert_eq!(ok("250us"), Ok(0.000_25));
+        assert_eq!(ok("2m"), Ok(120.0));
+        assert_eq!(ok("1.5h"), Ok(5400.0));
+        assert_eq!(ok(" 3 "), Ok(3.0), "a bare number is seconds");
+        assert!(parse_duration("5 parsecs").is_err_and(|e| e.contains("unknown unit")));
+        assert!(parse_duration("soon").is_err_and(|e| e.contains("is not a duration")));
+        assert!(parse_duration("1e400s").is_err());
+    }
 
     fn config(vars: &[(&str, &str)]) -> NrtResult<Config> {
         let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();

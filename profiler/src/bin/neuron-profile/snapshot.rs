@@ -22,7 +22,7 @@ pub(crate) struct SnapshotArgs {
     #[arg(short = 'o', long, value_name = "OUT.ntff")]
     output: Option<PathBuf>,
     /// Only the events of the last DURATION (e.g. 10s, 500ms); default: all the rings hold.
-    #[arg(long, value_name = "DURATION", value_parser = neuron_profiler::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = neuron_runtime::config::parse_duration)]
     last: Option<Duration>,
     /// Directory of the runtimes' datastores (default: the per-user directory).
     #[arg(long, env = "NEURON_VIRT_DATASTORE_DIR")]

@@ -1,11 +1,37 @@
-//! Shared by the tests and benchmarks that run real runtime processes: a private
-//! sandbox for their core reservations and datastores, a child process killed when
-//! dropped, and a `neuron-monitor` configuration of every metric group.
+//! Shared by the tests and benchmarks that run real runtime processes: the workload
+//! runner, a private sandbox for their core reservations and datastores, a child
+//! process killed when dropped, and a `neuron-monitor` configuration of every metric
+//! group.
 #![allow(dead_code, unreachable_pub)]
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::OnceLock;
+
+/// The workspace's `neuron-bench`, built in the profile these tests or benchmarks were
+/// built in. It belongs to another package, so Cargo does not build it for them; this
+/// asks Cargo once per run, which does nothing when it is up to date.
+pub fn neuron_bench() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+            cargo
+                .args(["build", "--quiet", "-p", "neuron-profiler", "--bin", "neuron-bench"])
+                .current_dir(env!("CARGO_MANIFEST_DIR"));
+            if !cfg!(debug_assertions) {
+                cargo.arg("--release");
+            }
+            let status = cargo.status().expect("runs cargo");
+            assert!(status.success(), "cannot build neuron-bench");
+            // This executable is target/<profile>/deps/<name>; the binaries are one up.
+            let exe = std::env::current_exe().expect("the test executable");
+            let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
+            profile_dir.join("neuron-bench")
+        })
+        .clone()
+}
 
 /// A temporary directory holding core reservations and a private datastore directory,
 /// so that processes started in it see only each other.

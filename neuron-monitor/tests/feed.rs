@@ -12,10 +12,9 @@ use support::Sandbox;
 mod support;
 
 const MONITOR: &str = env!("CARGO_BIN_EXE_neuron-monitor");
-const BENCH: &str = env!("CARGO_BIN_EXE_neuron-bench");
 
 fn golden_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/monitor_config")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/config")
 }
 
 #[test]
@@ -41,6 +40,8 @@ fn an_invalid_configuration_exits_1_naming_the_field_and_value() {
 
 #[test]
 fn reports_follow_a_workload_from_start_to_exit() {
+    // Built before anything is timed.
+    let bench_exe = support::neuron_bench();
     let sandbox = Sandbox::new();
     let config = sandbox.path().join("monitor.json");
     std::fs::write(
@@ -67,7 +68,7 @@ fn reports_follow_a_workload_from_start_to_exit() {
     let iterations = 40;
     let mlp = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp.hlo");
     let mut tagged = sandbox
-        .env(&mut Command::new(BENCH))
+        .env(&mut Command::new(&bench_exe))
         .env("NEURON_PROCESS_TAG", "trainer-1")
         .env("NEURON_RT_FAULT_INJECT", "oob:core=0:every=3")
         .args(["exec", mlp.to_str().expect("utf-8"), "--cores", "0", "--iterations", &iterations.to_string()])
@@ -76,7 +77,7 @@ fn reports_follow_a_workload_from_start_to_exit() {
         .spawn()
         .expect("bench");
     let mut untagged = sandbox
-        .env(&mut Command::new(BENCH))
+        .env(&mut Command::new(&bench_exe))
         .args(["exec", mlp.to_str().expect("utf-8"), "--cores", "1", "--duration", "2s"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

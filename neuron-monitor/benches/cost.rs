@@ -14,7 +14,7 @@
 //! CPU time is the sum of the process's threads' run time (`/proc/PID/task/*/schedstat`,
 //! nanoseconds) over the window; memory is `VmRSS` at the end and `VmHWM` (the peak).
 //!
-//! Run: `cargo bench -p neuron-profiler --bench monitor`. Results go in BENCHMARKS.md.
+//! Run: `cargo bench -p neuron-monitor --bench cost`. Results go in BENCHMARKS.md.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -28,7 +28,6 @@ use support::{Running, Sandbox};
 mod support;
 
 const MONITOR: &str = env!("CARGO_BIN_EXE_neuron-monitor");
-const BENCH: &str = env!("CARGO_BIN_EXE_neuron-bench");
 const NODE_EXPORTER: &str = "prometheus-node-exporter";
 
 const WORKLOADS: u32 = 4;
@@ -80,6 +79,7 @@ struct Measured {
 }
 
 fn main() {
+    let bench_exe = support::neuron_bench();
     let sandbox = Sandbox::new();
     let env = |c: &mut Command| {
         sandbox.env(c).env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge").stdout(Stdio::null()).stderr(Stdio::null());
@@ -88,7 +88,7 @@ fn main() {
     let seconds = (WARM_UP + WINDOW).as_secs() + 30;
     let _workloads: Vec<Running> = (0..WORKLOADS)
         .map(|k| {
-            let mut c = Command::new(BENCH);
+            let mut c = Command::new(&bench_exe);
             env(&mut c);
             let cores = format!("{}-{}", 2 * k, 2 * k + 1);
             c.env("NEURON_PROCESS_TAG", format!("bench-{k}")).args([

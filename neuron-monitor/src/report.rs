@@ -8,8 +8,8 @@ use neuron_runtime::memory::{DeviceCategory, HostCategory};
 use neuron_runtime::trace::{ErrorClass, ExecOutcome};
 use serde_json::{Map, Value, json};
 
+use crate::config::{RuntimeGroup, SystemGroup};
 use crate::host::{CpuStat, MemoryInfo, ProcessCpu};
-use crate::monitor_config::{RuntimeGroup, SystemGroup};
 
 /// One look at a runtime process.
 #[derive(Debug, Clone)]

@@ -17,7 +17,6 @@ use support::{Running, Sandbox};
 mod support;
 
 const MONITOR: &str = env!("CARGO_BIN_EXE_neuron-monitor");
-const BENCH: &str = env!("CARGO_BIN_EXE_neuron-bench");
 const TAG: &str = "prom-e2e";
 
 /// A tool CI installs; outside CI a missing tool skips that part with a note.
@@ -111,6 +110,8 @@ fn queried_metrics_finds_the_selected_names_only() {
 
 #[test]
 fn prometheus_scrapes_the_exporter_while_a_workload_runs() {
+    // Built before anything is timed.
+    let bench_exe = support::neuron_bench();
     let sandbox = Sandbox::new();
     let dir = sandbox.path();
     let config = sandbox.every_group_config("500ms");
@@ -182,7 +183,7 @@ fn prometheus_scrapes_the_exporter_while_a_workload_runs() {
     let mlp = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp.hlo");
     let mut bench = Running(
         sandbox
-            .env(&mut Command::new(BENCH))
+            .env(&mut Command::new(&bench_exe))
             .env("NEURON_PROCESS_TAG", TAG)
             .env("NEURON_RT_FAULT_INJECT", "oob:core=0:every=3")
             .args(["exec", mlp.to_str().expect("utf-8"), "--cores", "0-1", "--iterations", "60"])

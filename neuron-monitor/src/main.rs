@@ -16,10 +16,10 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use clap::Parser;
-use neuron_profiler::host::{CpuStat, MemoryInfo, ProcessCpu, clock_ticks_per_second};
-use neuron_profiler::monitor::{CpuClock, HostSample, RuntimeSample, runtime_group, system_group};
-use neuron_profiler::monitor_config::{Group, MonitorConfig, RuntimeGroup, SystemGroup};
-use neuron_profiler::prometheus::{self, RuntimeCounters};
+use neuron_monitor::config::{Group, MonitorConfig, RuntimeGroup, SystemGroup};
+use neuron_monitor::host::{CpuStat, MemoryInfo, ProcessCpu, clock_ticks_per_second};
+use neuron_monitor::prometheus::{self, RuntimeCounters};
+use neuron_monitor::report::{CpuClock, HostSample, RuntimeSample, runtime_group, system_group};
 use neuron_runtime::Config;
 use neuron_runtime::datastore::{DatastoreReader, Liveness, Snapshot, discover_new};
 use neuron_runtime::topology::Topology;
@@ -55,7 +55,6 @@ struct Cli {
 }
 
 fn main() -> ExitCode {
-    neuron_profiler::exit_quietly_on_closed_pipe();
     let cli = Cli::parse();
     let config = match &cli.config {
         None => MonitorConfig::default(),
@@ -180,10 +179,15 @@ fn run(cli: &Cli, config: &MonitorConfig, server: Option<&MetricsServer>) -> Res
                 server.publish(monitor.exposition(&report));
             }
             if !cli.no_stdout {
+                let mut line = serde_json::to_vec(&report)?;
+                line.push(b'\n');
                 let mut out = stdout.lock();
-                serde_json::to_writer(&mut out, &report)?;
-                out.write_all(b"\n")?;
-                out.flush()?;
+                match out.write_all(&line).and_then(|()| out.flush()) {
+                    Ok(()) => {}
+                    // The reader went away (`neuron-monitor | head`): nothing left to do.
+                    Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => return Ok(()),
+                    Err(e) => return Err(e).context("cannot write the report"),
+                }
             }
             monitor.forget_exited();
             if cli.once {

@@ -1,14 +1,14 @@
 //! Golden files: each invalid `neuron-monitor` configuration under
-//! `tests/data/monitor_config/NAME.json` is refused with the message in `NAME.err`,
+//! `tests/data/config/NAME.json` is refused with the message in `NAME.err`,
 //! which names the field and the value at fault.
 
 use std::path::Path;
 
-use neuron_profiler::monitor_config::MonitorConfig;
+use neuron_monitor::config::MonitorConfig;
 
 #[test]
 fn invalid_configurations_are_refused_with_their_golden_message() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/monitor_config");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/config");
     let mut cases: Vec<_> = std::fs::read_dir(&dir)
         .expect("golden directory")
         .map(|e| e.expect("entry").path())
@@ -37,7 +37,7 @@ fn invalid_configurations_are_refused_with_their_golden_message() {
 #[test]
 #[ignore = "a helper for writing golden files"]
 fn print_messages() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/monitor_config");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/config");
     let mut cases: Vec<_> = std::fs::read_dir(&dir).expect("dir").map(|e| e.expect("entry").path()).collect();
     cases.sort();
     for case in cases.iter().filter(|p| p.extension().is_some_and(|e| e == "json")) {

@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
-use neuron_profiler::host::{CpuStat, MemoryInfo, ProcessCpu, clock_ticks_per_second};
-use neuron_profiler::monitor::{CpuClock, HostSample, RuntimeSample, runtime_group, system_group};
-use neuron_profiler::monitor_config::{RuntimeGroup, SystemGroup};
+use neuron_monitor::config::{RuntimeGroup, SystemGroup};
+use neuron_monitor::host::{CpuStat, MemoryInfo, ProcessCpu, clock_ticks_per_second};
+use neuron_monitor::report::{CpuClock, HostSample, RuntimeSample, runtime_group, system_group};
 use neuron_runtime::datastore::DatastoreReader;
 use neuron_runtime::trace::clock::monotonic_ns;
 use neuron_runtime::{Config, Runtime};
