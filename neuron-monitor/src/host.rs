@@ -20,7 +20,7 @@ pub struct CpuTimes {
 }
 
 impl CpuTimes {
-    fn total(&self) -> u64 {
+    pub fn total(&self) -> u64 {
         self.user + self.nice + self.system + self.idle + self.io_wait + self.irq + self.soft_irq + self.steal
     }
 

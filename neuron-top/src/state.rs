@@ -1,0 +1,240 @@
+//! The UI's state: the latest snapshot and what the user chose to look at. Pure: actions
+//! and new snapshots go in, nothing comes out but the state; drawing reads it.
+
+use std::collections::BTreeSet;
+
+use crate::input::Action;
+use crate::model::{DeviceMemory, Runtime, Snapshot};
+
+/// A node of the memory tree that can be expanded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum NodeId {
+    Device(u32),
+    Core(u32),
+    /// A model, by its core and model id.
+    Model(u32, u32),
+}
+
+/// One line of the memory tree.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TreeRow {
+    /// `None` for a category line, which has no children.
+    pub node: Option<NodeId>,
+    pub depth: u16,
+    pub label: String,
+    pub expanded: bool,
+    pub model_id: Option<u32>,
+    pub device_bytes: Option<u64>,
+    pub host_bytes: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    pub snapshot: Snapshot,
+    /// The runtime of the selected tab, by pid; `None` for `[1]:all`.
+    pub selected: Option<u32>,
+    pub show_help: bool,
+    /// Core bars show TFLOPS instead of utilisation.
+    pub flops: bool,
+    /// The selected line of the memory tree.
+    pub cursor: usize,
+    /// Nodes the user expanded (devices start expanded, so for them: collapsed).
+    toggled: BTreeSet<NodeId>,
+    pub quit: bool,
+}
+
+impl State {
+    pub fn new(snapshot: Snapshot) -> State {
+        State { snapshot, ..State::default() }
+    }
+
+    /// Takes a new snapshot, staying on the same runtime if it is still there.
+    pub fn update(&mut self, snapshot: Snapshot) {
+        self.snapshot = snapshot;
+        if let Some(pid) = self.selected
+            && !self.snapshot.runtimes.iter().any(|r| r.pid == pid)
+        {
+            self.selected = None;
+        }
+        self.cursor = self.cursor.min(self.tree().len().saturating_sub(1));
+    }
+
+    pub fn apply(&mut self, action: Action) {
+        if self.show_help {
+            match action {
+                Action::Quit => self.quit = true,
+                Action::ToggleHelp | Action::CloseHelp => self.show_help = false,
+                _ => {}
+            }
+            return;
+        }
+        let tabs = self.snapshot.runtimes.len() + 1;
+        match action {
+            Action::Quit => self.quit = true,
+            Action::ToggleHelp => self.show_help = true,
+            Action::CloseHelp => {}
+            Action::PreviousTab => self.select_tab((self.tab() + tabs - 1) % tabs),
+            Action::NextTab => self.select_tab((self.tab() + 1) % tabs),
+            Action::SelectTab(n) => {
+                if (1..=tabs).contains(&(n as usize)) {
+                    self.select_tab(n as usize - 1);
+                }
+            }
+            Action::Up => self.cursor = self.cursor.saturating_sub(1),
+            Action::Down => self.cursor = (self.cursor + 1).min(self.tree().len().saturating_sub(1)),
+            Action::Collapse | Action::Expand | Action::ToggleNode => {
+                if let Some(row) = self.tree().get(self.cursor)
+                    && let Some(node) = row.node
+                {
+                    let want = match action {
+                        Action::Collapse => false,
+                        Action::Expand => true,
+                        _ => !row.expanded,
+                    };
+                    if want != row.expanded {
+                        self.flip(node);
+                    }
+                }
+            }
+            Action::ToggleAll => {
+                let rows = self.all_nodes();
+                let all_open = rows.iter().all(|n| self.is_expanded(*n));
+                for node in rows {
+                    if self.is_expanded(node) == all_open {
+                        self.flip(node);
+                    }
+                }
+            }
+            Action::ToggleFlops => self.flops = !self.flops,
+        }
+        self.cursor = self.cursor.min(self.tree().len().saturating_sub(1));
+    }
+
+    /// The selected tab: 0 for all, then one per runtime in snapshot order.
+    pub fn tab(&self) -> usize {
+        self.selected.and_then(|pid| self.snapshot.runtimes.iter().position(|r| r.pid == pid)).map_or(0, |i| i + 1)
+    }
+
+    fn select_tab(&mut self, tab: usize) {
+        self.selected = tab.checked_sub(1).and_then(|i| self.snapshot.runtimes.get(i)).map(|r| r.pid);
+        self.cursor = 0;
+    }
+
+    /// The runtimes the selected tab shows.
+    pub fn runtimes(&self) -> Vec<&Runtime> {
+        self.snapshot.runtimes.iter().filter(|r| self.selected.is_none_or(|pid| r.pid == pid)).collect()
+    }
+
+    fn is_expanded(&self, node: NodeId) -> bool {
+        let by_default = matches!(node, NodeId::Device(_));
+        by_default != self.toggled.contains(&node)
+    }
+
+    fn flip(&mut self, node: NodeId) {
+        if !self.toggled.remove(&node) {
+            self.toggled.insert(node);
+        }
+    }
+
+    /// Every expandable node of the selected runtimes, expanded or not.
+    fn all_nodes(&self) -> Vec<NodeId> {
+        let mut nodes = BTreeSet::new();
+        for runtime in self.runtimes() {
+            for core in &runtime.cores {
+                nodes.insert(NodeId::Device(core.device));
+                nodes.insert(NodeId::Core(core.index));
+            }
+            for model in &runtime.models {
+                nodes.insert(NodeId::Model(model.core, model.model_id));
+            }
+        }
+        nodes.into_iter().collect()
+    }
+
+    /// The memory tree as shown: devices, their cores, each core's categories and
+    /// models, each model's categories, as far as they are expanded. A device's figures
+    /// are the sums of its cores'; a core's, the sums of its categories.
+    pub fn tree(&self) -> Vec<TreeRow> {
+        let runtimes = self.runtimes();
+        let mut devices: Vec<u32> = runtimes.iter().flat_map(|r| r.cores.iter().map(|c| c.device)).collect();
+        devices.sort_unstable();
+        devices.dedup();
+        let categories = |rows: &mut Vec<TreeRow>, memory: &DeviceMemory, depth: u16| {
+            for (name, bytes) in memory.categories() {
+                rows.push(TreeRow {
+                    node: None,
+                    depth,
+                    label: name.to_string(),
+                    expanded: false,
+                    model_id: None,
+                    device_bytes: Some(bytes),
+                    host_bytes: None,
+                });
+            }
+        };
+        let mut rows = Vec::new();
+        for device in devices {
+            let cores: Vec<_> = runtimes
+                .iter()
+                .flat_map(|r| r.cores.iter().map(move |c| (r, c)))
+                .filter(|(_, c)| c.device == device)
+                .collect();
+            let mut total = DeviceMemory::default();
+            cores.iter().for_each(|(_, c)| total.add(&c.device_memory));
+            let host: u64 = cores
+                .iter()
+                .flat_map(|(r, c)| r.models.iter().filter(move |m| m.core == c.index))
+                .map(|m| m.host_memory)
+                .sum();
+            let node = NodeId::Device(device);
+            let open = self.is_expanded(node);
+            rows.push(TreeRow {
+                node: Some(node),
+                depth: 0,
+                label: format!("ND{device} (sum of {} core{})", cores.len(), if cores.len() == 1 { "" } else { "s" }),
+                expanded: open,
+                model_id: None,
+                device_bytes: Some(total.total()),
+                host_bytes: Some(host),
+            });
+            if !open {
+                continue;
+            }
+            for (runtime, core) in cores {
+                let node = NodeId::Core(core.index);
+                let open = self.is_expanded(node);
+                let models: Vec<_> = runtime.models.iter().filter(|m| m.core == core.index).collect();
+                rows.push(TreeRow {
+                    node: Some(node),
+                    depth: 1,
+                    label: format!("nc{} {} (sum)", core.index, runtime.tag),
+                    expanded: open,
+                    model_id: None,
+                    device_bytes: Some(core.device_memory.total()),
+                    host_bytes: Some(models.iter().map(|m| m.host_memory).sum()),
+                });
+                if !open {
+                    continue;
+                }
+                categories(&mut rows, &core.device_memory, 2);
+                for model in models {
+                    let node = NodeId::Model(model.core, model.model_id);
+                    let open = self.is_expanded(node);
+                    rows.push(TreeRow {
+                        node: Some(node),
+                        depth: 2,
+                        label: model.name.clone(),
+                        expanded: open,
+                        model_id: Some(model.model_id),
+                        device_bytes: Some(model.device_memory.total()),
+                        host_bytes: Some(model.host_memory),
+                    });
+                    if open {
+                        categories(&mut rows, &model.device_memory, 3);
+                    }
+                }
+            }
+        }
+        rows
+    }
+}

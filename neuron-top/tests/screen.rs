@@ -1,0 +1,253 @@
+//! The screen, drawn from a fixed snapshot into ratatui's `TestBackend`: snapshots at
+//! 80×24 and 160×48, in colour and without; every size down to 1×1 draws without
+//! panicking; and the keys, as a state machine.
+
+use neuron_top::input::Action;
+use neuron_top::model::{Core, CpuShare, DeviceMemory, HostMemory, Instance, Model, Runtime, Snapshot, System};
+use neuron_top::state::{NodeId, State};
+use neuron_top::view::{Theme, draw};
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+use ratatui::buffer::Buffer;
+use ratatui::style::Color;
+
+const MIB: u64 = 1024 * 1024;
+
+fn core(index: u32, utilization: f64, history: &[f64]) -> Core {
+    Core {
+        index,
+        device: index / 2,
+        utilization: Some(utilization),
+        flops_per_second: Some(utilization * 3.5e7),
+        executions_per_second: Some(utilization / 3.0),
+        latency_p50: Some(0.0271),
+        latency_p99: Some(0.0529),
+        history: history.to_vec(),
+        device_memory: DeviceMemory {
+            tensors: 4 * MIB + 262_144,
+            constants: 4,
+            model_code: 749,
+            runtime_memory: 448,
+            model_shared_scratchpad: 2 * MIB + 393_216,
+        },
+    }
+}
+
+fn model(core: u32, id: u32, name: &str) -> Model {
+    Model {
+        model_id: id,
+        name: name.into(),
+        core,
+        device_memory: DeviceMemory {
+            tensors: 2 * MIB,
+            constants: 4,
+            model_code: 749,
+            runtime_memory: 0,
+            model_shared_scratchpad: MIB,
+        },
+        host_memory: 749,
+    }
+}
+
+/// Two runtimes on a two-device instance: `train` busy on nc0 and nc1 with errors,
+/// an untagged one on nc2 that has just exited and whose figures are not measured.
+fn fixture() -> Snapshot {
+    Snapshot {
+        time: "12:34:56Z".into(),
+        instance: Instance {
+            instance_type: "trn1.32xlarge".into(),
+            device_count: 16,
+            cores_per_device: 2,
+            core_version: "v2".into(),
+        },
+        system: System {
+            vcpu: Some(CpuShare { user: 61.5, system: 4.25 }),
+            memory_total_bytes: Some(24 * 1024 * MIB),
+            memory_used_bytes: Some(1300 * MIB),
+        },
+        runtimes: vec![
+            Runtime {
+                pid: 1234,
+                tag: "train".into(),
+                exited: false,
+                vcpu: Some(CpuShare { user: 48.0, system: 1.5 }),
+                cores: vec![core(0, 97.25, &[10.0, 40.0, 80.0, 97.0, 99.0]), core(1, 45.5, &[0.0, 20.0, 45.0])],
+                host_memory: HostMemory { application_memory: 1498, constants: 0, dma_buffers: 65_536, tensors: 4096 },
+                models: vec![model(0, 1, "mlp"), model(1, 2, "attention")],
+                errors: [0, 0, 0, 13, 0, 2],
+                trace_events_per_second: Some(5234.0),
+                trace_events_dropped: 17,
+            },
+            Runtime {
+                pid: 4242,
+                tag: "4242".into(),
+                exited: true,
+                vcpu: None,
+                cores: vec![Core { index: 2, device: 1, utilization: None, ..Core::default() }],
+                host_memory: HostMemory::default(),
+                models: vec![],
+                errors: [0; 6],
+                trace_events_per_second: None,
+                trace_events_dropped: 0,
+            },
+        ],
+    }
+}
+
+fn render(state: &State, width: u16, height: u16, color: bool) -> Buffer {
+    let mut terminal = Terminal::new(TestBackend::new(width, height)).expect("terminal");
+    terminal.draw(|frame| draw(frame, state, Theme { color })).expect("draws");
+    terminal.backend().buffer().clone()
+}
+
+fn text(buffer: &Buffer) -> String {
+    (0..buffer.area.height)
+        .map(|y| (0..buffer.area.width).map(|x| buffer[(x, y)].symbol()).collect::<String>().trim_end().to_string())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn frames_at_80x24_and_160x48_in_colour_and_without() {
+    let state = State::new(fixture());
+    for (width, height) in [(80, 24), (160, 48)] {
+        for color in [true, false] {
+            let buffer = render(&state, width, height, color);
+            let name = format!("frame_{width}x{height}_{}", if color { "colour" } else { "no_color" });
+            insta::assert_snapshot!(name.clone(), format!("{buffer:?}"));
+            let colours = buffer.content.iter().filter(|c| c.fg != Color::Reset || c.bg != Color::Reset).count();
+            assert_eq!(colours > 0, color, "{name}: {colours} coloured cells");
+        }
+    }
+}
+
+#[test]
+fn the_screen_shows_what_the_snapshot_holds() {
+    let mut state = State::new(fixture());
+    let screen = text(&render(&state, 160, 48, false));
+    for expected in [
+        "NeuronCore v2 Utilization (Avg: 71.38%)",
+        "[1]:all [2]:train [3]:4242",
+        "97.25%",
+        "N/A",
+        "ND0 (sum of 2 cores)",
+        "model 13",
+        "hardware 2",
+        "5.2k events/s, 17 dropped",
+        "[user 61.5%, system 4.2%]",
+    ] {
+        assert!(screen.contains(expected), "{expected:?} missing from\n{screen}");
+    }
+    state.apply(Action::ToggleFlops);
+    let screen = text(&render(&state, 160, 48, false));
+    assert!(screen.contains("0.0034 TFLOPS"), "nc0's 3.4 GFLOP/s in the bar:\n{screen}");
+    assert!(!screen.contains("97.25%"), "{screen}");
+}
+
+#[test]
+fn the_help_screen_lists_every_key_of_the_table() {
+    let mut state = State::new(fixture());
+    state.apply(Action::ToggleHelp);
+    let buffer = render(&state, 80, 24, true);
+    insta::assert_snapshot!("help_80x24", text(&buffer));
+    let screen = text(&buffer);
+    for binding in neuron_top::input::BINDINGS {
+        assert!(screen.contains(binding.label), "{} missing from the help", binding.label);
+    }
+}
+
+#[test]
+fn every_size_draws_without_panicking() {
+    let mut state = State::new(fixture());
+    state.apply(Action::ToggleAll);
+    for width in (1..=100).step_by(3) {
+        for height in (1..=50).step_by(2) {
+            render(&state, width, height, true);
+        }
+    }
+    state.apply(Action::ToggleHelp);
+    for (width, height) in [(1, 1), (5, 3), (20, 6), (40, 10)] {
+        render(&state, width, height, false);
+    }
+    let narrow = text(&render(&State::new(fixture()), 40, 20, false));
+    assert!(narrow.contains('…'), "narrow lines are cut with an ellipsis:\n{narrow}");
+}
+
+#[test]
+fn tabs_follow_the_keys_and_their_runtime() {
+    let mut state = State::new(fixture());
+    assert_eq!(state.tab(), 0);
+    state.apply(Action::NextTab);
+    assert_eq!((state.tab(), state.selected), (1, Some(1234)));
+    state.apply(Action::NextTab);
+    state.apply(Action::NextTab);
+    assert_eq!(state.tab(), 0, "d wraps around");
+    state.apply(Action::PreviousTab);
+    assert_eq!(state.selected, Some(4242), "a wraps around");
+    state.apply(Action::SelectTab(2));
+    assert_eq!(state.selected, Some(1234));
+    state.apply(Action::SelectTab(9));
+    assert_eq!(state.selected, Some(1234), "a tab that does not exist changes nothing");
+    assert_eq!(state.runtimes().len(), 1);
+
+    // A new runtime before it: the tab stays on the same process.
+    let mut snapshot = fixture();
+    snapshot.runtimes.insert(0, Runtime { pid: 7, tag: "new".into(), ..Runtime::default() });
+    state.update(snapshot);
+    assert_eq!((state.tab(), state.selected), (2, Some(1234)));
+    // Its runtime gone: back to all.
+    let mut snapshot = fixture();
+    snapshot.runtimes.remove(0);
+    state.update(snapshot);
+    assert_eq!((state.tab(), state.selected), (0, None));
+}
+
+#[test]
+fn help_takes_the_keys_until_closed() {
+    let mut state = State::new(fixture());
+    state.apply(Action::ToggleHelp);
+    state.apply(Action::NextTab);
+    state.apply(Action::ToggleFlops);
+    assert_eq!((state.tab(), state.flops, state.show_help), (0, false, true), "keys do nothing under the help");
+    state.apply(Action::CloseHelp);
+    assert!(!state.show_help);
+    state.apply(Action::ToggleHelp);
+    state.apply(Action::ToggleHelp);
+    assert!(!state.show_help, "? closes it too");
+    state.apply(Action::ToggleHelp);
+    state.apply(Action::Quit);
+    assert!(state.quit, "q quits from the help");
+}
+
+#[test]
+fn the_memory_tree_expands_collapses_and_keeps_the_cursor_inside() {
+    let mut state = State::new(fixture());
+    let labels = |s: &State| s.tree().iter().map(|r| r.label.clone()).collect::<Vec<_>>();
+    // Devices start open, cores closed.
+    assert_eq!(
+        labels(&state),
+        ["ND0 (sum of 2 cores)", "nc0 train (sum)", "nc1 train (sum)", "ND1 (sum of 1 core)", "nc2 4242 (sum)"]
+    );
+    let nd0 = &state.tree()[0];
+    assert_eq!(nd0.device_bytes, Some(2 * fixture().runtimes[0].cores[0].device_memory.total()));
+    state.apply(Action::Down);
+    state.apply(Action::ToggleNode);
+    assert_eq!(state.tree()[1].node, Some(NodeId::Core(0)));
+    assert!(state.tree()[1].expanded);
+    assert_eq!(state.tree().len(), 5 + 5 + 1, "nc0's five categories and its model");
+    state.apply(Action::Collapse);
+    assert_eq!(state.tree().len(), 5);
+    state.apply(Action::Up);
+    state.apply(Action::Collapse);
+    assert_eq!(labels(&state), ["ND0 (sum of 2 cores)", "ND1 (sum of 1 core)", "nc2 4242 (sum)"]);
+    for _ in 0..10 {
+        state.apply(Action::Down);
+    }
+    assert_eq!(state.cursor, 2, "the cursor stops at the last line");
+    state.apply(Action::ToggleAll);
+    assert!(state.tree().iter().all(|r| r.node.is_none() || r.expanded), "x opens everything");
+    assert_eq!(state.tree().len(), 2 + 3 + 3 * 5 + 2 + 2 * 5);
+    state.apply(Action::ToggleAll);
+    assert_eq!(state.tree().len(), 2, "x again closes everything");
+    assert!(state.cursor < 2);
+}
