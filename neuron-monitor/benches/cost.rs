@@ -22,7 +22,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{Running, Sandbox};
+use support::{Running, Sandbox, cpu_ns, memory};
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -33,28 +33,6 @@ const NODE_EXPORTER: &str = "prometheus-node-exporter";
 const WORKLOADS: u32 = 4;
 const WARM_UP: Duration = Duration::from_secs(5);
 const WINDOW: Duration = Duration::from_secs(60);
-
-/// A process's CPU time so far (all its threads), in nanoseconds.
-fn cpu_ns(pid: u32) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
-    tasks
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
-        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-        .sum()
-}
-
-/// `VmRSS` and `VmHWM` in bytes.
-fn memory(pid: u32) -> (u64, u64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
-            .map_or(0, |kib| kib * 1024)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
 
 /// `GET /metrics`, the body's length (0 on failure).
 fn scrape(addr: SocketAddr) -> usize {

@@ -233,7 +233,12 @@ fn draw_cores(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
     }
     let columns = &all[..shown];
     let header = Row::new(columns.iter().map(|(name, _)| Cell::from(*name))).style(theme.label());
-    let rows = runtimes.iter().flat_map(|r| r.cores.iter().map(move |c| (*r, c))).map(|(runtime, core)| {
+    let cores: Vec<_> = runtimes.iter().flat_map(|r| r.cores.iter().map(move |c| (*r, c))).collect();
+    // When they do not all fit, the last line says how many are left out.
+    let room = area.height.saturating_sub(1) as usize;
+    let shown_cores = if cores.len() > room { room.saturating_sub(1) } else { cores.len() };
+    let hidden = cores.len() - shown_cores;
+    let rows = cores[..shown_cores].iter().map(|&(runtime, core)| {
         // The newest samples that fit.
         let fits = columns.get(6).map_or(0, |(_, w)| w.saturating_sub(1) as usize);
         let history: String =
@@ -251,7 +256,9 @@ fn draw_cores(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
         if runtime.exited { row.style(theme.dim()) } else { row }
     });
     let widths = columns.iter().map(|(_, w)| Constraint::Length(*w));
-    frame.render_widget(Table::new(rows, widths).header(header), area);
+    let more =
+        (hidden > 0).then(|| Row::new([Cell::from("…"), Cell::from(format!("{hidden} more"))]).style(theme.dim()));
+    frame.render_widget(Table::new(rows.chain(more), widths).header(header), area);
 }
 
 /// One history cell: a block whose height is the utilisation.

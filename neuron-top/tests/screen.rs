@@ -174,6 +174,17 @@ fn every_size_draws_without_panicking() {
 }
 
 #[test]
+fn cores_that_do_not_fit_are_counted() {
+    let mut snapshot = fixture();
+    snapshot.runtimes[0].cores = (0..12).map(|i| core(i, 50.0, &[50.0])).collect();
+    let screen = text(&render(&State::new(snapshot), 80, 24, false));
+    let shown = screen.lines().filter(|l| l.starts_with("nc")).count();
+    let line =
+        screen.lines().find(|l| l.starts_with('…')).unwrap_or_else(|| panic!("no count of the others:\n{screen}"));
+    assert_eq!(line.split_whitespace().nth(1), Some((13 - shown).to_string().as_str()), "{screen}");
+}
+
+#[test]
 fn tabs_follow_the_keys_and_their_runtime() {
     let mut state = State::new(fixture());
     assert_eq!(state.tab(), 0);

@@ -1,7 +1,7 @@
 //! Shared by the tests and benchmarks that run real runtime processes: the workload
 //! runner, a private sandbox for their core reservations and datastores, a child
-//! process killed when dropped, and a `neuron-monitor` configuration of every metric
-//! group.
+//! process killed when dropped, a `neuron-monitor` configuration of every metric group,
+//! and a process's CPU time and memory for the cost benchmarks.
 #![allow(dead_code, unreachable_pub)]
 
 use std::os::unix::fs::PermissionsExt;
@@ -87,4 +87,26 @@ impl Drop for Running {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// A process's CPU time so far (all its threads), in nanoseconds.
+pub fn cpu_ns(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// `VmRSS` and `VmHWM` in bytes.
+pub fn memory(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
+            .map_or(0, |kib| kib * 1024)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
 }
