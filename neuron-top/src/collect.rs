@@ -4,32 +4,34 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use neuron_monitor::host::{CpuStat, MemoryInfo, ProcessCpu, clock_ticks_per_second};
-use neuron_runtime::datastore::{CoreSnapshot, DatastoreReader, Delta, Liveness, Snapshot as Counters, discover_new};
+use neuron_runtime::datastore::{DatastoreReader, Delta, Liveness, Snapshot as Counters, discover_new};
 use neuron_runtime::memory::{DeviceCategory, HostCategory};
-use neuron_runtime::topology::Topology;
+use neuron_runtime::topology::{InstanceType, Topology};
 
 use crate::model::{Core, CpuShare, DeviceMemory, HostMemory, Instance, Model, Runtime, Snapshot, System};
 
 /// Utilisation samples kept per core for its history (two minutes at the default refresh).
 pub const HISTORY: usize = 120;
-/// Looks an exited runtime stays on screen (dimmed) before it is removed.
-const EXITED_LOOKS: u32 = 3;
+/// How long an exited runtime stays on screen (dimmed) before it is removed, at least
+/// one look.
+const EXITED_FOR: Duration = Duration::from_secs(3);
 
 #[derive(Debug)]
 struct Followed {
     reader: DatastoreReader,
     pid: u32,
     tag: String,
-    /// Counters when first seen, and at the previous look.
-    first: Counters,
+    /// The instance the runtime runs on, as it says.
+    topology: Option<Topology>,
+    /// Counters at the previous look.
     previous: Counters,
     cpu: Option<ProcessCpu>,
     history: BTreeMap<u32, VecDeque<f64>>,
-    /// Looks since the process was seen to exit.
-    exited_looks: Option<u32>,
+    /// When the process was seen to have exited.
+    exited_at: Option<Instant>,
     /// Not looked at yet since it was found: nothing to measure a rate over.
     fresh: bool,
 }
@@ -38,6 +40,7 @@ struct Followed {
 #[derive(Debug)]
 pub struct Collector {
     dir: PathBuf,
+    /// The instance when no runtime says which it runs on.
     topology: Topology,
     followed: BTreeMap<u32, Followed>,
     host_cpu: Option<CpuStat>,
@@ -61,22 +64,21 @@ impl Collector {
 
     /// Looks at every runtime and the host.
     pub fn sample(&mut self) -> Snapshot {
-        self.find_new();
+        // Runtimes shown as exited at the last look have had their time.
+        self.followed.retain(|_, f| f.exited_at.is_none_or(|at| at.elapsed() < EXITED_FOR));
+        let warnings = self.find_new();
         let system = self.system();
         let mut runtimes = Vec::new();
         for followed in self.followed.values_mut() {
             let now = followed.reader.snapshot();
-            if followed.exited_looks.is_none() && matches!(followed.reader.liveness(), Liveness::Exited(_)) {
-                followed.exited_looks = Some(0);
+            if followed.exited_at.is_none() && matches!(followed.reader.liveness(), Liveness::Exited(_)) {
+                followed.exited_at = Some(Instant::now());
             }
-            runtimes.push(runtime(followed, &now, self.ticks_per_second, self.cpus, self.topology.cores_per_device()));
+            let cores_per_device = followed.topology.as_ref().unwrap_or(&self.topology).cores_per_device();
+            runtimes.push(runtime(followed, &now, self.ticks_per_second, self.cpus, cores_per_device));
             followed.previous = now;
-            if let Some(looks) = &mut followed.exited_looks {
-                *looks += 1;
-            }
         }
-        self.followed.retain(|_, f| f.exited_looks.is_none_or(|n| n < EXITED_LOOKS));
-        let t = &self.topology;
+        let t = self.followed.values().find_map(|f| f.topology.as_ref()).unwrap_or(&self.topology);
         Snapshot {
             time: utc_time(),
             instance: Instance {
@@ -87,35 +89,48 @@ impl Collector {
             },
             system,
             runtimes,
+            warnings,
         }
     }
 
-    fn find_new(&mut self) {
+    /// Starts following the runtimes that appeared; what could not be read.
+    fn find_new(&mut self) -> Vec<String> {
         let known = |pid: u32| self.followed.contains_key(&pid);
-        let Ok(entries) = discover_new(&self.dir, &known) else { return };
+        let entries = match discover_new(&self.dir, &known) {
+            Ok(entries) => entries,
+            Err(e) => return vec![format!("cannot list the runtimes: {e}")],
+        };
+        let mut warnings = Vec::new();
         for entry in entries {
-            let Ok(reader) = entry.reader else { continue };
+            let reader = match entry.reader {
+                Ok(reader) => reader,
+                Err(e) => {
+                    warnings.push(format!("cannot read the runtime of pid {}: {e}", entry.pid));
+                    continue;
+                }
+            };
             if matches!(entry.liveness, Some(Liveness::Exited(_))) {
                 continue;
             }
             let info = reader.info();
-            let (pid, tag) = (info.pid, info.tag.clone().unwrap_or_else(|| info.pid.to_string()));
-            let first = reader.snapshot();
+            let (pid, tag) = (info.pid, info.label());
+            let topology = info.instance_type.parse::<InstanceType>().ok().map(|t| t.topology());
             self.followed.insert(
                 pid,
                 Followed {
                     pid,
                     tag,
-                    previous: first.clone(),
-                    first,
+                    topology,
+                    previous: reader.snapshot(),
                     cpu: ProcessCpu::read(pid).ok(),
                     history: BTreeMap::new(),
-                    exited_looks: None,
+                    exited_at: None,
                     fresh: true,
                     reader,
                 },
             );
         }
+        warnings
     }
 
     fn system(&mut self) -> System {
@@ -161,7 +176,8 @@ fn runtime(f: &mut Followed, now: &Counters, ticks_per_second: u64, cpus: usize,
                 device: c.core / cores_per_device.max(1),
                 utilization,
                 flops_per_second: d.filter(|_| measured).map(|d| d.flops_per_second),
-                executions_per_second: d.and_then(|d| rate(d.executions.0.iter().sum())),
+                // Executions that ran: not those refused as incorrect input or not queued.
+                executions_per_second: d.and_then(|d| rate(d.executions.0[..4].iter().sum())),
                 latency_p50: d.and_then(|d| d.total_latency.map(|l| l.p50)),
                 latency_p99: d.and_then(|d| d.total_latency.map(|l| l.p99)),
                 history: history.iter().copied().collect(),
@@ -171,9 +187,8 @@ fn runtime(f: &mut Followed, now: &Counters, ticks_per_second: u64, cpus: usize,
         .collect();
     let mut errors = [0u64; 6];
     for core in &now.cores {
-        let before = f.first.core(core.core);
-        for (k, total) in errors.iter_mut().enumerate() {
-            *total += core.errors.0[k].saturating_sub(before.map_or(0, |b: &CoreSnapshot| b.errors.0[k]));
+        for (total, n) in errors.iter_mut().zip(core.errors.0) {
+            *total += n;
         }
     }
     let ring_sum = |s: &Counters, dropped: bool| -> u64 {
@@ -193,7 +208,7 @@ fn runtime(f: &mut Followed, now: &Counters, ticks_per_second: u64, cpus: usize,
     Runtime {
         pid: f.pid,
         tag: f.tag.clone(),
-        exited: f.exited_looks.is_some(),
+        exited: f.exited_at.is_some(),
         vcpu,
         cores,
         host_memory: HostMemory {
@@ -216,7 +231,7 @@ fn runtime(f: &mut Followed, now: &Counters, ticks_per_second: u64, cpus: usize,
             .collect(),
         errors,
         trace_events_per_second: rate(ring_sum(now, false).saturating_sub(ring_sum(&f.previous, false))),
-        trace_events_dropped: ring_sum(now, true).saturating_sub(ring_sum(&f.first, true)),
+        trace_events_dropped: ring_sum(now, true),
     }
 }
 

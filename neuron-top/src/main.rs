@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use neuron_runtime::Config;
-use neuron_runtime::config::parse_duration;
+use neuron_runtime::config::{ENV_INSTANCE_TYPE, parse_duration};
+use neuron_runtime::datastore::default_dir;
+use neuron_runtime::topology::{DEFAULT_INSTANCE_TYPE, InstanceType};
 use neuron_top::collect::Collector;
 use neuron_top::state::State;
 use neuron_top::view::{self, Theme};
@@ -59,9 +60,13 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> Result<()> {
-    let config = Config::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let dir = cli.datastore_dir.clone().unwrap_or(config.datastore_dir);
-    let mut collector = Collector::new(dir, config.instance_type.topology());
+    let dir = cli.datastore_dir.clone().unwrap_or_else(default_dir);
+    // The instance when no runtime is there to say which it runs on.
+    let instance = match std::env::var(ENV_INSTANCE_TYPE) {
+        Ok(name) => name.parse::<InstanceType>().map_err(|e| anyhow::anyhow!("{ENV_INSTANCE_TYPE}: {e}"))?,
+        Err(_) => DEFAULT_INSTANCE_TYPE,
+    };
+    let mut collector = Collector::new(dir, instance.topology());
     let color = !cli.no_color && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let theme = Theme { color };
     if cli.once || cli.json {
@@ -81,6 +86,7 @@ fn run(cli: &Cli) -> Result<()> {
         };
     }
     let mut screen = term::enter().context("cannot take over the terminal")?;
+    term::leave_on_termination().context("cannot handle termination signals")?;
     let result = interactive(&mut screen, &mut collector, cli.refresh, theme);
     term::leave();
     result
@@ -88,7 +94,10 @@ fn run(cli: &Cli) -> Result<()> {
 
 /// The screen as text, at the terminal's size if there is one, else 120×40.
 fn plain_frame(state: &State, theme: Theme) -> Result<String> {
-    let (width, height) = ratatui::crossterm::terminal::size().unwrap_or((120, 40));
+    let (width, height) = match ratatui::crossterm::terminal::size() {
+        Ok((width, height)) if width > 0 && height > 0 => (width, height),
+        _ => (120, 40),
+    };
     let mut terminal = Terminal::new(TestBackend::new(width, height))?;
     terminal.draw(|frame| view::draw(frame, state, theme))?;
     let buffer = terminal.backend().buffer();

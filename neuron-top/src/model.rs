@@ -12,6 +12,9 @@ pub struct Snapshot {
     pub instance: Instance,
     pub system: System,
     pub runtimes: Vec<Runtime>,
+    /// What could not be read (a refused directory, a datastore that does not open),
+    /// so that a problem does not look like an idle host.
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -52,11 +55,12 @@ pub struct Runtime {
     /// Host memory by category: application memory, constants, DMA buffers, tensors.
     pub host_memory: HostMemory,
     pub models: Vec<Model>,
-    /// Errors by class since the process was first seen, in `ErrorClass` order.
+    /// Errors by class since the runtime started, in `ERROR_CLASSES` order.
+    #[serde(serialize_with = "by_class")]
     pub errors: [u64; 6],
     /// Trace events produced per second over the last interval.
     pub trace_events_per_second: Option<f64>,
-    /// Trace events lost (refused by a full ring) since the process was first seen.
+    /// Trace events lost (refused by a full ring) since the runtime started.
     pub trace_events_dropped: u64,
 }
 
@@ -140,3 +144,8 @@ pub struct Model {
 
 /// Error class names, in `ErrorClass` order.
 pub const ERROR_CLASSES: [&str; 6] = ["generic", "numerical", "transient", "model", "runtime", "hardware"];
+
+/// Errors as a map from class name to count.
+fn by_class<S: serde::Serializer>(errors: &[u64; 6], serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.collect_map(ERROR_CLASSES.iter().zip(errors))
+}

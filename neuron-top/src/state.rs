@@ -10,9 +10,11 @@ use crate::model::{DeviceMemory, Runtime, Snapshot};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum NodeId {
     Device(u32),
-    Core(u32),
-    /// A model, by its core and model id.
-    Model(u32, u32),
+    /// A core, by its runtime's pid and its index (a core freed by an exited runtime
+    /// may already belong to a new one).
+    Core(u32, u32),
+    /// A model, by its runtime's pid, core and model id.
+    Model(u32, u32, u32),
 }
 
 /// One line of the memory tree.
@@ -142,18 +144,19 @@ impl State {
         for runtime in self.runtimes() {
             for core in &runtime.cores {
                 nodes.insert(NodeId::Device(core.device));
-                nodes.insert(NodeId::Core(core.index));
+                nodes.insert(NodeId::Core(runtime.pid, core.index));
             }
             for model in &runtime.models {
-                nodes.insert(NodeId::Model(model.core, model.model_id));
+                nodes.insert(NodeId::Model(runtime.pid, model.core, model.model_id));
             }
         }
         nodes.into_iter().collect()
     }
 
     /// The memory tree as shown: devices, their cores, each core's categories and
-    /// models, each model's categories, as far as they are expanded. A device's figures
-    /// are the sums of its cores'; a core's, the sums of its categories.
+    /// models, each model's categories, as far as they are expanded. A device's device
+    /// memory is the sum of its cores'; a core's, the sum of its categories, which hold
+    /// its models' memory too. Host memory is the models'.
     pub fn tree(&self) -> Vec<TreeRow> {
         let runtimes = self.runtimes();
         let mut devices: Vec<u32> = runtimes.iter().flat_map(|r| r.cores.iter().map(|c| c.device)).collect();
@@ -181,11 +184,6 @@ impl State {
                 .collect();
             let mut total = DeviceMemory::default();
             cores.iter().for_each(|(_, c)| total.add(&c.device_memory));
-            let host: u64 = cores
-                .iter()
-                .flat_map(|(r, c)| r.models.iter().filter(move |m| m.core == c.index))
-                .map(|m| m.host_memory)
-                .sum();
             let node = NodeId::Device(device);
             let open = self.is_expanded(node);
             rows.push(TreeRow {
@@ -195,30 +193,30 @@ impl State {
                 expanded: open,
                 model_id: None,
                 device_bytes: Some(total.total()),
-                host_bytes: Some(host),
+                host_bytes: None,
             });
             if !open {
                 continue;
             }
             for (runtime, core) in cores {
-                let node = NodeId::Core(core.index);
+                let node = NodeId::Core(runtime.pid, core.index);
                 let open = self.is_expanded(node);
                 let models: Vec<_> = runtime.models.iter().filter(|m| m.core == core.index).collect();
                 rows.push(TreeRow {
                     node: Some(node),
                     depth: 1,
-                    label: format!("nc{} {} (sum)", core.index, runtime.tag),
+                    label: format!("nc{} {} (sum of categories)", core.index, runtime.tag),
                     expanded: open,
                     model_id: None,
                     device_bytes: Some(core.device_memory.total()),
-                    host_bytes: Some(models.iter().map(|m| m.host_memory).sum()),
+                    host_bytes: None,
                 });
                 if !open {
                     continue;
                 }
                 categories(&mut rows, &core.device_memory, 2);
                 for model in models {
-                    let node = NodeId::Model(model.core, model.model_id);
+                    let node = NodeId::Model(runtime.pid, model.core, model.model_id);
                     let open = self.is_expanded(node);
                     rows.push(TreeRow {
                         node: Some(node),

@@ -3,6 +3,7 @@
 
 use std::io::{Stdout, stdout};
 
+use nix::sys::signal::{SigSet, Signal};
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
 use ratatui::crossterm::cursor::Show;
@@ -31,4 +32,23 @@ pub fn enter() -> std::io::Result<Screen> {
 pub fn leave() {
     let _ = execute!(stdout(), Show, LeaveAlternateScreen);
     let _ = disable_raw_mode();
+}
+
+/// Gives the terminal back before exiting when the process is told to end (SIGTERM,
+/// SIGHUP, or SIGINT sent from elsewhere: Ctrl-C itself arrives as a key in raw mode).
+/// The signals are blocked in this thread, and so in the threads it starts, and a
+/// thread of their own waits for them. Call before starting other threads.
+pub fn leave_on_termination() -> std::io::Result<()> {
+    let mut signals = SigSet::empty();
+    for signal in [Signal::SIGTERM, Signal::SIGHUP, Signal::SIGINT] {
+        signals.add(signal);
+    }
+    signals.thread_block()?;
+    std::thread::Builder::new().name("signals".into()).spawn(move || {
+        if let Ok(signal) = signals.wait() {
+            leave();
+            std::process::exit(128 + signal as i32);
+        }
+    })?;
+    Ok(())
 }

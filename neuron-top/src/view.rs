@@ -63,14 +63,14 @@ pub fn draw(frame: &mut Frame, state: &State, theme: Theme) {
     let runtimes = state.runtimes();
     let devices = shown_devices(state);
     let cores: usize = runtimes.iter().map(|r| r.cores.len()).sum();
-    let fixed = 1 + 1 + (devices.len().max(1) as u16 + 2) + 4 + 1;
+    let fixed = 1 + 1 + (devices.len().max(1) as u16 + 2) + 5 + 1;
     let core_rows = (cores as u16 + 1).min(area.height.saturating_sub(fixed + 4) / 2).max(2);
     let [title, tabs, grid, core_table, summary, tree, footer] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Length(1),
         Constraint::Length(devices.len().max(1) as u16 + 2),
         Constraint::Length(core_rows),
-        Constraint::Length(4),
+        Constraint::Length(5),
         Constraint::Min(3),
         Constraint::Length(1),
     ])
@@ -81,7 +81,7 @@ pub fn draw(frame: &mut Frame, state: &State, theme: Theme) {
     draw_cores(frame, core_table, state, theme);
     draw_summary(frame, summary, state, theme);
     draw_tree(frame, tree, state, theme);
-    draw_footer(frame, footer, theme);
+    draw_footer(frame, footer, state, theme);
     if state.show_help {
         draw_help(frame, area, theme);
     }
@@ -138,13 +138,17 @@ fn shown_devices(state: &State) -> Vec<u32> {
 fn draw_grid(frame: &mut Frame, area: Rect, state: &State, devices: &[u32], theme: Theme) {
     let runtimes = state.runtimes();
     let cores: Vec<_> = runtimes.iter().flat_map(|r| r.cores.iter().map(move |c| (*r, c))).collect();
-    let measured: Vec<f64> = cores.iter().filter_map(|(_, c)| c.utilization).collect();
+    let measured: Vec<f64> = cores.iter().filter(|(r, _)| !r.exited).filter_map(|(_, c)| c.utilization).collect();
     let average = if measured.is_empty() {
         NA.to_string()
     } else {
         format!("{:.2}%", measured.iter().sum::<f64>() / measured.len() as f64)
     };
-    let title = format!(" NeuronCore {} Utilization (Avg: {average}) ", state.snapshot.instance.core_version);
+    let mut title = format!(" NeuronCore {} Utilization (Avg: {average}) ", state.snapshot.instance.core_version);
+    let idle = (state.snapshot.instance.device_count as usize).saturating_sub(devices.len());
+    if state.selected.is_none() && idle > 0 && !devices.is_empty() {
+        title.push_str(&format!("· {idle} more device{} idle ", plural(idle)));
+    }
     let block = Block::default().borders(Borders::ALL).title(Span::styled(fit(&title, area.width), theme.label()));
     let inner = block.inner(area);
     frame.render_widget(block, area);
@@ -167,7 +171,8 @@ fn draw_grid(frame: &mut Frame, area: Rect, state: &State, devices: &[u32], them
         let bar_width = (line.width.saturating_sub(5) / per_device as u16) as usize;
         for k in 0..per_device {
             let index = device * per_device + k;
-            let held = cores.iter().find(|(_, c)| c.index == index);
+            // A live runtime's core before an exited one's that held it.
+            let held = cores.iter().filter(|(_, c)| c.index == index).min_by_key(|(r, _)| r.exited);
             let (value, percent, dim) = match held {
                 Some((runtime, core)) => {
                     let value = if state.flops {
@@ -177,7 +182,7 @@ fn draw_grid(frame: &mut Frame, area: Rect, state: &State, devices: &[u32], them
                     };
                     (value, core.utilization, runtime.exited)
                 }
-                None => (None, None, true),
+                None => (Some("idle".to_string()), None, true),
             };
             spans.extend(bar(&format!("nc{index}"), value.as_deref(), percent, bar_width, dim, theme));
         }
@@ -307,7 +312,7 @@ fn draw_summary(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
         Line::from(vec![
             label("Host"),
             Span::raw(format!(
-                "{} used │ runtime {}: tensors {}, constants {}, DMA buffers {}, app memory {}",
+                "{} used │ runtimes {}: tensors {}, constants {}, DMA {}, app {}",
                 host_use,
                 bytes(host.total()),
                 bytes(host.tensors),
@@ -319,7 +324,7 @@ fn draw_summary(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
         Line::from(vec![
             label("Device"),
             Span::raw(format!(
-                "total {}: tensors {}, constants {}, model code {}, runtime memory {}, model scratchpad {}",
+                "{}: tensors {}, constants {}, code {}, runtime {}, scratchpad {}",
                 bytes(device.total()),
                 bytes(device.tensors),
                 bytes(device.constants),
@@ -336,13 +341,14 @@ fn draw_summary(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
                         .zip(errors)
                         .map(|(name, n)| Span::styled(format!("{name} {n}  "), theme.bad(n > 0))),
                 )
-                .chain([
-                    Span::raw("│ trace "),
-                    Span::raw(events.map_or(NA.to_string(), |e| format!("{} events/s, ", si(e)))),
-                    Span::styled(format!("{dropped} dropped"), theme.bad(dropped > 0)),
-                ])
                 .collect::<Vec<_>>(),
         ),
+        Line::from(vec![
+            label("Trace"),
+            Span::raw(format!("{} events/s, ", events.map_or(NA.to_string(), si))),
+            Span::styled(format!("{dropped} dropped"), theme.bad(dropped > 0)),
+            Span::raw(" (lost to every reader)"),
+        ]),
     ];
     let lines: Vec<Line> = lines.into_iter().map(|l| fit_line(l, area.width)).collect();
     frame.render_widget(Paragraph::new(lines), area);
@@ -388,9 +394,20 @@ fn draw_tree(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
     frame.render_widget(Table::new(body, widths).header(Row::new(header).style(theme.label())), area);
 }
 
-fn draw_footer(frame: &mut Frame, area: Rect, theme: Theme) {
-    let text = "q quit  ? help  a/d tabs  ↑↓ move  enter expand  x all  f TFLOPS";
-    frame.render_widget(Paragraph::new(Span::styled(fit(text, area.width), theme.dim())), area);
+/// The keys, or what could not be read.
+fn draw_footer(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
+    let line = match state.snapshot.warnings.first() {
+        Some(warning) => {
+            let more = state.snapshot.warnings.len() - 1;
+            let text = if more > 0 { format!("{warning} (and {more} more)") } else { warning.clone() };
+            Span::styled(fit(&format!("⚠ {text}"), area.width), theme.bad(true))
+        }
+        None => Span::styled(
+            fit("q quit  ? help  a/d tabs  ↑↓ move  enter expand  x all  f TFLOPS", area.width),
+            theme.dim(),
+        ),
+    };
+    frame.render_widget(Paragraph::new(line), area);
 }
 
 fn draw_help(frame: &mut Frame, area: Rect, theme: Theme) {

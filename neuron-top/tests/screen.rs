@@ -65,6 +65,7 @@ fn fixture() -> Snapshot {
             memory_total_bytes: Some(24 * 1024 * MIB),
             memory_used_bytes: Some(1300 * MIB),
         },
+        warnings: vec![],
         runtimes: vec![
             Runtime {
                 pid: 1234,
@@ -134,6 +135,7 @@ fn the_screen_shows_what_the_snapshot_holds() {
         "model 13",
         "hardware 2",
         "5.2k events/s, 17 dropped",
+        "14 more devices idle",
         "[user 61.5%, system 4.2%]",
     ] {
         assert!(screen.contains(expected), "{expected:?} missing from\n{screen}");
@@ -171,6 +173,17 @@ fn every_size_draws_without_panicking() {
     }
     let narrow = text(&render(&State::new(fixture()), 40, 20, false));
     assert!(narrow.contains('…'), "narrow lines are cut with an ellipsis:\n{narrow}");
+}
+
+#[test]
+fn unmeasured_figures_read_n_a_and_warnings_replace_the_key_hints() {
+    let mut snapshot = fixture();
+    snapshot.runtimes[0].trace_events_per_second = None;
+    snapshot.warnings = vec!["cannot list the runtimes: permission denied".into(), "another".into()];
+    let screen = text(&render(&State::new(snapshot), 160, 48, false));
+    assert!(screen.contains("Trace   N/A events/s, 17 dropped"), "{screen}");
+    assert!(screen.contains("⚠ cannot list the runtimes: permission denied (and 1 more)"), "{screen}");
+    assert!(!screen.contains("q quit"), "{screen}");
 }
 
 #[test]
@@ -237,20 +250,26 @@ fn the_memory_tree_expands_collapses_and_keeps_the_cursor_inside() {
     // Devices start open, cores closed.
     assert_eq!(
         labels(&state),
-        ["ND0 (sum of 2 cores)", "nc0 train (sum)", "nc1 train (sum)", "ND1 (sum of 1 core)", "nc2 4242 (sum)"]
+        [
+            "ND0 (sum of 2 cores)",
+            "nc0 train (sum of categories)",
+            "nc1 train (sum of categories)",
+            "ND1 (sum of 1 core)",
+            "nc2 4242 (sum of categories)"
+        ]
     );
     let nd0 = &state.tree()[0];
     assert_eq!(nd0.device_bytes, Some(2 * fixture().runtimes[0].cores[0].device_memory.total()));
     state.apply(Action::Down);
     state.apply(Action::ToggleNode);
-    assert_eq!(state.tree()[1].node, Some(NodeId::Core(0)));
+    assert_eq!(state.tree()[1].node, Some(NodeId::Core(1234, 0)));
     assert!(state.tree()[1].expanded);
     assert_eq!(state.tree().len(), 5 + 5 + 1, "nc0's five categories and its model");
     state.apply(Action::Collapse);
     assert_eq!(state.tree().len(), 5);
     state.apply(Action::Up);
     state.apply(Action::Collapse);
-    assert_eq!(labels(&state), ["ND0 (sum of 2 cores)", "ND1 (sum of 1 core)", "nc2 4242 (sum)"]);
+    assert_eq!(labels(&state), ["ND0 (sum of 2 cores)", "ND1 (sum of 1 core)", "nc2 4242 (sum of categories)"]);
     for _ in 0..10 {
         state.apply(Action::Down);
     }

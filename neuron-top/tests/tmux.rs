@@ -80,14 +80,16 @@ fn a_user_sees_the_workload_switches_tabs_reads_the_help_and_quits() {
     let _other = workload(None, "2-3");
 
     let tmux = Tmux { socket: format!("neuron-top-test-{}", std::process::id()) };
-    // In a shell, as a user runs it: once it quits, the shell reports its exit status
-    // and whether the terminal is back in canonical (cooked) mode.
-    let command = format!(
-        "env NEURON_VIRT_INSTANCE_TYPE=trn1.32xlarge NEURON_VIRT_DATASTORE_DIR={} NEURON_VIRT_LOCK_DIR={} {TOP} --refresh 300ms; \
-         echo \"exited $?\"; stty -a | grep -o -- '-\\?icanon'; exec sleep 600",
+    // In a shell, as a user runs it, twice (the second once Enter is pressed): each time
+    // it ends, the shell reports its exit status and whether the terminal is back in
+    // canonical (cooked) mode.
+    let top = format!(
+        "env NEURON_VIRT_DATASTORE_DIR={} NEURON_VIRT_LOCK_DIR={} {TOP} --refresh 300ms; \
+         echo \"exited $?\"; stty -a | grep -o -- '-\\?icanon'",
         sandbox.datastores.display(),
         sandbox.path().display(),
     );
+    let command = format!("{top}; read go; {top}; exec sleep 600");
     let started = tmux.run(&["new-session", "-d", "-s", "top", "-x", "120", "-y", "40", &command]);
     assert!(started.status.success(), "{}", String::from_utf8_lossy(&started.stderr));
 
@@ -129,6 +131,24 @@ fn a_user_sees_the_workload_switches_tabs_reads_the_help_and_quits() {
     let screen = tmux.wait_for("the shell after neuron-top", |s| s.contains("exited ") && s.contains("icanon"));
     assert!(screen.lines().any(|l| l == "exited 0"), "{screen}");
     assert!(screen.lines().any(|l| l == "icanon"), "raw mode is left:\n{screen}");
+    let modes = tmux.run(&["display", "-p", "-t", "top", "#{alternate_on} #{cursor_flag}"]);
+    assert_eq!(String::from_utf8_lossy(&modes.stdout).trim(), "0 1", "main screen, cursor visible");
+
+    // The second run is killed (SIGTERM): it gives the terminal back too.
+    tmux.keys("Enter");
+    tmux.wait_for("the second run", |s| s.contains("NeuronCore v2 Utilization"));
+    let shell =
+        String::from_utf8_lossy(&tmux.run(&["display", "-p", "-t", "top", "#{pane_pid}"]).stdout).trim().to_string();
+    let children = Command::new("pgrep").args(["-P", &shell]).output().expect("pgrep");
+    let pid = String::from_utf8_lossy(&children.stdout).trim().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().expect("kill").success(), "pid {pid:?}");
+    let screen = tmux.wait_for("the shell after the killed run", |s| s.contains("exited 143"));
+    let screen = if screen.matches("icanon").count() >= 2 {
+        screen
+    } else {
+        tmux.wait_for("stty", |s| s.matches("icanon").count() >= 2)
+    };
+    assert_eq!(screen.lines().filter(|l| *l == "icanon").count(), 2, "raw mode is left:\n{screen}");
     let modes = tmux.run(&["display", "-p", "-t", "top", "#{alternate_on} #{cursor_flag}"]);
     assert_eq!(String::from_utf8_lossy(&modes.stdout).trim(), "0 1", "main screen, cursor visible");
 }
