@@ -22,6 +22,8 @@ pub enum NodeId {
 pub struct TreeRow {
     /// `None` for a category line, which has no children.
     pub node: Option<NodeId>,
+    /// What the line stands for, the same across snapshots (the cursor follows it).
+    pub key: String,
     pub depth: u16,
     pub label: String,
     pub expanded: bool,
@@ -38,8 +40,9 @@ pub struct State {
     pub show_help: bool,
     /// Core bars show TFLOPS instead of utilisation.
     pub flops: bool,
-    /// The selected line of the memory tree.
+    /// The selected line of the memory tree, and what it stands for.
     pub cursor: usize,
+    cursor_key: Option<String>,
     /// Nodes the user expanded (devices start expanded, so for them: collapsed).
     toggled: BTreeSet<NodeId>,
     pub quit: bool,
@@ -58,7 +61,11 @@ impl State {
         {
             self.selected = None;
         }
-        self.cursor = self.cursor.min(self.tree().len().saturating_sub(1));
+        // The cursor stays on the same line when lines come or go above it.
+        let rows = self.tree();
+        let found = self.cursor_key.as_ref().and_then(|key| rows.iter().position(|r| &r.key == key));
+        self.cursor = found.unwrap_or(self.cursor).min(rows.len().saturating_sub(1));
+        self.cursor_key = rows.get(self.cursor).map(|r| r.key.clone());
     }
 
     pub fn apply(&mut self, action: Action) {
@@ -109,7 +116,9 @@ impl State {
             }
             Action::ToggleFlops => self.flops = !self.flops,
         }
-        self.cursor = self.cursor.min(self.tree().len().saturating_sub(1));
+        let rows = self.tree();
+        self.cursor = self.cursor.min(rows.len().saturating_sub(1));
+        self.cursor_key = rows.get(self.cursor).map(|r| r.key.clone());
     }
 
     /// The selected tab: 0 for all, then one per runtime in snapshot order.
@@ -162,10 +171,11 @@ impl State {
         let mut devices: Vec<u32> = runtimes.iter().flat_map(|r| r.cores.iter().map(|c| c.device)).collect();
         devices.sort_unstable();
         devices.dedup();
-        let categories = |rows: &mut Vec<TreeRow>, memory: &DeviceMemory, depth: u16| {
+        let categories = |rows: &mut Vec<TreeRow>, memory: &DeviceMemory, depth: u16, parent: &str| {
             for (name, bytes) in memory.categories() {
                 rows.push(TreeRow {
                     node: None,
+                    key: format!("{parent}/{name}"),
                     depth,
                     label: name.to_string(),
                     expanded: false,
@@ -188,6 +198,7 @@ impl State {
             let open = self.is_expanded(node);
             rows.push(TreeRow {
                 node: Some(node),
+                key: format!("{node:?}"),
                 depth: 0,
                 label: format!("ND{device} (sum of {} core{})", cores.len(), if cores.len() == 1 { "" } else { "s" }),
                 expanded: open,
@@ -202,8 +213,10 @@ impl State {
                 let node = NodeId::Core(runtime.pid, core.index);
                 let open = self.is_expanded(node);
                 let models: Vec<_> = runtime.models.iter().filter(|m| m.core == core.index).collect();
+                let key = format!("{node:?}");
                 rows.push(TreeRow {
                     node: Some(node),
+                    key: key.clone(),
                     depth: 1,
                     label: format!("nc{} {} (sum of categories)", core.index, runtime.tag),
                     expanded: open,
@@ -214,12 +227,14 @@ impl State {
                 if !open {
                     continue;
                 }
-                categories(&mut rows, &core.device_memory, 2);
+                categories(&mut rows, &core.device_memory, 2, &key);
                 for model in models {
                     let node = NodeId::Model(runtime.pid, model.core, model.model_id);
                     let open = self.is_expanded(node);
+                    let key = format!("{node:?}");
                     rows.push(TreeRow {
                         node: Some(node),
+                        key: key.clone(),
                         depth: 2,
                         label: model.name.clone(),
                         expanded: open,
@@ -228,7 +243,7 @@ impl State {
                         host_bytes: Some(model.host_memory),
                     });
                     if open {
-                        categories(&mut rows, &model.device_memory, 3);
+                        categories(&mut rows, &model.device_memory, 3, &key);
                     }
                 }
             }

@@ -106,25 +106,37 @@ fn draw_title(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
 
 fn draw_tabs(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
     let selected = state.tab();
+    let tabs: Vec<(String, bool)> = std::iter::once(("all".to_string(), false))
+        .chain(state.snapshot.runtimes.iter().map(|r| (r.tag.clone(), r.exited)))
+        .enumerate()
+        .map(|(i, (name, exited))| (format!("[{}]:{name}", i + 1), exited))
+        .collect();
+    let width = |t: &(String, bool)| t.0.chars().count() + 1;
+    // Tabs scroll so that the selected one stays in view, `…` marking those left out.
+    let room = (area.width as usize).saturating_sub(2);
+    let mut first = 0;
+    while first < selected && tabs[first..=selected].iter().map(width).sum::<usize>() > room {
+        first += 1;
+    }
     let mut spans = Vec::new();
-    let names = std::iter::once(("all".to_string(), false))
-        .chain(state.snapshot.runtimes.iter().map(|r| (r.tag.clone(), r.exited)));
-    let mut width = 0usize;
-    for (i, (name, exited)) in names.enumerate() {
-        let text = format!("[{}]:{}", i + 1, name);
-        let mut style = if i == selected { theme.selected() } else { Style::default() };
-        if exited {
-            style = style.add_modifier(Modifier::DIM);
-        }
-        width += text.chars().count() + 1;
-        if width > area.width as usize {
+    if first > 0 {
+        spans.push(Span::raw("… "));
+    }
+    let mut used = if first > 0 { 2 } else { 0 };
+    for (i, tab) in tabs.iter().enumerate().skip(first) {
+        used += width(tab);
+        if used > room + 1 {
             spans.push(Span::raw("…"));
             break;
         }
-        spans.push(Span::styled(text, style));
+        let mut style = if i == selected { theme.selected() } else { Style::default() };
+        if tab.1 {
+            style = style.add_modifier(Modifier::DIM);
+        }
+        spans.push(Span::styled(tab.0.clone(), style));
         spans.push(Span::raw(" "));
     }
-    frame.render_widget(Paragraph::new(Line::from(spans)), area);
+    frame.render_widget(Paragraph::new(fit_line(Line::from(spans), area.width)), area);
 }
 
 /// The devices holding a core of a shown runtime.

@@ -187,6 +187,44 @@ fn unmeasured_figures_read_n_a_and_warnings_replace_the_key_hints() {
 }
 
 #[test]
+fn the_tree_cursor_stays_on_its_line_when_lines_above_come_and_go() {
+    let mut state = State::new(fixture());
+    state.apply(Action::Down);
+    state.apply(Action::Down);
+    assert_eq!(state.tree()[state.cursor].node, Some(NodeId::Core(1234, 1)));
+    // A runtime on device 0 of a lower pid adds a line above.
+    let mut snapshot = fixture();
+    snapshot
+        .runtimes
+        .insert(0, Runtime { pid: 7, tag: "new".into(), cores: vec![core(3, 1.0, &[])], ..Runtime::default() });
+    snapshot.runtimes[0].cores[0].device = 0;
+    state.update(snapshot);
+    assert_eq!(state.tree()[state.cursor].node, Some(NodeId::Core(1234, 1)), "{:?}", state.tree());
+    // Its line gone: the cursor stays in range.
+    let mut snapshot = fixture();
+    snapshot.runtimes.truncate(1);
+    snapshot.runtimes[0].cores.truncate(1);
+    state.update(snapshot);
+    assert!(state.cursor < state.tree().len());
+}
+
+#[test]
+fn the_selected_tab_stays_in_view() {
+    let mut snapshot = fixture();
+    snapshot.runtimes =
+        (0..8).map(|i| Runtime { pid: 100 + i, tag: format!("trainer-{i}"), ..Runtime::default() }).collect();
+    let mut state = State::new(snapshot);
+    state.apply(Action::SelectTab(9));
+    let screen = text(&render(&state, 60, 20, false));
+    let tabs = screen.lines().nth(1).expect("the tab bar");
+    assert!(tabs.starts_with("… ") && tabs.contains("[9]:trainer-7"), "{tabs}");
+    state.apply(Action::SelectTab(1));
+    let screen = text(&render(&state, 60, 20, false));
+    let tabs = screen.lines().nth(1).expect("the tab bar");
+    assert!(tabs.starts_with("[1]:all") && tabs.ends_with('…'), "{tabs}");
+}
+
+#[test]
 fn cores_that_do_not_fit_are_counted() {
     let mut snapshot = fixture();
     snapshot.runtimes[0].cores = (0..12).map(|i| core(i, 50.0, &[50.0])).collect();
