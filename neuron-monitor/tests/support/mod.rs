@@ -9,28 +9,50 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::OnceLock;
 
-/// The workspace's `neuron-bench`, built in the profile these tests or benchmarks were
-/// built in. It belongs to another package, so Cargo does not build it for them; this
-/// asks Cargo once per run, which does nothing when it is up to date.
+/// The workspace's `neuron-bench`, in the profile these tests or benchmarks were built
+/// in. It belongs to another package, so Cargo builds it for them only with the whole
+/// workspace (`cargo test --workspace`); otherwise, or when a source it is built from
+/// changed since, this asks Cargo to build it, once per run.
 pub fn neuron_bench() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
         .get_or_init(|| {
-            let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-            cargo
-                .args(["build", "--quiet", "-p", "neuron-profiler", "--bin", "neuron-bench"])
-                .current_dir(env!("CARGO_MANIFEST_DIR"));
-            if !cfg!(debug_assertions) {
-                cargo.arg("--release");
-            }
-            let status = cargo.status().expect("runs cargo");
-            assert!(status.success(), "cannot build neuron-bench");
             // This executable is target/<profile>/deps/<name>; the binaries are one up.
             let exe = std::env::current_exe().expect("the test executable");
-            let profile_dir = exe.parent().and_then(Path::parent).expect("target/<profile>");
-            profile_dir.join("neuron-bench")
+            let binary = exe.parent().and_then(Path::parent).expect("target/<profile>").join("neuron-bench");
+            if is_stale(&binary) {
+                let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+                cargo
+                    .args(["build", "--quiet", "-p", "neuron-profiler", "--bin", "neuron-bench"])
+                    .current_dir(env!("CARGO_MANIFEST_DIR"));
+                if !cfg!(debug_assertions) {
+                    cargo.arg("--release");
+                }
+                let status = cargo.status().expect("runs cargo");
+                assert!(status.success(), "cannot build neuron-bench");
+            }
+            binary
         })
         .clone()
+}
+
+/// Whether `binary` is missing or older than a source of the packages it is built from.
+/// (Building it again when it is not would change its features: Cargo unifies them over
+/// the packages of one build, and rebuild its dependencies for nothing.)
+fn is_stale(binary: &Path) -> bool {
+    let Ok(built) = std::fs::metadata(binary).and_then(|m| m.modified()) else { return true };
+    fn newer(path: &Path, than: std::time::SystemTime) -> bool {
+        let Ok(meta) = std::fs::metadata(path) else { return false };
+        if meta.is_dir() {
+            let entries = std::fs::read_dir(path).into_iter().flatten().flatten();
+            return entries.into_iter().any(|e| newer(&e.path(), than));
+        }
+        meta.modified().is_ok_and(|m| m > than)
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    ["Cargo.lock", "Cargo.toml", "runtime", "ntff", "profiler/src", "profiler/Cargo.toml"]
+        .iter()
+        .any(|p| newer(&root.join(p), built))
 }
 
 /// A temporary directory holding core reservations and a private datastore directory,
