@@ -104,6 +104,13 @@ struct Followed<G, S> {
     value: Value,
 }
 
+impl Process {
+    /// The counters at the last look: every group was brought up to date for a report.
+    fn newest(&self) -> &Snapshot {
+        self.groups.iter().max_by_key(|g| g.since_at).map_or(&self.since, |g| &g.since.snapshot)
+    }
+}
+
 /// A runtime process being reported on.
 #[derive(Debug)]
 struct Process {
@@ -111,9 +118,8 @@ struct Process {
     pid: u32,
     tag: String,
     groups: Vec<Followed<RuntimeGroup, RuntimeSample>>,
-    /// The counters when the monitor began following the process, and at the last look.
+    /// The counters when the monitor began following the process.
     since: Snapshot,
-    latest: Snapshot,
     /// ECC counts at the last `neuron_hw_counters` report.
     ecc_since: Vec<[u64; 4]>,
     exited: bool,
@@ -234,7 +240,6 @@ impl Monitor<'_> {
                 continue;
             }
             let current = sample(&process.reader, process.pid);
-            process.latest = current.snapshot.clone();
             for followed in process.groups.iter_mut().filter(|g| is_due(g)) {
                 followed.value =
                     runtime_group(followed.group.group, &followed.since, &current, cores_per_device, self.clock);
@@ -293,7 +298,7 @@ impl Monitor<'_> {
                 continue;
             }
             let info = reader.info();
-            let tag = info.tag.clone().unwrap_or_else(|| info.pid.to_string());
+            let tag = info.label();
             let Some(selector) = self.config.runtimes.iter().find(|r| r.selects(&tag)) else {
                 self.ignored.insert(info.pid);
                 continue;
@@ -313,8 +318,8 @@ impl Monitor<'_> {
                 .collect();
             let ecc_since = first.snapshot.ecc.clone();
             let pid = info.pid;
-            let (since, latest) = (first.snapshot.clone(), first.snapshot);
-            self.processes.insert(pid, Process { reader, pid, tag, groups, since, latest, ecc_since, exited: false });
+            let since = first.snapshot;
+            self.processes.insert(pid, Process { reader, pid, tag, groups, since, ecc_since, exited: false });
         }
         Ok(())
     }
@@ -327,7 +332,7 @@ impl Monitor<'_> {
     /// The Prometheus exposition of `report`, made of this look.
     fn exposition(&self, report: &Value) -> String {
         let counters: Vec<RuntimeCounters<'_>> =
-            self.processes.values().map(|p| RuntimeCounters { pid: p.pid, since: &p.since, now: &p.latest }).collect();
+            self.processes.values().map(|p| RuntimeCounters { pid: p.pid, since: &p.since, now: p.newest() }).collect();
         prometheus::exposition(report, &counters, &self.ecc_total)
     }
 

@@ -11,8 +11,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use neuron_runtime::datastore::Snapshot;
 use neuron_runtime::datastore::histogram::bucket_bounds;
+use neuron_runtime::datastore::{Delta, Snapshot};
 use neuron_runtime::trace::{ErrorClass, ExecOutcome};
 use prometheus::proto::{self, MetricType};
 use serde_json::Value;
@@ -201,16 +201,14 @@ fn runtime_levels(out: &mut Families, groups: &Value, labels: &Labels) {
 fn runtime_counters(out: &mut Families, groups: &Value, labels: &Labels, counters: &RuntimeCounters<'_>) {
     let (since, now) = (counters.since, counters.now);
     if group(groups, "execution_stats").is_some() {
-        let gained = |f: &dyn Fn(&neuron_runtime::datastore::CoreSnapshot) -> u64| -> u64 {
-            now.cores.iter().map(|c| f(c).saturating_sub(since.core(c.core).map_or(0, f))).sum()
-        };
+        let delta = Delta::between(since, now);
         for class in ErrorClass::ALL {
-            let n = gained(&|c| c.errors.get(class));
+            let n: u64 = delta.cores.iter().map(|c| c.errors.get(class)).sum();
             let labels = labels.clone().with("error_type", class.name().to_string());
             out.add("execution_errors_total", "Execution errors", Kind::Counter, labels, n as f64);
         }
         for outcome in ExecOutcome::ALL {
-            let n = gained(&|c| c.executions.get(outcome));
+            let n: u64 = delta.cores.iter().map(|c| c.executions.get(outcome)).sum();
             let labels = labels.clone().with("status_type", outcome.name().to_string());
             out.add("execution_status_total", "Execution outcomes", Kind::Counter, labels, n as f64);
         }

@@ -10,8 +10,13 @@ use neuron_monitor::host::{CpuStat, MemoryInfo, ProcessCpu, clock_ticks_per_seco
 use neuron_runtime::datastore::{DatastoreReader, Delta, Liveness, Snapshot as Counters, discover_new};
 use neuron_runtime::memory::{DeviceCategory, HostCategory};
 use neuron_runtime::topology::{InstanceType, Topology};
+use neuron_runtime::trace::ExecOutcome;
 
 use crate::model::{Core, CpuShare, DeviceMemory, HostMemory, Instance, Model, Runtime, Snapshot, System};
+
+/// Outcomes of executions that ran: not those refused as incorrect input or not queued.
+const RAN: [ExecOutcome; 4] =
+    [ExecOutcome::Completed, ExecOutcome::CompletedWithErr, ExecOutcome::CompletedWithNumErr, ExecOutcome::TimedOut];
 
 /// Utilisation samples kept per core for its history (two minutes at the default refresh).
 pub const HISTORY: usize = 120;
@@ -176,8 +181,7 @@ fn runtime(f: &mut Followed, now: &Counters, ticks_per_second: u64, cpus: usize,
                 device: c.core / cores_per_device.max(1),
                 utilization,
                 flops_per_second: d.filter(|_| measured).map(|d| d.flops_per_second),
-                // Executions that ran: not those refused as incorrect input or not queued.
-                executions_per_second: d.and_then(|d| rate(d.executions.0[..4].iter().sum())),
+                executions_per_second: d.and_then(|d| rate(RAN.iter().map(|&o| d.executions.get(o)).sum())),
                 latency_p50: d.and_then(|d| d.total_latency.map(|l| l.p50)),
                 latency_p99: d.and_then(|d| d.total_latency.map(|l| l.p99)),
                 history: history.iter().copied().collect(),

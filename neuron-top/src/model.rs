@@ -76,6 +76,13 @@ impl HostMemory {
     pub fn total(&self) -> u64 {
         self.application_memory + self.constants + self.dma_buffers + self.tensors
     }
+
+    pub fn add(&mut self, other: &HostMemory) {
+        self.application_memory += other.application_memory;
+        self.constants += other.constants;
+        self.dma_buffers += other.dma_buffers;
+        self.tensors += other.tensors;
+    }
 }
 
 /// Device memory of a core or a model by category.

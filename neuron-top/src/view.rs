@@ -302,10 +302,7 @@ fn draw_summary(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
     let mut errors = [0u64; 6];
     let (mut events, mut dropped) = (None::<f64>, 0u64);
     for r in &runtimes {
-        host.application_memory += r.host_memory.application_memory;
-        host.constants += r.host_memory.constants;
-        host.dma_buffers += r.host_memory.dma_buffers;
-        host.tensors += r.host_memory.tensors;
+        host.add(&r.host_memory);
         r.cores.iter().for_each(|c| device.add(&c.device_memory));
         for (total, n) in errors.iter_mut().zip(r.errors) {
             *total += n;
