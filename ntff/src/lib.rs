@@ -6,11 +6,14 @@
 //! lazily, and recovers every complete chunk of a file that was cut short or damaged.
 //! The crate takes plain event records and knows nothing of the runtime.
 
+mod clock;
 mod codec;
 pub mod export;
 mod format;
 mod model;
 mod reader;
+pub mod stats;
+pub mod summary;
 mod writer;
 
 #[allow(clippy::all, missing_debug_implementations, unreachable_pub)]
@@ -20,6 +23,7 @@ mod proto {
 
 use std::path::{Path, PathBuf};
 
+pub use clock::SyncClock;
 pub use format::{MAX_READ_VERSION, MIN_READ_VERSION, VERSION};
 pub use model::{
     Arg, ArgValue, Chunk, ChunkInfo, Clock, Descriptor, DescriptorId, DeviceEvent, Loss, Phase, Sym, SyncPoint,

@@ -3,7 +3,7 @@
 
 pub mod npy;
 pub mod record;
-pub mod stats;
+pub use ntff::stats::{self, si, thousands};
 
 use std::path::Path;
 
@@ -114,42 +114,4 @@ pub fn read_inputs(pairs: &[(&str, &str)], program: &Program) -> Result<Vec<Opti
 /// The model name a file stands for: its stem (`mlp` for `models/mlp.hlo`).
 pub fn model_name(path: &Path) -> String {
     path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
-}
-
-/// Formats a count with thousands separators: `12,345,678`.
-pub fn thousands(n: u64) -> String {
-    let digits = n.to_string();
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
-/// Formats a rate with an SI prefix: `1.23 G`.
-pub fn si(value: f64) -> String {
-    const PREFIXES: [(f64, &str); 4] = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")];
-    for (scale, prefix) in PREFIXES {
-        if value >= scale {
-            return format!("{:.2} {prefix}", value / scale);
-        }
-    }
-    format!("{value:.1} ")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn numbers_format_for_people() {
-        assert_eq!(thousands(0), "0");
-        assert_eq!(thousands(1234), "1,234");
-        assert_eq!(thousands(12_345_678), "12,345,678");
-        assert_eq!(si(2.5e9), "2.50 G");
-        assert_eq!(si(12.0), "12.0 ");
-    }
 }

@@ -135,7 +135,7 @@ fn capture_records_every_execution_and_the_device_trace_of_the_nth() {
     assert!(s["dma"].as_array().expect("dma").iter().any(|q| q["queue"] == "input" && q["bytes"].as_u64() > Some(0)));
 
     // The text summary names the same figures for people.
-    let out = env.run(PROFILE, &["view", "-s", file.to_str().expect("utf-8")]);
+    let out = env.run(PROFILE, &["view", "-s", file.to_str().expect("utf-8"), "--output-format", "summary-text"]);
     let summary = succeeded(&out);
     for needle in ["executions: 5 (1 with a device trace)", "engines", "top HLO instructions", "MFU", "DMA by queue"] {
         assert!(summary.contains(needle), "{needle} missing from\n{summary}");
@@ -186,7 +186,7 @@ fn a_newer_file_version_is_refused_by_view() {
     let mut bytes = b"\x89NTFF\r\n\x1a".to_vec();
     bytes.extend_from_slice(&[9, 0, 0, 0, 0, 0, 0, 0]);
     std::fs::write(&file, bytes).expect("write");
-    let out = env.run(PROFILE, &["view", "-s", file.to_str().expect("utf-8")]);
+    let out = env.run(PROFILE, &["view", "-s", file.to_str().expect("utf-8"), "--output-format", "summary-text"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(
         text(&out.stderr).contains("NTFF version 9 is not supported in this version of the tool (supported: 2 - 2)"),

@@ -7,33 +7,40 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 /// The workspace's `neuron-bench`, in the profile these tests or benchmarks were built
-/// in. It belongs to another package, so Cargo builds it for them only with the whole
-/// workspace (`cargo test --workspace`); otherwise, or when a source it is built from
-/// changed since, this asks Cargo to build it, once per run.
+/// in (see [`profiler_binary`]).
 pub fn neuron_bench() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            // This executable is target/<profile>/deps/<name>; the binaries are one up.
-            let exe = std::env::current_exe().expect("the test executable");
-            let binary = exe.parent().and_then(Path::parent).expect("target/<profile>").join("neuron-bench");
-            if is_stale(&binary) {
-                let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-                cargo
-                    .args(["build", "--quiet", "-p", "neuron-profiler", "--bin", "neuron-bench"])
-                    .current_dir(env!("CARGO_MANIFEST_DIR"));
-                if !cfg!(debug_assertions) {
-                    cargo.arg("--release");
-                }
-                let status = cargo.status().expect("runs cargo");
-                assert!(status.success(), "cannot build neuron-bench");
+    profiler_binary("neuron-bench")
+}
+
+/// A binary of the `neuron-profiler` package (`neuron-bench`, `neuron-profile`), in the
+/// profile these tests or benchmarks were built in. It belongs to another package, so
+/// Cargo builds it for them only with the whole workspace (`cargo test --workspace`);
+/// otherwise, or when a source it is built from changed since, this asks Cargo to build
+/// it, once per run.
+pub fn profiler_binary(name: &str) -> PathBuf {
+    static BUILT: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    // This executable is target/<profile>/deps/<name>; the binaries are one up.
+    let exe = std::env::current_exe().expect("the test executable");
+    let binary = exe.parent().and_then(Path::parent).expect("target/<profile>").join(name);
+    if !built.contains(&binary) {
+        if is_stale(&binary) {
+            let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+            cargo
+                .args(["build", "--quiet", "-p", "neuron-profiler", "--bin", name])
+                .current_dir(env!("CARGO_MANIFEST_DIR"));
+            if !cfg!(debug_assertions) {
+                cargo.arg("--release");
             }
-            binary
-        })
-        .clone()
+            let status = cargo.status().expect("runs cargo");
+            assert!(status.success(), "cannot build {name}");
+        }
+        built.push(binary.clone());
+    }
+    binary
 }
 
 /// Whether `binary` is missing or older than a source of the packages it is built from.
@@ -50,9 +57,23 @@ fn is_stale(binary: &Path) -> bool {
         meta.modified().is_ok_and(|m| m > than)
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    ["Cargo.lock", "Cargo.toml", "runtime", "ntff", "profiler/src", "profiler/Cargo.toml"]
-        .iter()
-        .any(|p| newer(&root.join(p), built))
+    // The packages the profiler's binaries are built from.
+    let sources = [
+        "Cargo.lock",
+        "Cargo.toml",
+        "runtime",
+        "ntff",
+        "profiler/src",
+        "profiler/Cargo.toml",
+        "web/src",
+        "web/assets",
+        "web/Cargo.toml",
+        "neuron-top/src",
+        "neuron-top/Cargo.toml",
+        "neuron-monitor/src",
+        "neuron-monitor/Cargo.toml",
+    ];
+    sources.iter().any(|p| newer(&root.join(p), built))
 }
 
 /// A temporary directory holding core reservations and a private datastore directory,

@@ -24,7 +24,7 @@ use std::io::Write;
 use std::sync::mpsc::Receiver;
 
 use crate::model::{ArgValue, Chunk, ChunkInfo, Clock, Descriptor, DescriptorId, DeviceEvent, Phase, Sym, SystemEvent};
-use crate::{NtffError, NtffFile, SyncPoint};
+use crate::{NtffError, NtffFile, SyncClock, SyncPoint};
 
 pub use verify::{TraceCheck, TrackCheck, verify_perfetto};
 
@@ -743,9 +743,7 @@ impl<'f> FileExport<'f> {
             }
         }
         for core in streams.iter().flatten() {
-            let mut points = sync.remove(core).unwrap_or_default();
-            points.sort_by_key(|p| p.device_ns);
-            points.dedup_by_key(|p| p.device_ns);
+            let points = sync.remove(core).unwrap_or_default();
             let slot = export.core(layout, *core)?;
             export.cores[slot].sync = SyncClock::new(points);
         }
@@ -1190,7 +1188,7 @@ impl<'f> FileExport<'f> {
             SystemKind::DeviceExecution => {
                 let Some(core) = core else { return Ok(()) };
                 let slot = self.core(layout, core)?;
-                if e.clock == Clock::Device && self.cores[slot].sync.points.is_empty() {
+                if e.clock == Clock::Device && self.cores[slot].sync.is_empty() {
                     layout.summary.unaligned_system_events += 1;
                     return Ok(());
                 }
@@ -1506,38 +1504,6 @@ fn placeholder_event() -> SystemEvent {
         model_id: None,
         nrta_seq_id: None,
         args: Vec::new(),
-    }
-}
-
-/// A core's sync points, by device time, with the place of the latest lookup: device
-/// times come nearly in order, so most lookups look at one or two points.
-#[derive(Debug, Default)]
-struct SyncClock {
-    points: Vec<SyncPoint>,
-    at: std::cell::Cell<usize>,
-}
-
-impl SyncClock {
-    fn new(points: Vec<SyncPoint>) -> SyncClock {
-        SyncClock { points, at: std::cell::Cell::new(0) }
-    }
-
-    /// Host time of device time `t`, through the first sync point at or after it (the
-    /// one its execution took), else the last before it.
-    fn to_host(&self, t: u64) -> Option<u64> {
-        let points = &self.points;
-        let fits = |k: usize| k < points.len() && points[k].device_ns >= t && (k == 0 || points[k - 1].device_ns < t);
-        let guess = self.at.get();
-        let at = if fits(guess) {
-            guess
-        } else if fits(guess + 1) {
-            guess + 1
-        } else {
-            points.partition_point(|p| p.device_ns < t)
-        };
-        self.at.set(at);
-        let point = points.get(at).or_else(|| points.last())?;
-        Some((t as i128 + point.host_ns as i128 - point.device_ns as i128).clamp(0, u64::MAX as i128) as u64)
     }
 }
 

@@ -105,6 +105,16 @@ struct DemoArgs {
     /// Stop after this long instead of waiting for Ctrl-C: `30s`, `5m`.
     #[arg(long, value_parser = parse_duration)]
     duration: Option<Duration>,
+    /// Where the web dashboard of the demo listens: HOST:PORT, or a PORT on 127.0.0.1.
+    /// When the port is taken, another free one is used.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3001")]
+    listen: String,
+    /// NTFF profiles the dashboard's profile viewer lists.
+    #[arg(long, value_name = "DIR")]
+    profiles: Option<PathBuf>,
+    /// Run without the web dashboard.
+    #[arg(long)]
+    no_dashboard: bool,
 }
 
 /// Executions per core when neither --iterations nor --duration is given.
@@ -556,9 +566,11 @@ struct DemoCore {
 fn demo(args: DemoArgs) -> Result<()> {
     let config = Config::from_env()?;
     init_logging(config.log_level);
+    let datastore_dir = config.datastore_dir.clone();
     let runtime = Runtime::start(config)?;
     let target = target_for(runtime.topology().core_version);
     let cores = runtime.cores()?;
+    let _dashboard = if args.no_dashboard { None } else { Some(demo_dashboard(&args, datastore_dir)?) };
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = Arc::clone(&stop);
@@ -671,6 +683,30 @@ fn demo(args: DemoArgs) -> Result<()> {
         bail!("{errors} executions failed; run with NEURON_RT_LOG_LEVEL=ERROR or higher to see why");
     }
     Ok(())
+}
+
+/// Starts the web dashboard in this process, on the demo's datastores, and says where.
+fn demo_dashboard(args: &DemoArgs, datastore_dir: PathBuf) -> Result<neuron_dashboard::Dashboard> {
+    let listen = neuron_dashboard::listen_address(&args.listen)?;
+    let mut options = neuron_dashboard::Options::new(listen)?;
+    options.datastore_dir = datastore_dir;
+    options.profiles = args.profiles.clone();
+    let dashboard = match neuron_dashboard::Dashboard::start(options.clone()) {
+        Ok(d) => d,
+        Err(e) if listen.port() != 0 && is_addr_in_use(&e) => {
+            options.listen.set_port(0);
+            let d = neuron_dashboard::Dashboard::start(options)?;
+            println!("dashboard: {listen} is taken, using port {} instead", d.addr().port());
+            d
+        }
+        Err(e) => return Err(e),
+    };
+    println!("dashboard: {}  (live view of this demo; --no-dashboard to run without)", dashboard.url(None));
+    Ok(dashboard)
+}
+
+fn is_addr_in_use(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse))
 }
 
 /// Deterministic values: floats in [-1, 1), signed integers in [-8, 8), unsigned ones

@@ -8,7 +8,6 @@
 mod capture;
 mod inspect;
 mod snapshot;
-mod summary;
 mod view;
 
 use std::path::PathBuf;

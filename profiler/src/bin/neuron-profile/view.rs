@@ -12,7 +12,7 @@ use neuron_runtime::trace::EventType;
 use ntff::NtffFile;
 use ntff::export::{ExportOptions, Format, Progress};
 
-use crate::summary;
+use ntff::summary;
 
 #[derive(Debug, Args)]
 pub(crate) struct ViewArgs {
@@ -23,9 +23,13 @@ pub(crate) struct ViewArgs {
     /// all are exported as one trace with a process per file.
     #[arg(short = 'd', long = "session-dir", value_name = "DIR", conflicts_with = "session_file")]
     session_dir: Option<PathBuf>,
-    /// What to print.
-    #[arg(long, value_enum, default_value_t = OutputFormat::SummaryText)]
-    output_format: OutputFormat,
+    /// What to print. Without it, the web dashboard opens on the profile (or on the
+    /// directory's list of profiles) at http://127.0.0.1:PORT/.
+    #[arg(long, value_enum)]
+    output_format: Option<OutputFormat>,
+    /// The dashboard's port on 127.0.0.1, when no --output-format is given.
+    #[arg(long, default_value_t = 3001)]
+    port: u16,
     /// Write there instead of stdout.
     #[arg(long, value_name = "FILE")]
     output_file: Option<PathBuf>,
@@ -60,13 +64,14 @@ pub(crate) fn view(args: ViewArgs) -> Result<()> {
             bail!("--system-trace-filter-event-type: unknown event type {name:?} (known: {})", known.join(", "));
         }
     }
+    let Some(format) = args.output_format else { return serve(&args) };
     let files = match (&args.session_file, &args.session_dir) {
         (Some(file), _) => vec![file.clone()],
         (None, Some(dir)) => ntff_files_in(dir)?,
         (None, None) => bail!("give a file with -s FILE.ntff or a directory with -d DIR"),
     };
-    if matches!(args.output_format, OutputFormat::Perfetto | OutputFormat::ChromeJson) {
-        return export(&args, &files);
+    if matches!(format, OutputFormat::Perfetto | OutputFormat::ChromeJson) {
+        return export(&args, format, &files);
     }
     let mut out: Box<dyn Write> = match &args.output_file {
         Some(path) => Box::new(std::io::BufWriter::new(
@@ -78,7 +83,7 @@ pub(crate) fn view(args: ViewArgs) -> Result<()> {
     for path in &files {
         let file = NtffFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
         let cores = core_filter(&args, &file)?;
-        match args.output_format {
+        match format {
             OutputFormat::SummaryText => {
                 let s = summary::summarise(&file, cores.as_deref());
                 writeln!(out, "{}", summary::to_text(&s, &path.display().to_string()))?;
@@ -90,7 +95,7 @@ pub(crate) fn view(args: ViewArgs) -> Result<()> {
             OutputFormat::Perfetto | OutputFormat::ChromeJson => unreachable!("exported above"),
         }
     }
-    if args.output_format == OutputFormat::SummaryJson {
+    if format == OutputFormat::SummaryJson {
         if summaries.len() == 1 {
             serde_json::to_writer_pretty(&mut out, &summaries[0])?;
         } else {
@@ -117,9 +122,48 @@ fn core_filter(args: &ViewArgs, file: &NtffFile) -> Result<Option<Vec<u32>>> {
     Ok(Some(cores.cores().to_vec()))
 }
 
+/// Serves the dashboard opened on the file (or the directory's list) until Ctrl-C.
+fn serve(args: &ViewArgs) -> Result<()> {
+    let (dir, page) = match (&args.session_file, &args.session_dir) {
+        (Some(file), _) => {
+            let file = file.canonicalize().with_context(|| format!("cannot read {}", file.display()))?;
+            // Opened first, so that a file that is not a profile is refused here.
+            NtffFile::open(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            let name = file.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
+            if !name.ends_with(".ntff") || name.starts_with('.') {
+                bail!(
+                    "{}: the dashboard opens files named *.ntff; rename it, or print it with --output-format summary-text",
+                    file.display()
+                );
+            }
+            let dir = file.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+            (dir, format!("/profile/{}", percent_encode(&name)))
+        }
+        (None, Some(dir)) => (dir.clone(), "/profiles".to_string()),
+        (None, None) => bail!("give a file with -s FILE.ntff or a directory with -d DIR"),
+    };
+    let mut options = neuron_dashboard::Options::new(std::net::SocketAddr::from(([127, 0, 0, 1], args.port)))?;
+    options.profiles = Some(dir);
+    let dashboard = neuron_dashboard::Dashboard::start(options)
+        .context("cannot serve the dashboard (another port: --port N; a summary: --output-format summary-text)")?;
+    eprintln!("neuron-profile: the dashboard is at {} (Ctrl-C to stop)", dashboard.url(Some(&page)));
+    dashboard.wait();
+    Ok(())
+}
+
+/// Escapes what a URL fragment cannot hold as it is.
+fn percent_encode(name: &str) -> String {
+    name.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// Writes every file as one Perfetto or Chrome JSON trace, a process per file.
-fn export(args: &ViewArgs, paths: &[PathBuf]) -> Result<()> {
-    let format = match args.output_format {
+fn export(args: &ViewArgs, format: OutputFormat, paths: &[PathBuf]) -> Result<()> {
+    let format = match format {
         OutputFormat::Perfetto => Format::Perfetto,
         _ => Format::ChromeJson,
     };

@@ -1,128 +1,132 @@
 //! The profile summary: where the time went, per engine, opcode and HLO instruction;
 //! FLOPs against the measured peak; DMA traffic; execution latency; what was lost.
-//! Computed in one pass over a file's chunks; printed as text or JSON.
+//! Computed in one pass over a file's chunks; printed as text (`summary-text`) or
+//! JSON (`summary-json`), and shown by the dashboard's profile viewer.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use neuron_profiler::stats::{LatencyHistogram, LatencySummary};
-use neuron_profiler::{si, thousands};
-use ntff::{Clock, Descriptor, NtffFile, Phase};
+use crate::stats::{LatencyHistogram, LatencySummary, si, thousands};
+use crate::{Clock, Descriptor, DescriptorId, NtffFile, Phase};
 use serde::Serialize;
 
 /// HLO instructions listed in the summary.
-const TOP_HLO: usize = 10;
+pub const TOP_HLO: usize = 10;
 
 #[derive(Debug, Serialize)]
-pub(crate) struct Summary {
-    pub(crate) process: Process,
-    pub(crate) models: Vec<ModelSummary>,
+pub struct Summary {
+    pub process: Process,
+    pub models: Vec<ModelSummary>,
     /// Host time from the first to the last event.
-    pub(crate) total_time_s: f64,
-    pub(crate) events: EventCounts,
-    pub(crate) executions: Executions,
+    pub total_time_s: f64,
+    pub events: EventCounts,
+    pub executions: Executions,
     /// Device time of the executions whose device trace was recorded.
-    pub(crate) device_time_s: f64,
-    pub(crate) engines: Vec<EngineSummary>,
-    pub(crate) opcodes: Vec<OpcodeSummary>,
-    pub(crate) top_hlo_instructions: Vec<HloSummary>,
-    pub(crate) flops: Flops,
-    pub(crate) dma: Vec<DmaSummary>,
+    pub device_time_s: f64,
+    pub engines: Vec<EngineSummary>,
+    pub opcodes: Vec<OpcodeSummary>,
+    /// The first [`TOP_HLO`] of `hlo_instructions`.
+    pub top_hlo_instructions: Vec<HloSummary>,
+    /// Every HLO instruction, by device time.
+    #[serde(skip)]
+    pub hlo_instructions: Vec<HloSummary>,
+    pub flops: Flops,
+    pub dma: Vec<DmaSummary>,
     /// Damage or truncation of the file, one line each.
-    pub(crate) file_problems: Vec<String>,
+    pub file_problems: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
-pub(crate) struct Process {
-    pub(crate) pid: u32,
-    pub(crate) tag: String,
-    pub(crate) instance_type: String,
-    pub(crate) runtime_version: String,
-    pub(crate) tool: String,
-    pub(crate) capture_kind: String,
+pub struct Process {
+    pub pid: u32,
+    pub tag: String,
+    pub instance_type: String,
+    pub runtime_version: String,
+    pub tool: String,
+    pub capture_kind: String,
 }
 
 #[derive(Debug, Serialize)]
-pub(crate) struct ModelSummary {
-    pub(crate) model_id: u32,
-    pub(crate) name: String,
-    pub(crate) core: u32,
-    pub(crate) flops_per_execution: u64,
-    pub(crate) neff_sha256: String,
+pub struct ModelSummary {
+    pub model_id: u32,
+    pub name: String,
+    pub core: u32,
+    pub flops_per_execution: u64,
+    pub neff_sha256: String,
 }
 
 #[derive(Debug, Default, Serialize)]
-pub(crate) struct EventCounts {
-    pub(crate) system: u64,
-    pub(crate) device: u64,
+pub struct EventCounts {
+    pub system: u64,
+    pub device: u64,
     /// Dropped by the rings before they were recorded.
-    pub(crate) lost_in_rings: u64,
+    pub lost_in_rings: u64,
     /// In damaged or cut records of the file.
-    pub(crate) lost_in_file: u64,
+    pub lost_in_file: u64,
 }
 
 #[derive(Debug, Serialize)]
-pub(crate) struct Executions {
+pub struct Executions {
     /// Completed `nrt_execute` spans.
-    pub(crate) count: u64,
+    pub count: u64,
     /// Executions with a device trace.
-    pub(crate) device_traced: u64,
+    pub device_traced: u64,
     /// `nrt_execute`, start to stop, in seconds.
-    pub(crate) latency: Option<LatencySummary>,
+    pub latency: Option<LatencySummary>,
     /// `nc_exec_running`: the program's run on the core, in seconds.
-    pub(crate) device_latency: Option<LatencySummary>,
+    pub device_latency: Option<LatencySummary>,
 }
 
 #[derive(Debug, Serialize)]
-pub(crate) struct EngineSummary {
-    pub(crate) engine: String,
-    pub(crate) active_s: f64,
+pub struct EngineSummary {
+    pub engine: String,
+    pub active_s: f64,
     /// Of the device time.
-    pub(crate) percent: f64,
-    pub(crate) instructions: u64,
+    pub percent: f64,
+    pub instructions: u64,
 }
 
 #[derive(Debug, Serialize)]
-pub(crate) struct OpcodeSummary {
-    pub(crate) engine: String,
-    pub(crate) opcode: String,
-    pub(crate) count: u64,
-    pub(crate) time_s: f64,
-    pub(crate) percent: f64,
+pub struct OpcodeSummary {
+    pub engine: String,
+    pub opcode: String,
+    pub count: u64,
+    pub time_s: f64,
+    pub percent: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct HloSummary {
+    pub hlo: String,
+    pub instructions: u64,
+    pub time_s: f64,
+    pub percent: f64,
+    pub flops: u64,
 }
 
 #[derive(Debug, Serialize)]
-pub(crate) struct HloSummary {
-    pub(crate) hlo: String,
-    pub(crate) instructions: u64,
-    pub(crate) time_s: f64,
-    pub(crate) percent: f64,
-    pub(crate) flops: u64,
-}
-
-#[derive(Debug, Serialize)]
-pub(crate) struct Flops {
+pub struct Flops {
     /// FLOPs of the traced instructions.
-    pub(crate) total: u64,
+    pub total: u64,
     /// Per device-traced execution.
-    pub(crate) per_execution: Option<f64>,
+    pub per_execution: Option<f64>,
     /// Total FLOPs over device time.
-    pub(crate) achieved_per_s: Option<f64>,
+    pub achieved_per_s: Option<f64>,
     /// Measured peak of one core, and how.
-    pub(crate) peak_per_s: Option<f64>,
-    pub(crate) peak_method: String,
+    pub peak_per_s: Option<f64>,
+    pub peak_method: String,
     /// Achieved over peak.
-    pub(crate) mfu: Option<f64>,
+    pub mfu: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
-pub(crate) struct DmaSummary {
-    pub(crate) queue: String,
-    pub(crate) transfers: u64,
-    pub(crate) bytes: u64,
-    pub(crate) time_s: f64,
+pub struct DmaSummary {
+    pub queue: String,
+    pub transfers: u64,
+    pub bytes: u64,
+    pub time_s: f64,
     /// Bytes over the transfers' busy time.
-    pub(crate) bandwidth_bytes_per_s: Option<f64>,
+    pub bandwidth_bytes_per_s: Option<f64>,
 }
 
 #[derive(Default)]
@@ -133,7 +137,7 @@ struct Totals {
 }
 
 /// Summarises the events of `cores` (`None`: all) in `file`.
-pub(crate) fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
+pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
     let meta = file.metadata();
     let mut events = EventCounts { lost_in_file: file.recovery().events_lost(), ..EventCounts::default() };
     let mut engines: HashMap<String, Totals> = HashMap::new();
@@ -199,7 +203,7 @@ pub(crate) fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
         }
     }
     for (&id, t) in &by_descriptor {
-        let Some(descriptor) = file.descriptor(ntff::DescriptorId(id)) else { continue };
+        let Some(descriptor) = file.descriptor(DescriptorId(id)) else { continue };
         match *descriptor {
             Descriptor::Instruction { engine, opcode, hlo, flops, .. } => {
                 let engine = file.string_or_placeholder(engine).into_owned();
@@ -253,7 +257,6 @@ pub(crate) fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
         })
         .collect();
     hlo_rows.sort_by(|a, b| b.time_s.total_cmp(&a.time_s).then_with(|| a.hlo.cmp(&b.hlo)));
-    hlo_rows.truncate(TOP_HLO);
     let mut dma_rows: Vec<DmaSummary> = dma
         .into_iter()
         .map(|(queue, (t, bytes))| DmaSummary {
@@ -300,7 +303,8 @@ pub(crate) fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
         device_time_s: seconds(device_ns),
         engines: engine_rows,
         opcodes: opcode_rows,
-        top_hlo_instructions: hlo_rows,
+        top_hlo_instructions: hlo_rows.iter().take(TOP_HLO).cloned().collect(),
+        hlo_instructions: hlo_rows,
         flops: Flops {
             total: total_flops,
             per_execution: (device_executions > 0).then(|| total_flops as f64 / device_executions as f64),
@@ -336,7 +340,7 @@ fn latency_line(label: &str, l: &Option<LatencySummary>) -> String {
 }
 
 /// The summary as text for people.
-pub(crate) fn to_text(s: &Summary, file_name: &str) -> String {
+pub fn to_text(s: &Summary, file_name: &str) -> String {
     let mut out = String::new();
     let p = &s.process;
     let tag = if p.tag.is_empty() { String::new() } else { format!(", tag {}", p.tag) };

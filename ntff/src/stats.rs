@@ -1,4 +1,5 @@
-//! Latency statistics over many executions, from an HdrHistogram.
+//! Latency statistics over many executions, from an HdrHistogram, and number
+//! formatting for people.
 
 use std::time::Duration;
 
@@ -62,6 +63,30 @@ pub fn format_seconds(seconds: f64) -> String {
     }
 }
 
+/// Formats a count with thousands separators: `12,345,678`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Formats a rate with an SI prefix: `1.23 G`.
+pub fn si(value: f64) -> String {
+    const PREFIXES: [(f64, &str); 4] = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")];
+    for (scale, prefix) in PREFIXES {
+        if value >= scale {
+            return format!("{:.2} {prefix}", value / scale);
+        }
+    }
+    format!("{value:.1} ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,5 +104,14 @@ mod tests {
         assert_eq!(LatencyHistogram::default().summary(), None);
         assert_eq!(format_seconds(45.12e-6), "45.1 µs");
         assert_eq!(format_seconds(0.0123), "12.300 ms");
+    }
+
+    #[test]
+    fn numbers_format_for_people() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(1234), "1,234");
+        assert_eq!(thousands(12_345_678), "12,345,678");
+        assert_eq!(si(2.5e9), "2.50 G");
+        assert_eq!(si(12.0), "12.0 ");
     }
 }

@@ -1,0 +1,293 @@
+// The profile viewer: the list of profiles, one profile (timeline with server-side
+// level of detail, summary, tables) and the comparison of two.
+
+import { el, getJSON, fitCanvas, colorOf, ns, seconds, si, bytes, percent, thousands, sortableTable, figure, NA } from './common.js';
+
+const LABELS = 150;
+const ROW = 16;
+const AXIS = 22;
+const MAX_DEPTH = 6;
+
+const api = (name) => `/api/profiles/${encodeURIComponent(name)}`;
+
+export function profilesPage(main) {
+  const list = el('div', {}, el('div', { class: 'muted' }, 'Loading…'));
+  main.append(el('h2', {}, 'Profiles'), list);
+  Promise.all([getJSON('/api/info'), getJSON('/api/profiles')]).then(([info, profiles]) => {
+    if (!info.profiles_dir) {
+      list.replaceChildren(el('div', { class: 'empty' }, 'No profiles directory: start the dashboard with --profiles DIR (NTFF files from neuron-profile capture or inspect).'));
+      return;
+    }
+    if (profiles.length === 0) {
+      list.replaceChildren(el('div', { class: 'empty' }, `No .ntff files in ${info.profiles_dir}.`));
+      return;
+    }
+    const chosen = [];
+    const compare = el('button', { id: 'compare', disabled: '', onclick: () => { location.hash = `#/compare/${encodeURIComponent(chosen[0])}/${encodeURIComponent(chosen[1])}`; } }, 'Compare the two selected');
+    const rows = profiles.map((p) => {
+      const box = el('input', { type: 'checkbox', onchange: () => {
+        if (box.checked) chosen.push(p.name); else chosen.splice(chosen.indexOf(p.name), 1);
+        while (chosen.length > 2) chosen.shift();
+        if (chosen.length === 2) compare.removeAttribute('disabled'); else compare.setAttribute('disabled', '');
+      } });
+      return el('tr', {}, el('td', {}, box, ' ', el('a', { href: `#/profile/${encodeURIComponent(p.name)}`, class: 'profile-link' }, p.name)),
+        el('td', {}, bytes(p.bytes)), el('td', {}, new Date(p.modified * 1000).toLocaleString()),
+        el('td', {}, el('a', { href: `${api(p.name)}/perfetto`, download: '' }, 'Perfetto trace')));
+    });
+    list.replaceChildren(el('div', { class: 'muted' }, info.profiles_dir),
+      el('table', {}, el('tr', {}, ['profile', 'size', 'modified', 'export'].map((h) => el('th', {}, h))), rows),
+      el('div', { class: 'toolbar' }, compare));
+  }).catch((e) => list.replaceChildren(el('div', { class: 'error' }, e.message)));
+  return {};
+}
+
+export function profilePage(main, name) {
+  const status = document.getElementById('status');
+  const head = el('div', {}, el('h2', {}, name), el('div', { class: 'muted' }, 'Opening…'));
+  const range = el('span', { class: 'muted', id: 'pf-range' });
+  const canvas = el('canvas', { id: 'pf-canvas', tabindex: '0' });
+  const details = el('div', { class: 'details', id: 'pf-details' }, el('div', { class: 'muted' }, 'Click a span for its details. Wheel or W/S to zoom, drag or A/D to pan.'));
+  const summary = el('div', { id: 'pf-summary' }, el('div', { class: 'muted' }, 'The summary follows the timeline…'));
+  const tables = el('div', { id: 'pf-tables' });
+  const state = { meta: null, t0: 0, t1: 1, data: null, views: 0, controller: null, timer: 0, selected: null, rows: [] };
+  const zoom = (factor, at = 0.5) => {
+    const span = state.t1 - state.t0, full = state.meta.duration_ns || 1;
+    const next = Math.min(full, Math.max(1000, span * factor));
+    let t0 = state.t0 + (span - next) * at;
+    t0 = Math.max(0, Math.min(t0, full - next));
+    setRange(t0, t0 + next);
+  };
+  const pan = (fraction) => {
+    const span = state.t1 - state.t0, full = state.meta.duration_ns || 1;
+    const t0 = Math.max(0, Math.min(state.t0 + span * fraction, full - span));
+    setRange(t0, t0 + span);
+  };
+  const toolbar = el('div', { class: 'toolbar' },
+    el('button', { onclick: () => zoom(0.5), id: 'pf-zoom-in' }, 'Zoom in'),
+    el('button', { onclick: () => zoom(2) }, 'Zoom out'),
+    el('button', { onclick: () => state.meta && setRange(0, state.meta.duration_ns) }, 'Whole profile'),
+    range, el('span', { class: 'grow' }),
+    el('a', { href: `${api(name)}/perfetto`, download: '', id: 'pf-perfetto' }, 'Download Perfetto trace'));
+  main.append(head, toolbar, el('div', { class: 'split' }, el('div', { class: 'timeline' }, canvas), el('div', { class: 'card' }, el('h3', {}, 'Span'), details)),
+    el('div', { class: 'card' }, el('h2', {}, 'Summary'), summary), tables);
+
+  function setRange(t0, t1) {
+    state.t0 = t0; state.t1 = t1;
+    draw();
+    clearTimeout(state.timer);
+    state.timer = setTimeout(fetchView, 15);
+  }
+
+  async function fetchView() {
+    if (state.controller) state.controller.abort();
+    const controller = new AbortController();
+    state.controller = controller;
+    const columns = Math.max(1, Math.floor(canvas.clientWidth - LABELS));
+    const t0 = Math.floor(state.t0), t1 = Math.ceil(state.t1);
+    const started = performance.now();
+    try {
+      const view = await getJSON(`${api(name)}/view?t0=${t0}&t1=${t1}&columns=${columns}`, { signal: controller.signal });
+      state.data = view;
+      state.views++;
+      canvas.dataset.views = state.views;
+      canvas.dataset.lastViewMs = (performance.now() - started).toFixed(1);
+      status.textContent = `view in ${(performance.now() - started).toFixed(0)} ms`;
+      draw();
+    } catch (e) {
+      if (e.name !== 'AbortError') status.textContent = `view failed: ${e.message}`;
+    }
+  }
+
+  function layoutRows() {
+    let y = AXIS;
+    state.rows = state.meta.tracks.map((t, i) => {
+      const depth = Math.min(MAX_DEPTH, t.depth);
+      const row = { i, y, height: depth * ROW + 2, track: t };
+      y += row.height;
+      return row;
+    });
+    return y + 4;
+  }
+
+  function draw() {
+    if (!state.meta) return;
+    const height = layoutRows();
+    const { ctx, width } = fitCanvas(canvas, height);
+    ctx.clearRect(0, 0, width, height);
+    const w = width - LABELS, span = state.t1 - state.t0;
+    const x = (t) => LABELS + ((t - state.t0) / span) * w;
+    ctx.font = '11px system-ui';
+    for (const r of state.rows) {
+      ctx.fillStyle = r.i % 2 ? '#161b22' : '#1b2129';
+      ctx.fillRect(0, r.y, width, r.height);
+      ctx.fillStyle = '#8b949e'; ctx.textAlign = 'left';
+      ctx.fillText(r.track.name, 6, r.y + 12, LABELS - 10);
+    }
+    const view = state.data;
+    if (view) {
+      for (const tv of view.tracks) {
+        const r = state.rows[tv.track];
+        if (!r) continue;
+        if (tv.mode === 'raw') {
+          for (const [start, dur, label, depth, k] of tv.spans) {
+            if (depth >= MAX_DEPTH) continue;
+            const x0 = Math.max(LABELS, x(start)), x1 = Math.min(width, x(start + dur));
+            if (x1 < LABELS || x0 > width) continue;
+            const y = r.y + 1 + depth * ROW;
+            const name = view.labels[label] ?? '';
+            const selected = state.selected && state.selected.track === tv.track && state.selected.index === k;
+            ctx.fillStyle = selected ? '#ffffff' : colorOf(name);
+            ctx.fillRect(x0, y, Math.max(1, x1 - x0), ROW - 2);
+            if (x1 - x0 > 36) { ctx.fillStyle = '#0d1117'; ctx.fillText(name, x0 + 3, y + 11, x1 - x0 - 6); }
+          }
+        } else {
+          // One bin per pixel column of the view it was made for, mapped to this view.
+          const cw = (view.t1 - view.t0) / view.columns;
+          for (const [c, permille, , label] of tv.bins) {
+            const a = view.t0 + c * cw;
+            const x0 = Math.max(LABELS, x(a)), x1 = Math.min(width, x(a + cw));
+            if (x1 < LABELS || x0 > width) continue;
+            const full = r.height - 2, h = Math.max(2, (full * permille) / 1000);
+            ctx.fillStyle = colorOf(view.labels[label] ?? '');
+            ctx.fillRect(x0, r.y + 1 + full - h, Math.max(1, x1 - x0), h);
+          }
+        }
+      }
+    }
+    ctx.fillStyle = '#8b949e'; ctx.textAlign = 'center';
+    for (let k = 0; k <= 6; k++) {
+      const t = state.t0 + (span * k) / 6;
+      ctx.fillText(ns(t), Math.min(width - 30, Math.max(LABELS + 30, x(t))), 14);
+    }
+    range.textContent = `${ns(state.t0)} – ${ns(state.t1)} (${ns(span)} shown of ${ns(state.meta.duration_ns)})`;
+  }
+
+  canvas.addEventListener('wheel', (e) => {
+    if (!state.meta) return;
+    e.preventDefault();
+    const at = Math.min(1, Math.max(0, (e.offsetX - LABELS) / (canvas.clientWidth - LABELS)));
+    if (Math.abs(e.deltaX) > Math.abs(e.deltaY)) pan(e.deltaX / 500);
+    else zoom(Math.exp(e.deltaY / 300), at);
+  }, { passive: false });
+  let drag = null;
+  canvas.addEventListener('mousedown', (e) => { drag = { x: e.offsetX, t0: state.t0, moved: false }; });
+  window.addEventListener('mouseup', () => { setTimeout(() => { drag = null; }, 0); });
+  canvas.addEventListener('mousemove', (e) => {
+    if (!drag || !(e.buttons & 1)) return;
+    const dx = e.offsetX - drag.x;
+    if (Math.abs(dx) > 2) drag.moved = true;
+    const span = state.t1 - state.t0, full = state.meta.duration_ns;
+    const t0 = Math.max(0, Math.min(drag.t0 - (dx / (canvas.clientWidth - LABELS)) * span, full - span));
+    setRange(t0, t0 + span);
+  });
+  canvas.addEventListener('keydown', (e) => {
+    const keys = { w: () => zoom(0.7), s: () => zoom(1 / 0.7), a: () => pan(-0.2), d: () => pan(0.2) };
+    if (keys[e.key] && state.meta) { keys[e.key](); e.preventDefault(); }
+  });
+  canvas.addEventListener('click', async (e) => {
+    if (!state.data || (drag && drag.moved)) return;
+    const row = state.rows.find((r) => e.offsetY >= r.y && e.offsetY < r.y + r.height);
+    if (!row) return;
+    const tv = state.data.tracks.find((t) => t.track === row.i);
+    const span = state.t1 - state.t0, w = canvas.clientWidth - LABELS;
+    const t = state.t0 + ((e.offsetX - LABELS) / w) * span, slack = (3 / w) * span;
+    if (!tv || tv.mode !== 'raw') {
+      details.replaceChildren(el('div', { class: 'muted' }, 'Zoom in to pick a single span: this track is drawn as busy time per pixel here.'));
+      return;
+    }
+    const depth = Math.floor((e.offsetY - row.y - 1) / ROW);
+    const hit = tv.spans.filter(([s, d, , dp]) => dp === depth && s - slack <= t && s + d + slack >= t)
+      .sort((p, q) => p[1] - q[1])[0];
+    if (!hit) return;
+    state.selected = { track: row.i, index: hit[4] };
+    draw();
+    try {
+      const d = await getJSON(`${api(name)}/span?track=${row.i}&index=${hit[4]}`);
+      details.replaceChildren(el('div', {}, el('b', {}, d.name ?? ''), ` on ${d.track}`),
+        el('div', { class: 'muted' }, `at ${ns(d.start_ns)} for ${ns(d.duration_ns)}`), el('pre', {}, JSON.stringify(d, null, 2)));
+    } catch (err) { details.replaceChildren(el('div', { class: 'error' }, err.message)); }
+  });
+  const onResize = () => { draw(); clearTimeout(state.timer); state.timer = setTimeout(fetchView, 50); };
+  window.addEventListener('resize', onResize);
+
+  const opened = performance.now();
+  getJSON(api(name)).then(async (meta) => {
+    state.meta = meta;
+    state.t1 = meta.duration_ns || 1;
+    head.replaceChildren(el('h2', {}, name), el('div', { class: 'muted', id: 'pf-meta' },
+      `${meta.capture_kind || 'profile'} of pid ${meta.pid}${meta.tag ? ` (${meta.tag})` : ''} on ${meta.instance_type} · ${thousands(meta.events)} spans on ${meta.tracks.length} tracks over ${ns(meta.duration_ns)}`,
+      meta.unplaced ? ` · ${thousands(meta.unplaced)} events without a clock sync point left out` : ''),
+      ...meta.problems.map((p) => el('div', { class: 'warn' }, p)));
+    await fetchView();
+    canvas.dataset.firstPaintMs = (performance.now() - opened).toFixed(0);
+    loadSummary();
+  }).catch((e) => head.replaceChildren(el('h2', {}, name), el('div', { class: 'error' }, e.message)));
+
+  async function loadSummary() {
+    try {
+      const body = await getJSON(`${api(name)}/summary`);
+      const s = body.summary, x = s.executions, f = s.flops;
+      summary.replaceChildren(
+        el('div', { class: 'figures' },
+          figure('executions', thousands(x.count)),
+          figure('with a device trace', thousands(x.device_traced)),
+          figure('latency p50', seconds(x.latency?.p50)),
+          figure('latency p99', seconds(x.latency?.p99)),
+          figure('on device p50', seconds(x.device_latency?.p50)),
+          figure('device time', seconds(s.device_time_s)),
+          figure('achieved', f.achieved_per_s == null ? NA : si(f.achieved_per_s, 'FLOP/s')),
+          figure('MFU', f.mfu == null ? NA : percent(100 * f.mfu)),
+          figure('events lost', thousands(s.events.lost_in_rings + s.events.lost_in_file), s.events.lost_in_rings + s.events.lost_in_file ? 'warn' : ''),
+        ),
+        el('details', {}, el('summary', {}, 'As neuron-profile view --output-format summary-text prints it'), el('pre', { class: 'summary', id: 'pf-summary-text' }, body.text)),
+      );
+      tables.replaceChildren(
+        el('div', { class: 'card' }, el('h2', {}, 'Opcodes'), el('div', { class: 'scroll' }, sortableTable([
+          { key: 'engine', label: 'engine', text: true }, { key: 'opcode', label: 'opcode', text: true },
+          { key: 'count', label: 'count', format: thousands }, { key: 'time_s', label: 'time', format: seconds },
+          { key: 'percent', label: '% of device time', format: (v) => percent(v) },
+        ], s.opcodes, { sortKey: 'time_s', id: 'pf-opcodes' }))),
+        el('div', { class: 'card' }, el('h2', {}, 'HLO instructions'), el('div', { class: 'scroll' }, sortableTable([
+          { key: 'hlo', label: 'HLO instruction', text: true }, { key: 'instructions', label: 'instructions', format: thousands },
+          { key: 'time_s', label: 'time', format: seconds }, { key: 'percent', label: '% of device time', format: (v) => percent(v) },
+          { key: 'flops', label: 'FLOPs', format: (v) => si(v) },
+        ], body.hlo_instructions, { sortKey: 'time_s', id: 'pf-hlo' }))),
+        el('div', { class: 'card' }, el('h2', {}, 'DMA queues'), sortableTable([
+          { key: 'queue', label: 'queue', text: true }, { key: 'transfers', label: 'transfers', format: thousands },
+          { key: 'bytes', label: 'bytes', format: bytes }, { key: 'time_s', label: 'time', format: seconds },
+          { key: 'bandwidth_bytes_per_s', label: 'bandwidth', format: (v) => si(v, 'B/s') },
+        ], s.dma, { sortKey: 'bytes' })),
+        compareWith(name),
+      );
+    } catch (e) { summary.replaceChildren(el('div', { class: 'error' }, e.message)); }
+  }
+
+  return { stop() { window.removeEventListener('resize', onResize); if (state.controller) state.controller.abort(); } };
+}
+
+function compareWith(name) {
+  const select = el('select', {}, el('option', { value: '' }, 'another profile…'));
+  getJSON('/api/profiles').then((list) => list.filter((p) => p.name !== name).forEach((p) => select.append(el('option', { value: p.name }, p.name))));
+  select.addEventListener('change', () => { if (select.value) location.hash = `#/compare/${encodeURIComponent(name)}/${encodeURIComponent(select.value)}`; });
+  return el('div', { class: 'card' }, el('h2', {}, 'Compare'), el('div', { class: 'toolbar' }, 'Per HLO instruction, this profile against ', select));
+}
+
+export function comparePage(main, a, b) {
+  const body = el('div', {}, el('div', { class: 'muted' }, 'Comparing…'));
+  main.append(el('h2', {}, `${a} → ${b}`), body);
+  getJSON(`/api/compare?a=${encodeURIComponent(a)}&b=${encodeURIComponent(b)}`).then((c) => {
+    body.replaceChildren(
+      el('div', { class: 'figures' },
+        figure(`device time of ${c.a.name}`, seconds(c.a.device_time_s)),
+        figure(`device time of ${c.b.name}`, seconds(c.b.device_time_s)),
+        figure('executions', `${thousands(c.a.executions)} → ${thousands(c.b.executions)}`)),
+      el('div', { class: 'card' }, el('h3', {}, 'Device time per HLO instruction (B − A; largest change first)'), sortableTable([
+        { key: 'hlo', label: 'HLO instruction', text: true },
+        { key: 'a_time_s', label: 'A', format: seconds }, { key: 'b_time_s', label: 'B', format: seconds },
+        { key: 'difference_s', label: 'B − A', format: (v) => el('span', { class: v > 0 ? 'bad' : v < 0 ? 'good' : '' }, `${v > 0 ? '+' : ''}${seconds(v)}`) },
+        { key: 'ratio', label: 'B / A', format: (v) => (v == null ? NA : `${v.toFixed(2)}×`) },
+        { key: 'a_instructions', label: 'instructions A', format: thousands }, { key: 'b_instructions', label: 'instructions B', format: thousands },
+      ], c.hlo_instructions.map((r) => ({ ...r, magnitude: Math.abs(r.difference_s) })), { sortKey: 'magnitude', id: 'cmp-table' })));
+  }).catch((e) => body.replaceChildren(el('div', { class: 'error' }, e.message)));
+  return {};
+}

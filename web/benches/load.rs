@@ -1,0 +1,148 @@
+//! Load test: 100 pages on the live feed at once for 30 s, on loopback, while a
+//! workload runs. Each update carries the wall-clock time it was sent; a client's delay
+//! is when it finished reading the update minus that. Also the dashboard's CPU and
+//! memory, against the same dashboard serving one page over the same time.
+//!
+//! `cargo bench -p neuron-dashboard --bench load [-- CLIENTS SECONDS]`
+
+#[path = "../../neuron-monitor/tests/support/mod.rs"]
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use support::{Running, Sandbox, cpu_ns, memory, neuron_bench};
+
+fn now_ms() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1e3)
+}
+
+/// Reads the live feed until `until`, sending each update's delay in milliseconds.
+fn client(addr: SocketAddr, until: Instant, delays: mpsc::Sender<f64>) -> Result<u64, String> {
+    let mut stream = TcpStream::connect(addr).map_err(|e| e.to_string())?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+    write!(stream, "GET /api/live HTTP/1.1\r\nHost: localhost\r\n\r\n").map_err(|e| e.to_string())?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).map_err(|e| e.to_string())?;
+    if !line.contains(" 200 ") {
+        return Err(format!("refused: {}", line.trim()));
+    }
+    let mut updates = 0;
+    while Instant::now() < until {
+        line.clear();
+        if reader.read_line(&mut line).map_err(|e| e.to_string())? == 0 {
+            return Err("the stream ended".into());
+        }
+        let Some(data) = line.strip_prefix("data:") else { continue };
+        let received = now_ms();
+        let update: serde_json::Value = serde_json::from_str(data.trim()).map_err(|e| e.to_string())?;
+        let sent = update["sent_at_ms"].as_f64().ok_or("no sent_at_ms")?;
+        let _ = delays.send(received - sent);
+        updates += 1;
+    }
+    Ok(updates)
+}
+
+struct Run {
+    delays: Vec<f64>,
+    updates: Vec<u64>,
+    cpu_percent: f64,
+    rss: u64,
+}
+
+fn run(addr: SocketAddr, pid: u32, clients: usize, seconds: u64) -> Run {
+    let until = Instant::now() + Duration::from_secs(seconds) + Duration::from_secs(2);
+    let (tx, rx) = mpsc::channel();
+    let threads: Vec<_> = (0..clients)
+        .map(|_| {
+            let tx = tx.clone();
+            std::thread::spawn(move || client(addr, until, tx))
+        })
+        .collect();
+    drop(tx);
+    // Measured after every client is connected and past its first update.
+    std::thread::sleep(Duration::from_secs(2));
+    let (cpu0, t0) = (cpu_ns(pid), Instant::now());
+    let mut delays = Vec::new();
+    while let Ok(delay) = rx.recv() {
+        if t0.elapsed() > Duration::ZERO {
+            delays.push(delay);
+        }
+        if t0.elapsed() >= Duration::from_secs(seconds) {
+            break;
+        }
+    }
+    let cpu_percent = (cpu_ns(pid) - cpu0) as f64 / t0.elapsed().as_nanos() as f64 * 100.0;
+    let rss = memory(pid).0;
+    let updates = threads.into_iter().map(|t| t.join().expect("client").expect("the client's stream")).collect();
+    Run { delays, updates, cpu_percent, rss }
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * q).round() as usize]
+}
+
+fn main() {
+    let numbers: Vec<u64> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let clients = numbers.first().copied().unwrap_or(100) as usize;
+    let seconds = numbers.get(1).copied().unwrap_or(30);
+    let sandbox = Sandbox::new();
+    // A workload on one of the two cores: a busy host, with room left for the clients.
+    let _workload = Running(
+        sandbox
+            .env(&mut Command::new(neuron_bench()))
+            .args(["demo", "--no-dashboard"])
+            .env("NEURON_RT_VISIBLE_CORES", "0")
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("the workload starts"),
+    );
+    let mut dashboard = Running(
+        sandbox
+            .env(&mut Command::new(env!("CARGO_BIN_EXE_neuron-dashboard")))
+            .args(["--listen", "127.0.0.1:0", "--max-streams", &(clients + 8).to_string()])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the dashboard starts"),
+    );
+    let mut line = String::new();
+    BufReader::new(dashboard.0.stderr.take().expect("stderr")).read_line(&mut line).expect("the address");
+    let url = line.split_whitespace().find(|w| w.starts_with("http://")).expect("serving http://…");
+    let addr: SocketAddr = url.trim_start_matches("http://").trim_end_matches('/').parse().expect("an address");
+    let pid = dashboard.0.id();
+    std::thread::sleep(Duration::from_secs(3));
+
+    let one = run(addr, pid, 1, seconds);
+    let mut many = run(addr, pid, clients, seconds);
+    many.delays.sort_by(f64::total_cmp);
+    let mut single = one.delays.clone();
+    single.sort_by(f64::total_cmp);
+    let (min_updates, max_updates) =
+        (many.updates.iter().min().copied().unwrap_or(0), many.updates.iter().max().copied().unwrap_or(0));
+    println!("live feed on loopback, {seconds} s measured, a workload on one core, 2-vCPU host");
+    println!("| pages | updates received | delay p50 | p99 | max | dashboard CPU (one core) | RSS |");
+    println!("|---|---|---|---|---|---|---|");
+    for (n, r, d) in [(1, &one, &single), (clients, &many, &many.delays)] {
+        println!(
+            "| {n} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.2}% | {:.1} MiB |",
+            d.len(),
+            percentile(d, 0.5),
+            percentile(d, 0.99),
+            d[d.len() - 1],
+            r.cpu_percent,
+            r.rss as f64 / (1 << 20) as f64
+        );
+    }
+    println!("updates per page: {min_updates} to {max_updates}");
+    println!(
+        "ratio: {clients} pages cost {:.1}x the CPU of one ({:.3}% of a core per extra page)",
+        many.cpu_percent / one.cpu_percent.max(1e-9),
+        (many.cpu_percent - one.cpu_percent) / (clients - 1).max(1) as f64
+    );
+    let p99 = percentile(&many.delays, 0.99);
+    assert!(p99 <= 200.0, "p99 delay {p99:.1} ms is over 200 ms");
+}

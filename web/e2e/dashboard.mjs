@@ -1,0 +1,132 @@
+// Drives the dashboard in a real headless Chromium (the system's, through
+// playwright-core) and checks what a person would look at:
+//   the live page shows the running workload's cores, with values that change;
+//   the live timeline receives events, pauses, and shows an event's details on a click;
+//   a profile opens, paints its timeline, zooms (wheel and button), shows its summary
+//   and sortable tables, and offers its Perfetto trace;
+//   two profiles compare per HLO instruction.
+// Usage: node dashboard.mjs BASE_URL PROFILE_A PROFILE_B SCREENSHOT_DIR
+// Prints one JSON line of measurements; exits non-zero on the first failed check.
+
+import { chromium } from 'playwright-core';
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+
+const [base, profileA, profileB, shots] = process.argv.slice(2);
+if (!base || !profileA || !profileB || !shots) {
+  console.error('usage: node dashboard.mjs BASE_URL PROFILE_A PROFILE_B SCREENSHOT_DIR');
+  process.exit(2);
+}
+mkdirSync(shots, { recursive: true });
+const executablePath = process.env.CHROMIUM || '/usr/bin/chromium';
+const measured = {};
+
+function check(condition, message) {
+  if (!condition) throw new Error(`check failed: ${message}`);
+}
+
+async function waitFor(page, predicate, arg, what, timeout = 20000) {
+  try {
+    await page.waitForFunction(predicate, arg, { timeout, polling: 100 });
+  } catch (e) {
+    throw new Error(`timed out waiting for ${what}`);
+  }
+}
+
+const browser = await chromium.launch({ executablePath, args: ['--no-sandbox', '--disable-dev-shm-usage'] });
+try {
+  const context = await browser.newContext({ viewport: { width: 1400, height: 1000 } });
+  const page = await context.newPage();
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(e.message));
+  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+
+  // The live page.
+  await page.goto(`${base}/#/live`);
+  await waitFor(page, () => document.querySelectorAll('.runtime tr[data-core] td.util').length > 0, null, 'a core row on the live page');
+  const cells = () => page.$$eval('.runtime tr[data-core]', (rows) => rows.map((r) => [r.dataset.core, r.querySelector('td.util').textContent, r.querySelector('td.flops').textContent, r.querySelector('td.execs').textContent]));
+  await waitFor(page, () => [...document.querySelectorAll('.runtime td.util')].some((c) => c.textContent !== 'N/A'), null, 'a measured utilisation');
+  const before = await cells();
+  await page.waitForTimeout(2500);
+  const after = await cells();
+  check(before.length >= 1, 'cores are listed');
+  check(after.some((row) => row[1] !== 'N/A' && parseFloat(row[1]) > 0), `a core is busy: ${JSON.stringify(after)}`);
+  check(JSON.stringify(before) !== JSON.stringify(after), `values change: ${JSON.stringify(before)} then ${JSON.stringify(after)}`);
+  const updates = await page.$eval('#live-updates', (e) => Number(e.dataset.count));
+  check(updates >= 5, `updates arrive (${updates})`);
+  measured.live = { cores: after.length, updates, before, after };
+  await page.screenshot({ path: join(shots, 'live.png'), fullPage: true });
+
+  // The live timeline.
+  await page.goto(`${base}/#/timeline`);
+  await waitFor(page, () => Number(document.querySelector('#tl-counts')?.dataset.received || 0) > 20, null, 'events on the live timeline');
+  await page.waitForTimeout(1500);
+  await page.click('#tl-pause');
+  const received = await page.$eval('#tl-counts', (e) => Number(e.dataset.received));
+  const canvas = await page.$('#tl-canvas');
+  const box = await canvas.boundingBox();
+  let found = null;
+  // Rows start 20 px down, 18 px each; the labels take the first 190 px.
+  for (let row = 0; row < 8 && !found; row++) {
+    for (let x = box.width - 4; x > 200 && !found; x -= 3) {
+      await page.mouse.click(box.x + x, box.y + 20 + row * 18 + 9);
+      found = await page.$eval('#tl-details', (d) => (d.querySelector('b') ? d.textContent : null));
+    }
+  }
+  check(found, 'a click on an event shows its details');
+  measured.timeline = { received, details: found.slice(0, 120) };
+  await page.screenshot({ path: join(shots, 'timeline.png'), fullPage: true });
+
+  // A profile.
+  const opened = Date.now();
+  await page.goto(`${base}/#/profile/${encodeURIComponent(profileA)}`);
+  await waitFor(page, () => Number(document.querySelector('#pf-canvas')?.dataset.views || 0) >= 1, null, 'the first paint of the profile');
+  measured.profile = { first_paint_ms: Date.now() - opened };
+  await waitFor(page, () => (document.querySelector('#pf-summary-text')?.textContent || '').includes('executions:'), null, 'the summary');
+  const summaryText = await page.$eval('#pf-summary-text', (e) => e.textContent);
+  check(/engines \(device time/.test(summaryText), 'the summary lists the engines');
+  const range0 = await page.$eval('#pf-range', (e) => e.textContent);
+  const views0 = await page.$eval('#pf-canvas', (e) => Number(e.dataset.views));
+  const pf = await (await page.$('#pf-canvas')).boundingBox();
+  await page.mouse.move(pf.x + pf.width * 0.4, pf.y + 40);
+  for (let k = 0; k < 4; k++) await page.mouse.wheel(0, -400);
+  await waitFor(page, (v) => Number(document.querySelector('#pf-canvas').dataset.views) > v, views0, 'a view after zooming');
+  const range1 = await page.$eval('#pf-range', (e) => e.textContent);
+  check(range1 !== range0, `zooming changes the range (${range0} -> ${range1})`);
+  const views1 = await page.$eval('#pf-canvas', (e) => Number(e.dataset.views));
+  await page.click('#pf-zoom-in');
+  await waitFor(page, (v) => Number(document.querySelector('#pf-canvas').dataset.views) > v, views1, 'a view after the zoom button');
+  measured.profile.view_ms = await page.$eval('#pf-canvas', (e) => Number(e.dataset.lastViewMs));
+  measured.profile.ranges = [range0, range1, await page.$eval('#pf-range', (e) => e.textContent)];
+  const opcodeRows = await page.$$eval('#pf-opcodes tbody tr', (rows) => rows.length);
+  const hloRows = await page.$$eval('#pf-hlo tbody tr', (rows) => rows.length);
+  check(opcodeRows > 0 && hloRows > 0, `tables have rows (${opcodeRows} opcodes, ${hloRows} HLO instructions)`);
+  const firstHlo = () => page.$eval('#pf-hlo tbody tr td', (td) => td.textContent);
+  const top = await firstHlo();
+  await page.click('#pf-hlo th[data-key="hlo"]');
+  const sorted = await page.$$eval('#pf-hlo tbody tr td:first-child', (tds) => tds.map((t) => t.textContent));
+  check(JSON.stringify(sorted) === JSON.stringify([...sorted].sort((a, b) => a.localeCompare(b))), 'sorting by name orders the rows');
+  measured.profile.tables = { opcodes: opcodeRows, hlo: hloRows, top_hlo: top };
+  await page.screenshot({ path: join(shots, 'profile.png'), fullPage: true });
+  const href = await page.$eval('#pf-perfetto', (a) => a.href);
+  const download = await page.request.get(href);
+  check(download.ok(), `the Perfetto link answers ${download.status()}`);
+  const body = await download.body();
+  check(body.length > 100, `the Perfetto trace has bytes (${body.length})`);
+  measured.profile.perfetto_bytes = body.length;
+
+  // Two profiles compared.
+  await page.goto(`${base}/#/compare/${encodeURIComponent(profileA)}/${encodeURIComponent(profileB)}`);
+  await waitFor(page, () => document.querySelectorAll('#cmp-table tbody tr').length > 0, null, 'the comparison table');
+  measured.compare = { rows: await page.$$eval('#cmp-table tbody tr', (r) => r.length) };
+  await page.screenshot({ path: join(shots, 'compare.png'), fullPage: true });
+
+  // The profiles list.
+  await page.goto(`${base}/#/profiles`);
+  await waitFor(page, () => document.querySelectorAll('a.profile-link').length >= 2, null, 'the list of profiles');
+
+  check(errors.length === 0, `no script errors: ${errors.join(' | ')}`);
+  console.log(JSON.stringify(measured));
+} finally {
+  await browser.close();
+}

@@ -1,0 +1,280 @@
+//! The live timeline's feed: one thread tails the event rings of every runtime on the
+//! host (system and device events, from the moment a page connects) and publishes
+//! batches of spans on the host clock to every connected page. System events are
+//! paired start with stop on the server; device events are moved onto the host clock
+//! through their core's latest `timestamp_sync_point`. A batch stays under
+//! [`MAX_BATCH_BYTES`]: what does not fit is counted, never silently dropped.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use neuron_runtime::datastore::{DatastoreReader, Liveness, Tail, TailStart, TraceEvent, discover_new};
+use neuron_runtime::trace::clock::monotonic_ns;
+use neuron_runtime::trace::event::{EventData, Phase, SystemEvent};
+use serde_json::{Value, json};
+use tokio::sync::broadcast;
+
+/// The largest batch sent to a page.
+pub const MAX_BATCH_BYTES: usize = 64 * 1024;
+/// How often the rings are read.
+const POLL: Duration = Duration::from_millis(100);
+/// Starts waiting for their stop, per runtime, at most.
+const MAX_OPEN: usize = 4096;
+/// Device events waiting for their core's first sync point, per core, at most.
+const MAX_PENDING: usize = 4096;
+
+struct Followed {
+    reader: DatastoreReader,
+    tail: Tail,
+    pid: u32,
+    tag: String,
+    /// Host minus device clock per core, from the latest sync point.
+    offsets: HashMap<u32, i128>,
+    /// Starts by (core, tracking id, event type).
+    open: HashMap<(Option<u32>, u64, u8), SystemEvent>,
+    /// Device events of cores without a sync point yet.
+    pending: BTreeMap<u32, Vec<Value>>,
+    lost_reported: u64,
+}
+
+/// A batch under construction: spans until the byte budget, then only counts.
+struct Batch {
+    spans: Vec<Value>,
+    bytes: usize,
+    /// Spans left out because the batch was full.
+    thinned: u64,
+    /// Events the rings overwrote before they were read.
+    lost: u64,
+}
+
+impl Batch {
+    fn push(&mut self, span: Value) {
+        let size = span.to_string().len() + 1;
+        if self.bytes + size > MAX_BATCH_BYTES - 512 {
+            self.thinned += 1;
+        } else {
+            self.bytes += size;
+            self.spans.push(span);
+        }
+    }
+}
+
+impl Batch {
+    /// Adds what fits of `spans`, taken evenly through them (every core and engine gets
+    /// its share), and counts the rest as thinned.
+    fn push_evenly(&mut self, spans: Vec<Value>) {
+        let sizes: Vec<usize> = spans.iter().map(|s| s.to_string().len() + 1).collect();
+        let total: usize = sizes.iter().sum();
+        let room = (MAX_BATCH_BYTES - 512).saturating_sub(self.bytes);
+        // Keep one in `stride`, a little more sparsely than the average size says.
+        let stride = if total <= room { 1.0 } else { total as f64 / room.max(1) as f64 * 1.05 };
+        let mut next = 0.0;
+        for (k, (span, size)) in spans.into_iter().zip(sizes).enumerate() {
+            if (k as f64) < next || self.bytes + size > MAX_BATCH_BYTES - 512 {
+                self.thinned += 1;
+                continue;
+            }
+            next += stride;
+            self.bytes += size;
+            self.spans.push(span);
+        }
+    }
+}
+
+/// Starts the tail thread; it reads only while a page is connected.
+pub fn start(dir: PathBuf) -> std::io::Result<Arc<broadcast::Sender<Bytes>>> {
+    let (tx, _) = broadcast::channel(64);
+    let tx = Arc::new(tx);
+    let sender = Arc::clone(&tx);
+    std::thread::Builder::new().name("dashboard-events".into()).spawn(move || {
+        let mut followed: Vec<Followed> = Vec::new();
+        loop {
+            if sender.receiver_count() == 0 {
+                followed.clear();
+                if Arc::strong_count(&sender) == 1 {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+            discover(&dir, &mut followed);
+            let mut batch = Batch { spans: Vec::new(), bytes: 0, thinned: 0, lost: 0 };
+            // System events first: they are few, and they frame the device events.
+            let mut device: Vec<Value> = Vec::new();
+            for f in &mut followed {
+                poll(f, &mut batch, &mut device);
+            }
+            batch.push_evenly(device);
+            followed.retain(|f| f.reader.liveness() == Liveness::Live);
+            let message = json!({
+                "now_ns": monotonic_ns(),
+                "spans": batch.spans,
+                "thinned": batch.thinned,
+                "lost": batch.lost,
+                "runtimes": followed.iter().map(|f| json!({"pid": f.pid, "tag": f.tag})).collect::<Vec<_>>(),
+            });
+            let _ = sender.send(Bytes::from(message.to_string()));
+            std::thread::sleep(POLL);
+        }
+    })?;
+    Ok(tx)
+}
+
+fn discover(dir: &std::path::Path, followed: &mut Vec<Followed>) {
+    let known = |pid: u32| followed.iter().any(|f| f.pid == pid);
+    let Ok(found) = discover_new(dir, &known) else { return };
+    for entry in found {
+        let Ok(reader) = entry.reader else { continue };
+        if reader.liveness() != Liveness::Live {
+            continue;
+        }
+        let tail = reader.tail(TailStart::Now, None, u64::MAX, true);
+        let tag = reader.info().label();
+        followed.push(Followed {
+            reader,
+            tail,
+            pid: entry.pid,
+            tag,
+            offsets: HashMap::new(),
+            open: HashMap::new(),
+            pending: BTreeMap::new(),
+            lost_reported: 0,
+        });
+    }
+}
+
+fn poll(f: &mut Followed, batch: &mut Batch, device: &mut Vec<Value>) {
+    let mut events = Vec::new();
+    f.tail.poll(&f.reader, 65_536, false, &mut events);
+    let lost = f.tail.lost();
+    batch.lost += lost - f.lost_reported;
+    f.lost_reported = lost;
+    for event in events {
+        match event {
+            TraceEvent::System(e) => system(f, e, batch),
+            TraceEvent::Device(e) => {
+                let mut span = json!({
+                    "kind": "device",
+                    "pid": f.pid,
+                    "core": e.nc_idx,
+                    "name": device_name(&e),
+                    "lane": device_lane(&e),
+                    "device_start_ns": e.start_ns,
+                    "device_end_ns": e.end_ns,
+                    "details": e,
+                });
+                match f.offsets.get(&e.nc_idx) {
+                    Some(&offset) => {
+                        place(&mut span, offset);
+                        device.push(span);
+                    }
+                    None => {
+                        let pending = f.pending.entry(e.nc_idx).or_default();
+                        if pending.len() < MAX_PENDING {
+                            pending.push(span);
+                        } else {
+                            batch.thinned += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Device events that waited for their core's first sync point.
+    let ready: Vec<u32> = f.pending.keys().copied().filter(|c| f.offsets.contains_key(c)).collect();
+    for core in ready {
+        let offset = f.offsets[&core];
+        for mut span in f.pending.remove(&core).unwrap_or_default() {
+            place(&mut span, offset);
+            device.push(span);
+        }
+    }
+}
+
+/// Sets a device span's host times from its device times.
+fn place(span: &mut Value, offset: i128) {
+    let host = |key: &str| {
+        let device = span[key].as_u64().unwrap_or(0);
+        (i128::from(device) + offset).clamp(0, i128::from(u64::MAX)) as u64
+    };
+    let (start, end) = (host("device_start_ns"), host("device_end_ns"));
+    span["start_ns"] = start.into();
+    span["end_ns"] = end.into();
+}
+
+fn device_name(e: &neuron_runtime::trace::event::DeviceEvent) -> String {
+    match &e.activity {
+        neuron_runtime::trace::event::DeviceActivity::Instruction { opcode, .. } => opcode.clone(),
+        neuron_runtime::trace::event::DeviceActivity::Dma { queue, index, .. } => format!("{} {index}", queue.name()),
+    }
+}
+
+/// The engine or DMA queue the event ran on.
+fn device_lane(e: &neuron_runtime::trace::event::DeviceEvent) -> String {
+    match &e.activity {
+        neuron_runtime::trace::event::DeviceActivity::Instruction { engine, .. } => engine.name().to_string(),
+        neuron_runtime::trace::event::DeviceActivity::Dma { queue, .. } => format!("DMA {}", queue.name()),
+    }
+}
+
+fn system(f: &mut Followed, e: SystemEvent, batch: &mut Batch) {
+    if let EventData::SyncPoint { cpu_timestamp_ns, nc_timestamp_ns } = e.data {
+        if let Some(core) = e.nc_idx {
+            f.offsets.insert(core, i128::from(cpu_timestamp_ns) - i128::from(nc_timestamp_ns));
+        }
+        return;
+    }
+    let host_time = |f: &Followed, e: &SystemEvent| match e.clock {
+        neuron_runtime::trace::event::ClockDomain::Host => Some(e.timestamp_ns),
+        neuron_runtime::trace::event::ClockDomain::Device => e
+            .nc_idx
+            .and_then(|c| f.offsets.get(&c))
+            .map(|&o| (i128::from(e.timestamp_ns) + o).clamp(0, i128::from(u64::MAX)) as u64),
+    };
+    let key = (e.nc_idx, e.tracking_id, e.event_type as u8);
+    match e.phase {
+        Phase::Start => {
+            if f.open.len() >= MAX_OPEN {
+                batch.thinned += 1;
+                return;
+            }
+            f.open.insert(key, e);
+        }
+        Phase::Stop => {
+            let Some(start) = f.open.remove(&key) else { return };
+            let (Some(t0), Some(t1)) = (host_time(f, &start), host_time(f, &e)) else { return };
+            let mut details = serde_json::to_value(&start).unwrap_or_default();
+            if let (Some(map), Value::Object(stop)) =
+                (details["data"].as_object_mut(), serde_json::to_value(&e).unwrap_or_default()["data"].take())
+            {
+                map.extend(stop);
+            }
+            batch.push(json!({
+                "kind": "system",
+                "pid": f.pid,
+                "core": e.nc_idx,
+                "name": e.event_type.name(),
+                "lane": "runtime",
+                "start_ns": t0,
+                "end_ns": t1.max(t0),
+                "details": details,
+            }));
+        }
+        Phase::Instant => {
+            let Some(t) = host_time(f, &e) else { return };
+            batch.push(json!({
+                "kind": "system",
+                "pid": f.pid,
+                "core": e.nc_idx,
+                "name": e.event_type.name(),
+                "lane": "runtime",
+                "start_ns": t,
+                "end_ns": t,
+                "details": e,
+            }));
+        }
+    }
+}

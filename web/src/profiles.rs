@@ -1,0 +1,225 @@
+//! The profile viewer's side on the server: the NTFF files of the profiles directory,
+//! resolved by plain name only, opened and indexed once and kept (a few at a time).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::SystemTime;
+
+use ntff::NtffFile;
+use ntff::summary::{Summary, summarise};
+use serde::Serialize;
+use tokio::sync::OnceCell;
+
+use crate::index::ProfileIndex;
+
+/// Profiles kept indexed in memory at once.
+const KEPT: usize = 3;
+
+/// A file of the profiles directory.
+#[derive(Debug, Serialize)]
+pub struct Entry {
+    pub name: String,
+    pub bytes: u64,
+    /// Seconds since the Unix epoch.
+    pub modified: u64,
+}
+
+/// An indexed profile, with its summary once asked for.
+#[derive(Debug)]
+pub struct Profile {
+    pub name: String,
+    pub index: ProfileIndex,
+    summary: OnceLock<Summary>,
+}
+
+impl Profile {
+    pub fn summary(&self) -> &Summary {
+        self.summary.get_or_init(|| summarise(self.index.file(), None))
+    }
+}
+
+type Slot = Arc<OnceCell<Result<Arc<Profile>, String>>>;
+
+/// A profile open (or being opened): its path, and its file's length and time then.
+#[derive(Debug)]
+struct Open {
+    path: PathBuf,
+    len: u64,
+    modified: Option<SystemTime>,
+    slot: Slot,
+}
+
+/// The profiles directory and the profiles open from it.
+#[derive(Debug)]
+pub struct Profiles {
+    dir: Option<PathBuf>,
+    /// By path, with the file's length and time when it was opened; most recent last.
+    open: Mutex<Vec<Open>>,
+}
+
+impl Profiles {
+    pub fn new(dir: Option<PathBuf>) -> Profiles {
+        Profiles { dir: dir.and_then(|d| d.canonicalize().ok().or(Some(d))), open: Mutex::new(Vec::new()) }
+    }
+
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    /// The NTFF files of the directory, newest first.
+    pub fn list(&self) -> std::io::Result<Vec<Entry>> {
+        let Some(dir) = &self.dir else { return Ok(Vec::new()) };
+        let mut entries = Vec::new();
+        for entry in std::fs::read_dir(dir)?.flatten() {
+            let Some(name) = entry.file_name().to_str().map(str::to_string) else { continue };
+            let Some(path) = self.resolve(&name) else { continue };
+            let Ok(meta) = std::fs::metadata(path) else { continue };
+            let modified = meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs());
+            entries.push(Entry { name, bytes: meta.len(), modified });
+        }
+        entries.sort_by(|a, b| b.modified.cmp(&a.modified).then_with(|| a.name.cmp(&b.name)));
+        Ok(entries)
+    }
+
+    /// The path of profile `name`: a plain `.ntff` file name of the directory, a regular
+    /// file there (after links are followed). Anything else is not found.
+    pub fn resolve(&self, name: &str) -> Option<PathBuf> {
+        let dir = self.dir.as_ref()?;
+        let name = valid_name(name)?;
+        let path = dir.join(name).canonicalize().ok()?;
+        (path.parent() == Some(dir.as_path()) && path.is_file()).then_some(path)
+    }
+
+    /// Profile `name`, indexed on first use (off the async threads); `None` when there is
+    /// no such profile.
+    pub async fn get(&self, name: &str) -> Option<Result<Arc<Profile>, String>> {
+        let path = self.resolve(name)?;
+        let meta = std::fs::metadata(&path).ok()?;
+        let (len, modified) = (meta.len(), meta.modified().ok());
+        let slot = {
+            let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+            let found = open.iter().position(|o| o.path == path && o.len == len && o.modified == modified);
+            let slot = match found {
+                Some(k) => open.remove(k).slot,
+                None => {
+                    open.retain(|o| o.path != path);
+                    Slot::default()
+                }
+            };
+            open.push(Open { path: path.clone(), len, modified, slot: Arc::clone(&slot) });
+            if open.len() > KEPT {
+                open.remove(0);
+            }
+            slot
+        };
+        let name = name.to_string();
+        let result = slot
+            .get_or_init(|| async move {
+                let opened = tokio::task::spawn_blocking(move || {
+                    let file = NtffFile::open(&path).map_err(|e| format!("{name}: {e}"))?;
+                    Ok(Arc::new(Profile { name, index: ProfileIndex::build(file), summary: OnceLock::new() }))
+                })
+                .await;
+                opened.unwrap_or_else(|e| Err(format!("indexing failed: {e}")))
+            })
+            .await;
+        Some(result.clone())
+    }
+}
+
+/// `name` when it is a plain file name ending in `.ntff`: no separators, no parent
+/// references, not hidden, printable.
+fn valid_name(name: &str) -> Option<&str> {
+    let plain = !name.is_empty()
+        && name.len() <= 255
+        && !name.starts_with('.')
+        && !name.contains(['/', '\\', '\0'])
+        && !name.chars().any(char::is_control)
+        && name.ends_with(".ntff");
+    plain.then_some(name)
+}
+
+/// One HLO instruction in two profiles.
+#[derive(Debug, Serialize)]
+pub struct HloDifference {
+    pub hlo: String,
+    pub a_time_s: Option<f64>,
+    pub b_time_s: Option<f64>,
+    /// `b - a`, a missing side counting as zero.
+    pub difference_s: f64,
+    /// `b / a`, when both are there.
+    pub ratio: Option<f64>,
+    pub a_instructions: u64,
+    pub b_instructions: u64,
+}
+
+/// Per HLO instruction, the device time of `b` against `a`, largest change first.
+pub fn compare(a: &Summary, b: &Summary) -> Vec<HloDifference> {
+    let mut rows: HashMap<&str, (Option<&ntff::summary::HloSummary>, Option<&ntff::summary::HloSummary>)> =
+        HashMap::new();
+    for h in &a.hlo_instructions {
+        rows.entry(&h.hlo).or_default().0 = Some(h);
+    }
+    for h in &b.hlo_instructions {
+        rows.entry(&h.hlo).or_default().1 = Some(h);
+    }
+    let mut out: Vec<HloDifference> = rows
+        .into_iter()
+        .map(|(hlo, (x, y))| {
+            let (ta, tb) = (x.map(|h| h.time_s), y.map(|h| h.time_s));
+            HloDifference {
+                hlo: hlo.to_string(),
+                a_time_s: ta,
+                b_time_s: tb,
+                difference_s: tb.unwrap_or(0.0) - ta.unwrap_or(0.0),
+                ratio: ta.zip(tb).filter(|(a, _)| *a > 0.0).map(|(a, b)| b / a),
+                a_instructions: x.map_or(0, |h| h.instructions),
+                b_instructions: y.map_or(0, |h| h.instructions),
+            }
+        })
+        .collect();
+    out.sort_by(|p, q| q.difference_s.abs().total_cmp(&p.difference_s.abs()).then_with(|| p.hlo.cmp(&q.hlo)));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_plain_ntff_names_are_valid() {
+        for good in ["a.ntff", "ntff_pid_12_0.ntff", "with space.ntff"] {
+            assert_eq!(valid_name(good), Some(good));
+        }
+        for bad in
+            ["", "../a.ntff", "a/b.ntff", "..\\a.ntff", ".hidden.ntff", "a.txt", "a.ntff\0", "/etc/passwd", "a\n.ntff"]
+        {
+            assert_eq!(valid_name(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn resolve_stays_inside_the_directory() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let dir = root.path().join("profiles");
+        std::fs::create_dir(&dir).expect("mkdir");
+        std::fs::write(dir.join("in.ntff"), b"x").expect("write");
+        std::fs::write(root.path().join("out.ntff"), b"x").expect("write");
+        std::os::unix::fs::symlink(root.path().join("out.ntff"), dir.join("link.ntff")).expect("symlink");
+        std::fs::create_dir(dir.join("sub.ntff")).expect("mkdir");
+        let profiles = Profiles::new(Some(dir.clone()));
+        assert!(profiles.resolve("in.ntff").is_some());
+        assert_eq!(profiles.resolve("link.ntff"), None, "a link out of the directory");
+        assert_eq!(profiles.resolve("sub.ntff"), None, "a directory");
+        assert_eq!(profiles.resolve("../out.ntff"), None);
+        assert_eq!(profiles.resolve("missing.ntff"), None);
+        let names: Vec<String> = profiles.list().expect("list").into_iter().map(|e| e.name).collect();
+        assert_eq!(names, ["in.ntff"]);
+        assert_eq!(Profiles::new(None).resolve("in.ntff"), None);
+    }
+}

@@ -1,0 +1,583 @@
+//! The HTTP server: routes, the security rules, the event streams.
+
+use std::convert::Infallible;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use bytes::Bytes;
+use futures_util::Stream;
+use neuron_runtime::config::{ENV_DATASTORE_DIR, ENV_INSTANCE_TYPE};
+use neuron_runtime::datastore::default_dir;
+use neuron_runtime::topology::{DEFAULT_INSTANCE_TYPE, InstanceType, Topology};
+use rust_embed::RustEmbed;
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::{broadcast, watch};
+
+use crate::profiles::{Profile, Profiles, compare};
+use crate::{events, live};
+
+/// The page and its scripts, built into the binary.
+#[derive(RustEmbed)]
+#[folder = "assets/"]
+struct Assets;
+
+/// The longest request line and query accepted.
+const MAX_URI_BYTES: usize = 2048;
+/// The largest request body accepted (the API takes none).
+const MAX_BODY_BYTES: usize = 1024;
+/// The cookie a token given in the address is kept in.
+const TOKEN_COOKIE: &str = "neuron_dashboard_token";
+
+/// How the dashboard runs.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub listen: SocketAddr,
+    /// The NTFF files the profile viewer lists.
+    pub profiles: Option<PathBuf>,
+    /// Required on every request when set; required to listen beyond loopback.
+    pub token: Option<String>,
+    /// Where the runtimes' datastores are.
+    pub datastore_dir: PathBuf,
+    /// The instance shown while no runtime says which it runs on.
+    pub topology: Topology,
+    /// Time between two live updates (at least 100 ms: ten a second at most).
+    pub interval: Duration,
+    /// Event streams open at once, at most.
+    pub max_streams: usize,
+}
+
+impl Options {
+    /// Defaults for `listen`: the datastores and instance type from the environment as
+    /// every tool reads them, no profiles, no token, five updates a second.
+    pub fn new(listen: SocketAddr) -> Result<Options> {
+        let instance = match std::env::var(ENV_INSTANCE_TYPE) {
+            Ok(name) => name.parse::<InstanceType>().map_err(|e| anyhow::anyhow!("{ENV_INSTANCE_TYPE}: {e}"))?,
+            Err(_) => DEFAULT_INSTANCE_TYPE,
+        };
+        let datastore_dir =
+            std::env::var_os(ENV_DATASTORE_DIR).filter(|d| !d.is_empty()).map_or_else(default_dir, PathBuf::from);
+        Ok(Options {
+            listen,
+            profiles: None,
+            token: None,
+            datastore_dir,
+            topology: instance.topology(),
+            interval: Duration::from_millis(200),
+            max_streams: 128,
+        })
+    }
+}
+
+/// `PORT` alone is on loopback; `HOST:PORT` and `[V6]:PORT` are taken as they are.
+pub fn listen_address(addr: &str) -> Result<SocketAddr> {
+    if let Ok(port) = addr.trim_start_matches(':').parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    addr.to_socket_addrs()
+        .with_context(|| format!("--listen {addr:?}: not a PORT, nor a HOST:PORT that resolves"))?
+        .next()
+        .with_context(|| format!("--listen {addr:?}: the host has no address"))
+}
+
+#[derive(Debug)]
+struct AppState {
+    token: Option<String>,
+    profiles: Profiles,
+    live: Arc<watch::Sender<Option<Bytes>>>,
+    events: Arc<broadcast::Sender<Bytes>>,
+    streams: AtomicUsize,
+    max_streams: usize,
+}
+
+type Shared = Arc<AppState>;
+
+/// A running dashboard.
+#[derive(Debug)]
+pub struct Dashboard {
+    addr: SocketAddr,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Dashboard {
+    /// Checks the options, binds and starts serving on a thread of its own.
+    pub fn start(options: Options) -> Result<Dashboard> {
+        if !options.listen.ip().is_loopback() && options.token.is_none() {
+            bail!(
+                "refusing to listen on {} without --token: anyone who can reach this address could see every \
+                 runtime on this host. Set a token (--token or NEURON_DASHBOARD_TOKEN), or listen on 127.0.0.1",
+                options.listen
+            );
+        }
+        if options.token.as_deref().is_some_and(|t| t.len() < 8) {
+            bail!("--token: use at least 8 characters");
+        }
+        if let Some(dir) = &options.profiles
+            && !dir.is_dir()
+        {
+            bail!("--profiles {}: not a directory", dir.display());
+        }
+        let listener = std::net::TcpListener::bind(options.listen)
+            .with_context(|| format!("cannot listen on {}", options.listen))?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let interval = options.interval.max(Duration::from_millis(100));
+        let state = Arc::new(AppState {
+            token: options.token.clone(),
+            profiles: Profiles::new(options.profiles.clone()),
+            live: live::start(options.datastore_dir.clone(), options.topology.clone(), interval)?,
+            events: events::start(options.datastore_dir.clone())?,
+            streams: AtomicUsize::new(0),
+            max_streams: options.max_streams,
+        });
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("dashboard-http")
+            .enable_all()
+            .build()?;
+        let thread = std::thread::Builder::new().name("dashboard".into()).spawn(move || {
+            runtime.block_on(async move {
+                let app = router(state);
+                match tokio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => {
+                        if let Err(e) = axum::serve(listener, app).await {
+                            eprintln!("neuron-dashboard: the server stopped: {e}");
+                        }
+                    }
+                    Err(e) => eprintln!("neuron-dashboard: cannot start: {e}"),
+                }
+            });
+        })?;
+        Ok(Dashboard { addr, thread })
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The address to open, with `fragment` (a page of the dashboard) when given.
+    pub fn url(&self, fragment: Option<&str>) -> String {
+        let host = if self.addr.ip().is_unspecified() {
+            "127.0.0.1".to_string()
+        } else if self.addr.is_ipv6() {
+            format!("[{}]", self.addr.ip())
+        } else {
+            self.addr.ip().to_string()
+        };
+        let fragment = fragment.map(|f| format!("#{f}")).unwrap_or_default();
+        format!("http://{host}:{}/{fragment}", self.addr.port())
+    }
+
+    /// Serves until the process ends.
+    pub fn wait(self) {
+        let _ = self.thread.join();
+    }
+}
+
+fn router(state: Shared) -> Router {
+    Router::new()
+        .route("/", get(page))
+        .route("/assets/{file}", get(asset))
+        .route("/api/info", get(info))
+        .route("/api/live", get(live_stream))
+        .route("/api/events", get(event_stream))
+        .route("/api/profiles", get(list_profiles))
+        .route("/api/profiles/{name}", get(profile_meta))
+        .route("/api/profiles/{name}/view", get(profile_view))
+        .route("/api/profiles/{name}/span", get(profile_span))
+        .route("/api/profiles/{name}/summary", get(profile_summary))
+        .route("/api/profiles/{name}/perfetto", get(profile_perfetto))
+        .route("/api/compare", get(compare_profiles))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, axum::Json(json!({ "error": message.into() }))).into_response()
+}
+
+async fn not_found() -> Response {
+    error(StatusCode::NOT_FOUND, "not found")
+}
+
+/// Every request: size limits, the token, and headers that keep the page to itself.
+async fn guard(State(state): State<Shared>, request: Request, next: Next) -> Response {
+    let uri_len = request.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if uri_len > MAX_URI_BYTES {
+        return error(StatusCode::URI_TOO_LONG, format!("request line over {MAX_URI_BYTES} bytes"));
+    }
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES) {
+        return error(StatusCode::PAYLOAD_TOO_LARGE, format!("request body over {MAX_BODY_BYTES} bytes"));
+    }
+    let mut set_cookie = None;
+    if let Some(token) = &state.token {
+        let from_query = query_token(request.uri().query());
+        let presented = bearer(request.headers()).or_else(|| cookie(request.headers())).or(from_query.clone());
+        if !presented.is_some_and(|p| same(p.as_bytes(), token.as_bytes())) {
+            return error(
+                StatusCode::UNAUTHORIZED,
+                "this dashboard needs its token: open it with ?token=TOKEN, or send Authorization: Bearer TOKEN",
+            );
+        }
+        if from_query.is_some() {
+            set_cookie = Some(format!("{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict"));
+        }
+    }
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'self'; img-src 'self' data:; frame-ancestors 'none'"),
+    );
+    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    if let Some(value) = set_cookie.and_then(|c| HeaderValue::from_str(&c).ok()) {
+        headers.insert(header::SET_COOKIE, value);
+    }
+    response
+}
+
+fn bearer(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    value.strip_prefix("Bearer ").map(|t| t.trim().to_string())
+}
+
+fn cookie(headers: &HeaderMap) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|pair| pair.trim().strip_prefix(TOKEN_COOKIE)?.strip_prefix('=').map(str::to_string))
+}
+
+fn query_token(query: Option<&str>) -> Option<String> {
+    query?.split('&').find_map(|pair| pair.strip_prefix("token=")).map(|t| {
+        // Tokens are taken as they are typed; `%XX` escapes are undone.
+        let bytes = t.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while i < bytes.len() {
+            let hex = |b: u8| (b as char).to_digit(16);
+            match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
+                (b'%', Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                }
+                (b, ..) => {
+                    out.push(b);
+                    i += 1;
+                }
+            }
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    })
+}
+
+/// Compares in time independent of where the first difference is.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn page() -> Response {
+    asset(Path("index.html".to_string())).await
+}
+
+async fn asset(Path(file): Path<String>) -> Response {
+    let Some(content) = Assets::get(&file) else { return not_found().await };
+    let kind = match file.rsplit('.').next() {
+        Some("html") => "text/html; charset=utf-8",
+        Some("js") => "text/javascript; charset=utf-8",
+        Some("css") => "text/css; charset=utf-8",
+        Some("svg") => "image/svg+xml",
+        _ => "application/octet-stream",
+    };
+    ([(header::CONTENT_TYPE, kind), (header::CACHE_CONTROL, "no-cache")], Body::from(content.data.into_owned()))
+        .into_response()
+}
+
+async fn info(State(state): State<Shared>) -> Response {
+    axum::Json(json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "profiles_dir": state.profiles.dir().map(|d| d.display().to_string()),
+        "max_streams": state.max_streams,
+    }))
+    .into_response()
+}
+
+/// Counts an open event stream; the count goes down when the stream is dropped.
+#[derive(Debug)]
+struct StreamSlot(Shared);
+
+impl StreamSlot {
+    fn take(state: &Shared) -> Option<StreamSlot> {
+        let taken = state
+            .streams
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < state.max_streams).then_some(n + 1));
+        taken.is_ok().then(|| StreamSlot(Arc::clone(state)))
+    }
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.streams.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn too_many(state: &Shared) -> Response {
+    let mut response = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("{} event streams are open, the most this dashboard serves (--max-streams)", state.max_streams),
+    );
+    response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+    response
+}
+
+fn sse(stream: impl Stream<Item = Result<Event, Infallible>> + Send + 'static) -> Response {
+    Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(10))).into_response()
+}
+
+async fn live_stream(State(state): State<Shared>) -> Response {
+    let Some(slot) = StreamSlot::take(&state) else { return too_many(&state) };
+    let mut rx = state.live.subscribe();
+    rx.mark_unchanged();
+    let stream = futures_util::stream::unfold((rx, slot), |(mut rx, slot)| async move {
+        rx.changed().await.ok()?;
+        let update = rx.borrow_and_update().clone()?;
+        let data = String::from_utf8_lossy(&update).into_owned();
+        Some((Ok(Event::default().event("update").data(data)), (rx, slot)))
+    });
+    sse(stream)
+}
+
+async fn event_stream(State(state): State<Shared>) -> Response {
+    let Some(slot) = StreamSlot::take(&state) else { return too_many(&state) };
+    let rx = state.events.subscribe();
+    let stream = futures_util::stream::unfold((rx, slot), |(mut rx, slot)| async move {
+        let event = match rx.recv().await {
+            Ok(batch) => Event::default().event("batch").data(String::from_utf8_lossy(&batch)),
+            // A page that reads too slowly misses batches, and is told how many.
+            Err(broadcast::error::RecvError::Lagged(n)) => {
+                Event::default().event("lagged").data(json!({ "missed_batches": n }).to_string())
+            }
+            Err(broadcast::error::RecvError::Closed) => return None,
+        };
+        Some((Ok(event), (rx, slot)))
+    });
+    sse(stream)
+}
+
+async fn list_profiles(State(state): State<Shared>) -> Response {
+    match tokio::task::spawn_blocking(move || state.profiles.list()).await {
+        Ok(Ok(entries)) => axum::Json(entries).into_response(),
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, format!("cannot list the profiles: {e}")),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn profile(state: &Shared, name: &str) -> Result<Arc<Profile>, Response> {
+    match state.profiles.get(name).await {
+        None => Err(not_found().await),
+        Some(Ok(profile)) => Ok(profile),
+        Some(Err(e)) => Err(error(StatusCode::UNPROCESSABLE_ENTITY, e)),
+    }
+}
+
+async fn profile_meta(State(state): State<Shared>, Path(name): Path<String>) -> Response {
+    let p = match profile(&state, &name).await {
+        Ok(p) => p,
+        Err(response) => return response,
+    };
+    let index = &p.index;
+    let meta = index.file().metadata();
+    let tracks: Vec<_> = index
+        .tracks
+        .iter()
+        .map(|t| json!({ "name": t.name, "core": t.core, "kind": t.kind, "spans": t.len(), "depth": t.depth() }))
+        .collect();
+    axum::Json(json!({
+        "name": p.name,
+        "duration_ns": index.end - index.origin,
+        "events": index.events,
+        "unplaced": index.unplaced,
+        "tracks": tracks,
+        "pid": meta.pid,
+        "tag": meta.process_tag,
+        "instance_type": meta.instance_type,
+        "capture_kind": meta.capture_kind,
+        "problems": index.file().recovery().describe(),
+    }))
+    .into_response()
+}
+
+#[derive(Debug, Deserialize)]
+struct ViewQuery {
+    t0: u64,
+    t1: u64,
+    columns: u32,
+}
+
+async fn profile_view(State(state): State<Shared>, Path(name): Path<String>, Query(q): Query<ViewQuery>) -> Response {
+    let p = match profile(&state, &name).await {
+        Ok(p) => p,
+        Err(response) => return response,
+    };
+    let view = tokio::task::spawn_blocking(move || serde_json::to_vec(&p.index.view(q.t0, q.t1, q.columns))).await;
+    match view {
+        Ok(Ok(json)) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
+        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct SpanQuery {
+    track: usize,
+    index: usize,
+}
+
+async fn profile_span(State(state): State<Shared>, Path(name): Path<String>, Query(q): Query<SpanQuery>) -> Response {
+    let p = match profile(&state, &name).await {
+        Ok(p) => p,
+        Err(response) => return response,
+    };
+    match p.index.details(q.track, q.index) {
+        Some(details) => axum::Json(details).into_response(),
+        None => error(StatusCode::NOT_FOUND, "no such span"),
+    }
+}
+
+async fn profile_summary(State(state): State<Shared>, Path(name): Path<String>) -> Response {
+    let p = match profile(&state, &name).await {
+        Ok(p) => p,
+        Err(response) => return response,
+    };
+    let body = tokio::task::spawn_blocking(move || {
+        let s = p.summary();
+        json!({
+            "summary": s,
+            "text": ntff::summary::to_text(s, &p.name),
+            "hlo_instructions": s.hlo_instructions,
+        })
+    })
+    .await;
+    match body {
+        Ok(body) => axum::Json(body).into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}
+
+async fn profile_perfetto(State(state): State<Shared>, Path(name): Path<String>) -> Response {
+    let Some(path) = state.profiles.resolve(&name) else { return not_found().await };
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(8);
+    tokio::task::spawn_blocking(move || {
+        let writer = ChannelWriter { tx: tx.clone(), buffer: Vec::with_capacity(1 << 20) };
+        let result = ntff::NtffFile::open(&path).and_then(|file| {
+            ntff::export::export(
+                &[file],
+                &ntff::export::ExportOptions::default(),
+                ntff::export::Format::Perfetto,
+                writer,
+                &mut |_| {},
+            )
+        });
+        if let Err(e) = result {
+            let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));
+        }
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
+    let file_name = format!("{}.perfetto-trace", name.trim_end_matches(".ntff"));
+    let disposition = format!("attachment; filename=\"{}\"", file_name.replace(['"', '\\'], "_"));
+    let mut response = Body::from_stream(stream).into_response();
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+    if let Ok(value) = HeaderValue::from_str(&disposition) {
+        response.headers_mut().insert(header::CONTENT_DISPOSITION, value);
+    }
+    response
+}
+
+/// Sends what is written to a response body, a megabyte at a time.
+struct ChannelWriter {
+    tx: tokio::sync::mpsc::Sender<std::io::Result<Bytes>>,
+    buffer: Vec<u8>,
+}
+
+impl std::io::Write for ChannelWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.buffer.extend_from_slice(bytes);
+        if self.buffer.len() >= 1 << 20 {
+            self.flush()?;
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buffer.is_empty() {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::replace(&mut self.buffer, Vec::with_capacity(1 << 20)));
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the download was cancelled"))
+    }
+}
+
+impl Drop for ChannelWriter {
+    fn drop(&mut self) {
+        let _ = std::io::Write::flush(self);
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct CompareQuery {
+    a: String,
+    b: String,
+}
+
+async fn compare_profiles(State(state): State<Shared>, Query(q): Query<CompareQuery>) -> Response {
+    // Both names are checked before either file is read.
+    if state.profiles.resolve(&q.a).is_none() || state.profiles.resolve(&q.b).is_none() {
+        return not_found().await;
+    }
+    let a = match profile(&state, &q.a).await {
+        Ok(p) => p,
+        Err(response) => return response,
+    };
+    let b = match profile(&state, &q.b).await {
+        Ok(p) => p,
+        Err(response) => return response,
+    };
+    let body = tokio::task::spawn_blocking(move || {
+        let (sa, sb) = (a.summary(), b.summary());
+        json!({
+            "a": { "name": a.name, "device_time_s": sa.device_time_s, "executions": sa.executions.count },
+            "b": { "name": b.name, "device_time_s": sb.device_time_s, "executions": sb.executions.count },
+            "hlo_instructions": compare(sa, sb),
+        })
+    })
+    .await;
+    match body {
+        Ok(body) => axum::Json(body).into_response(),
+        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    }
+}

@@ -1,0 +1,88 @@
+//! The dashboard in a real headless browser: Chromium (Debian's) driven by
+//! `playwright-core` (from npm, `web/e2e`), against a running workload and two captured
+//! profiles. The checks are in `web/e2e/dashboard.mjs`; screenshots of each page are
+//! left in `target/dashboard-screenshots`.
+
+#[path = "../../neuron-monitor/tests/support/mod.rs"]
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use support::{Running, Sandbox, neuron_bench, profiler_binary};
+
+/// What the browser test needs, or why it cannot run: in CI, a failure; elsewhere, a note.
+fn tools(e2e: &Path) -> Option<(PathBuf, PathBuf)> {
+    let chromium = PathBuf::from(std::env::var_os("CHROMIUM").unwrap_or_else(|| "/usr/bin/chromium".into()));
+    let node = Command::new("node").arg("--version").output().is_ok_and(|o| o.status.success());
+    let missing = match (node, chromium.exists(), e2e.join("node_modules/playwright-core").exists()) {
+        (false, ..) => Some("node is not installed"),
+        (_, false, _) => Some("chromium is not installed"),
+        (_, _, false) => Some("playwright-core is not installed (npm ci --prefix web/e2e)"),
+        _ => None,
+    };
+    if let Some(why) = missing {
+        assert!(std::env::var_os("CI").is_none(), "{why}: .ci/run installs it");
+        eprintln!("skipping the browser test: {why}");
+        return None;
+    }
+    Some((PathBuf::from("node"), chromium))
+}
+
+#[test]
+fn the_dashboard_in_a_headless_browser() {
+    let e2e = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e");
+    let Some((node, chromium)) = tools(&e2e) else { return };
+    let sandbox = Sandbox::new();
+    let profiles = sandbox.path().join("profiles");
+    std::fs::create_dir(&profiles).expect("mkdir");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    for (model, executions) in [("mlp", "40"), ("attention", "20")] {
+        let out = sandbox
+            .env(&mut Command::new(profiler_binary("neuron-profile")))
+            .args(["capture", "-n"])
+            .arg(examples.join(format!("{model}.hlo")))
+            .arg("-s")
+            .arg(profiles.join(format!("{model}.ntff")))
+            .args(["--num-exec", executions, "--profile-all-execs"])
+            .output()
+            .expect("neuron-profile runs");
+        assert!(out.status.success(), "capture {model}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let _workload = Running(
+        sandbox
+            .env(&mut Command::new(neuron_bench()))
+            .args(["demo", "--no-dashboard", "--duration", "300s"])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("the workload starts"),
+    );
+    let mut dashboard = Running(
+        sandbox
+            .env(&mut Command::new(env!("CARGO_BIN_EXE_neuron-dashboard")))
+            .args(["--listen", "127.0.0.1:0", "--profiles"])
+            .arg(&profiles)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the dashboard starts"),
+    );
+    let mut line = String::new();
+    BufReader::new(dashboard.0.stderr.take().expect("stderr")).read_line(&mut line).expect("the address");
+    let url =
+        line.split_whitespace().find(|w| w.starts_with("http://")).expect("serving http://…").trim_end_matches('/');
+    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/dashboard-screenshots");
+    let out = Command::new(node)
+        .current_dir(&e2e)
+        .env("CHROMIUM", chromium)
+        .arg("dashboard.mjs")
+        .args([url, "mlp.ntff", "attention.ntff"])
+        .arg(&shots)
+        .output()
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the browser checks failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let measured: serde_json::Value = serde_json::from_str(stdout.trim()).expect("measurements");
+    eprintln!("{measured:#}");
+    assert!(measured["profile"]["tables"]["hlo"].as_u64().is_some_and(|n| n > 0));
+}

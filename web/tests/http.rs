@@ -1,0 +1,205 @@
+//! The dashboard's security rules over real HTTP: loopback unless a token is set, the
+//! token on every request, profile names only inside the profiles directory, a bounded
+//! number of event streams, bounded requests.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use neuron_dashboard::{Dashboard, Options};
+
+const TOKEN: &str = "s3cret-token-42";
+
+fn options(dir: &std::path::Path) -> Options {
+    let mut options = Options::new(SocketAddr::from(([127, 0, 0, 1], 0))).expect("options");
+    options.datastore_dir = dir.join("datastores");
+    options
+}
+
+/// A response: status, headers (lower-case names), and the body read so far.
+#[derive(Debug)]
+struct Response {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Response {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+}
+
+/// Sends `request` (a whole HTTP/1.1 request) and reads the response head, and the body
+/// when it has a length.
+fn send(addr: SocketAddr, request: &str) -> (Response, BufReader<TcpStream>) {
+    let mut stream = TcpStream::connect(addr).expect("connects");
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    stream.write_all(request.as_bytes()).expect("sends");
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader.read_line(&mut line).expect("status line");
+    let status = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{line:?}"));
+    let mut headers = Vec::new();
+    loop {
+        line.clear();
+        reader.read_line(&mut line).expect("header");
+        let header = line.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        let (name, value) = header.split_once(':').expect("a header");
+        headers.push((name.to_ascii_lowercase(), value.trim().to_string()));
+    }
+    let mut response = Response { status, headers, body: String::new() };
+    if let Some(length) = response.header("content-length").and_then(|l| l.parse::<usize>().ok()) {
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body).expect("body");
+        response.body = String::from_utf8_lossy(&body).into_owned();
+    }
+    (response, reader)
+}
+
+fn get(addr: SocketAddr, path: &str, extra: &str) -> Response {
+    send(addr, &format!("GET {path} HTTP/1.1\r\nHost: localhost\r\n{extra}Connection: close\r\n\r\n")).0
+}
+
+#[test]
+fn listening_beyond_loopback_needs_a_token() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut open = options(dir.path());
+    open.listen = SocketAddr::from(([0, 0, 0, 0], 0));
+    let refused = Dashboard::start(open.clone()).expect_err("refused without a token");
+    assert!(format!("{refused:#}").contains("without --token"), "{refused:#}");
+    open.token = Some("short".into());
+    assert!(Dashboard::start(open.clone()).is_err(), "a token too short to be a secret");
+    open.token = Some(TOKEN.into());
+    let dashboard = Dashboard::start(open).expect("starts with a token");
+    let addr = SocketAddr::from(([127, 0, 0, 1], dashboard.addr().port()));
+    assert_eq!(get(addr, "/api/info", "").status, 401);
+}
+
+#[test]
+fn every_request_needs_the_token_when_one_is_set() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut open = options(dir.path());
+    open.token = Some(TOKEN.into());
+    let dashboard = Dashboard::start(open).expect("starts");
+    let addr = dashboard.addr();
+    for path in ["/", "/assets/app.js", "/api/info", "/api/profiles", "/api/live", "/api/events", "/nothing"] {
+        let response = get(addr, path, "");
+        assert_eq!(response.status, 401, "{path} without the token");
+        assert!(response.body.contains("token"), "{path}: {}", response.body);
+        assert_eq!(get(addr, path, "Authorization: Bearer wrong-token-42\r\n").status, 401, "{path}");
+    }
+    assert_eq!(get(addr, "/api/info", &format!("Authorization: Bearer {TOKEN}\r\n")).status, 200);
+    assert_eq!(get(addr, &format!("/api/info?token={TOKEN}x"), "").status, 401);
+    // The token in the address sets a cookie the page's later requests carry.
+    let first = get(addr, &format!("/?token={TOKEN}"), "");
+    assert_eq!(first.status, 200);
+    let cookie = first.header("set-cookie").expect("a cookie").to_string();
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
+    let pair = cookie.split(';').next().expect("name=value");
+    assert_eq!(get(addr, "/api/profiles", &format!("Cookie: theme=dark; {pair}\r\n")).status, 200);
+}
+
+#[test]
+fn profile_names_resolve_only_inside_the_profiles_directory() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let profiles = root.path().join("profiles");
+    std::fs::create_dir(&profiles).expect("mkdir");
+    std::fs::write(profiles.join("broken.ntff"), b"not a trace").expect("write");
+    std::fs::write(root.path().join("secret.ntff"), b"outside").expect("write");
+    std::os::unix::fs::symlink(root.path().join("secret.ntff"), profiles.join("link.ntff")).expect("symlink");
+    let mut open = options(root.path());
+    open.profiles = Some(profiles);
+    let dashboard = Dashboard::start(open).expect("starts");
+    let addr = dashboard.addr();
+    // Inside: found, and refused for what it holds.
+    let broken = get(addr, "/api/profiles/broken.ntff", "");
+    assert_eq!(broken.status, 422, "{}", broken.body);
+    assert!(broken.body.contains("not an NTFF file"), "{}", broken.body);
+    let list = get(addr, "/api/profiles", "");
+    assert!(list.body.contains("broken.ntff") && !list.body.contains("link.ntff"), "{}", list.body);
+    for path in [
+        "/api/profiles/..%2Fsecret.ntff",
+        "/api/profiles/%2e%2e%2fsecret.ntff",
+        "/api/profiles/..%2F..%2F..%2Fetc%2Fpasswd",
+        "/api/profiles/link.ntff",
+        "/api/profiles/link.ntff/summary",
+        "/api/profiles/..%5Csecret.ntff/perfetto",
+        "/api/profiles/.%2Fbroken.ntff",
+        "/api/profiles/broken.ntff%00.ntff",
+        "/api/profiles/../secret.ntff",
+        "/api/profiles/../../etc/passwd",
+        "/assets/..%2F..%2FCargo.toml",
+        "/assets/../../Cargo.toml",
+        "/api/compare?a=broken.ntff&b=..%2Fsecret.ntff",
+    ] {
+        let response = get(addr, path, "");
+        assert_eq!(response.status, 404, "{path}: {}", response.body);
+        assert!(!response.body.contains("outside"), "{path}");
+    }
+}
+
+#[test]
+fn event_streams_are_bounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut open = options(dir.path());
+    open.max_streams = 3;
+    let dashboard = Dashboard::start(open).expect("starts");
+    let addr = dashboard.addr();
+    let request = "GET /api/live HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    let mut streams: Vec<_> = (0..3)
+        .map(|k| {
+            let path = if k == 0 { "/api/events" } else { "/api/live" };
+            let (response, reader) = send(addr, &request.replace("/api/live", path));
+            assert_eq!(response.status, 200);
+            assert_eq!(response.header("content-type"), Some("text/event-stream"));
+            reader
+        })
+        .collect();
+    // An update arrives on an open stream.
+    let mut line = String::new();
+    while !line.starts_with("data:") {
+        line.clear();
+        streams[1].read_line(&mut line).expect("an update");
+    }
+    let update: serde_json::Value = serde_json::from_str(line.trim_start_matches("data:").trim()).expect("json");
+    assert!(update["seq"].as_u64().is_some_and(|s| s >= 1), "{update}");
+    let refused = send(addr, request).0;
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.header("retry-after"), Some("5"));
+    assert_eq!(send(addr, &request.replace("/api/live", "/api/events")).0.status, 503);
+    // Pages that go away free their place (noticed at the next update).
+    drop(streams.pop());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status = send(addr, request).0.status;
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the closed stream's place was not freed ({status})");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn requests_are_bounded_in_size_and_kind() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dashboard = Dashboard::start(options(dir.path())).expect("starts");
+    let addr = dashboard.addr();
+    let long = format!("/api/profiles?{}", "x".repeat(4096));
+    assert_eq!(get(addr, &long, "").status, 414);
+    let post = "POST /api/info HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100000\r\nConnection: close\r\n\r\n";
+    assert_eq!(send(addr, post).0.status, 413);
+    let small_post = "POST /api/info HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}";
+    assert_eq!(send(addr, small_post).0.status, 405);
+    let page = get(addr, "/", "");
+    assert_eq!(page.status, 200);
+    assert_eq!(page.header("x-content-type-options"), Some("nosniff"));
+    assert!(page.header("content-security-policy").is_some_and(|c| c.contains("default-src 'self'")));
+    assert!(page.body.contains("/assets/app.js"));
+    assert_eq!(get(addr, "/api/profiles/a.ntff/view?t0=x", "").status, 400, "a malformed query");
+    assert_eq!(get(addr, "/api/profiles/a.ntff/view?t0=0&t1=1&columns=9", "").status, 404, "no profiles directory");
+}
