@@ -278,15 +278,16 @@ export function comparePage(main, a, b) {
   getJSON(`/api/compare?a=${encodeURIComponent(a)}&b=${encodeURIComponent(b)}`).then((c) => {
     body.replaceChildren(
       el('div', { class: 'figures' },
-        figure(`device time of ${c.a.name}`, seconds(c.a.device_time_s)),
-        figure(`device time of ${c.b.name}`, seconds(c.b.device_time_s)),
-        figure('executions', `${thousands(c.a.executions)} → ${thousands(c.b.executions)}`)),
-      el('div', { class: 'card' }, el('h3', {}, 'Device time per HLO instruction (B − A; largest change first)'), sortableTable([
+        figure(`A: ${c.a.name}, device time per execution`, seconds(c.a.device_time_s / Math.max(1, c.a.device_traced))),
+        figure(`B: ${c.b.name}, device time per execution`, seconds(c.b.device_time_s / Math.max(1, c.b.device_traced))),
+        figure('executions with a device trace', `${thousands(c.a.device_traced)} → ${thousands(c.b.device_traced)}`)),
+      el('div', { class: 'card' }, el('h3', {}, 'Device time per execution, per HLO instruction (B − A; largest change first)'), sortableTable([
         { key: 'hlo', label: 'HLO instruction', text: true },
         { key: 'a_time_s', label: 'A', format: seconds }, { key: 'b_time_s', label: 'B', format: seconds },
         { key: 'difference_s', label: 'B − A', format: (v) => el('span', { class: v > 0 ? 'bad' : v < 0 ? 'good' : '' }, `${v > 0 ? '+' : ''}${seconds(v)}`) },
         { key: 'ratio', label: 'B / A', format: (v) => (v == null ? NA : `${v.toFixed(2)}×`) },
-        { key: 'a_instructions', label: 'instructions A', format: thousands }, { key: 'b_instructions', label: 'instructions B', format: thousands },
+        { key: 'a_instructions', label: 'instructions A', format: (v) => (v == null ? NA : Number(v.toFixed(2))) },
+        { key: 'b_instructions', label: 'instructions B', format: (v) => (v == null ? NA : Number(v.toFixed(2))) },
       ], c.hlo_instructions.map((r) => ({ ...r, magnitude: Math.abs(r.difference_s) })), { sortKey: 'magnitude', id: 'cmp-table' })));
   }).catch((e) => body.replaceChildren(el('div', { class: 'error' }, e.message)));
   return {};

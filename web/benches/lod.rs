@@ -8,7 +8,8 @@
 //! engines and transfers on three DMA queues. The baseline is what a viewer without an
 //! index does for every view: decode the file's events again.
 //!
-//! `cargo bench -p neuron-dashboard --bench lod [-- EVENTS]`
+//! `cargo bench -p neuron-dashboard --bench lod [-- EVENTS]` (`LOD_PROFILE_DIR=DIR` keeps
+//! the profile there as `large.ntff`)
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -16,7 +17,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use neuron_dashboard::{Dashboard, Options};
-use ntff::{Arg, ArgValue, Clock, Descriptor, DeviceEvent, Metadata, NtffFile, Phase, SyncPoint, SystemEvent, Writer};
+use ntff::{Arg, Clock, Descriptor, DeviceEvent, Metadata, NtffFile, Phase, SyncPoint, SystemEvent, Writer};
 
 /// Instructions and transfers of one execution, and their length on the device.
 const PROGRAM: [(&str, &str, u64); 12] = [
@@ -67,7 +68,7 @@ fn write_profile(path: &Path, events: u64) -> u64 {
             (w.descriptor(&d), ns)
         })
         .collect();
-    let (execute, running, status) = (w.intern("nrt_execute"), w.intern("nc_exec_running"), w.intern("status"));
+    let (execute, running) = (w.intern("nrt_execute"), w.intern("nc_exec_running"));
     let per_execution = INSTRUCTIONS_PER_EXECUTION as u64 + 4;
     let executions = events / per_execution;
     let mut clocks = vec![1_000_000_000u64; CORES as usize];
@@ -114,8 +115,7 @@ fn write_profile(path: &Path, events: u64) -> u64 {
             w.device(&e).expect("write");
         }
         device = last + 1_000;
-        let ok = vec![Arg { key: status, value: ArgValue::U64(0) }];
-        w.system(&system(running, Phase::Stop, Clock::Device, device, ok)).expect("write");
+        w.system(&system(running, Phase::Stop, Clock::Device, device, Vec::new())).expect("write");
         w.sync_point(core, SyncPoint { host_ns: device + offset, device_ns: device }).expect("write");
         w.system(&system(execute, Phase::Stop, Clock::Host, device + offset + 15_000, Vec::new())).expect("write");
         clocks[core as usize] = device + offset + 40_000;
@@ -145,7 +145,9 @@ fn percentile(sorted: &[f64], q: f64) -> f64 {
 fn main() {
     let events: u64 = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(10_000_000);
     let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("large.ntff");
+    // LOD_PROFILE_DIR keeps the profile, e.g. to open it in a browser afterwards.
+    let kept = std::env::var_os("LOD_PROFILE_DIR").map(std::path::PathBuf::from);
+    let path = kept.as_deref().unwrap_or(dir.path()).join("large.ntff");
     let started = Instant::now();
     let written = write_profile(&path, events);
     let bytes = std::fs::metadata(&path).expect("size").len();
@@ -173,7 +175,7 @@ fn main() {
     drop(file);
 
     let mut options = Options::new(SocketAddr::from(([127, 0, 0, 1], 0))).expect("options");
-    options.profiles = Some(dir.path().to_path_buf());
+    options.profiles = Some(path.parent().expect("a directory").to_path_buf());
     options.datastore_dir = dir.path().join("datastores");
     let dashboard = Dashboard::start(options).expect("starts");
     let addr = dashboard.addr();

@@ -51,6 +51,59 @@ pub struct Track {
     depth: Vec<u8>,
     /// The longest span, so that a range lookup finds spans that began before it.
     longest: u64,
+    /// Busy time in fixed bins over the whole profile, for views zoomed far out.
+    coarse: Option<Coarse>,
+}
+
+/// Bins at which a busy track is summarised once, so that a view zoomed out reads bins
+/// instead of every span.
+const COARSE_BINS: usize = 1 << 16;
+/// A view uses the bins when each of its columns spans this many of them at least.
+const BINS_PER_COLUMN: f64 = 8.0;
+
+/// A track's busy time, span count and main label per bin of `width` ns from the
+/// profile's origin.
+#[derive(Debug)]
+struct Coarse {
+    width: f64,
+    busy: Vec<u64>,
+    count: Vec<u32>,
+    label: Vec<u32>,
+}
+
+impl Coarse {
+    fn build(spans: &[Span], origin: u64, end: u64) -> Coarse {
+        let n = COARSE_BINS;
+        let width = ((end - origin) as f64 / n as f64).max(1.0);
+        let mut c = Coarse { width, busy: vec![0; n], count: vec![0; n], label: vec![0; n] };
+        let mut best = vec![0u64; n];
+        let bin_of = |t: u64| (((t - origin) as f64 / width) as usize).min(n - 1);
+        for s in spans {
+            // A span counts in the bin it starts in; its time in every bin it covers.
+            let (first, last) = (bin_of(s.start), bin_of(s.end));
+            c.count[first] += 1;
+            if first == last {
+                c.add(&mut best, first, s.end - s.start, s.label);
+                continue;
+            }
+            for k in first..=last {
+                let lo = origin + (k as f64 * width) as u64;
+                let hi = origin + ((k + 1) as f64 * width) as u64;
+                c.add(&mut best, k, s.end.min(hi).saturating_sub(s.start.max(lo)), s.label);
+            }
+        }
+        c
+    }
+
+    /// Adds `overlap` ns of a span labelled `label` to bin `k`; `best` is the largest
+    /// overlap of a span in each bin so far.
+    fn add(&mut self, best: &mut [u64], k: usize, overlap: u64, label: u32) {
+        self.busy[k] += overlap;
+        if overlap >= best[k] {
+            best[k] = overlap;
+            self.label[k] = label;
+        }
+    }
 }
 
 impl Track {
@@ -127,20 +180,13 @@ pub struct View {
 /// Key of a track while building: core, kind, and the engine or queue name.
 type TrackKey = (Option<u32>, TrackKind, u32);
 
+/// What one chunk gave: its device spans by track slot, its system events as they are.
 #[derive(Default)]
-struct Partial {
-    device: HashMap<TrackKey, Vec<Span>>,
+struct Decoded {
+    core: Option<u32>,
+    device: Vec<Vec<Span>>,
+    system: Vec<SystemEvent>,
     unplaced: u64,
-}
-
-impl Partial {
-    fn merge(mut self, other: Partial) -> Partial {
-        for (key, mut spans) in other.device {
-            self.device.entry(key).or_default().append(&mut spans);
-        }
-        self.unplaced += other.unplaced;
-        self
-    }
 }
 
 impl ProfileIndex {
@@ -158,51 +204,69 @@ impl ProfileIndex {
         let clocks_of = || -> HashMap<u32, SyncClock> {
             sync_points.iter().map(|(&c, p)| (c, SyncClock::new(p.clone()))).collect()
         };
-        // Device events in parallel; system events come back per chunk, in file order,
-        // to be paired start with stop across chunks.
-        let decoded: Vec<(Partial, Option<u32>, Vec<SystemEvent>)> = chunks
-            .par_iter()
-            .map_init(clocks_of, |clocks, info| {
-                let Ok(chunk) = file.read_chunk(info) else { return (Partial::default(), info.core, Vec::new()) };
-                let mut partial = Partial::default();
-                let clock = clocks.get(&chunk.core.unwrap_or(u32::MAX));
-                for e in &chunk.device {
-                    let placed = clock.and_then(|c| Some((c.to_host(e.start_ns)?, c.to_host(e.end_ns)?)));
-                    let (Some((start, end)), Some(descriptor)) = (placed, file.descriptor(e.descriptor)) else {
-                        partial.unplaced += 1;
-                        continue;
-                    };
-                    let (kind, name, label) = match *descriptor {
-                        Descriptor::Instruction { engine, opcode, .. } => (TrackKind::Engine, engine, opcode),
-                        Descriptor::Dma { queue, .. } => (TrackKind::Dma, queue, queue),
-                    };
-                    partial.device.entry((Some(e.core), kind, name.0)).or_default().push(Span {
-                        start,
-                        end: end.max(start),
-                        label: label.0,
-                        detail: e.descriptor.0,
-                    });
-                }
-                (partial, chunk.core, chunk.system)
+        // The track (engine or DMA queue, as a slot) and label of each descriptor, once.
+        let mut slots: Vec<(TrackKind, u32)> = Vec::new();
+        let by_descriptor: Vec<Option<(usize, u32)>> = file
+            .descriptors()
+            .iter()
+            .map(|d| {
+                let (kind, name, label) = match (*d)? {
+                    Descriptor::Instruction { engine, opcode, .. } => (TrackKind::Engine, engine.0, opcode.0),
+                    Descriptor::Dma { queue, .. } => (TrackKind::Dma, queue.0, queue.0),
+                };
+                let slot = slots.iter().position(|&s| s == (kind, name)).unwrap_or_else(|| {
+                    slots.push((kind, name));
+                    slots.len() - 1
+                });
+                Some((slot, label))
             })
             .collect();
-        let mut partial = Partial::default();
-        let mut system_chunks = Vec::with_capacity(decoded.len());
-        for (p, core, system) in decoded {
-            partial = partial.merge(p);
-            system_chunks.push((core, system));
+        // Device events in parallel; system events come back per chunk, in file order,
+        // to be paired start with stop across chunks.
+        let decoded: Vec<Decoded> = chunks
+            .par_iter()
+            .map_init(clocks_of, |clocks, info| {
+                let mut out = Decoded { core: info.core, device: vec![Vec::new(); slots.len()], ..Decoded::default() };
+                let Ok(chunk) = file.read_chunk(info) else { return out };
+                let clock = chunk.core.and_then(|c| clocks.get(&c));
+                for e in &chunk.device {
+                    let placed = clock.and_then(|c| Some((c.to_host(e.start_ns)?, c.to_host(e.end_ns)?)));
+                    let track = by_descriptor.get(e.descriptor.0 as usize).copied().flatten();
+                    let (Some((start, end)), Some((slot, label))) = (placed, track) else {
+                        out.unplaced += 1;
+                        continue;
+                    };
+                    out.device[slot].push(Span { start, end: end.max(start), label, detail: e.descriptor.0 });
+                }
+                out.system = chunk.system;
+                out
+            })
+            .collect();
+        // One array per (core, slot), allocated once.
+        let mut sizes: HashMap<(Option<u32>, usize), usize> = HashMap::new();
+        for d in &decoded {
+            for (slot, spans) in d.device.iter().enumerate().filter(|(_, s)| !s.is_empty()) {
+                *sizes.entry((d.core, slot)).or_default() += spans.len();
+            }
         }
-        let mut index = ProfileIndex {
-            file,
-            origin: 0,
-            end: 0,
-            tracks: Vec::new(),
-            details: Vec::new(),
-            unplaced: partial.unplaced,
-            events: 0,
-        };
+        let mut device: HashMap<(Option<u32>, usize), Vec<Span>> =
+            sizes.into_iter().map(|(key, n)| (key, Vec::with_capacity(n))).collect();
+        let mut unplaced = 0;
+        let mut system_chunks = Vec::with_capacity(decoded.len());
+        for d in decoded {
+            unplaced += d.unplaced;
+            for (slot, spans) in d.device.into_iter().enumerate().filter(|(_, s)| !s.is_empty()) {
+                if let Some(track) = device.get_mut(&(d.core, slot)) {
+                    track.extend_from_slice(&spans);
+                }
+            }
+            system_chunks.push((d.core, d.system));
+        }
+        let mut index =
+            ProfileIndex { file, origin: 0, end: 0, tracks: Vec::new(), details: Vec::new(), unplaced, events: 0 };
         let system = index.pair_system_events(system_chunks, &clocks_of());
-        let mut keyed: Vec<(TrackKey, Vec<Span>)> = partial.device.into_iter().chain(system).collect();
+        let device = device.into_iter().map(|((core, slot), spans)| ((core, slots[slot].0, slots[slot].1), spans));
+        let mut keyed: Vec<(TrackKey, Vec<Span>)> = device.chain(system).collect();
         keyed.sort_by_key(|(key, _)| (key.0.map_or(u64::MAX, u64::from), key.1, index.sym_name(key.2)));
         index.tracks = keyed
             .into_par_iter()
@@ -223,11 +287,16 @@ impl ProfileIndex {
                 spans,
                 depth,
                 longest,
+                coarse: None,
             })
             .collect();
         index.origin = index.tracks.iter().filter_map(|t| t.spans.first()).map(|s| s.start).min().unwrap_or(0);
         index.end = index.tracks.iter().flat_map(|t| t.spans.iter().map(|s| s.end)).max().unwrap_or(index.origin);
         index.events = index.tracks.iter().map(|t| t.spans.len() as u64).sum();
+        let (origin, end) = (index.origin, index.end);
+        index.tracks.par_iter_mut().filter(|t| t.spans.len() > COARSE_BINS / 8).for_each(|t| {
+            t.coarse = Some(Coarse::build(&t.spans, origin, end));
+        });
         index
     }
 
@@ -326,7 +395,10 @@ impl ProfileIndex {
     /// The tracks in `[t0, t1)` (relative to the origin) at `columns` pixels across.
     pub fn view(&self, t0: u64, t1: u64, columns: u32) -> View {
         let columns = columns.clamp(1, 8192);
-        let (a, b) = (self.origin + t0, self.origin + t1.max(t0 + 1));
+        // Any range is accepted, and cut to the profile (at least a nanosecond wide).
+        let duration = self.end - self.origin;
+        let t0 = t0.min(duration);
+        let (a, b) = (self.origin + t0, self.origin + t1.clamp(t0 + 1, duration.max(t0 + 1)));
         let tracks: Vec<TrackView> =
             self.tracks.par_iter().enumerate().map(|(i, track)| self.track_view(i, track, a, b, columns)).collect();
         let mut labels = HashMap::new();
@@ -358,10 +430,13 @@ impl ProfileIndex {
             return TrackView::Raw { track: i, spans: raw };
         }
         let n = columns as usize;
+        let width = (b - a) as f64 / n as f64;
+        if let Some(coarse) = track.coarse.as_ref().filter(|c| width >= BINS_PER_COLUMN * c.width) {
+            return TrackView::Bins { track: i, bins: self.coarse_bins(coarse, a, width, n) };
+        }
         let mut busy = vec![0u64; n];
         let mut count = vec![0u64; n];
         let mut best = vec![(0u64, 0u32); n];
-        let width = (b - a) as f64 / n as f64;
         let column_of = |t: u64| (((t - a) as f64 / width) as usize).min(n - 1);
         for s in spans {
             if s.end < a {
@@ -388,6 +463,34 @@ impl ProfileIndex {
             })
             .collect();
         TrackView::Bins { track: i, bins }
+    }
+
+    /// The columns of a view from a track's bins: each bin's time and spans shared out by
+    /// its overlap with the column; the label of the column's busiest bin.
+    fn coarse_bins(&self, coarse: &Coarse, a: u64, width: f64, n: usize) -> Vec<[u64; 4]> {
+        let bins = coarse.busy.len();
+        let mut out = Vec::new();
+        for c in 0..n {
+            let lo = (a - self.origin) as f64 + c as f64 * width;
+            let hi = lo + width;
+            let (first, last) = ((lo / coarse.width) as usize, ((hi / coarse.width).ceil() as usize).min(bins));
+            let (mut busy, mut count, mut label, mut top) = (0.0, 0.0, 0u32, 0u64);
+            for k in first..last {
+                let (bl, bh) = (k as f64 * coarse.width, (k + 1) as f64 * coarse.width);
+                let share = ((hi.min(bh) - lo.max(bl)) / coarse.width).clamp(0.0, 1.0);
+                busy += coarse.busy[k] as f64 * share;
+                count += f64::from(coarse.count[k]) * share;
+                if coarse.busy[k] > top {
+                    top = coarse.busy[k];
+                    label = coarse.label[k];
+                }
+            }
+            if busy > 0.0 || count > 0.0 {
+                let permille = ((busy / width) * 1000.0).round().min(1000.0) as u64;
+                out.push([c as u64, permille, count.round().max(1.0) as u64, u64::from(label)]);
+            }
+        }
+        out
     }
 
     /// Everything known of span `k` of track `track`, for people.
@@ -458,4 +561,139 @@ fn nesting(spans: &[Span]) -> Vec<u8> {
             depth
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ntff::{Arg, Metadata, SyncPoint, Writer};
+
+    /// Executions of 10 µs on core 0, one every 20 µs: an `nrt_execute` span (host clock)
+    /// around an `nc_exec_running` span (device clock, 1 ms behind), each with one PE
+    /// instruction of 4 µs and one input DMA of 1 µs.
+    fn profile(executions: u64) -> ProfileIndex {
+        let mut w = Writer::new(Vec::new(), &Metadata::default()).expect("header");
+        let (execute, running) = (w.intern("nrt_execute"), w.intern("nc_exec_running"));
+        let key = w.intern("status");
+        let instruction = Descriptor::Instruction {
+            model_id: 1,
+            engine: w.intern("PE"),
+            opcode: w.intern("MatMul"),
+            hlo: w.intern("dot.1"),
+            step: 0,
+            flops: 1000,
+            bytes_read: 1,
+            bytes_written: 1,
+        };
+        let instruction = w.descriptor(&instruction);
+        let dma = Descriptor::Dma { model_id: 1, queue: w.intern("input"), index: 0, bytes: 64 };
+        let dma = w.descriptor(&dma);
+        for k in 0..executions {
+            let host = 1_000_000 + k * 20_000;
+            let device = host - 1_000;
+            let event = |name, phase, clock, ts, args: Vec<Arg>| SystemEvent {
+                core: Some(0),
+                id: k,
+                name,
+                phase,
+                clock,
+                timestamp_ns: ts,
+                tracking_id: k + 1,
+                thread_id: 1,
+                exec_id: Some(k + 1),
+                model_id: Some(1),
+                nrta_seq_id: None,
+                args,
+            };
+            w.system(&event(execute, Phase::Start, Clock::Host, host, Vec::new())).expect("write");
+            w.system(&event(running, Phase::Start, Clock::Device, device + 1_000, Vec::new())).expect("write");
+            let device_event = |id, start, end, descriptor| ntff::DeviceEvent {
+                core: 0,
+                id,
+                exec_id: Some(k + 1),
+                start_ns: start,
+                end_ns: end,
+                descriptor,
+            };
+            w.device(&device_event(2 * k, device + 2_000, device + 3_000, dma)).expect("write");
+            w.device(&device_event(2 * k + 1, device + 3_000, device + 7_000, instruction)).expect("write");
+            let status = vec![Arg { key, value: ArgValue::U64(0) }];
+            w.system(&event(running, Phase::Stop, Clock::Device, device + 9_000, status)).expect("write");
+            w.sync_point(0, SyncPoint { host_ns: host + 9_000, device_ns: device + 9_000 }).expect("write");
+            w.system(&event(execute, Phase::Stop, Clock::Host, host + 10_000, Vec::new())).expect("write");
+        }
+        let (bytes, _) = w.finish().expect("finish");
+        ProfileIndex::build(NtffFile::from_bytes(bytes).expect("opens"))
+    }
+
+    #[test]
+    fn tracks_per_core_engine_and_queue_on_the_host_clock() {
+        let index = profile(100);
+        let names: Vec<&str> = index.tracks.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["nc0", "nc0 PE", "nc0 DMA input"]);
+        assert_eq!(index.events, 400);
+        assert_eq!(index.unplaced, 0);
+        assert_eq!((index.origin, index.end), (1_000_000, 1_000_000 + 99 * 20_000 + 10_000));
+        // nc_exec_running nests inside nrt_execute, moved by the sync point onto the host clock.
+        let system = &index.tracks[0];
+        assert_eq!(system.depth(), 2);
+        assert_eq!(system.spans[0].start, 1_000_000);
+        assert_eq!((system.spans[1].start, system.spans[1].end), (1_001_000, 1_009_000));
+        let pe = &index.tracks[1];
+        assert_eq!((pe.spans[0].start, pe.spans[0].end), (1_003_000, 1_007_000));
+    }
+
+    #[test]
+    fn a_view_sends_spans_when_few_and_bins_when_many() {
+        let index = profile(100);
+        let duration = index.end - index.origin;
+        // Zoomed in on one execution: raw spans, relative to the origin.
+        let view = index.view(20_000, 40_000, 1000);
+        let TrackView::Raw { spans, .. } = &view.tracks[1] else { panic!("raw: {:?}", view.tracks[1]) };
+        assert_eq!(spans.as_slice(), [[23_000, 4_000, spans[0][2], 0, 1]]);
+        assert_eq!(view.labels[&(spans[0][2] as u32)], "MatMul");
+        // The whole profile at 100 columns: 100 instructions, one per column, 4 µs of
+        // each column's 19.9 µs busy.
+        let view = index.view(0, duration, 100);
+        let TrackView::Bins { bins, .. } = &view.tracks[1] else { panic!("bins: {:?}", view.tracks[1]) };
+        let spans: u64 = bins.iter().map(|b| b[2]).sum();
+        assert!((100..=110).contains(&spans), "{spans} (a span crossing a column edge counts in both)");
+        let busy: f64 = bins.iter().map(|b| b[1] as f64 / 1000.0 * duration as f64 / 100.0).sum();
+        assert!((busy - 400_000.0).abs() < 4_000.0, "{busy} ns busy");
+        // Out-of-range requests are cut to the profile.
+        assert_eq!(index.view(u64::MAX, u64::MAX, 10).t1, duration.max(duration + 1));
+        assert!(index.view(5, 1, 0).tracks.len() == 3);
+    }
+
+    #[test]
+    fn zoomed_far_out_a_busy_track_is_read_from_its_bins() {
+        let index = profile(10_000);
+        let pe = &index.tracks[1];
+        assert!(pe.coarse.is_some() && index.tracks[0].coarse.is_some());
+        let duration = index.end - index.origin;
+        let view = index.view(0, duration, 200);
+        let TrackView::Bins { bins, .. } = &view.tracks[1] else { panic!("bins") };
+        let busy: f64 = bins.iter().map(|b| b[1] as f64 / 1000.0 * duration as f64 / 200.0).sum();
+        let spans: u64 = bins.iter().map(|b| b[2]).sum();
+        assert!((busy / 40_000_000.0 - 1.0).abs() < 0.01, "{busy} ns busy of 40 ms");
+        assert!((spans as f64 / 10_000.0 - 1.0).abs() < 0.02, "{spans} spans of 10000");
+        assert!(bins.iter().all(|b| view.labels[&(b[3] as u32)] == "MatMul"));
+        // Zoomed in, the spans themselves again.
+        assert!(matches!(index.view(0, 100_000, 200).tracks[1], TrackView::Raw { .. }));
+    }
+
+    #[test]
+    fn details_name_what_ran() {
+        let index = profile(3);
+        let pe = index.details(1, 2).expect("a PE span");
+        assert_eq!(
+            (pe["name"].as_str(), pe["hlo"].as_str(), pe["flops"].as_u64()),
+            (Some("MatMul"), Some("dot.1"), Some(1000))
+        );
+        let running = index.details(0, 1).expect("a system span");
+        assert_eq!(running["name"], "nc_exec_running");
+        assert_eq!(running["args"]["status"], 0);
+        assert_eq!(running["exec_id"], 1);
+        assert!(index.details(9, 0).is_none() && index.details(0, 99).is_none());
+    }
 }

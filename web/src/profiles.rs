@@ -144,7 +144,8 @@ fn valid_name(name: &str) -> Option<&str> {
     plain.then_some(name)
 }
 
-/// One HLO instruction in two profiles.
+/// One HLO instruction in two profiles: device time per device-traced execution, so
+/// that profiles of different lengths compare.
 #[derive(Debug, Serialize)]
 pub struct HloDifference {
     pub hlo: String,
@@ -154,32 +155,36 @@ pub struct HloDifference {
     pub difference_s: f64,
     /// `b / a`, when both are there.
     pub ratio: Option<f64>,
-    pub a_instructions: u64,
-    pub b_instructions: u64,
+    /// Instructions per execution.
+    pub a_instructions: Option<f64>,
+    pub b_instructions: Option<f64>,
 }
 
-/// Per HLO instruction, the device time of `b` against `a`, largest change first.
+/// Per HLO instruction, the device time per execution of `b` against `a`, largest
+/// change first.
 pub fn compare(a: &Summary, b: &Summary) -> Vec<HloDifference> {
-    let mut rows: HashMap<&str, (Option<&ntff::summary::HloSummary>, Option<&ntff::summary::HloSummary>)> =
-        HashMap::new();
+    type Side<'a> = Option<&'a ntff::summary::HloSummary>;
+    let mut rows: HashMap<&str, (Side<'_>, Side<'_>)> = HashMap::new();
     for h in &a.hlo_instructions {
         rows.entry(&h.hlo).or_default().0 = Some(h);
     }
     for h in &b.hlo_instructions {
         rows.entry(&h.hlo).or_default().1 = Some(h);
     }
+    let per = |s: &Summary| s.executions.device_traced.max(1) as f64;
+    let (na, nb) = (per(a), per(b));
     let mut out: Vec<HloDifference> = rows
         .into_iter()
         .map(|(hlo, (x, y))| {
-            let (ta, tb) = (x.map(|h| h.time_s), y.map(|h| h.time_s));
+            let (ta, tb) = (x.map(|h| h.time_s / na), y.map(|h| h.time_s / nb));
             HloDifference {
                 hlo: hlo.to_string(),
                 a_time_s: ta,
                 b_time_s: tb,
                 difference_s: tb.unwrap_or(0.0) - ta.unwrap_or(0.0),
                 ratio: ta.zip(tb).filter(|(a, _)| *a > 0.0).map(|(a, b)| b / a),
-                a_instructions: x.map_or(0, |h| h.instructions),
-                b_instructions: y.map_or(0, |h| h.instructions),
+                a_instructions: x.map(|h| h.instructions as f64 / na),
+                b_instructions: y.map(|h| h.instructions as f64 / nb),
             }
         })
         .collect();

@@ -304,7 +304,9 @@ async fn page() -> Response {
 }
 
 async fn asset(Path(file): Path<String>) -> Response {
-    let Some(content) = Assets::get(&file) else { return not_found().await };
+    // Plain names of the page's own files only.
+    let plain = !file.starts_with('.') && file.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    let Some(content) = Assets::get(&file).filter(|_| plain) else { return not_found().await };
     let kind = match file.rsplit('.').next() {
         Some("html") => "text/html; charset=utf-8",
         Some("js") => "text/javascript; charset=utf-8",
@@ -570,8 +572,8 @@ async fn compare_profiles(State(state): State<Shared>, Query(q): Query<CompareQu
     let body = tokio::task::spawn_blocking(move || {
         let (sa, sb) = (a.summary(), b.summary());
         json!({
-            "a": { "name": a.name, "device_time_s": sa.device_time_s, "executions": sa.executions.count },
-            "b": { "name": b.name, "device_time_s": sb.device_time_s, "executions": sb.executions.count },
+            "a": { "name": a.name, "device_time_s": sa.device_time_s, "device_traced": sa.executions.device_traced },
+            "b": { "name": b.name, "device_time_s": sb.device_time_s, "device_traced": sb.executions.device_traced },
             "hlo_instructions": compare(sa, sb),
         })
     })
