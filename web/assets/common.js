@@ -17,6 +17,30 @@ export function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+// An event stream that comes back: EventSource retries a dropped connection by itself,
+// but gives up on a refusal (503 when the dashboard serves its most pages, 401); this
+// tries again later, waiting longer each time. `handlers` maps event names to functions.
+export function openStream(url, handlers, onStatus) {
+  let source = null, timer = 0, wait = 2, closed = false;
+  const connect = () => {
+    source = new EventSource(url);
+    for (const [name, handler] of Object.entries(handlers)) {
+      source.addEventListener(name, (message) => { wait = 2; handler(message); });
+    }
+    source.addEventListener('error', () => {
+      if (source.readyState === EventSource.CLOSED && !closed) {
+        onStatus(`refused by the dashboard (busy, or a token is needed): trying again in ${wait} s`);
+        timer = setTimeout(connect, wait * 1000);
+        wait = Math.min(30, wait * 2);
+      } else {
+        onStatus('disconnected: reconnecting…');
+      }
+    });
+  };
+  connect();
+  return { close() { closed = true; clearTimeout(timer); source.close(); } };
+}
+
 export async function getJSON(url, options = {}) {
   const response = await fetch(url, options);
   if (!response.ok) {

@@ -1,11 +1,13 @@
 // The live page: every runtime on the host, updated over Server-Sent Events.
 
-import { el, Chart, si, short, bytes, seconds, percent, thousands, colorOf, PALETTE, NA } from './common.js';
+import { el, openStream, Chart, si, short, bytes, seconds, percent, thousands, PALETTE, NA } from './common.js';
 
 const SPAN = 60; // seconds of history on the charts
 const MEMORY = [['tensors', 'tensors'], ['constants', 'constants'], ['model_code', 'model code'],
   ['runtime_memory', 'runtime memory'], ['model_shared_scratchpad', 'model scratchpad']];
 const ERROR_CLASSES = ['generic', 'numerical', 'transient', 'model', 'runtime', 'hardware'];
+// Warm colours for errors, apart from the executions' green.
+const ERROR_COLORS = { generic: '#e15759', numerical: '#f28e2b', transient: '#edc948', model: '#ff6b9d', runtime: '#b07aa1', hardware: '#9c755f' };
 
 export function livePage(main) {
   const header = el('div', { class: 'toolbar' });
@@ -17,8 +19,7 @@ export function livePage(main) {
   const runtimes = new Map(); // pid -> card state
   let updates = 0;
   const delays = [];
-  const source = new EventSource('/api/live');
-  source.addEventListener('update', (message) => {
+  const onUpdate = (message) => {
     const update = JSON.parse(message.data);
     updates++;
     const delay = Date.now() - update.sent_at_ms;
@@ -49,8 +50,8 @@ export function livePage(main) {
     for (const [pid, card] of runtimes) {
       if (!seen.has(pid)) { card.node.remove(); runtimes.delete(pid); }
     }
-  });
-  source.addEventListener('error', () => { status.textContent = 'disconnected: reconnecting…'; });
+  };
+  const source = openStream('/api/live', { update: onUpdate }, (text) => { status.textContent = text; });
   const onResize = () => { for (const card of runtimes.values()) card.charts.forEach((c) => c.draw()); };
   window.addEventListener('resize', onResize);
   return { stop() { source.close(); window.removeEventListener('resize', onResize); } };
@@ -109,7 +110,7 @@ function updateCard(card, r, update, now) {
   card.c.rate.set([
     { name: 'executions', color: '#59a14f', points: card.history.map((h) => [h.t, h.execs]) },
     ...ERROR_CLASSES.filter((k) => card.history.some((h) => h.errorRates[k] > 0)).map((k) => ({
-      name: `${k} errors`, color: colorOf(k), points: card.history.map((h) => [h.t, h.errorRates[k] ?? 0]),
+      name: `${k} errors`, color: ERROR_COLORS[k], points: card.history.map((h) => [h.t, h.errorRates[k] ?? 0]),
     })),
   ], now);
   card.c.memory.set(MEMORY.map(([k, label], i) => ({

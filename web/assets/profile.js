@@ -25,9 +25,14 @@ export function profilesPage(main) {
     const chosen = [];
     const compare = el('button', { id: 'compare', disabled: '', onclick: () => { location.hash = `#/compare/${encodeURIComponent(chosen[0])}/${encodeURIComponent(chosen[1])}`; } }, 'Compare the two selected');
     const rows = profiles.map((p) => {
-      const box = el('input', { type: 'checkbox', onchange: () => {
-        if (box.checked) chosen.push(p.name); else chosen.splice(chosen.indexOf(p.name), 1);
-        while (chosen.length > 2) chosen.shift();
+      const box = el('input', { type: 'checkbox', dataset: { name: p.name }, onchange: () => {
+        if (box.checked) chosen.push(p.name);
+        else if (chosen.includes(p.name)) chosen.splice(chosen.indexOf(p.name), 1);
+        // Two at most: the oldest choice is unticked.
+        while (chosen.length > 2) {
+          const first = chosen.shift();
+          for (const other of list.querySelectorAll('input[type=checkbox]')) if (other.dataset.name === first) other.checked = false;
+        }
         if (chosen.length === 2) compare.removeAttribute('disabled'); else compare.setAttribute('disabled', '');
       } });
       return el('tr', {}, el('td', {}, box, ' ', el('a', { href: `#/profile/${encodeURIComponent(p.name)}`, class: 'profile-link' }, p.name)),
@@ -49,8 +54,9 @@ export function profilePage(main, name) {
   const details = el('div', { class: 'details', id: 'pf-details' }, el('div', { class: 'muted' }, 'Click a span for its details. Wheel or W/S to zoom, drag or A/D to pan.'));
   const summary = el('div', { id: 'pf-summary' }, el('div', { class: 'muted' }, 'The summary follows the timeline…'));
   const tables = el('div', { id: 'pf-tables' });
-  const state = { meta: null, t0: 0, t1: 1, data: null, views: 0, controller: null, timer: 0, selected: null, rows: [] };
+  const state = { meta: null, t0: 0, t1: 1, data: null, views: 0, controller: null, timer: 0, selected: null, rows: [], asked: null, stopped: false };
   const zoom = (factor, at = 0.5) => {
+    if (!state.meta) return;
     const span = state.t1 - state.t0, full = state.meta.duration_ns || 1;
     const next = Math.min(full, Math.max(1000, span * factor));
     let t0 = state.t0 + (span - next) * at;
@@ -58,6 +64,7 @@ export function profilePage(main, name) {
     setRange(t0, t0 + next);
   };
   const pan = (fraction) => {
+    if (!state.meta) return;
     const span = state.t1 - state.t0, full = state.meta.duration_ns || 1;
     const t0 = Math.max(0, Math.min(state.t0 + span * fraction, full - span));
     setRange(t0, t0 + span);
@@ -73,12 +80,15 @@ export function profilePage(main, name) {
 
   function setRange(t0, t1) {
     state.t0 = t0; state.t1 = t1;
+    // From the first input of a gesture to the view drawn for it.
+    if (state.asked === null) state.asked = performance.now();
     draw();
     clearTimeout(state.timer);
     state.timer = setTimeout(fetchView, 15);
   }
 
   async function fetchView() {
+    if (state.stopped) return;
     if (state.controller) state.controller.abort();
     const controller = new AbortController();
     state.controller = controller;
@@ -87,12 +97,17 @@ export function profilePage(main, name) {
     const started = performance.now();
     try {
       const view = await getJSON(`${api(name)}/view?t0=${t0}&t1=${t1}&columns=${columns}`, { signal: controller.signal });
+      if (state.stopped) return;
       state.data = view;
       state.views++;
       canvas.dataset.views = state.views;
       canvas.dataset.lastViewMs = (performance.now() - started).toFixed(1);
-      status.textContent = `view in ${(performance.now() - started).toFixed(0)} ms`;
       draw();
+      if (state.asked !== null) {
+        canvas.dataset.lastAnswerMs = (performance.now() - state.asked).toFixed(1);
+        state.asked = null;
+      }
+      status.textContent = `view in ${(performance.now() - started).toFixed(0)} ms`;
     } catch (e) {
       if (e.name !== 'AbortError') status.textContent = `view failed: ${e.message}`;
     }
@@ -171,9 +186,10 @@ export function profilePage(main, name) {
   }, { passive: false });
   let drag = null;
   canvas.addEventListener('mousedown', (e) => { drag = { x: e.offsetX, t0: state.t0, moved: false }; });
-  window.addEventListener('mouseup', () => { setTimeout(() => { drag = null; }, 0); });
+  const onMouseUp = () => { setTimeout(() => { drag = null; }, 0); };
+  window.addEventListener('mouseup', onMouseUp);
   canvas.addEventListener('mousemove', (e) => {
-    if (!drag || !(e.buttons & 1)) return;
+    if (!drag || !(e.buttons & 1) || !state.meta) return;
     const dx = e.offsetX - drag.x;
     if (Math.abs(dx) > 2) drag.moved = true;
     const span = state.t1 - state.t0, full = state.meta.duration_ns;
@@ -212,6 +228,7 @@ export function profilePage(main, name) {
 
   const opened = performance.now();
   getJSON(api(name)).then(async (meta) => {
+    if (state.stopped) return;
     state.meta = meta;
     state.t1 = meta.duration_ns || 1;
     head.replaceChildren(el('h2', {}, name), el('div', { class: 'muted', id: 'pf-meta' },
@@ -220,7 +237,9 @@ export function profilePage(main, name) {
       ...meta.problems.map((p) => el('div', { class: 'warn' }, p)));
     await fetchView();
     canvas.dataset.firstPaintMs = (performance.now() - opened).toFixed(0);
-    loadSummary();
+    // Since the navigation started (performance.now() counts from it).
+    canvas.dataset.sinceNavigationMs = performance.now().toFixed(0);
+    if (!state.stopped) loadSummary();
   }).catch((e) => head.replaceChildren(el('h2', {}, name), el('div', { class: 'error' }, e.message)));
 
   async function loadSummary() {
@@ -262,7 +281,15 @@ export function profilePage(main, name) {
     } catch (e) { summary.replaceChildren(el('div', { class: 'error' }, e.message)); }
   }
 
-  return { stop() { window.removeEventListener('resize', onResize); if (state.controller) state.controller.abort(); } };
+  return {
+    stop() {
+      state.stopped = true;
+      clearTimeout(state.timer);
+      window.removeEventListener('resize', onResize);
+      window.removeEventListener('mouseup', onMouseUp);
+      if (state.controller) state.controller.abort();
+    },
+  };
 }
 
 function compareWith(name) {

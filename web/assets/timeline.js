@@ -1,10 +1,12 @@
 // The live timeline: system and device events of every runtime as they happen, a row
 // per runtime, core and engine (or DMA queue), scrolling; pause; click for details.
 
-import { el, fitCanvas, colorOf, ns, thousands } from './common.js';
+import { el, openStream, fitCanvas, colorOf, ns, thousands } from './common.js';
 
 const LABELS = 190; // width of the row labels, px
 const ROW = 18;
+const LEVEL = 12; // height of one nesting level on a runtime row
+const LEVELS = 3; // nesting levels drawn (deeper spans share the last)
 const MAX_SPANS = 60000;
 
 export function timelinePage(main) {
@@ -12,9 +14,10 @@ export function timelinePage(main) {
   let paused = false, pausedAt = 0;
   let offset = null; // host monotonic ns minus performance.now() ns
   let spans = [];
-  let received = 0, thinned = 0, lost = 0, missed = 0;
+  let received = 0, thinned = 0, lost = 0, missed = 0, dropped = 0;
   let selected = null;
-  const rows = new Map(); // key -> {label, index}
+  let rowsHeight = 20;
+  const rows = new Map(); // key -> {label, index, y, height}
   const counts = el('span', { class: 'muted', id: 'tl-counts' });
   const pause = el('button', { id: 'tl-pause', onclick: () => {
     paused = !paused;
@@ -35,21 +38,36 @@ export function timelinePage(main) {
   const hostNow = () => (offset === null ? 0 : performance.now() * 1e6 + offset);
   const viewEnd = () => (paused ? pausedAt : hostNow());
 
-  const source = new EventSource('/api/events');
-  source.addEventListener('batch', (message) => {
+  const onBatch = (message) => {
     const batch = JSON.parse(message.data);
     const local = performance.now() * 1e6;
     offset = offset === null ? batch.now_ns - local : Math.max(offset, batch.now_ns - local);
     received += batch.spans.length; thinned += batch.thinned; lost += batch.lost;
     for (const s of batch.spans) {
+      // Paused with a full buffer: newer events are not kept.
+      if (paused && spans.length >= MAX_SPANS) { dropped++; continue; }
       const key = `${s.pid}/${s.core === null ? 'host' : s.core}/${s.lane}`;
       if (!rows.has(key)) {
         const who = batch.runtimes.find((r) => r.pid === s.pid);
-        rows.set(key, { key, label: `${who ? who.tag : s.pid} · ${s.core === null ? 'host' : `nc${s.core}`} · ${s.lane}`, sort: [s.pid, s.core ?? -1, s.kind === 'system' ? '' : s.lane] });
+        const nested = s.kind === 'system';
+        rows.set(key, { key, nested, recent: [], height: nested ? LEVELS * LEVEL + 4 : ROW,
+          label: `${who && who.tag !== String(s.pid) ? who.tag : `pid ${s.pid}`} · ${s.core === null ? 'host' : `nc${s.core}`} · ${s.lane}`, sort: [s.pid, s.core ?? -1, nested ? '' : s.lane] });
         const ordered = [...rows.values()].sort((a, b) => a.sort[0] - b.sort[0] || a.sort[1] - b.sort[1] || a.sort[2].localeCompare(b.sort[2]));
-        ordered.forEach((r, i) => { r.index = i; });
+        let y = 20;
+        ordered.forEach((r, i) => { r.index = i; r.y = y; y += r.height; });
+        rowsHeight = y;
       }
       s.row = rows.get(key);
+      // System spans nest (nrt_execute around its phases): a span's level is how many
+      // recent spans of its row contain it.
+      s.depth = 0;
+      if (s.row.nested) {
+        // Of two spans with the same times, the one that arrived first is the outer one.
+        for (const o of s.row.recent) if (o.start_ns <= s.start_ns && o.end_ns >= s.end_ns) s.depth++;
+        for (const o of s.row.recent) if (s.start_ns <= o.start_ns && s.end_ns >= o.end_ns && !(s.start_ns === o.start_ns && s.end_ns === o.end_ns)) o.depth++;
+        s.row.recent.push(s);
+        if (s.row.recent.length > 64) s.row.recent.shift();
+      }
       spans.push(s);
     }
     if (!paused) {
@@ -59,14 +77,16 @@ export function timelinePage(main) {
       }
     }
     counts.dataset.received = received;
-    counts.textContent = `${thousands(received)} events received · ${thousands(thinned)} not sent (stream budget) · ${thousands(lost)} lost in the rings${missed ? ` · ${missed} batches missed` : ''}`;
+    counts.textContent = `${thousands(received)} events received · ${thousands(thinned)} not sent (stream budget) · ${thousands(lost)} lost in the rings${missed ? ` · ${missed} batches missed` : ''}${dropped ? ` · ${thousands(dropped)} not kept while paused` : ''}`;
     status.textContent = `live events · ${batch.runtimes.length} runtime${batch.runtimes.length === 1 ? '' : 's'}`;
-  });
-  source.addEventListener('lagged', (message) => { missed += JSON.parse(message.data).missed_batches; });
-  source.addEventListener('error', () => { status.textContent = 'disconnected: reconnecting…'; });
+  };
+  const source = openStream('/api/events', {
+    batch: onBatch,
+    lagged: (message) => { missed += JSON.parse(message.data).missed_batches; },
+  }, (text) => { status.textContent = text; });
 
   const layout = () => {
-    const height = Math.max(120, rows.size * ROW + 24);
+    const height = Math.max(120, rowsHeight + 4);
     return fitCanvas(canvas, height);
   };
 
@@ -80,21 +100,23 @@ export function timelinePage(main) {
     const x = (t) => LABELS + ((t - start) / (end - start)) * w;
     ctx.font = '11px system-ui';
     for (const r of rows.values()) {
-      const y = 20 + r.index * ROW;
+      const y = r.y;
       ctx.fillStyle = r.index % 2 ? '#161b22' : '#1b2129';
-      ctx.fillRect(0, y, width, ROW);
+      ctx.fillRect(0, y, width, r.height);
       ctx.fillStyle = '#8b949e'; ctx.textAlign = 'left';
       ctx.fillText(r.label, 6, y + 13, LABELS - 10);
     }
     for (const s of spans) {
       if (s.end_ns < start || s.start_ns > end) continue;
       const x0 = Math.max(LABELS, x(s.start_ns)), x1 = Math.min(width, x(s.end_ns));
-      const y = 20 + s.row.index * ROW + 2;
+      const level = Math.min(s.depth, LEVELS - 1);
+      const y = s.row.y + 2 + (s.row.nested ? level * LEVEL : 0);
+      const h = s.row.nested ? LEVEL - 2 : ROW - 4;
       ctx.fillStyle = s === selected ? '#ffffff' : colorOf(s.name);
-      ctx.fillRect(x0, y, Math.max(1, x1 - x0), ROW - 4);
+      ctx.fillRect(x0, y, Math.max(1, x1 - x0), h);
       if (x1 - x0 > 40) {
         ctx.fillStyle = '#0d1117'; ctx.textAlign = 'left';
-        ctx.fillText(s.name, x0 + 3, y + 11, x1 - x0 - 6);
+        ctx.fillText(s.name, x0 + 3, y + h - 3, x1 - x0 - 6);
       }
     }
     ctx.fillStyle = '#8b949e'; ctx.textAlign = 'center';
@@ -112,12 +134,16 @@ export function timelinePage(main) {
   canvas.addEventListener('click', (e) => {
     const { width } = layout();
     const end = viewEnd(), start = end - windowSeconds * 1e9;
-    const row = Math.floor((e.offsetY - 20) / ROW);
+    const hitRow = [...rows.values()].find((r) => e.offsetY >= r.y && e.offsetY < r.y + r.height);
+    if (!hitRow) return;
+    const row = hitRow.index;
+    const level = hitRow.nested ? Math.min(LEVELS - 1, Math.floor((e.offsetY - hitRow.y - 2) / LEVEL)) : 0;
     const t = start + ((e.offsetX - LABELS) / (width - LABELS)) * (end - start);
     const slack = (3 / (width - LABELS)) * (end - start);
     let best = null;
     for (const s of spans) {
       if (s.row.index !== row || s.start_ns - slack > t || s.end_ns + slack < t) continue;
+      if (hitRow.nested && Math.min(s.depth, LEVELS - 1) !== level) continue;
       if (!best || s.end_ns - s.start_ns < best.end_ns - best.start_ns) best = s;
     }
     selected = best;

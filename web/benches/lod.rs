@@ -185,7 +185,8 @@ fn main() {
     let opened = started.elapsed().as_secs_f64() * 1e3;
     let meta: serde_json::Value = {
         let mut stream = TcpStream::connect(addr).expect("connects");
-        write!(stream, "GET /api/profiles/large.ntff HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").expect("sends");
+        write!(stream, "GET /api/profiles/large.ntff HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .expect("sends");
         let mut text = String::new();
         stream.read_to_string(&mut text).expect("reads");
         serde_json::from_str(text.split("\r\n\r\n").nth(1).expect("body")).expect("json")
@@ -242,8 +243,53 @@ fn main() {
     );
     println!("| baseline: decode every event once ({decoded} events) | {naive:.0} ms | | | |");
     println!("ratio: a view's p99 is {:.3}x the baseline (1/{:.0})", p99 / naive, naive / p99);
+    browser(&path);
     let rss = std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| s.lines().find_map(|l| l.strip_prefix("VmHWM:").map(|v| v.trim().to_string())));
     println!("peak memory of this process (dashboard and the benchmark): {}", rss.unwrap_or_default());
+}
+
+/// The same profile opened in a headless Chromium, five times, each on a dashboard that
+/// has not indexed it yet: from navigation to the first drawn timeline, and zoom steps
+/// from the wheel to the drawn view. Skipped, with a note, without Node.js and Chromium.
+fn browser(profile: &Path) {
+    let e2e = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e");
+    let chromium = std::env::var_os("CHROMIUM").unwrap_or_else(|| "/usr/bin/chromium".into());
+    if !e2e.join("node_modules/playwright-core").exists() || !Path::new(&chromium).exists() {
+        println!("in the browser: skipped (needs npm ci --prefix web/e2e and Chromium)");
+        return;
+    }
+    let dir = profile.parent().expect("a directory");
+    let name = profile.file_name().and_then(|n| n.to_str()).expect("a name");
+    println!("in the browser (headless Chromium, 1600x1000, cold dashboard each time):");
+    println!(
+        "| run | navigation to first paint (page clock) | zoom: wheel event to drawn view p50 / max | fetch p50 / max | the driver's view: first paint; zoom p50 / max |"
+    );
+    println!("|---|---|---|---|---|");
+    for run in 1..=5 {
+        let mut options = Options::new(SocketAddr::from(([127, 0, 0, 1], 0))).expect("options");
+        options.profiles = Some(dir.to_path_buf());
+        options.datastore_dir = dir.join("datastores");
+        let dashboard = Dashboard::start(options).expect("starts");
+        let out = std::process::Command::new("node")
+            .current_dir(&e2e)
+            .arg("first-paint.mjs")
+            .arg(format!("http://{}", dashboard.addr()))
+            .arg(name)
+            .output()
+            .expect("node runs");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let m: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let column = |key: &str| {
+            let mut v: Vec<f64> = m["zooms"].as_array().into_iter().flatten().filter_map(|z| z[key].as_f64()).collect();
+            v.sort_by(f64::total_cmp);
+            (v[v.len() / 2], v[v.len() - 1])
+        };
+        let (answer, fetch, wall) = (column("answer_ms"), column("fetch_ms"), column("wall_ms"));
+        println!(
+            "| {run} | {} ms | {:.0} / {:.0} ms | {:.1} / {:.1} ms | {} ms; {:.0} / {:.0} ms |",
+            m["first_paint_ms"], answer.0, answer.1, fetch.0, fetch.1, m["driver_ms"], wall.0, wall.1
+        );
+    }
 }

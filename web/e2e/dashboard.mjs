@@ -66,10 +66,10 @@ try {
   const canvas = await page.$('#tl-canvas');
   const box = await canvas.boundingBox();
   let found = null;
-  // Rows start 20 px down, 18 px each; the labels take the first 190 px.
-  for (let row = 0; row < 8 && !found; row++) {
-    for (let x = box.width - 4; x > 200 && !found; x -= 3) {
-      await page.mouse.click(box.x + x, box.y + 20 + row * 18 + 9);
+  // Rows start 20 px down; the labels take the first 190 px. Try across the first rows.
+  for (let y = 26; y < 200 && !found; y += 9) {
+    for (let x = box.width - 4; x > 200 && !found; x -= 4) {
+      await page.mouse.click(box.x + x, box.y + y);
       found = await page.$eval('#tl-details', (d) => (d.querySelector('b') ? d.textContent : null));
     }
   }

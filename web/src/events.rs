@@ -53,7 +53,7 @@ struct Batch {
 impl Batch {
     fn push(&mut self, span: Value) {
         let size = span.to_string().len() + 1;
-        if self.bytes + size > MAX_BATCH_BYTES - 512 {
+        if self.bytes + size > MAX_BATCH_BYTES {
             self.thinned += 1;
         } else {
             self.bytes += size;
@@ -68,12 +68,12 @@ impl Batch {
     fn push_evenly(&mut self, spans: Vec<Value>) {
         let sizes: Vec<usize> = spans.iter().map(|s| s.to_string().len() + 1).collect();
         let total: usize = sizes.iter().sum();
-        let room = (MAX_BATCH_BYTES - 512).saturating_sub(self.bytes);
+        let room = (MAX_BATCH_BYTES).saturating_sub(self.bytes);
         // Keep one in `stride`, a little more sparsely than the average size says.
         let stride = if total <= room { 1.0 } else { total as f64 / room.max(1) as f64 * 1.05 };
         let mut next = 0.0;
         for (k, (span, size)) in spans.into_iter().zip(sizes).enumerate() {
-            if (k as f64) < next || self.bytes + size > MAX_BATCH_BYTES - 512 {
+            if (k as f64) < next || self.bytes + size > MAX_BATCH_BYTES {
                 self.thinned += 1;
                 continue;
             }
@@ -101,7 +101,10 @@ pub fn start(dir: PathBuf) -> std::io::Result<Arc<broadcast::Sender<Bytes>>> {
                 continue;
             }
             discover(&dir, &mut followed);
-            let mut batch = Batch { spans: Vec::new(), bytes: 0, thinned: 0, lost: 0 };
+            let runtimes: Vec<Value> = followed.iter().map(|f| json!({"pid": f.pid, "tag": f.tag})).collect();
+            // The batch's other fields count against its budget too.
+            let bytes = Value::from(runtimes.clone()).to_string().len() + 128;
+            let mut batch = Batch { spans: Vec::new(), bytes, thinned: 0, lost: 0 };
             // System events first: they are few, and they frame the device events.
             let mut device: Vec<Value> = Vec::new();
             for f in &mut followed {
@@ -114,7 +117,7 @@ pub fn start(dir: PathBuf) -> std::io::Result<Arc<broadcast::Sender<Bytes>>> {
                 "spans": batch.spans,
                 "thinned": batch.thinned,
                 "lost": batch.lost,
-                "runtimes": followed.iter().map(|f| json!({"pid": f.pid, "tag": f.tag})).collect::<Vec<_>>(),
+                "runtimes": runtimes,
             });
             let _ = sender.send(Bytes::from(message.to_string()));
             std::thread::sleep(POLL);
@@ -238,19 +241,32 @@ fn system(f: &mut Followed, e: SystemEvent, batch: &mut Batch) {
     match e.phase {
         Phase::Start => {
             if f.open.len() >= MAX_OPEN {
-                batch.thinned += 1;
-                return;
+                // Starts whose stop was lost (overwritten in the ring) would fill the
+                // table: the oldest half goes, counted.
+                let mut ids: Vec<u64> = f.open.values().map(|s| s.id).collect();
+                let (_, &mut median, _) = ids.select_nth_unstable(MAX_OPEN / 2);
+                f.open.retain(|_, s| s.id >= median);
+                batch.thinned += (MAX_OPEN - f.open.len()) as u64;
             }
             f.open.insert(key, e);
         }
         Phase::Stop => {
             let Some(start) = f.open.remove(&key) else { return };
-            let (Some(t0), Some(t1)) = (host_time(f, &start), host_time(f, &e)) else { return };
+            let (Some(t0), Some(t1)) = (host_time(f, &start), host_time(f, &e)) else {
+                // Device-clock spans of a core with no sync point yet cannot be placed.
+                batch.thinned += 1;
+                return;
+            };
+            // The start's fields, with what the stop adds to its data (a status).
             let mut details = serde_json::to_value(&start).unwrap_or_default();
             if let (Some(map), Value::Object(stop)) =
                 (details["data"].as_object_mut(), serde_json::to_value(&e).unwrap_or_default()["data"].take())
             {
                 map.extend(stop);
+            }
+            if let Some(map) = details.as_object_mut() {
+                map.remove("phase");
+                map.insert("stop_timestamp_ns".into(), e.timestamp_ns.into());
             }
             batch.push(json!({
                 "kind": "system",
@@ -264,7 +280,10 @@ fn system(f: &mut Followed, e: SystemEvent, batch: &mut Batch) {
             }));
         }
         Phase::Instant => {
-            let Some(t) = host_time(f, &e) else { return };
+            let Some(t) = host_time(f, &e) else {
+                batch.thinned += 1;
+                return;
+            };
             batch.push(json!({
                 "kind": "system",
                 "pid": f.pid,

@@ -49,8 +49,12 @@ pub struct Track {
     spans: Vec<Span>,
     /// Nesting depth of each span (system tracks only; empty otherwise).
     depth: Vec<u8>,
-    /// The longest span, so that a range lookup finds spans that began before it.
+    /// The longest span but for `long`, so that a range lookup finds spans that began
+    /// before it.
     longest: u64,
+    /// The few longest spans (an `nrt_load`, a span the capture cut), by position: looked
+    /// at one by one, so that they do not widen every lookup.
+    long: Vec<usize>,
     /// Busy time in fixed bins over the whole profile, for views zoomed far out.
     coarse: Option<Coarse>,
 }
@@ -116,16 +120,33 @@ impl Track {
     }
 
     /// Nesting levels drawn (1 for device tracks).
-    pub fn depth(&self) -> u8 {
-        self.depth.iter().copied().max().map_or(1, |d| d + 1)
+    pub fn depth(&self) -> u16 {
+        self.depth.iter().copied().max().map_or(1, |d| u16::from(d) + 1)
     }
 
-    /// Indices of the spans that may overlap `[t0, t1)`.
-    fn range(&self, t0: u64, t1: u64) -> std::ops::Range<usize> {
+    /// The spans that may overlap `[t0, t1)`: a range of positions, and long spans
+    /// before it.
+    fn range(&self, t0: u64, t1: u64) -> (std::ops::Range<usize>, Vec<usize>) {
         let from = t0.saturating_sub(self.longest);
         let lo = self.spans.partition_point(|s| s.start < from);
-        let hi = self.spans.partition_point(|s| s.start < t1);
-        lo..hi.max(lo)
+        let hi = self.spans.partition_point(|s| s.start < t1).max(lo);
+        let before = self.long.iter().copied().filter(|&k| k < lo && self.spans[k].end >= t0).collect();
+        (lo..hi, before)
+    }
+
+    /// Sets `longest` and `long`: spans longer than all but about a thousandth of the
+    /// track's (judged on an even sample of them) are kept apart.
+    fn split_long(&mut self) {
+        const SAMPLE: usize = 1 << 16;
+        let step = self.spans.len().div_ceil(SAMPLE).max(1);
+        let mut durations: Vec<u64> = self.spans.iter().step_by(step).map(|s| s.end - s.start).collect();
+        if durations.is_empty() {
+            return;
+        }
+        let at = durations.len() - 1 - durations.len() / 1000;
+        let bound = *durations.select_nth_unstable(at).1;
+        self.long = (0..self.spans.len()).filter(|&k| self.spans[k].end - self.spans[k].start > bound).collect();
+        self.longest = bound;
     }
 }
 
@@ -179,6 +200,8 @@ pub struct View {
 
 /// Key of a track while building: core, kind, and the engine or queue name.
 type TrackKey = (Option<u32>, TrackKind, u32);
+/// Key of a device track while decoding: core, and the engine or queue as a slot.
+type SlotKey = (Option<u32>, usize);
 
 /// What one chunk gave: its device spans by track slot, its system events as they are.
 #[derive(Default)]
@@ -229,6 +252,16 @@ impl ProfileIndex {
                 let mut out = Decoded { core: info.core, device: vec![Vec::new(); slots.len()], ..Decoded::default() };
                 let Ok(chunk) = file.read_chunk(info) else { return out };
                 let clock = chunk.core.and_then(|c| clocks.get(&c));
+                // Each slot's array sized once.
+                let mut counts = vec![0usize; slots.len()];
+                for e in &chunk.device {
+                    if let Some(Some((slot, _))) = by_descriptor.get(e.descriptor.0 as usize) {
+                        counts[*slot] += 1;
+                    }
+                }
+                for (spans, n) in out.device.iter_mut().zip(counts) {
+                    spans.reserve_exact(n);
+                }
                 for e in &chunk.device {
                     let placed = clock.and_then(|c| Some((c.to_host(e.start_ns)?, c.to_host(e.end_ns)?)));
                     let track = by_descriptor.get(e.descriptor.0 as usize).copied().flatten();
@@ -242,26 +275,28 @@ impl ProfileIndex {
                 out
             })
             .collect();
-        // One array per (core, slot), allocated once.
-        let mut sizes: HashMap<(Option<u32>, usize), usize> = HashMap::new();
-        for d in &decoded {
-            for (slot, spans) in d.device.iter().enumerate().filter(|(_, s)| !s.is_empty()) {
-                *sizes.entry((d.core, slot)).or_default() += spans.len();
-            }
-        }
-        let mut device: HashMap<(Option<u32>, usize), Vec<Span>> =
-            sizes.into_iter().map(|(key, n)| (key, Vec::with_capacity(n))).collect();
+        // One array per (core, slot), its chunks' spans in file order, put together in
+        // parallel.
+        let mut segments: HashMap<SlotKey, Vec<Vec<Span>>> = HashMap::new();
         let mut unplaced = 0;
         let mut system_chunks = Vec::with_capacity(decoded.len());
         for d in decoded {
             unplaced += d.unplaced;
             for (slot, spans) in d.device.into_iter().enumerate().filter(|(_, s)| !s.is_empty()) {
-                if let Some(track) = device.get_mut(&(d.core, slot)) {
-                    track.extend_from_slice(&spans);
-                }
+                segments.entry((d.core, slot)).or_default().push(spans);
             }
             system_chunks.push((d.core, d.system));
         }
+        let device: Vec<(SlotKey, Vec<Span>)> = segments
+            .into_par_iter()
+            .map(|(key, parts)| {
+                let mut spans = Vec::with_capacity(parts.iter().map(Vec::len).sum());
+                for part in parts {
+                    spans.extend_from_slice(&part);
+                }
+                (key, spans)
+            })
+            .collect();
         let mut index =
             ProfileIndex { file, origin: 0, end: 0, tracks: Vec::new(), details: Vec::new(), unplaced, events: 0 };
         let system = index.pair_system_events(system_chunks, &clocks_of());
@@ -275,19 +310,16 @@ impl ProfileIndex {
                     spans.sort_by_key(|s| s.start);
                 }
                 let depth = if kind == TrackKind::System { nesting(&spans) } else { Vec::new() };
-                let longest = spans.iter().map(|s| s.end - s.start).max().unwrap_or(0);
-                (core, kind, name, spans, depth, longest)
+                let mut track =
+                    Track { core, kind, name: String::new(), spans, depth, longest: 0, long: Vec::new(), coarse: None };
+                track.split_long();
+                (name, track)
             })
             .collect::<Vec<_>>()
             .into_iter()
-            .map(|(core, kind, name, spans, depth, longest)| Track {
-                core,
-                kind,
-                name: index.track_name(core, kind, name),
-                spans,
-                depth,
-                longest,
-                coarse: None,
+            .map(|(name, mut track)| {
+                track.name = index.track_name(track.core, track.kind, name);
+                track
             })
             .collect();
         index.origin = index.tracks.iter().filter_map(|t| t.spans.first()).map(|s| s.start).min().unwrap_or(0);
@@ -415,12 +447,11 @@ impl ProfileIndex {
     }
 
     fn track_view(&self, i: usize, track: &Track, a: u64, b: u64, columns: u32) -> TrackView {
-        let range = track.range(a, b);
-        let spans = &track.spans[range.clone()];
-        if (spans.len() as f64) <= f64::from(columns) * RAW_PER_COLUMN {
-            let raw = spans
-                .iter()
-                .zip(range)
+        let (range, before) = track.range(a, b);
+        let positions = || before.iter().copied().chain(range.clone());
+        if ((range.len() + before.len()) as f64) <= f64::from(columns) * RAW_PER_COLUMN {
+            let raw = positions()
+                .map(|k| (&track.spans[k], k))
                 .filter(|(s, _)| s.end >= a)
                 .map(|(s, k)| {
                     let depth = track.depth.get(k).copied().unwrap_or(0);
@@ -438,7 +469,7 @@ impl ProfileIndex {
         let mut count = vec![0u64; n];
         let mut best = vec![(0u64, 0u32); n];
         let column_of = |t: u64| (((t - a) as f64 / width) as usize).min(n - 1);
-        for s in spans {
+        for s in positions().map(|k| &track.spans[k]) {
             if s.end < a {
                 continue;
             }
@@ -547,18 +578,21 @@ impl ProfileIndex {
     }
 }
 
-/// Depth of each span in a stack of nested spans, sorted by start.
+/// The level of each span, sorted by start: the lowest level free when it starts, so
+/// that nested spans stack up and overlapping ones (two threads on one core) share
+/// levels as they free up. Levels past 255 share the last.
 fn nesting(spans: &[Span]) -> Vec<u8> {
-    let mut stack: Vec<u64> = Vec::new();
+    let mut ends: Vec<u64> = Vec::new();
     spans
         .iter()
         .map(|s| {
-            while stack.last().is_some_and(|&end| end <= s.start) {
-                stack.pop();
+            let level = ends.iter().position(|&end| end <= s.start).unwrap_or(ends.len());
+            if level == ends.len() {
+                ends.push(s.end);
+            } else {
+                ends[level] = s.end;
             }
-            let depth = stack.len().min(u8::MAX as usize) as u8;
-            stack.push(s.end);
-            depth
+            level.min(u8::MAX as usize) as u8
         })
         .collect()
 }
@@ -680,6 +714,43 @@ mod tests {
         assert!(bins.iter().all(|b| view.labels[&(b[3] as u32)] == "MatMul"));
         // Zoomed in, the spans themselves again.
         assert!(matches!(index.view(0, 100_000, 200).tracks[1], TrackView::Raw { .. }));
+    }
+
+    #[test]
+    fn overlapping_spans_reuse_levels_and_nested_ones_stack() {
+        let span = |start, end| Span { start, end, label: 0, detail: 0 };
+        // Two threads pipelining on one core: never more than two at once.
+        let chained = [span(0, 10), span(5, 15), span(12, 20), span(18, 25), span(22, 30)];
+        assert_eq!(nesting(&chained), [0, 1, 0, 1, 0]);
+        let nested = [span(0, 100), span(10, 50), span(20, 30), span(60, 70), span(150, 160)];
+        assert_eq!(nesting(&nested), [0, 1, 2, 1, 0]);
+        let many: Vec<Span> = (0..1000).map(|k| span(k, 10_000)).collect();
+        assert_eq!(nesting(&many).last(), Some(&255));
+    }
+
+    #[test]
+    fn a_long_span_does_not_hide_the_others_when_zoomed_in() {
+        let span = |start, end| Span { start, end, label: 0, detail: 0 };
+        let mut spans = vec![span(0, 1_000_000)];
+        spans.extend((0..5000).map(|k| span(k * 200, k * 200 + 100)));
+        spans.sort_by_key(|s| s.start);
+        let mut track = Track {
+            core: Some(0),
+            kind: TrackKind::System,
+            name: "nc0".into(),
+            depth: nesting(&spans),
+            spans,
+            longest: 0,
+            long: Vec::new(),
+            coarse: None,
+        };
+        track.split_long();
+        assert_eq!((track.longest, track.long.as_slice()), (100, [0].as_slice()));
+        // Around 500 µs: the long span (found apart) and two short ones.
+        let (range, before) = track.range(500_000, 500_300);
+        assert_eq!(before, [0]);
+        let ends: Vec<u64> = range.map(|k| track.spans[k].end).filter(|&e| e >= 500_000).collect();
+        assert_eq!(ends, [500_100, 500_300]);
     }
 
     #[test]

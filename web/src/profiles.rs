@@ -56,11 +56,17 @@ pub struct Profiles {
     dir: Option<PathBuf>,
     /// By path, with the file's length and time when it was opened; most recent last.
     open: Mutex<Vec<Open>>,
+    /// One profile is indexed at a time (it takes every core for a moment).
+    indexing: tokio::sync::Semaphore,
 }
 
 impl Profiles {
     pub fn new(dir: Option<PathBuf>) -> Profiles {
-        Profiles { dir: dir.and_then(|d| d.canonicalize().ok().or(Some(d))), open: Mutex::new(Vec::new()) }
+        Profiles {
+            dir: dir.and_then(|d| d.canonicalize().ok().or(Some(d))),
+            open: Mutex::new(Vec::new()),
+            indexing: tokio::sync::Semaphore::new(1),
+        }
     }
 
     pub fn dir(&self) -> Option<&Path> {
@@ -120,6 +126,9 @@ impl Profiles {
         let name = name.to_string();
         let result = slot
             .get_or_init(|| async move {
+                let Ok(_permit) = self.indexing.acquire().await else {
+                    return Err("the dashboard is stopping".to_string());
+                };
                 let opened = tokio::task::spawn_blocking(move || {
                     let file = NtffFile::open(&path).map_err(|e| format!("{name}: {e}"))?;
                     Ok(Arc::new(Profile { name, index: ProfileIndex::build(file), summary: OnceLock::new() }))

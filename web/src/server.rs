@@ -38,8 +38,8 @@ struct Assets;
 const MAX_URI_BYTES: usize = 2048;
 /// The largest request body accepted (the API takes none).
 const MAX_BODY_BYTES: usize = 1024;
-/// The cookie a token given in the address is kept in.
-const TOKEN_COOKIE: &str = "neuron_dashboard_token";
+/// Perfetto exports running at once, at most (each reads and encodes a whole file).
+const MAX_EXPORTS: usize = 2;
 
 /// How the dashboard runs.
 #[derive(Debug, Clone)]
@@ -100,6 +100,10 @@ struct AppState {
     events: Arc<broadcast::Sender<Bytes>>,
     streams: AtomicUsize,
     max_streams: usize,
+    /// The cookie a token given in the address is kept in: one per port, as browsers
+    /// share cookies between the ports of a host.
+    cookie: String,
+    exports: Arc<tokio::sync::Semaphore>,
 }
 
 type Shared = Arc<AppState>;
@@ -141,6 +145,8 @@ impl Dashboard {
             events: events::start(options.datastore_dir.clone())?,
             streams: AtomicUsize::new(0),
             max_streams: options.max_streams,
+            cookie: format!("neuron_dashboard_token_{}", addr.port()),
+            exports: Arc::new(tokio::sync::Semaphore::new(MAX_EXPORTS)),
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -229,18 +235,32 @@ async fn guard(State(state): State<Shared>, request: Request, next: Next) -> Res
         return error(StatusCode::PAYLOAD_TOO_LARGE, format!("request body over {MAX_BODY_BYTES} bytes"));
     }
     let mut set_cookie = None;
-    if let Some(token) = &state.token {
-        let from_query = query_token(request.uri().query());
-        let presented = bearer(request.headers()).or_else(|| cookie(request.headers())).or(from_query.clone());
-        if !presented.is_some_and(|p| same(p.as_bytes(), token.as_bytes())) {
+    match &state.token {
+        Some(token) => {
+            let from_query = query_token(request.uri().query());
+            let mut presented = [bearer(request.headers()), from_query.clone()]
+                .into_iter()
+                .flatten()
+                .chain(cookies(request.headers(), &state.cookie));
+            if !presented.any(|p| same(p.as_bytes(), token.as_bytes())) {
+                return error(
+                    StatusCode::UNAUTHORIZED,
+                    "this dashboard needs its token: open it with ?token=TOKEN, or send Authorization: Bearer TOKEN",
+                );
+            }
+            if from_query.is_some_and(|q| same(q.as_bytes(), token.as_bytes())) {
+                set_cookie = Some(format!("{}={token}; Path=/; HttpOnly; SameSite=Strict", state.cookie));
+            }
+        }
+        // Without a token the dashboard is on loopback; a page elsewhere that points a
+        // name of its own at 127.0.0.1 (DNS rebinding) is refused by its Host.
+        None if !loopback_host(request.headers()) => {
             return error(
-                StatusCode::UNAUTHORIZED,
-                "this dashboard needs its token: open it with ?token=TOKEN, or send Authorization: Bearer TOKEN",
+                StatusCode::FORBIDDEN,
+                "only http://127.0.0.1, http://localhost or http://[::1] may ask this dashboard",
             );
         }
-        if from_query.is_some() {
-            set_cookie = Some(format!("{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Strict"));
-        }
+        None => {}
     }
     let mut response = next.run(request).await;
     let headers = response.headers_mut();
@@ -262,13 +282,24 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
     value.strip_prefix("Bearer ").map(|t| t.trim().to_string())
 }
 
-fn cookie(headers: &HeaderMap) -> Option<String> {
+/// The values of cookie `name`.
+fn cookies<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = String> + 'a {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
-        .find_map(|pair| pair.trim().strip_prefix(TOKEN_COOKIE)?.strip_prefix('=').map(str::to_string))
+        .filter_map(move |pair| pair.trim().strip_prefix(name)?.strip_prefix('=').map(str::to_string))
+}
+
+/// Whether the request names a loopback host (any port).
+fn loopback_host(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else { return false };
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().map(|h| format!("[{h}]")).unwrap_or_default(),
+        None => host.split(':').next().unwrap_or_default().to_string(),
+    };
+    matches!(name.to_ascii_lowercase().as_str(), "localhost" | "127.0.0.1" | "[::1]")
 }
 
 fn query_token(query: Option<&str>) -> Option<String> {
@@ -491,8 +522,15 @@ async fn profile_summary(State(state): State<Shared>, Path(name): Path<String>) 
 
 async fn profile_perfetto(State(state): State<Shared>, Path(name): Path<String>) -> Response {
     let Some(path) = state.profiles.resolve(&name) else { return not_found().await };
+    let Ok(permit) = Arc::clone(&state.exports).try_acquire_owned() else {
+        let mut response =
+            error(StatusCode::SERVICE_UNAVAILABLE, format!("{MAX_EXPORTS} exports are running; try again"));
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("10"));
+        return response;
+    };
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Bytes>>(8);
     tokio::task::spawn_blocking(move || {
+        let _permit = permit;
         let writer = ChannelWriter { tx: tx.clone(), buffer: Vec::with_capacity(1 << 20) };
         let result = ntff::NtffFile::open(&path).and_then(|file| {
             ntff::export::export(

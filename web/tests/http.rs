@@ -101,6 +101,31 @@ fn every_request_needs_the_token_when_one_is_set() {
     assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"), "{cookie}");
     let pair = cookie.split(';').next().expect("name=value");
     assert_eq!(get(addr, "/api/profiles", &format!("Cookie: theme=dark; {pair}\r\n")).status, 200);
+    // A cookie left by an earlier token does not stand in the way of the right one.
+    let (name, _) = pair.split_once('=').expect("name=value");
+    let stale = format!("Cookie: {name}=an-old-token-123\r\n");
+    assert_eq!(get(addr, "/api/profiles", &stale).status, 401);
+    assert_eq!(get(addr, &format!("/api/profiles?token={TOKEN}"), &stale).status, 200);
+}
+
+#[test]
+fn without_a_token_only_loopback_names_may_ask() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dashboard = Dashboard::start(options(dir.path())).expect("starts");
+    let addr = dashboard.addr();
+    let port = addr.port();
+    for host in
+        ["localhost".to_string(), format!("127.0.0.1:{port}"), format!("[::1]:{port}"), format!("LocalHost:{port}")]
+    {
+        let response = send(addr, &format!("GET /api/info HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")).0;
+        assert_eq!(response.status, 200, "{host}");
+    }
+    // A name rebound to 127.0.0.1 by a page elsewhere.
+    for host in [format!("evil.example:{port}"), "127.0.0.1.evil.example".to_string(), "localhost.example".to_string()]
+    {
+        let response = send(addr, &format!("GET /api/live HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")).0;
+        assert_eq!(response.status, 403, "{host}");
+    }
 }
 
 #[test]
