@@ -5,16 +5,17 @@
 //!
 //! `cargo bench -p neuron-dashboard --bench load [-- CLIENTS SECONDS]`
 
+#[path = "../tests/common/mod.rs"]
+mod common;
 #[path = "../../neuron-monitor/tests/support/mod.rs"]
 mod support;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use support::{Running, Sandbox, cpu_ns, memory, neuron_bench};
+use support::{Sandbox, cpu_ns, memory};
 
 fn now_ms() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1e3)
@@ -99,27 +100,10 @@ fn main() {
     let seconds = numbers.get(1).copied().unwrap_or(30);
     let sandbox = Sandbox::new();
     // A workload on one of the two cores: a busy host, with room left for the clients.
-    let _workload = Running(
-        sandbox
-            .env(&mut Command::new(neuron_bench()))
-            .args(["demo", "--no-dashboard"])
-            .env("NEURON_RT_VISIBLE_CORES", "0")
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("the workload starts"),
-    );
-    let mut dashboard = Running(
-        sandbox
-            .env(&mut Command::new(env!("CARGO_BIN_EXE_neuron-dashboard")))
-            .args(["--listen", "127.0.0.1:0", "--max-streams", &(clients + 8).to_string()])
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the dashboard starts"),
-    );
-    let mut line = String::new();
-    BufReader::new(dashboard.0.stderr.take().expect("stderr")).read_line(&mut line).expect("the address");
-    let url = line.split_whitespace().find(|w| w.starts_with("http://")).expect("serving http://…");
-    let addr: SocketAddr = url.trim_start_matches("http://").trim_end_matches('/').parse().expect("an address");
+    let _workload = common::demo(&sandbox, &[], &[("NEURON_RT_VISIBLE_CORES", "0")]);
+    let max_streams = (clients + 8).to_string();
+    let (dashboard, url) = common::dashboard(&sandbox, &["--max-streams".as_ref(), max_streams.as_ref()]);
+    let addr: SocketAddr = url.trim_start_matches("http://").parse().expect("an address");
     let pid = dashboard.0.id();
     std::thread::sleep(Duration::from_secs(3));
 

@@ -268,32 +268,29 @@ fn system(f: &mut Followed, e: SystemEvent, batch: &mut Batch) {
                 map.remove("phase");
                 map.insert("stop_timestamp_ns".into(), e.timestamp_ns.into());
             }
-            batch.push(json!({
-                "kind": "system",
-                "pid": f.pid,
-                "core": e.nc_idx,
-                "name": e.event_type.name(),
-                "lane": "runtime",
-                "start_ns": t0,
-                "end_ns": t1.max(t0),
-                "details": details,
-            }));
+            batch.push(system_span(f.pid, &e, t0, t1.max(t0), details));
         }
         Phase::Instant => {
             let Some(t) = host_time(f, &e) else {
                 batch.thinned += 1;
                 return;
             };
-            batch.push(json!({
-                "kind": "system",
-                "pid": f.pid,
-                "core": e.nc_idx,
-                "name": e.event_type.name(),
-                "lane": "runtime",
-                "start_ns": t,
-                "end_ns": t,
-                "details": e,
-            }));
+            let details = serde_json::to_value(&e).unwrap_or_default();
+            batch.push(system_span(f.pid, &e, t, t, details));
         }
     }
+}
+
+/// A system span as the page draws it: on its runtime's row of its core.
+fn system_span(pid: u32, e: &SystemEvent, start_ns: u64, end_ns: u64, details: Value) -> Value {
+    json!({
+        "kind": "system",
+        "pid": pid,
+        "core": e.nc_idx,
+        "name": e.event_type.name(),
+        "lane": "runtime",
+        "start_ns": start_ns,
+        "end_ns": end_ns,
+        "details": details,
+    })
 }

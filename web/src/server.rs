@@ -436,11 +436,8 @@ async fn profile(state: &Shared, name: &str) -> Result<Arc<Profile>, Response> {
     }
 }
 
-async fn profile_meta(State(state): State<Shared>, Path(name): Path<String>) -> Response {
-    let p = match profile(&state, &name).await {
-        Ok(p) => p,
-        Err(response) => return response,
-    };
+async fn profile_meta(State(state): State<Shared>, Path(name): Path<String>) -> Result<Response, Response> {
+    let p = profile(&state, &name).await?;
     let index = &p.index;
     let meta = index.file().metadata();
     let tracks: Vec<_> = index
@@ -448,7 +445,7 @@ async fn profile_meta(State(state): State<Shared>, Path(name): Path<String>) -> 
         .iter()
         .map(|t| json!({ "name": t.name, "core": t.core, "kind": t.kind, "spans": t.len(), "depth": t.depth() }))
         .collect();
-    axum::Json(json!({
+    Ok(axum::Json(json!({
         "name": p.name,
         "duration_ns": index.end - index.origin,
         "events": index.events,
@@ -460,7 +457,7 @@ async fn profile_meta(State(state): State<Shared>, Path(name): Path<String>) -> 
         "capture_kind": meta.capture_kind,
         "problems": index.file().recovery().describe(),
     }))
-    .into_response()
+    .into_response())
 }
 
 #[derive(Debug, Deserialize)]
@@ -470,17 +467,20 @@ struct ViewQuery {
     columns: u32,
 }
 
-async fn profile_view(State(state): State<Shared>, Path(name): Path<String>, Query(q): Query<ViewQuery>) -> Response {
-    let p = match profile(&state, &name).await {
-        Ok(p) => p,
-        Err(response) => return response,
-    };
-    let view = tokio::task::spawn_blocking(move || serde_json::to_vec(&p.index.view(q.t0, q.t1, q.columns))).await;
-    match view {
-        Ok(Ok(json)) => ([(header::CONTENT_TYPE, "application/json")], json).into_response(),
-        Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    }
+async fn profile_view(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    Query(q): Query<ViewQuery>,
+) -> Result<Response, Response> {
+    let p = profile(&state, &name).await?;
+    let view = blocking(move || serde_json::to_vec(&p.index.view(q.t0, q.t1, q.columns))).await?;
+    let json = view.map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
+}
+
+/// Runs `work` off the async threads; a panic in it is a 500.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, Response> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
 }
 
 #[derive(Debug, Deserialize)]
@@ -489,23 +489,19 @@ struct SpanQuery {
     index: usize,
 }
 
-async fn profile_span(State(state): State<Shared>, Path(name): Path<String>, Query(q): Query<SpanQuery>) -> Response {
-    let p = match profile(&state, &name).await {
-        Ok(p) => p,
-        Err(response) => return response,
-    };
-    match p.index.details(q.track, q.index) {
-        Some(details) => axum::Json(details).into_response(),
-        None => error(StatusCode::NOT_FOUND, "no such span"),
-    }
+async fn profile_span(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    Query(q): Query<SpanQuery>,
+) -> Result<Response, Response> {
+    let p = profile(&state, &name).await?;
+    let details = p.index.details(q.track, q.index).ok_or_else(|| error(StatusCode::NOT_FOUND, "no such span"))?;
+    Ok(axum::Json(details).into_response())
 }
 
-async fn profile_summary(State(state): State<Shared>, Path(name): Path<String>) -> Response {
-    let p = match profile(&state, &name).await {
-        Ok(p) => p,
-        Err(response) => return response,
-    };
-    let body = tokio::task::spawn_blocking(move || {
+async fn profile_summary(State(state): State<Shared>, Path(name): Path<String>) -> Result<Response, Response> {
+    let p = profile(&state, &name).await?;
+    let body = blocking(move || {
         let s = p.summary();
         json!({
             "summary": s,
@@ -513,11 +509,8 @@ async fn profile_summary(State(state): State<Shared>, Path(name): Path<String>) 
             "hlo_instructions": s.hlo_instructions,
         })
     })
-    .await;
-    match body {
-        Ok(body) => axum::Json(body).into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    }
+    .await?;
+    Ok(axum::Json(body).into_response())
 }
 
 async fn profile_perfetto(State(state): State<Shared>, Path(name): Path<String>) -> Response {
@@ -594,20 +587,14 @@ struct CompareQuery {
     b: String,
 }
 
-async fn compare_profiles(State(state): State<Shared>, Query(q): Query<CompareQuery>) -> Response {
+async fn compare_profiles(State(state): State<Shared>, Query(q): Query<CompareQuery>) -> Result<Response, Response> {
     // Both names are checked before either file is read.
     if state.profiles.resolve(&q.a).is_none() || state.profiles.resolve(&q.b).is_none() {
-        return not_found().await;
+        return Err(not_found().await);
     }
-    let a = match profile(&state, &q.a).await {
-        Ok(p) => p,
-        Err(response) => return response,
-    };
-    let b = match profile(&state, &q.b).await {
-        Ok(p) => p,
-        Err(response) => return response,
-    };
-    let body = tokio::task::spawn_blocking(move || {
+    let a = profile(&state, &q.a).await?;
+    let b = profile(&state, &q.b).await?;
+    let body = blocking(move || {
         let (sa, sb) = (a.summary(), b.summary());
         json!({
             "a": { "name": a.name, "device_time_s": sa.device_time_s, "device_traced": sa.executions.device_traced },
@@ -615,9 +602,6 @@ async fn compare_profiles(State(state): State<Shared>, Query(q): Query<CompareQu
             "hlo_instructions": compare(sa, sb),
         })
     })
-    .await;
-    match body {
-        Ok(body) => axum::Json(body).into_response(),
-        Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    }
+    .await?;
+    Ok(axum::Json(body).into_response())
 }

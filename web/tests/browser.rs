@@ -6,11 +6,12 @@
 #[path = "../../neuron-monitor/tests/support/mod.rs"]
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+mod common;
 
-use support::{Running, Sandbox, neuron_bench, profiler_binary};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use support::{Sandbox, profiler_binary};
 
 /// What the browser test needs, or why it cannot run: in CI, a failure; elsewhere, a note.
 fn tools(e2e: &Path) -> Option<(PathBuf, PathBuf)> {
@@ -50,33 +51,14 @@ fn the_dashboard_in_a_headless_browser() {
             .expect("neuron-profile runs");
         assert!(out.status.success(), "capture {model}: {}", String::from_utf8_lossy(&out.stderr));
     }
-    let _workload = Running(
-        sandbox
-            .env(&mut Command::new(neuron_bench()))
-            .args(["demo", "--no-dashboard", "--duration", "300s"])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("the workload starts"),
-    );
-    let mut dashboard = Running(
-        sandbox
-            .env(&mut Command::new(env!("CARGO_BIN_EXE_neuron-dashboard")))
-            .args(["--listen", "127.0.0.1:0", "--profiles"])
-            .arg(&profiles)
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("the dashboard starts"),
-    );
-    let mut line = String::new();
-    BufReader::new(dashboard.0.stderr.take().expect("stderr")).read_line(&mut line).expect("the address");
-    let url =
-        line.split_whitespace().find(|w| w.starts_with("http://")).expect("serving http://…").trim_end_matches('/');
+    let _workload = common::demo(&sandbox, &["--duration", "300s"], &[]);
+    let (_dashboard, url) = common::dashboard(&sandbox, &["--profiles".as_ref(), profiles.as_os_str()]);
     let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/dashboard-screenshots");
     let out = Command::new(node)
         .current_dir(&e2e)
         .env("CHROMIUM", chromium)
         .arg("dashboard.mjs")
-        .args([url, "mlp.ntff", "attention.ntff"])
+        .args([url.as_str(), "mlp.ntff", "attention.ntff"])
         .arg(&shots)
         .output()
         .expect("node runs");
