@@ -19,12 +19,20 @@ export function livePage(main) {
   const runtimes = new Map(); // pid -> card state
   let updates = 0;
   const delays = [];
+  let lastSeq = -1;
   const onUpdate = (message) => {
     const update = JSON.parse(message.data);
+    // The last minute comes first on connecting ('history'), then each new update; an
+    // update can come both ways once.
+    if (update.seq <= lastSeq) return;
+    lastSeq = update.seq;
     updates++;
-    const delay = Date.now() - update.sent_at_ms;
-    delays.push(delay); if (delays.length > 50) delays.shift();
-    const now = performance.now() / 1000;
+    if (message.type === 'update') {
+      delays.push(Date.now() - update.sent_at_ms);
+      if (delays.length > 50) delays.shift();
+    }
+    // Charts are on the wall clock: the update's own time, and now.
+    const at = update.sent_at_ms / 1000, now = Date.now() / 1000;
     const inst = update.instance;
     header.replaceChildren(
       el('span', {}, el('b', {}, inst.instance_type || NA), ` · ${inst.device_count}×${inst.cores_per_device} NeuronCore ${inst.core_version || ''}`),
@@ -45,13 +53,18 @@ export function livePage(main) {
       seen.add(r.pid);
       let card = runtimes.get(r.pid);
       if (!card) { card = newCard(r); runtimes.set(r.pid, card); cards.append(card.node); }
-      updateCard(card, r, update, now);
+      updateCard(card, r, update, at, now);
     }
     for (const [pid, card] of runtimes) {
       if (!seen.has(pid)) { card.node.remove(); runtimes.delete(pid); }
     }
   };
-  const source = openStream('/api/live', { update: onUpdate }, (text) => { status.textContent = text; });
+  // On each (re)connection the server sends its last minute again: start over from it.
+  const onOpen = () => {
+    lastSeq = -1;
+    for (const card of runtimes.values()) { card.history = []; card.previous = null; }
+  };
+  const source = openStream('/api/live', { open: onOpen, history: onUpdate, update: onUpdate }, (text) => { status.textContent = text; });
   const onResize = () => { for (const card of runtimes.values()) card.charts.forEach((c) => c.draw()); };
   window.addEventListener('resize', onResize);
   return { stop() { source.close(); window.removeEventListener('resize', onResize); } };
@@ -80,7 +93,7 @@ function newCard(r) {
   return { node, title, summary, cores, models, charts: Object.values(charts), c: charts, history: [], previous: null };
 }
 
-function updateCard(card, r, update, now) {
+function updateCard(card, r, update, at, now) {
   card.node.classList.toggle('exited', r.exited);
   card.title.textContent = `${r.tag === String(r.pid) ? `pid ${r.pid}` : `${r.tag} (pid ${r.pid})`}${r.exited ? ' · exited' : ''}`;
   // Errors per second by class, from the counts since the runtime started.
@@ -93,7 +106,7 @@ function updateCard(card, r, update, now) {
   const execs = r.cores.reduce((a, c) => a + (c.executions_per_second || 0), 0);
   const max = (f) => r.cores.reduce((a, c) => (f(c) == null ? a : Math.max(a ?? 0, f(c))), null);
   const memory = Object.fromEntries(MEMORY.map(([k]) => [k, r.cores.reduce((a, c) => a + c.device_memory[k], 0)]));
-  card.history.push({ t: now, cores: r.cores.map((c) => [c.index, c.utilization, c.flops_per_second]), execs, errorRates,
+  card.history.push({ t: at, cores: r.cores.map((c) => [c.index, c.utilization, c.flops_per_second]), execs, errorRates,
     p50: max((c) => c.latency_p50), p99: max((c) => c.latency_p99), memory });
   while (card.history.length && card.history[0].t < now - SPAN - 2) card.history.shift();
   const coreIds = r.cores.map((c) => c.index);

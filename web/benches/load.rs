@@ -33,13 +33,18 @@ fn client(addr: SocketAddr, until: Instant, delays: mpsc::Sender<f64>) -> Result
     if !line.contains(" 200 ") {
         return Err(format!("refused: {}", line.trim()));
     }
-    let (mut updates, mut busy) = (0, 0);
+    let (mut updates, mut busy, mut history) = (0, 0, false);
     while Instant::now() < until {
         line.clear();
         if reader.read_line(&mut line).map_err(|e| e.to_string())? == 0 {
             return Err("the stream ended".into());
         }
-        let Some(data) = line.strip_prefix("data:") else { continue };
+        // The last minute, sent first on connecting, is not timed.
+        if line.starts_with("event:") {
+            history = line.trim_end() == "event: history";
+            continue;
+        }
+        let Some(data) = line.strip_prefix("data:").filter(|_| !history) else { continue };
         let received = now_ms();
         let update: serde_json::Value = serde_json::from_str(data.trim()).map_err(|e| e.to_string())?;
         let sent = update["sent_at_ms"].as_f64().ok_or("no sent_at_ms")?;

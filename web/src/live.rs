@@ -1,10 +1,11 @@
 //! The live page's feed: one sampler thread looks at every runtime on the host
 //! (through `neuron-top`'s collector, which uses the datastore reader API) and publishes
-//! each look, encoded once, to every connected page. It looks only while a page is
-//! connected.
+//! each look, encoded once, to every connected page. The last minute of looks is kept,
+//! so that a page that connects starts with it.
 
+use std::collections::VecDeque;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -70,51 +71,65 @@ pub fn encode(snapshot: &mut Snapshot, seq: u64, interval: Duration) -> Bytes {
     }
 }
 
-/// The latest update, and the way to wait for the next.
-pub type Feed = watch::Receiver<Option<Bytes>>;
+/// How much past a page gets when it connects.
+const HISTORY: Duration = Duration::from_secs(60);
+/// The most the kept past may weigh.
+const HISTORY_BYTES: usize = 8 << 20;
 
-/// Starts the sampler: a look every `interval` while anyone listens.
-pub fn start(
-    dir: PathBuf,
-    topology: Topology,
-    interval: Duration,
-) -> std::io::Result<Arc<watch::Sender<Option<Bytes>>>> {
-    let (tx, _) = watch::channel(None);
-    let tx = Arc::new(tx);
-    let sender = Arc::clone(&tx);
-    std::thread::Builder::new().name("dashboard-live".into()).spawn(move || {
-        let mut collector: Option<Collector> = None;
-        let mut seq = 0u64;
-        let mut last = Instant::now();
-        loop {
-            if sender.receiver_count() == 0 {
-                // Nobody is looking: forget the rates' base, so the next look starts afresh.
-                collector = None;
-                if Arc::strong_count(&sender) == 1 {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-                continue;
+/// The feed: the latest update, to wait on, and the last minute of them, for a page that
+/// connects.
+#[derive(Debug)]
+pub struct Live {
+    latest: watch::Sender<Option<Bytes>>,
+    history: Mutex<VecDeque<Bytes>>,
+}
+
+impl Live {
+    pub fn subscribe(&self) -> watch::Receiver<Option<Bytes>> {
+        self.latest.subscribe()
+    }
+
+    /// The updates of the last minute, oldest first.
+    pub fn history(&self) -> Vec<Bytes> {
+        self.history.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect()
+    }
+
+    fn publish(&self, update: Bytes, keep: usize) {
+        {
+            let mut history = self.history.lock().unwrap_or_else(|e| e.into_inner());
+            history.push_back(update.clone());
+            let mut bytes: usize = history.iter().map(Bytes::len).sum();
+            while history.len() > keep || bytes > HISTORY_BYTES {
+                bytes -= history.pop_front().map_or(0, |b| b.len());
             }
-            let collector = collector.get_or_insert_with(|| {
-                let mut c = Collector::new(dir.clone(), topology.clone());
-                c.sample();
-                last = Instant::now();
-                c
-            });
-            let deadline = last + interval;
-            if let Some(wait) = deadline.checked_duration_since(Instant::now()) {
+        }
+        self.latest.send_replace(Some(update));
+    }
+}
+
+/// Starts the sampler: a look every `interval`, kept for a minute, until the returned
+/// feed is dropped.
+pub fn start(dir: PathBuf, topology: Topology, interval: Duration) -> std::io::Result<Arc<Live>> {
+    let live = Arc::new(Live { latest: watch::channel(None).0, history: Mutex::new(VecDeque::new()) });
+    let feed = Arc::clone(&live);
+    let keep = (HISTORY.as_secs_f64() / interval.as_secs_f64()).ceil() as usize;
+    std::thread::Builder::new().name("dashboard-live".into()).spawn(move || {
+        let mut collector = Collector::new(dir, topology);
+        collector.sample();
+        let mut last = Instant::now();
+        let mut seq = 0u64;
+        while Arc::strong_count(&feed) > 1 {
+            if let Some(wait) = (last + interval).checked_duration_since(Instant::now()) {
                 std::thread::sleep(wait);
             }
             let mut snapshot = collector.sample();
             let now = Instant::now();
             seq += 1;
-            let update = encode(&mut snapshot, seq, now - last);
+            feed.publish(encode(&mut snapshot, seq, now - last), keep);
             last = now;
-            sender.send_replace(Some(update));
         }
     })?;
-    Ok(tx)
+    Ok(live)
 }
 
 #[cfg(test)]

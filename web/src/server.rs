@@ -17,14 +17,14 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use bytes::Bytes;
-use futures_util::Stream;
+use futures_util::{Stream, StreamExt};
 use neuron_runtime::config::{ENV_DATASTORE_DIR, ENV_INSTANCE_TYPE};
 use neuron_runtime::datastore::default_dir;
 use neuron_runtime::topology::{DEFAULT_INSTANCE_TYPE, InstanceType, Topology};
 use rust_embed::RustEmbed;
 use serde::Deserialize;
 use serde_json::json;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::broadcast;
 
 use crate::profiles::{Profile, Profiles, compare};
 use crate::{events, live};
@@ -96,7 +96,7 @@ pub fn listen_address(addr: &str) -> Result<SocketAddr> {
 struct AppState {
     token: Option<String>,
     profiles: Profiles,
-    live: Arc<watch::Sender<Option<Bytes>>>,
+    live: Arc<live::Live>,
     events: Arc<broadcast::Sender<Bytes>>,
     streams: AtomicUsize,
     max_streams: usize,
@@ -394,13 +394,18 @@ async fn live_stream(State(state): State<Shared>) -> Response {
     let Some(slot) = StreamSlot::take(&state) else { return too_many(&state) };
     let mut rx = state.live.subscribe();
     rx.mark_unchanged();
-    let stream = futures_util::stream::unfold((rx, slot), |(mut rx, slot)| async move {
+    // The last minute first, marked as such, then each update as it comes.
+    let history =
+        state.live.history().into_iter().map(|update| {
+            Ok::<_, Infallible>(Event::default().event("history").data(String::from_utf8_lossy(&update)))
+        });
+    let updates = futures_util::stream::unfold((rx, slot), |(mut rx, slot)| async move {
         rx.changed().await.ok()?;
         let update = rx.borrow_and_update().clone()?;
         let data = String::from_utf8_lossy(&update).into_owned();
         Some((Ok(Event::default().event("update").data(data)), (rx, slot)))
     });
-    sse(stream)
+    sse(futures_util::stream::iter(history).chain(updates))
 }
 
 async fn event_stream(State(state): State<Shared>) -> Response {

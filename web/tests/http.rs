@@ -228,3 +228,34 @@ fn requests_are_bounded_in_size_and_kind() {
     assert_eq!(get(addr, "/api/profiles/a.ntff/view?t0=x", "").status, 400, "a malformed query");
     assert_eq!(get(addr, "/api/profiles/a.ntff/view?t0=0&t1=1&columns=9", "").status, 404, "no profiles directory");
 }
+
+#[test]
+fn a_page_that_connects_gets_the_last_minute_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut open = options(dir.path());
+    open.interval = Duration::from_millis(100);
+    let dashboard = Dashboard::start(open).expect("starts");
+    std::thread::sleep(Duration::from_millis(1500));
+    let (response, mut reader) = send(dashboard.addr(), "GET /api/live HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    assert_eq!(response.status, 200);
+    // (event name, seq) in the order they come, until two live updates.
+    let mut events: Vec<(String, u64)> = Vec::new();
+    let (mut event, mut line) = (String::new(), String::new());
+    while events.iter().filter(|(e, _)| e == "update").count() < 2 {
+        line.clear();
+        reader.read_line(&mut line).expect("a line");
+        if let Some(name) = line.strip_prefix("event:") {
+            event = name.trim().to_string();
+        } else if let Some(data) = line.strip_prefix("data:") {
+            let update: serde_json::Value = serde_json::from_str(data.trim()).expect("json");
+            events.push((event.clone(), update["seq"].as_u64().expect("seq")));
+        }
+    }
+    let history: Vec<u64> = events.iter().filter(|(e, _)| e == "history").map(|(_, s)| *s).collect();
+    assert!(history.len() >= 10, "{events:?}");
+    assert_eq!(history[0], 1, "from the first look: {events:?}");
+    assert!(history.windows(2).all(|w| w[1] == w[0] + 1), "in order: {events:?}");
+    let first_live = events.iter().position(|(e, _)| e == "update").expect("live");
+    assert!(events[..first_live].iter().all(|(e, _)| e == "history"), "history first: {events:?}");
+    assert!(events[first_live].1 >= *history.last().expect("some"), "{events:?}");
+}
