@@ -57,6 +57,8 @@ pub struct Options {
     pub interval: Duration,
     /// Event streams open at once, at most.
     pub max_streams: usize,
+    /// A profile of `profiles` to index at once, before a page asks for it.
+    pub preload: Option<String>,
 }
 
 impl Options {
@@ -77,6 +79,7 @@ impl Options {
             topology: instance.topology(),
             interval: Duration::from_millis(200),
             max_streams: 128,
+            preload: None,
         })
     }
 }
@@ -153,8 +156,13 @@ impl Dashboard {
             .thread_name("dashboard-http")
             .enable_all()
             .build()?;
+        let preload = options.preload.clone();
         let thread = std::thread::Builder::new().name("dashboard".into()).spawn(move || {
             runtime.block_on(async move {
+                if let Some(name) = preload {
+                    let state = Arc::clone(&state);
+                    tokio::spawn(async move { state.profiles.get(&name).await });
+                }
                 let app = router(state);
                 match tokio::net::TcpListener::from_std(listener) {
                     Ok(listener) => {

@@ -124,7 +124,7 @@ fn core_filter(args: &ViewArgs, file: &NtffFile) -> Result<Option<Vec<u32>>> {
 
 /// Serves the dashboard opened on the file (or the directory's list) until Ctrl-C.
 fn serve(args: &ViewArgs) -> Result<()> {
-    let (dir, page) = match (&args.session_file, &args.session_dir) {
+    let (dir, name) = match (&args.session_file, &args.session_dir) {
         (Some(file), _) => {
             let file = file.canonicalize().with_context(|| format!("cannot read {}", file.display()))?;
             // Opened first, so that a file that is not a profile is refused here.
@@ -137,13 +137,16 @@ fn serve(args: &ViewArgs) -> Result<()> {
                 );
             }
             let dir = file.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
-            (dir, format!("/profile/{}", percent_encode(&name)))
+            (dir, Some(name))
         }
-        (None, Some(dir)) => (dir.clone(), "/profiles".to_string()),
+        (None, Some(dir)) => (dir.clone(), None),
         (None, None) => bail!("give a file with -s FILE.ntff or a directory with -d DIR"),
     };
     let mut options = neuron_dashboard::Options::new(std::net::SocketAddr::from(([127, 0, 0, 1], args.port)))?;
     options.profiles = Some(dir);
+    // The file is indexed while the browser opens.
+    options.preload = name.clone();
+    let page = name.map_or_else(|| "/profiles".to_string(), |n| format!("/profile/{}", percent_encode(&n)));
     let dashboard = neuron_dashboard::Dashboard::start(options)
         .context("cannot serve the dashboard (another port: --port N; a summary: --output-format summary-text)")?;
     eprintln!("neuron-profile: the dashboard is at {} (Ctrl-C to stop)", dashboard.url(Some(&page)));
