@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
@@ -21,6 +21,7 @@ use neuron_monitor::host::{CpuStat, MemoryInfo, ProcessCpu, clock_ticks_per_seco
 use neuron_monitor::prometheus::{self, RuntimeCounters};
 use neuron_monitor::report::{CpuClock, HostSample, RuntimeSample, runtime_group, system_group};
 use neuron_runtime::Config;
+use neuron_runtime::config::parse_listen_address;
 use neuron_runtime::datastore::{DatastoreReader, Liveness, Snapshot, discover_new};
 use neuron_runtime::topology::Topology;
 use neuron_runtime::trace::clock::{monotonic_ns, realtime_ns};
@@ -398,7 +399,7 @@ struct MetricsServer {
 impl MetricsServer {
     /// Binds `addr` (a port alone means 127.0.0.1) and starts serving.
     fn start(addr: &str) -> Result<MetricsServer> {
-        let addr = listen_address(addr)?;
+        let addr = parse_listen_address(addr).map_err(|e| anyhow::anyhow!("--prometheus-listen {e}"))?;
         let listener =
             std::net::TcpListener::bind(addr).with_context(|| format!("cannot listen on {addr} for Prometheus"))?;
         listener.set_nonblocking(true)?;
@@ -430,17 +431,6 @@ impl MetricsServer {
             *latest = Some(Bytes::from(exposition));
         }
     }
-}
-
-/// `PORT` alone is on loopback; `HOST:PORT` and `[V6]:PORT` are taken as they are.
-fn listen_address(addr: &str) -> Result<SocketAddr> {
-    if let Ok(port) = addr.trim_start_matches(':').parse::<u16>() {
-        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
-    }
-    addr.to_socket_addrs()
-        .with_context(|| format!("--prometheus-listen {addr:?}: not a PORT, nor a HOST:PORT that resolves"))?
-        .next()
-        .with_context(|| format!("--prometheus-listen {addr:?}: the host has no address"))
 }
 
 async fn metrics(State(latest): State<Latest>) -> Response {

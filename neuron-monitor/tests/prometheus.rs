@@ -4,7 +4,7 @@
 //! `promtool check metrics`, and the Grafana dashboard queries only exported metrics.
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use regex::Regex;
 use serde_json::Value;
-use support::{Running, Sandbox};
+use support::{Running, Sandbox, http_get};
 
 mod support;
 
@@ -33,18 +33,6 @@ fn tool(name: &str) -> Option<PathBuf> {
     found
 }
 
-/// `GET path` over HTTP/1.0: the status code and the body.
-fn get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("connects");
-    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("request");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("response");
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, body.to_string())
-}
-
 /// Percent-encodes a query-string value.
 fn encode(value: &str) -> String {
     value
@@ -58,7 +46,7 @@ fn encode(value: &str) -> String {
 
 /// An instant PromQL query: each result's labels and value.
 fn query(prometheus: SocketAddr, promql: &str) -> Vec<(Value, f64)> {
-    let (status, body) = get(prometheus, &format!("/api/v1/query?query={}", encode(promql)));
+    let (status, body) = http_get(prometheus, &format!("/api/v1/query?query={}", encode(promql)));
     assert_eq!(status, 200, "{promql}: {body}");
     let answer: Value = serde_json::from_str(&body).expect("JSON");
     answer["data"]["result"]
@@ -168,7 +156,7 @@ fn prometheus_scrapes_the_exporter_while_a_workload_runs() {
         let started = Instant::now();
         loop {
             let up = TcpStream::connect(prometheus_addr).is_ok()
-                && get(prometheus_addr, "/-/ready").0 == 200
+                && http_get(prometheus_addr, "/-/ready").0 == 200
                 && query(prometheus_addr, "up{job=\"neuron\"}").iter().any(|(_, v)| *v == 1.0);
             if up {
                 break;
@@ -197,7 +185,7 @@ fn prometheus_scrapes_the_exporter_while_a_workload_runs() {
     // holds every metric the Grafana dashboard queries.
     let started = Instant::now();
     let exposition = loop {
-        let (status, body) = get(exporter, "/metrics");
+        let (status, body) = http_get(exporter, "/metrics");
         if status == 200 && body.contains("neuroncore_utilization_ratio{") && body.contains(TAG) {
             let busy = body
                 .lines()
@@ -219,7 +207,7 @@ fn prometheus_scrapes_the_exporter_while_a_workload_runs() {
     // Once it has exited, its series disappear from the exposition.
     let started = Instant::now();
     loop {
-        let (status, body) = get(exporter, "/metrics");
+        let (status, body) = http_get(exporter, "/metrics");
         assert_eq!(status, 200);
         if !body.contains(TAG) {
             assert!(body.contains("system_memory_total_bytes"), "{body}");

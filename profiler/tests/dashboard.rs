@@ -5,34 +5,22 @@
 #[path = "../../neuron-monitor/tests/support/mod.rs"]
 mod support;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{Running, Sandbox};
+use support::{Running, Sandbox, http_get};
 
 const PROFILE: &str = env!("CARGO_BIN_EXE_neuron-profile");
 const BENCH: &str = env!("CARGO_BIN_EXE_neuron-bench");
 
-/// `GET path` on `base` (`http://HOST:PORT`): the status and body.
-fn get(base: &str, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(base.trim_start_matches("http://")).expect("connects");
-    stream.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").expect("sends");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("reads");
-    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    (status, body)
-}
-
-/// The first `http://…` address in a line of `lines`, and the line.
-fn address(lines: &mut impl Iterator<Item = std::io::Result<String>>) -> (String, String) {
+/// The address of the first `http://…` in a line of `lines`, and the line.
+fn address(lines: &mut impl Iterator<Item = std::io::Result<String>>) -> (SocketAddr, String) {
     for line in lines.map_while(Result::ok) {
         if let Some(word) = line.split_whitespace().find(|w| w.starts_with("http://")) {
             let base = word.trim_start_matches("http://").split('/').next().expect("host:port");
-            return (format!("http://{base}"), line);
+            return (base.parse().expect("an address"), line);
         }
     }
     panic!("no address printed");
@@ -68,15 +56,15 @@ fn view_without_an_output_format_serves_the_dashboard_on_the_file() {
     let stderr = BufReader::new(view.0.stderr.take().expect("stderr"));
     let (base, line) = address(&mut stderr.lines());
     assert!(line.contains("#/profile/mlp%20run.ntff"), "opened on the file: {line}");
-    let (status, meta) = get(&base, "/api/profiles/mlp%20run.ntff");
+    let (status, meta) = http_get(base, "/api/profiles/mlp%20run.ntff");
     assert_eq!(status, 200, "{meta}");
     let meta: serde_json::Value = serde_json::from_str(&meta).expect("json");
     assert!(meta["tracks"].as_array().is_some_and(|t| !t.is_empty()), "{meta}");
-    let (status, summary) = get(&base, "/api/profiles/mlp%20run.ntff/summary");
+    let (status, summary) = http_get(base, "/api/profiles/mlp%20run.ntff/summary");
     assert_eq!(status, 200);
     assert!(summary.contains("\"executions\""), "{summary}");
     // Bound to loopback only.
-    assert!(base.starts_with("http://127.0.0.1:"), "{base}");
+    assert!(base.ip().is_loopback(), "{base}");
 
     let other = sandbox.path().join("trace.bin");
     std::fs::copy(&file, &other).expect("copy");
@@ -102,7 +90,7 @@ fn the_demo_serves_its_dashboard() {
     // The demo prints a status line every second: keep reading them.
     std::thread::spawn(move || lines.for_each(drop));
     // The live feed shows the demo itself, busy.
-    let mut stream = TcpStream::connect(base.trim_start_matches("http://")).expect("connects");
+    let mut stream = TcpStream::connect(base).expect("connects");
     stream.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
     write!(stream, "GET /api/live HTTP/1.1\r\nHost: localhost\r\n\r\n").expect("sends");
     let deadline = Instant::now() + Duration::from_secs(120);

@@ -379,6 +379,19 @@ impl Config {
     }
 }
 
+/// Parses where a tool's server listens: `PORT` alone (or `:PORT`) is on 127.0.0.1;
+/// `HOST:PORT` and `[V6]:PORT` are taken as they are, the host resolved.
+pub fn parse_listen_address(text: &str) -> Result<std::net::SocketAddr, String> {
+    use std::net::{SocketAddr, ToSocketAddrs};
+    if let Ok(port) = text.trim_start_matches(':').parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    text.to_socket_addrs()
+        .map_err(|_| format!("{text:?} is not a PORT, nor a HOST:PORT that resolves"))?
+        .next()
+        .ok_or_else(|| format!("{text:?}: the host has no address"))
+}
+
 /// Parses a duration: `10s`, `500ms`, `2m`, `1.5h`, `250us`; a bare number is seconds.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
@@ -438,6 +451,17 @@ mod tests {
         assert!(parse_duration("5 parsecs").is_err_and(|e| e.contains("unknown unit")));
         assert!(parse_duration("soon").is_err_and(|e| e.contains("is not a duration")));
         assert!(parse_duration("1e400s").is_err());
+    }
+
+    #[test]
+    fn a_port_alone_listens_on_loopback() {
+        let ok = |text: &str| parse_listen_address(text).map(|a| a.to_string());
+        assert_eq!(ok("3001"), Ok("127.0.0.1:3001".to_string()));
+        assert_eq!(ok(":8000"), Ok("127.0.0.1:8000".to_string()));
+        assert_eq!(ok("0.0.0.0:9"), Ok("0.0.0.0:9".to_string()));
+        assert_eq!(ok("[::1]:9"), Ok("[::1]:9".to_string()));
+        assert!(parse_listen_address("nowhere").is_err_and(|e| e.contains("not a PORT")));
+        assert!(parse_listen_address("70000").is_err());
     }
 
     fn config(vars: &[(&str, &str)]) -> NrtResult<Config> {

@@ -11,13 +11,16 @@
 //! `cargo bench -p neuron-dashboard --bench lod [-- EVENTS]` (`LOD_PROFILE_DIR=DIR` keeps
 //! the profile there as `large.ntff`)
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
+#[path = "../../neuron-monitor/tests/support/mod.rs"]
+mod support;
+
+use std::net::SocketAddr;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use neuron_dashboard::{Dashboard, Options};
 use ntff::{Arg, Clock, Descriptor, DeviceEvent, Metadata, NtffFile, Phase, SyncPoint, SystemEvent, Writer};
+use support::http_get;
 
 /// Instructions and transfers of one execution, and their length on the device.
 const PROGRAM: [(&str, &str, u64); 12] = [
@@ -125,19 +128,6 @@ fn write_profile(path: &Path, events: u64) -> u64 {
     written
 }
 
-fn get(addr: SocketAddr, path: &str) -> (u16, usize) {
-    let mut stream = TcpStream::connect(addr).expect("connects");
-    stream.set_read_timeout(Some(Duration::from_secs(120))).expect("timeout");
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").expect("sends");
-    let mut reader = BufReader::new(stream);
-    let mut line = String::new();
-    reader.read_line(&mut line).expect("status");
-    let status = line.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    let mut body = Vec::new();
-    reader.read_to_end(&mut body).expect("body");
-    (status, body.len())
-}
-
 fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * q).round() as usize]
 }
@@ -180,21 +170,16 @@ fn main() {
     let dashboard = Dashboard::start(options).expect("starts");
     let addr = dashboard.addr();
     let started = Instant::now();
-    let (status, meta_bytes) = get(addr, "/api/profiles/large.ntff");
-    assert_eq!(status, 200, "the profile opens");
+    let (status, meta) = http_get(addr, "/api/profiles/large.ntff");
+    assert_eq!(status, 200, "the profile opens: {meta}");
     let opened = started.elapsed().as_secs_f64() * 1e3;
-    let meta: serde_json::Value = {
-        let mut stream = TcpStream::connect(addr).expect("connects");
-        write!(stream, "GET /api/profiles/large.ntff HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-            .expect("sends");
-        let mut text = String::new();
-        stream.read_to_string(&mut text).expect("reads");
-        serde_json::from_str(text.split("\r\n\r\n").nth(1).expect("body")).expect("json")
-    };
+    let meta_bytes = meta.len();
+    let meta: serde_json::Value = serde_json::from_str(&meta).expect("json");
     let duration = meta["duration_ns"].as_u64().expect("duration");
     let started = Instant::now();
-    let (status, first_bytes) =
-        get(addr, &format!("/api/profiles/large.ntff/view?t0=0&t1={duration}&columns={COLUMNS}"));
+    let (status, first) =
+        http_get(addr, &format!("/api/profiles/large.ntff/view?t0=0&t1={duration}&columns={COLUMNS}"));
+    let first_bytes = first.len();
     assert_eq!(status, 200);
     let first_view = started.elapsed().as_secs_f64() * 1e3;
     println!(
@@ -220,11 +205,11 @@ fn main() {
         let span = (duration as f64 * (20_000.0 / duration as f64).powf(level)).max(20_000.0) as u64;
         let t0 = (random() * (duration - span) as f64) as u64;
         let started = Instant::now();
-        let (status, size) =
-            get(addr, &format!("/api/profiles/large.ntff/view?t0={t0}&t1={}&columns={COLUMNS}", t0 + span));
+        let (status, view) =
+            http_get(addr, &format!("/api/profiles/large.ntff/view?t0={t0}&t1={}&columns={COLUMNS}", t0 + span));
         assert_eq!(status, 200);
         times.push(started.elapsed().as_secs_f64() * 1e3);
-        sizes.push(size);
+        sizes.push(view.len());
         raw += usize::from(level > 0.8);
     }
     times.sort_by(f64::total_cmp);

@@ -13,7 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use neuron_runtime::datastore::{DatastoreReader, Liveness, Tail, TailStart, TraceEvent, discover_new};
 use neuron_runtime::trace::clock::monotonic_ns;
-use neuron_runtime::trace::event::{EventData, Phase, SystemEvent};
+use neuron_runtime::trace::event::{ClockDomain, DeviceActivity, DeviceEvent, EventData, Phase, SystemEvent};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
@@ -36,13 +36,14 @@ struct Followed {
     /// Starts by (core, tracking id, event type).
     open: HashMap<(Option<u32>, u64, u8), SystemEvent>,
     /// Device events of cores without a sync point yet.
-    pending: BTreeMap<u32, Vec<Value>>,
+    pending: BTreeMap<u32, Vec<DeviceEvent>>,
     lost_reported: u64,
 }
 
-/// A batch under construction: spans until the byte budget, then only counts.
+/// A batch under construction: spans, each encoded once, until the byte budget; then
+/// only counts.
 struct Batch {
-    spans: Vec<Value>,
+    spans: Vec<String>,
     bytes: usize,
     /// Spans left out because the batch was full.
     thinned: u64,
@@ -51,36 +52,44 @@ struct Batch {
 }
 
 impl Batch {
-    fn push(&mut self, span: Value) {
-        let size = span.to_string().len() + 1;
-        if self.bytes + size > MAX_BATCH_BYTES {
+    fn push(&mut self, span: &Value) {
+        let span = span.to_string();
+        if self.bytes + span.len() + 1 > MAX_BATCH_BYTES {
             self.thinned += 1;
         } else {
-            self.bytes += size;
+            self.bytes += span.len() + 1;
             self.spans.push(span);
         }
     }
-}
 
-impl Batch {
     /// Adds what fits of `spans`, taken evenly through them (every core and engine gets
     /// its share), and counts the rest as thinned.
-    fn push_evenly(&mut self, spans: Vec<Value>) {
-        let sizes: Vec<usize> = spans.iter().map(|s| s.to_string().len() + 1).collect();
-        let total: usize = sizes.iter().sum();
-        let room = (MAX_BATCH_BYTES).saturating_sub(self.bytes);
+    fn push_evenly(&mut self, spans: Vec<String>) {
+        let total: usize = spans.iter().map(|s| s.len() + 1).sum();
+        let room = MAX_BATCH_BYTES.saturating_sub(self.bytes);
         // Keep one in `stride`, a little more sparsely than the average size says.
         let stride = if total <= room { 1.0 } else { total as f64 / room.max(1) as f64 * 1.05 };
         let mut next = 0.0;
-        for (k, (span, size)) in spans.into_iter().zip(sizes).enumerate() {
-            if (k as f64) < next || self.bytes + size > MAX_BATCH_BYTES {
+        for (k, span) in spans.into_iter().enumerate() {
+            if (k as f64) < next || self.bytes + span.len() + 1 > MAX_BATCH_BYTES {
                 self.thinned += 1;
                 continue;
             }
             next += stride;
-            self.bytes += size;
+            self.bytes += span.len() + 1;
             self.spans.push(span);
         }
+    }
+
+    /// The batch as the page reads it.
+    fn encode(self, runtimes: &str) -> Bytes {
+        Bytes::from(format!(
+            r#"{{"now_ns":{},"spans":[{}],"thinned":{},"lost":{},"runtimes":{runtimes}}}"#,
+            monotonic_ns(),
+            self.spans.join(","),
+            self.thinned,
+            self.lost
+        ))
     }
 }
 
@@ -101,25 +110,18 @@ pub fn start(dir: PathBuf) -> std::io::Result<Arc<broadcast::Sender<Bytes>>> {
                 continue;
             }
             discover(&dir, &mut followed);
-            let runtimes: Vec<Value> = followed.iter().map(|f| json!({"pid": f.pid, "tag": f.tag})).collect();
+            let runtimes: Value = followed.iter().map(|f| json!({"pid": f.pid, "tag": f.tag})).collect();
+            let runtimes = runtimes.to_string();
             // The batch's other fields count against its budget too.
-            let bytes = Value::from(runtimes.clone()).to_string().len() + 128;
-            let mut batch = Batch { spans: Vec::new(), bytes, thinned: 0, lost: 0 };
+            let mut batch = Batch { spans: Vec::new(), bytes: runtimes.len() + 128, thinned: 0, lost: 0 };
             // System events first: they are few, and they frame the device events.
-            let mut device: Vec<Value> = Vec::new();
+            let mut device = Vec::new();
             for f in &mut followed {
                 poll(f, &mut batch, &mut device);
             }
             batch.push_evenly(device);
             followed.retain(|f| f.reader.liveness() == Liveness::Live);
-            let message = json!({
-                "now_ns": monotonic_ns(),
-                "spans": batch.spans,
-                "thinned": batch.thinned,
-                "lost": batch.lost,
-                "runtimes": runtimes,
-            });
-            let _ = sender.send(Bytes::from(message.to_string()));
+            let _ = sender.send(batch.encode(&runtimes));
             std::thread::sleep(POLL);
         }
     })?;
@@ -149,7 +151,9 @@ fn discover(dir: &std::path::Path, followed: &mut Vec<Followed>) {
     }
 }
 
-fn poll(f: &mut Followed, batch: &mut Batch, device: &mut Vec<Value>) {
+/// Reads `f`'s rings: system spans go into `batch`, device spans (encoded) into
+/// `device`, once their core's clock is known.
+fn poll(f: &mut Followed, batch: &mut Batch, device: &mut Vec<String>) {
     let mut events = Vec::new();
     f.tail.poll(&f.reader, 65_536, false, &mut events);
     let lost = f.tail.lost();
@@ -158,68 +162,58 @@ fn poll(f: &mut Followed, batch: &mut Batch, device: &mut Vec<Value>) {
     for event in events {
         match event {
             TraceEvent::System(e) => system(f, e, batch),
-            TraceEvent::Device(e) => {
-                let mut span = json!({
-                    "kind": "device",
-                    "pid": f.pid,
-                    "core": e.nc_idx,
-                    "name": device_name(&e),
-                    "lane": device_lane(&e),
-                    "device_start_ns": e.start_ns,
-                    "device_end_ns": e.end_ns,
-                    "details": e,
-                });
-                match f.offsets.get(&e.nc_idx) {
-                    Some(&offset) => {
-                        place(&mut span, offset);
-                        device.push(span);
-                    }
-                    None => {
-                        let pending = f.pending.entry(e.nc_idx).or_default();
-                        if pending.len() < MAX_PENDING {
-                            pending.push(span);
-                        } else {
-                            batch.thinned += 1;
-                        }
+            TraceEvent::Device(e) => match f.offsets.get(&e.nc_idx) {
+                Some(&offset) => device.push(device_span(f.pid, &e, offset)),
+                None => {
+                    let pending = f.pending.entry(e.nc_idx).or_default();
+                    if pending.len() < MAX_PENDING {
+                        pending.push(e);
+                    } else {
+                        batch.thinned += 1;
                     }
                 }
-            }
+            },
         }
     }
     // Device events that waited for their core's first sync point.
     let ready: Vec<u32> = f.pending.keys().copied().filter(|c| f.offsets.contains_key(c)).collect();
     for core in ready {
         let offset = f.offsets[&core];
-        for mut span in f.pending.remove(&core).unwrap_or_default() {
-            place(&mut span, offset);
-            device.push(span);
+        for e in f.pending.remove(&core).unwrap_or_default() {
+            device.push(device_span(f.pid, &e, offset));
         }
     }
 }
 
-/// Sets a device span's host times from its device times.
-fn place(span: &mut Value, offset: i128) {
-    let host = |key: &str| {
-        let device = span[key].as_u64().unwrap_or(0);
-        (i128::from(device) + offset).clamp(0, i128::from(u64::MAX)) as u64
-    };
-    let (start, end) = (host("device_start_ns"), host("device_end_ns"));
-    span["start_ns"] = start.into();
-    span["end_ns"] = end.into();
+/// A device span as the page draws it, on the host clock (`offset`: host minus device
+/// time of its core), encoded.
+fn device_span(pid: u32, e: &DeviceEvent, offset: i128) -> String {
+    let host = |t: u64| (i128::from(t) + offset).clamp(0, i128::from(u64::MAX)) as u64;
+    json!({
+        "kind": "device",
+        "pid": pid,
+        "core": e.nc_idx,
+        "name": device_name(e),
+        "lane": device_lane(e),
+        "start_ns": host(e.start_ns),
+        "end_ns": host(e.end_ns),
+        "details": e,
+    })
+    .to_string()
 }
 
-fn device_name(e: &neuron_runtime::trace::event::DeviceEvent) -> String {
+fn device_name(e: &DeviceEvent) -> String {
     match &e.activity {
-        neuron_runtime::trace::event::DeviceActivity::Instruction { opcode, .. } => opcode.clone(),
-        neuron_runtime::trace::event::DeviceActivity::Dma { queue, index, .. } => format!("{} {index}", queue.name()),
+        DeviceActivity::Instruction { opcode, .. } => opcode.clone(),
+        DeviceActivity::Dma { queue, index, .. } => format!("{} {index}", queue.name()),
     }
 }
 
 /// The engine or DMA queue the event ran on.
-fn device_lane(e: &neuron_runtime::trace::event::DeviceEvent) -> String {
+fn device_lane(e: &DeviceEvent) -> String {
     match &e.activity {
-        neuron_runtime::trace::event::DeviceActivity::Instruction { engine, .. } => engine.name().to_string(),
-        neuron_runtime::trace::event::DeviceActivity::Dma { queue, .. } => format!("DMA {}", queue.name()),
+        DeviceActivity::Instruction { engine, .. } => engine.name().to_string(),
+        DeviceActivity::Dma { queue, .. } => format!("DMA {}", queue.name()),
     }
 }
 
@@ -231,8 +225,8 @@ fn system(f: &mut Followed, e: SystemEvent, batch: &mut Batch) {
         return;
     }
     let host_time = |f: &Followed, e: &SystemEvent| match e.clock {
-        neuron_runtime::trace::event::ClockDomain::Host => Some(e.timestamp_ns),
-        neuron_runtime::trace::event::ClockDomain::Device => e
+        ClockDomain::Host => Some(e.timestamp_ns),
+        ClockDomain::Device => e
             .nc_idx
             .and_then(|c| f.offsets.get(&c))
             .map(|&o| (i128::from(e.timestamp_ns) + o).clamp(0, i128::from(u64::MAX)) as u64),
@@ -268,7 +262,7 @@ fn system(f: &mut Followed, e: SystemEvent, batch: &mut Batch) {
                 map.remove("phase");
                 map.insert("stop_timestamp_ns".into(), e.timestamp_ns.into());
             }
-            batch.push(system_span(f.pid, &e, t0, t1.max(t0), details));
+            batch.push(&system_span(f.pid, &e, t0, t1.max(t0), details));
         }
         Phase::Instant => {
             let Some(t) = host_time(f, &e) else {
@@ -276,7 +270,7 @@ fn system(f: &mut Followed, e: SystemEvent, batch: &mut Batch) {
                 return;
             };
             let details = serde_json::to_value(&e).unwrap_or_default();
-            batch.push(system_span(f.pid, &e, t, t, details));
+            batch.push(&system_span(f.pid, &e, t, t, details));
         }
     }
 }

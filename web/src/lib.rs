@@ -18,4 +18,4 @@ pub mod live;
 pub mod profiles;
 mod server;
 
-pub use server::{Dashboard, Options, listen_address};
+pub use server::{Dashboard, Options};

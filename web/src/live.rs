@@ -38,7 +38,7 @@ struct Omitted {
     runtimes: usize,
 }
 
-pub fn now_ms() -> f64 {
+fn now_ms() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 

@@ -1,14 +1,15 @@
 //! `neuron-dashboard`: the web dashboard of every Neuron runtime on the host, and a
 //! viewer of the profiles in a directory.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Result;
 use clap::Parser;
-use neuron_dashboard::{Dashboard, Options, listen_address};
-use neuron_runtime::config::parse_duration;
+use neuron_dashboard::{Dashboard, Options};
+use neuron_runtime::config::{parse_duration, parse_listen_address};
 
 /// The web dashboard: live utilisation, memory, latency and errors of every Neuron
 /// runtime on this host; their trace events as they happen; and a viewer of NTFF
@@ -24,8 +25,8 @@ carry it (open the page once with ?token=TOKEN, or send Authorization: Bearer TO
 )]
 struct Cli {
     /// Where to listen: HOST:PORT, or a PORT on 127.0.0.1.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3001")]
-    listen: String,
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3001", value_parser = parse_listen_address)]
+    listen: SocketAddr,
     /// A directory of NTFF profiles for the profile viewer (as `neuron-profile capture`
     /// or `inspect` write them).
     #[arg(long, value_name = "DIR")]
@@ -57,7 +58,7 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let mut options = Options::new(listen_address(&cli.listen)?)?;
+    let mut options = Options::new(cli.listen)?;
     options.profiles = cli.profiles;
     options.token = cli.token;
     options.interval = cli.interval;

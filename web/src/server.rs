@@ -1,7 +1,7 @@
 //! The HTTP server: routes, the security rules, the event streams.
 
 use std::convert::Infallible;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -82,17 +82,6 @@ impl Options {
             preload: None,
         })
     }
-}
-
-/// `PORT` alone is on loopback; `HOST:PORT` and `[V6]:PORT` are taken as they are.
-pub fn listen_address(addr: &str) -> Result<SocketAddr> {
-    if let Ok(port) = addr.trim_start_matches(':').parse::<u16>() {
-        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
-    }
-    addr.to_socket_addrs()
-        .with_context(|| format!("--listen {addr:?}: not a PORT, nor a HOST:PORT that resolves"))?
-        .next()
-        .with_context(|| format!("--listen {addr:?}: the host has no address"))
 }
 
 #[derive(Debug)]
@@ -310,27 +299,9 @@ fn loopback_host(headers: &HeaderMap) -> bool {
     matches!(name.to_ascii_lowercase().as_str(), "localhost" | "127.0.0.1" | "[::1]")
 }
 
+/// The `token` parameter of a query string, decoded.
 fn query_token(query: Option<&str>) -> Option<String> {
-    query?.split('&').find_map(|pair| pair.strip_prefix("token=")).map(|t| {
-        // Tokens are taken as they are typed; `%XX` escapes are undone.
-        let bytes = t.as_bytes();
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut i = 0;
-        while i < bytes.len() {
-            let hex = |b: u8| (b as char).to_digit(16);
-            match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
-                (b'%', Some(h), Some(l)) => {
-                    out.push((h * 16 + l) as u8);
-                    i += 3;
-                }
-                (b, ..) => {
-                    out.push(b);
-                    i += 1;
-                }
-            }
-        }
-        String::from_utf8_lossy(&out).into_owned()
-    })
+    form_urlencoded::parse(query?.as_bytes()).find(|(key, _)| key == "token").map(|(_, value)| value.into_owned())
 }
 
 /// Compares in time independent of where the first difference is.

@@ -1,9 +1,11 @@
 //! Shared by the tests and benchmarks that run real runtime processes: the workload
 //! runner, a private sandbox for their core reservations and datastores, a child
 //! process killed when dropped, a `neuron-monitor` configuration of every metric group,
-//! and a process's CPU time and memory for the cost benchmarks.
+//! a process's CPU time and memory for the cost benchmarks, and a plain HTTP GET.
 #![allow(dead_code, unreachable_pub)]
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -152,4 +154,17 @@ pub fn memory(pid: u32) -> (u64, u64) {
             .map_or(0, |kib| kib * 1024)
     };
     (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// `GET path` on a local server: the status code and the body (the connection closed
+/// after one request).
+pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5)).expect("connects");
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(30))).expect("timeout");
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    (status, body.to_string())
 }

@@ -15,7 +15,7 @@ use neuron_profiler::stats::{LatencyHistogram, LatencySummary, format_seconds};
 use neuron_profiler::{
     InputFill, bind_tensors, init_logging, load_model_bytes, model_name, npy, read_inputs, si, target_for, thousands,
 };
-use neuron_runtime::config::{Config, ENV_VISIBLE_CORES, parse_duration};
+use neuron_runtime::config::{Config, ENV_VISIBLE_CORES, parse_duration, parse_listen_address};
 use neuron_runtime::datastore::DatastoreReader;
 use neuron_runtime::isa::{Op, Program};
 use neuron_runtime::neff::DecodeOptions;
@@ -107,8 +107,8 @@ struct DemoArgs {
     duration: Option<Duration>,
     /// Where the web dashboard of the demo listens: HOST:PORT, or a PORT on 127.0.0.1.
     /// When the port is taken, another free one is used.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3001")]
-    listen: String,
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:3001", value_parser = parse_listen_address)]
+    listen: std::net::SocketAddr,
     /// NTFF profiles the dashboard's profile viewer lists.
     #[arg(long, value_name = "DIR")]
     profiles: Option<PathBuf>,
@@ -687,7 +687,7 @@ fn demo(args: DemoArgs) -> Result<()> {
 
 /// Starts the web dashboard in this process, on the demo's datastores, and says where.
 fn demo_dashboard(args: &DemoArgs, datastore_dir: PathBuf) -> Result<neuron_dashboard::Dashboard> {
-    let listen = neuron_dashboard::listen_address(&args.listen)?;
+    let listen = args.listen;
     let mut options = neuron_dashboard::Options::new(listen)?;
     options.datastore_dir = datastore_dir;
     options.profiles = args.profiles.clone();

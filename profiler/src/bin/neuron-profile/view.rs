@@ -146,7 +146,10 @@ fn serve(args: &ViewArgs) -> Result<()> {
     options.profiles = Some(dir);
     // The file is indexed while the browser opens.
     options.preload = name.clone();
-    let page = name.map_or_else(|| "/profiles".to_string(), |n| format!("/profile/{}", percent_encode(&n)));
+    let page = name.map_or_else(
+        || "/profiles".to_string(),
+        |n| format!("/profile/{}", percent_encoding::utf8_percent_encode(&n, FRAGMENT)),
+    );
     let dashboard = neuron_dashboard::Dashboard::start(options)
         .context("cannot serve the dashboard (another port: --port N; a summary: --output-format summary-text)")?;
     eprintln!("neuron-profile: the dashboard is at {} (Ctrl-C to stop)", dashboard.url(Some(&page)));
@@ -154,15 +157,9 @@ fn serve(args: &ViewArgs) -> Result<()> {
     Ok(())
 }
 
-/// Escapes what a URL fragment cannot hold as it is.
-fn percent_encode(name: &str) -> String {
-    name.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
+/// What a file name keeps as it is in the page's address: letters, digits, `-._~`.
+const FRAGMENT: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 
 /// Writes every file as one Perfetto or Chrome JSON trace, a process per file.
 fn export(args: &ViewArgs, format: OutputFormat, paths: &[PathBuf]) -> Result<()> {
