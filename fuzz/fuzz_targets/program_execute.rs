@@ -4,33 +4,15 @@
 //! `neff_decode`, so this target feeds program bodies directly.)
 #![no_main]
 
-use std::sync::OnceLock;
-
 use libfuzzer_sys::fuzz_target;
 use neuron_runtime::isa::Program;
-use neuron_runtime::{Config, Neff, Runtime, TensorPlacement, TensorSet};
+use neuron_runtime::{Neff, Runtime, TensorPlacement, TensorSet};
 
 /// Programs whose buffers add up to more than this are skipped, to keep runs fast.
 const MAX_BUFFER_BYTES: u64 = 1 << 20;
 
 fn runtime() -> &'static Runtime {
-    static RUNTIME: OnceLock<(Runtime, tempfile::TempDir)> = OnceLock::new();
-    &RUNTIME
-        .get_or_init(|| {
-            let lock_dir = tempfile::tempdir().expect("tempdir");
-            let config = Config {
-                lock_dir: lock_dir.path().to_path_buf(),
-                ..Config::default()
-            };
-            let runtime = Runtime::start(config).expect("runtime");
-            // A static is never dropped, so the runtime never closes: unlink its datastore
-            // file now (the mapping stays valid) rather than leave it in shared memory.
-            if let Ok(path) = runtime.datastore_path() {
-                let _ = std::fs::remove_file(path);
-            }
-            (runtime, lock_dir)
-        })
-        .0
+    neuron_test_support::runtime::Bench::new().runtime()
 }
 
 fuzz_target!(|data: &[u8]| {

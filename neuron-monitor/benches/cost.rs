@@ -22,10 +22,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{Running, Sandbox, cpu_ns, memory};
-
-#[path = "../tests/support/mod.rs"]
-mod support;
+use neuron_test_support::process::{Running, Sandbox, cpu_ns, memory};
 
 const MONITOR: &str = env!("CARGO_BIN_EXE_neuron-monitor");
 const NODE_EXPORTER: &str = "prometheus-node-exporter";
@@ -57,7 +54,7 @@ struct Measured {
 }
 
 fn main() {
-    let bench_exe = support::neuron_bench();
+    let bench_exe = neuron_test_support::process::neuron_bench();
     let sandbox = Sandbox::new();
     let env = |c: &mut Command| {
         sandbox.env(c).env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge").stdout(Stdio::null()).stderr(Stdio::null());

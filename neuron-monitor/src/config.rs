@@ -18,7 +18,7 @@ use std::time::Duration;
 use regex::Regex;
 use serde_json::{Map, Value};
 
-use neuron_runtime::config::parse_duration;
+use neuron_datastore::config::parse_duration;
 
 /// The report period when the configuration gives none.
 pub const DEFAULT_PERIOD: Duration = Duration::from_secs(5);

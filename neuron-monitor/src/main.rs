@@ -2,7 +2,6 @@
 //! every period, on every runtime process of the host that the configuration selects
 //! and on the host itself, in the shape of the Neuron tool's reports.
 
-use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -16,15 +15,14 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use clap::Parser;
+use neuron_datastore::clock::{monotonic_ns, realtime_ns};
+use neuron_datastore::config::{ReaderConfig, parse_listen_address};
+use neuron_datastore::host::{CpuStat, MemoryInfo, ProcessCpu, clock_ticks_per_second};
+use neuron_datastore::topology::Topology;
+use neuron_datastore::{DatastoreReader, Runtimes, Snapshot};
 use neuron_monitor::config::{Group, MonitorConfig, RuntimeGroup, SystemGroup};
-use neuron_monitor::host::{CpuStat, MemoryInfo, ProcessCpu, clock_ticks_per_second};
 use neuron_monitor::prometheus::{self, RuntimeCounters};
 use neuron_monitor::report::{CpuClock, HostSample, RuntimeSample, runtime_group, system_group};
-use neuron_runtime::Config;
-use neuron_runtime::config::parse_listen_address;
-use neuron_runtime::datastore::{DatastoreReader, Liveness, Snapshot, discover_new};
-use neuron_runtime::topology::Topology;
-use neuron_runtime::trace::clock::{monotonic_ns, realtime_ns};
 use serde_json::{Map, Value, json};
 
 /// Report on the Neuron runtime processes of this host and on the host, as one JSON
@@ -112,56 +110,48 @@ impl Process {
     }
 }
 
-/// A runtime process being reported on.
+/// What the monitor keeps for a runtime process it reports on.
 #[derive(Debug)]
 struct Process {
-    reader: DatastoreReader,
-    pid: u32,
     tag: String,
     groups: Vec<Followed<RuntimeGroup, RuntimeSample>>,
     /// The counters when the monitor began following the process.
     since: Snapshot,
     /// ECC counts at the last `neuron_hw_counters` report.
     ecc_since: Vec<[u64; 4]>,
-    exited: bool,
 }
 
 struct Monitor<'a> {
     config: &'a MonitorConfig,
     cli: &'a Cli,
-    dir: PathBuf,
     topology: Topology,
     clock: CpuClock,
-    processes: BTreeMap<u32, Process>,
+    processes: Runtimes<Process>,
     system: Vec<Followed<SystemGroup, HostSample>>,
     /// CLOCK_REALTIME when the monitor started.
     started_realtime_ns: u64,
-    /// Runtime processes the configuration does not select.
-    ignored: HashSet<u32>,
     /// Each device's ECC events since the monitor started.
     ecc_total: Vec<[u64; 4]>,
 }
 
 fn run(cli: &Cli, config: &MonitorConfig, server: Option<&MetricsServer>) -> Result<()> {
-    let runtime_config = Config::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let topology = runtime_config.instance_type.topology();
-    let dir = cli.datastore_dir.clone().unwrap_or(runtime_config.datastore_dir);
+    let reader_config = ReaderConfig::from_env()?;
+    let topology = reader_config.instance_type.topology();
+    let dir = cli.datastore_dir.clone().unwrap_or(reader_config.datastore_dir);
     let host = host_sample();
     let cpus = host.cpu.as_ref().map_or(1, |c| c.cpus.len().max(1));
     let now = Instant::now();
     let mut monitor = Monitor {
         config,
         cli,
-        dir,
         clock: CpuClock { ticks_per_second: clock_ticks_per_second(), cpus },
-        processes: BTreeMap::new(),
+        processes: Runtimes::new(dir),
         system: config
             .system
             .iter()
             .map(|&group| Followed { group, since: host.clone(), since_at: now, value: Value::Null })
             .collect(),
         started_realtime_ns: realtime_ns(),
-        ignored: HashSet::new(),
         ecc_total: vec![[0; 4]; topology.device_count as usize],
         topology,
     };
@@ -232,15 +222,16 @@ impl Monitor<'_> {
         // ECC events per device since the last hardware-counter look, over every process
         // (an exited one's too, in the look before it is dropped).
         let mut ecc = vec![[0u64; 4]; self.topology.device_count as usize];
-        for process in self.processes.values_mut() {
-            process.exited = matches!(process.reader.liveness(), Liveness::Exited(_));
-            let is_due = |g: &Followed<RuntimeGroup, RuntimeSample>| {
-                all_due || process.exited || due(g.since_at, g.group.period, now)
-            };
+        self.processes.mark_exited();
+        for followed in self.processes.iter_mut() {
+            let exited = followed.exited();
+            let process = &mut followed.state;
+            let is_due =
+                |g: &Followed<RuntimeGroup, RuntimeSample>| all_due || exited || due(g.since_at, g.group.period, now);
             if !ecc_due && !process.groups.iter().any(is_due) {
                 continue;
             }
-            let current = sample(&process.reader, process.pid);
+            let current = sample(&followed.reader, followed.pid);
             for followed in process.groups.iter_mut().filter(|g| is_due(g)) {
                 followed.value =
                     runtime_group(followed.group.group, &followed.since, &current, cores_per_device, self.clock);
@@ -278,36 +269,15 @@ impl Monitor<'_> {
     /// Starts following the runtime processes that appeared since the last look and
     /// that the configuration selects. Known processes are not opened again.
     fn find_new(&mut self) -> Result<()> {
-        let present = std::cell::RefCell::new(Vec::new());
-        let known = |pid: u32| {
-            present.borrow_mut().push(pid);
-            self.processes.contains_key(&pid) || self.ignored.contains(&pid)
-        };
-        let entries = discover_new(&self.dir, &known)
-            .with_context(|| format!("cannot list runtimes in {}", self.dir.display()))?;
-        // Pids left out whose datastore is gone may be reused by a new process.
-        let present = present.into_inner();
-        self.ignored.retain(|pid| present.contains(pid));
-        for entry in entries {
-            let Ok(reader) = entry.reader else {
-                if self.cli.verbose >= 1 {
-                    eprintln!("neuron-monitor: cannot open the datastore of pid {}", entry.pid);
-                }
-                continue;
-            };
-            if matches!(entry.liveness, Some(Liveness::Exited(_))) {
-                continue;
-            }
+        let (config, started_realtime_ns) = (self.config, self.started_realtime_ns);
+        let admit = |reader: &DatastoreReader| {
             let info = reader.info();
             let tag = info.label();
-            let Some(selector) = self.config.runtimes.iter().find(|r| r.selects(&tag)) else {
-                self.ignored.insert(info.pid);
-                continue;
-            };
-            let mut first = sample(&reader, info.pid);
+            let selector = config.runtimes.iter().find(|r| r.selects(&tag))?;
+            let mut first = sample(reader, info.pid);
             // A process that started after the monitor: measured from its start, so
             // that nothing it did before it was found is lost.
-            if info.created_realtime_ns >= self.started_realtime_ns {
+            if info.created_realtime_ns >= started_realtime_ns {
                 let age = realtime_ns().saturating_sub(info.created_realtime_ns);
                 first = first.at_start(monotonic_ns().saturating_sub(age));
             }
@@ -318,33 +288,43 @@ impl Monitor<'_> {
                 .map(|&group| Followed { group, since: first.clone(), since_at: now, value: Value::Null })
                 .collect();
             let ecc_since = first.snapshot.ecc.clone();
-            let pid = info.pid;
-            let since = first.snapshot;
-            self.processes.insert(pid, Process { reader, pid, tag, groups, since, ecc_since, exited: false });
+            Some(Process { tag, groups, since: first.snapshot, ecc_since })
+        };
+        let failures = self
+            .processes
+            .discover(admit)
+            .with_context(|| format!("cannot list runtimes in {}", self.processes.dir().display()))?;
+        if self.cli.verbose >= 1 {
+            for failure in failures {
+                eprintln!("neuron-monitor: cannot open the datastore of pid {}: {}", failure.pid, failure.error);
+            }
         }
         Ok(())
     }
 
     /// Drops processes that exited, once their last period has been reported.
     fn forget_exited(&mut self) {
-        self.processes.retain(|_, p| !p.exited);
+        self.processes.forget_exited(Duration::ZERO);
     }
 
     /// The Prometheus exposition of `report`, made of this look.
     fn exposition(&self, report: &Value) -> String {
-        let counters: Vec<RuntimeCounters<'_>> =
-            self.processes.values().map(|p| RuntimeCounters { pid: p.pid, since: &p.since, now: p.newest() }).collect();
+        let counters: Vec<RuntimeCounters<'_>> = self
+            .processes
+            .iter()
+            .map(|p| RuntimeCounters { pid: p.pid, since: &p.state.since, now: p.state.newest() })
+            .collect();
         prometheus::exposition(report, &counters, &self.ecc_total)
     }
 
     fn report(&self) -> Value {
         let runtimes: Vec<Value> = self
             .processes
-            .values()
+            .iter()
             .map(|p| {
                 let groups: Map<String, Value> =
-                    p.groups.iter().map(|g| (g.group.group.name().to_string(), g.value.clone())).collect();
-                json!({"pid": p.pid, "neuron_runtime_tag": p.tag, "error": "", "report": groups})
+                    p.state.groups.iter().map(|g| (g.group.group.name().to_string(), g.value.clone())).collect();
+                json!({"pid": p.pid, "neuron_runtime_tag": p.state.tag, "error": "", "report": groups})
             })
             .collect();
         let system: Map<String, Value> =

@@ -11,9 +11,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use neuron_runtime::datastore::histogram::bucket_bounds;
-use neuron_runtime::datastore::{Delta, Snapshot};
-use neuron_runtime::trace::{ErrorClass, ExecOutcome};
+use neuron_datastore::histogram::bucket_bounds;
+use neuron_datastore::{Delta, Snapshot};
+use neuron_datastore::{ErrorClass, ExecOutcome};
 use prometheus::proto::{self, MetricType};
 use serde_json::Value;
 
@@ -202,12 +202,12 @@ fn runtime_counters(out: &mut Families, groups: &Value, labels: &Labels, counter
     let (since, now) = (counters.since, counters.now);
     if group(groups, "execution_stats").is_some() {
         let delta = Delta::between(since, now);
-        for class in ErrorClass::ALL {
+        for &class in ErrorClass::ALL {
             let n: u64 = delta.cores.iter().map(|c| c.errors.get(class)).sum();
             let labels = labels.clone().with("error_type", class.name().to_string());
             out.add("execution_errors_total", "Execution errors", Kind::Counter, labels, n as f64);
         }
-        for outcome in ExecOutcome::ALL {
+        for &outcome in ExecOutcome::ALL {
             let n: u64 = delta.cores.iter().map(|c| c.executions.get(outcome)).sum();
             let labels = labels.clone().with("status_type", outcome.name().to_string());
             out.add("execution_status_total", "Execution outcomes", Kind::Counter, labels, n as f64);
@@ -224,7 +224,7 @@ fn runtime_counters(out: &mut Families, groups: &Value, labels: &Labels, counter
         }
     }
     for device in [false, true] {
-        let rings = |s: &Snapshot, f: fn(&neuron_runtime::datastore::RingStats) -> u64| -> u64 {
+        let rings = |s: &Snapshot, f: fn(&neuron_datastore::RingStats) -> u64| -> u64 {
             s.rings.iter().filter(|r| r.device == device).map(f).sum()
         };
         let produced = rings(now, |r| r.produced).saturating_sub(rings(since, |r| r.produced));
@@ -517,7 +517,7 @@ impl Families {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use neuron_runtime::datastore::histogram::bucket_of;
+    use neuron_datastore::histogram::bucket_of;
 
     #[test]
     fn latency_histogram_counts_each_value_under_its_bound_and_only_what_was_gained() {

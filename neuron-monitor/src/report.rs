@@ -3,13 +3,13 @@
 //! and CPU time) or of the host, taken a period apart. Counts are per period; levels
 //! (memory) are the later sample's.
 
-use neuron_runtime::datastore::{LatencyPercentiles, ModelInfo, Snapshot, latency_of_all_cores};
-use neuron_runtime::memory::{DeviceCategory, HostCategory};
-use neuron_runtime::trace::{ErrorClass, ExecOutcome};
+use neuron_datastore::{DeviceCategory, HostCategory};
+use neuron_datastore::{ErrorClass, ExecOutcome};
+use neuron_datastore::{LatencyPercentiles, ModelInfo, Snapshot, latency_of_all_cores};
 use serde_json::{Map, Value, json};
 
 use crate::config::{RuntimeGroup, SystemGroup};
-use crate::host::{CpuStat, MemoryInfo, ProcessCpu};
+use neuron_datastore::host::{CpuStat, MemoryInfo, ProcessCpu};
 
 /// One look at a runtime process.
 #[derive(Debug, Clone)]
@@ -81,7 +81,7 @@ pub fn runtime_group(
     let (a, b) = (&earlier.snapshot, &later.snapshot);
     match group {
         RuntimeGroup::NeuroncoreCounters => {
-            let delta = neuron_runtime::datastore::Delta::between(a, b);
+            let delta = neuron_datastore::Delta::between(a, b);
             let cores: Map<String, Value> = delta
                 .cores
                 .iter()
@@ -94,7 +94,7 @@ pub fn runtime_group(
             out.insert("neuroncores_in_use".into(), Value::Object(cores));
         }
         RuntimeGroup::ExecutionStats => {
-            let delta = neuron_runtime::datastore::Delta::between(a, b);
+            let delta = neuron_datastore::Delta::between(a, b);
             let errors: Map<String, Value> = ErrorClass::ALL
                 .iter()
                 .map(|&class| {

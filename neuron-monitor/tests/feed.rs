@@ -6,10 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use neuron_test_support::process::Sandbox;
 use serde_json::Value;
-use support::Sandbox;
-
-mod support;
 
 const MONITOR: &str = env!("CARGO_BIN_EXE_neuron-monitor");
 
@@ -41,7 +39,7 @@ fn an_invalid_configuration_exits_1_naming_the_field_and_value() {
 #[test]
 fn reports_follow_a_workload_from_start_to_exit() {
     // Built before anything is timed.
-    let bench_exe = support::neuron_bench();
+    let bench_exe = neuron_test_support::process::neuron_bench();
     let sandbox = Sandbox::new();
     let config = sandbox.path().join("monitor.json");
     std::fs::write(

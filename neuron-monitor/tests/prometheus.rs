@@ -10,11 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use neuron_test_support::http::http_get;
+use neuron_test_support::process::{Running, Sandbox};
 use regex::Regex;
 use serde_json::Value;
-use support::{Running, Sandbox, http_get};
-
-mod support;
 
 const MONITOR: &str = env!("CARGO_BIN_EXE_neuron-monitor");
 const TAG: &str = "prom-e2e";
@@ -99,7 +98,7 @@ fn queried_metrics_finds_the_selected_names_only() {
 #[test]
 fn prometheus_scrapes_the_exporter_while_a_workload_runs() {
     // Built before anything is timed.
-    let bench_exe = support::neuron_bench();
+    let bench_exe = neuron_test_support::process::neuron_bench();
     let sandbox = Sandbox::new();
     let dir = sandbox.path();
     let config = sandbox.every_group_config("500ms");

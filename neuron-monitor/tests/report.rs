@@ -3,16 +3,14 @@
 
 use std::path::Path;
 
+use neuron_datastore::DatastoreReader;
+use neuron_datastore::clock::monotonic_ns;
+use neuron_datastore::host::{CpuStat, MemoryInfo, ProcessCpu, clock_ticks_per_second};
 use neuron_monitor::config::{RuntimeGroup, SystemGroup};
-use neuron_monitor::host::{CpuStat, MemoryInfo, ProcessCpu, clock_ticks_per_second};
 use neuron_monitor::report::{CpuClock, HostSample, RuntimeSample, runtime_group, system_group};
-use neuron_runtime::datastore::DatastoreReader;
-use neuron_runtime::trace::clock::monotonic_ns;
 use neuron_runtime::{Config, Runtime};
+use neuron_test_support::process::Sandbox;
 use serde_json::Value;
-use support::Sandbox;
-
-mod support;
 
 fn sample(reader: &DatastoreReader) -> RuntimeSample {
     RuntimeSample {

@@ -14,10 +14,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{Running, Sandbox, cpu_ns, memory};
-
-#[path = "../../neuron-monitor/tests/support/mod.rs"]
-mod support;
+use neuron_test_support::process::{Running, Sandbox, cpu_ns, memory};
 
 const TOP: &str = env!("CARGO_BIN_EXE_neuron-top");
 const WORKLOADS: u32 = 4;
@@ -47,7 +44,7 @@ impl Drop for Tmux {
 }
 
 fn main() {
-    let bench_exe = support::neuron_bench();
+    let bench_exe = neuron_test_support::process::neuron_bench();
     let sandbox = Sandbox::new();
     let mlp = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp.hlo");
     let seconds = (WARM_UP + WINDOW).as_secs() + 30;

@@ -7,10 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use neuron_runtime::config::{ENV_INSTANCE_TYPE, parse_duration};
-use neuron_runtime::datastore::default_dir;
-use neuron_runtime::topology::{DEFAULT_INSTANCE_TYPE, InstanceType};
-use neuron_top::collect::Collector;
+use neuron_datastore::config::{ReaderConfig, parse_duration};
+use neuron_datastore::sample::Collector;
 use neuron_top::state::State;
 use neuron_top::view::{self, Theme};
 use neuron_top::{input, term};
@@ -41,7 +39,7 @@ struct Cli {
 }
 
 fn refresh(text: &str) -> Result<Duration, String> {
-    let d = parse_duration(text)?;
+    let d = parse_duration(text).map_err(|e| e.to_string())?;
     if d < Duration::from_millis(100) {
         return Err(format!("{text} is too short; the refresh is at least 100ms"));
     }
@@ -60,13 +58,11 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli) -> Result<()> {
-    let dir = cli.datastore_dir.clone().unwrap_or_else(default_dir);
-    // The instance when no runtime is there to say which it runs on.
-    let instance = match std::env::var(ENV_INSTANCE_TYPE) {
-        Ok(name) => name.parse::<InstanceType>().map_err(|e| anyhow::anyhow!("{ENV_INSTANCE_TYPE}: {e}"))?,
-        Err(_) => DEFAULT_INSTANCE_TYPE,
-    };
-    let mut collector = Collector::new(dir, instance.topology());
+    // The directory, and the instance shown when no runtime is there to say which it
+    // runs on.
+    let config = ReaderConfig::from_env()?;
+    let dir = cli.datastore_dir.clone().unwrap_or(config.datastore_dir);
+    let mut collector = Collector::new(dir, config.instance_type.topology());
     let color = !cli.no_color && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     let theme = Theme { color };
     if cli.once || cli.json {

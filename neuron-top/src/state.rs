@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 
 use crate::input::Action;
-use crate::model::{DeviceMemory, Runtime, Snapshot};
+use neuron_datastore::sample::model::{DeviceMemory, Runtime, Snapshot};
 
 /// A node of the memory tree that can be expanded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -7,10 +7,10 @@ use ratatui::style::{Color, Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table};
 
-use crate::collect::HISTORY;
 use crate::input::BINDINGS;
-use crate::model::{CpuShare, DeviceMemory, ERROR_CLASSES, HostMemory};
 use crate::state::State;
+use neuron_datastore::sample::HISTORY;
+use neuron_datastore::sample::model::{CpuShare, DeviceMemory, ERROR_CLASSES, HostMemory};
 
 /// Colours, or none (`NO_COLOR`, `--no-color`): then only bold, dim and reverse.
 #[derive(Debug, Clone, Copy)]

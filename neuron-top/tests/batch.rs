@@ -3,17 +3,14 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use neuron_test_support::process::{Running, Sandbox};
 use serde_json::Value;
-use support::{Running, Sandbox};
-
-#[path = "../../neuron-monitor/tests/support/mod.rs"]
-mod support;
 
 const TOP: &str = env!("CARGO_BIN_EXE_neuron-top");
 
 #[test]
 fn json_and_once_show_a_running_workload() {
-    let bench = support::neuron_bench();
+    let bench = neuron_test_support::process::neuron_bench();
     let sandbox = Sandbox::new();
     let mlp = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp.hlo");
     let mut workload = Command::new(&bench);

@@ -2,8 +2,10 @@
 //! 80×24 and 160×48, in colour and without; every size down to 1×1 draws without
 //! panicking; and the keys, as a state machine.
 
+use neuron_datastore::sample::model::{
+    Core, CpuShare, DeviceMemory, HostMemory, Instance, Model, Runtime, Snapshot, System,
+};
 use neuron_top::input::Action;
-use neuron_top::model::{Core, CpuShare, DeviceMemory, HostMemory, Instance, Model, Runtime, Snapshot, System};
 use neuron_top::state::{NodeId, State};
 use neuron_top::view::{Theme, draw};
 use ratatui::Terminal;

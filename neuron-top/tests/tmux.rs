@@ -5,10 +5,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{Running, Sandbox};
-
-#[path = "../../neuron-monitor/tests/support/mod.rs"]
-mod support;
+use neuron_test_support::process::{Running, Sandbox};
 
 const TOP: &str = env!("CARGO_BIN_EXE_neuron-top");
 
@@ -62,7 +59,7 @@ fn a_user_sees_the_workload_switches_tabs_reads_the_help_and_quits() {
         eprintln!("note: tmux is not installed; skipped");
         return;
     }
-    let bench = support::neuron_bench();
+    let bench = neuron_test_support::process::neuron_bench();
     let sandbox = Sandbox::new();
     let mlp = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp.hlo");
     let workload = |tag: Option<&str>, cores: &str| {

@@ -26,10 +26,10 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
+use neuron_datastore::ALL_SYSTEM_EVENTS;
+use neuron_datastore::{DatastoreReader, TailStart};
 use neuron_profiler::record::{Recorder, create_writer, metadata};
 use neuron_profiler::{bind_tensors, load_model_bytes, target_for};
-use neuron_runtime::datastore::{DatastoreReader, TailStart};
-use neuron_runtime::trace::ALL_SYSTEM_EVENTS;
 use neuron_runtime::{Config, Runtime};
 use ntff::export::{ExportOptions, Format, export, verify_perfetto};
 use ntff::{Chunk, Descriptor, DescriptorId, DeviceEvent, Metadata, NtffFile, Sym, SystemEvent, Writer};

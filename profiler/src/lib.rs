@@ -8,9 +8,9 @@ pub use ntff::stats::{self, si, thousands};
 use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail};
+use neuron_datastore::topology::NeuronCoreVersion;
 use neuron_runtime::config::LogLevel;
 use neuron_runtime::isa::Program;
-use neuron_runtime::topology::NeuronCoreVersion;
 use neuron_runtime::{ArrayType, Model, Neff, Runtime, Target, TensorPlacement, TensorSet, compile_hlo};
 
 /// Lets the process end quietly when stdout is a closed pipe (`neuron-bench ... | head`),

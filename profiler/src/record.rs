@@ -10,11 +10,11 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use neuron_runtime::datastore::{DatastoreReader, ModelInfo, RuntimeInfo, Tail, TraceEvent};
-use neuron_runtime::isa::Engine;
-use neuron_runtime::trace::{
+use neuron_datastore::Engine;
+use neuron_datastore::{
     ClockDomain, DeviceActivity, DeviceEvent, DmaQueueType, EventData, EventType, Phase, SystemEvent,
 };
+use neuron_datastore::{DatastoreReader, ModelInfo, RuntimeInfo, Tail, TraceEvent};
 use ntff::{Arg, ArgValue, Descriptor, DescriptorId, Sym, SyncPoint, Writer};
 
 /// Records read per ring per poll.
@@ -315,8 +315,8 @@ fn string<W: Write>(w: &mut Writer<W>, key: &str, value: &str) -> Arg {
 
 /// The file metadata for a trace of the runtime `info` describes.
 pub fn metadata(info: &RuntimeInfo, capture_kind: &str, command: &[String]) -> ntff::Metadata {
-    let realtime = neuron_runtime::trace::clock::realtime_ns();
-    let monotonic = neuron_runtime::trace::clock::monotonic_ns();
+    let realtime = neuron_datastore::clock::realtime_ns();
+    let monotonic = neuron_datastore::clock::monotonic_ns();
     ntff::Metadata {
         runtime_version: info.runtime_version.clone(),
         tool: format!("neuron-profile {} {capture_kind}", env!("CARGO_PKG_VERSION")),
@@ -386,8 +386,8 @@ pub fn to_system_event(file: &ntff::NtffFile, e: &ntff::SystemEvent) -> Option<S
             let operation = s("operation")?;
             let algorithm = s("algorithm")?;
             EventData::Collective {
-                operation: (0..16).map(neuron_runtime::Collective::name_of_code).find(|n| *n == operation)?,
-                algorithm: (0..4).map(neuron_runtime::collectives::algorithm_name_of_code).find(|n| *n == algorithm)?,
+                operation: (0..16).map(neuron_datastore::CollectiveOp::name_of_code).find(|n| *n == operation)?,
+                algorithm: (0..4).map(neuron_datastore::CollectiveAlgorithm::name_of_code).find(|n| *n == algorithm)?,
                 bytes: u("bytes")?,
                 replica_group: s("replica_group")?,
                 op_id: u32::try_from(u("op_id")?).ok()?,
@@ -426,7 +426,7 @@ pub fn to_device_event(file: &ntff::NtffFile, e: &ntff::DeviceEvent) -> Option<D
         Descriptor::Instruction { engine, opcode, hlo, step, flops, bytes_read, bytes_written, .. } => {
             let engine_name = file.string(engine)?;
             DeviceActivity::Instruction {
-                engine: Engine::ALL.into_iter().find(|x| x.name() == engine_name)?,
+                engine: Engine::ALL.iter().copied().find(|x| x.name() == engine_name)?,
                 opcode: file.string(opcode)?.to_owned(),
                 hlo: file.string(hlo)?.to_owned(),
                 step,
@@ -437,7 +437,11 @@ pub fn to_device_event(file: &ntff::NtffFile, e: &ntff::DeviceEvent) -> Option<D
         }
         Descriptor::Dma { queue, index, bytes, .. } => {
             let queue_name = file.string(queue)?;
-            DeviceActivity::Dma { queue: DmaQueueType::ALL.into_iter().find(|q| q.name() == queue_name)?, index, bytes }
+            DeviceActivity::Dma {
+                queue: DmaQueueType::ALL.iter().copied().find(|q| q.name() == queue_name)?,
+                index,
+                bytes,
+            }
         }
     };
     Some(DeviceEvent {

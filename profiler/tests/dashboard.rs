@@ -2,15 +2,13 @@
 //! without an output format serves it on the file, and `neuron-bench demo` serves it
 //! in its own process.
 
-#[path = "../../neuron-monitor/tests/support/mod.rs"]
-mod support;
-
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{Running, Sandbox, http_get};
+use neuron_test_support::http::http_get;
+use neuron_test_support::process::{Running, Sandbox};
 
 const PROFILE: &str = env!("CARGO_BIN_EXE_neuron-profile");
 const BENCH: &str = env!("CARGO_BIN_EXE_neuron-bench");

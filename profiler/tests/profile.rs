@@ -5,9 +5,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use neuron_datastore::ALL_SYSTEM_EVENTS;
+use neuron_datastore::{DatastoreReader, TailStart, TraceEvent, discover};
 use neuron_profiler::record::{Recorder, metadata, to_device_event, to_system_event};
-use neuron_runtime::datastore::{DatastoreReader, TailStart, TraceEvent, discover};
-use neuron_runtime::trace::ALL_SYSTEM_EVENTS;
 use neuron_runtime::{Config, Runtime, TensorPlacement, TensorSet};
 use serde_json::Value;
 

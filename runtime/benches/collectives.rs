@@ -9,9 +9,9 @@
 
 use std::time::Instant;
 
+use neuron_datastore::topology::InstanceType;
 use neuron_runtime::config::CoreRequest;
 use neuron_runtime::isa::ReduceOp;
-use neuron_runtime::topology::InstanceType;
 use neuron_runtime::{
     Algorithm, Collective, CollectiveCall, Communicator, Config, CoreSet, DType, Runtime, Tensor, TensorPlacement,
 };
@@ -60,7 +60,7 @@ fn main() {
                 ring * 1e6,
                 direct * 1e6,
                 ring / direct,
-                Algorithm::choose(bytes as u64, ranks).name()
+                neuron_runtime::collectives::choose_algorithm(bytes as u64, ranks).name()
             );
         }
     }

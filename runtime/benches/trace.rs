@@ -20,10 +20,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
+use neuron_datastore::clock::ticks;
+use neuron_datastore::{ALL_SYSTEM_EVENTS, EventType};
+use neuron_datastore::{DatastoreReader, TailStart, TraceEvent};
 use neuron_runtime::config::CoreRequest;
-use neuron_runtime::datastore::{DatastoreReader, TailStart, TraceEvent};
-use neuron_runtime::trace::clock::ticks;
-use neuron_runtime::trace::{ALL_SYSTEM_EVENTS, EventType, TraceProbe};
+use neuron_runtime::trace::TraceProbe;
 use neuron_runtime::{Config, CoreSet, Model, Neff, Runtime, Target, TensorPlacement, TensorSet, compile_hlo};
 
 #[global_allocator]
@@ -109,7 +110,7 @@ fn emit(dirs: &Path) {
     println!(
         "  spaced: each event after ~{WORK_STEPS} dependent multiply-rotates of other work, against that work alone"
     );
-    for events_per_ring in [4096, neuron_runtime::trace::DEFAULT_MAX_EVENTS_PER_NC] {
+    for events_per_ring in [4096, neuron_datastore::DEFAULT_MAX_EVENTS_PER_NC] {
         emit_with_ring(dirs, events_per_ring);
     }
 }

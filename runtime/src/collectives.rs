@@ -38,60 +38,32 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::backend;
-use crate::datastore::layout::core as counter;
 use crate::dtype::DType;
 use crate::error::{NrtError, NrtResult, NrtStatus};
 use crate::isa::{CollectiveKind, ReduceOp, format_group, format_groups};
-use crate::runtime::Lifecycle;
+use crate::lifecycle::Lifecycle;
 use crate::tensor::Tensor;
-use crate::topology::Topology;
-use crate::trace::clock::ticks;
-use crate::trace::event::FLAG_STATUS;
-use crate::trace::{EventIds, EventType, Phase, RingPos, Tracer};
+use neuron_datastore::clock::ticks;
+use neuron_datastore::counters::core as counter;
+use neuron_datastore::event::{EventType, Phase};
+use neuron_datastore::record::FLAG_STATUS;
+use neuron_datastore::topology::Topology;
+use neuron_datastore::{EventIds, RingPos, Tracer};
 
 /// From this many bytes of other ranks' data per rank (message × (ranks − 1)), the
 /// default algorithm is the ring (with more than two ranks).
 pub const RING_MIN_TRAFFIC: u64 = 16 << 20;
 
-/// How the data of a collective moves between ranks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Algorithm {
-    Ring,
-    AllToAll,
-}
+/// How the data of a collective moves between ranks (its name and event code are
+/// the datastore's).
+pub use neuron_datastore::CollectiveAlgorithm as Algorithm;
 
-impl Algorithm {
-    pub fn name(self) -> &'static str {
-        match self {
-            Algorithm::Ring => "ring",
-            Algorithm::AllToAll => "all-to-all",
-        }
-    }
-
-    /// `ring`, `all-to-all`, or `auto` (`None`: chosen by size).
-    pub fn parse(text: &str) -> Result<Option<Algorithm>, String> {
-        match text.trim() {
-            "ring" => Ok(Some(Algorithm::Ring)),
-            "all-to-all" | "alltoall" => Ok(Some(Algorithm::AllToAll)),
-            "auto" | "" => Ok(None),
-            other => Err(format!("`{other}` is not a collectives algorithm (ring, all-to-all or auto)")),
-        }
-    }
-
-    /// The default for `bytes` per rank in a group of `ranks`.
-    pub fn choose(bytes: u64, ranks: usize) -> Algorithm {
-        if ranks > 2 && bytes.saturating_mul(ranks as u64 - 1) >= RING_MIN_TRAFFIC {
-            Algorithm::Ring
-        } else {
-            Algorithm::AllToAll
-        }
-    }
-
-    fn code(self) -> u64 {
-        match self {
-            Algorithm::Ring => 0,
-            Algorithm::AllToAll => 1,
-        }
+/// The default algorithm for `bytes` per rank in a group of `ranks`.
+pub fn choose_algorithm(bytes: u64, ranks: usize) -> Algorithm {
+    if ranks > 2 && bytes.saturating_mul(ranks as u64 - 1) >= RING_MIN_TRAFFIC {
+        Algorithm::Ring
+    } else {
+        Algorithm::AllToAll
     }
 }
 
@@ -115,36 +87,25 @@ pub enum Collective {
     Recv { peer: u32 },
 }
 
-/// Operation names by event code.
-const OPERATION_NAMES: [&str; 7] =
-    ["all-reduce", "all-gather", "reduce-scatter", "all-to-all", "barrier", "send", "recv"];
-
 impl Collective {
+    /// `all-reduce`, `all-gather`, …, as `cc_running` events name it.
     pub fn name(self) -> &'static str {
-        Collective::name_of_code(self.code())
+        self.kind().name()
     }
 
-    fn code(self) -> u64 {
+    /// The operation as events record it.
+    fn kind(self) -> neuron_datastore::CollectiveOp {
+        use neuron_datastore::CollectiveOp as Op;
         match self {
-            Collective::AllReduce(_) => 0,
-            Collective::AllGather => 1,
-            Collective::ReduceScatter(_) => 2,
-            Collective::AllToAll => 3,
-            Collective::Barrier => 4,
-            Collective::Send { .. } => 5,
-            Collective::Recv { .. } => 6,
+            Collective::AllReduce(_) => Op::AllReduce,
+            Collective::AllGather => Op::AllGather,
+            Collective::ReduceScatter(_) => Op::ReduceScatter,
+            Collective::AllToAll => Op::AllToAll,
+            Collective::Barrier => Op::Barrier,
+            Collective::Send { .. } => Op::Send,
+            Collective::Recv { .. } => Op::Recv,
         }
     }
-
-    /// The name of the operation an event's code stands for.
-    pub fn name_of_code(code: u64) -> &'static str {
-        OPERATION_NAMES.get(code as usize).copied().unwrap_or("unknown")
-    }
-}
-
-/// The algorithm an event's code stands for.
-pub fn algorithm_name_of_code(code: u64) -> &'static str {
-    [Algorithm::Ring, Algorithm::AllToAll].into_iter().find(|a| a.code() == code).map_or("unknown", Algorithm::name)
 }
 
 /// One call of [`Communicator::run`]: the operation, the element type, the replica
@@ -311,7 +272,7 @@ impl Communicator {
                 device: topology.device_of(core),
                 local: core % per_device,
                 ring: tracer.ring_of(Some(core)),
-                slot: tracer.store.core_slot(core),
+                slot: tracer.store().core_slot(core),
             })
             .collect();
         let id = NEXT_COMMUNICATOR.fetch_add(1, Ordering::Relaxed);
@@ -483,7 +444,7 @@ impl Communicator {
         let message = input_len.min(output_len) as u64;
         let algorithm = match op {
             Collective::AllReduce(_) | Collective::AllGather | Collective::ReduceScatter(_) => {
-                algorithm.unwrap_or_else(|| Algorithm::choose(message, n))
+                algorithm.unwrap_or_else(|| choose_algorithm(message, n))
             }
             _ => Algorithm::AllToAll,
         };
@@ -516,10 +477,10 @@ impl Communicator {
         )?;
         let at = at();
         let (n, algorithm) = (plan.group.len(), plan.algorithm);
-        let group_name = inner.tracer.store.intern(&format_group(&plan.group));
+        let group_name = inner.tracer.store().intern(&format_group(&plan.group));
         let tracer = &inner.tracer;
         let bytes = input_len.max(output_len) as u64;
-        let op_code = request.op.code();
+        let op_code = request.op.kind() as u64;
         let args = |status: Option<NrtStatus>| {
             [u64::from(at.index), bytes, op_code | algorithm.code() << 8, status.map_or(0, |s| s.code() as u64)]
         };
@@ -992,11 +953,11 @@ mod tests {
 
     #[test]
     fn the_default_algorithm_is_the_ring_only_for_large_exchanges_of_three_or_more_ranks() {
-        assert_eq!(Algorithm::choose(1 << 30, 2), Algorithm::AllToAll);
-        assert_eq!(Algorithm::choose(RING_MIN_TRAFFIC.div_ceil(3), 4), Algorithm::Ring);
-        assert_eq!(Algorithm::choose(RING_MIN_TRAFFIC.div_ceil(3) - 1, 4), Algorithm::AllToAll);
-        assert_eq!(Algorithm::choose(4 << 20, 8), Algorithm::Ring);
-        assert_eq!(Algorithm::choose(1 << 20, 8), Algorithm::AllToAll);
+        assert_eq!(choose_algorithm(1 << 30, 2), Algorithm::AllToAll);
+        assert_eq!(choose_algorithm(RING_MIN_TRAFFIC.div_ceil(3), 4), Algorithm::Ring);
+        assert_eq!(choose_algorithm(RING_MIN_TRAFFIC.div_ceil(3) - 1, 4), Algorithm::AllToAll);
+        assert_eq!(choose_algorithm(4 << 20, 8), Algorithm::Ring);
+        assert_eq!(choose_algorithm(1 << 20, 8), Algorithm::AllToAll);
         assert_eq!(Algorithm::parse("auto"), Ok(None));
         assert_eq!(Algorithm::parse("ring"), Ok(Some(Algorithm::Ring)));
         assert!(Algorithm::parse("tree").is_err());

@@ -18,12 +18,12 @@ use crate::dtype::{ArrayType, DType, DTypeClass};
 use crate::hlo::{self, Computation, HloModule, Payload, Shape};
 use crate::isa::{
     ActivationFn, BinaryOp, Buffer, BufferKind, CollectiveKind, CollectiveOp, CompareDirection, DmaQueue, DmaQueueKind,
-    DmaTransfer, DotDims, Engine, EngineStream, FloatFormat, GatherDims, Instruction, IoTensor, Op, Program, ReduceOp,
-    Region, RegionStep, RegionValue, RngAlgorithm, RngResult, ScatterCombine, ScatterDims, UnaryOp, Window,
-    infer_output,
+    DmaTransfer, DotDims, EngineStream, FloatFormat, GatherDims, Instruction, IoTensor, Op, Program, ReduceOp, Region,
+    RegionStep, RegionValue, RngAlgorithm, RngResult, ScatterCombine, ScatterDims, UnaryOp, Window, infer_output,
 };
 use crate::simplify;
-use crate::topology::NeuronCoreVersion;
+use neuron_datastore::Engine;
+use neuron_datastore::topology::NeuronCoreVersion;
 
 /// Alignment of intermediate buffers in the scratchpad.
 pub const SCRATCHPAD_ALIGNMENT: u64 = 64;

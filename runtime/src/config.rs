@@ -7,14 +7,15 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::collectives::Algorithm;
 use crate::error::{NrtError, NrtResult};
 use crate::fault::{self, FaultRule};
-use crate::topology::{CoreSet, DEFAULT_INSTANCE_TYPE, InstanceType};
-use crate::trace::{self, InspectConfig};
+use neuron_datastore::topology::{CoreSet, DEFAULT_INSTANCE_TYPE, InstanceType};
+use neuron_datastore::{CollectiveAlgorithm, InspectConfig, default_dir};
 
-/// Selects the virtual instance type (our extension; default `trn1.2xlarge`).
-pub const ENV_INSTANCE_TYPE: &str = "NEURON_VIRT_INSTANCE_TYPE";
+/// Selects the virtual instance type (our extension; default `trn1.2xlarge`), and where
+/// the datastores are (our extension; default in `$XDG_RUNTIME_DIR`): every reading tool
+/// takes them too.
+pub use neuron_datastore::config::{ENV_DATASTORE_DIR, ENV_INSTANCE_TYPE};
 /// Directory of the host-wide NeuronCore reservation locks (our extension).
 pub const ENV_LOCK_DIR: &str = "NEURON_VIRT_LOCK_DIR";
 /// Host threads executing virtual cores (our extension; default: the host's CPU count).
@@ -34,8 +35,6 @@ pub const ENV_INSPECT_EVENT_FILTER_NC: &str = "NEURON_RT_INSPECT_EVENT_FILTER_NC
 pub const ENV_INSPECT_EVENT_FILTER_TYPE: &str = "NEURON_RT_INSPECT_EVENT_FILTER_TYPE";
 /// Refuse new trace events when a ring is full instead of overwriting (our extension).
 pub const ENV_TRACE_DISCARD: &str = "NEURON_VIRT_TRACE_DISCARD";
-/// Directory of the per-process datastores (our extension).
-pub const ENV_DATASTORE_DIR: &str = "NEURON_VIRT_DATASTORE_DIR";
 /// Whether chains of element-wise instructions run fused (our extension; default on).
 pub const ENV_FUSION: &str = "NEURON_VIRT_FUSION";
 /// Requests each compute execution unit holds in flight (`nrta_*`).
@@ -128,7 +127,7 @@ pub struct Config {
     pub xu_queue: usize,
     /// The algorithm of every collective (`NEURON_RT_COLLECTIVES_ALGORITHM`); `None`
     /// chooses by size.
-    pub collectives_algorithm: Option<Algorithm>,
+    pub collectives_algorithm: Option<CollectiveAlgorithm>,
 }
 
 impl Default for Config {
@@ -144,7 +143,7 @@ impl Default for Config {
             host_threads: default_host_threads(),
             process_tag: None,
             inspect: InspectConfig::default(),
-            datastore_dir: crate::datastore::default_dir(),
+            datastore_dir: default_dir(),
             fusion: true,
             faults: Vec::new(),
             xu_queue: DEFAULT_XU_QUEUE,
@@ -167,9 +166,7 @@ impl Config {
         };
 
         let instance_type = match get(ENV_INSTANCE_TYPE) {
-            Some(v) => v
-                .parse::<InstanceType>()
-                .map_err(|e| NrtError::invalid(format!("{ENV_INSTANCE_TYPE}: {}", e.message)))?,
+            Some(v) => v.parse::<InstanceType>().map_err(|e| NrtError::invalid(format!("{ENV_INSTANCE_TYPE}: {e}")))?,
             None => DEFAULT_INSTANCE_TYPE,
         };
         let core_count = instance_type.topology().core_count();
@@ -281,7 +278,7 @@ impl Config {
         };
 
         let collectives_algorithm = match get(ENV_COLLECTIVES_ALGORITHM) {
-            Some(v) => Algorithm::parse(&v).map_err(|e| bad(ENV_COLLECTIVES_ALGORITHM, &v, &e))?,
+            Some(v) => CollectiveAlgorithm::parse(&v).map_err(|e| bad(ENV_COLLECTIVES_ALGORITHM, &v, &e))?,
             None => None,
         };
 
@@ -320,20 +317,20 @@ impl Config {
         let device_profile = profile(ENV_INSPECT_DEVICE_PROFILE)?.unwrap_or(true);
         let max_events_per_nc = match get(ENV_INSPECT_MAX_EVENTS_PER_NC) {
             Some(v) => match v.trim().replace('_', "").parse::<u64>() {
-                Ok(n) if (trace::MIN_EVENTS_PER_NC..=trace::MAX_EVENTS_PER_NC).contains(&n) => n,
+                Ok(n) if (neuron_datastore::MIN_EVENTS_PER_NC..=neuron_datastore::MAX_EVENTS_PER_NC).contains(&n) => n,
                 _ => {
                     return Err(bad(
                         ENV_INSPECT_MAX_EVENTS_PER_NC,
                         &v,
                         &format!(
                             "expected a whole number of events from {} to {}",
-                            trace::MIN_EVENTS_PER_NC,
-                            trace::MAX_EVENTS_PER_NC
+                            neuron_datastore::MIN_EVENTS_PER_NC,
+                            neuron_datastore::MAX_EVENTS_PER_NC
                         ),
                     ));
                 }
             },
-            None => trace::DEFAULT_MAX_EVENTS_PER_NC,
+            None => neuron_datastore::DEFAULT_MAX_EVENTS_PER_NC,
         };
         let filter_cores = match get(ENV_INSPECT_EVENT_FILTER_NC) {
             Some(v) => Some(
@@ -343,8 +340,10 @@ impl Config {
             None => None,
         };
         let event_types = match get(ENV_INSPECT_EVENT_FILTER_TYPE) {
-            Some(v) => trace::parse_event_filter(&v).map_err(|e| bad(ENV_INSPECT_EVENT_FILTER_TYPE, &v, &e))?,
-            None => trace::ALL_SYSTEM_EVENTS,
+            Some(v) => {
+                neuron_datastore::parse_event_filter(&v).map_err(|e| bad(ENV_INSPECT_EVENT_FILTER_TYPE, &v, &e))?
+            }
+            None => neuron_datastore::ALL_SYSTEM_EVENTS,
         };
         let discard = match get(ENV_TRACE_DISCARD) {
             Some(v) => parse_bool(&v).ok_or_else(|| bad(ENV_TRACE_DISCARD, &v, "use true or false"))?,
@@ -362,7 +361,7 @@ impl Config {
         Ok(Config {
             process_tag,
             inspect,
-            datastore_dir: get(ENV_DATASTORE_DIR).map_or_else(crate::datastore::default_dir, PathBuf::from),
+            datastore_dir: get(ENV_DATASTORE_DIR).map_or_else(default_dir, PathBuf::from),
             instance_type,
             cores,
             log_level,
@@ -377,39 +376,6 @@ impl Config {
             collectives_algorithm,
         })
     }
-}
-
-/// Parses where a tool's server listens: `PORT` alone (or `:PORT`) is on 127.0.0.1;
-/// `HOST:PORT` and `[V6]:PORT` are taken as they are, the host resolved.
-pub fn parse_listen_address(text: &str) -> Result<std::net::SocketAddr, String> {
-    use std::net::{SocketAddr, ToSocketAddrs};
-    if let Ok(port) = text.trim_start_matches(':').parse::<u16>() {
-        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
-    }
-    text.to_socket_addrs()
-        .map_err(|_| format!("{text:?} is not a PORT, nor a HOST:PORT that resolves"))?
-        .next()
-        .ok_or_else(|| format!("{text:?}: the host has no address"))
-}
-
-/// Parses a duration: `10s`, `500ms`, `2m`, `1.5h`, `250us`; a bare number is seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 =
-        number.parse().map_err(|_| format!("`{text}` is not a duration; use forms like 10s, 500ms, 2m"))?;
-    let seconds = match unit.trim() {
-        "" | "s" => value,
-        "ms" => value / 1e3,
-        "us" | "µs" => value / 1e6,
-        "m" | "min" => value * 60.0,
-        "h" => value * 3600.0,
-        other => {
-            return Err(format!("unknown unit `{other}` in `{text}`; use ms, s, m or h"));
-        }
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|_| format!("`{text}` is not a valid duration"))
 }
 
 fn parse_bool(value: &str) -> Option<bool> {
@@ -438,31 +404,6 @@ fn default_host_threads() -> usize {
 mod tests {
     use super::*;
     use std::collections::HashMap;
-
-    #[test]
-    fn durations_take_the_units_people_write() {
-        let ok = |text: &str| parse_duration(text).map(|d| d.as_secs_f64());
-        assert_eq!(ok("10s"), Ok(10.0));
-        assert_eq!(ok("500ms"), Ok(0.5));
-        assert_eq!(ok("250us"), Ok(0.000_25));
-        assert_eq!(ok("2m"), Ok(120.0));
-        assert_eq!(ok("1.5h"), Ok(5400.0));
-        assert_eq!(ok(" 3 "), Ok(3.0), "a bare number is seconds");
-        assert!(parse_duration("5 parsecs").is_err_and(|e| e.contains("unknown unit")));
-        assert!(parse_duration("soon").is_err_and(|e| e.contains("is not a duration")));
-        assert!(parse_duration("1e400s").is_err());
-    }
-
-    #[test]
-    fn a_port_alone_listens_on_loopback() {
-        let ok = |text: &str| parse_listen_address(text).map(|a| a.to_string());
-        assert_eq!(ok("3001"), Ok("127.0.0.1:3001".to_string()));
-        assert_eq!(ok(":8000"), Ok("127.0.0.1:8000".to_string()));
-        assert_eq!(ok("0.0.0.0:9"), Ok("0.0.0.0:9".to_string()));
-        assert_eq!(ok("[::1]:9"), Ok("[::1]:9".to_string()));
-        assert!(parse_listen_address("nowhere").is_err_and(|e| e.contains("not a PORT")));
-        assert!(parse_listen_address("70000").is_err());
-    }
 
     fn config(vars: &[(&str, &str)]) -> NrtResult<Config> {
         let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
@@ -547,7 +488,7 @@ mod tests {
     fn inspect_switches_decide_what_is_recorded() {
         let c = config(&[]).expect("valid");
         assert!(c.inspect.system && c.inspect.device, "rings are on by default");
-        assert_eq!(c.inspect.max_events_per_nc, trace::DEFAULT_MAX_EVENTS_PER_NC);
+        assert_eq!(c.inspect.max_events_per_nc, neuron_datastore::DEFAULT_MAX_EVENTS_PER_NC);
         let c = config(&[(ENV_INSPECT_ENABLE, "0")]).expect("valid");
         assert!(!c.inspect.system && !c.inspect.device);
         let c = config(&[(ENV_INSPECT_DEVICE_PROFILE, "0"), (ENV_INSPECT_SYSTEM_PROFILE, "session")]).expect("valid");
@@ -561,16 +502,16 @@ mod tests {
         .expect("valid");
         assert_eq!(c.inspect.cores, Some(CoreSet::range(1, 1)));
         let types = c.inspect.event_types;
-        assert!(types & trace::EventType::NcExecRunning.bit() != 0);
-        assert!(types & trace::EventType::NrtLoad.bit() != 0);
-        assert!(types & trace::EventType::TimestampSyncPoint.bit() == 0);
-        assert!(types & trace::EventType::NrtExecute.bit() == 0);
+        assert!(types & neuron_datastore::event::EventType::NcExecRunning.bit() != 0);
+        assert!(types & neuron_datastore::event::EventType::NrtLoad.bit() != 0);
+        assert!(types & neuron_datastore::event::EventType::TimestampSyncPoint.bit() == 0);
+        assert!(types & neuron_datastore::event::EventType::NrtExecute.bit() == 0);
         assert_eq!(c.inspect.max_events_per_nc, 1000);
         assert_eq!(c.process_tag.as_deref(), Some("trainer"));
         let only_exclusions = config(&[(ENV_INSPECT_EVENT_FILTER_TYPE, "^software")]).expect("valid");
         assert_eq!(
             only_exclusions.inspect.event_types,
-            trace::EventType::ALL.iter().filter(|t| t.is_hardware()).fold(0, |m, t| m | t.bit())
+            neuron_datastore::event::EventType::ALL.iter().filter(|t| t.is_hardware()).fold(0, |m, t| m | t.bit())
         );
         let long_tag = "x".repeat(MAX_PROCESS_TAG_LEN + 1);
         assert!(config(&[(ENV_PROCESS_TAG, &long_tag)]).is_err());

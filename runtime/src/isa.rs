@@ -6,12 +6,11 @@
 //! operands with the same [`infer_output`] the compiler uses, so a program that passes
 //! validation cannot make the backend index out of bounds, whatever file it came from.
 
-use std::fmt;
-
 use serde::{Deserialize, Serialize};
 
 use crate::dtype::{ArrayType, DType};
-use crate::topology::NeuronCoreVersion;
+use neuron_datastore::Engine;
+use neuron_datastore::topology::NeuronCoreVersion;
 
 /// A compiled model, ready to encode into a NEFF or to load.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -55,41 +54,6 @@ pub struct IoTensor {
     /// The HLO parameter (or result instruction) it came from.
     pub hlo_name: String,
     pub buffer: u32,
-}
-
-/// The NeuronCore engines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum Engine {
-    /// Tensor engine: matrix products.
-    Pe,
-    /// Scalar/activation engine: transcendental element-wise functions.
-    Act,
-    /// Vector engine: arithmetic, compare, select, reduce, layout.
-    Dve,
-    /// GpSimd engine: iota, gathers, scatters.
-    Pool,
-    /// Sync engine.
-    Sp,
-}
-
-impl Engine {
-    pub const ALL: [Engine; 5] = [Engine::Pe, Engine::Act, Engine::Dve, Engine::Pool, Engine::Sp];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Engine::Pe => "PE",
-            Engine::Act => "ACT",
-            Engine::Dve => "DVE",
-            Engine::Pool => "POOL",
-            Engine::Sp => "SP",
-        }
-    }
-}
-
-impl fmt::Display for Engine {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
 }
 
 /// The instructions one engine executes, in its own order.

@@ -9,7 +9,6 @@
 pub mod collectives;
 pub mod compile;
 pub mod config;
-pub mod datastore;
 pub mod dtype;
 pub mod error;
 pub mod fault;
@@ -17,12 +16,12 @@ pub mod hlo;
 pub mod isa;
 pub mod memory;
 pub mod neff;
-pub mod topology;
 pub mod trace;
 
 pub mod nrta;
 
 mod backend;
+mod lifecycle;
 mod pool;
 mod reservation;
 mod runtime;
@@ -37,9 +36,9 @@ pub use config::Config;
 pub use dtype::{ArrayType, DType, DTypeClass};
 pub use error::{NrtError, NrtResult, NrtStatus};
 pub use neff::Neff;
+pub use neuron_datastore::topology::{CoreSet, InstanceType, Topology};
+pub use neuron_datastore::{SysTraceConfig, SysTraceFetch};
 pub use nrta::{CompletionHandle, ErrorTracker, PendingRead, SeqId, TrackedError, Xu};
 pub use reservation::CoreReservation;
 pub use runtime::{ExecutionReport, Model, Runtime};
 pub use tensor::{Tensor, TensorPlacement, TensorSet};
-pub use topology::{CoreSet, InstanceType, Topology};
-pub use trace::{SysTraceConfig, SysTraceFetch};

@@ -11,60 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use crate::error::{NrtError, NrtResult, NrtStatus};
-use crate::topology::Topology;
-
-/// Device memory categories, as `neuron-monitor` reports them per NeuronCore.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DeviceCategory {
-    Tensors,
-    Constants,
-    ModelCode,
-    RuntimeMemory,
-    ModelSharedScratchpad,
-}
-
-impl DeviceCategory {
-    pub const ALL: [DeviceCategory; 5] = [
-        DeviceCategory::Tensors,
-        DeviceCategory::Constants,
-        DeviceCategory::ModelCode,
-        DeviceCategory::RuntimeMemory,
-        DeviceCategory::ModelSharedScratchpad,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            DeviceCategory::Tensors => "tensors",
-            DeviceCategory::Constants => "constants",
-            DeviceCategory::ModelCode => "model_code",
-            DeviceCategory::RuntimeMemory => "runtime_memory",
-            DeviceCategory::ModelSharedScratchpad => "model_shared_scratchpad",
-        }
-    }
-}
-
-/// Host memory categories.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum HostCategory {
-    Tensors,
-    Constants,
-    DmaBuffers,
-    ApplicationMemory,
-}
-
-impl HostCategory {
-    pub const ALL: [HostCategory; 4] =
-        [HostCategory::Tensors, HostCategory::Constants, HostCategory::DmaBuffers, HostCategory::ApplicationMemory];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            HostCategory::Tensors => "tensors",
-            HostCategory::Constants => "constants",
-            HostCategory::DmaBuffers => "dma_buffers",
-            HostCategory::ApplicationMemory => "application_memory",
-        }
-    }
-}
+use neuron_datastore::topology::Topology;
+use neuron_datastore::{DeviceCategory, HostCategory};
 
 /// Where a charge is held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -210,7 +158,7 @@ impl MemoryLedger {
             message.push_str(&format!("{:>12}", format!("NC {c}")));
         }
         message.push('\n');
-        for category in DeviceCategory::ALL {
+        for &category in DeviceCategory::ALL {
             message.push_str(&format!("  {:<26}", category.name()));
             for usage in &usages {
                 message.push_str(&format!("{:>12}", HumanBytes(usage.get(category)).to_string()));
@@ -276,7 +224,7 @@ impl fmt::Display for HumanBytes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::InstanceType;
+    use neuron_datastore::topology::InstanceType;
 
     #[test]
     fn charges_are_returned_on_drop_and_capacity_is_per_device() {

@@ -16,7 +16,7 @@ use nix::fcntl::{Flock, FlockArg};
 
 use crate::config::CoreRequest;
 use crate::error::{NrtError, NrtResult, NrtStatus};
-use crate::topology::{CoreSet, Topology};
+use neuron_datastore::topology::{CoreSet, Topology};
 
 /// Cores held by this process; dropping it releases them.
 #[derive(Debug)]
@@ -158,7 +158,7 @@ fn create_shared_dir(dir: &Path) -> NrtResult<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::InstanceType;
+    use neuron_datastore::topology::InstanceType;
 
     #[test]
     fn a_held_core_is_refused_until_released() {

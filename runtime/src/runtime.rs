@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU8, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -17,28 +17,29 @@ use uuid::Uuid;
 use crate::backend::{Destination, Executable, Input, Output, RunError, Value, ValueRef};
 use crate::collectives::{self, Algorithm, CollectiveCall, Communicator, OpPosition, Request};
 use crate::config::{Config, MAX_EXEC_TIMEOUT, NumericalErrorsVerbosity};
-use crate::datastore::DatastoreError;
-use crate::datastore::layout::{core as counter, model as model_field};
-use crate::datastore::writer::{CreateParams, DatastoreWriter, EccCounter, ModelEntry};
 use crate::dtype::{ArrayType, DType};
 use crate::error::{NrtError, NrtResult, NrtStatus};
 use crate::fault::{Degraded, FaultKind, Faults, Strike};
 use crate::isa::{BufferKind, CollectiveKind, CollectiveOp, DmaQueueKind, IoTensor, Op, Program, format_groups};
-use crate::memory::{
-    Charge, DeviceCategory, DeviceUsage, HostCategory, HostUsage, MemoryCharge, MemoryLedger, MemoryMirror,
-};
+use crate::lifecycle::{Lifecycle, Stage};
+use crate::memory::{Charge, DeviceUsage, HostUsage, MemoryCharge, MemoryLedger, MemoryMirror};
 use crate::neff::{DecodeOptions, Neff};
 use crate::nrta::{self, CompletionHandle, ErrorTracker, PendingRead, SeqId, Unit, Xu};
 use crate::pool::HostPool;
 use crate::reservation::CoreReservation;
 use crate::tensor::{ExecutionLocks, Tensor, TensorPlacement, TensorSet, TensorTracing};
-use crate::topology::{CoreSet, Topology};
-use crate::trace::clock::{self, DeviceClock, ticks};
-use crate::trace::event::{DEVICE_KIND_DMA, DeviceRecord, FLAG_DEVICE_CLOCK, FLAG_STATUS};
-use crate::trace::{
-    DEFAULT_INSTRUCTION_TABLE_BYTES, DEFAULT_MODEL_SLOTS, DEFAULT_STRING_TABLE_BYTES, DmaQueueType, ErrorClass,
-    EventIds, EventType, ExecOutcome, INSTRUCTION_BYTES, InstructionTrace, Phase, RingPos, SysTraceConfig,
-    SysTraceFetch, TraceProbe, Tracer,
+use crate::trace::classify;
+#[cfg(feature = "trace-probe")]
+use crate::trace::{ProbeProgram, TraceProbe};
+use neuron_datastore::clock::{self, DeviceClock, ticks};
+use neuron_datastore::counters::{core as counter, model as model_field};
+use neuron_datastore::event::{DmaQueueType, EventType, Phase};
+use neuron_datastore::record::{DEVICE_KIND_DMA, DeviceRecord, FLAG_DEVICE_CLOCK, FLAG_STATUS};
+use neuron_datastore::topology::{CoreSet, Topology};
+use neuron_datastore::{
+    CreateParams, DEFAULT_INSTRUCTION_TABLE_BYTES, DEFAULT_MODEL_SLOTS, DEFAULT_STRING_TABLE_BYTES, DatastoreError,
+    DatastoreWriter, DeviceCategory, EccCounter, ErrorClass, EventIds, ExecOutcome, HostCategory, INSTRUCTION_BYTES,
+    InstructionTrace, ModelEntry, RingPos, SysTraceConfig, SysTraceFetch, TraceSession, Tracer,
 };
 
 /// How often the runtime marks its datastore alive.
@@ -46,27 +47,6 @@ pub(crate) const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(250);
 
 /// Device memory the runtime keeps per DMA descriptor of a loaded model.
 pub(crate) const DMA_DESCRIPTOR_BYTES: u64 = 64;
-
-/// Where a runtime is in its lifecycle; shared with every handle it gives out.
-#[derive(Debug, Default)]
-pub(crate) struct Lifecycle(AtomicU8);
-
-const UNINITIALIZED: u8 = 0;
-const RUNNING: u8 = 1;
-const CLOSED: u8 = 2;
-
-impl Lifecycle {
-    /// Fails unless the runtime is initialised and not closed.
-    pub(crate) fn check(&self) -> NrtResult<()> {
-        match self.0.load(Ordering::Acquire) {
-            RUNNING => Ok(()),
-            UNINITIALIZED => {
-                Err(NrtError::new(NrtStatus::Uninitialized, "the runtime is not initialised; call init first"))
-            }
-            _ => Err(NrtError::new(NrtStatus::Closed, "the runtime has been closed")),
-        }
-    }
-}
 
 /// A Neuron runtime instance driving virtual NeuronCores.
 #[derive(Debug, Clone)]
@@ -92,12 +72,16 @@ struct Running {
     /// One lock per reserved core: a core executes one thing at a time.
     core_locks: Arc<HashMap<u32, Mutex<()>>>,
     tracer: Arc<Tracer>,
+    /// The `nrt_sys_trace_*` session over the tracer's rings.
+    trace_session: TraceSession,
     /// Injected faults, and the cores they have degraded.
     faults: Arc<Faults>,
     /// The execution units started so far, by unit id.
     units: Mutex<HashMap<u16, Arc<Unit>>>,
     /// Dropping it stops the heartbeat thread.
     _heartbeat: crossbeam_channel::Sender<()>,
+    #[cfg(feature = "trace-probe")]
+    probe_program: Arc<ProbeProgram>,
 }
 
 impl Running {
@@ -188,9 +172,9 @@ impl Runtime {
     pub fn init(&self) -> NrtResult<()> {
         let shared = &self.shared;
         let mut running = lock(&shared.running);
-        match shared.lifecycle.0.load(Ordering::Acquire) {
-            RUNNING => return Err(NrtError::invalid("the runtime is already initialised")),
-            CLOSED => {
+        match shared.lifecycle.stage() {
+            Stage::Running => return Err(NrtError::invalid("the runtime is already initialised")),
+            Stage::Closed => {
                 return Err(NrtError::new(NrtStatus::Closed, "the runtime has been closed; create a new one"));
             }
             _ => {}
@@ -208,11 +192,11 @@ impl Runtime {
         let tracer = Arc::new(self.create_tracer(reservation.cores().cores())?);
         let mirror = Arc::clone(&tracer);
         shared.ledger.set_mirror(MemoryMirror(Box::new(move |charge, bytes, add| match charge {
-            Charge::Host(category) => mirror.store.add_host_memory(category, bytes, add),
-            Charge::Device { core, category } => mirror.store.add_device_memory(core, category, bytes, add),
+            Charge::Host(category) => mirror.store().add_host_memory(category, bytes, add),
+            Charge::Device { core, category } => mirror.store().add_device_memory(core, category, bytes, add),
         })));
         let heartbeat = start_heartbeat(Arc::clone(&tracer))?;
-        tracing::info!(datastore = %tracer.store.path().display(), "datastore created");
+        tracing::info!(datastore = %tracer.store().path().display(), "datastore created");
         let core_locks = reservation.cores().cores().iter().map(|&c| (c, Mutex::new(()))).collect();
         *running = Some(Running {
             reservation,
@@ -221,9 +205,12 @@ impl Runtime {
             tracer,
             faults: Arc::new(Faults::new(shared.config.faults.clone())),
             units: Mutex::new(HashMap::new()),
+            trace_session: TraceSession::default(),
             _heartbeat: heartbeat,
+            #[cfg(feature = "trace-probe")]
+            probe_program: Arc::default(),
         });
-        shared.lifecycle.0.store(RUNNING, Ordering::Release);
+        shared.lifecycle.set(Stage::Running);
         Ok(())
     }
 
@@ -261,14 +248,14 @@ impl Runtime {
     pub fn close(&self) -> NrtResult<()> {
         self.shared.lifecycle.check()?;
         let mut running = lock(&self.shared.running);
-        self.shared.lifecycle.0.store(CLOSED, Ordering::Release);
+        self.shared.lifecycle.set(Stage::Closed);
         for (_, model) in lock(&self.shared.models).drain() {
             lock(&model.charges).clear();
         }
         if let Some(r) = running.as_ref() {
             // Queued requests fail with NRT_CLOSED; the workers finish them and stop.
             r.shut_down_units();
-            r.tracer.store.close();
+            r.tracer.store().close();
         }
         *running = None;
         tracing::info!("runtime closed");
@@ -299,22 +286,22 @@ impl Runtime {
 
     /// The datastore file tools read this runtime from.
     pub fn datastore_path(&self) -> NrtResult<PathBuf> {
-        Ok(self.tracer()?.store.path().to_owned())
+        Ok(self.tracer()?.store().path().to_owned())
     }
 
     /// Starts a system trace session (`nrt_sys_trace_start` with its configuration).
     pub fn sys_trace_start(&self, config: &SysTraceConfig) -> NrtResult<()> {
-        self.tracer()?.session_start(config).map_err(NrtError::invalid)
+        self.with_running(|r| r.trace_session.start(&r.tracer, config))?.map_err(|e| NrtError::invalid(e.to_string()))
     }
 
     /// Stops the session; what it recorded can still be fetched.
     pub fn sys_trace_stop(&self) -> NrtResult<()> {
-        self.tracer()?.session_stop().map_err(NrtError::invalid)
+        self.with_running(|r| r.trace_session.stop(&r.tracer))?.map_err(|e| NrtError::invalid(e.to_string()))
     }
 
     /// Returns the session's events not fetched before (`nrt_sys_trace_fetch_events`).
     pub fn sys_trace_fetch_events(&self) -> NrtResult<SysTraceFetch> {
-        self.tracer()?.session_fetch().map_err(NrtError::invalid)
+        self.with_running(|r| r.trace_session.fetch(&r.tracer))?.map_err(|e| NrtError::invalid(e.to_string()))
     }
 
     /// Switches every trace ring on or off at once, overriding the
@@ -333,10 +320,12 @@ impl Runtime {
 
     /// Records events on `core` through the runtime's own emit path, with no program
     /// around them: for the trace benchmarks and ring stress tests.
-    #[doc(hidden)]
+    #[cfg(feature = "trace-probe")]
     pub fn trace_probe(&self, core: u32) -> NrtResult<TraceProbe> {
-        self.with_running(|r| TraceProbe::new(Arc::clone(&r.tracer), Arc::clone(&r.core_locks), core))?
-            .ok_or_else(|| NrtError::invalid(format!("nc{core} is not held by this runtime")))
+        self.with_running(|r| {
+            TraceProbe::new(Arc::clone(&r.tracer), Arc::clone(&r.probe_program), Arc::clone(&r.core_locks), core)
+        })?
+        .ok_or_else(|| NrtError::invalid(format!("nc{core} is not held by this runtime")))
     }
 
     fn tracer(&self) -> NrtResult<Arc<Tracer>> {
@@ -426,10 +415,10 @@ impl Runtime {
             }
             None => None,
         };
-        let slot = tracer.store.core_slot(core).ok_or_else(|| NrtError::invalid(format!("nc{core} is not held")))?;
+        let slot = tracer.store().core_slot(core).ok_or_else(|| NrtError::invalid(format!("nc{core} is not held")))?;
         let ring = tracer.ring_of(Some(core));
         let id = self.shared.next_model_id.fetch_add(1, Ordering::Relaxed);
-        let name_id = tracer.store.intern(&neff.name);
+        let name_id = tracer.store().intern(&neff.name);
         let ids = EventIds { model_id: id, ..EventIds::default() };
         let tracking_id = if tracer.enabled(ring, EventType::NrtLoad) {
             let tracking_id = tracer.tracking_id();
@@ -439,7 +428,14 @@ impl Runtime {
             0
         };
         let loaded = self.load_on(&tracer, neff, neff_bytes.len() as u64, core, slot, ring, id, name_id, rank);
-        tracer.stop(ring, EventType::NrtLoad, tracking_id, ids, name_id, loaded.as_ref().err().map(|e| e.status));
+        tracer.stop(
+            ring,
+            EventType::NrtLoad,
+            tracking_id,
+            ids,
+            name_id,
+            loaded.as_ref().err().map(|e| e.status.code()),
+        );
         let model = loaded?;
         tracing::info!(model = %model.inner.name, id, core, "model loaded");
         Ok(model)
@@ -475,8 +471,8 @@ impl Runtime {
                 let hlo = program.hlo_names.get(instruction.hlo as usize).map_or("", String::as_str);
                 InstructionTrace {
                     engine: instruction.op.engine() as u8,
-                    opcode_id: tracer.store.intern(instruction.op.opcode()),
-                    hlo_id: tracer.store.intern(hlo),
+                    opcode_id: tracer.store().intern(instruction.op.opcode()),
+                    hlo_id: tracer.store().intern(hlo),
                     step: instruction.step,
                     flops: instruction.op.flops(&operand_types, output_type),
                     bytes_read: operand_types.iter().map(|t| t.size_bytes().unwrap_or(0)).sum(),
@@ -495,17 +491,17 @@ impl Runtime {
             loaded_ticks: ticks(),
             flops_per_execution: program.flops_per_execution(),
             instructions: instructions.len() as u64,
-            device_memory: DeviceCategory::ALL.map(device_memory),
+            device_memory: std::array::from_fn(|k| device_memory(DeviceCategory::ALL[k])),
             host_memory: charges.iter().filter(|c| matches!(c.charge(), Charge::Host(_))).map(|c| c.bytes()).sum(),
         };
-        let instructions_in_table = tracer.store.add_instructions(id, &instructions);
+        let instructions_in_table = tracer.store().add_instructions(id, &instructions);
         if !instructions_in_table {
             tracing::warn!(
                 model = %neff.name,
                 "the datastore's instruction table is full: this model's device events take one record per instruction"
             );
         }
-        let table_slot = tracer.store.publish_model(&entry);
+        let table_slot = tracer.store().publish_model(&entry);
         self.emit_weight_transfers(tracer, program, core, slot, id);
         let model = Arc::new(LoadedModel {
             id,
@@ -532,7 +528,7 @@ impl Runtime {
             let mut models = lock(&self.shared.models);
             if let Err(e) = self.shared.lifecycle.check() {
                 if let Some(s) = table_slot {
-                    tracer.store.retract_model(s);
+                    tracer.store().retract_model(s);
                 }
                 return Err(e);
             }
@@ -589,14 +585,21 @@ impl Runtime {
             Some(loaded) => {
                 lock(&loaded.charges).clear();
                 if let Some(slot) = loaded.table_slot {
-                    tracer.store.retract_model(slot);
+                    tracer.store().retract_model(slot);
                 }
                 tracing::info!(model = %m.name, id = m.id, "model unloaded");
                 Ok(())
             }
             None => Err(stale_model(model)),
         };
-        tracer.stop(m.ring, EventType::NrtUnload, tracking_id, ids, m.name_id, result.as_ref().err().map(|e| e.status));
+        tracer.stop(
+            m.ring,
+            EventType::NrtUnload,
+            tracking_id,
+            ids,
+            m.name_id,
+            result.as_ref().err().map(|e| e.status.code()),
+        );
         result
     }
 
@@ -621,7 +624,7 @@ impl Runtime {
             }
         };
         let charge = self.shared.ledger.charge(charge, size)?;
-        let tracing = TensorTracing { ring: tracer.ring_of(core), name_id: tracer.store.intern(name), tracer };
+        let tracing = TensorTracing { ring: tracer.ring_of(core), name_id: tracer.store().intern(name), tracer };
         Tensor::allocate(name, placement, size, ty, charge, Arc::clone(&self.shared.lifecycle), Some(tracing))
     }
 
@@ -692,7 +695,7 @@ impl Runtime {
             tracking_id,
             ids,
             0,
-            result.as_ref().err().map(|e| e.status),
+            result.as_ref().err().map(|e| e.status.code()),
         );
         // Counted after the events, as executions are.
         if let Err(error) = &result
@@ -902,7 +905,7 @@ impl Runtime {
             0
         };
         if let Some(slot) = m.table_slot {
-            tracer.store.model_counter(slot, model_field::RUNNING).fetch_add(1, Ordering::Relaxed);
+            tracer.store().model_counter(slot, model_field::RUNNING).fetch_add(1, Ordering::Relaxed);
         }
         let wait_tracking = tracer.start(m.ring, EventType::KblExecWait, ids, 0);
         let job = CoreJob {
@@ -936,7 +939,7 @@ impl Runtime {
                 Phase::Instant,
                 0,
                 ids,
-                tracer.store.intern(&error.message),
+                tracer.store().intern(&error.message),
                 [error.status.code() as u64, 0, 0, 0],
                 0,
             );
@@ -963,7 +966,7 @@ impl Runtime {
                 ));
             }
         }
-        let status = result.as_ref().err().map(|e| e.status);
+        let status = result.as_ref().err().map(|e| e.status.code());
         tracer.stop(m.ring, EventType::KblExecWait, wait_tracking, ids, 0, None);
         let total_ticks = ticks().saturating_sub(called);
         tracer.stop(m.ring, EventType::NrtExecute, execute_tracking, ids, 0, status);
@@ -987,7 +990,7 @@ impl Runtime {
         total_ticks: u64,
     ) {
         let numerical_errors = result.as_ref().map_or(0, |r| r.numerical_errors);
-        let (outcome, class) = ExecOutcome::classify(result.as_ref().err().map(|e| e.status), numerical_errors);
+        let (outcome, class) = classify(result.as_ref().err().map(|e| e.status), numerical_errors);
         let slot = m.slot;
         tracer.add(slot, counter::EXECUTIONS + outcome as u64, 1);
         if let Some(class) = class {
@@ -998,16 +1001,16 @@ impl Runtime {
         if let Some(device_ticks) = device_ticks {
             tracer.add(slot, counter::DMA_BYTES + DmaQueueType::Input as u64, m.input_bytes);
             tracer.add(slot, counter::DMA_BYTES + DmaQueueType::Instructions as u64, instructions * INSTRUCTION_BYTES);
-            tracer.store.record_latency(slot, false, tracer.ticks_to_ns(device_ticks));
+            tracer.store().record_latency(slot, false, tracer.ticks_to_ns(device_ticks));
         }
         if result.is_ok() || outcome == ExecOutcome::CompletedWithNumErr {
             tracer.add(slot, counter::FLOPS, m.flops_per_execution);
             tracer.add(slot, counter::DMA_BYTES + DmaQueueType::Output as u64, m.output_bytes);
         }
-        tracer.store.record_latency(slot, true, tracer.ticks_to_ns(total_ticks));
+        tracer.store().record_latency(slot, true, tracer.ticks_to_ns(total_ticks));
         if let Some(table_slot) = m.table_slot {
-            tracer.store.model_counter(table_slot, model_field::EXECUTIONS).fetch_add(1, Ordering::Relaxed);
-            tracer.store.model_counter(table_slot, model_field::RUNNING).fetch_sub(1, Ordering::Relaxed);
+            tracer.store().model_counter(table_slot, model_field::EXECUTIONS).fetch_add(1, Ordering::Relaxed);
+            tracer.store().model_counter(table_slot, model_field::RUNNING).fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -1296,7 +1299,7 @@ impl CoreJob<'_> {
                 Phase::Instant,
                 0,
                 self.ids,
-                tracer.store.intern(&error.message),
+                tracer.store().intern(&error.message),
                 [error.status.code() as u64, 0, 0, 0],
                 0,
             );
@@ -1330,7 +1333,7 @@ impl CoreJob<'_> {
             _ => None,
         };
         if let Some(ecc) = ecc {
-            tracer.store.add_ecc(self.device, ecc);
+            tracer.store().add_ecc(self.device, ecc);
         }
         let place = format!("nc{} (Neuron Device {})", m.core, self.device);
         let what = format!(
@@ -1343,7 +1346,7 @@ impl CoreJob<'_> {
                 // so the string table holds it once.
                 let message = format!("{place}: {} [corrected, the execution continues]", kind.description());
                 tracing::warn!("{message} {what}");
-                let message_id = tracer.store.intern(&message);
+                let message_id = tracer.store().intern(&message);
                 tracer.emit(m.ring, EventType::HwNotify, Phase::Instant, 0, self.ids, message_id, [0; 4], 0);
                 tracer.add(m.slot, counter::ERRORS + ErrorClass::Transient as u64, 1);
             }
@@ -1441,7 +1444,7 @@ impl CoreJob<'_> {
         let (input_tensors, output_tensors) = match bound {
             Ok(bound) => bound,
             Err(error) => {
-                tracer.stop(ring, EventType::KblExecPre, pre, ids, 0, Some(error.status));
+                tracer.stop(ring, EventType::KblExecPre, pre, ids, 0, Some(error.status.code()));
                 return failed(error);
             }
         };
@@ -1502,7 +1505,7 @@ impl CoreJob<'_> {
         } else {
             0
         };
-        let timeout_ticks = (self.timeout.min(MAX_EXEC_TIMEOUT).as_nanos() as f64 / tracer.ns_per_tick) as u64;
+        let timeout_ticks = (self.timeout.min(MAX_EXEC_TIMEOUT).as_nanos() as f64 / tracer.ns_per_tick()) as u64;
         // This execution is the rank's next unit: its collectives meet the other ranks' in
         // their executions with the same unit, until the execution's deadline.
         let unit = m.rank.as_ref().map(|(communicator, rank)| {
@@ -1718,7 +1721,7 @@ impl Drop for Shared {
     /// heartbeat thread holds the tracer, and may outlive `main` by a heartbeat.
     fn drop(&mut self) {
         if let Some(r) = lock(&self.running).as_ref() {
-            r.tracer.store.close();
+            r.tracer.store().close();
         }
     }
 }
@@ -1736,18 +1739,18 @@ fn start_heartbeat(tracer: Arc<Tracer>) -> NrtResult<crossbeam_channel::Sender<(
             // First fault the rings in, a chunk at a time, so that events never take a
             // page fault; stop early if the runtime closes meanwhile.
             let mut last_beat = std::time::Instant::now();
-            for (offset, len) in tracer.store.prefault_chunks(PREFAULT_CHUNK_BYTES) {
+            for (offset, len) in tracer.store().prefault_chunks(PREFAULT_CHUNK_BYTES) {
                 if !matches!(stopped.try_recv(), Err(crossbeam_channel::TryRecvError::Empty)) {
                     return;
                 }
-                tracer.store.region.prefault(offset, len);
+                tracer.store().prefault(offset, len);
                 if last_beat.elapsed() >= HEARTBEAT_INTERVAL {
-                    tracer.store.heartbeat();
+                    tracer.store().heartbeat();
                     last_beat = std::time::Instant::now();
                 }
             }
             while let Err(crossbeam_channel::RecvTimeoutError::Timeout) = stopped.recv_timeout(HEARTBEAT_INTERVAL) {
-                tracer.store.heartbeat();
+                tracer.store().heartbeat();
             }
         })
         .map_err(|e| NrtError::new(NrtStatus::Resource, format!("cannot start the heartbeat thread: {e}")))?;

@@ -12,10 +12,10 @@ use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::dtype::ArrayType;
 use crate::error::{NrtError, NrtResult, NrtStatus};
+use crate::lifecycle::Lifecycle;
 use crate::memory::MemoryCharge;
-use crate::runtime::Lifecycle;
-use crate::trace::event::Phase;
-use crate::trace::{EventIds, EventType, RingPos, Tracer};
+use neuron_datastore::event::{EventType, Phase};
+use neuron_datastore::{EventIds, RingPos, Tracer};
 
 /// Where a tensor's memory lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -188,7 +188,7 @@ impl Tensor {
         let tracing = self.inner.tracing.as_ref().map(|t| TensorTracing {
             tracer: Arc::clone(&t.tracer),
             ring: t.ring,
-            name_id: t.tracer.store.intern(name),
+            name_id: t.tracer.store().intern(name),
         });
         Ok(Tensor {
             inner: Arc::new(TensorInner {

@@ -4,16 +4,16 @@
 
 use std::time::{Duration, Instant};
 
-use neuron_runtime::datastore::{DatastoreReader, TailStart, TraceEvent};
+use neuron_datastore::topology::InstanceType;
+use neuron_datastore::{ALL_SYSTEM_EVENTS, EventData, EventType, Phase};
+use neuron_datastore::{DatastoreReader, TailStart, TraceEvent};
 use neuron_runtime::isa::ReduceOp;
-use neuron_runtime::topology::InstanceType;
-use neuron_runtime::trace::{ALL_SYSTEM_EVENTS, EventData, EventType, Phase};
 use neuron_runtime::{
     Algorithm, ArrayType, Collective, CollectiveCall, Communicator, CoreSet, DType, Model, Neff, NrtError, NrtStatus,
     Runtime, Target, TensorPlacement, TensorSet, compile_hlo,
 };
 
-mod common;
+use neuron_test_support::runtime::{self as common, f32_bytes};
 
 /// A runtime on cores 0-7 of a trn1.32xlarge (two cores per device).
 fn started(adjust: impl FnOnce(&mut neuron_runtime::Config)) -> common::Fixture {
@@ -21,10 +21,6 @@ fn started(adjust: impl FnOnce(&mut neuron_runtime::Config)) -> common::Fixture 
         config.instance_type = InstanceType::Trn1_32xlarge;
         adjust(config);
     })
-}
-
-fn f32_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
 /// Runs `call` on every rank of `comm` at once, each from its own thread, with rank
@@ -310,7 +306,7 @@ fn a_missing_rank_fails_every_waiting_rank_after_the_timeout_and_the_ranks_meet_
     }
     let reader = DatastoreReader::open(&rt.datastore_path().expect("path")).expect("opens");
     let snapshot = reader.snapshot();
-    assert_eq!(snapshot.core(0).expect("nc0").errors.get(neuron_runtime::trace::ErrorClass::Hardware), 1);
+    assert_eq!(snapshot.core(0).expect("nc0").errors.get(neuron_datastore::ErrorClass::Hardware), 1);
 
     // The process stays usable: all four ranks meet on their next execution.
     let outputs = execute_ranks(rt, &models.iter().collect::<Vec<_>>(), &inputs);

@@ -5,8 +5,8 @@ use neuron_runtime::isa::{Op, Program};
 
 use neuron_runtime::{AutoCast, AutoCastType, CompileOptions, OptLevel, Target, compile_hlo_with};
 
-mod common;
 use common::Bench;
+use neuron_test_support::runtime as common;
 
 fn options(auto_cast: AutoCast, auto_cast_type: AutoCastType) -> CompileOptions {
     CompileOptions { auto_cast, auto_cast_type, ..CompileOptions::new(Target::Trn1) }

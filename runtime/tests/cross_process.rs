@@ -12,11 +12,10 @@ use std::io::{BufRead, BufReader, Lines, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
-use neuron_runtime::datastore::{DatastoreReader, ExitReason, Liveness, TailStart, TraceEvent};
-use neuron_runtime::trace::clock::ticks;
-use neuron_runtime::trace::{
-    ALL_SYSTEM_EVENTS, DeviceActivity, DmaQueueType, EventData, EventType, ExecOutcome, PROBE_MODEL_ID, Phase,
-};
+use neuron_datastore::clock::ticks;
+use neuron_datastore::{ALL_SYSTEM_EVENTS, DeviceActivity, DmaQueueType, EventData, EventType, ExecOutcome, Phase};
+use neuron_datastore::{DatastoreReader, ExitReason, Liveness, TailStart, TraceEvent};
+use neuron_runtime::trace::PROBE_MODEL_ID;
 use neuron_runtime::{ArrayType, Config, DType, Neff, Runtime, Target, TensorPlacement, TensorSet, compile_hlo};
 
 const ROLE_ENV: &str = "NEURON_VIRT_TEST_ROLE";

@@ -5,15 +5,15 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use neuron_datastore::{ALL_SYSTEM_EVENTS, ErrorClass, EventData, EventType, ExecOutcome};
+use neuron_datastore::{DatastoreReader, TailStart, TraceEvent};
 use neuron_runtime::config::NumericalErrorsVerbosity;
-use neuron_runtime::datastore::{DatastoreReader, TailStart, TraceEvent};
 use neuron_runtime::fault::parse_rules;
-use neuron_runtime::trace::{ALL_SYSTEM_EVENTS, ErrorClass, EventData, EventType, ExecOutcome};
 use neuron_runtime::{
     ArrayType, Config, CoreSet, DType, Model, Neff, NrtStatus, Runtime, Target, TensorPlacement, TensorSet, compile_hlo,
 };
 
-mod common;
+use neuron_test_support::runtime as common;
 
 const ADD_EXP: &str = include_str!("data/add_exp.hlo");
 
@@ -233,13 +233,13 @@ fn each_fault_kind_returns_its_status_and_leaves_its_counters_events_and_log_lin
         // The counters.
         let after = reader.snapshot();
         let (core_before, core_after) = (before.core(0).expect("nc0"), after.core(0).expect("nc0"));
-        let outcome = |s: &neuron_runtime::datastore::CoreSnapshot, o| s.executions.get(o);
+        let outcome = |s: &neuron_datastore::CoreSnapshot, o| s.executions.get(o);
         assert_eq!(
             outcome(core_after, expected.outcome) - outcome(core_before, expected.outcome),
             1,
             "{what}: outcome"
         );
-        for class in ErrorClass::ALL {
+        for &class in ErrorClass::ALL {
             let added = core_after.errors.get(class) - core_before.errors.get(class);
             assert_eq!(added, u64::from(class == expected.class), "{what}: {} errors", class.name());
         }

@@ -4,34 +4,13 @@
 //! backend's kernels are both exercised. Inputs are small integers stored as `f32`, so
 //! every sum is exact and results must match to the bit.
 
-use std::sync::OnceLock;
-
-use neuron_runtime::config::CoreRequest;
 use neuron_runtime::{
-    ArrayType, CompileOptions, Config, CoreSet, DType, Neff, Runtime, Target, TensorPlacement, TensorSet,
-    compile_hlo_with,
+    ArrayType, CompileOptions, DType, Neff, Runtime, Target, TensorPlacement, TensorSet, compile_hlo_with,
 };
 use proptest::prelude::*;
 
 fn runtime() -> &'static Runtime {
-    static RUNTIME: OnceLock<(Runtime, tempfile::TempDir)> = OnceLock::new();
-    &RUNTIME
-        .get_or_init(|| {
-            let lock_dir = tempfile::tempdir().expect("tempdir");
-            let config = Config {
-                lock_dir: lock_dir.path().to_path_buf(),
-                cores: CoreRequest::Visible(CoreSet::range(0, 0)),
-                ..Config::default()
-            };
-            let runtime = Runtime::start(config).expect("runtime");
-            // A static is never dropped, so the runtime never closes: unlink its datastore
-            // file now (the mapping stays valid) rather than leave it in shared memory.
-            if let Ok(path) = runtime.datastore_path() {
-                let _ = std::fs::remove_file(path);
-            }
-            (runtime, lock_dir)
-        })
-        .0
+    neuron_test_support::runtime::Bench::new().runtime()
 }
 
 fn shape(dims: &[u64]) -> String {

@@ -3,15 +3,15 @@
 
 use std::time::Duration;
 
-use neuron_runtime::datastore::{DatastoreReader, TailStart, TraceEvent};
+use neuron_datastore::{ALL_SYSTEM_EVENTS, EventType, ExecOutcome, Phase};
+use neuron_datastore::{DatastoreReader, TailStart, TraceEvent};
 use neuron_runtime::fault::parse_rules;
-use neuron_runtime::trace::{ALL_SYSTEM_EVENTS, EventType, ExecOutcome, Phase};
 use neuron_runtime::{
     ArrayType, Config, CoreSet, DType, Model, Neff, NrtStatus, Runtime, SeqId, Target, TensorPlacement, TensorSet, Xu,
     compile_hlo,
 };
 
-mod common;
+use neuron_test_support::runtime as common;
 
 const ADD_EXP: &str = include_str!("data/add_exp.hlo");
 const WAIT: Duration = Duration::from_secs(30);

@@ -2,8 +2,8 @@
 //! `select-and-scatter`, reducers that are not a plain binary operation, empty
 //! reductions, bit casts between widths, and the statistics of `rng`.
 
-mod common;
 use common::{Bench, f32_inputs, floats, ints};
+use neuron_test_support::runtime as common;
 
 use neuron_runtime::{CompileOptions, Target};
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use neuron_runtime::isa::Program;
 use neuron_runtime::{CoreSet, Neff, Runtime, TensorPlacement, TensorSet};
 
-mod common;
+use neuron_test_support::runtime as common;
 
 fn check(path: &Path, runtime: &Runtime) {
     let bytes = std::fs::read(path).expect("read case");

@@ -3,22 +3,18 @@
 
 use std::time::Duration;
 
+use neuron_test_support::runtime::{self as common, Fixture, f32_bytes, floats, neff};
+
+use neuron_datastore::{DeviceCategory, HostCategory};
 use neuron_runtime::config::{CoreRequest, NumericalErrorsVerbosity};
-use neuron_runtime::memory::{DeviceCategory, HostCategory};
 use neuron_runtime::{
-    ArrayType, Config, CoreSet, DType, InstanceType, Neff, NrtStatus, Runtime, Target, TensorPlacement, TensorSet,
-    compile_hlo,
+    ArrayType, Config, CoreSet, DType, InstanceType, NrtStatus, Runtime, Target, TensorPlacement, TensorSet,
 };
 
 const ADD_ONE: &str = "HloModule add_one\nENTRY e {\n  x = f32[4]{0} parameter(0)\n  one = f32[] constant(1)\n  \
                        b = f32[4]{0} broadcast(one), dimensions={}\n  ROOT y = f32[4]{0} add(x, b)\n}\n";
 
 const LOG: &str = "HloModule log\nENTRY e {\n  x = f32[4]{0} parameter(0)\n  ROOT y = f32[4]{0} log(x)\n}\n";
-
-struct Fixture {
-    runtime: Runtime,
-    _lock_dir: tempfile::TempDir,
-}
 
 fn config_in(lock_dir: &tempfile::TempDir) -> Config {
     Config {
@@ -29,35 +25,13 @@ fn config_in(lock_dir: &tempfile::TempDir) -> Config {
 }
 
 fn started(adjust: impl FnOnce(&mut Config)) -> Fixture {
-    let lock_dir = tempfile::tempdir().expect("tempdir");
-    let mut config = config_in(&lock_dir);
-    adjust(&mut config);
-    Fixture { runtime: Runtime::start(config).expect("runtime starts"), _lock_dir: lock_dir }
-}
-
-fn neff(hlo: &str, target: Target) -> Vec<u8> {
-    Neff::new("test", compile_hlo(hlo, target).expect("compiles")).encode()
-}
-
-fn f32_bytes(values: &[f32]) -> Vec<u8> {
-    values.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
-fn floats(bytes: &[u8]) -> Vec<f32> {
-    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    common::started(CoreSet::range(0, 0), adjust)
 }
 
 /// Loads `hlo` on nc0 with one f32[4] input holding `x` and one output.
 fn bound(rt: &Runtime, hlo: &str, x: &[f32]) -> (neuron_runtime::Model, TensorSet, TensorSet) {
-    let model = rt.load(&neff(hlo, Target::Trn1), None).expect("loads");
-    let ty = ArrayType::new(DType::F32, vec![4]);
-    let input = rt.allocate_tensor_for(TensorPlacement::Device { core: 0 }, &ty, "x").expect("alloc");
-    input.write(0, &f32_bytes(x)).expect("write");
-    let output = rt.allocate_tensor_for(TensorPlacement::Host, &ty, "y").expect("alloc");
-    let mut inputs = TensorSet::new();
-    inputs.add("input0", input);
-    let mut outputs = TensorSet::new();
-    outputs.add("output0", output);
+    let (model, inputs, outputs) = common::bind_f32(rt, &neff(hlo, Target::Trn1), 4);
+    inputs.get("input0").expect("bound").write(0, &f32_bytes(x)).expect("write");
     (model, inputs, outputs)
 }
 

@@ -1,17 +1,17 @@
 //! The trace spine seen from outside: what an execution leaves in the datastore (read
 //! back through the reader API), and the in-process `nrt_sys_trace_*` API.
 
-use neuron_runtime::datastore::{DatastoreReader, Delta, TailStart, TraceEvent, latency_of_all_cores};
-use neuron_runtime::trace::{
+use neuron_datastore::{
     ALL_SYSTEM_EVENTS, ClockDomain, DeviceActivity, DmaQueueType, EventData, EventType, ExecOutcome, Phase,
     SysTraceConfig,
 };
+use neuron_datastore::{DatastoreReader, Delta, TailStart, TraceEvent, latency_of_all_cores};
 use neuron_runtime::{
     ArrayType, CompileOptions, Config, CoreSet, DType, Neff, OptLevel, Runtime, Target, TensorPlacement, TensorSet,
     compile_hlo, compile_hlo_with,
 };
 
-mod common;
+use neuron_test_support::runtime as common;
 
 const ADD_EXP: &str = include_str!("data/add_exp.hlo");
 
@@ -22,15 +22,7 @@ fn started(adjust: impl FnOnce(&mut Config)) -> common::Fixture {
 
 fn bound(rt: &Runtime) -> (neuron_runtime::Model, TensorSet, TensorSet) {
     let neff = Neff::new("add_exp", compile_hlo(ADD_EXP, Target::Trn1).expect("compiles")).encode();
-    let model = rt.load(&neff, Some(0)).expect("loads");
-    let ty = ArrayType::new(DType::F32, vec![4]);
-    let input = rt.allocate_tensor_for(TensorPlacement::Device { core: 0 }, &ty, "x").expect("alloc");
-    let output = rt.allocate_tensor_for(TensorPlacement::Host, &ty, "y").expect("alloc");
-    let mut inputs = TensorSet::new();
-    inputs.add("input0", input);
-    let mut outputs = TensorSet::new();
-    outputs.add("output0", output);
-    (model, inputs, outputs)
+    common::bind_f32(rt, &neff, 4)
 }
 
 #[test]
@@ -273,7 +265,7 @@ fn a_gather_past_the_table_fails_with_nrt_exec_oob_and_is_counted_as_an_error() 
     let core = reader.snapshot().core(0).expect("nc0 counters").clone();
     assert_eq!(core.executions.get(ExecOutcome::Completed), 1);
     assert_eq!(core.executions.get(ExecOutcome::CompletedWithErr), 2);
-    assert_eq!(core.errors.get(neuron_runtime::trace::ErrorClass::Model), 2);
+    assert_eq!(core.errors.get(neuron_datastore::ErrorClass::Model), 2);
 }
 
 /// A softmax row: `bc`, `scaled`, `shifted` and `e` fuse (the broadcast read in place),

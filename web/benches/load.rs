@@ -5,17 +5,15 @@
 //!
 //! `cargo bench -p neuron-dashboard --bench load [-- CLIENTS SECONDS]`
 
-#[path = "../tests/common/mod.rs"]
-mod common;
-#[path = "../../neuron-monitor/tests/support/mod.rs"]
-mod support;
-
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use support::{Sandbox, cpu_ns, memory};
+use neuron_test_support::process::{Sandbox, cpu_ns, memory};
+
+/// The dashboard binary these tests run.
+const DASHBOARD: &str = env!("CARGO_BIN_EXE_neuron-dashboard");
 
 fn now_ms() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1e3)
@@ -105,9 +103,13 @@ fn main() {
     let seconds = numbers.get(1).copied().unwrap_or(30);
     let sandbox = Sandbox::new();
     // A workload on one of the two cores: a busy host, with room left for the clients.
-    let _workload = common::demo(&sandbox, &[], &[("NEURON_RT_VISIBLE_CORES", "0")]);
+    let _workload = neuron_test_support::process::demo(&sandbox, &[], &[("NEURON_RT_VISIBLE_CORES", "0")]);
     let max_streams = (clients + 8).to_string();
-    let (dashboard, url) = common::dashboard(&sandbox, &["--max-streams".as_ref(), max_streams.as_ref()]);
+    let (dashboard, url) = neuron_test_support::process::dashboard(
+        &sandbox,
+        DASHBOARD.as_ref(),
+        &["--max-streams".as_ref(), max_streams.as_ref()],
+    );
     let addr: SocketAddr = url.trim_start_matches("http://").parse().expect("an address");
     let pid = dashboard.0.id();
     std::thread::sleep(Duration::from_secs(3));

@@ -11,16 +11,13 @@
 //! `cargo bench -p neuron-dashboard --bench lod [-- EVENTS]` (`LOD_PROFILE_DIR=DIR` keeps
 //! the profile there as `large.ntff`)
 
-#[path = "../../neuron-monitor/tests/support/mod.rs"]
-mod support;
-
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Instant;
 
 use neuron_dashboard::{Dashboard, Options};
+use neuron_test_support::http::http_get;
 use ntff::{Arg, Clock, Descriptor, DeviceEvent, Metadata, NtffFile, Phase, SyncPoint, SystemEvent, Writer};
-use support::http_get;
 
 /// Instructions and transfers of one execution, and their length on the device.
 const PROGRAM: [(&str, &str, u64); 12] = [

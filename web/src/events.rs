@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use neuron_runtime::datastore::{DatastoreReader, Liveness, Tail, TailStart, TraceEvent, discover_new};
-use neuron_runtime::trace::clock::monotonic_ns;
-use neuron_runtime::trace::event::{ClockDomain, DeviceActivity, DeviceEvent, EventData, Phase, SystemEvent};
+use neuron_datastore::clock::monotonic_ns;
+use neuron_datastore::event::{ClockDomain, DeviceActivity, DeviceEvent, EventData, Phase, SystemEvent};
+use neuron_datastore::{DatastoreReader, Followed, Runtimes, Tail, TailStart, TraceEvent};
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
@@ -26,8 +26,8 @@ const MAX_OPEN: usize = 4096;
 /// Device events waiting for their core's first sync point, per core, at most.
 const MAX_PENDING: usize = 4096;
 
-struct Followed {
-    reader: DatastoreReader,
+/// What the tail thread keeps per runtime it follows.
+struct Tailed {
     tail: Tail,
     pid: u32,
     tag: String,
@@ -99,7 +99,7 @@ pub fn start(dir: PathBuf) -> std::io::Result<Arc<broadcast::Sender<Bytes>>> {
     let tx = Arc::new(tx);
     let sender = Arc::clone(&tx);
     std::thread::Builder::new().name("dashboard-events".into()).spawn(move || {
-        let mut followed: Vec<Followed> = Vec::new();
+        let mut followed: Runtimes<Tailed> = Runtimes::new(dir);
         loop {
             if sender.receiver_count() == 0 {
                 followed.clear();
@@ -109,18 +109,21 @@ pub fn start(dir: PathBuf) -> std::io::Result<Arc<broadcast::Sender<Bytes>>> {
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
             }
-            discover(&dir, &mut followed);
-            let runtimes: Value = followed.iter().map(|f| json!({"pid": f.pid, "tag": f.tag})).collect();
+            // A directory that cannot be read, or a datastore that does not open, shows
+            // as no runtime: the live page says what the problem is.
+            let _ = followed.discover(admit);
+            let runtimes: Value = followed.iter().map(|f| json!({"pid": f.pid, "tag": f.state.tag})).collect();
             let runtimes = runtimes.to_string();
             // The batch's other fields count against its budget too.
             let mut batch = Batch { spans: Vec::new(), bytes: runtimes.len() + 128, thinned: 0, lost: 0 };
             // System events first: they are few, and they frame the device events.
             let mut device = Vec::new();
-            for f in &mut followed {
+            for f in followed.iter_mut() {
                 poll(f, &mut batch, &mut device);
             }
             batch.push_evenly(device);
-            followed.retain(|f| f.reader.liveness() == Liveness::Live);
+            followed.mark_exited();
+            followed.forget_exited(Duration::ZERO);
             let _ = sender.send(batch.encode(&runtimes));
             std::thread::sleep(POLL);
         }
@@ -128,34 +131,25 @@ pub fn start(dir: PathBuf) -> std::io::Result<Arc<broadcast::Sender<Bytes>>> {
     Ok(tx)
 }
 
-fn discover(dir: &std::path::Path, followed: &mut Vec<Followed>) {
-    let known = |pid: u32| followed.iter().any(|f| f.pid == pid);
-    let Ok(found) = discover_new(dir, &known) else { return };
-    for entry in found {
-        let Ok(reader) = entry.reader else { continue };
-        if reader.liveness() != Liveness::Live {
-            continue;
-        }
-        let tail = reader.tail(TailStart::Now, None, u64::MAX, true);
-        let tag = reader.info().label();
-        followed.push(Followed {
-            reader,
-            tail,
-            pid: entry.pid,
-            tag,
-            offsets: HashMap::new(),
-            open: HashMap::new(),
-            pending: BTreeMap::new(),
-            lost_reported: 0,
-        });
-    }
+/// Starts tailing a runtime found live, from now.
+fn admit(reader: &DatastoreReader) -> Option<Tailed> {
+    Some(Tailed {
+        tail: reader.tail(TailStart::Now, None, u64::MAX, true),
+        pid: reader.info().pid,
+        tag: reader.info().label(),
+        offsets: HashMap::new(),
+        open: HashMap::new(),
+        pending: BTreeMap::new(),
+        lost_reported: 0,
+    })
 }
 
 /// Reads `f`'s rings: system spans go into `batch`, device spans (encoded) into
 /// `device`, once their core's clock is known.
-fn poll(f: &mut Followed, batch: &mut Batch, device: &mut Vec<String>) {
+fn poll(followed: &mut Followed<Tailed>, batch: &mut Batch, device: &mut Vec<String>) {
     let mut events = Vec::new();
-    f.tail.poll(&f.reader, 65_536, false, &mut events);
+    let f = &mut followed.state;
+    f.tail.poll(&followed.reader, 65_536, false, &mut events);
     let lost = f.tail.lost();
     batch.lost += lost - f.lost_reported;
     f.lost_reported = lost;
@@ -217,14 +211,14 @@ fn device_lane(e: &DeviceEvent) -> String {
     }
 }
 
-fn system(f: &mut Followed, e: SystemEvent, batch: &mut Batch) {
+fn system(f: &mut Tailed, e: SystemEvent, batch: &mut Batch) {
     if let EventData::SyncPoint { cpu_timestamp_ns, nc_timestamp_ns } = e.data {
         if let Some(core) = e.nc_idx {
             f.offsets.insert(core, i128::from(cpu_timestamp_ns) - i128::from(nc_timestamp_ns));
         }
         return;
     }
-    let host_time = |f: &Followed, e: &SystemEvent| match e.clock {
+    let host_time = |f: &Tailed, e: &SystemEvent| match e.clock {
         ClockDomain::Host => Some(e.timestamp_ns),
         ClockDomain::Device => e
             .nc_idx

@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use neuron_runtime::topology::Topology;
-use neuron_top::collect::Collector;
-use neuron_top::model::Snapshot;
+use neuron_datastore::sample::Collector;
+use neuron_datastore::sample::model::Snapshot;
+use neuron_datastore::topology::Topology;
 use serde::Serialize;
 use tokio::sync::watch;
 
@@ -135,7 +135,7 @@ pub fn start(dir: PathBuf, topology: Topology, interval: Duration) -> std::io::R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use neuron_top::model::{Core, Model, Runtime};
+    use neuron_datastore::sample::model::{Core, Model, Runtime};
 
     fn runtime(pid: u32, cores: u32, models: u32) -> Runtime {
         Runtime {

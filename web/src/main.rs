@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Parser;
 use neuron_dashboard::{Dashboard, Options};
-use neuron_runtime::config::{parse_duration, parse_listen_address};
+use neuron_datastore::config::{parse_duration, parse_listen_address};
 
 /// The web dashboard: live utilisation, memory, latency and errors of every Neuron
 /// runtime on this host; their trace events as they happen; and a viewer of NTFF

@@ -18,9 +18,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use bytes::Bytes;
 use futures_util::{Stream, StreamExt};
-use neuron_runtime::config::{ENV_DATASTORE_DIR, ENV_INSTANCE_TYPE};
-use neuron_runtime::datastore::default_dir;
-use neuron_runtime::topology::{DEFAULT_INSTANCE_TYPE, InstanceType, Topology};
+use neuron_datastore::config::ReaderConfig;
+use neuron_datastore::topology::Topology;
 use rust_embed::RustEmbed;
 use serde::Deserialize;
 use serde_json::json;
@@ -65,18 +64,13 @@ impl Options {
     /// Defaults for `listen`: the datastores and instance type from the environment as
     /// every tool reads them, no profiles, no token, five updates a second.
     pub fn new(listen: SocketAddr) -> Result<Options> {
-        let instance = match std::env::var(ENV_INSTANCE_TYPE) {
-            Ok(name) => name.parse::<InstanceType>().map_err(|e| anyhow::anyhow!("{ENV_INSTANCE_TYPE}: {e}"))?,
-            Err(_) => DEFAULT_INSTANCE_TYPE,
-        };
-        let datastore_dir =
-            std::env::var_os(ENV_DATASTORE_DIR).filter(|d| !d.is_empty()).map_or_else(default_dir, PathBuf::from);
+        let config = ReaderConfig::from_env()?;
         Ok(Options {
             listen,
             profiles: None,
             token: None,
-            datastore_dir,
-            topology: instance.topology(),
+            datastore_dir: config.datastore_dir,
+            topology: config.instance_type.topology(),
             interval: Duration::from_millis(200),
             max_streams: 128,
             preload: None,

@@ -3,15 +3,13 @@
 //! profiles. The checks are in `web/e2e/dashboard.mjs`; screenshots of each page are
 //! left in `target/dashboard-screenshots`.
 
-#[path = "../../neuron-monitor/tests/support/mod.rs"]
-mod support;
-
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use support::{Sandbox, profiler_binary};
+use neuron_test_support::process::{Sandbox, profiler_binary};
+
+/// The dashboard binary these tests run.
+const DASHBOARD: &str = env!("CARGO_BIN_EXE_neuron-dashboard");
 
 /// What the browser test needs, or why it cannot run: in CI, a failure; elsewhere, a note.
 fn tools(e2e: &Path) -> Option<(PathBuf, PathBuf)> {
@@ -51,8 +49,12 @@ fn the_dashboard_in_a_headless_browser() {
             .expect("neuron-profile runs");
         assert!(out.status.success(), "capture {model}: {}", String::from_utf8_lossy(&out.stderr));
     }
-    let _workload = common::demo(&sandbox, &["--duration", "300s"], &[]);
-    let (_dashboard, url) = common::dashboard(&sandbox, &["--profiles".as_ref(), profiles.as_os_str()]);
+    let _workload = neuron_test_support::process::demo(&sandbox, &["--duration", "300s"], &[]);
+    let (_dashboard, url) = neuron_test_support::process::dashboard(
+        &sandbox,
+        DASHBOARD.as_ref(),
+        &["--profiles".as_ref(), profiles.as_os_str()],
+    );
     let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/dashboard-screenshots");
     let out = Command::new(node)
         .current_dir(&e2e)

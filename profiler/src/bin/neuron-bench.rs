@@ -11,12 +11,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
+use neuron_datastore::DatastoreReader;
+use neuron_datastore::config::{parse_duration, parse_listen_address};
 use neuron_profiler::stats::{LatencyHistogram, LatencySummary, format_seconds};
 use neuron_profiler::{
     InputFill, bind_tensors, init_logging, load_model_bytes, model_name, npy, read_inputs, si, target_for, thousands,
 };
-use neuron_runtime::config::{Config, ENV_VISIBLE_CORES, parse_duration, parse_listen_address};
-use neuron_runtime::datastore::DatastoreReader;
+use neuron_runtime::config::{Config, ENV_VISIBLE_CORES};
 use neuron_runtime::isa::{Op, Program};
 use neuron_runtime::neff::DecodeOptions;
 use neuron_runtime::{

@@ -6,8 +6,8 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use neuron_datastore::{Liveness, RuntimeEntry, discover};
 use neuron_runtime::Config;
-use neuron_runtime::datastore::{Liveness, RuntimeEntry, discover};
 use neuron_runtime::memory::HumanBytes;
 use serde::Serialize;
 

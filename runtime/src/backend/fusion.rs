@@ -29,7 +29,7 @@ use super::{Destination, Output, Value, ValueRef};
 use crate::dtype::DType;
 use crate::isa::{ActivationFn, BinaryOp, CompareDirection, FloatFormat, Instruction, Op, Program, UnaryOp};
 use crate::pool::HostPool;
-use crate::trace::clock::ticks;
+use neuron_datastore::clock::ticks;
 
 /// Elements per tile: each member's tile (4 KiB) stays in the first-level cache while
 /// the next member reads it.

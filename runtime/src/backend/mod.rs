@@ -10,8 +10,6 @@
 mod element;
 mod fusion;
 mod kernels;
-mod random;
-mod region;
 
 use std::sync::{Mutex, PoisonError};
 
@@ -25,7 +23,7 @@ use crate::dtype::{ArrayType, DType};
 use crate::error::NrtError;
 use crate::isa::{BinaryOp, BufferKind, CollectiveOp, Instruction, Op, Program, ReduceOp};
 use crate::pool::HostPool;
-use crate::trace::clock::ticks;
+use neuron_datastore::clock::ticks;
 
 /// A host array of one of the element types.
 #[derive(Debug, Clone, PartialEq)]
@@ -382,7 +380,7 @@ impl Executable {
 
     /// Runs the program on `inputs` (one value per program input, of its type). An
     /// output with a destination is computed straight into it; the others are returned
-    /// as values. The deadline is in host ticks (`trace::clock::ticks`), read before
+    /// as values. The deadline is in host ticks (`neuron_datastore::clock::ticks`), read before
     /// each instruction or fused group; `on_instruction(k, start, end)` sees the tick
     /// interval of the `k`-th instruction of [`Executable::steps`], in that order and
     /// back to back: a fused group's interval is split between its members in

@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::event::Phase;
-use super::{EventIds, EventType, InstructionTrace, RingPos, Tracer};
+use neuron_datastore::event::{EventType, Phase};
+use neuron_datastore::{EventIds, InstructionTrace, RingPos, Tracer};
 
 /// The model id of the probe's program in the instruction table.
 pub const PROBE_MODEL_ID: u32 = u32::MAX;
@@ -22,11 +22,11 @@ pub(crate) struct ProbeProgram(OnceLock<(Vec<InstructionTrace>, bool)>);
 impl ProbeProgram {
     fn get(&self, tracer: &Tracer) -> &(Vec<InstructionTrace>, bool) {
         self.0.get_or_init(|| {
-            let opcode_id = tracer.store.intern("probe");
+            let opcode_id = tracer.store().intern("probe");
             let program: Vec<InstructionTrace> = (0..PROBE_PROGRAM_LEN as u32)
                 .map(|k| InstructionTrace { opcode_id, step: k, flops: u64::from(k), ..InstructionTrace::default() })
                 .collect();
-            let in_table = tracer.store.add_instructions(PROBE_MODEL_ID, &program);
+            let in_table = tracer.store().add_instructions(PROBE_MODEL_ID, &program);
             (program, in_table)
         })
     }
@@ -34,10 +34,10 @@ impl ProbeProgram {
 
 /// Records events on one held core exactly as the runtime does, from
 /// [`Runtime::trace_probe`](crate::Runtime::trace_probe).
-#[doc(hidden)]
 #[derive(Debug)]
 pub struct TraceProbe {
     tracer: Arc<Tracer>,
+    program: Arc<ProbeProgram>,
     core_locks: Arc<HashMap<u32, Mutex<()>>>,
     core: u32,
     slot: usize,
@@ -45,15 +45,20 @@ pub struct TraceProbe {
 }
 
 impl TraceProbe {
-    pub(crate) fn new(tracer: Arc<Tracer>, core_locks: Arc<HashMap<u32, Mutex<()>>>, core: u32) -> Option<TraceProbe> {
-        let slot = tracer.store.core_slot(core)?;
+    pub(crate) fn new(
+        tracer: Arc<Tracer>,
+        program: Arc<ProbeProgram>,
+        core_locks: Arc<HashMap<u32, Mutex<()>>>,
+        core: u32,
+    ) -> Option<TraceProbe> {
+        let slot = tracer.store().core_slot(core)?;
         let ring = tracer.ring_of(Some(core));
-        Some(TraceProbe { tracer, core_locks, core, slot, ring })
+        Some(TraceProbe { tracer, program, core_locks, core, slot, ring })
     }
 
     /// Records an instant system event of `event_type` on the core's ring, when that
     /// type is recorded there now: the same check and the same emit as every runtime
-    /// event. `args` are the type's payload words (see `runtime/FORMAT.md`).
+    /// event. `args` are the type's payload words (see `datastore/FORMAT.md`).
     #[inline]
     pub fn system(&self, event_type: EventType, tracking_id: u64, args: [u64; 4]) {
         self.tracer.emit(self.ring, event_type, Phase::Instant, tracking_id, EventIds::default(), 0, args, 0);
@@ -69,7 +74,6 @@ impl TraceProbe {
 }
 
 /// Records device events while the core's execution lock is held.
-#[doc(hidden)]
 #[derive(Debug)]
 pub struct DeviceProbe<'a> {
     probe: &'a TraceProbe,
@@ -99,7 +103,7 @@ impl DeviceProbe<'_> {
     pub fn run(&self, exec_id: u64, boundaries: &[u64]) {
         if self.enabled {
             let p = self.probe;
-            let (program, in_table) = p.tracer.probe_program.get(&p.tracer);
+            let (program, in_table) = p.program.get(&p.tracer);
             let ids = EventIds { exec_id, model_id: PROBE_MODEL_ID, ..EventIds::default() };
             p.tracer.emit_instructions(p.slot, ids, program, *in_table, boundaries);
         }

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, ValueEnum};
+use neuron_datastore::ALL_SYSTEM_EVENTS;
+use neuron_datastore::{DatastoreReader, TailStart};
 use neuron_profiler::record::{Recorder, create_writer, metadata};
 use neuron_profiler::{bind_tensors, load_model_bytes, model_name, npy, read_inputs, target_for};
 use neuron_runtime::config::{ENV_NUM_CORES, ENV_VISIBLE_CORES};
-use neuron_runtime::datastore::{DatastoreReader, TailStart};
-use neuron_runtime::trace::ALL_SYSTEM_EVENTS;
 use neuron_runtime::{Config, ErrorTracker, Model, Neff, NrtError, Runtime, SeqId, Target, TensorSet, compile_hlo};
 
 #[derive(Debug, Args)]

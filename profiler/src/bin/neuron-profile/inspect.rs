@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use neuron_datastore::ALL_SYSTEM_EVENTS;
+use neuron_datastore::{DatastoreReader, Liveness, Tail, TailStart, pid_of_file_name};
 use neuron_profiler::record::{Recorder, create_writer, metadata};
 use neuron_runtime::Config;
 use neuron_runtime::config::{ENV_DATASTORE_DIR, ENV_INSPECT_ENABLE, ENV_INSPECT_MAX_EVENTS_PER_NC};
-use neuron_runtime::datastore::{DatastoreReader, Liveness, Tail, TailStart, pid_of_file_name};
-use neuron_runtime::trace::ALL_SYSTEM_EVENTS;
 
 /// How often the datastore directory is searched and the rings drained.
 const POLL_INTERVAL: Duration = Duration::from_millis(10);
@@ -71,7 +71,7 @@ pub(crate) fn inspect(args: InspectArgs) -> Result<()> {
     ctrlc::set_handler(|| {}).context("cannot install the Ctrl-C handler")?;
     let mut child = command.spawn().with_context(|| format!("cannot run {}", args.command[0]))?;
     let root = child.id();
-    let session = neuron_runtime::trace::clock::realtime_ns() / 1_000_000_000;
+    let session = neuron_datastore::clock::realtime_ns() / 1_000_000_000;
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
     let mut traced: HashMap<u32, Traced> = HashMap::new();
     let mut seen: Vec<u32> = Vec::new();

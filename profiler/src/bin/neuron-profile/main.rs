@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand};
-use neuron_runtime::datastore::{DatastoreReader, Liveness, TailStart, TraceEvent, discover};
-use neuron_runtime::trace::ALL_SYSTEM_EVENTS;
+use neuron_datastore::ALL_SYSTEM_EVENTS;
+use neuron_datastore::{DatastoreReader, Liveness, TailStart, TraceEvent, discover};
 use neuron_runtime::{Config, CoreSet};
 
 /// How often `tail` looks for new events.
@@ -122,7 +122,7 @@ fn parse_types(types: Option<&[String]>) -> Result<(u64, bool)> {
     let mask = if system.is_empty() {
         0
     } else {
-        neuron_runtime::trace::parse_event_filter(&system.join(",")).map_err(|e| anyhow::anyhow!("--types: {e}"))?
+        neuron_datastore::parse_event_filter(&system.join(",")).map_err(|e| anyhow::anyhow!("--types: {e}"))?
     };
     Ok((mask, device))
 }
@@ -234,7 +234,7 @@ fn print_event(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use neuron_runtime::trace::EventType;
+    use neuron_datastore::EventType;
 
     #[test]
     fn types_split_into_system_events_and_device_kinds() {

@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use anyhow::{Result, anyhow};
 use clap::Args;
+use neuron_datastore::{ALL_SYSTEM_EVENTS, EventData, EventType};
+use neuron_datastore::{TailStart, TraceEvent};
 use neuron_profiler::record::{Recorder, create_writer, metadata};
-use neuron_runtime::datastore::{TailStart, TraceEvent};
-use neuron_runtime::trace::{ALL_SYSTEM_EVENTS, EventData, EventType};
 
 use crate::live_runtime;
 
@@ -22,7 +22,7 @@ pub(crate) struct SnapshotArgs {
     #[arg(short = 'o', long, value_name = "OUT.ntff")]
     output: Option<PathBuf>,
     /// Only the events of the last DURATION (e.g. 10s, 500ms); default: all the rings hold.
-    #[arg(long, value_name = "DURATION", value_parser = neuron_runtime::config::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = neuron_datastore::config::parse_duration)]
     last: Option<Duration>,
     /// Directory of the runtimes' datastores (default: the per-user directory).
     #[arg(long, env = "NEURON_VIRT_DATASTORE_DIR")]
@@ -31,7 +31,7 @@ pub(crate) struct SnapshotArgs {
 
 pub(crate) fn snapshot(args: SnapshotArgs) -> Result<()> {
     let reader = live_runtime(args.pid, args.datastore_dir)?;
-    let now = neuron_runtime::trace::clock::monotonic_ns();
+    let now = neuron_datastore::clock::monotonic_ns();
     let since = args.last.map(|d| now.saturating_sub(d.as_nanos() as u64));
     // Device clocks are aligned through the sync points the rings hold, read first.
     let mut offsets: HashMap<u32, i64> = HashMap::new();
@@ -54,8 +54,8 @@ pub(crate) fn snapshot(args: SnapshotArgs) -> Result<()> {
     if let Some(since) = since {
         recorder.keep_only(move |event| match event {
             TraceEvent::System(e) => match e.clock {
-                neuron_runtime::trace::ClockDomain::Host => e.timestamp_ns >= since,
-                neuron_runtime::trace::ClockDomain::Device => device_since(&offsets, e.nc_idx, e.timestamp_ns, since),
+                neuron_datastore::ClockDomain::Host => e.timestamp_ns >= since,
+                neuron_datastore::ClockDomain::Device => device_since(&offsets, e.nc_idx, e.timestamp_ns, since),
             },
             TraceEvent::Device(e) => device_since(&offsets, Some(e.nc_idx), e.end_ns, since),
         });

@@ -4,23 +4,34 @@
 //! of device 1 on a two-core-per-device instance), as `NEURON_RT_VISIBLE_CORES` uses them.
 
 use std::fmt;
+
 use std::str::FromStr;
 
-use crate::error::{NrtError, NrtResult};
+use strum::{IntoStaticStr, VariantArray};
 
 const GIB: u64 = 1 << 30;
 
 /// The EC2 instance types the virtual device can impersonate.
 // The variants spell the instance type names users know (`trn1.2xlarge`).
 #[allow(non_camel_case_types)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, VariantArray, strum::Display)]
 pub enum InstanceType {
+    #[strum(serialize = "trn1.2xlarge")]
     Trn1_2xlarge,
+    #[strum(serialize = "trn1.32xlarge")]
     Trn1_32xlarge,
+    #[strum(serialize = "inf2.xlarge")]
     Inf2_xlarge,
+    #[strum(serialize = "inf2.48xlarge")]
     Inf2_48xlarge,
+    #[strum(serialize = "trn2.48xlarge")]
     Trn2_48xlarge,
 }
+
+/// A name that is not an instance type of [`InstanceType::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown instance type `{0}`; use one of {known}", known = InstanceType::ALL.iter().map(|t| t.name()).collect::<Vec<_>>().join(", "))]
+pub struct UnknownInstanceType(pub String);
 
 /// The instance type used when none is configured.
 pub const DEFAULT_INSTANCE_TYPE: InstanceType = InstanceType::Trn1_2xlarge;
@@ -42,22 +53,11 @@ impl fmt::Display for NeuronCoreVersion {
 }
 
 impl InstanceType {
-    pub const ALL: [InstanceType; 5] = [
-        InstanceType::Trn1_2xlarge,
-        InstanceType::Trn1_32xlarge,
-        InstanceType::Inf2_xlarge,
-        InstanceType::Inf2_48xlarge,
-        InstanceType::Trn2_48xlarge,
-    ];
+    pub const ALL: &[InstanceType] = InstanceType::VARIANTS;
 
+    /// `trn1.2xlarge`, `inf2.48xlarge`, …
     pub fn name(self) -> &'static str {
-        match self {
-            InstanceType::Trn1_2xlarge => "trn1.2xlarge",
-            InstanceType::Trn1_32xlarge => "trn1.32xlarge",
-            InstanceType::Inf2_xlarge => "inf2.xlarge",
-            InstanceType::Inf2_48xlarge => "inf2.48xlarge",
-            InstanceType::Trn2_48xlarge => "trn2.48xlarge",
-        }
+        self.into()
     }
 
     /// The device and core layout of this instance type.
@@ -85,21 +85,13 @@ impl InstanceType {
     }
 }
 
-impl fmt::Display for InstanceType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
 impl FromStr for InstanceType {
-    type Err = NrtError;
+    type Err = UnknownInstanceType;
 
-    fn from_str(s: &str) -> NrtResult<Self> {
+    /// An instance type by name, surrounding white space ignored.
+    fn from_str(s: &str) -> Result<InstanceType, UnknownInstanceType> {
         let wanted = s.trim();
-        InstanceType::ALL.into_iter().find(|t| t.name() == wanted).ok_or_else(|| {
-            let known: Vec<&str> = InstanceType::ALL.iter().map(|t| t.name()).collect();
-            NrtError::invalid(format!("unknown instance type `{wanted}`; use one of {}", known.join(", ")))
-        })
+        InstanceType::ALL.iter().copied().find(|t| t.name() == wanted).ok_or_else(|| UnknownInstanceType(wanted.into()))
     }
 }
 
@@ -166,19 +158,16 @@ impl CoreSet {
 
     /// Parses the `NEURON_RT_VISIBLE_CORES` syntax: `3`, `3-6` or `3,4,5,6` (ranges and
     /// single cores may be mixed: `0,2-3`), for an instance with `core_count` cores.
-    pub fn parse(text: &str, core_count: u32) -> Result<CoreSet, String> {
+    pub fn parse(text: &str, core_count: u32) -> Result<CoreSet, CoreSetError> {
         let text = text.trim();
         if text.is_empty() {
-            return Err("it is empty; give a core (`3`), a range (`3-6`) or a list (`3,4,5`)".into());
+            return Err(CoreSetError::Empty);
         }
         let mut cores = Vec::new();
         for part in text.split(',') {
             let part = part.trim();
-            let parse_index = |s: &str| {
-                s.trim()
-                    .parse::<u32>()
-                    .map_err(|_| format!("`{part}` is not a core index or range; use forms like `3`, `3-6` or `3,4,5`"))
-            };
+            let parse_index =
+                |s: &str| s.trim().parse::<u32>().map_err(|_| CoreSetError::NotACore { part: part.to_owned() });
             let (first, last) = match part.split_once('-') {
                 Some((first, last)) => (parse_index(first)?, parse_index(last)?),
                 None => {
@@ -187,18 +176,28 @@ impl CoreSet {
                 }
             };
             if first > last {
-                return Err(format!("range `{part}` runs backwards; write it as `{last}-{first}`"));
+                return Err(CoreSetError::Backwards { part: part.to_owned(), first, last });
             }
             if last >= core_count {
-                return Err(format!(
-                    "core {last} does not exist: there are {core_count} NeuronCores (nc0-nc{})",
-                    core_count.saturating_sub(1)
-                ));
+                return Err(CoreSetError::NoSuchCore { core: last, core_count });
             }
             cores.extend(first..=last);
         }
         Ok(CoreSet::new(cores))
     }
+}
+
+/// Why a core set does not parse.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CoreSetError {
+    #[error("it is empty; give a core (`3`), a range (`3-6`) or a list (`3,4,5`)")]
+    Empty,
+    #[error("`{part}` is not a core index or range; use forms like `3`, `3-6` or `3,4,5`")]
+    NotACore { part: String },
+    #[error("range `{part}` runs backwards; write it as `{last}-{first}`")]
+    Backwards { part: String, first: u32, last: u32 },
+    #[error("core {core} does not exist: there are {core_count} NeuronCores (nc0-nc{})", core_count.saturating_sub(1))]
+    NoSuchCore { core: u32, core_count: u32 },
 }
 
 impl fmt::Display for CoreSet {

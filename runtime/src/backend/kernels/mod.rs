@@ -6,6 +6,9 @@
 //! (NaN-propagating `maximum`/`minimum`, integer division by zero gives -1, wrapping
 //! integer arithmetic, saturating float-to-int conversion).
 
+mod random;
+mod region;
+
 use ndarray::{ArrayD, ArrayViewD, Axis, Dimension, IxDyn, Slice, Zip};
 
 use super::element::{Element, Int, cast, with_element, with_float, with_int};
@@ -298,9 +301,9 @@ pub(super) fn execute(
             }, unvalidated("round-precision"))
         }
         Op::ReduceRegion { dims: axes, region, result } => {
-            super::region::reduce_region(region, axes, *result as usize, operands, out, helpers)
+            region::reduce_region(region, axes, *result as usize, operands, out, helpers)
         }
-        Op::SelectAndScatter { window, select, total_order, combine } => super::region::select_and_scatter(
+        Op::SelectAndScatter { window, select, total_order, combine } => region::select_and_scatter(
             window,
             *select,
             *total_order,
@@ -310,9 +313,9 @@ pub(super) fn execute(
             &operands[2],
         ),
         Op::RngBitGenerator { algorithm, result, bits } => {
-            super::random::bit_generator(*algorithm, *result, &operands[0], bits)
+            random::bit_generator(*algorithm, *result, &operands[0], bits)
         }
-        Op::RngUniform => super::random::uniform(&operands[0], &operands[1], out),
+        Op::RngUniform => random::uniform(&operands[0], &operands[1], out),
         // The run hands collectives to the communicator; nothing else executes them.
         Op::Collective(_) => unvalidated("collective outside a run"),
         Op::ReduceRounded { op, dims: axes, format, saturate } => {

@@ -1,18 +1,20 @@
-//! Data collection: the runtimes' datastores (through the reader API) and the host's
-//! `/proc`, turned into a `Snapshot` at each look. Rates are over the time since the
-//! previous look; a figure with nothing to measure yet is `None`.
+//! The figures the live viewers draw (`neuron-top`, the dashboard's live page): every
+//! runtime's datastore and the host's `/proc`, turned into a [`Snapshot`] of plain
+//! records ([`model`]) at each look. Rates are over the time since the previous look;
+//! a figure with nothing to measure yet is `None`.
+
+pub mod model;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use neuron_monitor::host::{CpuStat, MemoryInfo, ProcessCpu, clock_ticks_per_second};
-use neuron_runtime::datastore::{DatastoreReader, Delta, Liveness, Snapshot as Counters, discover_new};
-use neuron_runtime::memory::{DeviceCategory, HostCategory};
-use neuron_runtime::topology::{InstanceType, Topology};
-use neuron_runtime::trace::ExecOutcome;
-
-use crate::model::{Core, CpuShare, DeviceMemory, HostMemory, Instance, Model, Runtime, Snapshot, System};
+use crate::follow::{Followed, Runtimes};
+use crate::host::{CpuStat, MemoryInfo, ProcessCpu, clock_ticks_per_second};
+use crate::kinds::{DeviceCategory, ExecOutcome, HostCategory};
+use crate::reader::{Delta, Snapshot as Counters};
+use crate::topology::{InstanceType, Topology};
+use model::{Core, CpuShare, DeviceMemory, HostMemory, Instance, Model, Runtime, Snapshot, System};
 
 /// Outcomes of executions that ran: not those refused as incorrect input or not queued.
 const RAN: [ExecOutcome; 4] =
@@ -24,10 +26,9 @@ pub const HISTORY: usize = 120;
 /// one look.
 const EXITED_FOR: Duration = Duration::from_secs(3);
 
+/// What the collector keeps per runtime between looks.
 #[derive(Debug)]
-struct Followed {
-    reader: DatastoreReader,
-    pid: u32,
+struct Seen {
     tag: String,
     /// The instance the runtime runs on, as it says.
     topology: Option<Topology>,
@@ -35,8 +36,6 @@ struct Followed {
     previous: Counters,
     cpu: Option<ProcessCpu>,
     history: BTreeMap<u32, VecDeque<f64>>,
-    /// When the process was seen to have exited.
-    exited_at: Option<Instant>,
     /// Not looked at yet since it was found: nothing to measure a rate over.
     fresh: bool,
 }
@@ -44,10 +43,9 @@ struct Followed {
 /// Follows every runtime of a datastore directory, and the host.
 #[derive(Debug)]
 pub struct Collector {
-    dir: PathBuf,
     /// The instance when no runtime says which it runs on.
     topology: Topology,
-    followed: BTreeMap<u32, Followed>,
+    runtimes: Runtimes<Seen>,
     host_cpu: Option<CpuStat>,
     ticks_per_second: u64,
     cpus: usize,
@@ -57,33 +55,24 @@ impl Collector {
     pub fn new(dir: PathBuf, topology: Topology) -> Collector {
         let host_cpu = CpuStat::read().ok();
         let cpus = host_cpu.as_ref().map_or(1, |c| c.cpus.len().max(1));
-        Collector {
-            dir,
-            topology,
-            followed: BTreeMap::new(),
-            host_cpu,
-            ticks_per_second: clock_ticks_per_second(),
-            cpus,
-        }
+        Collector { topology, runtimes: Runtimes::new(dir), host_cpu, ticks_per_second: clock_ticks_per_second(), cpus }
     }
 
     /// Looks at every runtime and the host.
     pub fn sample(&mut self) -> Snapshot {
         // Runtimes shown as exited at the last look have had their time.
-        self.followed.retain(|_, f| f.exited_at.is_none_or(|at| at.elapsed() < EXITED_FOR));
+        self.runtimes.forget_exited(EXITED_FOR);
         let warnings = self.find_new();
         let system = self.system();
+        self.runtimes.mark_exited();
         let mut runtimes = Vec::new();
-        for followed in self.followed.values_mut() {
+        for followed in self.runtimes.iter_mut() {
             let now = followed.reader.snapshot();
-            if followed.exited_at.is_none() && matches!(followed.reader.liveness(), Liveness::Exited(_)) {
-                followed.exited_at = Some(Instant::now());
-            }
-            let cores_per_device = followed.topology.as_ref().unwrap_or(&self.topology).cores_per_device();
+            let cores_per_device = followed.state.topology.as_ref().unwrap_or(&self.topology).cores_per_device();
             runtimes.push(runtime(followed, &now, self.ticks_per_second, self.cpus, cores_per_device));
-            followed.previous = now;
+            followed.state.previous = now;
         }
-        let t = self.followed.values().find_map(|f| f.topology.as_ref()).unwrap_or(&self.topology);
+        let t = self.runtimes.iter().find_map(|f| f.state.topology.as_ref()).unwrap_or(&self.topology);
         Snapshot {
             time: utc_time(),
             instance: Instance {
@@ -100,42 +89,23 @@ impl Collector {
 
     /// Starts following the runtimes that appeared; what could not be read.
     fn find_new(&mut self) -> Vec<String> {
-        let known = |pid: u32| self.followed.contains_key(&pid);
-        let entries = match discover_new(&self.dir, &known) {
-            Ok(entries) => entries,
-            Err(e) => return vec![format!("cannot list the runtimes: {e}")],
-        };
-        let mut warnings = Vec::new();
-        for entry in entries {
-            let reader = match entry.reader {
-                Ok(reader) => reader,
-                Err(e) => {
-                    warnings.push(format!("cannot read the runtime of pid {}: {e}", entry.pid));
-                    continue;
-                }
-            };
-            if matches!(entry.liveness, Some(Liveness::Exited(_))) {
-                continue;
-            }
+        let admit = |reader: &crate::DatastoreReader| {
             let info = reader.info();
-            let (pid, tag) = (info.pid, info.label());
-            let topology = info.instance_type.parse::<InstanceType>().ok().map(|t| t.topology());
-            self.followed.insert(
-                pid,
-                Followed {
-                    pid,
-                    tag,
-                    topology,
-                    previous: reader.snapshot(),
-                    cpu: ProcessCpu::read(pid).ok(),
-                    history: BTreeMap::new(),
-                    exited_at: None,
-                    fresh: true,
-                    reader,
-                },
-            );
+            Some(Seen {
+                tag: info.label(),
+                topology: info.instance_type.parse::<InstanceType>().ok().map(|t| t.topology()),
+                previous: reader.snapshot(),
+                cpu: ProcessCpu::read(info.pid).ok(),
+                history: BTreeMap::new(),
+                fresh: true,
+            })
+        };
+        match self.runtimes.discover(admit) {
+            Ok(failures) => {
+                failures.into_iter().map(|f| format!("cannot read the runtime of pid {}: {}", f.pid, f.error)).collect()
+            }
+            Err(e) => vec![format!("cannot list the runtimes: {e}")],
         }
-        warnings
     }
 
     fn system(&mut self) -> System {
@@ -159,7 +129,15 @@ impl Collector {
     }
 }
 
-fn runtime(f: &mut Followed, now: &Counters, ticks_per_second: u64, cpus: usize, cores_per_device: u32) -> Runtime {
+fn runtime(
+    followed: &mut Followed<Seen>,
+    now: &Counters,
+    ticks_per_second: u64,
+    cpus: usize,
+    cores_per_device: u32,
+) -> Runtime {
+    let (pid, exited, reader) = (followed.pid, followed.exited(), &followed.reader);
+    let f = &mut followed.state;
     let delta = Delta::between(&f.previous, now);
     let measured = delta.seconds > 0.0 && !std::mem::take(&mut f.fresh);
     let rate = |n: u64| measured.then(|| n as f64 / delta.seconds);
@@ -198,7 +176,7 @@ fn runtime(f: &mut Followed, now: &Counters, ticks_per_second: u64, cpus: usize,
     let ring_sum = |s: &Counters, dropped: bool| -> u64 {
         s.rings.iter().map(|r| if dropped { r.dropped } else { r.produced }).sum()
     };
-    let cpu_now = ProcessCpu::read(f.pid).ok();
+    let cpu_now = ProcessCpu::read(pid).ok();
     let vcpu = match (&f.cpu, &cpu_now) {
         (Some(before), Some(now)) if measured => {
             let (user, system) = now.usage_since(before, delta.seconds * ticks_per_second as f64, cpus);
@@ -210,9 +188,9 @@ fn runtime(f: &mut Followed, now: &Counters, ticks_per_second: u64, cpus: usize,
         f.cpu = cpu_now;
     }
     Runtime {
-        pid: f.pid,
+        pid,
         tag: f.tag.clone(),
-        exited: f.exited_at.is_some(),
+        exited,
         vcpu,
         cores,
         host_memory: HostMemory {
@@ -221,8 +199,7 @@ fn runtime(f: &mut Followed, now: &Counters, ticks_per_second: u64, cpus: usize,
             dma_buffers: now.host_memory(HostCategory::DmaBuffers),
             tensors: now.host_memory(HostCategory::Tensors),
         },
-        models: f
-            .reader
+        models: reader
             .models()
             .into_iter()
             .map(|m| Model {

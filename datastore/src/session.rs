@@ -6,12 +6,14 @@
 //! keeps what was recorded until it is fetched. Fetched events are consumed: a second
 //! fetch returns only newer ones.
 
+use std::sync::Mutex;
+
 use serde::Serialize;
 
-use super::event::{EventType, SystemEvent};
-use super::{ALL_SYSTEM_EVENTS, Tracer};
-use crate::datastore::Tail;
-use crate::datastore::{TailStart, TraceEvent, converter_of};
+use crate::event::{EventType, SystemEvent};
+use crate::layout::DEFAULT_MAX_EVENTS_PER_NC;
+use crate::reader::{Tail, TailStart, TraceEvent, converter_of};
+use crate::tracer::{ALL_SYSTEM_EVENTS, Tracer};
 
 /// `data_version` of the fetch JSON.
 pub const FETCH_DATA_VERSION: u32 = 2;
@@ -30,11 +32,7 @@ pub struct SysTraceConfig {
 
 impl Default for SysTraceConfig {
     fn default() -> SysTraceConfig {
-        SysTraceConfig {
-            max_events_per_nc: super::DEFAULT_MAX_EVENTS_PER_NC,
-            cores: None,
-            event_types: ALL_SYSTEM_EVENTS,
-        }
+        SysTraceConfig { max_events_per_nc: DEFAULT_MAX_EVENTS_PER_NC, cores: None, event_types: ALL_SYSTEM_EVENTS }
     }
 }
 
@@ -65,29 +63,47 @@ pub fn event_type_names() -> Vec<&'static str> {
     EventType::ALL.iter().map(|t| t.name()).collect()
 }
 
+/// Why a trace session call was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SessionError {
+    #[error("a system trace session is already running; stop it first")]
+    AlreadyRunning,
+    #[error("nc{0} is not held by this runtime")]
+    CoreNotHeld(u32),
+    #[error("no system trace session is running; start one first")]
+    NotRunning,
+    #[error("no system trace session was started")]
+    NeverStarted,
+}
+
 #[derive(Debug)]
-pub(crate) struct Session {
+struct Session {
     tail: Tail,
     config: SysTraceConfig,
     running: bool,
 }
 
-impl Tracer {
-    pub(crate) fn session_start(&self, config: &SysTraceConfig) -> Result<(), String> {
-        let mut session = self.session.lock().unwrap_or_else(|e| e.into_inner());
+/// A runtime's in-process trace session (`nrt_sys_trace_*`): at most one at a time,
+/// over the rings of the runtime's [`Tracer`].
+#[derive(Debug, Default)]
+pub struct TraceSession(Mutex<Option<Session>>);
+
+impl TraceSession {
+    pub fn start(&self, tracer: &Tracer, config: &SysTraceConfig) -> Result<(), SessionError> {
+        let mut session = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if session.as_ref().is_some_and(|s| s.running) {
-            return Err("a system trace session is already running; stop it first".into());
+            return Err(SessionError::AlreadyRunning);
         }
-        let held = self.store.held_cores();
+        let held = tracer.store.held_cores();
         if let Some(cores) = &config.cores
             && let Some(bad) = cores.iter().find(|c| !held.contains(c))
         {
-            return Err(format!("nc{bad} is not held by this runtime"));
+            return Err(SessionError::CoreNotHeld(*bad));
         }
-        self.set_session_recording(Some((config.event_types, config.cores.as_deref())));
+        tracer.set_session_recording(Some((config.event_types, config.cores.as_deref())));
         let tail = Tail::new(
-            &self.store.region,
-            &self.store.layout,
+            &tracer.store.region,
+            &tracer.store.layout,
             held,
             TailStart::Now,
             config.cores.as_deref(),
@@ -98,35 +114,35 @@ impl Tracer {
         Ok(())
     }
 
-    pub(crate) fn session_stop(&self) -> Result<(), String> {
-        let mut session = self.session.lock().unwrap_or_else(|e| e.into_inner());
+    pub fn stop(&self, tracer: &Tracer) -> Result<(), SessionError> {
+        let mut session = self.0.lock().unwrap_or_else(|e| e.into_inner());
         match session.as_mut() {
             Some(s) if s.running => {
                 s.running = false;
-                self.set_session_recording(None);
+                tracer.set_session_recording(None);
                 Ok(())
             }
-            _ => Err("no system trace session is running; start one first".into()),
+            _ => Err(SessionError::NotRunning),
         }
     }
 
-    pub(crate) fn session_fetch(&self) -> Result<SysTraceFetch, String> {
-        let mut guard = self.session.lock().unwrap_or_else(|e| e.into_inner());
-        let session = guard.as_mut().ok_or("no system trace session was started")?;
+    pub fn fetch(&self, tracer: &Tracer) -> Result<SysTraceFetch, SessionError> {
+        let mut guard = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let session = guard.as_mut().ok_or(SessionError::NeverStarted)?;
         let lost_before = session.tail.lost();
         let mut raw = Vec::new();
-        let converter = converter_of(&self.store.region, self.ns_per_tick);
+        let converter = converter_of(&tracer.store.region, tracer.ns_per_tick);
         session.tail.poll_region(
-            &self.store.region,
-            self.store.strings(),
+            &tracer.store.region,
+            tracer.store.strings(),
             &converter,
             usize::MAX,
             !session.running,
             &mut raw,
         );
         for (ring, next) in session.tail.positions() {
-            if let Some(position) = self.position_of(ring.base) {
-                self.consumed(position).store(next, std::sync::atomic::Ordering::Release);
+            if let Some(position) = tracer.position_of(ring.base) {
+                tracer.consumed(position).store(next, std::sync::atomic::Ordering::Release);
             }
         }
         let mut events: Vec<SystemEvent> = raw

@@ -4,11 +4,11 @@
 
 use ndarray::{ArrayD, ArrayViewD, Axis, Dimension, IxDyn, Slice};
 
-use super::element::{Element, with_element, with_float, with_int};
-use super::kernels::{
+use super::{
     arr, compare_scalars, each_type, execute, first, reduce_f32, reduce_int, reduce_pred, to_usize, unvalidated,
 };
-use super::{Value, ValueRef};
+use crate::backend::element::{Element, with_element, with_float, with_int};
+use crate::backend::{Value, ValueRef};
 use crate::dtype::{ArrayType, DType, DTypeClass};
 use crate::isa::{CompareDirection, Region, RegionValue, ScatterCombine, Window};
 use crate::pool::HostPool;
@@ -50,7 +50,7 @@ pub(super) fn reduce_region(
         if columns % 2 == 1 {
             for (c, v) in combined.iter_mut().zip(&acc) {
                 let last = columns_of(&v.view(), columns - 1, columns);
-                *c = super::kernels::concatenate(&[c.view(), last.view()], 1);
+                *c = super::concatenate(&[c.view(), last.view()], 1);
             }
         }
         acc = combined;

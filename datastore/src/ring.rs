@@ -16,8 +16,8 @@
 
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
-use super::layout::{RING_HEADER_BYTES, SLOT_BYTES, SLOT_WORDS, ring};
-use super::shm::Region;
+use crate::layout::{RING_HEADER_BYTES, SLOT_BYTES, SLOT_WORDS, ring};
+use crate::shm::Region;
 
 /// Payload words of a slot, the check word excluded.
 pub(crate) const PAYLOAD_WORDS: usize = SLOT_WORDS - 2;
@@ -251,7 +251,7 @@ fn check<const N: usize>(index: u64, payload: &[u64; N]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::datastore::shm::Mapping;
+    use crate::shm::Mapping;
     use proptest::prelude::*;
     use std::collections::VecDeque;
 

@@ -1,12 +1,18 @@
-//! A runtime shared by the tests of one binary, and helpers to compile and run HLO on it.
-
-#![allow(dead_code, unreachable_pub)]
+//! A runtime in the test's own process, and helpers to compile, bind and run HLO on
+//! it: [`Bench`], one runtime for every test of a test binary (on nc0), and
+//! [`Fixture`], a runtime of its own for one test, with private lock and datastore
+//! directories.
 
 use std::sync::OnceLock;
 
 use neuron_runtime::config::CoreRequest;
-use neuron_runtime::{CompileOptions, Config, CoreSet, Neff, Runtime, TensorPlacement, TensorSet, compile_hlo_with};
+use neuron_runtime::{
+    ArrayType, CompileOptions, Config, CoreSet, DType, Model, Neff, Runtime, Target, TensorPlacement, TensorSet,
+    compile_hlo, compile_hlo_with,
+};
 
+/// One runtime on nc0 for every test of a test binary.
+#[derive(Debug)]
 pub struct Bench {
     runtime: Runtime,
     _lock_dir: tempfile::TempDir,
@@ -31,6 +37,10 @@ impl Bench {
             }
             Bench { runtime, _lock_dir: lock_dir }
         })
+    }
+
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
     }
 
     /// Compiles `hlo` with `options`, runs it `times` times on `inputs` (raw
@@ -85,8 +95,33 @@ impl Bench {
     }
 }
 
+/// A NEFF of `hlo` compiled for `target` with the default options.
+pub fn neff(hlo: &str, target: Target) -> Vec<u8> {
+    Neff::new("test", compile_hlo(hlo, target).expect("compiles")).encode()
+}
+
+/// Loads `neff` on nc0, with a device tensor `x` bound to `input0` and a host tensor
+/// `y` to `output0`, both `f32[len]` (the input is not written).
+pub fn bind_f32(rt: &Runtime, neff: &[u8], len: u64) -> (Model, TensorSet, TensorSet) {
+    let model = rt.load(neff, Some(0)).expect("loads");
+    let ty = ArrayType::new(DType::F32, vec![len]);
+    let input = rt.allocate_tensor_for(TensorPlacement::Device { core: 0 }, &ty, "x").expect("alloc");
+    let output = rt.allocate_tensor_for(TensorPlacement::Host, &ty, "y").expect("alloc");
+    let mut inputs = TensorSet::new();
+    inputs.add("input0", input);
+    let mut outputs = TensorSet::new();
+    outputs.add("output0", output);
+    (model, inputs, outputs)
+}
+
+/// Little-endian bytes of `values`.
+pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// Little-endian bytes of each input.
 pub fn f32_inputs(inputs: &[&[f32]]) -> Vec<Vec<u8>> {
-    inputs.iter().map(|v| v.iter().flat_map(|x| x.to_le_bytes()).collect()).collect()
+    inputs.iter().map(|v| f32_bytes(v)).collect()
 }
 
 pub fn floats(bytes: &[u8]) -> Vec<f32> {
@@ -99,6 +134,7 @@ pub fn ints(bytes: &[u8]) -> Vec<i32> {
 
 /// A runtime of its own for one test, holding `cores`, with its lock and datastore
 /// directories (removed with it) and rings of 4,096 events.
+#[derive(Debug)]
 pub struct Fixture {
     pub runtime: Runtime,
     _dirs: (tempfile::TempDir, tempfile::TempDir),

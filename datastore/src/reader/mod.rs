@@ -14,16 +14,17 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::instructions::{InstructionCache, InstructionTable};
-use super::layout::{self, Layout, Sizes, header, model};
-use super::ring::{Payload, RingCursor, RingRef};
-use super::shm::{Mapping, Region};
-use super::strings::StringTable;
-use super::{DatastoreError, directory, histogram};
-use crate::memory::{DeviceCategory, HostCategory};
-use crate::trace::clock::{CalibrationPoint, TickConverter, monotonic_ns};
-use crate::trace::event::{DeviceEvent, SystemEvent, SystemRecord, decode_device, device_record_events};
-use crate::trace::{ErrorClass, ExecOutcome};
+use crate::clock::{CalibrationPoint, TickConverter, monotonic_ns};
+use crate::event::{DeviceEvent, SystemEvent};
+use crate::instructions::{InstructionCache, InstructionTable};
+use crate::kinds::{DeviceCategory, HostCategory};
+use crate::kinds::{ErrorClass, ExecOutcome};
+use crate::layout::{self, Layout, Sizes, header, model};
+use crate::record::{SystemRecord, decode_device, device_record_events};
+use crate::ring::{Payload, RingCursor, RingRef};
+use crate::shm::{Mapping, Region};
+use crate::strings::StringTable;
+use crate::{DatastoreError, directory, histogram};
 
 /// A writer whose heartbeat is older than this is reported exited.
 pub const HEARTBEAT_STALE_AFTER: Duration = Duration::from_secs(10);

@@ -12,8 +12,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::layout::Layout;
-use super::shm::Region;
+use crate::layout::Layout;
+use crate::shm::Region;
 
 /// Words per instruction in an entry.
 pub(crate) const WORDS_PER_INSTRUCTION: u64 = 5;
@@ -25,14 +25,16 @@ const HEADER_BYTES: u64 = 64;
 
 /// The fixed part of an instruction's device event, prepared at load.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct InstructionTrace {
-    pub(crate) engine: u8,
-    pub(crate) opcode_id: u32,
-    pub(crate) hlo_id: u32,
-    pub(crate) step: u32,
-    pub(crate) flops: u64,
-    pub(crate) bytes_read: u64,
-    pub(crate) bytes_written: u64,
+pub struct InstructionTrace {
+    /// An [`Engine`](crate::Engine) code.
+    pub engine: u8,
+    /// String ids ([`DatastoreWriter::intern`](crate::DatastoreWriter::intern)).
+    pub opcode_id: u32,
+    pub hlo_id: u32,
+    pub step: u32,
+    pub flops: u64,
+    pub bytes_read: u64,
+    pub bytes_written: u64,
 }
 
 impl InstructionTrace {

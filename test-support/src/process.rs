@@ -1,14 +1,13 @@
-//! Shared by the tests and benchmarks that run real runtime processes: the workload
-//! runner, a private sandbox for their core reservations and datastores, a child
-//! process killed when dropped, a `neuron-monitor` configuration of every metric group,
-//! a process's CPU time and memory for the cost benchmarks, and a plain HTTP GET.
-#![allow(dead_code, unreachable_pub)]
+//! Real processes for end-to-end tests and cost benchmarks: the workspace's binaries
+//! (built on demand), a private [`Sandbox`] for their core reservations and
+//! datastores, a child killed when dropped ([`Running`]), a `neuron-monitor`
+//! configuration of every metric group, and a process's CPU time and memory.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
 
 /// The workspace's `neuron-bench`, in the profile these tests or benchmarks were built
@@ -63,6 +62,7 @@ fn is_stale(binary: &Path) -> bool {
     let sources = [
         "Cargo.lock",
         "Cargo.toml",
+        "datastore",
         "runtime",
         "ntff",
         "profiler/src",
@@ -70,10 +70,6 @@ fn is_stale(binary: &Path) -> bool {
         "web/src",
         "web/assets",
         "web/Cargo.toml",
-        "neuron-top/src",
-        "neuron-top/Cargo.toml",
-        "neuron-monitor/src",
-        "neuron-monitor/Cargo.toml",
     ];
     sources.iter().any(|p| newer(&root.join(p), built))
 }
@@ -84,6 +80,12 @@ fn is_stale(binary: &Path) -> bool {
 pub struct Sandbox {
     pub dir: tempfile::TempDir,
     pub datastores: PathBuf,
+}
+
+impl Default for Sandbox {
+    fn default() -> Sandbox {
+        Sandbox::new()
+    }
 }
 
 impl Sandbox {
@@ -156,15 +158,22 @@ pub fn memory(pid: u32) -> (u64, u64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
-/// `GET path` on a local server: the status code and the body (the connection closed
-/// after one request).
-pub fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5)).expect("connects");
-    stream.set_read_timeout(Some(std::time::Duration::from_secs(30))).expect("timeout");
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").expect("request");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("response");
-    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
-    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-    (status, body.to_string())
+/// `neuron-bench demo` without its own dashboard, in `sandbox`, with `args` and `env`
+/// added (stdout discarded).
+pub fn demo(sandbox: &Sandbox, args: &[&str], env: &[(&str, &str)]) -> Running {
+    let mut command = Command::new(neuron_bench());
+    sandbox.env(&mut command).args(["demo", "--no-dashboard"]).args(args).envs(env.iter().copied());
+    Running(command.stdout(Stdio::null()).spawn().expect("the workload starts"))
+}
+
+/// The `neuron-dashboard` at `binary` on a free loopback port with `args`, in `sandbox`,
+/// and its address (`http://…`, without the final slash) as it prints it.
+pub fn dashboard(sandbox: &Sandbox, binary: &Path, args: &[&OsStr]) -> (Running, String) {
+    let mut command = Command::new(binary);
+    sandbox.env(&mut command).args(["--listen", "127.0.0.1:0"]).args(args).stderr(Stdio::piped());
+    let mut running = Running(command.spawn().expect("the dashboard starts"));
+    let mut line = String::new();
+    BufReader::new(running.0.stderr.take().expect("stderr")).read_line(&mut line).expect("the address");
+    let url = line.split_whitespace().find(|w| w.starts_with("http://")).expect("serving http://…");
+    (running, url.trim_end_matches('/').to_string())
 }

@@ -15,58 +15,58 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use uuid::Uuid;
 
-use super::instructions::{InstructionTable, InstructionTrace};
-use super::layout::{self, Layout, Sizes, header, model};
-use super::ring::RingRef;
-use super::shm::{Mapping, Region};
-use super::strings::StringTable;
-use super::{DatastoreError, directory, histogram};
-use crate::memory::{DeviceCategory, HostCategory};
-use crate::trace::clock::{CalibrationPoint, DeviceClock, TickSource};
+use crate::clock::{CalibrationPoint, DeviceClock, TickSource};
+use crate::instructions::{InstructionTable, InstructionTrace};
+use crate::kinds::{DeviceCategory, HostCategory};
+use crate::layout::{self, Layout, Sizes, header, model};
+use crate::ring::RingRef;
+use crate::shm::{Mapping, Region};
+use crate::strings::StringTable;
+use crate::{DatastoreError, directory, histogram};
 
 /// Runtimes this process has created, numbering their files.
 static NEXT_INSTANCE: AtomicU32 = AtomicU32::new(0);
 
 /// Everything the header records about the process and its runtime.
 #[derive(Debug, Clone)]
-pub(crate) struct CreateParams {
-    pub(crate) dir: PathBuf,
-    pub(crate) tag: Option<String>,
-    pub(crate) instance_type: String,
-    pub(crate) device_count: u32,
-    pub(crate) cores_per_device: u32,
-    pub(crate) device_memory_bytes: u64,
-    pub(crate) instance_core_count: u32,
+pub struct CreateParams {
+    pub dir: PathBuf,
+    pub tag: Option<String>,
+    pub instance_type: String,
+    pub device_count: u32,
+    pub cores_per_device: u32,
+    pub device_memory_bytes: u64,
+    pub instance_core_count: u32,
     /// Global indexes of the held cores, in ring order.
-    pub(crate) cores: Vec<u32>,
-    pub(crate) ring_capacity: u64,
-    pub(crate) model_slots: u32,
-    pub(crate) string_table_bytes: u64,
-    pub(crate) instruction_table_bytes: u64,
-    pub(crate) tick_source: TickSource,
-    pub(crate) calibration: CalibrationPoint,
-    pub(crate) ns_per_tick: f64,
-    pub(crate) device_clocks: Vec<DeviceClock>,
-    pub(crate) recording: u32,
+    pub cores: Vec<u32>,
+    pub ring_capacity: u64,
+    pub model_slots: u32,
+    pub string_table_bytes: u64,
+    pub instruction_table_bytes: u64,
+    pub tick_source: TickSource,
+    pub calibration: CalibrationPoint,
+    pub ns_per_tick: f64,
+    pub device_clocks: Vec<DeviceClock>,
+    pub recording: u32,
 }
 
 /// What the models table shows about a loaded model.
 #[derive(Debug, Clone)]
-pub(crate) struct ModelEntry {
-    pub(crate) model_id: u32,
-    pub(crate) core: u32,
-    pub(crate) name: String,
-    pub(crate) uuid: Uuid,
-    pub(crate) loaded_ticks: u64,
-    pub(crate) flops_per_execution: u64,
-    pub(crate) instructions: u64,
-    pub(crate) device_memory: [u64; 5],
-    pub(crate) host_memory: u64,
+pub struct ModelEntry {
+    pub model_id: u32,
+    pub core: u32,
+    pub name: String,
+    pub uuid: Uuid,
+    pub loaded_ticks: u64,
+    pub flops_per_execution: u64,
+    pub instructions: u64,
+    pub device_memory: [u64; 5],
+    pub host_memory: u64,
 }
 
 /// The ECC counters of a device, in their order in the process block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum EccCounter {
+pub enum EccCounter {
     MemCorrected = 0,
     MemUncorrected = 1,
     SramCorrected = 2,
@@ -75,7 +75,7 @@ pub(crate) enum EccCounter {
 
 /// An open, writable datastore.
 #[derive(Debug)]
-pub(crate) struct DatastoreWriter {
+pub struct DatastoreWriter {
     pub(crate) region: Region,
     pub(crate) layout: Layout,
     path: PathBuf,
@@ -95,9 +95,9 @@ pub(crate) struct DatastoreWriter {
 impl DatastoreWriter {
     /// Creates `nrt-<pid>-<n>.ds` in `params.dir` (made private to this user if new).
     /// When the file system has too little room for rings of `params.ring_capacity`
-    /// events, the rings are made smaller (down to `MIN_EVENTS_PER_NC`) with a warning:
+    /// events, the rings are made smaller (down to [`MIN_EVENTS_PER_NC`](layout::MIN_EVENTS_PER_NC)) with a warning:
     /// a full tmpfs would otherwise kill the process with SIGBUS later.
-    pub(crate) fn create(params: &CreateParams) -> Result<DatastoreWriter, DatastoreError> {
+    pub fn create(params: &CreateParams) -> Result<DatastoreWriter, DatastoreError> {
         directory::ensure_private_dir(&params.dir)?;
         let free = directory::free_space(&params.dir)?;
         let mut sizes = Sizes {
@@ -109,7 +109,7 @@ impl DatastoreWriter {
             histogram_buckets: histogram::BUCKETS as u32,
         };
         let mut layout = Layout::new(sizes).ok_or_else(|| DatastoreError::Layout(format!("{sizes:?}")))?;
-        while layout.file_bytes > free / 2 && sizes.ring_capacity > crate::trace::MIN_EVENTS_PER_NC {
+        while layout.file_bytes > free / 2 && sizes.ring_capacity > layout::MIN_EVENTS_PER_NC {
             sizes.ring_capacity /= 2;
             layout = Layout::new(sizes).ok_or_else(|| DatastoreError::Layout(format!("{sizes:?}")))?;
         }
@@ -183,7 +183,7 @@ impl DatastoreWriter {
         r.u32(header::PID).store(pid, Ordering::Relaxed);
         r.u64(header::PROCESS_START_TICKS).store(directory::process_start_time(pid).unwrap_or(0), Ordering::Relaxed);
         r.u64(header::HEARTBEAT_MONO_NS).store(params.calibration.ns, Ordering::Relaxed);
-        r.u64(header::CREATED_REALTIME_NS).store(crate::trace::clock::realtime_ns(), Ordering::Relaxed);
+        r.u64(header::CREATED_REALTIME_NS).store(crate::clock::realtime_ns(), Ordering::Relaxed);
         r.u64(header::CREATED_MONO_NS).store(params.calibration.ns, Ordering::Relaxed);
         let source = match params.tick_source {
             TickSource::MonotonicNs => layout::TICK_SOURCE_MONOTONIC_NS,
@@ -239,17 +239,17 @@ impl DatastoreWriter {
     }
 
     /// Global indexes of the held cores, in ring order.
-    pub(crate) fn held_cores(&self) -> &[u32] {
+    pub fn held_cores(&self) -> &[u32] {
         &self.cores
     }
 
-    pub(crate) fn path(&self) -> &Path {
+    pub fn path(&self) -> &Path {
         &self.path
     }
 
     /// The ring slot of global core `core`, if this runtime holds it.
     #[inline]
-    pub(crate) fn core_slot(&self, core: u32) -> Option<usize> {
+    pub fn core_slot(&self, core: u32) -> Option<usize> {
         match self.core_slot.get(core as usize) {
             Some(&slot) if slot != u8::MAX => Some(slot as usize),
             _ => None,
@@ -257,17 +257,17 @@ impl DatastoreWriter {
     }
 
     #[inline]
-    pub(crate) fn core_counter(&self, slot: usize, word: u64) -> &AtomicU64 {
+    pub fn core_counter(&self, slot: usize, word: u64) -> &AtomicU64 {
         self.region.u64(self.layout.core_word(slot, word))
     }
 
-    pub(crate) fn record_latency(&self, slot: usize, total: bool, ns: u64) {
+    pub fn record_latency(&self, slot: usize, total: bool, ns: u64) {
         self.region
             .u64(self.layout.histogram_bucket(slot, total, histogram::bucket_of(ns)))
             .fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn add_host_memory(&self, category: HostCategory, bytes: u64, add: bool) {
+    pub fn add_host_memory(&self, category: HostCategory, bytes: u64, add: bool) {
         let counter = self.region.u64(self.layout.process_word(layout::process::HOST_MEMORY + category as u64));
         if add {
             counter.fetch_add(bytes, Ordering::Relaxed);
@@ -276,7 +276,7 @@ impl DatastoreWriter {
         }
     }
 
-    pub(crate) fn add_device_memory(&self, core: u32, category: DeviceCategory, bytes: u64, add: bool) {
+    pub fn add_device_memory(&self, core: u32, category: DeviceCategory, bytes: u64, add: bool) {
         if let Some(slot) = self.core_slot(core) {
             let counter = self.core_counter(slot, layout::core::DEVICE_MEMORY + category as u64);
             if add {
@@ -288,7 +288,7 @@ impl DatastoreWriter {
     }
 
     /// Counts one ECC event on `device` (of the instance).
-    pub(crate) fn add_ecc(&self, device: u32, counter: EccCounter) {
+    pub fn add_ecc(&self, device: u32, counter: EccCounter) {
         if device < layout::MAX_DEVICES {
             let word = layout::process::ECC + 4 * u64::from(device) + counter as u64;
             self.region.u64(self.layout.process_word(word)).fetch_add(1, Ordering::Relaxed);
@@ -300,7 +300,7 @@ impl DatastoreWriter {
     }
 
     /// The id of `text` in the string table, appending it the first time.
-    pub(crate) fn intern(&self, text: &str) -> u32 {
+    pub fn intern(&self, text: &str) -> u32 {
         let mut interned = self.interned.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(&id) = interned.get(text) {
             return id;
@@ -314,14 +314,14 @@ impl DatastoreWriter {
 
     /// Adds model `model_id`'s instructions, in execution order, to the instruction
     /// table; `false` when the table is full.
-    pub(crate) fn add_instructions(&self, model_id: u32, instructions: &[InstructionTrace]) -> bool {
+    pub fn add_instructions(&self, model_id: u32, instructions: &[InstructionTrace]) -> bool {
         let table = self.instructions.lock().unwrap_or_else(|e| e.into_inner());
         table.append(&self.region, model_id, instructions)
     }
 
     /// Publishes a loaded model; returns its slot, or `None` (counted) when the table
     /// is full.
-    pub(crate) fn publish_model(&self, entry: &ModelEntry) -> Option<u32> {
+    pub fn publish_model(&self, entry: &ModelEntry) -> Option<u32> {
         let mut slots = self.model_slots.lock().unwrap_or_else(|e| e.into_inner());
         let Some(slot) = slots.iter().position(Option::is_none) else {
             self.region
@@ -361,7 +361,7 @@ impl DatastoreWriter {
     }
 
     /// Removes a model from the table.
-    pub(crate) fn retract_model(&self, slot: u32) {
+    pub fn retract_model(&self, slot: u32) {
         let mut slots = self.model_slots.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(entry) = slots.get_mut(slot as usize) {
             *entry = None;
@@ -376,7 +376,7 @@ impl DatastoreWriter {
     }
 
     /// A model slot's execution counter or in-flight count (`model::EXECUTIONS`, `model::RUNNING`).
-    pub(crate) fn model_counter(&self, slot: u32, field: u64) -> &AtomicU64 {
+    pub fn model_counter(&self, slot: u32, field: u64) -> &AtomicU64 {
         self.region.u64(self.layout.model_slot(slot) + field)
     }
 
@@ -397,7 +397,7 @@ impl DatastoreWriter {
     /// is the first in its page during a ring's first lap takes a page fault (about
     /// one in 32). Empty when the file is not on tmpfs, where that would mean writing
     /// the whole file to disk.
-    pub(crate) fn prefault_chunks(&self, chunk: u64) -> Vec<(u64, u64)> {
+    pub fn prefault_chunks(&self, chunk: u64) -> Vec<(u64, u64)> {
         if !self.in_memory {
             return Vec::new();
         }
@@ -405,8 +405,14 @@ impl DatastoreWriter {
         (start..end).step_by(chunk as usize).map(|offset| (offset, chunk.min(end - offset))).collect()
     }
 
+    /// Faults in `len` bytes of the file from `offset` (one of
+    /// [`DatastoreWriter::prefault_chunks`]).
+    pub fn prefault(&self, offset: u64, len: u64) {
+        self.region.prefault(offset, len);
+    }
+
     /// Marks the writer alive now, and refreshes the tick calibration.
-    pub(crate) fn heartbeat(&self) {
+    pub fn heartbeat(&self) {
         let point = CalibrationPoint::now();
         let r = &self.region;
         let seq = r.u64(header::CALIBRATION_SEQ);
@@ -420,7 +426,7 @@ impl DatastoreWriter {
     }
 
     /// Marks the file closed and removes it (a clean exit).
-    pub(crate) fn close(&self) {
+    pub fn close(&self) {
         self.heartbeat();
         self.region.u32(header::STATE).store(layout::STATE_CLOSED, Ordering::Release);
         if !self.removed.swap(true, Ordering::AcqRel) {

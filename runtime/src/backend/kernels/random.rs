@@ -4,9 +4,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use ndarray::{ArrayD, Dimension, IxDyn};
 
-use super::element::{Element, with_element};
-use super::kernels::{arr, first, to_usize, unvalidated};
-use super::{Value, ValueRef};
+use super::{arr, first, to_usize, unvalidated};
+use crate::backend::element::{Element, with_element};
+use crate::backend::{Value, ValueRef};
 use crate::dtype::{ArrayType, DTypeClass};
 use crate::isa::{RngAlgorithm, RngResult};
 

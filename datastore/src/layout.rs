@@ -1,6 +1,6 @@
 //! Where everything is in a datastore file, for one layout version.
 //!
-//! The file is a contract between processes, specified in `runtime/FORMAT.md`; this
+//! The file is a contract between processes, specified in `datastore/FORMAT.md`; this
 //! module is its single source of offsets. A [`Layout`] is derived from the few sizes
 //! the header records (cores, ring capacity, model slots, string table size, devices),
 //! so the writer and every reader compute identical offsets, and a reader can check
@@ -24,6 +24,21 @@ pub(crate) const INSTRUCTION_TABLE_HEADER_BYTES: u64 = 64;
 pub(crate) const CORE_SCALAR_BYTES: u64 = 256;
 /// The most NeuronCores a file describes (an instance has at most 64).
 pub const MAX_CORES: u32 = 128;
+
+/// Events kept per ring when `NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC` is unset.
+pub const DEFAULT_MAX_EVENTS_PER_NC: u64 = 1_000_000;
+/// The largest ring accepted (2²⁴ events, 2 GiB per ring).
+pub const MAX_EVENTS_PER_NC: u64 = 1 << 24;
+/// The smallest ring.
+pub const MIN_EVENTS_PER_NC: u64 = 16;
+/// Bytes the device reads per instruction fetched (the instructions DMA queue).
+pub const INSTRUCTION_BYTES: u64 = 64;
+/// Size of the string table.
+pub const DEFAULT_STRING_TABLE_BYTES: u64 = 4 << 20;
+/// Size of the instruction table (40 bytes per instruction of each model loaded).
+pub const DEFAULT_INSTRUCTION_TABLE_BYTES: u64 = 8 << 20;
+/// Slots of the models table.
+pub const DEFAULT_MODEL_SLOTS: u32 = 256;
 /// The most devices whose ECC counters a file holds.
 pub(crate) const MAX_DEVICES: u32 = 32;
 
@@ -93,45 +108,45 @@ pub(crate) mod process {
 }
 
 /// Per-core counters (word indexes in a core block).
-pub(crate) mod core {
-    pub(crate) const CORE_INDEX: u64 = 0;
-    pub(crate) const BUSY_NS: u64 = 1;
+pub mod core {
+    pub const CORE_INDEX: u64 = 0;
+    pub const BUSY_NS: u64 = 1;
     /// Six words, `ExecOutcome` order.
-    pub(crate) const EXECUTIONS: u64 = 2;
+    pub const EXECUTIONS: u64 = 2;
     /// Six words, `ErrorClass` order.
-    pub(crate) const ERRORS: u64 = 8;
-    pub(crate) const FLOPS: u64 = 14;
+    pub const ERRORS: u64 = 8;
+    pub const FLOPS: u64 = 14;
     /// Four words, `DmaQueueType` order: input, output, weights, instructions.
-    pub(crate) const DMA_BYTES: u64 = 15;
-    pub(crate) const INSTRUCTIONS: u64 = 19;
+    pub const DMA_BYTES: u64 = 15;
+    pub const INSTRUCTIONS: u64 = 19;
     /// Five words, `DeviceCategory` order.
-    pub(crate) const DEVICE_MEMORY: u64 = 20;
-    pub(crate) const MODEL_SWITCHES: u64 = 25;
-    pub(crate) const NUMERICAL_ERROR_VALUES: u64 = 26;
+    pub const DEVICE_MEMORY: u64 = 20;
+    pub const MODEL_SWITCHES: u64 = 25;
+    pub const NUMERICAL_ERROR_VALUES: u64 = 26;
     /// Collective operations the core's ranks took part in, and the time they spent in
     /// them (waiting for the other ranks included).
-    pub(crate) const COLLECTIVES: u64 = 27;
-    pub(crate) const COLLECTIVES_NS: u64 = 28;
+    pub const COLLECTIVES: u64 = 27;
+    pub const COLLECTIVES_NS: u64 = 28;
 }
 
 /// Model slot fields (byte offsets in a slot).
-pub(crate) mod model {
-    pub(crate) const SEQ: u64 = 0;
-    pub(crate) const MODEL_ID: u64 = 8;
-    pub(crate) const CORE: u64 = 12;
-    pub(crate) const LOADED_TICKS: u64 = 16;
-    pub(crate) const UUID: u64 = 24;
-    pub(crate) const FLOPS_PER_EXECUTION: u64 = 40;
-    pub(crate) const INSTRUCTIONS: u64 = 48;
+pub mod model {
+    pub const SEQ: u64 = 0;
+    pub const MODEL_ID: u64 = 8;
+    pub const CORE: u64 = 12;
+    pub const LOADED_TICKS: u64 = 16;
+    pub const UUID: u64 = 24;
+    pub const FLOPS_PER_EXECUTION: u64 = 40;
+    pub const INSTRUCTIONS: u64 = 48;
     /// Five words, `DeviceCategory` order.
-    pub(crate) const DEVICE_MEMORY: u64 = 56;
-    pub(crate) const HOST_MEMORY: u64 = 96;
-    pub(crate) const NAME_LEN: u64 = 104;
-    pub(crate) const NAME: u64 = 112;
-    pub(crate) const NAME_MAX: u64 = 128;
+    pub const DEVICE_MEMORY: u64 = 56;
+    pub const HOST_MEMORY: u64 = 96;
+    pub const NAME_LEN: u64 = 104;
+    pub const NAME: u64 = 112;
+    pub const NAME_MAX: u64 = 128;
     /// Outside the seqlock: updated at every execution.
-    pub(crate) const EXECUTIONS: u64 = 240;
-    pub(crate) const RUNNING: u64 = 248;
+    pub const EXECUTIONS: u64 = 240;
+    pub const RUNNING: u64 = 248;
 }
 
 /// Ring header fields (byte offsets in a ring header).

@@ -8,7 +8,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::shm::Region;
+use crate::shm::Region;
 
 /// Longest string stored; longer ones are cut at a character boundary.
 pub const MAX_STRING_BYTES: usize = 1024;

@@ -1,0 +1,97 @@
+//! The datastore: the shared-memory contract between a Neuron runtime process and the
+//! tools that watch it, end to end.
+//!
+//! One file per runtime process holds lossless counters, a models table, lossy event
+//! rings (system trace and device trace, per NeuronCore), a string table and an
+//! instruction table (`FORMAT.md` specifies every byte). The runtime is the only writer
+//! ([`DatastoreWriter`], with [`Tracer`] on the emit path); tools in other processes map
+//! the file read-only through [`DatastoreReader`] and never slow the writer down.
+//! Readers refuse layout versions they do not know, files owned by another user and
+//! files reached through symbolic links.
+//!
+//! Beside the file itself, this crate holds what every side of it shares: the event
+//! model and its JSON shapes ([`event`]), the slot encodings ([`record`]), the clocks
+//! ([`clock`]), the plain enums the records carry ([`kinds`], [`topology`]), the
+//! directory and the tools' common flags ([`config`]), the host's `/proc` figures
+//! ([`host`]), following the runtimes of a directory ([`Runtimes`]) and the sampled
+//! figures the viewers draw ([`sample`]). It knows nothing of the compiler, the
+//! backend, terminals or HTTP.
+
+mod directory;
+mod follow;
+mod instructions;
+mod layout;
+mod reader;
+mod ring;
+mod session;
+mod shm;
+mod strings;
+mod tracer;
+mod writer;
+
+pub mod clock;
+pub mod config;
+pub mod event;
+pub mod histogram;
+pub mod host;
+pub mod kinds;
+pub mod record;
+pub mod sample;
+pub mod topology;
+
+use std::path::{Path, PathBuf};
+
+pub use directory::{default_dir, file_path, pid_of_file_name, process_start_time};
+pub use event::{ClockDomain, DeviceActivity, DeviceEvent, DmaQueueType, EventData, EventType, Phase, SystemEvent};
+pub use follow::{Followed, OpenFailure, Runtimes};
+pub use instructions::InstructionTrace;
+pub use kinds::{CollectiveAlgorithm, CollectiveOp, DeviceCategory, Engine, ErrorClass, ExecOutcome, HostCategory};
+pub use layout::{
+    DEFAULT_INSTRUCTION_TABLE_BYTES, DEFAULT_MAX_EVENTS_PER_NC, DEFAULT_MODEL_SLOTS, DEFAULT_STRING_TABLE_BYTES,
+    INSTRUCTION_BYTES, LAYOUT_VERSION, MAX_CORES, MAX_EVENTS_PER_NC, MIN_EVENTS_PER_NC,
+};
+pub use reader::{
+    CoreDelta, CoreSnapshot, DatastoreReader, Delta, ErrorCounts, ExecutionCounts, ExitReason, HEARTBEAT_STALE_AFTER,
+    LatencyPercentiles, Liveness, ModelInfo, RingStats, RuntimeEntry, RuntimeInfo, Snapshot, Tail, TailStart,
+    TraceEvent, discover, discover_new, latency_of_all_cores,
+};
+pub use ring::RingCursor;
+pub use session::{FETCH_DATA_VERSION, SessionError, SysTraceConfig, SysTraceFetch, TraceSession, event_type_names};
+pub use strings::MAX_STRING_BYTES;
+pub use topology::{CoreSet, InstanceType, Topology};
+pub use tracer::{ALL_SYSTEM_EVENTS, EventIds, InspectConfig, RingPos, Tracer, parse_event_filter};
+pub use writer::{CreateParams, DatastoreWriter, EccCounter, ModelEntry};
+
+/// Word offsets of the counters a writer adds to, as `FORMAT.md` lists them: per
+/// NeuronCore ([`core`](counters::core)) and per model slot
+/// ([`model`](counters::model)).
+pub mod counters {
+    pub use crate::layout::{core, model};
+}
+
+/// Why a datastore could not be created or opened.
+#[derive(Debug, thiserror::Error)]
+pub enum DatastoreError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("refusing {path}: {reason}")]
+    Refused { path: PathBuf, reason: String },
+    #[error(
+        "{path} has datastore layout version {found}, but this tool reads version {supported}; use tools from the same release as the runtime"
+    )]
+    UnsupportedVersion { path: PathBuf, found: u32, supported: u32 },
+    #[error("{path} is not a valid datastore: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+    #[error(
+        "{dir} has {free} bytes free but the datastore needs {needed}; free space there, or lower NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC"
+    )]
+    NoSpace { dir: PathBuf, needed: u64, free: u64 },
+    #[error("datastore sizes are out of range: {0}")]
+    Layout(String),
+}
+
+impl DatastoreError {
+    pub(crate) fn io(path: &Path, source: std::io::Error) -> DatastoreError {
+        DatastoreError::Io { path: path.to_owned(), source }
+    }
+}

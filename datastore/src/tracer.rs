@@ -1,0 +1,515 @@
+//! Event emission: the runtime's actions as system-trace and device-trace records in
+//! the datastore rings, and the lossless counters beside them.
+//!
+//! [`Tracer`] is what the runtime calls. Whether a kind of event is recorded is one
+//! relaxed load of a per-ring mask and a branch; recording one is a tick read, a
+//! claimed slot and sixteen stores. Nothing here allocates, locks or makes a system
+//! call on that path (the thread id is cached per thread). Counting is relaxed atomic
+//! additions into the same file.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crate::clock::{self, DeviceClock};
+use crate::event::{EventType, Phase};
+use crate::instructions::InstructionTrace;
+use crate::layout::{self, DEFAULT_MAX_EVENTS_PER_NC};
+use crate::record::{
+    DEVICE_KIND_INSTRUCTION, DEVICE_RECORD_WORDS, DeviceRecord, FLAG_NRTA_SEQ, FLAG_STATUS, InstructionRun, RUN_MAX,
+    SystemRecord,
+};
+use crate::ring::{Claim, RingRef};
+use crate::topology::CoreSet;
+use crate::writer::DatastoreWriter;
+
+/// A mask with every system event type.
+pub const ALL_SYSTEM_EVENTS: u64 = (1 << EventType::ALL.len()) - 1;
+
+/// Parses `NEURON_RT_INSPECT_EVENT_FILTER_TYPE`: event names and the groups
+/// `hardware` and `software`, comma-separated; `^x` excludes `x`. Only exclusions
+/// means "everything but".
+pub fn parse_event_filter(text: &str) -> Result<u64, String> {
+    let mut include = 0u64;
+    let mut exclude = 0u64;
+    let mut any_include = false;
+    for item in text.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (negate, name) = match item.strip_prefix('^') {
+            Some(rest) => (true, rest.trim()),
+            None => (false, item),
+        };
+        let mask = match name {
+            "hardware" => EventType::ALL.iter().filter(|t| t.is_hardware()).fold(0, |m, t| m | t.bit()),
+            "software" => EventType::ALL.iter().filter(|t| !t.is_hardware()).fold(0, |m, t| m | t.bit()),
+            _ => EventType::from_name(name).map(EventType::bit).ok_or_else(|| {
+                let names: Vec<&str> = EventType::ALL.iter().map(|t| t.name()).collect();
+                format!("unknown event type `{name}`; use hardware, software or one of {}", names.join(", "))
+            })?,
+        };
+        if negate {
+            exclude |= mask;
+        } else {
+            include |= mask;
+            any_include = true;
+        }
+    }
+    Ok(if any_include { include } else { ALL_SYSTEM_EVENTS } & !exclude)
+}
+
+/// What the rings record, from the `NEURON_RT_INSPECT_*` variables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InspectConfig {
+    /// System trace rings record (`NEURON_RT_INSPECT_ENABLE`, `_SYSTEM_PROFILE`).
+    pub system: bool,
+    /// Device trace rings record (`NEURON_RT_INSPECT_ENABLE`, `_DEVICE_PROFILE`).
+    pub device: bool,
+    /// Only these cores record (`NEURON_RT_INSPECT_EVENT_FILTER_NC`).
+    pub cores: Option<CoreSet>,
+    /// System event types recorded (`NEURON_RT_INSPECT_EVENT_FILTER_TYPE`).
+    pub event_types: u64,
+    /// Ring size; rounded up to a power of two.
+    pub max_events_per_nc: u64,
+    /// Refuse new events instead of overwriting the oldest (`NEURON_VIRT_TRACE_DISCARD`).
+    pub discard: bool,
+}
+
+impl Default for InspectConfig {
+    fn default() -> InspectConfig {
+        InspectConfig {
+            system: true,
+            device: true,
+            cores: None,
+            event_types: ALL_SYSTEM_EVENTS,
+            max_events_per_nc: DEFAULT_MAX_EVENTS_PER_NC,
+            discard: false,
+        }
+    }
+}
+
+/// Emits events into a datastore's rings and counts into its counters.
+#[derive(Debug)]
+pub struct Tracer {
+    pub(crate) store: DatastoreWriter,
+    /// Per ring position (0: process ring, 1 + slot: core rings), the system event
+    /// types recorded now.
+    system_masks: Vec<AtomicU64>,
+    /// The masks the configuration asks for, restored when a trace session stops.
+    configured_system_masks: Vec<u64>,
+    /// Per core slot: whether device events are recorded.
+    device_enabled: Vec<AtomicBool>,
+    configured_device: Vec<bool>,
+    /// Per ring position (system rings, then device rings): events consumed by the
+    /// in-process trace session; discard mode refuses events a whole ring ahead.
+    consumed: Vec<AtomicU64>,
+    /// Every ring, in the same positions as `consumed`.
+    rings: Vec<RingRef>,
+    discard: bool,
+    device_clocks: Vec<DeviceClock>,
+    /// Nanoseconds per tick, measured at init (for durations).
+    pub(crate) ns_per_tick: f64,
+    next_tracking_id: AtomicU64,
+    next_exec_id: AtomicU64,
+    /// Per core slot: the model that ran last (for `nrt_model_switch`).
+    last_model: Vec<AtomicU64>,
+}
+
+/// Identifies the ring an event goes to: 0 is the process ring, `1 + slot` a core's.
+pub type RingPos = usize;
+
+/// The ids an execution's events carry.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EventIds {
+    pub exec_id: u64,
+    pub model_id: u32,
+    /// The sequence id of the asynchronous request the event belongs to; 0 for none.
+    pub nrta_seq_id: u64,
+}
+
+thread_local! {
+    static THREAD_ID: Cell<u32> = const { Cell::new(0) };
+}
+
+/// The kernel thread id, read once per thread.
+#[inline]
+fn thread_id() -> u32 {
+    THREAD_ID.with(|cached| {
+        let id = cached.get();
+        if id != 0 {
+            return id;
+        }
+        let id = nix::unistd::gettid().as_raw() as u32;
+        cached.set(id);
+        id
+    })
+}
+
+impl Tracer {
+    pub fn new(
+        store: DatastoreWriter,
+        inspect: &InspectConfig,
+        cores: &[u32],
+        device_clocks: Vec<DeviceClock>,
+        ns_per_tick: f64,
+    ) -> Tracer {
+        let core_on = |core: u32| inspect.cores.as_ref().is_none_or(|set| set.contains(core));
+        let mut configured_system_masks = vec![if inspect.system { inspect.event_types } else { 0 }];
+        configured_system_masks
+            .extend(cores.iter().map(|&c| if inspect.system && core_on(c) { inspect.event_types } else { 0 }));
+        let configured_device: Vec<bool> = cores.iter().map(|&c| inspect.device && core_on(c)).collect();
+        let rings = std::iter::once(store.host_ring())
+            .chain((0..cores.len()).map(|slot| store.core_ring(slot, false)))
+            .chain((0..cores.len()).map(|slot| store.core_ring(slot, true)))
+            .collect();
+        let tracer = Tracer {
+            store,
+            system_masks: configured_system_masks.iter().map(|&m| AtomicU64::new(m)).collect(),
+            configured_system_masks,
+            device_enabled: configured_device.iter().map(|&d| AtomicBool::new(d)).collect(),
+            configured_device,
+            consumed: (0..1 + 2 * cores.len()).map(|_| AtomicU64::new(0)).collect(),
+            rings,
+            discard: inspect.discard,
+            device_clocks,
+            ns_per_tick,
+            next_tracking_id: AtomicU64::new(1),
+            next_exec_id: AtomicU64::new(1),
+            last_model: cores.iter().map(|_| AtomicU64::new(0)).collect(),
+        };
+        tracer.publish_recording();
+        tracer
+    }
+
+    /// The datastore the events go to.
+    pub fn store(&self) -> &DatastoreWriter {
+        &self.store
+    }
+
+    /// Nanoseconds per tick, measured at init.
+    pub fn ns_per_tick(&self) -> f64 {
+        self.ns_per_tick
+    }
+
+    /// The ring position of `core` (`None`: the process ring).
+    #[inline]
+    pub fn ring_of(&self, core: Option<u32>) -> RingPos {
+        core.and_then(|c| self.store.core_slot(c)).map_or(0, |slot| slot + 1)
+    }
+
+    pub fn next_exec_id(&self) -> u64 {
+        self.next_exec_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Whether `event_type` is recorded in ring `ring` now.
+    #[inline]
+    pub fn enabled(&self, ring: RingPos, event_type: EventType) -> bool {
+        self.system_masks[ring].load(Ordering::Relaxed) & event_type.bit() != 0
+    }
+
+    /// Whether device events of core slot `slot` are recorded now.
+    #[inline]
+    pub fn device_enabled(&self, slot: usize) -> bool {
+        self.device_enabled[slot].load(Ordering::Relaxed)
+    }
+
+    /// Records one system event (checks the mask first). The check is inlined into
+    /// the caller, so a disabled type costs a load and a branch, not a call.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn emit(
+        &self,
+        ring: RingPos,
+        event_type: EventType,
+        phase: Phase,
+        tracking_id: u64,
+        ids: EventIds,
+        string_id: u32,
+        args: [u64; 4],
+        flags: u8,
+    ) {
+        if !self.enabled(ring, event_type) {
+            return;
+        }
+        self.emit_at(clock::ticks(), ring, event_type, phase, tracking_id, ids, string_id, args, flags);
+    }
+
+    /// Records one system event with a given timestamp (mask already checked).
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn emit_at(
+        &self,
+        timestamp: u64,
+        ring: RingPos,
+        event_type: EventType,
+        phase: Phase,
+        tracking_id: u64,
+        ids: EventIds,
+        string_id: u32,
+        args: [u64; 4],
+        flags: u8,
+    ) {
+        let record = SystemRecord {
+            timestamp,
+            tracking_id,
+            exec_id: ids.exec_id,
+            nrta_seq_id: ids.nrta_seq_id,
+            event_type: event_type as u16,
+            phase: phase as u8,
+            flags: if ids.nrta_seq_id != 0 { flags | FLAG_NRTA_SEQ } else { flags },
+            thread_id: thread_id(),
+            model_id: ids.model_id,
+            string_id,
+            args,
+        };
+        let claim = if self.discard { Claim::Discard { consumed: &self.consumed[ring] } } else { Claim::Shared };
+        self.rings[ring].push(&self.store.region, claim, &record.encode());
+    }
+
+    /// Opens a span: emits its start and returns the tracking id its stop must carry
+    /// (0 when the type is not recorded).
+    #[inline]
+    pub fn start(&self, ring: RingPos, event_type: EventType, ids: EventIds, string_id: u32) -> u64 {
+        if !self.enabled(ring, event_type) {
+            return 0;
+        }
+        let tracking_id = self.next_tracking_id.fetch_add(1, Ordering::Relaxed);
+        self.emit_at(clock::ticks(), ring, event_type, Phase::Start, tracking_id, ids, string_id, [0; 4], 0);
+        tracking_id
+    }
+
+    /// Opens a span whose start carries `args`.
+    #[inline]
+    pub fn start_with(
+        &self,
+        ring: RingPos,
+        event_type: EventType,
+        ids: EventIds,
+        string_id: u32,
+        args: [u64; 4],
+    ) -> u64 {
+        if !self.enabled(ring, event_type) {
+            return 0;
+        }
+        let tracking_id = self.next_tracking_id.fetch_add(1, Ordering::Relaxed);
+        self.emit_at(clock::ticks(), ring, event_type, Phase::Start, tracking_id, ids, string_id, args, 0);
+        tracking_id
+    }
+
+    /// Closes a span opened by [`Tracer::start`], with the call's status code (the
+    /// public `NRT_STATUS` number) if it has one.
+    #[inline]
+    pub fn stop(
+        &self,
+        ring: RingPos,
+        event_type: EventType,
+        tracking_id: u64,
+        ids: EventIds,
+        string_id: u32,
+        status: Option<u32>,
+    ) {
+        let (args, flags) = match status {
+            Some(code) => ([0, 0, 0, u64::from(code)], FLAG_STATUS),
+            None => ([0; 4], 0),
+        };
+        self.emit(ring, event_type, Phase::Stop, tracking_id, ids, string_id, args, flags);
+    }
+
+    /// Allocates a tracking id for a span whose start is emitted by hand.
+    pub fn tracking_id(&self) -> u64 {
+        self.next_tracking_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Records a device event for core slot `slot`, whose execution lock the caller
+    /// holds (so it is the ring's only producer).
+    #[inline]
+    pub fn emit_device(&self, slot: usize, record: &DeviceRecord) {
+        self.push_device(slot, 1, |first_event| DeviceRecord { first_event, ..*record }.encode());
+    }
+
+    /// Appends a device record holding `count` events, numbered from the ring's event
+    /// count, which is advanced before the record is published (single producer: the
+    /// caller holds the core's execution lock). Events of a record refused in discard
+    /// mode are counted dropped, and readers see them as a gap in the numbering.
+    #[inline]
+    fn push_device(&self, slot: usize, count: u64, record: impl FnOnce(u64) -> [u64; DEVICE_RECORD_WORDS]) {
+        let position = 1 + self.device_clocks.len() + slot;
+        let ring = &self.rings[position];
+        let region = &self.store.region;
+        let events = ring.events(region);
+        let first = events.load(Ordering::Relaxed);
+        let claim = if self.discard { Claim::Discard { consumed: &self.consumed[position] } } else { Claim::Exclusive };
+        let pushed = ring.push_then(region, claim, &record(first), || events.store(first + count, Ordering::Release));
+        if !pushed {
+            events.store(first + count, Ordering::Release);
+            ring.add_dropped(region, count - 1);
+        }
+    }
+
+    /// Records an instruction's device event, run from host `start` to `end` ticks,
+    /// for core slot `slot`, whose execution lock the caller holds.
+    #[inline]
+    pub fn emit_instruction(&self, slot: usize, ids: EventIds, it: &InstructionTrace, start: u64, end: u64) {
+        self.emit_device(
+            slot,
+            &DeviceRecord {
+                first_event: 0,
+                start_ns: self.device_ns(slot, start),
+                end_ns: self.device_ns(slot, end),
+                exec_id: ids.exec_id,
+                model_id: ids.model_id,
+                kind: DEVICE_KIND_INSTRUCTION,
+                unit: it.engine,
+                opcode_or_index: it.opcode_id,
+                hlo_string: it.hlo_id,
+                step: it.step,
+                flops_or_bytes: it.flops,
+                bytes_read: it.bytes_read,
+                bytes_written: it.bytes_written,
+            },
+        );
+    }
+
+    /// Records the instructions an execution ran on core slot `slot` (whose execution
+    /// lock the caller holds): instruction `k` of `instructions` ran from host tick
+    /// `boundaries[k]` to `boundaries[k + 1]`. When the model's instructions are in the
+    /// datastore's instruction table (`in_table`), consecutive instructions share run
+    /// records of up to [`RUN_MAX`] durations; an instruction longer than `u32::MAX` ns,
+    /// or a model not in the table, gets a full record per instruction.
+    pub fn emit_instructions(
+        &self,
+        slot: usize,
+        ids: EventIds,
+        instructions: &[InstructionTrace],
+        in_table: bool,
+        boundaries: &[u64],
+    ) {
+        let n = boundaries.len().saturating_sub(1).min(instructions.len());
+        if !in_table {
+            for k in 0..n {
+                self.emit_instruction(slot, ids, &instructions[k], boundaries[k], boundaries[k + 1]);
+            }
+            return;
+        }
+        let clock = self.device_clocks[slot];
+        let mut k = 0;
+        while k < n {
+            let start_ns = clock.at(boundaries[k]);
+            let mut run = InstructionRun {
+                exec_id: ids.exec_id,
+                model_id: ids.model_id,
+                first: k as u32,
+                start_ns,
+                ..InstructionRun::default()
+            };
+            let mut previous = start_ns;
+            let mut count = 0;
+            while count < RUN_MAX && k + count < n {
+                let end = clock.at(boundaries[k + count + 1]);
+                let Ok(duration) = u32::try_from(end.saturating_sub(previous)) else { break };
+                run.durations[count] = duration;
+                previous = end;
+                count += 1;
+            }
+            if count == 0 {
+                self.emit_instruction(slot, ids, &instructions[k], boundaries[k], boundaries[k + 1]);
+                k += 1;
+                continue;
+            }
+            run.count = count as u8;
+            self.push_device(slot, count as u64, |first_event| {
+                run.first_event = first_event;
+                run.encode()
+            });
+            k += count;
+        }
+    }
+
+    /// The device clock of core slot `slot` at host `ticks`.
+    #[inline]
+    pub fn device_ns(&self, slot: usize, ticks: u64) -> u64 {
+        self.device_clocks[slot].at(ticks)
+    }
+
+    /// Records which model core slot `slot` runs; returns the previous one if it
+    /// differs (a model switch).
+    pub fn switch_model(&self, slot: usize, model_id: u32) -> Option<u32> {
+        let previous = self.last_model[slot].swap(u64::from(model_id), Ordering::Relaxed) as u32;
+        (previous != 0 && previous != model_id).then_some(previous)
+    }
+
+    /// Adds `n` to counter `word` ([`crate::counters::core`]) of core slot `slot`.
+    #[inline]
+    pub fn add(&self, slot: usize, word: u64, n: u64) {
+        self.store.core_counter(slot, word).fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A tick count in nanoseconds.
+    pub fn ticks_to_ns(&self, ticks: u64) -> u64 {
+        (ticks as f64 * self.ns_per_tick) as u64
+    }
+
+    /// Applies a trace session's recording request on top of the configuration
+    /// (`None` restores the configuration).
+    pub(crate) fn set_session_recording(&self, session: Option<(u64, Option<&[u32]>)>) {
+        for (ring, mask) in self.system_masks.iter().enumerate() {
+            let configured = self.configured_system_masks[ring];
+            let requested = match session {
+                Some((types, cores)) => {
+                    let core = (ring > 0).then(|| self.core_of_slot(ring - 1));
+                    let wanted = match (core, cores) {
+                        (Some(c), Some(list)) => list.contains(&c),
+                        (None, Some(_)) => false,
+                        (_, None) => true,
+                    };
+                    if wanted { types } else { 0 }
+                }
+                None => 0,
+            };
+            mask.store(configured | requested, Ordering::Relaxed);
+        }
+        for (slot, enabled) in self.device_enabled.iter().enumerate() {
+            enabled.store(self.configured_device[slot], Ordering::Relaxed);
+        }
+        self.publish_recording();
+    }
+
+    /// Turns the system rings and the device rings on or off, every event type and
+    /// core (benchmarks, and tools that record chosen executions).
+    pub fn set_recording(&self, system: bool, device: bool) {
+        for mask in &self.system_masks {
+            mask.store(if system { ALL_SYSTEM_EVENTS } else { 0 }, Ordering::Relaxed);
+        }
+        for enabled in &self.device_enabled {
+            enabled.store(device, Ordering::Relaxed);
+        }
+        self.publish_recording();
+    }
+
+    fn publish_recording(&self) {
+        let system = self.system_masks.iter().any(|m| m.load(Ordering::Relaxed) != 0);
+        let device = self.device_enabled.iter().any(|d| d.load(Ordering::Relaxed));
+        let mut flags = 0;
+        if system {
+            flags |= layout::RECORDING_SYSTEM;
+        }
+        if device {
+            flags |= layout::RECORDING_DEVICE;
+        }
+        if self.discard {
+            flags |= layout::RECORDING_DISCARD_MODE;
+        }
+        self.store.set_recording(flags);
+    }
+
+    fn core_of_slot(&self, slot: usize) -> u32 {
+        self.store.held_cores()[slot]
+    }
+
+    /// The in-process consumer position of ring position `position`.
+    pub(crate) fn consumed(&self, position: usize) -> &AtomicU64 {
+        &self.consumed[position]
+    }
+
+    /// The ring position (system rings, then device rings) of the ring at `base`.
+    pub(crate) fn position_of(&self, base: u64) -> Option<usize> {
+        self.rings.iter().position(|r| r.base == base)
+    }
+}
