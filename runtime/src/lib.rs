@@ -25,7 +25,7 @@ mod lifecycle;
 mod pool;
 mod reservation;
 mod runtime;
-mod simplify;
+
 mod tensor;
 
 pub use collectives::{Algorithm, Collective, CollectiveCall, Communicator};

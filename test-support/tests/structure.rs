@@ -17,17 +17,6 @@ use syn::visit::Visit;
 /// The longest a source file may be.
 const MAX_LINES: usize = 1000;
 
-/// Files still over [`MAX_LINES`], each to be split along its seams; a file leaves the
-/// list when it is split (the test fails while a file here is short enough).
-const STILL_TO_SPLIT: &[&str] = &[
-    "ntff/src/export/mod.rs",
-    "runtime/src/backend/fusion.rs",
-    "runtime/src/backend/kernels/mod.rs",
-    "runtime/src/compile.rs",
-    "runtime/src/isa.rs",
-    "runtime/src/runtime.rs",
-];
-
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().expect("the workspace root")
 }
@@ -55,20 +44,15 @@ fn no_source_file_is_over_a_thousand_lines() {
     let mut files = Vec::new();
     rust_files(&root, &mut files);
     assert!(files.len() > 100, "found only {} source files under {}", files.len(), root.display());
-    let mut long = Vec::new();
-    let mut split = Vec::new();
-    for file in &files {
-        let lines = std::fs::read_to_string(file).map_or(0, |text| text.lines().count());
-        let name = file.strip_prefix(&root).unwrap_or(file).display().to_string();
-        match (lines > MAX_LINES, STILL_TO_SPLIT.contains(&name.as_str())) {
-            (true, false) => long.push(format!("{name} ({lines} lines)")),
-            (false, true) => split.push(name),
-            _ => {}
-        }
-    }
+    let mut long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let lines = std::fs::read_to_string(f).ok()?.lines().count();
+            (lines > MAX_LINES).then(|| format!("{} ({lines} lines)", f.strip_prefix(&root).unwrap_or(f).display()))
+        })
+        .collect();
     long.sort();
     assert!(long.is_empty(), "split these along their seams:\n{}", long.join("\n"));
-    assert!(split.is_empty(), "take these off STILL_TO_SPLIT, they are short enough now:\n{}", split.join("\n"));
 }
 
 /// A module: its path from the crate root (empty for the root).

@@ -4,9 +4,8 @@
 
 use ndarray::{ArrayD, ArrayViewD, Axis, Dimension, IxDyn, Slice};
 
-use super::{
-    arr, compare_scalars, each_type, execute, first, reduce_f32, reduce_int, reduce_pred, to_usize, unvalidated,
-};
+use super::reduce::{reduce_f32, reduce_int, reduce_pred};
+use super::{arr, compare_scalars, each_type, execute, first, to_usize, unvalidated};
 use crate::backend::element::{Element, with_element, with_float, with_int};
 use crate::backend::{Value, ValueRef};
 use crate::dtype::{ArrayType, DType, DTypeClass};

@@ -1,0 +1,358 @@
+//! Fusion of element-wise chains: several `f32` / `pred` element-wise instructions of
+//! one shape run together, tile by tile, instead of one whole-array pass each.
+//!
+//! A chain such as `divide → select → subtract → exponential` over a large array costs
+//! one read and one write of the whole array per instruction when run one by one, plus
+//! a materialised array for every broadcast it reads. Fused, each tile of about a
+//! thousand elements goes through every instruction while it is in the first-level
+//! cache, broadcasts are read in place (a row of the operand, or one scalar per row),
+//! and only the values that something after the group reads are written out.
+//!
+//! Nothing about the program changes: the same instructions run, with the same
+//! numerics (every kernel here computes element by element exactly as its
+//! whole-array counterpart in `kernels`). The executable only reorders instructions
+//! that do not depend on each other so that a group's members are adjacent, and times
+//! each member per tile, so that the device trace still shows every original
+//! instruction with its share of the group's time.
+//!
+//! Values inside a group are `f32` lanes; a `pred` value is held as `0.0` or `1.0`.
+
+mod evaluate;
+mod plan;
+
+use std::borrow::Cow;
+
+use ndarray::{ArrayD, ArrayViewD, IxDyn};
+
+use super::kernels::{
+    compare_scalars, exp_f32, max_f32, min_f32, round_mantissa, round_to_format, sign_f32, unvalidated, vectorized,
+    vectorized_job, with_activation, with_binary_f32, with_rounding, with_unary_f32,
+};
+use super::{Destination, Output, Value, ValueRef};
+use crate::dtype::DType;
+use crate::isa::{ActivationFn, BinaryOp, CompareDirection, FloatFormat, Instruction, Op, Program, UnaryOp};
+use crate::pool::HostPool;
+use neuron_datastore::clock::ticks;
+
+/// Elements per tile: each member's tile (4 KiB) stays in the first-level cache while
+/// the next member reads it.
+const TILE: usize = 1024;
+
+/// Groups with an operand read in rows (a broadcast along some dimensions) shorter than
+/// this are not fused: assembling its tiles row by row would outweigh the gain.
+const MIN_ROW: usize = 32;
+
+/// The most instructions in one group, which bounds the scratch memory per thread.
+const MAX_MEMBERS: usize = 64;
+
+/// Fused work of at least this many element operations (elements × members) is split
+/// across idle compute slots.
+const PARALLEL_MIN_WORK: usize = 1 << 18;
+
+/// What one member computes, on lanes.
+#[derive(Debug, Clone, PartialEq)]
+enum Kernel {
+    /// The operand unchanged: a broadcast (read in place), a copy, a conversion that
+    /// keeps the lane value (`pred → f32`, `f32 → f32`).
+    Pass,
+    Binary(BinaryOp),
+    Unary(UnaryOp),
+    /// `not` of a `pred`.
+    Not,
+    Activation(ActivationFn),
+    Compare {
+        direction: CompareDirection,
+        total_order: bool,
+    },
+    Select,
+    /// `convert` of an `f32` to `pred`: anything non-zero (NaN too) is true.
+    ToPred,
+    Clamp,
+    Round {
+        format: FloatFormat,
+        saturate: bool,
+    },
+}
+
+/// Where a member's operand comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Source {
+    Input(usize),
+    Member(usize),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Member {
+    kernel: Kernel,
+    operands: Vec<Source>,
+}
+
+/// A value the group reads from outside, seen in the group's shape.
+#[derive(Debug, Clone, PartialEq)]
+struct Input {
+    buffer: u32,
+    reads: Reads,
+}
+
+/// How a group input's elements line up with the group's.
+#[derive(Debug, Clone, PartialEq)]
+enum Reads {
+    /// Element for element: a tile is a slice of the input.
+    Flat,
+    /// One value for every element (a scalar, or a broadcast of one).
+    Scalar,
+    /// Row by row (a broadcast along some dimensions): the input's element strides, one
+    /// per leading (row) dimension of the group, and its stride along the collapsed
+    /// row: 1 (contiguous), 0 (one value per row) or another step.
+    Rows { row_strides: Vec<usize>, lane_stride: usize },
+}
+
+/// A planned group: the members run in order, on tiles of the group's shape.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Group {
+    dims: Vec<usize>,
+    /// The leading dimensions (rows) and the length of the collapsed row.
+    row_dims: Vec<usize>,
+    row_len: usize,
+    inputs: Vec<Input>,
+    members: Vec<Member>,
+    /// Members whose values are read after the group or returned: (member, buffer, pred).
+    outputs: Vec<(usize, u32, bool)>,
+}
+
+/// How a program runs: single instructions and fused groups, in execution order.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Schedule {
+    /// Positions in the program's step order, in the order they execute.
+    pub(super) order: Vec<usize>,
+    /// Units of `order`: `len` consecutive positions, fused when `group` is set.
+    pub(super) units: Vec<Unit>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Unit {
+    /// First index into `Schedule::order`.
+    pub(super) first: usize,
+    pub(super) len: usize,
+    pub(super) group: Option<Group>,
+}
+
+pub(super) use evaluate::run;
+pub(super) use plan::schedule;
+
+#[cfg(test)]
+mod tests {
+    use super::plan::{row_split, strides_in_group};
+    use proptest::prelude::*;
+
+    use super::super::{Executable, Input as ProgramInput, Output as ProgramOutput};
+    use super::*;
+    use crate::compile::{Target, compile_hlo};
+    use crate::dtype::ArrayType;
+
+    /// Runs `hlo` with and without fusion and returns each run's output bytes and the
+    /// number of fused groups.
+    fn run_both(hlo: &str, inputs: &[(Vec<u64>, Vec<f32>)]) -> (Vec<Vec<u8>>, Vec<Vec<u8>>, usize) {
+        let program = compile_hlo(hlo, Target::Trn1).expect("compiles");
+        let pool = HostPool::new(2);
+        let run = |fuse: bool| {
+            let executable = Executable::new(program.clone(), fuse);
+            let values = inputs
+                .iter()
+                .map(|(dims, data)| {
+                    let ty = ArrayType::new(DType::F32, dims.clone());
+                    let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    ProgramInput::Copied(Value::from_le_bytes(&ty, &bytes))
+                })
+                .collect();
+            let destinations = program.outputs.iter().map(|_| None).collect();
+            let outputs = executable
+                .run(values, destinations, u64::MAX, &pool, &mut |_, _, _, _| unreachable!(), |_, _, _| {})
+                .expect("runs");
+            let bytes = outputs
+                .iter()
+                .map(|output| {
+                    let view = match output {
+                        ProgramOutput::Written(view) => view.view(),
+                        ProgramOutput::Value(value) => value.view(),
+                    };
+                    let mut bytes =
+                        vec![0u8; view.shape().iter().product::<usize>() * view.dtype().size_bytes() as usize];
+                    view.write_le_bytes(&mut bytes);
+                    bytes
+                })
+                .collect::<Vec<_>>();
+            let groups = executable.units.iter().filter(|u| u.group.is_some()).count();
+            (bytes, groups)
+        };
+        let (fused, groups) = run(true);
+        let (plain, _) = run(false);
+        (fused, plain, groups)
+    }
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let x = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed.wrapping_mul(40_503));
+                match x % 97 {
+                    0 => f32::NAN,
+                    1 => f32::INFINITY,
+                    2 => -0.0,
+                    _ => (x % 2001) as f32 / 250.0 - 4.0,
+                }
+            })
+            .collect()
+    }
+
+    /// The softmax of the attention example: broadcasts read in place, a mask, a
+    /// per-row maximum subtracted, and pred values inside the group.
+    const SOFTMAX: &str = r#"
+HloModule softmax
+region_max {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(a, b)
+}
+ENTRY main {
+  x = f32[4,64,48]{2,1,0} parameter(0)
+  c8 = f32[] constant(8)
+  b8 = f32[4,64,48]{2,1,0} broadcast(c8), dimensions={}
+  scaled = f32[4,64,48]{2,1,0} divide(x, b8)
+  i0 = s32[64,48]{1,0} iota(), iota_dimension=0
+  i1 = s32[64,48]{1,0} iota(), iota_dimension=1
+  mask = pred[64,48]{1,0} compare(i0, i1), direction=GE
+  bmask = pred[4,64,48]{2,1,0} broadcast(mask), dimensions={1,2}
+  ninf = f32[] constant(-inf)
+  bninf = f32[4,64,48]{2,1,0} broadcast(ninf), dimensions={}
+  masked = f32[4,64,48]{2,1,0} select(bmask, scaled, bninf)
+  rowmax = f32[4,64]{1,0} reduce(masked, ninf), dimensions={2}, to_apply=region_max
+  browmax = f32[4,64,48]{2,1,0} broadcast(rowmax), dimensions={0,1}
+  shifted = f32[4,64,48]{2,1,0} subtract(masked, browmax)
+  e = f32[4,64,48]{2,1,0} exponential(shifted)
+  positive = pred[4,64,48]{2,1,0} compare(x, bninf), direction=GT
+  flag = f32[4,64,48]{2,1,0} convert(positive)
+  zero = f32[] constant(0)
+  one = f32[] constant(1)
+  clamped = f32[4,64,48]{2,1,0} clamp(zero, e, one)
+  ROOT out = (f32[4,64,48]{2,1,0}, f32[4,64,48]{2,1,0}, f32[4,64,48]{2,1,0}) tuple(clamped, flag, masked)
+}
+"#;
+
+    #[test]
+    fn fused_softmax_is_bit_identical_to_unfused() {
+        let x = data(4 * 64 * 48, 7);
+        let (fused, plain, groups) = run_both(SOFTMAX, &[(vec![4, 64, 48], x)]);
+        assert!(groups >= 2, "expected the two chains around the reduce to fuse, got {groups} groups");
+        assert_eq!(fused, plain);
+    }
+
+    /// Element-wise operations a random chain picks from: (HLO text with `A` and `B`
+    /// for operands, number of operands).
+    const OPS: &[(&str, usize)] = &[
+        ("add(A, B)", 2),
+        ("subtract(A, B)", 2),
+        ("multiply(A, B)", 2),
+        ("divide(A, B)", 2),
+        ("maximum(A, B)", 2),
+        ("minimum(A, B)", 2),
+        ("power(A, B)", 2),
+        ("remainder(A, B)", 2),
+        ("atan2(A, B)", 2),
+        ("negate(A)", 1),
+        ("abs(A)", 1),
+        ("sign(A)", 1),
+        ("floor(A)", 1),
+        ("round-nearest-even(A)", 1),
+        ("exponential(A)", 1),
+        ("log(A)", 1),
+        ("tanh(A)", 1),
+        ("logistic(A)", 1),
+        ("sqrt(A)", 1),
+        ("rsqrt(A)", 1),
+        ("sine(A)", 1),
+        ("exponential-minus-one(A)", 1),
+        ("reduce-precision(A), exponent_bits=8, mantissa_bits=7", 1),
+    ];
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+        /// Random chains over full-shape values, per-row and per-column broadcasts and
+        /// scalars, with a reduction in the middle that splits them, give bit-identical
+        /// results fused and unfused.
+        #[test]
+        fn random_chains_fuse_exactly(
+            picks in prop::collection::vec((0..OPS.len(), 0usize..64, 0usize..64), 2..14),
+            reduce_at in 0usize..14,
+            compare_at in 0usize..14,
+            seed in 0u32..1000,
+        ) {
+            let mut lines = vec![
+                "  p0 = f32[5,72]{1,0} parameter(0)".to_string(),
+                "  p1 = f32[5,72]{1,0} parameter(1)".to_string(),
+                "  p2 = f32[5]{0} parameter(2)".to_string(),
+                "  p3 = f32[72]{0} parameter(3)".to_string(),
+                "  p4 = f32[] parameter(4)".to_string(),
+                "  rows = f32[5,72]{1,0} broadcast(p2), dimensions={0}".to_string(),
+                "  cols = f32[5,72]{1,0} broadcast(p3), dimensions={1}".to_string(),
+                "  scalar = f32[5,72]{1,0} broadcast(p4), dimensions={}".to_string(),
+                "  zero = f32[] constant(0)".to_string(),
+            ];
+            let mut values = vec!["p0".to_string(), "p1".to_string(), "rows".to_string(), "cols".to_string(), "scalar".to_string()];
+            for (k, &(op, a, b)) in picks.iter().enumerate() {
+                let (text, _) = OPS[op];
+                let a = values[a % values.len()].clone();
+                let b = values[b % values.len()].clone();
+                let name = format!("v{k}");
+                lines.push(format!("  {name} = f32[5,72]{{1,0}} {}", text.replace('A', &a).replace('B', &b)));
+                if k == compare_at {
+                    lines.push(format!("  c{k} = pred[5,72]{{1,0}} compare({name}, {a}), direction=LT"));
+                    lines.push(format!("  s{k} = f32[5,72]{{1,0}} select(c{k}, {name}, {b})"));
+                    values.push(format!("s{k}"));
+                }
+                if k == reduce_at {
+                    lines.push(format!("  r{k} = f32[5]{{0}} reduce({name}, zero), dimensions={{1}}, to_apply=sum"));
+                    lines.push(format!("  br{k} = f32[5,72]{{1,0}} broadcast(r{k}), dimensions={{0}}"));
+                    values.push(format!("br{k}"));
+                }
+                values.push(name);
+            }
+            let last = values.last().cloned().unwrap_or_default();
+            let middle = values[values.len() / 2].clone();
+            lines.push(format!(
+                "  ROOT out = (f32[5,72]{{1,0}}, f32[5,72]{{1,0}}) tuple({last}, {middle})"
+            ));
+            let hlo = format!(
+                "HloModule chain\nsum {{\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}}\nENTRY main {{\n{}\n}}\n",
+                lines.join("\n")
+            );
+            let inputs = vec![
+                (vec![5, 72], data(360, seed)),
+                (vec![5, 72], data(360, seed + 1)),
+                (vec![5], data(5, seed + 2)),
+                (vec![72], data(72, seed + 3)),
+                (vec![], data(1, seed + 4)),
+            ];
+            let (fused, plain, _) = run_both(&hlo, &inputs);
+            prop_assert_eq!(fused, plain, "{}", hlo);
+        }
+    }
+
+    #[test]
+    fn rows_collapse_while_every_operand_steps_as_one_run() {
+        let dims = [4, 256, 256];
+        let same = strides_in_group(&[4, 256, 256], None, &dims);
+        assert_eq!(same, vec![65536, 256, 1]);
+        assert_eq!(row_split(&dims, std::slice::from_ref(&same)), 0);
+        // A mask broadcast over the first dimension: rows of 65536.
+        let mask = strides_in_group(&[256, 256], Some(&[1, 2]), &dims);
+        assert_eq!(mask, vec![0, 256, 1]);
+        assert_eq!(row_split(&dims, &[same.clone(), mask]), 1);
+        // One value per row of the last dimension: rows of 256.
+        let per_row = strides_in_group(&[4, 256], Some(&[0, 1]), &dims);
+        assert_eq!(per_row, vec![256, 1, 0]);
+        assert_eq!(row_split(&dims, &[same, per_row]), 2);
+        // A scalar never limits the row.
+        assert_eq!(row_split(&dims, &[strides_in_group(&[], Some(&[]), &dims)]), 0);
+    }
+}

@@ -1,0 +1,255 @@
+//! Matrix products (`dot`): batched, through the `gemm` crate for floats, split across
+//! idle compute slots when large.
+
+use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
+
+use super::*;
+use crate::backend::element::{Element, Int, cast, with_element, with_float, with_int};
+use crate::backend::{Value, ValueRef};
+use crate::dtype::{ArrayType, DType, DTypeClass};
+use crate::isa::DotDims;
+use crate::pool::HostPool;
+
+/// `dot` with general dimension numbers, as batched matrix products. Floats multiply
+/// in f32 with f32 accumulation and round once to the output type; integers are
+/// converted to the output type first and wrap.
+pub(super) fn matmul(
+    lhs: &ValueRef<'_>,
+    rhs: &ValueRef<'_>,
+    d: &DotDims,
+    out: &ArrayType,
+    helpers: &HostPool,
+) -> Value {
+    let dims = to_usize(&out.dims);
+    match lhs.dtype().class() {
+        DTypeClass::Float => {
+            if let (ValueRef::F32(l), ValueRef::F32(r), DType::F32) = (lhs, rhs, out.dtype) {
+                return Value::F32(batched_matmul(l, r, d, &dims, gemm_f32, helpers));
+            }
+            let (l, r) = (converted::<f32>(lhs), converted::<f32>(rhs));
+            let product = batched_matmul(&l.view(), &r.view(), d, &dims, gemm_f32, helpers);
+            with_float!(out.dtype, D => D::wrap(product.mapv(D::from_f32)), unvalidated("dot"))
+        }
+        DTypeClass::Signed | DTypeClass::Unsigned => with_int!(out.dtype, D => {
+            let (l, r) = (converted::<D>(lhs), converted::<D>(rhs));
+            D::wrap(batched_matmul(&l.view(), &r.view(), d, &dims, gemm_int::<D>, helpers))
+        }, unvalidated("dot")),
+        DTypeClass::Pred => unvalidated("dot on pred"),
+    }
+}
+
+/// A copy of `v` converted to `D`.
+pub(super) fn converted<D: Element>(v: &ValueRef<'_>) -> ArrayD<D> {
+    with_element!(v.dtype(), S => arr::<S>(v).mapv(cast::<S, D>))
+}
+
+/// A matrix product `c = a · b` on strided 2-D views; every element of `c` is written.
+pub(super) type Gemm<T> = fn(ndarray::ArrayView2<'_, T>, ndarray::ArrayView2<'_, T>, ndarray::ArrayViewMut2<'_, T>);
+
+pub(super) fn batched_matmul<T: Copy + Default + Send + Sync>(
+    lhs: &ArrayViewD<'_, T>,
+    rhs: &ArrayViewD<'_, T>,
+    d: &DotDims,
+    out_dims: &[usize],
+    gemm: Gemm<T>,
+    helpers: &HostPool,
+) -> ArrayD<T> {
+    let mut out = ArrayD::from_elem(IxDyn(out_dims), T::default());
+    batched_matmul_into(lhs, rhs, d, out.view_mut(), gemm, helpers);
+    out
+}
+
+/// Products smaller than this many multiply-adds run on the calling thread alone:
+/// waking a helper thread costs tens of microseconds.
+pub(super) const PARALLEL_MIN_MACS: usize = 1 << 22;
+
+/// One matrix product of a batch, or a block of columns or rows of one.
+pub(super) type GemmJob<'a, T> =
+    (ndarray::ArrayView2<'a, T>, ndarray::ArrayView2<'a, T>, ndarray::ArrayViewMut2<'a, T>);
+
+/// `dot` with general dimension numbers into `out` (the result's shape, row-major),
+/// as one matrix product per batch element. Every element of `out` is written. A large
+/// product is split across the host compute slots that are idle at that moment.
+pub(super) fn batched_matmul_into<T: Copy + Default + Send + Sync>(
+    lhs: &ArrayViewD<'_, T>,
+    rhs: &ArrayViewD<'_, T>,
+    d: &DotDims,
+    out: ndarray::ArrayViewMutD<'_, T>,
+    gemm: Gemm<T>,
+    helpers: &HostPool,
+) {
+    let (Ok(l), Ok(r)) =
+        (arrange(lhs, &d.lhs_batch, &d.lhs_contracting, true), arrange(rhs, &d.rhs_batch, &d.rhs_contracting, false))
+    else {
+        unvalidated("dot")
+    };
+    let (batch, m, k) = l.dim();
+    let n = r.dim().2;
+    let mut out = out.into_shape_with_order((batch, m, n)).unwrap_or_else(|_| unvalidated("dot"));
+    let macs = batch.saturating_mul(m).saturating_mul(n).saturating_mul(k);
+    let wanted = if macs >= PARALLEL_MIN_MACS { (macs / PARALLEL_MIN_MACS).min(batch.max(m).max(n)) - 1 } else { 0 };
+    let lent = helpers.lend(wanted);
+    let threads = lent.threads();
+    let mut jobs: Vec<GemmJob<'_, T>> = Vec::with_capacity(batch);
+    for (i, c) in out.outer_iter_mut().enumerate() {
+        jobs.push((l.index_axis(Axis(0), i), r.index_axis(Axis(0), i), c));
+    }
+    if threads == 1 {
+        return jobs.into_iter().for_each(|(a, b, c)| gemm(a, b, c));
+    }
+    // Fewer products than threads: cut each into blocks of its wider side.
+    if jobs.len() < threads {
+        let pieces = threads.div_ceil(jobs.len());
+        jobs = jobs.into_iter().flat_map(|job| split_gemm(job, pieces)).collect();
+    }
+    let per_part = jobs.len().div_ceil(threads);
+    let mut parts: Vec<Vec<GemmJob<'_, T>>> = Vec::with_capacity(threads);
+    let mut jobs = jobs.into_iter().peekable();
+    while jobs.peek().is_some() {
+        parts.push(jobs.by_ref().take(per_part).collect());
+    }
+    lent.run(parts, |part| part.into_iter().for_each(|(a, b, c)| gemm(a, b, c)));
+}
+
+/// Cuts a product into up to `pieces` products over blocks of columns (or of rows,
+/// when there are more rows than columns).
+pub(super) fn split_gemm<T>((mut a, mut b, mut c): GemmJob<'_, T>, pieces: usize) -> Vec<GemmJob<'_, T>> {
+    let (m, n) = c.dim();
+    let (axis, len) = if n >= m { (Axis(1), n) } else { (Axis(0), m) };
+    let block = len.div_ceil(pieces).max(1);
+    let mut blocks = Vec::with_capacity(pieces);
+    while c.len_of(axis) > block {
+        let (c_head, c_rest) = c.split_at(axis, block);
+        c = c_rest;
+        if axis == Axis(1) {
+            let (b_head, b_rest) = b.split_at(axis, block);
+            b = b_rest;
+            blocks.push((a, b_head, c_head));
+        } else {
+            let (a_head, a_rest) = a.split_at(axis, block);
+            a = a_rest;
+            blocks.push((a_head, b, c_head));
+        }
+    }
+    blocks.push((a, b, c));
+    blocks
+}
+
+/// Arranges an operand as `[batch, free, contracting]` (or `[batch, contracting, free]`),
+/// flattening each group of axes into one.
+pub(super) fn arrange<'a, T: Copy>(
+    a: &'a ArrayViewD<'_, T>,
+    batch: &[u32],
+    contracting: &[u32],
+    contracting_last: bool,
+) -> Result<ndarray::CowArray<'a, T, ndarray::Ix3>, ndarray::ShapeError> {
+    let free: Vec<usize> =
+        (0..a.ndim()).filter(|i| !batch.contains(&(*i as u32)) && !contracting.contains(&(*i as u32))).collect();
+    let batch: Vec<usize> = batch.iter().map(|&i| i as usize).collect();
+    let contracting: Vec<usize> = contracting.iter().map(|&i| i as usize).collect();
+    let size = |axes: &[usize]| axes.iter().map(|&i| a.shape()[i]).product::<usize>();
+    let (b, f, c) = (size(&batch), size(&free), size(&contracting));
+    let mut perm = batch.clone();
+    if contracting_last {
+        perm.extend(&free);
+        perm.extend(&contracting);
+    } else {
+        perm.extend(&contracting);
+        perm.extend(&free);
+    }
+    let view = a.view().permuted_axes(IxDyn(&perm));
+    // With at most one axis per group, a strided view serves whatever the layout (the
+    // GEMM takes any strides): add unit axes for the empty groups.
+    if batch.len() <= 1 && free.len() <= 1 && contracting.len() <= 1 {
+        let groups = if contracting_last {
+            [batch.len(), free.len(), contracting.len()]
+        } else {
+            [batch.len(), contracting.len(), free.len()]
+        };
+        let mut strided = view.clone();
+        for (position, &axes) in groups.iter().enumerate() {
+            if axes == 0 {
+                strided = strided.insert_axis(Axis(position));
+            }
+        }
+        if let Ok(strided) = strided.into_dimensionality::<ndarray::Ix3>() {
+            return Ok(ndarray::CowArray::from(strided));
+        }
+    }
+    let shape = if contracting_last { (b, f, c) } else { (b, c, f) };
+    // A view when the axes already line up; a copy otherwise.
+    match view.clone().into_shape_with_order(shape) {
+        Ok(v) => Ok(ndarray::CowArray::from(v)),
+        Err(_) => view.to_shape(shape).map(|v| ndarray::CowArray::from(v.into_owned())),
+    }
+}
+
+/// Single-precision matrix product through the `gemm` crate (its best kernel for the
+/// host CPU, on the calling thread).
+pub(super) fn gemm_f32(
+    a: ndarray::ArrayView2<'_, f32>,
+    b: ndarray::ArrayView2<'_, f32>,
+    mut c: ndarray::ArrayViewMut2<'_, f32>,
+) {
+    let (m, k) = a.dim();
+    let n = b.dim().1;
+    if b.dim().0 != k || c.dim() != (m, n) {
+        unvalidated("dot");
+    }
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        c.fill(0.0);
+        return;
+    }
+    let (rsa, csa) = (a.strides()[0], a.strides()[1]);
+    let (rsb, csb) = (b.strides()[0], b.strides()[1]);
+    let (rsc, csc) = (c.strides()[0], c.strides()[1]);
+    // SAFETY: the pointers (to each view's first element) and strides describe the
+    // three views exactly (their dimensions were checked above), `c` is borrowed
+    // mutably and does not alias `a` or `b`, and gemm reads and writes only within
+    // those bounds. With `read_dst` false, `c` is only written: c = 1.0 * a * b.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            csc,
+            rsc,
+            false,
+            a.as_ptr(),
+            csa,
+            rsa,
+            b.as_ptr(),
+            csb,
+            rsb,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+/// Integer matrix product, wrapping.
+pub(super) fn gemm_int<T: Int>(
+    a: ndarray::ArrayView2<'_, T>,
+    b: ndarray::ArrayView2<'_, T>,
+    mut c: ndarray::ArrayViewMut2<'_, T>,
+) {
+    let (m, k) = a.dim();
+    let n = b.dim().1;
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = T::ZERO;
+            for p in 0..k {
+                acc = acc.add(a[[i, p]].mul(b[[p, j]]));
+            }
+            c[[i, j]] = acc;
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! Which operators `neuron-cc` lowers, on which engine, and the engine operation of
+//! every element-wise HLO instruction.
+
+use neuron_datastore::Engine;
+
+use super::attributes::{attr, comparison_direction, comparison_type, small_attr};
+use crate::dtype::DType;
+use crate::hlo::{self};
+use crate::isa::{ActivationFn, BinaryOp, FloatFormat, Op, UnaryOp};
+
+/// Operators `neuron-cc` lowers, in HLO spelling.
+pub const SUPPORTED_OPERATORS: &[&str] = &[
+    "abs",
+    "add",
+    "all-gather",
+    "all-reduce",
+    "all-to-all",
+    "and",
+    "atan2",
+    "batch-norm-grad",
+    "batch-norm-inference",
+    "batch-norm-training",
+    "bitcast-convert",
+    "broadcast",
+    "call",
+    "ceil",
+    "clamp",
+    "compare",
+    "concatenate",
+    "constant",
+    "convert",
+    "copy",
+    "cosine",
+    "custom-call",
+    "divide",
+    "dot",
+    "dynamic-slice",
+    "dynamic-update-slice",
+    "exponential",
+    "exponential-minus-one",
+    "floor",
+    "gather",
+    "get-tuple-element",
+    "iota",
+    "log",
+    "log-plus-one",
+    "logistic",
+    "maximum",
+    "minimum",
+    "multiply",
+    "negate",
+    "not",
+    "or",
+    "pad",
+    "parameter",
+    "power",
+    "reduce",
+    "reduce-precision",
+    "reduce-scatter",
+    "remainder",
+    "reshape",
+    "reverse",
+    "rng",
+    "rng-bit-generator",
+    "round-nearest-afz",
+    "round-nearest-even",
+    "rsqrt",
+    "scatter",
+    "select",
+    "select-and-scatter",
+    "shift-left",
+    "shift-right-arithmetic",
+    "shift-right-logical",
+    "sign",
+    "sine",
+    "slice",
+    "sqrt",
+    "subtract",
+    "tanh",
+    "transpose",
+    "tuple",
+    "xor",
+];
+
+/// Engine each operator runs on, for `neuron-cc` summaries.
+pub fn engine_of_operator(opcode: &str) -> Option<Engine> {
+    Some(match opcode {
+        "dot" => Engine::Pe,
+        "exponential"
+        | "exponential-minus-one"
+        | "log"
+        | "log-plus-one"
+        | "tanh"
+        | "logistic"
+        | "rsqrt"
+        | "sqrt"
+        | "sine"
+        | "cosine" => Engine::Act,
+        "iota"
+        | "dynamic-slice"
+        | "dynamic-update-slice"
+        | "gather"
+        | "scatter"
+        | "select-and-scatter"
+        | "rng"
+        | "rng-bit-generator" => Engine::Pool,
+        "parameter" | "constant" | "tuple" | "get-tuple-element" | "call" => return None,
+        _ => Engine::Dve,
+    })
+}
+
+/// `custom-call` targets `neuron-cc` lowers: sharding annotations, which on one core
+/// leave their operand unchanged.
+pub const CUSTOM_CALL_TARGETS: &[&str] = &["Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"];
+
+/// The operation of an element-wise HLO instruction (arithmetic, activations,
+/// comparisons, selection, conversion), or `None` for any other opcode.
+/// `operand_dtypes` are the element types of its operands.
+pub(super) fn elementwise_op(inst: &hlo::Instruction, operand_dtypes: &[DType]) -> Result<Option<Op>, String> {
+    Ok(Some(match inst.opcode.as_str() {
+        "add" => Op::Binary(BinaryOp::Add),
+        "subtract" => Op::Binary(BinaryOp::Subtract),
+        "multiply" => Op::Binary(BinaryOp::Multiply),
+        "divide" => Op::Binary(BinaryOp::Divide),
+        "maximum" => Op::Binary(BinaryOp::Maximum),
+        "minimum" => Op::Binary(BinaryOp::Minimum),
+        "power" => Op::Binary(BinaryOp::Power),
+        "remainder" => Op::Binary(BinaryOp::Remainder),
+        "atan2" => Op::Binary(BinaryOp::Atan2),
+        "and" => Op::Binary(BinaryOp::And),
+        "or" => Op::Binary(BinaryOp::Or),
+        "xor" => Op::Binary(BinaryOp::Xor),
+        "shift-left" => Op::Binary(BinaryOp::ShiftLeft),
+        "shift-right-logical" => Op::Binary(BinaryOp::ShiftRightLogical),
+        "shift-right-arithmetic" => Op::Binary(BinaryOp::ShiftRightArithmetic),
+        "negate" => Op::Unary(UnaryOp::Negate),
+        "abs" => Op::Unary(UnaryOp::Abs),
+        "sign" => Op::Unary(UnaryOp::Sign),
+        "ceil" => Op::Unary(UnaryOp::Ceil),
+        "floor" => Op::Unary(UnaryOp::Floor),
+        "round-nearest-even" => Op::Unary(UnaryOp::RoundNearestEven),
+        "round-nearest-afz" => Op::Unary(UnaryOp::RoundNearestAfz),
+        "not" => Op::Unary(UnaryOp::Not),
+        "sine" => Op::Activation(ActivationFn::Sine),
+        "cosine" => Op::Activation(ActivationFn::Cosine),
+        "exponential-minus-one" => Op::Activation(ActivationFn::ExpMinusOne),
+        "log-plus-one" => Op::Activation(ActivationFn::LogPlusOne),
+        "exponential" => Op::Activation(ActivationFn::Exp),
+        "log" => Op::Activation(ActivationFn::Log),
+        "tanh" => Op::Activation(ActivationFn::Tanh),
+        "logistic" => Op::Activation(ActivationFn::Logistic),
+        "rsqrt" => Op::Activation(ActivationFn::Rsqrt),
+        "sqrt" => Op::Activation(ActivationFn::Sqrt),
+        "reduce-precision" => Op::RoundPrecision {
+            format: FloatFormat::Bits {
+                exponent: small_attr(inst, "exponent_bits")?,
+                mantissa: small_attr(inst, "mantissa_bits")?,
+            },
+            saturate: false,
+        },
+        "compare" => {
+            let direction = comparison_direction(attr(inst, "direction")?)?;
+            let compared = operand_dtypes.first().copied().unwrap_or(DType::F32);
+            Op::Compare { direction, total_order: comparison_type(inst, compared)? }
+        }
+        "select" => Op::Select,
+        "convert" => Op::Convert,
+        "clamp" => Op::Clamp,
+        _ => return Ok(None),
+    }))
+}

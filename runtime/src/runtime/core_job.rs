@@ -1,0 +1,553 @@
+//! One execution on its core ([`CoreJob`]): its phases and their events, injected
+//! faults, collectives, and the DMA and instruction traces.
+
+use std::time::{Duration, Instant};
+
+use crate::backend::{Destination, Input, Output, RunError, Value, ValueRef};
+use crate::collectives::{self, Algorithm, Communicator, OpPosition, Request};
+use crate::config::MAX_EXEC_TIMEOUT;
+use crate::dtype::{ArrayType, DType};
+use crate::error::{NrtError, NrtResult, NrtStatus};
+use crate::fault::{FaultKind, Faults, Strike};
+use crate::isa::{CollectiveKind, CollectiveOp, IoTensor, Program};
+use crate::pool::HostPool;
+use crate::tensor::{ExecutionLocks, Tensor, TensorSet};
+use neuron_datastore::clock::ticks;
+use neuron_datastore::counters::core as counter;
+use neuron_datastore::event::{DmaQueueType, EventType, Phase};
+use neuron_datastore::record::{DEVICE_KIND_DMA, DeviceRecord, FLAG_DEVICE_CLOCK, FLAG_STATUS};
+use neuron_datastore::{EccCounter, ErrorClass, EventIds, INSTRUCTION_BYTES, Tracer};
+
+use super::*;
+
+/// One execution as the core runs it, in a host compute slot.
+pub(super) struct CoreJob<'a> {
+    pub(super) model: &'a LoadedModel,
+    pub(super) inputs: &'a TensorSet,
+    pub(super) outputs: &'a TensorSet,
+    pub(super) tracer: &'a Tracer,
+    pub(super) ids: EventIds,
+    pub(super) timeout: Duration,
+    pub(super) check_outputs: bool,
+    /// The host compute slots, whose idle ones large matrix products may borrow.
+    pub(super) pool: &'a HostPool,
+    pub(super) faults: &'a Faults,
+    /// The Neuron Device of the model's core.
+    pub(super) device: u32,
+    /// `NEURON_RT_COLLECTIVES_ALGORITHM`.
+    pub(super) collectives_algorithm: Option<Algorithm>,
+}
+
+/// What the core did: the NaN/Inf count or the error, the program's device time
+/// (`None` if it never started) and the instructions it executed.
+pub(super) struct CoreRun {
+    pub(super) result: NrtResult<u64>,
+    pub(super) device_ticks: Option<u64>,
+    pub(super) instructions: u64,
+}
+
+pub(super) fn tracer_duration(tracer: &Tracer, ticks: u64) -> Duration {
+    Duration::from_nanos(tracer.ticks_to_ns(ticks))
+}
+
+impl CoreJob<'_> {
+    /// Counts and records a change of model on the core (the caller holds its lock).
+    pub(super) fn switch_model(&self) {
+        let m = self.model;
+        if let Some(previous) = self.tracer.switch_model(m.slot, m.id) {
+            self.tracer.add(m.slot, counter::MODEL_SWITCHES, 1);
+            self.tracer.emit(
+                m.ring,
+                EventType::NrtModelSwitch,
+                Phase::Instant,
+                0,
+                self.ids,
+                0,
+                [u64::from(previous), 0, 0, 0],
+                0,
+            );
+        }
+    }
+
+    /// Validation and copy-in, the program, copy-out, with their events; the caller
+    /// holds the core's lock.
+    pub(super) fn run(&self) -> CoreRun {
+        let started = ticks();
+        let strikes = match self.faults.degraded(self.model.core) {
+            Some(degraded) => Err(unit_unrecoverable(self.model.core, &degraded)),
+            None => Ok(self.faults.strike(self.model.core)),
+        };
+        let mut run = match &strikes {
+            Ok(strikes) => self.run_phases(strikes),
+            Err(error) => CoreRun { result: Err(error.clone()), device_ticks: None, instructions: 0 },
+        };
+        let tracer = self.tracer;
+        let m = self.model;
+        tracer.add(m.slot, counter::BUSY_NS, tracer.ticks_to_ns(ticks().saturating_sub(started)));
+        for strike in strikes.iter().flatten() {
+            self.struck(strike, &run.result);
+        }
+        if let Err(error) = &run.result {
+            tracer.emit(
+                m.ring,
+                EventType::HwNotify,
+                Phase::Instant,
+                0,
+                self.ids,
+                tracer.store().intern(&error.message),
+                [error.status.code() as u64, 0, 0, 0],
+                0,
+            );
+        }
+        if let Ok(count) = run.result
+            && count > 0
+        {
+            tracer.emit(m.ring, EventType::NumericalErr, Phase::Instant, 0, self.ids, 0, [count, 0, 0, 0], 0);
+        }
+        if tracer.enabled(m.ring, EventType::TimestampSyncPoint) {
+            let now = ticks();
+            let args = [now, tracer.device_ns(m.slot, now), 0, 0];
+            tracer.emit_at(now, m.ring, EventType::TimestampSyncPoint, Phase::Instant, 0, self.ids, 0, args, 0);
+        }
+        run.instructions = run.instructions.min(m.instructions.len() as u64);
+        run
+    }
+
+    /// Records what an injected fault did once the execution is over: the log line, the
+    /// ECC counters and, for corrected errors, the `hw_notify` event and the transient
+    /// error count (failures get theirs as every failure does); an uncorrectable error
+    /// degrades the core.
+    fn struck(&self, strike: &Strike, result: &NrtResult<u64>) {
+        let (tracer, m) = (self.tracer, self.model);
+        let kind = strike.kind;
+        let ecc = match kind {
+            FaultKind::EccCorrected => Some(EccCounter::MemCorrected),
+            FaultKind::SramEccCorrected => Some(EccCounter::SramCorrected),
+            FaultKind::HbmUe => Some(EccCounter::MemUncorrected),
+            FaultKind::NcUe => Some(EccCounter::SramUncorrected),
+            _ => None,
+        };
+        if let Some(ecc) = ecc {
+            tracer.store().add_ecc(self.device, ecc);
+        }
+        let place = format!("nc{} (Neuron Device {})", m.core, self.device);
+        let what = format!(
+            "in execution id {} of `{}`; injected by NEURON_RT_FAULT_INJECT rule `{}`",
+            self.ids.exec_id, m.name, strike.rule
+        );
+        match (kind, result) {
+            (FaultKind::EccCorrected | FaultKind::SramEccCorrected, _) => {
+                // The event carries the execution id; its message is the same each time,
+                // so the string table holds it once.
+                let message = format!("{place}: {} [corrected, the execution continues]", kind.description());
+                tracing::warn!("{message} {what}");
+                let message_id = tracer.store().intern(&message);
+                tracer.emit(m.ring, EventType::HwNotify, Phase::Instant, 0, self.ids, message_id, [0; 4], 0);
+                tracer.add(m.slot, counter::ERRORS + ErrorClass::Transient as u64, 1);
+            }
+            (FaultKind::Nan, _) => {
+                tracing::warn!("{place}: {} [counted as a numerical error] {what}", kind.description())
+            }
+            (_, Err(error)) => {
+                let degraded = if kind.degrades() {
+                    self.faults.degrade(m.core, kind, self.ids.exec_id);
+                    format!(
+                        "; nc{}'s execution unit is now degraded: later executions on it fail with {}",
+                        m.core,
+                        NrtStatus::ExecUnitUnrecoverable
+                    )
+                } else {
+                    String::new()
+                };
+                tracing::error!("{place}: {} [{}] {what}{degraded}", kind.description(), error.status);
+            }
+            (_, Ok(_)) => {}
+        }
+    }
+
+    /// Runs collective `op` of this execution as the model's rank, with the host
+    /// compute slot given back while it waits for the other ranks.
+    #[allow(clippy::too_many_arguments)]
+    fn collective(
+        &self,
+        communicator: &Communicator,
+        rank: u32,
+        at: OpPosition,
+        op: &CollectiveOp,
+        operand: ValueRef<'_>,
+        out: &ArrayType,
+        deadline: Instant,
+    ) -> NrtResult<Value> {
+        let shape = operand.shape();
+        let mut input = vec![0u8; shape.iter().product::<usize>() * out.dtype.size_bytes() as usize];
+        operand.write_le_bytes(&mut input);
+        let mut output = vec![0u8; out.size_bytes().unwrap_or(0) as usize];
+        let outer = match op.kind {
+            CollectiveKind::AllReduce(_) => 1,
+            CollectiveKind::AllGather { dim }
+            | CollectiveKind::ReduceScatter { dim, .. }
+            | CollectiveKind::AllToAll { dim } => shape[..dim as usize].iter().product(),
+        };
+        let request = Request {
+            op: collectives::from_kind(op.kind),
+            dtype: out.dtype,
+            groups: &op.groups,
+            algorithm: self.collectives_algorithm,
+            outer,
+            input: &input,
+            output: &mut output,
+        };
+        self.pool.released(|| communicator.exchange(rank, || at, request, deadline, self.ids))?;
+        Ok(Value::from_le_bytes(out, &output))
+    }
+
+    /// The failure an injected fault turns a finished execution into.
+    fn injected_failure(&self, strike: &Strike, status: NrtStatus) -> NrtError {
+        let m = self.model;
+        let degraded = if strike.kind.degrades() {
+            format!(
+                "; nc{} is now degraded and fails later executions with {}",
+                m.core,
+                NrtStatus::ExecUnitUnrecoverable
+            )
+        } else {
+            String::new()
+        };
+        NrtError::new(
+            status,
+            format!(
+                "{} on Neuron Device {} nc{} while executing `{}` (injected by NEURON_RT_FAULT_INJECT rule `{}`){degraded}",
+                strike.kind.description(),
+                self.device,
+                m.core,
+                m.name,
+                strike.rule
+            ),
+        )
+    }
+
+    fn run_phases(&self, strikes: &[Strike]) -> CoreRun {
+        let (tracer, m, ids) = (self.tracer, self.model, self.ids);
+        let (ring, slot) = (m.ring, m.slot);
+        let program = m.executable.program();
+        let device = tracer.device_enabled(slot);
+        let failed = |error: NrtError| CoreRun { result: Err(error), device_ticks: None, instructions: 0 };
+
+        let pre = tracer.start(ring, EventType::KblExecPre, ids, 0);
+        let bound = bind(&m.name, "input", &program.inputs, program, self.inputs)
+            .and_then(|i| Ok((i, bind(&m.name, "output", &program.outputs, program, self.outputs)?)));
+        let (input_tensors, output_tensors) = match bound {
+            Ok(bound) => bound,
+            Err(error) => {
+                tracer.stop(ring, EventType::KblExecPre, pre, ids, 0, Some(error.status.code()));
+                return failed(error);
+            }
+        };
+        // Inputs are read in place from their tensors while the program runs (copied only
+        // when unaligned), and outputs that share memory with nothing else are written in
+        // place; the rest are copied out after the locks are released.
+        let mut locks = ExecutionLocks::new(&input_tensors, &output_tensors);
+        let (input_bytes, output_bytes) = locks.split();
+        if device {
+            let now = tracer.device_ns(slot, ticks());
+            for (k, stream) in program.streams.iter().enumerate() {
+                let bytes = stream.instructions.len() as u64 * INSTRUCTION_BYTES;
+                self.dma(DmaQueueType::Instructions, k as u32, bytes, now, now);
+            }
+        }
+        let values: Vec<Input<'_>> = program
+            .inputs
+            .iter()
+            .zip(input_bytes)
+            .zip(&input_tensors)
+            .enumerate()
+            .map(|(k, ((io, bytes), tensor))| {
+                let ty = &program.buffers[io.buffer as usize].ty;
+                let start = ticks();
+                let input = match ValueRef::from_le_bytes(ty, bytes) {
+                    Some(view) => Input::InPlace(view),
+                    None => Input::Copied(Value::from_le_bytes(ty, bytes)),
+                };
+                self.copied(EventType::DmemBufCopyin, DmaQueueType::Input, k, tensor, start, device);
+                input
+            })
+            .collect();
+        let destinations: Vec<Option<Destination<'_>>> = program
+            .outputs
+            .iter()
+            .zip(output_bytes)
+            .map(|(io, bytes)| Destination::from_le_bytes(program.buffers[io.buffer as usize].ty.dtype, bytes?))
+            .collect();
+        tracer.stop(ring, EventType::KblExecPre, pre, ids, 0, None);
+
+        let running = tracer.enabled(ring, EventType::NcExecRunning);
+        let run_start = ticks();
+        let running_tracking = if running {
+            let tracking_id = tracer.tracking_id();
+            let at = tracer.device_ns(slot, run_start);
+            tracer.emit_at(
+                at,
+                ring,
+                EventType::NcExecRunning,
+                Phase::Start,
+                tracking_id,
+                ids,
+                0,
+                [0; 4],
+                FLAG_DEVICE_CLOCK,
+            );
+            tracking_id
+        } else {
+            0
+        };
+        let timeout_ticks = (self.timeout.min(MAX_EXEC_TIMEOUT).as_nanos() as f64 / tracer.ns_per_tick()) as u64;
+        // This execution is the rank's next unit: its collectives meet the other ranks' in
+        // their executions with the same unit, until the execution's deadline.
+        let unit = m.rank.as_ref().map(|(communicator, rank)| {
+            (communicator, *rank, communicator.begin(*rank), Instant::now() + self.timeout.min(MAX_EXEC_TIMEOUT))
+        });
+        let mut run_collective = |index: u32, op: &CollectiveOp, operand: ValueRef<'_>, out: &ArrayType| {
+            let Some((communicator, rank, unit, deadline)) = unit else {
+                unreachable!("a program with collectives is loaded with a communicator")
+            };
+            self.collective(
+                communicator,
+                rank,
+                OpPosition { unit, index, count: m.collectives },
+                op,
+                operand,
+                out,
+                deadline,
+            )
+        };
+        let mut executed = 0u64;
+        // Instruction k runs from boundaries[k] to boundaries[k + 1]; their device
+        // events are recorded once the program stops, as run records.
+        let mut boundaries = Vec::with_capacity(if device { m.instructions.len() + 1 } else { 0 });
+        let hang = strikes.iter().any(|s| s.kind == FaultKind::Timeout);
+        let results = if hang {
+            // The core stops making progress: nothing runs, and the deadline passes.
+            drop((values, destinations));
+            std::thread::sleep(self.timeout.min(MAX_EXEC_TIMEOUT));
+            Err(RunError::DeadlineExceeded { step: 0, steps: m.instructions.len() })
+        } else {
+            let deadline_ticks = run_start.saturating_add(timeout_ticks);
+            m.executable.run(values, destinations, deadline_ticks, self.pool, &mut run_collective, |_, a, b| {
+                executed += 1;
+                if device {
+                    if boundaries.is_empty() {
+                        boundaries.push(a);
+                    }
+                    boundaries.push(b);
+                }
+            })
+        };
+        let run_end = ticks();
+        if device {
+            tracer.emit_instructions(slot, ids, &m.instructions, m.instructions_in_table, &boundaries);
+        }
+        let results = results.map_err(|e| match e {
+            RunError::DeadlineExceeded { step, steps } => NrtError::new(
+                NrtStatus::Timeout,
+                format!(
+                    "execution of `{}` on nc{} did not finish within NEURON_RT_EXEC_TIMEOUT ({:.3} s): stopped before instruction {step} of {steps}; {}",
+                    m.name,
+                    m.core,
+                    self.timeout.as_secs_f64(),
+                    if hang {
+                        "the core stopped making progress (injected by NEURON_RT_FAULT_INJECT rule `timeout`)"
+                    } else {
+                        "raise the timeout if the model is expected to take this long"
+                    }
+                ),
+            ),
+            RunError::OutOfBounds { step, detail } => {
+                let (opcode, hlo) = m
+                    .executable
+                    .steps()
+                    .nth(step)
+                    .map(|i| (i.op.opcode(), m.executable.program().hlo_names[i.hlo as usize].as_str()))
+                    .unwrap_or_default();
+                NrtError::new(
+                    NrtStatus::ExecOob,
+                    format!(
+                        "failed to run scatter/gather (indirect memory copy), due to out-of-bound access: instruction {step} ({opcode}, HLO `{hlo}`) of `{}` on nc{}: {detail}",
+                        m.name, m.core
+                    ),
+                )
+            }
+            RunError::Collective { error, .. } => error,
+        });
+        // A fault that fails the execution is seen when it completes, as the runtime
+        // reads the core's status.
+        let failing = strikes.iter().find_map(|s| Some((s, s.kind.failure()?)));
+        let results = match (results, failing) {
+            (Ok(_), Some((strike, status))) => Err(self.injected_failure(strike, status)),
+            (results, _) => results,
+        };
+        if running {
+            let (args, flags) = match &results {
+                Err(e) => ([0, 0, 0, e.status.code() as u64], FLAG_DEVICE_CLOCK | FLAG_STATUS),
+                Ok(_) => ([0; 4], FLAG_DEVICE_CLOCK),
+            };
+            let at = tracer.device_ns(slot, run_end);
+            tracer.emit_at(at, ring, EventType::NcExecRunning, Phase::Stop, running_tracking, ids, 0, args, flags);
+        }
+        let device_ticks = Some(run_end.saturating_sub(run_start));
+        let results = match results {
+            Ok(results) => results,
+            Err(error) => return CoreRun { result: Err(error), device_ticks, instructions: executed },
+        };
+
+        let post = tracer.start(ring, EventType::KblExecPost, ids, 0);
+        let mut non_finite = 0;
+        let mut to_copy = Vec::new();
+        for (k, result) in results.into_iter().enumerate() {
+            match result {
+                Output::Written(view) => {
+                    if self.check_outputs {
+                        non_finite += view.non_finite_count();
+                    }
+                    to_copy.push((k, None));
+                }
+                Output::Value(value) => {
+                    if self.check_outputs {
+                        non_finite += value.view().non_finite_count();
+                    }
+                    to_copy.push((k, Some(value)));
+                }
+            }
+        }
+        drop(locks);
+        for (k, value) in to_copy {
+            let start = ticks();
+            if let Some(value) = value {
+                output_tensors[k].with_bytes_mut(|bytes| value.write_le_bytes(bytes));
+            }
+            self.copied(EventType::DmemBufCopyout, DmaQueueType::Output, k, &output_tensors[k], start, device);
+        }
+        if strikes.iter().any(|s| s.kind == FaultKind::Nan)
+            && self.poison_first_float_output(&output_tensors)
+            && self.check_outputs
+        {
+            non_finite += 1;
+        }
+        tracer.stop(ring, EventType::KblExecPost, post, ids, 0, None);
+        CoreRun { result: Ok(non_finite), device_ticks, instructions: executed }
+    }
+
+    /// Writes a NaN over the first element of the first floating-point output; `true`
+    /// when that element was finite before (so that one more non-finite value exists).
+    fn poison_first_float_output(&self, outputs: &[Tensor]) -> bool {
+        let program = self.model.executable.program();
+        let Some((k, dtype)) = program
+            .outputs
+            .iter()
+            .map(|io| &program.buffers[io.buffer as usize].ty)
+            .enumerate()
+            .find(|(_, ty)| ty.dtype.is_float() && ty.element_count().is_some_and(|n| n > 0))
+            .map(|(k, ty)| (k, ty.dtype))
+        else {
+            return false;
+        };
+        let mut was_finite = false;
+        outputs[k].with_bytes_mut(|bytes| match dtype {
+            DType::F32 => {
+                was_finite = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]).is_finite();
+                bytes[..4].copy_from_slice(&f32::NAN.to_le_bytes());
+            }
+            DType::F16 => {
+                was_finite = half::f16::from_le_bytes([bytes[0], bytes[1]]).is_finite();
+                bytes[..2].copy_from_slice(&half::f16::NAN.to_le_bytes());
+            }
+            DType::BF16 => {
+                was_finite = half::bf16::from_le_bytes([bytes[0], bytes[1]]).is_finite();
+                bytes[..2].copy_from_slice(&half::bf16::NAN.to_le_bytes());
+            }
+            _ => {}
+        });
+        was_finite
+    }
+
+    /// Records a tensor's copy-in or copy-out, which started at `start` and ends now:
+    /// a `dmem_buf_copy*` event and a DMA transfer on the device trace.
+    fn copied(
+        &self,
+        event_type: EventType,
+        queue: DmaQueueType,
+        index: usize,
+        tensor: &Tensor,
+        start: u64,
+        device: bool,
+    ) {
+        let (tensor_id, name_id) = tensor.trace_ids();
+        let bytes = tensor.size();
+        let end = ticks();
+        if self.tracer.enabled(self.model.ring, event_type) {
+            let args = [tensor_id, bytes, 0, 0];
+            self.tracer.emit_at(end, self.model.ring, event_type, Phase::Instant, 0, self.ids, name_id, args, 0);
+        }
+        if device {
+            let slot = self.model.slot;
+            self.dma(queue, index as u32, bytes, self.tracer.device_ns(slot, start), self.tracer.device_ns(slot, end));
+        }
+    }
+
+    fn dma(&self, queue: DmaQueueType, index: u32, bytes: u64, start_ns: u64, end_ns: u64) {
+        self.tracer.emit_device(
+            self.model.slot,
+            &DeviceRecord {
+                start_ns,
+                end_ns,
+                exec_id: self.ids.exec_id,
+                model_id: self.ids.model_id,
+                kind: DEVICE_KIND_DMA,
+                unit: queue as u8,
+                opcode_or_index: index,
+                flops_or_bytes: bytes,
+                ..DeviceRecord::default()
+            },
+        );
+    }
+}
+
+/// Matches a tensor set against a model's inputs or outputs, by name, size and type.
+fn bind(model: &str, what: &str, ios: &[IoTensor], program: &Program, set: &TensorSet) -> NrtResult<Vec<Tensor>> {
+    let expected: Vec<&str> = ios.iter().map(|io| io.name.as_str()).collect();
+    if let Some(unknown) = set.names().find(|n| !expected.contains(n)) {
+        return Err(NrtError::bad_input(format!(
+            "`{unknown}` is not an {what} of model `{model}` (its {what}s: {})",
+            expected.join(", ")
+        )));
+    }
+    ios.iter()
+        .map(|io| {
+            let ty = &program.buffers[io.buffer as usize].ty;
+            let tensor = set.get(&io.name).ok_or_else(|| {
+                NrtError::bad_input(format!(
+                    "{what} `{}` ({ty}, HLO `{}`) of model `{model}` has no tensor",
+                    io.name, io.hlo_name
+                ))
+            })?;
+            let size = ty.size_bytes().unwrap_or(0);
+            if tensor.size() != size {
+                return Err(NrtError::bad_input(format!(
+                    "{what} `{}` of model `{model}` is {ty} ({size} bytes) but tensor `{}` is {} bytes",
+                    io.name,
+                    tensor.name(),
+                    tensor.size()
+                )));
+            }
+            if let Some(tensor_ty) = tensor.array_type()
+                && tensor_ty.dtype != ty.dtype
+            {
+                return Err(NrtError::bad_input(format!(
+                    "{what} `{}` of model `{model}` is {ty} but tensor `{}` holds {tensor_ty}",
+                    io.name,
+                    tensor.name()
+                )));
+            }
+            Ok(tensor.clone())
+        })
+        .collect()
+}

@@ -1,0 +1,256 @@
+//! Asynchronous work (`nrta_*`): requests scheduled on a core's execution units,
+//! their sequence numbers, completion and error trackers.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::collectives::{CollectiveCall, Communicator};
+use crate::error::{NrtError, NrtResult, NrtStatus};
+use crate::fault::Faults;
+use crate::nrta::{self, CompletionHandle, ErrorTracker, PendingRead, SeqId, Unit, Xu};
+use crate::tensor::{Tensor, TensorSet};
+use neuron_datastore::clock::ticks;
+use neuron_datastore::counters::core as counter;
+use neuron_datastore::event::{EventType, Phase};
+use neuron_datastore::{ErrorClass, EventIds, ExecOutcome};
+
+use super::*;
+
+impl Runtime {
+    /// The execution unit `xu` of `core` (started on first use), with the fault state.
+    pub(super) fn unit(&self, core: u32, xu: Xu) -> NrtResult<(Arc<Unit>, Arc<Faults>)> {
+        self.check_held(core)?;
+        let running = lock(&self.shared.running);
+        let running =
+            running.as_ref().ok_or_else(|| NrtError::new(NrtStatus::Closed, "the runtime has been closed"))?;
+        let id = nrta::unit_id(core, xu);
+        let mut units = lock(&running.units);
+        let unit = match units.get(&id) {
+            Some(unit) => Arc::clone(unit),
+            None => {
+                let unit = Unit::start(id, self.shared.config.xu_queue)?;
+                units.insert(id, Arc::clone(&unit));
+                unit
+            }
+        };
+        Ok((unit, Arc::clone(&running.faults)))
+    }
+
+    /// Schedules an execution of `model` on its core's compute unit and returns its
+    /// sequence id at once (`nrta_execute_schedule`). `NRT_QUEUE_FULL` when
+    /// `NEURON_RT_XU_COMPUTE_MAX_QUEUED_REQUESTS` requests are in flight on the unit
+    /// (counted as `failed_to_queue`); `NRT_EXEC_UNIT_UNRECOVERABLE` on a degraded core.
+    /// A failure of the execution itself goes to `tracker`, if given. The tensors are
+    /// read and written when the execution runs.
+    pub fn execute_schedule(
+        &self,
+        model: &Model,
+        inputs: &TensorSet,
+        outputs: &TensorSet,
+        tracker: Option<&ErrorTracker>,
+    ) -> NrtResult<SeqId> {
+        let called = ticks();
+        self.shared.lifecycle.check()?;
+        if !lock(&self.shared.models).contains_key(&model.inner.id) {
+            return Err(stale_model(model));
+        }
+        let m = &*model.inner;
+        let tracer = self.tracer()?;
+        let mut ids = EventIds { model_id: m.id, ..EventIds::default() };
+        let tracking_id = if tracer.enabled(m.ring, EventType::NrtaExecuteSchedule) { tracer.tracking_id() } else { 0 };
+        let start = |ids: EventIds| {
+            if tracking_id != 0 {
+                let (event, phase) = (EventType::NrtaExecuteSchedule, Phase::Start);
+                tracer.emit_at(called, m.ring, event, phase, tracking_id, ids, 0, [0; 4], 0);
+            }
+        };
+        let (runtime, owned) = (self.clone(), (model.clone(), inputs.clone(), outputs.clone()));
+        let work: nrta::Work = Box::new(move |seq| {
+            let (model, inputs, outputs) = &owned;
+            runtime.execute_as(model, inputs, outputs, seq.0).map(|_| ())
+        });
+        // The start carries the sequence id, so it is recorded once the id exists and
+        // before the worker can record the execution's events.
+        let result = self.schedule(m.core, Xu::Compute, tracker, &format!("`{}`", m.name), work, |seq| {
+            ids.nrta_seq_id = seq.0;
+            start(ids);
+        });
+        if result.is_err() && ids.nrta_seq_id == 0 {
+            start(ids);
+        }
+        tracer.stop(
+            m.ring,
+            EventType::NrtaExecuteSchedule,
+            tracking_id,
+            ids,
+            0,
+            result.as_ref().err().map(|e| e.status.code()),
+        );
+        // Counted after the events, as executions are.
+        if let Err(error) = &result
+            && error.status == NrtStatus::QueueFull
+        {
+            tracer.add(m.slot, counter::EXECUTIONS + ExecOutcome::FailedToQueue as u64, 1);
+            tracer.add(m.slot, counter::ERRORS + ErrorClass::Transient as u64, 1);
+        }
+        result
+    }
+
+    /// Schedules a read of `size` bytes of `tensor` from `offset` on `core`'s tensor-read
+    /// unit (`nrta_tensor_read`); the bytes are in the returned [`PendingRead`] once the
+    /// request completes. Its `nrt_tensor_read` events carry the sequence id.
+    pub fn tensor_read_schedule(
+        &self,
+        core: u32,
+        tensor: &Tensor,
+        offset: u64,
+        size: u64,
+        tracker: Option<&ErrorTracker>,
+    ) -> NrtResult<(SeqId, PendingRead)> {
+        self.shared.lifecycle.check()?;
+        tensor.check_range("read", offset, size)?;
+        let len = usize::try_from(size).map_err(|_| NrtError::invalid("a read that large does not fit in memory"))?;
+        let pending = PendingRead::default();
+        let (tensor_owned, filled) = (tensor.clone(), pending.clone());
+        let work: nrta::Work = Box::new(move |seq| {
+            let mut bytes = vec![0u8; len];
+            tensor_owned.read_as(offset, &mut bytes, seq.0)?;
+            *lock(&filled.0) = Some(bytes);
+            Ok(())
+        });
+        let what = format!("a read of tensor `{}`", tensor.name());
+        let seq = self.schedule(core, Xu::TensorRead, tracker, &what, work, |_| {})?;
+        Ok((seq, pending))
+    }
+
+    /// Schedules writing `data` into `tensor` at `offset` on `core`'s tensor-write unit
+    /// (`nrta_tensor_write`).
+    pub fn tensor_write_schedule(
+        &self,
+        core: u32,
+        tensor: &Tensor,
+        offset: u64,
+        data: Vec<u8>,
+        tracker: Option<&ErrorTracker>,
+    ) -> NrtResult<SeqId> {
+        self.shared.lifecycle.check()?;
+        tensor.check_range("write", offset, data.len() as u64)?;
+        let tensor_owned = tensor.clone();
+        let work: nrta::Work = Box::new(move |seq| tensor_owned.write_as(offset, &data, seq.0));
+        self.schedule(core, Xu::TensorWrite, tracker, &format!("a write of tensor `{}`", tensor.name()), work, |_| {})
+    }
+
+    /// Schedules copying `size` bytes from `src` at `src_offset` to `dst` at
+    /// `dst_offset` on `core`'s tensor-op unit (`nrta_tensor_copy`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn tensor_copy_schedule(
+        &self,
+        core: u32,
+        src: &Tensor,
+        src_offset: u64,
+        dst: &Tensor,
+        dst_offset: u64,
+        size: u64,
+        tracker: Option<&ErrorTracker>,
+    ) -> NrtResult<SeqId> {
+        self.shared.lifecycle.check()?;
+        src.check_range("copy from", src_offset, size)?;
+        dst.check_range("copy into", dst_offset, size)?;
+        let (src_owned, dst_owned) = (src.clone(), dst.clone());
+        let work: nrta::Work =
+            Box::new(move |seq| src_owned.copy_to_as(src_offset, &dst_owned, dst_offset, size, seq.0));
+        let what = format!("a copy from tensor `{}` to `{}`", src.name(), dst.name());
+        self.schedule(core, Xu::TensorOp, tracker, &what, work, |_| {})
+    }
+
+    /// Schedules `call` as rank `rank` of `communicator` on the rank core's collectives
+    /// unit (`nrta_cc_schedule`); see [`Communicator::run`]. The `cc_running` events of
+    /// the request carry its sequence id.
+    pub fn collective_schedule(
+        &self,
+        communicator: &Communicator,
+        rank: u32,
+        call: CollectiveCall,
+        input: Option<&Tensor>,
+        output: Option<&Tensor>,
+        tracker: Option<&ErrorTracker>,
+    ) -> NrtResult<SeqId> {
+        self.shared.lifecycle.check()?;
+        let core = communicator.core(rank).ok_or_else(|| {
+            NrtError::invalid(format!(
+                "rank {rank} does not exist: {} has {} ranks",
+                communicator.name(),
+                communicator.ranks()
+            ))
+        })?;
+        let (communicator_owned, input, output) = (communicator.clone(), input.cloned(), output.cloned());
+        let what = format!("{} of rank {rank}", call.op.name());
+        let work: nrta::Work =
+            Box::new(move |seq| communicator_owned.run_as(rank, &call, input.as_ref(), output.as_ref(), seq.0));
+        self.schedule(core, Xu::Collectives, tracker, &what, work, |_| {})
+    }
+
+    /// Queues `work` on `core`'s unit `xu`: checks the tracker belongs to the core and
+    /// the core is not degraded. `what` names the request in errors.
+    pub(super) fn schedule(
+        &self,
+        core: u32,
+        xu: Xu,
+        tracker: Option<&ErrorTracker>,
+        what: &str,
+        work: nrta::Work,
+        scheduled: impl FnOnce(SeqId),
+    ) -> NrtResult<SeqId> {
+        if let Some(tracker) = tracker
+            && tracker.core() != core
+        {
+            return Err(NrtError::invalid(format!(
+                "the error tracker belongs to nc{}, but {what} is scheduled on nc{core}",
+                tracker.core()
+            )));
+        }
+        let (unit, faults) = self.unit(core, xu)?;
+        if let Some(degraded) = faults.degraded(core) {
+            return Err(unit_unrecoverable(core, &degraded));
+        }
+        unit.schedule(work, tracker.cloned(), scheduled)
+    }
+
+    /// Whether request `seq` has completed, successfully or not (`nrta_is_completed`).
+    pub fn is_completed(&self, seq: SeqId) -> NrtResult<bool> {
+        self.scheduled_unit(seq)?.is_completed(seq)
+    }
+
+    /// Waits up to `timeout` for request `seq` to complete (`NRT_TIMEOUT` otherwise).
+    pub fn wait_sequence(&self, seq: SeqId, timeout: Duration) -> NrtResult<()> {
+        self.scheduled_unit(seq)?.wait(seq, timeout)
+    }
+
+    /// The last request of `core`'s unit `xu` that completed (`nrta_get_sequence`).
+    pub fn get_sequence(&self, core: u32, xu: Xu) -> NrtResult<Option<SeqId>> {
+        Ok(self.unit(core, xu)?.0.last_completed())
+    }
+
+    /// A pollable handle that becomes readable whenever a request of `core`'s unit `xu`
+    /// completes.
+    pub fn completion_handle(&self, core: u32, xu: Xu) -> NrtResult<CompletionHandle> {
+        Ok(CompletionHandle(self.unit(core, xu)?.0))
+    }
+
+    /// An error tracker for the requests of `core` (`nrta_error_tracker_create`).
+    pub fn error_tracker_create(&self, core: u32) -> NrtResult<ErrorTracker> {
+        self.shared.lifecycle.check()?;
+        self.check_held(core)?;
+        Ok(ErrorTracker::new(core))
+    }
+
+    pub(super) fn scheduled_unit(&self, seq: SeqId) -> NrtResult<Arc<Unit>> {
+        self.shared.lifecycle.check()?;
+        let running = lock(&self.shared.running);
+        let running =
+            running.as_ref().ok_or_else(|| NrtError::new(NrtStatus::Closed, "the runtime has been closed"))?;
+        lock(&running.units).get(&seq.unit()).cloned().ok_or_else(|| {
+            NrtError::invalid(format!("sequence id {:#x} names no execution unit of this runtime", seq.0))
+        })
+    }
+}
