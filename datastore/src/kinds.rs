@@ -184,16 +184,18 @@ impl CollectiveAlgorithm {
 
     /// `ring`, `all-to-all` (or `alltoall`), or `auto` and empty (`None`: chosen by
     /// size).
-    pub fn parse(text: &str) -> Result<Option<CollectiveAlgorithm>, String> {
+    pub fn parse(text: &str) -> Result<Option<CollectiveAlgorithm>, UnknownAlgorithm> {
         match text.trim() {
             "auto" | "" => Ok(None),
-            other => other
-                .parse()
-                .map(Some)
-                .map_err(|_| format!("`{other}` is not a collectives algorithm (ring, all-to-all or auto)")),
+            other => other.parse().map(Some).map_err(|_| UnknownAlgorithm(other.to_owned())),
         }
     }
 }
+
+/// A name that is not a collectives algorithm.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a collectives algorithm (ring, all-to-all or auto)")]
+pub struct UnknownAlgorithm(pub String);
 
 #[cfg(test)]
 mod tests {

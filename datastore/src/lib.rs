@@ -59,7 +59,7 @@ pub use ring::RingCursor;
 pub use session::{FETCH_DATA_VERSION, SessionError, SysTraceConfig, SysTraceFetch, TraceSession, event_type_names};
 pub use strings::MAX_STRING_BYTES;
 pub use topology::{CoreSet, InstanceType, Topology};
-pub use tracer::{ALL_SYSTEM_EVENTS, EventIds, InspectConfig, RingPos, Tracer, parse_event_filter};
+pub use tracer::{ALL_SYSTEM_EVENTS, EventIds, InspectConfig, RingPos, Tracer, UnknownEventType, parse_event_filter};
 pub use writer::{CreateParams, DatastoreWriter, EccCounter, ModelEntry};
 
 /// Word offsets of the counters a writer adds to, as `FORMAT.md` lists them: per

@@ -25,10 +25,18 @@ use crate::writer::DatastoreWriter;
 /// A mask with every system event type.
 pub const ALL_SYSTEM_EVENTS: u64 = (1 << EventType::ALL.len()) - 1;
 
+/// A name in an event filter that is neither an event type nor a group.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "unknown event type `{0}`; use hardware, software or one of {names}",
+    names = EventType::ALL.iter().map(|t| t.name()).collect::<Vec<_>>().join(", ")
+)]
+pub struct UnknownEventType(pub String);
+
 /// Parses `NEURON_RT_INSPECT_EVENT_FILTER_TYPE`: event names and the groups
 /// `hardware` and `software`, comma-separated; `^x` excludes `x`. Only exclusions
 /// means "everything but".
-pub fn parse_event_filter(text: &str) -> Result<u64, String> {
+pub fn parse_event_filter(text: &str) -> Result<u64, UnknownEventType> {
     let mut include = 0u64;
     let mut exclude = 0u64;
     let mut any_include = false;
@@ -40,10 +48,7 @@ pub fn parse_event_filter(text: &str) -> Result<u64, String> {
         let mask = match name {
             "hardware" => EventType::ALL.iter().filter(|t| t.is_hardware()).fold(0, |m, t| m | t.bit()),
             "software" => EventType::ALL.iter().filter(|t| !t.is_hardware()).fold(0, |m, t| m | t.bit()),
-            _ => EventType::from_name(name).map(EventType::bit).ok_or_else(|| {
-                let names: Vec<&str> = EventType::ALL.iter().map(|t| t.name()).collect();
-                format!("unknown event type `{name}`; use hardware, software or one of {}", names.join(", "))
-            })?,
+            _ => EventType::from_name(name).map(EventType::bit).ok_or_else(|| UnknownEventType(name.to_owned()))?,
         };
         if negate {
             exclude |= mask;
@@ -179,11 +184,13 @@ impl Tracer {
     }
 
     /// The datastore the events go to.
+    #[inline]
     pub fn store(&self) -> &DatastoreWriter {
         &self.store
     }
 
     /// Nanoseconds per tick, measured at init.
+    #[inline]
     pub fn ns_per_tick(&self) -> f64 {
         self.ns_per_tick
     }
@@ -194,6 +201,7 @@ impl Tracer {
         core.and_then(|c| self.store.core_slot(c)).map_or(0, |slot| slot + 1)
     }
 
+    #[inline]
     pub fn next_exec_id(&self) -> u64 {
         self.next_exec_id.fetch_add(1, Ordering::Relaxed)
     }
@@ -313,6 +321,7 @@ impl Tracer {
     }
 
     /// Allocates a tracking id for a span whose start is emitted by hand.
+    #[inline]
     pub fn tracking_id(&self) -> u64 {
         self.next_tracking_id.fetch_add(1, Ordering::Relaxed)
     }
@@ -430,6 +439,7 @@ impl Tracer {
 
     /// Records which model core slot `slot` runs; returns the previous one if it
     /// differs (a model switch).
+    #[inline]
     pub fn switch_model(&self, slot: usize, model_id: u32) -> Option<u32> {
         let previous = self.last_model[slot].swap(u64::from(model_id), Ordering::Relaxed) as u32;
         (previous != 0 && previous != model_id).then_some(previous)
@@ -442,6 +452,7 @@ impl Tracer {
     }
 
     /// A tick count in nanoseconds.
+    #[inline]
     pub fn ticks_to_ns(&self, ticks: u64) -> u64 {
         (ticks as f64 * self.ns_per_tick) as u64
     }

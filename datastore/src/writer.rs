@@ -239,6 +239,7 @@ impl DatastoreWriter {
     }
 
     /// Global indexes of the held cores, in ring order.
+    #[inline]
     pub fn held_cores(&self) -> &[u32] {
         &self.cores
     }
@@ -261,6 +262,7 @@ impl DatastoreWriter {
         self.region.u64(self.layout.core_word(slot, word))
     }
 
+    #[inline]
     pub fn record_latency(&self, slot: usize, total: bool, ns: u64) {
         self.region
             .u64(self.layout.histogram_bucket(slot, total, histogram::bucket_of(ns)))
@@ -376,6 +378,7 @@ impl DatastoreWriter {
     }
 
     /// A model slot's execution counter or in-flight count (`model::EXECUTIONS`, `model::RUNNING`).
+    #[inline]
     pub fn model_counter(&self, slot: u32, field: u64) -> &AtomicU64 {
         self.region.u64(self.layout.model_slot(slot) + field)
     }

@@ -24,7 +24,8 @@ use neuron_datastore::config::parse_duration;
 pub const DEFAULT_PERIOD: Duration = Duration::from_secs(5);
 
 /// The metric groups reported per runtime process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum RuntimeGroup {
     NeuroncoreCounters,
     ExecutionStats,
@@ -33,7 +34,8 @@ pub enum RuntimeGroup {
 }
 
 /// The metric groups reported for the host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum SystemGroup {
     NeuronHwCounters,
     VcpuUsage,
@@ -41,33 +43,19 @@ pub enum SystemGroup {
 }
 
 impl RuntimeGroup {
-    pub const ALL: [RuntimeGroup; 4] = [
-        RuntimeGroup::NeuroncoreCounters,
-        RuntimeGroup::ExecutionStats,
-        RuntimeGroup::MemoryUsed,
-        RuntimeGroup::NeuronRuntimeVcpuUsage,
-    ];
+    pub const ALL: &[RuntimeGroup] = <RuntimeGroup as strum::VariantArray>::VARIANTS;
 
     /// The group's name in configurations and reports.
     pub fn name(self) -> &'static str {
-        match self {
-            RuntimeGroup::NeuroncoreCounters => "neuroncore_counters",
-            RuntimeGroup::ExecutionStats => "execution_stats",
-            RuntimeGroup::MemoryUsed => "memory_used",
-            RuntimeGroup::NeuronRuntimeVcpuUsage => "neuron_runtime_vcpu_usage",
-        }
+        self.into()
     }
 }
 
 impl SystemGroup {
-    pub const ALL: [SystemGroup; 3] = [SystemGroup::NeuronHwCounters, SystemGroup::VcpuUsage, SystemGroup::MemoryInfo];
+    pub const ALL: &[SystemGroup] = <SystemGroup as strum::VariantArray>::VARIANTS;
 
     pub fn name(self) -> &'static str {
-        match self {
-            SystemGroup::NeuronHwCounters => "neuron_hw_counters",
-            SystemGroup::VcpuUsage => "vcpu_usage",
-            SystemGroup::MemoryInfo => "memory_info",
-        }
+        self.into()
     }
 }
 
@@ -171,7 +159,7 @@ impl MonitorConfig {
             for (g, metric) in array(entry, &at, "metrics")?.iter().enumerate() {
                 let at = format!("{at}.metrics[{g}]");
                 let (name, group_period) = metric_group(metric, &at, entry_period)?;
-                let Some(group) = RuntimeGroup::ALL.into_iter().find(|g| g.name() == name) else {
+                let Some(group) = RuntimeGroup::ALL.iter().copied().find(|g| g.name() == name) else {
                     return Err(unknown_group(&at, &name, true));
                 };
                 groups.push(Group { group, period: group_period });
@@ -181,7 +169,7 @@ impl MonitorConfig {
         for (g, metric) in array(root, "", "system_metrics")?.iter().enumerate() {
             let at = format!("system_metrics[{g}]");
             let (name, group_period) = metric_group(metric, &at, config.period)?;
-            let Some(group) = SystemGroup::ALL.into_iter().find(|g| g.name() == name) else {
+            let Some(group) = SystemGroup::ALL.iter().copied().find(|g| g.name() == name) else {
                 return Err(unknown_group(&at, &name, false));
             };
             config.system.push(Group { group, period: group_period });

@@ -8,6 +8,7 @@ use crate::model::{
 };
 use crate::model::{core_of_stream, stream_code};
 use crate::proto;
+use crate::wire::{WIRE_BYTES, WIRE_VARINT, Wire, put_key, put_varint, varint_len};
 
 const FLAG_PHASE_MASK: u32 = 0b11;
 const FLAG_DEVICE_CLOCK: u32 = 0b100;
@@ -101,27 +102,6 @@ const D_DURATION: usize = 1;
 const D_DESCRIPTOR: usize = 2;
 const D_ID: usize = 3;
 const D_EXEC: usize = 4;
-
-const WIRE_VARINT: u32 = 0;
-const WIRE_FIXED64: u32 = 1;
-const WIRE_BYTES: u32 = 2;
-const WIRE_FIXED32: u32 = 5;
-
-fn put_varint(buf: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        buf.push(v as u8 | 0x80);
-        v >>= 7;
-    }
-    buf.push(v as u8);
-}
-
-fn varint_len(v: u64) -> usize {
-    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
-}
-
-fn put_key(buf: &mut Vec<u8>, field: u32, wire: u32) {
-    put_varint(buf, u64::from(field << 3 | wire));
-}
 
 /// The encoded size of a message made of the non-empty packed `columns`.
 fn columns_len(columns: &[Vec<u8>]) -> usize {
@@ -321,109 +301,6 @@ pub(crate) fn decode_chunk(payload: &[u8]) -> Result<Chunk, BadChunk> {
     }
 }
 
-/// A protobuf message or packed column being read.
-#[derive(Debug, Clone, Copy)]
-struct Wire<'a> {
-    buf: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Wire<'a> {
-    fn new(buf: &'a [u8]) -> Wire<'a> {
-        Wire { buf, pos: 0 }
-    }
-
-    fn done(&self) -> bool {
-        self.pos >= self.buf.len()
-    }
-
-    /// The next varint, decoded without branching on its length when eight bytes are
-    /// left to read (see `column`).
-    #[inline(always)]
-    fn packed(&mut self) -> Option<u64> {
-        // One byte: most columns hold small deltas and ids, and then this branch is
-        // predicted well.
-        let b0 = *self.buf.get(self.pos)?;
-        if b0 < 0x80 {
-            self.pos += 1;
-            return Some(u64::from(b0));
-        }
-        if let Some(window) = self.buf.get(self.pos..self.pos + 8) {
-            let mut word = [0u8; 8];
-            word.copy_from_slice(window);
-            let word = u64::from_le_bytes(word);
-            let stops = !word & 0x8080_8080_8080_8080;
-            if stops != 0 {
-                let used = (stops.trailing_zeros() / 8 + 1) as usize;
-                self.pos += used;
-                return Some(pack7(word & (u64::MAX >> (64 - 8 * used))));
-            }
-        }
-        self.varint()
-    }
-
-    #[inline(always)]
-    fn varint(&mut self) -> Option<u64> {
-        let b0 = *self.buf.get(self.pos)?;
-        if b0 < 0x80 {
-            self.pos += 1;
-            return Some(u64::from(b0));
-        }
-        if let Some(&b1) = self.buf.get(self.pos + 1)
-            && b1 < 0x80
-        {
-            self.pos += 2;
-            return Some(u64::from(b0 & 0x7f) | u64::from(b1) << 7);
-        }
-        self.long_varint()
-    }
-
-    fn long_varint(&mut self) -> Option<u64> {
-        let mut value = 0u64;
-        for k in 0..10 {
-            let b = *self.buf.get(self.pos)?;
-            self.pos += 1;
-            // The tenth byte holds one bit; more is not a 64-bit varint.
-            if k == 9 && b > 1 {
-                return None;
-            }
-            value |= u64::from(b & 0x7f) << (7 * k);
-            if b < 0x80 {
-                return Some(value);
-            }
-        }
-        None
-    }
-
-    fn key(&mut self) -> Option<(u32, u32)> {
-        let key = u32::try_from(self.varint()?).ok()?;
-        (key >> 3 != 0).then_some((key >> 3, key & 7))
-    }
-
-    fn bytes(&mut self) -> Option<&'a [u8]> {
-        let len = usize::try_from(self.varint()?).ok()?;
-        let end = self.pos.checked_add(len)?;
-        let bytes = self.buf.get(self.pos..end)?;
-        self.pos = end;
-        Some(bytes)
-    }
-
-    fn skip(&mut self, wire: u32) -> Option<()> {
-        match wire {
-            WIRE_VARINT => self.varint().map(drop),
-            WIRE_FIXED64 => self.advance(8),
-            WIRE_BYTES => self.bytes().map(drop),
-            WIRE_FIXED32 => self.advance(4),
-            _ => None,
-        }
-    }
-
-    fn advance(&mut self, n: usize) -> Option<()> {
-        let end = self.pos.checked_add(n)?;
-        (end <= self.buf.len()).then(|| self.pos = end)
-    }
-}
-
 /// Values in a packed column, when it is well formed at its end.
 fn packed_count(column: &[u8]) -> Option<usize> {
     match column.last() {
@@ -495,16 +372,6 @@ fn decode_direct(payload: &[u8]) -> Option<Chunk> {
         }
     }
     Some(Chunk { core, system, device, losses, sync_points })
-}
-
-/// Packs the 7-bit groups of the bytes of a varint of at most eight bytes (the bytes
-/// after it zeroed) into its value.
-#[inline(always)]
-fn pack7(word: u64) -> u64 {
-    let x = word & 0x7f7f_7f7f_7f7f_7f7f;
-    let x = ((x & 0x7f00_7f00_7f00_7f00) >> 1) | (x & 0x007f_007f_007f_007f);
-    let x = ((x & 0x3fff_0000_3fff_0000) >> 2) | (x & 0x0000_3fff_0000_3fff);
-    ((x & 0x0fff_ffff_0000_0000) >> 4) | (x & 0x0000_0000_0fff_ffff)
 }
 
 fn system_direct(columns: [&[u8]; SYSTEM_COLUMNS], core: Option<u32>, p: &mut Previous) -> Option<Vec<SystemEvent>> {

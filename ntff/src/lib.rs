@@ -14,6 +14,7 @@ mod model;
 mod reader;
 pub mod stats;
 pub mod summary;
+mod wire;
 mod writer;
 
 #[allow(clippy::all, missing_debug_implementations, unreachable_pub)]

@@ -278,7 +278,9 @@ impl Config {
         };
 
         let collectives_algorithm = match get(ENV_COLLECTIVES_ALGORITHM) {
-            Some(v) => CollectiveAlgorithm::parse(&v).map_err(|e| bad(ENV_COLLECTIVES_ALGORITHM, &v, &e))?,
+            Some(v) => {
+                CollectiveAlgorithm::parse(&v).map_err(|e| bad(ENV_COLLECTIVES_ALGORITHM, &v, &e.to_string()))?
+            }
             None => None,
         };
 
@@ -340,9 +342,8 @@ impl Config {
             None => None,
         };
         let event_types = match get(ENV_INSPECT_EVENT_FILTER_TYPE) {
-            Some(v) => {
-                neuron_datastore::parse_event_filter(&v).map_err(|e| bad(ENV_INSPECT_EVENT_FILTER_TYPE, &v, &e))?
-            }
+            Some(v) => neuron_datastore::parse_event_filter(&v)
+                .map_err(|e| bad(ENV_INSPECT_EVENT_FILTER_TYPE, &v, &e.to_string()))?,
             None => neuron_datastore::ALL_SYSTEM_EVENTS,
         };
         let discard = match get(ENV_TRACE_DISCARD) {

@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 /// Element types the runtime executes.
 ///
 /// The variant order is part of the NEFF encoding: new types are appended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, strum::IntoStaticStr)]
+#[strum(serialize_all = "lowercase")]
 pub enum DType {
     F32,
     S32,
@@ -80,20 +81,7 @@ impl DType {
 
     /// The HLO spelling: `f32`, `s32`, `pred`, `bf16`, ...
     pub fn hlo_name(self) -> &'static str {
-        match self {
-            DType::F32 => "f32",
-            DType::S32 => "s32",
-            DType::Pred => "pred",
-            DType::S8 => "s8",
-            DType::S16 => "s16",
-            DType::S64 => "s64",
-            DType::U8 => "u8",
-            DType::U16 => "u16",
-            DType::U32 => "u32",
-            DType::U64 => "u64",
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-        }
+        self.into()
     }
 
     pub fn from_hlo_name(name: &str) -> Option<DType> {
@@ -146,5 +134,17 @@ impl fmt::Display for ArrayType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let dims: Vec<String> = self.dims.iter().map(u64::to_string).collect();
         write!(f, "{}[{}]", self.dtype, dims.join(","))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn element_types_have_their_hlo_names() {
+        let names: Vec<&str> = DType::ALL.iter().map(|t| t.hlo_name()).collect();
+        assert_eq!(names, ["pred", "s8", "s16", "s32", "s64", "u8", "u16", "u32", "u64", "f16", "bf16", "f32"]);
+        assert_eq!(DType::from_hlo_name("bf16"), Some(DType::BF16));
     }
 }

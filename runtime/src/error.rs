@@ -7,7 +7,8 @@
 use std::fmt;
 
 /// The public Neuron runtime status codes (`NRT_STATUS`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr)]
+#[strum(serialize_all = "SCREAMING_SNAKE_CASE", prefix = "NRT_")]
 #[repr(u32)]
 pub enum NrtStatus {
     Success = 0,
@@ -46,34 +47,7 @@ impl NrtStatus {
 
     /// The public symbolic name, e.g. `NRT_EXEC_BAD_INPUT`.
     pub fn name(self) -> &'static str {
-        match self {
-            NrtStatus::Success => "NRT_SUCCESS",
-            NrtStatus::Failure => "NRT_FAILURE",
-            NrtStatus::Invalid => "NRT_INVALID",
-            NrtStatus::InvalidHandle => "NRT_INVALID_HANDLE",
-            NrtStatus::Resource => "NRT_RESOURCE",
-            NrtStatus::Timeout => "NRT_TIMEOUT",
-            NrtStatus::HwError => "NRT_HW_ERROR",
-            NrtStatus::QueueFull => "NRT_QUEUE_FULL",
-            NrtStatus::LoadNotEnoughNc => "NRT_LOAD_NOT_ENOUGH_NC",
-            NrtStatus::UnsupportedNeffVersion => "NRT_UNSUPPORTED_NEFF_VERSION",
-            NrtStatus::Uninitialized => "NRT_UNINITIALIZED",
-            NrtStatus::Closed => "NRT_CLOSED",
-            NrtStatus::QueueEmpty => "NRT_QUEUE_EMPTY",
-            NrtStatus::ExecUnitUnrecoverable => "NRT_EXEC_UNIT_UNRECOVERABLE",
-            NrtStatus::ExecBadInput => "NRT_EXEC_BAD_INPUT",
-            NrtStatus::ExecCompletedWithNumErr => "NRT_EXEC_COMPLETED_WITH_NUM_ERR",
-            NrtStatus::ExecCompletedWithErr => "NRT_EXEC_COMPLETED_WITH_ERR",
-            NrtStatus::ExecNcBusy => "NRT_EXEC_NC_BUSY",
-            NrtStatus::ExecOob => "NRT_EXEC_OOB",
-            NrtStatus::CollPending => "NRT_COLL_PENDING",
-            NrtStatus::ExecHwErrCollectives => "NRT_EXEC_HW_ERR_COLLECTIVES",
-            NrtStatus::ExecHwErrHbmUe => "NRT_EXEC_HW_ERR_HBM_UE",
-            NrtStatus::ExecHwErrNcUe => "NRT_EXEC_HW_ERR_NC_UE",
-            NrtStatus::ExecHwErrDmaAbort => "NRT_EXEC_HW_ERR_DMA_ABORT",
-            NrtStatus::ExecSwNqOverflow => "NRT_EXEC_SW_NQ_OVERFLOW",
-            NrtStatus::ExecHwErrRepairableHbmUe => "NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE",
-        }
+        self.into()
     }
 }
 
@@ -111,3 +85,43 @@ impl NrtError {
 }
 
 pub type NrtResult<T> = Result<T, NrtError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_have_their_public_names() {
+        for (status, name) in [
+            (NrtStatus::Success, "NRT_SUCCESS"),
+            (NrtStatus::Failure, "NRT_FAILURE"),
+            (NrtStatus::Invalid, "NRT_INVALID"),
+            (NrtStatus::InvalidHandle, "NRT_INVALID_HANDLE"),
+            (NrtStatus::Resource, "NRT_RESOURCE"),
+            (NrtStatus::Timeout, "NRT_TIMEOUT"),
+            (NrtStatus::HwError, "NRT_HW_ERROR"),
+            (NrtStatus::QueueFull, "NRT_QUEUE_FULL"),
+            (NrtStatus::LoadNotEnoughNc, "NRT_LOAD_NOT_ENOUGH_NC"),
+            (NrtStatus::UnsupportedNeffVersion, "NRT_UNSUPPORTED_NEFF_VERSION"),
+            (NrtStatus::Uninitialized, "NRT_UNINITIALIZED"),
+            (NrtStatus::Closed, "NRT_CLOSED"),
+            (NrtStatus::QueueEmpty, "NRT_QUEUE_EMPTY"),
+            (NrtStatus::ExecUnitUnrecoverable, "NRT_EXEC_UNIT_UNRECOVERABLE"),
+            (NrtStatus::ExecBadInput, "NRT_EXEC_BAD_INPUT"),
+            (NrtStatus::ExecCompletedWithNumErr, "NRT_EXEC_COMPLETED_WITH_NUM_ERR"),
+            (NrtStatus::ExecCompletedWithErr, "NRT_EXEC_COMPLETED_WITH_ERR"),
+            (NrtStatus::ExecNcBusy, "NRT_EXEC_NC_BUSY"),
+            (NrtStatus::ExecOob, "NRT_EXEC_OOB"),
+            (NrtStatus::CollPending, "NRT_COLL_PENDING"),
+            (NrtStatus::ExecHwErrCollectives, "NRT_EXEC_HW_ERR_COLLECTIVES"),
+            (NrtStatus::ExecHwErrHbmUe, "NRT_EXEC_HW_ERR_HBM_UE"),
+            (NrtStatus::ExecHwErrNcUe, "NRT_EXEC_HW_ERR_NC_UE"),
+            (NrtStatus::ExecHwErrDmaAbort, "NRT_EXEC_HW_ERR_DMA_ABORT"),
+            (NrtStatus::ExecSwNqOverflow, "NRT_EXEC_SW_NQ_OVERFLOW"),
+            (NrtStatus::ExecHwErrRepairableHbmUe, "NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE"),
+        ] {
+            assert_eq!(status.name(), name);
+        }
+        assert_eq!(NrtStatus::ExecOob.to_string(), "NRT_EXEC_OOB (1006)");
+    }
+}

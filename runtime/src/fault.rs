@@ -18,7 +18,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::error::NrtStatus;
 
 /// What can go wrong on a virtual core.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum FaultKind {
     /// A gather or scatter index outside its table.
     Oob,
@@ -41,31 +42,11 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 9] = [
-        FaultKind::Oob,
-        FaultKind::HbmUe,
-        FaultKind::NcUe,
-        FaultKind::DmaAbort,
-        FaultKind::NqOverflow,
-        FaultKind::Timeout,
-        FaultKind::Nan,
-        FaultKind::EccCorrected,
-        FaultKind::SramEccCorrected,
-    ];
+    pub const ALL: &[FaultKind] = <FaultKind as strum::VariantArray>::VARIANTS;
 
     /// The spelling in `NEURON_RT_FAULT_INJECT`.
     pub fn name(self) -> &'static str {
-        match self {
-            FaultKind::Oob => "oob",
-            FaultKind::HbmUe => "hbm_ue",
-            FaultKind::NcUe => "nc_ue",
-            FaultKind::DmaAbort => "dma_abort",
-            FaultKind::NqOverflow => "nq_overflow",
-            FaultKind::Timeout => "timeout",
-            FaultKind::Nan => "nan",
-            FaultKind::EccCorrected => "ecc_corrected",
-            FaultKind::SramEccCorrected => "sram_ecc_corrected",
-        }
+        self.into()
     }
 
     /// The status an execution it strikes fails with, for the faults that fail it at
@@ -107,7 +88,7 @@ impl FromStr for FaultKind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        FaultKind::ALL.into_iter().find(|k| k.name() == s).ok_or_else(|| {
+        FaultKind::ALL.iter().copied().find(|k| k.name() == s).ok_or_else(|| {
             let kinds: Vec<&str> = FaultKind::ALL.iter().map(|k| k.name()).collect();
             format!("unknown fault `{s}`; the kinds are {}", kinds.join(", "))
         })
@@ -149,8 +130,17 @@ impl fmt::Display for FaultRule {
     }
 }
 
+/// A `NEURON_RT_FAULT_INJECT` value that does not parse: which rule and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidFaultRule(pub String);
+
 /// Parses a `NEURON_RT_FAULT_INJECT` value for an instance of `core_count` cores.
-pub fn parse_rules(text: &str, core_count: u32) -> Result<Vec<FaultRule>, String> {
+pub fn parse_rules(text: &str, core_count: u32) -> Result<Vec<FaultRule>, InvalidFaultRule> {
+    rules(text, core_count).map_err(InvalidFaultRule)
+}
+
+fn rules(text: &str, core_count: u32) -> Result<Vec<FaultRule>, String> {
     let mut rules = Vec::new();
     for rule in text.split(',').map(str::trim) {
         if rule.is_empty() {
@@ -307,6 +297,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn fault_kinds_are_spelled_as_configured() {
+        let names: Vec<&str> = FaultKind::ALL.iter().map(|k| k.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "oob",
+                "hbm_ue",
+                "nc_ue",
+                "dma_abort",
+                "nq_overflow",
+                "timeout",
+                "nan",
+                "ecc_corrected",
+                "sram_ecc_corrected"
+            ]
+        );
+    }
+
+    #[test]
     fn rules_parse_with_their_options_and_defaults() {
         let rules = parse_rules("hbm_ue:core=1:after=3, nan:every=2,oob,ecc_corrected:rate=0.25", 2).expect("parses");
         assert_eq!(
@@ -337,7 +346,7 @@ mod tests {
             ("oob:core=0:core=1", "names a core twice"),
         ] {
             let error = parse_rules(text, 2).expect_err(text);
-            assert!(error.contains(expected), "{text}: {error}");
+            assert!(error.0.contains(expected), "{text}: {error}");
         }
     }
 

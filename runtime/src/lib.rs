@@ -9,16 +9,16 @@
 pub mod collectives;
 pub mod compile;
 pub mod config;
-pub mod dtype;
-pub mod error;
+mod dtype;
+mod error;
 pub mod fault;
-pub mod hlo;
+mod hlo;
 pub mod isa;
 pub mod memory;
 pub mod neff;
 pub mod trace;
 
-pub mod nrta;
+mod nrta;
 
 mod backend;
 mod lifecycle;

@@ -21,7 +21,8 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use crate::error::{NrtError, NrtResult, NrtStatus};
 
 /// The kinds of execution unit each core has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "snake_case")]
 pub enum Xu {
     TensorRead = 0,
     TensorWrite = 1,
@@ -31,21 +32,13 @@ pub enum Xu {
 }
 
 impl Xu {
-    pub const ALL: [Xu; 5] = [Xu::TensorRead, Xu::TensorWrite, Xu::TensorOp, Xu::Compute, Xu::Collectives];
+    pub const ALL: &[Xu] = <Xu as strum::VariantArray>::VARIANTS;
 
+    /// `tensor_read`, `tensor_write`, `tensor_op`, `compute` or `collectives`.
     pub fn name(self) -> &'static str {
-        match self {
-            Xu::TensorRead => "tensor_read",
-            Xu::TensorWrite => "tensor_write",
-            Xu::TensorOp => "tensor_op",
-            Xu::Compute => "compute",
-            Xu::Collectives => "collectives",
-        }
+        self.into()
     }
 }
-
-/// The most cores a unit id can name (13 bits of core, 3 of unit kind).
-pub const MAX_UNIT_CORES: u32 = 1 << 13;
 
 /// A request's sequence id: the top 16 bits name the execution unit (`core << 3 | xu`),
 /// the low 48 bits count that unit's requests from 1.
@@ -81,7 +74,7 @@ impl SeqId {
 }
 
 /// The id of `core`'s unit of kind `xu`.
-pub fn unit_id(core: u32, xu: Xu) -> u16 {
+pub(crate) fn unit_id(core: u32, xu: Xu) -> u16 {
     ((core << 3) | xu as u32) as u16
 }
 
@@ -327,6 +320,12 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn execution_units_have_their_public_names() {
+        let names: Vec<&str> = Xu::ALL.iter().map(|xu| xu.name()).collect();
+        assert_eq!(names, ["tensor_read", "tensor_write", "tensor_op", "compute", "collectives"]);
+    }
 
     #[test]
     fn sequence_ids_pack_unit_and_number() {

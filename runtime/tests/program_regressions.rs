@@ -58,5 +58,5 @@ fn an_unaddressable_zero_size_shape_fails_validation() {
     .expect("read case");
     let program: Program = postcard::from_bytes(&bytes).expect("decodes");
     let err = program.validate().expect_err("must be rejected");
-    assert!(err.contains("too large to address"), "{err}");
+    assert!(err.0.contains("too large to address"), "{err}");
 }

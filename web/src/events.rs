@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
 /// The largest batch sent to a page.
-pub const MAX_BATCH_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_BATCH_BYTES: usize = 64 * 1024;
 /// How often the rings are read.
 const POLL: Duration = Duration::from_millis(100);
 /// Starts waiting for their stop, per runtime, at most.
@@ -94,7 +94,7 @@ impl Batch {
 }
 
 /// Starts the tail thread; it reads only while a page is connected.
-pub fn start(dir: PathBuf) -> std::io::Result<Arc<broadcast::Sender<Bytes>>> {
+pub(crate) fn start(dir: PathBuf) -> std::io::Result<Arc<broadcast::Sender<Bytes>>> {
     let (tx, _) = broadcast::channel(64);
     let tx = Arc::new(tx);
     let sender = Arc::clone(&tx);

@@ -20,7 +20,7 @@ const RAW_PER_COLUMN: f64 = 0.5;
 /// What a track shows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum TrackKind {
+pub(crate) enum TrackKind {
     /// System events (runtime API calls, executions) of a core, or of the host.
     System,
     /// Instructions of one engine.
@@ -42,7 +42,7 @@ struct Span {
 
 /// A track: its spans sorted by start.
 #[derive(Debug)]
-pub struct Track {
+pub(crate) struct Track {
     pub core: Option<u32>,
     pub kind: TrackKind,
     pub name: String,
@@ -111,16 +111,12 @@ impl Coarse {
 }
 
 impl Track {
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.spans.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.spans.is_empty()
-    }
-
     /// Nesting levels drawn (1 for device tracks).
-    pub fn depth(&self) -> u16 {
+    pub(crate) fn depth(&self) -> u16 {
         self.depth.iter().copied().max().map_or(1, |d| u16::from(d) + 1)
     }
 
@@ -165,7 +161,7 @@ struct SystemDetail {
 
 /// The indexed timeline of one file.
 #[derive(Debug)]
-pub struct ProfileIndex {
+pub(crate) struct ProfileIndex {
     file: NtffFile,
     /// Host time of the first and last event.
     pub origin: u64,
@@ -180,7 +176,7 @@ pub struct ProfileIndex {
 /// The view of one track in a range.
 #[derive(Debug, Serialize)]
 #[serde(tag = "mode", rename_all = "snake_case")]
-pub enum TrackView {
+pub(crate) enum TrackView {
     /// `[start, duration, label, depth, index]`, start relative to the profile's origin.
     Raw { track: usize, spans: Vec<[u64; 5]> },
     /// `[column, busy per mille, spans, label]` for each column with anything in it.
@@ -189,7 +185,7 @@ pub enum TrackView {
 
 /// What one view of the timeline sends.
 #[derive(Debug, Serialize)]
-pub struct View {
+pub(crate) struct View {
     pub t0: u64,
     pub t1: u64,
     pub columns: u32,
@@ -214,7 +210,7 @@ struct Decoded {
 
 impl ProfileIndex {
     /// Decodes every chunk of `file` into tracks.
-    pub fn build(file: NtffFile) -> ProfileIndex {
+    pub(crate) fn build(file: NtffFile) -> ProfileIndex {
         let chunks = file.chunks();
         let mut sync_points: HashMap<u32, Vec<ntff::SyncPoint>> = HashMap::new();
         for info in chunks {
@@ -332,7 +328,7 @@ impl ProfileIndex {
         index
     }
 
-    pub fn file(&self) -> &NtffFile {
+    pub(crate) fn file(&self) -> &NtffFile {
         &self.file
     }
 
@@ -425,7 +421,7 @@ impl ProfileIndex {
     }
 
     /// The tracks in `[t0, t1)` (relative to the origin) at `columns` pixels across.
-    pub fn view(&self, t0: u64, t1: u64, columns: u32) -> View {
+    pub(crate) fn view(&self, t0: u64, t1: u64, columns: u32) -> View {
         let columns = columns.clamp(1, 8192);
         // Any range is accepted, and cut to the profile (at least a nanosecond wide).
         let duration = self.end - self.origin;
@@ -525,7 +521,7 @@ impl ProfileIndex {
     }
 
     /// Everything known of span `k` of track `track`, for people.
-    pub fn details(&self, track: usize, k: usize) -> Option<serde_json::Value> {
+    pub(crate) fn details(&self, track: usize, k: usize) -> Option<serde_json::Value> {
         let t = self.tracks.get(track)?;
         let s = t.spans.get(k)?;
         let mut out = serde_json::json!({

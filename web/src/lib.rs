@@ -12,10 +12,10 @@
 //! when set, is required on every request; profile names resolve only inside the
 //! profiles directory; event streams and request sizes are bounded.
 
-pub mod events;
-pub mod index;
-pub mod live;
-pub mod profiles;
+mod events;
+mod index;
+mod live;
+mod profiles;
 mod server;
 
 pub use server::{Dashboard, Options};

@@ -16,7 +16,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 /// The largest update sent to a page.
-pub const MAX_UPDATE_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_UPDATE_BYTES: usize = 64 * 1024;
 
 /// One update: a look at the host, stamped so a page can tell how late it arrived.
 #[derive(Debug, Serialize)]
@@ -44,7 +44,7 @@ fn now_ms() -> f64 {
 
 /// Encodes a look, leaving out the per-core history (pages keep their own) and, when
 /// it is still too large, the loaded models and then the last runtimes.
-pub fn encode(snapshot: &mut Snapshot, seq: u64, interval: Duration) -> Bytes {
+pub(crate) fn encode(snapshot: &mut Snapshot, seq: u64, interval: Duration) -> Bytes {
     for core in snapshot.runtimes.iter_mut().flat_map(|r| r.cores.iter_mut()) {
         core.history.clear();
     }
@@ -79,18 +79,18 @@ const HISTORY_BYTES: usize = 8 << 20;
 /// The feed: the latest update, to wait on, and the last minute of them, for a page that
 /// connects.
 #[derive(Debug)]
-pub struct Live {
+pub(crate) struct Live {
     latest: watch::Sender<Option<Bytes>>,
     history: Mutex<VecDeque<Bytes>>,
 }
 
 impl Live {
-    pub fn subscribe(&self) -> watch::Receiver<Option<Bytes>> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Option<Bytes>> {
         self.latest.subscribe()
     }
 
     /// The updates of the last minute, oldest first.
-    pub fn history(&self) -> Vec<Bytes> {
+    pub(crate) fn history(&self) -> Vec<Bytes> {
         self.history.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect()
     }
 
@@ -109,7 +109,7 @@ impl Live {
 
 /// Starts the sampler: a look every `interval`, kept for a minute, until the returned
 /// feed is dropped.
-pub fn start(dir: PathBuf, topology: Topology, interval: Duration) -> std::io::Result<Arc<Live>> {
+pub(crate) fn start(dir: PathBuf, topology: Topology, interval: Duration) -> std::io::Result<Arc<Live>> {
     let live = Arc::new(Live { latest: watch::channel(None).0, history: Mutex::new(VecDeque::new()) });
     let feed = Arc::clone(&live);
     let keep = (HISTORY.as_secs_f64() / interval.as_secs_f64()).ceil() as usize;

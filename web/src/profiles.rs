@@ -18,7 +18,7 @@ const KEPT: usize = 3;
 
 /// A file of the profiles directory.
 #[derive(Debug, Serialize)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub name: String,
     pub bytes: u64,
     /// Seconds since the Unix epoch.
@@ -27,14 +27,14 @@ pub struct Entry {
 
 /// An indexed profile, with its summary once asked for.
 #[derive(Debug)]
-pub struct Profile {
+pub(crate) struct Profile {
     pub name: String,
     pub index: ProfileIndex,
     summary: OnceLock<Summary>,
 }
 
 impl Profile {
-    pub fn summary(&self) -> &Summary {
+    pub(crate) fn summary(&self) -> &Summary {
         self.summary.get_or_init(|| summarise(self.index.file(), None))
     }
 }
@@ -52,7 +52,7 @@ struct Open {
 
 /// The profiles directory and the profiles open from it.
 #[derive(Debug)]
-pub struct Profiles {
+pub(crate) struct Profiles {
     dir: Option<PathBuf>,
     /// By path, with the file's length and time when it was opened; most recent last.
     open: Mutex<Vec<Open>>,
@@ -61,7 +61,7 @@ pub struct Profiles {
 }
 
 impl Profiles {
-    pub fn new(dir: Option<PathBuf>) -> Profiles {
+    pub(crate) fn new(dir: Option<PathBuf>) -> Profiles {
         Profiles {
             dir: dir.and_then(|d| d.canonicalize().ok().or(Some(d))),
             open: Mutex::new(Vec::new()),
@@ -69,12 +69,12 @@ impl Profiles {
         }
     }
 
-    pub fn dir(&self) -> Option<&Path> {
+    pub(crate) fn dir(&self) -> Option<&Path> {
         self.dir.as_deref()
     }
 
     /// The NTFF files of the directory, newest first.
-    pub fn list(&self) -> std::io::Result<Vec<Entry>> {
+    pub(crate) fn list(&self) -> std::io::Result<Vec<Entry>> {
         let Some(dir) = &self.dir else { return Ok(Vec::new()) };
         let mut entries = Vec::new();
         for entry in std::fs::read_dir(dir)?.flatten() {
@@ -94,7 +94,7 @@ impl Profiles {
 
     /// The path of profile `name`: a plain `.ntff` file name of the directory, a regular
     /// file there (after links are followed). Anything else is not found.
-    pub fn resolve(&self, name: &str) -> Option<PathBuf> {
+    pub(crate) fn resolve(&self, name: &str) -> Option<PathBuf> {
         let dir = self.dir.as_ref()?;
         let name = valid_name(name)?;
         let path = dir.join(name).canonicalize().ok()?;
@@ -103,7 +103,7 @@ impl Profiles {
 
     /// Profile `name`, indexed on first use (off the async threads); `None` when there is
     /// no such profile.
-    pub async fn get(&self, name: &str) -> Option<Result<Arc<Profile>, String>> {
+    pub(crate) async fn get(&self, name: &str) -> Option<Result<Arc<Profile>, String>> {
         let path = self.resolve(name)?;
         let meta = std::fs::metadata(&path).ok()?;
         let (len, modified) = (meta.len(), meta.modified().ok());
@@ -156,7 +156,7 @@ fn valid_name(name: &str) -> Option<&str> {
 /// One HLO instruction in two profiles: device time per device-traced execution, so
 /// that profiles of different lengths compare.
 #[derive(Debug, Serialize)]
-pub struct HloDifference {
+pub(crate) struct HloDifference {
     pub hlo: String,
     pub a_time_s: Option<f64>,
     pub b_time_s: Option<f64>,
@@ -171,7 +171,7 @@ pub struct HloDifference {
 
 /// Per HLO instruction, the device time per execution of `b` against `a`, largest
 /// change first.
-pub fn compare(a: &Summary, b: &Summary) -> Vec<HloDifference> {
+pub(crate) fn compare(a: &Summary, b: &Summary) -> Vec<HloDifference> {
     type Side<'a> = Option<&'a ntff::summary::HloSummary>;
     let mut rows: HashMap<&str, (Side<'_>, Side<'_>)> = HashMap::new();
     for h in &a.hlo_instructions {

@@ -30,7 +30,7 @@ use crate::{NtffError, NtffFile, SyncClock, SyncPoint};
 
 use file::FileExport;
 use layout::{Layout, Names};
-pub use verify::{TraceCheck, TrackCheck, verify_perfetto};
+pub use verify::{TraceCheck, TraceRuleBroken, TrackCheck, verify_perfetto};
 
 /// What to export.
 #[derive(Debug, Clone, Default)]

@@ -11,6 +11,9 @@
 //! Rare packets are built from the generated [`proto`] types; slice and counter
 //! events, which are nearly all of a trace, are encoded by hand into reused buffers.
 
+use crate::wire::{
+    WIRE_BYTES, WIRE_FIXED64, put_bytes_field, put_fixed64_field, put_key, put_varint, put_varint_field,
+};
 use std::io::Write;
 
 use prost::Message;
@@ -60,10 +63,6 @@ const TYPE_SLICE_BEGIN: u64 = 1;
 const TYPE_SLICE_END: u64 = 2;
 const TYPE_INSTANT: u64 = 3;
 const TYPE_COUNTER: u64 = 4;
-
-const WIRE_VARINT: u32 = 0;
-const WIRE_FIXED64: u32 = 1;
-const WIRE_BYTES: u32 = 2;
 
 /// Bytes gathered before a write to the output.
 const FLUSH_BYTES: usize = 1 << 20;
@@ -139,14 +138,14 @@ impl<W: Write> PerfettoSink<W> {
     /// Appends a packet built from the generated types.
     fn message(&mut self, packet: &proto::TracePacket) -> std::io::Result<()> {
         put_key(&mut self.buf, TRACE_PACKET, WIRE_BYTES);
-        encode_varint(packet.encoded_len() as u64, &mut self.buf);
+        put_varint(&mut self.buf, packet.encoded_len() as u64);
         packet.encode_raw(&mut self.buf);
         self.flush_if_full()
     }
 
     /// Appends the hand-encoded packet in `self.packet`.
     fn emit(&mut self) -> std::io::Result<()> {
-        put_bytes(&mut self.buf, TRACE_PACKET, &self.packet);
+        put_bytes_field(&mut self.buf, TRACE_PACKET, &self.packet);
         self.flush_if_full()
     }
 
@@ -197,8 +196,8 @@ impl<W: Write> PerfettoSink<W> {
         self.packet.clear();
         self.event.clear();
         self.interned.clear();
-        put_varint(&mut self.packet, PACKET_TIMESTAMP, delta);
-        put_varint(&mut self.packet, PACKET_SEQUENCE_ID, u64::from(seq.id));
+        put_varint_field(&mut self.packet, PACKET_TIMESTAMP, delta);
+        put_varint_field(&mut self.packet, PACKET_SEQUENCE_ID, u64::from(seq.id));
         Ok(())
     }
 
@@ -208,7 +207,7 @@ impl<W: Write> PerfettoSink<W> {
         if seq.names.insert(name.id) {
             intern(&mut self.interned, &mut self.scratch, INTERNED_EVENT_NAMES, name.id, name.text);
         }
-        put_varint(&mut self.event, EVENT_NAME_IID, u64::from(name.id) + 1);
+        put_varint_field(&mut self.event, EVENT_NAME_IID, u64::from(name.id) + 1);
     }
 
     fn annotations(&mut self, track: TrackIx, args: &[Annotation<'_>]) {
@@ -218,27 +217,27 @@ impl<W: Write> PerfettoSink<W> {
                 intern(&mut self.interned, &mut self.scratch, INTERNED_ANNOTATION_NAMES, arg.key, arg.key_text);
             }
             self.scratch.clear();
-            put_varint(&mut self.scratch, ANNOTATION_NAME_IID, u64::from(arg.key) + 1);
+            put_varint_field(&mut self.scratch, ANNOTATION_NAME_IID, u64::from(arg.key) + 1);
             match arg.value {
-                AnnotationValue::U64(v) => put_varint(&mut self.scratch, ANNOTATION_UINT, v),
-                AnnotationValue::I64(v) => put_varint(&mut self.scratch, ANNOTATION_INT, v as u64),
+                AnnotationValue::U64(v) => put_varint_field(&mut self.scratch, ANNOTATION_UINT, v),
+                AnnotationValue::I64(v) => put_varint_field(&mut self.scratch, ANNOTATION_INT, v as u64),
                 AnnotationValue::Str(id, text) => {
                     if seq.string_values.insert(id) {
                         intern(&mut self.interned, &mut self.intern_scratch, INTERNED_STRING_VALUES, id, text);
                     }
-                    put_varint(&mut self.scratch, ANNOTATION_STRING_IID, u64::from(id) + 1);
+                    put_varint_field(&mut self.scratch, ANNOTATION_STRING_IID, u64::from(id) + 1);
                 }
             }
-            put_bytes(&mut self.event, EVENT_ANNOTATIONS, &self.scratch);
+            put_bytes_field(&mut self.event, EVENT_ANNOTATIONS, &self.scratch);
         }
     }
 
     /// Puts the event and interned data into the packet and appends it.
     fn close(&mut self) -> std::io::Result<()> {
         if !self.interned.is_empty() {
-            put_bytes(&mut self.packet, PACKET_INTERNED_DATA, &self.interned);
+            put_bytes_field(&mut self.packet, PACKET_INTERNED_DATA, &self.interned);
         }
-        put_bytes(&mut self.packet, PACKET_TRACK_EVENT, &self.event);
+        put_bytes_field(&mut self.packet, PACKET_TRACK_EVENT, &self.event);
         self.emit()
     }
 }
@@ -350,27 +349,27 @@ impl<W: Write> Sink for PerfettoSink<W> {
         flow_in: Option<u64>,
     ) -> std::io::Result<()> {
         self.open(track, ts)?;
-        put_varint(&mut self.event, EVENT_TYPE, TYPE_SLICE_BEGIN);
+        put_varint_field(&mut self.event, EVENT_TYPE, TYPE_SLICE_BEGIN);
         self.name(track, name);
         self.annotations(track, args);
         if let Some(flow) = flow_out {
-            put_fixed64(&mut self.event, EVENT_FLOW_IDS, flow);
+            put_fixed64_field(&mut self.event, EVENT_FLOW_IDS, flow);
         }
         if let Some(flow) = flow_in {
-            put_fixed64(&mut self.event, EVENT_TERMINATING_FLOW_IDS, flow);
+            put_fixed64_field(&mut self.event, EVENT_TERMINATING_FLOW_IDS, flow);
         }
         self.close()
     }
 
     fn end(&mut self, track: TrackIx, ts: u64) -> std::io::Result<()> {
         self.open(track, ts)?;
-        put_varint(&mut self.event, EVENT_TYPE, TYPE_SLICE_END);
+        put_varint_field(&mut self.event, EVENT_TYPE, TYPE_SLICE_END);
         self.close()
     }
 
     fn instant(&mut self, track: TrackIx, ts: u64, name: Name<'_>, args: &[Annotation<'_>]) -> std::io::Result<()> {
         self.open(track, ts)?;
-        put_varint(&mut self.event, EVENT_TYPE, TYPE_INSTANT);
+        put_varint_field(&mut self.event, EVENT_TYPE, TYPE_INSTANT);
         self.name(track, name);
         self.annotations(track, args);
         self.close()
@@ -378,7 +377,7 @@ impl<W: Write> Sink for PerfettoSink<W> {
 
     fn counter(&mut self, track: TrackIx, ts: u64, value: f64) -> std::io::Result<()> {
         self.open(track, ts)?;
-        put_varint(&mut self.event, EVENT_TYPE, TYPE_COUNTER);
+        put_varint_field(&mut self.event, EVENT_TYPE, TYPE_COUNTER);
         put_key(&mut self.event, EVENT_DOUBLE_COUNTER_VALUE, WIRE_FIXED64);
         self.event.extend_from_slice(&value.to_le_bytes());
         self.close()
@@ -412,39 +411,7 @@ fn clock(id: u32, timestamp: u64, incremental: bool) -> proto::clock_snapshot::C
 /// Adds `{iid, name}` to the interned-data field `field` being built in `interned`.
 fn intern(interned: &mut Vec<u8>, scratch: &mut Vec<u8>, field: u32, id: NameId, text: &str) {
     scratch.clear();
-    put_varint(scratch, INTERNED_IID, u64::from(id) + 1);
-    put_bytes(scratch, INTERNED_NAME, text.as_bytes());
-    put_bytes(interned, field, scratch);
-}
-
-#[inline(always)]
-fn encode_varint(mut value: u64, buf: &mut Vec<u8>) {
-    while value >= 0x80 {
-        buf.push(value as u8 | 0x80);
-        value >>= 7;
-    }
-    buf.push(value as u8);
-}
-
-#[inline(always)]
-fn put_key(buf: &mut Vec<u8>, field: u32, wire: u32) {
-    encode_varint(u64::from(field << 3 | wire), buf);
-}
-
-#[inline(always)]
-fn put_varint(buf: &mut Vec<u8>, field: u32, value: u64) {
-    put_key(buf, field, WIRE_VARINT);
-    encode_varint(value, buf);
-}
-
-fn put_fixed64(buf: &mut Vec<u8>, field: u32, value: u64) {
-    put_key(buf, field, WIRE_FIXED64);
-    buf.extend_from_slice(&value.to_le_bytes());
-}
-
-#[inline(always)]
-fn put_bytes(buf: &mut Vec<u8>, field: u32, bytes: &[u8]) {
-    put_key(buf, field, WIRE_BYTES);
-    encode_varint(bytes.len() as u64, buf);
-    buf.extend_from_slice(bytes);
+    put_varint_field(scratch, INTERNED_IID, u64::from(id) + 1);
+    put_bytes_field(scratch, INTERNED_NAME, text.as_bytes());
+    put_bytes_field(interned, field, scratch);
 }

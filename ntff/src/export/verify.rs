@@ -57,9 +57,18 @@ struct SequenceState {
     last: Option<u64>,
 }
 
+/// The first rule of a valid trace that a Perfetto trace breaks, and the packet.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct TraceRuleBroken(pub String);
+
 /// Decodes `bytes` as a `Trace` and checks it; the error names the first packet that
 /// breaks a rule.
-pub fn verify_perfetto(bytes: &[u8]) -> Result<TraceCheck, String> {
+pub fn verify_perfetto(bytes: &[u8]) -> Result<TraceCheck, TraceRuleBroken> {
+    check_trace(bytes).map_err(TraceRuleBroken)
+}
+
+fn check_trace(bytes: &[u8]) -> Result<TraceCheck, String> {
     let trace = proto::Trace::decode(bytes).map_err(|e| format!("not a Trace: {e}"))?;
     let mut check = TraceCheck::default();
     let mut tracks: HashMap<u64, usize> = HashMap::new();

@@ -344,7 +344,7 @@ impl<'m> Lowering<'m> {
         };
         let declared = array_type(&inst.shape)?;
         let operand_types: Vec<&ArrayType> = buffer_operands.iter().map(|&b| &self.buffers[b as usize].ty).collect();
-        let inferred = infer_output(&op, &operand_types, &declared)?;
+        let inferred = infer_output(&op, &operand_types, &declared).map_err(|e| e.to_string())?;
         if inferred != declared {
             return Err(format!("`{}` produces {inferred} but the instruction declares {declared}", inst.opcode));
         }
@@ -386,7 +386,7 @@ impl<'m> Lowering<'m> {
     /// Emits `op` after checking its output against `declared`.
     fn emit_checked(&mut self, op: Op, operands: Vec<u32>, declared: ArrayType, hlo_name: &str) -> Result<u32, String> {
         let types: Vec<&ArrayType> = operands.iter().map(|&b| &self.buffers[b as usize].ty).collect();
-        let inferred = infer_output(&op, &types, &declared)?;
+        let inferred = infer_output(&op, &types, &declared).map_err(|e| e.to_string())?;
         if inferred != declared {
             return Err(format!("`{}` produces {inferred} but the instruction declares {declared}", op.opcode()));
         }

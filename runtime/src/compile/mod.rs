@@ -38,7 +38,8 @@ const MAX_TUPLE_DEPTH: usize = 64;
 pub const MAX_LOWERED_INSTRUCTIONS: usize = 1_000_000;
 
 /// `neuron-cc --target`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, strum::IntoStaticStr, strum::VariantArray)]
+#[strum(serialize_all = "lowercase")]
 pub enum Target {
     #[default]
     Trn1,
@@ -48,15 +49,11 @@ pub enum Target {
 }
 
 impl Target {
-    pub const ALL: [Target; 4] = [Target::Trn1, Target::Trn1n, Target::Inf2, Target::Trn2];
+    pub const ALL: &[Target] = <Target as strum::VariantArray>::VARIANTS;
 
+    /// `trn1`, `trn1n`, `inf2` or `trn2`.
     pub fn name(self) -> &'static str {
-        match self {
-            Target::Trn1 => "trn1",
-            Target::Trn1n => "trn1n",
-            Target::Inf2 => "inf2",
-            Target::Trn2 => "trn2",
-        }
+        self.into()
     }
 
     pub fn core_version(self) -> NeuronCoreVersion {
@@ -72,7 +69,8 @@ impl std::str::FromStr for Target {
 
     fn from_str(s: &str) -> Result<Self, String> {
         Target::ALL
-            .into_iter()
+            .iter()
+            .copied()
             .find(|t| t.name() == s)
             .ok_or_else(|| format!("unknown target `{s}`; use trn1, trn1n, inf2 or trn2"))
     }
@@ -249,7 +247,7 @@ pub fn compile_hlo_with(text: &str, options: &CompileOptions) -> Result<Program,
 }
 
 /// Lowers a parsed module.
-pub fn lower_module(module: &HloModule, options: &CompileOptions) -> Result<Program, CompileError> {
+pub(crate) fn lower_module(module: &HloModule, options: &CompileOptions) -> Result<Program, CompileError> {
     lower::lower(module, options)
 }
 

@@ -99,7 +99,7 @@ pub(super) fn lower_region(region: &Computation, params: &[DType]) -> Result<Reg
         .map(|name| values.get(name).copied().ok_or_else(|| format!("reducer result `{name}` is not a scalar value")))
         .collect::<Result<Vec<_>, _>>()?;
     let region = Region { params: params.to_vec(), steps, results };
-    region.check()?;
+    region.check().map_err(|e| e.to_string())?;
     Ok(region)
 }
 

@@ -260,3 +260,10 @@ fn scratchpad_space_is_reused_after_last_use() {
     // Each step needs its operand and its result live at once: two 64-byte slots.
     assert_eq!(p.scratchpad_bytes, 128);
 }
+
+#[test]
+fn targets_are_spelled_as_neuron_cc_takes_them() {
+    let names: Vec<&str> = Target::ALL.iter().map(|t| t.name()).collect();
+    assert_eq!(names, ["trn1", "trn1n", "inf2", "trn2"]);
+    assert_eq!("inf2".parse::<Target>(), Ok(Target::Inf2));
+}

@@ -11,11 +11,11 @@ mod parser;
 
 use std::fmt;
 
-pub use parser::parse_module;
+pub(crate) use parser::parse_module;
 
 /// A parsed `HloModule`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct HloModule {
+pub(crate) struct HloModule {
     pub name: String,
     pub computations: Vec<Computation>,
     /// Index of the `ENTRY` computation in `computations`.
@@ -23,18 +23,18 @@ pub struct HloModule {
 }
 
 impl HloModule {
-    pub fn entry(&self) -> &Computation {
+    pub(crate) fn entry(&self) -> &Computation {
         &self.computations[self.entry]
     }
 
-    pub fn computation(&self, name: &str) -> Option<&Computation> {
+    pub(crate) fn computation(&self, name: &str) -> Option<&Computation> {
         self.computations.iter().find(|c| c.name == name)
     }
 }
 
 /// One named computation: the entry, a called function or a reduction region.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Computation {
+pub(crate) struct Computation {
     pub name: String,
     pub instructions: Vec<Instruction>,
     /// Index of the `ROOT` instruction (the last one when none is marked).
@@ -45,7 +45,7 @@ pub struct Computation {
 
 /// One instruction: `name = shape opcode(operands), attribute=value, ...`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Instruction {
+pub(crate) struct Instruction {
     pub name: String,
     pub shape: Shape,
     pub opcode: String,
@@ -58,14 +58,14 @@ pub struct Instruction {
 }
 
 impl Instruction {
-    pub fn attribute(&self, name: &str) -> Option<&str> {
+    pub(crate) fn attribute(&self, name: &str) -> Option<&str> {
         self.attributes.iter().find(|a| a.name == name).map(|a| a.value.as_str())
     }
 }
 
 /// What stands between the parentheses of `parameter(N)` or `constant(...)`.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Payload {
+pub(crate) enum Payload {
     ParameterNumber(u64),
     /// The literal's scalar tokens in row-major order: numbers, `inf`, `-inf`, `nan`,
     /// `true`, `false`.
@@ -74,14 +74,14 @@ pub enum Payload {
 
 /// `name=value` after the operand list; the value is kept as written.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Attribute {
+pub(crate) struct Attribute {
     pub name: String,
     pub value: String,
 }
 
 /// An HLO shape: an array or a tuple of shapes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Shape {
+pub(crate) enum Shape {
     Array { element_type: String, dims: Vec<u64> },
     Tuple(Vec<Shape>),
 }

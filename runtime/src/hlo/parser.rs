@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use super::{Attribute, Computation, HloModule, Instruction, ParseError, Payload, Shape};
 
 /// Parses the text of one `HloModule`.
-pub fn parse_module(text: &str) -> Result<HloModule, ParseError> {
+pub(crate) fn parse_module(text: &str) -> Result<HloModule, ParseError> {
     let line_starts =
         std::iter::once(0).chain(text.bytes().enumerate().filter(|&(_, b)| b == b'\n').map(|(i, _)| i + 1)).collect();
     let mut p = Parser { src: text.as_bytes(), pos: 0, line_starts };

@@ -4,10 +4,12 @@
 use super::*;
 
 /// Why an instruction's operands do not fit its operation.
-pub type TypeError = String;
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct TypeError(pub String);
 
 /// Formats must have at least one exponent bit and fit in f32's widths.
-fn check_format(format: FloatFormat) -> Result<(), TypeError> {
+fn check_format(format: FloatFormat) -> Result<(), String> {
     let (exponent, mantissa) = format.widths();
     if !(1..=8).contains(&exponent) || mantissa > 23 {
         return Err(format!("float format {} needs 1 to 8 exponent bits and at most 23 mantissa bits", format.name()));
@@ -19,14 +21,18 @@ fn check_format(format: FloatFormat) -> Result<(), TypeError> {
 /// the output buffer's type, which supplies what the operation does not determine
 /// (the target of `Convert`, the shape of `Reshape` and `Iota`, ...).
 pub fn infer_output(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> Result<ArrayType, TypeError> {
-    let arity = |n: usize| -> Result<(), TypeError> {
+    infer(op, operands, declared).map_err(TypeError)
+}
+
+fn infer(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> Result<ArrayType, String> {
+    let arity = |n: usize| -> Result<(), String> {
         if operands.len() == n {
             Ok(())
         } else {
             Err(format!("{} takes {n} operand(s), got {}", op.opcode(), operands.len()))
         }
     };
-    let check_dims = |dims: &[u32], rank: usize, what: &str| -> Result<(), TypeError> {
+    let check_dims = |dims: &[u32], rank: usize, what: &str| -> Result<(), String> {
         let mut seen = vec![false; rank];
         for &d in dims {
             let d = d as usize;
@@ -175,7 +181,7 @@ pub fn infer_output(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> R
             if !operands.first().is_some_and(|t| t.dtype.is_float()) {
                 return Err("a reduction rounded to a narrower float format needs a floating-point operand".into());
             }
-            infer_output(&Op::Reduce { op: *reduce, dims: dims.clone() }, operands, declared)
+            infer(&Op::Reduce { op: *reduce, dims: dims.clone() }, operands, declared)
         }
         Op::RoundPrecision { format, .. } => {
             arity(1)?;
@@ -373,7 +379,7 @@ pub fn infer_output(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> R
             if region.params != expected {
                 return Err(format!("reducer parameters {:?} do not match the arrays ({expected:?})", region.params));
             }
-            let results = region.check()?;
+            let results = region.step_types()?;
             if results != expected[..n] {
                 return Err(format!("reducer results {results:?} do not match the arrays ({:?})", &expected[..n]));
             }
@@ -495,7 +501,7 @@ pub fn infer_output(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> R
     }
 }
 
-fn check_start_indices(indices: &[&ArrayType]) -> Result<(), TypeError> {
+fn check_start_indices(indices: &[&ArrayType]) -> Result<(), String> {
     match indices.iter().find(|t| t.rank() != 0 || !t.dtype.is_integer()) {
         Some(t) => Err(format!("start index {t} must be an integer scalar")),
         None => Ok(()),
@@ -503,7 +509,7 @@ fn check_start_indices(indices: &[&ArrayType]) -> Result<(), TypeError> {
 }
 
 /// Checks that `dims` are distinct and below `rank`, and that none is in `taken`.
-fn disjoint_dims(dims: &[u32], taken: &[bool], what: &str) -> Result<(), TypeError> {
+fn disjoint_dims(dims: &[u32], taken: &[bool], what: &str) -> Result<(), String> {
     let mut seen = vec![false; taken.len()];
     for &d in dims {
         let d = d as usize;
@@ -522,7 +528,7 @@ fn mark(taken: &mut [bool], dims: &[u32]) {
 
 /// The shape of `indices` without its index vector dimension, and the length of that
 /// vector (1 when `index_vector_dim` is the rank: an implicit trailing dimension).
-fn index_batch(indices: &ArrayType, index_vector_dim: u32) -> Result<(Vec<u64>, u64), TypeError> {
+fn index_batch(indices: &ArrayType, index_vector_dim: u32) -> Result<(Vec<u64>, u64), String> {
     let ivd = index_vector_dim as usize;
     if !indices.dtype.is_integer() || ivd > indices.rank() {
         return Err(format!("indices {indices} must be integers with index_vector_dim={ivd} at most their rank"));
@@ -531,7 +537,7 @@ fn index_batch(indices: &ArrayType, index_vector_dim: u32) -> Result<(Vec<u64>, 
     Ok((batch, indices.dims.get(ivd).copied().unwrap_or(1)))
 }
 
-fn gather_output(g: &GatherDims, operand: &ArrayType, indices: &ArrayType) -> Result<ArrayType, TypeError> {
+fn gather_output(g: &GatherDims, operand: &ArrayType, indices: &ArrayType) -> Result<ArrayType, String> {
     let rank = operand.rank();
     let (batch, vector) = index_batch(indices, g.index_vector_dim)?;
     if g.slice_sizes.len() != rank || g.slice_sizes.iter().zip(&operand.dims).any(|(s, d)| s > d) {
@@ -575,12 +581,7 @@ fn gather_output(g: &GatherDims, operand: &ArrayType, indices: &ArrayType) -> Re
     Ok(ArrayType::new(operand.dtype, dims))
 }
 
-fn check_scatter(
-    s: &ScatterDims,
-    operand: &ArrayType,
-    indices: &ArrayType,
-    updates: &ArrayType,
-) -> Result<(), TypeError> {
+fn check_scatter(s: &ScatterDims, operand: &ArrayType, indices: &ArrayType, updates: &ArrayType) -> Result<(), String> {
     let rank = operand.rank();
     let (batch, vector) = index_batch(indices, s.index_vector_dim)?;
     if s.scatter_dims_to_operand_dims.len() as u64 != vector {

@@ -219,7 +219,8 @@ pub struct CollectiveOp {
 
 /// What a collective computes. `dim` is the dimension gathered, scattered or
 /// exchanged along.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, strum::IntoStaticStr)]
+#[strum(serialize_all = "kebab-case")]
 pub enum CollectiveKind {
     /// Every rank gets the element-wise reduction of all ranks' arrays.
     AllReduce(ReduceOp),
@@ -234,13 +235,9 @@ pub enum CollectiveKind {
 }
 
 impl CollectiveKind {
+    /// `all-reduce`, `all-gather`, `reduce-scatter` or `all-to-all`.
     pub fn name(self) -> &'static str {
-        match self {
-            CollectiveKind::AllReduce(_) => "all-reduce",
-            CollectiveKind::AllGather { .. } => "all-gather",
-            CollectiveKind::ReduceScatter { .. } => "reduce-scatter",
-            CollectiveKind::AllToAll { .. } => "all-to-all",
-        }
+        self.into()
     }
 }
 
@@ -300,6 +297,10 @@ impl Region {
     /// Checks that every step is an element-wise operation on values defined before
     /// it, of the types it produces; returns the types of the results.
     pub fn check(&self) -> Result<Vec<DType>, TypeError> {
+        self.step_types().map_err(TypeError)
+    }
+
+    fn step_types(&self) -> Result<Vec<DType>, String> {
         for (i, step) in self.steps.iter().enumerate() {
             let elementwise = matches!(
                 step.op,
@@ -696,6 +697,7 @@ impl Op {
 }
 
 pub use infer::{TypeError, infer_output};
+pub use program::InvalidProgram;
 
 #[cfg(test)]
 mod tests {
@@ -718,7 +720,7 @@ mod tests {
             (Op::Unary(UnaryOp::Sign), DType::Pred, 1, "Sign is not defined on pred[2,3]"),
         ];
         for (op, dtype, arity, message) in rejected {
-            assert_eq!(infer(op, dtype, arity).err().as_deref(), Some(message));
+            assert_eq!(infer(op, dtype, arity).err().map(|e| e.0).as_deref(), Some(message));
         }
         let accepted = [
             (Op::Binary(BinaryOp::And), DType::Pred, 2),

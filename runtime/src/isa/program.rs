@@ -35,7 +35,11 @@ impl Program {
     }
 
     /// Checks every structural invariant the backend relies on.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidProgram> {
+        self.check_invariants().map_err(InvalidProgram)
+    }
+
+    fn check_invariants(&self) -> Result<(), String> {
         let buffer = |id: u32| -> Result<&Buffer, String> {
             self.buffers
                 .get(id as usize)
@@ -170,3 +174,8 @@ impl Program {
         Ok(())
     }
 }
+
+/// A program that breaks an invariant the backend relies on: what and where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct InvalidProgram(pub String);
