@@ -23,6 +23,15 @@ const USED: u64 = 0;
 pub(crate) const REFUSED: u64 = 8;
 const HEADER_BYTES: u64 = 64;
 
+/// One instruction that ran: its entry in the model's instruction list and its host
+/// tick interval. An instruction inside a loop runs (and has a span) once per iteration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InstructionSpan {
+    pub entry: u32,
+    pub start: u64,
+    pub end: u64,
+}
+
 /// The fixed part of an instruction's device event, prepared at load.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct InstructionTrace {

@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 pub use directory::{default_dir, file_path, pid_of_file_name, process_start_time};
 pub use event::{ClockDomain, DeviceActivity, DeviceEvent, DmaQueueType, EventData, EventType, Phase, SystemEvent};
 pub use follow::{Followed, OpenFailure, Runtimes};
-pub use instructions::InstructionTrace;
+pub use instructions::{InstructionSpan, InstructionTrace};
 pub use kinds::{CollectiveAlgorithm, CollectiveOp, DeviceCategory, Engine, ErrorClass, ExecOutcome, HostCategory};
 pub use layout::{
     DEFAULT_INSTRUCTION_TABLE_BYTES, DEFAULT_MAX_EVENTS_PER_NC, DEFAULT_MODEL_SLOTS, DEFAULT_STRING_TABLE_BYTES,

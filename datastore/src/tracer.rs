@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::clock::{self, DeviceClock};
 use crate::event::{EventType, Phase};
-use crate::instructions::InstructionTrace;
+use crate::instructions::{InstructionSpan, InstructionTrace};
 use crate::layout::{self, DEFAULT_MAX_EVENTS_PER_NC};
 use crate::record::{
     DEVICE_KIND_INSTRUCTION, DEVICE_RECORD_WORDS, DeviceRecord, FLAG_NRTA_SEQ, FLAG_STATUS, InstructionRun, RUN_MAX,
@@ -377,48 +377,57 @@ impl Tracer {
     }
 
     /// Records the instructions an execution ran on core slot `slot` (whose execution
-    /// lock the caller holds): instruction `k` of `instructions` ran from host tick
-    /// `boundaries[k]` to `boundaries[k + 1]`. When the model's instructions are in the
-    /// datastore's instruction table (`in_table`), consecutive instructions share run
-    /// records of up to [`RUN_MAX`] durations; an instruction longer than `u32::MAX` ns,
-    /// or a model not in the table, gets a full record per instruction.
-    pub fn emit_instructions(
+    /// lock the caller holds): each span names its entry in `instructions` and its host
+    /// tick interval. When the model's instructions are in the datastore's instruction
+    /// table (`in_table`), spans of consecutive entries that follow each other without
+    /// a gap share run records of up to [`RUN_MAX`] durations (a loop's body, iteration
+    /// after iteration, is one run per iteration); any other span, one longer than
+    /// `u32::MAX` ns, or a model not in the table, gets a full record.
+    pub fn emit_instruction_spans(
         &self,
         slot: usize,
         ids: EventIds,
         instructions: &[InstructionTrace],
         in_table: bool,
-        boundaries: &[u64],
+        spans: &[InstructionSpan],
     ) {
-        let n = boundaries.len().saturating_sub(1).min(instructions.len());
+        let spans: Vec<&InstructionSpan> = spans.iter().filter(|s| (s.entry as usize) < instructions.len()).collect();
+        let single = |s: &InstructionSpan| {
+            self.emit_instruction(slot, ids, &instructions[s.entry as usize], s.start, s.end);
+        };
         if !in_table {
-            for k in 0..n {
-                self.emit_instruction(slot, ids, &instructions[k], boundaries[k], boundaries[k + 1]);
-            }
+            spans.iter().for_each(|s| single(s));
             return;
         }
         let clock = self.device_clocks[slot];
         let mut k = 0;
-        while k < n {
-            let start_ns = clock.at(boundaries[k]);
+        while k < spans.len() {
+            let first = spans[k];
+            let start_ns = clock.at(first.start);
             let mut run = InstructionRun {
                 exec_id: ids.exec_id,
                 model_id: ids.model_id,
-                first: k as u32,
+                first: first.entry,
                 start_ns,
                 ..InstructionRun::default()
             };
             let mut previous = start_ns;
             let mut count = 0;
-            while count < RUN_MAX && k + count < n {
-                let end = clock.at(boundaries[k + count + 1]);
+            while count < RUN_MAX && k + count < spans.len() {
+                let span = spans[k + count];
+                let follows =
+                    count == 0 || (span.entry == first.entry + count as u32 && span.start == spans[k + count - 1].end);
+                if !follows {
+                    break;
+                }
+                let end = clock.at(span.end);
                 let Ok(duration) = u32::try_from(end.saturating_sub(previous)) else { break };
                 run.durations[count] = duration;
                 previous = end;
                 count += 1;
             }
             if count == 0 {
-                self.emit_instruction(slot, ids, &instructions[k], boundaries[k], boundaries[k + 1]);
+                single(first);
                 k += 1;
                 continue;
             }

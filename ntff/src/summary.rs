@@ -129,6 +129,11 @@ pub struct DmaSummary {
     pub bandwidth_bytes_per_s: Option<f64>,
 }
 
+/// Opcodes whose device events enclose the instructions they ran (one span per loop
+/// iteration, one per conditional): they count toward their HLO instruction's time,
+/// inclusive of what ran inside, and not toward any engine's or opcode's time.
+pub const ENCLOSING_OPCODES: &[&str] = &["While", "Conditional"];
+
 #[derive(Default)]
 struct Totals {
     count: u64,
@@ -207,11 +212,16 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
         match *descriptor {
             Descriptor::Instruction { engine, opcode, hlo, flops, .. } => {
                 let engine = file.string_or_placeholder(engine).into_owned();
+                let opcode = file.string_or_placeholder(opcode).into_owned();
                 let flops = flops * t.count;
-                let e = engines.entry(engine.clone()).or_default();
-                (e.count, e.ns, e.flops) = (e.count + t.count, e.ns + t.ns, e.flops + flops);
-                let o = opcodes.entry((engine, file.string_or_placeholder(opcode).into_owned())).or_default();
-                (o.count, o.ns) = (o.count + t.count, o.ns + t.ns);
+                // A loop or conditional span encloses the instructions it ran: its time
+                // is the HLO instruction's (inclusive), not work of its engine.
+                if !ENCLOSING_OPCODES.contains(&opcode.as_str()) {
+                    let e = engines.entry(engine.clone()).or_default();
+                    (e.count, e.ns, e.flops) = (e.count + t.count, e.ns + t.ns, e.flops + flops);
+                    let o = opcodes.entry((engine, opcode)).or_default();
+                    (o.count, o.ns) = (o.count + t.count, o.ns + t.ns);
+                }
                 let h = hlos.entry(file.string_or_placeholder(hlo).into_owned()).or_default();
                 (h.count, h.ns, h.flops) = (h.count + t.count, h.ns + t.ns, h.flops + flops);
             }
@@ -406,7 +416,7 @@ pub fn to_text(s: &Summary, file_name: &str) -> String {
             r.percent
         );
     }
-    let _ = writeln!(out, "\ntop HLO instructions by device time");
+    let _ = writeln!(out, "\ntop HLO instructions by device time (a loop or conditional includes what it ran)");
     let _ =
         writeln!(out, "  {:<32} {:>12} {:>12} {:>7} {:>12}", "HLO instruction", "instructions", "time", "%", "FLOPs");
     for r in &s.top_hlo_instructions {

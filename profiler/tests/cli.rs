@@ -295,12 +295,12 @@ fn convolution_is_refused() {
 }
 
 #[test]
-fn while_loops_are_refused() {
+fn a_loop_body_that_changes_the_state_type_is_refused() {
     assert_refused(
         "HloModule loop\ncond {\n  c = s32[] parameter(0)\n  ten = s32[] constant(10)\n  ROOT lt = pred[] compare(c, ten), direction=LT\n}\n\
-         body {\n  b = s32[] parameter(0)\n  one = s32[] constant(1)\n  ROOT n = s32[] add(b, one)\n}\n\
+         body {\n  b = s32[] parameter(0)\n  ROOT f = f32[] convert(b)\n}\n\
          ENTRY e {\n  i = s32[] parameter(0)\n  ROOT w = s32[] while(i), condition=cond, body=body\n}\n",
-        "line 14, instruction `w`: operator `while` is not supported",
+        "line 13, instruction `w`: the loop body's outputs are (f32[]) but should be (s32[])",
     );
 }
 

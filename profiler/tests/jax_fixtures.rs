@@ -296,3 +296,28 @@ fn every_fixture_directory_has_a_test() {
         assert!(source.contains(&format!("check(\"{case}\")")), "fixture `{case}` has no test");
     }
 }
+
+#[test]
+fn fori_loop_with_a_nested_loop_matches_xla() {
+    check("fori_loop");
+}
+
+#[test]
+fn while_loop_with_a_data_dependent_trip_count_matches_xla() {
+    check("while_tolerance");
+}
+
+#[test]
+fn scan_rnn_matches_xla() {
+    check("scan_rnn");
+}
+
+#[test]
+fn cond_and_switch_match_xla() {
+    check("cond_switch");
+}
+
+#[test]
+fn jax_random_with_the_default_threefry_generator_matches_xla() {
+    check("jax_random_default");
+}

@@ -21,7 +21,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 use neuron_datastore::clock::ticks;
-use neuron_datastore::{ALL_SYSTEM_EVENTS, EventType};
+use neuron_datastore::{ALL_SYSTEM_EVENTS, EventType, InstructionSpan};
 use neuron_datastore::{DatastoreReader, TailStart, TraceEvent};
 use neuron_runtime::config::CoreRequest;
 use neuron_runtime::trace::TraceProbe;
@@ -140,12 +140,12 @@ fn emit_with_ring(dirs: &Path, events_per_ring: u64) {
     // What any timestamped event in a ring shared by threads needs at least: a clock
     // read and one atomic increment to claim its slot (no record written).
     let claims = std::sync::atomic::AtomicU64::new(0);
-    // Instructions are recorded as the runtime records them: each one's boundary tick
-    // kept while the program runs, and run records written when it stops, here every
-    // RUN_LENGTH instructions.
+    // Instructions are recorded as the runtime records them: each one's span (entry,
+    // start and end tick) kept while the program runs, and run records written when it
+    // stops, here every RUN_LENGTH instructions.
     // Their ticks advance by 100 per instruction (read from the clock by the backend
     // anyway, so not counted here).
-    let mut boundaries = Vec::with_capacity(RUN_LENGTH + 1);
+    let mut spans = Vec::with_capacity(RUN_LENGTH);
     let mut tick = ticks();
     let mut tight: Vec<Vec<f64>> = variants.iter().map(|_| Vec::with_capacity(EMIT_BATCHES)).collect();
     let mut spaced: Vec<Vec<f64>> = variants.iter().map(|_| Vec::with_capacity(EMIT_BATCHES)).collect();
@@ -167,10 +167,10 @@ fn emit_with_ring(dirs: &Path, events_per_ring: u64) {
                 time_batch(&mut samples[3], &mut |i| {
                     let v = w(i);
                     tick += 100;
-                    boundaries.push(tick);
-                    if boundaries.len() > RUN_LENGTH {
-                        dev.run(v, &boundaries);
-                        boundaries.clear();
+                    spans.push(InstructionSpan { entry: spans.len() as u32, start: tick - 100, end: tick });
+                    if spans.len() == RUN_LENGTH {
+                        dev.run(v, &spans);
+                        spans.clear();
                     }
                     v
                 });

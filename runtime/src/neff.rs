@@ -35,9 +35,11 @@ pub const FEATURE_FLOAT_FORMATS: u64 = 0x20;
 pub const FEATURE_REGIONS_AND_WINDOWS: u64 = 0x40;
 /// Random number generation (`RngBitGenerator`, `RngUniform`).
 pub const FEATURE_RANDOM: u64 = 0x80;
-/// The feature bits this runtime executes.
 /// Collectives across the ranks a model is loaded on.
 pub const FEATURE_COLLECTIVES: u64 = 0x100;
+/// Loops and conditionals (`While`, `Conditional`), with nested programs.
+pub const FEATURE_CONTROL_FLOW: u64 = 0x200;
+/// The feature bits this runtime executes.
 pub const SUPPORTED_FEATURES: u64 = FEATURE_BASE
     | FEATURE_INTEGER_TYPES
     | FEATURE_BATCHED_MATMUL
@@ -46,7 +48,8 @@ pub const SUPPORTED_FEATURES: u64 = FEATURE_BASE
     | FEATURE_FLOAT_FORMATS
     | FEATURE_REGIONS_AND_WINDOWS
     | FEATURE_RANDOM
-    | FEATURE_COLLECTIVES;
+    | FEATURE_COLLECTIVES
+    | FEATURE_CONTROL_FLOW;
 
 /// Size of the header before the variable-length name.
 const FIXED_HEADER_LEN: usize = 86;
@@ -223,30 +226,39 @@ fn clamp_name(name: &str) -> &str {
 
 /// The feature bits a program needs.
 pub fn features_of(program: &Program) -> u64 {
+    let all = program.all_instructions();
+    let buffers = std::iter::once(program)
+        .chain(all.iter().flat_map(|i| i.op.nested_programs()))
+        .flat_map(|p| p.buffers.iter())
+        .collect::<Vec<_>>();
+    let uses = |f: fn(&Op) -> bool| all.iter().any(|i| f(&i.op));
     let mut features = FEATURE_BASE;
-    if program.buffers.iter().any(|b| b.ty.dtype != DType::F32) {
+    if buffers.iter().any(|b| b.ty.dtype != DType::F32) {
         features |= FEATURE_INTEGER_TYPES;
     }
-    if program.buffers.iter().any(|b| !matches!(b.ty.dtype, DType::F32 | DType::S32 | DType::Pred)) {
+    if buffers.iter().any(|b| !matches!(b.ty.dtype, DType::F32 | DType::S32 | DType::Pred)) {
         features |= FEATURE_EXTENDED_TYPES;
     }
-    if program.instructions().any(|i| matches!(&i.op, Op::MatMul(d) if !d.lhs_batch.is_empty())) {
+    if uses(|op| matches!(op, Op::MatMul(d) if !d.lhs_batch.is_empty())) {
         features |= FEATURE_BATCHED_MATMUL;
     }
     if program.outputs.len() > 1 {
         features |= FEATURE_MULTI_OUTPUT;
     }
-    if program.instructions().any(|i| matches!(&i.op, Op::RoundPrecision { .. } | Op::ReduceRounded { .. })) {
+    if uses(|op| matches!(op, Op::RoundPrecision { .. } | Op::ReduceRounded { .. })) {
         features |= FEATURE_FLOAT_FORMATS;
     }
-    if program.instructions().any(|i| matches!(&i.op, Op::ReduceRegion { .. } | Op::SelectAndScatter { .. })) {
+    if uses(|op| matches!(op, Op::ReduceRegion { .. } | Op::SelectAndScatter { .. })) {
         features |= FEATURE_REGIONS_AND_WINDOWS;
     }
-    if program.instructions().any(|i| matches!(&i.op, Op::RngBitGenerator { .. } | Op::RngUniform)) {
+    if uses(|op| matches!(op, Op::RngBitGenerator { .. } | Op::RngUniform)) {
         features |= FEATURE_RANDOM;
     }
-    if program.instructions().any(|i| matches!(&i.op, Op::Collective(_))) {
+    if uses(|op| matches!(op, Op::Collective(_))) {
         features |= FEATURE_COLLECTIVES;
+    }
+    if uses(|op| matches!(op, Op::While(_) | Op::Conditional(_))) {
+        features |= FEATURE_CONTROL_FLOW;
     }
     features
 }

@@ -14,7 +14,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use neuron_datastore::clock::ticks;
 use neuron_datastore::{ALL_SYSTEM_EVENTS, DeviceActivity, DmaQueueType, EventData, EventType, ExecOutcome, Phase};
-use neuron_datastore::{DatastoreReader, ExitReason, Liveness, TailStart, TraceEvent};
+use neuron_datastore::{DatastoreReader, ExitReason, InstructionSpan, Liveness, TailStart, TraceEvent};
 use neuron_runtime::trace::PROBE_MODEL_ID;
 use neuron_runtime::{ArrayType, Config, DType, Neff, Runtime, Target, TensorPlacement, TensorSet, compile_hlo};
 
@@ -329,7 +329,7 @@ fn stress_writer() {
             // plus one; instruction k has k FLOPs).
             probe.with_device(|device| {
                 let (mut produced, mut length) = (0u64, 1u64);
-                let mut boundaries = Vec::new();
+                let mut spans = Vec::new();
                 while produced < STRESS_DEVICE {
                     let now = ticks();
                     let n = if length % 2 == 1 {
@@ -338,9 +338,13 @@ fn stress_writer() {
                         1
                     } else {
                         let n = length.min(STRESS_DEVICE - produced);
-                        boundaries.clear();
-                        boundaries.extend((0..=n).map(|k| now + 10 * k));
-                        device.run(produced + 1, &boundaries);
+                        spans.clear();
+                        spans.extend((0..n).map(|k| InstructionSpan {
+                            entry: k as u32,
+                            start: now + 10 * k,
+                            end: now + 10 * (k + 1),
+                        }));
+                        device.run(produced + 1, &spans);
                         n
                     };
                     produced += n;

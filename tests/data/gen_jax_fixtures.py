@@ -68,7 +68,7 @@ ALLOWED_OPCODES = {
     "shift-right-arithmetic", "clamp", "reverse", "pad", "dynamic-slice",
     "dynamic-update-slice", "bitcast-convert", "gather", "scatter", "all-reduce",
     "all-gather", "select-and-scatter", "rng-bit-generator", "batch-norm-training",
-    "batch-norm-inference", "batch-norm-grad",
+    "batch-norm-inference", "batch-norm-grad", "while", "conditional",
 }
 # Reducers may use element-wise operations only.
 ALLOWED_REDUCE_OPS = {"add", "maximum", "minimum", "multiply", "and", "or", "compare", "select",
@@ -695,6 +695,71 @@ def case_jax_random(rng):
     return f, [np.asarray(key)]
 
 
+def case_fori_loop(rng):
+    """A 100-step fori_loop: a small matrix-vector update whose step uses the loop
+    index, and a loop inside the loop (a 3-step inner fori_loop per outer step)."""
+    def f(x, w):
+        def step(i, v):
+            inner = lax.fori_loop(0, 3, lambda j, u: u * 0.5 + jnp.float32(j), v[:2])
+            return jnp.tanh(w @ v + i.astype(jnp.float32) * 1e-2) + inner.sum() * 1e-3
+        return lax.fori_loop(0, 100, step, x)
+
+    return f, [normal(rng, (8,)), weight(rng, 8, 8)]
+
+
+def case_while_tolerance(rng):
+    """Newton's square root in a while_loop that stops when every residual is below a
+    tolerance (a data-dependent trip count), returning the root and the count."""
+    def f(a):
+        def cond(state):
+            x, it = state
+            return (jnp.max(jnp.abs(x * x - a)) > 1e-4) & (it < 50)
+
+        def body(state):
+            x, it = state
+            return 0.5 * (x + a / x), it + 1
+
+        return lax.while_loop(cond, body, (a, jnp.int32(0)))
+
+    return f, [np.abs(normal(rng, (6,), 30.0)) + 1.0]
+
+
+def case_scan_rnn(rng):
+    """A tanh RNN over 12 steps with lax.scan: carried state, stacked outputs and a
+    loop-invariant weight pair."""
+    def f(h0, xs, wx, wh):
+        def step(h, x):
+            h = jnp.tanh(x @ wx + h @ wh)
+            return h, h.sum()
+        return lax.scan(step, h0, xs)
+
+    return f, [normal(rng, (4, 16)), normal(rng, (12, 4, 8)), weight(rng, 8, 16), weight(rng, 16, 16)]
+
+
+def case_cond_switch(rng):
+    """lax.cond on a predicate computed from data, returning a tuple, and lax.switch
+    over three branches with an index (in range and clamped)."""
+    def f(x, i):
+        c = lax.cond(x.sum() > 0, lambda v: (v * 3.0, v.max()), lambda v: (v - 1.0, v.min()), x)
+        branches = [lambda v: v + 1.0, lambda v: jnp.exp(v), lambda v: -v]
+        return c, lax.switch(i, branches, x), lax.switch(i + 5, branches, x)
+
+    return f, [normal(rng, (5,)), np.int32(1)]
+
+
+def case_jax_random_default(rng):
+    """jax.random with the default generator (threefry2x32): uniform floats, normal
+    samples, integers in a range, a and a Bernoulli
+    mask, from a key passed in."""
+    def f(key_data):
+        key = jax.random.wrap_key_data(key_data)
+        k1, k2, k3, k4 = jax.random.split(key, 4)
+        return (jax.random.uniform(k1, (6, 8)), jax.random.normal(k2, (16,)),
+                jax.random.randint(k3, (10,), -5, 17), jax.random.bernoulli(k4, 0.3, (12,)))
+
+    return f, [np.asarray(jax.random.key_data(jax.random.key(20261125)))]
+
+
 CASES = [
     ("mlp", case_mlp, 1001),
     ("attention", case_attention, 1002),
@@ -732,6 +797,11 @@ CASES = [
     ("batch_norm_ops", case_batch_norm_ops, 1034),
     ("rng_bit_generator", case_rng_bit_generator, 1035),
     ("jax_random", case_jax_random, 1036),
+    ("fori_loop", case_fori_loop, 1037),
+    ("while_tolerance", case_while_tolerance, 1038),
+    ("scan_rnn", case_scan_rnn, 1039),
+    ("cond_switch", case_cond_switch, 1040),
+    ("jax_random_default", case_jax_random_default, 1041),
 ]
 
 # Cases generated with 64-bit types enabled (jax_enable_x64), for s64 / u64.
@@ -828,10 +898,8 @@ def generate_case(name, builder, seed):
     hlo = jitted.lower(*args).as_text(dialect="hlo")
     ops = check_hlo(name, hlo)
 
-    outs = jitted(*args)
-    if not isinstance(outs, (tuple, list)):
-        outs = (outs,)
-    outs = [np.asarray(o) for o in outs]
+    # Nested results (a tuple inside a tuple) flatten in order, as the HLO's outputs do.
+    outs = [np.asarray(o) for o in jax.tree_util.tree_leaves(jitted(*args))]
     if name in OUTPUT_CHECKS:
         OUTPUT_CHECKS[name](outs)
 

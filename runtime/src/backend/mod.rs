@@ -7,6 +7,7 @@
 //! [`Executable::run`] then moves the inputs in, runs every instruction, and hands the
 //! outputs back. It checks the deadline between instructions.
 
+mod control;
 mod element;
 mod fusion;
 mod kernels;
@@ -217,16 +218,22 @@ pub(crate) enum Output<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct OutOfBounds(pub(crate) String);
 
-/// Why a run stopped early.
+/// Why a run stopped early. Instructions are named by their position in
+/// [`Executable::trace_table`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RunError {
-    /// The deadline passed before `step` could start.
-    DeadlineExceeded { step: usize, steps: usize },
-    /// The instruction at `step` indexed outside an array.
+    /// The deadline passed before instruction `step` could start (or, for a loop,
+    /// before its next iteration).
+    DeadlineExceeded { step: usize },
+    /// Instruction `step` indexed outside an array.
     OutOfBounds { step: usize, detail: String },
     /// The collective at `step` failed.
     Collective { step: usize, error: NrtError },
 }
+
+/// Sees the tick interval of each instruction that ran: its position in
+/// [`Executable::trace_table`], its start and its end.
+pub(crate) type InstructionObserver<'o> = dyn FnMut(usize, u64, u64) + 'o;
 
 /// Runs a program's collectives: called with the collective's index among the
 /// program's collectives (in execution order), the operation, the rank's operand and
@@ -253,6 +260,14 @@ pub(crate) struct Executable {
     /// `f32` arrays that died in earlier runs, reused for the outputs of fused groups
     /// (a new array would be zeroed and then faulted in page by page).
     spare: Mutex<Vec<Vec<f32>>>,
+    /// Position of this program's first instruction in the trace table of the
+    /// outermost program (see [`Executable::trace_table`]).
+    base: usize,
+    /// For each position of `order`, the prepared programs of a loop or conditional
+    /// (empty for other instructions).
+    nested: Vec<Vec<Executable>>,
+    /// Entries this program and its nested ones take in the trace table.
+    table_len: usize,
 }
 
 /// The most dead arrays kept for reuse.
@@ -279,6 +294,11 @@ impl Executable {
     /// Prepares a program that has passed [`Program::validate`]; with `fuse`, chains of
     /// element-wise instructions run fused.
     pub(crate) fn new(program: Program, fuse: bool) -> Executable {
+        Executable::at(program, fuse, 0)
+    }
+
+    /// Prepares a program whose first instruction is entry `base` of the trace table.
+    fn at(program: Program, fuse: bool, base: usize) -> Executable {
         let mut by_step: Vec<(u32, usize, usize)> = Vec::new();
         for (s, stream) in program.streams.iter().enumerate() {
             for (i, instruction) in stream.instructions.iter().enumerate() {
@@ -325,6 +345,23 @@ impl Executable {
         for (k, io) in program.outputs.iter().enumerate().rev() {
             output_of_buffer[io.buffer as usize] = Some(k);
         }
+        // The trace table lists this program's instructions in execution order, then
+        // the nested programs' entries, loop after loop.
+        let mut next = base + order.len();
+        let nested: Vec<Vec<Executable>> = order
+            .iter()
+            .map(|&(s, i)| {
+                let op = &program.streams[s].instructions[i].op;
+                op.nested_programs()
+                    .into_iter()
+                    .map(|p| {
+                        let e = Executable::at(p.clone(), fuse, next);
+                        next += e.table_len;
+                        e
+                    })
+                    .collect()
+            })
+            .collect();
         Executable {
             program,
             order,
@@ -333,7 +370,21 @@ impl Executable {
             release_after,
             output_of_buffer,
             spare: Mutex::new(Vec::new()),
+            base,
+            nested,
+            table_len: next - base,
         }
+    }
+
+    /// Every instruction that can run, with the program it belongs to, in the order
+    /// traces name them: this program's in execution order, then each loop's and
+    /// conditional's programs' (recursively), in the order of those instructions.
+    pub(crate) fn trace_table(&self) -> Vec<(&Instruction, &Program)> {
+        let mut table: Vec<(&Instruction, &Program)> = self.steps().map(|i| (i, &self.program)).collect();
+        for nested in self.nested.iter().flatten() {
+            table.extend(nested.trace_table());
+        }
+        table
     }
 
     /// An `f32` array of `n` elements with unspecified contents, for a fused output.
@@ -355,6 +406,18 @@ impl Executable {
             if spare.len() < MAX_SPARE {
                 spare.push(data);
             }
+        }
+    }
+
+    /// `Opcode, HLO `name``: what trace table entry `k` is, for error messages.
+    pub(crate) fn describe_entry(&self, k: usize) -> String {
+        match self.trace_table().get(k) {
+            Some((instruction, program)) => format!(
+                "{}, HLO `{}`",
+                instruction.op.opcode(),
+                program.hlo_names.get(instruction.hlo as usize).map_or("", String::as_str)
+            ),
+            None => "no instruction".into(),
         }
     }
 
@@ -381,11 +444,13 @@ impl Executable {
     /// Runs the program on `inputs` (one value per program input, of its type). An
     /// output with a destination is computed straight into it; the others are returned
     /// as values. The deadline is in host ticks (`neuron_datastore::clock::ticks`), read before
-    /// each instruction or fused group; `on_instruction(k, start, end)` sees the tick
-    /// interval of the `k`-th instruction of [`Executable::steps`], in that order and
-    /// back to back: a fused group's interval is split between its members in
-    /// proportion to the time each took. Large matrix products and element-wise work
-    /// may borrow the idle slots of `helpers`.
+    /// each instruction or fused group and each loop iteration; `on_instruction(k,
+    /// start, end)` sees the tick interval of each instruction that ran, named by its
+    /// entry `k` in [`Executable::trace_table`]: one program's instructions back to
+    /// back, a fused group's interval split between its members in proportion to the
+    /// time each took, and a loop's or conditional's instructions inside the intervals
+    /// of its iterations. Large matrix products and element-wise work may borrow the
+    /// idle slots of `helpers`.
     pub(crate) fn run<'a>(
         &'a self,
         inputs: Vec<Input<'a>>,
@@ -393,7 +458,7 @@ impl Executable {
         deadline_ticks: u64,
         helpers: &HostPool,
         collectives: &mut CollectiveRunner<'_>,
-        mut on_instruction: impl FnMut(usize, u64, u64),
+        on_instruction: &mut InstructionObserver<'_>,
     ) -> Result<Vec<Output<'a>>, RunError> {
         let mut collective_index = 0u32;
         let program = &self.program;
@@ -412,18 +477,18 @@ impl Executable {
             };
         }
         let mut written = vec![false; program.outputs.len()];
-        let steps = self.order.len();
         // A single instruction's interval ends at the next clock read.
         let mut open: Option<usize> = None;
         let mut previous = ticks();
         for (u, unit) in self.units.iter().enumerate() {
+            // Intervals are back to back: each starts where the one reported before ended.
             let now = ticks();
             if let Some(k) = open.take() {
-                on_instruction(k, previous, now);
+                on_instruction(self.base + k, previous, now);
+                previous = now;
             }
-            previous = now;
             if now > deadline_ticks {
-                return Err(RunError::DeadlineExceeded { step: unit.first, steps });
+                return Err(RunError::DeadlineExceeded { step: self.base + unit.first });
             }
             if let Some(group) = &unit.group {
                 let (results, shares) = fusion::run(
@@ -445,10 +510,29 @@ impl Executable {
                         Output::Value(value) => Slot::Owned(value),
                     };
                 }
-                for (k, (start, stop)) in split_interval(now, end, &shares).into_iter().enumerate() {
-                    on_instruction(unit.first + k, start, stop);
+                for (k, (start, stop)) in split_interval(previous, end, &shares).into_iter().enumerate() {
+                    on_instruction(self.base + unit.first + k, start, stop);
                 }
                 previous = end;
+            } else if !self.nested[unit.first].is_empty() {
+                let step = unit.first;
+                let (s, i) = self.order[step];
+                let instruction = &program.streams[s].instructions[i];
+                let operands: Vec<ValueRef<'_>> =
+                    instruction.operands.iter().filter_map(|&o| slots[o as usize].get()).collect();
+                let results = control::run(
+                    &instruction.op,
+                    &self.nested[step],
+                    self.base + step,
+                    operands,
+                    deadline_ticks,
+                    helpers,
+                    on_instruction,
+                )?;
+                for (b, value) in instruction.outputs().zip(results) {
+                    slots[b as usize] = Slot::Owned(value);
+                }
+                previous = ticks();
             } else {
                 let step = unit.first;
                 let (s, i) = self.order[step];
@@ -461,7 +545,7 @@ impl Executable {
                         .get()
                         .unwrap_or_else(|| kernels::unvalidated("collective operand"));
                     let value = collectives(collective_index, collective, operand, out_ty)
-                        .map_err(|error| RunError::Collective { step, error })?;
+                        .map_err(|error| RunError::Collective { step: self.base + step, error })?;
                     collective_index += 1;
                     Slot::Owned(value)
                 } else {
@@ -495,7 +579,8 @@ impl Executable {
                         }
                         (None, None) => kernels::execute(&instruction.op, &operands, out_ty, helpers).map(Slot::Owned),
                     };
-                    let slot = slot.map_err(|OutOfBounds(detail)| RunError::OutOfBounds { step, detail })?;
+                    let slot =
+                        slot.map_err(|OutOfBounds(detail)| RunError::OutOfBounds { step: self.base + step, detail })?;
                     drop(operands);
                     slot
                 };
@@ -512,7 +597,7 @@ impl Executable {
             }
         }
         if let Some(k) = open {
-            on_instruction(k, previous, ticks());
+            on_instruction(self.base + k, previous, ticks());
         }
         let mut outputs = Vec::with_capacity(program.outputs.len());
         for (k, io) in program.outputs.iter().enumerate() {

@@ -27,6 +27,7 @@ pub const SUPPORTED_OPERATORS: &[&str] = &[
     "clamp",
     "compare",
     "concatenate",
+    "conditional",
     "constant",
     "convert",
     "copy",
@@ -79,6 +80,7 @@ pub const SUPPORTED_OPERATORS: &[&str] = &[
     "tanh",
     "transpose",
     "tuple",
+    "while",
     "xor",
 ];
 
@@ -104,6 +106,7 @@ pub fn engine_of_operator(opcode: &str) -> Option<Engine> {
         | "select-and-scatter"
         | "rng"
         | "rng-bit-generator" => Engine::Pool,
+        "while" | "conditional" => Engine::Sp,
         "parameter" | "constant" | "tuple" | "get-tuple-element" | "call" => return None,
         _ => Engine::Dve,
     })

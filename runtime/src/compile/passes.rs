@@ -35,25 +35,35 @@ pub(super) fn plan_scratchpad(
     let mut high_water = 0u64;
     for (step, instruction) in instructions.iter().enumerate() {
         live.retain(|&(_, _, last)| last >= step);
-        let out = instruction.output as usize;
-        let size = buffers[out]
-            .ty
-            .size_bytes()
-            .and_then(|s| s.checked_next_multiple_of(SCRATCHPAD_ALIGNMENT))
-            .ok_or_else(too_large)?;
-        live.sort_unstable_by_key(|&(offset, _, _)| offset);
-        let mut offset = 0u64;
-        for &(o, s, _) in &live {
-            if offset.checked_add(size).is_some_and(|end| o >= end) {
-                break;
+        for out in instruction.outputs() {
+            let out = out as usize;
+            let size = buffers[out]
+                .ty
+                .size_bytes()
+                .and_then(|s| s.checked_next_multiple_of(SCRATCHPAD_ALIGNMENT))
+                .ok_or_else(too_large)?;
+            live.sort_unstable_by_key(|&(offset, _, _)| offset);
+            let mut offset = 0u64;
+            for &(o, s, _) in &live {
+                if offset.checked_add(size).is_some_and(|end| o >= end) {
+                    break;
+                }
+                offset = offset.max(o.checked_add(s).ok_or_else(too_large)?);
             }
-            offset = offset.max(o.checked_add(s).ok_or_else(too_large)?);
+            let end = offset.checked_add(size).ok_or_else(too_large)?;
+            live.push((offset, size, last_use[out].max(step)));
+            high_water = high_water.max(end);
+            buffers[out].kind = BufferKind::Intermediate { offset };
         }
-        let end = offset.checked_add(size).ok_or_else(too_large)?;
-        live.push((offset, size, last_use[out].max(step)));
-        high_water = high_water.max(end);
-        buffers[out].kind = BufferKind::Intermediate { offset };
     }
+    // Loops and conditionals run their programs in scratchpad space of their own,
+    // after the entry program's.
+    let nested: u64 = instructions
+        .iter()
+        .flat_map(|i| i.op.nested_programs())
+        .map(|p| p.scratchpad_bytes)
+        .fold(0, u64::saturating_add);
+    high_water = high_water.checked_add(nested).ok_or_else(too_large)?;
     Ok(high_water)
 }
 
@@ -97,7 +107,7 @@ pub(super) fn remove_dead_instructions(instructions: &mut Vec<Instruction>, outp
     let mut live: std::collections::HashSet<u32> = outputs.iter().map(|io| io.buffer).collect();
     let mut keep = vec![false; instructions.len()];
     for (i, instruction) in instructions.iter().enumerate().rev() {
-        if live.contains(&instruction.output) {
+        if instruction.outputs().any(|b| live.contains(&b)) {
             keep[i] = true;
             live.extend(&instruction.operands);
         }
@@ -121,7 +131,7 @@ pub(super) fn compact_buffers(
 ) {
     let mut used = vec![false; buffers.len()];
     for instruction in instructions.iter() {
-        used[instruction.output as usize] = true;
+        instruction.outputs().for_each(|b| used[b as usize] = true);
         instruction.operands.iter().for_each(|&b| used[b as usize] = true);
     }
     outputs.iter().for_each(|io| used[io.buffer as usize] = true);

@@ -16,9 +16,9 @@ pub(crate) const MAX_FOLDED_BYTES: u64 = 4 << 20;
 /// once at compile time gives what every execution would.
 fn is_pure(op: &Op) -> bool {
     match op {
-        // A new draw at each execution.
-        // A new draw at each execution; data from other ranks.
-        Op::RngUniform | Op::Collective(_) => false,
+        // A new draw at each execution; data from other ranks; a loop may not end, and
+        // both write several buffers.
+        Op::RngUniform | Op::Collective(_) | Op::While(_) | Op::Conditional(_) => false,
         Op::MatMul(_)
         | Op::Activation(_)
         | Op::Unary(_)

@@ -450,6 +450,9 @@ fn infer(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> Result<Array
             }
             Ok(declared.clone())
         }
+        Op::While(_) | Op::Conditional(_) => {
+            Err(format!("{} has several results; check it with `check_results`", op.opcode()))
+        }
         Op::Collective(c) => {
             arity(1)?;
             let x = operands[0];

@@ -6,6 +6,7 @@
 //! operands with the same [`infer_output`] the compiler uses, so a program that passes
 //! validation cannot make the backend index out of bounds, whatever file it came from.
 
+mod control;
 mod infer;
 mod program;
 
@@ -206,6 +207,11 @@ pub enum Op {
     /// A collective across the ranks the model is loaded on (`all-reduce`,
     /// `all-gather`, `reduce-scatter`, `all-to-all`). Operand: the rank's array.
     Collective(CollectiveOp),
+    /// XLA `while` (see [`Loop`]). Operands: the initial state; results: the final state.
+    While(Nested<Loop>),
+    /// XLA `conditional` (see [`Branches`]). Operands: the selector, then each branch's
+    /// inputs; results: the selected branch's outputs.
+    Conditional(Nested<Branches>),
 }
 
 /// A collective operation of a program.
@@ -560,8 +566,9 @@ impl Op {
             | Op::SelectAndScatter { .. }
             | Op::RngBitGenerator { .. }
             | Op::RngUniform => Engine::Pool,
-            // The sync engine drives the collective DMA rings and their semaphores.
-            Op::Collective(_) => Engine::Sp,
+            // The sync engine drives the collective DMA rings and their semaphores, and
+            // sequences loops and branches.
+            Op::Collective(_) | Op::While(_) | Op::Conditional(_) => Engine::Sp,
             Op::Unary(_)
             | Op::Binary(_)
             | Op::Compare { .. }
@@ -650,6 +657,8 @@ impl Op {
             Op::SelectAndScatter { .. } => "SelectAndScatter",
             Op::RngBitGenerator { .. } => "RngBitGenerator",
             Op::RngUniform => "RngUniform",
+            Op::While(_) => "While",
+            Op::Conditional(_) => "Conditional",
             Op::Collective(c) => match c.kind {
                 CollectiveKind::AllReduce(_) => "AllReduce",
                 CollectiveKind::AllGather { .. } => "AllGather",
@@ -696,6 +705,7 @@ impl Op {
     }
 }
 
+pub use control::{Branches, Loop, MAX_NESTING, Nested, Selector, check_results};
 pub use infer::{TypeError, infer_output};
 pub use program::InvalidProgram;
 

@@ -3,6 +3,13 @@
 
 use super::*;
 
+impl Instruction {
+    /// The buffers the instruction writes: [`Op::result_count`] of them from `output`.
+    pub fn outputs(&self) -> std::ops::Range<u32> {
+        self.output..self.output.saturating_add(self.op.result_count() as u32)
+    }
+}
+
 impl Program {
     /// Total FLOPs of one execution.
     pub fn flops_per_execution(&self) -> u64 {
@@ -17,6 +24,19 @@ impl Program {
     /// Every engine instruction, stream by stream.
     pub fn instructions(&self) -> impl Iterator<Item = &Instruction> {
         self.streams.iter().flat_map(|s| s.instructions.iter())
+    }
+
+    /// Every instruction of this program and of the programs its loops and
+    /// conditionals run, depth first.
+    pub fn all_instructions(&self) -> Vec<&Instruction> {
+        let mut all = Vec::new();
+        for instruction in self.instructions() {
+            all.push(instruction);
+            for nested in instruction.op.nested_programs() {
+                all.extend(nested.all_instructions());
+            }
+        }
+        all
     }
 
     /// Instruction count per engine.
@@ -132,23 +152,31 @@ impl Program {
                 }
                 operands.push(&b.ty);
             }
-            let out = buffer(instruction.output)?;
-            if !matches!(out.kind, BufferKind::Intermediate { .. }) || defined[instruction.output as usize] {
-                return Err(format!(
-                    "step {step} writes buffer {} that is not a fresh intermediate",
-                    instruction.output
-                ));
+            let count = instruction.op.result_count();
+            let outputs = instruction.outputs();
+            let mut results = Vec::with_capacity(count);
+            for id in outputs.clone() {
+                let out = buffer(id)?;
+                if !matches!(out.kind, BufferKind::Intermediate { .. }) || defined[id as usize] {
+                    return Err(format!("step {step} writes buffer {id} that is not a fresh intermediate"));
+                }
+                results.push(&out.ty);
             }
-            let inferred =
-                infer_output(&instruction.op, &operands, &out.ty).map_err(|e| format!("step {step}: {e}"))?;
-            if inferred != out.ty {
-                return Err(format!(
-                    "step {step}: {} produces {inferred} but its output buffer is {}",
-                    instruction.op.opcode(),
-                    out.ty
-                ));
+            if count == 0 {
+                return Err(format!("step {step}: {} writes no buffer", instruction.op.opcode()));
             }
-            defined[instruction.output as usize] = true;
+            check_results(&instruction.op, &operands, &results).map_err(|e| format!("step {step}: {e}"))?;
+            if instruction
+                .op
+                .nested_programs()
+                .iter()
+                .any(|p| p.instructions().any(|i| matches!(i.op, Op::Collective(_))))
+            {
+                return Err(format!("step {step}: collectives inside loops and conditionals are not supported"));
+            }
+            for id in outputs {
+                defined[id as usize] = true;
+            }
         }
         for io in &self.outputs {
             if !defined[io.buffer as usize] {

@@ -16,9 +16,13 @@ use neuron_datastore::clock::ticks;
 use neuron_datastore::counters::core as counter;
 use neuron_datastore::event::{DmaQueueType, EventType, Phase};
 use neuron_datastore::record::{DEVICE_KIND_DMA, DeviceRecord, FLAG_DEVICE_CLOCK, FLAG_STATUS};
-use neuron_datastore::{EccCounter, ErrorClass, EventIds, INSTRUCTION_BYTES, Tracer};
+use neuron_datastore::{EccCounter, ErrorClass, EventIds, INSTRUCTION_BYTES, InstructionSpan, Tracer};
 
 use super::*;
+
+/// Instruction spans kept before they are recorded while an execution runs: a long
+/// loop's are recorded in batches of this many instead of all at its end.
+const MAX_PENDING_SPANS: usize = 1 << 14;
 
 /// One execution as the core runs it, in a host compute slot.
 pub(super) struct CoreJob<'a> {
@@ -39,11 +43,13 @@ pub(super) struct CoreJob<'a> {
 }
 
 /// What the core did: the NaN/Inf count or the error, the program's device time
-/// (`None` if it never started) and the instructions it executed.
+/// (`None` if it never started), the instructions it executed and their FLOPs (an
+/// instruction inside a loop counts once per iteration).
 pub(super) struct CoreRun {
     pub(super) result: NrtResult<u64>,
     pub(super) device_ticks: Option<u64>,
     pub(super) instructions: u64,
+    pub(super) flops: u64,
 }
 
 pub(super) fn tracer_duration(tracer: &Tracer, ticks: u64) -> Duration {
@@ -77,9 +83,9 @@ impl CoreJob<'_> {
             Some(degraded) => Err(unit_unrecoverable(self.model.core, &degraded)),
             None => Ok(self.faults.strike(self.model.core)),
         };
-        let mut run = match &strikes {
+        let run = match &strikes {
             Ok(strikes) => self.run_phases(strikes),
-            Err(error) => CoreRun { result: Err(error.clone()), device_ticks: None, instructions: 0 },
+            Err(error) => CoreRun { result: Err(error.clone()), device_ticks: None, instructions: 0, flops: 0 },
         };
         let tracer = self.tracer;
         let m = self.model;
@@ -109,7 +115,6 @@ impl CoreJob<'_> {
             let args = [now, tracer.device_ns(m.slot, now), 0, 0];
             tracer.emit_at(now, m.ring, EventType::TimestampSyncPoint, Phase::Instant, 0, self.ids, 0, args, 0);
         }
-        run.instructions = run.instructions.min(m.instructions.len() as u64);
         run
     }
 
@@ -231,7 +236,7 @@ impl CoreJob<'_> {
         let (ring, slot) = (m.ring, m.slot);
         let program = m.executable.program();
         let device = tracer.device_enabled(slot);
-        let failed = |error: NrtError| CoreRun { result: Err(error), device_ticks: None, instructions: 0 };
+        let failed = |error: NrtError| CoreRun { result: Err(error), device_ticks: None, instructions: 0, flops: 0 };
 
         let pre = tracer.start(ring, EventType::KblExecPre, ids, 0);
         let bound = bind(&m.name, "input", &program.inputs, program, self.inputs)
@@ -320,40 +325,46 @@ impl CoreJob<'_> {
                 deadline,
             )
         };
-        let mut executed = 0u64;
-        // Instruction k runs from boundaries[k] to boundaries[k + 1]; their device
-        // events are recorded once the program stops, as run records.
-        let mut boundaries = Vec::with_capacity(if device { m.instructions.len() + 1 } else { 0 });
+        let (mut executed, mut flops) = (0u64, 0u64);
+        // The instructions that ran, as (trace table entry, start, end); their device
+        // events are recorded as run records once the program stops, or in batches
+        // while a long loop runs.
+        let mut spans: Vec<InstructionSpan> = Vec::with_capacity(if device { m.instructions.len() } else { 0 });
         let hang = strikes.iter().any(|s| s.kind == FaultKind::Timeout);
         let results = if hang {
             // The core stops making progress: nothing runs, and the deadline passes.
             drop((values, destinations));
             std::thread::sleep(self.timeout.min(MAX_EXEC_TIMEOUT));
-            Err(RunError::DeadlineExceeded { step: 0, steps: m.instructions.len() })
+            Err(RunError::DeadlineExceeded { step: 0 })
         } else {
             let deadline_ticks = run_start.saturating_add(timeout_ticks);
-            m.executable.run(values, destinations, deadline_ticks, self.pool, &mut run_collective, |_, a, b| {
+            let mut observe = |k: usize, start: u64, end: u64| {
                 executed += 1;
+                flops += m.instructions.get(k).map_or(0, |i| i.flops);
                 if device {
-                    if boundaries.is_empty() {
-                        boundaries.push(a);
+                    spans.push(InstructionSpan { entry: k as u32, start, end });
+                    if spans.len() >= MAX_PENDING_SPANS {
+                        tracer.emit_instruction_spans(slot, ids, &m.instructions, m.instructions_in_table, &spans);
+                        spans.clear();
                     }
-                    boundaries.push(b);
                 }
-            })
+            };
+            m.executable.run(values, destinations, deadline_ticks, self.pool, &mut run_collective, &mut observe)
         };
         let run_end = ticks();
         if device {
-            tracer.emit_instructions(slot, ids, &m.instructions, m.instructions_in_table, &boundaries);
+            tracer.emit_instruction_spans(slot, ids, &m.instructions, m.instructions_in_table, &spans);
         }
         let results = results.map_err(|e| match e {
-            RunError::DeadlineExceeded { step, steps } => NrtError::new(
+            RunError::DeadlineExceeded { step } => NrtError::new(
                 NrtStatus::Timeout,
                 format!(
-                    "execution of `{}` on nc{} did not finish within NEURON_RT_EXEC_TIMEOUT ({:.3} s): stopped before instruction {step} of {steps}; {}",
+                    "execution of `{}` on nc{} did not finish within NEURON_RT_EXEC_TIMEOUT ({:.3} s): stopped before instruction {step} of {} ({}); {}",
                     m.name,
                     m.core,
                     self.timeout.as_secs_f64(),
+                    m.instructions.len(),
+                    m.executable.describe_entry(step),
                     if hang {
                         "the core stopped making progress (injected by NEURON_RT_FAULT_INJECT rule `timeout`)"
                     } else {
@@ -362,16 +373,11 @@ impl CoreJob<'_> {
                 ),
             ),
             RunError::OutOfBounds { step, detail } => {
-                let (opcode, hlo) = m
-                    .executable
-                    .steps()
-                    .nth(step)
-                    .map(|i| (i.op.opcode(), m.executable.program().hlo_names[i.hlo as usize].as_str()))
-                    .unwrap_or_default();
+                let instruction = m.executable.describe_entry(step);
                 NrtError::new(
                     NrtStatus::ExecOob,
                     format!(
-                        "failed to run scatter/gather (indirect memory copy), due to out-of-bound access: instruction {step} ({opcode}, HLO `{hlo}`) of `{}` on nc{}: {detail}",
+                        "failed to run scatter/gather (indirect memory copy), due to out-of-bound access: instruction {step} ({instruction}) of `{}` on nc{}: {detail}",
                         m.name, m.core
                     ),
                 )
@@ -396,7 +402,7 @@ impl CoreJob<'_> {
         let device_ticks = Some(run_end.saturating_sub(run_start));
         let results = match results {
             Ok(results) => results,
-            Err(error) => return CoreRun { result: Err(error), device_ticks, instructions: executed },
+            Err(error) => return CoreRun { result: Err(error), device_ticks, instructions: executed, flops },
         };
 
         let post = tracer.start(ring, EventType::KblExecPost, ids, 0);
@@ -433,7 +439,7 @@ impl CoreJob<'_> {
             non_finite += 1;
         }
         tracer.stop(ring, EventType::KblExecPost, post, ids, 0, None);
-        CoreRun { result: Ok(non_finite), device_ticks, instructions: executed }
+        CoreRun { result: Ok(non_finite), device_ticks, instructions: executed, flops }
     }
 
     /// Writes a NaN over the first element of the first floating-point output; `true`

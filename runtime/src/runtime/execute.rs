@@ -96,13 +96,13 @@ impl Runtime {
                 [error.status.code() as u64, 0, 0, 0],
                 0,
             );
-            CoreRun { result: Err(error), device_ticks: None, instructions: 0 }
+            CoreRun { result: Err(error), device_ticks: None, instructions: 0, flops: 0 }
         });
         let mut result = ran.result.map(|numerical_errors| ExecutionReport {
             total_latency: Duration::ZERO,
             device_latency: tracer_duration(&tracer, ran.device_ticks.unwrap_or(0)),
             numerical_errors,
-            flops: m.flops_per_execution,
+            flops: ran.flops,
         });
         if let Ok(report) = &result
             && report.numerical_errors > 0
@@ -125,7 +125,8 @@ impl Runtime {
         tracer.stop(m.ring, EventType::NrtExecute, execute_tracking, ids, 0, status);
         // Counted after its last event: a reader that sees the counters grow finds the
         // whole execution in the ring (`neuron-profile inspect` on failure relies on it).
-        self.count_execution(&tracer, m, &result, ran.device_ticks, ran.instructions, total_ticks);
+        let work = (ran.device_ticks, ran.instructions, ran.flops);
+        self.count_execution(&tracer, m, &result, work, total_ticks);
         let mut report = result?;
         report.total_latency = tracer_duration(&tracer, total_ticks);
         tracing::debug!(model = %m.name, latency_us = report.total_latency.as_micros() as u64, "executed");
@@ -138,8 +139,7 @@ impl Runtime {
         tracer: &Tracer,
         m: &LoadedModel,
         result: &NrtResult<ExecutionReport>,
-        device_ticks: Option<u64>,
-        instructions: u64,
+        (device_ticks, instructions, flops): (Option<u64>, u64, u64),
         total_ticks: u64,
     ) {
         let numerical_errors = result.as_ref().map_or(0, |r| r.numerical_errors);
@@ -157,7 +157,7 @@ impl Runtime {
             tracer.store().record_latency(slot, false, tracer.ticks_to_ns(device_ticks));
         }
         if result.is_ok() || outcome == ExecOutcome::CompletedWithNumErr {
-            tracer.add(slot, counter::FLOPS, m.flops_per_execution);
+            tracer.add(slot, counter::FLOPS, flops);
             tracer.add(slot, counter::DMA_BYTES + DmaQueueType::Output as u64, m.output_bytes);
         }
         tracer.store().record_latency(slot, true, tracer.ticks_to_ns(total_ticks));

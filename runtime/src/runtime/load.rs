@@ -148,8 +148,9 @@ impl Runtime {
         let executable = Executable::new(neff.program, self.shared.config.fusion);
         let program = executable.program();
         let instructions = executable
-            .steps()
-            .map(|instruction| {
+            .trace_table()
+            .into_iter()
+            .map(|(instruction, program)| {
                 let operand_types: Vec<&ArrayType> =
                     instruction.operands.iter().map(|&o| &program.buffers[o as usize].ty).collect();
                 let output_type = &program.buffers[instruction.output as usize].ty;

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use neuron_datastore::event::{EventType, Phase};
-use neuron_datastore::{EventIds, InstructionTrace, RingPos, Tracer};
+use neuron_datastore::{EventIds, InstructionSpan, InstructionTrace, RingPos, Tracer};
 
 /// The model id of the probe's program in the instruction table.
 pub const PROBE_MODEL_ID: u32 = u32::MAX;
@@ -96,16 +96,15 @@ impl DeviceProbe<'_> {
     }
 
     /// Records the instructions of one execution `exec_id` of the probe's program
-    /// ([`PROBE_MODEL_ID`]), as the runtime does when a program stops: instruction `k`
-    /// ran from host tick `boundaries[k]` to `boundaries[k + 1]`. At most
-    /// [`PROBE_PROGRAM_LEN`] instructions.
+    /// ([`PROBE_MODEL_ID`]), as the runtime does when a program stops: each span names
+    /// an instruction of the program (below [`PROBE_PROGRAM_LEN`]) and when it ran.
     #[inline]
-    pub fn run(&self, exec_id: u64, boundaries: &[u64]) {
+    pub fn run(&self, exec_id: u64, spans: &[InstructionSpan]) {
         if self.enabled {
             let p = self.probe;
             let (program, in_table) = p.program.get(&p.tracer);
             let ids = EventIds { exec_id, model_id: PROBE_MODEL_ID, ..EventIds::default() };
-            p.tracer.emit_instructions(p.slot, ids, program, *in_table, boundaries);
+            p.tracer.emit_instruction_spans(p.slot, ids, program, *in_table, spans);
         }
     }
 }

@@ -167,7 +167,7 @@ mod tests {
                 .collect();
             let destinations = program.outputs.iter().map(|_| None).collect();
             let outputs = executable
-                .run(values, destinations, u64::MAX, &pool, &mut |_, _, _, _| unreachable!(), |_, _, _| {})
+                .run(values, destinations, u64::MAX, &pool, &mut |_, _, _, _| unreachable!(), &mut |_, _, _| {})
                 .expect("runs");
             let bytes = outputs
                 .iter()

@@ -326,6 +326,7 @@ pub(super) fn execute(
         Op::RngUniform => random::uniform(&operands[0], &operands[1], out),
         // The run hands collectives to the communicator; nothing else executes them.
         Op::Collective(_) => unvalidated("collective outside a run"),
+        Op::While(_) | Op::Conditional(_) => unvalidated("control flow outside a run"),
         Op::ReduceRounded { op, dims: axes, format, saturate } => {
             let (format, saturate) = (*format, *saturate);
             with_reduce_f32!(*op, f => {

@@ -3,6 +3,8 @@
 //! operators expand into existing ones ([`Expander`]); `finish` runs the optimisation
 //! passes and plans the scratchpad.
 
+mod control;
+
 use std::collections::HashMap;
 
 use super::attributes::{
@@ -17,8 +19,8 @@ use crate::dtype::{ArrayType, DType};
 use crate::hlo::{self, Computation, HloModule, Payload, Shape};
 use crate::isa::{
     ActivationFn, BinaryOp, Buffer, BufferKind, CollectiveKind, CollectiveOp, DmaQueue, DmaQueueKind, DmaTransfer,
-    DotDims, EngineStream, FloatFormat, GatherDims, Instruction, IoTensor, Op, Program, ReduceOp, RngAlgorithm,
-    RngResult, ScatterDims, infer_output,
+    DotDims, EngineStream, FloatFormat, GatherDims, Instruction, IoTensor, MAX_NESTING, Op, Program, ReduceOp,
+    RngAlgorithm, RngResult, ScatterDims, infer_output,
 };
 
 /// Lowers a parsed module: the entry computation, then the passes.
@@ -137,7 +139,7 @@ impl<'m> Lowering<'m> {
                 .ok_or_else(|| format!("operand `{name}` is not defined before this instruction"))
         };
         let mut buffer_operands = Vec::with_capacity(inst.operands.len());
-        if !matches!(inst.opcode.as_str(), "tuple" | "get-tuple-element" | "call") {
+        if !matches!(inst.opcode.as_str(), "tuple" | "get-tuple-element" | "call" | "while" | "conditional") {
             for name in &inst.operands {
                 match operand(name)? {
                     Lowered::Buffer { id, .. } => buffer_operands.push(*id),
@@ -201,6 +203,14 @@ impl<'m> Lowering<'m> {
                     .computation(callee, Some(&call_args), depth + 1)
                     .map_err(|e| format!("in called computation `{callee_name}`: {e}"));
             }
+            "while" => {
+                let [state] = inst.operands.as_slice() else {
+                    return Err("while takes one operand, its initial state".into());
+                };
+                let state = operand(state)?.clone();
+                return self.while_loop(inst, &state, depth);
+            }
+            "conditional" => return self.conditional(inst, env, depth),
             "dot" => {
                 if self.options.auto_cast != AutoCast::None {
                     for b in &mut buffer_operands {
