@@ -29,7 +29,7 @@ fn text(bytes: &[u8]) -> String {
 fn an_unknown_operator_names_operator_instruction_and_line_and_writes_no_neff() {
     let dir = tempfile::tempdir().expect("tempdir");
     let hlo = dir.path().join("bad.hlo");
-    std::fs::write(&hlo, "HloModule bad\n\nENTRY e {\n  x = f32[4]{0} parameter(0)\n  ROOT y = f32[4]{0} erf(x)\n}\n")
+    std::fs::write(&hlo, "HloModule bad\n\nENTRY e {\n  x = f32[4,4]{1,0} parameter(0)\n  ROOT y = f32[4,4]{1,0} cholesky(x), lower=true\n}\n")
         .expect("write");
     let neff = dir.path().join("bad.neff");
     let out = run(
@@ -39,7 +39,7 @@ fn an_unknown_operator_names_operator_instruction_and_line_and_writes_no_neff() 
     );
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
-    assert!(stderr.contains("line 5, instruction `y`: operator `erf` is not supported"), "{stderr}");
+    assert!(stderr.contains("line 5, instruction `y`: operator `cholesky` is not supported"), "{stderr}");
     assert!(!neff.exists(), "no NEFF may be written");
     let leftovers = std::fs::read_dir(dir.path()).expect("list").count();
     assert_eq!(leftovers, 1, "no temporary file is left behind");
@@ -314,11 +314,21 @@ fn sort_is_refused() {
 }
 
 #[test]
+fn a_lapack_custom_call_is_refused_with_the_jax_function_that_emits_it() {
+    assert_refused(
+        "HloModule cc\nENTRY e {\n  x = f32[3,3]{1,0} parameter(0)\n  \
+         ROOT y = (f32[3,3]{1,0}, s32[3]{0}, s32[]) custom-call(x), custom_call_target=\"lapack_sgetrf_ffi\"\n}\n",
+        "line 4, instruction `y`: custom-call target `lapack_sgetrf_ffi` is a host library routine, which NeuronCores \
+         do not run; JAX emits it for an LU factorisation (jnp.linalg.inv, solve, det, slogdet or jax.scipy.linalg.lu)",
+    );
+}
+
+#[test]
 fn an_unknown_custom_call_target_is_refused_with_the_supported_list() {
     assert_refused(
         "HloModule cc\nENTRY e {\n  x = f32[8]{0} parameter(0)\n  \
-         ROOT y = f32[8]{0} custom-call(x), custom_call_target=\"lapack_sgetrf\"\n}\n",
-        "line 4, instruction `y`: custom-call target `lapack_sgetrf` is not supported (supported, with one operand: Sharding, SPMDFullToShardShape, SPMDShardToFullShape)",
+         ROOT y = f32[8]{0} custom-call(x), custom_call_target=\"my_kernel\"\n}\n",
+        "line 4, instruction `y`: custom-call target `my_kernel` is not supported (supported, with one operand: Sharding, SPMDFullToShardShape, SPMDShardToFullShape)",
     );
 }
 

@@ -321,3 +321,23 @@ fn cond_and_switch_match_xla() {
 fn jax_random_with_the_default_threefry_generator_matches_xla() {
     check("jax_random_default");
 }
+
+#[test]
+fn logsumexp_cross_entropy_erf_cbrt_tan_and_bit_counts_match_xla() {
+    check("more_elementwise");
+}
+
+#[test]
+fn top_k_with_ties_nan_and_signed_zeros_and_top_k_sampling_match_xla() {
+    check("top_k");
+}
+
+#[test]
+fn cumulative_sums_pooling_dilated_and_variadic_windows_match_xla() {
+    check("windows");
+}
+
+#[test]
+fn a_transformer_training_step_with_cross_entropy_and_momentum_matches_xla() {
+    check("transformer_train_step");
+}

@@ -69,6 +69,8 @@ ALLOWED_OPCODES = {
     "dynamic-update-slice", "bitcast-convert", "gather", "scatter", "all-reduce",
     "all-gather", "select-and-scatter", "rng-bit-generator", "batch-norm-training",
     "batch-norm-inference", "batch-norm-grad", "while", "conditional",
+    "is-finite", "cbrt", "tan", "erf", "popcnt", "count-leading-zeros", "topk",
+    "reduce-window",
 }
 # Reducers may use element-wise operations only.
 ALLOWED_REDUCE_OPS = {"add", "maximum", "minimum", "multiply", "and", "or", "compare", "select",
@@ -760,6 +762,104 @@ def case_jax_random_default(rng):
     return f, [np.asarray(jax.random.key_data(jax.random.key(20261125)))]
 
 
+def case_more_elementwise(rng):
+    """logsumexp (is-finite underneath) and a cross-entropy from it, exact GELU (erf),
+    cbrt, tan, population count and leading zeros, including infinities and NaN."""
+    def f(logits, labels, x, n):
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        picked = jnp.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+        loss = jnp.mean(lse - picked)
+        return (loss, jax.nn.gelu(x, approximate=False), lax.erf(x), jnp.cbrt(x), jnp.tan(x),
+                jnp.isfinite(x), lax.population_count(n), lax.clz(n))
+
+    x = normal(rng, (40,), 2.0)
+    x[:3] = [np.inf, -np.inf, np.nan]
+    n = rng.integers(-2**31, 2**31 - 1, size=(16,), dtype=np.int64).astype(np.int32)
+    n[:2] = [0, -1]
+    return f, [normal(rng, (8, 10), 3.0), rng.integers(0, 10, size=(8,)).astype(np.int32), x, n]
+
+
+def case_top_k(rng):
+    """lax.top_k over rows with ties, NaN, infinities and signed zeros; over integers;
+    and a top-k sampling step (softmax over the k best logits, then a categorical
+    draw by inverse CDF from a uniform number passed in)."""
+    def f(x, n, logits, u):
+        values, indices = lax.top_k(x, 5)
+        ivalues, iindices = lax.top_k(n, 3)
+        best, ids = lax.top_k(logits, 8)
+        probs = jax.nn.softmax(best, axis=-1)
+        choice = jnp.sum(jnp.cumsum(probs, axis=-1) < u[:, None], axis=-1)
+        sampled = jnp.take_along_axis(ids, choice[:, None], axis=-1)[:, 0]
+        return values, indices, ivalues, iindices, sampled
+
+    x = np.round(normal(rng, (6, 12), 2.0))  # many ties
+    x[0, :4] = [np.nan, np.inf, -np.inf, 0.0]
+    x[1, :3] = [-0.0, 0.0, -0.0]
+    n = rng.integers(-5, 5, size=(4, 7)).astype(np.int32)
+    return f, [x, n, normal(rng, (3, 50), 2.0), rng.uniform(size=(3,)).astype(np.float32)]
+
+
+def case_windows(rng):
+    """reduce-window: cumsum, cumprod, cummax and cummin along each axis; max and
+    average pooling (VALID and SAME, strided); a window with base and window
+    dilation; an integer sum; and a two-array arg-max over windows."""
+    def f(x, img, n):
+        dilated = lax.reduce_window(x, 0.0, lax.add, (2, 2), (1, 1), [(1, 1), (0, 2)],
+                                    base_dilation=(2, 1), window_dilation=(1, 2))
+        maxpool = lax.reduce_window(img, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        avgpool = lax.reduce_window(img, 0.0, lax.add, (1, 3, 3, 1), (1, 2, 2, 1), "SAME") / 9.0
+        iota = lax.broadcasted_iota(jnp.int32, x.shape, 1)
+
+        def argmax_pair(a, b):
+            (va, ia), (vb, ib) = a, b
+            take_b = (vb > va) | ((vb == va) & (ib < ia))
+            return jnp.where(take_b, vb, va), jnp.where(take_b, ib, ia)
+
+        wmax, warg = lax.reduce_window((x, iota), (-jnp.inf, jnp.int32(0)), argmax_pair, (1, 3), (1, 1), "VALID")
+        return (jnp.cumsum(x, axis=1), jnp.cumsum(x, axis=0), jnp.cumprod(x * 0.5 + 1.0, axis=1),
+                lax.cummax(x, axis=1), lax.cummin(x, axis=0), dilated, maxpool, avgpool,
+                jnp.cumsum(n, axis=0), wmax, warg)
+
+    return f, [normal(rng, (6, 9)), normal(rng, (2, 8, 8, 3)), rng.integers(-9, 9, size=(5, 4)).astype(np.int32)]
+
+
+def case_transformer_train_step(rng):
+    """One training step of a one-layer transformer language model: token embeddings
+    (a gather), causal self-attention, exact GELU, layer norm, a logsumexp
+    cross-entropy, value_and_grad through all of it, and an SGD-with-momentum update;
+    returns the loss and the updated parameters and momenta."""
+    vocab, seq, dim, hidden = 24, 8, 16, 32
+
+    def loss_fn(params, tokens, targets):
+        emb, wq, wk, wv, wo, w1, w2, gamma = params
+        x = emb[tokens]
+        q, k, v = x @ wq, x @ wk, x @ wv
+        scores = (q @ k.T) / jnp.sqrt(jnp.float32(dim))
+        causal = jnp.tril(jnp.ones((seq, seq), dtype=bool))
+        probs = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1)
+        x = x + (probs @ v) @ wo
+        mean = x.mean(-1, keepdims=True)
+        x = (x - mean) * lax.rsqrt(((x - mean) ** 2).mean(-1, keepdims=True) + 1e-5) * gamma
+        x = x + jax.nn.gelu(x @ w1, approximate=False) @ w2
+        logits = x @ emb.T
+        picked = jnp.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
+        return jnp.mean(jax.nn.logsumexp(logits, axis=-1) - picked)
+
+    def f(params, momenta, tokens, targets):
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, targets)
+        momenta = [0.9 * m + g for m, g in zip(momenta, grads)]
+        params = [p - 0.05 * m for p, m in zip(params, momenta)]
+        return loss, params, momenta
+
+    params = [normal(rng, (vocab, dim)), weight(rng, dim, dim), weight(rng, dim, dim), weight(rng, dim, dim),
+              weight(rng, dim, dim), weight(rng, dim, hidden), weight(rng, hidden, dim),
+              np.ones((dim,), np.float32)]
+    momenta = [np.zeros_like(p) for p in params]
+    tokens = rng.integers(0, vocab, size=(seq,)).astype(np.int32)
+    targets = np.roll(tokens, -1)
+    return f, [params, momenta, tokens, targets]
+
+
 CASES = [
     ("mlp", case_mlp, 1001),
     ("attention", case_attention, 1002),
@@ -802,6 +902,10 @@ CASES = [
     ("scan_rnn", case_scan_rnn, 1039),
     ("cond_switch", case_cond_switch, 1040),
     ("jax_random_default", case_jax_random_default, 1041),
+    ("more_elementwise", case_more_elementwise, 1042),
+    ("top_k", case_top_k, 1043),
+    ("windows", case_windows, 1044),
+    ("transformer_train_step", case_transformer_train_step, 1045),
 ]
 
 # Cases generated with 64-bit types enabled (jax_enable_x64), for s64 / u64.
@@ -908,14 +1012,15 @@ def generate_case(name, builder, seed):
         shutil.rmtree(case_dir)  # drop stale files from earlier versions
     case_dir.mkdir(parents=True)
     (case_dir / "model.hlo").write_text(hlo)
-    for i, a in enumerate(args):
+    # Pytree arguments (a list of parameters) flatten in order, as the HLO's parameters do.
+    for i, a in enumerate(jax.tree_util.tree_leaves(args)):
         save_npy(case_dir / f"input{i}.npy", np.asarray(a))
     for i, o in enumerate(outs):
         save_npy(case_dir / f"output{i}.npy", o)
 
     return {
         "case": name,
-        "inputs": ", ".join(describe(np.asarray(a)) for a in args),
+        "inputs": ", ".join(describe(np.asarray(a)) for a in jax.tree_util.tree_leaves(args)),
         "outputs": ", ".join(describe(o) for o in outs),
         "ops": " ".join(sorted(ops)),
     }

@@ -310,6 +310,8 @@ pub(crate) trait Int: Element + Ord {
     fn abs(self) -> Self;
     fn signum(self) -> Self;
     fn not(self) -> Self;
+    fn count_ones(self) -> Self;
+    fn leading_zeros(self) -> Self;
     fn and(self, y: Self) -> Self;
     fn or(self, y: Self) -> Self;
     fn xor(self, y: Self) -> Self;
@@ -382,6 +384,14 @@ macro_rules! int_arithmetic {
 
             fn not(self) -> $t {
                 !self
+            }
+
+            fn count_ones(self) -> $t {
+                self.count_ones() as $t
+            }
+
+            fn leading_zeros(self) -> $t {
+                self.leading_zeros() as $t
             }
 
             fn and(self, y: $t) -> $t {

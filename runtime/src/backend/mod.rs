@@ -268,6 +268,9 @@ pub(crate) struct Executable {
     nested: Vec<Vec<Executable>>,
     /// Entries this program and its nested ones take in the trace table.
     table_len: usize,
+    /// For each position of `order`, whether its instruction computes several results
+    /// at once (and is not a loop or conditional).
+    steps_with_results: Vec<bool>,
 }
 
 /// The most dead arrays kept for reuse.
@@ -362,7 +365,15 @@ impl Executable {
                     .collect()
             })
             .collect();
+        let steps_with_results = order
+            .iter()
+            .map(|&(s, i)| {
+                let op = &program.streams[s].instructions[i].op;
+                op.result_count() > 1 && op.nested_programs().is_empty()
+            })
+            .collect();
         Executable {
+            steps_with_results,
             program,
             order,
             units,
@@ -533,6 +544,18 @@ impl Executable {
                     slots[b as usize] = Slot::Owned(value);
                 }
                 previous = ticks();
+            } else if self.steps_with_results[unit.first] {
+                let (s, i) = self.order[unit.first];
+                let instruction = &program.streams[s].instructions[i];
+                let operands: Vec<ValueRef<'_>> =
+                    instruction.operands.iter().filter_map(|&o| slots[o as usize].get()).collect();
+                let out: Vec<&ArrayType> = instruction.outputs().map(|b| &program.buffers[b as usize].ty).collect();
+                let results = kernels::execute_results(&instruction.op, &operands, &out, helpers);
+                drop(operands);
+                for (b, value) in instruction.outputs().zip(results) {
+                    slots[b as usize] = Slot::Owned(value);
+                }
+                open = Some(unit.first);
             } else {
                 let step = unit.first;
                 let (s, i) = self.order[step];

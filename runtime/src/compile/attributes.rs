@@ -4,7 +4,7 @@
 
 use crate::dtype::{ArrayType, DType, DTypeClass};
 use crate::hlo::{self, Shape};
-use crate::isa::{CompareDirection, Op, Window};
+use crate::isa::{CompareDirection, DilatedWindow, Op, Window};
 
 pub(super) fn strip_percent(name: &str) -> &str {
     name.strip_prefix('%').unwrap_or(name)
@@ -170,8 +170,21 @@ pub(super) fn result_types(shape: &Shape) -> Result<Vec<ArrayType>, String> {
     }
 }
 
-/// Parses `window={size=2x2 stride=2x2 pad=0_0x0_0}` for an array of `rank` dimensions.
+/// Parses `window={size=2x2 stride=2x2 pad=0_0x0_0}` for an array of `rank` dimensions
+/// (`select-and-scatter`, which takes no dilation).
 pub(super) fn window_attr(value: &str, rank: usize) -> Result<Window, String> {
+    let dilated = dilated_window_attr(value, rank)?;
+    if dilated.base_dilation.iter().chain(&dilated.window_dilation).any(|&d| d != 1) {
+        return Err("window dilation (`lhs_dilate`, `rhs_dilate`) is not supported in select-and-scatter".into());
+    }
+    Ok(dilated.window)
+}
+
+/// Parses a window with its dilations: `lhs_dilate` (of the array, "base dilation")
+/// and `rhs_dilate` (of the window).
+pub(super) fn dilated_window_attr(value: &str, rank: usize) -> Result<DilatedWindow, String> {
+    let mut base_dilation = vec![1; rank];
+    let mut window_dilation = vec![1; rank];
     let inner = value.trim().trim_start_matches('{').trim_end_matches('}');
     let mut window =
         Window { size: vec![1; rank], stride: vec![1; rank], pad_low: vec![0; rank], pad_high: vec![0; rank] };
@@ -204,13 +217,13 @@ pub(super) fn window_attr(value: &str, rank: usize) -> Result<Window, String> {
                     (window.pad_low[d], window.pad_high[d]) = (lo, hi);
                 }
             }
-            "lhs_dilate" | "rhs_dilate" | "rhs_reversal" => {
-                return Err(format!("window `{key}` is not supported in select-and-scatter"));
-            }
+            "lhs_dilate" => base_dilation = numbers(key, v)?,
+            "rhs_dilate" => window_dilation = numbers(key, v)?,
+            "rhs_reversal" => return Err("window `rhs_reversal` is not supported".into()),
             other => return Err(format!("unknown window attribute `{other}`")),
         }
     }
-    Ok(window)
+    Ok(DilatedWindow { window, base_dilation, window_dilation })
 }
 
 pub(super) fn unsupported_element_type(name: &str) -> String {

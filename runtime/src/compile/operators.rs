@@ -23,6 +23,7 @@ pub const SUPPORTED_OPERATORS: &[&str] = &[
     "bitcast-convert",
     "broadcast",
     "call",
+    "cbrt",
     "ceil",
     "clamp",
     "compare",
@@ -32,17 +33,20 @@ pub const SUPPORTED_OPERATORS: &[&str] = &[
     "convert",
     "copy",
     "cosine",
+    "count-leading-zeros",
     "custom-call",
     "divide",
     "dot",
     "dynamic-slice",
     "dynamic-update-slice",
+    "erf",
     "exponential",
     "exponential-minus-one",
     "floor",
     "gather",
     "get-tuple-element",
     "iota",
+    "is-finite",
     "log",
     "log-plus-one",
     "logistic",
@@ -54,10 +58,12 @@ pub const SUPPORTED_OPERATORS: &[&str] = &[
     "or",
     "pad",
     "parameter",
+    "popcnt",
     "power",
     "reduce",
     "reduce-precision",
     "reduce-scatter",
+    "reduce-window",
     "remainder",
     "reshape",
     "reverse",
@@ -77,7 +83,9 @@ pub const SUPPORTED_OPERATORS: &[&str] = &[
     "slice",
     "sqrt",
     "subtract",
+    "tan",
     "tanh",
+    "topk",
     "transpose",
     "tuple",
     "while",
@@ -97,7 +105,10 @@ pub fn engine_of_operator(opcode: &str) -> Option<Engine> {
         | "rsqrt"
         | "sqrt"
         | "sine"
-        | "cosine" => Engine::Act,
+        | "cosine"
+        | "tan"
+        | "cbrt"
+        | "erf" => Engine::Act,
         "iota"
         | "dynamic-slice"
         | "dynamic-update-slice"
@@ -105,7 +116,9 @@ pub fn engine_of_operator(opcode: &str) -> Option<Engine> {
         | "scatter"
         | "select-and-scatter"
         | "rng"
-        | "rng-bit-generator" => Engine::Pool,
+        | "rng-bit-generator"
+        | "topk"
+        | "reduce-window" => Engine::Pool,
         "while" | "conditional" => Engine::Sp,
         "parameter" | "constant" | "tuple" | "get-tuple-element" | "call" => return None,
         _ => Engine::Dve,
@@ -115,6 +128,41 @@ pub fn engine_of_operator(opcode: &str) -> Option<Engine> {
 /// `custom-call` targets `neuron-cc` lowers: sharding annotations, which on one core
 /// leave their operand unchanged.
 pub const CUSTOM_CALL_TARGETS: &[&str] = &["Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"];
+
+/// Which JAX function emits a `custom-call` target that XLA:CPU (or GPU) implements
+/// with a library, for the refusal message: LAPACK and cuSOLVER factorisations, FFTs
+/// and GPU random numbers.
+pub(super) fn custom_call_origin(target: &str) -> Option<&'static str> {
+    let t = target.to_ascii_lowercase();
+    let lapack = |routine: &str| {
+        ["lapack_s", "lapack_d", "lapack_c", "lapack_z", "cusolver_", "hipsolver_", "cu_", "hip_"]
+            .iter()
+            .any(|p| t.starts_with(p) && t.contains(routine))
+    };
+    Some(if lapack("getrf") {
+        "an LU factorisation (jnp.linalg.inv, solve, det, slogdet or jax.scipy.linalg.lu)"
+    } else if lapack("potrf") {
+        "a Cholesky factorisation (jnp.linalg.cholesky or jax.scipy.linalg.cho_factor)"
+    } else if lapack("geqrf") || lapack("orgqr") || lapack("ungqr") || lapack("householder") {
+        "a QR factorisation (jnp.linalg.qr, or lstsq and pinv through it)"
+    } else if lapack("syevd") || lapack("heevd") || lapack("syevj") {
+        "a symmetric eigendecomposition (jnp.linalg.eigh)"
+    } else if lapack("geev") {
+        "an eigendecomposition (jnp.linalg.eig)"
+    } else if lapack("gesdd") || lapack("gesvd") || lapack("gesvdj") {
+        "a singular value decomposition (jnp.linalg.svd, pinv, lstsq or matrix_rank)"
+    } else if lapack("trsm") || lapack("trsv") {
+        "a triangular solve (jax.scipy.linalg.solve_triangular, or jnp.linalg.inv and solve)"
+    } else if lapack("gehrd") || lapack("sytrd") || lapack("hetrd") {
+        "a Hessenberg or tridiagonal reduction (jax.scipy.linalg.hessenberg or eigh_tridiagonal)"
+    } else if t.contains("fft") {
+        "a Fourier transform (jnp.fft)"
+    } else if t.contains("threefry") || t.contains("philox") {
+        "jax.random on a GPU; export the program for the CPU backend"
+    } else {
+        return None;
+    })
+}
 
 /// The operation of an element-wise HLO instruction (arithmetic, activations,
 /// comparisons, selection, conversion), or `None` for any other opcode.
@@ -144,6 +192,12 @@ pub(super) fn elementwise_op(inst: &hlo::Instruction, operand_dtypes: &[DType]) 
         "round-nearest-even" => Op::Unary(UnaryOp::RoundNearestEven),
         "round-nearest-afz" => Op::Unary(UnaryOp::RoundNearestAfz),
         "not" => Op::Unary(UnaryOp::Not),
+        "is-finite" => Op::Unary(UnaryOp::IsFinite),
+        "popcnt" => Op::Unary(UnaryOp::PopCount),
+        "count-leading-zeros" => Op::Unary(UnaryOp::CountLeadingZeros),
+        "tan" => Op::Activation(ActivationFn::Tan),
+        "cbrt" => Op::Activation(ActivationFn::Cbrt),
+        "erf" => Op::Activation(ActivationFn::Erf),
         "sine" => Op::Activation(ActivationFn::Sine),
         "cosine" => Op::Activation(ActivationFn::Cosine),
         "exponential-minus-one" => Op::Activation(ActivationFn::ExpMinusOne),

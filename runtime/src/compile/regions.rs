@@ -4,10 +4,11 @@
 
 use std::collections::HashMap;
 
+use super::MAX_CALL_DEPTH;
 use super::attributes::{array_type, attr, comparison_direction, comparison_type, literal_element, strip_percent};
 use super::operators::elementwise_op;
 use crate::dtype::DType;
-use crate::hlo::{Computation, Payload, Shape};
+use crate::hlo::{Computation, HloModule, Payload, Shape};
 use crate::isa::{CompareDirection, ReduceOp, Region, RegionStep, RegionValue, ScatterCombine};
 
 /// How a scatter region combines: `(a, b) -> b` replaces, otherwise a reduction.
@@ -25,16 +26,47 @@ pub(super) fn scatter_combine(region: &Computation) -> Result<ScatterCombine, St
 }
 
 /// Lowers a reducer computation whose parameters have the element types `params`.
-pub(super) fn lower_region(region: &Computation, params: &[DType]) -> Result<Region, String> {
-    let mut values: HashMap<&str, RegionValue> = HashMap::new();
+/// Calls inside it (JAX wraps `jnp.where` and friends in them) are inlined.
+pub(super) fn lower_region(module: &HloModule, region: &Computation, params: &[DType]) -> Result<Region, String> {
     let mut steps: Vec<RegionStep> = Vec::new();
-    let dtype_of = |steps: &[RegionStep], v: RegionValue| match v {
-        RegionValue::Parameter(p) => params[p as usize],
-        RegionValue::Step(s) => steps[s as usize].dtype,
-        RegionValue::Constant { dtype, .. } => dtype,
+    let args: Vec<Scalarish> =
+        (0..params.len()).map(|p| Scalarish::Scalar(RegionValue::Parameter(p as u32), params[p])).collect();
+    let results = match inline(module, region, &args, &mut steps, 0)? {
+        Scalarish::Scalar(v, _) => vec![v],
+        Scalarish::Tuple(parts) => parts
+            .into_iter()
+            .map(|p| match p {
+                Scalarish::Scalar(v, _) => Ok(v),
+                Scalarish::Tuple(_) => Err("a reducer result is a nested tuple".to_string()),
+            })
+            .collect::<Result<_, _>>()?,
     };
-    let root = &region.instructions[region.root];
-    for (i, inst) in region.instructions.iter().enumerate() {
+    let region = Region { params: params.to_vec(), steps, results };
+    region.check().map_err(|e| e.to_string())?;
+    Ok(region)
+}
+
+/// A value inside a reducer: a scalar and its element type, or a tuple of values.
+#[derive(Debug, Clone)]
+enum Scalarish {
+    Scalar(RegionValue, DType),
+    Tuple(Vec<Scalarish>),
+}
+
+/// Lowers `computation` with its parameters bound to `args`, appending its steps;
+/// returns its root's value.
+fn inline(
+    module: &HloModule,
+    computation: &Computation,
+    args: &[Scalarish],
+    steps: &mut Vec<RegionStep>,
+    depth: usize,
+) -> Result<Scalarish, String> {
+    if depth > MAX_CALL_DEPTH {
+        return Err(format!("calls nest deeper than {MAX_CALL_DEPTH} in a reducer"));
+    }
+    let mut values: HashMap<&str, Scalarish> = HashMap::new();
+    for inst in &computation.instructions {
         let at = |e: String| format!("`{}` (line {}): {e}", inst.name, inst.line);
         let scalar = || -> Result<DType, String> {
             let ty = array_type(&inst.shape).map_err(at)?;
@@ -43,20 +75,28 @@ pub(super) fn lower_region(region: &Computation, params: &[DType]) -> Result<Reg
             }
             Ok(ty.dtype)
         };
+        let operands = || -> Result<Vec<Scalarish>, String> {
+            inst.operands
+                .iter()
+                .map(|o| values.get(strip_percent(o)).cloned())
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| at("an operand is not defined before this instruction".into()))
+        };
         let value = match inst.opcode.as_str() {
-            "tuple" if i == region.root => continue,
             "parameter" => {
                 let Some(Payload::ParameterNumber(n)) = inst.payload else {
                     return Err(at("parameter without a number".into()));
                 };
-                let expected = params
+                let arg = args
                     .get(n as usize)
-                    .copied()
-                    .ok_or_else(|| at(format!("parameter({n}) but the reducer takes {} parameters", params.len())))?;
-                if scalar()? != expected {
+                    .cloned()
+                    .ok_or_else(|| at(format!("parameter({n}) but the reducer takes {} parameters", args.len())))?;
+                if let Scalarish::Scalar(_, expected) = arg
+                    && scalar()? != expected
+                {
                     return Err(at(format!("parameter({n}) must be a {expected} scalar")));
                 }
-                RegionValue::Parameter(n as u32)
+                arg
             }
             "constant" => {
                 let dtype = scalar()?;
@@ -70,37 +110,48 @@ pub(super) fn lower_region(region: &Computation, params: &[DType]) -> Result<Reg
                     literal_element(dtype, token).ok_or_else(|| at(format!("`{token}` is not a valid {dtype}")))?;
                 let mut word = [0u8; 8];
                 word[..bytes.len()].copy_from_slice(&bytes);
-                RegionValue::Constant { dtype, bits: u64::from_le_bytes(word) }
+                Scalarish::Scalar(RegionValue::Constant { dtype, bits: u64::from_le_bytes(word) }, dtype)
+            }
+            "tuple" => Scalarish::Tuple(operands()?),
+            "get-tuple-element" => {
+                let index: usize = attr(inst, "index").map_err(at)?.parse().map_err(|_| at("bad `index`".into()))?;
+                match operands()?.into_iter().next() {
+                    Some(Scalarish::Tuple(parts)) => {
+                        parts.get(index).cloned().ok_or_else(|| at(format!("index {index} is out of range")))?
+                    }
+                    _ => return Err(at("get-tuple-element of a value that is not a tuple".into())),
+                }
+            }
+            "call" => {
+                let name = strip_percent(attr(inst, "to_apply").map_err(at)?);
+                let callee =
+                    module.computation(name).ok_or_else(|| at(format!("calls `{name}`, which is not defined")))?;
+                inline(module, callee, &operands()?, steps, depth + 1)?
             }
             _ => {
-                let operands = inst
-                    .operands
-                    .iter()
-                    .map(|o| values.get(strip_percent(o)).copied())
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| at("an operand is not defined before this instruction".into()))?;
-                let dtypes: Vec<DType> = operands.iter().map(|&v| dtype_of(&steps, v)).collect();
+                let mut scalars = Vec::new();
+                let mut dtypes = Vec::new();
+                for operand in operands()? {
+                    match operand {
+                        Scalarish::Scalar(v, d) => {
+                            scalars.push(v);
+                            dtypes.push(d);
+                        }
+                        Scalarish::Tuple(_) => return Err(at(format!("`{}` of a tuple", inst.opcode))),
+                    }
+                }
                 let op = elementwise_op(inst, &dtypes).map_err(at)?.ok_or_else(|| {
                     at(format!("`{}` is not supported in a reducer (element-wise operations only)", inst.opcode))
                 })?;
-                steps.push(RegionStep { op, operands, dtype: scalar()? });
-                RegionValue::Step(steps.len() as u32 - 1)
+                let dtype = scalar()?;
+                steps.push(RegionStep { op, operands: scalars, dtype });
+                Scalarish::Scalar(RegionValue::Step(steps.len() as u32 - 1), dtype)
             }
         };
         values.insert(&inst.name, value);
     }
-    let result_names: Vec<&str> = if root.opcode == "tuple" {
-        root.operands.iter().map(|o| strip_percent(o)).collect()
-    } else {
-        vec![root.name.as_str()]
-    };
-    let results = result_names
-        .iter()
-        .map(|name| values.get(name).copied().ok_or_else(|| format!("reducer result `{name}` is not a scalar value")))
-        .collect::<Result<Vec<_>, _>>()?;
-    let region = Region { params: params.to_vec(), steps, results };
-    region.check().map_err(|e| e.to_string())?;
-    Ok(region)
+    let root = &computation.instructions[computation.root];
+    values.remove(root.name.as_str()).ok_or_else(|| format!("reducer result `{}` is not a value", root.name))
 }
 
 /// The comparison of a `select-and-scatter` selector `(a, b) -> compare(a, b)`:

@@ -139,11 +139,12 @@ fn reducers_may_only_use_element_wise_operations() {
 
 #[test]
 fn unknown_operator_names_operator_instruction_and_line() {
-    let err = compile("HloModule m\nENTRY e {\n a = f32[2] parameter(0)\n ROOT b = f32[2] erf(a)\n}\n")
-        .expect_err("erf is unsupported");
+    let err =
+        compile("HloModule m\nENTRY e {\n a = f32[2,2] parameter(0)\n ROOT b = f32[2,2] cholesky(a), lower=true\n}\n")
+            .expect_err("cholesky is unsupported");
     assert_eq!(err.line, Some(4));
     assert_eq!(err.instruction.as_deref(), Some("b"));
-    assert!(err.message.contains("`erf`"), "{err}");
+    assert!(err.message.contains("`cholesky`"), "{err}");
 }
 
 #[test]

@@ -92,9 +92,14 @@ fn infer(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> Result<Array
                     dtype.is_float()
                 }
                 UnaryOp::Not => !dtype.is_float(),
+                UnaryOp::IsFinite => dtype.is_float(),
+                UnaryOp::PopCount | UnaryOp::CountLeadingZeros => !dtype.is_float() && dtype != DType::Pred,
             };
             if !fits {
                 return Err(format!("{} is not defined on {}", op.opcode(), operands[0]));
+            }
+            if *u == UnaryOp::IsFinite {
+                return Ok(ArrayType::new(DType::Pred, operands[0].dims.clone()));
             }
             Ok(operands[0].clone())
         }
@@ -450,7 +455,7 @@ fn infer(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> Result<Array
             }
             Ok(declared.clone())
         }
-        Op::While(_) | Op::Conditional(_) => {
+        Op::While(_) | Op::Conditional(_) | Op::TopK { .. } | Op::ReduceWindow { .. } => {
             Err(format!("{} has several results; check it with `check_results`", op.opcode()))
         }
         Op::Collective(c) => {

@@ -207,6 +207,21 @@ pub enum Op {
     /// A collective across the ranks the model is loaded on (`all-reduce`,
     /// `all-gather`, `reduce-scatter`, `all-to-all`). Operand: the rank's array.
     Collective(CollectiveOp),
+    /// XLA `reduce-window`: every window of the `n` arrays (padded with their initial
+    /// values) reduced by `region`, starting from the initial values and taking the
+    /// window's elements in row-major order, as XLA does. Operands: the `n` arrays,
+    /// then their `n` scalar initial values; results: `n` arrays of windows.
+    ReduceWindow {
+        window: DilatedWindow,
+        region: Region,
+    },
+    /// XLA `topk` along the last dimension: the `k` largest elements of each row, or
+    /// the smallest when `largest` is false, first to last, with their positions
+    /// (`s32`). Results: the values, then the positions.
+    TopK {
+        k: u64,
+        largest: bool,
+    },
     /// XLA `while` (see [`Loop`]). Operands: the initial state; results: the final state.
     While(Nested<Loop>),
     /// XLA `conditional` (see [`Branches`]). Operands: the selector, then each branch's
@@ -364,6 +379,36 @@ impl Window {
     }
 }
 
+/// A window with dilations (`reduce-window`): the array is dilated by
+/// `base_dilation` (holes between its elements, filled with the initial value) and the
+/// window's elements are `window_dilation` apart, before padding and striding.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DilatedWindow {
+    pub window: Window,
+    pub base_dilation: Vec<u64>,
+    pub window_dilation: Vec<u64>,
+}
+
+impl DilatedWindow {
+    /// How many windows fit along each dimension of an array of `dims` (`None` when a
+    /// size, stride or dilation is zero or a length overflows).
+    pub fn counts(&self, dims: &[u64]) -> Option<Vec<u64>> {
+        let w = &self.window;
+        (0..dims.len())
+            .map(|d| {
+                let (base, dilation) = (self.base_dilation[d], self.window_dilation[d]);
+                if w.size[d] == 0 || w.stride[d] == 0 || base == 0 || dilation == 0 {
+                    return None;
+                }
+                let dilated = if dims[d] == 0 { 0 } else { (dims[d] - 1).checked_mul(base)?.checked_add(1)? };
+                let padded = dilated.checked_add(w.pad_low[d])?.checked_add(w.pad_high[d])?;
+                let extent = (w.size[d] - 1).checked_mul(dilation)?.checked_add(1)?;
+                Some(if padded >= extent { (padded - extent) / w.stride[d] + 1 } else { 0 })
+            })
+            .collect()
+    }
+}
+
 /// The counter-based generators of `rng-bit-generator`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum RngAlgorithm {
@@ -470,6 +515,11 @@ pub enum ActivationFn {
     ExpMinusOne,
     /// `ln(1 + x)`, accurate near zero.
     LogPlusOne,
+    Tan,
+    /// The real cube root.
+    Cbrt,
+    /// The error function (exact `gelu`).
+    Erf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -486,6 +536,12 @@ pub enum UnaryOp {
     RoundNearestAfz,
     /// Logical not on `pred`, bitwise not on integers.
     Not,
+    /// Whether a float is neither infinite nor NaN (the result is `pred`).
+    IsFinite,
+    /// The number of bits set in an integer.
+    PopCount,
+    /// The number of leading zero bits of an integer.
+    CountLeadingZeros,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -565,7 +621,9 @@ impl Op {
             | Op::ReduceRegion { .. }
             | Op::SelectAndScatter { .. }
             | Op::RngBitGenerator { .. }
-            | Op::RngUniform => Engine::Pool,
+            | Op::RngUniform
+            | Op::TopK { .. }
+            | Op::ReduceWindow { .. } => Engine::Pool,
             // The sync engine drives the collective DMA rings and their semaphores, and
             // sequences loops and branches.
             Op::Collective(_) | Op::While(_) | Op::Conditional(_) => Engine::Sp,
@@ -605,6 +663,9 @@ impl Op {
                 ActivationFn::Cosine => "Cos",
                 ActivationFn::ExpMinusOne => "Expm1",
                 ActivationFn::LogPlusOne => "Log1p",
+                ActivationFn::Tan => "Tan",
+                ActivationFn::Cbrt => "Cbrt",
+                ActivationFn::Erf => "Erf",
             },
             Op::Unary(u) => match u {
                 UnaryOp::Negate => "Negate",
@@ -615,6 +676,9 @@ impl Op {
                 UnaryOp::RoundNearestEven => "RoundNearestEven",
                 UnaryOp::RoundNearestAfz => "RoundNearestAfz",
                 UnaryOp::Not => "Not",
+                UnaryOp::IsFinite => "IsFinite",
+                UnaryOp::PopCount => "PopCount",
+                UnaryOp::CountLeadingZeros => "CountLeadingZeros",
             },
             Op::Binary(b) => match b {
                 BinaryOp::Add => "Add",
@@ -657,6 +721,8 @@ impl Op {
             Op::SelectAndScatter { .. } => "SelectAndScatter",
             Op::RngBitGenerator { .. } => "RngBitGenerator",
             Op::RngUniform => "RngUniform",
+            Op::TopK { .. } => "TopK",
+            Op::ReduceWindow { .. } => "ReduceWindow",
             Op::While(_) => "While",
             Op::Conditional(_) => "Conditional",
             Op::Collective(c) => match c.kind {
@@ -692,6 +758,11 @@ impl Op {
             Op::Reduce { .. } | Op::ReduceRounded { .. } => {
                 operands.first().and_then(|t| t.element_count()).unwrap_or(0)
             }
+            Op::ReduceWindow { window, region } => output
+                .element_count()
+                .unwrap_or(0)
+                .saturating_mul(window.window.size.iter().product::<u64>())
+                .saturating_mul(region.steps.len() as u64),
             Op::ReduceRegion { region, .. } => {
                 operands.first().and_then(|t| t.element_count()).unwrap_or(0).saturating_mul(region.steps.len() as u64)
             }

@@ -26,7 +26,7 @@ pub(super) fn kernel(op: &Op, operand_types: &[DType], out: DType) -> Option<Ker
             b => Kernel::Binary(*b),
         },
         Op::Unary(UnaryOp::Not) if out == DType::Pred => Kernel::Not,
-        Op::Unary(UnaryOp::Not) => return None,
+        Op::Unary(UnaryOp::Not | UnaryOp::IsFinite | UnaryOp::PopCount | UnaryOp::CountLeadingZeros) => return None,
         Op::Unary(u) if all_f32 => Kernel::Unary(*u),
         Op::Activation(a) if all_f32 => Kernel::Activation(*a),
         Op::Compare { direction, total_order } => Kernel::Compare { direction: *direction, total_order: *total_order },

@@ -99,6 +99,9 @@ pub(super) fn elementwise_f32(
 
 pub(super) fn unary(op: UnaryOp, a: &ValueRef<'_>) -> Value {
     let dtype = a.dtype();
+    if op == UnaryOp::IsFinite {
+        return with_float!(dtype, T => Value::Pred(arr::<T>(a).mapv(|x| x.to_f32().is_finite())), unvalidated("is-finite"));
+    }
     match dtype.class() {
         DTypeClass::Float => with_unary_f32!(op, f => {
             with_float!(dtype, T => T::wrap(arr::<T>(a).mapv(|x| T::from_f32(f(x.to_f32())))), unvalidated("unary"))
@@ -119,6 +122,9 @@ pub(super) fn unary_int<T: Int>(op: UnaryOp) -> fn(T) -> T {
         UnaryOp::Abs => T::abs,
         UnaryOp::Sign => T::signum,
         UnaryOp::Not => T::not,
+        UnaryOp::PopCount => T::count_ones,
+        UnaryOp::CountLeadingZeros => T::leading_zeros,
+        UnaryOp::IsFinite => |_| unvalidated("is-finite of an integer"),
         UnaryOp::Ceil | UnaryOp::Floor | UnaryOp::RoundNearestEven | UnaryOp::RoundNearestAfz => {
             |_| unvalidated("rounding an integer")
         }

@@ -13,6 +13,8 @@ mod matrix;
 mod random;
 mod reduce;
 mod region;
+mod select;
+mod window;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn, Zip};
 
@@ -114,6 +116,18 @@ macro_rules! with_activation {
                 let $f = |x: f32| x.ln_1p();
                 $body
             }
+            ActivationFn::Tan => {
+                let $f = |x: f32| x.tan();
+                $body
+            }
+            ActivationFn::Cbrt => {
+                let $f = |x: f32| x.cbrt();
+                $body
+            }
+            ActivationFn::Erf => {
+                let $f = |x: f32| libm::erff(x);
+                $body
+            }
         }
     };
 }
@@ -150,7 +164,10 @@ macro_rules! with_unary_f32 {
                 let $f = |x: f32| x.round();
                 $body
             }
-            UnaryOp::Not => unvalidated("not on a float"),
+            UnaryOp::Not | UnaryOp::PopCount | UnaryOp::CountLeadingZeros => {
+                unvalidated("a bitwise operation on a float")
+            }
+            UnaryOp::IsFinite => unvalidated("is-finite as a float function"),
         }
     };
 }
@@ -327,6 +344,10 @@ pub(super) fn execute(
         // The run hands collectives to the communicator; nothing else executes them.
         Op::Collective(_) => unvalidated("collective outside a run"),
         Op::While(_) | Op::Conditional(_) => unvalidated("control flow outside a run"),
+        Op::ReduceWindow { window: w, region } => {
+            window::reduce_window(w, region, operands, &dims, helpers).swap_remove(0)
+        }
+        Op::TopK { .. } => unvalidated("an operation with several results, one at a time"),
         Op::ReduceRounded { op, dims: axes, format, saturate } => {
             let (format, saturate) = (*format, *saturate);
             with_reduce_f32!(*op, f => {
@@ -345,6 +366,27 @@ pub(super) fn execute(
 /// (an output tensor), and returns a view of it. Matrix products, element-wise
 /// arithmetic and activations compute in place; other operations compute into a new
 /// array that is then copied.
+/// Applies `op`, an operation with several results (`Op::result_count`), to
+/// `operands`; one value per result.
+pub(super) fn execute_results(
+    op: &Op,
+    operands: &[ValueRef<'_>],
+    out: &[&ArrayType],
+    helpers: &HostPool,
+) -> Vec<Value> {
+    match op {
+        Op::TopK { k, largest } => {
+            let (values, indices) = select::top_k(&operands[0], *k as usize, *largest);
+            vec![values, indices]
+        }
+        Op::ReduceWindow { window: w, region } => {
+            let dims = to_usize(&out[0].dims);
+            window::reduce_window(w, region, operands, &dims, helpers)
+        }
+        _ => unvalidated("an operation with one result, as several"),
+    }
+}
+
 pub(super) fn execute_into<'d>(
     op: &Op,
     operands: &[ValueRef<'_>],

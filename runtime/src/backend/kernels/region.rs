@@ -81,12 +81,12 @@ fn columns_of(v: &ValueRef<'_>, start: usize, end: usize) -> Value {
 }
 
 /// A scalar value repeated to `dims`.
-fn broadcast_scalar(scalar: &ValueRef<'_>, dims: &[usize]) -> Value {
+pub(super) fn broadcast_scalar(scalar: &ValueRef<'_>, dims: &[usize]) -> Value {
     each_type!(scalar, a => ArrayD::from_elem(IxDyn(dims), first(a)))
 }
 
 /// Evaluates `region` element-wise on `params` (arrays of one shape); returns its results.
-fn apply(region: &Region, params: &[ValueRef<'_>], helpers: &HostPool) -> Vec<Value> {
+pub(super) fn apply(region: &Region, params: &[ValueRef<'_>], helpers: &HostPool) -> Vec<Value> {
     let dims = params[0].shape().to_vec();
     let constant = |dtype: DType, bits: u64| -> Value {
         let size = dtype.size_bytes() as usize;

@@ -155,7 +155,7 @@ impl<'m> Lowering<'m> {
 
     /// Emits an instruction that writes one buffer per type in `types`, consecutive;
     /// returns the first.
-    fn emit_results(
+    pub(super) fn emit_results(
         &mut self,
         op: Op,
         operands: Vec<u32>,

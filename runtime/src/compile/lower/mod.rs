@@ -8,10 +8,10 @@ mod control;
 use std::collections::HashMap;
 
 use super::attributes::{
-    array_type, attr, dim_list, index_attr, literal_element, pad_op, parse_f64, replica_groups, result_types, slice_op,
-    strip_percent, u64_list, window_attr,
+    array_type, attr, dilated_window_attr, dim_list, index_attr, literal_element, pad_op, parse_f64, replica_groups,
+    result_types, slice_op, strip_percent, u64_list, window_attr,
 };
-use super::operators::{CUSTOM_CALL_TARGETS, SUPPORTED_OPERATORS, elementwise_op};
+use super::operators::{CUSTOM_CALL_TARGETS, SUPPORTED_OPERATORS, custom_call_origin, elementwise_op};
 use super::passes::{compact_buffers, forward_copies, plan_scratchpad, remove_dead_instructions};
 use super::regions::{lower_region, reduction_kind, scatter_combine, select_comparison};
 use super::*;
@@ -211,6 +211,40 @@ impl<'m> Lowering<'m> {
                 return self.while_loop(inst, &state, depth);
             }
             "conditional" => return self.conditional(inst, env, depth),
+            "reduce-window" => {
+                let region = self.region(inst)?;
+                let n = buffer_operands.len() / 2;
+                let arrays: Vec<DType> =
+                    buffer_operands[..n].iter().map(|&b| self.buffers[b as usize].ty.dtype).collect();
+                let params: Vec<DType> = arrays.iter().chain(&arrays).copied().collect();
+                let lowered = lower_region(self.module, region, &params)
+                    .map_err(|e| format!("reducer `{}`: {e}", region.name))?;
+                let rank = buffer_operands.first().map_or(0, |&b| self.buffers[b as usize].ty.rank());
+                let window = dilated_window_attr(attr(inst, "window")?, rank)?;
+                let types = result_types(&inst.shape)?;
+                let count = types.len() as u32;
+                let op = Op::ReduceWindow { window, region: lowered };
+                let first = self.emit_results(op, buffer_operands, types, &inst.name)?;
+                let buffer = |id: u32| Lowered::Buffer { id, hlo_name: inst.name.clone() };
+                return Ok(match inst.shape {
+                    Shape::Tuple(_) => Lowered::Tuple((first..first + count).map(buffer).collect()),
+                    Shape::Array { .. } => buffer(first),
+                });
+            }
+            "topk" => {
+                let k: u64 = attr(inst, "k")?.parse().map_err(|_| "`k` must be a non-negative integer".to_string())?;
+                let largest = match inst.attribute("largest") {
+                    None | Some("true") => true,
+                    Some("false") => false,
+                    Some(other) => return Err(format!("`largest={other}` must be true or false")),
+                };
+                let types = result_types(&inst.shape)?;
+                let first = self.emit_results(Op::TopK { k, largest }, buffer_operands, types, &inst.name)?;
+                return Ok(Lowered::Tuple(vec![
+                    Lowered::Buffer { id: first, hlo_name: inst.name.clone() },
+                    Lowered::Buffer { id: first + 1, hlo_name: inst.name.clone() },
+                ]));
+            }
             "dot" => {
                 if self.options.auto_cast != AutoCast::None {
                     for b in &mut buffer_operands {
@@ -331,6 +365,13 @@ impl<'m> Lowering<'m> {
             }
             "custom-call" => {
                 let target = attr(inst, "custom_call_target")?.trim_matches('"');
+                if let Some(origin) = custom_call_origin(target) {
+                    return Err(format!(
+                        "custom-call target `{target}` is a host library routine, which NeuronCores do not run; \
+                         JAX emits it for {origin}; compute it outside the model, or express it with \
+                         matrix products and loops"
+                    ));
+                }
                 if !CUSTOM_CALL_TARGETS.contains(&target) || inst.operands.len() != 1 {
                     return Err(format!(
                         "custom-call target `{target}` is not supported (supported, with one operand: {})",
@@ -418,7 +459,8 @@ impl<'m> Lowering<'m> {
         }
         let arrays: Vec<DType> = operands[..n].iter().map(|&b| self.buffers[b as usize].ty.dtype).collect();
         let params: Vec<DType> = arrays.iter().chain(&arrays).copied().collect();
-        let lowered = lower_region(region, &params).map_err(|e| format!("reducer `{}`: {e}", region.name))?;
+        let lowered =
+            lower_region(self.module, region, &params).map_err(|e| format!("reducer `{}`: {e}", region.name))?;
         let declared = result_types(&inst.shape)?;
         if declared.len() != n {
             return Err(format!("reduce of {n} array(s) declares {} result(s)", declared.len()));

@@ -1,0 +1,173 @@
+//! Properties of `reduce-window` and `topk`, checked against plain reference
+//! implementations over random shapes and parameters. Each case is compiled from HLO
+//! text and executed by the runtime. Inputs are small integers stored as `f32`, so every
+//! window sum is exact and results must match to the bit.
+
+use neuron_runtime::{CompileOptions, Target};
+use neuron_test_support::runtime::Bench;
+use proptest::prelude::*;
+
+fn list(values: &[u64], separator: &str) -> String {
+    values.iter().map(u64::to_string).collect::<Vec<_>>().join(separator)
+}
+
+fn f32_shape(dims: &[u64]) -> String {
+    format!("f32[{}]", list(dims, ","))
+}
+
+/// One `reduce-window` problem: an array and a window over it.
+#[derive(Debug, Clone)]
+struct WindowProblem {
+    dims: Vec<u64>,
+    values: Vec<f32>,
+    size: Vec<u64>,
+    stride: Vec<u64>,
+    pad: Vec<(u64, u64)>,
+    base_dilation: Vec<u64>,
+    window_dilation: Vec<u64>,
+    max: bool,
+}
+
+impl WindowProblem {
+    /// Windows along dimension `d`, as XLA counts them.
+    fn count(&self, d: usize) -> u64 {
+        let dilated = (self.dims[d] - 1) * self.base_dilation[d] + 1;
+        let padded = dilated + self.pad[d].0 + self.pad[d].1;
+        let extent = (self.size[d] - 1) * self.window_dilation[d] + 1;
+        if padded >= extent { (padded - extent) / self.stride[d] + 1 } else { 0 }
+    }
+
+    fn out_dims(&self) -> Vec<u64> {
+        (0..self.dims.len()).map(|d| self.count(d)).collect()
+    }
+
+    fn hlo(&self) -> String {
+        let (op, init) = if self.max { ("maximum", "-inf") } else { ("add", "0") };
+        let pad: Vec<String> = self.pad.iter().map(|(l, h)| format!("{l}_{h}")).collect();
+        format!(
+            "HloModule rw\nreducer {{\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT r = f32[] {op}(a, b)\n}}\n\
+             ENTRY e {{\n  x = {} parameter(0)\n  init = f32[] constant({init})\n  \
+             ROOT w = {} reduce-window(x, init), window={{size={} stride={} pad={} lhs_dilate={} rhs_dilate={}}}, to_apply=reducer\n}}\n",
+            f32_shape(&self.dims),
+            f32_shape(&self.out_dims()),
+            list(&self.size, "x"),
+            list(&self.stride, "x"),
+            pad.join("x"),
+            list(&self.base_dilation, "x"),
+            list(&self.window_dilation, "x"),
+        )
+    }
+
+    /// Every window reduced with plain index arithmetic: the initial value, then each
+    /// window position in row-major order (the initial value where it falls outside
+    /// the array or between its dilated elements).
+    fn reference(&self) -> Vec<f32> {
+        let rank = self.dims.len();
+        let out_dims = self.out_dims();
+        let init = if self.max { f32::NEG_INFINITY } else { 0.0 };
+        let combine = |a: f32, b: f32| if self.max { a.max(b) } else { a + b };
+        let outputs: u64 = out_dims.iter().product();
+        let positions: u64 = self.size.iter().product();
+        (0..outputs)
+            .map(|flat| {
+                let j = unravel(flat, &out_dims);
+                (0..positions).fold(init, |acc, k| {
+                    let k = unravel(k, &self.size);
+                    let mut index = Vec::with_capacity(rank);
+                    for d in 0..rank {
+                        let at = (j[d] * self.stride[d] + k[d] * self.window_dilation[d]) as i64 - self.pad[d].0 as i64;
+                        let base = self.base_dilation[d] as i64;
+                        if at < 0 || at % base != 0 || at / base >= self.dims[d] as i64 {
+                            return combine(acc, init);
+                        }
+                        index.push((at / base) as u64);
+                    }
+                    combine(acc, self.values[ravel(&index, &self.dims)])
+                })
+            })
+            .collect()
+    }
+}
+
+fn unravel(mut flat: u64, dims: &[u64]) -> Vec<u64> {
+    let mut index = vec![0; dims.len()];
+    for d in (0..dims.len()).rev() {
+        index[d] = flat % dims[d];
+        flat /= dims[d];
+    }
+    index
+}
+
+fn ravel(index: &[u64], dims: &[u64]) -> usize {
+    index.iter().zip(dims).fold(0, |flat, (&i, &n)| flat * n + i) as usize
+}
+
+/// Small integers as f32: exact under addition at these sizes.
+fn values(n: usize) -> impl Strategy<Value = Vec<f32>> {
+    prop::collection::vec((-8i32..=8).prop_map(|v| v as f32), n)
+}
+
+fn window_problem() -> impl Strategy<Value = WindowProblem> {
+    (1usize..=3)
+        .prop_flat_map(|rank| {
+            (
+                prop::collection::vec(1u64..=6, rank),
+                prop::collection::vec(1u64..=3, rank),
+                prop::collection::vec(1u64..=3, rank),
+                prop::collection::vec((0u64..=2, 0u64..=2), rank),
+                prop::collection::vec(1u64..=2, rank),
+                prop::collection::vec(1u64..=2, rank),
+                any::<bool>(),
+            )
+        })
+        .prop_flat_map(|(dims, size, stride, pad, base_dilation, window_dilation, max)| {
+            let n = dims.iter().product::<u64>() as usize;
+            values(n).prop_map(move |values| WindowProblem {
+                dims: dims.clone(),
+                values,
+                size: size.clone(),
+                stride: stride.clone(),
+                pad: pad.clone(),
+                base_dilation: base_dilation.clone(),
+                window_dilation: window_dilation.clone(),
+                max,
+            })
+        })
+        .prop_filter("at least one window", |p| p.out_dims().iter().all(|&c| c > 0))
+}
+
+/// Rows of distinct-ish small integers (ties included) and a `k` that fits.
+fn top_k_problem() -> impl Strategy<Value = (u64, u64, Vec<f32>, u64, bool)> {
+    (1u64..=4, 1u64..=12)
+        .prop_flat_map(|(rows, n)| (Just(rows), Just(n), values((rows * n) as usize), 1..=n, any::<bool>()))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn reduce_window_matches_a_plain_reference(problem in window_problem()) {
+        let hlo = problem.hlo();
+        let ours = Bench::new().run_f32(&hlo, &CompileOptions::exact(Target::Trn1), &[&problem.values]);
+        prop_assert_eq!(ours, problem.reference(), "{}", hlo);
+    }
+
+    #[test]
+    fn top_k_matches_a_stable_sort_of_each_row((rows, n, values, k, largest) in top_k_problem()) {
+        let hlo = format!(
+            "HloModule tk\nENTRY e {{\n  x = f32[{rows},{n}] parameter(0)\n  \
+             t = (f32[{rows},{k}], s32[{rows},{k}]) topk(x), k={k}, largest={largest}\n  \
+             ROOT i = s32[{rows},{k}] get-tuple-element(t), index=1\n}}\n"
+        );
+        let ours = Bench::new().run(&hlo, &CompileOptions::exact(Target::Trn1), &[values.iter().flat_map(|v| v.to_le_bytes()).collect()]);
+        let ours: Vec<i32> = ours.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let mut expected = Vec::new();
+        for row in values.chunks(n as usize) {
+            let mut order: Vec<usize> = (0..row.len()).collect();
+            // A stable sort keeps equal elements in position order.
+            order.sort_by(|&a, &b| if largest { row[b].total_cmp(&row[a]) } else { row[a].total_cmp(&row[b]) });
+            expected.extend(order.iter().take(k as usize).map(|&i| i as i32));
+        }
+        prop_assert_eq!(ours, expected, "{}", hlo);
+    }
+}
