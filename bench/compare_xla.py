@@ -5,7 +5,10 @@ Three programs, as the speed goals name them:
 
 - ``mlp``: a two-layer MLP with ReLU, batch 64, 512 -> 2048 -> 512;
 - ``attention``: causal multi-head self-attention, 256 tokens x 256 features, 4 heads;
-- ``chain``: 20 element-wise operations on a 64x64 tensor.
+- ``chain``: 20 element-wise operations on a 64x64 tensor;
+- ``loop1`` and ``loop100``: a ``fori_loop`` of 1 and of 100 steps of a small
+  matrix-vector update (``tanh(w @ v + b)``, 32x32); the script reports the time per
+  iteration, ``(loop100 - loop1) / 99``, on each side.
 
 For each program the script exports the HLO text JAX lowers it to, compiles it with
 ``neuron-cc compile --auto-cast none`` (so both sides compute in f32, as XLA:CPU does),
@@ -97,6 +100,12 @@ def chain(x):
     return y * y  # 20
 
 
+def fori(steps):
+    def f(v, w, b):
+        return jax.lax.fori_loop(0, steps, lambda i, v: jnp.tanh(w @ v + b), v)
+    return f
+
+
 def programs():
     rng = np.random.default_rng(20261121)
 
@@ -110,6 +119,8 @@ def programs():
         ),
         "attention": (attention, [normal(256, 256)] + [normal(256, 256, scale=0.06) for _ in range(4)]),
         "chain": (chain, [normal(64, 64)]),
+        "loop1": (fori(1), [normal(32), normal(32, 32, scale=0.15), normal(32, scale=0.1)]),
+        "loop100": (fori(100), [normal(32), normal(32, 32, scale=0.15), normal(32, scale=0.1)]),
     }
 
 
@@ -202,6 +213,11 @@ def main():
     print("\n" + header)
     for name, x, o, r, b in rows:
         print(f"{name:<10} {x:>8.1f} us {o:>9.1f} us {r:>6.2f} {b:>23.2f}")
+    by_name = {name: (x, o) for name, x, o, _, _ in rows}
+    if "loop1" in by_name and "loop100" in by_name:
+        xla_step = (by_name["loop100"][0] - by_name["loop1"][0]) / 99
+        ours_step = (by_name["loop100"][1] - by_name["loop1"][1]) / 99
+        print(f"\nper loop iteration: XLA {xla_step:.2f} us, ours {ours_step:.2f} us, ratio {ours_step / xla_step:.2f}")
     print("\n(ours: median of the per-round p50s of neuron-bench; XLA: median over every call)")
 
 
