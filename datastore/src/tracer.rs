@@ -391,18 +391,23 @@ impl Tracer {
         in_table: bool,
         spans: &[InstructionSpan],
     ) {
-        let spans: Vec<&InstructionSpan> = spans.iter().filter(|s| (s.entry as usize) < instructions.len()).collect();
+        // A span naming no instruction (not produced by the runtime) is skipped.
+        let known = |s: &InstructionSpan| (s.entry as usize) < instructions.len();
         let single = |s: &InstructionSpan| {
             self.emit_instruction(slot, ids, &instructions[s.entry as usize], s.start, s.end);
         };
         if !in_table {
-            spans.iter().for_each(|s| single(s));
+            spans.iter().filter(|s| known(s)).for_each(single);
             return;
         }
         let clock = self.device_clocks[slot];
         let mut k = 0;
         while k < spans.len() {
-            let first = spans[k];
+            let first = &spans[k];
+            if !known(first) {
+                k += 1;
+                continue;
+            }
             let start_ns = clock.at(first.start);
             let mut run = InstructionRun {
                 exec_id: ids.exec_id,
@@ -414,9 +419,11 @@ impl Tracer {
             let mut previous = start_ns;
             let mut count = 0;
             while count < RUN_MAX && k + count < spans.len() {
-                let span = spans[k + count];
-                let follows =
-                    count == 0 || (span.entry == first.entry + count as u32 && span.start == spans[k + count - 1].end);
+                let span = &spans[k + count];
+                let follows = count == 0
+                    || (known(span)
+                        && span.entry == first.entry + count as u32
+                        && span.start == spans[k + count - 1].end);
                 if !follows {
                     break;
                 }

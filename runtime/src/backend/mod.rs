@@ -268,9 +268,6 @@ pub(crate) struct Executable {
     nested: Vec<Vec<Executable>>,
     /// Entries this program and its nested ones take in the trace table.
     table_len: usize,
-    /// For each position of `order`, whether its instruction computes several results
-    /// at once (and is not a loop or conditional).
-    steps_with_results: Vec<bool>,
 }
 
 /// The most dead arrays kept for reuse.
@@ -365,15 +362,7 @@ impl Executable {
                     .collect()
             })
             .collect();
-        let steps_with_results = order
-            .iter()
-            .map(|&(s, i)| {
-                let op = &program.streams[s].instructions[i].op;
-                op.result_count() > 1 && op.nested_programs().is_empty()
-            })
-            .collect();
         Executable {
-            steps_with_results,
             program,
             order,
             units,
@@ -396,6 +385,14 @@ impl Executable {
             table.extend(nested.trace_table());
         }
         table
+    }
+
+    /// The instruction at position `step` of `order` if it writes several buffers or
+    /// runs nested programs (a loop, a conditional, a top-k, a variadic window).
+    fn writes_several(&self, step: usize) -> Option<&Instruction> {
+        let (s, i) = self.order[step];
+        let instruction = &self.program.streams[s].instructions[i];
+        (!self.nested[step].is_empty() || instruction.op.result_count() > 1).then_some(instruction)
     }
 
     /// An `f32` array of `n` elements with unspecified contents, for a fused output.
@@ -525,37 +522,34 @@ impl Executable {
                     on_instruction(self.base + unit.first + k, start, stop);
                 }
                 previous = end;
-            } else if !self.nested[unit.first].is_empty() {
+            } else if let Some(instruction) = self.writes_several(unit.first) {
+                // A loop, a conditional, or a kernel with several results.
                 let step = unit.first;
-                let (s, i) = self.order[step];
-                let instruction = &program.streams[s].instructions[i];
+                let nested = &self.nested[step];
                 let operands: Vec<ValueRef<'_>> =
                     instruction.operands.iter().filter_map(|&o| slots[o as usize].get()).collect();
-                let results = control::run(
-                    &instruction.op,
-                    &self.nested[step],
-                    self.base + step,
-                    operands,
-                    deadline_ticks,
-                    helpers,
-                    on_instruction,
-                )?;
+                let results = if nested.is_empty() {
+                    open = Some(step);
+                    let out: Vec<&ArrayType> = instruction.outputs().map(|b| &program.buffers[b as usize].ty).collect();
+                    kernels::execute_results(&instruction.op, &operands, &out, helpers)
+                } else {
+                    let index = self.base + step;
+                    let results = control::run(
+                        &instruction.op,
+                        nested,
+                        index,
+                        operands,
+                        deadline_ticks,
+                        helpers,
+                        on_instruction,
+                    )?;
+                    // The loop reported its own intervals; the next one starts now.
+                    previous = ticks();
+                    results
+                };
                 for (b, value) in instruction.outputs().zip(results) {
                     slots[b as usize] = Slot::Owned(value);
                 }
-                previous = ticks();
-            } else if self.steps_with_results[unit.first] {
-                let (s, i) = self.order[unit.first];
-                let instruction = &program.streams[s].instructions[i];
-                let operands: Vec<ValueRef<'_>> =
-                    instruction.operands.iter().filter_map(|&o| slots[o as usize].get()).collect();
-                let out: Vec<&ArrayType> = instruction.outputs().map(|b| &program.buffers[b as usize].ty).collect();
-                let results = kernels::execute_results(&instruction.op, &operands, &out, helpers);
-                drop(operands);
-                for (b, value) in instruction.outputs().zip(results) {
-                    slots[b as usize] = Slot::Owned(value);
-                }
-                open = Some(unit.first);
             } else {
                 let step = unit.first;
                 let (s, i) = self.order[step];

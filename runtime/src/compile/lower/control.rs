@@ -90,11 +90,6 @@ impl<'m> Lowering<'m> {
         Ok(rebuild(&shape, &mut (first..), &inst.name))
     }
 
-    fn called(&self, inst: &hlo::Instruction, key: &str) -> Result<&'m Computation, String> {
-        let name = strip_percent(attr(inst, key)?);
-        self.module.computation(name).ok_or_else(|| format!("computation `{name}` is not defined"))
-    }
-
     /// Lowers `computation` into a program of its own whose parameters take the
     /// values of `args` (this lowering's values: their types and structure).
     fn nested_program(&self, computation: &Computation, args: &[Lowered], depth: usize) -> Result<Program, String> {

@@ -19,7 +19,7 @@ use crate::dtype::{ArrayType, DType};
 use crate::hlo::{self, Computation, HloModule, Payload, Shape};
 use crate::isa::{
     ActivationFn, BinaryOp, Buffer, BufferKind, CollectiveKind, CollectiveOp, DmaQueue, DmaQueueKind, DmaTransfer,
-    DotDims, EngineStream, FloatFormat, GatherDims, Instruction, IoTensor, MAX_NESTING, Op, Program, ReduceOp,
+    DotDims, EngineStream, FloatFormat, GatherDims, Instruction, IoTensor, MAX_NESTING, Op, Program, ReduceOp, Region,
     RngAlgorithm, RngResult, ScatterDims, infer_output,
 };
 
@@ -212,13 +212,7 @@ impl<'m> Lowering<'m> {
             }
             "conditional" => return self.conditional(inst, env, depth),
             "reduce-window" => {
-                let region = self.region(inst)?;
-                let n = buffer_operands.len() / 2;
-                let arrays: Vec<DType> =
-                    buffer_operands[..n].iter().map(|&b| self.buffers[b as usize].ty.dtype).collect();
-                let params: Vec<DType> = arrays.iter().chain(&arrays).copied().collect();
-                let lowered = lower_region(self.module, region, &params)
-                    .map_err(|e| format!("reducer `{}`: {e}", region.name))?;
+                let lowered = self.reducer(inst, &buffer_operands[..buffer_operands.len() / 2])?;
                 let rank = buffer_operands.first().map_or(0, |&b| self.buffers[b as usize].ty.rank());
                 let window = dilated_window_attr(attr(inst, "window")?, rank)?;
                 let types = result_types(&inst.shape)?;
@@ -270,21 +264,17 @@ impl<'m> Lowering<'m> {
                         let dtype = self.buffers[buffer_operands[0] as usize].ty.dtype;
                         self.plain_reduce(op, dims, dtype)
                     }
-                    _ => return self.reduce_with_region(inst, region, dims, buffer_operands),
+                    _ => return self.reduce_with_region(inst, dims, buffer_operands),
                 }
             }
             "select-and-scatter" => {
-                let computation = |name: &str| -> Result<&Computation, String> {
-                    let name = strip_percent(attr(inst, name)?);
-                    self.module.computation(name).ok_or_else(|| format!("computation `{name}` is not defined"))
-                };
-                let (select, total_order) = select_comparison(computation("select")?)?;
+                let (select, total_order) = select_comparison(self.called(inst, "select")?)?;
                 let rank = self.buffers[buffer_operands[0] as usize].ty.rank();
                 Op::SelectAndScatter {
                     window: window_attr(attr(inst, "window")?, rank)?,
                     select,
                     total_order,
-                    combine: scatter_combine(computation("scatter")?)?,
+                    combine: scatter_combine(self.called(inst, "scatter")?)?,
                 }
             }
             "rng-bit-generator" => return self.rng_bit_generator(inst, buffer_operands),
@@ -449,7 +439,6 @@ impl<'m> Lowering<'m> {
     fn reduce_with_region(
         &mut self,
         inst: &hlo::Instruction,
-        region: &Computation,
         dims: Vec<u32>,
         operands: Vec<u32>,
     ) -> Result<Lowered, String> {
@@ -457,10 +446,7 @@ impl<'m> Lowering<'m> {
         if n == 0 || !operands.len().is_multiple_of(2) {
             return Err(format!("reduce takes arrays and as many initial values, got {} operand(s)", operands.len()));
         }
-        let arrays: Vec<DType> = operands[..n].iter().map(|&b| self.buffers[b as usize].ty.dtype).collect();
-        let params: Vec<DType> = arrays.iter().chain(&arrays).copied().collect();
-        let lowered =
-            lower_region(self.module, region, &params).map_err(|e| format!("reducer `{}`: {e}", region.name))?;
+        let lowered = self.reducer(inst, &operands[..n])?;
         let declared = result_types(&inst.shape)?;
         if declared.len() != n {
             return Err(format!("reduce of {n} array(s) declares {} result(s)", declared.len()));
@@ -661,8 +647,22 @@ impl<'m> Lowering<'m> {
 
     /// The computation an instruction's `to_apply` names.
     fn region(&self, inst: &hlo::Instruction) -> Result<&'m Computation, String> {
-        let name = strip_percent(attr(inst, "to_apply")?);
+        self.called(inst, "to_apply")
+    }
+
+    /// The computation an instruction names in attribute `key`.
+    fn called(&self, inst: &hlo::Instruction, key: &str) -> Result<&'m Computation, String> {
+        let name = strip_percent(attr(inst, key)?);
         self.module.computation(name).ok_or_else(|| format!("computation `{name}` is not defined"))
+    }
+
+    /// The reducer (`to_apply`) of an instruction over `arrays` (and as many initial
+    /// values): its parameters are the accumulated values, then the incoming ones.
+    fn reducer(&self, inst: &hlo::Instruction, arrays: &[u32]) -> Result<Region, String> {
+        let region = self.region(inst)?;
+        let dtypes: Vec<DType> = arrays.iter().map(|&b| self.buffers[b as usize].ty.dtype).collect();
+        let params: Vec<DType> = dtypes.iter().chain(&dtypes).copied().collect();
+        lower_region(self.module, region, &params).map_err(|e| format!("reducer `{}`: {e}", region.name))
     }
 
     fn new_buffer(&mut self, ty: ArrayType, kind: BufferKind) -> u32 {
