@@ -305,11 +305,11 @@ fn a_loop_body_that_changes_the_state_type_is_refused() {
 }
 
 #[test]
-fn sort_is_refused() {
+fn a_sort_comparator_that_does_not_return_pred_is_refused() {
     assert_refused(
-        "HloModule sort\nless {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT lt = pred[] compare(a, b), direction=LT\n}\n\
+        "HloModule sort\nless {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT d = f32[] subtract(a, b)\n}\n\
          ENTRY e {\n  x = f32[8]{0} parameter(0)\n  ROOT s = f32[8]{0} sort(x), dimensions={0}, to_apply=less\n}\n",
-        "line 9, instruction `s`: operator `sort` is not supported",
+        "line 9, instruction `s`: the comparator must take two elements of each array and return one pred",
     );
 }
 

@@ -341,3 +341,8 @@ fn cumulative_sums_pooling_dilated_and_variadic_windows_match_xla() {
 fn a_transformer_training_step_with_cross_entropy_and_momentum_matches_xla() {
     check("transformer_train_step");
 }
+
+#[test]
+fn sort_argsort_sort_by_key_and_permutation_match_xla() {
+    check("sorting");
+}

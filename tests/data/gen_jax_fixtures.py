@@ -70,7 +70,7 @@ ALLOWED_OPCODES = {
     "all-gather", "select-and-scatter", "rng-bit-generator", "batch-norm-training",
     "batch-norm-inference", "batch-norm-grad", "while", "conditional",
     "is-finite", "cbrt", "tan", "erf", "popcnt", "count-leading-zeros", "topk",
-    "reduce-window",
+    "reduce-window", "sort",
 }
 # Reducers may use element-wise operations only.
 ALLOWED_REDUCE_OPS = {"add", "maximum", "minimum", "multiply", "and", "or", "compare", "select",
@@ -860,6 +860,26 @@ def case_transformer_train_step(rng):
     return f, [params, momenta, tokens, targets]
 
 
+def case_sorting(rng):
+    """jnp.sort along each axis (NaN, infinities, signed zeros, ties), a descending
+    sort, argsort (stable: ties keep their order), lax.sort by key with a payload, an
+    integer sort with two keys, and jax.random.permutation (a sort by random keys)."""
+    def f(x, n, payload, key_data):
+        key = jax.random.wrap_key_data(key_data)
+        by_key = lax.sort((x[0], payload), num_keys=1)
+        two_keys = lax.sort((n[:, 0], n[:, 1], payload[: n.shape[0]]), num_keys=2)
+        return (jnp.sort(x, axis=1), jnp.sort(x, axis=0), -jnp.sort(-x, axis=1), jnp.argsort(x, axis=1),
+                jnp.argsort(n[:, 0]), by_key[0], by_key[1], two_keys[0], two_keys[1], two_keys[2],
+                jax.random.permutation(key, 20))
+
+    x = np.round(normal(rng, (5, 12), 3.0))
+    x[0, :5] = [np.nan, np.inf, -np.inf, -0.0, 0.0]
+    x[2, :2] = [np.nan, -np.nan]
+    n = rng.integers(-3, 3, size=(9, 2)).astype(np.int32)
+    payload = np.arange(12, dtype=np.float32) * 10
+    return f, [x, n, payload, np.asarray(jax.random.key_data(jax.random.key(7)))]
+
+
 CASES = [
     ("mlp", case_mlp, 1001),
     ("attention", case_attention, 1002),
@@ -906,6 +926,7 @@ CASES = [
     ("top_k", case_top_k, 1043),
     ("windows", case_windows, 1044),
     ("transformer_train_step", case_transformer_train_step, 1045),
+    ("sorting", case_sorting, 1046),
 ]
 
 # Cases generated with 64-bit types enabled (jax_enable_x64), for s64 / u64.

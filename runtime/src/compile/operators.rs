@@ -79,6 +79,7 @@ pub const SUPPORTED_OPERATORS: &[&str] = &[
     "shift-right-arithmetic",
     "shift-right-logical",
     "sign",
+    "sort",
     "sine",
     "slice",
     "sqrt",
@@ -118,7 +119,8 @@ pub fn engine_of_operator(opcode: &str) -> Option<Engine> {
         | "rng"
         | "rng-bit-generator"
         | "topk"
-        | "reduce-window" => Engine::Pool,
+        | "reduce-window"
+        | "sort" => Engine::Pool,
         "while" | "conditional" => Engine::Sp,
         "parameter" | "constant" | "tuple" | "get-tuple-element" | "call" => return None,
         _ => Engine::Dve,

@@ -18,7 +18,9 @@ fn is_pure(op: &Op) -> bool {
     match op {
         // A new draw at each execution; data from other ranks; a loop may not end, and
         // both write several buffers.
-        Op::RngUniform | Op::Collective(_) | Op::While(_) | Op::Conditional(_) | Op::TopK { .. } => false,
+        Op::RngUniform | Op::Collective(_) | Op::While(_) | Op::Conditional(_) | Op::TopK { .. } | Op::Sort { .. } => {
+            false
+        }
         Op::MatMul(_)
         | Op::Activation(_)
         | Op::Unary(_)

@@ -114,6 +114,7 @@ impl Op {
             Op::While(l) => l.body.outputs.len(),
             Op::Conditional(c) => c.branches.first().map_or(0, |b| b.outputs.len()),
             Op::TopK { .. } => 2,
+            Op::Sort { comparator, .. } => comparator.params.len() / 2,
             Op::ReduceWindow { region, .. } => region.results.len(),
             _ => 1,
         }
@@ -143,6 +144,7 @@ pub fn check_results(op: &Op, operands: &[&ArrayType], results: &[&ArrayType]) -
     match op {
         Op::While(_) | Op::Conditional(_) => check_control(op, operands, results).map_err(TypeError),
         Op::TopK { k, .. } => check_top_k(*k, operands, results).map_err(TypeError),
+        Op::Sort { dim, comparator } => check_sort(*dim, comparator, operands, results).map_err(TypeError),
         Op::ReduceWindow { window, region } => {
             check_reduce_window(window, region, operands, results).map_err(TypeError)
         }
@@ -160,6 +162,23 @@ pub fn check_results(op: &Op, operands: &[&ArrayType], results: &[&ArrayType]) -
             Ok(())
         }
     }
+}
+
+/// `Sort`: arrays of one shape with `dim` among their dimensions, a comparator of
+/// two parameters per array that returns `pred`, and results of the arrays' types.
+fn check_sort(dim: u32, comparator: &Region, operands: &[&ArrayType], results: &[&ArrayType]) -> Result<(), String> {
+    let Some(first) = operands.first() else { return Err("sort takes at least one array".into()) };
+    if dim as usize >= first.rank() || operands.iter().any(|a| a.dims != first.dims) {
+        return Err(format!("sort along dimension {dim} needs arrays of one shape with that dimension, got {first}"));
+    }
+    let params: Vec<DType> = operands.iter().flat_map(|a| [a.dtype, a.dtype]).collect();
+    if comparator.params != params || comparator.check().map_err(|e| e.0)? != [DType::Pred] {
+        return Err("the comparator must take two elements of each array and return one pred".into());
+    }
+    if results != operands {
+        return Err("a sort returns arrays of its operands' types".into());
+    }
+    Ok(())
 }
 
 /// `TopK`: one array of rank 1 or more whose last dimension holds at least `k`

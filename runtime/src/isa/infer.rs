@@ -455,7 +455,7 @@ fn infer(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> Result<Array
             }
             Ok(declared.clone())
         }
-        Op::While(_) | Op::Conditional(_) | Op::TopK { .. } | Op::ReduceWindow { .. } => {
+        Op::While(_) | Op::Conditional(_) | Op::TopK { .. } | Op::ReduceWindow { .. } | Op::Sort { .. } => {
             Err(format!("{} has several results; check it with `check_results`", op.opcode()))
         }
         Op::Collective(c) => {

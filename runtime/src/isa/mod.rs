@@ -215,6 +215,14 @@ pub enum Op {
         window: DilatedWindow,
         region: Region,
     },
+    /// XLA `sort`: the `n` arrays (operands, of one shape) permuted alike along `dim`
+    /// so that `comparator` (parameters `2i` and `2i + 1` are array `i`'s two elements)
+    /// holds between each element and the ones after it; elements it finds equal keep
+    /// their order. Results: the `n` sorted arrays.
+    Sort {
+        dim: u32,
+        comparator: Region,
+    },
     /// XLA `topk` along the last dimension: the `k` largest elements of each row, or
     /// the smallest when `largest` is false, first to last, with their positions
     /// (`s32`). Results: the values, then the positions.
@@ -623,7 +631,8 @@ impl Op {
             | Op::RngBitGenerator { .. }
             | Op::RngUniform
             | Op::TopK { .. }
-            | Op::ReduceWindow { .. } => Engine::Pool,
+            | Op::ReduceWindow { .. }
+            | Op::Sort { .. } => Engine::Pool,
             // The sync engine drives the collective DMA rings and their semaphores, and
             // sequences loops and branches.
             Op::Collective(_) | Op::While(_) | Op::Conditional(_) => Engine::Sp,
@@ -722,6 +731,7 @@ impl Op {
             Op::RngBitGenerator { .. } => "RngBitGenerator",
             Op::RngUniform => "RngUniform",
             Op::TopK { .. } => "TopK",
+            Op::Sort { .. } => "Sort",
             Op::ReduceWindow { .. } => "ReduceWindow",
             Op::While(_) => "While",
             Op::Conditional(_) => "Conditional",

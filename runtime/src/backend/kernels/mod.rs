@@ -14,6 +14,7 @@ mod random;
 mod reduce;
 mod region;
 mod select;
+mod sort;
 mod window;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn, Zip};
@@ -347,6 +348,7 @@ pub(super) fn execute(
         Op::ReduceWindow { window: w, region } => {
             window::reduce_window(w, region, operands, &dims, helpers).swap_remove(0)
         }
+        Op::Sort { dim, comparator } => sort::sort(operands, *dim as usize, comparator, helpers).swap_remove(0),
         Op::TopK { .. } => unvalidated("an operation with several results, one at a time"),
         Op::ReduceRounded { op, dims: axes, format, saturate } => {
             let (format, saturate) = (*format, *saturate);
@@ -383,6 +385,7 @@ pub(super) fn execute_results(
             let dims = to_usize(&out[0].dims);
             window::reduce_window(w, region, operands, &dims, helpers)
         }
+        Op::Sort { dim, comparator } => sort::sort(operands, *dim as usize, comparator, helpers),
         _ => unvalidated("an operation with one result, as several"),
     }
 }

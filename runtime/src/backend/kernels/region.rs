@@ -69,7 +69,12 @@ pub(super) fn reduce_region(
 }
 
 /// `a` with its axes permuted by `perm`, as a standard-layout `[rows, columns]` array.
-fn rows_by_columns<T: Element>(a: &ArrayViewD<'_, T>, perm: &[usize], rows: usize, columns: usize) -> ArrayD<T> {
+pub(super) fn rows_by_columns<T: Element>(
+    a: &ArrayViewD<'_, T>,
+    perm: &[usize],
+    rows: usize,
+    columns: usize,
+) -> ArrayD<T> {
     let permuted = a.view().permuted_axes(IxDyn(perm));
     let flat: Vec<T> = permuted.iter().copied().collect();
     ArrayD::from_shape_vec(IxDyn(&[rows, columns]), flat).unwrap_or_else(|_| unvalidated("reduce"))

@@ -27,10 +27,7 @@ impl<'m> Lowering<'m> {
         let mut init = Vec::new();
         flatten(state, &mut init);
         let operands: Vec<u32> = init.iter().map(|(b, _)| *b).collect();
-        let types: Vec<ArrayType> = operands.iter().map(|&b| self.buffers[b as usize].ty.clone()).collect();
-        self.check_declared(inst, &types)?;
-        let first = self.emit_results(Op::While(Nested::new(Loop { condition, body })), operands, types, &inst.name)?;
-        Ok(rebuild(state, &mut (first..), &inst.name))
+        self.emit_declared(inst, Op::While(Nested::new(Loop { condition, body })), operands)
     }
 
     /// `conditional(selector, operands…)` with `true_computation`/`false_computation` or
@@ -82,12 +79,7 @@ impl<'m> Lowering<'m> {
             operands.extend(leaves.iter().map(|(b, _)| *b));
             branches.push(program);
         }
-        let types: Vec<ArrayType> = branches[0].io_types(&branches[0].outputs).cloned().collect();
-        self.check_declared(inst, &types)?;
-        let shape = declared_structure(&inst.shape);
-        let first =
-            self.emit_results(Op::Conditional(Nested::new(Branches { branches })), operands, types, &inst.name)?;
-        Ok(rebuild(&shape, &mut (first..), &inst.name))
+        self.emit_declared(inst, Op::Conditional(Nested::new(Branches { branches })), operands)
     }
 
     /// Lowers `computation` into a program of its own whose parameters take the
@@ -132,25 +124,23 @@ impl<'m> Lowering<'m> {
         }
     }
 
-    /// Checks the instruction's declared (flattened) shape against `types`.
-    fn check_declared(&self, inst: &hlo::Instruction, types: &[ArrayType]) -> Result<(), String> {
-        let mut declared = Vec::new();
-        flatten_shape(&inst.shape, &mut declared)?;
-        if declared != types {
-            let list = |t: &[ArrayType]| t.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ");
-            return Err(format!(
-                "`{}` produces ({}) but the instruction declares ({})",
-                inst.opcode,
-                list(types),
-                list(&declared)
-            ));
-        }
-        Ok(())
+    /// Emits `op` writing the arrays `inst` declares (one, or a tuple of them) and
+    /// returns them as the instruction's value.
+    pub(super) fn emit_declared(
+        &mut self,
+        inst: &hlo::Instruction,
+        op: Op,
+        operands: Vec<u32>,
+    ) -> Result<Lowered, String> {
+        let mut types = Vec::new();
+        flatten_shape(&inst.shape, &mut types)?;
+        let first = self.emit_results(op, operands, types, &inst.name)?;
+        Ok(rebuild(&declared_structure(&inst.shape), &mut (first..), &inst.name))
     }
 
     /// Emits an instruction that writes one buffer per type in `types`, consecutive;
     /// returns the first.
-    pub(super) fn emit_results(
+    fn emit_results(
         &mut self,
         op: Op,
         operands: Vec<u32>,

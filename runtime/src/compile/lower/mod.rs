@@ -215,15 +215,21 @@ impl<'m> Lowering<'m> {
                 let lowered = self.reducer(inst, &buffer_operands[..buffer_operands.len() / 2])?;
                 let rank = buffer_operands.first().map_or(0, |&b| self.buffers[b as usize].ty.rank());
                 let window = dilated_window_attr(attr(inst, "window")?, rank)?;
-                let types = result_types(&inst.shape)?;
-                let count = types.len() as u32;
-                let op = Op::ReduceWindow { window, region: lowered };
-                let first = self.emit_results(op, buffer_operands, types, &inst.name)?;
-                let buffer = |id: u32| Lowered::Buffer { id, hlo_name: inst.name.clone() };
-                return Ok(match inst.shape {
-                    Shape::Tuple(_) => Lowered::Tuple((first..first + count).map(buffer).collect()),
-                    Shape::Array { .. } => buffer(first),
-                });
+                return self.emit_declared(inst, Op::ReduceWindow { window, region: lowered }, buffer_operands);
+            }
+            "sort" => {
+                let comparator = self.region(inst)?;
+                let params: Vec<DType> = buffer_operands
+                    .iter()
+                    .flat_map(|&b| [self.buffers[b as usize].ty.dtype, self.buffers[b as usize].ty.dtype])
+                    .collect();
+                let comparator = lower_region(self.module, comparator, &params)
+                    .map_err(|e| format!("comparator `{}`: {e}", comparator.name))?;
+                let dims = dim_list(inst, "dimensions", false)?;
+                let [dim] = dims.as_slice() else {
+                    return Err("sort needs exactly one dimension in `dimensions`".into());
+                };
+                return self.emit_declared(inst, Op::Sort { dim: *dim, comparator }, buffer_operands);
             }
             "topk" => {
                 let k: u64 = attr(inst, "k")?.parse().map_err(|_| "`k` must be a non-negative integer".to_string())?;
@@ -232,12 +238,7 @@ impl<'m> Lowering<'m> {
                     Some("false") => false,
                     Some(other) => return Err(format!("`largest={other}` must be true or false")),
                 };
-                let types = result_types(&inst.shape)?;
-                let first = self.emit_results(Op::TopK { k, largest }, buffer_operands, types, &inst.name)?;
-                return Ok(Lowered::Tuple(vec![
-                    Lowered::Buffer { id: first, hlo_name: inst.name.clone() },
-                    Lowered::Buffer { id: first + 1, hlo_name: inst.name.clone() },
-                ]));
+                return self.emit_declared(inst, Op::TopK { k, largest }, buffer_operands);
             }
             "dot" => {
                 if self.options.auto_cast != AutoCast::None {

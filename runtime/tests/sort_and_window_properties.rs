@@ -1,4 +1,4 @@
-//! Properties of `reduce-window` and `topk`, checked against plain reference
+//! Properties of `reduce-window`, `topk` and `sort`, checked against plain reference
 //! implementations over random shapes and parameters. Each case is compiled from HLO
 //! text and executed by the runtime. Inputs are small integers stored as `f32`, so every
 //! window sum is exact and results must match to the bit.
@@ -142,6 +142,15 @@ fn top_k_problem() -> impl Strategy<Value = (u64, u64, Vec<f32>, u64, bool)> {
         .prop_flat_map(|(rows, n)| (Just(rows), Just(n), values((rows * n) as usize), 1..=n, any::<bool>()))
 }
 
+/// Rows of two keys of small integers (ties are common) and a row length that is not
+/// always a power of two.
+fn sort_problem() -> impl Strategy<Value = (u64, u64, Vec<f32>, Vec<f32>, bool)> {
+    (1u64..=3, 1u64..=40).prop_flat_map(|(rows, n)| {
+        let len = (rows * n) as usize;
+        (Just(rows), Just(n), values(len), values(len), any::<bool>())
+    })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
@@ -167,6 +176,39 @@ proptest! {
             // A stable sort keeps equal elements in position order.
             order.sort_by(|&a, &b| if largest { row[b].total_cmp(&row[a]) } else { row[a].total_cmp(&row[b]) });
             expected.extend(order.iter().take(k as usize).map(|&i| i as i32));
+        }
+        prop_assert_eq!(ours, expected, "{}", hlo);
+    }
+
+    #[test]
+    fn sort_by_two_keys_with_a_payload_matches_a_stable_sort(
+        (rows, n, first, second, descending) in sort_problem()
+    ) {
+        // Lexicographic on (first, second); a comparator of several steps, so the
+        // general (bitonic) path runs. The payload is each element's position.
+        let direction = if descending { "GT" } else { "LT" };
+        let ty = format!("f32[{rows},{n}]");
+        let hlo = format!(
+            "HloModule s\nless {{\n  a0 = f32[] parameter(0)\n  b0 = f32[] parameter(1)\n  a1 = f32[] parameter(2)\n  \
+             b1 = f32[] parameter(3)\n  p = s32[] parameter(4)\n  q = s32[] parameter(5)\n  \
+             lt0 = pred[] compare(a0, b0), direction={direction}, type=TOTALORDER\n  eq0 = pred[] compare(a0, b0), direction=EQ\n  \
+             lt1 = pred[] compare(a1, b1), direction={direction}, type=TOTALORDER\n  tie = pred[] and(eq0, lt1)\n  \
+             ROOT r = pred[] or(lt0, tie)\n}}\n\
+             ENTRY e {{\n  x = {ty} parameter(0)\n  y = {ty} parameter(1)\n  i = s32[{rows},{n}] iota(), iota_dimension=1\n  \
+             s = ({ty}, {ty}, s32[{rows},{n}]) sort(x, y, i), dimensions={{1}}, is_stable=true, to_apply=less\n  \
+             ROOT o = s32[{rows},{n}] get-tuple-element(s), index=2\n}}\n"
+        );
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let ours = Bench::new().run(&hlo, &CompileOptions::exact(Target::Trn1), &[bytes(&first), bytes(&second)]);
+        let ours: Vec<i32> = ours.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let mut expected = Vec::new();
+        for (a, b) in first.chunks(n as usize).zip(second.chunks(n as usize)) {
+            let mut order: Vec<usize> = (0..a.len()).collect();
+            order.sort_by(|&i, &j| {
+                let by = a[i].total_cmp(&a[j]).then(b[i].total_cmp(&b[j]));
+                if descending { by.reverse() } else { by }
+            });
+            expected.extend(order.iter().map(|&i| i as i32));
         }
         prop_assert_eq!(ours, expected, "{}", hlo);
     }
