@@ -286,11 +286,11 @@ fn assert_refused(hlo: &str, expected: &str) {
 }
 
 #[test]
-fn convolution_is_refused() {
+fn a_convolution_whose_kernel_does_not_fit_the_input_features_is_refused() {
     assert_refused(
-        "HloModule conv\nENTRY e {\n  x = f32[1,8,8,3]{3,2,1,0} parameter(0)\n  k = f32[3,3,3,4]{3,2,1,0} parameter(1)\n  \
+        "HloModule conv\nENTRY e {\n  x = f32[1,8,8,3]{3,2,1,0} parameter(0)\n  k = f32[3,3,2,4]{3,2,1,0} parameter(1)\n  \
          ROOT y = f32[1,6,6,4]{3,2,1,0} convolution(x, k), window={size=3x3}, dim_labels=b01f_01io->b01f\n}\n",
-        "line 5, instruction `y`: operator `convolution` is not supported",
+        "line 5, instruction `y`: convolution of f32[1,8,8,3] by f32[3,3,2,4]: 3 input features must be 2 kernel inputs x 1 groups",
     );
 }
 

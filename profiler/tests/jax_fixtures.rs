@@ -346,3 +346,13 @@ fn a_transformer_training_step_with_cross_entropy_and_momentum_matches_xla() {
 fn sort_argsort_sort_by_key_and_permutation_match_xla() {
     check("sorting");
 }
+
+#[test]
+fn a_cnn_training_step_with_pooling_and_convolution_gradients_matches_xla() {
+    check("cnn_train_step");
+}
+
+#[test]
+fn convolutions_of_every_layout_dilation_and_grouping_match_xla() {
+    check("convolutions");
+}

@@ -1,5 +1,6 @@
-//! Properties of `reduce-window`, `topk` and `sort`, checked against plain reference
-//! implementations over random shapes and parameters. Each case is compiled from HLO
+//! Properties of the window operations (`reduce-window`, `convolution`), `topk` and
+//! `sort`, checked against plain reference implementations over random shapes and
+//! parameters. Each case is compiled from HLO
 //! text and executed by the runtime. Inputs are small integers stored as `f32`, so every
 //! window sum is exact and results must match to the bit.
 
@@ -136,6 +137,138 @@ fn window_problem() -> impl Strategy<Value = WindowProblem> {
         .prop_filter("at least one window", |p| p.out_dims().iter().all(|&c| c > 0))
 }
 
+/// One convolution problem in NHWC / HWIO layout (`b01f_01io->b01f`), 1 or 2 spatial
+/// dimensions, with feature groups.
+#[derive(Debug, Clone)]
+struct ConvProblem {
+    batch: u64,
+    spatial: Vec<u64>,
+    kernel: Vec<u64>,
+    groups: u64,
+    inputs: u64,
+    outputs_per_group: u64,
+    stride: Vec<u64>,
+    pad: Vec<(u64, u64)>,
+    lhs_dilation: Vec<u64>,
+    rhs_dilation: Vec<u64>,
+    x: Vec<f32>,
+    w: Vec<f32>,
+}
+
+impl ConvProblem {
+    fn window(&self) -> WindowProblem {
+        WindowProblem {
+            dims: self.spatial.clone(),
+            values: Vec::new(),
+            size: self.kernel.clone(),
+            stride: self.stride.clone(),
+            pad: self.pad.clone(),
+            base_dilation: self.lhs_dilation.clone(),
+            window_dilation: self.rhs_dilation.clone(),
+            max: false,
+        }
+    }
+
+    fn dims(&self) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
+        let features = self.inputs * self.groups;
+        let outputs = self.outputs_per_group * self.groups;
+        let x = [vec![self.batch], self.spatial.clone(), vec![features]].concat();
+        let w = [self.kernel.clone(), vec![self.inputs, outputs]].concat();
+        let y = [vec![self.batch], self.window().out_dims(), vec![outputs]].concat();
+        (x, w, y)
+    }
+
+    fn hlo(&self) -> String {
+        let (x, w, y) = self.dims();
+        let digits: String = (0..self.spatial.len()).map(|d| d.to_string()).collect();
+        let pad: Vec<String> = self.pad.iter().map(|(l, h)| format!("{l}_{h}")).collect();
+        format!(
+            "HloModule c\nENTRY e {{\n  x = {} parameter(0)\n  w = {} parameter(1)\n  \
+             ROOT y = {} convolution(x, w), window={{size={} stride={} pad={} lhs_dilate={} rhs_dilate={}}}, \
+             dim_labels=b{digits}f_{digits}io->b{digits}f, feature_group_count={}\n}}\n",
+            f32_shape(&x),
+            f32_shape(&w),
+            f32_shape(&y),
+            list(&self.kernel, "x"),
+            list(&self.stride, "x"),
+            pad.join("x"),
+            list(&self.lhs_dilation, "x"),
+            list(&self.rhs_dilation, "x"),
+            self.groups,
+        )
+    }
+
+    /// Each output element summed with plain index arithmetic.
+    fn reference(&self) -> Vec<f32> {
+        let (xd, wd, yd) = self.dims();
+        let rank = self.spatial.len();
+        let per_group = self.outputs_per_group;
+        let mut y = vec![0.0f32; yd.iter().product::<u64>() as usize];
+        for (flat, out) in y.iter_mut().enumerate() {
+            let j = unravel(flat as u64, &yd);
+            let (b, o) = (j[0], j[rank + 1]);
+            let group = o / per_group;
+            let positions: u64 = self.kernel.iter().product();
+            for k in 0..positions {
+                let k = unravel(k, &self.kernel);
+                let mut at = vec![b];
+                for d in 0..rank {
+                    let p = (j[1 + d] * self.stride[d] + k[d] * self.rhs_dilation[d]) as i64 - self.pad[d].0 as i64;
+                    let base = self.lhs_dilation[d] as i64;
+                    if p < 0 || p % base != 0 || p / base >= self.spatial[d] as i64 {
+                        break;
+                    }
+                    at.push((p / base) as u64);
+                }
+                if at.len() != rank + 1 {
+                    continue;
+                }
+                for i in 0..self.inputs {
+                    let xi = [at.clone(), vec![group * self.inputs + i]].concat();
+                    let wi = [k.clone(), vec![i, o]].concat();
+                    *out += self.x[ravel(&xi, &xd)] * self.w[ravel(&wi, &wd)];
+                }
+            }
+        }
+        y
+    }
+}
+
+fn conv_problem() -> impl Strategy<Value = ConvProblem> {
+    (1usize..=2, 1u64..=2, 1u64..=2, 1u64..=3, 1u64..=3)
+        .prop_flat_map(|(rank, batch, groups, inputs, outputs_per_group)| {
+            (
+                Just((batch, groups, inputs, outputs_per_group)),
+                prop::collection::vec(1u64..=6, rank),
+                prop::collection::vec(1u64..=3, rank),
+                prop::collection::vec(1u64..=2, rank),
+                prop::collection::vec((0u64..=2, 0u64..=2), rank),
+                prop::collection::vec(1u64..=2, rank),
+                prop::collection::vec(1u64..=2, rank),
+            )
+        })
+        .prop_flat_map(|((batch, groups, inputs, outputs_per_group), spatial, kernel, stride, pad, lhs, rhs)| {
+            let p = ConvProblem {
+                batch,
+                spatial,
+                kernel,
+                groups,
+                inputs,
+                outputs_per_group,
+                stride,
+                pad,
+                lhs_dilation: lhs,
+                rhs_dilation: rhs,
+                x: Vec::new(),
+                w: Vec::new(),
+            };
+            let (x, w, _) = p.dims();
+            let (nx, nw) = (x.iter().product::<u64>() as usize, w.iter().product::<u64>() as usize);
+            (values(nx), values(nw)).prop_map(move |(x, w)| ConvProblem { x, w, ..p.clone() })
+        })
+        .prop_filter("at least one window", |p| p.window().out_dims().iter().all(|&c| c > 0))
+}
+
 /// Rows of distinct-ish small integers (ties included) and a `k` that fits.
 fn top_k_problem() -> impl Strategy<Value = (u64, u64, Vec<f32>, u64, bool)> {
     (1u64..=4, 1u64..=12)
@@ -158,6 +291,13 @@ proptest! {
     fn reduce_window_matches_a_plain_reference(problem in window_problem()) {
         let hlo = problem.hlo();
         let ours = Bench::new().run_f32(&hlo, &CompileOptions::exact(Target::Trn1), &[&problem.values]);
+        prop_assert_eq!(ours, problem.reference(), "{}", hlo);
+    }
+
+    #[test]
+    fn convolution_matches_a_plain_reference(problem in conv_problem()) {
+        let hlo = problem.hlo();
+        let ours = Bench::new().run_f32(&hlo, &CompileOptions::exact(Target::Trn1), &[&problem.x, &problem.w]);
         prop_assert_eq!(ours, problem.reference(), "{}", hlo);
     }
 

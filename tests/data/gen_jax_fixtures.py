@@ -70,7 +70,7 @@ ALLOWED_OPCODES = {
     "all-gather", "select-and-scatter", "rng-bit-generator", "batch-norm-training",
     "batch-norm-inference", "batch-norm-grad", "while", "conditional",
     "is-finite", "cbrt", "tan", "erf", "popcnt", "count-leading-zeros", "topk",
-    "reduce-window", "sort",
+    "reduce-window", "sort", "convolution",
 }
 # Reducers may use element-wise operations only.
 ALLOWED_REDUCE_OPS = {"add", "maximum", "minimum", "multiply", "and", "or", "compare", "select",
@@ -880,6 +880,49 @@ def case_sorting(rng):
     return f, [x, n, payload, np.asarray(jax.random.key_data(jax.random.key(7)))]
 
 
+def case_cnn_train_step(rng):
+    """A small CNN (NHWC): two 3x3 convolutions (one strided), ReLU, max pooling,
+    global average pooling and a dense head, with a cross-entropy loss; returns the
+    loss, the logits and the gradients of every weight (which are convolutions too:
+    lhs- and rhs-dilated, with the batch as the contracted dimension)."""
+    def loss_fn(params, x, labels):
+        w1, w2, wd = params
+        dn = ("NHWC", "HWIO", "NHWC")
+        h = jax.nn.relu(lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=dn))
+        h = lax.reduce_window(h, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        h = jax.nn.relu(lax.conv_general_dilated(h, w2, (2, 2), "SAME", dimension_numbers=dn))
+        logits = h.mean(axis=(1, 2)) @ wd
+        loss = jnp.mean(jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, labels[:, None], -1)[:, 0])
+        return loss, logits
+
+    def f(params, x, labels):
+        (loss, logits), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, x, labels)
+        return loss, logits, grads
+
+    params = [normal(rng, (3, 3, 3, 8), 0.3), normal(rng, (3, 3, 8, 16), 0.15), normal(rng, (16, 5), 0.3)]
+    return f, [params, normal(rng, (4, 12, 12, 3)), rng.integers(0, 5, size=(4,)).astype(np.int32)]
+
+
+def case_convolutions(rng):
+    """Convolutions of every layout and option: NCHW/OIHW, 1-D and 3-D, padding,
+    strides, lhs and rhs dilation, feature groups (depthwise), and the batch-grouped
+    convolution that the gradient of a grouped convolution's kernel is."""
+    def f(x2, w2, x1, w1, x3, w3, xd, wd):
+        nchw = lax.conv_general_dilated(x2, w2, (2, 1), [(1, 2), (0, 1)], lhs_dilation=(1, 2), rhs_dilation=(2, 1),
+                                        dimension_numbers=("NCHW", "OIHW", "NCHW"))
+        one_d = lax.conv_general_dilated(x1, w1, (1,), "SAME", dimension_numbers=("NWC", "WIO", "NWC"))
+        three_d = lax.conv_general_dilated(x3, w3, (1, 1, 1), "VALID", dimension_numbers=("NDHWC", "DHWIO", "NDHWC"))
+        depthwise = lax.conv_general_dilated(xd, wd, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                             feature_group_count=4)
+        kernel_grad = jax.grad(lambda w: lax.conv_general_dilated(
+            xd, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=4).sum())(wd)
+        return nchw, one_d, three_d, depthwise, kernel_grad
+
+    return f, [normal(rng, (2, 3, 7, 6)), normal(rng, (4, 3, 3, 2)), normal(rng, (2, 9, 3)), normal(rng, (3, 3, 5)),
+               normal(rng, (1, 4, 5, 4, 2)), normal(rng, (2, 2, 2, 2, 3)), normal(rng, (2, 6, 6, 4)),
+               normal(rng, (3, 3, 1, 8))]
+
+
 CASES = [
     ("mlp", case_mlp, 1001),
     ("attention", case_attention, 1002),
@@ -927,6 +970,8 @@ CASES = [
     ("windows", case_windows, 1044),
     ("transformer_train_step", case_transformer_train_step, 1045),
     ("sorting", case_sorting, 1046),
+    ("cnn_train_step", case_cnn_train_step, 1047),
+    ("convolutions", case_convolutions, 1048),
 ]
 
 # Cases generated with 64-bit types enabled (jax_enable_x64), for s64 / u64.

@@ -4,7 +4,7 @@
 
 use crate::dtype::{ArrayType, DType, DTypeClass};
 use crate::hlo::{self, Shape};
-use crate::isa::{CompareDirection, DilatedWindow, Op, Window};
+use crate::isa::{CompareDirection, ConvDims, DilatedWindow, Op, Window};
 
 pub(super) fn strip_percent(name: &str) -> &str {
     name.strip_prefix('%').unwrap_or(name)
@@ -168,6 +168,61 @@ pub(super) fn result_types(shape: &Shape) -> Result<Vec<ArrayType>, String> {
         Shape::Tuple(parts) => parts.iter().map(array_type).collect(),
         array => Ok(vec![array_type(array)?]),
     }
+}
+
+/// Parses a convolution's `dim_labels=b01f_01io->b01f` (input, kernel, output) and
+/// its `window`, `feature_group_count` and `batch_group_count`.
+pub(super) fn conv_dims(inst: &hlo::Instruction) -> Result<ConvDims, String> {
+    let labels = attr(inst, "dim_labels")?;
+    let bad = || format!("`dim_labels={labels}` must look like b01f_01io->b01f");
+    let (operands, out) = labels.split_once("->").ok_or_else(bad)?;
+    let (lhs, rhs) = operands.split_once('_').ok_or_else(bad)?;
+    let spatial = lhs.len().checked_sub(2).ok_or_else(bad)?;
+    // Position of each label in a dimension string: the two named ones, then 0, 1, ...
+    let positions = |text: &str, named: [char; 2]| -> Result<(u32, u32, Vec<u32>), String> {
+        let find = |c: char| text.chars().position(|x| x == c).map(|p| p as u32).ok_or_else(bad);
+        if text.len() != spatial + 2 {
+            return Err(bad());
+        }
+        let digits = (0..spatial)
+            .map(|d| char::from_digit(d as u32, 10).ok_or_else(bad).and_then(find))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((find(named[0])?, find(named[1])?, digits))
+    };
+    let (lhs_batch, lhs_feature, lhs_spatial) = positions(lhs, ['b', 'f'])?;
+    let (rhs_input, rhs_output, rhs_spatial) = positions(rhs, ['i', 'o'])?;
+    let (out_batch, out_feature, out_spatial) = positions(out, ['b', 'f'])?;
+    let window = match inst.attribute("window") {
+        Some(w) => dilated_window_attr(w, spatial)?,
+        None => DilatedWindow {
+            window: Window {
+                size: vec![1; spatial],
+                stride: vec![1; spatial],
+                pad_low: vec![0; spatial],
+                pad_high: vec![0; spatial],
+            },
+            base_dilation: vec![1; spatial],
+            window_dilation: vec![1; spatial],
+        },
+    };
+    let count = |name: &str| -> Result<u64, String> {
+        inst.attribute(name)
+            .map_or(Ok(1), |v| v.parse().map_err(|_| format!("`{name}={v}` must be a positive integer")))
+    };
+    Ok(ConvDims {
+        lhs_batch,
+        lhs_feature,
+        lhs_spatial,
+        rhs_input,
+        rhs_output,
+        rhs_spatial,
+        out_batch,
+        out_feature,
+        out_spatial,
+        window,
+        feature_groups: count("feature_group_count")?,
+        batch_groups: count("batch_group_count")?,
+    })
 }
 
 /// Parses `window={size=2x2 stride=2x2 pad=0_0x0_0}` for an array of `rank` dimensions

@@ -29,6 +29,7 @@ pub const SUPPORTED_OPERATORS: &[&str] = &[
     "compare",
     "concatenate",
     "conditional",
+    "convolution",
     "constant",
     "convert",
     "copy",
@@ -96,7 +97,7 @@ pub const SUPPORTED_OPERATORS: &[&str] = &[
 /// Engine each operator runs on, for `neuron-cc` summaries.
 pub fn engine_of_operator(opcode: &str) -> Option<Engine> {
     Some(match opcode {
-        "dot" => Engine::Pe,
+        "dot" | "convolution" => Engine::Pe,
         "exponential"
         | "exponential-minus-one"
         | "log"

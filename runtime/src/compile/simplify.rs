@@ -22,6 +22,7 @@ fn is_pure(op: &Op) -> bool {
             false
         }
         Op::MatMul(_)
+        | Op::Convolution(_)
         | Op::Activation(_)
         | Op::Unary(_)
         | Op::Binary(_)

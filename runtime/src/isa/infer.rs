@@ -76,6 +76,10 @@ fn infer(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> Result<Array
             dims.extend(free(rhs, &rhs_all));
             Ok(ArrayType::new(out_dtype, dims))
         }
+        Op::Convolution(c) => {
+            arity(2)?;
+            super::conv::infer_convolution(c, operands[0], operands[1], declared)
+        }
         Op::Activation(_) => {
             arity(1)?;
             if !operands[0].dtype.is_float() {

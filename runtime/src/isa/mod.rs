@@ -7,6 +7,7 @@
 //! validation cannot make the backend index out of bounds, whatever file it came from.
 
 mod control;
+mod conv;
 mod infer;
 mod program;
 
@@ -215,6 +216,10 @@ pub enum Op {
         window: DilatedWindow,
         region: Region,
     },
+    /// XLA `convolution` (see [`ConvDims`]). Operands: the input and the kernel. Each
+    /// output element is the sum, over its window and over the input features of its
+    /// group, of input times kernel; floats multiply and accumulate in f32.
+    Convolution(ConvDims),
     /// XLA `sort`: the `n` arrays (operands, of one shape) permuted alike along `dim`
     /// so that `comparator` (parameters `2i` and `2i + 1` are array `i`'s two elements)
     /// holds between each element and the ones after it; elements it finds equal keep
@@ -415,6 +420,42 @@ impl DilatedWindow {
             })
             .collect()
     }
+
+    /// The element of dimension `d` (of `len` elements) that window `j` reads at window
+    /// position `k`, or `None` where that falls into padding or between the elements of
+    /// a dilated array.
+    pub fn source(&self, d: usize, j: usize, k: usize, len: usize) -> Option<usize> {
+        let w = &self.window;
+        let at = (j as u64).checked_mul(w.stride[d])?.checked_add((k as u64).checked_mul(self.window_dilation[d])?)?;
+        let dilated = at.checked_sub(w.pad_low[d])?;
+        let base = self.base_dilation[d];
+        if dilated % base != 0 {
+            return None;
+        }
+        let i = usize::try_from(dilated / base).ok()?;
+        (i < len).then_some(i)
+    }
+}
+
+/// The dimension numbers of XLA `convolution` (`dim_labels=b01f_01io->b01f`): which
+/// dimension of each array is the batch, the feature (input and output feature, for
+/// the kernel) and each spatial dimension, in the window's order; the window over the
+/// spatial dimensions (`lhs_dilate` is its base dilation, `rhs_dilate` its window
+/// dilation); and the feature and batch group counts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConvDims {
+    pub lhs_batch: u32,
+    pub lhs_feature: u32,
+    pub lhs_spatial: Vec<u32>,
+    pub rhs_input: u32,
+    pub rhs_output: u32,
+    pub rhs_spatial: Vec<u32>,
+    pub out_batch: u32,
+    pub out_feature: u32,
+    pub out_spatial: Vec<u32>,
+    pub window: DilatedWindow,
+    pub feature_groups: u64,
+    pub batch_groups: u64,
 }
 
 /// The counter-based generators of `rng-bit-generator`.
@@ -619,7 +660,7 @@ impl Op {
     /// The engine that executes this operation.
     pub fn engine(&self) -> Engine {
         match self {
-            Op::MatMul(_) => Engine::Pe,
+            Op::MatMul(_) | Op::Convolution(_) => Engine::Pe,
             Op::Activation(_) => Engine::Act,
             Op::Iota { .. }
             | Op::DynamicSlice { .. }
@@ -661,6 +702,7 @@ impl Op {
     pub fn opcode(&self) -> &'static str {
         match self {
             Op::MatMul(_) => "MatMul",
+            Op::Convolution(_) => "Convolution",
             Op::Activation(f) => match f {
                 ActivationFn::Exp => "Exp",
                 ActivationFn::Log => "Log",
@@ -754,6 +796,12 @@ impl Op {
                     .map(|lhs| d.lhs_contracting.iter().fold(1u64, |k, &i| k.saturating_mul(lhs.dims[i as usize])))
                     .unwrap_or(0);
                 out_elems.saturating_mul(k).saturating_mul(2)
+            }
+            Op::Convolution(c) => {
+                // Each output element multiplies and adds its window over its group's input features.
+                let window: u64 = c.window.window.size.iter().product();
+                let inputs = operands.get(1).map_or(0, |k| k.dims.get(c.rhs_input as usize).copied().unwrap_or(0));
+                out_elems.saturating_mul(window).saturating_mul(inputs).saturating_mul(2)
             }
             Op::Activation(_)
             | Op::Unary(_)

@@ -6,6 +6,7 @@
 //! (NaN-propagating `maximum`/`minimum`, integer division by zero gives -1, wrapping
 //! integer arithmetic, saturating float-to-int conversion).
 
+mod convolution;
 mod elementwise;
 mod gather;
 mod layout;
@@ -266,6 +267,7 @@ pub(super) fn execute(
     let dims = to_usize(&out.dims);
     Ok(match op {
         Op::MatMul(d) => matmul(&operands[0], &operands[1], d, out, helpers),
+        Op::Convolution(c) => convolution::convolution(&operands[0], &operands[1], c, out, helpers),
         Op::Activation(f) => with_activation!(*f, f => {
             with_float!(operands[0].dtype(), T => T::wrap(arr::<T>(&operands[0]).mapv(|x| T::from_f32(f(x.to_f32())))),
                 unvalidated("activation"))

@@ -38,9 +38,8 @@ pub(super) fn reduce_window(
     let mut offset = vec![0usize; rank];
     loop {
         // Where each output index reads along each dimension at this window offset.
-        let sources: Vec<Vec<Option<usize>>> = (0..rank)
-            .map(|d| (0..out_dims[d]).map(|j| source_index(window, d, j, offset[d], in_dims[d])).collect())
-            .collect();
+        let sources: Vec<Vec<Option<usize>>> =
+            (0..rank).map(|d| (0..out_dims[d]).map(|j| window.source(d, j, offset[d], in_dims[d])).collect()).collect();
         let shifted: Vec<Value> = arrays
             .iter()
             .zip(inits)
@@ -64,20 +63,6 @@ pub(super) fn reduce_window(
             offset[d] = 0;
         }
     }
-}
-
-/// The element of dimension `d` that output index `j` reads at window offset `k`, or
-/// `None` in padding or between the elements of a dilated array.
-fn source_index(window: &DilatedWindow, d: usize, j: usize, k: usize, len: usize) -> Option<usize> {
-    let w = &window.window;
-    let at = (j as u64).checked_mul(w.stride[d])?.checked_add((k as u64).checked_mul(window.window_dilation[d])?)?;
-    let dilated = at.checked_sub(w.pad_low[d])?;
-    let base = window.base_dilation[d];
-    if dilated % base != 0 {
-        return None;
-    }
-    let i = usize::try_from(dilated / base).ok()?;
-    (i < len).then_some(i)
 }
 
 fn gather<T: Element>(

@@ -8,8 +8,8 @@ mod control;
 use std::collections::HashMap;
 
 use super::attributes::{
-    array_type, attr, dilated_window_attr, dim_list, index_attr, literal_element, pad_op, parse_f64, replica_groups,
-    result_types, slice_op, strip_percent, u64_list, window_attr,
+    array_type, attr, conv_dims, dilated_window_attr, dim_list, index_attr, literal_element, pad_op, parse_f64,
+    replica_groups, result_types, slice_op, strip_percent, u64_list, window_attr,
 };
 use super::operators::{CUSTOM_CALL_TARGETS, SUPPORTED_OPERATORS, custom_call_origin, elementwise_op};
 use super::passes::{compact_buffers, forward_copies, plan_scratchpad, remove_dead_instructions};
@@ -240,18 +240,23 @@ impl<'m> Lowering<'m> {
                 };
                 return self.emit_declared(inst, Op::TopK { k, largest }, buffer_operands);
             }
-            "dot" => {
+            "dot" | "convolution" => {
+                // Matrix products round their f32 operands to the auto-cast type.
                 if self.options.auto_cast != AutoCast::None {
                     for b in &mut buffer_operands {
                         *b = self.auto_cast(*b, &inst.name)?;
                     }
                 }
-                Op::MatMul(DotDims {
-                    lhs_batch: dim_list(inst, "lhs_batch_dims", true)?,
-                    lhs_contracting: dim_list(inst, "lhs_contracting_dims", true)?,
-                    rhs_batch: dim_list(inst, "rhs_batch_dims", true)?,
-                    rhs_contracting: dim_list(inst, "rhs_contracting_dims", true)?,
-                })
+                if inst.opcode == "convolution" {
+                    Op::Convolution(conv_dims(inst)?)
+                } else {
+                    Op::MatMul(DotDims {
+                        lhs_batch: dim_list(inst, "lhs_batch_dims", true)?,
+                        lhs_contracting: dim_list(inst, "lhs_contracting_dims", true)?,
+                        rhs_batch: dim_list(inst, "rhs_batch_dims", true)?,
+                        rhs_contracting: dim_list(inst, "rhs_contracting_dims", true)?,
+                    })
+                }
             }
             "broadcast" => Op::Broadcast { dims: dim_list(inst, "dimensions", false)? },
             "reshape" => Op::Reshape,
@@ -393,7 +398,13 @@ impl<'m> Lowering<'m> {
         // Under `--auto-cast all`, operations that compute new f32 values round them.
         let computes = matches!(
             op,
-            Op::MatMul(_) | Op::Activation(_) | Op::Binary(_) | Op::Reduce { .. } | Op::Convert | Op::Iota { .. }
+            Op::MatMul(_)
+                | Op::Convolution(_)
+                | Op::Activation(_)
+                | Op::Binary(_)
+                | Op::Reduce { .. }
+                | Op::Convert
+                | Op::Iota { .. }
         );
         let rounded_already = matches!(op, Op::ReduceRounded { .. });
         let mut output = self.emit(op, buffer_operands, declared, &inst.name);
