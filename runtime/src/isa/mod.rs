@@ -10,6 +10,7 @@ mod control;
 mod conv;
 mod infer;
 mod program;
+mod results;
 
 use serde::{Deserialize, Serialize};
 
@@ -834,9 +835,10 @@ impl Op {
     }
 }
 
-pub use control::{Branches, Loop, MAX_NESTING, Nested, Selector, check_results};
+pub use control::{Branches, Loop, MAX_NESTING, Nested, Selector};
 pub use infer::{TypeError, infer_output};
 pub use program::InvalidProgram;
+pub use results::check_results;
 
 #[cfg(test)]
 mod tests {
