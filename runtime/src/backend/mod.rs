@@ -11,6 +11,7 @@ mod control;
 mod element;
 mod fusion;
 mod kernels;
+mod working;
 
 use std::sync::{Mutex, PoisonError};
 
@@ -227,6 +228,9 @@ pub(crate) enum RunError {
     DeadlineExceeded { step: usize },
     /// Instruction `step` indexed outside an array.
     OutOfBounds { step: usize, detail: String },
+    /// Instruction `step` (or the fused group it starts) needs `bytes` of working
+    /// memory that the host cannot allocate now.
+    OutOfMemory { step: usize, bytes: u64 },
     /// The collective at `step` failed.
     Collective { step: usize, error: NrtError },
 }
@@ -268,6 +272,8 @@ pub(crate) struct Executable {
     nested: Vec<Vec<Executable>>,
     /// Entries this program and its nested ones take in the trace table.
     table_len: usize,
+    /// For each unit, an upper bound of the host memory it allocates while it runs.
+    working_bytes: Vec<u64>,
 }
 
 /// The most dead arrays kept for reuse.
@@ -362,7 +368,22 @@ impl Executable {
                     .collect()
             })
             .collect();
+        let working_bytes = units
+            .iter()
+            .map(|unit| match &unit.group {
+                // A fused group allocates only the values it writes out.
+                Some(group) => group
+                    .output_buffers()
+                    .map(|b| program.buffers[b as usize].ty.size_bytes().unwrap_or(u64::MAX))
+                    .fold(0, u64::saturating_add),
+                None => {
+                    let (s, i) = order[unit.first];
+                    working::working_bytes(&program.streams[s].instructions[i], &program)
+                }
+            })
+            .collect();
         Executable {
+            working_bytes,
             program,
             order,
             units,
@@ -497,6 +518,10 @@ impl Executable {
             }
             if now > deadline_ticks {
                 return Err(RunError::DeadlineExceeded { step: self.base + unit.first });
+            }
+            let bytes = self.working_bytes[u];
+            if bytes >= working::CHECKED_FROM_BYTES && !working::can_allocate(bytes) {
+                return Err(RunError::OutOfMemory { step: self.base + unit.first, bytes });
             }
             if let Some(group) = &unit.group {
                 let (results, shares) = fusion::run(

@@ -382,6 +382,17 @@ impl CoreJob<'_> {
                     ),
                 )
             }
+            RunError::OutOfMemory { step, bytes } => NrtError::new(
+                NrtStatus::Resource,
+                format!(
+                    "execution of `{}` on nc{} stopped before instruction {step} ({}): it needs {} of host memory, \
+                     which this host cannot allocate now; free tensors, unload models, or raise the address-space limit",
+                    m.name,
+                    m.core,
+                    m.executable.describe_entry(step),
+                    crate::memory::HumanBytes(bytes)
+                ),
+            ),
             RunError::Collective { error, .. } => error,
         });
         // A fault that fails the execution is seen when it completes, as the runtime

@@ -129,6 +129,13 @@ pub(super) struct Schedule {
     pub(super) units: Vec<Unit>,
 }
 
+impl Group {
+    /// The buffers the group writes out (the other members live in tiles only).
+    pub(super) fn output_buffers(&self) -> impl Iterator<Item = u32> + '_ {
+        self.outputs.iter().map(|&(_, buffer, _)| buffer)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Unit {
     /// First index into `Schedule::order`.
