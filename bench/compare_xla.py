@@ -6,6 +6,8 @@ Three programs, as the speed goals name them:
 - ``mlp``: a two-layer MLP with ReLU, batch 64, 512 -> 2048 -> 512;
 - ``attention``: causal multi-head self-attention, 256 tokens x 256 features, 4 heads;
 - ``chain``: 20 element-wise operations on a 64x64 tensor;
+- ``activations``: 12 element-wise operations mixing arithmetic with ``tanh``, ``exp``,
+  ``logistic`` and ``log`` on 4096 elements;
 - ``loop1`` and ``loop100``: a ``fori_loop`` of 1 and of 100 steps of a small
   matrix-vector update (``tanh(w @ v + b)``, 32x32); the script reports the time per
   iteration, ``(loop100 - loop1) / 99``, on each side.
@@ -100,6 +102,16 @@ def chain(x):
     return y * y  # 20
 
 
+def activations(x):
+    """Arithmetic mixed with the activation engine's transcendental functions."""
+    y = jnp.tanh(x * np.float32(1.5) + np.float32(0.25))
+    y = jnp.exp(y - x) * np.float32(0.5)
+    y = jax.nn.sigmoid(y + x)
+    y = jnp.log(y + np.float32(1.0)) * x
+    y = jnp.tanh(y) + jax.nn.sigmoid(x)
+    return jnp.log(jnp.exp(y) + np.float32(2.0))
+
+
 def fori(steps):
     def f(v, w, b):
         return jax.lax.fori_loop(0, steps, lambda i, v: jnp.tanh(w @ v + b), v)
@@ -119,6 +131,7 @@ def programs():
         ),
         "attention": (attention, [normal(256, 256)] + [normal(256, 256, scale=0.06) for _ in range(4)]),
         "chain": (chain, [normal(64, 64)]),
+        "activations": (activations, [normal(4096)]),
         "loop1": (fori(1), [normal(32), normal(32, 32, scale=0.15), normal(32, scale=0.1)]),
         "loop100": (fori(100), [normal(32), normal(32, 32, scale=0.15), normal(32, scale=0.1)]),
     }

@@ -240,47 +240,6 @@ pub(super) fn binary_int<T: Int>(op: BinaryOp) -> fn(T, T) -> T {
     }
 }
 
-/// `e^x` in `f32`, less than 1 ulp from the exact value (Cephes' `expf` polynomial;
-/// the test measures it), with no branches or library calls, so that loops over it vectorise.
-/// XLA:CPU evaluates `exponential` with a polynomial of its own too, not libm's.
-/// Overflow gives infinity, underflow gradual subnormals then zero, NaN stays NaN.
-#[inline(always)]
-pub(crate) fn exp_f32(x: f32) -> f32 {
-    // ln 2 split in two so that `n · LN2_HI` is exact for every `n` used (Cody-Waite).
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    // Adding and subtracting 1.5 · 2^23 rounds a float of magnitude below 2^22 to an
-    // integer, ties to even, with plain arithmetic.
-    const ROUND: f32 = 12_582_912.0;
-    // Arguments whose result is infinity or zero are replaced by 0 (their result is
-    // chosen at the end), so that a masked `-inf` costs no subnormal arithmetic, which
-    // is many times slower. The comparisons are false for NaN, which then flows
-    // through the arithmetic.
-    #[allow(clippy::manual_range_contains)] // `contains` is false for NaN, which must pass
-    let clamped = if x > 88.8 || x < -103.972_08 { 0.0 } else { x };
-    let shifted = clamped * std::f32::consts::LOG2_E + ROUND;
-    let n = shifted - ROUND;
-    // The integer `n` is in the low bits of `shifted` (a cast would not vectorise).
-    let n_int = shifted.to_bits() as i32 - ROUND.to_bits() as i32;
-    let r = (clamped - n * LN2_HI) - n * LN2_LO;
-    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r + 1.666_666_5e-1)
-        * r
-        + 0.5;
-    let y = p * r * r + r + 1.0;
-    // Scale by 2^n in two steps, each a normal power of two, so that results in the
-    // subnormal range round once.
-    let half = n_int >> 1;
-    let scale = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
-    let y = y * scale(half) * scale(n_int - half);
-    if x > 88.722_84 {
-        f32::INFINITY
-    } else if x < -103.972_08 {
-        0.0
-    } else {
-        y
-    }
-}
-
 /// XLA's `maximum`: NaN in either operand gives NaN. Written as one comparison and a
 /// choice, which vectorises (in a reduction too) better than `f32::max` plus NaN tests.
 #[inline]

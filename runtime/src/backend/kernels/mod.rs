@@ -16,6 +16,7 @@ mod reduce;
 mod region;
 mod select;
 mod sort;
+mod transcendental;
 mod window;
 
 use ndarray::{ArrayD, ArrayViewD, IxDyn, Zip};
@@ -26,11 +27,12 @@ use crate::dtype::{ArrayType, DType};
 use crate::isa::{ActivationFn, BinaryOp, FloatFormat, Op, ReduceOp};
 use crate::pool::HostPool;
 use elementwise::{binary, clamp, compare, convert, elementwise_f32, elementwise_f32_flat, select, unary};
-pub(crate) use elementwise::{compare_scalars, exp_f32, max_f32, min_f32, round_mantissa, round_to_format, sign_f32};
+pub(crate) use elementwise::{compare_scalars, max_f32, min_f32, round_mantissa, round_to_format, sign_f32};
 use gather::{IndexRows, clamped_starts, gather, scatter_value, window};
 use layout::{broadcast, concatenate, pad, reshape, reverse, slice, transpose};
 use matrix::{batched_matmul_into, gemm_f32, matmul};
 use reduce::{reduce, reduce_array_sequential};
+pub(crate) use transcendental::{exp_f32, ln_f32, logistic_f32, tanh_f32};
 
 /// The array inside `v`, which validation has proven to be of type `T`.
 pub(super) fn arr<'v, 'a, T: Element>(v: &'v ValueRef<'a>) -> &'v ArrayViewD<'a, T> {
@@ -83,15 +85,15 @@ macro_rules! with_activation {
                 $body
             }
             ActivationFn::Log => {
-                let $f = |x: f32| x.ln();
+                let $f = |x: f32| ln_f32(x);
                 $body
             }
             ActivationFn::Tanh => {
-                let $f = |x: f32| x.tanh();
+                let $f = |x: f32| tanh_f32(x);
                 $body
             }
             ActivationFn::Logistic => {
-                let $f = |x: f32| 1.0 / (1.0 + (-x).exp());
+                let $f = |x: f32| logistic_f32(x);
                 $body
             }
             ActivationFn::Rsqrt => {
@@ -486,49 +488,6 @@ mod tests {
     use crate::isa::DotDims;
     use ndarray::Axis;
 
-    /// Distance in units in the last place between an `f32` and the exact value.
-    fn ulps(got: f32, exact: f64) -> f64 {
-        let rounded = exact as f32;
-        let ulp = if rounded == 0.0 {
-            f64::from(f32::from_bits(1))
-        } else {
-            f64::from(f32::from_bits(rounded.abs().to_bits() + 1)) - f64::from(rounded.abs())
-        };
-        (f64::from(got) - exact).abs() / ulp
-    }
-
-    #[test]
-    fn exp_is_within_one_ulp_everywhere_and_exact_at_the_edges() {
-        let mut worst = (0.0f64, 0.0f32);
-        // Every 251st float between the underflow and overflow thresholds, both signs.
-        let mut bits = 0u32;
-        while bits < 0x42b2_0000 {
-            for x in [f32::from_bits(bits), -f32::from_bits(bits)] {
-                if x >= -103.9 {
-                    let e = ulps(exp_f32(x), f64::from(x).exp());
-                    if e > worst.0 {
-                        worst = (e, x);
-                    }
-                }
-            }
-            bits += 251;
-        }
-        assert!(worst.0 < 1.0, "exp({}) is {} ulp off", worst.1, worst.0);
-        assert_eq!(exp_f32(0.0), 1.0);
-        assert_eq!(exp_f32(-0.0), 1.0);
-        assert_eq!(exp_f32(f32::INFINITY), f32::INFINITY);
-        assert_eq!(exp_f32(89.0), f32::INFINITY);
-        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
-        assert_eq!(exp_f32(-105.0), 0.0);
-        assert!(exp_f32(f32::NAN).is_nan());
-        assert!(exp_f32(88.72).is_finite());
-        // Subnormal results round once.
-        for x in [-88.0f32, -95.5, -100.25, -103.0] {
-            assert!(ulps(exp_f32(x), f64::from(x).exp()) < 1.0, "exp({x}) = {}", exp_f32(x));
-        }
-    }
-
-    /// Deterministic values in [-1, 1).
     fn values(n: usize, seed: u32) -> Vec<f32> {
         (0..n as u32).map(|i| ((i.wrapping_mul(2_654_435_761) ^ seed) % 2001) as f32 / 1000.0 - 1.0).collect()
     }
@@ -543,6 +502,7 @@ mod tests {
 
     /// Products large enough to be split run on lent slots, cut by columns, by rows or
     /// by batch element, and give the product a single thread gives.
+
     #[test]
     fn large_element_wise_operations_split_across_slots_give_the_serial_result() {
         // Odd sizes so that the last run is short; both above the parallel threshold.
