@@ -5,13 +5,15 @@
 //! and one product per group gives every output element. The products are the same
 //! batched GEMM as `dot`'s, split across idle compute slots when large.
 
+use std::borrow::Cow;
+
 use ndarray::{ArrayD, IxDyn};
 
 use super::matrix::{Gemm, batched_matmul, converted, gemm_f32, gemm_int};
 use super::{to_usize, unvalidated};
 use crate::backend::element::{Element, with_float, with_int};
 use crate::backend::{Value, ValueRef};
-use crate::dtype::{ArrayType, DTypeClass};
+use crate::dtype::{ArrayType, DType, DTypeClass};
 use crate::isa::{ConvDims, DotDims};
 use crate::pool::HostPool;
 
@@ -26,17 +28,37 @@ pub(super) fn convolution(
     helpers: &HostPool,
 ) -> Value {
     let dims = to_usize(&out.dims);
+    let (ls, rs) = (lhs.shape().to_vec(), rhs.shape().to_vec());
+    let y = |data: Vec<f32>| ArrayD::from_shape_vec(IxDyn(&dims), data).unwrap_or_else(|_| unvalidated("convolution"));
     match lhs.dtype().class() {
         DTypeClass::Float => {
-            let (l, r) = (converted::<f32>(lhs), converted::<f32>(rhs));
-            let y = convolve(&l, &r, c, &dims, gemm_f32, helpers);
-            with_float!(out.dtype, D => D::wrap(y.mapv(D::from_f32)), unvalidated("convolution"))
+            let (l, r) = (floats(lhs), floats(rhs));
+            let result = y(convolve(&l, &ls, &r, &rs, c, &dims, gemm_f32, helpers));
+            match out.dtype {
+                DType::F32 => Value::F32(result),
+                _ => with_float!(out.dtype, D => D::wrap(result.mapv(D::from_f32)), unvalidated("convolution")),
+            }
         }
         DTypeClass::Signed | DTypeClass::Unsigned => with_int!(out.dtype, D => {
-            let (l, r) = (converted::<D>(lhs), converted::<D>(rhs));
-            D::wrap(convolve(&l, &r, c, &dims, gemm_int::<D>, helpers))
+            // Row-major copies in the output type (`iter` goes in logical order).
+            let (l, r): (Vec<D>, Vec<D>) =
+                (converted::<D>(lhs).iter().copied().collect(), converted::<D>(rhs).iter().copied().collect());
+            let data = convolve(&l, &ls, &r, &rs, c, &dims, gemm_int::<D>, helpers);
+            D::wrap(ArrayD::from_shape_vec(IxDyn(&dims), data).unwrap_or_else(|_| unvalidated("convolution")))
         }, unvalidated("convolution")),
         DTypeClass::Pred => unvalidated("convolution on pred"),
+    }
+}
+
+/// A float operand's elements in row-major order as f32: in place when it is an f32
+/// array in standard layout.
+fn floats<'v>(v: &'v ValueRef<'_>) -> Cow<'v, [f32]> {
+    match v {
+        ValueRef::F32(a) => match a.as_slice() {
+            Some(slice) => Cow::Borrowed(slice),
+            None => Cow::Owned(a.iter().copied().collect()),
+        },
+        _ => Cow::Owned(converted::<f32>(v).iter().copied().collect()),
     }
 }
 
@@ -58,20 +80,22 @@ fn offsets(sizes: &[usize], steps: &[usize]) -> Vec<usize> {
     all
 }
 
+/// The convolution of `lhs` (of shape `ls`) by `rhs` (of shape `rs`), row-major in
+/// `out_dims`. The im2col rows hold, for each window position, the group's input
+/// features side by side, so that an input whose features are its innermost dimension
+/// (NHWC) is copied a run of features at a time.
+#[allow(clippy::too_many_arguments)]
 fn convolve<T: Element + Send + Sync>(
-    lhs: &ArrayD<T>,
-    rhs: &ArrayD<T>,
+    lhs: &[T],
+    ls: &[usize],
+    rhs: &[T],
+    rs: &[usize],
     c: &ConvDims,
     out_dims: &[usize],
     gemm: Gemm<T>,
     helpers: &HostPool,
-) -> ArrayD<T> {
-    let (ls, rs) = (lhs.shape(), rhs.shape());
+) -> Vec<T> {
     let (lstride, rstride, ostride) = (strides(ls), strides(rs), strides(out_dims));
-    let (lhs, rhs) = (
-        lhs.as_slice().unwrap_or_else(|| unvalidated("convolution input layout")),
-        rhs.as_slice().unwrap_or_else(|| unvalidated("convolution kernel layout")),
-    );
     let at = |dims: &[u32], shape: &[usize]| -> Vec<usize> { dims.iter().map(|&d| shape[d as usize]).collect() };
     let (in_sizes, kernel_sizes, out_sizes) =
         (at(&c.lhs_spatial, ls), at(&c.rhs_spatial, rs), at(&c.out_spatial, out_dims));
@@ -84,6 +108,7 @@ fn convolve<T: Element + Send + Sync>(
     let positions: usize = out_sizes.iter().product();
     let window: usize = kernel_sizes.iter().product();
     let (rows, depth) = (batch * positions, inputs * window);
+    let feature_stride = lstride[c.lhs_feature as usize];
 
     // Where each (output position, window position) reads in the input's spatial
     // dimensions, as an offset; `None` in padding or a hole of the dilation.
@@ -103,19 +128,18 @@ fn convolve<T: Element + Send + Sync>(
         }
     }
 
-    let mut cols = vec![T::default(); parts * rows * depth];
+    let mut cols: Vec<T> = Vec::with_capacity(parts * rows * depth);
     for p in 0..parts {
+        let first_feature = if groups > 1 { p * inputs } else { 0 };
         for b in 0..batch {
             let lhs_batch = if batch_groups > 1 { p * batch + b } else { b };
+            let base = lhs_batch * lstride[c.lhs_batch as usize] + first_feature * feature_stride;
             for s in 0..positions {
-                let row = &mut cols[(p * rows + b * positions + s) * depth..][..depth];
-                for i in 0..inputs {
-                    let feature = if groups > 1 { p * inputs + i } else { i };
-                    let base = lhs_batch * lstride[c.lhs_batch as usize] + feature * lstride[c.lhs_feature as usize];
-                    for k in 0..window {
-                        if let Some(o) = spatial[s * window + k] {
-                            row[i * window + k] = lhs[base + o];
-                        }
+                for k in 0..window {
+                    match spatial[s * window + k] {
+                        Some(o) if feature_stride == 1 => cols.extend_from_slice(&lhs[base + o..][..inputs]),
+                        Some(o) => cols.extend((0..inputs).map(|i| lhs[base + o + i * feature_stride])),
+                        None => cols.extend(std::iter::repeat_n(T::default(), inputs)),
                     }
                 }
             }
@@ -123,14 +147,16 @@ fn convolve<T: Element + Send + Sync>(
     }
     let kernel_offsets =
         offsets(&kernel_sizes, &c.rhs_spatial.iter().map(|&d| rstride[d as usize]).collect::<Vec<_>>());
-    let mut weights = vec![T::default(); parts * depth * per_part];
+    let (in_stride, out_stride) = (rstride[c.rhs_input as usize], rstride[c.rhs_output as usize]);
+    let mut weights: Vec<T> = Vec::with_capacity(parts * depth * per_part);
     for p in 0..parts {
-        for i in 0..inputs {
-            for (k, &ko) in kernel_offsets.iter().enumerate() {
-                for o in 0..per_part {
-                    let at =
-                        i * rstride[c.rhs_input as usize] + (p * per_part + o) * rstride[c.rhs_output as usize] + ko;
-                    weights[(p * depth + i * window + k) * per_part + o] = rhs[at];
+        for &ko in &kernel_offsets {
+            for i in 0..inputs {
+                let start = ko + i * in_stride + p * per_part * out_stride;
+                if out_stride == 1 {
+                    weights.extend_from_slice(&rhs[start..][..per_part]);
+                } else {
+                    weights.extend((0..per_part).map(|o| rhs[start + o * out_stride]));
                 }
             }
         }
@@ -140,8 +166,14 @@ fn convolve<T: Element + Send + Sync>(
         ArrayD::from_shape_vec(IxDyn(&[parts, depth, per_part]), weights).unwrap_or_else(|_| unvalidated("kernel"));
     let dims = DotDims { lhs_batch: vec![0], lhs_contracting: vec![2], rhs_batch: vec![0], rhs_contracting: vec![1] };
     let product = batched_matmul(&cols.view(), &weights.view(), &dims, &[parts, rows, per_part], gemm, helpers);
-    let product = product.as_slice().unwrap_or_else(|| unvalidated("convolution product layout"));
+    let product = product.into_raw_vec_and_offset().0;
 
+    // In (batch, spatial..., feature) order with one group, the product is the output.
+    let spatial_order: Vec<u32> = (1..=c.out_spatial.len() as u32).collect();
+    if parts == 1 && c.out_batch == 0 && c.out_spatial == spatial_order && c.out_feature as usize == out_dims.len() - 1
+    {
+        return product;
+    }
     let out_spatial = offsets(&out_sizes, &c.out_spatial.iter().map(|&d| ostride[d as usize]).collect::<Vec<_>>());
     let mut out = vec![T::default(); out_dims.iter().product()];
     for p in 0..parts {
@@ -155,7 +187,7 @@ fn convolve<T: Element + Send + Sync>(
             }
         }
     }
-    ArrayD::from_shape_vec(IxDyn(out_dims), out).unwrap_or_else(|_| unvalidated("convolution"))
+    out
 }
 
 fn unravel(mut flat: usize, sizes: &[usize]) -> Vec<usize> {
