@@ -39,6 +39,8 @@ pub const FEATURE_RANDOM: u64 = 0x80;
 pub const FEATURE_COLLECTIVES: u64 = 0x100;
 /// Loops and conditionals (`While`, `Conditional`), with nested programs.
 pub const FEATURE_CONTROL_FLOW: u64 = 0x200;
+/// Matrix products that round their operands themselves (`MatMulRounded`).
+pub const FEATURE_ROUNDED_PRODUCTS: u64 = 0x400;
 /// The feature bits this runtime executes.
 pub const SUPPORTED_FEATURES: u64 = FEATURE_BASE
     | FEATURE_INTEGER_TYPES
@@ -49,7 +51,8 @@ pub const SUPPORTED_FEATURES: u64 = FEATURE_BASE
     | FEATURE_REGIONS_AND_WINDOWS
     | FEATURE_RANDOM
     | FEATURE_COLLECTIVES
-    | FEATURE_CONTROL_FLOW;
+    | FEATURE_CONTROL_FLOW
+    | FEATURE_ROUNDED_PRODUCTS;
 
 /// Size of the header before the variable-length name.
 const FIXED_HEADER_LEN: usize = 86;
@@ -239,7 +242,7 @@ pub fn features_of(program: &Program) -> u64 {
     if buffers.iter().any(|b| !matches!(b.ty.dtype, DType::F32 | DType::S32 | DType::Pred)) {
         features |= FEATURE_EXTENDED_TYPES;
     }
-    if uses(|op| matches!(op, Op::MatMul(d) if !d.lhs_batch.is_empty())) {
+    if uses(|op| matches!(op, Op::MatMul(d) | Op::MatMulRounded { dims: d, .. } if !d.lhs_batch.is_empty())) {
         features |= FEATURE_BATCHED_MATMUL;
     }
     if program.outputs.len() > 1 {
@@ -247,6 +250,9 @@ pub fn features_of(program: &Program) -> u64 {
     }
     if uses(|op| matches!(op, Op::RoundPrecision { .. } | Op::ReduceRounded { .. })) {
         features |= FEATURE_FLOAT_FORMATS;
+    }
+    if uses(|op| matches!(op, Op::MatMulRounded { .. })) {
+        features |= FEATURE_FLOAT_FORMATS | FEATURE_ROUNDED_PRODUCTS;
     }
     if uses(|op| matches!(op, Op::ReduceRegion { .. } | Op::SelectAndScatter { .. })) {
         features |= FEATURE_REGIONS_AND_WINDOWS;

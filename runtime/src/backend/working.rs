@@ -34,7 +34,7 @@ pub(super) fn working_bytes(instruction: &Instruction, program: &Program) -> u64
     let wide = |n: u64| n.saturating_mul(8);
     let side = match &instruction.op {
         // Operands converted to the compute type, and the product before rounding.
-        Op::MatMul(_) => wide(input_elements).saturating_add(wide(result_elements)),
+        Op::MatMul(_) | Op::MatMulRounded { .. } => wide(input_elements).saturating_add(wide(result_elements)),
         Op::Convolution(c) => {
             let kernel = operands.get(1).copied();
             let dim = |d: u32| kernel.and_then(|k| k.dims.get(d as usize)).copied().unwrap_or(0);

@@ -22,6 +22,7 @@ fn is_pure(op: &Op) -> bool {
             false
         }
         Op::MatMul(_)
+        | Op::MatMulRounded { .. }
         | Op::Convolution(_)
         | Op::Activation(_)
         | Op::Unary(_)
@@ -148,7 +149,7 @@ pub(crate) fn fold_constants(
 pub(crate) fn fold_transposes(instructions: &mut [Instruction]) {
     let mut transposed: HashMap<u32, (u32, Vec<u32>, usize)> = HashMap::new();
     for instruction in instructions.iter_mut() {
-        if let Op::MatMul(dims) = &mut instruction.op {
+        if let Op::MatMul(dims) | Op::MatMulRounded { dims, .. } = &mut instruction.op {
             for side in 0..2 {
                 let Some((operand, perm, rank)) = transposed.get(&instruction.operands[side]) else { continue };
                 let (batch, contracting) = match side {

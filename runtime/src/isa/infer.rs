@@ -43,6 +43,13 @@ fn infer(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> Result<Array
         Ok(())
     };
     match op {
+        Op::MatMulRounded { dims, format, .. } => {
+            check_format(*format)?;
+            if operands.iter().any(|t| t.dtype != DType::F32) {
+                return Err(format!("{} rounds f32 operands, not {} and {}", op.opcode(), operands[0], operands[1]));
+            }
+            infer(&Op::MatMul(dims.clone()), operands, declared)
+        }
         Op::MatMul(d) => {
             arity(2)?;
             let (lhs, rhs) = (operands[0], operands[1]);

@@ -86,6 +86,15 @@ pub struct Instruction {
 pub enum Op {
     /// Matrix product with XLA `dot` dimension numbers.
     MatMul(DotDims),
+    /// A matrix product of f32 operands first rounded to `format` (`--auto-cast
+    /// matmult`), accumulated in f32: the same result as `RoundPrecision` of each operand
+    /// followed by `MatMul`, up to the order of the additions. With bf16 on a CPU that
+    /// multiplies bf16 natively, the products run in bf16.
+    MatMulRounded {
+        dims: DotDims,
+        format: FloatFormat,
+        saturate: bool,
+    },
     Activation(ActivationFn),
     Unary(UnaryOp),
     Binary(BinaryOp),
@@ -661,7 +670,7 @@ impl Op {
     /// The engine that executes this operation.
     pub fn engine(&self) -> Engine {
         match self {
-            Op::MatMul(_) | Op::Convolution(_) => Engine::Pe,
+            Op::MatMul(_) | Op::MatMulRounded { .. } | Op::Convolution(_) => Engine::Pe,
             Op::Activation(_) => Engine::Act,
             Op::Iota { .. }
             | Op::DynamicSlice { .. }
@@ -702,7 +711,7 @@ impl Op {
     /// A short opcode name for summaries and traces.
     pub fn opcode(&self) -> &'static str {
         match self {
-            Op::MatMul(_) => "MatMul",
+            Op::MatMul(_) | Op::MatMulRounded { .. } => "MatMul",
             Op::Convolution(_) => "Convolution",
             Op::Activation(f) => match f {
                 ActivationFn::Exp => "Exp",
@@ -791,7 +800,7 @@ impl Op {
     pub fn flops(&self, operands: &[&ArrayType], output: &ArrayType) -> u64 {
         let out_elems = output.element_count().unwrap_or(0);
         match self {
-            Op::MatMul(d) => {
+            Op::MatMul(d) | Op::MatMulRounded { dims: d, .. } => {
                 let k: u64 = operands
                     .first()
                     .map(|lhs| d.lhs_contracting.iter().fold(1u64, |k, &i| k.saturating_mul(lhs.dims[i as usize])))

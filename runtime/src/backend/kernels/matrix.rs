@@ -7,7 +7,7 @@ use super::*;
 use crate::backend::element::{Element, Int, cast, with_element, with_float, with_int};
 use crate::backend::{Value, ValueRef};
 use crate::dtype::{ArrayType, DType, DTypeClass};
-use crate::isa::DotDims;
+use crate::isa::{DotDims, FloatFormat};
 use crate::pool::HostPool;
 
 /// `dot` with general dimension numbers, as batched matrix products. Floats multiply
@@ -36,6 +36,63 @@ pub(super) fn matmul(
         }, unvalidated("dot")),
         DTypeClass::Pred => unvalidated("dot on pred"),
     }
+}
+
+/// `dot` of f32 operands rounded to `format` first (`MatMulRounded`), accumulated in
+/// f32: bf16 products on the CPU's bf16 instructions when it has them, otherwise
+/// rounded copies of the operands through the f32 GEMM.
+pub(super) fn matmul_rounded(
+    lhs: &ValueRef<'_>,
+    rhs: &ValueRef<'_>,
+    d: &DotDims,
+    format: FloatFormat,
+    saturate: bool,
+    out: &ArrayType,
+    helpers: &HostPool,
+) -> Value {
+    let dims = to_usize(&out.dims);
+    let (l, r) = (arr::<f32>(lhs), arr::<f32>(rhs));
+    match native_gemm(format, saturate) {
+        Some(gemm) => Value::F32(batched_matmul(l, r, d, &dims, gemm, helpers)),
+        None => {
+            let (l, r) = (rounded(l, format, saturate), rounded(r, format, saturate));
+            Value::F32(batched_matmul(&l.view(), &r.view(), d, &dims, gemm_f32, helpers))
+        }
+    }
+}
+
+/// `MatMulRounded` into `out` (see [`matmul_rounded`]).
+pub(super) fn matmul_rounded_into(
+    l: &ArrayViewD<'_, f32>,
+    r: &ArrayViewD<'_, f32>,
+    d: &DotDims,
+    format: FloatFormat,
+    saturate: bool,
+    out: ndarray::ArrayViewMutD<'_, f32>,
+    helpers: &HostPool,
+) {
+    match native_gemm(format, saturate) {
+        Some(gemm) => batched_matmul_into(l, r, d, out, gemm, helpers),
+        None => {
+            let (l, r) = (rounded(l, format, saturate), rounded(r, format, saturate));
+            batched_matmul_into(&l.view(), &r.view(), d, out, gemm_f32, helpers)
+        }
+    }
+}
+
+/// A GEMM that rounds its operands to `format` itself, if this CPU has one: bf16 on
+/// AVX512-BF16 (without saturation, which the hardware conversion does not do).
+fn native_gemm(format: FloatFormat, saturate: bool) -> Option<Gemm<f32>> {
+    #[cfg(target_arch = "x86_64")]
+    if format == FloatFormat::Bf16 && !saturate && super::bf16::available() {
+        return Some(super::bf16::gemm_bf16);
+    }
+    let _ = (format, saturate);
+    None
+}
+
+fn rounded(a: &ArrayViewD<'_, f32>, format: FloatFormat, saturate: bool) -> ArrayD<f32> {
+    a.mapv(|x| round_to_format(x, format, saturate))
 }
 
 /// A copy of `v` converted to `D`.

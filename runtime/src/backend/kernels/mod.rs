@@ -6,6 +6,8 @@
 //! (NaN-propagating `maximum`/`minimum`, integer division by zero gives -1, wrapping
 //! integer arithmetic, saturating float-to-int conversion).
 
+#[cfg(target_arch = "x86_64")]
+mod bf16;
 mod convolution;
 mod elementwise;
 mod gather;
@@ -269,6 +271,9 @@ pub(super) fn execute(
     let dims = to_usize(&out.dims);
     Ok(match op {
         Op::MatMul(d) => matmul(&operands[0], &operands[1], d, out, helpers),
+        Op::MatMulRounded { dims: d, format, saturate } => {
+            matrix::matmul_rounded(&operands[0], &operands[1], d, *format, *saturate, out, helpers)
+        }
         Op::Convolution(c) => convolution::convolution(&operands[0], &operands[1], c, out, helpers),
         Op::Activation(f) => with_activation!(*f, f => {
             with_float!(operands[0].dtype(), T => T::wrap(arr::<T>(&operands[0]).mapv(|x| T::from_f32(f(x.to_f32())))),
@@ -465,6 +470,9 @@ fn write_f32(
     }
     match (op, operands) {
         (Op::MatMul(d), [ValueRef::F32(l), ValueRef::F32(r)]) => batched_matmul_into(l, r, d, dest, gemm_f32, helpers),
+        (Op::MatMulRounded { dims, format, saturate }, [ValueRef::F32(l), ValueRef::F32(r)]) => {
+            matrix::matmul_rounded_into(l, r, dims, *format, *saturate, dest, helpers)
+        }
         (Op::Binary(b), [ValueRef::F32(x), ValueRef::F32(y)]) => {
             with_binary_f32!(*b, f => Zip::from(&mut dest).and(x).and(y).for_each(|o, &x, &y| *o = f(x, y)))
         }

@@ -241,21 +241,34 @@ impl<'m> Lowering<'m> {
                 return self.emit_declared(inst, Op::TopK { k, largest }, buffer_operands);
             }
             "dot" | "convolution" => {
-                // Matrix products round their f32 operands to the auto-cast type.
+                // Matrix products round their f32 operands to the auto-cast type. Under
+                // `--auto-cast matmult`, a dot of f32 operands rounds them itself while it
+                // packs them (`MatMulRounded`); only constants are rounded here, once.
+                let f32_operands = buffer_operands.iter().all(|&b| self.buffers[b as usize].ty.dtype == DType::F32);
+                let rounds_itself = inst.opcode == "dot" && self.options.auto_cast == AutoCast::MatMult && f32_operands;
                 if self.options.auto_cast != AutoCast::None {
                     for b in &mut buffer_operands {
-                        *b = self.auto_cast(*b, &inst.name)?;
+                        let constant = matches!(self.buffers[*b as usize].kind, BufferKind::Constant { .. });
+                        if !rounds_itself || constant {
+                            *b = self.auto_cast(*b, &inst.name)?;
+                        }
                     }
                 }
                 if inst.opcode == "convolution" {
                     Op::Convolution(conv_dims(inst)?)
                 } else {
-                    Op::MatMul(DotDims {
+                    let dims = DotDims {
                         lhs_batch: dim_list(inst, "lhs_batch_dims", true)?,
                         lhs_contracting: dim_list(inst, "lhs_contracting_dims", true)?,
                         rhs_batch: dim_list(inst, "rhs_batch_dims", true)?,
                         rhs_contracting: dim_list(inst, "rhs_contracting_dims", true)?,
-                    })
+                    };
+                    if rounds_itself {
+                        let (format, saturate) = (self.options.auto_cast_type.format(), self.options.saturate_infinity);
+                        Op::MatMulRounded { dims, format, saturate }
+                    } else {
+                        Op::MatMul(dims)
+                    }
                 }
             }
             "broadcast" => Op::Broadcast { dims: dim_list(inst, "dimensions", false)? },
@@ -399,6 +412,7 @@ impl<'m> Lowering<'m> {
         let computes = matches!(
             op,
             Op::MatMul(_)
+                | Op::MatMulRounded { .. }
                 | Op::Convolution(_)
                 | Op::Activation(_)
                 | Op::Binary(_)

@@ -1,0 +1,237 @@
+//! Matrix products of f32 operands rounded to bf16 (`--auto-cast matmult`, the
+//! default), with f32 accumulation, on the AVX512-BF16 instructions of the host when
+//! it has them: `vdpbf16ps` multiplies 32 pairs of bf16 and adds them into 16 f32 lanes,
+//! twice the multiply-adds of an f32 FMA.
+//!
+//! The operands are rounded to bf16 (to nearest, ties to even, as `RoundPrecision`
+//! does) while they are packed: `a`'s rows as pairs of neighbours along `k`, `b` in
+//! panels of 64 columns, each element a pair of rows `2p` and `2p + 1`. A microkernel
+//! then computes a block of 4 rows by 64 columns of `c` over all of `k`, in 16
+//! registers. Each product of two bf16 is exact in f32, so the result differs from the
+//! f32 path only in the order of the additions.
+
+use std::arch::x86_64::*;
+
+/// Columns of `b` per packed panel: four vectors of 16.
+const PANEL: usize = 64;
+/// Rows of `c` per microkernel block.
+const ROWS: usize = 4;
+
+/// Whether this CPU runs [`gemm_bf16`].
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512bf16")
+}
+
+/// `c = bf16(a) · bf16(b)`, accumulated in f32; every element of `c` is written. The
+/// caller checks [`available`] first.
+pub(super) fn gemm_bf16(
+    a: ndarray::ArrayView2<'_, f32>,
+    b: ndarray::ArrayView2<'_, f32>,
+    mut c: ndarray::ArrayViewMut2<'_, f32>,
+) {
+    let (m, k) = a.dim();
+    let n = b.dim().1;
+    if b.dim().0 != k || c.dim() != (m, n) {
+        super::unvalidated("dot");
+    }
+    if m == 0 || n == 0 {
+        return;
+    }
+    let kp = k.div_ceil(2);
+    let panels = n.div_ceil(PANEL);
+    // SAFETY: `available()` was checked by the caller.
+    let (a_pairs, b_panels) = unsafe { (pack_rows(&a, kp), pack_panels(&b, kp, panels)) };
+    let mut block = [0f32; ROWS * PANEL];
+    for panel in 0..panels {
+        let columns = (n - panel * PANEL).min(PANEL);
+        let packed = &b_panels[panel * kp * PANEL..][..kp * PANEL];
+        for i in (0..m).step_by(ROWS) {
+            let rows = (m - i).min(ROWS);
+            // SAFETY: `available()` was checked by the caller; the slices hold `rows`
+            // rows of `kp` pairs from row `i`, and `kp` rows of `PANEL` pairs.
+            unsafe { microkernel(&a_pairs[i * kp..][..rows * kp], kp, rows, packed, &mut block) };
+            for r in 0..rows {
+                let mut row = c.row_mut(i + r);
+                let values = &block[r * PANEL..][..columns];
+                match row.as_slice_mut() {
+                    Some(row) => row[panel * PANEL..][..columns].copy_from_slice(values),
+                    None => values.iter().enumerate().for_each(|(j, v)| row[panel * PANEL + j] = *v),
+                }
+            }
+        }
+    }
+}
+
+/// The bf16 bits of `x`, rounded to nearest even (NaN stays a quiet NaN).
+fn bf16_bits(x: f32) -> u32 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return (bits >> 16) | 0x40;
+    }
+    bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16
+}
+
+/// `a`'s rows as `kp` pairs each: elements `2p` (low half) and `2p + 1` (high half,
+/// zero past the end of the row). Contiguous rows convert 32 elements at a time.
+///
+/// # Safety
+///
+/// The CPU has AVX512F, AVX512BW and AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn pack_rows(a: &ndarray::ArrayView2<'_, f32>, kp: usize) -> Vec<u32> {
+    let k = a.dim().1;
+    let mut pairs = vec![0u32; a.dim().0 * kp];
+    for (row, packed) in a.rows().into_iter().zip(pairs.chunks_mut(kp.max(1))) {
+        let mut p = 0;
+        if let Some(row) = row.as_slice() {
+            while 2 * p + 32 <= k {
+                // SAFETY: elements `2p .. 2p + 32` are in the row, and pairs `p .. p + 16`
+                // in `packed`.
+                unsafe {
+                    let low = _mm512_loadu_ps(row.as_ptr().add(2 * p));
+                    let high = _mm512_loadu_ps(row.as_ptr().add(2 * p + 16));
+                    // The 32 bf16 in element order: pairs of neighbours, low half first.
+                    let bf16 = _mm512_cvtne2ps_pbh(high, low);
+                    _mm512_storeu_si512(packed.as_mut_ptr().add(p).cast(), bits32x16(bf16));
+                }
+                p += 16;
+            }
+        }
+        for (p, pair) in packed.iter_mut().enumerate().skip(p) {
+            let high = if 2 * p + 1 < k { bf16_bits(row[2 * p + 1]) } else { 0 };
+            *pair = bf16_bits(row[2 * p]) | high << 16;
+        }
+    }
+    pairs
+}
+
+/// `b` in panels of [`PANEL`] columns, each `kp` rows of pairs of rows `2p` and
+/// `2p + 1` (zero past the end of `b`). Contiguous rows convert 16 columns at a time.
+///
+/// # Safety
+///
+/// The CPU has AVX512F, AVX512BW and AVX512-BF16.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn pack_panels(b: &ndarray::ArrayView2<'_, f32>, kp: usize, panels: usize) -> Vec<u32> {
+    let (k, n) = b.dim();
+    let mut packed = vec![0u32; panels * kp * PANEL];
+    for p in 0..kp {
+        let low = b.row(2 * p);
+        let high = (2 * p + 1 < k).then(|| b.row(2 * p + 1));
+        let contiguous = (low.as_slice(), high.as_ref().map(|h| h.as_slice()));
+        let mut j = 0;
+        if let (Some(low), None | Some(Some(_))) = contiguous {
+            let high = contiguous.1.flatten();
+            while j + 16 <= n {
+                // SAFETY: `j + 16 <= n`, the length of both rows; the destination holds
+                // PANEL pairs from the start of this row of the panel, and 16 divides PANEL.
+                unsafe {
+                    let lo = _mm512_loadu_ps(low.as_ptr().add(j));
+                    let hi = match high {
+                        Some(high) => _mm512_loadu_ps(high.as_ptr().add(j)),
+                        None => _mm512_setzero_ps(),
+                    };
+                    let l = bits16x16(_mm512_cvtneps_pbh(lo));
+                    let h = bits16x16(_mm512_cvtneps_pbh(hi));
+                    let pairs =
+                        _mm512_or_si512(_mm512_cvtepu16_epi32(l), _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+                    let at = ((j / PANEL) * kp + p) * PANEL + j % PANEL;
+                    _mm512_storeu_si512(packed.as_mut_ptr().add(at).cast(), pairs);
+                }
+                j += 16;
+            }
+        }
+        for j in j..n {
+            let h = high.as_ref().map_or(0, |row| bf16_bits(row[j]));
+            packed[((j / PANEL) * kp + p) * PANEL + j % PANEL] = bf16_bits(low[j]) | h << 16;
+        }
+    }
+    packed
+}
+
+/// One block of up to [`ROWS`] rows by [`PANEL`] columns: `block[r][j] = Σ_p a[r][p] ·
+/// b[p][j]` over the pairs.
+///
+/// # Safety
+///
+/// The CPU has AVX512F and AVX512-BF16; `a` holds `rows` rows of `kp` pairs and `b`
+/// holds `kp` rows of [`PANEL`] pairs.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn microkernel(a: &[u32], kp: usize, rows: usize, b: &[u32], block: &mut [f32; ROWS * PANEL]) {
+    let mut acc = [[_mm512_setzero_ps(); PANEL / 16]; ROWS];
+    for p in 0..kp {
+        let mut columns = [_mm512_setzero_si512(); PANEL / 16];
+        for (q, vector) in columns.iter_mut().enumerate() {
+            // SAFETY: row `p` of `b` holds PANEL pairs; `q * 16 + 16 <= PANEL`.
+            *vector = unsafe { _mm512_loadu_si512(b.as_ptr().add(p * PANEL + q * 16).cast()) };
+        }
+        for (r, sums) in acc.iter_mut().enumerate().take(rows) {
+            let pair = _mm512_set1_epi32(a[r * kp + p] as i32);
+            for (sum, vector) in sums.iter_mut().zip(&columns) {
+                *sum = _mm512_dpbf16_ps(*sum, bf16x32(pair), bf16x32(*vector));
+            }
+        }
+    }
+    for (r, sums) in acc.iter().enumerate() {
+        for (q, sum) in sums.iter().enumerate() {
+            // SAFETY: block row `r` has PANEL floats from `r * PANEL`.
+            unsafe { _mm512_storeu_ps(block.as_mut_ptr().add(r * PANEL + q * 16), *sum) };
+        }
+    }
+}
+
+/// The same 512 bits as 32 bf16.
+#[inline(always)]
+fn bf16x32(v: __m512i) -> __m512bh {
+    // SAFETY: both types are 512 bits of plain data, valid for every bit pattern.
+    unsafe { std::mem::transmute::<__m512i, __m512bh>(v) }
+}
+
+/// The same 512 bits as 16 integers of 32 bits.
+#[inline(always)]
+fn bits32x16(v: __m512bh) -> __m512i {
+    // SAFETY: both types are 512 bits of plain data, valid for every bit pattern.
+    unsafe { std::mem::transmute::<__m512bh, __m512i>(v) }
+}
+
+/// The same 256 bits as 16 integers of 16 bits.
+#[inline(always)]
+fn bits16x16(v: __m256bh) -> __m256i {
+    // SAFETY: both types are 256 bits of plain data, valid for every bit pattern.
+    unsafe { std::mem::transmute::<__m256bh, __m256i>(v) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::Array2;
+
+    #[test]
+    fn products_match_exact_sums_of_bf16_products() {
+        if !available() {
+            return;
+        }
+        for (m, k, n) in [(1, 1, 1), (3, 7, 5), (5, 64, 65), (9, 33, 130), (4, 2, 64), (6, 97, 20)] {
+            let a = Array2::from_shape_fn((m, k), |(i, j)| ((i * 7 + j * 3) % 13) as f32 * 0.37 - 1.9);
+            let b = Array2::from_shape_fn((k, n), |(i, j)| ((i * 5 + j * 11) % 17) as f32 * 0.23 - 1.7);
+            let bf16 = |x: f32| f64::from(half::bf16::from_f32(x).to_f32());
+            // Also through transposed (strided) views of `a` and `b`.
+            let (at, bt) = (a.t().to_owned(), b.t().to_owned());
+            for (a, b) in [(a.view(), b.view()), (at.t(), bt.t())] {
+                let mut c = Array2::from_elem((m, n), f32::NAN);
+                gemm_bf16(a.view(), b, c.view_mut());
+                for i in 0..m {
+                    for j in 0..n {
+                        let exact: f64 = (0..k).map(|p| bf16(a[[i, p]]) * bf16(b[[p, j]])).sum();
+                        assert!(
+                            (f64::from(c[[i, j]]) - exact).abs() <= 1e-5 * exact.abs().max(1.0),
+                            "{m}x{k}x{n} at {i},{j}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
