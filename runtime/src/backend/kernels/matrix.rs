@@ -24,7 +24,11 @@ pub(super) fn matmul(
     match lhs.dtype().class() {
         DTypeClass::Float => {
             if let (ValueRef::F32(l), ValueRef::F32(r), DType::F32) = (lhs, rhs, out.dtype) {
-                return Value::F32(batched_matmul(l, r, d, &dims, gemm_f32, helpers));
+                let mut product = ArrayD::zeros(IxDyn(&dims));
+                if !small_product_into(l, r, d, product.view_mut()) {
+                    batched_matmul_into(l, r, d, product.view_mut(), gemm_f32, helpers);
+                }
+                return Value::F32(product);
             }
             let (l, r) = (converted::<f32>(lhs), converted::<f32>(rhs));
             let product = batched_matmul(&l.view(), &r.view(), d, &dims, gemm_f32, helpers);
@@ -36,6 +40,60 @@ pub(super) fn matmul(
         }, unvalidated("dot")),
         DTypeClass::Pred => unvalidated("dot on pred"),
     }
+}
+
+/// Products at most this many multiply-adds, of one matrix or vector by another, are
+/// computed by a plain loop: preparing a GEMM costs more than they do (a loop body's
+/// matrix-vector update).
+const SMALL_PRODUCT_MACS: usize = 1 << 14;
+
+/// A small f32 product without batch dimensions, of operands of rank 1 or 2 with one
+/// contracting dimension, into `out` (standard layout); `false` (and `out` untouched)
+/// for any other.
+pub(super) fn small_product_into(
+    l: &ArrayViewD<'_, f32>,
+    r: &ArrayViewD<'_, f32>,
+    d: &DotDims,
+    out: ndarray::ArrayViewMutD<'_, f32>,
+) -> bool {
+    let ([lc], [rc]) = (d.lhs_contracting.as_slice(), d.rhs_contracting.as_slice()) else { return false };
+    if !d.lhs_batch.is_empty() {
+        return false;
+    }
+    let (Some(lm), Some(rm)) = (as_matrix(l, *lc as usize, false), as_matrix(r, *rc as usize, true)) else {
+        return false;
+    };
+    let (m, k, n) = (lm.dim().0, lm.dim().1, rm.dim().1);
+    if rm.dim().0 != k || m * n * k > SMALL_PRODUCT_MACS {
+        return false;
+    }
+    let Ok(mut out) = out.into_shape_with_order((m, n)) else { return false };
+    for (i, row) in lm.rows().into_iter().enumerate() {
+        for (j, column) in rm.columns().into_iter().enumerate() {
+            out[[i, j]] = row.dot(&column);
+        }
+    }
+    true
+}
+
+/// An operand of rank 1 or 2 as a matrix: `[k, n]` for a right operand
+/// (`contracting_first`), `[m, k]` for a left one.
+fn as_matrix<'v>(
+    a: &'v ArrayViewD<'_, f32>,
+    contracting: usize,
+    contracting_first: bool,
+) -> Option<ndarray::ArrayView2<'v, f32>> {
+    let matrix = match a.ndim() {
+        // A vector is one row (left) or one column (right).
+        1 => a.view().insert_axis(Axis(usize::from(contracting_first))).into_dimensionality().ok()?,
+        2 => {
+            let v = a.view().into_dimensionality::<ndarray::Ix2>().ok()?;
+            let first = contracting == 0;
+            if first == contracting_first { v } else { v.reversed_axes() }
+        }
+        _ => return None,
+    };
+    Some(matrix)
 }
 
 /// `dot` of f32 operands rounded to `format` first (`MatMulRounded`), accumulated in

@@ -469,7 +469,11 @@ fn write_f32(
         return Ok(());
     }
     match (op, operands) {
-        (Op::MatMul(d), [ValueRef::F32(l), ValueRef::F32(r)]) => batched_matmul_into(l, r, d, dest, gemm_f32, helpers),
+        (Op::MatMul(d), [ValueRef::F32(l), ValueRef::F32(r)]) => {
+            if !matrix::small_product_into(l, r, d, dest.view_mut()) {
+                batched_matmul_into(l, r, d, dest, gemm_f32, helpers)
+            }
+        }
         (Op::MatMulRounded { dims, format, saturate }, [ValueRef::F32(l), ValueRef::F32(r)]) => {
             matrix::matmul_rounded_into(l, r, dims, *format, *saturate, dest, helpers)
         }
