@@ -356,3 +356,8 @@ fn a_cnn_training_step_with_pooling_and_convolution_gradients_matches_xla() {
 fn convolutions_of_every_layout_dilation_and_grouping_match_xla() {
     check("convolutions");
 }
+
+#[test]
+fn a_rematerialised_gradient_with_opt_barriers_matches_xla() {
+    check("remat");
+}

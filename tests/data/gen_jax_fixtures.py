@@ -70,7 +70,7 @@ ALLOWED_OPCODES = {
     "all-gather", "select-and-scatter", "rng-bit-generator", "batch-norm-training",
     "batch-norm-inference", "batch-norm-grad", "while", "conditional",
     "is-finite", "cbrt", "tan", "erf", "popcnt", "count-leading-zeros", "topk",
-    "reduce-window", "sort", "convolution",
+    "reduce-window", "sort", "convolution", "opt-barrier",
 }
 # Reducers may use element-wise operations only.
 ALLOWED_REDUCE_OPS = {"add", "maximum", "minimum", "multiply", "and", "or", "compare", "select",
@@ -923,6 +923,16 @@ def case_convolutions(rng):
                normal(rng, (3, 3, 1, 8))]
 
 
+def case_remat(rng):
+    """The gradient of a two-layer block under jax.checkpoint (rematerialisation),
+    which puts opt-barrier around the recomputed values."""
+    def f(x, w):
+        block = jax.checkpoint(lambda h: jnp.tanh(h @ w))
+        return jax.value_and_grad(lambda x, w: (block(block(x)) ** 2).sum(), argnums=(0, 1))(x, w)
+
+    return f, [normal(rng, (6, 8)), weight(rng, 8, 8)]
+
+
 CASES = [
     ("mlp", case_mlp, 1001),
     ("attention", case_attention, 1002),
@@ -972,6 +982,7 @@ CASES = [
     ("sorting", case_sorting, 1046),
     ("cnn_train_step", case_cnn_train_step, 1047),
     ("convolutions", case_convolutions, 1048),
+    ("remat", case_remat, 1049),
 ]
 
 # Cases generated with 64-bit types enabled (jax_enable_x64), for s64 / u64.

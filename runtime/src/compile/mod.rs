@@ -3,8 +3,9 @@
 //! Every HLO instruction becomes at most one engine instruction on the engine its
 //! operator belongs to (matrix products on `PE`, transcendental functions on `ACT`,
 //! arithmetic, compare, select, reduce and layout on `DVE`, iota on `POOL`); parameters,
-//! constants and results become DMA transfers. `call`, `tuple` and `get-tuple-element`
-//! disappear: calls are inlined and tuples are resolved at compile time. Intermediate
+//! constants and results become DMA transfers. `call`, `tuple`, `get-tuple-element` and
+//! `opt-barrier` disappear: calls are inlined and tuples are resolved at compile time.
+//! Loops and conditionals lower into nested programs (`lower/control.rs`). Intermediate
 //! buffers are then planned into one scratchpad, reusing space once a buffer is dead.
 //!
 //! An operator or element type the backend cannot execute is a [`CompileError`] naming

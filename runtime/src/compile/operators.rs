@@ -56,6 +56,7 @@ pub const SUPPORTED_OPERATORS: &[&str] = &[
     "multiply",
     "negate",
     "not",
+    "opt-barrier",
     "or",
     "pad",
     "parameter",
@@ -123,7 +124,7 @@ pub fn engine_of_operator(opcode: &str) -> Option<Engine> {
         | "reduce-window"
         | "sort" => Engine::Pool,
         "while" | "conditional" => Engine::Sp,
-        "parameter" | "constant" | "tuple" | "get-tuple-element" | "call" => return None,
+        "parameter" | "constant" | "tuple" | "get-tuple-element" | "call" | "opt-barrier" => return None,
         _ => Engine::Dve,
     })
 }

@@ -139,7 +139,10 @@ impl<'m> Lowering<'m> {
                 .ok_or_else(|| format!("operand `{name}` is not defined before this instruction"))
         };
         let mut buffer_operands = Vec::with_capacity(inst.operands.len());
-        if !matches!(inst.opcode.as_str(), "tuple" | "get-tuple-element" | "call" | "while" | "conditional") {
+        if !matches!(
+            inst.opcode.as_str(),
+            "tuple" | "get-tuple-element" | "call" | "while" | "conditional" | "opt-barrier"
+        ) {
             for name in &inst.operands {
                 match operand(name)? {
                     Lowered::Buffer { id, .. } => buffer_operands.push(*id),
@@ -177,6 +180,14 @@ impl<'m> Lowering<'m> {
                     return Err(format!("tuples nest deeper than {MAX_TUPLE_DEPTH} levels"));
                 }
                 return Ok(tuple);
+            }
+            // `jax.checkpoint` keeps XLA from moving recomputation across this point;
+            // instructions here run in program order anyway, so it passes its operand on.
+            "opt-barrier" => {
+                let [name] = inst.operands.as_slice() else {
+                    return Err("opt-barrier takes one operand".into());
+                };
+                return operand(name).cloned();
             }
             "get-tuple-element" => {
                 let index: usize =
