@@ -6,7 +6,8 @@
 //! (NaN-propagating `maximum`/`minimum`, integer division by zero gives -1, wrapping
 //! integer arithmetic, saturating float-to-int conversion).
 
-#[cfg(target_arch = "x86_64")]
+// Optimised builds only (see `matrix::native_gemm`); its unit test runs in every build.
+#[cfg(all(target_arch = "x86_64", any(test, not(debug_assertions))))]
 mod bf16;
 mod convolution;
 mod elementwise;
