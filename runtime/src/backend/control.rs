@@ -46,7 +46,8 @@ struct Context<'c, 'o> {
 impl Context<'_, '_> {
     /// Runs a nested program on `inputs`; its results as owned values.
     fn run<'x>(&mut self, program: &'x Executable, inputs: Vec<Input<'x>>) -> Result<Vec<Value>, RunError> {
-        let destinations = (0..program.program.outputs.len()).map(|_| None).collect();
+        // No output is written in place: every result comes back as a value.
+        let destinations = Vec::new();
         let mut no_collectives = |_: u32, _: &_, _: ValueRef<'_>, _: &_| -> Result<Value, NrtError> {
             super::kernels::unvalidated("a collective inside a loop or conditional")
         };

@@ -276,6 +276,10 @@ pub(crate) struct Executable {
     working_bytes: Vec<u64>,
 }
 
+/// Constants of at most this many bytes are decoded once, at load, rather than viewed
+/// in place at every run.
+const SMALL_CONSTANT_BYTES: usize = 4096;
+
 /// The most dead arrays kept for reuse.
 const MAX_SPARE: usize = 16;
 
@@ -317,13 +321,15 @@ impl Executable {
         let order: Vec<(usize, usize)> = schedule.order.iter().map(|&p| (by_step[p].1, by_step[p].2)).collect();
         let units = schedule.units;
 
-        // Constants are viewed in place in the program's blobs at each run; only those
-        // that cannot be (predicates, unaligned blobs) are decoded, once, here.
+        // Constants are viewed in place in the program's blobs at each run; those that
+        // cannot be (predicates, unaligned blobs), and small ones, whose views would cost
+        // more to build at every run (a loop body runs once per iteration) than their
+        // copy does to keep, are decoded, once, here.
         let mut decoded_constants: Vec<Option<Value>> = vec![None; program.constants.len()];
         for b in &program.buffers {
             if let BufferKind::Constant { index } = b.kind
                 && let Some(blob) = program.constants.get(index as usize)
-                && ValueRef::from_le_bytes(&b.ty, blob).is_none()
+                && (blob.len() <= SMALL_CONSTANT_BYTES || ValueRef::from_le_bytes(&b.ty, blob).is_none())
             {
                 decoded_constants[index as usize] = Some(Value::from_le_bytes(&b.ty, blob));
             }

@@ -326,8 +326,11 @@ pub(super) fn run_part((group, inputs, part): (&Group, &[InputData<'_>], &mut Pa
     let Part { start, end, outs, ticks: member_ticks } = part;
     let (start, end) = (*start, *end);
     let members = group.members.len();
-    let mut scratch = vec![0.0f32; members * TILE];
-    let mut assembled = vec![0.0f32; inputs.len() * TILE];
+    // Tiles of a part shorter than TILE are as long as the part: a small group (a loop
+    // body's) does not allocate and clear whole tiles.
+    let stride = TILE.min(end - start).max(1);
+    let mut scratch = vec![0.0f32; members * stride];
+    let mut assembled = vec![0.0f32; inputs.len() * stride];
     let mut places = vec![At::Assembled; inputs.len()];
     let mut scalars: Vec<Option<f32>> = vec![None; members];
     let mut output_of = vec![None; members];
@@ -336,11 +339,11 @@ pub(super) fn run_part((group, inputs, part): (&Group, &[InputData<'_>], &mut Pa
     }
     let mut at = start;
     while at < end {
-        let tile = TILE.min(end - at);
+        let tile = stride.min(end - at);
         let mut before = ticks();
 
         // Where each input's tile is (assembling the row-read ones).
-        for ((place, input), scratch) in places.iter_mut().zip(inputs).zip(assembled.chunks_mut(TILE)) {
+        for ((place, input), scratch) in places.iter_mut().zip(inputs).zip(assembled.chunks_mut(stride)) {
             *place = match &input.input.reads {
                 Reads::Flat => At::Data(at),
                 Reads::Scalar => At::Scalar(input.data[0]),
@@ -352,12 +355,12 @@ pub(super) fn run_part((group, inputs, part): (&Group, &[InputData<'_>], &mut Pa
         let lane = |i: usize| match places[i] {
             At::Data(offset) => Lane::Slice(&inputs[i].data[offset..offset + tile]),
             At::Scalar(v) => Lane::Scalar(v),
-            At::Assembled => Lane::Slice(&assembled[i * TILE..i * TILE + tile]),
+            At::Assembled => Lane::Slice(&assembled[i * stride..i * stride + tile]),
         };
 
         for (k, member) in group.members.iter().enumerate() {
             // Earlier members' tiles, and this member's.
-            let (done, rest) = scratch.split_at_mut(k * TILE);
+            let (done, rest) = scratch.split_at_mut(k * stride);
             let out = &mut rest[..tile];
             let mut operands = [Lane::Scalar(0.0); 3];
             for (operand, source) in operands.iter_mut().zip(&member.operands) {
@@ -365,7 +368,7 @@ pub(super) fn run_part((group, inputs, part): (&Group, &[InputData<'_>], &mut Pa
                     Source::Input(i) => lane(i),
                     Source::Member(m) => match scalars[m] {
                         Some(v) => Lane::Scalar(v),
-                        None => Lane::Slice(&done[m * TILE..m * TILE + tile]),
+                        None => Lane::Slice(&done[m * stride..m * stride + tile]),
                     },
                 };
             }
