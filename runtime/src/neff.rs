@@ -204,8 +204,15 @@ impl Neff {
                 "NEFF body hash does not match its header (NEURON_RT_VALIDATE_HASH is on); the file was modified after compilation",
             ));
         }
-        let program: Program =
-            postcard::from_bytes(body).map_err(|e| NrtError::invalid(format!("NEFF body does not decode: {e}")))?;
+        crate::isa::nesting_exceeded();
+        let program: Program = postcard::from_bytes(body).map_err(|e| {
+            let why = if crate::isa::nesting_exceeded() {
+                format!("control flow nests deeper than {} levels", crate::isa::MAX_NESTING)
+            } else {
+                e.to_string()
+            };
+            NrtError::invalid(format!("NEFF body does not decode: {why}"))
+        })?;
         program.validate().map_err(|e| NrtError::invalid(format!("NEFF program is inconsistent: {e}")))?;
         let used = features_of(&program);
         if used & !features != 0 {
@@ -312,6 +319,22 @@ mod tests {
         )
         .expect("compiles");
         Neff::new("sample", program)
+    }
+
+    #[test]
+    fn control_flow_nested_deeper_than_the_limit_is_a_decode_error() {
+        use crate::isa::{Instruction, Loop, MAX_NESTING, Nested, Op};
+        // Loops inside loops: each level's program is one While whose body is the level
+        // below (the programs need not make sense: decoding stops first).
+        let leaf = sample().program;
+        let mut program = leaf.clone();
+        for _ in 0..MAX_NESTING + 2 {
+            let op = Op::While(Nested::new(Loop { condition: leaf.clone(), body: program.clone() }));
+            program.streams[0].instructions = vec![Instruction { step: 0, op, operands: vec![0], output: 1, hlo: 0 }];
+        }
+        let err = Neff::decode(&Neff::new("deep", program).encode(), DecodeOptions::default()).expect_err("too deep");
+        assert_eq!(err.status, NrtStatus::Invalid);
+        assert!(err.message.contains("nests deeper than 64"), "{}", err.message);
     }
 
     #[test]

@@ -91,12 +91,22 @@ impl<T: Serialize> Serialize for Nested<T> {
 
 thread_local! {
     static DECODE_DEPTH: Cell<usize> = const { Cell::new(0) };
+    /// Set when a decode stopped at [`MAX_NESTING`]: decoders do not all keep a custom
+    /// error's message, so the NEFF decoder asks with [`nesting_exceeded`].
+    static NESTING_EXCEEDED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the last decode on this thread stopped because control flow nested deeper
+/// than [`MAX_NESTING`] (and forgets it).
+pub fn nesting_exceeded() -> bool {
+    NESTING_EXCEEDED.replace(false)
 }
 
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for Nested<T> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let depth = DECODE_DEPTH.get();
         if depth >= MAX_NESTING {
+            NESTING_EXCEEDED.set(true);
             return Err(serde::de::Error::custom(format!("control flow nests deeper than {MAX_NESTING} levels")));
         }
         DECODE_DEPTH.set(depth + 1);

@@ -844,7 +844,7 @@ impl Op {
     }
 }
 
-pub use control::{Branches, Loop, MAX_NESTING, Nested, Selector};
+pub use control::{Branches, Loop, MAX_NESTING, Nested, Selector, nesting_exceeded};
 pub use infer::{TypeError, infer_output};
 pub use program::InvalidProgram;
 pub use results::check_results;
