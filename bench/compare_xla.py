@@ -8,6 +8,7 @@ Three programs, as the speed goals name them:
 - ``chain``: 20 element-wise operations on a 64x64 tensor;
 - ``activations``: 12 element-wise operations mixing arithmetic with ``tanh``, ``exp``,
   ``logistic`` and ``log`` on 4096 elements;
+- ``trig``: sines and cosines of 4096 elements, as rotary embeddings compute them;
 - ``mlp_default`` and ``attention_default``: the MLP and attention compiled with
   neuron-cc's default options (matrix products auto-cast to bf16, as neuronx-cc does),
   against XLA's f32; their outputs are checked with a bf16 tolerance;
@@ -117,6 +118,10 @@ def activations(x):
     return jnp.log(jnp.exp(y) + np.float32(2.0))
 
 
+def trig(x):
+    return jnp.sin(x * np.float32(3.0)) * jnp.cos(x) + jnp.cos(x * np.float32(0.5) + np.float32(1.0))
+
+
 def cnn(x, w1, w2):
     dn = ("NHWC", "HWIO", "NHWC")
     h = jax.nn.relu(jax.lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=dn))
@@ -154,6 +159,7 @@ def programs():
         "cnn": (cnn, [normal(8, 32, 32, 16), normal(3, 3, 16, 16, scale=0.1), normal(3, 3, 16, 32, scale=0.1)]),
         "cnn_grad": (cnn_grad, [normal(8, 32, 32, 16), normal(3, 3, 16, 16, scale=0.1), normal(3, 3, 16, 32, scale=0.1)]),
         "activations": (activations, [normal(4096)]),
+        "trig": (trig, [normal(4096, scale=10.0)]),
         "loop1": (fori(1), [normal(32), normal(32, 32, scale=0.15), normal(32, scale=0.1)]),
         "loop100": (fori(100), [normal(32), normal(32, 32, scale=0.15), normal(32, scale=0.1)]),
     }

@@ -116,7 +116,21 @@ pub(super) fn compute(kernel: &Kernel, operands: &[Lane<'_>], out: &mut [f32]) -
         (Kernel::Binary(b), [x, y]) => with_binary_f32!(*b, f => map2(out, *x, *y, f)),
         (Kernel::Unary(u), [x]) => with_unary_f32!(*u, f => map1(out, *x, f)),
         (Kernel::Not, [x]) => map1(out, *x, |x| 1.0 - x),
-        (Kernel::Activation(a), [x]) => with_activation!(*a, f => map1(out, *x, f)),
+        (Kernel::Activation(a), [x]) => {
+            let scalar = with_activation!(*a, f => map1(out, *x, f));
+            match (exact_trig(*a), *x) {
+                (Some(exact), Lane::Scalar(x)) if beyond_trig_limit(x) => Some(exact(x)),
+                (Some(exact), Lane::Slice(x)) => {
+                    for (o, &x) in out.iter_mut().zip(x) {
+                        if beyond_trig_limit(x) {
+                            *o = exact(x);
+                        }
+                    }
+                    scalar
+                }
+                _ => scalar,
+            }
+        }
         (Kernel::Round { format, saturate }, [x]) => with_rounding!(*format, *saturate, f => map1(out, *x, f)),
         (Kernel::ToPred, [x]) => map1(out, *x, |x| lane_bool(x != 0.0)),
         // Plain float comparisons have HLO's unordered semantics: NaN is only "not equal".

@@ -66,11 +66,20 @@ pub(super) fn elementwise_run((op, slices, start, out): (&Op, &[&[f32]], usize, 
                 *o = f(x, y);
             }
         }),
-        (Op::Activation(a), [x]) => with_activation!(*a, f => {
-            for (o, &x) in out.iter_mut().zip(&x[start..end]) {
-                *o = f(x);
+        (Op::Activation(a), [x]) => {
+            with_activation!(*a, f => {
+                for (o, &x) in out.iter_mut().zip(&x[start..end]) {
+                    *o = f(x);
+                }
+            });
+            if let Some(exact) = exact_trig(*a) {
+                for (o, &x) in out.iter_mut().zip(&x[start..end]) {
+                    if beyond_trig_limit(x) {
+                        *o = exact(x);
+                    }
+                }
             }
-        }),
+        }
         (Op::RoundPrecision { format, saturate }, [x]) => with_rounding!(*format, *saturate, f => {
             for (o, &x) in out.iter_mut().zip(&x[start..end]) {
                 *o = f(x);

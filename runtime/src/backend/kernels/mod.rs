@@ -35,7 +35,9 @@ use gather::{IndexRows, clamped_starts, gather, scatter_value, window};
 use layout::{broadcast, concatenate, pad, reshape, reverse, slice, transpose};
 use matrix::{batched_matmul_into, gemm_f32, matmul};
 use reduce::{reduce, reduce_array_sequential};
-pub(crate) use transcendental::{exp_f32, ln_f32, logistic_f32, tanh_f32};
+pub(crate) use transcendental::{
+    beyond_trig_limit, cos_f32, exact_trig, exp_f32, ln_f32, logistic_f32, sin_f32, tanh_f32,
+};
 
 /// The array inside `v`, which validation has proven to be of type `T`.
 pub(super) fn arr<'v, 'a, T: Element>(v: &'v ValueRef<'a>) -> &'v ArrayViewD<'a, T> {
@@ -107,12 +109,13 @@ macro_rules! with_activation {
                 let $f = |x: f32| x.sqrt();
                 $body
             }
+            // Beyond TRIG_LIMIT, callers recompute with `exact_trig`.
             ActivationFn::Sine => {
-                let $f = |x: f32| x.sin();
+                let $f = |x: f32| sin_f32(x);
                 $body
             }
             ActivationFn::Cosine => {
-                let $f = |x: f32| x.cos();
+                let $f = |x: f32| cos_f32(x);
                 $body
             }
             ActivationFn::ExpMinusOne => {
@@ -276,9 +279,19 @@ pub(super) fn execute(
             matrix::matmul_rounded(&operands[0], &operands[1], d, *format, *saturate, out, helpers)
         }
         Op::Convolution(c) => convolution::convolution(&operands[0], &operands[1], c, out, helpers),
-        Op::Activation(f) => with_activation!(*f, f => {
-            with_float!(operands[0].dtype(), T => T::wrap(arr::<T>(&operands[0]).mapv(|x| T::from_f32(f(x.to_f32())))),
-                unvalidated("activation"))
+        Op::Activation(a) => with_activation!(*a, f => {
+            with_float!(operands[0].dtype(), T => {
+                let x = arr::<T>(&operands[0]);
+                let mut y = x.mapv(|x| T::from_f32(f(x.to_f32())));
+                if let Some(exact) = exact_trig(*a) {
+                    Zip::from(&mut y).and(x).for_each(|o, &x| {
+                        if beyond_trig_limit(x.to_f32()) {
+                            *o = T::from_f32(exact(x.to_f32()));
+                        }
+                    });
+                }
+                T::wrap(y)
+            }, unvalidated("activation"))
         }),
         Op::Unary(u) => unary(*u, &operands[0]),
         Op::Binary(b) => binary(*b, &operands[0], &operands[1]),
@@ -481,8 +494,15 @@ fn write_f32(
         (Op::Binary(b), [ValueRef::F32(x), ValueRef::F32(y)]) => {
             with_binary_f32!(*b, f => Zip::from(&mut dest).and(x).and(y).for_each(|o, &x, &y| *o = f(x, y)))
         }
-        (Op::Activation(f), [ValueRef::F32(x)]) => {
-            with_activation!(*f, f => Zip::from(&mut dest).and(x).for_each(|o, &x| *o = f(x)))
+        (Op::Activation(a), [ValueRef::F32(x)]) => {
+            with_activation!(*a, f => Zip::from(&mut dest).and(x).for_each(|o, &x| *o = f(x)));
+            if let Some(exact) = exact_trig(*a) {
+                Zip::from(&mut dest).and(x).for_each(|o, &x| {
+                    if beyond_trig_limit(x) {
+                        *o = exact(x);
+                    }
+                });
+            }
         }
         _ => match execute(op, operands, out, helpers)? {
             Value::F32(value) => dest.assign(&value),
@@ -515,6 +535,29 @@ mod tests {
 
     /// Products large enough to be split run on lent slots, cut by columns, by rows or
     /// by batch element, and give the product a single thread gives.
+
+    #[test]
+    fn sine_and_cosine_of_huge_arguments_are_exact_on_every_path() {
+        let xs = [0.5f32, -2.0e6, 1.0e7, 3.0e38, -1.5e30, f32::NAN, f32::INFINITY, 123_456.79];
+        let pool = HostPool::new(1);
+        let ty = ArrayType::new(DType::F32, vec![xs.len() as u64]);
+        let x = Value::F32(ArrayD::from_shape_vec(IxDyn(&[xs.len()]), xs.to_vec()).expect("shape"));
+        for (f, exact) in [(ActivationFn::Sine, f32::sin as fn(f32) -> f32), (ActivationFn::Cosine, f32::cos)] {
+            let expected: Vec<f32> = xs.iter().map(|&x| exact(x)).collect();
+            let same = |got: &[f32]| {
+                got.iter().zip(&expected).all(|(g, e)| g == e || (g.is_nan() && e.is_nan() || (g - e).abs() <= 1e-7))
+            };
+            let op = Op::Activation(f);
+            let Ok(Value::F32(y)) = execute(&op, &[x.view()], &ty, &pool) else { panic!("f32 result") };
+            assert!(same(y.as_slice().expect("standard")), "{f:?}: {y:?} vs {expected:?}");
+            let mut into = ArrayD::<f32>::zeros(IxDyn(&[xs.len()]));
+            let dest = Destination::from_le_bytes(DType::F32, bytemuck::cast_slice_mut(into.as_slice_mut().expect("slice")))
+                .expect("aligned");
+            let written = execute_into(&op, &[x.view()], &ty, dest, &pool).expect("runs");
+            let ValueRef::F32(w) = written else { panic!("f32 view") };
+            assert!(same(&w.iter().copied().collect::<Vec<_>>()), "{f:?} into: {w:?}");
+        }
+    }
 
     #[test]
     fn large_element_wise_operations_split_across_slots_give_the_serial_result() {

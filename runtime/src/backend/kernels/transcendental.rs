@@ -5,9 +5,10 @@
 //! over a sweep of every range. XLA:CPU uses fast polynomial approximations of its
 //! own for these too, not libm's.
 //!
-//! Functions still computed by the standard library, one element at a time: sine and
-//! cosine (whose argument reduction must stay exact for huge arguments), `expm1`,
-//! `log1p`, `tan`, `cbrt` and `erf`.
+//! Sine and cosine reduce their argument exactly in f64 up to [`TRIG_LIMIT`]; the few
+//! elements beyond it are recomputed with the standard library after the loop
+//! ([`exact_trig`]), so every result stays within an ulp. Still computed by the standard
+//! library, one element at a time: `expm1`, `log1p`, `tan`, `cbrt` and `erf`.
 
 /// `e^x` in `f32`, less than 1 ulp from the exact value (Cephes' `expf` polynomial;
 /// the test measures it), with no branches or library calls, so that loops over it vectorise.
@@ -61,6 +62,58 @@ pub(crate) fn tanh_f32(x: f32) -> f32 {
         * ((((-5.718_891_5e-3 * t + 2.065_306_3e-2) * t - 5.374_464e-2) * t + 1.333_151_3e-1) * t - 3.333_328_7e-1);
     let large = (1.0 - 2.0 / (exp_f32(2.0 * a) + 1.0)).copysign(x);
     if a < 0.625 { small } else { large }
+}
+
+/// The largest argument [`sin_f32`] and [`cos_f32`] reduce exactly: `k · π/2` with
+/// `k < 2^20` is exact with the 33-bit high part of π/2.
+pub(crate) const TRIG_LIMIT: f32 = 1.0e6;
+
+/// `sin(x)` for `|x| <= TRIG_LIMIT` (see [`trig_f32`]).
+#[inline(always)]
+pub(crate) fn sin_f32(x: f32) -> f32 {
+    trig_f32(x, 0)
+}
+
+/// `cos(x)` for `|x| <= TRIG_LIMIT`: `sin(x + π/2)`, one quadrant on.
+#[inline(always)]
+pub(crate) fn cos_f32(x: f32) -> f32 {
+    trig_f32(x, 1)
+}
+
+/// Sine, `quadrant` quarter turns on, in f64: `x = k · π/2 + r` with `|r| <= π/4`
+/// (Cody-Waite, two parts of π/2), then the Taylor series of sine or cosine of `r`,
+/// whose terms to `r¹¹` and `r¹⁰` leave an error far below f32's ulp.
+#[inline(always)]
+fn trig_f32(x: f32, quadrant: i64) -> f32 {
+    const PIO2_HI: f64 = 1.570_796_326_734_125_6;
+    const PIO2_LO: f64 = 6.077_100_506_506_192e-11;
+    let x = f64::from(x);
+    let k = (x * std::f64::consts::FRAC_2_PI).round_ties_even();
+    let r = (x - k * PIO2_HI) - k * PIO2_LO;
+    let r2 = r * r;
+    let sin = r + r
+        * r2
+        * (-1.0 / 6.0 + r2 * (1.0 / 120.0 + r2 * (-1.0 / 5040.0 + r2 * (1.0 / 362_880.0 - r2 / 39_916_800.0))));
+    let cos = 1.0 + r2 * (-0.5 + r2 * (1.0 / 24.0 + r2 * (-1.0 / 720.0 + r2 * (1.0 / 40320.0 - r2 / 3_628_800.0))));
+    let q = (k as i64).wrapping_add(quadrant) & 3;
+    let y = if q & 1 == 0 { sin } else { cos };
+    (if q & 2 == 0 { y } else { -y }) as f32
+}
+
+/// The exact function of an activation whose fast form covers only part of its
+/// arguments (sine and cosine, beyond [`TRIG_LIMIT`]), to recompute those elements with.
+pub(crate) fn exact_trig(f: crate::isa::ActivationFn) -> Option<fn(f32) -> f32> {
+    match f {
+        crate::isa::ActivationFn::Sine => Some(f32::sin),
+        crate::isa::ActivationFn::Cosine => Some(f32::cos),
+        _ => None,
+    }
+}
+
+/// Whether `x` is beyond what the fast sine and cosine reduce exactly (or NaN).
+#[inline(always)]
+pub(crate) fn beyond_trig_limit(x: f32) -> bool {
+    x.abs() > TRIG_LIMIT || x.is_nan()
 }
 
 /// `1 / (1 + e^-x)`.
@@ -176,6 +229,19 @@ mod tests {
     }
 
     /// Deterministic values in [-1, 1).
+    #[test]
+    fn sine_and_cosine_are_within_one_ulp_up_to_the_limit() {
+        for (name, f, exact) in
+            [("sin", sin_f32 as fn(f32) -> f32, f64::sin as fn(f64) -> f64), ("cos", cos_f32, f64::cos)]
+        {
+            let (e, x) = worst(f, exact, TRIG_LIMIT.to_bits() + 1, |x| x.abs() <= TRIG_LIMIT);
+            assert!(e <= 1.0, "{name}({x}) is {e} ulp off");
+        }
+        assert!(sin_f32(f32::NAN).is_nan() && cos_f32(f32::INFINITY).is_nan());
+        assert_eq!(sin_f32(0.0), 0.0);
+        assert_eq!(cos_f32(0.0), 1.0);
+    }
+
     #[test]
     fn tanh_is_within_two_ulp_everywhere() {
         // Up to 10, beyond which tanh is 1 in f32.
