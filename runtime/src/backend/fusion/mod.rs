@@ -25,7 +25,7 @@ use std::borrow::Cow;
 use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
 use super::kernels::{
-    beyond_trig_limit, compare_scalars, cos_f32, exact_trig, exp_f32, ln_f32, logistic_f32, max_f32, min_f32,
+    beyond_trig_limit, compare_scalars, cos_f32, erf_f32, exact_trig, exp_f32, ln_f32, logistic_f32, max_f32, min_f32,
     round_mantissa, round_to_format, sign_f32, sin_f32, tanh_f32, unvalidated, vectorized, vectorized_job,
     with_activation, with_binary_f32, with_rounding, with_unary_f32,
 };

@@ -36,7 +36,7 @@ use layout::{broadcast, concatenate, pad, reshape, reverse, slice, transpose};
 use matrix::{batched_matmul_into, gemm_f32, matmul};
 use reduce::{reduce, reduce_array_sequential};
 pub(crate) use transcendental::{
-    beyond_trig_limit, cos_f32, exact_trig, exp_f32, ln_f32, logistic_f32, sin_f32, tanh_f32,
+    beyond_trig_limit, cos_f32, erf_f32, exact_trig, exp_f32, ln_f32, logistic_f32, sin_f32, tanh_f32,
 };
 
 /// The array inside `v`, which validation has proven to be of type `T`.
@@ -135,7 +135,7 @@ macro_rules! with_activation {
                 $body
             }
             ActivationFn::Erf => {
-                let $f = |x: f32| libm::erff(x);
+                let $f = |x: f32| erf_f32(x);
                 $body
             }
         }
@@ -551,8 +551,9 @@ mod tests {
             let Ok(Value::F32(y)) = execute(&op, &[x.view()], &ty, &pool) else { panic!("f32 result") };
             assert!(same(y.as_slice().expect("standard")), "{f:?}: {y:?} vs {expected:?}");
             let mut into = ArrayD::<f32>::zeros(IxDyn(&[xs.len()]));
-            let dest = Destination::from_le_bytes(DType::F32, bytemuck::cast_slice_mut(into.as_slice_mut().expect("slice")))
-                .expect("aligned");
+            let dest =
+                Destination::from_le_bytes(DType::F32, bytemuck::cast_slice_mut(into.as_slice_mut().expect("slice")))
+                    .expect("aligned");
             let written = execute_into(&op, &[x.view()], &ty, dest, &pool).expect("runs");
             let ValueRef::F32(w) = written else { panic!("f32 view") };
             assert!(same(&w.iter().copied().collect::<Vec<_>>()), "{f:?} into: {w:?}");
