@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use neuron_runtime::config::CoreRequest;
 use neuron_runtime::{
-    ArrayType, Config, CoreSet, DType, Neff, Runtime, Target, TensorPlacement, TensorSet, compile_hlo,
+    ArrayType, CompileOptions, Config, CoreSet, DType, Neff, Runtime, Target, TensorPlacement, TensorSet, compile_hlo,
+    compile_hlo_with,
 };
 
 // The allocator the runtime's own binaries use (see profiler/src/bin), so that both
@@ -120,7 +121,9 @@ fn gemm_pair(runtime: &Runtime, n: usize) -> (f64, f64) {
         "HloModule gemm\nENTRY e {{\n  a = f32[{n},{n}]{{1,0}} parameter(0)\n  b = f32[{n},{n}]{{1,0}} parameter(1)\n  \
          ROOT c = f32[{n},{n}]{{1,0}} dot(a, b), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}\n}}\n"
     );
-    let neff = Neff::new("gemm", compile_hlo(&hlo, Target::Trn1).expect("compiles")).encode();
+    // f32 against f32: with neuron-cc's defaults the product would run in bf16.
+    let options = CompileOptions::exact(Target::Trn1);
+    let neff = Neff::new("gemm", compile_hlo_with(&hlo, &options).expect("compiles")).encode();
     let model = runtime.load(&neff, Some(0)).expect("loads");
     let ty = ArrayType::new(DType::F32, vec![n as u64, n as u64]);
     let placement = TensorPlacement::Device { core: 0 };

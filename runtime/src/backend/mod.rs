@@ -526,7 +526,7 @@ impl Executable {
                 return Err(RunError::DeadlineExceeded { step: self.base + unit.first });
             }
             let bytes = self.working_bytes[u];
-            if bytes >= working::CHECKED_FROM_BYTES && !working::can_allocate(bytes) {
+            if bytes > 0 && !working::can_allocate(bytes) {
                 return Err(RunError::OutOfMemory { step: self.base + unit.first, bytes });
             }
             if let Some(group) = &unit.group {

@@ -2,9 +2,9 @@
 //! be had before the instruction starts.
 //!
 //! Rust aborts the process when an allocation fails, so the kernels cannot fail on
-//! their own. Instead, before a unit (an instruction or a fused group) whose working
-//! memory reaches [`CHECKED_FROM_BYTES`] runs, the executor reserves that much address
-//! space fallibly and releases it at once: if the reservation fails, the execution
+//! their own. Instead, before each unit (an instruction or a fused group) runs, the
+//! executor reserves its working memory fallibly and releases it at once (a few tens
+//! of nanoseconds from the allocator's cache for small units): if the reservation fails, the execution
 //! stops with an error (`NRT_RESOURCE`) and nothing is lost; if it succeeds, the
 //! kernel's own allocations, which do not exceed the estimate, fit. The estimate is
 //! what the kernels allocate at their peak: the results, plus what an operation lays
@@ -14,10 +14,6 @@
 
 use crate::dtype::ArrayType;
 use crate::isa::{Instruction, Op, Program};
-
-/// Units whose working memory is below this run unchecked: a failure there means the
-/// host is out of memory already, and checking would cost more than the work.
-pub(super) const CHECKED_FROM_BYTES: u64 = 1 << 20;
 
 /// The host memory `instruction` allocates at its peak while it runs.
 pub(super) fn working_bytes(instruction: &Instruction, program: &Program) -> u64 {
