@@ -31,11 +31,7 @@ pub(super) fn gemm_bf16(
     b: ndarray::ArrayView2<'_, f32>,
     mut c: ndarray::ArrayViewMut2<'_, f32>,
 ) {
-    let (m, k) = a.dim();
-    let n = b.dim().1;
-    if b.dim().0 != k || c.dim() != (m, n) {
-        super::unvalidated("dot");
-    }
+    let (m, k, n) = super::product_dims(&a, &b, &c);
     if m == 0 || n == 0 {
         return;
     }

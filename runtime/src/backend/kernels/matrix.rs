@@ -309,11 +309,7 @@ pub(super) fn gemm_f32(
     b: ndarray::ArrayView2<'_, f32>,
     mut c: ndarray::ArrayViewMut2<'_, f32>,
 ) {
-    let (m, k) = a.dim();
-    let n = b.dim().1;
-    if b.dim().0 != k || c.dim() != (m, n) {
-        unvalidated("dot");
-    }
+    let (m, k, n) = product_dims(&a, &b, &c);
     if m == 0 || n == 0 {
         return;
     }

@@ -458,6 +458,21 @@ pub(super) fn vectorized<J: pulp::WithSimd>(job: J) -> J::Output {
 
 /// Operands that do not fit their operation: `Program::validate` rules this out, so
 /// reaching it is a bug in validation. The host pool reports it as `NRT_FAILURE`.
+/// `(m, k, n)` of a product `c[m×n] = a[m×k] · b[k×n]` whose shapes agree (validated
+/// programs only make such products).
+pub(super) fn product_dims<T>(
+    a: &ndarray::ArrayView2<'_, T>,
+    b: &ndarray::ArrayView2<'_, T>,
+    c: &ndarray::ArrayViewMut2<'_, T>,
+) -> (usize, usize, usize) {
+    let (m, k) = a.dim();
+    let n = b.dim().1;
+    if b.dim().0 != k || c.dim() != (m, n) {
+        unvalidated("dot");
+    }
+    (m, k, n)
+}
+
 pub(super) fn unvalidated(op: &str) -> ! {
     unreachable!("{op}: operands do not fit the operation; Program::validate should have rejected this program")
 }
