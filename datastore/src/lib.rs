@@ -56,7 +56,9 @@ pub use reader::{
     TraceEvent, discover, discover_new, latency_of_all_cores,
 };
 pub use ring::RingCursor;
-pub use session::{FETCH_DATA_VERSION, SessionError, SysTraceConfig, SysTraceFetch, TraceSession, event_type_names};
+pub use session::{
+    FETCH_DATA_VERSION, FetchOptions, SessionError, SysTraceConfig, SysTraceFetch, TraceSession, event_type_names,
+};
 pub use strings::MAX_STRING_BYTES;
 pub use topology::{CoreSet, InstanceType, Topology};
 pub use tracer::{ALL_SYSTEM_EVENTS, EventIds, InspectConfig, RingPos, Tracer, UnknownEventType, parse_event_filter};

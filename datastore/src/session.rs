@@ -4,7 +4,9 @@
 //! Starting one turns on recording of what it asks for (on top of the
 //! `NEURON_RT_INSPECT_*` configuration); stopping restores the configuration and
 //! keeps what was recorded until it is fetched. Fetched events are consumed: a second
-//! fetch returns only newer ones.
+//! fetch returns only newer ones. A fetch may ask for fewer events ([`FetchOptions`]):
+//! those it leaves stay for the next fetch, up to the session's `max_events_per_nc`
+//! per core (older ones beyond that are counted lost).
 
 use std::sync::Mutex;
 
@@ -36,6 +38,22 @@ impl Default for SysTraceConfig {
     }
 }
 
+/// Which of the waiting events one fetch returns (`nrt_sys_trace_fetch_options_*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FetchOptions {
+    /// At most this many events per core, the oldest first; the others wait for the
+    /// next fetch.
+    pub max_events_per_nc: u64,
+    /// Only the events of this core; the others wait for a later fetch.
+    pub core: Option<u32>,
+}
+
+impl Default for FetchOptions {
+    fn default() -> FetchOptions {
+        FetchOptions { max_events_per_nc: u64::MAX, core: None }
+    }
+}
+
 /// The events one fetch returns.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SysTraceFetch {
@@ -56,6 +74,22 @@ impl SysTraceFetch {
         serde_json::to_string(&Shape { events: &self.events, data_version: FETCH_DATA_VERSION })
             .unwrap_or_else(|e| unreachable!("event JSON cannot fail: {e}"))
     }
+}
+
+/// Drops the oldest events of each core beyond `max` from `events` (sorted by core);
+/// returns how many.
+fn keep_newest_per_core(events: &mut Vec<SystemEvent>, max: u64) -> u64 {
+    let mut dropped = 0;
+    let mut start = 0;
+    while start < events.len() {
+        let core = events[start].nc_idx;
+        let end = start + events[start..].iter().take_while(|e| e.nc_idx == core).count();
+        let excess = ((end - start) as u64).saturating_sub(max) as usize;
+        events.drain(start..start + excess);
+        dropped += excess as u64;
+        start = end - excess;
+    }
+    dropped
 }
 
 /// The names `list event types` returns.
@@ -81,6 +115,8 @@ struct Session {
     tail: Tail,
     config: SysTraceConfig,
     running: bool,
+    /// Read from the rings but not fetched yet, by (core, id).
+    waiting: Vec<SystemEvent>,
 }
 
 /// A runtime's in-process trace session (`nrt_sys_trace_*`): at most one at a time,
@@ -110,7 +146,7 @@ impl TraceSession {
             config.event_types,
             false,
         );
-        *session = Some(Session { tail, config: config.clone(), running: true });
+        *session = Some(Session { tail, config: config.clone(), running: true, waiting: Vec::new() });
         Ok(())
     }
 
@@ -126,7 +162,7 @@ impl TraceSession {
         }
     }
 
-    pub fn fetch(&self, tracer: &Tracer) -> Result<SysTraceFetch, SessionError> {
+    pub fn fetch(&self, tracer: &Tracer, options: &FetchOptions) -> Result<SysTraceFetch, SessionError> {
         let mut guard = self.0.lock().unwrap_or_else(|e| e.into_inner());
         let session = guard.as_mut().ok_or(SessionError::NeverStarted)?;
         let lost_before = session.tail.lost();
@@ -145,34 +181,30 @@ impl TraceSession {
                 tracer.consumed(position).store(next, std::sync::atomic::Ordering::Release);
             }
         }
-        let mut events: Vec<SystemEvent> = raw
-            .into_iter()
-            .filter_map(|e| match e {
-                TraceEvent::System(e) => Some(e),
-                TraceEvent::Device(_) => None,
-            })
-            .collect();
+        session.waiting.extend(raw.into_iter().filter_map(|e| match e {
+            TraceEvent::System(e) => Some(e),
+            TraceEvent::Device(_) => None,
+        }));
+        session.waiting.sort_by_key(|e| (e.nc_idx, e.id));
         let mut lost = session.tail.lost() - lost_before;
-        let max = session.config.max_events_per_nc;
-        let mut cores: Vec<Option<u32>> = events.iter().map(|e| e.nc_idx).collect();
-        cores.sort_unstable();
-        cores.dedup();
-        for core in cores {
-            let count = events.iter().filter(|e| e.nc_idx == core).count() as u64;
-            if count > max {
-                let mut excess = count - max;
-                lost += excess;
-                events.retain(|e| {
-                    if e.nc_idx == core && excess > 0 {
-                        excess -= 1;
-                        false
-                    } else {
-                        true
-                    }
-                });
+        lost += keep_newest_per_core(&mut session.waiting, session.config.max_events_per_nc);
+        let mut taken_of_core: Option<(Option<u32>, u64)> = None;
+        let mut events = Vec::new();
+        session.waiting.retain(|e| {
+            if options.core.is_some_and(|core| e.nc_idx != Some(core)) {
+                return true;
             }
-        }
-        events.sort_by_key(|e| (e.nc_idx, e.id));
+            let taken = match &mut taken_of_core {
+                Some((core, taken)) if *core == e.nc_idx => taken,
+                slot => &mut slot.insert((e.nc_idx, 0)).1,
+            };
+            if *taken >= options.max_events_per_nc {
+                return true;
+            }
+            *taken += 1;
+            events.push(e.clone());
+            false
+        });
         Ok(SysTraceFetch { events, lost })
     }
 }

@@ -28,8 +28,8 @@ use std::time::Instant;
 
 use neuron_datastore::ALL_SYSTEM_EVENTS;
 use neuron_datastore::{DatastoreReader, TailStart};
-use neuron_profiler::record::{Recorder, create_writer, metadata};
 use neuron_profiler::{bind_tensors, load_model_bytes, target_for};
+use neuron_record::{Recorder, create_writer, metadata};
 use neuron_runtime::{Config, Runtime};
 use ntff::export::{ExportOptions, Format, export, verify_perfetto};
 use ntff::{Chunk, Descriptor, DescriptorId, DeviceEvent, Metadata, NtffFile, Sym, SystemEvent, Writer};
@@ -129,7 +129,7 @@ fn overhead(dir: &Path) {
     let target = target_for(runtime.topology().core_version);
     let neff = load_model_bytes(Path::new(&example("attention.hlo")), target).expect("attention");
     let reader = DatastoreReader::open(&runtime.datastore_path().expect("datastore")).expect("reader");
-    let meta = metadata(reader.info(), "capture", &[]);
+    let meta = metadata(reader.info(), neuron_profiler::PROFILE_TOOL, "capture", &[]);
     let mut recorder = Recorder::new(create_writer(&dir.join("overhead.ntff"), &meta).expect("writer"));
     let mut tail = reader.tail(TailStart::Now, None, ALL_SYSTEM_EVENTS, true);
     let model = runtime.load(&neff, Some(core)).expect("load");

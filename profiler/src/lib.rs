@@ -2,7 +2,6 @@
 //! NumPy `.npy` input and output, latency statistics and log setup.
 
 pub mod npy;
-pub mod record;
 pub use ntff::stats::{self, si, thousands};
 
 use std::path::Path;
@@ -12,6 +11,9 @@ use neuron_datastore::topology::NeuronCoreVersion;
 use neuron_runtime::config::LogLevel;
 use neuron_runtime::isa::Program;
 use neuron_runtime::{ArrayType, Model, Neff, Runtime, Target, TensorPlacement, TensorSet, compile_hlo};
+
+/// How profiles written by `neuron-profile` name their tool.
+pub const PROFILE_TOOL: &str = concat!("neuron-profile ", env!("CARGO_PKG_VERSION"));
 
 /// Lets the process end quietly when stdout is a closed pipe (`neuron-bench ... | head`),
 /// as command-line tools do, instead of failing on the next write. Call first in `main`.

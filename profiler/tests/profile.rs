@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use neuron_datastore::ALL_SYSTEM_EVENTS;
 use neuron_datastore::{DatastoreReader, TailStart, TraceEvent, discover};
-use neuron_profiler::record::{Recorder, metadata, to_device_event, to_system_event};
+use neuron_record::{Recorder, metadata, to_device_event, to_system_event};
 use neuron_runtime::{Config, Runtime, TensorPlacement, TensorSet};
 use serde_json::Value;
 
@@ -342,8 +342,10 @@ fn a_recorded_trace_reads_back_event_for_event() {
     .expect("config");
     let runtime = Runtime::start(config).expect("runtime");
     let reader = DatastoreReader::open(&runtime.datastore_path().expect("path")).expect("reader");
-    let mut recorder =
-        Recorder::new(ntff::Writer::new(Vec::new(), &metadata(reader.info(), "test", &[])).expect("writer"));
+    let mut recorder = Recorder::new(
+        ntff::Writer::new(Vec::new(), &metadata(reader.info(), neuron_profiler::PROFILE_TOOL, "test", &[]))
+            .expect("writer"),
+    );
     let mut tail = reader.tail(TailStart::Now, None, ALL_SYSTEM_EVENTS, true);
     let mut reference = reader.tail(TailStart::Now, None, ALL_SYSTEM_EVENTS, true);
     let neff =

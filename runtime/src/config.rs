@@ -28,6 +28,9 @@ pub const ENV_VALIDATE_HASH: &str = "NEURON_RT_VALIDATE_HASH";
 pub const ENV_NUMERICAL_ERRORS_VERBOSITY: &str = "NEURON_RT_NUMERICAL_ERRORS_VERBOSITY";
 pub const ENV_PROCESS_TAG: &str = "NEURON_PROCESS_TAG";
 pub const ENV_INSPECT_ENABLE: &str = "NEURON_RT_INSPECT_ENABLE";
+pub const ENV_INSPECT_OUTPUT_DIR: &str = "NEURON_RT_INSPECT_OUTPUT_DIR";
+/// Where profiles go when `NEURON_RT_INSPECT_OUTPUT_DIR` is unset.
+pub const DEFAULT_INSPECT_OUTPUT_DIR: &str = "output";
 pub const ENV_INSPECT_SYSTEM_PROFILE: &str = "NEURON_RT_INSPECT_SYSTEM_PROFILE";
 pub const ENV_INSPECT_DEVICE_PROFILE: &str = "NEURON_RT_INSPECT_DEVICE_PROFILE";
 pub const ENV_INSPECT_MAX_EVENTS_PER_NC: &str = "NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC";
@@ -117,6 +120,9 @@ pub struct Config {
     pub process_tag: Option<String>,
     /// What the trace rings record.
     pub inspect: InspectConfig,
+    /// Where a program's own profiles go (`NEURON_RT_INSPECT_OUTPUT_DIR`; the C API's
+    /// `nrt_inspect_stop` writes there).
+    pub inspect_output_dir: PathBuf,
     /// Where the datastore file is created.
     pub datastore_dir: PathBuf,
     /// Run chains of element-wise instructions fused (`NEURON_VIRT_FUSION`).
@@ -143,6 +149,7 @@ impl Default for Config {
             host_threads: default_host_threads(),
             process_tag: None,
             inspect: InspectConfig::default(),
+            inspect_output_dir: PathBuf::from(DEFAULT_INSPECT_OUTPUT_DIR),
             datastore_dir: default_dir(),
             fusion: true,
             faults: Vec::new(),
@@ -362,6 +369,9 @@ impl Config {
         Ok(Config {
             process_tag,
             inspect,
+            inspect_output_dir: PathBuf::from(
+                get(ENV_INSPECT_OUTPUT_DIR).unwrap_or_else(|| DEFAULT_INSPECT_OUTPUT_DIR.into()),
+            ),
             datastore_dir: get(ENV_DATASTORE_DIR).map_or_else(default_dir, PathBuf::from),
             instance_type,
             cores,

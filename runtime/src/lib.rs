@@ -37,7 +37,7 @@ pub use dtype::{ArrayType, DType, DTypeClass};
 pub use error::{NrtError, NrtResult, NrtStatus};
 pub use neff::Neff;
 pub use neuron_datastore::topology::{CoreSet, InstanceType, Topology};
-pub use neuron_datastore::{SysTraceConfig, SysTraceFetch};
+pub use neuron_datastore::{FetchOptions, SysTraceConfig, SysTraceFetch};
 pub use nrta::{CompletionHandle, ErrorTracker, PendingRead, SeqId, TrackedError, Xu};
 pub use reservation::CoreReservation;
 pub use runtime::{ExecutionReport, Model, Runtime};

@@ -52,6 +52,11 @@ impl SeqId {
         SeqId(u64::from(unit) << Self::NUMBER_BITS | (number & ((1 << Self::NUMBER_BITS) - 1)))
     }
 
+    /// The id of `core`'s execution unit of kind `xu`.
+    pub fn unit_of(core: u32, xu: Xu) -> u16 {
+        unit_id(core, xu)
+    }
+
     /// The execution unit's id.
     pub fn unit(self) -> u16 {
         (self.0 >> Self::NUMBER_BITS) as u16

@@ -7,6 +7,8 @@
 //! tensor viewing it is dropped.
 
 use std::fmt;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -64,8 +66,44 @@ pub(crate) struct TensorTracing {
     pub(crate) name_id: u32,
 }
 
+/// A tensor's memory: the runtime's own anonymous mapping, or a buffer its caller
+/// lent it (`nrt_tensor_attach_buffer`). Either way it never moves.
+enum Memory {
+    Mapped(memmap2::MmapMut),
+    Lent { start: NonNull<u8>, len: usize },
+}
+
+// SAFETY: lent memory is reached only through its storage's lock, as a mapping is, and
+// whoever lent it promised (`Runtime::attach_buffer`) that it stays valid meanwhile.
+unsafe impl Send for Memory {}
+// SAFETY: as for `Send`: shared access goes through the storage's read lock.
+unsafe impl Sync for Memory {}
+
+impl Deref for Memory {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Memory::Mapped(map) => map,
+            // SAFETY: the lender promised `len` readable bytes at `start` while the
+            // tensor exists, and the storage's lock orders this access with writes.
+            Memory::Lent { start, len } => unsafe { std::slice::from_raw_parts(start.as_ptr(), *len) },
+        }
+    }
+}
+
+impl DerefMut for Memory {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        match self {
+            Memory::Mapped(map) => map,
+            // SAFETY: as for `deref`, and `&mut self` means the write lock is held.
+            Memory::Lent { start, len } => unsafe { std::slice::from_raw_parts_mut(start.as_ptr(), *len) },
+        }
+    }
+}
+
 struct Storage {
-    bytes: RwLock<memmap2::MmapMut>,
+    bytes: RwLock<Memory>,
     _charge: MemoryCharge,
     /// Emits `nrt_tensor_free` when the last view of the memory goes.
     freed: Option<(TensorTracing, u64, u64)>,
@@ -141,7 +179,46 @@ impl Tensor {
             Some(t) => t.span(EventType::NrtTensorAllocate, [id, size, 0, 0], 0, map)?,
             None => map()?,
         };
-        Ok(Tensor {
+        Ok(Tensor::over(id, name, placement, Memory::Mapped(bytes), size, array_type, charge, lifecycle, tracing))
+    }
+
+    /// A host tensor over `len` bytes at `start` that its caller owns, charged to
+    /// `charge`.
+    ///
+    /// # Safety
+    ///
+    /// As [`Runtime::attach_buffer`](crate::Runtime::attach_buffer) requires.
+    pub(crate) unsafe fn lent(
+        name: &str,
+        start: NonNull<u8>,
+        len: u64,
+        charge: MemoryCharge,
+        lifecycle: Arc<Lifecycle>,
+        tracing: Option<TensorTracing>,
+    ) -> NrtResult<Tensor> {
+        let bytes = usize::try_from(len)
+            .map_err(|_| NrtError::invalid(format!("{len} bytes do not fit in this host's address space")))?;
+        let id = NEXT_TENSOR_ID.fetch_add(1, Ordering::Relaxed);
+        if let Some(t) = &tracing {
+            t.span(EventType::NrtTensorAllocate, [id, len, 0, 0], 0, || ());
+        }
+        let memory = Memory::Lent { start, len: bytes };
+        Ok(Tensor::over(id, name, TensorPlacement::Host, memory, len, None, charge, lifecycle, tracing))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn over(
+        id: u64,
+        name: &str,
+        placement: TensorPlacement,
+        bytes: Memory,
+        size: u64,
+        array_type: Option<ArrayType>,
+        charge: MemoryCharge,
+        lifecycle: Arc<Lifecycle>,
+        tracing: Option<TensorTracing>,
+    ) -> Tensor {
+        Tensor {
             inner: Arc::new(TensorInner {
                 id,
                 name: name.to_owned(),
@@ -157,7 +234,7 @@ impl Tensor {
                 lifecycle,
                 tracing,
             }),
-        })
+        }
     }
 
     pub fn id(&self) -> u64 {
@@ -236,6 +313,16 @@ impl Tensor {
             out.copy_from_slice(&self.storage()[start..start + len]);
         });
         Ok(())
+    }
+
+    /// The address of the tensor's first byte in this process (`nrt_tensor_get_va`):
+    /// virtual device memory is host memory. The memory never moves while the tensor
+    /// exists; accesses through the address are not ordered with the runtime's, so a
+    /// caller using it must not overlap them with executions or copies of the tensor.
+    pub fn address(&self) -> *mut u8 {
+        let mut memory = self.storage_mut();
+        // In bounds: a tensor's offset is at most its storage's length.
+        memory.as_mut_ptr().wrapping_add(self.inner.offset as usize)
     }
 
     /// Reads the whole tensor.
@@ -329,11 +416,11 @@ impl Tensor {
         }
     }
 
-    fn storage(&self) -> RwLockReadGuard<'_, memmap2::MmapMut> {
+    fn storage(&self) -> RwLockReadGuard<'_, Memory> {
         self.inner.storage.bytes.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn storage_mut(&self) -> RwLockWriteGuard<'_, memmap2::MmapMut> {
+    fn storage_mut(&self) -> RwLockWriteGuard<'_, Memory> {
         self.inner.storage.bytes.write().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -349,11 +436,11 @@ impl Tensor {
 pub(crate) struct ExecutionLocks<'t> {
     inputs: &'t [Tensor],
     outputs: &'t [Tensor],
-    read_guards: Vec<RwLockReadGuard<'t, memmap2::MmapMut>>,
+    read_guards: Vec<RwLockReadGuard<'t, Memory>>,
     /// For each input, the index of its storage's read guard.
     read_guard_of: Vec<usize>,
     /// Write guards of the outputs written in place, with the output's index.
-    write_guards: Vec<(usize, RwLockWriteGuard<'t, memmap2::MmapMut>)>,
+    write_guards: Vec<(usize, RwLockWriteGuard<'t, Memory>)>,
 }
 
 impl<'t> ExecutionLocks<'t> {

@@ -65,6 +65,7 @@ fn is_stale(binary: &Path) -> bool {
         "datastore",
         "runtime",
         "ntff",
+        "record",
         "profiler/src",
         "profiler/Cargo.toml",
         "web/src",

@@ -58,6 +58,25 @@ impl Runtime {
         self.communicator_named(None, cores)
     }
 
+    /// Loads one rank of a collectives program onto `core` (`nrt_load_collectives` as a
+    /// C program calls it, once per rank): rank `rank` of `communicator`, whose core for
+    /// that rank must be `core`.
+    pub fn load_collective_rank(
+        &self,
+        neff_bytes: &[u8],
+        core: u32,
+        communicator: &Communicator,
+        rank: u32,
+    ) -> NrtResult<Model> {
+        if communicator.core(rank) != Some(core) {
+            return Err(NrtError::invalid(format!(
+                "rank {rank} of communicator `{}` does not run on nc{core}",
+                communicator.name()
+            )));
+        }
+        self.load_rank(neff_bytes, Some(core), Some((communicator.clone(), rank)))
+    }
+
     pub(super) fn communicator_named(&self, name: Option<&str>, cores: &[u32]) -> NrtResult<Communicator> {
         self.shared.lifecycle.check()?;
         for &core in cores {

@@ -38,8 +38,8 @@ use neuron_datastore::clock::{self, DeviceClock};
 use neuron_datastore::topology::{CoreSet, Topology};
 use neuron_datastore::{
     CreateParams, DEFAULT_INSTRUCTION_TABLE_BYTES, DEFAULT_MODEL_SLOTS, DEFAULT_STRING_TABLE_BYTES, DatastoreError,
-    DatastoreWriter, DeviceCategory, HostCategory, InstructionTrace, RingPos, SysTraceConfig, SysTraceFetch,
-    TraceSession, Tracer,
+    DatastoreWriter, DeviceCategory, FetchOptions, HostCategory, InstructionTrace, RingPos, SysTraceConfig,
+    SysTraceFetch, TraceSession, Tracer,
 };
 
 /// How often the runtime marks its datastore alive.
@@ -301,7 +301,13 @@ impl Runtime {
 
     /// Returns the session's events not fetched before (`nrt_sys_trace_fetch_events`).
     pub fn sys_trace_fetch_events(&self) -> NrtResult<SysTraceFetch> {
-        self.with_running(|r| r.trace_session.fetch(&r.tracer))?.map_err(|e| NrtError::invalid(e.to_string()))
+        self.sys_trace_fetch_events_with(&FetchOptions::default())
+    }
+
+    /// Returns the session's events not fetched before that `options` asks for; the
+    /// others stay for a later fetch.
+    pub fn sys_trace_fetch_events_with(&self, options: &FetchOptions) -> NrtResult<SysTraceFetch> {
+        self.with_running(|r| r.trace_session.fetch(&r.tracer, options))?.map_err(|e| NrtError::invalid(e.to_string()))
     }
 
     /// Switches every trace ring on or off at once, overriding the

@@ -1,6 +1,7 @@
 //! Asynchronous work (`nrta_*`): requests scheduled on a core's execution units,
 //! their sequence numbers, completion and error trackers.
 
+use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +16,19 @@ use neuron_datastore::event::{EventType, Phase};
 use neuron_datastore::{ErrorClass, EventIds, ExecOutcome};
 
 use super::*;
+
+/// Memory a caller lent to a request until it completes.
+struct CallerMemory(NonNull<u8>);
+
+// SAFETY: the lender gave the memory to the request alone until it completes, so the
+// worker thread running it may write it.
+unsafe impl Send for CallerMemory {}
+
+impl CallerMemory {
+    fn start(&self) -> *mut u8 {
+        self.0.as_ptr()
+    }
+}
 
 impl Runtime {
     /// The execution unit `xu` of `core` (started on first use), with the fault state.
@@ -121,6 +135,36 @@ impl Runtime {
         let what = format!("a read of tensor `{}`", tensor.name());
         let seq = self.schedule(core, Xu::TensorRead, tracker, &what, work, |_| {})?;
         Ok((seq, pending))
+    }
+
+    /// Schedules a read like [`Runtime::tensor_read_schedule`] that copies the bytes
+    /// straight into `destination` when it runs (`nrta_tensor_read` of the C API).
+    ///
+    /// # Safety
+    ///
+    /// `destination` must be valid for writes of `size` bytes, and not be accessed
+    /// otherwise, until the request has completed.
+    pub unsafe fn tensor_read_into_schedule(
+        &self,
+        core: u32,
+        tensor: &Tensor,
+        offset: u64,
+        destination: NonNull<u8>,
+        size: u64,
+        tracker: Option<&ErrorTracker>,
+    ) -> NrtResult<SeqId> {
+        self.shared.lifecycle.check()?;
+        tensor.check_range("read", offset, size)?;
+        let len = usize::try_from(size).map_err(|_| NrtError::invalid("a read that large does not fit in memory"))?;
+        let (tensor_owned, destination) = (tensor.clone(), CallerMemory(destination));
+        let work: nrta::Work = Box::new(move |seq| {
+            // SAFETY: the caller keeps `len` bytes at `destination` for this request alone
+            // until it completes, which is after this runs.
+            let out = unsafe { std::slice::from_raw_parts_mut(destination.start(), len) };
+            tensor_owned.read_as(offset, out, seq.0)
+        });
+        let what = format!("a read of tensor `{}`", tensor.name());
+        self.schedule(core, Xu::TensorRead, tracker, &what, work, |_| {})
     }
 
     /// Schedules writing `data` into `tensor` at `offset` on `core`'s tensor-write unit

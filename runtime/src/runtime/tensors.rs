@@ -1,5 +1,6 @@
 //! Tensor allocation, charged to the memory category of its placement.
 
+use std::ptr::NonNull;
 use std::sync::Arc;
 
 use crate::dtype::ArrayType;
@@ -20,6 +21,24 @@ impl Runtime {
     pub fn allocate_tensor_for(&self, placement: TensorPlacement, ty: &ArrayType, name: &str) -> NrtResult<Tensor> {
         let size = ty.size_bytes().ok_or_else(|| NrtError::invalid(format!("{ty} is too large to allocate")))?;
         self.allocate(placement, size, Some(ty.clone()), name)
+    }
+
+    /// Wraps `len` bytes at `start`, which the caller owns, as a host tensor
+    /// (`nrt_tensor_attach_buffer`): reads, writes and executions use that memory
+    /// directly. The runtime charges nothing for it.
+    ///
+    /// # Safety
+    ///
+    /// `start` must be valid for reads and writes of `len` bytes for as long as any
+    /// view of the returned tensor (clones, slices, tensor sets, scheduled requests)
+    /// exists, and the caller must not access that memory while the runtime may
+    /// (during an execution, read, write or copy of the tensor).
+    pub unsafe fn attach_buffer(&self, start: NonNull<u8>, len: u64, name: &str) -> NrtResult<Tensor> {
+        let tracer = self.tracer()?;
+        let charge = self.shared.ledger.charge(Charge::Host(HostCategory::Tensors), 0)?;
+        let tracing = TensorTracing { ring: tracer.ring_of(None), name_id: tracer.store().intern(name), tracer };
+        // SAFETY: the caller's promise is the one `Tensor::lent` needs.
+        unsafe { Tensor::lent(name, start, len, charge, Arc::clone(&self.shared.lifecycle), Some(tracing)) }
     }
 
     pub(super) fn allocate(

@@ -14,8 +14,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, ValueEnum};
 use neuron_datastore::ALL_SYSTEM_EVENTS;
 use neuron_datastore::{DatastoreReader, TailStart};
-use neuron_profiler::record::{Recorder, create_writer, metadata};
 use neuron_profiler::{bind_tensors, load_model_bytes, model_name, npy, read_inputs, target_for};
+use neuron_record::{Recorder, create_writer, metadata};
 use neuron_runtime::config::{ENV_NUM_CORES, ENV_VISIBLE_CORES};
 use neuron_runtime::{Config, ErrorTracker, Model, Neff, NrtError, Runtime, SeqId, Target, TensorSet, compile_hlo};
 
@@ -100,7 +100,7 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
     let mut recorder = match peak {
         Some(peak) => {
             let command: Vec<String> = std::env::args().collect();
-            let mut meta = metadata(reader.info(), "capture", &command);
+            let mut meta = metadata(reader.info(), neuron_profiler::PROFILE_TOOL, "capture", &command);
             meta.peak_flops_per_core = peak;
             meta.peak_flops_method = PEAK_METHOD.into();
             Some(Recorder::new(create_writer(&args.session_file, &meta)?))

@@ -13,7 +13,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use neuron_datastore::ALL_SYSTEM_EVENTS;
 use neuron_datastore::{DatastoreReader, Liveness, Tail, TailStart, pid_of_file_name};
-use neuron_profiler::record::{Recorder, create_writer, metadata};
+use neuron_record::{Recorder, create_writer, metadata};
 use neuron_runtime::Config;
 use neuron_runtime::config::{ENV_DATASTORE_DIR, ENV_INSPECT_ENABLE, ENV_INSPECT_MAX_EVENTS_PER_NC};
 
@@ -91,7 +91,10 @@ pub(crate) fn inspect(args: InspectArgs) -> Result<()> {
                 Mode::OnFail { errors: error_count(&reader), captures: 0 }
             } else {
                 let command: Vec<String> = args.command.clone();
-                let recorder = Recorder::new(create_writer(&path, &metadata(reader.info(), "inspect", &command))?);
+                let recorder = Recorder::new(create_writer(
+                    &path,
+                    &metadata(reader.info(), neuron_profiler::PROFILE_TOOL, "inspect", &command),
+                )?);
                 let tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
                 Mode::Stream { tail: Box::new(tail), recorder: Box::new(recorder) }
             };
@@ -160,8 +163,10 @@ fn step(t: &mut Traced, done: bool, command: &[String]) -> Result<Option<PathBuf
             *errors = now;
             *captures += 1;
             let path = numbered(&t.path, *captures);
-            let mut recorder =
-                Recorder::new(create_writer(&path, &metadata(t.reader.info(), "inspect-on-fail", command))?);
+            let mut recorder = Recorder::new(create_writer(
+                &path,
+                &metadata(t.reader.info(), neuron_profiler::PROFILE_TOOL, "inspect-on-fail", command),
+            )?);
             recorder.models(&t.reader.models(), &|_| String::new())?;
             let mut tail = t.reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
             recorder.drain(&t.reader, &mut tail, done)?;

@@ -10,7 +10,7 @@ use anyhow::{Result, anyhow};
 use clap::Args;
 use neuron_datastore::{ALL_SYSTEM_EVENTS, EventData, EventType};
 use neuron_datastore::{TailStart, TraceEvent};
-use neuron_profiler::record::{Recorder, create_writer, metadata};
+use neuron_record::{Recorder, create_writer, metadata};
 
 use crate::live_runtime;
 
@@ -49,7 +49,10 @@ pub(crate) fn snapshot(args: SnapshotArgs) -> Result<()> {
     }
     let output = args.output.unwrap_or_else(|| PathBuf::from(format!("snapshot-{}.ntff", args.pid)));
     let command = std::env::args().collect::<Vec<_>>();
-    let mut recorder = Recorder::new(create_writer(&output, &metadata(reader.info(), "snapshot", &command))?);
+    let mut recorder = Recorder::new(create_writer(
+        &output,
+        &metadata(reader.info(), neuron_profiler::PROFILE_TOOL, "snapshot", &command),
+    )?);
     recorder.models(&reader.models(), &|_| String::new())?;
     if let Some(since) = since {
         recorder.keep_only(move |event| match event {

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, ValueEnum};
 use neuron_datastore::EventType;
 use neuron_datastore::MAX_CORES;
-use neuron_profiler::record::{to_device_event, to_system_event};
+use neuron_record::{to_device_event, to_system_event};
 use neuron_runtime::CoreSet;
 use ntff::NtffFile;
 use ntff::export::{ExportOptions, Format, Progress};

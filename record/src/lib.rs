@@ -1,7 +1,9 @@
 //! Records a runtime's trace events, read from its datastore rings, into an NTFF file;
 //! and turns NTFF events back into the runtime's typed events.
 //!
-//! This is the one place that knows both the runtime's event model and the file's:
+//! Everything that writes profiles uses it: `neuron-profile` (capture, inspect,
+//! snapshot), and `nrt_profile_start`/`nrt_profile_stop` of the C API. It is the one
+//! place that knows both the datastore's event model and the file's:
 //! event data becomes named arguments, device activities become descriptors, ring
 //! overwrites become loss markers and `timestamp_sync_point` events become sync points.
 
@@ -9,19 +11,29 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
 use neuron_datastore::Engine;
 use neuron_datastore::{
     ClockDomain, DeviceActivity, DeviceEvent, DmaQueueType, EventData, EventType, Phase, SystemEvent,
 };
 use neuron_datastore::{DatastoreReader, ModelInfo, RuntimeInfo, Tail, TraceEvent};
-use ntff::{Arg, ArgValue, Descriptor, DescriptorId, Sym, SyncPoint, Writer};
+use ntff::{Arg, ArgValue, Descriptor, DescriptorId, NtffError, Sym, SyncPoint, Writer};
+
+/// Why a recording failed: the file could not be created or written.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("cannot create the trace file {path}: {source}")]
+    Create { path: std::path::PathBuf, source: NtffError },
+    #[error("cannot write the trace file: {0}")]
+    Write(#[from] NtffError),
+}
+
+pub type Result<T, E = RecordError> = std::result::Result<T, E>;
 
 /// Records read per ring per poll.
 pub const POLL_RECORDS: usize = 65_536;
 
 /// Which events a recorder keeps.
-type EventFilter = dyn Fn(&TraceEvent) -> bool;
+type EventFilter = dyn Fn(&TraceEvent) -> bool + Send;
 
 /// Writes runtime events into an NTFF writer.
 pub struct Recorder<W: Write> {
@@ -69,7 +81,7 @@ impl<W: Write> Recorder<W> {
     }
 
     /// Records only the events `keep` accepts from now on.
-    pub fn keep_only(&mut self, keep: impl Fn(&TraceEvent) -> bool + 'static) {
+    pub fn keep_only(&mut self, keep: impl Fn(&TraceEvent) -> bool + Send + 'static) {
         self.keep = Some(Box::new(keep));
     }
 
@@ -269,7 +281,7 @@ impl<W: Write> Recorder<W> {
     /// Writes what is buffered, so the file holds everything recorded so far.
     pub fn flush(&mut self) -> Result<()> {
         self.last_flush = Instant::now();
-        self.writer.flush().context("cannot write the trace file")
+        Ok(self.writer.flush()?)
     }
 
     /// Drains the rings of a process that is still running when [`DRAIN_INTERVAL`] has
@@ -297,7 +309,7 @@ impl<W: Write> Recorder<W> {
 
     /// Finishes the file.
     pub fn finish(self) -> Result<(W, ntff::WriteSummary)> {
-        self.writer.finish().context("cannot finish the trace file")
+        Ok(self.writer.finish()?)
     }
 }
 
@@ -313,13 +325,14 @@ fn string<W: Write>(w: &mut Writer<W>, key: &str, value: &str) -> Arg {
     Arg { key: w.intern(key), value: ArgValue::Str(w.intern(value)) }
 }
 
-/// The file metadata for a trace of the runtime `info` describes.
-pub fn metadata(info: &RuntimeInfo, capture_kind: &str, command: &[String]) -> ntff::Metadata {
+/// The file metadata for a trace of the runtime `info` describes, made by `tool` (its
+/// name and version) as a capture of kind `capture_kind`.
+pub fn metadata(info: &RuntimeInfo, tool: &str, capture_kind: &str, command: &[String]) -> ntff::Metadata {
     let realtime = neuron_datastore::clock::realtime_ns();
     let monotonic = neuron_datastore::clock::monotonic_ns();
     ntff::Metadata {
         runtime_version: info.runtime_version.clone(),
-        tool: format!("neuron-profile {} {capture_kind}", env!("CARGO_PKG_VERSION")),
+        tool: format!("{tool} {capture_kind}"),
         capture_unix_ns: realtime,
         instance_type: info.instance_type.clone(),
         topology: Some(ntff::Topology {
@@ -460,5 +473,5 @@ pub fn create_writer(
     path: &std::path::Path,
     metadata: &ntff::Metadata,
 ) -> Result<Writer<std::io::BufWriter<std::fs::File>>> {
-    Writer::create(path, metadata).with_context(|| format!("cannot create the trace file {}", path.display()))
+    Writer::create(path, metadata).map_err(|source| RecordError::Create { path: path.to_owned(), source })
 }

@@ -1,0 +1,146 @@
+//! The boundary between C callers and the Rust runtime: every exported function runs
+//! its body through [`call`] (or a sibling), which turns an [`NrtError`] into its public
+//! status code with a log line, and a panic into `NRT_FAILURE` with a log line, so that
+//! no unwind ever crosses the C ABI. The argument helpers check what C hands us (NULL
+//! pointers, strings that are not UTF-8) and name the argument when they refuse it.
+
+use std::ffi::{CStr, c_char};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use neuron_runtime::{NrtError, NrtResult, NrtStatus};
+
+/// An `NRT_STATUS` as the C functions return it (a C enum is an `int`).
+pub type Status = u32;
+
+pub(crate) const SUCCESS: Status = 0;
+
+/// Runs the body of the exported function `function` and returns its status.
+pub(crate) fn call(function: &'static str, body: impl FnOnce() -> NrtResult<()>) -> Status {
+    match guarded(function, body) {
+        Some(Ok(())) => SUCCESS,
+        Some(Err(error)) => failed(function, &error),
+        None => NrtStatus::Failure.code(),
+    }
+}
+
+/// Runs the body of an exported function that returns no status (its errors are only
+/// logged).
+pub(crate) fn call_void(function: &'static str, body: impl FnOnce() -> NrtResult<()>) {
+    if let Some(Err(error)) = guarded(function, body) {
+        failed(function, &error);
+    }
+}
+
+/// Runs the body of an exported function that returns a value, or `fallback` (logged)
+/// when it fails.
+pub(crate) fn call_value<T>(function: &'static str, fallback: T, body: impl FnOnce() -> NrtResult<T>) -> T {
+    match guarded(function, body) {
+        Some(Ok(value)) => value,
+        Some(Err(error)) => {
+            failed(function, &error);
+            fallback
+        }
+        None => fallback,
+    }
+}
+
+/// `body`'s result, or `None` (logged) when it panicked.
+fn guarded<T>(function: &'static str, body: impl FnOnce() -> NrtResult<T>) -> Option<NrtResult<T>> {
+    crate::state::init_logging();
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(result) => Some(result),
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_owned());
+            tracing::error!(
+                "{function}: internal error ({message}); returning NRT_FAILURE. Please report it with the log above"
+            );
+            None
+        }
+    }
+}
+
+/// Logs `error` for `function` and returns its code. A full queue is the expected
+/// answer of a caller that schedules until the queue is full, so it is not an error.
+fn failed(function: &str, error: &NrtError) -> Status {
+    let status = c_status(error.status);
+    match status {
+        NrtStatus::QueueFull => tracing::debug!("{function}: {status}: {}", error.message),
+        _ => tracing::error!("{function}: {status}: {}", error.message),
+    }
+    status.code()
+}
+
+/// The status C callers get for `status`. A tensor set that does not match the model
+/// is `NRT_EXEC_BAD_INPUT` in the Rust API but `NRT_INVALID` here, as libnrt's header
+/// documents it ("input tensor name/size does not match the model").
+pub(crate) fn c_status(status: NrtStatus) -> NrtStatus {
+    match status {
+        NrtStatus::ExecBadInput => NrtStatus::Invalid,
+        other => other,
+    }
+}
+
+/// An `NRT_INVALID` error about argument `argument`.
+pub(crate) fn invalid(argument: &str, problem: impl std::fmt::Display) -> NrtError {
+    NrtError::new(NrtStatus::Invalid, format!("argument `{argument}` {problem}"))
+}
+
+/// `NRT_INVALID` for a function that means nothing on virtual NeuronCores.
+pub(crate) fn unsupported(why: &str) -> NrtError {
+    NrtError::new(NrtStatus::Invalid, format!("not supported on virtual NeuronCores: {why}"))
+}
+
+/// The pointer, or `NRT_INVALID` naming `argument` when it is NULL.
+pub(crate) fn non_null<T>(pointer: *mut T, argument: &str) -> NrtResult<*mut T> {
+    if pointer.is_null() { Err(invalid(argument, "is NULL")) } else { Ok(pointer) }
+}
+
+/// Stores `value` through the out-pointer `out`.
+pub(crate) fn write_out<T>(out: *mut T, argument: &str, value: T) -> NrtResult<()> {
+    let out = non_null(out, argument)?;
+    // SAFETY: `out` is not NULL, and the C caller passes a pointer to writable storage
+    // of type `T`, as the header declares.
+    unsafe { out.write(value) };
+    Ok(())
+}
+
+/// The string `text` points to, or `default` when it is NULL.
+pub(crate) fn optional_str<'a>(text: *const c_char, argument: &str, default: &'a str) -> NrtResult<&'a str> {
+    if text.is_null() {
+        return Ok(default);
+    }
+    // SAFETY: a non-NULL `const char *` argument points to a NUL-terminated string
+    // that stays valid for the call, as the header requires.
+    let text = unsafe { CStr::from_ptr(text) };
+    text.to_str().map_err(|_| invalid(argument, "is not UTF-8 text"))
+}
+
+/// The string `text` points to; `NRT_INVALID` when it is NULL.
+pub(crate) fn required_str<'a>(text: *const c_char, argument: &str) -> NrtResult<&'a str> {
+    non_null(text.cast_mut(), argument)?;
+    optional_str(text, argument, "")
+}
+
+/// Copies `value` into the C struct at `out`, at most `capacity` bytes of it (the size
+/// the caller's header gave the struct); returns how many were written.
+pub(crate) fn write_versioned<T: Copy>(out: *mut T, capacity: usize, argument: &str, value: &T) -> NrtResult<usize> {
+    let out = non_null(out, argument)?;
+    let bytes = capacity.min(size_of::<T>());
+    // SAFETY: the caller gives `capacity` writable bytes at `out`; at most that many and
+    // at most the struct's size are copied from a valid `T`.
+    unsafe { std::ptr::copy_nonoverlapping(std::ptr::from_ref(value).cast::<u8>(), out.cast::<u8>(), bytes) };
+    Ok(bytes)
+}
+
+/// Copies `text` into the C char array `out` of `N` bytes, NUL-terminated (cut if long).
+pub(crate) fn c_chars<const N: usize>(text: &str) -> [c_char; N] {
+    let mut out = [0 as c_char; N];
+    for (slot, byte) in out.iter_mut().zip(text.bytes().take(N.saturating_sub(1))) {
+        *slot = byte as c_char;
+    }
+    out
+}

@@ -1,0 +1,219 @@
+//! Profiles a C program writes itself (`nrt_profile_start`/`_stop`, `nrt_inspect_begin`/
+//! `_stop`, `nrt_trace_start`/`_stop`): one recording at a time, drained from the
+//! process's own datastore by a background thread into an NTFF file, exactly as
+//! `neuron-profile capture` records a runtime (`neuron_record::Recorder`).
+//!
+//! While a recording runs, device tracing is on; stopping it returns the rings to what
+//! `NEURON_RT_INSPECT_*` configured.
+
+use std::ffi::{c_char, c_void};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
+use std::thread::JoinHandle;
+
+use neuron_datastore::{ALL_SYSTEM_EVENTS, DatastoreReader, TailStart, TraceEvent};
+use neuron_record::{DRAIN_INTERVAL, RecordError, Recorder, create_writer, metadata};
+use neuron_runtime::{NrtError, NrtResult, NrtStatus, Runtime};
+
+use crate::boundary::{Status, call, required_str};
+use crate::models;
+use crate::state;
+
+/// How profiles written through this library name their tool.
+const TOOL: &str = concat!("libnrt ", env!("CARGO_PKG_VERSION"));
+
+/// What a running recording keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    /// The executions of one model (`nrt_profile_start`).
+    Model { model_id: u32, core: u32 },
+    /// Everything (`nrt_inspect_begin`, `nrt_trace_start`).
+    Process,
+}
+
+#[derive(Debug)]
+struct Recording {
+    path: PathBuf,
+    runtime: Runtime,
+    stop: Sender<()>,
+    drainer: JoinHandle<Result<ntff::WriteSummary, RecordError>>,
+}
+
+static RECORDING: Mutex<Option<Recording>> = Mutex::new(None);
+
+fn recording() -> std::sync::MutexGuard<'static, Option<Recording>> {
+    RECORDING.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Starts recording `scope` of `runtime` into `path`.
+fn start(runtime: Runtime, path: PathBuf, scope: Scope, capture_kind: &str) -> NrtResult<()> {
+    let mut slot = recording();
+    if let Some(running) = slot.as_ref() {
+        return Err(NrtError::new(
+            NrtStatus::Invalid,
+            format!("a profile is already being recorded into {}; stop it first", running.path.display()),
+        ));
+    }
+    let reader = DatastoreReader::open(&runtime.datastore_path()?)
+        .map_err(|e| NrtError::new(NrtStatus::Failure, format!("cannot read this process's datastore: {e}")))?;
+    let command: Vec<String> = std::env::args().collect();
+    let writer = create_writer(&path, &metadata(reader.info(), TOOL, capture_kind, &command))
+        .map_err(|e| NrtError::new(NrtStatus::Invalid, e.to_string()))?;
+    let mut recorder = Recorder::new(writer);
+    let cores = match scope {
+        Scope::Model { model_id, core } => {
+            recorder.keep_only(move |event| match event {
+                TraceEvent::System(e) => e.model_id.is_none_or(|id| id == model_id),
+                TraceEvent::Device(e) => e.model_id == model_id,
+            });
+            Some(vec![core])
+        }
+        Scope::Process => None,
+    };
+    let tail = reader.tail(TailStart::Now, cores.as_deref(), ALL_SYSTEM_EVENTS, true);
+    runtime.set_trace_recording_of(true, true)?;
+    let (stop, stopped) = channel();
+    let drainer = std::thread::Builder::new()
+        .name("nrt-profile".into())
+        .spawn(move || drain(reader, tail, recorder, &stopped))
+        .map_err(|e| NrtError::new(NrtStatus::Resource, format!("cannot start the profile thread: {e}")))?;
+    *slot = Some(Recording { path, runtime, stop, drainer });
+    Ok(())
+}
+
+/// Drains the rings into the file until told to stop, then finishes the file.
+fn drain(
+    reader: DatastoreReader,
+    mut tail: neuron_datastore::Tail,
+    mut recorder: Recorder<std::io::BufWriter<std::fs::File>>,
+    stopped: &Receiver<()>,
+) -> Result<ntff::WriteSummary, RecordError> {
+    loop {
+        recorder.models(&reader.models(), &|_| String::new())?;
+        let last = !matches!(stopped.recv_timeout(DRAIN_INTERVAL), Err(RecvTimeoutError::Timeout));
+        recorder.drain(&reader, &mut tail, last)?;
+        if last {
+            return Ok(recorder.finish()?.1);
+        }
+        recorder.flush_when_due()?;
+    }
+}
+
+/// Stops the recording into `path` (any recording when `None`) and writes its file.
+fn stop(path: Option<&Path>) -> NrtResult<PathBuf> {
+    let mut slot = recording();
+    let Some(running) = slot.take_if(|r| path.is_none_or(|p| p == r.path)) else {
+        return Err(match (slot.as_ref(), path) {
+            (Some(other), Some(path)) => NrtError::new(
+                NrtStatus::Invalid,
+                format!(
+                    "no profile is being recorded into {}; the running one goes to {}",
+                    path.display(),
+                    other.path.display()
+                ),
+            ),
+            _ => NrtError::new(NrtStatus::Invalid, "no profile is being recorded; start one first"),
+        });
+    };
+    let inspect = running.runtime.config().inspect.clone();
+    let restored = running.runtime.set_trace_recording_of(inspect.system, inspect.device);
+    let _ = running.stop.send(());
+    let summary = running
+        .drainer
+        .join()
+        .map_err(|_| NrtError::new(NrtStatus::Failure, "the profile thread panicked"))?
+        .map_err(|e| NrtError::new(NrtStatus::Failure, e.to_string()))?;
+    // A closed runtime has nothing left to restore.
+    if let Err(error) = restored
+        && error.status != NrtStatus::Closed
+    {
+        return Err(error);
+    }
+    tracing::info!(
+        "profile written to {}: {} system events, {} device events, {} lost",
+        running.path.display(),
+        summary.system_events,
+        summary.device_events,
+        summary.lost_events
+    );
+    Ok(running.path)
+}
+
+/// Finishes the running recording, if any (`nrt_close` calls it).
+pub(crate) fn finish_before_close() {
+    if recording().is_some()
+        && let Err(error) = stop(None)
+    {
+        tracing::error!("nrt_close: the running profile could not be finished: {error}");
+    }
+}
+
+/// The path of a C file name argument.
+fn path_argument(filename: *const c_char) -> NrtResult<PathBuf> {
+    let name = required_str(filename, "filename")?;
+    if name.is_empty() {
+        return Err(NrtError::new(NrtStatus::Invalid, "argument `filename` is empty"));
+    }
+    Ok(PathBuf::from(name))
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_profile_start(model: *mut c_void, filename: *const c_char) -> Status {
+    call("nrt_profile_start", || {
+        let c_model = models::model(model)?;
+        let path = path_argument(filename)?;
+        let scope = Scope::Model { model_id: c_model.model.id(), core: c_model.model.core() };
+        start(c_model.runtime.clone(), path, scope, "nrt_profile")
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_profile_stop(filename: *const c_char) -> Status {
+    call("nrt_profile_stop", || stop(Some(&path_argument(filename)?)).map(drop))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nrt_inspect_begin() -> Status {
+    call("nrt_inspect_begin", || {
+        let runtime = state::runtime()?;
+        let directory = runtime.config().inspect_output_dir.clone();
+        std::fs::create_dir_all(&directory).map_err(|e| {
+            NrtError::new(
+                NrtStatus::Invalid,
+                format!("cannot create the output directory {}: {e}", directory.display()),
+            )
+        })?;
+        let host =
+            std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default();
+        let session = neuron_datastore::clock::realtime_ns() / 1_000_000_000;
+        let name = format!("{}-pid{}-{session}.ntff", if host.is_empty() { "host" } else { &host }, std::process::id());
+        start(runtime, directory.join(name), Scope::Process, "inspect")
+    })
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nrt_inspect_stop() -> Status {
+    call("nrt_inspect_stop", || stop(None).map(drop))
+}
+
+#[unsafe(no_mangle)]
+pub extern "C" fn nrt_trace_start(_trace_mem: bool) -> Status {
+    call("nrt_trace_start", || {
+        // The file name comes at the end; record into a temporary one until then.
+        let runtime = state::runtime()?;
+        let path = std::env::temp_dir().join(format!("nrt-trace-{}.ntff", std::process::id()));
+        start(runtime, path, Scope::Process, "nrt_trace")
+    })
+}
+
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nrt_trace_stop(filename: *const c_char) -> Status {
+    call("nrt_trace_stop", || {
+        let target = path_argument(filename)?;
+        let written = stop(None)?;
+        std::fs::rename(&written, &target)
+            .or_else(|_| std::fs::copy(&written, &target).and_then(|_| std::fs::remove_file(&written)))
+            .map_err(|e| NrtError::new(NrtStatus::Invalid, format!("cannot write {}: {e}", target.display())))
+    })
+}

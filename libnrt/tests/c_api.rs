@@ -1,0 +1,398 @@
+//! The C API as C programs see it: the headers compile alone in C and C++, their
+//! structs have the layout the library writes, and C programs built with the system
+//! `cc` against `include/nrt/` and `libnrt.so` run correctly — the examples (outputs
+//! compared with the Rust API's on the same NEFF and inputs) and a program that
+//! exercises every function and its misuse (`tests/c/api_checks.c`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use neuron_datastore::DatastoreReader;
+use neuron_runtime::{Neff, Runtime, Target, TensorPlacement, TensorSet, compile_hlo};
+use neuron_test_support::process::{Sandbox, profiler_binary};
+use serde_json::Value;
+
+const HEADERS: &[&str] =
+    &["nrt", "nrt_status", "nrt_async", "nrt_experimental", "nrt_sys_trace", "nrt_profile", "nrt_version"];
+
+fn crate_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The directory holding this build's `libnrt.so` (this test is `<dir>/deps/<name>`).
+fn library_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test executable");
+    let dir = exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf();
+    assert!(dir.join("libnrt.so").exists(), "{} has no libnrt.so", dir.display());
+    dir
+}
+
+fn run(command: &mut Command) -> Output {
+    let output = command.output().unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed ({}):\n{}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// Compiles the C program `source` against the headers and `libnrt.so` into `dir`.
+fn compile_c(source: &Path, dir: &Path) -> PathBuf {
+    let lib = library_dir();
+    let binary = dir.join(source.file_stem().expect("a file name"));
+    run(Command::new("cc")
+        .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(crate_dir().join("include"))
+        .arg(source)
+        .arg("-o")
+        .arg(&binary)
+        .arg(format!("-L{}", lib.display()))
+        .arg(format!("-Wl,-rpath,{}", lib.display()))
+        .args(["-lnrt", "-lpthread"]));
+    binary
+}
+
+/// A NEFF of `hlo`, compiled with `neuron-cc`'s defaults.
+fn neff(hlo: &str, name: &str) -> Vec<u8> {
+    Neff::new(name, compile_hlo(hlo, Target::Trn1).expect("compiles")).encode()
+}
+
+fn example_mlp() -> String {
+    std::fs::read_to_string(crate_dir().join("../examples/mlp.hlo")).expect("examples/mlp.hlo")
+}
+
+/// The examples' input pattern (`example_inputs.h`).
+fn input_value(input: usize, k: usize) -> f32 {
+    ((k * 7 + input * 13) % 101) as f32 - 50.0
+}
+
+#[test]
+fn every_header_compiles_alone_in_c_and_cpp() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for header in HEADERS {
+        let source = dir.path().join(format!("{header}.c"));
+        std::fs::write(&source, format!("#include \"nrt/{header}.h\"\nint main(void) {{ return 0; }}\n"))
+            .expect("write");
+        let include = crate_dir().join("include");
+        run(Command::new("cc")
+            .args(["-std=c11", "-Wall", "-Wextra", "-Wpedantic", "-Werror", "-fsyntax-only", "-I"])
+            .arg(&include)
+            .arg(&source));
+        run(Command::new("c++")
+            .args(["-std=c++11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", "-x", "c++", "-I"])
+            .arg(&include)
+            .arg(&source));
+    }
+}
+
+#[test]
+fn every_header_function_is_exported() {
+    let mut declared: Vec<String> = Vec::new();
+    for header in HEADERS {
+        let text = std::fs::read_to_string(crate_dir().join(format!("include/nrt/{header}.h"))).expect("header");
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("nrt") {
+            let tail = &rest[at..];
+            let name: String = tail.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            let preceded = at > 0 && rest.as_bytes()[at - 1].is_ascii_alphanumeric();
+            if !preceded && tail[name.len()..].starts_with('(') && !declared.contains(&name) {
+                declared.push(name.clone());
+            }
+            rest = &tail[name.len().max(1)..];
+        }
+    }
+    let symbols = run(Command::new("nm").args(["-D", "--defined-only"]).arg(library_dir().join("libnrt.so")));
+    let exported = String::from_utf8_lossy(&symbols.stdout);
+    let exported: Vec<&str> = exported.lines().filter_map(|l| l.split_whitespace().nth(2)).collect();
+    let missing: Vec<&String> = declared.iter().filter(|d| !exported.contains(&d.as_str())).collect();
+    assert!(declared.len() > 80, "found {} declarations", declared.len());
+    assert!(missing.is_empty(), "declared in the headers but not exported: {missing:?}");
+}
+
+#[test]
+fn structs_have_the_layout_the_library_writes() {
+    use std::mem::{offset_of, size_of};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let source = dir.path().join("layout.c");
+    let fields: &[(&str, &[&str], usize, Vec<usize>)] = &[
+        (
+            "nrt_instance_info_t",
+            &["family", "size", "arch_name", "device_revision"],
+            size_of::<nrt::NrtInstanceInfo>(),
+            vec![
+                offset_of!(nrt::NrtInstanceInfo, family),
+                offset_of!(nrt::NrtInstanceInfo, size),
+                offset_of!(nrt::NrtInstanceInfo, arch_name),
+                offset_of!(nrt::NrtInstanceInfo, device_revision),
+            ],
+        ),
+        (
+            "nrt_version_t",
+            &["rt_major", "rt_minor", "rt_patch", "rt_maintenance", "rt_detail", "git_hash"],
+            size_of::<nrt::NrtVersion>(),
+            vec![
+                offset_of!(nrt::NrtVersion, rt_major),
+                offset_of!(nrt::NrtVersion, rt_minor),
+                offset_of!(nrt::NrtVersion, rt_patch),
+                offset_of!(nrt::NrtVersion, rt_maintenance),
+                offset_of!(nrt::NrtVersion, rt_detail),
+                offset_of!(nrt::NrtVersion, git_hash),
+            ],
+        ),
+        (
+            "nrt_vnc_memory_stats_t",
+            &["bytes_used", "bytes_limit"],
+            size_of::<nrt::NrtVncMemoryStats>(),
+            vec![offset_of!(nrt::NrtVncMemoryStats, bytes_used), offset_of!(nrt::NrtVncMemoryStats, bytes_limit)],
+        ),
+        (
+            "nrt_tensor_batch_op_t",
+            &["offset", "size", "buffer"],
+            size_of::<nrt::NrtTensorBatchOp>(),
+            vec![
+                offset_of!(nrt::NrtTensorBatchOp, offset),
+                offset_of!(nrt::NrtTensorBatchOp, size),
+                offset_of!(nrt::NrtTensorBatchOp, buffer),
+            ],
+        ),
+        (
+            "nrt_tensor_batch_t",
+            &["tensor", "ops", "num_ops"],
+            size_of::<nrt::NrtTensorBatch>(),
+            vec![
+                offset_of!(nrt::NrtTensorBatch, tensor),
+                offset_of!(nrt::NrtTensorBatch, ops),
+                offset_of!(nrt::NrtTensorBatch, num_ops),
+            ],
+        ),
+        (
+            "nrt_tensor_info_t",
+            &["name", "usage", "size", "dtype", "shape", "ndim"],
+            size_of::<nrt::NrtTensorInfo>(),
+            vec![
+                offset_of!(nrt::NrtTensorInfo, name),
+                offset_of!(nrt::NrtTensorInfo, usage),
+                offset_of!(nrt::NrtTensorInfo, size),
+                offset_of!(nrt::NrtTensorInfo, dtype),
+                offset_of!(nrt::NrtTensorInfo, shape),
+                offset_of!(nrt::NrtTensorInfo, ndim),
+            ],
+        ),
+        (
+            "nrt_tensor_info_array_t",
+            &["tensor_count", "tensor_array"],
+            size_of::<nrt::NrtTensorInfoArray>(),
+            vec![offset_of!(nrt::NrtTensorInfoArray, tensor_count), offset_of!(nrt::NrtTensorInfoArray, tensor_array)],
+        ),
+        (
+            "nrta_error_t",
+            &["seq_id", "error_code"],
+            size_of::<nrt::NrtaError>(),
+            vec![offset_of!(nrt::NrtaError, seq_id), offset_of!(nrt::NrtaError, error_code)],
+        ),
+        ("nrt_model_info_t", &["vnc"], size_of::<nrt::NrtModelInfo>(), vec![offset_of!(nrt::NrtModelInfo, vnc)]),
+    ];
+    let mut program = String::from(
+        "#include <stddef.h>\n#include <stdio.h>\n#include \"nrt/nrt.h\"\n#include \"nrt/nrt_async.h\"\n\
+         #include \"nrt/nrt_experimental.h\"\n#include \"nrt/nrt_version.h\"\nint main(void) {\n",
+    );
+    let mut expected = String::new();
+    for (name, members, size, offsets) in fields {
+        program.push_str(&format!("    printf(\"{name} %zu\", sizeof({name}));\n"));
+        expected.push_str(&format!("{name} {size}"));
+        for (member, offset) in members.iter().zip(offsets) {
+            program.push_str(&format!("    printf(\" {member}=%zu\", offsetof({name}, {member}));\n"));
+            expected.push_str(&format!(" {member}={offset}"));
+        }
+        program.push_str("    printf(\"\\n\");\n");
+        expected.push('\n');
+    }
+    // Enums passed by value are C ints.
+    for name in ["NRT_STATUS", "nrt_tensor_placement_t", "nrt_framework_type_t", "nrta_xu_t", "nrt_dtype_t"] {
+        program.push_str(&format!("    printf(\"{name} %zu\\n\", sizeof({name}));\n"));
+        expected.push_str(&format!("{name} {}\n", size_of::<nrt::Status>()));
+    }
+    program.push_str("    return 0;\n}\n");
+    std::fs::write(&source, program).expect("write");
+    let binary = dir.path().join("layout");
+    run(Command::new("cc").arg("-I").arg(crate_dir().join("include")).arg(&source).arg("-o").arg(&binary));
+    let printed = run(&mut Command::new(&binary));
+    assert_eq!(String::from_utf8_lossy(&printed.stdout), expected);
+}
+
+#[test]
+fn the_api_checks_program_passes() {
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path();
+    let add = "HloModule add\n\nENTRY main {\n  x = f32[4]{0} parameter(0)\n  y = f32[4]{0} parameter(1)\n  ROOT sum = f32[4]{0} add(x, y)\n}\n";
+    std::fs::write(dir.join("add.neff"), neff(add, "add")).expect("write");
+    let allreduce = "HloModule allreduce\n\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\nENTRY main {\n  x = f32[4]{0} parameter(0)\n  ROOT r = f32[4]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n";
+    std::fs::write(dir.join("allreduce.neff"), neff(allreduce, "allreduce")).expect("write");
+    let binary = compile_c(&crate_dir().join("tests/c/api_checks.c"), dir);
+    let profile = dir.join("add.ntff");
+    let output = run(sandbox
+        .env(&mut Command::new(&binary))
+        .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.2xlarge")
+        .env_remove("NEURON_RT_FAULT_INJECT")
+        .arg(dir.join("add.neff"))
+        .arg(dir.join("allreduce.neff"))
+        .arg(&profile)
+        .current_dir(dir));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stdout.contains("all checks passed"), "{stdout}");
+    // Misuse is refused with a log line naming the argument.
+    for line in [
+        "nrt_tensor_read: NRT_INVALID (2): argument `tensor` is NULL",
+        "nrt_tensor_free: NRT_INVALID_HANDLE (3): argument `*tensor`",
+        "nrt_destroy_tensor_set: NRT_INVALID_HANDLE (3): argument `*tensor_set`",
+        "nrt_execute: NRT_INVALID (2): input `input1` of model `add` is f32[4] (16 bytes) but tensor `small` is 8 bytes",
+    ] {
+        assert!(stderr.contains(line), "no `{line}` in the log:\n{stderr}");
+    }
+    // The profile is a file `neuron-profile view` reads: three executions of `add`,
+    // traced on the device.
+    let view = run(Command::new(profiler_binary("neuron-profile"))
+        .args(["view", "--output-format", "summary-json", "-s"])
+        .arg(&profile));
+    let summary: Value = serde_json::from_slice(&view.stdout).expect("summary JSON");
+    assert_eq!(summary["models"][0]["name"], "add");
+    assert_eq!(summary["executions"]["count"], 3);
+    assert_eq!(summary["executions"]["device_traced"], 3);
+    assert_eq!(summary["process"]["capture_kind"], "nrt_profile");
+    assert!(summary["events"]["device"].as_u64().unwrap_or(0) >= 3, "{summary}");
+}
+
+/// Runs the MLP through the Rust API with the examples' inputs; returns its output.
+fn rust_mlp_output(sandbox: &Sandbox, neff: &[u8]) -> Vec<u8> {
+    let config = neuron_runtime::Config {
+        lock_dir: sandbox.path().to_path_buf(),
+        datastore_dir: sandbox.datastores.clone(),
+        ..neuron_runtime::Config::default()
+    };
+    let runtime = Runtime::start(config).expect("runtime");
+    let model = runtime.load(neff, None).expect("loads");
+    let placement = TensorPlacement::Device { core: model.core() };
+    let mut inputs = TensorSet::new();
+    for (i, io) in model.inputs().iter().enumerate() {
+        let ty = model.tensor_type(io);
+        let tensor = runtime.allocate_tensor_for(placement, ty, &io.name).expect("alloc");
+        let count = ty.element_count().expect("sized") as usize;
+        let bytes: Vec<u8> = (0..count).flat_map(|k| (input_value(i, k) / 128.0).to_le_bytes()).collect();
+        tensor.write(0, &bytes).expect("write");
+        inputs.add(&io.name, tensor);
+    }
+    let mut outputs = TensorSet::new();
+    let io = &model.outputs()[0];
+    let output = runtime.allocate_tensor_for(placement, model.tensor_type(io), &io.name).expect("alloc");
+    outputs.add(&io.name, output.clone());
+    runtime.execute(&model, &inputs, &outputs).expect("runs");
+    let bytes = output.read_all().expect("read");
+    runtime.close().expect("close");
+    bytes
+}
+
+#[test]
+fn the_async_example_matches_the_rust_api_and_shows_in_the_datastore() {
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path();
+    let mlp = neff(&example_mlp(), "mlp");
+    std::fs::write(dir.join("mlp.neff"), &mlp).expect("write");
+    let binary = compile_c(&crate_dir().join("../examples/c/async_mlp.c"), dir);
+    let outputs = dir.join("outputs.bin");
+    let mut child = sandbox
+        .env(&mut Command::new(&binary))
+        .env("NEURON_PROCESS_TAG", "c-example")
+        .arg(dir.join("mlp.neff"))
+        .arg("40")
+        .arg(&outputs)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("runs");
+
+    // While it runs, its datastore says what any runtime's does: its tag, its model,
+    // its executions (what neuron-ls, neuron-top, neuron-monitor and the dashboard read).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut seen = None;
+    while seen.is_none() && Instant::now() < deadline && child.try_wait().expect("wait").is_none() {
+        for entry in std::fs::read_dir(&sandbox.datastores).into_iter().flatten().flatten() {
+            let Ok(reader) = DatastoreReader::open(&entry.path()) else { continue };
+            let completed: u64 = reader.snapshot().cores.iter().map(|c| c.executions.0[0]).sum();
+            if completed > 0 {
+                seen = Some((reader.info().tag.clone(), reader.models(), completed));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().expect("finishes");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    let (tag, models, completed) = seen.expect("the running example in the datastore");
+    assert_eq!(tag.as_deref(), Some("c-example"));
+    assert_eq!(models.iter().map(|m| m.name.as_str()).collect::<Vec<_>>(), ["mlp"]);
+    assert!(completed > 0);
+
+    assert!(stdout.contains("40 requests"), "{stdout}");
+    assert!(stdout.contains("0 failed"), "{stdout}");
+    let full: u64 = stdout
+        .split("the queue was full ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("the queue-full count");
+    assert!(full > 0, "40 requests never filled a queue of 8: {stdout}");
+    let from_c = std::fs::read(&outputs).expect("the outputs file");
+    assert_eq!(from_c, rust_mlp_output(&sandbox, &mlp), "the C example's output differs from the Rust API's");
+}
+
+#[test]
+fn the_sync_example_fetches_each_event_once_with_visible_core_numbers() {
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path();
+    std::fs::write(dir.join("mlp.neff"), neff(&example_mlp(), "mlp")).expect("write");
+    let binary = compile_c(&crate_dir().join("../examples/c/sync_trace.c"), dir);
+    let events_file = dir.join("events.json");
+    let output = run(sandbox
+        .env(&mut Command::new(&binary))
+        .env("NEURON_RT_VISIBLE_CORES", "1")
+        .arg(dir.join("mlp.neff"))
+        .arg("2")
+        .arg(&events_file));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("a second fetch returns 0 events"), "{stdout}");
+    let fetched: Value = serde_json::from_slice(&std::fs::read(&events_file).expect("events")).expect("JSON");
+    assert_eq!(fetched["data_version"], 2);
+    let events = fetched["events"].as_array().expect("events");
+    let of_type = |t: &str| events.iter().filter(|e| e["event_type"] == t).collect::<Vec<_>>();
+    assert_eq!(of_type("nrt_execute").len(), 4, "a start and a stop per execution");
+    assert_eq!(of_type("nrt_load").len(), 2);
+    // vnc 0 of a process holding nc1 is nc1, as every tool numbers it.
+    assert!(of_type("nc_exec_running").iter().all(|e| e["nc_idx"] == 1));
+    let raw = std::fs::read_to_string(&events_file).expect("events");
+    let first = &raw[raw.find("[{").expect("an event") + 1..];
+    let first = &first[..first.find("},{").unwrap_or(first.len())];
+    let positions: Vec<usize> = [
+        "{\"event_type\":",
+        ",\"phase\":",
+        ",\"id\":",
+        ",\"nc_idx\":",
+        ",\"tracking_id\":",
+        ",\"thread_id\":",
+        ",\"data\":",
+        ",\"timestamp_ns\":",
+    ]
+    .iter()
+    .map(|key| first.find(key).unwrap_or_else(|| panic!("no {key} in {first}")))
+    .collect();
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "the documented key order: {first}");
+    let mut ids: Vec<(Value, Value)> = events.iter().map(|e| (e["nc_idx"].clone(), e["id"].clone())).collect();
+    let count = ids.len();
+    ids.sort_by_key(|(core, id)| (core.as_u64(), id.as_u64()));
+    ids.dedup();
+    assert_eq!(ids.len(), count, "each event once");
+}
