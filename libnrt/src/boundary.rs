@@ -144,3 +144,20 @@ pub(crate) fn c_chars<const N: usize>(text: &str) -> [c_char; N] {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_nrt_failure_and_an_error_its_code() {
+        assert_eq!(call("test_panic", || panic!("an internal error")), NrtStatus::Failure.code());
+        assert_eq!(call_value("test_panic", 7usize, || panic!("an internal error")), 7);
+        call_void("test_panic", || panic!("an internal error"));
+        let timeout = || Err(NrtError::new(NrtStatus::Timeout, "too long"));
+        assert_eq!(call("test_error", timeout), NrtStatus::Timeout.code());
+        let bad_input = || Err(NrtError::new(NrtStatus::ExecBadInput, "wrong size"));
+        assert_eq!(call("test_error", bad_input), NrtStatus::Invalid.code(), "as libnrt documents it");
+        assert_eq!(call("test_ok", || Ok(())), SUCCESS);
+    }
+}

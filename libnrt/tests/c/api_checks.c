@@ -452,6 +452,16 @@ static void profile(nrt_model_t *model, const char *path) {
     OK(nrt_profile_stop(path));
     EXPECT(NRT_INVALID, nrt_profile_stop(path));
     ASSERT(access(path, R_OK) == 0);
+    /* nrt_inspect_* records everything into NEURON_RT_INSPECT_OUTPUT_DIR (./output). */
+    OK(nrt_inspect_begin());
+    OK(nrt_execute(model, b.inputs, b.outputs));
+    OK(nrt_inspect_stop());
+    EXPECT(NRT_INVALID, nrt_inspect_stop());
+    ASSERT(access("output", R_OK) == 0);
+    OK(nrt_trace_start(false));
+    OK(nrt_execute(model, b.inputs, b.outputs));
+    OK(nrt_trace_stop("trace.ntff"));
+    ASSERT(access("trace.ntff", R_OK) == 0);
     unbind(&b);
     puts("ok profile");
 }
