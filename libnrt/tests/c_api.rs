@@ -16,6 +16,9 @@ use serde_json::Value;
 const HEADERS: &[&str] =
     &["nrt", "nrt_status", "nrt_async", "nrt_experimental", "nrt_sys_trace", "nrt_profile", "nrt_version"];
 
+/// Adds two `f32[4]` inputs: `input0 + input1 -> output0`.
+const ADD_HLO: &str = "HloModule add\n\nENTRY main {\n  x = f32[4]{0} parameter(0)\n  y = f32[4]{0} parameter(1)\n  ROOT sum = f32[4]{0} add(x, y)\n}\n";
+
 fn crate_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
@@ -243,8 +246,7 @@ fn structs_have_the_layout_the_library_writes() {
 fn the_api_checks_program_passes() {
     let sandbox = Sandbox::new();
     let dir = sandbox.path();
-    let add = "HloModule add\n\nENTRY main {\n  x = f32[4]{0} parameter(0)\n  y = f32[4]{0} parameter(1)\n  ROOT sum = f32[4]{0} add(x, y)\n}\n";
-    std::fs::write(dir.join("add.neff"), neff(add, "add")).expect("write");
+    std::fs::write(dir.join("add.neff"), neff(ADD_HLO, "add")).expect("write");
     let allreduce = "HloModule allreduce\n\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\nENTRY main {\n  x = f32[4]{0} parameter(0)\n  ROOT r = f32[4]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n";
     std::fs::write(dir.join("allreduce.neff"), neff(allreduce, "allreduce")).expect("write");
     let binary = compile_c(&crate_dir().join("tests/c/api_checks.c"), dir);
@@ -296,6 +298,25 @@ fn the_api_checks_program_passes() {
         assert_eq!(summary["process"]["capture_kind"], kind);
         assert_eq!(summary["executions"]["count"], 1, "{summary}");
     }
+}
+
+#[test]
+fn python_loads_it_through_ctypes() {
+    let found = Command::new("python3").arg("--version").output().is_ok_and(|o| o.status.success());
+    if !found {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "no python3 in CI");
+        eprintln!("note: no python3; the ctypes smoke test is skipped");
+        return;
+    }
+    let sandbox = Sandbox::new();
+    let neff_path = sandbox.path().join("add.neff");
+    std::fs::write(&neff_path, neff(ADD_HLO, "add")).expect("write");
+    let output = run(sandbox
+        .env(&mut Command::new("python3"))
+        .arg(crate_dir().join("tests/ctypes_smoke.py"))
+        .arg(library_dir().join("libnrt.so"))
+        .arg(&neff_path));
+    assert!(String::from_utf8_lossy(&output.stdout).contains("ctypes ok"));
 }
 
 /// Runs the MLP through the Rust API with the examples' inputs; returns its output.
