@@ -21,7 +21,9 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod boundary;
+mod continuous;
 mod handles;
+mod inspect_options;
 mod lifecycle;
 mod models;
 mod nrta;
@@ -33,6 +35,8 @@ mod tensors;
 mod unsupported;
 
 pub use boundary::Status;
+pub use continuous::*;
+pub use inspect_options::*;
 pub use lifecycle::*;
 pub use models::*;
 pub use nrta::*;

@@ -9,6 +9,7 @@
 use std::ffi::{c_char, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::thread::JoinHandle;
 
@@ -21,15 +22,23 @@ use crate::models;
 use crate::state;
 
 /// How profiles written through this library name their tool.
-const TOOL: &str = concat!("libnrt ", env!("CARGO_PKG_VERSION"));
+pub(crate) const TOOL: &str = concat!("libnrt ", env!("CARGO_PKG_VERSION"));
 
 /// What a running recording keeps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Scope {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Scope {
     /// The executions of one model (`nrt_profile_start`).
     Model { model_id: u32, core: u32 },
-    /// Everything (`nrt_inspect_begin`, `nrt_trace_start`).
-    Process,
+    /// The process: these cores (all when `None`) and system event types, and the
+    /// device trace or not (`nrt_inspect_begin`, `nrt_trace_start`).
+    Process { cores: Option<Vec<u32>>, event_types: u64, device: bool },
+}
+
+impl Scope {
+    /// Everything the process does.
+    pub(crate) fn everything() -> Scope {
+        Scope::Process { cores: None, event_types: ALL_SYSTEM_EVENTS, device: true }
+    }
 }
 
 #[derive(Debug)]
@@ -42,12 +51,25 @@ struct Recording {
 
 static RECORDING: Mutex<Option<Recording>> = Mutex::new(None);
 
+/// Continuous profiling (`continuous.rs`) keeps the device trace on.
+static CONTINUOUS: AtomicBool = AtomicBool::new(false);
+
+/// Whether continuous profiling is on.
+pub(crate) fn continuous_running() -> bool {
+    CONTINUOUS.load(Ordering::Acquire)
+}
+
+/// Switches continuous profiling on or off; returns whether it was on.
+pub(crate) fn set_continuous(on: bool) -> bool {
+    CONTINUOUS.swap(on, Ordering::AcqRel)
+}
+
 fn recording() -> std::sync::MutexGuard<'static, Option<Recording>> {
     RECORDING.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Starts recording `scope` of `runtime` into `path`.
-fn start(runtime: Runtime, path: PathBuf, scope: Scope, capture_kind: &str) -> NrtResult<()> {
+pub(crate) fn start(runtime: Runtime, path: PathBuf, scope: Scope, capture_kind: &str) -> NrtResult<()> {
     let mut slot = recording();
     if let Some(running) = slot.as_ref() {
         return Err(NrtError::new(
@@ -61,18 +83,18 @@ fn start(runtime: Runtime, path: PathBuf, scope: Scope, capture_kind: &str) -> N
     let writer = create_writer(&path, &metadata(reader.info(), TOOL, capture_kind, &command))
         .map_err(|e| NrtError::new(NrtStatus::Invalid, e.to_string()))?;
     let mut recorder = Recorder::new(writer);
-    let cores = match scope {
+    let (cores, event_types, device) = match scope {
         Scope::Model { model_id, core } => {
             recorder.keep_only(move |event| match event {
                 TraceEvent::System(e) => e.model_id.is_none_or(|id| id == model_id),
                 TraceEvent::Device(e) => e.model_id == model_id,
             });
-            Some(vec![core])
+            (Some(vec![core]), ALL_SYSTEM_EVENTS, true)
         }
-        Scope::Process => None,
+        Scope::Process { cores, event_types, device } => (cores, event_types, device),
     };
-    let tail = reader.tail(TailStart::Now, cores.as_deref(), ALL_SYSTEM_EVENTS, true);
-    runtime.set_trace_recording_of(true, true)?;
+    let tail = reader.tail(TailStart::Now, cores.as_deref(), event_types, device);
+    runtime.set_trace_recording_of(true, device || runtime.config().inspect.device)?;
     let (stop, stopped) = channel();
     let drainer = std::thread::Builder::new()
         .name("nrt-profile".into())
@@ -117,7 +139,8 @@ fn stop(path: Option<&Path>) -> NrtResult<PathBuf> {
         });
     };
     let inspect = running.runtime.config().inspect.clone();
-    let restored = running.runtime.set_trace_recording_of(inspect.system, inspect.device);
+    let device = inspect.device || continuous_running();
+    let restored = running.runtime.set_trace_recording_of(inspect.system, device);
     let _ = running.stop.send(());
     let summary = running
         .drainer
@@ -149,6 +172,24 @@ pub(crate) fn finish_before_close() {
     }
 }
 
+/// The name `neuron-profile inspect` gives the profile of this process in `session`.
+pub(crate) fn inspect_file_name(session: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default();
+    format!("{}-pid{}-{session}.ntff", if host.is_empty() { "host" } else { &host }, std::process::id())
+}
+
+/// Creates the directory profiles are written into.
+pub(crate) fn create_output_dir(directory: &Path) -> NrtResult<()> {
+    std::fs::create_dir_all(directory).map_err(|e| {
+        NrtError::new(NrtStatus::Invalid, format!("cannot create the output directory {}: {e}", directory.display()))
+    })
+}
+
+/// Whether a recording is running.
+pub(crate) fn recording_running() -> bool {
+    recording().is_some()
+}
+
 /// The path of a C file name argument.
 fn path_argument(filename: *const c_char) -> NrtResult<PathBuf> {
     let name = required_str(filename, "filename")?;
@@ -178,17 +219,9 @@ pub extern "C" fn nrt_inspect_begin() -> Status {
     call("nrt_inspect_begin", || {
         let runtime = state::runtime()?;
         let directory = runtime.config().inspect_output_dir.clone();
-        std::fs::create_dir_all(&directory).map_err(|e| {
-            NrtError::new(
-                NrtStatus::Invalid,
-                format!("cannot create the output directory {}: {e}", directory.display()),
-            )
-        })?;
-        let host =
-            std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_owned()).unwrap_or_default();
+        create_output_dir(&directory)?;
         let session = neuron_datastore::clock::realtime_ns() / 1_000_000_000;
-        let name = format!("{}-pid{}-{session}.ntff", if host.is_empty() { "host" } else { &host }, std::process::id());
-        start(runtime, directory.join(name), Scope::Process, "inspect")
+        start(runtime, directory.join(inspect_file_name(&session.to_string())), Scope::everything(), "inspect")
     })
 }
 
@@ -203,7 +236,7 @@ pub extern "C" fn nrt_trace_start(_trace_mem: bool) -> Status {
         // The file name comes at the end; record into a temporary one until then.
         let runtime = state::runtime()?;
         let path = std::env::temp_dir().join(format!("nrt-trace-{}.ntff", std::process::id()));
-        start(runtime, path, Scope::Process, "nrt_trace")
+        start(runtime, path, Scope::everything(), "nrt_trace")
     })
 }
 

@@ -101,7 +101,7 @@ pub unsafe extern "C" fn nrt_sys_trace_config_set_capture_enabled_for_nc(
 }
 
 /// The event type named `name`, or `NRT_INVALID` listing the names.
-fn event_type(name: &str) -> NrtResult<EventType> {
+pub(crate) fn event_type(name: &str) -> NrtResult<EventType> {
     EventType::from_name(name).ok_or_else(|| {
         invalid("event_type", format!("is `{name}`, not an event type (they are: {})", event_type_names().join(", ")))
     })
@@ -123,7 +123,7 @@ pub unsafe extern "C" fn nrt_sys_trace_config_set_capture_enabled_for_event_type
 
 /// Hands `names` to C as a malloc'd array of malloc'd strings, as the header promises
 /// (the caller may free them with free(3)).
-fn c_string_array(names: &[&str], out: *mut *mut *const c_char, count: *mut usize) -> NrtResult<()> {
+pub(crate) fn c_string_array(names: &[&str], out: *mut *mut *const c_char, count: *mut usize) -> NrtResult<()> {
     non_null(out, "event_types")?;
     non_null(count, "count")?;
     let no_memory = || NrtError::new(NrtStatus::Resource, "out of host memory for the event type names");
@@ -157,7 +157,7 @@ fn c_string_array(names: &[&str], out: *mut *mut *const c_char, count: *mut usiz
 /// # Safety
 ///
 /// `array` and its first `count` entries came from malloc and are freed once.
-unsafe fn free_string_array(array: *const *const c_char, count: usize) {
+pub(crate) unsafe fn free_string_array(array: *const *const c_char, count: usize) {
     for i in 0..count {
         // SAFETY: the caller's promise.
         unsafe { libc::free(array.add(i).read().cast_mut().cast()) };

@@ -282,21 +282,38 @@ fn the_api_checks_program_passes() {
     assert_eq!(summary["executions"]["device_traced"], 3);
     assert_eq!(summary["process"]["capture_kind"], "nrt_profile");
     assert!(summary["events"]["device"].as_u64().unwrap_or(0) >= 3, "{summary}");
-    // nrt_inspect_stop and nrt_trace_stop wrote whole-process profiles.
-    let inspected: Vec<PathBuf> = std::fs::read_dir(dir.join("output"))
-        .expect("NEURON_RT_INSPECT_OUTPUT_DIR")
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "ntff"))
-        .collect();
-    assert_eq!(inspected.len(), 1, "{inspected:?}");
-    for (file, kind) in [(&inspected[0], "inspect"), (&dir.join("trace.ntff"), "nrt_trace")] {
+    // nrt_inspect_stop, nrt_trace_stop and nrt_profile_continuous_save wrote profiles
+    // of one execution each; the inspect options left the device trace out.
+    let only_file = |dir: PathBuf| -> PathBuf {
+        let files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "ntff"))
+            .collect();
+        assert_eq!(files.len(), 1, "{files:?}");
+        files[0].clone()
+    };
+    let inspected = only_file(dir.join("inspected"));
+    assert!(inspected.to_string_lossy().ends_with("-session7.ntff"), "{}", inspected.display());
+    for (file, kind, device_events) in [
+        (only_file(dir.join("output")), "inspect", true),
+        (dir.join("trace.ntff"), "nrt_trace", true),
+        (only_file(dir.join("continuous")), "continuous", true),
+        (inspected, "inspect", false),
+    ] {
         let view = run(Command::new(profiler_binary("neuron-profile"))
             .args(["view", "--output-format", "summary-json", "-s"])
-            .arg(file));
+            .arg(&file));
         let summary: Value = serde_json::from_slice(&view.stdout).expect("summary JSON");
-        assert_eq!(summary["process"]["capture_kind"], kind);
-        assert_eq!(summary["executions"]["count"], 1, "{summary}");
+        assert_eq!(summary["process"]["capture_kind"], kind, "{}", file.display());
+        assert_eq!(summary["executions"]["count"], 1, "{}: {summary}", file.display());
+        assert_eq!(
+            summary["events"]["device"].as_u64().unwrap_or(0) > 0,
+            device_events,
+            "{}: {summary}",
+            file.display()
+        );
     }
 }
 

@@ -462,6 +462,44 @@ static void profile(nrt_model_t *model, const char *path) {
     OK(nrt_execute(model, b.inputs, b.outputs));
     OK(nrt_trace_stop("trace.ntff"));
     ASSERT(access("trace.ntff", R_OK) == 0);
+
+    /* Continuous profiling saves the latest execution of a core when asked. */
+    nrt_profile_continuous_options_t *continuous;
+    OK(nrt_profile_continuous_options_allocate(&continuous));
+    OK(nrt_profile_continuous_options_set_output_dir(continuous, "continuous"));
+    EXPECT(NRT_INVALID, nrt_profile_continuous_save(1, continuous));
+    OK(nrt_profile_continuous_start(continuous));
+    EXPECT(NRT_INVALID, nrt_profile_continuous_start(continuous));
+    OK(nrt_execute(model, b.inputs, b.outputs));
+    OK(nrt_execute(model, b.inputs, b.outputs));
+    OK(nrt_profile_continuous_save(1, continuous));
+    EXPECT(NRT_INVALID, nrt_profile_continuous_save(0, continuous)); /* nothing ran on vnc 0 */
+    OK(nrt_profile_continuous_stop());
+    EXPECT(NRT_INVALID, nrt_profile_continuous_stop());
+    OK(nrt_profile_continuous_options_free(continuous));
+    ASSERT(access("continuous", R_OK) == 0);
+
+    /* nrt_inspect_begin_with_options: nothing unless enabled, then what it says. */
+    nrt_inspect_config_t *inspect;
+    OK(nrt_inspect_config_allocate(&inspect));
+    OK(nrt_inspect_begin_with_options(inspect));
+    EXPECT(NRT_INVALID, nrt_inspect_stop());
+    OK(nrt_inspect_config_set_enable_inspect(inspect, true));
+    OK(nrt_inspect_config_set_output_dir(inspect, "inspected"));
+    OK(nrt_inspect_config_set_session_id(inspect, 7));
+    OK(nrt_inspect_config_set_activity(inspect, "device_profile", false));
+    EXPECT(NRT_INVALID, nrt_inspect_config_set_activity(inspect, "gpu_util", true));
+    EXPECT(NRT_INVALID, nrt_inspect_config_set_enable_inspect_on_fail(inspect, true));
+    const char **activities;
+    size_t activity_count = 0;
+    OK(nrt_inspect_config_get_enabled_activity_types(inspect, &activities, &activity_count));
+    ASSERT(activity_count == 3 && strcmp(activities[0], "system_profile") == 0);
+    nrt_inspect_config_free_activity_types(activities, activity_count);
+    OK(nrt_inspect_begin_with_options(inspect));
+    OK(nrt_execute(model, b.inputs, b.outputs));
+    OK(nrt_inspect_stop());
+    OK(nrt_inspect_config_free(inspect));
+    ASSERT(access("inspected", R_OK) == 0);
     unbind(&b);
     puts("ok profile");
 }
