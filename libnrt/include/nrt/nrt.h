@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "nrt/nrt_status.h"
+#include "ndl/neuron_driver_shared_tensor_batch_op.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -206,18 +207,6 @@ NRT_STATUS nrt_tensor_read(const nrt_tensor_t *tensor, void *buf, size_t offset,
 
 /** Copies `size` bytes from `buf` into the tensor at `offset`; out of range: NRT_INVALID. */
 NRT_STATUS nrt_tensor_write(nrt_tensor_t *tensor, const void *buf, size_t offset, size_t size);
-
-#ifndef NEURON_DRIVER_SHARED_TENSOR_BATCH_OP_H
-#define NEURON_DRIVER_SHARED_TENSOR_BATCH_OP_H
-typedef uint64_t nrt_tensor_batch_offset_t;
-typedef uint64_t nrt_tensor_batch_size_t;
-
-typedef struct nrt_tensor_batch_op {
-    nrt_tensor_batch_offset_t offset;
-    nrt_tensor_batch_size_t size;
-    void *buffer;
-} nrt_tensor_batch_op_t;
-#endif
 
 /** Operations on one tensor, for the batch calls. */
 typedef struct nrt_tensor_batch {
