@@ -51,6 +51,7 @@ int main(int argc, char **argv) {
     CHECK(nrt_allocate_tensor_set(&inputs));
     nrt_tensor_set_t *outputs[SLOTS];
     nrt_tensor_t *output_tensors[SLOTS][16];
+    nrt_dtype_t output_types[16];
     size_t input_count = 0, output_count = 0;
     nrt_tensor_t *input_tensors[16];
     for (int slot = 0; slot < SLOTS; slot++) CHECK(nrt_allocate_tensor_set(&outputs[slot]));
@@ -68,7 +69,7 @@ int main(int argc, char **argv) {
                                           &output_tensors[slot][output_count]));
                 CHECK(nrt_add_tensor_to_tensor_set(outputs[slot], t->name, output_tensors[slot][output_count]));
             }
-            output_count++;
+            output_types[output_count++] = t->dtype;
         }
     }
 
@@ -130,7 +131,12 @@ int main(int argc, char **argv) {
         size_t size = nrt_tensor_get_size(tensor);
         float *values = malloc(size ? size : 1);
         CHECK(nrt_tensor_read(tensor, values, 0, size));
-        printf("output %zu: %zu bytes, first values %g %g %g\n", o, size, values[0], values[1], values[2]);
+        printf("output %zu: %zu bytes", o, size);
+        if (output_types[o] == NRT_DTYPE_FLOAT32) {
+            printf(", first values");
+            for (size_t k = 0; k < 3 && k < size / sizeof(float); k++) printf(" %g", values[k]);
+        }
+        printf("\n");
         if (out && fwrite(values, 1, size, out) != size) {
             perror(argv[3]);
             return 1;
