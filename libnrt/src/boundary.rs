@@ -16,39 +16,43 @@ pub(crate) const SUCCESS: Status = 0;
 
 /// Runs the body of the exported function `function` and returns its status.
 pub(crate) fn call(function: &'static str, body: impl FnOnce() -> NrtResult<()>) -> Status {
-    match guarded(function, body) {
-        Some(Ok(())) => SUCCESS,
-        Some(Err(error)) => failed(function, &error),
-        None => NrtStatus::Failure.code(),
-    }
+    guarded(function, NrtStatus::Failure.code(), || match body() {
+        Ok(()) => SUCCESS,
+        Err(error) => failed(function, &error),
+    })
 }
 
 /// Runs the body of an exported function that returns no status (its errors are only
 /// logged).
 pub(crate) fn call_void(function: &'static str, body: impl FnOnce() -> NrtResult<()>) {
-    if let Some(Err(error)) = guarded(function, body) {
-        failed(function, &error);
-    }
+    guarded(function, (), || {
+        if let Err(error) = body() {
+            failed(function, &error);
+        }
+    });
 }
 
 /// Runs the body of an exported function that returns a value, or `fallback` (logged)
 /// when it fails.
 pub(crate) fn call_value<T>(function: &'static str, fallback: T, body: impl FnOnce() -> NrtResult<T>) -> T {
-    match guarded(function, body) {
-        Some(Ok(value)) => value,
-        Some(Err(error)) => {
+    let value = guarded(function, None, || match body() {
+        Ok(value) => Some(value),
+        Err(error) => {
             failed(function, &error);
-            fallback
+            None
         }
-        None => fallback,
-    }
+    });
+    value.unwrap_or(fallback)
 }
 
-/// `body`'s result, or `None` (logged) when it panicked.
-fn guarded<T>(function: &'static str, body: impl FnOnce() -> NrtResult<T>) -> Option<NrtResult<T>> {
-    crate::state::init_logging();
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(result) => Some(result),
+/// `body`'s result, or `on_panic` (logged) when it panicked. Everything an exported
+/// function does, its logging included, runs inside.
+fn guarded<T>(function: &'static str, on_panic: T, body: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(|| {
+        crate::state::init_logging();
+        body()
+    })) {
+        Ok(result) => result,
         Err(panic) => {
             let message = panic
                 .downcast_ref::<&str>()
@@ -58,7 +62,7 @@ fn guarded<T>(function: &'static str, body: impl FnOnce() -> NrtResult<T>) -> Op
             tracing::error!(
                 "{function}: internal error ({message}); returning NRT_FAILURE. Please report it with the log above"
             );
-            None
+            on_panic
         }
     }
 }

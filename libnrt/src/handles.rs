@@ -17,6 +17,9 @@ use crate::boundary::invalid;
 
 /// Bits of a handle that hold the registry's tag.
 const TAG_BITS: u32 = 4;
+/// Generations count modulo 2^28: with the tag and a 32-bit slot number they fill the
+/// 64 bits of a handle.
+const GENERATION_MASK: u32 = (1 << 28) - 1;
 
 /// The live entries of one kind of handle.
 #[derive(Debug)]
@@ -76,7 +79,7 @@ impl<T> Registry<T> {
         let mut slab = self.slab.write().unwrap_or_else(|e| e.into_inner());
         let value = match slab.slots.get_mut(index as usize) {
             Some(slot) if slot.generation == generation && slot.value.is_some() => {
-                slot.generation = slot.generation.wrapping_add(1);
+                slot.generation = slot.generation.wrapping_add(1) & GENERATION_MASK;
                 slot.value.take()
             }
             _ => None,
@@ -136,5 +139,17 @@ mod tests {
         assert_eq!(status(other.get(second, "h")), NrtStatus::InvalidHandle, "another kind");
         assert_eq!(status(registry.get(std::ptr::null(), "h")), NrtStatus::Invalid);
         assert_eq!(status(registry.get(0xdead_beef as *const c_void, "h")), NrtStatus::InvalidHandle);
+    }
+
+    #[test]
+    fn a_slot_reused_past_the_generation_range_still_gives_live_handles() {
+        let registry: Registry<u32> = Registry::new("test", 1);
+        registry.slab.write().expect("lock").slots.push(Slot { generation: GENERATION_MASK, value: None });
+        registry.slab.write().expect("lock").free.push(0);
+        let last = registry.insert(1);
+        assert_eq!(registry.remove(last, "h").map(|v| *v), Ok(1));
+        let wrapped = registry.insert(2);
+        assert_eq!(registry.get(wrapped, "h").map(|v| *v), Ok(2), "generation wrapped to 0");
+        assert_eq!(registry.get(last, "h").expect_err("stale").status, NrtStatus::InvalidHandle);
     }
 }

@@ -1,7 +1,7 @@
 //! Models (`nrt_load`, `nrt_unload`, introspection) and synchronous execution.
 
 use std::alloc::Layout;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
@@ -63,17 +63,18 @@ fn check_vnc_count(vnc_count: i32) -> NrtResult<()> {
 
 /// The core `vnc` names for a load; `NRT_LOAD_NOT_ENOUGH_NC` when the process does not
 /// hold it.
-fn load_core(runtime: &Runtime, vnc: i32) -> NrtResult<Option<u32>> {
+fn load_core(runtime: &Runtime, vnc: i64) -> NrtResult<Option<u32>> {
     if vnc == -1 {
         return Ok(None);
     }
-    state::core_of(runtime, i64::from(vnc), "vnc").map(Some).map_err(|_| {
-        let held = runtime.cores().map(|c| c.len()).unwrap_or_default();
-        NrtError::new(
+    let held = runtime.cores()?;
+    match usize::try_from(vnc).ok().and_then(|v| held.cores().get(v)) {
+        Some(&core) => Ok(Some(core)),
+        None => Err(NrtError::new(
             NrtStatus::LoadNotEnoughNc,
-            format!("NeuronCore(s) not available - Requested:nc{vnc}-nc{vnc} Available:{held}"),
-        )
-    })
+            format!("NeuronCore(s) not available - Requested:nc{vnc}-nc{vnc} Available:{}", held.len()),
+        )),
+    }
 }
 
 #[unsafe(no_mangle)]
@@ -90,7 +91,7 @@ pub unsafe extern "C" fn nrt_load(
         // SAFETY: the header's contract for `neff_bytes`.
         let bytes = unsafe { neff(neff_bytes, size)? };
         let runtime = state::runtime()?;
-        let loaded = runtime.load(bytes, load_core(&runtime, vnc)?)?;
+        let loaded = runtime.load(bytes, load_core(&runtime, i64::from(vnc))?)?;
         write_out(model, "model", MODELS.insert(CModel { runtime, model: loaded }))
     })
 }
@@ -117,10 +118,23 @@ pub unsafe extern "C" fn nrt_load_collectives(
         // SAFETY: the header's contract for `neff_bytes`.
         let bytes = unsafe { neff(neff_bytes, size)? };
         let runtime = state::runtime()?;
-        let vnc = if vnc == -1 { ctx_device_id as i32 } else { vnc };
-        let base = vnc - ctx_device_id as i32;
-        let cores = (0..ctx_device_count as i32)
-            .map(|rank| load_core(&runtime, base + rank)?.ok_or_else(|| invalid("vnc", "is below ctx_device_id")))
+        let held = runtime.cores()?.len() as u32;
+        if ctx_device_count > held {
+            return Err(NrtError::new(
+                NrtStatus::LoadNotEnoughNc,
+                format!("{ctx_device_count} ranks need as many NeuronCores; this process holds {held}"),
+            ));
+        }
+        let vnc = if vnc == -1 { i64::from(ctx_device_id) } else { i64::from(vnc) };
+        let base = vnc - i64::from(ctx_device_id);
+        if base < 0 {
+            return Err(invalid(
+                "vnc",
+                format!("is {vnc}, below rank {ctx_device_id}: rank r runs on vnc (vnc - ctx_device_id + r)"),
+            ));
+        }
+        let cores = (0..i64::from(ctx_device_count))
+            .map(|rank| load_core(&runtime, base + rank).map(|core| core.unwrap_or_default()))
             .collect::<NrtResult<Vec<u32>>>()?;
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         bytes.hash(&mut hasher);
@@ -147,8 +161,12 @@ pub unsafe extern "C" fn nrt_load_collectives(
 pub unsafe extern "C" fn nrt_unload(model: *mut c_void) -> Status {
     call("nrt_unload", || {
         let c_model = MODELS.get(model, "model")?;
-        c_model.runtime.unload(&c_model.model)?;
-        MODELS.remove(model, "model").map(drop)
+        let unloaded = c_model.runtime.unload(&c_model.model);
+        // After nrt_close the model is gone with its runtime: the handle goes too.
+        if unloaded.as_ref().is_ok() || unloaded.as_ref().is_err_and(|e| e.status == NrtStatus::Closed) {
+            MODELS.remove(model, "model")?;
+        }
+        unloaded
     })
 }
 
@@ -224,8 +242,13 @@ pub struct NrtTensorInfoArray {
 const USAGE_INPUT: u32 = 0;
 const USAGE_OUTPUT: u32 = 1;
 
-/// The arrays `nrt_get_model_tensor_info` handed out and not freed yet.
-static TENSOR_INFOS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+/// The arrays `nrt_get_model_tensor_info` handed out and not freed yet, with their
+/// tensors' shape arrays (address and length): what freeing them releases, kept here
+/// rather than read back from memory the caller can write.
+static TENSOR_INFOS: Mutex<Option<HashMap<usize, Vec<ShapeAllocation>>>> = Mutex::new(None);
+
+/// The address and length of one tensor's shape array.
+type ShapeAllocation = (usize, usize);
 
 /// `nrt_dtype_t` of an element type (`pred` is stored as one byte, 0 or 1).
 fn nrt_dtype(dtype: DType) -> u32 {
@@ -291,7 +314,12 @@ pub unsafe extern "C" fn nrt_get_model_tensor_info(
             let first = (&raw mut (*array).tensor_array).cast::<NrtTensorInfo>();
             std::ptr::copy_nonoverlapping(tensors.as_ptr(), first, tensors.len());
         }
-        TENSOR_INFOS.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashSet::new).insert(array as usize);
+        let shapes = tensors.iter().map(|t| (t.shape as usize, t.ndim as usize)).collect();
+        TENSOR_INFOS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_or_insert_with(HashMap::new)
+            .insert(array as usize, shapes);
         write_out(tensor_info, "tensor_info", array)
     })
 }
@@ -300,28 +328,27 @@ pub unsafe extern "C" fn nrt_get_model_tensor_info(
 pub unsafe extern "C" fn nrt_free_model_tensor_info(tensor_info: *mut NrtTensorInfoArray) -> Status {
     call("nrt_free_model_tensor_info", || {
         let array = non_null(tensor_info, "tensor_info")?;
-        let known = TENSOR_INFOS
+        let shapes = TENSOR_INFOS
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_mut()
-            .is_some_and(|live| live.remove(&(array as usize)));
-        if !known {
-            return Err(NrtError::new(
-                NrtStatus::InvalidHandle,
-                format!(
-                    "argument `tensor_info` ({array:p}) did not come from nrt_get_model_tensor_info, or was freed already"
-                ),
-            ));
-        }
-        // SAFETY: `array` is a live array this library allocated (checked above), so its
-        // count and infos are as written by `nrt_get_model_tensor_info`.
+            .and_then(|live| live.remove(&(array as usize)))
+            .ok_or_else(|| {
+                NrtError::new(
+                    NrtStatus::InvalidHandle,
+                    format!(
+                        "argument `tensor_info` ({array:p}) did not come from nrt_get_model_tensor_info, or was freed already"
+                    ),
+                )
+            })?;
+        let layout = info_layout(shapes.len())?;
+        // SAFETY: `array` and the shapes are live allocations this library made with
+        // these layouts (the registry above says so), freed once: the entry is gone.
         unsafe {
-            let count = (*array).tensor_count as usize;
-            let first = (&raw const (*array).tensor_array).cast::<NrtTensorInfo>();
-            for info in std::slice::from_raw_parts(first, count) {
-                drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(info.shape, info.ndim as usize)));
+            for (shape, ndim) in shapes {
+                drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(shape as *mut u32, ndim)));
             }
-            std::alloc::dealloc(array.cast(), info_layout(count)?);
+            std::alloc::dealloc(array.cast(), layout);
         }
         Ok(())
     })

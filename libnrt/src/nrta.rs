@@ -15,7 +15,7 @@ use crate::handles::Registry;
 use crate::models;
 use crate::sets::SETS;
 use crate::state;
-use crate::tensors::{caller_bytes, check_same_core, tensor, unit_core};
+use crate::tensors::{caller_bytes, check_apart, check_same_core, tensor, unit_core};
 
 /// `nrta_error_t`.
 #[repr(C)]
@@ -65,8 +65,24 @@ pub unsafe extern "C" fn nrta_tensor_write(
         non_null(req_sequence, "req_sequence")?;
         check_queue(queue)?;
         let target = self::tensor(tensor, "tensor")?;
+        if offset.checked_add(size).is_none_or(|end| end > target.size()) {
+            return Err(invalid(
+                "size",
+                format!(
+                    "{size} bytes at offset {offset} do not fit in tensor `{}` of {} bytes",
+                    target.name(),
+                    target.size()
+                ),
+            ));
+        }
+        check_apart(&target, buf, size, "buf")?;
         // SAFETY: the caller gives `size` readable bytes at `buf`; they are copied now.
-        let data = unsafe { caller_bytes(buf, size, "buf")? }.to_vec();
+        let bytes = unsafe { caller_bytes(buf, size, "buf")? };
+        let mut data = Vec::new();
+        data.try_reserve_exact(bytes.len()).map_err(|_| {
+            NrtError::new(NrtStatus::Resource, format!("the host cannot hold a copy of {size} bytes to write"))
+        })?;
+        data.extend_from_slice(bytes);
         let core = unit_core(&target)?;
         let seq = state::runtime()?.tensor_write_schedule(core, &target, offset, data, tracker(err)?.as_ref())?;
         write_out(req_sequence, "req_sequence", seq.0)
@@ -87,6 +103,7 @@ pub unsafe extern "C" fn nrta_tensor_read(
         non_null(req_sequence, "req_sequence")?;
         check_queue(queue)?;
         let source = self::tensor(tensor, "tensor")?;
+        check_apart(&source, buf, size, "buf")?;
         let core = unit_core(&source)?;
         let runtime = state::runtime()?;
         let destination = match NonNull::new(buf.cast::<u8>()) {
@@ -253,7 +270,12 @@ pub unsafe extern "C" fn nrta_error_tracker_create(lnc_idx: u32, error_tracker: 
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nrta_error_tracker_destroy(error_tracker: *mut c_void) {
-    call_void("nrta_error_tracker_destroy", || TRACKERS.remove(error_tracker, "error_tracker").map(drop));
+    call_void("nrta_error_tracker_destroy", || {
+        if error_tracker.is_null() {
+            return Ok(());
+        }
+        TRACKERS.remove(error_tracker, "error_tracker").map(drop)
+    });
 }
 
 #[unsafe(no_mangle)]

@@ -43,7 +43,11 @@ impl Scope {
 
 #[derive(Debug)]
 struct Recording {
+    /// `nrt_profile`, `inspect` or `nrt_trace`: which stop function ends it.
+    kind: &'static str,
     path: PathBuf,
+    /// The private directory a recording whose file name comes at the end writes into.
+    scratch: Option<tempfile::TempDir>,
     runtime: Runtime,
     stop: Sender<()>,
     drainer: JoinHandle<Result<ntff::WriteSummary, RecordError>>,
@@ -69,7 +73,18 @@ fn recording() -> std::sync::MutexGuard<'static, Option<Recording>> {
 }
 
 /// Starts recording `scope` of `runtime` into `path`.
-pub(crate) fn start(runtime: Runtime, path: PathBuf, scope: Scope, capture_kind: &str) -> NrtResult<()> {
+pub(crate) fn start(runtime: Runtime, path: PathBuf, scope: Scope, capture_kind: &'static str) -> NrtResult<()> {
+    start_in(runtime, path, None, scope, capture_kind)
+}
+
+/// As [`start`], with the private directory `path` is in, removed with the recording.
+fn start_in(
+    runtime: Runtime,
+    path: PathBuf,
+    scratch: Option<tempfile::TempDir>,
+    scope: Scope,
+    capture_kind: &'static str,
+) -> NrtResult<()> {
     let mut slot = recording();
     if let Some(running) = slot.as_ref() {
         return Err(NrtError::new(
@@ -100,7 +115,7 @@ pub(crate) fn start(runtime: Runtime, path: PathBuf, scope: Scope, capture_kind:
         .name("nrt-profile".into())
         .spawn(move || drain(reader, tail, recorder, &stopped))
         .map_err(|e| NrtError::new(NrtStatus::Resource, format!("cannot start the profile thread: {e}")))?;
-    *slot = Some(Recording { path, runtime, stop, drainer });
+    *slot = Some(Recording { kind: capture_kind, path, scratch, runtime, stop, drainer });
     Ok(())
 }
 
@@ -122,20 +137,41 @@ fn drain(
     }
 }
 
-/// Stops the recording into `path` (any recording when `None`) and writes its file.
-fn stop(path: Option<&Path>) -> NrtResult<PathBuf> {
+/// Which recording a stop function ends.
+#[derive(Debug, Clone, Copy)]
+enum Ending<'a> {
+    /// `nrt_profile_stop(path)`.
+    Profile(&'a Path),
+    /// `nrt_inspect_stop`, `nrt_trace_stop`: the recording of that kind.
+    Kind(&'static str),
+    /// `nrt_close`: whichever runs.
+    Any,
+}
+
+/// Stops the recording `ending` names, writes its file and returns its path (and the
+/// recording's private directory, if it has one, to move the file out of).
+fn stop(ending: Ending<'_>) -> NrtResult<(PathBuf, Option<tempfile::TempDir>)> {
     let mut slot = recording();
-    let Some(running) = slot.take_if(|r| path.is_none_or(|p| p == r.path)) else {
-        return Err(match (slot.as_ref(), path) {
-            (Some(other), Some(path)) => NrtError::new(
+    let Some(running) = slot.take_if(|r| match ending {
+        Ending::Profile(path) => r.kind == "nrt_profile" && r.path == path,
+        Ending::Kind(kind) => r.kind == kind,
+        Ending::Any => true,
+    }) else {
+        return Err(match (slot.as_ref(), ending) {
+            (Some(other), Ending::Profile(path)) => NrtError::new(
                 NrtStatus::Invalid,
                 format!(
-                    "no profile is being recorded into {}; the running one goes to {}",
+                    "no profile is being recorded into {}; the running recording ({}) goes to {}",
                     path.display(),
+                    other.kind,
                     other.path.display()
                 ),
             ),
-            _ => NrtError::new(NrtStatus::Invalid, "no profile is being recorded; start one first"),
+            (Some(other), _) => NrtError::new(
+                NrtStatus::Invalid,
+                format!("the running recording is of another kind ({}); stop it with its own function", other.kind),
+            ),
+            (None, _) => NrtError::new(NrtStatus::Invalid, "no profile is being recorded; start one first"),
         });
     };
     let inspect = running.runtime.config().inspect.clone();
@@ -160,13 +196,14 @@ fn stop(path: Option<&Path>) -> NrtResult<PathBuf> {
         summary.device_events,
         summary.lost_events
     );
-    Ok(running.path)
+    Ok((running.path, running.scratch))
 }
 
 /// Finishes the running recording, if any (`nrt_close` calls it).
 pub(crate) fn finish_before_close() {
+    set_continuous(false);
     if recording().is_some()
-        && let Err(error) = stop(None)
+        && let Err(error) = stop(Ending::Any)
     {
         tracing::error!("nrt_close: the running profile could not be finished: {error}");
     }
@@ -211,7 +248,7 @@ pub unsafe extern "C" fn nrt_profile_start(model: *mut c_void, filename: *const 
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nrt_profile_stop(filename: *const c_char) -> Status {
-    call("nrt_profile_stop", || stop(Some(&path_argument(filename)?)).map(drop))
+    call("nrt_profile_stop", || stop(Ending::Profile(&path_argument(filename)?)).map(drop))
 }
 
 #[unsafe(no_mangle)]
@@ -227,16 +264,20 @@ pub extern "C" fn nrt_inspect_begin() -> Status {
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nrt_inspect_stop() -> Status {
-    call("nrt_inspect_stop", || stop(None).map(drop))
+    call("nrt_inspect_stop", || stop(Ending::Kind("inspect")).map(drop))
 }
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nrt_trace_start(_trace_mem: bool) -> Status {
     call("nrt_trace_start", || {
-        // The file name comes at the end; record into a temporary one until then.
+        // The file name comes at the end; record into a private directory until then.
         let runtime = state::runtime()?;
-        let path = std::env::temp_dir().join(format!("nrt-trace-{}.ntff", std::process::id()));
-        start(runtime, path, Scope::everything(), "nrt_trace")
+        let scratch = tempfile::Builder::new()
+            .prefix("nrt-trace-")
+            .tempdir()
+            .map_err(|e| NrtError::new(NrtStatus::Resource, format!("cannot create a directory for the trace: {e}")))?;
+        let path = scratch.path().join("trace.ntff");
+        start_in(runtime, path, Some(scratch), Scope::everything(), "nrt_trace")
     })
 }
 
@@ -244,7 +285,7 @@ pub extern "C" fn nrt_trace_start(_trace_mem: bool) -> Status {
 pub unsafe extern "C" fn nrt_trace_stop(filename: *const c_char) -> Status {
     call("nrt_trace_stop", || {
         let target = path_argument(filename)?;
-        let written = stop(None)?;
+        let (written, _scratch) = stop(Ending::Kind("nrt_trace"))?;
         std::fs::rename(&written, &target)
             .or_else(|_| std::fs::copy(&written, &target).and_then(|_| std::fs::remove_file(&written)))
             .map_err(|e| NrtError::new(NrtStatus::Invalid, format!("cannot write {}: {e}", target.display())))

@@ -109,13 +109,23 @@ pub unsafe extern "C" fn nrt_get_tensor_from_tensor_set(
         let set = SETS.get(tensor_set, "tensor_set")?;
         let name = required_str(tensor_name, "tensor_name")?;
         let bindings = set.bindings.read().unwrap_or_else(|e| e.into_inner());
-        let handle = bindings.tensors.iter().find(|(n, _, _)| n == name).map(|(_, _, h)| *h).ok_or_else(|| {
+        let (_, bound, handle) = bindings.tensors.iter().find(|(n, _, _)| n == name).ok_or_else(|| {
             let names: Vec<&str> = bindings.tensors.iter().map(|(n, _, _)| n.as_str()).collect();
             NrtError::new(
                 NrtStatus::Invalid,
                 format!("the tensor set has no tensor named `{name}` (it has: {})", names.join(", ")),
             )
         })?;
+        // The handle it was added with, unless that tensor has been freed since.
+        let handle = *handle;
+        if !TENSORS.get(handle as *const c_void, "tensor").is_ok_and(|live| Arc::ptr_eq(&live, bound)) {
+            return Err(NrtError::new(
+                NrtStatus::InvalidHandle,
+                format!(
+                    "the tensor bound to `{name}` was freed with nrt_tensor_free: the set keeps its memory for executions, but it has no handle any more"
+                ),
+            ));
+        }
         write_out(tensor, "tensor", handle as *mut c_void)
     })
 }

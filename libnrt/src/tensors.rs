@@ -70,7 +70,7 @@ pub(crate) fn unit_core(tensor: &Tensor) -> NrtResult<u32> {
 ///
 /// `buf` must point to `bytes` readable bytes that stay valid for `'a`.
 pub(crate) unsafe fn caller_bytes<'a>(buf: *const c_void, bytes: u64, argument: &str) -> NrtResult<&'a [u8]> {
-    let len = usize::try_from(bytes).map_err(|_| invalid("size", "does not fit in this host's address space"))?;
+    let len = caller_length(bytes)?;
     if len == 0 {
         return Ok(&[]);
     }
@@ -86,13 +86,37 @@ pub(crate) unsafe fn caller_bytes<'a>(buf: *const c_void, bytes: u64, argument: 
 /// `buf` must point to `bytes` writable bytes that stay valid, and are not accessed
 /// otherwise, for `'a`.
 pub(crate) unsafe fn caller_bytes_mut<'a>(buf: *mut c_void, bytes: u64, argument: &str) -> NrtResult<&'a mut [u8]> {
-    let len = usize::try_from(bytes).map_err(|_| invalid("size", "does not fit in this host's address space"))?;
+    let len = caller_length(bytes)?;
     if len == 0 {
         return Ok(&mut []);
     }
     let buf = non_null(buf, argument)?;
     // SAFETY: the caller's promise.
     Ok(unsafe { std::slice::from_raw_parts_mut(buf.cast::<u8>(), len) })
+}
+
+/// A length of caller memory, as a slice may have it (at most `isize::MAX` bytes).
+fn caller_length(bytes: u64) -> NrtResult<usize> {
+    usize::try_from(bytes)
+        .ok()
+        .filter(|&len| len <= isize::MAX as usize)
+        .ok_or_else(|| invalid("size", format!("is {bytes}, more than this host's address space holds")))
+}
+
+/// `NRT_INVALID` when the caller's `len` bytes at `buf` overlap `tensor`'s own memory
+/// (as its `nrt_tensor_get_va` address would): the runtime would read and write the
+/// same bytes through two views.
+pub(crate) fn check_apart(tensor: &Tensor, buf: *const c_void, len: u64, argument: &str) -> NrtResult<()> {
+    let (start, end) = (buf as usize as u64, (buf as usize as u64).saturating_add(len));
+    let memory = tensor.address() as usize as u64;
+    let memory_end = memory.saturating_add(tensor.size());
+    if len > 0 && tensor.size() > 0 && start < memory_end && memory < end {
+        return Err(invalid(
+            argument,
+            format!("overlaps the memory of tensor `{}`; copy between tensors with nrt_tensor_copy", tensor.name()),
+        ));
+    }
+    Ok(())
 }
 
 const PLACEMENT_DEVICE: u32 = 0;
@@ -184,6 +208,7 @@ pub unsafe extern "C" fn nrt_tensor_read(
 ) -> Status {
     call("nrt_tensor_read", || {
         let source = self::tensor(tensor, "tensor")?;
+        check_apart(&source, buf, size as u64, "buf")?;
         // SAFETY: the caller gives `size` writable bytes at `buf` for the call.
         let out = unsafe { caller_bytes_mut(buf, size as u64, "buf")? };
         source.read(offset as u64, out)
@@ -199,6 +224,7 @@ pub unsafe extern "C" fn nrt_tensor_write(
 ) -> Status {
     call("nrt_tensor_write", || {
         let target = self::tensor(tensor, "tensor")?;
+        check_apart(&target, buf, size as u64, "buf")?;
         // SAFETY: the caller gives `size` readable bytes at `buf` for the call.
         let data = unsafe { caller_bytes(buf, size as u64, "buf")? };
         target.write(offset as u64, data)
@@ -265,6 +291,7 @@ pub unsafe extern "C" fn nrt_tensor_read_batch(
         // writable bytes.
         unsafe {
             each_batch_op(batches, num_batches, |tensor, op| {
+                check_apart(tensor, op.buffer, op.size, "ops[].buffer")?;
                 tensor.read(op.offset, caller_bytes_mut(op.buffer, op.size, "ops[].buffer")?)
             })
         }
@@ -282,6 +309,7 @@ pub unsafe extern "C" fn nrt_tensor_write_batch(
         // readable bytes.
         unsafe {
             each_batch_op(batches, num_batches, |tensor, op| {
+                check_apart(tensor, op.buffer, op.size, "ops[].buffer")?;
                 tensor.write(op.offset, caller_bytes(op.buffer, op.size, "ops[].buffer")?)
             })
         }

@@ -104,6 +104,8 @@ impl DerefMut for Memory {
 
 struct Storage {
     bytes: RwLock<Memory>,
+    /// The address of the memory's first byte (exposed), which never changes.
+    base: usize,
     _charge: MemoryCharge,
     /// Emits `nrt_tensor_free` when the last view of the memory goes.
     freed: Option<(TensorTracing, u64, u64)>,
@@ -211,13 +213,14 @@ impl Tensor {
         id: u64,
         name: &str,
         placement: TensorPlacement,
-        bytes: Memory,
+        mut bytes: Memory,
         size: u64,
         array_type: Option<ArrayType>,
         charge: MemoryCharge,
         lifecycle: Arc<Lifecycle>,
         tracing: Option<TensorTracing>,
     ) -> Tensor {
+        let base = bytes.as_mut_ptr().expose_provenance();
         Tensor {
             inner: Arc::new(TensorInner {
                 id,
@@ -226,6 +229,7 @@ impl Tensor {
                 array_type,
                 storage: Arc::new(Storage {
                     bytes: RwLock::new(bytes),
+                    base,
                     _charge: charge,
                     freed: tracing.clone().map(|t| (t, id, size)),
                 }),
@@ -320,9 +324,8 @@ impl Tensor {
     /// exists; accesses through the address are not ordered with the runtime's, so a
     /// caller using it must not overlap them with executions or copies of the tensor.
     pub fn address(&self) -> *mut u8 {
-        let mut memory = self.storage_mut();
         // In bounds: a tensor's offset is at most its storage's length.
-        memory.as_mut_ptr().wrapping_add(self.inner.offset as usize)
+        std::ptr::with_exposed_provenance_mut::<u8>(self.inner.storage.base).wrapping_add(self.inner.offset as usize)
     }
 
     /// Reads the whole tensor.

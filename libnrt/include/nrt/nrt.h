@@ -151,7 +151,8 @@ NRT_STATUS nrt_load(const void *neff_bytes, size_t size, int32_t vnc, int32_t vn
 NRT_STATUS nrt_load_collectives(const void *neff_bytes, size_t size, int32_t vnc, int32_t vnc_count,
                                 uint32_t ctx_device_id, uint32_t ctx_device_count, nrt_model_t **model);
 
-/** Unloads a model and releases its memory; the handle is invalid afterwards. */
+/** Unloads a model and releases its memory; the handle is invalid afterwards. After
+ *  nrt_close() the model is already gone: NRT_CLOSED, and the handle is released. */
 NRT_STATUS nrt_unload(nrt_model_t *model);
 
 /** NeuronCores a loaded model uses (always 1 here). */
@@ -178,7 +179,8 @@ void nrt_destroy_tensor_set(nrt_tensor_set_t **tensor_set);
 /** Binds `tensor` to `tensor_name`, replacing an earlier binding of that name. */
 NRT_STATUS nrt_add_tensor_to_tensor_set(nrt_tensor_set_t *tensor_set, const char *tensor_name, nrt_tensor_t *tensor);
 
-/** The tensor bound to `tensor_name`; NRT_INVALID when there is none. */
+/** The tensor bound to `tensor_name`; NRT_INVALID when there is none, NRT_INVALID_HANDLE
+ *  when that tensor was freed since (the set still holds its memory). */
 NRT_STATUS nrt_get_tensor_from_tensor_set(nrt_tensor_set_t *tensor_set, const char *tensor_name, nrt_tensor_t **tensor);
 
 /** Runs a model once on its core, reading `input_set` and writing `output_set`
@@ -202,10 +204,12 @@ NRT_STATUS nrt_tensor_allocate(nrt_tensor_placement_t tensor_placement, int vnc,
  *  memory keep it alive until they go. */
 void nrt_tensor_free(nrt_tensor_t **tensor);
 
-/** Copies `size` bytes from the tensor at `offset` into `buf`; out of range: NRT_INVALID. */
+/** Copies `size` bytes from the tensor at `offset` into `buf`; out of range, or a `buf`
+ *  overlapping the tensor's own memory: NRT_INVALID. */
 NRT_STATUS nrt_tensor_read(const nrt_tensor_t *tensor, void *buf, size_t offset, size_t size);
 
-/** Copies `size` bytes from `buf` into the tensor at `offset`; out of range: NRT_INVALID. */
+/** Copies `size` bytes from `buf` into the tensor at `offset`; out of range, or a `buf`
+ *  overlapping the tensor's own memory: NRT_INVALID. */
 NRT_STATUS nrt_tensor_write(nrt_tensor_t *tensor, const void *buf, size_t offset, size_t size);
 
 /** Operations on one tensor, for the batch calls. */
@@ -234,8 +238,10 @@ NRT_STATUS nrt_tensor_memset(nrt_tensor_t *tensor, uint64_t offset, int value, s
 NRT_STATUS nrt_tensor_allocate_empty(const char *name, nrt_tensor_t **tensor);
 
 /** Makes the caller's `buffer` of `size` bytes the tensor's memory (a host tensor),
- *  replacing any memory it had. The buffer must stay valid while the tensor, or a
- *  tensor set or request holding it, exists. */
+ *  replacing any memory it had; tensor sets holding the tensor use the new memory,
+ *  slices made before keep viewing the old. The buffer must stay valid while the
+ *  tensor, or a tensor set or request holding it, exists, and must not overlap the
+ *  memory of another tensor. */
 NRT_STATUS nrt_tensor_attach_buffer(nrt_tensor_t *tensor, void *buffer, size_t size);
 
 /** A tensor viewing `size` bytes of `tensor_source` from `offset` (no copy). */

@@ -82,21 +82,24 @@ NRT_STATUS nrta_cc_schedule(nrt_cc_context_t **cc_ctx, int queue, nrta_error_tra
  *  sequence id that was never scheduled. */
 NRT_STATUS nrta_is_completed(nrta_seq_t seq, bool *is_completed);
 
-/** The last completed request of unit `xu` of NeuronCore `lnc` (0 when none yet). */
+/** The last completed request of unit `xu` of NeuronCore `lnc` (the unit's id with
+ *  sequence number 0 when none has completed yet). */
 NRT_STATUS nrta_get_sequence(uint32_t lnc, nrta_xu_t xu, int queue, nrta_seq_t *seq);
 
-/** A file descriptor that becomes readable (poll(2)) when request `seq` completes;
- *  close(2) it when done. */
+/** A non-blocking file descriptor (an eventfd) that becomes readable (poll(2)) when
+ *  request `seq` completes; close(2) it when done. While the request is pending, a
+ *  thread of the library waits for it. */
 NRT_STATUS nrta_get_completion_handle(nrta_seq_t seq, int *fd);
 
 /** An error tracker for the requests of NeuronCore `lnc_idx`. */
 NRT_STATUS nrta_error_tracker_create(uint32_t lnc_idx, nrta_error_tracker_t **error_tracker);
 
-/** Destroys a tracker; the list it last returned becomes invalid. */
+/** Destroys a tracker (NULL: nothing); the list it last returned becomes invalid. */
 void nrta_error_tracker_destroy(nrta_error_tracker_t *error_tracker);
 
 /** The failures the tracker saw since the last call, in completion order. The list
- *  stays valid until the next call with this tracker or its destruction. */
+ *  stays valid until the next call with this tracker or its destruction, so call it
+ *  from one thread at a time per tracker. Each failure is also logged, once. */
 NRT_STATUS nrta_error_tracker_get_list(nrta_error_tracker_t *error_tracker, const nrta_error_t **list,
                                        size_t *error_count);
 

@@ -28,7 +28,7 @@ typedef enum {
     NRT_CLOSED = 14,                        /* called after nrt_close() */
     NRT_QUEUE_EMPTY = 15,                   /* the queue has no data */
     NRT_EXEC_UNIT_UNRECOVERABLE = 101,      /* the execution unit is degraded; later requests on it fail too */
-    NRT_EXEC_BAD_INPUT = 1002,              /* an input or output does not match the model */
+    NRT_EXEC_BAD_INPUT = 1002,              /* invalid execution input (a tensor set that does not match the model is NRT_INVALID, as in libnrt) */
     NRT_EXEC_COMPLETED_WITH_NUM_ERR = 1003, /* completed, but produced NaN or Inf */
     NRT_EXEC_COMPLETED_WITH_ERR = 1004,     /* completed with other errors */
     NRT_EXEC_NC_BUSY = 1005,                /* the NeuronCore is held by another model or process */

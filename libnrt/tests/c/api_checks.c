@@ -184,6 +184,7 @@ static void tensors(void) {
     va[0] = 99;
     OK(nrt_tensor_read(host, back, 0, 1));
     ASSERT(back[0] == 99);
+    EXPECT(NRT_INVALID, nrt_tensor_read(host, va + 8, 0, 16)); /* into its own memory */
     unsigned char *source = malloc(64);
     memset(source, 5, 64);
     OK(nrt_memcpy_to_device(va, source, 64));
@@ -300,6 +301,7 @@ static void execute(nrt_model_t *model) {
     nrt_tensor_free(&lent);
     OK(nrt_execute(model, b.inputs, b.outputs));
     check_sum(b.out, 2.0f);
+    EXPECT(NRT_INVALID_HANDLE, nrt_get_tensor_from_tensor_set(b.inputs, "input0", &bound));
     nrt_tensor_free(&small);
     unbind(&b);
     puts("ok execute");
@@ -346,6 +348,7 @@ static void async_requests(nrt_model_t *model) {
     struct bound b = bind_add(1, 1.0f);
     float x[4] = {5, 6, 7, 8}, back[4] = {0};
     nrta_seq_t write, read, copy, run, last;
+    EXPECT(NRT_INVALID, nrta_tensor_write(b.x, x, 0, (uint64_t)1 << 62, 0, tracker, &write));
     OK(nrta_tensor_write(b.x, x, 0, sizeof x, 0, tracker, &write));
     EXPECT(NRT_INVALID, nrta_tensor_write(b.x, x, 0, sizeof x, 1, tracker, &write));
     ASSERT(NRTA_SEQ_GET_XU_ID(write) == (1u << 3 | NRTA_XU_TENSOR_WRITE));
@@ -384,6 +387,7 @@ static void async_requests(nrt_model_t *model) {
     nrt_tensor_free(&small);
     nrta_error_tracker_destroy(tracker);
     EXPECT(NRT_INVALID_HANDLE, nrta_error_tracker_get_list(tracker, &errors, &count));
+    nrta_error_tracker_destroy(NULL); /* like free(NULL) */
     unbind(&b);
     puts("ok async");
 }
@@ -447,6 +451,8 @@ static void profile(nrt_model_t *model, const char *path) {
     struct bound b = bind_add(1, 1.0f);
     OK(nrt_profile_start(model, path));
     EXPECT(NRT_INVALID, nrt_profile_start(model, path));
+    EXPECT(NRT_INVALID, nrt_inspect_stop()); /* a recording of another kind */
+    EXPECT(NRT_INVALID, nrt_trace_stop("trace.ntff"));
     for (int i = 0; i < 3; i++) OK(nrt_execute(model, b.inputs, b.outputs));
     EXPECT(NRT_INVALID, nrt_profile_stop("some-other-file.ntff"));
     OK(nrt_profile_stop(path));
@@ -539,6 +545,7 @@ static void *run_rank(void *arg) {
 static void collectives(void) {
     nrt_model_t *model;
     EXPECT(NRT_INVALID, nrt_load_collectives(allreduce_neff, allreduce_size, -1, -1, 2, 2, &model));
+    EXPECT(NRT_LOAD_NOT_ENOUGH_NC, nrt_load_collectives(allreduce_neff, allreduce_size, -1, -1, 0, 5, &model));
     pthread_t ids[2];
     struct rank ranks[2] = {{0, {0}, NRT_FAILURE}, {1, {0}, NRT_FAILURE}};
     for (int i = 0; i < 2; i++) ASSERT(pthread_create(&ids[i], NULL, run_rank, &ranks[i]) == 0);
@@ -572,6 +579,8 @@ static void degraded_core(void) {
     /* The second execution on a core hits an uncorrectable memory error. */
     setenv("NEURON_RT_FAULT_INJECT", "hbm_ue:after=1", 1);
     OK(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""));
+    OK(nrt_profile_continuous_start(NULL)); /* the previous runtime's ended at its close */
+    OK(nrt_profile_continuous_stop());
     nrt_model_t *model;
     OK(nrt_load(neff, neff_size, 0, -1, &model));
     struct bound b = bind_add(0, 1.0f);
@@ -610,11 +619,14 @@ int main(int argc, char **argv) {
     /* After nrt_close, calls say so; nrt_init starts a new runtime. */
     nrt_tensor_t *tensor;
     OK(nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_HOST, -1, 16, "kept", &tensor));
+    OK(nrt_profile_continuous_start(NULL)); /* left running: nrt_close ends it */
     nrt_close();
     char buffer[16];
     EXPECT(NRT_CLOSED, nrt_tensor_read(tensor, buffer, 0, 16));
     nrt_model_t *again;
     EXPECT(NRT_CLOSED, nrt_load(neff, neff_size, -1, -1, &again));
+    EXPECT(NRT_CLOSED, nrt_unload(model));
+    EXPECT(NRT_INVALID_HANDLE, nrt_unload(model)); /* released by the call before */
     nrt_tensor_free(&tensor);
     puts("ok close");
     degraded_core();
