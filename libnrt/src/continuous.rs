@@ -37,10 +37,7 @@ pub unsafe extern "C" fn nrt_profile_continuous_options_allocate(options: *mut *
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nrt_profile_continuous_options_free(options: *mut c_void) -> Status {
-    call("nrt_profile_continuous_options_free", || match options.is_null() {
-        true => Ok(()),
-        false => OPTIONS.remove(options, "options").map(drop),
-    })
+    call("nrt_profile_continuous_options_free", || OPTIONS.free(options, "options"))
 }
 
 #[unsafe(no_mangle)]

@@ -13,7 +13,7 @@ use std::sync::{Arc, RwLock};
 
 use neuron_runtime::{NrtError, NrtResult, NrtStatus};
 
-use crate::boundary::invalid;
+use crate::boundary::{invalid, non_null, write_out};
 
 /// Bits of a handle that hold the registry's tag.
 const TAG_BITS: u32 = 4;
@@ -87,6 +87,25 @@ impl<T> Registry<T> {
         let value = value.ok_or_else(|| self.unknown(handle, argument))?;
         slab.free.push(index);
         Ok(value)
+    }
+
+    /// Removes the entry `handle` names, as a `*_free` / `*_destroy` function does: a NULL
+    /// handle is nothing to free, like `free(NULL)`.
+    pub(crate) fn free(&self, handle: *const c_void, argument: &str) -> NrtResult<()> {
+        if handle.is_null() { Ok(()) } else { self.remove(handle, argument).map(drop) }
+    }
+
+    /// Frees the entry whose handle the caller's variable `*slot` holds and sets that
+    /// variable to NULL (`nrt_tensor_free(&tensor)`); a NULL handle is nothing to free.
+    pub(crate) fn free_through(&self, slot: *mut *mut c_void, argument: &str) -> NrtResult<()> {
+        let slot = non_null(slot, argument)?;
+        // SAFETY: `slot` is not NULL and points to the caller's handle variable.
+        let handle = unsafe { *slot };
+        if handle.is_null() {
+            return Ok(());
+        }
+        self.remove(handle, &format!("*{argument}"))?;
+        write_out(slot, argument, std::ptr::null_mut())
     }
 
     fn handle(&self, index: u32, generation: u32) -> *mut c_void {

@@ -77,10 +77,7 @@ pub unsafe extern "C" fn nrt_inspect_config_set_defaults(options: *mut c_void) -
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nrt_inspect_config_free(options: *mut c_void) -> Status {
-    call("nrt_inspect_config_free", || match options.is_null() {
-        true => Ok(()),
-        false => CONFIGS.remove(options, "options").map(drop),
-    })
+    call("nrt_inspect_config_free", || CONFIGS.free(options, "options"))
 }
 
 #[unsafe(no_mangle)]

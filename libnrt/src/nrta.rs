@@ -270,12 +270,7 @@ pub unsafe extern "C" fn nrta_error_tracker_create(lnc_idx: u32, error_tracker: 
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nrta_error_tracker_destroy(error_tracker: *mut c_void) {
-    call_void("nrta_error_tracker_destroy", || {
-        if error_tracker.is_null() {
-            return Ok(());
-        }
-        TRACKERS.remove(error_tracker, "error_tracker").map(drop)
-    });
+    call_void("nrta_error_tracker_destroy", || TRACKERS.free(error_tracker, "error_tracker"));
 }
 
 #[unsafe(no_mangle)]

@@ -65,16 +65,7 @@ pub unsafe extern "C" fn nrt_allocate_tensor_set(result: *mut *mut c_void) -> St
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nrt_destroy_tensor_set(tensor_set: *mut *mut c_void) {
-    call_void("nrt_destroy_tensor_set", || {
-        let tensor_set = non_null(tensor_set, "tensor_set")?;
-        // SAFETY: `tensor_set` is not NULL and points to the caller's handle variable.
-        let handle = unsafe { *tensor_set };
-        if handle.is_null() {
-            return Ok(());
-        }
-        SETS.remove(handle, "*tensor_set")?;
-        write_out(tensor_set, "tensor_set", std::ptr::null_mut())
-    });
+    call_void("nrt_destroy_tensor_set", || SETS.free_through(tensor_set, "tensor_set"));
 }
 
 #[unsafe(no_mangle)]

@@ -71,10 +71,7 @@ pub unsafe extern "C" fn nrt_sys_trace_config_set_defaults(options: *mut c_void)
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nrt_sys_trace_config_free(options: *mut c_void) {
-    call_void("nrt_sys_trace_config_free", || match options.is_null() {
-        true => Ok(()),
-        false => CONFIGS.remove(options, "options").map(drop),
-    });
+    call_void("nrt_sys_trace_config_free", || CONFIGS.free(options, "options"));
 }
 
 #[unsafe(no_mangle)]
@@ -248,10 +245,7 @@ pub unsafe extern "C" fn nrt_sys_trace_fetch_options_set_defaults(options: *mut 
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nrt_sys_trace_fetch_options_free(options: *mut c_void) {
-    call_void("nrt_sys_trace_fetch_options_free", || match options.is_null() {
-        true => Ok(()),
-        false => FETCH_OPTIONS.remove(options, "options").map(drop),
-    });
+    call_void("nrt_sys_trace_fetch_options_free", || FETCH_OPTIONS.free(options, "options"));
 }
 
 #[unsafe(no_mangle)]

@@ -156,16 +156,7 @@ pub unsafe extern "C" fn nrt_tensor_allocate_empty(name: *const c_char, tensor: 
 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn nrt_tensor_free(tensor: *mut *mut c_void) {
-    call_void("nrt_tensor_free", || {
-        let tensor = non_null(tensor, "tensor")?;
-        // SAFETY: `tensor` is not NULL and points to the caller's handle variable.
-        let handle = unsafe { *tensor };
-        if handle.is_null() {
-            return Ok(());
-        }
-        TENSORS.remove(handle, "*tensor")?;
-        write_out(tensor, "tensor", std::ptr::null_mut())
-    });
+    call_void("nrt_tensor_free", || TENSORS.free_through(tensor, "tensor"));
 }
 
 #[unsafe(no_mangle)]
