@@ -1,0 +1,40 @@
+"""Run JAX functions on virtual NeuronCores, watch them with the Neuron tools.
+
+    import neuron_virt, jax.numpy as jnp
+
+    @neuron_virt.jit
+    def mlp(x, w1, w2):
+        return jnp.maximum(x @ w1, 0) @ w2
+
+    y = mlp(x, w1, w2)          # NumPy in, NumPy out; compiled and loaded once per signature
+
+The first call with given shapes and dtypes lowers the function with JAX, compiles the
+HLO with the runtime's compiler (the ``neuron-cc`` options: ``auto_cast``,
+``auto_cast_type``, ``optlevel``, ...), loads it on a virtual NeuronCore and caches it;
+later calls only execute. The process is a Neuron runtime like any other: ``neuron-ls``,
+``neuron-top``, ``neuron-monitor`` and the dashboard show it (tagged with
+``NEURON_PROCESS_TAG`` or ``runtime(tag=...)``).
+
+Lower level: :func:`compile` (HLO text to a :class:`Neff`), :class:`Runtime`,
+:meth:`Runtime.load` and :class:`Model`, called with NumPy arrays.
+
+Every runtime failure raises :class:`NrtError` with ``.status`` (the public
+``NRT_STATUS`` name) and ``.code``; HLO the compiler refuses raises
+:class:`CompileError` naming the operator and the line.
+"""
+
+from ._native import CompileError, Neff, NrtError, __version__, compile
+from ._runtime import Model, Runtime, runtime
+from ._jit import jit
+
+__all__ = [
+    "CompileError",
+    "Model",
+    "Neff",
+    "NrtError",
+    "Runtime",
+    "__version__",
+    "compile",
+    "jit",
+    "runtime",
+]

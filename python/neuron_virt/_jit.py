@@ -1,0 +1,83 @@
+"""jit: a JAX function compiled for, and run on, virtual NeuronCores."""
+
+import functools
+import itertools
+import threading
+
+import numpy as np
+
+from . import _native
+from ._runtime import runtime as default_runtime
+
+
+def jit(fn=None, *, cores=None, runtime=None, auto_cast="matmult", auto_cast_type="bf16", optlevel=2,
+        mixed_precision_accumulation=False, saturate_infinity=False, target=None):
+    """Compiles ``fn`` for virtual NeuronCores on its first call with given argument
+    shapes and dtypes, and runs it there on every call.
+
+    Arguments are NumPy or JAX arrays, Python scalars, and pytrees of them (as
+    ``jax.jit`` takes them); the result has ``fn``'s pytree structure with NumPy arrays
+    as leaves. The compile options are those of ``neuron-cc``: ``auto_cast``
+    (``none``, ``matmult``, ``all``), ``auto_cast_type`` (``bf16``, ``fp16``, ``tf32``,
+    ``fp8_e4m3``), ``optlevel`` (1 to 3), ``mixed_precision_accumulation``,
+    ``saturate_infinity``, ``target`` (default: the runtime's NeuronCore generation).
+    ``cores`` loads a copy on each of these cores (an index or a list) and spreads calls
+    over them; by default the runtime picks one. ``runtime`` defaults to
+    :func:`neuron_virt.runtime`. JAX is imported on the first call only.
+    """
+    options = dict(auto_cast=auto_cast, auto_cast_type=auto_cast_type, optlevel=optlevel,
+                   mixed_precision_accumulation=mixed_precision_accumulation,
+                   saturate_infinity=saturate_infinity)
+    if fn is None:
+        return functools.partial(jit, cores=cores, runtime=runtime, target=target, **options)
+    return JitFunction(fn, cores=cores, runtime=runtime, target=target, options=options)
+
+
+class JitFunction:
+    """The callable :func:`jit` returns; ``.lower(*args)`` gives the HLO text it compiles."""
+
+    def __init__(self, fn, *, cores, runtime, target, options):
+        self._fn = fn
+        self._cores = [cores] if isinstance(cores, int) else cores
+        self._runtime = runtime
+        self._target = target
+        self._options = options
+        self._cache = {}
+        self._lock = threading.Lock()
+        functools.update_wrapper(self, fn)
+
+    def lower(self, *args, **kwargs):
+        """The HLO text JAX lowers ``fn`` to for these arguments."""
+        import jax
+
+        return jax.jit(self._fn, keep_unused=True).lower(*args, **kwargs).as_text(dialect="hlo")
+
+    def __call__(self, *args, **kwargs):
+        import jax
+
+        leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+        arrays = [np.asarray(leaf) for leaf in leaves]
+        key = (in_tree, tuple((a.shape, a.dtype.str) for a in arrays))
+        entry = self._cache.get(key)
+        if entry is None:
+            with self._lock:
+                entry = self._cache.get(key)
+                if entry is None:
+                    entry = self._compile(args, kwargs)
+                    self._cache[key] = entry
+        models, next_model, out_tree = entry
+        model = models[next(next_model) % len(models)]
+        outputs = model.run(arrays)
+        return jax.tree_util.tree_unflatten(out_tree, outputs)
+
+    def _compile(self, args, kwargs):
+        import jax
+
+        lowered = jax.jit(self._fn, keep_unused=True).lower(*args, **kwargs)
+        runtime = self._runtime or default_runtime()
+        target = self._target or {"trn2.48xlarge": "trn2"}.get(runtime.instance_type, "trn1")
+        name = getattr(self._fn, "__name__", "function")
+        neff = _native.compile(lowered.as_text(dialect="hlo"), name=name, target=target, **self._options)
+        cores = self._cores or [None]
+        models = [runtime.load(neff, core=core) for core in cores]
+        return models, itertools.count(), lowered.out_tree

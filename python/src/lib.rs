@@ -1,0 +1,28 @@
+//! `neuron_virt._native`: the Rust side of the `neuron_virt` Python package.
+//!
+//! It exposes the runtime as Python sees it — `compile` and `Neff`, `Runtime`, `Model`
+//! — and raises every runtime failure as `NrtError` carrying the public status name and
+//! code. The friendly layer (`jit`, array conversion, pytrees) is Python, in
+//! `neuron_virt/`; this module takes arrays already of the model's dtype and C order,
+//! and executes with the GIL released, reading inputs and writing outputs in place in
+//! the NumPy arrays' memory.
+
+mod arrays;
+mod errors;
+mod neff;
+mod runtime;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = module.py();
+    module.add("NrtError", py.get_type::<errors::NrtError>())?;
+    module.add("CompileError", py.get_type::<errors::CompileError>())?;
+    module.add_function(wrap_pyfunction!(neff::compile, module)?)?;
+    module.add_class::<neff::Neff>()?;
+    module.add_class::<runtime::Runtime>()?;
+    module.add_class::<runtime::Model>()?;
+    module.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}
