@@ -10,11 +10,9 @@ use std::ffi::{c_char, c_void};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
-use std::thread::JoinHandle;
 
 use neuron_datastore::{ALL_SYSTEM_EVENTS, DatastoreReader, TailStart, TraceEvent};
-use neuron_record::{DRAIN_INTERVAL, RecordError, Recorder, create_writer, metadata};
+use neuron_record::{BackgroundRecording, Recorder, create_writer, metadata};
 use neuron_runtime::{NrtError, NrtResult, NrtStatus, Runtime};
 
 use crate::boundary::{Status, call, required_str};
@@ -49,8 +47,7 @@ struct Recording {
     /// The private directory a recording whose file name comes at the end writes into.
     scratch: Option<tempfile::TempDir>,
     runtime: Runtime,
-    stop: Sender<()>,
-    drainer: JoinHandle<Result<ntff::WriteSummary, RecordError>>,
+    drainer: BackgroundRecording,
 }
 
 static RECORDING: Mutex<Option<Recording>> = Mutex::new(None);
@@ -110,31 +107,10 @@ fn start_in(
     };
     let tail = reader.tail(TailStart::Now, cores.as_deref(), event_types, device);
     runtime.set_trace_recording_of(true, device || runtime.config().inspect.device)?;
-    let (stop, stopped) = channel();
-    let drainer = std::thread::Builder::new()
-        .name("nrt-profile".into())
-        .spawn(move || drain(reader, tail, recorder, &stopped))
+    let drainer = BackgroundRecording::start(reader, tail, recorder)
         .map_err(|e| NrtError::new(NrtStatus::Resource, format!("cannot start the profile thread: {e}")))?;
-    *slot = Some(Recording { kind: capture_kind, path, scratch, runtime, stop, drainer });
+    *slot = Some(Recording { kind: capture_kind, path, scratch, runtime, drainer });
     Ok(())
-}
-
-/// Drains the rings into the file until told to stop, then finishes the file.
-fn drain(
-    reader: DatastoreReader,
-    mut tail: neuron_datastore::Tail,
-    mut recorder: Recorder<std::io::BufWriter<std::fs::File>>,
-    stopped: &Receiver<()>,
-) -> Result<ntff::WriteSummary, RecordError> {
-    loop {
-        recorder.models(&reader.models(), &|_| String::new())?;
-        let last = !matches!(stopped.recv_timeout(DRAIN_INTERVAL), Err(RecvTimeoutError::Timeout));
-        recorder.drain(&reader, &mut tail, last)?;
-        if last {
-            return Ok(recorder.finish()?.1);
-        }
-        recorder.flush_when_due()?;
-    }
 }
 
 /// Which recording a stop function ends.
@@ -177,12 +153,7 @@ fn stop(ending: Ending<'_>) -> NrtResult<(PathBuf, Option<tempfile::TempDir>)> {
     let inspect = running.runtime.config().inspect.clone();
     let device = inspect.device || continuous_running();
     let restored = running.runtime.set_trace_recording_of(inspect.system, device);
-    let _ = running.stop.send(());
-    let summary = running
-        .drainer
-        .join()
-        .map_err(|_| NrtError::new(NrtStatus::Failure, "the profile thread panicked"))?
-        .map_err(|e| NrtError::new(NrtStatus::Failure, e.to_string()))?;
+    let summary = running.drainer.finish().map_err(|e| NrtError::new(NrtStatus::Failure, e.to_string()))?;
     // A closed runtime has nothing left to restore.
     if let Err(error) = restored
         && error.status != NrtStatus::Closed

@@ -16,7 +16,12 @@ later calls only execute. The process is a Neuron runtime like any other: ``neur
 ``NEURON_PROCESS_TAG`` or ``runtime(tag=...)``).
 
 Lower level: :func:`compile` (HLO text to a :class:`Neff`), :class:`Runtime`,
-:meth:`Runtime.load` and :class:`Model`, called with NumPy arrays.
+:meth:`Runtime.load` and :class:`Model`, called with NumPy arrays, or scheduled
+(:meth:`Model.schedule` returns a :class:`Request`).
+
+Observability: ``with neuron_virt.profile("out.ntff"):`` records the executions inside
+into an NTFF file; :func:`sys_trace_start` / :func:`sys_trace_fetch_events` return the
+system trace as dicts.
 
 Every runtime failure raises :class:`NrtError` with ``.status`` (the public
 ``NRT_STATUS`` name) and ``.code``; HLO the compiler refuses raises
@@ -24,17 +29,23 @@ Every runtime failure raises :class:`NrtError` with ``.status`` (the public
 """
 
 from ._native import CompileError, Neff, NrtError, __version__, compile
-from ._runtime import Model, Runtime, runtime
+from ._runtime import Model, Request, Runtime, runtime
 from ._jit import jit
+from ._observe import profile, sys_trace_fetch_events, sys_trace_start, sys_trace_stop
 
 __all__ = [
     "CompileError",
     "Model",
     "Neff",
     "NrtError",
+    "Request",
     "Runtime",
     "__version__",
     "compile",
     "jit",
+    "profile",
     "runtime",
+    "sys_trace_fetch_events",
+    "sys_trace_start",
+    "sys_trace_stop",
 ]

@@ -6,6 +6,7 @@ import numpy as np
 
 from . import _native
 from ._dtypes import numpy_dtype
+from ._observe import execution_starts
 
 
 class TensorInfo(tuple):
@@ -56,12 +57,26 @@ class Model:
 
     def run(self, arrays):
         """Runs the model on the list of input arrays; returns the list of outputs."""
+        inputs, outputs = self._bind(arrays)
+        execution_starts()
+        self._native.execute(inputs, outputs)
+        return outputs
+
+    def schedule(self, *arrays):
+        """Schedules one execution on the core's compute unit and returns a
+        :class:`Request` at once. The input arrays must not change until it completes.
+        Raises :class:`NrtError` ``NRT_QUEUE_FULL`` when the unit already holds
+        ``NEURON_RT_XU_COMPUTE_MAX_QUEUED_REQUESTS`` (8) requests."""
+        inputs, outputs = self._bind(arrays)
+        execution_starts()
+        return Request(self._native.schedule(inputs, outputs), outputs)
+
+    def _bind(self, arrays):
         if len(arrays) != len(self._input_types):
             raise TypeError(f"model {self.name} takes {len(self._input_types)} inputs, got {len(arrays)}")
         inputs = [_input(array, info, dtype) for array, (info, dtype) in zip(arrays, self._input_types)]
         outputs = [np.empty(shape, dtype) for shape, dtype in self._output_types]
-        self._native.execute(inputs, outputs)
-        return outputs
+        return inputs, outputs
 
     def unload(self):
         """Unloads the model; later calls fail with NRT_INVALID_HANDLE."""
@@ -69,6 +84,30 @@ class Model:
 
     def __repr__(self):
         return f"<Model {self.name} (id {self.id}) on nc{self.core}>"
+
+
+class Request:
+    """A scheduled execution (:meth:`Model.schedule`)."""
+
+    def __init__(self, native, outputs):
+        self._native = native
+        self._outputs = outputs
+
+    seq = property(lambda self: self._native.seq, doc="The request's sequence id (nrta_seq_t).")
+
+    def done(self):
+        """Whether the request has completed, successfully or not."""
+        return self._native.done()
+
+    def result(self, timeout=None):
+        """Waits for the request (at most ``timeout`` seconds: ``TimeoutError``) and returns
+        the model's output (a tuple when it has several); raises :class:`NrtError` with
+        the request's status if it failed. Ctrl-C interrupts the wait."""
+        self._native.wait(timeout)
+        return self._outputs[0] if len(self._outputs) == 1 else tuple(self._outputs)
+
+    def __repr__(self):
+        return f"<Request {self.seq:#x} {'done' if self.done() else 'pending'}>"
 
 
 def _input(array, info, dtype):

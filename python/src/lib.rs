@@ -9,7 +9,9 @@
 
 mod arrays;
 mod errors;
+mod model;
 mod neff;
+mod observe;
 mod runtime;
 
 use pyo3::prelude::*;
@@ -22,7 +24,12 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(neff::compile, module)?)?;
     module.add_class::<neff::Neff>()?;
     module.add_class::<runtime::Runtime>()?;
-    module.add_class::<runtime::Model>()?;
+    module.add_class::<model::Model>()?;
+    module.add_class::<model::Request>()?;
+    module.add_class::<observe::Profile>()?;
+    module.add_function(wrap_pyfunction!(observe::sys_trace_start, module)?)?;
+    module.add_function(wrap_pyfunction!(observe::sys_trace_stop, module)?)?;
+    module.add_function(wrap_pyfunction!(observe::sys_trace_fetch_events, module)?)?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

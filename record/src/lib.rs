@@ -7,6 +7,10 @@
 //! event data becomes named arguments, device activities become descriptors, ring
 //! overwrites become loss markers and `timestamp_sync_point` events become sync points.
 
+mod background;
+
+pub use background::BackgroundRecording;
+
 use std::collections::HashMap;
 use std::io::Write;
 use std::time::{Duration, Instant};
@@ -25,6 +29,8 @@ pub enum RecordError {
     Create { path: std::path::PathBuf, source: NtffError },
     #[error("cannot write the trace file: {0}")]
     Write(#[from] NtffError),
+    #[error("the thread recording the trace stopped with a panic")]
+    Thread,
 }
 
 pub type Result<T, E = RecordError> = std::result::Result<T, E>;
