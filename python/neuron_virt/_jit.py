@@ -53,11 +53,17 @@ class JitFunction:
         return jax.jit(self._fn, keep_unused=True).lower(*args, **kwargs).as_text(dialect="hlo")
 
     def __call__(self, *args, **kwargs):
-        import jax
+        # The common case first: NumPy arrays only, no keyword arguments. Its cache key
+        # needs no pytree flattening.
+        if not kwargs and all(type(a) is np.ndarray for a in args):
+            key = tuple((a.shape, a.dtype) for a in args)
+            arrays = args
+        else:
+            import jax
 
-        leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
-        arrays = [np.asarray(leaf) for leaf in leaves]
-        key = (in_tree, tuple((a.shape, a.dtype.str) for a in arrays))
+            leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+            arrays = [np.asarray(leaf) for leaf in leaves]
+            key = (in_tree, tuple((a.shape, a.dtype) for a in arrays))
         entry = self._cache.get(key)
         if entry is None:
             with self._lock:
@@ -65,9 +71,13 @@ class JitFunction:
                 if entry is None:
                     entry = self._compile(args, kwargs)
                     self._cache[key] = entry
-        models, next_model, out_tree = entry
-        model = models[next(next_model) % len(models)]
+        models, next_model, out_tree, single = entry
+        model = models[next(next_model) % len(models)] if len(models) > 1 else models[0]
         outputs = model.run(arrays)
+        if single:
+            return outputs[0]
+        import jax
+
         return jax.tree_util.tree_unflatten(out_tree, outputs)
 
     def _compile(self, args, kwargs):
@@ -80,4 +90,6 @@ class JitFunction:
         neff = _native.compile(lowered.as_text(dialect="hlo"), name=name, target=target, **self._options)
         cores = self._cores or [None]
         models = [runtime.load(neff, core=core) for core in cores]
-        return models, itertools.count(), lowered.out_tree
+        # A function returning one array gives that array back without a pytree step.
+        single = lowered.out_tree.num_leaves == 1 and lowered.out_tree.num_nodes == 1
+        return models, itertools.count(), lowered.out_tree, single

@@ -74,7 +74,15 @@ class Model:
     def _bind(self, arrays):
         if len(arrays) != len(self._input_types):
             raise TypeError(f"model {self.name} takes {len(self._input_types)} inputs, got {len(arrays)}")
-        inputs = [_input(array, info, dtype) for array, (info, dtype) in zip(arrays, self._input_types)]
+        inputs = [
+            array
+            if type(array) is np.ndarray
+            and array.dtype is dtype
+            and array.shape == info.shape
+            and array.flags.c_contiguous
+            else _input(array, info, dtype)
+            for array, (info, dtype) in zip(arrays, self._input_types)
+        ]
         outputs = [np.empty(shape, dtype) for shape, dtype in self._output_types]
         return inputs, outputs
 

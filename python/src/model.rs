@@ -12,7 +12,7 @@
 //! stays interruptible. Ctrl-C interrupts the wait, not the execution: the core
 //! finishes it, and the runtime stays usable.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -38,8 +38,9 @@ pub(crate) struct Model {
     tracker: ErrorTracker,
     /// Failures of requests not waited for yet, by sequence id.
     failures: Mutex<HashMap<u64, NrtError>>,
-    /// The arrays of requests in flight, kept alive until they complete.
-    in_flight: Mutex<Vec<(SeqId, Vec<Py<PyAny>>)>>,
+    /// The arrays of requests in flight, kept alive until they complete, in the order
+    /// they were scheduled (and complete: one execution unit runs them in order).
+    in_flight: Mutex<VecDeque<(SeqId, Vec<Py<PyAny>>)>>,
     /// Executions of this model may take long: run them interruptibly (until one is seen
     /// to be quick).
     slow: AtomicBool,
@@ -61,7 +62,7 @@ impl Model {
             inner,
             tracker,
             failures: Mutex::new(HashMap::new()),
-            in_flight: Mutex::new(Vec::new()),
+            in_flight: Mutex::new(VecDeque::new()),
             slow: AtomicBool::new(true),
             unloaded: Mutex::new(false),
         })
@@ -104,7 +105,7 @@ impl Model {
             // SAFETY: each array outlives the execution (held by the caller for a
             // synchronous one, by `in_flight` for a scheduled one), is used by this
             // execution alone while it runs, and spans `len` bytes (checked).
-            let tensor = unsafe { self.runtime.attach_buffer(memory.start, memory.len, name)? };
+            let tensor = unsafe { self.runtime.lend_buffer(memory.start, memory.len, name)? };
             if k < inputs_count { inputs.add(name, tensor) } else { outputs.add(name, tensor) }
         }
         Ok((inputs, outputs))
@@ -112,8 +113,11 @@ impl Model {
 
     /// Forgets the arrays of completed requests, and files the tracker's failures.
     fn settle(&self) {
-        let completed = |seq: &SeqId| self.runtime.is_completed(*seq).unwrap_or(true);
-        self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).retain(|(seq, _)| !completed(seq));
+        let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        while in_flight.front().is_some_and(|(seq, _)| self.runtime.is_completed(*seq).unwrap_or(true)) {
+            in_flight.pop_front();
+        }
+        drop(in_flight);
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
         for failure in self.tracker.take() {
             failures.insert(failure.seq_id.0, NrtError::new(failure.status, failure.message));
@@ -134,7 +138,7 @@ impl Model {
             .execute_schedule(&model.inner, &input_set, &output_set, Some(&model.tracker))
             .map_err(nrt_error)?;
         let kept = inputs.iter().chain(outputs).map(|a| a.clone().into_any().unbind()).collect();
-        model.in_flight.lock().unwrap_or_else(|e| e.into_inner()).push((seq, kept));
+        model.in_flight.lock().unwrap_or_else(|e| e.into_inner()).push_back((seq, kept));
         Ok(Request { model: this.clone().unbind(), seq })
     }
 }
@@ -207,6 +211,33 @@ impl Model {
         outputs: Vec<Bound<'_, PyUntypedArray>>,
     ) -> PyResult<Request> {
         Model::schedule_arrays(slf, &inputs, &outputs)
+    }
+
+    /// Times `count` executions straight through the Rust runtime, on zero-filled
+    /// device tensors bound once, without Python in the loop: the baseline the Python
+    /// call overhead is measured against (`bench/python_overhead.py`). Returns each
+    /// execution's seconds.
+    fn time_executions(&self, py: Python<'_>, count: usize) -> PyResult<Vec<f64>> {
+        let placement = neuron_runtime::TensorPlacement::Device { core: self.inner.core() };
+        let bind = |ios: &[neuron_runtime::isa::IoTensor]| -> NrtResult<TensorSet> {
+            let mut set = TensorSet::new();
+            for io in ios {
+                set.add(&io.name, self.runtime.allocate_tensor_for(placement, self.inner.tensor_type(io), &io.name)?);
+            }
+            Ok(set)
+        };
+        let inputs = bind(self.inner.inputs()).map_err(nrt_error)?;
+        let outputs = bind(self.inner.outputs()).map_err(nrt_error)?;
+        py.detach(|| {
+            (0..count)
+                .map(|_| {
+                    let started = Instant::now();
+                    self.runtime.execute(&self.inner, &inputs, &outputs)?;
+                    Ok(started.elapsed().as_secs_f64())
+                })
+                .collect::<NrtResult<Vec<f64>>>()
+        })
+        .map_err(nrt_error)
     }
 
     /// Unloads the model (calls fail with NRT_INVALID_HANDLE afterwards).

@@ -57,6 +57,18 @@ impl Neff {
         Ok(Neff { bytes: bytes.to_vec(), inner })
     }
 
+    /// Writes the NEFF to `path` (a file `neuron-bench` and `neuron-profile` take).
+    fn save(&self, path: std::path::PathBuf) -> PyResult<()> {
+        std::fs::write(&path, &self.bytes).map_err(|e| invalid(format!("cannot write {}: {e}", path.display())))
+    }
+
+    /// Reads a NEFF file (as `save` or `neuron-cc compile` wrote it).
+    #[staticmethod]
+    fn load(path: std::path::PathBuf) -> PyResult<Neff> {
+        let bytes = std::fs::read(&path).map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;
+        Neff::from_bytes(&bytes)
+    }
+
     /// The NEFF file's bytes.
     fn to_bytes<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.bytes)

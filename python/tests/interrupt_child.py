@@ -2,6 +2,8 @@
 Ctrl-C (SIGINT) interrupted the wait, then whether another core still runs a model."""
 
 import os
+import threading
+import time
 
 import numpy as np
 
@@ -46,7 +48,17 @@ ENTRY main {
 rt = neuron_virt.Runtime(cores=[0, 1])
 spin = rt.load(neuron_virt.compile(SPIN, name="spin"), core=0)
 add = rt.load(neuron_virt.compile(ADD, name="add"), core=1)
-print("started", flush=True)
+
+
+
+def announce():
+    # Said from another thread once the execution is well under way, so that the
+    # signal the test then sends arrives during it.
+    time.sleep(0.5)
+    print("started", flush=True)
+
+
+threading.Thread(target=announce, daemon=True).start()
 try:
     spin(np.zeros(64, np.float32))
     print("completed", flush=True)

@@ -62,6 +62,7 @@ fn the_python_package_installs_and_its_tests_pass() {
         .current_dir(work.path())
         .env("NEURON_VIRT_LOCK_DIR", work.path())
         .env("NEURON_PROFILE", neuron_test_support::process::profiler_binary("neuron-profile"))
+        .env("NEURON_LS", neuron_test_support::process::profiler_binary("neuron-ls"))
         .env("NEURON_VIRT_DATASTORE_DIR", &datastores)
         .env_remove("NEURON_RT_VISIBLE_CORES")
         .env_remove("NEURON_RT_NUM_CORES"));

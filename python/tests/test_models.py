@@ -1,7 +1,10 @@
 """compile, Neff, Runtime.load and Model calls: numerics against XLA's outputs for the
 JAX fixtures, in-place arrays, conversions and errors."""
 
+import json
+import os
 import pathlib
+import subprocess
 
 import numpy as np
 import pytest
@@ -58,8 +61,9 @@ def add_neff():
 def test_models_describe_their_tensors_and_neffs_round_trip(rt, tmp_path):
     neff = add_neff()
     path = tmp_path / "add.neff"
-    path.write_bytes(neff.to_bytes())
-    again = neuron_virt.Neff.from_bytes(path.read_bytes())
+    neff.save(path)
+    assert neuron_virt.Neff.from_bytes(path.read_bytes()).inputs == neff.inputs
+    again = neuron_virt.Neff.load(path)
     assert again.name == "add" and again.inputs == neff.inputs
     model = rt.load(again)
     assert [(i.name, i.dtype, i.shape) for i in model.inputs] == [("input0", "f32", (4,)), ("input1", "f32", (4,))]
@@ -108,6 +112,15 @@ def test_compile_errors_name_the_operator_and_line():
     assert "line 5" in str(caught.value) or ":5" in str(caught.value), str(caught.value)
     with pytest.raises(neuron_virt.NrtError, match="auto_cast"):
         neuron_virt.compile(hlo, auto_cast="sometimes")
+
+
+def test_the_tools_see_this_process_tagged(rt):
+    binary = os.environ.get("NEURON_LS")
+    if not binary:
+        pytest.skip("NEURON_LS (the neuron-ls binary) is not set")
+    listed = json.loads(subprocess.run([binary, "--json-output"], check=True, capture_output=True, text=True).stdout)
+    text = json.dumps(listed)
+    assert f"pytest-{os.getpid()}" in text and str(os.getpid()) in text, text
 
 
 def test_dtypes_map_to_numpy():

@@ -41,6 +41,20 @@ impl Runtime {
         unsafe { Tensor::lent(name, start, len, charge, Arc::clone(&self.shared.lifecycle), Some(tracing)) }
     }
 
+    /// Like [`Runtime::attach_buffer`], for memory lent to one call (the arrays a
+    /// Python call executes on): no `nrt_tensor_allocate` / `nrt_tensor_free` events,
+    /// which would only repeat each execution's own.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Runtime::attach_buffer`].
+    pub unsafe fn lend_buffer(&self, start: NonNull<u8>, len: u64, name: &str) -> NrtResult<Tensor> {
+        self.shared.lifecycle.check()?;
+        let charge = self.shared.ledger.charge(Charge::Host(HostCategory::Tensors), 0)?;
+        // SAFETY: the caller's promise is the one `Tensor::lent` needs.
+        unsafe { Tensor::lent(name, start, len, charge, Arc::clone(&self.shared.lifecycle), None) }
+    }
+
     pub(super) fn allocate(
         &self,
         placement: TensorPlacement,
