@@ -43,7 +43,8 @@ class JitFunction:
         self._target = target
         self._options = options
         self._cache = {}
-        self._lock = threading.Lock()
+        # Reentrant: a function may call its own jit wrapper while JAX traces it.
+        self._lock = threading.RLock()
         functools.update_wrapper(self, fn)
 
     def lower(self, *args, **kwargs):
@@ -63,7 +64,9 @@ class JitFunction:
 
             leaves, in_tree = jax.tree_util.tree_flatten((args, kwargs))
             arrays = [np.asarray(leaf) for leaf in leaves]
-            key = (in_tree, tuple((a.shape, a.dtype) for a in arrays))
+            # The leaves' types too: JAX lowers a Python float weakly typed, unlike a
+            # NumPy float64 of the same shape and dtype.
+            key = (in_tree, tuple((type(leaf), a.shape, a.dtype) for leaf, a in zip(leaves, arrays)))
         entry = self._cache.get(key)
         if entry is None:
             with self._lock:

@@ -51,6 +51,7 @@ class profile:
             device = self.device_trace == "all" or (self.device_trace == "nth" and self.nth == 1)
             self._native = _native.Profile.start(runtime._native, self.path, device)
             self._device_on = device
+            self._executions = 0
             _active = self
         return self
 

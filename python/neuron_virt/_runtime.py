@@ -64,7 +64,8 @@ class Model:
 
     def schedule(self, *arrays):
         """Schedules one execution on the core's compute unit and returns a
-        :class:`Request` at once. The input arrays must not change until it completes.
+        :class:`Request` at once. The input arrays must not change until it completes
+        (the same holds after a Ctrl-C during a call: the execution goes on).
         Raises :class:`NrtError` ``NRT_QUEUE_FULL`` when the unit already holds
         ``NEURON_RT_XU_COMPUTE_MAX_QUEUED_REQUESTS`` (8) requests."""
         inputs, outputs = self._bind(arrays)

@@ -25,9 +25,20 @@ pub(crate) fn io_info(program: &Program, ios: &[IoTensor]) -> Vec<IoInfo> {
 }
 
 /// The memory of an array the runtime may use in place for `what` (`input0`, ...) of
-/// `bytes` bytes: its start, checked to be C-contiguous, the right size, and writeable
+/// `bytes` bytes in elements of `element_bytes`: its start, checked to be C-contiguous,
+/// of plain elements of that size (never Python objects), the right size, and writeable
 /// when `write` is set.
-pub(crate) fn array_memory(array: &Bound<'_, PyUntypedArray>, what: &str, bytes: u64, write: bool) -> PyResult<Memory> {
+pub(crate) fn array_memory(
+    array: &Bound<'_, PyUntypedArray>,
+    what: &str,
+    bytes: u64,
+    element_bytes: u64,
+    write: bool,
+) -> PyResult<Memory> {
+    let dtype = array.dtype();
+    if dtype.has_object() || dtype.itemsize() as u64 != element_bytes {
+        return Err(invalid(format!("{what}: elements of {dtype} are not the model's {element_bytes}-byte elements")));
+    }
     if !array.is_c_contiguous() {
         return Err(invalid(format!("{what}: the array is not C-contiguous; pass np.ascontiguousarray(x)")));
     }

@@ -40,11 +40,61 @@ pub(crate) struct Model {
     failures: Mutex<HashMap<u64, NrtError>>,
     /// The arrays of requests in flight, kept alive until they complete, in the order
     /// they were scheduled (and complete: one execution unit runs them in order).
-    in_flight: Mutex<VecDeque<(SeqId, Vec<Py<PyAny>>)>>,
+    in_flight: Mutex<VecDeque<InFlight>>,
     /// Executions of this model may take long: run them interruptibly (until one is seen
     /// to be quick).
     slow: AtomicBool,
-    unloaded: Mutex<bool>,
+    unloaded: AtomicBool,
+}
+
+/// A request in flight: its arrays, and the memory ranges it writes.
+struct InFlight {
+    seq: SeqId,
+    /// Held to keep the arrays' memory alive.
+    _arrays: Vec<Py<PyAny>>,
+    writes: Vec<(usize, usize)>,
+}
+
+/// Requests of models that went away before their requests completed: their arrays
+/// live on here until a completion is seen, however the model was dropped.
+static ORPHANS: Mutex<Vec<(neuron_runtime::Runtime, InFlight)>> = Mutex::new(Vec::new());
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        let left: Vec<InFlight> = self.in_flight.get_mut().unwrap_or_else(|e| e.into_inner()).drain(..).collect();
+        if !left.is_empty() {
+            let mut orphans = ORPHANS.lock().unwrap_or_else(|e| e.into_inner());
+            orphans.extend(left.into_iter().map(|entry| (self.runtime.clone(), entry)));
+        }
+    }
+}
+
+/// Forgets the orphaned requests seen completed (their arrays are dropped once the
+/// lock is released: dropping an array may run Python code).
+fn settle_orphans() {
+    let done: Vec<(neuron_runtime::Runtime, InFlight)> = {
+        let mut orphans = ORPHANS.lock().unwrap_or_else(|e| e.into_inner());
+        let (done, pending) = std::mem::take(&mut *orphans)
+            .into_iter()
+            .partition(|(runtime, entry)| runtime.is_completed(entry.seq).unwrap_or(false));
+        *orphans = pending;
+        done
+    };
+    drop(done);
+}
+
+/// `NRT_INVALID` when two of the memory ranges overlap and one of them is written.
+fn check_apart(ranges: &[(usize, usize, bool, &str)]) -> PyResult<()> {
+    for (i, &(start, end, writes, name)) in ranges.iter().enumerate() {
+        for &(other_start, other_end, other_writes, other_name) in &ranges[..i] {
+            if (writes || other_writes) && start < other_end && other_start < end {
+                return Err(invalid(format!(
+                    "{name} and {other_name} share memory and one of them is written: pass separate arrays"
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A scheduled execution.
@@ -52,6 +102,8 @@ pub(crate) struct Model {
 pub(crate) struct Request {
     model: Py<Model>,
     seq: SeqId,
+    /// Its failure, or none, once waited for (a second wait gives the same answer).
+    outcome: Mutex<Option<Option<NrtError>>>,
 }
 
 impl Model {
@@ -64,7 +116,7 @@ impl Model {
             failures: Mutex::new(HashMap::new()),
             in_flight: Mutex::new(VecDeque::new()),
             slow: AtomicBool::new(true),
-            unloaded: Mutex::new(false),
+            unloaded: AtomicBool::new(false),
         })
     }
 
@@ -87,13 +139,27 @@ impl Model {
         }
         let mut memories = Vec::with_capacity(ins.len() + outs.len());
         for (array, io) in inputs.iter().zip(ins) {
-            let bytes = self.inner.tensor_type(io).size_bytes().unwrap_or_default();
-            memories.push((io.name.clone(), array_memory(array, &io.name, bytes, false)?));
+            let ty = self.inner.tensor_type(io);
+            let memory =
+                array_memory(array, &io.name, ty.size_bytes().unwrap_or_default(), ty.dtype.size_bytes(), false)?;
+            memories.push((io.name.clone(), memory));
         }
         for (array, io) in outputs.iter().zip(outs) {
-            let bytes = self.inner.tensor_type(io).size_bytes().unwrap_or_default();
-            memories.push((io.name.clone(), array_memory(array, &io.name, bytes, true)?));
+            let ty = self.inner.tensor_type(io);
+            let memory =
+                array_memory(array, &io.name, ty.size_bytes().unwrap_or_default(), ty.dtype.size_bytes(), true)?;
+            memories.push((io.name.clone(), memory));
         }
+        let inputs_count = ins.len();
+        let ranges: Vec<(usize, usize, bool, &str)> = memories
+            .iter()
+            .enumerate()
+            .map(|(k, (name, m))| {
+                let start = m.start.as_ptr() as usize;
+                (start, start + m.len as usize, k >= inputs_count, name.as_str())
+            })
+            .collect();
+        check_apart(&ranges)?;
         Ok(memories)
     }
 
@@ -113,33 +179,57 @@ impl Model {
 
     /// Forgets the arrays of completed requests, and files the tracker's failures.
     fn settle(&self) {
-        let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
-        while in_flight.front().is_some_and(|(seq, _)| self.runtime.is_completed(*seq).unwrap_or(true)) {
-            in_flight.pop_front();
+        let mut done = Vec::new();
+        {
+            let mut in_flight = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+            while in_flight.front().is_some_and(|entry| self.runtime.is_completed(entry.seq).unwrap_or(false)) {
+                done.extend(in_flight.pop_front());
+            }
         }
-        drop(in_flight);
+        // Dropped once the lock is released: dropping an array may run Python code.
+        drop(done);
+        settle_orphans();
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
         for failure in self.tracker.take() {
             failures.insert(failure.seq_id.0, NrtError::new(failure.status, failure.message));
         }
     }
 
+    /// Schedules an execution on the arrays; the outer error is about the arrays, the
+    /// inner one the runtime's refusal to schedule (`NRT_QUEUE_FULL`, ...).
     fn schedule_arrays(
         this: &Bound<'_, Model>,
         inputs: &[Bound<'_, PyUntypedArray>],
         outputs: &[Bound<'_, PyUntypedArray>],
-    ) -> PyResult<Request> {
+    ) -> PyResult<NrtResult<Request>> {
         let model = this.get();
         let memories = model.memories(inputs, outputs)?;
-        let (input_set, output_set) = model.tensor_sets(&memories).map_err(nrt_error)?;
         model.settle();
-        let seq = model
-            .runtime
-            .execute_schedule(&model.inner, &input_set, &output_set, Some(&model.tracker))
-            .map_err(nrt_error)?;
-        let kept = inputs.iter().chain(outputs).map(|a| a.clone().into_any().unbind()).collect();
-        model.in_flight.lock().unwrap_or_else(|e| e.into_inner()).push_back((seq, kept));
-        Ok(Request { model: this.clone().unbind(), seq })
+        let inputs_count = model.inner.inputs().len();
+        let ranges = |from: usize| -> Vec<(usize, usize)> {
+            memories[from..]
+                .iter()
+                .map(|(_, m)| (m.start.as_ptr() as usize, m.start.as_ptr() as usize + m.len as usize))
+                .collect()
+        };
+        let (touched, writes) = (ranges(0), ranges(inputs_count));
+        let busy =
+            model.in_flight.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|entry| {
+                entry.writes.iter().any(|&(start, end)| touched.iter().any(|&(s, e)| s < end && start < e))
+            });
+        if busy {
+            return Err(invalid(
+                "an array of this request is written by a request of this model still in flight: pass separate arrays",
+            ));
+        }
+        let (input_set, output_set) = model.tensor_sets(&memories).map_err(nrt_error)?;
+        let seq = match model.runtime.execute_schedule(&model.inner, &input_set, &output_set, Some(&model.tracker)) {
+            Ok(seq) => seq,
+            Err(error) => return Ok(Err(error)),
+        };
+        let arrays = inputs.iter().chain(outputs).map(|a| a.clone().into_any().unbind()).collect();
+        model.in_flight.lock().unwrap_or_else(|e| e.into_inner()).push_back(InFlight { seq, _arrays: arrays, writes });
+        Ok(Ok(Request { model: this.clone().unbind(), seq, outcome: Mutex::new(None) }))
     }
 }
 
@@ -184,11 +274,18 @@ impl Model {
         let model = slf.get();
         let started = Instant::now();
         if model.slow.load(Ordering::Relaxed) {
-            Model::schedule_arrays(slf, &inputs, &outputs)?.wait_for(slf.py(), None)?;
-            if started.elapsed() < SLOW_EXECUTION {
-                model.slow.store(false, Ordering::Relaxed);
+            match Model::schedule_arrays(slf, &inputs, &outputs)? {
+                Ok(request) => {
+                    request.wait_for(slf.py(), None)?;
+                    if started.elapsed() < SLOW_EXECUTION {
+                        model.slow.store(false, Ordering::Relaxed);
+                    }
+                    return Ok(());
+                }
+                // The unit's queue is full of scheduled requests: run on this thread.
+                Err(error) if error.status == NrtStatus::QueueFull => {}
+                Err(error) => return Err(nrt_error(error)),
             }
-            return Ok(());
         }
         let memories = model.memories(&inputs, &outputs)?;
         // The arrays stay alive in `inputs` and `outputs` for the whole call.
@@ -210,7 +307,7 @@ impl Model {
         inputs: Vec<Bound<'_, PyUntypedArray>>,
         outputs: Vec<Bound<'_, PyUntypedArray>>,
     ) -> PyResult<Request> {
-        Model::schedule_arrays(slf, &inputs, &outputs)
+        Model::schedule_arrays(slf, &inputs, &outputs)?.map_err(nrt_error)
     }
 
     /// Times `count` executions straight through the Rust runtime, on zero-filled
@@ -242,12 +339,13 @@ impl Model {
 
     /// Unloads the model (calls fail with NRT_INVALID_HANDLE afterwards).
     fn unload(&self, py: Python<'_>) -> PyResult<()> {
-        let mut unloaded = self.unloaded.lock().unwrap_or_else(|e| e.into_inner());
-        if !*unloaded {
-            py.detach(|| self.runtime.unload(&self.inner)).map_err(nrt_error)?;
-            *unloaded = true;
+        if self.unloaded.swap(true, Ordering::AcqRel) {
+            return Ok(());
         }
-        Ok(())
+        py.detach(|| self.runtime.unload(&self.inner)).map_err(|error| {
+            self.unloaded.store(false, Ordering::Release);
+            nrt_error(error)
+        })
     }
 
     fn __repr__(&self) -> String {
@@ -259,8 +357,14 @@ impl Request {
     /// Waits (GIL released, Ctrl-C honoured) until the request completes, or `timeout`
     /// seconds pass; raises its failure, if it failed.
     fn wait_for(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<()> {
+        if let Some(outcome) = self.outcome.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            return outcome.clone().map_or(Ok(()), |failure| Err(nrt_error(failure)));
+        }
         let model = self.model.get();
-        let deadline = timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.max(0.0)));
+        // A timeout too large for a deadline is no timeout.
+        let deadline = timeout
+            .and_then(|t| Duration::try_from_secs_f64(t.max(0.0)).ok())
+            .and_then(|t| Instant::now().checked_add(t));
         loop {
             let slice =
                 deadline.map_or(SIGNAL_CHECK, |d| d.saturating_duration_since(Instant::now()).min(SIGNAL_CHECK));
@@ -281,10 +385,9 @@ impl Request {
             }
         }
         model.settle();
-        match model.failures.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.seq.0) {
-            Some(failure) => Err(nrt_error(failure)),
-            None => Ok(()),
-        }
+        let failure = model.failures.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.seq.0);
+        *self.outcome.lock().unwrap_or_else(|e| e.into_inner()) = Some(failure.clone());
+        failure.map_or(Ok(()), |failure| Err(nrt_error(failure)))
     }
 }
 

@@ -41,8 +41,6 @@ def load(path):
 
 @pytest.mark.parametrize("case", CASES)
 def test_jax_fixtures_match_xla(rt, fixtures, case):
-    if not (fixtures / case).exists():
-        pytest.skip(f"no fixture {case}")
     outputs, expected, (atol, rtol) = run_fixture(rt, fixtures, case)
     assert len(outputs) == len(expected)
     for ours, xla in zip(outputs, expected):
@@ -75,7 +73,7 @@ def test_models_describe_their_tensors_and_neffs_round_trip(rt, tmp_path):
 
 def test_inputs_are_converted_and_checked(rt):
     model = rt.load(add_neff())
-    # float64 and a strided view convert; ints do not silently become floats' kind.
+    # float64 and a strided view convert (as JAX would cast them); complex does not.
     x = np.arange(8, dtype=np.float64)[::2]
     np.testing.assert_array_equal(model(x, np.ones(4, np.float32)), [1, 3, 5, 7])
     with pytest.raises(ValueError, match=r"input0 \(x\) is f32\[4\], got an array of shape \[3\]"):
@@ -84,6 +82,18 @@ def test_inputs_are_converted_and_checked(rt):
         model(np.zeros(4, np.float32))
     with pytest.raises(TypeError, match="input1 \\(y\\) is f32, got complex128"):
         model(np.zeros(4, np.float32), np.zeros(4, np.complex128))
+    model.unload()
+
+
+def test_the_native_api_refuses_shared_and_object_arrays(rt):
+    model = rt.load(add_neff())
+    x = np.ones(4, np.float32)
+    with pytest.raises(neuron_virt.NrtError, match="share memory"):
+        model._native.execute([x, np.ones(4, np.float32)], [x])
+    with pytest.raises(neuron_virt.NrtError, match="not the model's 4-byte elements"):
+        model._native.execute([x, x], [np.empty(2, np.float64)])
+    with pytest.raises(neuron_virt.NrtError, match="not the model's 4-byte elements"):
+        model._native.execute([x, x], [np.empty(2, object)])
     model.unload()
 
 

@@ -114,3 +114,54 @@ def test_a_failed_request_raises_its_status(rt):
     with pytest.raises(neuron_virt.NrtError) as caught:
         model.schedule(np.ones((256, 256), np.float32))
     assert caught.value.status == "NRT_INVALID_HANDLE"
+
+
+def test_an_output_written_by_a_request_in_flight_is_not_lent_again(rt, matmul):
+    x, out = np.ones((256, 256), np.float32), np.empty((256, 256), np.float32)
+    # Seven requests of a matrix product take far longer than scheduling one more.
+    requests = [matmul._native.schedule([x], [np.empty((256, 256), np.float32)]) for _ in range(6)]
+    requests.append(matmul._native.schedule([x], [out]))
+    with pytest.raises(neuron_virt.NrtError, match="still in flight"):
+        matmul._native.schedule([out], [np.empty((256, 256), np.float32)])
+    for request in requests:
+        request.wait()
+
+
+def test_dropping_models_and_requests_in_flight_is_harmless(rt):
+    import gc
+
+    model = rt.load(neuron_virt.compile(MATMUL, name="dropped", auto_cast="none"))
+    requests = [model.schedule(np.ones((256, 256), np.float32)) for _ in range(4)]
+    del model, requests
+    gc.collect()
+    # Whatever the dropped requests still write lives on until they complete; the
+    # runtime runs on.
+    survivor = rt.load(neuron_virt.compile(MATMUL, name="survivor", auto_cast="none"))
+    np.testing.assert_array_equal(survivor(np.ones((256, 256), np.float32)), np.full((256, 256), 256, np.float32))
+    survivor.unload()
+
+
+FAILING_CHILD = """
+import numpy as np, neuron_virt
+hlo = "HloModule add\\n\\nENTRY main {\\n  x = f32[4]{0} parameter(0)\\n  ROOT y = f32[4]{0} add(x, x)\\n}\\n"
+rt = neuron_virt.Runtime(cores=[0])
+model = rt.load(neuron_virt.compile(hlo, name="add"))
+first, second = model.schedule(np.ones(4, np.float32)), model.schedule(np.ones(4, np.float32))
+print(first.result(timeout=60).tolist())
+for _ in range(2):
+    try:
+        second.result(timeout=60)
+        print("no error")
+    except neuron_virt.NrtError as error:
+        print(error.status, error.code)
+"""
+
+
+def test_a_request_that_fails_while_running_raises_its_status_each_time(tmp_path):
+    import sys
+
+    env = dict(os.environ, NEURON_RT_FAULT_INJECT="oob:every=2", NEURON_VIRT_LOCK_DIR=str(tmp_path),
+               NEURON_VIRT_DATASTORE_DIR=str(tmp_path / "datastores"))
+    out = subprocess.run([sys.executable, "-c", FAILING_CHILD], env=env, capture_output=True, text=True,
+                         timeout=120).stdout
+    assert out.splitlines() == ["[2.0, 2.0, 2.0, 2.0]", "NRT_EXEC_OOB 1006", "NRT_EXEC_OOB 1006"], out
