@@ -80,9 +80,17 @@ pub fn read(path: &Path) -> Result<(ArrayType, Vec<u8>)> {
     let ty = ArrayType::new(dtype, dims);
     let size = ty.size_bytes().with_context(|| format!("{} declares a shape too large to load", path.display()))?;
     let mut bytes = Vec::new();
-    npy.into_inner().take(size).read_to_end(&mut bytes).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut rest = npy.into_inner();
+    (&mut rest).take(size).read_to_end(&mut bytes).with_context(|| format!("cannot read {}", path.display()))?;
     if bytes.len() as u64 != size {
         bail!("{} is truncated: {ty} needs {size} bytes of data, the file holds {}", path.display(), bytes.len());
+    }
+    let mut trailing = [0u8; 1];
+    if rest.read(&mut trailing).with_context(|| format!("cannot read {}", path.display()))? > 0 {
+        bail!(
+            "{} holds more than its header declares ({ty}, {size} bytes of data): it is not one array; save one with np.save",
+            path.display()
+        );
     }
     if order == ">" {
         bytes.chunks_exact_mut(dtype.size_bytes() as usize).for_each(<[u8]>::reverse);
@@ -161,5 +169,9 @@ mod tests {
         let short = write_raw("short.npy", "<i4", &[0; 5]);
         let err = read(&short).expect_err("truncated");
         assert!(err.to_string().contains("is truncated: s32[2] needs 8 bytes of data, the file holds 5"), "{err}");
+
+        let long = write_raw("long.npy", "<i4", &[0; 9]);
+        let err = read(&long).expect_err("trailing bytes");
+        assert!(err.to_string().contains("holds more than its header declares (s32[2], 8 bytes of data)"), "{err}");
     }
 }

@@ -178,6 +178,10 @@ impl Config {
         };
         let core_count = instance_type.topology().core_count();
 
+        // Set but empty is a mistake worth naming (a script's unset variable), not "all".
+        if let Some(visible) = lookup(ENV_VISIBLE_CORES).filter(|v| v.trim().is_empty()) {
+            return Err(bad(ENV_VISIBLE_CORES, &visible, "it is empty; give cores such as 0, 0-1 or 0,2, or unset it"));
+        }
         let cores = match (get(ENV_VISIBLE_CORES), get(ENV_NUM_CORES)) {
             (Some(visible), num) => {
                 if num.is_some() {
@@ -465,6 +469,8 @@ mod tests {
     #[test]
     fn bad_values_name_the_variable_and_the_value() {
         for (name, value) in [
+            (ENV_VISIBLE_CORES, ""),
+            (ENV_VISIBLE_CORES, " "),
             (ENV_VISIBLE_CORES, "2"),
             (ENV_VISIBLE_CORES, "x"),
             (ENV_NUM_CORES, "0"),

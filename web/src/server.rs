@@ -245,7 +245,9 @@ async fn guard(State(state): State<Shared>, request: Request, next: Next) -> Res
         }
         // Without a token the dashboard is on loopback; a page elsewhere that points a
         // name of its own at 127.0.0.1 (DNS rebinding) is refused by its Host.
-        None if !loopback_host(request.headers()) => {
+        None if !loopback_host(request.headers())
+            || !request.uri().authority().is_none_or(|a| loopback_name(a.as_str())) =>
+        {
             return error(
                 StatusCode::FORBIDDEN,
                 "only http://127.0.0.1, http://localhost or http://[::1] may ask this dashboard",
@@ -268,9 +270,12 @@ async fn guard(State(state): State<Shared>, request: Request, next: Next) -> Res
     response
 }
 
+/// The token of an `Authorization: Bearer TOKEN` header (the scheme's case does not
+/// matter, as HTTP has it).
 fn bearer(headers: &HeaderMap) -> Option<String> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    value.strip_prefix("Bearer ").map(|t| t.trim().to_string())
+    let (scheme, token) = value.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim().to_string())
 }
 
 /// The values of cookie `name`.
@@ -283,14 +288,37 @@ fn cookies<'a>(headers: &'a HeaderMap, name: &'a str) -> impl Iterator<Item = St
         .filter_map(move |pair| pair.trim().strip_prefix(name)?.strip_prefix('=').map(str::to_string))
 }
 
-/// Whether the request names a loopback host (any port).
+/// Whether the request has exactly one `Host` header, and it names a loopback host.
 fn loopback_host(headers: &HeaderMap) -> bool {
-    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else { return false };
-    let name = match host.strip_prefix('[') {
-        Some(v6) => v6.split(']').next().map(|h| format!("[{h}]")).unwrap_or_default(),
-        None => host.split(':').next().unwrap_or_default().to_string(),
+    let mut hosts = headers.get_all(header::HOST).iter();
+    match (hosts.next().and_then(|h| h.to_str().ok()), hosts.next()) {
+        (Some(host), None) => loopback_name(host),
+        _ => false,
+    }
+}
+
+/// Whether `authority` is exactly a loopback name with an optional numeric port:
+/// `localhost`, `127.0.0.1:3001`, `[::1]:3001` (not a list, nor anything around it).
+fn loopback_name(authority: &str) -> bool {
+    let (name, port) = match authority.strip_prefix('[') {
+        Some(v6) => {
+            let Some((address, rest)) = v6.split_once(']') else { return false };
+            let port = match rest {
+                "" => None,
+                _ => match rest.strip_prefix(':') {
+                    Some(port) => Some(port),
+                    None => return false,
+                },
+            };
+            (format!("[{address}]"), port)
+        }
+        None => match authority.split_once(':') {
+            Some((name, port)) => (name.to_string(), Some(port)),
+            None => (authority.to_string(), None),
+        },
     };
-    matches!(name.to_ascii_lowercase().as_str(), "localhost" | "127.0.0.1" | "[::1]")
+    let port_ok = port.is_none_or(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+    port_ok && matches!(name.to_ascii_lowercase().as_str(), "localhost" | "127.0.0.1" | "[::1]")
 }
 
 /// The `token` parameter of a query string, decoded.

@@ -93,6 +93,9 @@ fn every_request_needs_the_token_when_one_is_set() {
         assert_eq!(get(addr, path, "Authorization: Bearer wrong-token-42\r\n").status, 401, "{path}");
     }
     assert_eq!(get(addr, "/api/info", &format!("Authorization: Bearer {TOKEN}\r\n")).status, 200);
+    // The scheme's case does not matter.
+    assert_eq!(get(addr, "/api/info", &format!("Authorization: bearer {TOKEN}\r\n")).status, 200);
+    assert_eq!(get(addr, "/api/info", &format!("Authorization: BEARER {TOKEN}\r\n")).status, 200);
     assert_eq!(get(addr, &format!("/api/info?token={TOKEN}x"), "").status, 401);
     // The token in the address sets a cookie the page's later requests carry.
     let first = get(addr, &format!("/?token={TOKEN}"), "");
@@ -120,12 +123,29 @@ fn without_a_token_only_loopback_names_may_ask() {
         let response = send(addr, &format!("GET /api/info HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")).0;
         assert_eq!(response.status, 200, "{host}");
     }
-    // A name rebound to 127.0.0.1 by a page elsewhere.
-    for host in [format!("evil.example:{port}"), "127.0.0.1.evil.example".to_string(), "localhost.example".to_string()]
-    {
+    // A name rebound to 127.0.0.1 by a page elsewhere, or a loopback name with more
+    // around it.
+    for host in [
+        format!("evil.example:{port}"),
+        "127.0.0.1.evil.example".to_string(),
+        "localhost.example".to_string(),
+        format!("127.0.0.1:{port}, evil.example"),
+        format!("127.0.0.1:{port} evil.example"),
+        "localhost:".to_string(),
+        "[::1".to_string(),
+    ] {
         let response = send(addr, &format!("GET /api/live HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n")).0;
         assert_eq!(response.status, 403, "{host}");
     }
+    // Two Host headers, or a request target that names another host.
+    let two =
+        format!("GET /api/info HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nHost: evil.example\r\nConnection: close\r\n\r\n");
+    assert_ne!(send(addr, &two).0.status, 200, "two Host headers");
+    let absolute = "GET http://evil.example/api/info HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    assert_eq!(send(addr, absolute).0.status, 403, "absolute-form target");
+    let own =
+        format!("GET http://127.0.0.1:{port}/api/info HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    assert_eq!(send(addr, &own).0.status, 200, "absolute-form target naming loopback");
 }
 
 #[test]

@@ -15,6 +15,11 @@ pub(crate) fn parse_module(text: &str) -> Result<HloModule, ParseError> {
     let mut p = Parser { src: text.as_bytes(), pos: 0, line_starts };
     let mut computation_names = HashSet::new();
     p.skip_trivia();
+    if text[p.pos..].starts_with("module") {
+        return Err(p.error(
+            "this is StableHLO (MLIR) text, not HLO text: export it with `.as_text(dialect=\"hlo\")` (JAX) or `torch_xla._XLAC._get_xla_tensors_hlo` (PyTorch/XLA)",
+        ));
+    }
     p.expect_keyword("HloModule")?;
     let name = p.name()?;
     // Module attributes (entry_computation_layout, flags) carry no semantics we use.
@@ -555,6 +560,13 @@ ENTRY %main (p: f32[2]) -> f32[] {
         assert_eq!(entry.instructions[2].operands, vec!["p", "zero"]);
         assert_eq!(entry.instructions[2].attribute("to_apply"), Some("%add"));
         assert_eq!(m.computations[0].name, "add");
+    }
+
+    #[test]
+    fn stablehlo_text_gets_a_hint_to_export_hlo_text() {
+        let mlir = "module @jit_f attributes {mhlo.num_partitions = 1 : i32} {\n}\n";
+        let err = parse_module(mlir).expect_err("MLIR text");
+        assert!(err.message.contains("as_text(dialect=\"hlo\")"), "{err:?}");
     }
 
     #[test]
