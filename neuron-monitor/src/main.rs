@@ -37,7 +37,7 @@ struct Cli {
     /// Diagnostics on stderr: 0 errors only, 1 warnings, 2 and more each period's work.
     #[arg(long, value_name = "N", default_value_t = 0)]
     verbose: u8,
-    /// Write one report and exit.
+    /// Write one report, over a measured period of 1 s, and exit.
     #[arg(long)]
     once: bool,
     /// Directory of the runtimes' datastores (default: the per-user directory).
@@ -71,6 +71,11 @@ fn main() -> ExitCode {
             }
         },
     };
+    if config.runtimes.is_empty() {
+        eprintln!(
+            "neuron-monitor: the configuration has no \"neuron_runtimes\" entry, so no runtime is reported; add one such as {{\"tag_filter\": \".*\", \"metrics\": [{{\"type\": \"neuroncore_counters\"}}, {{\"type\": \"execution_stats\"}}]}}"
+        );
+    }
     let server = match &cli.prometheus_listen {
         None => None,
         Some(addr) => match MetricsServer::start(addr) {
@@ -92,6 +97,9 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// The period the one report of `--once` covers.
+const ONCE_PERIOD: Duration = Duration::from_secs(1);
 
 /// A metric group being followed: its sample at the start of its period, and its
 /// latest value.
@@ -166,6 +174,13 @@ fn run(cli: &Cli, config: &MonitorConfig, server: Option<&MetricsServer>) -> Res
         .min()
         .unwrap_or(config.period);
     let mut next_report = Instant::now();
+    if cli.once {
+        // One report is worth its figures only over a period: find the runtimes and
+        // take their counters now, report what happened in the next ONCE_PERIOD.
+        monitor.look(false)?;
+        next_report += ONCE_PERIOD;
+        std::thread::sleep(ONCE_PERIOD);
+    }
     let stdout = std::io::stdout();
     loop {
         let due_report = Instant::now() >= next_report;

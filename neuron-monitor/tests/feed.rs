@@ -141,3 +141,59 @@ fn reports_follow_a_workload_from_start_to_exit() {
     assert!(busy, "the core was busy in some period");
     assert!(device_bytes > 0, "the model's device memory");
 }
+
+#[test]
+fn once_reports_a_measured_period_of_a_busy_runtime() {
+    let bench_exe = neuron_test_support::process::neuron_bench();
+    let sandbox = Sandbox::new();
+    let mlp = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp.hlo");
+    let mut busy = sandbox
+        .env(&mut Command::new(&bench_exe))
+        .env("NEURON_PROCESS_TAG", "busy")
+        .args(["exec", mlp.to_str().expect("utf-8"), "--cores", "0", "--duration", "60s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("bench");
+    // Until the workload has executed once, as its datastore says.
+    let started = Instant::now();
+    loop {
+        let executed = std::fs::read_dir(&sandbox.datastores).into_iter().flatten().flatten().any(|entry| {
+            neuron_datastore::DatastoreReader::open(&entry.path())
+                .is_ok_and(|r| r.snapshot().cores.iter().any(|c| c.executions.total() > 0))
+        });
+        if executed {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "the workload never executed");
+        std::thread::yield_now();
+    }
+    let out = sandbox.env(&mut Command::new(MONITOR)).arg("--once").output().expect("monitor");
+    let _ = busy.kill();
+    let _ = busy.wait();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_slice(&out.stdout).expect("one JSON report");
+    let runtime = report["neuron_runtime_data"]
+        .as_array()
+        .expect("runtimes")
+        .iter()
+        .find(|r| r["neuron_runtime_tag"] == "busy")
+        .cloned()
+        .expect("the busy runtime is reported");
+    let stats = &runtime["report"]["execution_stats"];
+    assert!(stats["period"].as_f64() >= Some(0.9), "a measured period: {stats}");
+    assert!(stats["execution_summary"]["completed"].as_u64() > Some(0), "{stats}");
+    let core = &runtime["report"]["neuroncore_counters"]["neuroncores_in_use"]["0"];
+    assert!(core["neuroncore_utilization"].as_f64() > Some(0.0), "{core}");
+}
+
+#[test]
+fn a_configuration_without_runtimes_says_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("monitor.json");
+    std::fs::write(&config, r#"{"period": "1s"}"#).expect("config");
+    let out = Command::new(MONITOR).arg("-c").arg(&config).arg("--once").output().expect("runs");
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no \"neuron_runtimes\" entry, so no runtime is reported"), "{stderr}");
+}
