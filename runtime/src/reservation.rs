@@ -64,7 +64,11 @@ impl CoreReservation {
                 None => {
                     drop(locks);
                     let available = count_free(lock_dir, total)?;
-                    return Err(not_available(&wanted.to_string(), available));
+                    let mut error = not_available(&wanted.to_string(), available);
+                    if let Some(holder) = holder_of(&lock_path(lock_dir, core)) {
+                        error.message.push_str(&format!(" (nc{core} is held by {holder})"));
+                    }
+                    return Err(error);
                 }
             }
         }
@@ -84,6 +88,26 @@ fn not_available(requested: &str, available: usize) -> NrtError {
              another process holds them: pick other cores with NEURON_RT_VISIBLE_CORES or stop that process"
         ),
     )
+}
+
+/// The process holding the `flock` of `path`, as `pid 1234 (neuron-bench)`: found in
+/// `/proc/locks` by the file's device and inode (the lock files stay empty, so that any
+/// user can lock them read-only).
+fn holder_of(path: &Path) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).ok()?;
+    let (major, minor) = (nix::sys::stat::major(meta.dev()), nix::sys::stat::minor(meta.dev()));
+    let wanted = format!("{major:02x}:{minor:02x}:{}", meta.ino());
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    let pid: u32 = locks.lines().find_map(|line| {
+        // `1: FLOCK  ADVISORY  WRITE 2198 00:19:1234 0 EOF`
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.get(1) == Some(&"FLOCK") && fields.get(5) == Some(&wanted.as_str()))
+            .then(|| fields.get(4)?.parse().ok())
+            .flatten()
+    })?;
+    let command = std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim().to_owned()).unwrap_or_default();
+    Some(if command.is_empty() { format!("pid {pid}") } else { format!("pid {pid} ({command})") })
 }
 
 fn lock_path(lock_dir: &Path, core: u32) -> PathBuf {
@@ -174,6 +198,8 @@ mod tests {
             "{}",
             err.message
         );
+        // The message names who holds it: this very process.
+        assert!(err.message.contains(&format!("(nc1 is held by pid {}", std::process::id())), "{}", err.message);
         let count = CoreReservation::acquire(dir.path(), &topo, &CoreRequest::Count(1)).expect("nc0 is free");
         assert_eq!(count.cores().cores(), &[0]);
         drop(first);
