@@ -256,6 +256,7 @@ fn demo_runs_the_bundled_models_on_every_core_and_reports_each_second() {
     let stdout = text(&out.stdout);
     assert!(stdout.contains("compiled mlp:") && stdout.contains("compiled attention:"), "{stdout}");
     assert!(stdout.contains("running on nc0-nc1 of a virtual trn1.2xlarge"), "{stdout}");
+    assert!(stdout.contains("for 2.5 s (Ctrl-C stops it sooner)") && !stdout.contains("Ctrl-C to stop"), "{stdout}");
     let status_lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with('[')).collect();
     assert!(status_lines.len() >= 2, "one status line per second: {stdout}");
     for line in &status_lines {

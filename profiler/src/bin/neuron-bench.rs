@@ -596,8 +596,12 @@ fn demo(args: DemoArgs) -> Result<()> {
             neffs.iter().map(|neff| Replica::new(&runtime, neff, core, &mut fill)).collect::<Result<Vec<_>>>();
         replicas.push(per_core?);
     }
+    let how_long = match args.duration {
+        Some(d) => format!("for {:.1} s (Ctrl-C stops it sooner)", d.as_secs_f64()),
+        None => "until Ctrl-C".to_string(),
+    };
     println!(
-        "running on {} of a virtual {} ({} per core); Ctrl-C to stop",
+        "running on {} of a virtual {} ({} per core) {how_long}",
         cores,
         runtime.topology().instance_type,
         DEMO_MODELS.map(|(n, _)| n).join(" + ")
