@@ -65,24 +65,12 @@ pub unsafe extern "C" fn nrta_tensor_write(
         non_null(req_sequence, "req_sequence")?;
         check_queue(queue)?;
         let target = self::tensor(tensor, "tensor")?;
-        if offset.checked_add(size).is_none_or(|end| end > target.size()) {
-            return Err(invalid(
-                "size",
-                format!(
-                    "{size} bytes at offset {offset} do not fit in tensor `{}` of {} bytes",
-                    target.name(),
-                    target.size()
-                ),
-            ));
-        }
+        // Before the caller's bytes are viewed: their claimed size is what is checked.
+        target.check_range("write", offset, size)?;
         check_apart(&target, buf, size, "buf")?;
-        // SAFETY: the caller gives `size` readable bytes at `buf`; they are copied now.
-        let bytes = unsafe { caller_bytes(buf, size, "buf")? };
-        let mut data = Vec::new();
-        data.try_reserve_exact(bytes.len()).map_err(|_| {
-            NrtError::new(NrtStatus::Resource, format!("the host cannot hold a copy of {size} bytes to write"))
-        })?;
-        data.extend_from_slice(bytes);
+        // SAFETY: the caller gives `size` readable bytes at `buf`; the runtime copies them
+        // before returning.
+        let data = unsafe { caller_bytes(buf, size, "buf")? };
         let core = unit_core(&target)?;
         let seq = state::runtime()?.tensor_write_schedule(core, &target, offset, data, tracker(err)?.as_ref())?;
         write_out(req_sequence, "req_sequence", seq.0)

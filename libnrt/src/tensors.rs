@@ -199,6 +199,7 @@ pub unsafe extern "C" fn nrt_tensor_read(
 ) -> Status {
     call("nrt_tensor_read", || {
         let source = self::tensor(tensor, "tensor")?;
+        source.check_range("read", offset as u64, size as u64)?;
         check_apart(&source, buf, size as u64, "buf")?;
         // SAFETY: the caller gives `size` writable bytes at `buf` for the call.
         let out = unsafe { caller_bytes_mut(buf, size as u64, "buf")? };
@@ -215,6 +216,7 @@ pub unsafe extern "C" fn nrt_tensor_write(
 ) -> Status {
     call("nrt_tensor_write", || {
         let target = self::tensor(tensor, "tensor")?;
+        target.check_range("write", offset as u64, size as u64)?;
         check_apart(&target, buf, size as u64, "buf")?;
         // SAFETY: the caller gives `size` readable bytes at `buf` for the call.
         let data = unsafe { caller_bytes(buf, size as u64, "buf")? };
@@ -282,6 +284,7 @@ pub unsafe extern "C" fn nrt_tensor_read_batch(
         // writable bytes.
         unsafe {
             each_batch_op(batches, num_batches, |tensor, op| {
+                tensor.check_range("read", op.offset, op.size)?;
                 check_apart(tensor, op.buffer, op.size, "ops[].buffer")?;
                 tensor.read(op.offset, caller_bytes_mut(op.buffer, op.size, "ops[].buffer")?)
             })
@@ -300,6 +303,7 @@ pub unsafe extern "C" fn nrt_tensor_write_batch(
         // readable bytes.
         unsafe {
             each_batch_op(batches, num_batches, |tensor, op| {
+                tensor.check_range("write", op.offset, op.size)?;
                 check_apart(tensor, op.buffer, op.size, "ops[].buffer")?;
                 tensor.write(op.offset, caller_bytes(op.buffer, op.size, "ops[].buffer")?)
             })

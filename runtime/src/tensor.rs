@@ -409,7 +409,9 @@ impl Tensor {
         f(&mut storage[start..start + self.inner.size as usize])
     }
 
-    pub(crate) fn check_range(&self, what: &str, offset: u64, len: u64) -> NrtResult<()> {
+    /// `NRT_INVALID` (naming `what`, the access) unless `len` bytes from `offset` lie
+    /// inside the tensor.
+    pub fn check_range(&self, what: &str, offset: u64, len: u64) -> NrtResult<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.inner.size => Ok(()),
             _ => Err(NrtError::invalid(format!(

@@ -135,7 +135,7 @@ fn a_degraded_core_refuses_schedules_at_once() {
     let refused = rt.execute_schedule(&m, &inputs, &outputs, None).expect_err("degraded");
     assert_eq!(refused.status, NrtStatus::ExecUnitUnrecoverable, "{refused}");
     let tensor = rt.allocate_tensor(TensorPlacement::Device { core: 0 }, 16, "t").expect("alloc");
-    let refused = rt.tensor_write_schedule(0, &tensor, 0, vec![1; 16], None).expect_err("degraded");
+    let refused = rt.tensor_write_schedule(0, &tensor, 0, &[1; 16], None).expect_err("degraded");
     assert_eq!(refused.status, NrtStatus::ExecUnitUnrecoverable, "{refused}");
     let refused = rt.tensor_read_schedule(0, &tensor, 0, 16, None).expect_err("degraded");
     assert_eq!(refused.status, NrtStatus::ExecUnitUnrecoverable, "{refused}");
@@ -210,7 +210,7 @@ fn tensor_reads_writes_and_copies_run_on_their_units_in_order() {
     let b = rt.allocate_tensor(TensorPlacement::Device { core: 1 }, 64, "b").expect("alloc");
     let tracker = rt.error_tracker_create(1).expect("tracker");
     let data: Vec<u8> = (0..64).collect();
-    let write = rt.tensor_write_schedule(1, &a, 0, data.clone(), Some(&tracker)).expect("room");
+    let write = rt.tensor_write_schedule(1, &a, 0, &data, Some(&tracker)).expect("room");
     assert_eq!((write.core(), write.xu(), write.number()), (1, Some(Xu::TensorWrite), 1));
     rt.wait_sequence(write, WAIT).expect("completes");
     let copy = rt.tensor_copy_schedule(1, &a, 16, &b, 0, 48, Some(&tracker)).expect("room");
@@ -229,7 +229,7 @@ fn tensor_reads_writes_and_copies_run_on_their_units_in_order() {
     let outside = rt.tensor_read_schedule(1, &b, 60, 8, None).expect_err("past the end");
     assert_eq!(outside.status, NrtStatus::Invalid, "{outside}");
     let other = rt.error_tracker_create(0).expect("tracker");
-    let refused = rt.tensor_write_schedule(1, &a, 0, vec![0; 4], Some(&other)).expect_err("tracker of nc0");
+    let refused = rt.tensor_write_schedule(1, &a, 0, &[0; 4], Some(&other)).expect_err("tracker of nc0");
     assert_eq!(refused.status, NrtStatus::Invalid, "{refused}");
 
     let mut events = Vec::new();

@@ -168,19 +168,25 @@ impl Runtime {
     }
 
     /// Schedules writing `data` into `tensor` at `offset` on `core`'s tensor-write unit
-    /// (`nrta_tensor_write`).
+    /// (`nrta_tensor_write`). The bytes are copied now, once the range is known to fit
+    /// (`NRT_RESOURCE`, not an abort, when the host cannot hold the copy).
     pub fn tensor_write_schedule(
         &self,
         core: u32,
         tensor: &Tensor,
         offset: u64,
-        data: Vec<u8>,
+        data: &[u8],
         tracker: Option<&ErrorTracker>,
     ) -> NrtResult<SeqId> {
         self.shared.lifecycle.check()?;
         tensor.check_range("write", offset, data.len() as u64)?;
+        let mut owned = Vec::new();
+        owned.try_reserve_exact(data.len()).map_err(|_| {
+            NrtError::new(NrtStatus::Resource, format!("the host cannot hold a copy of {} bytes to write", data.len()))
+        })?;
+        owned.extend_from_slice(data);
         let tensor_owned = tensor.clone();
-        let work: nrta::Work = Box::new(move |seq| tensor_owned.write_as(offset, &data, seq.0));
+        let work: nrta::Work = Box::new(move |seq| tensor_owned.write_as(offset, &owned, seq.0));
         self.schedule(core, Xu::TensorWrite, tracker, &format!("a write of tensor `{}`", tensor.name()), work, |_| {})
     }
 

@@ -35,10 +35,9 @@ impl Runtime {
     /// (during an execution, read, write or copy of the tensor).
     pub unsafe fn attach_buffer(&self, start: NonNull<u8>, len: u64, name: &str) -> NrtResult<Tensor> {
         let tracer = self.tracer()?;
-        let charge = self.shared.ledger.charge(Charge::Host(HostCategory::Tensors), 0)?;
         let tracing = TensorTracing { ring: tracer.ring_of(None), name_id: tracer.store().intern(name), tracer };
-        // SAFETY: the caller's promise is the one `Tensor::lent` needs.
-        unsafe { Tensor::lent(name, start, len, charge, Arc::clone(&self.shared.lifecycle), Some(tracing)) }
+        // SAFETY: the caller's promise.
+        unsafe { self.lent(start, len, name, Some(tracing)) }
     }
 
     /// Like [`Runtime::attach_buffer`], for memory lent to one call (the arrays a
@@ -50,9 +49,25 @@ impl Runtime {
     /// As for [`Runtime::attach_buffer`].
     pub unsafe fn lend_buffer(&self, start: NonNull<u8>, len: u64, name: &str) -> NrtResult<Tensor> {
         self.shared.lifecycle.check()?;
+        // SAFETY: the caller's promise.
+        unsafe { self.lent(start, len, name, None) }
+    }
+
+    /// A tensor over the caller's memory, traced or not.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Runtime::attach_buffer`].
+    unsafe fn lent(
+        &self,
+        start: NonNull<u8>,
+        len: u64,
+        name: &str,
+        tracing: Option<TensorTracing>,
+    ) -> NrtResult<Tensor> {
         let charge = self.shared.ledger.charge(Charge::Host(HostCategory::Tensors), 0)?;
         // SAFETY: the caller's promise is the one `Tensor::lent` needs.
-        unsafe { Tensor::lent(name, start, len, charge, Arc::clone(&self.shared.lifecycle), None) }
+        unsafe { Tensor::lent(name, start, len, charge, Arc::clone(&self.shared.lifecycle), tracing) }
     }
 
     pub(super) fn allocate(
