@@ -35,6 +35,15 @@ pub fn pid_of_file_name(name: &str) -> Option<u32> {
     pid.parse().ok()
 }
 
+/// The pid in the name of a datastore file or of one being built
+/// (`.nrt-<pid>-<instance>.tmp`).
+pub(crate) fn pid_of_file_or_temporary(name: &str) -> Option<u32> {
+    match name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) {
+        Some(temporary) => pid_of_file_name(&format!("{temporary}.ds")),
+        None => pid_of_file_name(name),
+    }
+}
+
 /// Creates `dir` (mode 0700) or checks that the existing one is private to this user.
 pub(crate) fn ensure_private_dir(dir: &Path) -> Result<(), DatastoreError> {
     match std::fs::symlink_metadata(dir) {

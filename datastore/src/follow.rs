@@ -30,6 +30,10 @@ pub struct Followed<T> {
     pub pid: u32,
     /// When it was first seen exited (`None` while it is live).
     pub exited_at: Option<Instant>,
+    /// How the viewers name it: [`RuntimeInfo::label`](crate::RuntimeInfo::label), made
+    /// unique among the live runtimes followed (`train.py-4242` for the second
+    /// `train.py`).
+    pub label: String,
     /// What the viewer keeps for it.
     pub state: T,
 }
@@ -57,12 +61,12 @@ impl<T> Runtimes<T> {
     }
 
     /// Opens the runtimes that appeared since the last look. Runtimes that have already
-    /// exited when found are left out. `admit` is called once per new live runtime:
-    /// `Some(state)` follows it, `None` declines it. The error is the directory's; the
+    /// exited when found are left out. `admit` is called once per new live runtime,
+    /// with its label: `Some(state)` follows it, `None` declines it. The error is the directory's; the
     /// list, the runtimes that could not be opened.
     pub fn discover(
         &mut self,
-        mut admit: impl FnMut(&DatastoreReader) -> Option<T>,
+        mut admit: impl FnMut(&DatastoreReader, &str) -> Option<T>,
     ) -> Result<Vec<OpenFailure>, DatastoreError> {
         // Every pid with a datastore file now, followed or not (`known` sees them all).
         let present = std::cell::RefCell::new(HashSet::new());
@@ -86,9 +90,13 @@ impl<T> Runtimes<T> {
                 continue;
             }
             let pid = reader.info().pid;
-            match admit(&reader) {
+            let mut label = reader.info().label();
+            if self.followed.values().any(|f| !f.exited() && f.label == label) {
+                label = format!("{label}-{pid}");
+            }
+            match admit(&reader, &label) {
                 Some(state) => {
-                    self.followed.insert(pid, Followed { reader, pid, exited_at: None, state });
+                    self.followed.insert(pid, Followed { reader, pid, exited_at: None, label, state });
                 }
                 None => {
                     self.declined.insert(pid);

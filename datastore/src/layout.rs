@@ -25,8 +25,13 @@ pub(crate) const CORE_SCALAR_BYTES: u64 = 256;
 /// The most NeuronCores a file describes (an instance has at most 64).
 pub const MAX_CORES: u32 = 128;
 
-/// Events kept per ring when `NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC` is unset.
-pub const DEFAULT_MAX_EVENTS_PER_NC: u64 = 1_000_000;
+/// Events kept per ring when nothing asks for more: the always-on rings. 65,536 slots
+/// of 128 bytes are 8 MiB per ring, so a runtime's file is about 30 MiB with one
+/// NeuronCore and about 16 MiB more per further core (`datastore/FORMAT.md`).
+pub const DEFAULT_MAX_EVENTS_PER_NC: u64 = 1 << 16;
+/// Events kept per ring when a profile is asked for (`NEURON_RT_INSPECT_ENABLE=1`,
+/// `neuron-profile capture` and `inspect`) without a size: 128 MiB per ring.
+pub const INSPECT_MAX_EVENTS_PER_NC: u64 = 1 << 20;
 /// The largest ring accepted (2²⁴ events, 2 GiB per ring).
 pub const MAX_EVENTS_PER_NC: u64 = 1 << 24;
 /// The smallest ring.
@@ -34,9 +39,10 @@ pub const MIN_EVENTS_PER_NC: u64 = 16;
 /// Bytes the device reads per instruction fetched (the instructions DMA queue).
 pub const INSTRUCTION_BYTES: u64 = 64;
 /// Size of the string table.
-pub const DEFAULT_STRING_TABLE_BYTES: u64 = 4 << 20;
-/// Size of the instruction table (40 bytes per instruction of each model loaded).
-pub const DEFAULT_INSTRUCTION_TABLE_BYTES: u64 = 8 << 20;
+pub const DEFAULT_STRING_TABLE_BYTES: u64 = 2 << 20;
+/// Size of the instruction table (40 bytes per instruction of each model loaded:
+/// about 100,000 instructions).
+pub const DEFAULT_INSTRUCTION_TABLE_BYTES: u64 = 4 << 20;
 /// Slots of the models table.
 pub const DEFAULT_MODEL_SLOTS: u32 = 256;
 /// The most devices whose ECC counters a file holds.
@@ -75,6 +81,11 @@ pub(crate) mod header {
     pub(crate) const HISTOGRAM_BUCKETS: u64 = 164;
     pub(crate) const INITIAL_NS_PER_TICK_FP32: u64 = 168;
     pub(crate) const INSTRUCTION_TABLE_BYTES: u64 = 176;
+    /// Host threads a virtual core computes on at most (0 in files of older runtimes).
+    pub(crate) const HOST_THREADS: u64 = 184;
+    /// The command's name (the script for an interpreter), length-prefixed.
+    pub(crate) const COMMAND_NAME: u64 = 192;
+    pub(crate) const COMMAND_NAME_MAX: u64 = 60;
     /// Length-prefixed strings: a `u32` length, then the bytes.
     pub(crate) const RUNTIME_VERSION: u64 = 256;
     pub(crate) const RUNTIME_VERSION_MAX: u64 = 60;
@@ -86,6 +97,10 @@ pub(crate) mod header {
     pub(crate) const CORES: u64 = 768;
     /// `u64` device-clock multiplier (ns per tick, 32.32 fixed point) of each held core.
     pub(crate) const DEVICE_CLOCK_MULT: u64 = 1280;
+    /// The command line, length-prefixed, its arguments separated by NUL bytes; cut to
+    /// the room left in the header.
+    pub(crate) const COMMAND_LINE: u64 = 2304;
+    pub(crate) const COMMAND_LINE_MAX: u64 = 4096 - 2304 - 4;
 }
 
 pub(crate) const STATE_RUNNING: u32 = 1;

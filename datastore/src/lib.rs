@@ -19,6 +19,7 @@
 
 mod directory;
 mod follow;
+mod identity;
 mod instructions;
 mod layout;
 mod reader;
@@ -35,6 +36,7 @@ pub mod event;
 pub mod histogram;
 pub mod host;
 pub mod kinds;
+pub mod peaks;
 pub mod record;
 pub mod sample;
 pub mod topology;
@@ -44,11 +46,12 @@ use std::path::{Path, PathBuf};
 pub use directory::{default_dir, file_path, pid_of_file_name, process_start_time};
 pub use event::{ClockDomain, DeviceActivity, DeviceEvent, DmaQueueType, EventData, EventType, Phase, SystemEvent};
 pub use follow::{Followed, OpenFailure, Runtimes};
+pub use identity::CommandIdentity;
 pub use instructions::{InstructionSpan, InstructionTrace};
 pub use kinds::{CollectiveAlgorithm, CollectiveOp, DeviceCategory, Engine, ErrorClass, ExecOutcome, HostCategory};
 pub use layout::{
     DEFAULT_INSTRUCTION_TABLE_BYTES, DEFAULT_MAX_EVENTS_PER_NC, DEFAULT_MODEL_SLOTS, DEFAULT_STRING_TABLE_BYTES,
-    INSTRUCTION_BYTES, LAYOUT_VERSION, MAX_CORES, MAX_EVENTS_PER_NC, MIN_EVENTS_PER_NC,
+    INSPECT_MAX_EVENTS_PER_NC, INSTRUCTION_BYTES, LAYOUT_VERSION, MAX_CORES, MAX_EVENTS_PER_NC, MIN_EVENTS_PER_NC,
 };
 pub use reader::{
     CoreDelta, CoreSnapshot, DatastoreReader, Delta, ErrorCounts, ExecutionCounts, ExitReason, HEARTBEAT_STALE_AFTER,

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use serde::Serialize;
 
 use crate::event::{EventType, SystemEvent};
-use crate::layout::DEFAULT_MAX_EVENTS_PER_NC;
+use crate::layout::INSPECT_MAX_EVENTS_PER_NC;
 use crate::reader::{Tail, TailStart, TraceEvent, converter_of};
 use crate::tracer::{ALL_SYSTEM_EVENTS, Tracer};
 
@@ -34,7 +34,7 @@ pub struct SysTraceConfig {
 
 impl Default for SysTraceConfig {
     fn default() -> SysTraceConfig {
-        SysTraceConfig { max_events_per_nc: DEFAULT_MAX_EVENTS_PER_NC, cores: None, event_types: ALL_SYSTEM_EVENTS }
+        SysTraceConfig { max_events_per_nc: INSPECT_MAX_EVENTS_PER_NC, cores: None, event_types: ALL_SYSTEM_EVENTS }
     }
 }
 

@@ -48,6 +48,10 @@ pub struct CreateParams {
     pub ns_per_tick: f64,
     pub device_clocks: Vec<DeviceClock>,
     pub recording: u32,
+    /// Host threads a core computes on at most.
+    pub host_threads: u32,
+    /// The command's name and its arguments (see [`crate::CommandIdentity`]).
+    pub command: crate::CommandIdentity,
 }
 
 /// What the models table shows about a loaded model.
@@ -99,6 +103,10 @@ impl DatastoreWriter {
     /// a full tmpfs would otherwise kill the process with SIGBUS later.
     pub fn create(params: &CreateParams) -> Result<DatastoreWriter, DatastoreError> {
         directory::ensure_private_dir(&params.dir)?;
+        let removed = crate::reader::remove_dead_runtimes(&params.dir);
+        if !removed.is_empty() {
+            tracing::info!(dir = %params.dir.display(), "removed {} datastore files of exited runtimes", removed.len());
+        }
         let free = directory::free_space(&params.dir)?;
         let mut sizes = Sizes {
             core_count: params.cores.len() as u32,
@@ -211,6 +219,9 @@ impl DatastoreWriter {
         self.write_string(header::RUNTIME_VERSION, header::RUNTIME_VERSION_MAX, env!("CARGO_PKG_VERSION"));
         self.write_string(header::INSTANCE_TYPE, header::INSTANCE_TYPE_MAX, &params.instance_type);
         self.write_string(header::TAG, header::TAG_MAX, params.tag.as_deref().unwrap_or(""));
+        r.u32(header::HOST_THREADS).store(params.host_threads, Ordering::Relaxed);
+        self.write_string(header::COMMAND_NAME, header::COMMAND_NAME_MAX, &params.command.name);
+        self.write_string(header::COMMAND_LINE, header::COMMAND_LINE_MAX, &params.command.line.join("\0"));
         for (slot, (&core, clock)) in params.cores.iter().zip(&params.device_clocks).enumerate() {
             r.u32(header::CORES + 4 * slot as u64).store(core, Ordering::Relaxed);
             r.u64(header::DEVICE_CLOCK_MULT + 8 * slot as u64).store(clock.mult_fp32, Ordering::Relaxed);

@@ -285,9 +285,9 @@ impl Monitor<'_> {
     /// that the configuration selects. Known processes are not opened again.
     fn find_new(&mut self) -> Result<()> {
         let (config, started_realtime_ns) = (self.config, self.started_realtime_ns);
-        let admit = |reader: &DatastoreReader| {
+        let admit = |reader: &DatastoreReader, label: &str| {
             let info = reader.info();
-            let tag = info.label();
+            let tag = label.to_owned();
             let selector = config.runtimes.iter().find(|r| r.selects(&tag))?;
             let mut first = sample(reader, info.pid);
             // A process that started after the monitor: measured from its start, so

@@ -20,6 +20,8 @@ pub enum Action {
     ToggleNode,
     ToggleAll,
     ToggleFlops,
+    /// Sort the process table by its next column.
+    NextSort,
 }
 
 /// A key: a code and whether Ctrl is held.
@@ -110,6 +112,12 @@ pub const BINDINGS: &[Binding] = &[
         label: "f",
         help: "show TFLOPS instead of utilisation in the core bars",
         action: |_| Some(Action::ToggleFlops),
+    },
+    Binding {
+        keys: &[key('s')],
+        label: "s",
+        help: "sort the process table by the next column (tall terminals show it)",
+        action: |_| Some(Action::NextSort),
     },
 ];
 

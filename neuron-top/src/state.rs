@@ -32,6 +32,42 @@ pub struct TreeRow {
     pub host_bytes: Option<u64>,
 }
 
+/// The process table's sort column; each sorts descending but the name and pid.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ProcessSort {
+    #[default]
+    Executions,
+    Cpu,
+    Memory,
+    Name,
+    Pid,
+}
+
+impl ProcessSort {
+    const ALL: [ProcessSort; 5] =
+        [ProcessSort::Executions, ProcessSort::Cpu, ProcessSort::Memory, ProcessSort::Name, ProcessSort::Pid];
+
+    fn next(self) -> ProcessSort {
+        let at = ProcessSort::ALL.iter().position(|&s| s == self).unwrap_or(0);
+        ProcessSort::ALL[(at + 1) % ProcessSort::ALL.len()]
+    }
+
+    /// The runtimes in this order.
+    pub fn order(self, mut runtimes: Vec<&Runtime>) -> Vec<&Runtime> {
+        let executions = |r: &Runtime| r.cores.iter().filter_map(|c| c.executions_per_second).sum::<f64>();
+        let cpu = |r: &Runtime| r.vcpu.map_or(0.0, |c| c.user + c.system);
+        let memory = |r: &Runtime| r.host_memory.total() + r.cores.iter().map(|c| c.device_memory.total()).sum::<u64>();
+        match self {
+            ProcessSort::Executions => runtimes.sort_by(|a, b| executions(b).total_cmp(&executions(a))),
+            ProcessSort::Cpu => runtimes.sort_by(|a, b| cpu(b).total_cmp(&cpu(a))),
+            ProcessSort::Memory => runtimes.sort_by_key(|r| std::cmp::Reverse(memory(r))),
+            ProcessSort::Name => runtimes.sort_by(|a, b| a.tag.cmp(&b.tag)),
+            ProcessSort::Pid => runtimes.sort_by_key(|r| r.pid),
+        }
+        runtimes
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct State {
     pub snapshot: Snapshot,
@@ -40,6 +76,8 @@ pub struct State {
     pub show_help: bool,
     /// Core bars show TFLOPS instead of utilisation.
     pub flops: bool,
+    /// The column the process table is sorted by.
+    pub sort: ProcessSort,
     /// The selected line of the memory tree, and what it stands for.
     pub cursor: usize,
     cursor_key: Option<String>,
@@ -115,6 +153,7 @@ impl State {
                 }
             }
             Action::ToggleFlops => self.flops = !self.flops,
+            Action::NextSort => self.sort = self.sort.next(),
         }
         let rows = self.tree();
         self.cursor = self.cursor.min(rows.len().saturating_sub(1));

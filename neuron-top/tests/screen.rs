@@ -25,6 +25,8 @@ fn core(index: u32, utilization: f64, history: &[f64]) -> Core {
         latency_p50: Some(0.0271),
         latency_p99: Some(0.0529),
         history: history.to_vec(),
+        flops_history: history.iter().map(|u| u * 3.5e7).collect(),
+        latency_history: history.iter().map(|u| (*u > 0.0).then_some(0.02 + u / 5000.0)).collect(),
         device_memory: DeviceMemory {
             tensors: 4 * MIB + 262_144,
             constants: 4,
@@ -72,6 +74,7 @@ fn fixture() -> Snapshot {
             Runtime {
                 pid: 1234,
                 tag: "train".into(),
+                command: "python3 train.py --steps 1000".into(),
                 exited: false,
                 vcpu: Some(CpuShare { user: 48.0, system: 1.5 }),
                 cores: vec![core(0, 97.25, &[10.0, 40.0, 80.0, 97.0, 99.0]), core(1, 45.5, &[0.0, 20.0, 45.0])],
@@ -83,7 +86,8 @@ fn fixture() -> Snapshot {
             },
             Runtime {
                 pid: 4242,
-                tag: "4242".into(),
+                tag: "serve.py".into(),
+                command: "python3 serve.py".into(),
                 exited: true,
                 vcpu: None,
                 cores: vec![Core { index: 2, device: 1, utilization: None, ..Core::default() }],
@@ -124,13 +128,38 @@ fn frames_at_80x24_and_160x48_in_colour_and_without() {
     }
 }
 
+/// A tall terminal adds history graphs and the process table; 80x24 keeps its layout.
+#[test]
+fn a_tall_terminal_shows_history_graphs_and_a_sortable_process_table() {
+    let mut state = State::new(fixture());
+    let small = text(&render(&state, 80, 24, false));
+    assert!(!small.contains("Processes") && !small.contains("latency p50 ·"), "{small}");
+    let tall = text(&render(&state, 160, 48, false));
+    for expected in ["utilisation · now 99%", "FLOP/s · now 3.46G", "latency p50 · now", "Processes", "exec/s▼"] {
+        assert!(tall.contains(expected), "{expected:?} missing from\n{tall}");
+    }
+    assert!(tall.chars().any(|c| ('\u{2801}'..='\u{28ff}').contains(&c)), "braille graphs:\n{tall}");
+    let rows: Vec<&str> = tall.lines().filter(|l| l.contains("python3 ")).collect();
+    assert_eq!(rows.len(), 2, "{tall}");
+    assert!(rows[0].contains("1234") && rows[0].contains("python3 train.py --steps 1000"), "busiest first: {rows:?}");
+    assert!(rows[1].contains("serve.py") && rows[1].contains("N/A"), "{rows:?}");
+    // `s` moves the sort to the next column; at pid, 1234 comes before 4242.
+    for _ in 0..4 {
+        state.apply(Action::NextSort);
+    }
+    let by_pid = text(&render(&state, 160, 48, false));
+    assert!(by_pid.contains("pid▼"), "{by_pid}");
+    let blank = by_pid.lines().filter(|l| l.trim().is_empty()).count();
+    assert!(blank <= 2, "the graphs take the rows the tree leaves: {blank} blank rows\n{by_pid}");
+}
+
 #[test]
 fn the_screen_shows_what_the_snapshot_holds() {
     let mut state = State::new(fixture());
     let screen = text(&render(&state, 160, 48, false));
     for expected in [
         "NeuronCore v2 Utilization (Avg: 71.38%)",
-        "[1]:all [2]:train [3]:4242",
+        "[1]:all [2]:train [3]:serve.py",
         "97.25%",
         "N/A",
         "ND0 (sum of 2 cores)",
@@ -295,7 +324,7 @@ fn the_memory_tree_expands_collapses_and_keeps_the_cursor_inside() {
             "nc0 train (sum of categories)",
             "nc1 train (sum of categories)",
             "ND1 (sum of 1 core)",
-            "nc2 4242 (sum of categories)"
+            "nc2 serve.py (sum of categories)"
         ]
     );
     let nd0 = &state.tree()[0];
@@ -309,7 +338,7 @@ fn the_memory_tree_expands_collapses_and_keeps_the_cursor_inside() {
     assert_eq!(state.tree().len(), 5);
     state.apply(Action::Up);
     state.apply(Action::Collapse);
-    assert_eq!(labels(&state), ["ND0 (sum of 2 cores)", "ND1 (sum of 1 core)", "nc2 4242 (sum of categories)"]);
+    assert_eq!(labels(&state), ["ND0 (sum of 2 cores)", "ND1 (sum of 1 core)", "nc2 serve.py (sum of categories)"]);
     for _ in 0..10 {
         state.apply(Action::Down);
     }

@@ -1,17 +1,22 @@
 //! The profile summary: where the time went, per engine, opcode and HLO instruction;
-//! FLOPs against the measured peak; DMA traffic; execution latency; what was lost.
+//! FLOPs against the virtual core's defined peaks (the backend's measured rate beside
+//! them); DMA traffic; execution latency; which executions were traced and how they
+//! compare with the others; what was lost, and which figures stand on too little.
 //! Computed in one pass over a file's chunks; printed as text (`summary-text`) or
 //! JSON (`summary-json`), and shown by the dashboard's profile viewer.
 
 use std::collections::HashMap;
-use std::fmt::Write as _;
 
-use crate::stats::{LatencyHistogram, LatencySummary, si, thousands};
+use crate::stats::{LatencyHistogram, LatencySummary};
 use crate::{Clock, Descriptor, DescriptorId, NtffFile, Phase};
 use serde::Serialize;
 
 /// HLO instructions listed in the summary.
 pub const TOP_HLO: usize = 10;
+
+mod text;
+pub(crate) use text::duration;
+pub use text::to_text;
 
 #[derive(Debug, Serialize)]
 pub struct Summary {
@@ -34,6 +39,9 @@ pub struct Summary {
     pub dma: Vec<DmaSummary>,
     /// Damage or truncation of the file, one line each.
     pub file_problems: Vec<String>,
+    /// Figures to read with care, and why, one sentence each: a ratio above 100%, a
+    /// figure that rests on one execution or a few microseconds.
+    pub caveats: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -75,7 +83,29 @@ pub struct Executions {
     pub latency: Option<LatencySummary>,
     /// `nc_exec_running`: the program's run on the core, in seconds.
     pub device_latency: Option<LatencySummary>,
+    /// Executions run unrecorded before these, to warm up.
+    pub warmup: u32,
+    /// The first [`TRACED_LISTED`] executions with a device trace.
+    pub traced: Vec<TracedExecution>,
 }
+
+/// An execution whose device trace was recorded, against the others.
+#[derive(Debug, Clone, Serialize)]
+pub struct TracedExecution {
+    pub core: u32,
+    /// Its place among the recorded executions of its core, from 1 (warm-up excluded).
+    pub ordinal: u64,
+    /// Its `nc_exec_running`, in seconds.
+    pub device_s: f64,
+    /// `device_s` over the p50 of every recorded execution's `nc_exec_running`.
+    pub of_p50: Option<f64>,
+}
+
+/// Traced executions listed in the summary.
+pub const TRACED_LISTED: usize = 5;
+/// A DMA queue busy for less than this shows no bandwidth: a few transfers of a few
+/// hundred nanoseconds measure the clock more than the queue.
+pub const MIN_BANDWIDTH_BASIS_S: f64 = 10e-6;
 
 #[derive(Debug, Serialize)]
 pub struct EngineSummary {
@@ -84,6 +114,9 @@ pub struct EngineSummary {
     /// Of the device time.
     pub percent: f64,
     pub instructions: u64,
+    pub flops: u64,
+    /// FLOPs over active time, against the engine's defined peak.
+    pub percent_of_peak: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -112,10 +145,15 @@ pub struct Flops {
     pub per_execution: Option<f64>,
     /// Total FLOPs over device time.
     pub achieved_per_s: Option<f64>,
-    /// Measured peak of one core, and how.
+    /// The virtual core's defined PE peak, and how it is defined.
     pub peak_per_s: Option<f64>,
-    pub peak_method: String,
-    /// Achieved over peak.
+    pub peak_basis: String,
+    /// The defined peak of the vector engines (ACT, DVE, POOL).
+    pub vector_peak_per_s: Option<f64>,
+    /// The backend's measured matrix-product rate, as context, and how it was measured.
+    pub measured_per_s: Option<f64>,
+    pub measured_method: String,
+    /// Achieved over the defined PE peak.
     pub mfu: Option<f64>,
 }
 
@@ -125,7 +163,8 @@ pub struct DmaSummary {
     pub transfers: u64,
     pub bytes: u64,
     pub time_s: f64,
-    /// Bytes over the transfers' busy time.
+    /// Bytes over the transfers' busy time; `None` when that time is below
+    /// [`MIN_BANDWIDTH_BASIS_S`].
     pub bandwidth_bytes_per_s: Option<f64>,
 }
 
@@ -155,6 +194,8 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
     let mut latency = LatencyHistogram::default();
     let mut device_latency = LatencyHistogram::default();
     let mut executions = 0u64;
+    // Start and length of each recorded execution's run on its core.
+    let mut runs: HashMap<(u32, u64), (u64, u64)> = HashMap::new();
     let (mut first, mut last) = (u64::MAX, 0u64);
     let execute = file.find_string("nrt_execute");
     let running = file.find_string("nc_exec_running");
@@ -191,6 +232,9 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
                             }
                         } else if e.clock == Clock::Device && status_ok {
                             device_latency.record(std::time::Duration::from_nanos(ns));
+                            if let (Some(core), Some(exec)) = (e.core, e.exec_id) {
+                                runs.insert((core, exec), (start, ns));
+                            }
                         }
                     }
                 }
@@ -235,13 +279,30 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
     let device_ns: u64 = windows.values().map(|(a, b)| b.saturating_sub(*a)).sum();
     let seconds = |ns: u64| ns as f64 / 1e9;
     let percent = |ns: u64| if device_ns == 0 { 0.0 } else { 100.0 * ns as f64 / device_ns as f64 };
+    let pe_peak = (meta.defined_pe_flops_per_core > 0.0).then_some(meta.defined_pe_flops_per_core);
+    let vector_peak = (meta.defined_vector_flops_per_core > 0.0).then_some(meta.defined_vector_flops_per_core);
+    let mut caveats = Vec::new();
     let mut engine_rows: Vec<EngineSummary> = engines
         .iter()
-        .map(|(engine, t)| EngineSummary {
-            engine: engine.clone(),
-            active_s: seconds(t.ns),
-            percent: percent(t.ns),
-            instructions: t.count,
+        .map(|(engine, t)| {
+            let peak = match engine.as_str() {
+                "PE" => pe_peak,
+                "ACT" | "DVE" | "POOL" => vector_peak,
+                _ => None,
+            };
+            let percent_of_peak =
+                peak.filter(|_| t.ns > 0 && t.flops > 0).map(|p| 100.0 * t.flops as f64 / seconds(t.ns) / p);
+            if let Some(share) = percent_of_peak.filter(|&s| s > 100.0) {
+                caveats.push(format!("{engine} ran at {share:.0}% of its defined peak: {ABOVE_PEAK}"));
+            }
+            EngineSummary {
+                engine: engine.clone(),
+                active_s: seconds(t.ns),
+                percent: percent(t.ns),
+                instructions: t.count,
+                flops: t.flops,
+                percent_of_peak,
+            }
         })
         .collect();
     engine_rows.sort_by(|a, b| b.active_s.total_cmp(&a.active_s).then_with(|| a.engine.cmp(&b.engine)));
@@ -274,13 +335,56 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
             transfers: t.count,
             bytes,
             time_s: seconds(t.ns),
-            bandwidth_bytes_per_s: (t.ns > 0).then(|| bytes as f64 / seconds(t.ns)),
+            bandwidth_bytes_per_s: (seconds(t.ns) >= MIN_BANDWIDTH_BASIS_S).then(|| bytes as f64 / seconds(t.ns)),
         })
         .collect();
     dma_rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.queue.cmp(&b.queue)));
+    let thin_queues: Vec<&str> = dma_rows
+        .iter()
+        .filter(|r| r.bandwidth_bytes_per_s.is_none() && r.transfers > 0)
+        .map(|r| r.queue.as_str())
+        .collect();
+    if !thin_queues.is_empty() {
+        caveats.push(format!(
+            "no bandwidth is shown for DMA queues busy less than {:.0} µs in all ({}): too short to measure",
+            MIN_BANDWIDTH_BASIS_S * 1e6,
+            thin_queues.join(", ")
+        ));
+    }
     let total_flops: u64 = engines.values().map(|t| t.flops).sum();
     let achieved = (device_ns > 0 && total_flops > 0).then(|| total_flops as f64 / seconds(device_ns));
-    let peak = (meta.peak_flops_per_core > 0.0).then_some(meta.peak_flops_per_core);
+    let mfu = achieved.zip(pe_peak).map(|(a, p)| a / p);
+    if let Some(m) = mfu.filter(|&m| m > 1.0) {
+        caveats.push(format!("MFU is {:.0}%, above the defined peak: {ABOVE_PEAK}", 100.0 * m));
+    }
+    let measured = (meta.peak_flops_per_core > 0.0).then_some(meta.peak_flops_per_core);
+    let device_p50 = device_latency.summary().map(|l| l.p50);
+    let traced = traced_executions(&windows, &runs, device_p50);
+    if device_executions == 1 {
+        caveats.push(
+            "one execution has a device trace: engine, opcode, HLO and FLOP figures describe that execution alone"
+                .into(),
+        );
+    }
+    for t in &traced {
+        match t.of_p50 {
+            Some(r) if t.ordinal == 1 && meta.warmup_executions == 0 && r > 1.2 => caveats.push(format!(
+                "the traced execution on nc{} is the first, run cold without a warm-up: it took {r:.2}× the p50 on device",
+                t.core
+            )),
+            Some(r) if !(1.0 / 1.5..=1.5).contains(&r) => caveats.push(format!(
+                "traced execution {} on nc{} took {r:.2}× the p50 on device: its breakdown may not be the usual one",
+                t.ordinal, t.core
+            )),
+            _ => {}
+        }
+    }
+    if executions > 0 && last > first && last - first < 10_000_000 {
+        caveats.push(format!(
+            "the profile spans {}: rates over so short a time vary a lot",
+            duration(seconds(last - first))
+        ));
+    }
     Summary {
         process: Process {
             pid: meta.pid,
@@ -309,6 +413,8 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
             device_traced: device_executions,
             latency: latency.summary(),
             device_latency: device_latency.summary(),
+            warmup: meta.warmup_executions,
+            traced,
         },
         device_time_s: seconds(device_ns),
         engines: engine_rows,
@@ -319,157 +425,49 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
             total: total_flops,
             per_execution: (device_executions > 0).then(|| total_flops as f64 / device_executions as f64),
             achieved_per_s: achieved,
-            peak_per_s: peak,
-            peak_method: meta.peak_flops_method.clone(),
-            mfu: achieved.zip(peak).map(|(a, p)| a / p),
+            peak_per_s: pe_peak,
+            peak_basis: meta.defined_peak_basis.clone(),
+            vector_peak_per_s: vector_peak,
+            measured_per_s: measured,
+            measured_method: meta.peak_flops_method.clone(),
+            mfu,
         },
         dma: dma_rows,
         file_problems: file.recovery().describe(),
+        caveats,
     }
 }
 
-fn duration(s: f64) -> String {
-    match s {
-        s if s >= 1.0 => format!("{s:.3} s"),
-        s if s >= 1e-3 => format!("{:.3} ms", s * 1e3),
-        s => format!("{:.1} us", s * 1e6),
-    }
-}
+/// Why a figure can exceed a defined peak.
+const ABOVE_PEAK: &str =
+    "the host CPU ran above the clock the definition assumes (a turbo clock /proc/cpuinfo does not report)";
 
-fn latency_line(label: &str, l: &Option<LatencySummary>) -> String {
-    match l {
-        Some(l) => format!(
-            "  {label:<10} p50 {}  p90 {}  p99 {}  max {}\n",
-            duration(l.p50),
-            duration(l.p90),
-            duration(l.p99),
-            duration(l.max)
-        ),
-        None => format!("  {label:<10} N/A (no completed executions)\n"),
+/// The executions with a device trace, placed among the recorded ones of their core.
+fn traced_executions(
+    windows: &HashMap<(u32, Option<u64>), (u64, u64)>,
+    runs: &HashMap<(u32, u64), (u64, u64)>,
+    device_p50: Option<f64>,
+) -> Vec<TracedExecution> {
+    let mut starts: HashMap<u32, Vec<u64>> = HashMap::new();
+    for (&(core, _), &(start, _)) in runs {
+        starts.entry(core).or_default().push(start);
     }
-}
-
-/// The summary as text for people.
-pub fn to_text(s: &Summary, file_name: &str) -> String {
-    let mut out = String::new();
-    let p = &s.process;
-    let tag = if p.tag.is_empty() { String::new() } else { format!(", tag {}", p.tag) };
-    let _ = writeln!(
-        out,
-        "{file_name}: {} of pid {}{tag} on {}, runtime {}",
-        p.capture_kind, p.pid, p.instance_type, p.runtime_version
-    );
-    for m in &s.models {
-        let sha = if m.neff_sha256.is_empty() {
-            String::new()
-        } else {
-            format!(", NEFF sha256 {}", &m.neff_sha256[..16.min(m.neff_sha256.len())])
-        };
-        let _ = writeln!(
-            out,
-            "model {} (id {}) on nc{}: {}FLOP per execution{sha}",
-            m.name,
-            m.model_id,
-            m.core,
-            si(m.flops_per_execution as f64)
-        );
-    }
-    let e = &s.events;
-    let _ = writeln!(
-        out,
-        "total time {} (host time, first to last event); {} system events, {} device events; events lost: {} in the rings, {} in the file",
-        duration(s.total_time_s),
-        thousands(e.system),
-        thousands(e.device),
-        thousands(e.lost_in_rings),
-        thousands(e.lost_in_file)
-    );
-    for problem in &s.file_problems {
-        let _ = writeln!(out, "warning: {problem}");
-    }
-    let x = &s.executions;
-    let _ = writeln!(out, "\nexecutions: {} ({} with a device trace)", thousands(x.count), thousands(x.device_traced));
-    out.push_str(&latency_line("latency", &x.latency));
-    out.push_str(&latency_line("on device", &x.device_latency));
-    let _ = writeln!(out, "\nengines (device time of the traced executions: {})", duration(s.device_time_s));
-    let _ = writeln!(out, "  {:<6} {:>12} {:>7} {:>13}", "engine", "active", "%", "instructions");
-    for r in &s.engines {
-        let _ = writeln!(
-            out,
-            "  {:<6} {:>12} {:>6.1}% {:>13}",
-            r.engine,
-            duration(r.active_s),
-            r.percent,
-            thousands(r.instructions)
-        );
-    }
-    let _ = writeln!(out, "\nopcodes by device time");
-    let _ = writeln!(out, "  {:<6} {:<24} {:>10} {:>12} {:>7}", "engine", "opcode", "count", "time", "%");
-    for r in &s.opcodes {
-        let _ = writeln!(
-            out,
-            "  {:<6} {:<24} {:>10} {:>12} {:>6.1}%",
-            r.engine,
-            r.opcode,
-            thousands(r.count),
-            duration(r.time_s),
-            r.percent
-        );
-    }
-    let _ = writeln!(out, "\ntop HLO instructions by device time (a loop or conditional includes what it ran)");
-    let _ =
-        writeln!(out, "  {:<32} {:>12} {:>12} {:>7} {:>12}", "HLO instruction", "instructions", "time", "%", "FLOPs");
-    for r in &s.top_hlo_instructions {
-        let _ = writeln!(
-            out,
-            "  {:<32} {:>12} {:>12} {:>6.1}% {:>12}",
-            r.hlo,
-            thousands(r.instructions),
-            duration(r.time_s),
-            r.percent,
-            si(r.flops as f64).trim_end()
-        );
-    }
-    let f = &s.flops;
-    let _ = writeln!(out, "\nFLOPs: {}FLOP traced", si(f.total as f64));
-    if let Some(per) = f.per_execution {
-        let _ = writeln!(out, "  per execution  {}FLOP", si(per));
-    }
-    match (f.achieved_per_s, f.peak_per_s, f.mfu) {
-        (Some(a), Some(p), Some(m)) => {
-            let _ = writeln!(
-                out,
-                "  achieved       {}FLOP/s on device\n  peak           {}FLOP/s per core: {}\n  MFU            {:.1}%",
-                si(a),
-                si(p),
-                f.peak_method,
-                100.0 * m
-            );
-        }
-        (Some(a), _, _) => {
-            let _ = writeln!(
-                out,
-                "  achieved       {}FLOP/s on device\n  MFU            N/A (no measured peak in the file)",
-                si(a)
-            );
-        }
-        _ => {
-            let _ = writeln!(out, "  achieved       N/A (no device trace)");
-        }
-    }
-    let _ = writeln!(out, "\nDMA by queue");
-    let _ = writeln!(out, "  {:<13} {:>10} {:>12} {:>12} {:>14}", "queue", "transfers", "bytes", "time", "bandwidth");
-    for r in &s.dma {
-        let bandwidth = r.bandwidth_bytes_per_s.map_or("N/A".to_string(), |b| format!("{}B/s", si(b)));
-        let _ = writeln!(
-            out,
-            "  {:<13} {:>10} {:>12} {:>12} {:>14}",
-            r.queue,
-            thousands(r.transfers),
-            thousands(r.bytes),
-            duration(r.time_s),
-            bandwidth
-        );
-    }
-    out
+    starts.values_mut().for_each(|s| s.sort_unstable());
+    let mut traced: Vec<TracedExecution> = windows
+        .keys()
+        .filter_map(|&(core, exec)| {
+            let (start, ns) = *runs.get(&(core, exec?))?;
+            let ordinal = starts.get(&core).map_or(0, |s| s.partition_point(|&t| t < start)) as u64 + 1;
+            let device_s = ns as f64 / 1e9;
+            Some(TracedExecution {
+                core,
+                ordinal,
+                device_s,
+                of_p50: device_p50.filter(|&p| p > 0.0).map(|p| device_s / p),
+            })
+        })
+        .collect();
+    traced.sort_by_key(|t| (t.ordinal, t.core));
+    traced.truncate(TRACED_LISTED);
+    traced
 }

@@ -1,6 +1,7 @@
 //! NeuronCores are reserved exclusively per process across the host: a second
 //! process asking for a held core is refused at once, and the reservation dies with
-//! its holder, even when the holder is killed with SIGKILL.
+//! its holder, even when the holder is killed with SIGKILL; the next runtime to start
+//! removes the datastore file the killed holder left behind.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -15,7 +16,8 @@ fn bench(lock_dir: &Path, model: &Path, extra: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_neuron-bench"));
     command
         .env("NEURON_VIRT_LOCK_DIR", lock_dir)
-        // The killed holder's datastore file stays behind: keep it in the test's directory.
+        // The killed holder's datastore file stays behind until the next runtime starts:
+        // keep it in the test's directory.
         .env("NEURON_VIRT_DATASTORE_DIR", lock_dir.with_file_name("datastores"))
         .env_remove("NEURON_RT_VISIBLE_CORES")
         .env_remove("NEURON_RT_NUM_CORES")
@@ -52,7 +54,11 @@ fn a_held_core_is_refused_until_its_holder_is_killed() {
 
     kill(Pid::from_raw(holder.id() as i32), Signal::SIGKILL).expect("SIGKILL the holder");
     holder.wait().expect("reap the holder");
+    let datastores = lock_dir.with_file_name("datastores");
+    let holder_file = datastores.join(format!("nrt-{}-0.ds", holder.id()));
+    assert!(holder_file.exists(), "a killed runtime cannot remove its own file");
 
     let after = bench(&lock_dir, &model, &["--iterations", "1"]).output().expect("run a third process");
     assert!(after.status.success(), "the core must be free again: {}", String::from_utf8_lossy(&after.stderr));
+    assert!(!holder_file.exists(), "the next runtime removes the file of the killed one");
 }

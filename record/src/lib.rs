@@ -336,6 +336,12 @@ fn string<W: Write>(w: &mut Writer<W>, key: &str, value: &str) -> Arg {
 pub fn metadata(info: &RuntimeInfo, tool: &str, capture_kind: &str, command: &[String]) -> ntff::Metadata {
     let realtime = neuron_datastore::clock::realtime_ns();
     let monotonic = neuron_datastore::clock::monotonic_ns();
+    // The traced runtime runs on this host: its cores' peaks follow from this CPU and
+    // the threads the runtime computes on (unknown for files of older runtimes).
+    let peaks = (info.host_threads > 0)
+        .then(neuron_datastore::peaks::HostVector::detect)
+        .flatten()
+        .map(|host| host.peaks(info.host_threads));
     ntff::Metadata {
         runtime_version: info.runtime_version.clone(),
         tool: format!("{tool} {capture_kind}"),
@@ -354,6 +360,10 @@ pub fn metadata(info: &RuntimeInfo, tool: &str, capture_kind: &str, command: &[S
         peak_flops_per_core: 0.0,
         peak_flops_method: String::new(),
         command: command.to_vec(),
+        defined_pe_flops_per_core: peaks.as_ref().map_or(0.0, |p| p.pe_flops),
+        defined_vector_flops_per_core: peaks.as_ref().map_or(0.0, |p| p.vector_flops),
+        defined_peak_basis: peaks.map(|p| p.basis).unwrap_or_default(),
+        warmup_executions: 0,
     }
 }
 

@@ -110,7 +110,9 @@ fn emit(dirs: &Path) {
     println!(
         "  spaced: each event after ~{WORK_STEPS} dependent multiply-rotates of other work, against that work alone"
     );
-    for events_per_ring in [4096, neuron_datastore::DEFAULT_MAX_EVENTS_PER_NC] {
+    for events_per_ring in
+        [4096, neuron_datastore::DEFAULT_MAX_EVENTS_PER_NC, neuron_datastore::INSPECT_MAX_EVENTS_PER_NC]
+    {
         emit_with_ring(dirs, events_per_ring);
     }
 }
@@ -345,7 +347,7 @@ fn burst(probe: &TraceProbe) -> f64 {
 }
 
 fn readers(dirs: &Path) {
-    let rt = runtime_with(dirs, ALL_SYSTEM_EVENTS, None);
+    let rt = runtime_with(dirs, ALL_SYSTEM_EVENTS, Some(neuron_datastore::INSPECT_MAX_EVENTS_PER_NC));
     let events_per_ring = rt.config().inspect.max_events_per_nc;
     let path: PathBuf = rt.datastore_path().expect("path");
     let probe = rt.trace_probe(0).expect("probe");

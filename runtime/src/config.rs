@@ -322,10 +322,13 @@ impl Config {
                 },
             }
         };
-        let enabled = match get(ENV_INSPECT_ENABLE) {
-            Some(v) => parse_bool(&v).ok_or_else(|| bad(ENV_INSPECT_ENABLE, &v, "use 0 or 1"))?,
-            None => true,
+        // Unset, the always-on rings record at their small default size; set to 1, a
+        // profile is asked for and the rings are made large enough for one.
+        let asked_to_inspect = match get(ENV_INSPECT_ENABLE) {
+            Some(v) => Some(parse_bool(&v).ok_or_else(|| bad(ENV_INSPECT_ENABLE, &v, "use 0 or 1"))?),
+            None => None,
         };
+        let enabled = asked_to_inspect.unwrap_or(true);
         let system_profile = profile(ENV_INSPECT_SYSTEM_PROFILE)?.unwrap_or(true);
         let device_profile = profile(ENV_INSPECT_DEVICE_PROFILE)?.unwrap_or(true);
         let max_events_per_nc = match get(ENV_INSPECT_MAX_EVENTS_PER_NC) {
@@ -343,6 +346,7 @@ impl Config {
                     ));
                 }
             },
+            None if asked_to_inspect == Some(true) => neuron_datastore::INSPECT_MAX_EVENTS_PER_NC,
             None => neuron_datastore::DEFAULT_MAX_EVENTS_PER_NC,
         };
         let filter_cores = match get(ENV_INSPECT_EVENT_FILTER_NC) {
@@ -508,6 +512,10 @@ mod tests {
         assert_eq!(c.inspect.max_events_per_nc, neuron_datastore::DEFAULT_MAX_EVENTS_PER_NC);
         let c = config(&[(ENV_INSPECT_ENABLE, "0")]).expect("valid");
         assert!(!c.inspect.system && !c.inspect.device);
+        let c = config(&[(ENV_INSPECT_ENABLE, "1")]).expect("valid");
+        assert_eq!(c.inspect.max_events_per_nc, neuron_datastore::INSPECT_MAX_EVENTS_PER_NC, "asking for a profile");
+        let c = config(&[(ENV_INSPECT_ENABLE, "1"), (ENV_INSPECT_MAX_EVENTS_PER_NC, "4096")]).expect("valid");
+        assert_eq!(c.inspect.max_events_per_nc, 4096, "the size asked for wins");
         let c = config(&[(ENV_INSPECT_DEVICE_PROFILE, "0"), (ENV_INSPECT_SYSTEM_PROFILE, "session")]).expect("valid");
         assert!(c.inspect.system && !c.inspect.device);
         let c = config(&[

@@ -255,12 +255,25 @@ export function profilePage(main, name) {
           figure('on device p50', seconds(x.device_latency?.p50)),
           figure('device time', seconds(s.device_time_s)),
           figure('achieved', f.achieved_per_s == null ? NA : si(f.achieved_per_s, 'FLOP/s')),
-          figure('MFU', f.mfu == null ? NA : percent(100 * f.mfu)),
+          figure('MFU of the defined peak', f.mfu == null ? NA : percent(100 * f.mfu), f.mfu > 1 ? 'warn' : ''),
+          figure('defined PE peak', f.peak_per_s == null ? NA : si(f.peak_per_s, 'FLOP/s')),
+          figure('backend measured', f.measured_per_s == null ? NA : si(f.measured_per_s, 'FLOP/s')),
           figure('events lost', thousands(s.events.lost_in_rings + s.events.lost_in_file), s.events.lost_in_rings + s.events.lost_in_file ? 'warn' : ''),
         ),
+        ...(x.traced.length ? [el('div', { class: 'muted', id: 'pf-traced' },
+          `${x.warmup ? `after ${x.warmup} warm-up execution${x.warmup === 1 ? '' : 's'} · ` : 'no warm-up · '}traced: `,
+          x.traced.map((t) => `execution ${thousands(t.ordinal)} on nc${t.core}, ${seconds(t.device_s)} on device${t.of_p50 == null ? '' : ` (${t.of_p50.toFixed(2)}× p50)`}`).join('; '))] : []),
+        ...(f.peak_basis ? [el('div', { class: 'muted' }, `Defined peak: ${f.peak_basis}. The backend's measured rate is context, not the basis of MFU.`)] : []),
+        ...(s.caveats.length ? [el('ul', { class: 'caveats', id: 'pf-caveats' }, ...s.caveats.map((c) => el('li', { class: 'warn' }, c)))] : []),
         el('details', {}, el('summary', {}, 'As neuron-profile view --output-format summary-text prints it'), el('pre', { class: 'summary', id: 'pf-summary-text' }, body.text)),
       );
       tables.replaceChildren(
+        el('div', { class: 'card' }, el('h2', {}, 'Engines'), sortableTable([
+          { key: 'engine', label: 'engine', text: true }, { key: 'active_s', label: 'active', format: seconds },
+          { key: 'percent', label: '% of device time', format: (v) => percent(v) },
+          { key: 'instructions', label: 'instructions', format: thousands }, { key: 'flops', label: 'FLOPs', format: (v) => si(v) },
+          { key: 'percent_of_peak', label: '% of defined peak', format: (v) => (v == null ? '–' : percent(v)) },
+        ], s.engines, { sortKey: 'active_s', id: 'pf-engines' })),
         el('div', { class: 'card' }, el('h2', {}, 'Opcodes'), el('div', { class: 'scroll' }, sortableTable([
           { key: 'engine', label: 'engine', text: true }, { key: 'opcode', label: 'opcode', text: true },
           { key: 'count', label: 'count', format: thousands }, { key: 'time_s', label: 'time', format: seconds },
@@ -274,7 +287,7 @@ export function profilePage(main, name) {
         el('div', { class: 'card' }, el('h2', {}, 'DMA queues'), sortableTable([
           { key: 'queue', label: 'queue', text: true }, { key: 'transfers', label: 'transfers', format: thousands },
           { key: 'bytes', label: 'bytes', format: bytes }, { key: 'time_s', label: 'time', format: seconds },
-          { key: 'bandwidth_bytes_per_s', label: 'bandwidth', format: (v) => si(v, 'B/s') },
+          { key: 'bandwidth_bytes_per_s', label: 'bandwidth', format: (v) => (v == null ? 'too short to measure' : si(v, 'B/s')) },
         ], s.dma, { sortKey: 'bytes' })),
         compareWith(name),
       );

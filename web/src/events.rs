@@ -132,11 +132,11 @@ pub(crate) fn start(dir: PathBuf) -> std::io::Result<Arc<broadcast::Sender<Bytes
 }
 
 /// Starts tailing a runtime found live, from now.
-fn admit(reader: &DatastoreReader) -> Option<Tailed> {
+fn admit(reader: &DatastoreReader, label: &str) -> Option<Tailed> {
     Some(Tailed {
         tail: reader.tail(TailStart::Now, None, u64::MAX, true),
         pid: reader.info().pid,
-        tag: reader.info().label(),
+        tag: label.to_owned(),
         offsets: HashMap::new(),
         open: HashMap::new(),
         pending: BTreeMap::new(),

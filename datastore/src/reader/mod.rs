@@ -26,6 +26,10 @@ use crate::shm::{Mapping, Region};
 use crate::strings::StringTable;
 use crate::{DatastoreError, directory, histogram};
 
+mod discovery;
+pub(crate) use discovery::remove_dead_runtimes;
+pub use discovery::{RuntimeEntry, discover, discover_new};
+
 /// A writer whose heartbeat is older than this is reported exited.
 pub const HEARTBEAT_STALE_AFTER: Duration = Duration::from_secs(10);
 
@@ -48,12 +52,21 @@ pub struct RuntimeInfo {
     pub system_trace_recording: bool,
     pub device_trace_recording: bool,
     pub discard_mode: bool,
+    /// Host threads a core computes on at most (0: not recorded by this runtime).
+    pub host_threads: u32,
+    /// The command that runs the runtime (empty in files of older runtimes).
+    pub command: crate::CommandIdentity,
 }
 
 impl RuntimeInfo {
-    /// The label tools show: the tag, else the pid.
+    /// The label tools show: the tag, else the command's name (stable across
+    /// restarts), else the pid.
     pub fn label(&self) -> String {
-        self.tag.clone().unwrap_or_else(|| self.pid.to_string())
+        match (&self.tag, self.command.name.is_empty()) {
+            (Some(tag), _) => tag.clone(),
+            (None, false) => self.command.name.clone(),
+            (None, true) => self.pid.to_string(),
+        }
     }
 }
 
@@ -592,51 +605,6 @@ fn device_start(region: &Region, ring: RingRef, start: TailStart) -> (RingCursor
     }
 }
 
-/// A runtime found in a datastore directory.
-#[derive(Debug)]
-pub struct RuntimeEntry {
-    pub path: PathBuf,
-    pub pid: u32,
-    /// The open datastore, or why it could not be opened.
-    pub reader: Result<DatastoreReader, DatastoreError>,
-    /// `None` when the file could not be opened.
-    pub liveness: Option<Liveness>,
-    /// The file of an exited runtime was removed by this call.
-    pub removed: bool,
-}
-
-/// Lists the runtimes in `dir`, live and exited, and removes the files of exited ones
-/// (they are still returned, once). A missing directory means no runtimes.
-pub fn discover(dir: &Path) -> Result<Vec<RuntimeEntry>, DatastoreError> {
-    discover_new(dir, &|_| false)
-}
-
-/// [`discover`], leaving out (neither opened nor removed) the runtimes whose pid
-/// `known` accepts: for a tool that looks again and again and keeps its own readers.
-pub fn discover_new(dir: &Path, known: &dyn Fn(u32) -> bool) -> Result<Vec<RuntimeEntry>, DatastoreError> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(DatastoreError::io(dir, e)),
-    };
-    directory::check_private_dir(dir)?;
-    let mut found = Vec::new();
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(pid) = name.to_str().and_then(directory::pid_of_file_name) else { continue };
-        if known(pid) {
-            continue;
-        }
-        let path = entry.path();
-        let reader = DatastoreReader::open(&path);
-        let liveness = reader.as_ref().ok().map(DatastoreReader::liveness);
-        let removed = matches!(liveness, Some(Liveness::Exited(_))) && std::fs::remove_file(&path).is_ok();
-        found.push(RuntimeEntry { path, pid, reader, liveness, removed });
-    }
-    found.sort_by_key(|e| e.pid);
-    Ok(found)
-}
-
 /// A datastore mapped read-only.
 #[derive(Debug)]
 pub struct DatastoreReader {
@@ -752,6 +720,15 @@ impl DatastoreReader {
             system_trace_recording: recording & layout::RECORDING_SYSTEM != 0,
             device_trace_recording: recording & layout::RECORDING_DEVICE != 0,
             discard_mode: recording & layout::RECORDING_DISCARD_MODE != 0,
+            host_threads: half(header::HOST_THREADS),
+            command: crate::CommandIdentity {
+                name: string(header::COMMAND_NAME, header::COMMAND_NAME_MAX),
+                line: string(header::COMMAND_LINE, header::COMMAND_LINE_MAX)
+                    .split('\0')
+                    .filter(|a| !a.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+            },
         };
         let fallback_ns_per_tick = word(header::INITIAL_NS_PER_TICK_FP32) as f64 / 4_294_967_296.0;
         Ok(DatastoreReader {

@@ -30,12 +30,13 @@ const EXITED_FOR: Duration = Duration::from_secs(3);
 #[derive(Debug)]
 struct Seen {
     tag: String,
+    command: String,
     /// The instance the runtime runs on, as it says.
     topology: Option<Topology>,
     /// Counters at the previous look.
     previous: Counters,
     cpu: Option<ProcessCpu>,
-    history: BTreeMap<u32, VecDeque<f64>>,
+    history: BTreeMap<u32, CoreHistory>,
     /// Not looked at yet since it was found: nothing to measure a rate over.
     fresh: bool,
 }
@@ -89,10 +90,11 @@ impl Collector {
 
     /// Starts following the runtimes that appeared; what could not be read.
     fn find_new(&mut self) -> Vec<String> {
-        let admit = |reader: &crate::DatastoreReader| {
+        let admit = |reader: &crate::DatastoreReader, label: &str| {
             let info = reader.info();
             Some(Seen {
-                tag: info.label(),
+                tag: label.to_owned(),
+                command: info.command.shell_line(),
                 topology: info.instance_type.parse::<InstanceType>().ok().map(|t| t.topology()),
                 previous: reader.snapshot(),
                 cpu: ProcessCpu::read(info.pid).ok(),
@@ -129,6 +131,27 @@ impl Collector {
     }
 }
 
+/// The last [`HISTORY`] measured intervals of one core, oldest first.
+#[derive(Debug, Default)]
+struct CoreHistory {
+    utilization: VecDeque<f64>,
+    flops: VecDeque<f64>,
+    latency_p50: VecDeque<Option<f64>>,
+}
+
+impl CoreHistory {
+    fn push(&mut self, (utilization, flops, latency_p50): (f64, f64, Option<f64>)) {
+        self.utilization.push_back(utilization);
+        self.flops.push_back(flops);
+        self.latency_p50.push_back(latency_p50);
+        if self.utilization.len() > HISTORY {
+            self.utilization.pop_front();
+            self.flops.pop_front();
+            self.latency_p50.pop_front();
+        }
+    }
+}
+
 fn runtime(
     followed: &mut Followed<Seen>,
     now: &Counters,
@@ -148,21 +171,22 @@ fn runtime(
             let d = delta.cores.iter().find(|d| d.core == c.core);
             let utilization = d.filter(|_| measured).map(|d| d.utilization_percent);
             let history = f.history.entry(c.core).or_default();
+            let flops_per_second = d.filter(|_| measured).map(|d| d.flops_per_second);
+            let latency_p50 = d.and_then(|d| d.total_latency.map(|l| l.p50));
             if let Some(u) = utilization {
-                history.push_back(u);
-                if history.len() > HISTORY {
-                    history.pop_front();
-                }
+                history.push((u, flops_per_second.unwrap_or(0.0), latency_p50));
             }
             Core {
                 index: c.core,
                 device: c.core / cores_per_device.max(1),
                 utilization,
-                flops_per_second: d.filter(|_| measured).map(|d| d.flops_per_second),
+                flops_per_second,
                 executions_per_second: d.and_then(|d| rate(RAN.iter().map(|&o| d.executions.get(o)).sum())),
-                latency_p50: d.and_then(|d| d.total_latency.map(|l| l.p50)),
+                latency_p50,
                 latency_p99: d.and_then(|d| d.total_latency.map(|l| l.p99)),
-                history: history.iter().copied().collect(),
+                history: history.utilization.iter().copied().collect(),
+                flops_history: history.flops.iter().copied().collect(),
+                latency_history: history.latency_p50.iter().copied().collect(),
                 device_memory: device_memory(|k| c.device_memory(k)),
             }
         })
@@ -190,6 +214,7 @@ fn runtime(
     Runtime {
         pid,
         tag: f.tag.clone(),
+        command: f.command.clone(),
         exited,
         vcpu,
         cores,

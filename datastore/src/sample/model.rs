@@ -45,8 +45,10 @@ pub struct CpuShare {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Runtime {
     pub pid: u32,
-    /// `NEURON_PROCESS_TAG`, else the pid.
+    /// `NEURON_PROCESS_TAG`, else the command's name (see [`crate::Followed::label`]).
     pub tag: String,
+    /// The command line, quoted as a shell takes it.
+    pub command: String,
     /// Exited since the last look: shown dimmed for a while, then removed.
     pub exited: bool,
     /// Percent of one CPU's worth of all CPUs, as `neuron-monitor` reports it.
@@ -136,6 +138,10 @@ pub struct Core {
     pub latency_p99: Option<f64>,
     /// Utilisation of the last intervals, oldest first.
     pub history: Vec<f64>,
+    /// FLOP/s of the same intervals.
+    pub flops_history: Vec<f64>,
+    /// Latency p50 of the same intervals, seconds (`None`: nothing completed).
+    pub latency_history: Vec<Option<f64>>,
     pub device_memory: DeviceMemory,
 }
 

@@ -25,7 +25,9 @@ extern "C" {
 typedef struct nrt_sys_trace_config nrt_sys_trace_config_t;
 
 /** A capture configuration with the defaults: every core, every event type, and
- *  NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC (1,000,000) events kept per core. */
+ *  at most 1,048,576 events kept per core. The rings themselves hold
+ *  NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC events per core (65,536 unless set, or
+ *  NEURON_RT_INSPECT_ENABLE=1 is): fetch more often than a busy core fills them. */
 NRT_STATUS nrt_sys_trace_config_allocate(nrt_sys_trace_config_t **options);
 void nrt_sys_trace_config_set_defaults(nrt_sys_trace_config_t *options);
 void nrt_sys_trace_config_free(nrt_sys_trace_config_t *options);

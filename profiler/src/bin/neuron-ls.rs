@@ -36,6 +36,10 @@ struct Device {
 struct Process {
     pid: u32,
     tag: Option<String>,
+    /// The command's name (the script's for an interpreter).
+    command_name: String,
+    /// The command line, quoted as a shell takes it.
+    command: String,
     state: &'static str,
     exit_reason: Option<String>,
     /// The global indexes of the cores it holds on this device.
@@ -90,6 +94,9 @@ fn run(cli: &Cli) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&devices)?);
     } else {
         print_table(&config.instance_type.to_string(), &devices);
+        for (_, p) in &runtimes {
+            println!("{:>8}  {}", p.pid, p.command);
+        }
     }
     for problem in problems {
         eprintln!("warning: {problem}");
@@ -109,6 +116,8 @@ fn process(entry: &RuntimeEntry) -> Result<(Vec<u32>, Process), String> {
         Process {
             pid: info.pid,
             tag: info.tag.clone(),
+            command_name: info.command.name.clone(),
+            command: info.command.shell_line(),
             state,
             exit_reason,
             cores: info.cores.clone(),
@@ -122,7 +131,7 @@ fn print_table(instance_type: &str, devices: &[Device]) {
     let rule = format!("+{:-<8}+{:-<8}+{:-<10}+{:-<52}+", "", "", "", "");
     println!("{rule}");
     println!("| {:<6} | {:<6} | {:<8} | {:<50} |", "NEURON", "NEURON", "NEURON", "PROCESSES");
-    println!("| {:<6} | {:<6} | {:<8} | {:<50} |", "DEVICE", "CORES", "MEMORY", "(PID TAG CORES STATE)");
+    println!("| {:<6} | {:<6} | {:<8} | {:<50} |", "DEVICE", "CORES", "MEMORY", "(PID NAME CORES STATE)");
     println!("{rule}");
     for device in devices {
         let processes: Vec<String> = device
@@ -134,7 +143,8 @@ fn print_table(instance_type: &str, devices: &[Device]) {
                     Some(reason) => format!("exited: {reason}"),
                     None => p.state.to_string(),
                 };
-                format!("{} {} {} {}", p.pid, p.tag.as_deref().unwrap_or("-"), cores.join(","), state)
+                let name = p.tag.as_deref().unwrap_or(if p.command_name.is_empty() { "-" } else { &p.command_name });
+                format!("{} {} {} {}", p.pid, name, cores.join(","), state)
             })
             .collect();
         let memory = HumanBytes(device.memory_size).to_string();

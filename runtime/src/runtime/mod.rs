@@ -239,6 +239,8 @@ impl Runtime {
             ns_per_tick,
             device_clocks: device_clocks.clone(),
             recording: 0,
+            host_threads: config.host_threads.max(1) as u32,
+            command: neuron_datastore::CommandIdentity::of_this_process(),
         };
         let store = DatastoreWriter::create(&params).map_err(|e| datastore_error(&e))?;
         Ok(Tracer::new(store, &config.inspect, cores, device_clocks, ns_per_tick))

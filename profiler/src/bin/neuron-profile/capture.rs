@@ -16,7 +16,7 @@ use neuron_datastore::ALL_SYSTEM_EVENTS;
 use neuron_datastore::{DatastoreReader, TailStart};
 use neuron_profiler::{bind_tensors, load_model_bytes, model_name, npy, read_inputs, target_for};
 use neuron_record::{Recorder, create_writer, metadata};
-use neuron_runtime::config::{ENV_NUM_CORES, ENV_VISIBLE_CORES};
+use neuron_runtime::config::{ENV_INSPECT_MAX_EVENTS_PER_NC, ENV_NUM_CORES, ENV_VISIBLE_CORES};
 use neuron_runtime::{Config, ErrorTracker, Model, Neff, NrtError, Runtime, SeqId, Target, TensorSet, compile_hlo};
 
 #[derive(Debug, Args)]
@@ -27,10 +27,15 @@ pub(crate) struct CaptureArgs {
     /// The NTFF file to write.
     #[arg(short = 's', long = "session-file", value_name = "OUT.ntff", default_value = "profile.ntff")]
     session_file: PathBuf,
-    /// Executions to run.
+    /// Executions to run and record, after the warm-up.
     #[arg(long, default_value_t = 1, value_name = "N")]
     num_exec: u64,
-    /// The execution (from 1) whose device trace is recorded; 0 records none.
+    /// Executions run first, unrecorded: the first executions of a model are cold
+    /// (caches, page faults, lazily built state), and a device trace of one would
+    /// show a slower execution than the model's usual one.
+    #[arg(long, default_value_t = DEFAULT_WARMUP, value_name = "N")]
+    warmup: u64,
+    /// The recorded execution (from 1) whose device trace is recorded; 0 records none.
     #[arg(long, default_value_t = 1, value_name = "N")]
     profile_nth_exec: u64,
     /// Record the device trace of every execution, not only the Nth.
@@ -80,10 +85,14 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
     if args.num_exec == 0 {
         bail!("--num-exec must be at least 1");
     }
-    // One core unless the environment chooses: a capture should not hold the host's cores.
+    // One core unless the environment chooses: a capture should not hold the host's
+    // cores. Its rings are the large ones a profile asks for, unless sized explicitly.
     let config = Config::from_lookup(|name| match name {
         ENV_NUM_CORES if std::env::var_os(ENV_VISIBLE_CORES).is_none() => {
             Some(std::env::var(name).unwrap_or_else(|_| "1".into()))
+        }
+        ENV_INSPECT_MAX_EVENTS_PER_NC => {
+            Some(std::env::var(name).unwrap_or_else(|_| neuron_datastore::INSPECT_MAX_EVENTS_PER_NC.to_string()))
         }
         _ => std::env::var(name).ok(),
     })
@@ -103,6 +112,7 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
             let mut meta = metadata(reader.info(), neuron_profiler::PROFILE_TOOL, "capture", &command);
             meta.peak_flops_per_core = peak;
             meta.peak_flops_method = PEAK_METHOD.into();
+            meta.warmup_executions = u32::try_from(args.warmup).unwrap_or(u32::MAX);
             Some(Recorder::new(create_writer(&args.session_file, &meta)?))
         }
         None => None,
@@ -120,6 +130,16 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
         recorder.models(&reader.models(), &|m| if m.model_id == model.id() { sha.clone() } else { String::new() })?;
     }
     let (inputs, outputs) = bind(&runtime, &model, &args.inputs)?;
+    if args.warmup > 0 {
+        // Unrecorded: neither ring records while the model warms up.
+        runtime.set_trace_recording_of(false, false)?;
+        for k in 1..=args.warmup {
+            runtime.execute(&model, &inputs, &outputs).with_context(|| {
+                format!("warm-up execution {k} of {} failed; --warmup 0 skips the warm-up", args.warmup)
+            })?;
+        }
+        runtime.set_trace_recording_of(recorder.is_some(), false)?;
+    }
 
     let progress = indicatif::ProgressBar::new(args.num_exec).with_style(
         indicatif::ProgressStyle::with_template(
@@ -333,10 +353,13 @@ fn bind(runtime: &Runtime, model: &Model, pairs: &[String]) -> Result<(TensorSet
     bind_tensors(runtime, model, &mut |i, _| Ok(given[i].take()))
 }
 
+/// Executions run before the recorded ones unless `--warmup` says otherwise.
+const DEFAULT_WARMUP: u64 = 2;
+
 /// Side of the square matrices of the peak measurement.
 const PEAK_SIZE: u64 = 1024;
 const PEAK_RUNS: usize = 3;
-const PEAK_METHOD: &str = "the best of 3 executions of a 1024x1024x1024 f32 matrix product (neuron-cc defaults) on the same backend and core, before the capture";
+const PEAK_METHOD: &str = "the best of 3 executions, after one to warm up, of a 1024x1024x1024 f32 matrix product (neuron-cc defaults) on the same backend and core, before the capture";
 
 /// The backend's peak FLOP/s on `core`: a large matrix product through the runtime,
 /// with tracing off.
@@ -348,6 +371,7 @@ fn measure_peak(runtime: &Runtime, core: u32, target: Target) -> Result<f64> {
     let program = compile_hlo(&hlo, target).map_err(|e| anyhow!("cannot compile the peak measurement: {e}"))?;
     let model = runtime.load(&Neff::new("peak-gemm", program).encode(), Some(core))?;
     let (inputs, outputs) = bind(runtime, &model, &[])?;
+    runtime.execute(&model, &inputs, &outputs).context("the peak measurement failed")?;
     let mut best = Duration::MAX;
     for _ in 0..PEAK_RUNS {
         let report = runtime.execute(&model, &inputs, &outputs).context("the peak measurement failed")?;

@@ -251,6 +251,10 @@ fn write_json(file: &NtffFile, cores: Option<&[u32]>, types: Option<&[String]>, 
         "pid": meta.pid,
         "process_tag": meta.process_tag,
         "peak_flops_per_core": meta.peak_flops_per_core,
+        "defined_pe_flops_per_core": meta.defined_pe_flops_per_core,
+        "defined_vector_flops_per_core": meta.defined_vector_flops_per_core,
+        "defined_peak_basis": meta.defined_peak_basis,
+        "warmup_executions": meta.warmup_executions,
         "command": meta.command,
     });
     let models: Vec<serde_json::Value> = file

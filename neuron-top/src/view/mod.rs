@@ -8,6 +8,8 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table};
 
 use crate::input::BINDINGS;
+
+mod panels;
 use crate::state::State;
 use neuron_datastore::sample::HISTORY;
 use neuron_datastore::sample::model::{CpuShare, DeviceMemory, ERROR_CLASSES, HostMemory};
@@ -27,7 +29,7 @@ impl Theme {
         self.fg(Color::Cyan).add_modifier(Modifier::BOLD)
     }
 
-    fn label(&self) -> Style {
+    pub(crate) fn label(&self) -> Style {
         self.fg(Color::Blue).add_modifier(Modifier::BOLD)
     }
 
@@ -56,6 +58,10 @@ impl Theme {
 }
 
 const NA: &str = "N/A";
+/// Rows the memory tree keeps before a tall terminal's graphs and process table show.
+const TREE_ROWS_WHEN_TALL: u16 = 8;
+/// Columns the graphs need to be worth drawing.
+const WIDE_MIN_WIDTH: u16 = 100;
 
 /// Draws the whole screen.
 pub fn draw(frame: &mut Frame, state: &State, theme: Theme) {
@@ -65,12 +71,23 @@ pub fn draw(frame: &mut Frame, state: &State, theme: Theme) {
     let cores: usize = runtimes.iter().map(|r| r.cores.len()).sum();
     let fixed = 1 + 1 + (devices.len().max(1) as u16 + 2) + 5 + 1;
     let core_rows = (cores as u16 + 1).min(area.height.saturating_sub(fixed + 4) / 2).max(2);
-    let [title, tabs, grid, core_table, summary, tree, footer] = Layout::vertical([
+    // A tall terminal also gets history graphs and the process table, as long as the
+    // memory tree keeps room for what it shows now.
+    let process_rows = (runtimes.len() as u16 + 3).min(10);
+    let tall = area.height >= fixed + core_rows + panels::GRAPH_ROWS + process_rows + TREE_ROWS_WHEN_TALL
+        && area.width >= WIDE_MIN_WIDTH;
+    // The graphs take the rows the tree does not use.
+    let tree_rows = (state.tree().len() as u16 + 1).max(TREE_ROWS_WHEN_TALL);
+    let spare = area.height.saturating_sub(fixed + core_rows + process_rows + tree_rows);
+    let (graph_rows, process_rows) = if tall { (spare.max(panels::GRAPH_ROWS), process_rows) } else { (0, 0) };
+    let [title, tabs, grid, core_table, summary, graphs, processes, tree, footer] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Length(1),
         Constraint::Length(devices.len().max(1) as u16 + 2),
         Constraint::Length(core_rows),
         Constraint::Length(5),
+        Constraint::Length(graph_rows),
+        Constraint::Length(process_rows),
         Constraint::Min(3),
         Constraint::Length(1),
     ])
@@ -80,6 +97,10 @@ pub fn draw(frame: &mut Frame, state: &State, theme: Theme) {
     draw_grid(frame, grid, state, &devices, theme);
     draw_cores(frame, core_table, state, theme);
     draw_summary(frame, summary, state, theme);
+    if tall {
+        panels::draw_graphs(frame, graphs, state, theme);
+        panels::draw_processes(frame, processes, state, theme);
+    }
     draw_tree(frame, tree, state, theme);
     draw_footer(frame, footer, state, theme);
     if state.show_help {
@@ -445,7 +466,7 @@ fn fit(text: &str, width: u16) -> String {
 }
 
 /// Like `fit`, leaving a column free after the text (table cells).
-fn fit_tail(text: &str, width: u16) -> String {
+pub(crate) fn fit_tail(text: &str, width: u16) -> String {
     fit(text, width.saturating_sub(1))
 }
 
@@ -476,7 +497,7 @@ fn plural(n: usize) -> &'static str {
 }
 
 /// Bytes in binary units: `749 B`, `4.3 MiB`.
-fn bytes(n: u64) -> String {
+pub(crate) fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
     if n < 1024 {
         return format!("{n} B");
@@ -491,7 +512,7 @@ fn bytes(n: u64) -> String {
 }
 
 /// Seconds as `850 µs`, `27.0 ms`, `1.20 s`.
-fn seconds(s: f64) -> String {
+pub(crate) fn seconds(s: f64) -> String {
     if s < 1e-3 {
         format!("{:.0} µs", s * 1e6)
     } else if s < 1.0 {

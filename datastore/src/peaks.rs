@@ -1,0 +1,135 @@
+//! The virtual NeuronCore's defined peak rates: the figures every "% of peak" and MFU
+//! is measured against.
+//!
+//! A virtual core's engines run on host threads, so its peak is defined as the most
+//! those threads' vector units can do: every thread issuing two vector operations per
+//! cycle (two FMA pipes) at the widest width the CPU supports, at the clock the
+//! kernel reports. A matrix product (PE) counts two FLOPs per lane per operation (a
+//! fused multiply-add); the other engines (ACT, DVE, POOL) one. The definition depends
+//! only on the CPU and the number of threads, so it is the same in every run on a
+//! host, and no measured rate can exceed it unless the CPU runs above the reported
+//! clock (turbo), which a figure above 100% then says. The backend's measured matrix
+//! product rate, which varies from run to run, is shown beside it as context only.
+
+use std::fmt;
+
+/// FMA pipes assumed per thread: every x86-64 and Arm server core since 2013 has at most two.
+pub const FMA_PIPES: u32 = 2;
+
+/// The host CPU's vector units, as `/proc/cpuinfo` describes them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostVector {
+    /// `avx512`, `avx2`, `sse2`, `neon`, or `scalar`.
+    pub isa: &'static str,
+    /// `f32` lanes of one vector operation.
+    pub f32_lanes: u32,
+    /// The clock the kernel reports, in Hz (the highest over the CPUs).
+    pub clock_hz: f64,
+}
+
+/// Defined peaks of one virtual NeuronCore, in FLOP/s.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EnginePeaks {
+    /// Matrix products (PE): a fused multiply-add is two FLOPs.
+    pub pe_flops: f64,
+    /// The vector engines (ACT, DVE, POOL): one FLOP per lane.
+    pub vector_flops: f64,
+    /// How the figures are defined, in words.
+    pub basis: String,
+}
+
+impl HostVector {
+    /// This host's, from `/proc/cpuinfo` (and cpufreq's maximum when the kernel has it).
+    pub fn detect() -> Option<HostVector> {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+        let max_khz = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+            .ok()
+            .and_then(|t| t.trim().parse::<f64>().ok());
+        HostVector::parse(&cpuinfo, max_khz)
+    }
+
+    /// From the text of `/proc/cpuinfo` and cpufreq's maximum in kHz.
+    pub fn parse(cpuinfo: &str, cpufreq_max_khz: Option<f64>) -> Option<HostVector> {
+        let field = |line: &str, name: &str| {
+            let (key, value) = line.split_once(':')?;
+            (key.trim() == name).then(|| value.trim().to_owned())
+        };
+        let flags: Vec<String> = cpuinfo
+            .lines()
+            .find_map(|l| field(l, "flags").or_else(|| field(l, "Features")))
+            .map(|f| f.split_whitespace().map(str::to_owned).collect())
+            .unwrap_or_default();
+        let has = |flag: &str| flags.iter().any(|f| f == flag);
+        let (isa, f32_lanes) = if has("avx512f") {
+            ("avx512", 16)
+        } else if has("avx2") {
+            ("avx2", 8)
+        } else if has("sse2") {
+            ("sse2", 4)
+        } else if has("asimd") {
+            ("neon", 4)
+        } else {
+            ("scalar", 1)
+        };
+        let reported_mhz =
+            cpuinfo.lines().filter_map(|l| field(l, "cpu MHz")?.parse::<f64>().ok()).fold(0.0f64, f64::max);
+        let clock_hz = (reported_mhz * 1e6).max(cpufreq_max_khz.unwrap_or(0.0) * 1e3);
+        (clock_hz > 0.0).then_some(HostVector { isa, f32_lanes, clock_hz })
+    }
+
+    /// The peaks of a virtual core that computes on `threads` host threads.
+    pub fn peaks(&self, threads: u32) -> EnginePeaks {
+        let threads = threads.max(1);
+        let vector_flops = f64::from(threads) * f64::from(self.f32_lanes) * f64::from(FMA_PIPES) * self.clock_hz;
+        EnginePeaks {
+            pe_flops: 2.0 * vector_flops,
+            vector_flops,
+            basis: format!(
+                "{threads} host thread{} × {} f32 lanes ({}) × {FMA_PIPES} FMA pipes × {:.2} GHz, ×2 for PE's multiply-add",
+                if threads == 1 { "" } else { "s" },
+                self.f32_lanes,
+                self.isa,
+                self.clock_hz / 1e9
+            ),
+        }
+    }
+}
+
+impl fmt::Display for EnginePeaks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PE {:.1} GFLOP/s, ACT/DVE/POOL {:.1} GFLOP/s", self.pe_flops / 1e9, self.vector_flops / 1e9)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_widest_vector_and_the_highest_clock_define_the_peak() {
+        let cpuinfo = "processor\t: 0\ncpu MHz\t\t: 2596.132\nflags\t\t: fpu sse2 avx2 fma avx512f\n\n\
+                       processor\t: 1\ncpu MHz\t\t: 2400.000\nflags\t\t: fpu sse2 avx2 fma avx512f\n";
+        let host = HostVector::parse(cpuinfo, None).expect("parsed");
+        assert_eq!((host.isa, host.f32_lanes), ("avx512", 16));
+        assert!((host.clock_hz - 2.596132e9).abs() < 1.0);
+        let peaks = host.peaks(2);
+        // 2 threads × 16 lanes × 2 pipes × 2.596 GHz = 166.2 GFLOP/s; PE twice that.
+        assert!((peaks.vector_flops / 1e9 - 166.15).abs() < 0.01, "{peaks}");
+        assert!((peaks.pe_flops / peaks.vector_flops - 2.0).abs() < 1e-12);
+        assert!(peaks.basis.starts_with("2 host threads × 16 f32 lanes (avx512)"), "{}", peaks.basis);
+        let turbo = HostVector::parse(cpuinfo, Some(3_700_000.0)).expect("parsed");
+        assert!((turbo.clock_hz - 3.7e9).abs() < 1.0, "cpufreq's maximum wins when higher");
+    }
+
+    #[test]
+    fn older_and_other_cpus_have_narrower_vectors() {
+        let lanes =
+            |flags: &str| HostVector::parse(&format!("cpu MHz : 1000\nflags : {flags}\n"), None).map(|h| h.f32_lanes);
+        assert_eq!(lanes("sse2 avx2"), Some(8));
+        assert_eq!(lanes("sse sse2"), Some(4));
+        assert_eq!(lanes("fpu"), Some(1));
+        let arm = HostVector::parse("Features : fp asimd\n", Some(2_000_000.0)).expect("arm");
+        assert_eq!((arm.isa, arm.f32_lanes), ("neon", 4));
+        assert_eq!(HostVector::parse("flags : avx2\n", None), None, "no clock, no peak");
+    }
+}

@@ -1,0 +1,78 @@
+//! Finding the runtimes in a datastore directory, and removing the files of those
+//! that exited: every reader does it as it looks, and every runtime as it starts.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use super::{DatastoreReader, Liveness};
+use crate::{DatastoreError, directory};
+
+/// A runtime found in a datastore directory.
+#[derive(Debug)]
+pub struct RuntimeEntry {
+    pub path: PathBuf,
+    pub pid: u32,
+    /// The open datastore, or why it could not be opened.
+    pub reader: Result<DatastoreReader, DatastoreError>,
+    /// `None` when the file could not be opened.
+    pub liveness: Option<Liveness>,
+    /// The file of an exited runtime was removed by this call.
+    pub removed: bool,
+}
+
+/// Lists the runtimes in `dir`, live and exited, and removes the files of exited ones
+/// (they are still returned, once). A missing directory means no runtimes.
+pub fn discover(dir: &Path) -> Result<Vec<RuntimeEntry>, DatastoreError> {
+    discover_new(dir, &|_| false)
+}
+
+/// [`discover`], leaving out (neither opened nor removed) the runtimes whose pid
+/// `known` accepts: for a tool that looks again and again and keeps its own readers.
+pub fn discover_new(dir: &Path, known: &dyn Fn(u32) -> bool) -> Result<Vec<RuntimeEntry>, DatastoreError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(DatastoreError::io(dir, e)),
+    };
+    directory::check_private_dir(dir)?;
+    let mut found = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name.to_str().and_then(directory::pid_of_file_name) else { continue };
+        if known(pid) {
+            continue;
+        }
+        let path = entry.path();
+        let reader = DatastoreReader::open(&path);
+        let liveness = reader.as_ref().ok().map(DatastoreReader::liveness);
+        let removed = matches!(liveness, Some(Liveness::Exited(_))) && std::fs::remove_file(&path).is_ok();
+        found.push(RuntimeEntry { path, pid, reader, liveness, removed });
+    }
+    found.sort_by_key(|e| e.pid);
+    Ok(found)
+}
+
+/// Removes the files that runtimes of this user left behind in `dir`: those
+/// [`discover`] finds exited, and those it cannot open (an older layout, a file cut
+/// short) whose process is gone, temporaries included. Returns the paths removed. A
+/// runtime calls this as it starts, so that a runtime killed by SIGKILL does not keep
+/// its file in memory until a reader happens to run.
+pub(crate) fn remove_dead_runtimes(dir: &Path) -> Vec<PathBuf> {
+    let mut removed: Vec<PathBuf> =
+        discover(dir).unwrap_or_default().into_iter().filter(|e| e.removed).map(|e| e.path).collect();
+    let Ok(entries) = std::fs::read_dir(dir) else { return removed };
+    let uid = nix::unistd::geteuid().as_raw();
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(directory::pid_of_file_or_temporary) else { continue };
+        let path = entry.path();
+        let ours = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.uid() == uid);
+        let gone = matches!(
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None),
+            Err(nix::errno::Errno::ESRCH)
+        );
+        if ours && gone && std::fs::remove_file(&path).is_ok() {
+            removed.push(path);
+        }
+    }
+    removed
+}
