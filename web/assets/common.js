@@ -122,20 +122,42 @@ export function fitCanvas(canvas, height) {
   return { ctx, width, height: h };
 }
 
+// A tick step of 1, 2 or 5 times a power of ten (or a power of two, `binary`) that puts
+// about `count` ticks in `span`.
+export function niceStep(span, count = 4, binary = false) {
+  const raw = span / count;
+  if (!(raw > 0) || !Number.isFinite(raw)) return 1;
+  if (binary) return 2 ** Math.ceil(Math.log2(raw));
+  const power = 10 ** Math.floor(Math.log10(raw));
+  return [1, 2, 5, 10].map((m) => m * power).find((c) => c >= raw * (1 - 1e-12)) || 10 * power;
+}
+
 // A chart of series over time: [{name, color, points: [[t, v], ...]}]. Stacked series
-// are drawn as areas on top of each other.
+// are drawn as areas on top of each other. The value axis has round ticks; with
+// `log: 'auto'` it turns logarithmic when the values span more than a decade (a
+// button on the title switches). Hovering shows the time and every series' value; the
+// legend shows each series' latest value, so a category too small to see is still read.
 export class Chart {
-  constructor(title, { unit = '', format = (v) => si(v, unit), axis = null, stacked = false, max = null, span = 60 } = {}) {
+  constructor(title, { unit = '', format = (v) => si(v, unit), axis = null, stacked = false, max = null, span = 60, log = false, binary = false } = {}) {
     this.canvas = el('canvas');
     this.legend = el('div', { class: 'legend' });
-    this.node = el('div', { class: 'chart' }, el('div', { class: 'title' }, title), this.canvas, this.legend);
-    Object.assign(this, { format, axis: axis || format, stacked, max, span });
+    this.scaleButton = log ? el('button', { class: 'scale', onclick: () => { this.logChoice = !this.isLog(); this.draw(); } }, 'log') : null;
+    this.node = el('div', { class: 'chart' }, el('div', { class: 'title' }, title, ...(this.scaleButton ? [' ', this.scaleButton] : [])), this.canvas, this.legend);
+    Object.assign(this, { format, axis: axis || format, stacked, max, span, log, binary, logChoice: null });
     this.series = [];
     this.canvas.addEventListener('mousemove', (e) => { this.hover = e.offsetX; this.draw(); });
     this.canvas.addEventListener('mouseleave', () => { this.hover = null; this.draw(); });
   }
 
   set(series, now) { this.series = series; this.now = now; this.draw(); }
+
+  // Logarithmic: as chosen, else (with `log: 'auto'`) when the values span a decade.
+  isLog() {
+    if (!this.log || this.stacked) return false;
+    if (this.logChoice !== null) return this.logChoice;
+    const values = this.series.flatMap((s) => s.points.map(([, v]) => v)).filter((v) => v > 0);
+    return values.length > 1 && Math.max(...values) / Math.min(...values) > 10;
+  }
 
   draw() {
     if (!this.node.isConnected) return;
@@ -145,31 +167,50 @@ export class Chart {
     ctx.clearRect(0, 0, width, height);
     const now = this.now ?? 0, from = now - this.span;
     const sums = new Map();
-    let max = 0;
+    let max = 0, min = Infinity;
     const shapes = this.series.map((s) => {
       const pts = s.points.filter(([t]) => t >= from - 1).map(([t, v]) => {
         let base = 0;
         if (this.stacked) { base = sums.get(t) || 0; sums.set(t, base + (v || 0)); }
         const top = base + (v || 0);
         max = Math.max(max, top);
+        if (v > 0) min = Math.min(min, v);
         return [t, v, base, top];
       });
       return { ...s, pts };
     });
-    if (this.max !== null) max = Math.max(this.max, max); else max = max > 0 ? max * 1.1 : 1;
+    const log = this.isLog();
+    if (this.scaleButton) this.scaleButton.classList.toggle('on', log);
+    let y, ticks;
+    if (log) {
+      const lo = 10 ** Math.floor(Math.log10(min === Infinity ? 1 : min)), hi = 10 ** Math.ceil(Math.log10(Math.max(max, lo * 10)));
+      y = (v) => top + h - ((Math.log10(Math.max(v, lo)) - Math.log10(lo)) / (Math.log10(hi) - Math.log10(lo))) * h;
+      ticks = [];
+      for (let v = lo; v <= hi * 1.0001; v *= 10) ticks.push(v);
+    } else {
+      if (this.max !== null) max = Math.max(this.max, max);
+      const step = niceStep(max > 0 ? max : 1, 4, this.binary);
+      const ceiling = Math.max(step, Math.ceil((max * (1 - 1e-12)) / step) * step);
+      y = (v) => top + h - (v / ceiling) * h;
+      ticks = [];
+      for (let v = 0; v <= ceiling * 1.0001; v += step) ticks.push(v);
+    }
     const x = (t) => left + ((t - from) / this.span) * w;
-    const y = (v) => top + h - (v / max) * h;
     ctx.strokeStyle = '#30363d'; ctx.fillStyle = '#8b949e'; ctx.font = '11px system-ui'; ctx.lineWidth = 1;
-    for (let k = 0; k <= 4; k++) {
-      const v = (max * k) / 4, yy = Math.round(y(v)) + 0.5;
+    for (const v of ticks) {
+      const yy = Math.round(y(v)) + 0.5;
       ctx.beginPath(); ctx.moveTo(left, yy); ctx.lineTo(left + w, yy); ctx.stroke();
       ctx.textAlign = 'right'; ctx.fillText(this.axis(v), left - 6, yy + 4, left - 8);
     }
+    this.canvas.dataset.ticks = JSON.stringify(ticks);
+    this.canvas.dataset.scale = log ? 'log' : 'linear';
+    const step = niceStep(this.span, 6);
     ctx.textAlign = 'center';
-    for (let k = 0; k <= 4; k++) {
-      const t = from + (this.span * k) / 4;
-      ctx.fillText(k === 4 ? 'now' : `-${Math.round(this.span - (this.span * k) / 4)}s`, x(t), height - 4);
+    for (let ago = step; ago < this.span; ago += step) {
+      if (x(now - ago) > left + 20) ctx.fillText(`−${Math.round(ago)} s`, x(now - ago), height - 4);
     }
+    ctx.textAlign = 'right';
+    ctx.fillText('now', left + w, height - 4);
     for (const s of (this.stacked ? [...shapes].reverse() : shapes)) {
       if (s.pts.length === 0) continue;
       ctx.strokeStyle = s.color; ctx.lineWidth = 1.5;
@@ -182,7 +223,7 @@ export class Chart {
         ctx.beginPath();
         let drawing = false;
         for (const [t, v] of s.pts) {
-          if (v === null || v === undefined) { drawing = false; continue; }
+          if (v === null || v === undefined || (log && !(v > 0))) { drawing = false; continue; }
           if (drawing) ctx.lineTo(x(t), y(v)); else ctx.moveTo(x(t), y(v));
           drawing = true;
         }
@@ -192,16 +233,24 @@ export class Chart {
     if (this.hover !== null && this.hover !== undefined && this.hover > left) {
       const t = from + ((this.hover - left) / w) * this.span;
       ctx.strokeStyle = '#8b949e'; ctx.beginPath(); ctx.moveTo(this.hover + 0.5, top); ctx.lineTo(this.hover + 0.5, top + h); ctx.stroke();
-      const lines = shapes.map((s) => {
+      const lines = [`${(now - t).toFixed(1)} s ago`, ...shapes.map((s) => {
         let best = null;
         for (const p of s.pts) if (best === null || Math.abs(p[0] - t) < Math.abs(best[0] - t)) best = p;
-        return best ? `${s.name}: ${best[1] === null ? NA : this.format(best[1])}` : null;
-      }).filter(Boolean);
-      ctx.textAlign = 'left'; ctx.fillStyle = '#e6edf3';
-      const bx = Math.min(this.hover + 8, width - 170);
-      lines.slice(0, 8).forEach((line, i) => ctx.fillText(line, bx, top + 12 + i * 13));
+        return best ? `${s.name}: ${best[1] === null || best[1] === undefined ? NA : this.format(best[1])}` : `${s.name}: ${NA}`;
+      })];
+      ctx.font = '12px system-ui';
+      const boxW = Math.max(...lines.map((l) => ctx.measureText(l).width)) + 14, boxH = lines.length * 15 + 8;
+      const bx = this.hover + 12 + boxW > width ? this.hover - 12 - boxW : this.hover + 12;
+      ctx.fillStyle = 'rgba(13, 17, 23, 0.92)'; ctx.strokeStyle = '#30363d';
+      ctx.fillRect(bx, top, boxW, boxH); ctx.strokeRect(bx + 0.5, top + 0.5, boxW, boxH);
+      ctx.textAlign = 'left';
+      lines.forEach((line, i) => { ctx.fillStyle = i === 0 ? '#8b949e' : '#e6edf3'; ctx.fillText(line, bx + 7, top + 16 + i * 15); });
+      this.canvas.dataset.tooltip = lines.join('\n');
     }
-    this.legend.replaceChildren(...this.series.map((s) => el('span', {}, swatch(s.color), s.name)));
+    this.legend.replaceChildren(...this.series.map((s) => {
+      const last = [...s.points].reverse().find(([, v]) => v !== null && v !== undefined);
+      return el('span', {}, swatch(s.color), `${s.name} ${last ? this.format(last[1]) : NA}`);
+    }));
   }
 }
 

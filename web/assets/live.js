@@ -79,9 +79,9 @@ function newCard(r) {
   const charts = {
     util: new Chart('NeuronCore utilisation', { format: (v) => `${v.toFixed(0)}%`, max: 100, span: SPAN }),
     flops: new Chart('FLOP/s', { unit: 'FLOP/s', axis: (v) => short(v), span: SPAN }),
-    latency: new Chart('Latency (p50 and p99, slowest core)', { format: seconds, axis: (v) => short(v, 's'), span: SPAN }),
+    latency: new Chart('Latency (p50 and p99, slowest core)', { format: seconds, axis: (v) => short(v, 's'), span: SPAN, log: 'auto' }),
     rate: new Chart('Executions and errors per second', { format: (v) => si(v, '/s'), axis: (v) => short(v), span: SPAN }),
-    memory: new Chart('Device memory by category', { format: bytes, stacked: true, span: SPAN }),
+    memory: new Chart('Device memory by category', { format: bytes, axis: (v) => bytes(v).replace('.0 ', ' '), stacked: true, span: SPAN, binary: true }),
   };
   const title = el('h2');
   const summary = el('div', { class: 'muted' });

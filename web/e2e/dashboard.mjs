@@ -1,7 +1,9 @@
 // Drives the dashboard in a real headless Chromium (the system's, through
 // playwright-core) and checks what a person would look at:
 //   the live page shows the running workload's cores, with values that change;
-//   the live timeline receives events, pauses, and shows an event's details on a click;
+//   the live timeline receives events, has rows per engine and DMA queue, leaves no
+//   busy core's row empty, labels its axis with round ticks, searches, pauses, and
+//   shows an event's fields on a click;
 //   a profile opens, paints its timeline, zooms (wheel and button), shows its summary
 //   and sortable tables, and offers its Perfetto trace;
 //   two profiles compare per HLO instruction.
@@ -55,12 +57,44 @@ try {
   const updates = await page.$eval('#live-updates', (e) => Number(e.dataset.count));
   check(updates >= 5, `updates arrive (${updates})`);
   measured.live = { cores: after.length, updates, before, after };
+  // Charts: round ticks (1, 2 or 5 steps, powers of two for bytes, decades on a log
+  // scale), and a tooltip with the time and every series' value.
+  const charts = await page.$$eval('.chart canvas', (cs) => cs.map((c) => ({ ticks: JSON.parse(c.dataset.ticks || '[]'), scale: c.dataset.scale })));
+  check(charts.length >= 4, `charts are drawn: ${charts.length}`);
+  const round = (v) => v === 0 || [1, 2, 5].some((m) => Math.abs(Math.log10(v / m) - Math.round(Math.log10(v / m))) < 1e-9) || Math.abs(Math.log2(v) - Math.round(Math.log2(v))) < 1e-9;
+  for (const c of charts) {
+    check(c.ticks.length >= 2, `a chart has ticks: ${JSON.stringify(c)}`);
+    const step = c.scale === 'log' ? null : c.ticks[1] - c.ticks[0];
+    check(c.scale === 'log' ? c.ticks.every((t, i) => i === 0 || Math.abs(t / c.ticks[i - 1] - 10) < 1e-6) : round(step) && c.ticks.every((t) => Math.abs(t / step - Math.round(t / step)) < 1e-6),
+      `round ticks: ${JSON.stringify(c)}`);
+  }
+  const first = await (await page.$('.chart canvas')).boundingBox();
+  await page.mouse.move(first.x + first.width * 0.9, first.y + first.height / 2);
+  const tooltip = await page.$eval('.chart canvas', (c) => c.dataset.tooltip || '');
+  check(/s ago/.test(tooltip) && tooltip.split('\n').length >= 2, `the tooltip has the time and the values: ${tooltip}`);
+  measured.live.charts = charts.map((c) => c.scale);
   await page.screenshot({ path: join(shots, 'live.png'), fullPage: true });
 
   // The live timeline.
   await page.goto(`${base}/#/timeline`);
   await waitFor(page, () => Number(document.querySelector('#tl-counts')?.dataset.received || 0) > 20, null, 'events on the live timeline');
   await page.waitForTimeout(1500);
+  await waitFor(page, () => (document.querySelector('#tl-canvas')?.dataset.rows || '').includes('"PE"'), null, 'engine rows on the live timeline');
+  const tlRows = JSON.parse(await page.$eval('#tl-canvas', (c) => c.dataset.rows));
+  const lanes = new Set(tlRows.map((r) => r.lane));
+  check(lanes.has('runtime') && lanes.has('PE') && [...lanes].some((l) => l.startsWith('DMA')), `rows per core, engine and DMA queue: ${[...lanes]}`);
+  for (const core of tlRows.filter((r) => r.lane === 'runtime' && r.fraction > 0.5)) {
+    const drawn = tlRows.filter((r) => r.core === core.core).reduce((n, r) => n + r.spans, 0);
+    check(core.busy_ns > 0 && drawn > 0, `a busy core's rows are not empty: ${JSON.stringify(core)}, ${drawn} spans`);
+  }
+  check(tlRows.some((r) => r.lane === 'runtime' && r.fraction > 0.5), `the demo keeps a core busy: ${JSON.stringify(tlRows)}`);
+  const ticks = JSON.parse(await page.$eval('#tl-canvas', (c) => c.dataset.ticks));
+  const step = ticks[0];
+  check(ticks.length >= 3 && [1, 2, 5].some((m) => Math.abs(Math.log10(step / m) - Math.round(Math.log10(step / m))) < 1e-9)
+    && ticks.every((t, i) => Math.abs(t - step * (i + 1)) < 1e-6), `round ticks: ${ticks}`);
+  await page.fill('#tl-search', 'nc_exec_running');
+  await waitFor(page, () => Number(document.querySelector('#tl-canvas').dataset.matches) > 0, null, 'search matches');
+  await page.fill('#tl-search', '');
   await page.click('#tl-pause');
   const received = await page.$eval('#tl-counts', (e) => Number(e.dataset.received));
   const canvas = await page.$('#tl-canvas');
@@ -70,10 +104,12 @@ try {
   for (let y = 26; y < 200 && !found; y += 9) {
     for (let x = box.width - 4; x > 200 && !found; x -= 4) {
       await page.mouse.click(box.x + x, box.y + y);
-      found = await page.$eval('#tl-details', (d) => (d.querySelector('b') ? d.textContent : null));
+      found = await page.$eval('#tl-details', (d) => (d.querySelector('table.fields') ? d.textContent : null));
     }
   }
   check(found, 'a click on an event shows its details');
+  const fields = await page.$$eval('#tl-details table.fields th', (ths) => ths.map((t) => t.textContent));
+  check(['event', 'where', 'duration', 'started'].every((f) => fields.includes(f)), `the details are a table of fields: ${fields}`);
   measured.timeline = { received, details: found.slice(0, 120) };
   await page.screenshot({ path: join(shots, 'timeline.png'), fullPage: true });
 
@@ -85,6 +121,9 @@ try {
   await waitFor(page, () => (document.querySelector('#pf-summary-text')?.textContent || '').includes('executions:'), null, 'the summary');
   const summaryText = await page.$eval('#pf-summary-text', (e) => e.textContent);
   check(/engines \(device time/.test(summaryText), 'the summary lists the engines');
+  check(/per core, defined: /.test(summaryText), 'the summary states the defined peak');
+  const engineRows = await page.$$eval('#pf-engines tbody tr', (rows) => rows.length);
+  check(engineRows > 0, 'the engines table has rows');
   const range0 = await page.$eval('#pf-range', (e) => e.textContent);
   const views0 = await page.$eval('#pf-canvas', (e) => Number(e.dataset.views));
   const pf = await (await page.$('#pf-canvas')).boundingBox();

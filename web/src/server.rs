@@ -83,7 +83,7 @@ struct AppState {
     token: Option<String>,
     profiles: Profiles,
     live: Arc<live::Live>,
-    events: Arc<broadcast::Sender<Bytes>>,
+    events: Arc<events::Feed>,
     streams: AtomicUsize,
     max_streams: usize,
     /// The cookie a token given in the address is kept in: one per port, as browsers
@@ -411,8 +411,12 @@ async fn live_stream(State(state): State<Shared>) -> Response {
 
 async fn event_stream(State(state): State<Shared>) -> Response {
     let Some(slot) = StreamSlot::take(&state) else { return too_many(&state) };
-    let rx = state.events.subscribe();
-    let stream = futures_util::stream::unfold((rx, slot), |(mut rx, slot)| async move {
+    let (rx, kept) = state.events.subscribe();
+    // What the feed kept comes first, then live batches.
+    let kept = futures_util::stream::iter(
+        kept.into_iter().map(|batch| Ok(Event::default().event("batch").data(String::from_utf8_lossy(&batch)))),
+    );
+    let live = futures_util::stream::unfold((rx, slot), |(mut rx, slot)| async move {
         let event = match rx.recv().await {
             Ok(batch) => Event::default().event("batch").data(String::from_utf8_lossy(&batch)),
             // A page that reads too slowly misses batches, and is told how many.
@@ -423,7 +427,7 @@ async fn event_stream(State(state): State<Shared>) -> Response {
         };
         Some((Ok(event), (rx, slot)))
     });
-    sse(stream)
+    sse(futures_util::StreamExt::chain(kept, live))
 }
 
 async fn list_profiles(State(state): State<Shared>) -> Response {
