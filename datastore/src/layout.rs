@@ -9,7 +9,7 @@
 /// `NRTVDS` followed by two zero bytes, as a little-endian `u64`.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"NRTVDS\0\0");
 /// The layout this build writes and reads.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 pub(crate) const HEADER_BYTES: u64 = 4096;
 /// Bytes per ring slot: one sequence word and fifteen payload words.
@@ -17,6 +17,7 @@ pub(crate) const SLOT_BYTES: u64 = 128;
 pub(crate) const SLOT_WORDS: usize = 16;
 pub(crate) const RING_HEADER_BYTES: u64 = 256;
 pub(crate) const MODEL_SLOT_BYTES: u64 = 256;
+pub(crate) const MODEL_HISTOGRAM_BYTES: u64 = 8 * super::histogram::MODEL_BUCKETS as u64;
 pub(crate) const PROCESS_BLOCK_BYTES: u64 = 1024;
 pub(crate) const STRING_TABLE_HEADER_BYTES: u64 = 64;
 pub(crate) const INSTRUCTION_TABLE_HEADER_BYTES: u64 = 64;
@@ -201,6 +202,8 @@ pub(crate) struct Layout {
     pub(crate) core_blocks: u64,
     pub(crate) core_block_bytes: u64,
     pub(crate) models: u64,
+    /// One latency histogram per model slot ([`MODEL_BUCKETS`](super::histogram::MODEL_BUCKETS) words).
+    pub(crate) model_histograms: u64,
     pub(crate) strings: u64,
     pub(crate) instructions: u64,
     pub(crate) rings: u64,
@@ -225,7 +228,8 @@ impl Layout {
         let core_blocks = process_block + PROCESS_BLOCK_BYTES;
         let core_block_bytes = round_up_64(CORE_SCALAR_BYTES + 2 * 8 * u64::from(sizes.histogram_buckets));
         let models = core_blocks.checked_add(core_block_bytes.checked_mul(u64::from(sizes.core_count))?)?;
-        let strings = models.checked_add(MODEL_SLOT_BYTES.checked_mul(u64::from(sizes.model_slots))?)?;
+        let model_histograms = models.checked_add(MODEL_SLOT_BYTES.checked_mul(u64::from(sizes.model_slots))?)?;
+        let strings = model_histograms.checked_add(MODEL_HISTOGRAM_BYTES.checked_mul(u64::from(sizes.model_slots))?)?;
         let instructions = strings.checked_add(STRING_TABLE_HEADER_BYTES)?.checked_add(sizes.string_table_bytes)?;
         let rings =
             instructions.checked_add(INSTRUCTION_TABLE_HEADER_BYTES)?.checked_add(sizes.instruction_table_bytes)?;
@@ -237,6 +241,7 @@ impl Layout {
             core_blocks,
             core_block_bytes,
             models,
+            model_histograms,
             strings,
             instructions,
             rings,
@@ -268,6 +273,11 @@ impl Layout {
 
     pub(crate) fn model_slot(&self, slot: u32) -> u64 {
         self.models + MODEL_SLOT_BYTES * u64::from(slot)
+    }
+
+    /// Byte offset of bucket `bucket` of the latency histogram of model slot `slot`.
+    pub(crate) fn model_histogram_bucket(&self, slot: u32, bucket: usize) -> u64 {
+        self.model_histograms + MODEL_HISTOGRAM_BYTES * u64::from(slot) + 8 * bucket as u64
     }
 
     /// The ring holding system events tied to no core.

@@ -369,6 +369,9 @@ impl DatastoreWriter {
         r.u32(base + model::NAME_LEN).store(end as u32, Ordering::Relaxed);
         r.u64(base + model::EXECUTIONS).store(0, Ordering::Relaxed);
         r.u64(base + model::RUNNING).store(0, Ordering::Relaxed);
+        for bucket in 0..histogram::MODEL_BUCKETS {
+            r.u64(self.layout.model_histogram_bucket(slot as u32, bucket)).store(0, Ordering::Relaxed);
+        }
         seq.store(odd + 1, Ordering::Release);
         Some(slot as u32)
     }
@@ -386,6 +389,15 @@ impl DatastoreWriter {
             self.region.u32(base + model::MODEL_ID).store(0, Ordering::Relaxed);
             seq.store(odd + 1, Ordering::Release);
         }
+    }
+
+    /// Counts one execution of the model in table slot `slot` that took `ns` (the whole
+    /// `execute` call).
+    #[inline]
+    pub fn record_model_latency(&self, slot: u32, ns: u64) {
+        self.region
+            .u64(self.layout.model_histogram_bucket(slot, histogram::model_bucket_of(ns)))
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// A model slot's execution counter or in-flight count (`model::EXECUTIONS`, `model::RUNNING`).

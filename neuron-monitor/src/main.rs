@@ -116,6 +116,11 @@ impl Process {
     fn newest(&self) -> &Snapshot {
         self.groups.iter().max_by_key(|g| g.since_at).map_or(&self.since, |g| &g.since.snapshot)
     }
+
+    /// The loaded models at the last look.
+    fn newest_models(&self) -> &[neuron_datastore::ModelInfo] {
+        self.groups.iter().max_by_key(|g| g.since_at).map_or(&[], |g| &g.since.models)
+    }
 }
 
 /// What the monitor keeps for a runtime process it reports on.
@@ -327,7 +332,12 @@ impl Monitor<'_> {
         let counters: Vec<RuntimeCounters<'_>> = self
             .processes
             .iter()
-            .map(|p| RuntimeCounters { pid: p.pid, since: &p.state.since, now: p.state.newest() })
+            .map(|p| RuntimeCounters {
+                pid: p.pid,
+                since: &p.state.since,
+                now: p.state.newest(),
+                models: p.state.newest_models(),
+            })
             .collect();
         prometheus::exposition(report, &counters, &self.ecc_total)
     }

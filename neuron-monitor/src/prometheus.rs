@@ -41,6 +41,8 @@ pub struct RuntimeCounters<'a> {
     pub pid: u32,
     pub since: &'a Snapshot,
     pub now: &'a Snapshot,
+    /// The loaded models now: their counters run from their load.
+    pub models: &'a [neuron_datastore::ModelInfo],
 }
 
 /// The exposition of one report. `ecc_total` is each device's ECC events since the
@@ -222,6 +224,24 @@ fn runtime_counters(out: &mut Families, groups: &Value, labels: &Labels, counter
                 latency_histogram(&core.total_latency, before),
             );
         }
+        // Per model, from its load: a model loaded again starts from zero, as counters
+        // of a restarted process do.
+        for model in counters.models {
+            let labels = labels.clone().with("model", model.name.clone()).with("neuroncore", model.core.to_string());
+            out.add(
+                "neuron_model_executions_total",
+                "Executions of a loaded model since its load",
+                Kind::Counter,
+                labels.clone(),
+                model.executions as f64,
+            );
+            out.add_histogram(
+                "neuron_model_execution_latency_seconds",
+                "Execution latency of a loaded model (host call to return) since its load (bucket edges within 6%)",
+                labels,
+                histogram_of(&model.latency, None, neuron_datastore::histogram::model_bucket_bounds),
+            );
+        }
     }
     for device in [false, true] {
         let rings = |s: &Snapshot, f: fn(&neuron_datastore::RingStats) -> u64| -> u64 {
@@ -284,6 +304,11 @@ fn system_levels(out: &mut Families, system: &Value, labels: &Labels) {
 /// buckets gained since `before`: each fine bucket (at most 3% wide) counts in the
 /// first bound at or above its midpoint, and adds its midpoint to the sum.
 pub fn latency_histogram(now: &[u64], before: Option<&[u64]>) -> Histogram {
+    histogram_of(now, before, bucket_bounds)
+}
+
+/// [`latency_histogram`] of fine buckets whose bounds `bounds` gives.
+fn histogram_of(now: &[u64], before: Option<&[u64]>, bounds: fn(usize) -> (u64, u64)) -> Histogram {
     let mut counts = [0u64; LATENCY_BUCKETS.len()];
     let (mut count, mut sum) = (0u64, 0.0f64);
     for (bucket, &n) in now.iter().enumerate() {
@@ -291,7 +316,7 @@ pub fn latency_histogram(now: &[u64], before: Option<&[u64]>) -> Histogram {
         if gained == 0 {
             continue;
         }
-        let (low, high) = bucket_bounds(bucket);
+        let (low, high) = bounds(bucket);
         let seconds = (low as f64 + (high - low) as f64 / 2.0) / 1e9;
         count += gained;
         sum += seconds * gained as f64;

@@ -119,6 +119,23 @@ pub fn runtime_group(
                     "device_latency": percentiles(latency_of_all_cores(a, b, true)),
                 }),
             );
+            // Our extension: each loaded model's executions and latency in the period
+            // (the core's figures mix the models that share it).
+            let models: Vec<Value> = later
+                .models
+                .iter()
+                .map(|m| {
+                    let before = earlier.models.iter().find(|e| e.model_id == m.model_id);
+                    json!({
+                        "name": m.name,
+                        "model_id": m.model_id,
+                        "neuroncore": m.core,
+                        "executions": m.executions.saturating_sub(before.map_or(0, |b| b.executions)),
+                        "total_latency": percentiles(m.latency_since(before)),
+                    })
+                })
+                .collect();
+            out.insert("model_stats".into(), Value::Array(models));
         }
         RuntimeGroup::MemoryUsed => {
             out.insert("neuron_runtime_used_bytes".into(), used_bytes(b));

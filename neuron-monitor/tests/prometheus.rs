@@ -254,6 +254,24 @@ fn prometheus_scrapes_the_exporter_while_a_workload_runs() {
     let histogram =
         counts(&format!("max_over_time(neuron_execution_latency_seconds_count{{runtime_tag=\"{TAG}\"}}[5m])"));
     assert_eq!(histogram, [("0".to_string(), 60.0), ("1".to_string(), 60.0)], "every execution has a latency");
+    // Per model, labelled by its name: the MLP loaded on each core.
+    let per_model = query(
+        prometheus_addr,
+        &format!("max_over_time(neuron_model_execution_latency_seconds_count{{runtime_tag=\"{TAG}\"}}[5m])"),
+    );
+    let mut models: Vec<(String, String, f64)> = per_model
+        .iter()
+        .map(|(labels, v)| {
+            let label = |k: &str| labels[k].as_str().unwrap_or("").to_string();
+            (label("model"), label("neuroncore"), *v)
+        })
+        .collect();
+    models.sort_by(|a, b| a.1.cmp(&b.1));
+    assert_eq!(
+        models,
+        [("mlp".to_string(), "0".to_string(), 60.0), ("mlp".to_string(), "1".to_string(), 60.0)],
+        "each model's executions, under its name"
+    );
     // Now: no live series of the exited runtime.
     let started = Instant::now();
     while !query(prometheus_addr, &format!("execution_status_total{{runtime_tag=\"{TAG}\"}}")).is_empty() {

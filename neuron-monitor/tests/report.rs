@@ -74,10 +74,21 @@ fn every_group_reports_what_ran_between_two_samples() {
     let (p0, p100) = (total["p0"].as_f64().expect("p0"), total["p100"].as_f64().expect("p100"));
     assert!(p0 > 1e-6 && p0 <= p100 && p100 < began.elapsed().as_secs_f64(), "{stats}");
     assert!(stats["latency_stats"]["device_latency"]["p50"].as_f64() > Some(0.0));
+    let mlp = &stats["model_stats"][0];
+    assert_eq!(
+        (mlp["name"].as_str(), mlp["executions"].as_u64(), mlp["neuroncore"].as_u64()),
+        (Some("mlp"), Some(7), Some(0))
+    );
+    let model_p50 = mlp["total_latency"]["p50"].as_f64().expect("the model's p50");
+    assert!(model_p50 >= p0 * 0.9 && model_p50 <= p100 * 1.1, "{stats}");
     // A period without executions has no percentiles.
     let idle = runtime_group(RuntimeGroup::ExecutionStats, &after, &after, 2, clock);
     assert_eq!(idle["latency_stats"]["total_latency"], Value::Null);
     assert_eq!(idle["execution_summary"]["completed"], 0);
+    assert_eq!(
+        (idle["model_stats"][0]["executions"].as_u64(), &idle["model_stats"][0]["total_latency"]),
+        (Some(0), &Value::Null)
+    );
 
     let memory = group(RuntimeGroup::MemoryUsed);
     let used = &memory["neuron_runtime_used_bytes"];

@@ -50,6 +50,10 @@ fn model(core: u32, id: u32, name: &str) -> Model {
             model_shared_scratchpad: MIB,
         },
         host_memory: 749,
+        executions: 1000 + u64::from(id),
+        executions_per_second: Some(12.5 * f64::from(id)),
+        latency_p50: Some(0.0271),
+        latency_p99: Some(0.0529),
     }
 }
 
@@ -143,6 +147,11 @@ fn a_tall_terminal_shows_history_graphs_and_a_sortable_process_table() {
     assert_eq!(rows.len(), 2, "{tall}");
     assert!(rows[0].contains("1234") && rows[0].contains("python3 train.py --steps 1000"), "busiest first: {rows:?}");
     assert!(rows[1].contains("serve.py") && rows[1].contains("N/A"), "{rows:?}");
+    let model_row = tall.lines().find(|l| l.contains("└ mlp")).expect("a row per model");
+    assert!(
+        model_row.contains("nc0") && model_row.contains("12.5") && model_row.contains("p50 27.1 ms  p99 52.9 ms"),
+        "{model_row}"
+    );
     // `s` moves the sort to the next column; at pid, 1234 comes before 4242.
     for _ in 0..4 {
         state.apply(Action::NextSort);

@@ -348,3 +348,37 @@ fn a_fused_group_shows_every_instruction_with_its_share_of_the_time() {
         assert_eq!(pair[0].3, pair[1].2, "{fused:?}");
     }
 }
+
+/// Each loaded model has its own latency histogram: two models on one core keep their
+/// latencies apart, as the core's histogram cannot.
+#[test]
+fn each_model_counts_its_own_executions_and_latency() {
+    let f = started(|_| {});
+    let rt = &f.runtime;
+    let reader = DatastoreReader::open(&rt.datastore_path().expect("path")).expect("opens");
+    let tanh = |n: u64| {
+        let hlo =
+            format!("HloModule tanh{n}\nENTRY e {{\n  x = f32[{n}] parameter(0)\n  ROOT y = f32[{n}] tanh(x)\n}}\n");
+        Neff::new(&format!("tanh{n}"), compile_hlo(&hlo, Target::Trn1).expect("compiles")).encode()
+    };
+    let (small, small_in, small_out) = common::bind_f32(rt, &tanh(4), 4);
+    let (large, large_in, large_out) = common::bind_f32(rt, &tanh(1 << 20), 1 << 20);
+    let first = reader.models();
+    for _ in 0..20 {
+        rt.execute(&small, &small_in, &small_out).expect("runs");
+    }
+    for _ in 0..5 {
+        rt.execute(&large, &large_in, &large_out).expect("runs");
+    }
+    let models = reader.models();
+    let find = |list: &[neuron_datastore::ModelInfo], name: &str| {
+        list.iter().find(|m| m.name == name).cloned().expect("the model is listed")
+    };
+    let (small_now, large_now) = (find(&models, "tanh4"), find(&models, "tanh1048576"));
+    let small_latency = small_now.latency_since(Some(&find(&first, "tanh4"))).expect("small latencies");
+    let large_latency = large_now.latency_since(None).expect("large latencies");
+    assert_eq!((small_now.executions, small_latency.count), (20, 20));
+    assert_eq!((large_now.executions, large_latency.count), (5, 5));
+    assert!(large_latency.p50 > small_latency.p99, "{large_latency:?} against {small_latency:?}");
+    assert_eq!(small_now.latency_since(Some(&small_now)), None, "nothing new since itself");
+}

@@ -150,7 +150,9 @@ function updateCard(card, r, update, at, now) {
       el('td', {}, bytes(MEMORY.reduce((a, [k]) => a + c.device_memory[k], 0))),
     ))));
   card.models.replaceChildren(r.models.length === 0 ? el('div', { class: 'muted' }, 'none') : el('table', {},
-    el('tr', {}, ['model', 'id', 'core', 'device memory', 'host memory'].map((h) => el('th', {}, h))),
-    r.models.map((m) => el('tr', {}, el('td', {}, m.name), el('td', {}, m.model_id), el('td', {}, `nc${m.core}`),
+    el('tr', {}, ['model', 'id', 'core', 'executions', 'exec/s', 'p50', 'p99', 'device memory', 'host memory'].map((h) => el('th', {}, h))),
+    r.models.map((m) => el('tr', { class: 'model', dataset: { model: m.name } }, el('td', {}, m.name), el('td', {}, m.model_id), el('td', {}, `nc${m.core}`),
+      el('td', {}, thousands(m.executions)), el('td', { class: 'execs' }, m.executions_per_second == null ? NA : m.executions_per_second.toFixed(1)),
+      el('td', { class: 'p50' }, seconds(m.latency_p50)), el('td', { class: 'p99' }, seconds(m.latency_p99)),
       el('td', {}, bytes(MEMORY.reduce((a, [k]) => a + m.device_memory[k], 0))), el('td', {}, bytes(m.host_memory))))));
 }

@@ -57,6 +57,11 @@ try {
   const updates = await page.$eval('#live-updates', (e) => Number(e.dataset.count));
   check(updates >= 5, `updates arrive (${updates})`);
   measured.live = { cores: after.length, updates, before, after };
+  // Per-model figures: the demo runs two models on each core, each with its own latency.
+  await waitFor(page, () => [...document.querySelectorAll('.runtime tr.model td.p50')].filter((c) => c.textContent !== 'N/A').length >= 2, null, 'per-model latency');
+  const perModel = await page.$$eval('.runtime tr.model', (rows) => rows.map((r) => [r.dataset.model, r.querySelector('td.execs').textContent, r.querySelector('td.p50').textContent]));
+  check(new Set(perModel.filter((m) => m[2] !== 'N/A').map((m) => m[0])).size >= 2, `two models have their own latency: ${JSON.stringify(perModel)}`);
+  measured.live.models = perModel;
   // Charts: round ticks (1, 2 or 5 steps, powers of two for bytes, decades on a log
   // scale), and a tooltip with the time and every series' value.
   const charts = await page.$$eval('.chart canvas', (cs) => cs.map((c) => ({ ticks: JSON.parse(c.dataset.ticks || '[]'), scale: c.dataset.scale })));

@@ -314,13 +314,22 @@ const MAX_LATENCY_NS: u64 = 3_600_000_000_000;
 /// buckets: a percentile is the midpoint of the bucket holding its rank (buckets are at
 /// most about 3% wide). `None` when nothing was gained.
 fn percentiles(now: &[u64], before: Option<&[u64]>) -> Option<LatencyPercentiles> {
+    percentiles_with(now, before, histogram::bucket_bounds)
+}
+
+/// [`percentiles`] over buckets whose bounds `bounds` gives.
+fn percentiles_with(
+    now: &[u64],
+    before: Option<&[u64]>,
+    bounds: fn(usize) -> (u64, u64),
+) -> Option<LatencyPercentiles> {
     let gained = |bucket: usize| now[bucket].saturating_sub(before.and_then(|b| b.get(bucket).copied()).unwrap_or(0));
     let count: u64 = (0..now.len()).map(gained).sum();
     if count == 0 {
         return None;
     }
     let seconds = |bucket: usize| {
-        let (low, high) = histogram::bucket_bounds(bucket);
+        let (low, high) = bounds(bucket);
         (low + (high - low) / 2).min(MAX_LATENCY_NS) as f64 / 1e9
     };
     // The ranks wanted, in increasing order: the value at quantile q is the one with
@@ -358,6 +367,17 @@ pub struct ModelInfo {
     pub executions: u64,
     /// Executions in flight right now.
     pub running: u64,
+    /// Latency of its executions (the whole `execute` call), in the model histogram's
+    /// buckets (`histogram::MODEL_BUCKETS`).
+    pub latency: Vec<u64>,
+}
+
+impl ModelInfo {
+    /// Latency percentiles of the executions between `earlier` (the same model, read
+    /// before) and `self`; of every execution since the load when `earlier` is `None`.
+    pub fn latency_since(&self, earlier: Option<&ModelInfo>) -> Option<LatencyPercentiles> {
+        percentiles_with(&self.latency, earlier.map(|e| e.latency.as_slice()), histogram::model_bucket_bounds)
+    }
 }
 
 /// One event from a ring.
@@ -880,6 +900,9 @@ impl DatastoreReader {
                 host_memory: r.u64(base + model::HOST_MEMORY).load(Ordering::Relaxed),
                 executions: r.u64(base + model::EXECUTIONS).load(Ordering::Relaxed),
                 running: r.u64(base + model::RUNNING).load(Ordering::Relaxed),
+                latency: (0..histogram::MODEL_BUCKETS)
+                    .map(|b| r.u64(self.layout.model_histogram_bucket(slot, b)).load(Ordering::Relaxed))
+                    .collect(),
             };
             fence(Ordering::Acquire);
             if r.u64(base + model::SEQ).load(Ordering::Relaxed) == seq {

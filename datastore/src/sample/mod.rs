@@ -35,6 +35,8 @@ struct Seen {
     topology: Option<Topology>,
     /// Counters at the previous look.
     previous: Counters,
+    /// The models at the previous look, by id.
+    previous_models: BTreeMap<u32, crate::ModelInfo>,
     cpu: Option<ProcessCpu>,
     history: BTreeMap<u32, CoreHistory>,
     /// Not looked at yet since it was found: nothing to measure a rate over.
@@ -97,6 +99,7 @@ impl Collector {
                 command: info.command.shell_line(),
                 topology: info.instance_type.parse::<InstanceType>().ok().map(|t| t.topology()),
                 previous: reader.snapshot(),
+                previous_models: BTreeMap::new(),
                 cpu: ProcessCpu::read(info.pid).ok(),
                 history: BTreeMap::new(),
                 fresh: true,
@@ -224,21 +227,41 @@ fn runtime(
             dma_buffers: now.host_memory(HostCategory::DmaBuffers),
             tensors: now.host_memory(HostCategory::Tensors),
         },
-        models: reader
-            .models()
-            .into_iter()
-            .map(|m| Model {
-                model_id: m.model_id,
-                name: m.name,
-                core: m.core,
-                device_memory: device_memory(|k| m.device_memory[k as usize]),
-                host_memory: m.host_memory,
-            })
-            .collect(),
+        models: models(reader.models(), &mut f.previous_models, measured.then_some(delta.seconds)),
         errors,
         trace_events_per_second: rate(ring_sum(now, false).saturating_sub(ring_sum(&f.previous, false))),
         trace_events_dropped: ring_sum(now, true),
     }
+}
+
+/// The loaded models, with their rates and latency since the previous look (`seconds`
+/// ago; `None` for a first look), which `previous` is then replaced by.
+fn models(
+    now: Vec<crate::ModelInfo>,
+    previous: &mut BTreeMap<u32, crate::ModelInfo>,
+    seconds: Option<f64>,
+) -> Vec<Model> {
+    let models = now
+        .iter()
+        .map(|m| {
+            let before = previous.get(&m.model_id);
+            let measured = seconds.filter(|&s| s > 0.0).zip(before);
+            let latency = measured.and_then(|_| m.latency_since(before));
+            Model {
+                model_id: m.model_id,
+                name: m.name.clone(),
+                core: m.core,
+                device_memory: device_memory(|k| m.device_memory[k as usize]),
+                host_memory: m.host_memory,
+                executions: m.executions,
+                executions_per_second: measured.map(|(s, b)| m.executions.saturating_sub(b.executions) as f64 / s),
+                latency_p50: latency.map(|l| l.p50),
+                latency_p99: latency.map(|l| l.p99),
+            }
+        })
+        .collect();
+    *previous = now.into_iter().map(|m| (m.model_id, m)).collect();
+    models
 }
 
 fn device_memory(bytes: impl Fn(DeviceCategory) -> u64) -> DeviceMemory {

@@ -153,6 +153,14 @@ pub struct Model {
     pub core: u32,
     pub device_memory: DeviceMemory,
     pub host_memory: u64,
+    /// Executions since it was loaded.
+    pub executions: u64,
+    /// Over the last interval; `None` before two looks.
+    pub executions_per_second: Option<f64>,
+    /// Total latency of its executions over the last interval, seconds; `None` when
+    /// none completed.
+    pub latency_p50: Option<f64>,
+    pub latency_p99: Option<f64>,
 }
 
 /// Error class names, in `ErrorClass` order.

@@ -73,7 +73,8 @@ pub fn draw(frame: &mut Frame, state: &State, theme: Theme) {
     let core_rows = (cores as u16 + 1).min(area.height.saturating_sub(fixed + 4) / 2).max(2);
     // A tall terminal also gets history graphs and the process table, as long as the
     // memory tree keeps room for what it shows now.
-    let process_rows = (runtimes.len() as u16 + 3).min(10);
+    let models: usize = runtimes.iter().map(|r| r.models.len()).sum();
+    let process_rows = ((runtimes.len() + models) as u16 + 3).min(14);
     let tall = area.height >= fixed + core_rows + panels::GRAPH_ROWS + process_rows + TREE_ROWS_WHEN_TALL
         && area.width >= WIDE_MIN_WIDTH;
     // The graphs take the rows the tree does not use.

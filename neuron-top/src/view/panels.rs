@@ -105,7 +105,8 @@ fn draw_graph(frame: &mut Frame, area: Rect, graph: &Graph<'_>, theme: Theme) {
     frame.render_widget(chart, area);
 }
 
-/// The process table: one row per shown runtime, sorted by `state.sort`.
+/// The process table: one row per shown runtime, sorted by `state.sort`, each followed
+/// by a row per model it has loaded.
 pub(crate) fn draw_processes(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
     let runtimes = state.sort.order(state.runtimes());
     let sorted = state.sort;
@@ -125,7 +126,10 @@ pub(crate) fn draw_processes(frame: &mut Frame, area: Rect, state: &State, theme
         Cell::from(format!("{name}{mark}"))
     }))
     .style(theme.label());
-    let rows = runtimes.iter().map(|r| {
+    let widths: Vec<u16> = columns.iter().map(|(_, _, w)| if *w == 0 { command_width } else { *w }).collect();
+    let cells_row =
+        |cells: [String; 7]| Row::new(cells.into_iter().zip(&widths).map(|(text, w)| Cell::from(fit_tail(&text, *w))));
+    let rows = runtimes.iter().flat_map(|r| {
         let rates: Vec<f64> = r.cores.iter().filter_map(|c| c.executions_per_second).collect();
         let executions = if rates.is_empty() { "N/A".to_string() } else { format!("{:.1}", rates.iter().sum::<f64>()) };
         let memory = r.host_memory.total() + r.cores.iter().map(|c| c.device_memory.total()).sum::<u64>();
@@ -139,9 +143,25 @@ pub(crate) fn draw_processes(frame: &mut Frame, area: Rect, state: &State, theme
             bytes(memory),
             r.command.clone(),
         ];
-        let widths = columns.iter().map(|(_, _, w)| if *w == 0 { command_width } else { *w });
-        let row = Row::new(cells.into_iter().zip(widths).map(|(text, w)| Cell::from(fit_tail(&text, w))));
-        if r.exited { row.style(Style::default().add_modifier(ratatui::style::Modifier::DIM)) } else { row }
+        // Its models under it, each with its own rate and latency.
+        let models = r.models.iter().map(|m| {
+            let latency = match (m.latency_p50, m.latency_p99) {
+                (Some(p50), Some(p99)) => format!("p50 {}  p99 {}", seconds(p50), seconds(p99)),
+                _ => "no executions in the last interval".into(),
+            };
+            cells_row([
+                String::new(),
+                format!("└ {}", m.name),
+                format!("nc{}", m.core),
+                m.executions_per_second.map_or("N/A".into(), |e| format!("{e:.1}")),
+                String::new(),
+                String::new(),
+                latency,
+            ])
+        });
+        let dim = Style::default().add_modifier(ratatui::style::Modifier::DIM);
+        let row = cells_row(cells);
+        std::iter::once(if r.exited { row.style(dim) } else { row }).chain(models.collect::<Vec<_>>())
     });
     let widths = columns.iter().map(|(_, _, w)| Constraint::Length(if *w == 0 { command_width } else { *w }));
     let title = format!(" Processes (s: sort by the next column; now {}) ", sort_name(sorted));

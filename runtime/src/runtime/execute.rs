@@ -160,8 +160,10 @@ impl Runtime {
             tracer.add(slot, counter::FLOPS, flops);
             tracer.add(slot, counter::DMA_BYTES + DmaQueueType::Output as u64, m.output_bytes);
         }
-        tracer.store().record_latency(slot, true, tracer.ticks_to_ns(total_ticks));
+        let total_ns = tracer.ticks_to_ns(total_ticks);
+        tracer.store().record_latency(slot, true, total_ns);
         if let Some(table_slot) = m.table_slot {
+            tracer.store().record_model_latency(table_slot, total_ns);
             tracer.store().model_counter(table_slot, model_field::EXECUTIONS).fetch_add(1, Ordering::Relaxed);
             tracer.store().model_counter(table_slot, model_field::RUNNING).fetch_sub(1, Ordering::Relaxed);
         }
