@@ -1,7 +1,7 @@
 // The profile viewer: the list of profiles, one profile (timeline with server-side
 // level of detail, summary, tables) and the comparison of two.
 
-import { el, getJSON, fitCanvas, colorOf, ns, seconds, si, bytes, percent, thousands, sortableTable, figure, NA } from './common.js';
+import { el, getJSON, fitCanvas, colorOf, ns, seconds, si, bytes, percent, thousands, sortableTable, figure, niceStep, NA } from './common.js';
 
 const LABELS = 150;
 const ROW = 16;
@@ -51,10 +51,11 @@ export function profilePage(main, name) {
   const head = el('div', {}, el('h2', {}, name), el('div', { class: 'muted' }, 'Opening…'));
   const range = el('span', { class: 'muted', id: 'pf-range' });
   const canvas = el('canvas', { id: 'pf-canvas', tabindex: '0' });
-  const details = el('div', { class: 'details', id: 'pf-details' }, el('div', { class: 'muted' }, 'Click a span for its details. Wheel or W/S to zoom, drag or A/D to pan.'));
+  const details = el('div', { class: 'details', id: 'pf-details' }, el('div', { class: 'muted' }, 'Click a span for its details.'));
+  const search = el('input', { id: 'pf-search', type: 'search', placeholder: 'search: opcode, event, DMA queue', oninput: () => { state.query = search.value.trim().toLowerCase(); draw(); } });
   const summary = el('div', { id: 'pf-summary' }, el('div', { class: 'muted' }, 'The summary follows the timeline…'));
   const tables = el('div', { id: 'pf-tables' });
-  const state = { meta: null, t0: 0, t1: 1, data: null, views: 0, controller: null, timer: 0, selected: null, rows: [], asked: null, stopped: false };
+  const state = { meta: null, t0: 0, t1: 1, data: null, views: 0, controller: null, timer: 0, selected: null, rows: [], asked: null, stopped: false, query: '' };
   const zoom = (factor, at = 0.5) => {
     if (!state.meta) return;
     const span = state.t1 - state.t0, full = state.meta.duration_ns || 1;
@@ -73,9 +74,10 @@ export function profilePage(main, name) {
     el('button', { onclick: () => zoom(0.5), id: 'pf-zoom-in' }, 'Zoom in'),
     el('button', { onclick: () => zoom(2) }, 'Zoom out'),
     el('button', { onclick: () => state.meta && setRange(0, state.meta.duration_ns) }, 'Whole profile'),
-    range, el('span', { class: 'grow' }),
+    search, range, el('span', { class: 'grow' }),
     el('a', { href: `${api(name)}/perfetto`, download: '', id: 'pf-perfetto' }, 'Download Perfetto trace'));
-  main.append(head, toolbar, el('div', { class: 'split' }, el('div', { class: 'timeline' }, canvas), el('div', { class: 'card' }, el('h3', {}, 'Span'), details)),
+  const keys = el('div', { class: 'muted keys' }, 'Keys (click the timeline first): W / S zoom in and out · A / D pan · wheel zooms at the pointer, drag pans · / search. Spans that do not match the search are dimmed.');
+  main.append(head, toolbar, keys, el('div', { class: 'split' }, el('div', { class: 'timeline' }, canvas), el('div', { class: 'card' }, el('h3', {}, 'Span'), details)),
     el('div', { class: 'card' }, el('h2', {}, 'Summary'), summary), tables);
 
   function setRange(t0, t1) {
@@ -139,6 +141,7 @@ export function profilePage(main, name) {
       ctx.fillText(r.track.name, 6, r.y + 12, LABELS - 10);
     }
     const view = state.data;
+    let matches = 0;
     if (view) {
       for (const tv of view.tracks) {
         const r = state.rows[tv.track];
@@ -151,9 +154,13 @@ export function profilePage(main, name) {
             const y = r.y + 1 + depth * ROW;
             const name = view.labels[label] ?? '';
             const selected = state.selected && state.selected.track === tv.track && state.selected.index === k;
+            const hit = !state.query || name.toLowerCase().includes(state.query);
+            if (state.query && hit) matches++;
+            ctx.globalAlpha = hit ? 1 : 0.15;
             ctx.fillStyle = selected ? '#ffffff' : colorOf(name);
             ctx.fillRect(x0, y, Math.max(1, x1 - x0), ROW - 2);
             if (x1 - x0 > 36) { ctx.fillStyle = '#0d1117'; ctx.fillText(name, x0 + 3, y + 11, x1 - x0 - 6); }
+            ctx.globalAlpha = 1;
           }
         } else {
           // One bin per pixel column of the view it was made for, mapped to this view.
@@ -163,17 +170,27 @@ export function profilePage(main, name) {
             const x0 = Math.max(LABELS, x(a)), x1 = Math.min(width, x(a + cw));
             if (x1 < LABELS || x0 > width) continue;
             const full = r.height - 2, h = Math.max(2, (full * permille) / 1000);
-            ctx.fillStyle = colorOf(view.labels[label] ?? '');
+            const name = view.labels[label] ?? '';
+            ctx.globalAlpha = !state.query || name.toLowerCase().includes(state.query) ? 1 : 0.15;
+            ctx.fillStyle = colorOf(name);
             ctx.fillRect(x0, r.y + 1 + full - h, Math.max(1, x1 - x0), h);
+            ctx.globalAlpha = 1;
           }
         }
       }
     }
+    // Round ticks: multiples of a 1, 2 or 5 step from the profile's start.
     ctx.fillStyle = '#8b949e'; ctx.textAlign = 'center';
-    for (let k = 0; k <= 6; k++) {
-      const t = state.t0 + (span * k) / 6;
-      ctx.fillText(ns(t), Math.min(width - 30, Math.max(LABELS + 30, x(t))), 14);
+    const step = niceStep(span, 6);
+    const ticks = [];
+    for (let t = Math.ceil(state.t0 / step) * step; t <= state.t1; t += step) ticks.push(t);
+    for (const t of ticks) {
+      if (x(t) < LABELS + 24 || x(t) > width - 24) continue;
+      ctx.fillText(ns(t).replace(/\.0+ /, ' ').replace(/(\.\d*?)0+ /, '$1 '), x(t), 14);
+      ctx.fillRect(x(t), 17, 1, 4);
     }
+    canvas.dataset.ticks = JSON.stringify(ticks);
+    canvas.dataset.matches = matches;
     range.textContent = `${ns(state.t0)} – ${ns(state.t1)} (${ns(span)} shown of ${ns(state.meta.duration_ns)})`;
   }
 
@@ -197,7 +214,7 @@ export function profilePage(main, name) {
     setRange(t0, t0 + span);
   });
   canvas.addEventListener('keydown', (e) => {
-    const keys = { w: () => zoom(0.7), s: () => zoom(1 / 0.7), a: () => pan(-0.2), d: () => pan(0.2) };
+    const keys = { w: () => zoom(0.7), s: () => zoom(1 / 0.7), a: () => pan(-0.2), d: () => pan(0.2), '/': () => search.focus() };
     if (keys[e.key] && state.meta) { keys[e.key](); e.preventDefault(); }
   });
   canvas.addEventListener('click', async (e) => {
@@ -215,14 +232,37 @@ export function profilePage(main, name) {
     const hit = tv.spans.filter(([s, d, , dp]) => dp === depth && s - slack <= t && s + d + slack >= t)
       .sort((p, q) => p[1] - q[1])[0];
     if (!hit) return;
-    state.selected = { track: row.i, index: hit[4] };
+    showSpan(row.i, hit[4]);
+  });
+
+  // The details pane: the span's fields as a table, times for people, the model by
+  // name, its place in its execution, and a link to that execution.
+  async function showSpan(track, index) {
+    state.selected = { track, index };
     draw();
     try {
-      const d = await getJSON(`${api(name)}/span?track=${row.i}&index=${hit[4]}`);
-      details.replaceChildren(el('div', {}, el('b', {}, d.name ?? ''), ` on ${d.track}`),
-        el('div', { class: 'muted' }, `at ${ns(d.start_ns)} for ${ns(d.duration_ns)}`), el('pre', {}, JSON.stringify(d, null, 2)));
+      const d = await getJSON(`${api(name)}/span?track=${track}&index=${index}`);
+      const rows = [['name', d.name ?? ''], ['track', d.track], ['start', `${ns(d.start_ns)} into the profile`], ['duration', ns(d.duration_ns)]];
+      if (d.execution) rows.push(['in execution', `${d.execution.exec_id}, ${ns(d.execution.offset_ns)} after it started`]);
+      if (d.model) rows.push(['model', d.model]);
+      const shown = new Set(['name', 'track', 'start_ns', 'duration_ns', 'execution', 'model', 'model_id', 'args']);
+      for (const [k, v] of Object.entries(d)) {
+        if (shown.has(k) || v === null || v === undefined) continue;
+        const text = k === 'flops' ? si(v) : k.startsWith('bytes') ? bytes(v) : String(v);
+        rows.push([k.replaceAll('_', ' '), text]);
+      }
+      if (d.model_id !== undefined && d.model_id !== null && !d.model) rows.push(['model id', String(d.model_id)]);
+      for (const [k, v] of Object.entries(d.args || {})) rows.push([k.replaceAll('_', ' '), String(v)]);
+      if (d.flops && d.duration_ns) rows.push(['FLOP/s', si(d.flops / (d.duration_ns / 1e9), 'FLOP/s')]);
+      const links = [];
+      if (d.execution) links.push(el('a', { href: '#', onclick: (e) => { e.preventDefault(); showSpan(d.execution.track, d.execution.index); } }, `its execution (${d.execution.exec_id})`));
+      if (d.hlo) links.push(el('a', { href: '#', onclick: (e) => { e.preventDefault(); search.value = d.name; state.query = d.name.toLowerCase(); draw(); } }, `every ${d.name} span`));
+      details.replaceChildren(
+        el('table', { class: 'fields' }, el('tbody', {}, ...rows.map(([k, v]) => el('tr', {}, el('th', {}, k), el('td', {}, v))))),
+        ...(links.length ? [el('div', { class: 'links' }, 'Show: ', ...links.flatMap((a, i) => (i ? [' · ', a] : [a])))] : []),
+      );
     } catch (err) { details.replaceChildren(el('div', { class: 'error' }, err.message)); }
-  });
+  }
   const onResize = () => { draw(); clearTimeout(state.timer); state.timer = setTimeout(fetchView, 50); };
   window.addEventListener('resize', onResize);
 

@@ -141,6 +141,30 @@ try {
   await page.click('#pf-zoom-in');
   await waitFor(page, (v) => Number(document.querySelector('#pf-canvas').dataset.views) > v, views1, 'a view after the zoom button');
   measured.profile.view_ms = await page.$eval('#pf-canvas', (e) => Number(e.dataset.lastViewMs));
+  const pfTicks = JSON.parse(await page.$eval('#pf-canvas', (c) => c.dataset.ticks));
+  const pfStep = pfTicks[1] - pfTicks[0];
+  check(pfTicks.length >= 2 && [1, 2, 5].some((m) => Math.abs(Math.log10(pfStep / m) - Math.round(Math.log10(pfStep / m))) < 1e-6), `round ticks on the profile: ${pfTicks}`);
+  // Zoomed in, a click on a span shows its fields as a table, with its execution.
+  await page.click('#pf-zoom-in');
+  await page.click('#pf-zoom-in');
+  await page.waitForTimeout(500);
+  let spanFields = null;
+  const pfBox = await (await page.$('#pf-canvas')).boundingBox();
+  for (let y = 26; y < Math.min(pfBox.height, 400) && !spanFields; y += 8) {
+    for (let x = 160; x < pfBox.width - 4 && !spanFields; x += 6) {
+      await page.mouse.click(pfBox.x + x, pfBox.y + y);
+      spanFields = await page.$eval('#pf-details', (d) => (d.querySelector('table.fields') ? [...d.querySelectorAll('th')].map((t) => t.textContent) : null));
+    }
+  }
+  check(spanFields && ['name', 'track', 'start', 'duration'].every((f) => spanFields.includes(f)), `a span's details are a table: ${spanFields}`);
+  measured.profile.span_fields = spanFields;
+  // Searching for the clicked span's name finds it (and its like) in the view.
+  const clicked = await page.$eval('#pf-details table.fields td', (td) => td.textContent);
+  await page.fill('#pf-search', clicked);
+  await waitFor(page, () => Number(document.querySelector('#pf-canvas').dataset.matches) > 0, null, `search matches for ${clicked}`);
+  await page.fill('#pf-search', 'no span has this name');
+  await waitFor(page, () => Number(document.querySelector('#pf-canvas').dataset.matches) === 0, null, 'no match for a made-up name');
+  await page.fill('#pf-search', '');
   measured.profile.ranges = [range0, range1, await page.$eval('#pf-range', (e) => e.textContent)];
   const opcodeRows = await page.$$eval('#pf-opcodes tbody tr', (rows) => rows.length);
   const hloRows = await page.$$eval('#pf-hlo tbody tr', (rows) => rows.length);

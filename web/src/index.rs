@@ -570,7 +570,39 @@ impl ProfileIndex {
                 }
             },
         }
+        // For people: the model's name, and where the span sits in its execution.
+        if let Some(id) = out["model_id"].as_u64() {
+            let model = self.file.models().iter().find(|m| u64::from(m.model_id) == id && Some(m.core) == t.core);
+            if let Some(m) = model {
+                out["model"] = m.name.clone().into();
+            }
+        }
+        if let Some((track, index, start, exec_id)) = t.core.and_then(|core| self.execution_at(core, s.start))
+            && !(track == self.tracks.iter().position(|x| std::ptr::eq(x, t)).unwrap_or(usize::MAX) && index == k)
+        {
+            out["execution"] = serde_json::json!({
+                "exec_id": exec_id,
+                "offset_ns": s.start.saturating_sub(start),
+                "track": track,
+                "index": index,
+            });
+        }
         Some(out)
+    }
+
+    /// The `nc_exec_running` span of `core` that contains host time `t`: its track,
+    /// index, start and execution id.
+    fn execution_at(&self, core: u32, t: u64) -> Option<(usize, usize, u64, u64)> {
+        let running = self.file.find_string("nc_exec_running")?;
+        let track = self.tracks.iter().position(|x| x.core == Some(core) && x.kind == TrackKind::System)?;
+        let spans = &self.tracks[track].spans;
+        let after = spans.partition_point(|s| s.start <= t);
+        // Executions do not overlap on a core; the API calls around them are few.
+        (after.saturating_sub(64)..after).rev().find_map(|k| {
+            let s = &spans[k];
+            let d = self.details.get(s.detail as usize)?;
+            (d.name == running && s.end >= t).then(|| (track, k, s.start, d.exec_id.unwrap_or(0)))
+        })
     }
 }
 
@@ -761,6 +793,13 @@ mod tests {
         assert_eq!(running["name"], "nc_exec_running");
         assert_eq!(running["args"]["status"], 0);
         assert_eq!(running["exec_id"], 1);
+        assert!(running.get("execution").is_none(), "an execution is not inside itself");
+        assert_eq!(
+            (pe["execution"]["exec_id"].as_u64(), pe["execution"]["offset_ns"].as_u64()),
+            (Some(3), Some(2000)),
+            "{pe}"
+        );
+        assert_eq!(pe["execution"]["track"], 0, "{pe}");
         assert!(index.details(9, 0).is_none() && index.details(0, 99).is_none());
     }
 }
