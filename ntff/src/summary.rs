@@ -368,7 +368,9 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
     }
     for t in &traced {
         match t.of_p50 {
-            Some(r) if t.ordinal == 1 && meta.warmup_executions == 0 && r > 1.2 => caveats.push(format!(
+            // Only a capture starts the model with the recording: elsewhere the first
+            // recorded execution may follow many unrecorded ones.
+            Some(r) if t.ordinal == 1 && meta.capture_kind == "capture" && meta.warmup_executions == 0 && r > 1.2 => caveats.push(format!(
                 "the traced execution on nc{} is the first, run cold without a warm-up: it took {r:.2}× the p50 on device",
                 t.core
             )),

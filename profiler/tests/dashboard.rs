@@ -64,6 +64,24 @@ fn view_without_an_output_format_serves_the_dashboard_on_the_file() {
     // Bound to loopback only.
     assert!(base.ip().is_loopback(), "{base}");
 
+    // Without --port, a taken 3001 (a dashboard already running there) is no error.
+    let _taken = std::net::TcpListener::bind("127.0.0.1:3001");
+    let mut fallback = Running(
+        sandbox
+            .env(&mut Command::new(PROFILE))
+            .args(["view", "-s"])
+            .arg(&file)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("view runs"),
+    );
+    let mut lines = BufReader::new(fallback.0.stderr.take().expect("stderr")).lines();
+    let first = lines.next().and_then(Result::ok).unwrap_or_default();
+    assert!(first.contains("port 3001 is taken, using "), "{first}");
+    let (base, _) = address(&mut lines);
+    assert_ne!(base.port(), 3001);
+    assert_eq!(http_get(base, "/api/profiles/mlp%20run.ntff").0, 200);
+
     let other = sandbox.path().join("trace.bin");
     std::fs::copy(&file, &other).expect("copy");
     let out = sandbox.env(&mut Command::new(PROFILE)).args(["view", "-s"]).arg(&other).output().expect("view runs");

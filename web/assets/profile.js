@@ -301,7 +301,7 @@ export function profilePage(main, name) {
           figure('events lost', thousands(s.events.lost_in_rings + s.events.lost_in_file), s.events.lost_in_rings + s.events.lost_in_file ? 'warn' : ''),
         ),
         ...(x.traced.length ? [el('div', { class: 'muted', id: 'pf-traced' },
-          `${x.warmup ? `after ${x.warmup} warm-up execution${x.warmup === 1 ? '' : 's'} · ` : 'no warm-up · '}traced: `,
+          `${x.warmup ? `after ${x.warmup} warm-up execution${x.warmup === 1 ? '' : 's'} · ` : s.process.capture_kind === 'capture' ? 'no warm-up · ' : ''}traced: `,
           x.traced.map((t) => `execution ${thousands(t.ordinal)} on nc${t.core}, ${seconds(t.device_s)} on device${t.of_p50 == null ? '' : ` (${t.of_p50.toFixed(2)}× p50)`}`).join('; '))] : []),
         ...(f.peak_basis ? [el('div', { class: 'muted' }, `Defined peak: ${f.peak_basis}. The backend's measured rate is context, not the basis of MFU.`)] : []),
         ...(s.caveats.length ? [el('ul', { class: 'caveats', id: 'pf-caveats' }, ...s.caveats.map((c) => el('li', { class: 'warn' }, c)))] : []),

@@ -27,9 +27,10 @@ pub(crate) struct ViewArgs {
     /// directory's list of profiles) at http://127.0.0.1:PORT/.
     #[arg(long, value_enum)]
     output_format: Option<OutputFormat>,
-    /// The dashboard's port on 127.0.0.1, when no --output-format is given.
-    #[arg(long, default_value_t = 3001)]
-    port: u16,
+    /// The dashboard's port on 127.0.0.1, when no --output-format is given. Without it,
+    /// 3001, or a free port when 3001 is taken (a dashboard already running there).
+    #[arg(long)]
+    port: Option<u16>,
     /// Write there instead of stdout.
     #[arg(long, value_name = "FILE")]
     output_file: Option<PathBuf>,
@@ -142,7 +143,8 @@ fn serve(args: &ViewArgs) -> Result<()> {
         (None, Some(dir)) => (dir.clone(), None),
         (None, None) => bail!("give a file with -s FILE.ntff or a directory with -d DIR"),
     };
-    let mut options = neuron_dashboard::Options::new(std::net::SocketAddr::from(([127, 0, 0, 1], args.port)))?;
+    let port = args.port.unwrap_or(DEFAULT_PORT);
+    let mut options = neuron_dashboard::Options::new(std::net::SocketAddr::from(([127, 0, 0, 1], port)))?;
     options.profiles = Some(dir);
     // The file is indexed while the browser opens.
     options.preload = name.clone();
@@ -150,12 +152,27 @@ fn serve(args: &ViewArgs) -> Result<()> {
         || "/profiles".to_string(),
         |n| format!("/profile/{}", percent_encoding::utf8_percent_encode(&n, FRAGMENT)),
     );
-    let dashboard = neuron_dashboard::Dashboard::start(options)
-        .context("cannot serve the dashboard (another port: --port N; a summary: --output-format summary-text)")?;
+    let in_use = |e: &anyhow::Error| {
+        e.chain()
+            .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse))
+    };
+    let dashboard = match neuron_dashboard::Dashboard::start(options.clone()) {
+        Err(e) if args.port.is_none() && in_use(&e) => {
+            options.listen.set_port(0);
+            let dashboard = neuron_dashboard::Dashboard::start(options)?;
+            eprintln!("neuron-profile: port {port} is taken, using {} instead", dashboard.addr().port());
+            Ok(dashboard)
+        }
+        other => other,
+    }
+    .context("cannot serve the dashboard (another port: --port N; a summary: --output-format summary-text)")?;
     eprintln!("neuron-profile: the dashboard is at {} (Ctrl-C to stop)", dashboard.url(Some(&page)));
     dashboard.wait();
     Ok(())
 }
+
+/// The dashboard's port unless `--port` says otherwise.
+const DEFAULT_PORT: u16 = 3001;
 
 /// What a file name keeps as it is in the page's address: letters, digits, `-._~`.
 const FRAGMENT: &percent_encoding::AsciiSet =
