@@ -40,6 +40,15 @@ fn library_dir() -> PathBuf {
     dir
 }
 
+/// A C program of the tests, loading the `libnrt.so` it was linked with: cargo puts
+/// `target/<profile>` on `LD_LIBRARY_PATH` for tests, which would win over the rpath, and
+/// a `libnrt.so` left there by an older build would be loaded instead.
+fn c_program(binary: &Path) -> Command {
+    let mut command = Command::new(binary);
+    command.env("LD_LIBRARY_PATH", library_dir());
+    command
+}
+
 fn run(command: &mut Command) -> Output {
     let output = command.output().unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
     assert!(
@@ -245,7 +254,7 @@ fn structs_have_the_layout_the_library_writes() {
     std::fs::write(&source, program).expect("write");
     let binary = dir.path().join("layout");
     run(Command::new("cc").arg("-I").arg(crate_dir().join("include")).arg(&source).arg("-o").arg(&binary));
-    let printed = run(&mut Command::new(&binary));
+    let printed = run(&mut c_program(&binary));
     assert_eq!(String::from_utf8_lossy(&printed.stdout), expected);
 }
 
@@ -259,7 +268,7 @@ fn the_api_checks_program_passes() {
     let binary = compile_c(&crate_dir().join("tests/c/api_checks.c"), dir);
     let profile = dir.join("add.ntff");
     let output = run(sandbox
-        .env(&mut Command::new(&binary))
+        .env(&mut c_program(&binary))
         .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.2xlarge")
         .env_remove("NEURON_RT_FAULT_INJECT")
         .arg(dir.join("add.neff"))
@@ -381,7 +390,7 @@ fn the_async_example_matches_the_rust_api_and_shows_in_the_datastore() {
     let binary = compile_c(&crate_dir().join("../examples/c/async_mlp.c"), dir);
     let outputs = dir.join("outputs.bin");
     let mut child = sandbox
-        .env(&mut Command::new(&binary))
+        .env(&mut c_program(&binary))
         .env("NEURON_PROCESS_TAG", "c-example")
         .arg(dir.join("mlp.neff"))
         .arg("40")
@@ -434,7 +443,7 @@ fn the_sync_example_fetches_each_event_once_with_visible_core_numbers() {
     let binary = compile_c(&crate_dir().join("../examples/c/sync_trace.c"), dir);
     let events_file = dir.join("events.json");
     let output = run(sandbox
-        .env(&mut Command::new(&binary))
+        .env(&mut c_program(&binary))
         .env("NEURON_RT_VISIBLE_CORES", "1")
         .arg(dir.join("mlp.neff"))
         .arg("2")
