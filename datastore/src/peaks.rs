@@ -5,7 +5,10 @@
 //! those threads' vector units can do: every thread issuing two vector operations per
 //! cycle (two FMA pipes) at the widest width the CPU supports, at the clock the
 //! kernel reports. A matrix product (PE) counts two FLOPs per lane per operation (a
-//! fused multiply-add); the other engines (ACT, DVE, POOL) one. The definition depends
+//! fused multiply-add), twice that again where the CPU multiplies bf16 pairs into f32
+//! in one instruction (AVX512-BF16, which `neuron-cc`'s default auto-cast uses): the
+//! peak is that of the fastest products the backend can run, as an accelerator's MFU
+//! is against its bf16 peak. The other engines (ACT, DVE, POOL) count one FLOP per lane. The definition depends
 //! only on the CPU and the number of threads, so it is the same in every run on a
 //! host, and no measured rate can exceed it unless the CPU runs above the reported
 //! clock (turbo), which a figure above 100% then says. The backend's measured matrix
@@ -23,6 +26,8 @@ pub struct HostVector {
     pub isa: &'static str,
     /// `f32` lanes of one vector operation.
     pub f32_lanes: u32,
+    /// Products of bf16 pairs accumulate into f32 at twice the f32 rate (`avx512_bf16`).
+    pub bf16_products: bool,
     /// The clock the kernel reports, in Hz (the highest over the CPUs).
     pub clock_hz: f64,
 }
@@ -74,22 +79,25 @@ impl HostVector {
         let reported_mhz =
             cpuinfo.lines().filter_map(|l| field(l, "cpu MHz")?.parse::<f64>().ok()).fold(0.0f64, f64::max);
         let clock_hz = (reported_mhz * 1e6).max(cpufreq_max_khz.unwrap_or(0.0) * 1e3);
-        (clock_hz > 0.0).then_some(HostVector { isa, f32_lanes, clock_hz })
+        let bf16_products = has("avx512_bf16");
+        (clock_hz > 0.0).then_some(HostVector { isa, f32_lanes, bf16_products, clock_hz })
     }
 
     /// The peaks of a virtual core that computes on `threads` host threads.
     pub fn peaks(&self, threads: u32) -> EnginePeaks {
         let threads = threads.max(1);
         let vector_flops = f64::from(threads) * f64::from(self.f32_lanes) * f64::from(FMA_PIPES) * self.clock_hz;
+        let bf16 = if self.bf16_products { 2.0 } else { 1.0 };
         EnginePeaks {
-            pe_flops: 2.0 * vector_flops,
+            pe_flops: 2.0 * bf16 * vector_flops,
             vector_flops,
             basis: format!(
-                "{threads} host thread{} × {} f32 lanes ({}) × {FMA_PIPES} FMA pipes × {:.2} GHz, ×2 for PE's multiply-add",
+                "{threads} host thread{} × {} f32 lanes ({}) × {FMA_PIPES} FMA pipes × {:.2} GHz, ×2 for PE's multiply-add{}",
                 if threads == 1 { "" } else { "s" },
                 self.f32_lanes,
                 self.isa,
-                self.clock_hz / 1e9
+                self.clock_hz / 1e9,
+                if self.bf16_products { ", ×2 for bf16 products (AVX512-BF16)" } else { "" }
             ),
         }
     }
@@ -109,6 +117,10 @@ mod tests {
     fn the_widest_vector_and_the_highest_clock_define_the_peak() {
         let cpuinfo = "processor\t: 0\ncpu MHz\t\t: 2596.132\nflags\t\t: fpu sse2 avx2 fma avx512f\n\n\
                        processor\t: 1\ncpu MHz\t\t: 2400.000\nflags\t\t: fpu sse2 avx2 fma avx512f\n";
+        let bf16 = HostVector::parse(&cpuinfo.replace("avx512f", "avx512f avx512_bf16"), None).expect("parsed");
+        assert!(bf16.bf16_products);
+        assert!((bf16.peaks(2).pe_flops / 1e9 - 664.61).abs() < 0.01, "bf16 products double PE's peak");
+        assert!(bf16.peaks(2).basis.ends_with("×2 for bf16 products (AVX512-BF16)"));
         let host = HostVector::parse(cpuinfo, None).expect("parsed");
         assert_eq!((host.isa, host.f32_lanes), ("avx512", 16));
         assert!((host.clock_hz - 2.596132e9).abs() < 1.0);
