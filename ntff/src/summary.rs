@@ -14,7 +14,9 @@ use serde::Serialize;
 /// HLO instructions listed in the summary.
 pub const TOP_HLO: usize = 10;
 
+pub mod bounds;
 mod text;
+pub use bounds::{Bounds, Finding, Gap};
 pub(crate) use text::duration;
 pub use text::to_text;
 
@@ -42,6 +44,11 @@ pub struct Summary {
     /// Figures to read with care, and why, one sentence each: a ratio above 100%, a
     /// figure that rests on one execution or a few microseconds.
     pub caveats: Vec<String>,
+    /// How fast the traced executions could have been, and where the time went
+    /// (`None` without a device trace).
+    pub bounds: Option<Bounds>,
+    /// What is worth fixing, by the time it could save, largest first.
+    pub findings: Vec<Finding>,
 }
 
 #[derive(Debug, Serialize)]
@@ -178,7 +185,12 @@ struct Totals {
     count: u64,
     ns: u64,
     flops: u64,
+    /// The shortest occurrence (DMA transfers: the fastest one).
+    min_ns: Option<u64>,
 }
+
+/// An open span of `summarise`: its core, tracking id, and whether it is `nrt_execute`.
+type OpenKey = (Option<u32>, u64, bool);
 
 /// Summarises the events of `cores` (`None`: all) in `file`.
 pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
@@ -190,7 +202,12 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
     let mut dma: HashMap<String, (Totals, u64)> = HashMap::new();
     // Device-time window of each (core, execution).
     let mut windows: HashMap<(u32, Option<u64>), (u64, u64)> = HashMap::new();
-    let mut starts: HashMap<(Option<u32>, u64, bool), u64> = HashMap::new();
+    // Start time and execution of each open `nrt_execute` or `nc_exec_running`, by core,
+    // tracking id and which of the two.
+    let mut starts: HashMap<OpenKey, (u64, Option<u64>)> = HashMap::new();
+    // `nrt_execute` time (host call to return) of each execution, by core and execution.
+    let mut host_runs: HashMap<(u32, u64), u64> = HashMap::new();
+    let mut scheduled = 0u64;
     let mut latency = LatencyHistogram::default();
     let mut device_latency = LatencyHistogram::default();
     let mut executions = 0u64;
@@ -200,6 +217,7 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
     let execute = file.find_string("nrt_execute");
     let running = file.find_string("nc_exec_running");
     let status = file.find_string("status");
+    let schedule = file.find_string("nrta_execute_schedule");
     // Per-descriptor totals first; names are resolved once per descriptor at the end.
     let mut by_descriptor: HashMap<u32, Totals> = HashMap::new();
     for info in file.select(cores, None) {
@@ -213,22 +231,28 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
         events.lost_in_rings += chunk.losses.iter().map(|l| l.events).sum::<u64>();
         for e in &chunk.system {
             let is_execute = Some(e.name) == execute;
+            if schedule.is_some() && Some(e.name) == schedule && e.phase != Phase::Stop {
+                scheduled += 1;
+            }
             if !is_execute && Some(e.name) != running {
                 continue;
             }
             let key = (e.core, e.tracking_id, is_execute);
             match e.phase {
                 Phase::Start => {
-                    starts.insert(key, e.timestamp_ns);
+                    starts.insert(key, (e.timestamp_ns, e.exec_id));
                 }
                 Phase::Stop => {
-                    if let Some(start) = starts.remove(&key) {
+                    if let Some((start, start_exec)) = starts.remove(&key) {
                         let ns = e.timestamp_ns.saturating_sub(start);
                         let status_ok = !e.args.iter().any(|a| Some(a.key) == status);
                         if is_execute {
                             executions += 1;
                             if status_ok {
                                 latency.record(std::time::Duration::from_nanos(ns));
+                            }
+                            if let (Some(core), Some(exec)) = (e.core, e.exec_id.or(start_exec)) {
+                                host_runs.insert((core, exec), ns);
                             }
                         } else if e.clock == Clock::Device && status_ok {
                             device_latency.record(std::time::Duration::from_nanos(ns));
@@ -246,30 +270,47 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
             let t = by_descriptor.entry(e.descriptor.0).or_default();
             t.count += 1;
             t.ns += ns;
+            t.min_ns = Some(t.min_ns.map_or(ns, |m| m.min(ns)));
             let window = windows.entry((e.core, e.exec_id)).or_insert((e.start_ns, e.end_ns));
             window.0 = window.0.min(e.start_ns);
             window.1 = window.1.max(e.end_ns);
         }
     }
+    // The engine each HLO instruction ran on most, and the fastest DMA transfer of at
+    // least `bounds::DMA_PEAK_MIN_BYTES` (the memory bound's bandwidth).
+    let mut hlo_engine: HashMap<String, (String, u64)> = HashMap::new();
+    let mut dma_peak: Option<f64> = None;
     for (&id, t) in &by_descriptor {
         let Some(descriptor) = file.descriptor(DescriptorId(id)) else { continue };
         match *descriptor {
             Descriptor::Instruction { engine, opcode, hlo, flops, .. } => {
                 let engine = file.string_or_placeholder(engine).into_owned();
                 let opcode = file.string_or_placeholder(opcode).into_owned();
+                let hlo = file.string_or_placeholder(hlo).into_owned();
                 let flops = flops * t.count;
                 // A loop or conditional span encloses the instructions it ran: its time
                 // is the HLO instruction's (inclusive), not work of its engine.
                 if !ENCLOSING_OPCODES.contains(&opcode.as_str()) {
+                    let on = hlo_engine.entry(hlo.clone()).or_insert_with(|| (engine.clone(), 0));
+                    if t.ns > on.1 {
+                        *on = (engine.clone(), t.ns);
+                    }
                     let e = engines.entry(engine.clone()).or_default();
                     (e.count, e.ns, e.flops) = (e.count + t.count, e.ns + t.ns, e.flops + flops);
                     let o = opcodes.entry((engine, opcode)).or_default();
                     (o.count, o.ns) = (o.count + t.count, o.ns + t.ns);
                 }
-                let h = hlos.entry(file.string_or_placeholder(hlo).into_owned()).or_default();
+                let h = hlos.entry(hlo).or_default();
                 (h.count, h.ns, h.flops) = (h.count + t.count, h.ns + t.ns, h.flops + flops);
             }
             Descriptor::Dma { queue, bytes, .. } => {
+                // A transfer shorter than the bandwidth basis measures nothing (a
+                // device-resident input is bound in place, not copied).
+                if bytes >= bounds::DMA_PEAK_MIN_BYTES
+                    && let Some(fastest) = t.min_ns.filter(|&ns| ns as f64 >= MIN_BANDWIDTH_BASIS_S * 1e9)
+                {
+                    dma_peak = Some(dma_peak.unwrap_or(0.0).max(bytes as f64 / (fastest as f64 / 1e9)));
+                }
                 let q = dma.entry(file.string_or_placeholder(queue).into_owned()).or_default();
                 (q.0.count, q.0.ns, q.1) = (q.0.count + t.count, q.0.ns + t.ns, q.1 + bytes * t.count);
             }
@@ -358,6 +399,19 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
         caveats.push(format!("MFU is {:.0}%, above the defined peak: {ABOVE_PEAK}", 100.0 * m));
     }
     let measured = (meta.peak_flops_per_core > 0.0).then_some(meta.peak_flops_per_core);
+    let (bounds, findings) = bounds::analyse(&bounds::Inputs {
+        engines: &engine_rows,
+        dma: &dma_rows,
+        hlos: &hlo_rows,
+        hlo_engine: &hlo_engine,
+        windows: &windows,
+        runs: &runs,
+        host_runs: &host_runs,
+        pe_peak,
+        vector_peak,
+        dma_peak,
+        asynchronous: scheduled > 0,
+    });
     let device_p50 = device_latency.summary().map(|l| l.p50);
     let traced = traced_executions(&windows, &runs, device_p50);
     if device_executions == 1 {
@@ -437,6 +491,8 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
         dma: dma_rows,
         file_problems: file.recovery().describe(),
         caveats,
+        bounds,
+        findings,
     }
 }
 

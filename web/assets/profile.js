@@ -305,6 +305,7 @@ export function profilePage(main, name) {
           x.traced.map((t) => `execution ${thousands(t.ordinal)} on nc${t.core}, ${seconds(t.device_s)} on device${t.of_p50 == null ? '' : ` (${t.of_p50.toFixed(2)}× p50)`}`).join('; '))] : []),
         ...(f.peak_basis ? [el('div', { class: 'muted' }, `Defined peak: ${f.peak_basis}. The backend's measured rate is context, not the basis of MFU.`)] : []),
         ...(s.caveats.length ? [el('ul', { class: 'caveats', id: 'pf-caveats' }, ...s.caveats.map((c) => el('li', { class: 'warn' }, c)))] : []),
+        ...(s.bounds ? [boundsCard(s.bounds, s.findings)] : []),
         el('details', {}, el('summary', {}, 'As neuron-profile view --output-format summary-text prints it'), el('pre', { class: 'summary', id: 'pf-summary-text' }, body.text)),
       );
       tables.replaceChildren(
@@ -343,6 +344,28 @@ export function profilePage(main, name) {
       if (state.controller) state.controller.abort();
     },
   };
+}
+
+// How fast the traced executions could have been, where the time went, and what to fix.
+function boundsCard(b, findings) {
+  const per = (v) => (v == null ? NA : seconds(v / Math.max(1, b.executions)));
+  const rows = [
+    ['host (nrt_execute)', per(b.host_s), 'call to return, measured'],
+    ['device (nc_exec_running)', per(b.device_s), 'measured'],
+    ['pipeline', per(b.pipeline_s), `the busiest resource: ${b.pipeline_resource}`],
+    ['compute', per(b.compute_s), b.compute_engine ? `${b.compute_engine}'s FLOPs at its defined peak` : 'no defined peak in the file'],
+    ['memory', per(b.memory_s), b.dma_peak_bytes_per_s ? `the DMA bytes at ${si(b.dma_peak_bytes_per_s, 'B/s')}, the fastest long transfer` : 'no transfer long enough to measure a bandwidth'],
+  ];
+  return el('div', { class: 'bounds', id: 'pf-bounds' },
+    el('h3', {}, `Bounds, per traced execution (${thousands(b.executions)} traced)`),
+    el('table', { class: 'fields' }, el('tbody', {}, ...rows.map(([k, v, how]) => el('tr', {}, el('th', {}, k), el('td', {}, v), el('td', { class: 'muted' }, how))))),
+    el('div', { class: 'muted' }, `Device idle ${seconds(b.idle_s)} of ${seconds(b.recorded_s)} between the ${thousands(b.recorded_executions)} recorded executions. Where the time goes: ${b.gaps.map((g) => `${g.name} ${seconds(g.seconds)}`).join(' · ')}.`),
+    el('h3', {}, 'Findings, by the time they could save'),
+    findings.length === 0 ? el('div', { class: 'muted' }, 'Nothing worth fixing: no finding could save 5% of the recorded time.')
+      : el('ol', { id: 'pf-findings' }, ...findings.map((f) => el('li', {},
+        el('b', {}, `[${f.about}] `), `${f.text}; up to ${seconds(f.saves_s)} (${f.saves_percent.toFixed(0)}% of the recorded time)`,
+        el('div', { class: 'muted' }, `evidence: ${f.evidence}`),
+        ...(f.suggestion ? [el('div', {}, `try: ${f.suggestion}`)] : [])))));
 }
 
 function compareWith(name) {

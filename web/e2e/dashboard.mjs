@@ -129,6 +129,11 @@ try {
   check(/per core, defined: /.test(summaryText), 'the summary states the defined peak');
   const engineRows = await page.$$eval('#pf-engines tbody tr', (rows) => rows.length);
   check(engineRows > 0, 'the engines table has rows');
+  const bounds = await page.$$eval('#pf-bounds table.fields th', (ths) => ths.map((t) => t.textContent));
+  check(['pipeline', 'compute', 'memory'].every((b) => bounds.includes(b)), `the bounds are shown: ${bounds}`);
+  const findings = await page.$$eval('#pf-findings li', (lis) => lis.map((l) => l.textContent));
+  check(findings.length >= 1 && findings.every((f) => f.includes('evidence:')), `findings with their evidence: ${JSON.stringify(findings)}`);
+  measured.profile.findings = findings.map((f) => f.slice(0, 100));
   const range0 = await page.$eval('#pf-range', (e) => e.textContent);
   const views0 = await page.$eval('#pf-canvas', (e) => Number(e.dataset.views));
   const pf = await (await page.$('#pf-canvas')).boundingBox();

@@ -186,6 +186,70 @@ pub fn to_text(s: &Summary, file_name: &str) -> String {
             bandwidth
         );
     }
+    if let Some(b) = &s.bounds {
+        let n = b.executions.max(1) as f64;
+        let per = |v: f64| duration(v / n);
+        let _ = writeln!(out, "\nbounds (per traced execution, {} of them)", thousands(b.executions));
+        if let Some(h) = b.host_s {
+            let _ = writeln!(out, "  host           {}  nrt_execute, call to return", per(h));
+        }
+        let _ = writeln!(out, "  device         {}  nc_exec_running, measured", per(b.device_s));
+        let _ = writeln!(out, "  pipeline       {}  the busiest resource: {}", per(b.pipeline_s), b.pipeline_resource);
+        match (b.compute_s, &b.compute_engine) {
+            (Some(c), Some(engine)) => {
+                let _ = writeln!(out, "  compute        {}  {engine}'s FLOPs at its defined peak", per(c));
+            }
+            _ => {
+                let _ = writeln!(out, "  compute        N/A (no defined peak in the file)");
+            }
+        }
+        match (b.memory_s, b.dma_peak_bytes_per_s) {
+            (Some(m), Some(bw)) => {
+                let _ = writeln!(
+                    out,
+                    "  memory         {}  the DMA bytes at {}B/s, the fastest transfer of 64 KiB or more (and 10 µs) in this profile",
+                    per(m),
+                    si(bw)
+                );
+            }
+            _ => {
+                let _ = writeln!(
+                    out,
+                    "  memory         N/A (no transfer of 64 KiB or more lasted 10 µs: nothing to measure the bandwidth by)"
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "  idle           {} of {} between the {} recorded executions",
+            duration(b.idle_s),
+            duration(b.recorded_s),
+            thousands(b.recorded_executions)
+        );
+        let _ =
+            writeln!(out, "  where the time goes, in total over the traced executions (idle: over all recorded ones):");
+        for g in &b.gaps {
+            let _ = writeln!(out, "    {:>12}  {}", duration(g.seconds), g.name);
+        }
+    }
+    if !s.findings.is_empty() {
+        let _ = writeln!(out, "\nfindings, by the time they could save");
+        for (k, f) in s.findings.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "  {}. [{}] {}; up to {} ({:.0}% of the recorded time)",
+                k + 1,
+                f.about,
+                f.text,
+                duration(f.saves_s),
+                f.saves_percent
+            );
+            let _ = writeln!(out, "     evidence: {}", f.evidence);
+            if let Some(s) = &f.suggestion {
+                let _ = writeln!(out, "     try: {s}");
+            }
+        }
+    }
     if !s.caveats.is_empty() {
         let _ = writeln!(out, "\nread with care");
         for caveat in &s.caveats {

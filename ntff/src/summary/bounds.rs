@@ -1,0 +1,313 @@
+//! Performance bounds and findings: how fast the traced executions could have been if
+//! each resource ran at its peak, where the gap to the measured time goes, and what
+//! is worth fixing, ranked by the time it could save.
+//!
+//! Over the executions with a device trace:
+//! - the **compute bound**: each engine's FLOPs at its defined peak, the largest;
+//! - the **memory bound**: the DMA bytes at the fastest rate a transfer of at least
+//!   [`DMA_PEAK_MIN_BYTES`] lasting at least `MIN_BANDWIDTH_BASIS_S` reached in the
+//!   same profile (there is no defined DMA peak; without such a transfer, none);
+//! - the **pipeline bound**: the busiest engine's or DMA queue's active time;
+//! - the measured **device time** (`nc_exec_running`) and **host time** (`nrt_execute`).
+//!
+//! Each bound is at most the device time: an engine cannot be busier than the device,
+//! nor faster than its peak. Over every recorded execution, the device's **idle time**
+//! between executions is the rest of each core's time from the first execution's start
+//! to the last one's end. A finding is only made from these figures, and only when it
+//! could save at least [`MIN_FINDING_PERCENT`] of the recorded time.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::{DmaSummary, EngineSummary, HloSummary};
+
+/// Transfers this large or larger set the memory bound's bandwidth: smaller ones
+/// measure the per-transfer cost more than the bandwidth.
+pub const DMA_PEAK_MIN_BYTES: u64 = 64 * 1024;
+/// Findings that could save less than this share of the recorded time are left out.
+pub const MIN_FINDING_PERCENT: f64 = 5.0;
+
+/// The bounds of the traced executions, and the idle time of all recorded ones.
+#[derive(Debug, Clone, Serialize)]
+pub struct Bounds {
+    /// Executions with a device trace, which the device bounds are over.
+    pub executions: u64,
+    /// Their `nc_exec_running` time.
+    pub device_s: f64,
+    /// Their `nrt_execute` time, when the file has it.
+    pub host_s: Option<f64>,
+    /// The busiest engine or DMA queue, and its active time.
+    pub pipeline_s: f64,
+    pub pipeline_resource: String,
+    /// The engine whose FLOPs take longest at its defined peak, and that time.
+    pub compute_s: Option<f64>,
+    pub compute_engine: Option<String>,
+    /// The DMA bytes at `dma_peak_bytes_per_s`.
+    pub memory_s: Option<f64>,
+    pub dma_peak_bytes_per_s: Option<f64>,
+    /// What separates the bounds from each other and from the measured times.
+    pub gaps: Vec<Gap>,
+    /// Over every recorded execution: each core's time from its first execution's
+    /// start to its last one's end, summed, and the part of it no execution ran.
+    pub recorded_s: f64,
+    pub idle_s: f64,
+    /// Executions recorded on the cores with a trace.
+    pub recorded_executions: u64,
+}
+
+/// A named part of the time between two bounds or measured times.
+#[derive(Debug, Clone, Serialize)]
+pub struct Gap {
+    pub name: String,
+    pub seconds: f64,
+}
+
+/// Something worth fixing, with the figures behind it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    /// The resource or instruction it is about: `host`, an engine, `DMA <queue>`,
+    /// `engine overlap`.
+    pub about: String,
+    pub text: String,
+    pub evidence: String,
+    /// The most it could save, over the recorded executions, and that share of the
+    /// recorded time.
+    pub saves_s: f64,
+    pub saves_percent: f64,
+    pub suggestion: Option<String>,
+}
+
+/// What `summarise` measured, for the bounds.
+pub(super) struct Inputs<'a> {
+    pub engines: &'a [EngineSummary],
+    pub dma: &'a [DmaSummary],
+    /// By device time, largest first.
+    pub hlos: &'a [HloSummary],
+    /// The engine each HLO instruction spent most time on.
+    pub hlo_engine: &'a HashMap<String, (String, u64)>,
+    /// Device windows of the traced executions, by (core, execution).
+    pub windows: &'a HashMap<(u32, Option<u64>), (u64, u64)>,
+    /// Start and `nc_exec_running` length of every recorded execution.
+    pub runs: &'a HashMap<(u32, u64), (u64, u64)>,
+    /// `nrt_execute` length of every recorded execution.
+    pub host_runs: &'a HashMap<(u32, u64), u64>,
+    pub pe_peak: Option<f64>,
+    pub vector_peak: Option<f64>,
+    pub dma_peak: Option<f64>,
+    /// The executions were scheduled (`nrta_execute_schedule`), not called.
+    pub asynchronous: bool,
+}
+
+/// The bounds, and the findings ranked by the time they could save (none when nothing
+/// is worth saying, or nothing was traced).
+pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
+    let traced: Vec<(u32, u64)> = i.windows.keys().filter_map(|&(core, exec)| Some((core, exec?))).collect();
+    let device_ns: u64 = traced.iter().filter_map(|k| i.runs.get(k)).map(|&(_, ns)| ns).sum();
+    if traced.is_empty() || device_ns == 0 {
+        return (None, Vec::new());
+    }
+    let device_s = device_ns as f64 / 1e9;
+    let host: Vec<u64> = traced.iter().filter_map(|k| i.host_runs.get(k).copied()).collect();
+    let host_s = (host.len() == traced.len()).then(|| host.iter().sum::<u64>() as f64 / 1e9);
+    let peak_of = |engine: &str| match engine {
+        "PE" => i.pe_peak,
+        "ACT" | "DVE" | "POOL" => i.vector_peak,
+        _ => None,
+    };
+    // Busiest resource: an engine, or a DMA queue.
+    let mut resources: Vec<(String, f64)> = i.engines.iter().map(|e| (e.engine.clone(), e.active_s)).collect();
+    resources.extend(i.dma.iter().map(|q| (format!("DMA {}", q.queue), q.time_s)));
+    resources.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let (pipeline_resource, pipeline_s) = resources.first().cloned().unwrap_or_default();
+    let pipeline_s = pipeline_s.min(device_s);
+    let compute = i
+        .engines
+        .iter()
+        .filter_map(|e| Some((e.engine.clone(), e.flops as f64 / peak_of(&e.engine)?)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    let dma_bytes: u64 = i.dma.iter().map(|q| q.bytes).sum();
+    let memory_s = i.dma_peak.map(|bw| dma_bytes as f64 / bw);
+    let floor = compute.as_ref().map(|c| c.1).into_iter().chain(memory_s).fold(0.0, f64::max);
+
+    // Idle between executions, core by core, over every recorded execution.
+    let cores: Vec<u32> = {
+        let mut c: Vec<u32> = traced.iter().map(|&(core, _)| core).collect();
+        c.sort_unstable();
+        c.dedup();
+        c
+    };
+    let (mut recorded_ns, mut idle_ns, mut recorded_executions) = (0u64, 0u64, 0u64);
+    for core in &cores {
+        let mut spans: Vec<(u64, u64)> =
+            i.runs.iter().filter(|((c, _), _)| c == core).map(|(_, &(start, ns))| (start, start + ns)).collect();
+        spans.sort_unstable();
+        let (Some(first), Some(last)) = (spans.first(), spans.iter().map(|s| s.1).max()) else { continue };
+        let wall = last - first.0;
+        let busy: u64 = spans.iter().map(|(a, b)| b - a).sum();
+        recorded_ns += wall;
+        idle_ns += wall.saturating_sub(busy);
+        recorded_executions += spans.len() as u64;
+    }
+    let recorded_s = (recorded_ns as f64 / 1e9).max(device_s);
+    let idle_s = idle_ns as f64 / 1e9;
+
+    let mut gaps = Vec::new();
+    if let Some(host_s) = host_s {
+        gaps.push(Gap { name: "host time around the device run".into(), seconds: (host_s - device_s).max(0.0) });
+    }
+    gaps.push(Gap {
+        name: "engines waiting on each other and on DMA (no resource busy)".into(),
+        seconds: device_s - pipeline_s,
+    });
+    if floor > 0.0 {
+        gaps.push(Gap {
+            name: format!("{pipeline_resource} below the peak it could run at"),
+            seconds: (pipeline_s - floor).max(0.0),
+        });
+    }
+    gaps.push(Gap { name: "device idle between executions".into(), seconds: idle_s });
+    gaps.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+
+    // Per traced execution to every recorded one.
+    let scale = recorded_executions.max(traced.len() as u64) as f64 / traced.len() as f64;
+    let share = |s: f64| 100.0 * s / recorded_s;
+    let n = traced.len();
+    let mut findings = Vec::new();
+    if idle_s > 0.0 {
+        let suggestion = if i.asynchronous {
+            "the requests were scheduled about one at a time: keep 2 or more in flight (nrta_execute_schedule several before waiting; --exec-mode async)"
+        } else {
+            "the host submits one execution at a time (nrt_execute) and the core waits for each call: schedule them with nrta_execute_schedule and keep 2 or more in flight (neuron-profile capture --exec-mode async)"
+        };
+        findings.push(Finding {
+            about: "host".into(),
+            text: format!("the device is idle {:.0}% of the time between executions, waiting for the host", share(idle_s)),
+            evidence: format!(
+                "{} idle of {} from the first execution's start to the last one's end, over {recorded_executions} executions",
+                duration(idle_s),
+                duration(recorded_s)
+            ),
+            saves_s: idle_s,
+            saves_percent: share(idle_s),
+            suggestion: Some(suggestion.into()),
+        });
+    }
+    if let Some(host_s) = host_s.filter(|&h| h > device_s) {
+        let saves = (host_s - device_s) * scale;
+        findings.push(Finding {
+            about: "host".into(),
+            text: format!(
+                "{:.0}% of each nrt_execute call is spent outside the device run (checks, copies, waiting for the core)",
+                100.0 * (host_s - device_s) / host_s
+            ),
+            evidence: format!("{} per call against {} on the device, over {n} traced executions", duration(host_s / n as f64), duration(device_s / n as f64)),
+            saves_s: saves,
+            saves_percent: share(saves),
+            suggestion: Some("put more work in each execution (a larger batch), so that the fixed cost of a call is paid less often".into()),
+        });
+    }
+    if pipeline_s > 0.0 {
+        let at_peak = if pipeline_resource.starts_with("DMA ") {
+            i.dma
+                .iter()
+                .find(|q| format!("DMA {}", q.queue) == pipeline_resource)
+                .zip(i.dma_peak)
+                .map(|(q, bw)| q.bytes as f64 / bw)
+        } else {
+            i.engines
+                .iter()
+                .find(|e| e.engine == pipeline_resource)
+                .and_then(|e| Some(e.flops as f64 / peak_of(&e.engine)?))
+        };
+        let saves = (pipeline_s - at_peak.unwrap_or(0.0)).max(0.0) * scale;
+        let top = i.hlos.iter().find(|h| i.hlo_engine.get(&h.hlo).is_some_and(|(e, _)| *e == pipeline_resource));
+        let of_peak = i.engines.iter().find(|e| e.engine == pipeline_resource).and_then(|e| e.percent_of_peak);
+        let mut evidence = format!(
+            "{} active of {} on the device over {n} traced executions",
+            duration(pipeline_s),
+            duration(device_s)
+        );
+        if let Some(p) = of_peak {
+            evidence.push_str(&format!(", at {p:.1}% of its defined peak"));
+        }
+        if let Some(top) = top {
+            evidence.push_str(&format!("; `{}` takes {}", top.hlo, duration(top.time_s)));
+        }
+        findings.push(Finding {
+            about: pipeline_resource.clone(),
+            text: format!(
+                "the executions are {pipeline_resource}-bound: it is busy {:.0}% of the device time",
+                100.0 * pipeline_s / device_s
+            ),
+            evidence,
+            saves_s: saves,
+            saves_percent: share(saves),
+            suggestion: suggestion_for(&pipeline_resource, top.map(|t| t.hlo.as_str())),
+        });
+    }
+    if device_s - pipeline_s > 0.0 {
+        let saves = (device_s - pipeline_s) * scale;
+        findings.push(Finding {
+            about: "engine overlap".into(),
+            text: format!(
+                "no engine or DMA queue is busy {:.0}% of the device time: the engines wait on each other and on DMA",
+                100.0 * (device_s - pipeline_s) / device_s
+            ),
+            evidence: format!(
+                "{} of {} on the device with the busiest resource ({pipeline_resource}) idle",
+                duration(device_s - pipeline_s),
+                duration(device_s)
+            ),
+            saves_s: saves,
+            saves_percent: share(saves),
+            suggestion: None,
+        });
+    }
+    findings.retain(|f| f.saves_percent >= MIN_FINDING_PERCENT);
+    findings.sort_by(|a, b| b.saves_s.total_cmp(&a.saves_s));
+    let bounds = Bounds {
+        executions: n as u64,
+        device_s,
+        host_s,
+        pipeline_s,
+        pipeline_resource,
+        compute_s: compute.as_ref().map(|c| c.1),
+        compute_engine: compute.map(|c| c.0),
+        memory_s,
+        dma_peak_bytes_per_s: i.dma_peak,
+        gaps,
+        recorded_s,
+        idle_s,
+        recorded_executions,
+    };
+    (Some(bounds), findings)
+}
+
+/// What to do about a busy resource, where something concrete is known.
+fn suggestion_for(resource: &str, top: Option<&str>) -> Option<String> {
+    let top = top.map_or(String::new(), |t| format!(" (`{t}` the most)"));
+    match resource {
+        "DMA input" => Some(format!(
+            "the inputs are copied to the device at every execution{top}: allocate the input tensors on the device once and write only what changes, or keep weights as constants of the model"
+        )),
+        "DMA output" => Some(
+            "the outputs are copied back at every execution: read only the outputs you need, or return smaller ones"
+                .into(),
+        ),
+        "ACT" => Some(format!(
+            "transcendental functions (exp, tanh, logistic, …) take the time{top}; ACT runs them element by element: compute them on fewer elements (before a broadcast) or use a cheaper form"
+        )),
+        "DVE" => Some(format!(
+            "element-wise arithmetic takes the time{top}: check that chains of f32 element-wise instructions run fused (NEURON_VIRT_FUSION is on by default) and avoid broadcasts materialised in between"
+        )),
+        "PE" => Some(format!(
+            "matrix products take the time{top}: they run fastest in bf16 (`neuron-cc --auto-cast matmult`, the default) and on shapes whose sides are multiples of 16"
+        )),
+        _ => None,
+    }
+}
+
+fn duration(s: f64) -> String {
+    super::duration(s)
+}
