@@ -142,6 +142,18 @@ pub struct HloSummary {
     pub time_s: f64,
     pub percent: f64,
     pub flops: u64,
+    /// Bytes its instructions read and wrote.
+    pub bytes: u64,
+    /// The engine it spent most time on.
+    pub engine: String,
+    /// FLOPs per byte.
+    pub intensity: Option<f64>,
+    pub achieved_flops_per_s: Option<f64>,
+    pub achieved_bytes_per_s: Option<f64>,
+    /// `compute` or `memory`: which ceiling of the roofline is lower at its intensity.
+    pub bound: Option<String>,
+    /// Its achieved rate over that ceiling, in percent.
+    pub roofline_percent: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -185,6 +197,7 @@ struct Totals {
     count: u64,
     ns: u64,
     flops: u64,
+    bytes: u64,
     /// The shortest occurrence (DMA transfers: the fastest one).
     min_ns: Option<u64>,
 }
@@ -283,7 +296,7 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
     for (&id, t) in &by_descriptor {
         let Some(descriptor) = file.descriptor(DescriptorId(id)) else { continue };
         match *descriptor {
-            Descriptor::Instruction { engine, opcode, hlo, flops, .. } => {
+            Descriptor::Instruction { engine, opcode, hlo, flops, bytes_read, bytes_written, .. } => {
                 let engine = file.string_or_placeholder(engine).into_owned();
                 let opcode = file.string_or_placeholder(opcode).into_owned();
                 let hlo = file.string_or_placeholder(hlo).into_owned();
@@ -302,6 +315,7 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
                 }
                 let h = hlos.entry(hlo).or_default();
                 (h.count, h.ns, h.flops) = (h.count + t.count, h.ns + t.ns, h.flops + flops);
+                h.bytes += (bytes_read + bytes_written) * t.count;
             }
             Descriptor::Dma { queue, bytes, .. } => {
                 // A transfer shorter than the bandwidth basis measures nothing (a
@@ -358,14 +372,31 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
         })
         .collect();
     opcode_rows.sort_by(|a, b| b.time_s.total_cmp(&a.time_s).then_with(|| a.opcode.cmp(&b.opcode)));
+    let memory_peak = (meta.peak_memory_bytes_per_s > 0.0).then_some(meta.peak_memory_bytes_per_s);
     let mut hlo_rows: Vec<HloSummary> = hlos
         .into_iter()
-        .map(|(hlo, t)| HloSummary {
-            hlo,
-            instructions: t.count,
-            time_s: seconds(t.ns),
-            percent: percent(t.ns),
-            flops: t.flops,
+        .map(|(hlo, t)| {
+            let engine = hlo_engine.get(&hlo).map_or_else(String::new, |(e, _)| e.clone());
+            let engine_peak = match engine.as_str() {
+                "PE" => pe_peak,
+                "ACT" | "DVE" | "POOL" => vector_peak,
+                _ => None,
+            };
+            let roofline = bounds::roofline(t.flops, t.bytes, seconds(t.ns), engine_peak, memory_peak);
+            HloSummary {
+                hlo,
+                instructions: t.count,
+                time_s: seconds(t.ns),
+                percent: percent(t.ns),
+                flops: t.flops,
+                bytes: t.bytes,
+                engine,
+                intensity: roofline.intensity,
+                achieved_flops_per_s: roofline.achieved_flops_per_s,
+                achieved_bytes_per_s: roofline.achieved_bytes_per_s,
+                bound: roofline.bound.map(str::to_owned),
+                roofline_percent: roofline.percent,
+            }
         })
         .collect();
     hlo_rows.sort_by(|a, b| b.time_s.total_cmp(&a.time_s).then_with(|| a.hlo.cmp(&b.hlo)));

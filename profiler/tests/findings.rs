@@ -83,6 +83,16 @@ fn a_large_matrix_product_is_pe_bound() {
     assert_eq!(first(&s)["about"], "PE", "{}", s["findings"]);
     assert_eq!(s["bounds"]["pipeline_resource"], "PE");
     assert!(first(&s)["evidence"].as_str().unwrap_or("").contains("`d`"), "names the instruction: {}", first(&s));
+    // The product on the roofline: dense, so compute-bound, below its ceiling.
+    let d = &s["top_hlo_instructions"][0];
+    assert_eq!(
+        (d["hlo"].as_str(), d["engine"].as_str(), d["bound"].as_str()),
+        (Some("d"), Some("PE"), Some("compute")),
+        "{d}"
+    );
+    assert!(d["intensity"].as_f64() > Some(10.0), "{d}");
+    let roofline = d["roofline_percent"].as_f64().expect("on the roofline");
+    assert!(roofline > 0.0 && roofline <= 100.0, "{d}");
 }
 
 #[test]

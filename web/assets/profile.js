@@ -323,7 +323,10 @@ export function profilePage(main, name) {
         el('div', { class: 'card' }, el('h2', {}, 'HLO instructions'), el('div', { class: 'scroll' }, sortableTable([
           { key: 'hlo', label: 'HLO instruction', text: true }, { key: 'instructions', label: 'instructions', format: thousands },
           { key: 'time_s', label: 'time', format: seconds }, { key: 'percent', label: '% of device time', format: (v) => percent(v) },
-          { key: 'flops', label: 'FLOPs', format: (v) => si(v) },
+          { key: 'flops', label: 'FLOPs', format: (v) => si(v) }, { key: 'bytes', label: 'bytes', format: bytes },
+          { key: 'intensity', label: 'FLOP/byte', format: (v) => (v == null ? '–' : v.toFixed(2)) },
+          { key: 'bound', label: 'bound', text: true, format: (v) => v ?? '–' },
+          { key: 'roofline_percent', label: '% of roofline', format: (v) => (v == null ? '–' : percent(v)) },
         ], body.hlo_instructions, { sortKey: 'time_s', id: 'pf-hlo' }))),
         el('div', { class: 'card' }, el('h2', {}, 'DMA queues'), sortableTable([
           { key: 'queue', label: 'queue', text: true }, { key: 'transfers', label: 'transfers', format: thousands },

@@ -27,6 +27,10 @@ use super::{DmaSummary, EngineSummary, HloSummary};
 pub const DMA_PEAK_MIN_BYTES: u64 = 64 * 1024;
 /// Findings that could save less than this share of the recorded time are left out.
 pub const MIN_FINDING_PERCENT: f64 = 5.0;
+/// An HLO instruction is worth a finding when it takes at least this share of the
+/// device time and runs below this share of its roofline.
+const HLO_FINDING_MIN_PERCENT: f64 = 10.0;
+const HLO_FINDING_BELOW_ROOFLINE: f64 = 30.0;
 
 /// The bounds of the traced executions, and the idle time of all recorded ones.
 #[derive(Debug, Clone, Serialize)]
@@ -246,6 +250,42 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
             suggestion: suggestion_for(&pipeline_resource, top.map(|t| t.hlo.as_str())),
         });
     }
+    // The instructions that take the time and are far below their roofline.
+    for h in i.hlos.iter().take(super::TOP_HLO) {
+        let (Some(r), Some(bound)) = (h.roofline_percent, h.bound.as_deref()) else { continue };
+        if h.percent < HLO_FINDING_MIN_PERCENT || r >= HLO_FINDING_BELOW_ROOFLINE {
+            continue;
+        }
+        let saves = h.time_s * (1.0 - (r / 100.0).min(1.0)) * scale;
+        let rates = match (h.achieved_flops_per_s, h.achieved_bytes_per_s) {
+            (Some(f), Some(b)) => format!("{}FLOP/s and {}B/s", crate::stats::si(f), crate::stats::si(b)),
+            (None, Some(b)) => format!("{}B/s", crate::stats::si(b)),
+            (Some(f), None) => format!("{}FLOP/s", crate::stats::si(f)),
+            (None, None) => String::new(),
+        };
+        let intensity = h.intensity.map_or(String::new(), |x| format!(", {x:.2} FLOP per byte"));
+        findings.push(Finding {
+            about: format!("`{}`", h.hlo),
+            text: format!(
+                "`{}` takes {:.0}% of the device time at {r:.0}% of its roofline: it is {bound}-bound on {}",
+                h.hlo, h.percent, h.engine
+            ),
+            evidence: format!(
+                "{}FLOP and {}B in {} over {} instructions{intensity}: {rates}",
+                crate::stats::si(h.flops as f64),
+                crate::stats::si(h.bytes as f64),
+                duration(h.time_s),
+                h.instructions
+            ),
+            saves_s: saves,
+            saves_percent: share(saves),
+            suggestion: if bound == "memory" {
+                Some("it moves more bytes than it computes on: fuse it with the instructions around it, or make its operands smaller (bf16)".into())
+            } else {
+                suggestion_for(&h.engine, Some(&h.hlo))
+            },
+        });
+    }
     if device_s - pipeline_s > 0.0 {
         let saves = (device_s - pipeline_s) * scale;
         findings.push(Finding {
@@ -284,6 +324,48 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
     (Some(bounds), findings)
 }
 
+/// Where one HLO instruction sits on the roofline.
+#[derive(Debug, Default)]
+pub(super) struct Roofline {
+    pub intensity: Option<f64>,
+    pub achieved_flops_per_s: Option<f64>,
+    pub achieved_bytes_per_s: Option<f64>,
+    pub bound: Option<&'static str>,
+    pub percent: Option<f64>,
+}
+
+/// The roofline of work of `flops` and `bytes` that took `seconds`, under an engine's
+/// compute ceiling and the memory ceiling: the lower ceiling at its intensity is what
+/// bounds it, and the achieved rate is compared with that ceiling (FLOP/s when it
+/// computes, bytes/s when it only moves data).
+pub(super) fn roofline(
+    flops: u64,
+    bytes: u64,
+    seconds: f64,
+    engine_peak: Option<f64>,
+    memory_peak: Option<f64>,
+) -> Roofline {
+    if seconds <= 0.0 {
+        return Roofline::default();
+    }
+    let intensity = (bytes > 0).then(|| flops as f64 / bytes as f64);
+    let achieved_flops = (flops > 0).then(|| flops as f64 / seconds);
+    let achieved_bytes = (bytes > 0).then(|| bytes as f64 / seconds);
+    let (bound, percent) = match (intensity, engine_peak, memory_peak) {
+        (Some(i), Some(compute), Some(memory)) if flops > 0 => {
+            let ceiling = compute.min(i * memory);
+            let bound = if compute <= i * memory { "compute" } else { "memory" };
+            (Some(bound), Some(100.0 * flops as f64 / seconds / ceiling))
+        }
+        (_, _, Some(memory)) if bytes > 0 && flops == 0 => {
+            (Some("memory"), Some(100.0 * bytes as f64 / seconds / memory))
+        }
+        (None, Some(compute), _) if flops > 0 => (Some("compute"), Some(100.0 * flops as f64 / seconds / compute)),
+        _ => (None, None),
+    };
+    Roofline { intensity, achieved_flops_per_s: achieved_flops, achieved_bytes_per_s: achieved_bytes, bound, percent }
+}
+
 /// What to do about a busy resource, where something concrete is known.
 fn suggestion_for(resource: &str, top: Option<&str>) -> Option<String> {
     let top = top.map_or(String::new(), |t| format!(" (`{t}` the most)"));
@@ -310,4 +392,27 @@ fn suggestion_for(resource: &str, top: Option<&str>) -> Option<String> {
 
 fn duration(s: f64) -> String {
     super::duration(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lower_ceiling_at_an_instructions_intensity_bounds_it() {
+        // 100 GFLOP/s of compute, 10 GB/s of memory: the ridge is at 10 FLOP per byte.
+        let (compute, memory) = (Some(100e9), Some(10e9));
+        let dense = roofline(1_000_000_000, 10_000_000, 0.02, compute, memory);
+        assert_eq!((dense.bound, dense.intensity), (Some("compute"), Some(100.0)));
+        assert!((dense.percent.expect("percent") - 50.0).abs() < 1e-9, "50 GFLOP/s of 100: {dense:?}");
+        let sparse = roofline(1_000_000, 4_000_000, 0.001, compute, memory);
+        assert_eq!(sparse.bound, Some("memory"));
+        // 1 GFLOP/s against a ceiling of 0.25 FLOP/B × 10 GB/s = 2.5 GFLOP/s.
+        assert!((sparse.percent.expect("percent") - 40.0).abs() < 1e-9, "{sparse:?}");
+        let copy = roofline(0, 8_000_000, 0.001, compute, memory);
+        assert_eq!((copy.bound, copy.percent.map(|p| p.round())), (Some("memory"), Some(80.0)));
+        let unknown = roofline(1_000, 8, 0.001, None, None);
+        assert_eq!((unknown.bound, unknown.percent), (None, None));
+        assert_eq!(unknown.achieved_flops_per_s, Some(1e6));
+    }
 }

@@ -122,17 +122,24 @@ pub fn to_text(s: &Summary, file_name: &str) -> String {
         );
     }
     let _ = writeln!(out, "\ntop HLO instructions by device time (a loop or conditional includes what it ran)");
-    let _ =
-        writeln!(out, "  {:<32} {:>12} {:>12} {:>7} {:>12}", "HLO instruction", "instructions", "time", "%", "FLOPs");
+    let _ = writeln!(
+        out,
+        "  {:<32} {:>12} {:>12} {:>7} {:>12} {:>12} {:>9} {:>8} {:>9}",
+        "HLO instruction", "instructions", "time", "%", "FLOPs", "bytes", "FLOP/B", "bound", "roofline"
+    );
     for r in &s.top_hlo_instructions {
         let _ = writeln!(
             out,
-            "  {:<32} {:>12} {:>12} {:>6.1}% {:>12}",
+            "  {:<32} {:>12} {:>12} {:>6.1}% {:>12} {:>12} {:>9} {:>8} {:>9}",
             r.hlo,
             thousands(r.instructions),
             duration(r.time_s),
             r.percent,
-            si(r.flops as f64).trim_end()
+            si(r.flops as f64).trim_end(),
+            si(r.bytes as f64).trim_end(),
+            r.intensity.map_or("-".into(), |x| format!("{x:.2}")),
+            r.bound.as_deref().unwrap_or("-"),
+            r.roofline_percent.map_or("-".into(), |p| format!("{p:.1}%"))
         );
     }
     let f = &s.flops;
