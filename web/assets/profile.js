@@ -394,7 +394,19 @@ export function comparePage(main, a, b) {
         { key: 'ratio', label: 'B / A', format: (v) => (v == null ? NA : `${v.toFixed(2)}×`) },
         { key: 'a_instructions', label: 'instructions A', format: (v) => (v == null ? NA : Number(v.toFixed(2))) },
         { key: 'b_instructions', label: 'instructions B', format: (v) => (v == null ? NA : Number(v.toFixed(2))) },
-      ], c.hlo_instructions.map((r) => ({ ...r, magnitude: Math.abs(r.difference_s) })), { sortKey: 'magnitude', id: 'cmp-table' })));
+      ], c.hlo_instructions.map((r) => ({ ...r, magnitude: Math.abs(r.difference_s) })), { sortKey: 'magnitude', id: 'cmp-table' })),
+      el('div', { class: 'card' }, el('h3', {}, 'Bounds per traced execution, and what the difference is made of'),
+        el('table', { id: 'cmp-bounds' }, el('thead', {}, el('tr', {}, ['', 'A', 'B', 'B − A'].map((h) => el('th', {}, h)))),
+          el('tbody', {}, ...c.analysis.bounds.map((r) => el('tr', {}, el('td', {}, r.name), el('td', {}, seconds(r.a_s)), el('td', {}, seconds(r.b_s)),
+            el('td', { class: r.difference_s > 0 ? 'bad' : r.difference_s < 0 ? 'good' : '' }, r.difference_s == null ? NA : `${r.difference_s > 0 ? '+' : ''}${seconds(r.difference_s)}`)))))),
+      el('div', { class: 'card' }, el('h3', {}, 'Findings: which went away, which appeared'),
+        c.analysis.findings.length === 0 ? el('div', { class: 'muted' }, 'No finding in either profile.')
+          : el('ul', { id: 'cmp-findings' }, ...c.analysis.findings.map((f) => {
+            const one = f.b || f.a;
+            const saves = (x) => (x ? `${seconds(x.saves_s)} (${x.saves_percent.toFixed(0)}%)` : '–');
+            return el('li', {}, el('b', { class: f.status === 'went away' ? 'good' : f.status === 'appeared' ? 'bad' : '' }, `${f.status}: `),
+              `[${one.about}] ${one.text}`, el('div', { class: 'muted' }, `could save: A ${saves(f.a)} · B ${saves(f.b)}`));
+          }))));
   }).catch((e) => body.replaceChildren(el('div', { class: 'error' }, e.message)));
   return {};
 }

@@ -192,6 +192,11 @@ try {
   await page.goto(`${base}/#/compare/${encodeURIComponent(profileA)}/${encodeURIComponent(profileB)}`);
   await waitFor(page, () => document.querySelectorAll('#cmp-table tbody tr').length > 0, null, 'the comparison table');
   measured.compare = { rows: await page.$$eval('#cmp-table tbody tr', (r) => r.length) };
+  const boundRows = await page.$$eval('#cmp-bounds tbody tr', (rows) => rows.map((r) => [...r.querySelectorAll('td')].map((t) => t.textContent)));
+  check(boundRows.length === 7 && boundRows.some((r) => r[0].startsWith('device') && r[3] !== 'N/A'), `bounds side by side: ${JSON.stringify(boundRows)}`);
+  const changes = await page.$$eval('#cmp-findings li', (lis) => lis.map((l) => l.textContent));
+  check(changes.length >= 1 && changes.every((c) => /^(went away|appeared|in both): /.test(c)), `findings compared: ${JSON.stringify(changes)}`);
+  measured.compare.findings = changes.map((c) => c.slice(0, 80));
   await page.screenshot({ path: join(shots, 'compare.png'), fullPage: true });
 
   // The profiles list.

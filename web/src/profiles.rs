@@ -169,6 +169,50 @@ pub(crate) struct HloDifference {
     pub b_instructions: Option<f64>,
 }
 
+/// One figure of a profile's bounds, in seconds over its traced executions.
+type BoundOf = fn(&ntff::summary::Bounds) -> Option<f64>;
+
+/// The bounds of `a` and `b` per traced execution side by side, what the difference in
+/// device and host time is made of, and which findings went away, appeared or stayed.
+pub(crate) fn compare_bounds(a: &Summary, b: &Summary) -> serde_json::Value {
+    use serde_json::json;
+    let per = |s: &Summary, f: BoundOf| s.bounds.as_ref().and_then(|b| Some(f(b)? / b.executions.max(1) as f64));
+    let rows: [(&str, BoundOf); 7] = [
+        ("host (nrt_execute)", |b| b.host_s),
+        ("device (nc_exec_running)", |b| Some(b.device_s)),
+        ("pipeline", |b| Some(b.pipeline_s)),
+        ("compute", |b| b.compute_s),
+        ("memory", |b| b.memory_s),
+        ("engines waiting on each other", |b| Some(b.device_s - b.pipeline_s)),
+        ("host around the device run", |b| Some(b.host_s? - b.device_s)),
+    ];
+    let bounds: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|(name, f)| {
+            let (x, y) = (per(a, *f), per(b, *f));
+            json!({"name": name, "a_s": x, "b_s": y, "difference_s": x.zip(y).map(|(x, y)| y - x)})
+        })
+        .collect();
+    let key = |f: &ntff::summary::Finding| format!("{} {}", f.kind, f.about);
+    let find = |s: &Summary, k: &str| s.findings.iter().find(|f| key(f) == k).cloned();
+    let keys: Vec<String> = a.findings.iter().chain(&b.findings).map(key).collect();
+    let mut seen = std::collections::HashSet::new();
+    let findings: Vec<serde_json::Value> = keys
+        .into_iter()
+        .filter(|k| seen.insert(k.clone()))
+        .map(|k| {
+            let (x, y) = (find(a, &k), find(b, &k));
+            let status = match (&x, &y) {
+                (Some(_), None) => "went away",
+                (None, Some(_)) => "appeared",
+                _ => "in both",
+            };
+            json!({"status": status, "a": x, "b": y})
+        })
+        .collect();
+    json!({"bounds": bounds, "findings": findings})
+}
+
 /// Per HLO instruction, the device time per execution of `b` against `a`, largest
 /// change first.
 pub(crate) fn compare(a: &Summary, b: &Summary) -> Vec<HloDifference> {

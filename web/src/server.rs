@@ -25,7 +25,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::broadcast;
 
-use crate::profiles::{Profile, Profiles, compare};
+use crate::profiles::{Profile, Profiles, compare, compare_bounds};
 use crate::{events, live};
 
 /// The page and its scripts, built into the binary.
@@ -610,6 +610,7 @@ async fn compare_profiles(State(state): State<Shared>, Query(q): Query<CompareQu
             "a": { "name": a.name, "device_time_s": sa.device_time_s, "device_traced": sa.executions.device_traced },
             "b": { "name": b.name, "device_time_s": sb.device_time_s, "device_traced": sb.executions.device_traced },
             "hlo_instructions": compare(sa, sb),
+            "analysis": compare_bounds(sa, sb),
         })
     })
     .await?;

@@ -70,6 +70,9 @@ pub struct Gap {
 /// Something worth fixing, with the figures behind it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Finding {
+    /// What kind of finding: `idle`, `host overhead`, `busy resource`, `roofline`,
+    /// `engine overlap`; with `about`, what identifies it when two profiles are compared.
+    pub kind: String,
     /// The resource or instruction it is about: `host`, an engine, `DMA <queue>`,
     /// `engine overlap`.
     pub about: String,
@@ -185,6 +188,7 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
             "the host submits one execution at a time (nrt_execute) and the core waits for each call: schedule them with nrta_execute_schedule and keep 2 or more in flight (neuron-profile capture --exec-mode async)"
         };
         findings.push(Finding {
+            kind: "idle".into(),
             about: "host".into(),
             text: format!("the device is idle {:.0}% of the time between executions, waiting for the host", share(idle_s)),
             evidence: format!(
@@ -200,6 +204,7 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
     if let Some(host_s) = host_s.filter(|&h| h > device_s) {
         let saves = (host_s - device_s) * scale;
         findings.push(Finding {
+            kind: "host overhead".into(),
             about: "host".into(),
             text: format!(
                 "{:.0}% of each nrt_execute call is spent outside the device run (checks, copies, waiting for the core)",
@@ -239,6 +244,7 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
             evidence.push_str(&format!("; `{}` takes {}", top.hlo, duration(top.time_s)));
         }
         findings.push(Finding {
+            kind: "busy resource".into(),
             about: pipeline_resource.clone(),
             text: format!(
                 "the executions are {pipeline_resource}-bound: it is busy {:.0}% of the device time",
@@ -265,6 +271,7 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
         };
         let intensity = h.intensity.map_or(String::new(), |x| format!(", {x:.2} FLOP per byte"));
         findings.push(Finding {
+            kind: "roofline".into(),
             about: format!("`{}`", h.hlo),
             text: format!(
                 "`{}` takes {:.0}% of the device time at {r:.0}% of its roofline: it is {bound}-bound on {}",
@@ -289,6 +296,7 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
     if device_s - pipeline_s > 0.0 {
         let saves = (device_s - pipeline_s) * scale;
         findings.push(Finding {
+            kind: "engine overlap".into(),
             about: "engine overlap".into(),
             text: format!(
                 "no engine or DMA queue is busy {:.0}% of the device time: the engines wait on each other and on DMA",
