@@ -174,6 +174,9 @@ pub struct Flops {
     pub measured_method: String,
     /// Achieved over the defined PE peak.
     pub mfu: Option<f64>,
+    /// The host's memory bandwidth (the roofline's memory ceiling), and how measured.
+    pub memory_peak_bytes_per_s: Option<f64>,
+    pub memory_peak_method: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -518,6 +521,8 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
             measured_per_s: measured,
             measured_method: meta.peak_flops_method.clone(),
             mfu,
+            memory_peak_bytes_per_s: memory_peak,
+            memory_peak_method: meta.peak_memory_method.clone(),
         },
         dma: dma_rows,
         file_problems: file.recovery().describe(),

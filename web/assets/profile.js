@@ -1,7 +1,7 @@
 // The profile viewer: the list of profiles, one profile (timeline with server-side
 // level of detail, summary, tables) and the comparison of two.
 
-import { el, getJSON, fitCanvas, colorOf, ns, seconds, si, bytes, percent, thousands, sortableTable, figure, niceStep, NA } from './common.js';
+import { el, getJSON, fitCanvas, colorOf, ns, seconds, si, short, bytes, percent, thousands, sortableTable, figure, niceStep, NA } from './common.js';
 
 const LABELS = 150;
 const ROW = 16;
@@ -306,6 +306,7 @@ export function profilePage(main, name) {
         ...(f.peak_basis ? [el('div', { class: 'muted' }, `Defined peak: ${f.peak_basis}. The backend's measured rate is context, not the basis of MFU.`)] : []),
         ...(s.caveats.length ? [el('ul', { class: 'caveats', id: 'pf-caveats' }, ...s.caveats.map((c) => el('li', { class: 'warn' }, c)))] : []),
         ...(s.bounds ? [boundsCard(s.bounds, s.findings)] : []),
+        rooflineCard(body.hlo_instructions, f, (hlo) => jumpTo(hlo)),
         el('details', {}, el('summary', {}, 'As neuron-profile view --output-format summary-text prints it'), el('pre', { class: 'summary', id: 'pf-summary-text' }, body.text)),
       );
       tables.replaceChildren(
@@ -338,6 +339,17 @@ export function profilePage(main, name) {
     } catch (e) { summary.replaceChildren(el('div', { class: 'error' }, e.message)); }
   }
 
+  // Shows the longest span of an HLO instruction on the timeline, and its details.
+  async function jumpTo(hlo) {
+    try {
+      const at = await getJSON(`${api(name)}/hlo?name=${encodeURIComponent(hlo)}`);
+      const margin = Math.max(2000, (at.end_ns - at.start_ns) * 2);
+      setRange(Math.max(0, at.start_ns - margin), Math.min(state.meta.duration_ns, at.end_ns + margin));
+      showSpan(at.track, at.index);
+      canvas.scrollIntoView({ block: 'center' });
+    } catch (e) { details.replaceChildren(el('div', { class: 'error' }, e.message)); }
+  }
+
   return {
     stop() {
       state.stopped = true;
@@ -347,6 +359,80 @@ export function profilePage(main, name) {
       if (state.controller) state.controller.abort();
     },
   };
+}
+
+// The HLO instructions on a roofline (log-log: FLOP per byte against FLOP/s), under
+// each engine's defined peak and the memory ceiling; per-engine totals as rings; hover
+// for the figures, click to see the instruction on the timeline.
+function rooflineCard(hlos, flops, jump) {
+  const points = hlos.filter((h) => h.intensity > 0 && h.achieved_flops_per_s > 0);
+  const canvas = el('canvas', { id: 'pf-roofline' });
+  const info = el('div', { class: 'muted', id: 'pf-roofline-info' }, 'Hover a point for its figures; click it to see the instruction on the timeline.');
+  const card = el('div', { class: 'card' }, el('h2', {}, 'Roofline'), canvas, info);
+  if (points.length === 0 || !flops.memory_peak_bytes_per_s || !flops.peak_per_s) {
+    card.replaceChildren(el('h2', {}, 'Roofline'), el('div', { class: 'muted' }, 'No instruction with FLOPs and bytes, or no peaks in the file: nothing to place on a roofline.'));
+    return card;
+  }
+  const engines = {};
+  for (const h of points) {
+    const e = (engines[h.engine] ??= { engine: h.engine, flops: 0, bytes: 0, time_s: 0 });
+    e.flops += h.flops; e.bytes += h.bytes; e.time_s += h.time_s;
+  }
+  const totals = Object.values(engines).map((e) => ({ ...e, intensity: e.flops / e.bytes, achieved_flops_per_s: e.flops / e.time_s }));
+  const mem = flops.memory_peak_bytes_per_s;
+  const ceilings = [['PE', flops.peak_per_s], ['ACT · DVE · POOL', flops.vector_peak_per_s]].filter(([, v]) => v);
+  const xs = points.map((p) => p.intensity).concat(ceilings.map(([, v]) => v / mem));
+  const ys = points.map((p) => p.achieved_flops_per_s).concat(ceilings.map(([, v]) => v));
+  const x0 = 10 ** Math.floor(Math.log10(Math.min(...xs) / 2)), x1 = 10 ** Math.ceil(Math.log10(Math.max(...xs) * 2));
+  const y0 = 10 ** Math.floor(Math.log10(Math.min(...ys) / 2)), y1 = 10 ** Math.ceil(Math.log10(Math.max(...ys) * 2));
+  let hover = null;
+  const draw = () => {
+    if (!canvas.isConnected) return;
+    const { ctx, width, height } = fitCanvas(canvas, 320);
+    const left = 70, bottom = 28, top = 8, right = 10;
+    const px = (v) => left + ((Math.log10(v) - Math.log10(x0)) / (Math.log10(x1) - Math.log10(x0))) * (width - left - right);
+    const py = (v) => top + (1 - (Math.log10(v) - Math.log10(y0)) / (Math.log10(y1) - Math.log10(y0))) * (height - top - bottom);
+    ctx.clearRect(0, 0, width, height);
+    ctx.font = '11px system-ui'; ctx.strokeStyle = '#30363d'; ctx.fillStyle = '#8b949e';
+    for (let v = x0; v <= x1 * 1.0001; v *= 10) { ctx.beginPath(); ctx.moveTo(px(v), top); ctx.lineTo(px(v), height - bottom); ctx.stroke(); ctx.textAlign = 'center'; ctx.fillText(`${short(v)}`, px(v), height - 10); }
+    for (let v = y0; v <= y1 * 1.0001; v *= 10) { ctx.beginPath(); ctx.moveTo(left, py(v)); ctx.lineTo(width - right, py(v)); ctx.stroke(); ctx.textAlign = 'right'; ctx.fillText(short(v, 'FLOP/s'), left - 6, py(v) + 4, left - 8); }
+    ctx.textAlign = 'center'; ctx.fillText('FLOP per byte', (left + width) / 2, height - 0);
+    // Ceilings: the memory diagonal up to each engine's flat peak.
+    for (const [label, peak] of ceilings) {
+      const ridge = peak / mem;
+      ctx.strokeStyle = '#d29922'; ctx.lineWidth = 1.5; ctx.beginPath();
+      ctx.moveTo(px(x0), py(Math.max(y0, x0 * mem))); ctx.lineTo(px(ridge), py(peak)); ctx.lineTo(px(x1), py(peak)); ctx.stroke();
+      ctx.fillStyle = '#d29922'; ctx.textAlign = 'right'; ctx.fillText(`${label} peak ${short(peak, 'FLOP/s')}`, width - right - 4, py(peak) - 4);
+    }
+    ctx.lineWidth = 1;
+    for (const h of points) {
+      ctx.fillStyle = colorOf(h.engine); ctx.beginPath(); ctx.arc(px(h.intensity), py(h.achieved_flops_per_s), h === hover ? 6 : 4, 0, 2 * Math.PI); ctx.fill();
+    }
+    for (const e of totals) {
+      ctx.strokeStyle = colorOf(e.engine); ctx.lineWidth = 2; ctx.beginPath(); ctx.arc(px(e.intensity), py(e.achieved_flops_per_s), 9, 0, 2 * Math.PI); ctx.stroke();
+      ctx.fillStyle = colorOf(e.engine); ctx.textAlign = 'left'; ctx.fillText(`${e.engine} total`, px(e.intensity) + 12, py(e.achieved_flops_per_s) + 4);
+    }
+    canvas.dataset.points = points.length;
+    return { px, py };
+  };
+  const nearest = (e) => {
+    const scale = draw();
+    if (!scale) return null;
+    let best = null, bestD = 12 * 12;
+    for (const h of points) {
+      const d = (scale.px(h.intensity) - e.offsetX) ** 2 + (scale.py(h.achieved_flops_per_s) - e.offsetY) ** 2;
+      if (d < bestD) { best = h; bestD = d; }
+    }
+    return best;
+  };
+  canvas.addEventListener('mousemove', (e) => {
+    hover = nearest(e);
+    draw();
+    if (hover) info.textContent = `${hover.hlo} on ${hover.engine}: ${hover.intensity.toFixed(2)} FLOP/byte, ${si(hover.achieved_flops_per_s, 'FLOP/s')}, ${hover.bound}-bound at ${percent(hover.roofline_percent)} of its roofline, ${seconds(hover.time_s)} (${percent(hover.percent)} of device time). Click to see it on the timeline.`;
+  });
+  canvas.addEventListener('click', (e) => { const h = nearest(e); if (h) jump(h.hlo); });
+  requestAnimationFrame(draw);
+  return card;
 }
 
 // How fast the traced executions could have been, where the time went, and what to fix.

@@ -134,6 +134,15 @@ try {
   const findings = await page.$$eval('#pf-findings li', (lis) => lis.map((l) => l.textContent));
   check(findings.length >= 1 && findings.every((f) => f.includes('evidence:')), `findings with their evidence: ${JSON.stringify(findings)}`);
   measured.profile.findings = findings.map((f) => f.slice(0, 100));
+  // The roofline places the instructions; its points lead to the timeline.
+  await waitFor(page, () => Number(document.querySelector('#pf-roofline')?.dataset.points || 0) > 0, null, 'points on the roofline');
+  const topHlo = await page.$eval('#pf-hlo tbody tr td', (td) => td.textContent);
+  const located = await page.request.get(`${base}/api/profiles/${encodeURIComponent(profileA)}/hlo?name=${encodeURIComponent(topHlo)}`);
+  check(located.ok(), `the roofline jump finds ${topHlo}: ${located.status()}`);
+  const at = await located.json();
+  check(at.end_ns >= at.start_ns && Number.isInteger(at.track), `a span to show: ${JSON.stringify(at)}`);
+  const missing = await page.request.get(`${base}/api/profiles/${encodeURIComponent(profileA)}/hlo?name=no.such.instruction`);
+  check(missing.status() === 404, `an unknown instruction is not found: ${missing.status()}`);
   const range0 = await page.$eval('#pf-range', (e) => e.textContent);
   const views0 = await page.$eval('#pf-canvas', (e) => Number(e.dataset.views));
   const pf = await (await page.$('#pf-canvas')).boundingBox();

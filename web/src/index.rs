@@ -590,6 +590,28 @@ impl ProfileIndex {
         Some(out)
     }
 
+    /// The longest span of an instruction lowered from HLO instruction `hlo`: its track
+    /// and index, for a page to show it.
+    pub(crate) fn longest_of_hlo(&self, hlo: &str) -> Option<(usize, usize)> {
+        let sym = self.file.find_string(hlo)?;
+        let mut best: Option<(u64, usize, usize)> = None;
+        for (track, t) in self.tracks.iter().enumerate().filter(|(_, t)| t.kind == TrackKind::Engine) {
+            for (k, s) in t.spans.iter().enumerate() {
+                let is_hlo = matches!(self.file.descriptor(DescriptorId(s.detail)), Some(Descriptor::Instruction { hlo: h, .. }) if *h == sym);
+                if is_hlo && best.is_none_or(|(length, _, _)| s.end - s.start > length) {
+                    best = Some((s.end - s.start, track, k));
+                }
+            }
+        }
+        best.map(|(_, track, k)| (track, k))
+    }
+
+    /// Where span `k` of `track` is, from the profile's start.
+    pub(crate) fn span_time(&self, track: usize, k: usize) -> Option<(u64, u64)> {
+        let s = self.tracks.get(track)?.spans.get(k)?;
+        Some((s.start - self.origin, s.end - self.origin))
+    }
+
     /// The `nc_exec_running` span of `core` that contains host time `t`: its track,
     /// index, start and execution id.
     fn execution_at(&self, core: u32, t: u64) -> Option<(usize, usize, u64, u64)> {

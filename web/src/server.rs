@@ -194,6 +194,7 @@ fn router(state: Shared) -> Router {
         .route("/api/profiles/{name}", get(profile_meta))
         .route("/api/profiles/{name}/view", get(profile_view))
         .route("/api/profiles/{name}/span", get(profile_span))
+        .route("/api/profiles/{name}/hlo", get(profile_hlo))
         .route("/api/profiles/{name}/summary", get(profile_summary))
         .route("/api/profiles/{name}/perfetto", get(profile_perfetto))
         .route("/api/compare", get(compare_profiles))
@@ -507,6 +508,30 @@ async fn profile_span(
     let p = profile(&state, &name).await?;
     let details = p.index.details(q.track, q.index).ok_or_else(|| error(StatusCode::NOT_FOUND, "no such span"))?;
     Ok(axum::Json(details).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct HloQuery {
+    name: String,
+}
+
+/// The longest span of an HLO instruction: where the roofline's points lead.
+async fn profile_hlo(
+    State(state): State<Shared>,
+    Path(name): Path<String>,
+    Query(q): Query<HloQuery>,
+) -> Result<Response, Response> {
+    let p = profile(&state, &name).await?;
+    let found = blocking(move || {
+        let (track, index) = p.index.longest_of_hlo(&q.name)?;
+        let (start_ns, end_ns) = p.index.span_time(track, index)?;
+        Some(json!({"track": track, "index": index, "start_ns": start_ns, "end_ns": end_ns}))
+    })
+    .await?;
+    match found {
+        Some(body) => Ok(axum::Json(body).into_response()),
+        None => Err(error(StatusCode::NOT_FOUND, "no instruction of that HLO instruction in this profile")),
+    }
 }
 
 async fn profile_summary(State(state): State<Shared>, Path(name): Path<String>) -> Result<Response, Response> {
