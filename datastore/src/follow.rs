@@ -91,7 +91,13 @@ impl<T> Runtimes<T> {
             }
             let pid = reader.info().pid;
             let mut label = reader.info().label();
-            if self.followed.values().any(|f| !f.exited() && f.label == label) {
+            // Only a runtime still alive keeps the name: one that has just exited (a
+            // restart within a look) hands it on.
+            if self
+                .followed
+                .values()
+                .any(|f| !f.exited() && f.label == label && matches!(f.reader.liveness(), Liveness::Live))
+            {
                 label = format!("{label}-{pid}");
             }
             match admit(&reader, &label) {

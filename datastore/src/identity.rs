@@ -37,7 +37,12 @@ impl CommandIdentity {
                         script = rest.next().cloned();
                         break;
                     }
-                    "-c" => break,
+                    // The program is in the argument: no script names it.
+                    "-c" | "-e" | "--eval" | "-p" | "--print" => break,
+                    // Options whose value is the next argument.
+                    "-W" | "-X" | "-r" | "--require" | "-Q" => {
+                        rest.next();
+                    }
                     a if a.starts_with('-') => continue,
                     a => {
                         script = Some(file_name(a));
@@ -80,6 +85,9 @@ mod tests {
         assert_eq!(name(&["python3", "-u", "examples/train.py", "--steps", "10"]), "train.py");
         assert_eq!(name(&["/usr/bin/python3.11", "-m", "pytest", "-x"]), "pytest");
         assert_eq!(name(&["python3", "-c", "import x"]), "python3");
+        assert_eq!(name(&["python3", "-W", "ignore", "-X", "dev", "train.py"]), "train.py");
+        assert_eq!(name(&["node", "-e", "console.log(1)"]), "node");
+        assert_eq!(name(&["node", "--require", "ts-node/register", "serve.js"]), "serve.js");
         assert_eq!(name(&["node"]), "node");
         assert_eq!(name(&[]), "");
     }

@@ -8,7 +8,10 @@
 //! fused multiply-add), twice that again where the CPU multiplies bf16 pairs into f32
 //! in one instruction (AVX512-BF16, which `neuron-cc`'s default auto-cast uses): the
 //! peak is that of the fastest products the backend can run, as an accelerator's MFU
-//! is against its bf16 peak. The other engines (ACT, DVE, POOL) count one FLOP per lane. The definition depends
+//! is against its bf16 peak. The other engines (ACT, DVE, POOL) count one FLOP per lane.
+//! The clock is cpufreq's maximum when the kernel has it, else the highest "cpu MHz" of
+//! `/proc/cpuinfo` (fixed in a VM; on a host that scales its clock without cpufreq,
+//! the current one). The definition depends
 //! only on the CPU and the number of threads, so it is the same in every run on a
 //! host, and no measured rate can exceed it unless the CPU runs above the reported
 //! clock (turbo), which a figure above 100% then says. The backend's measured matrix

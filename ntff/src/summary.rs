@@ -294,7 +294,7 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
     }
     // The engine each HLO instruction ran on most, and the fastest DMA transfer of at
     // least `bounds::DMA_PEAK_MIN_BYTES` (the memory bound's bandwidth).
-    let mut hlo_engine: HashMap<String, (String, u64)> = HashMap::new();
+    let mut hlo_engine_time: HashMap<(String, String), u64> = HashMap::new();
     let mut dma_peak: Option<f64> = None;
     for (&id, t) in &by_descriptor {
         let Some(descriptor) = file.descriptor(DescriptorId(id)) else { continue };
@@ -307,10 +307,7 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
                 // A loop or conditional span encloses the instructions it ran: its time
                 // is the HLO instruction's (inclusive), not work of its engine.
                 if !ENCLOSING_OPCODES.contains(&opcode.as_str()) {
-                    let on = hlo_engine.entry(hlo.clone()).or_insert_with(|| (engine.clone(), 0));
-                    if t.ns > on.1 {
-                        *on = (engine.clone(), t.ns);
-                    }
+                    *hlo_engine_time.entry((hlo.clone(), engine.clone())).or_default() += t.ns;
                     let e = engines.entry(engine.clone()).or_default();
                     (e.count, e.ns, e.flops) = (e.count + t.count, e.ns + t.ns, e.flops + flops);
                     let o = opcodes.entry((engine, opcode)).or_default();
@@ -331,6 +328,14 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
                 let q = dma.entry(file.string_or_placeholder(queue).into_owned()).or_default();
                 (q.0.count, q.0.ns, q.1) = (q.0.count + t.count, q.0.ns + t.ns, q.1 + bytes * t.count);
             }
+        }
+    }
+    // Each HLO instruction's engine: the one it spent most time on in all (ties: by name).
+    let mut hlo_engine: HashMap<String, (String, u64)> = HashMap::new();
+    for ((hlo, engine), ns) in hlo_engine_time {
+        let on = hlo_engine.entry(hlo).or_insert_with(|| (engine.clone(), ns));
+        if ns > on.1 || (ns == on.1 && engine < on.0) {
+            *on = (engine, ns);
         }
     }
     let device_executions = windows.keys().filter(|(_, exec)| exec.is_some()).count() as u64;

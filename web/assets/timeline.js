@@ -34,7 +34,7 @@ export function timelinePage(main) {
   let paused = false, pausedAt = 0;
   let offset = null; // host monotonic ns minus performance.now() ns
   let spans = [];
-  let lastSeq = 0;
+  let lastSeq = 0, feedId = null;
   let received = 0, thinned = 0, thinnedExecutions = 0, lost = 0, missed = 0, dropped = 0;
   let selected = null;
   let query = '';
@@ -85,6 +85,8 @@ export function timelinePage(main) {
 
   const onBatch = (message) => {
     const batch = JSON.parse(message.data);
+    // A restarted dashboard counts from 1 again.
+    if (batch.feed !== feedId) { feedId = batch.feed; lastSeq = 0; }
     // The kept batches and the live ones may overlap when the page opens.
     if (batch.seq <= lastSeq) return;
     lastSeq = batch.seq;

@@ -184,7 +184,7 @@ pub(crate) fn compare_bounds(a: &Summary, b: &Summary) -> serde_json::Value {
         ("compute", |b| b.compute_s),
         ("memory", |b| b.memory_s),
         ("engines waiting on each other", |b| Some(b.device_s - b.pipeline_s)),
-        ("host around the device run", |b| Some(b.host_s? - b.device_s)),
+        ("host around the device run", |b| Some((b.host_s? - b.device_s).max(0.0))),
     ];
     let bounds: Vec<serde_json::Value> = rows
         .iter()

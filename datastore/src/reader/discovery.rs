@@ -4,7 +4,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use super::{DatastoreReader, Liveness};
+use super::{DatastoreReader, ExitReason, Liveness};
 use crate::{DatastoreError, directory};
 
 /// A runtime found in a datastore directory.
@@ -52,25 +52,35 @@ pub fn discover_new(dir: &Path, known: &dyn Fn(u32) -> bool) -> Result<Vec<Runti
     Ok(found)
 }
 
-/// Removes the files that runtimes of this user left behind in `dir`: those
-/// [`discover`] finds exited, and those it cannot open (an older layout, a file cut
-/// short) whose process is gone, temporaries included. Returns the paths removed. A
+/// Removes the files that runtimes of this user left behind in `dir`: those whose
+/// runtime closed or whose process is gone (or was replaced), and those that cannot be
+/// opened (an older layout, a file cut short) whose process is gone, temporaries
+/// included. Returns the paths removed. A
 /// runtime calls this as it starts, so that a runtime killed by SIGKILL does not keep
 /// its file in memory until a reader happens to run.
 pub(crate) fn remove_dead_runtimes(dir: &Path) -> Vec<PathBuf> {
-    let mut removed: Vec<PathBuf> =
-        discover(dir).unwrap_or_default().into_iter().filter(|e| e.removed).map(|e| e.path).collect();
+    let mut removed = Vec::new();
+    if directory::check_private_dir(dir).is_err() {
+        return removed;
+    }
     let Ok(entries) = std::fs::read_dir(dir) else { return removed };
     let uid = nix::unistd::geteuid().as_raw();
     for entry in entries.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(directory::pid_of_file_or_temporary) else { continue };
         let path = entry.path();
         let ours = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file() && m.uid() == uid);
-        let gone = matches!(
-            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None),
-            Err(nix::errno::Errno::ESRCH)
-        );
-        if ours && gone && std::fs::remove_file(&path).is_ok() {
+        // Only runtimes that are certainly gone: closed, or their process ended or was
+        // replaced. A stale heartbeat alone (a process stopped in a debugger) is not
+        // enough for a runtime to remove another's file.
+        let dead = match DatastoreReader::open(&path).map(|r| r.liveness()) {
+            Ok(Liveness::Exited(ExitReason::Closed | ExitReason::ProcessGone | ExitReason::PidReused)) => true,
+            Ok(_) => false,
+            Err(_) => matches!(
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None),
+                Err(nix::errno::Errno::ESRCH)
+            ),
+        };
+        if ours && dead && std::fs::remove_file(&path).is_ok() {
             removed.push(path);
         }
     }

@@ -743,11 +743,11 @@ impl DatastoreReader {
             host_threads: half(header::HOST_THREADS),
             command: crate::CommandIdentity {
                 name: string(header::COMMAND_NAME, header::COMMAND_NAME_MAX),
-                line: string(header::COMMAND_LINE, header::COMMAND_LINE_MAX)
-                    .split('\0')
-                    .filter(|a| !a.is_empty())
-                    .map(str::to_owned)
-                    .collect(),
+                line: {
+                    // Arguments are NUL-separated; an empty one stays an argument.
+                    let line = string(header::COMMAND_LINE, header::COMMAND_LINE_MAX);
+                    if line.is_empty() { Vec::new() } else { line.split('\0').map(str::to_owned).collect() }
+                },
             },
         };
         let fallback_ns_per_tick = word(header::INITIAL_NS_PER_TICK_FP32) as f64 / 4_294_967_296.0;

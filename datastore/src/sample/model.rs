@@ -47,7 +47,9 @@ pub struct Runtime {
     pub pid: u32,
     /// `NEURON_PROCESS_TAG`, else the command's name (see [`crate::Followed::label`]).
     pub tag: String,
-    /// The command line, quoted as a shell takes it.
+    /// The command line, quoted as a shell takes it. Not serialised: the JSON goes to
+    /// pages that other local users may reach, and a command line can hold secrets.
+    #[serde(skip)]
     pub command: String,
     /// Exited since the last look: shown dimmed for a while, then removed.
     pub exited: bool,

@@ -133,7 +133,14 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
         .iter()
         .filter_map(|e| Some((e.engine.clone(), e.flops as f64 / peak_of(&e.engine)?)))
         .max_by(|a, b| a.1.total_cmp(&b.1));
-    let dma_bytes: u64 = i.dma.iter().map(|q| q.bytes).sum();
+    // Bytes that moved: queues busy long enough to have copied something (inputs bound
+    // in place and instruction fetches take no time), not the instruction queue.
+    let dma_bytes: u64 = i
+        .dma
+        .iter()
+        .filter(|q| q.queue != "instructions" && q.time_s >= super::MIN_BANDWIDTH_BASIS_S)
+        .map(|q| q.bytes)
+        .sum();
     let memory_s = i.dma_peak.map(|bw| dma_bytes as f64 / bw);
     let floor = compute.as_ref().map(|c| c.1).into_iter().chain(memory_s).fold(0.0, f64::max);
 
@@ -169,7 +176,7 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
     });
     if floor > 0.0 {
         gaps.push(Gap {
-            name: format!("{pipeline_resource} below the peak it could run at"),
+            name: format!("{pipeline_resource} busy beyond the larger of the compute and memory bounds"),
             seconds: (pipeline_s - floor).max(0.0),
         });
     }

@@ -5,8 +5,9 @@
 //! by execution.
 //!
 //! A batch stays under [`MAX_BATCH_BYTES`]. When the device spans do not fit, whole
-//! executions are kept or left out (never part of one), spread evenly over time and
-//! over the cores ([`spans::select_executions`]); what is left out is counted, and every
+//! executions are kept or left out, spread evenly over time and over the cores
+//! ([`spans::select_executions`]; an execution still running after three polls is sent
+//! in parts); what is left out is counted, and every
 //! batch also carries each core's busy fraction from the lossless counters, which the
 //! page draws as a band, so a core whose executions were thinned never looks idle.
 //!
@@ -49,6 +50,9 @@ const MAX_WAIT_POLLS: u8 = 3;
 /// The feed pages subscribe to.
 #[derive(Debug)]
 pub(crate) struct Feed {
+    /// Which feed this is (its start, host ns): sequence numbers count from 1 in each,
+    /// so a page that reconnects to a restarted dashboard starts over.
+    id: u64,
     tx: broadcast::Sender<Bytes>,
     /// Recent batches, oldest first, with when they were made.
     backlog: Mutex<VecDeque<(Instant, Bytes)>>,
@@ -104,6 +108,7 @@ struct Tailed {
 /// A batch under construction: spans, each encoded once, until the byte budget; then
 /// only counts.
 struct Batch {
+    feed: u64,
     seq: u64,
     spans: Vec<String>,
     bytes: usize,
@@ -130,7 +135,8 @@ impl Batch {
     /// The batch as the page reads it.
     fn encode(self, runtimes: &str) -> Bytes {
         Bytes::from(format!(
-            r#"{{"seq":{},"now_ns":{},"spans":[{}],"busy":[{}],"thinned":{},"thinned_executions":{},"lost":{},"runtimes":{runtimes}}}"#,
+            r#"{{"feed":{},"seq":{},"now_ns":{},"spans":[{}],"busy":[{}],"thinned":{},"thinned_executions":{},"lost":{},"runtimes":{runtimes}}}"#,
+            self.feed,
             self.seq,
             monotonic_ns(),
             self.spans.join(","),
@@ -145,7 +151,7 @@ impl Batch {
 /// Starts the tail thread; it reads while a page is connected and for [`BACKLOG`] after.
 pub(crate) fn start(dir: PathBuf) -> std::io::Result<Arc<Feed>> {
     let (tx, _) = broadcast::channel(64);
-    let feed = Arc::new(Feed { tx, backlog: Mutex::new(VecDeque::new()) });
+    let feed = Arc::new(Feed { id: monotonic_ns(), tx, backlog: Mutex::new(VecDeque::new()) });
     let shared = Arc::clone(&feed);
     std::thread::Builder::new().name("dashboard-events".into()).spawn(move || {
         let mut followed: Runtimes<Tailed> = Runtimes::new(dir);
@@ -173,13 +179,14 @@ pub(crate) fn start(dir: PathBuf) -> std::io::Result<Arc<Feed>> {
                 .map(|f| {
                     let models: serde_json::Map<String, Value> =
                         f.state.models.iter().map(|(id, name)| (id.to_string(), name.as_str().into())).collect();
-                    json!({"pid": f.pid, "tag": f.state.tag, "command": f.reader.info().command.shell_line(), "models": models})
+                    json!({"pid": f.pid, "tag": f.state.tag, "models": models})
                 })
                 .collect();
             let runtimes = runtimes.to_string();
             seq += 1;
             // The batch's other fields count against its budget too.
             let mut batch = Batch {
+                feed: shared.id,
                 seq,
                 spans: Vec::new(),
                 bytes: runtimes.len() + 256,
@@ -283,16 +290,24 @@ fn poll(followed: &mut Followed<Tailed>, batch: &mut Batch, done: &mut Vec<Execu
             done.extend(f.building.remove(&key));
         }
     }
+    // Busy time is counted when an execution ends: a core in the middle of one that
+    // outlasts the poll has gained nothing yet, but is busy the whole time.
+    let running: HashSet<u32> = reader.models().iter().filter(|m| m.running > 0).map(|m| m.core).collect();
     let now = monotonic_ns();
     for core in reader.snapshot().cores {
         if let Some((at, busy)) = f.busy.insert(core.core, (now, core.busy_ns))
             && now > at
         {
-            let fraction = (core.busy_ns.saturating_sub(busy) as f64 / (now - at) as f64).clamp(0.0, 1.0);
-            batch.busy.push(
-                json!({"pid": f.pid, "core": core.core, "start_ns": at, "end_ns": now, "fraction": fraction})
-                    .to_string(),
-            );
+            let gained = core.busy_ns.saturating_sub(busy);
+            let fraction = if gained == 0 && running.contains(&core.core) {
+                1.0
+            } else {
+                (gained as f64 / (now - at) as f64).clamp(0.0, 1.0)
+            };
+            let entry = json!({"pid": f.pid, "core": core.core, "start_ns": at, "end_ns": now, "fraction": fraction})
+                .to_string();
+            batch.bytes += entry.len() + 1;
+            batch.busy.push(entry);
         }
     }
 }
