@@ -205,6 +205,25 @@ struct Totals {
     min_ns: Option<u64>,
 }
 
+/// The defined peaks a file's metadata carries (FLOP/s), `None` when it has none.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DefinedPeaks {
+    pub pe: Option<f64>,
+    /// ACT, DVE and POOL.
+    pub vector: Option<f64>,
+}
+
+impl DefinedPeaks {
+    /// The peak of `engine`; SP and unknown engines have none.
+    pub(crate) fn of(&self, engine: &str) -> Option<f64> {
+        match engine {
+            "PE" => self.pe,
+            "ACT" | "DVE" | "POOL" => self.vector,
+            _ => None,
+        }
+    }
+}
+
 /// An open span of `summarise`: its core, tracking id, and whether it is `nrt_execute`.
 type OpenKey = (Option<u32>, u64, bool);
 
@@ -342,17 +361,15 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
     let device_ns: u64 = windows.values().map(|(a, b)| b.saturating_sub(*a)).sum();
     let seconds = |ns: u64| ns as f64 / 1e9;
     let percent = |ns: u64| if device_ns == 0 { 0.0 } else { 100.0 * ns as f64 / device_ns as f64 };
-    let pe_peak = (meta.defined_pe_flops_per_core > 0.0).then_some(meta.defined_pe_flops_per_core);
-    let vector_peak = (meta.defined_vector_flops_per_core > 0.0).then_some(meta.defined_vector_flops_per_core);
+    let peaks = DefinedPeaks {
+        pe: (meta.defined_pe_flops_per_core > 0.0).then_some(meta.defined_pe_flops_per_core),
+        vector: (meta.defined_vector_flops_per_core > 0.0).then_some(meta.defined_vector_flops_per_core),
+    };
     let mut caveats = Vec::new();
     let mut engine_rows: Vec<EngineSummary> = engines
         .iter()
         .map(|(engine, t)| {
-            let peak = match engine.as_str() {
-                "PE" => pe_peak,
-                "ACT" | "DVE" | "POOL" => vector_peak,
-                _ => None,
-            };
+            let peak = peaks.of(engine);
             let percent_of_peak =
                 peak.filter(|_| t.ns > 0 && t.flops > 0).map(|p| 100.0 * t.flops as f64 / seconds(t.ns) / p);
             if let Some(share) = percent_of_peak.filter(|&s| s > 100.0) {
@@ -385,12 +402,7 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
         .into_iter()
         .map(|(hlo, t)| {
             let engine = hlo_engine.get(&hlo).map_or_else(String::new, |(e, _)| e.clone());
-            let engine_peak = match engine.as_str() {
-                "PE" => pe_peak,
-                "ACT" | "DVE" | "POOL" => vector_peak,
-                _ => None,
-            };
-            let roofline = bounds::roofline(t.flops, t.bytes, seconds(t.ns), engine_peak, memory_peak);
+            let roofline = bounds::roofline(t.flops, t.bytes, seconds(t.ns), peaks.of(&engine), memory_peak);
             HloSummary {
                 hlo,
                 instructions: t.count,
@@ -433,7 +445,7 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
     }
     let total_flops: u64 = engines.values().map(|t| t.flops).sum();
     let achieved = (device_ns > 0 && total_flops > 0).then(|| total_flops as f64 / seconds(device_ns));
-    let mfu = achieved.zip(pe_peak).map(|(a, p)| a / p);
+    let mfu = achieved.zip(peaks.pe).map(|(a, p)| a / p);
     if let Some(m) = mfu.filter(|&m| m > 1.0) {
         caveats.push(format!("MFU is {:.0}%, above the defined peak: {ABOVE_PEAK}", 100.0 * m));
     }
@@ -446,8 +458,7 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
         windows: &windows,
         runs: &runs,
         host_runs: &host_runs,
-        pe_peak,
-        vector_peak,
+        peaks,
         dma_peak,
         asynchronous: scheduled > 0,
     });
@@ -520,9 +531,9 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
             total: total_flops,
             per_execution: (device_executions > 0).then(|| total_flops as f64 / device_executions as f64),
             achieved_per_s: achieved,
-            peak_per_s: pe_peak,
+            peak_per_s: peaks.pe,
             peak_basis: meta.defined_peak_basis.clone(),
-            vector_peak_per_s: vector_peak,
+            vector_peak_per_s: peaks.vector,
             measured_per_s: measured,
             measured_method: meta.peak_flops_method.clone(),
             mfu,

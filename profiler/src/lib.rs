@@ -117,3 +117,23 @@ pub fn read_inputs(pairs: &[(&str, &str)], program: &Program) -> Result<Vec<Opti
 pub fn model_name(path: &Path) -> String {
     path.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
 }
+
+/// Starts the dashboard on `options.listen`; when that port is taken and `fall_back`
+/// is set, on a free port instead. Also returns the port that was taken, if one was.
+pub fn start_dashboard(
+    mut options: neuron_dashboard::Options,
+    fall_back: bool,
+) -> Result<(neuron_dashboard::Dashboard, Option<u16>)> {
+    let in_use = |e: &anyhow::Error| {
+        e.chain()
+            .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse))
+    };
+    match neuron_dashboard::Dashboard::start(options.clone()) {
+        Err(e) if fall_back && options.listen.port() != 0 && in_use(&e) => {
+            let taken = options.listen.port();
+            options.listen.set_port(0);
+            Ok((neuron_dashboard::Dashboard::start(options)?, Some(taken)))
+        }
+        started => Ok((started?, None)),
+    }
+}

@@ -577,13 +577,13 @@ impl ProfileIndex {
                 out["model"] = m.name.clone().into();
             }
         }
-        if let Some((track, index, start, exec_id)) = t.core.and_then(|core| self.execution_at(core, s.start))
-            && !(track == self.tracks.iter().position(|x| std::ptr::eq(x, t)).unwrap_or(usize::MAX) && index == k)
+        if let Some((execution_track, index, start, exec_id)) = t.core.and_then(|core| self.execution_at(core, s.start))
+            && (execution_track, index) != (track, k)
         {
             out["execution"] = serde_json::json!({
                 "exec_id": exec_id,
                 "offset_ns": s.start.saturating_sub(start),
-                "track": track,
+                "track": execution_track,
                 "index": index,
             });
         }

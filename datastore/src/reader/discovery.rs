@@ -55,14 +55,11 @@ pub fn discover_new(dir: &Path, known: &dyn Fn(u32) -> bool) -> Result<Vec<Runti
 /// Removes the files that runtimes of this user left behind in `dir`: those whose
 /// runtime closed or whose process is gone (or was replaced), and those that cannot be
 /// opened (an older layout, a file cut short) whose process is gone, temporaries
-/// included. Returns the paths removed. A
-/// runtime calls this as it starts, so that a runtime killed by SIGKILL does not keep
-/// its file in memory until a reader happens to run.
+/// included. Returns the paths removed. A runtime calls this as it starts, after making
+/// sure `dir` is private, so that a runtime killed by SIGKILL does not keep its file in
+/// memory until a reader happens to run.
 pub(crate) fn remove_dead_runtimes(dir: &Path) -> Vec<PathBuf> {
     let mut removed = Vec::new();
-    if directory::check_private_dir(dir).is_err() {
-        return removed;
-    }
     let Ok(entries) = std::fs::read_dir(dir) else { return removed };
     let uid = nix::unistd::geteuid().as_raw();
     for entry in entries.flatten() {

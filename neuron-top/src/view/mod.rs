@@ -78,7 +78,8 @@ pub fn draw(frame: &mut Frame, state: &State, theme: Theme) {
     let tall = area.height >= fixed + core_rows + panels::GRAPH_ROWS + process_rows + TREE_ROWS_WHEN_TALL
         && area.width >= WIDE_MIN_WIDTH;
     // The graphs take the rows the tree does not use.
-    let tree_rows = (state.tree().len() as u16 + 1).max(TREE_ROWS_WHEN_TALL);
+    let tree_lines = state.tree();
+    let tree_rows = (tree_lines.len() as u16 + 1).max(TREE_ROWS_WHEN_TALL);
     let spare = area.height.saturating_sub(fixed + core_rows + process_rows + tree_rows);
     let (graph_rows, process_rows) = if tall { (spare.max(panels::GRAPH_ROWS), process_rows) } else { (0, 0) };
     let [title, tabs, grid, core_table, summary, graphs, processes, tree, footer] = Layout::vertical([
@@ -102,7 +103,7 @@ pub fn draw(frame: &mut Frame, state: &State, theme: Theme) {
         panels::draw_graphs(frame, graphs, state, theme);
         panels::draw_processes(frame, processes, state, theme);
     }
-    draw_tree(frame, tree, state, theme);
+    draw_tree(frame, tree, &tree_lines, state, theme);
     draw_footer(frame, footer, state, theme);
     if state.show_help {
         draw_help(frame, area, theme);
@@ -385,8 +386,7 @@ fn draw_summary(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
     frame.render_widget(Paragraph::new(lines), area);
 }
 
-fn draw_tree(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
-    let rows = state.tree();
+fn draw_tree(frame: &mut Frame, area: Rect, rows: &[crate::state::TreeRow], state: &State, theme: Theme) {
     let numbers: u16 = if area.width >= 70 { 10 + 15 + 13 } else { 15 };
     let name_width = area.width.saturating_sub(numbers + 3).max(8);
     let mut header = vec![Cell::from("Device / core / model")];

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::{DmaSummary, EngineSummary, HloSummary};
+use super::{DmaSummary, EngineSummary, HloSummary, duration};
 
 /// Transfers this large or larger set the memory bound's bandwidth: smaller ones
 /// measure the per-transfer cost more than the bandwidth.
@@ -99,8 +99,7 @@ pub(super) struct Inputs<'a> {
     pub runs: &'a HashMap<(u32, u64), (u64, u64)>,
     /// `nrt_execute` length of every recorded execution.
     pub host_runs: &'a HashMap<(u32, u64), u64>,
-    pub pe_peak: Option<f64>,
-    pub vector_peak: Option<f64>,
+    pub peaks: super::DefinedPeaks,
     pub dma_peak: Option<f64>,
     /// The executions were scheduled (`nrta_execute_schedule`), not called.
     pub asynchronous: bool,
@@ -117,11 +116,7 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
     let device_s = device_ns as f64 / 1e9;
     let host: Vec<u64> = traced.iter().filter_map(|k| i.host_runs.get(k).copied()).collect();
     let host_s = (host.len() == traced.len()).then(|| host.iter().sum::<u64>() as f64 / 1e9);
-    let peak_of = |engine: &str| match engine {
-        "PE" => i.pe_peak,
-        "ACT" | "DVE" | "POOL" => i.vector_peak,
-        _ => None,
-    };
+    let peak_of = |engine: &str| i.peaks.of(engine);
     // Busiest resource: an engine, or a DMA queue.
     let mut resources: Vec<(String, f64)> = i.engines.iter().map(|e| (e.engine.clone(), e.active_s)).collect();
     resources.extend(i.dma.iter().map(|q| (format!("DMA {}", q.queue), q.time_s)));
@@ -403,10 +398,6 @@ fn suggestion_for(resource: &str, top: Option<&str>) -> Option<String> {
         )),
         _ => None,
     }
-}
-
-fn duration(s: f64) -> String {
-    super::duration(s)
 }
 
 #[cfg(test)]

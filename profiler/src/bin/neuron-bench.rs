@@ -696,22 +696,12 @@ fn demo_dashboard(args: &DemoArgs, datastore_dir: PathBuf) -> Result<neuron_dash
     let mut options = neuron_dashboard::Options::new(listen)?;
     options.datastore_dir = datastore_dir;
     options.profiles = args.profiles.clone();
-    let dashboard = match neuron_dashboard::Dashboard::start(options.clone()) {
-        Ok(d) => d,
-        Err(e) if listen.port() != 0 && is_addr_in_use(&e) => {
-            options.listen.set_port(0);
-            let d = neuron_dashboard::Dashboard::start(options)?;
-            println!("dashboard: {listen} is taken, using port {} instead", d.addr().port());
-            d
-        }
-        Err(e) => return Err(e),
-    };
+    let (dashboard, taken) = neuron_profiler::start_dashboard(options, true)?;
+    if taken.is_some() {
+        println!("dashboard: {listen} is taken, using port {} instead", dashboard.addr().port());
+    }
     println!("dashboard: {}  (live view of this demo; --no-dashboard to run without)", dashboard.url(None));
     Ok(dashboard)
-}
-
-fn is_addr_in_use(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse))
 }
 
 /// Deterministic values: floats in [-1, 1), signed integers in [-8, 8), unsigned ones

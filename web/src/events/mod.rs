@@ -244,7 +244,8 @@ fn poll(followed: &mut Followed<Tailed>, batch: &mut Batch, done: &mut Vec<Execu
     let mut events = Vec::new();
     let reader = &followed.reader;
     let f = &mut followed.state;
-    f.models = reader.models().into_iter().map(|m| (m.model_id, m.name)).collect();
+    let models = reader.models();
+    f.models = models.iter().map(|m| (m.model_id, m.name.clone())).collect();
     f.tail.poll(reader, 65_536, false, &mut events);
     let lost = f.tail.lost();
     batch.lost += lost - f.lost_reported;
@@ -292,7 +293,7 @@ fn poll(followed: &mut Followed<Tailed>, batch: &mut Batch, done: &mut Vec<Execu
     }
     // Busy time is counted when an execution ends: a core in the middle of one that
     // outlasts the poll has gained nothing yet, but is busy the whole time.
-    let running: HashSet<u32> = reader.models().iter().filter(|m| m.running > 0).map(|m| m.core).collect();
+    let running: HashSet<u32> = models.iter().filter(|m| m.running > 0).map(|m| m.core).collect();
     let now = monotonic_ns();
     for core in reader.snapshot().cores {
         if let Some((at, busy)) = f.busy.insert(core.core, (now, core.busy_ns))

@@ -152,20 +152,11 @@ fn serve(args: &ViewArgs) -> Result<()> {
         || "/profiles".to_string(),
         |n| format!("/profile/{}", percent_encoding::utf8_percent_encode(&n, FRAGMENT)),
     );
-    let in_use = |e: &anyhow::Error| {
-        e.chain()
-            .any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::AddrInUse))
-    };
-    let dashboard = match neuron_dashboard::Dashboard::start(options.clone()) {
-        Err(e) if args.port.is_none() && in_use(&e) => {
-            options.listen.set_port(0);
-            let dashboard = neuron_dashboard::Dashboard::start(options)?;
-            eprintln!("neuron-profile: port {port} is taken, using {} instead", dashboard.addr().port());
-            Ok(dashboard)
-        }
-        other => other,
+    let (dashboard, taken) = neuron_profiler::start_dashboard(options, args.port.is_none())
+        .context("cannot serve the dashboard (another port: --port N; a summary: --output-format summary-text)")?;
+    if taken.is_some() {
+        eprintln!("neuron-profile: port {port} is taken, using {} instead", dashboard.addr().port());
     }
-    .context("cannot serve the dashboard (another port: --port N; a summary: --output-format summary-text)")?;
     eprintln!("neuron-profile: the dashboard is at {} (Ctrl-C to stop)", dashboard.url(Some(&page)));
     dashboard.wait();
     Ok(())
