@@ -14,6 +14,8 @@ mod model;
 mod reader;
 pub mod stats;
 pub mod summary;
+#[cfg(feature = "parquet")]
+pub mod tables;
 mod wire;
 mod writer;
 

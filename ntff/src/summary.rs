@@ -205,6 +205,11 @@ struct Totals {
     min_ns: Option<u64>,
 }
 
+/// Adds without overflowing: a damaged or hostile file can hold any values.
+fn add(total: &mut u64, value: u64) {
+    *total = total.saturating_add(value);
+}
+
 /// The defined peaks a file's metadata carries (FLOP/s), `None` when it has none.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DefinedPeaks {
@@ -214,6 +219,13 @@ pub(crate) struct DefinedPeaks {
 }
 
 impl DefinedPeaks {
+    pub(crate) fn of_metadata(meta: &crate::Metadata) -> DefinedPeaks {
+        DefinedPeaks {
+            pe: (meta.defined_pe_flops_per_core > 0.0).then_some(meta.defined_pe_flops_per_core),
+            vector: (meta.defined_vector_flops_per_core > 0.0).then_some(meta.defined_vector_flops_per_core),
+        }
+    }
+
     /// The peak of `engine`; SP and unknown engines have none.
     pub(crate) fn of(&self, engine: &str) -> Option<f64> {
         match engine {
@@ -304,7 +316,7 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
             let ns = e.end_ns.saturating_sub(e.start_ns);
             let t = by_descriptor.entry(e.descriptor.0).or_default();
             t.count += 1;
-            t.ns += ns;
+            t.ns = t.ns.saturating_add(ns);
             t.min_ns = Some(t.min_ns.map_or(ns, |m| m.min(ns)));
             let window = windows.entry((e.core, e.exec_id)).or_insert((e.start_ns, e.end_ns));
             window.0 = window.0.min(e.start_ns);
@@ -322,19 +334,24 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
                 let engine = file.string_or_placeholder(engine).into_owned();
                 let opcode = file.string_or_placeholder(opcode).into_owned();
                 let hlo = file.string_or_placeholder(hlo).into_owned();
-                let flops = flops * t.count;
+                let flops = flops.saturating_mul(t.count);
                 // A loop or conditional span encloses the instructions it ran: its time
                 // is the HLO instruction's (inclusive), not work of its engine.
                 if !ENCLOSING_OPCODES.contains(&opcode.as_str()) {
-                    *hlo_engine_time.entry((hlo.clone(), engine.clone())).or_default() += t.ns;
+                    add(hlo_engine_time.entry((hlo.clone(), engine.clone())).or_default(), t.ns);
                     let e = engines.entry(engine.clone()).or_default();
-                    (e.count, e.ns, e.flops) = (e.count + t.count, e.ns + t.ns, e.flops + flops);
+                    add(&mut e.count, t.count);
+                    add(&mut e.ns, t.ns);
+                    add(&mut e.flops, flops);
                     let o = opcodes.entry((engine, opcode)).or_default();
-                    (o.count, o.ns) = (o.count + t.count, o.ns + t.ns);
+                    add(&mut o.count, t.count);
+                    add(&mut o.ns, t.ns);
                 }
                 let h = hlos.entry(hlo).or_default();
-                (h.count, h.ns, h.flops) = (h.count + t.count, h.ns + t.ns, h.flops + flops);
-                h.bytes += (bytes_read + bytes_written) * t.count;
+                add(&mut h.count, t.count);
+                add(&mut h.ns, t.ns);
+                add(&mut h.flops, flops);
+                add(&mut h.bytes, bytes_read.saturating_add(bytes_written).saturating_mul(t.count));
             }
             Descriptor::Dma { queue, bytes, .. } => {
                 // A transfer shorter than the bandwidth basis measures nothing (a
@@ -345,7 +362,9 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
                     dma_peak = Some(dma_peak.unwrap_or(0.0).max(bytes as f64 / (fastest as f64 / 1e9)));
                 }
                 let q = dma.entry(file.string_or_placeholder(queue).into_owned()).or_default();
-                (q.0.count, q.0.ns, q.1) = (q.0.count + t.count, q.0.ns + t.ns, q.1 + bytes * t.count);
+                add(&mut q.0.count, t.count);
+                add(&mut q.0.ns, t.ns);
+                add(&mut q.1, bytes.saturating_mul(t.count));
             }
         }
     }
@@ -358,13 +377,10 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
         }
     }
     let device_executions = windows.keys().filter(|(_, exec)| exec.is_some()).count() as u64;
-    let device_ns: u64 = windows.values().map(|(a, b)| b.saturating_sub(*a)).sum();
+    let device_ns: u64 = windows.values().fold(0u64, |sum, (a, b)| sum.saturating_add(b.saturating_sub(*a)));
     let seconds = |ns: u64| ns as f64 / 1e9;
     let percent = |ns: u64| if device_ns == 0 { 0.0 } else { 100.0 * ns as f64 / device_ns as f64 };
-    let peaks = DefinedPeaks {
-        pe: (meta.defined_pe_flops_per_core > 0.0).then_some(meta.defined_pe_flops_per_core),
-        vector: (meta.defined_vector_flops_per_core > 0.0).then_some(meta.defined_vector_flops_per_core),
-    };
+    let peaks = DefinedPeaks::of_metadata(meta);
     let mut caveats = Vec::new();
     let mut engine_rows: Vec<EngineSummary> = engines
         .iter()

@@ -13,11 +13,14 @@
 //!   - write and read rates of NTFF for that capture's events replicated to about 10⁷
 //!     events, against writing them as fixed-width records and cloning them in memory;
 //!   - Perfetto export rate and bytes per slice, against the Chrome JSON export of the
-//!     same file.
+//!     same file;
+//!   - the Parquet tables' write rate and size, and the summary's time (bounds and
+//!     findings included), against decoding every event of the same file.
 //!
 //! Rates are the best of three runs (noise on a shared machine only slows a run down).
 //!
-//! Run: `cargo bench -p neuron-profiler --bench profile [-- overhead|format]`.
+//! Run: `cargo bench -p neuron-profiler --bench profile [-- overhead|format]`
+//! (`PROFILE_BENCH_KEEP_NTFF=PATH` keeps a copy of the 10⁷-event file).
 //! Results go in BENCHMARKS.md.
 
 use std::collections::HashMap;
@@ -32,6 +35,7 @@ use neuron_profiler::{bind_tensors, load_model_bytes, target_for};
 use neuron_record::{Recorder, create_writer, metadata};
 use neuron_runtime::{Config, Runtime};
 use ntff::export::{ExportOptions, Format, export, verify_perfetto};
+use ntff::tables::{TablesOptions, write_tables};
 use ntff::{Chunk, Descriptor, DescriptorId, DeviceEvent, Metadata, NtffFile, Sym, SystemEvent, Writer};
 
 #[global_allocator]
@@ -296,6 +300,8 @@ fn format(dir: &Path) {
         chrome.bytes as f64 / perfetto.bytes as f64
     );
 
+    tables_and_summary(&big, dir);
+
     // Bytes per device slice, read back from the capture's own export.
     let (trace, _) = export(&[file], &options, Format::Perfetto, Vec::new(), &mut |_| {}).expect("export");
     let check = verify_perfetto(&trace).expect("valid trace");
@@ -313,6 +319,59 @@ fn format(dir: &Path) {
         trace.len(),
         trace.len() as f64 / check.slices as f64,
         trace.len() as f64 / events as f64
+    );
+}
+
+/// The Parquet tables and the summary (with bounds and findings) of the big file, each
+/// against decoding its events (what any reader of the file pays, the old summary too).
+fn tables_and_summary(big: &Path, dir: &Path) {
+    if let Some(keep) = std::env::var_os("PROFILE_BENCH_KEEP_NTFF") {
+        std::fs::copy(big, &keep).expect("copy the big file");
+        println!("kept the big file as {}", Path::new(&keep).display());
+    }
+    let ntff_bytes = std::fs::metadata(big).expect("size").len();
+    let (decode_seconds, events) = best(|| read_all(big, 1));
+    let out = dir.join("tables");
+    let options = TablesOptions { cores: None, session: "bench".into() };
+    let (tables_seconds, written) = best(|| {
+        let started = Instant::now();
+        let file = NtffFile::open(big).expect("opens");
+        let written = write_tables(&file, &options, &out, &mut |_| {}).expect("tables");
+        (started.elapsed().as_secs_f64(), written)
+    });
+    assert_eq!(written.events, events, "every event is written");
+    let (summary_seconds, summary) = best(|| {
+        let started = Instant::now();
+        let file = NtffFile::open(big).expect("opens");
+        let summary = ntff::summary::summarise(&file, None);
+        (started.elapsed().as_secs_f64(), summary)
+    });
+    let decode_rate = events as f64 / decode_seconds / 1e6;
+    let tables_rate = events as f64 / tables_seconds / 1e6;
+    println!();
+    println!("Parquet tables and summary of that file ({events} events, {ntff_bytes} B)");
+    println!("| operation | M events/s | seconds | baseline: decoding every event | ratio |");
+    println!("|---|---:|---:|---:|---:|");
+    println!(
+        "| `write_tables` (every table, zstd) | **{tables_rate:.1}** | {tables_seconds:.2} | {decode_rate:.1} M events/s, {decode_seconds:.2} s | {:.2} |",
+        tables_rate / decode_rate
+    );
+    println!(
+        "| `summarise` with bounds and {} findings | {:.1} | {summary_seconds:.2} | {decode_seconds:.2} s | time {:.2}× |",
+        summary.findings.len(),
+        events as f64 / summary_seconds / 1e6,
+        summary_seconds / decode_seconds
+    );
+    println!(
+        "tables: {} B, {:.2}× the NTFF file; per table: {}",
+        written.bytes(),
+        written.bytes() as f64 / ntff_bytes as f64,
+        written
+            .tables
+            .iter()
+            .map(|(name, rows, bytes)| format!("{name} {rows} rows {bytes} B"))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
 }
 

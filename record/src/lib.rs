@@ -366,7 +366,13 @@ pub fn metadata(info: &RuntimeInfo, tool: &str, capture_kind: &str, command: &[S
         warmup_executions: 0,
         peak_memory_bytes_per_s: memory_bandwidth(),
         peak_memory_method: MEMORY_BANDWIDTH_METHOD.into(),
+        host: host_name(),
     }
+}
+
+/// This host's name, as the kernel has it; empty when it cannot be read.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
 }
 
 /// How [`memory_bandwidth`] measures.

@@ -243,7 +243,7 @@ pub(super) struct CoreTracks {
 /// Busy time of a core per fixed bucket, from its execution spans (which do not overlap
 /// and come in time order).
 #[derive(Debug)]
-pub(super) struct Busy {
+pub(crate) struct Busy {
     pub(super) origin: u64,
     pub(super) width: u64,
     /// The first bucket not yet written.
@@ -254,7 +254,7 @@ pub(super) struct Busy {
 }
 
 impl Busy {
-    pub(super) fn new(origin: u64, width: u64) -> Busy {
+    pub(crate) fn new(origin: u64, width: u64) -> Busy {
         Busy { origin, width, next: 0, pending: VecDeque::new(), last_value: None }
     }
 
@@ -270,7 +270,7 @@ impl Busy {
     /// Adds a busy interval, and returns the finished buckets' (time, percent) values
     /// that differ from the one before. Times past `MAX_BUCKETS` buckets (which only a
     /// damaged file holds) count in the last.
-    pub(super) fn add(&mut self, start: u64, end: u64, out: &mut Vec<(u64, f64)>) {
+    pub(crate) fn add(&mut self, start: u64, end: u64, out: &mut Vec<(u64, f64)>) {
         let limit = self.time_of(MAX_BUCKETS);
         let start = start.clamp(self.origin, limit);
         let end = end.clamp(start, limit);
@@ -310,7 +310,7 @@ impl Busy {
     }
 
     /// Writes out every bucket that has busy time, then a zero.
-    pub(super) fn finish(&mut self, out: &mut Vec<(u64, f64)>) {
+    pub(crate) fn finish(&mut self, out: &mut Vec<(u64, f64)>) {
         let end = self.next + self.pending.len() as u64 + 1;
         self.drain_before(end, out);
     }
@@ -321,7 +321,7 @@ pub(super) const MAX_BUCKETS: u64 = 1 << 20;
 
 /// A bucket width giving about 1000 buckets over `span` nanoseconds: 1, 2 or 5 times a
 /// power of ten, at least 10 µs.
-pub(super) fn bucket_width(span: u64) -> u64 {
+pub(crate) fn bucket_width(span: u64) -> u64 {
     let target = (span / 1000).max(10_000);
     let mut unit = 1u64;
     loop {

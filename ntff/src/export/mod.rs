@@ -29,6 +29,8 @@ use crate::model::{ArgValue, Chunk, ChunkInfo, Clock, Descriptor, DescriptorId, 
 use crate::{NtffError, NtffFile, SyncClock, SyncPoint};
 
 use file::FileExport;
+#[cfg(any(test, feature = "parquet"))]
+pub(crate) use layout::{Busy, bucket_width};
 use layout::{Layout, Names};
 pub use verify::{TraceCheck, TraceRuleBroken, TrackCheck, verify_perfetto};
 
@@ -298,7 +300,6 @@ pub(crate) trait Sink {
 
 #[cfg(test)]
 mod tests {
-    use super::layout::{Busy, bucket_width};
     use super::*;
 
     #[test]

@@ -70,6 +70,12 @@ enum Command {
     },
 }
 
+// As in neuron-bench: mimalloc keeps freed buffers for reuse where glibc's allocator
+// returns large ones to the kernel and faults them back in (at every execution of a
+// capture, at every batch of the Parquet tables).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     neuron_profiler::exit_quietly_on_closed_pipe();
     let result = match Cli::parse().command {

@@ -31,7 +31,8 @@ pub(crate) struct ViewArgs {
     /// 3001, or a free port when 3001 is taken (a dashboard already running there).
     #[arg(long)]
     port: Option<u16>,
-    /// Write there instead of stdout.
+    /// Write there instead of stdout (parquet: the directory to write the tables in;
+    /// with --session-dir, a directory per file under it).
     #[arg(long, value_name = "FILE")]
     output_file: Option<PathBuf>,
     /// Only these NeuronCores, e.g. "0,1" or "0-3".
@@ -56,6 +57,10 @@ enum OutputFormat {
     Perfetto,
     /// The same timeline in Chrome's JSON trace format, for small traces.
     ChromeJson,
+    /// Apache Parquet tables for SQL (DuckDB, Polars, pandas, Spark): a directory per
+    /// file, given by --output-file DIR, with events, executions, counters, losses,
+    /// bounds and findings; columns in ntff/TABLES.md.
+    Parquet,
 }
 
 pub(crate) fn view(args: ViewArgs) -> Result<()> {
@@ -73,6 +78,9 @@ pub(crate) fn view(args: ViewArgs) -> Result<()> {
     };
     if matches!(format, OutputFormat::Perfetto | OutputFormat::ChromeJson) {
         return export(&args, format, &files);
+    }
+    if format == OutputFormat::Parquet {
+        return tables(&args, &files);
     }
     let mut out: Box<dyn Write> = match &args.output_file {
         Some(path) => Box::new(std::io::BufWriter::new(
@@ -93,7 +101,9 @@ pub(crate) fn view(args: ViewArgs) -> Result<()> {
             OutputFormat::Json => {
                 write_json(&file, cores.as_deref(), args.system_trace_filter_event_type.as_deref(), &mut out)?
             }
-            OutputFormat::Perfetto | OutputFormat::ChromeJson => unreachable!("exported above"),
+            OutputFormat::Perfetto | OutputFormat::ChromeJson | OutputFormat::Parquet => {
+                unreachable!("exported above")
+            }
         }
     }
     if format == OutputFormat::SummaryJson {
@@ -230,6 +240,61 @@ fn export(args: &ViewArgs, format: OutputFormat, paths: &[PathBuf]) -> Result<()
     Ok(())
 }
 
+/// Writes each file's Parquet tables: into --output-file DIR for one file, into a
+/// directory per file (named as the file, without `.ntff`) under it for --session-dir.
+fn tables(args: &ViewArgs, paths: &[PathBuf]) -> Result<()> {
+    let Some(out) = &args.output_file else {
+        bail!("parquet output is a directory of tables: give --output-file DIR");
+    };
+    if args.system_trace_filter_event_type.is_some() {
+        bail!(
+            "--system-trace-filter-event-type does not apply to parquet output: every event is written; filter with SQL"
+        );
+    }
+    if out.is_file() {
+        bail!("{} is a file: parquet output is a directory of tables", out.display());
+    }
+    let started = std::time::Instant::now();
+    let (mut events, mut bytes) = (0u64, 0u64);
+    for path in paths {
+        let file = NtffFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("profile").to_string();
+        let dir = if args.session_dir.is_some() { out.join(&stem) } else { out.clone() };
+        let options = ntff::tables::TablesOptions { cores: core_filter(args, &file)?, session: stem };
+        let bar = indicatif::ProgressBar::new(0).with_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} writing tables: {human_pos}/{human_len} events [{elapsed_precise}] {wide_bar} {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        let mut progress = |p: Progress| {
+            bar.set_length(p.events_total);
+            bar.set_position(p.events_done);
+        };
+        let written = ntff::tables::write_tables(&file, &options, &dir, &mut progress)
+            .with_context(|| format!("cannot write the tables of {} into {}", path.display(), dir.display()))?;
+        bar.finish_and_clear();
+        eprintln!("{}: {} events into {}/", path.display(), written.events, dir.display());
+        for (name, rows, size) in &written.tables {
+            eprintln!("  {name:<18} {rows:>12} rows {size:>14} bytes");
+        }
+        for problem in &written.problems {
+            eprintln!("note: {}: {problem}", path.display());
+        }
+        events += written.events;
+        bytes += written.bytes();
+    }
+    if paths.len() > 1 {
+        eprintln!(
+            "wrote the tables of {} files ({events} events, {bytes} bytes) under {} in {:.1} s",
+            paths.len(),
+            out.display(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
 /// The `.ntff` files of `dir`, by name.
 fn ntff_files_in(dir: &Path) -> Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
@@ -264,6 +329,7 @@ fn write_json(file: &NtffFile, cores: Option<&[u32]>, types: Option<&[String]>, 
         "defined_peak_basis": meta.defined_peak_basis,
         "warmup_executions": meta.warmup_executions,
         "command": meta.command,
+        "host": meta.host,
     });
     let models: Vec<serde_json::Value> = file
         .models()

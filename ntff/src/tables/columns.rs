@@ -1,0 +1,354 @@
+//! A Parquet table written in batches: typed column builders from a column list, and
+//! string columns whose values the caller interns (a dictionary per column).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::mpsc::SyncSender;
+use std::thread::JoinHandle;
+
+use arrow_array::builder::{
+    BooleanBuilder, Float64Builder, Int32Builder, StringBuilder, TimestampNanosecondBuilder, UInt32Builder,
+    UInt64Builder,
+};
+use arrow_array::types::Int32Type;
+use arrow_array::{ArrayRef, DictionaryArray, Int32Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
+
+use crate::NtffError;
+
+/// Rows per record batch.
+const BATCH_ROWS: usize = 64 * 1024;
+
+/// A column's type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// The same string in every row of a file (`host`, `session`).
+    Constant,
+    /// A string from a small set, interned by the caller ([`Table::key`]).
+    Dict,
+    /// A string of its own per row.
+    Text,
+    U32,
+    U64,
+    I32,
+    F64,
+    Bool,
+    /// Wall-clock nanoseconds, UTC.
+    Time,
+}
+
+/// A column: its name, type, and whether it may be null.
+pub(super) type Column = (&'static str, Kind, bool);
+
+enum Builder {
+    Constant,
+    Dict(Int32Builder),
+    Text(StringBuilder),
+    U32(UInt32Builder),
+    U64(UInt64Builder),
+    I32(Int32Builder),
+    F64(Float64Builder),
+    Bool(BooleanBuilder),
+    Time(TimestampNanosecondBuilder),
+}
+
+/// Interned values of a `Dict` column.
+#[derive(Default)]
+struct Values {
+    strings: Vec<String>,
+    keys: HashMap<String, i32>,
+}
+
+/// One Parquet file being written.
+pub(super) struct Table {
+    schema: SchemaRef,
+    builders: Vec<Builder>,
+    values: Vec<Values>,
+    constants: Vec<Arc<StringArray>>,
+    rows_in_batch: usize,
+    rows: u64,
+    batches: Option<SyncSender<RecordBatch>>,
+    writer: Option<JoinHandle<Result<(), parquet::errors::ParquetError>>>,
+}
+
+fn data_type(kind: Kind) -> DataType {
+    match kind {
+        Kind::Constant | Kind::Dict => DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
+        Kind::Text => DataType::Utf8,
+        Kind::U32 => DataType::UInt32,
+        Kind::U64 => DataType::UInt64,
+        Kind::I32 => DataType::Int32,
+        Kind::F64 => DataType::Float64,
+        Kind::Bool => DataType::Boolean,
+        Kind::Time => DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
+    }
+}
+
+fn builder(kind: Kind) -> Builder {
+    match kind {
+        Kind::Constant => Builder::Constant,
+        Kind::Dict => Builder::Dict(Int32Builder::with_capacity(BATCH_ROWS)),
+        Kind::Text => Builder::Text(StringBuilder::new()),
+        Kind::U32 => Builder::U32(UInt32Builder::with_capacity(BATCH_ROWS)),
+        Kind::U64 => Builder::U64(UInt64Builder::with_capacity(BATCH_ROWS)),
+        Kind::I32 => Builder::I32(Int32Builder::with_capacity(BATCH_ROWS)),
+        Kind::F64 => Builder::F64(Float64Builder::with_capacity(BATCH_ROWS)),
+        Kind::Bool => Builder::Bool(BooleanBuilder::with_capacity(BATCH_ROWS)),
+        Kind::Time => Builder::Time(TimestampNanosecondBuilder::with_capacity(BATCH_ROWS).with_timezone("UTC")),
+    }
+}
+
+impl Table {
+    /// Creates `path` for rows of `columns`; `constants` are the values of the
+    /// `Constant` columns, in order.
+    pub(super) fn create(path: &Path, columns: &[Column], constants: &[&str]) -> Result<Table, NtffError> {
+        let fields: Vec<Field> =
+            columns.iter().map(|&(name, kind, nullable)| Field::new(name, data_type(kind), nullable)).collect();
+        let schema = Arc::new(Schema::new(fields));
+        // Strings of a small set are dictionary-encoded; integers are delta-encoded
+        // (ids and times grow, small codes repeat), which costs less to write than
+        // a dictionary and compresses as well; statistics per column chunk.
+        let mut properties = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::default()))
+            .set_dictionary_enabled(false)
+            .set_statistics_enabled(EnabledStatistics::Chunk)
+            .set_created_by(format!("neuron-profile {}", env!("CARGO_PKG_VERSION")));
+        for &(name, kind, _) in columns {
+            let path = ColumnPath::from(name);
+            properties = match kind {
+                Kind::Dict => properties.set_column_dictionary_enabled(path, false),
+                Kind::Time | Kind::U32 | Kind::U64 | Kind::I32 => {
+                    properties.set_column_encoding(path, Encoding::DELTA_BINARY_PACKED)
+                }
+                Kind::Constant | Kind::Text | Kind::F64 | Kind::Bool => properties,
+            };
+        }
+        let file = File::create(path).map_err(|e| NtffError::io(path, e))?;
+        let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(properties.build())).map_err(parquet_error)?;
+        // Batches are encoded and compressed on a thread of their own per table, while
+        // the caller reads on.
+        let (batches, received) = std::sync::mpsc::sync_channel::<RecordBatch>(2);
+        let writer = std::thread::Builder::new()
+            .name("parquet-table".into())
+            .spawn(move || -> Result<(), parquet::errors::ParquetError> {
+                for batch in received {
+                    writer.write(&batch)?;
+                }
+                writer.close().map(|_| ())
+            })
+            .map_err(|e| NtffError::Write(std::io::Error::other(e)))?;
+        let kinds: Vec<Kind> = columns.iter().map(|c| c.1).collect();
+        let mut constant_values = constants.iter();
+        let constants = kinds
+            .iter()
+            .filter(|&&k| k == Kind::Constant)
+            .map(|_| Arc::new(StringArray::from(vec![*constant_values.next().unwrap_or(&"")])))
+            .collect();
+        Ok(Table {
+            schema,
+            builders: kinds.iter().map(|&k| builder(k)).collect(),
+            values: kinds.iter().map(|_| Values::default()).collect(),
+            constants,
+            rows_in_batch: 0,
+            rows: 0,
+            batches: Some(batches),
+            writer: Some(writer),
+        })
+    }
+
+    /// The key of `value` in the dictionary of column `column`.
+    pub(super) fn key(&mut self, column: usize, value: &str) -> i32 {
+        let values = &mut self.values[column];
+        if let Some(&key) = values.keys.get(value) {
+            return key;
+        }
+        let key = values.strings.len() as i32;
+        values.strings.push(value.to_string());
+        values.keys.insert(value.to_string(), key);
+        key
+    }
+
+    /// Appends one row; `row` sets each column through the [`Row`] in order.
+    pub(super) fn row(&mut self, fill: impl FnOnce(&mut Row<'_>)) -> Result<(), NtffError> {
+        let mut row = Row { builders: &mut self.builders, at: 0 };
+        fill(&mut row);
+        debug_assert_eq!(row.at, self.builders.len(), "a row sets every column");
+        self.rows_in_batch += 1;
+        self.rows += 1;
+        if self.rows_in_batch == BATCH_ROWS { self.flush() } else { Ok(()) }
+    }
+
+    fn flush(&mut self) -> Result<(), NtffError> {
+        if self.rows_in_batch == 0 {
+            return Ok(());
+        }
+        let rows = self.rows_in_batch;
+        let mut constants = self.constants.iter();
+        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.builders.len());
+        for (k, b) in self.builders.iter_mut().enumerate() {
+            let array: ArrayRef = match b {
+                Builder::Constant => {
+                    let values = constants.next().cloned().unwrap_or_else(|| Arc::new(StringArray::from(vec![""])));
+                    Arc::new(dictionary(Int32Array::from(vec![0; rows]), values)?)
+                }
+                Builder::Dict(keys) => {
+                    let values = Arc::new(StringArray::from_iter_values(self.values[k].strings.iter()));
+                    Arc::new(dictionary(keys.finish(), values)?)
+                }
+                Builder::Text(b) => Arc::new(b.finish()),
+                Builder::U32(b) => Arc::new(b.finish()),
+                Builder::U64(b) => Arc::new(b.finish()),
+                Builder::I32(b) => Arc::new(b.finish()),
+                Builder::F64(b) => Arc::new(b.finish()),
+                Builder::Bool(b) => Arc::new(b.finish()),
+                Builder::Time(b) => Arc::new(b.finish()),
+            };
+            arrays.push(array);
+        }
+        let batch = RecordBatch::try_new(self.schema.clone(), arrays).map_err(|e| invalid(e.to_string()))?;
+        let sent = self.batches.as_ref().is_some_and(|b| b.send(batch).is_ok());
+        if !sent {
+            // The writer stopped on an error: `finish` reports it.
+            return self.close();
+        }
+        self.rows_in_batch = 0;
+        Ok(())
+    }
+
+    /// Writes the last rows and the footer; returns the rows written.
+    pub(super) fn finish(mut self) -> Result<u64, NtffError> {
+        self.flush()?;
+        self.close()?;
+        Ok(self.rows)
+    }
+
+    /// Ends the writer thread and returns what it met.
+    fn close(&mut self) -> Result<(), NtffError> {
+        self.batches = None;
+        match self.writer.take().map(JoinHandle::join) {
+            None | Some(Ok(Ok(()))) => Ok(()),
+            Some(Ok(Err(e))) => Err(parquet_error(e)),
+            Some(Err(_)) => Err(invalid("the Parquet writer thread panicked".into())),
+        }
+    }
+}
+
+fn dictionary(keys: Int32Array, values: Arc<StringArray>) -> Result<DictionaryArray<Int32Type>, NtffError> {
+    DictionaryArray::try_new(keys, values).map_err(|e| invalid(e.to_string()))
+}
+
+fn parquet_error(e: parquet::errors::ParquetError) -> NtffError {
+    match e {
+        parquet::errors::ParquetError::External(e) => NtffError::Write(std::io::Error::other(e)),
+        e => NtffError::Write(std::io::Error::other(e)),
+    }
+}
+
+fn invalid(reason: String) -> NtffError {
+    NtffError::Write(std::io::Error::other(reason))
+}
+
+/// A row set a column with a value of another type: a bug in the table's writer.
+fn mismatch(column: usize) {
+    debug_assert!(false, "column {} was set with a value of another type", column.saturating_sub(1));
+}
+
+/// The columns of one row, set in order.
+pub(super) struct Row<'a> {
+    builders: &'a mut [Builder],
+    at: usize,
+}
+
+impl Row<'_> {
+    fn next(&mut self) -> &mut Builder {
+        let b = &mut self.builders[self.at];
+        self.at += 1;
+        b
+    }
+
+    /// A `Constant` column.
+    pub(super) fn constant(&mut self) -> &mut Self {
+        self.next();
+        self
+    }
+
+    /// A `Dict` column, by its key (`None`: null).
+    pub(super) fn key(&mut self, key: Option<i32>) -> &mut Self {
+        if let Builder::Dict(b) = self.next() {
+            b.append_option(key);
+        } else {
+            mismatch(self.at);
+        }
+        self
+    }
+
+    pub(super) fn text(&mut self, value: Option<&str>) -> &mut Self {
+        if let Builder::Text(b) = self.next() {
+            b.append_option(value);
+        } else {
+            mismatch(self.at);
+        }
+        self
+    }
+
+    pub(super) fn u32(&mut self, value: Option<u32>) -> &mut Self {
+        if let Builder::U32(b) = self.next() {
+            b.append_option(value);
+        } else {
+            mismatch(self.at);
+        }
+        self
+    }
+
+    pub(super) fn u64(&mut self, value: Option<u64>) -> &mut Self {
+        if let Builder::U64(b) = self.next() {
+            b.append_option(value);
+        } else {
+            mismatch(self.at);
+        }
+        self
+    }
+
+    pub(super) fn i32(&mut self, value: Option<i32>) -> &mut Self {
+        if let Builder::I32(b) = self.next() {
+            b.append_option(value);
+        } else {
+            mismatch(self.at);
+        }
+        self
+    }
+
+    pub(super) fn f64(&mut self, value: Option<f64>) -> &mut Self {
+        if let Builder::F64(b) = self.next() {
+            b.append_option(value);
+        } else {
+            mismatch(self.at);
+        }
+        self
+    }
+
+    pub(super) fn bool(&mut self, value: bool) -> &mut Self {
+        if let Builder::Bool(b) = self.next() {
+            b.append_value(value);
+        } else {
+            mismatch(self.at);
+        }
+        self
+    }
+
+    /// A `Time` column, in wall-clock nanoseconds.
+    pub(super) fn time(&mut self, value: Option<i64>) -> &mut Self {
+        if let Builder::Time(b) = self.next() {
+            b.append_option(value);
+        } else {
+            mismatch(self.at);
+        }
+        self
+    }
+}

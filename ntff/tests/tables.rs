@@ -1,0 +1,81 @@
+//! The Parquet tables of any file hold every event it holds: one row per system event,
+//! instruction, DMA transfer and loss marker, whatever the field values, and a file
+//! cut short gives the rows of what could be recovered, and says so.
+
+#![cfg(feature = "parquet")]
+
+mod common;
+
+use std::path::Path;
+
+use common::{Op, op, read_all, write};
+use ntff::NtffFile;
+use ntff::tables::{TABLES, TablesOptions, TablesSummary, write_tables};
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use proptest::prelude::*;
+
+/// Rows in `dir/table.parquet`, read from its footer.
+fn rows_on_disk(dir: &Path, table: &str) -> u64 {
+    let file = std::fs::File::open(dir.join(format!("{table}.parquet"))).expect("table file");
+    let reader = SerializedFileReader::new(file).expect("a Parquet file");
+    reader.metadata().file_metadata().num_rows() as u64
+}
+
+fn tables_of(file: &NtffFile, dir: &Path) -> TablesSummary {
+    let options = TablesOptions { cores: None, session: "test".into() };
+    let written = write_tables(file, &options, dir, &mut |_| {}).expect("tables");
+    for table in TABLES {
+        assert_eq!(Some(rows_on_disk(dir, table)), written.rows(table), "{table}");
+    }
+    written
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_event_of_a_file_is_a_row(ops in prop::collection::vec(op(), 0..300)) {
+        let (bytes, _) = write(&ops);
+        let file = NtffFile::from_bytes(bytes).expect("opens");
+        let streams = read_all(&file);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let written = tables_of(&file, dir.path());
+        let system: u64 = streams.values().map(|s| s.system.len() as u64).sum();
+        let device: Vec<_> = streams.values().flat_map(|s| &s.device).collect();
+        let dma = device.iter().filter(|e| matches!(file.descriptor(e.descriptor), Some(ntff::Descriptor::Dma { .. }))).count() as u64;
+        let losses: u64 = streams.values().map(|s| s.losses.len() as u64).sum();
+        prop_assert_eq!(written.rows("system_events"), Some(system));
+        prop_assert_eq!(written.rows("instructions"), Some(device.len() as u64 - dma));
+        prop_assert_eq!(written.rows("dma_transfers"), Some(dma));
+        prop_assert_eq!(written.rows("losses"), Some(losses));
+        prop_assert_eq!(written.rows("profile"), Some(1));
+        prop_assert_eq!(written.events, system + device.len() as u64);
+        // The only problem of these files: they carry no clock calibration.
+        prop_assert!(written.problems.iter().all(|p| p.contains("no clock calibration")), "{:?}", written.problems);
+    }
+}
+
+#[test]
+fn a_file_cut_short_gives_the_rows_it_recovered_and_says_so() {
+    let ops: Vec<Op> = (0..4000u64)
+        .map(|k| match k % 500 {
+            499 => Op::Flush,
+            _ => Op::Device {
+                core: (k % 2) as u32,
+                descriptor: (k % 3 == 0, (k % 5) as u32, 1),
+                fields: [k, k * 10, k * 10 + 5, 0],
+                exec: Some(k / 100),
+            },
+        })
+        .collect();
+    let (bytes, _) = write(&ops);
+    let cut = bytes[..bytes.len() * 3 / 5].to_vec();
+    let file = NtffFile::from_bytes(cut).expect("a cut file still opens");
+    assert!(!file.recovery().is_clean());
+    let recovered: u64 = read_all(&file).values().map(|s| s.device.len() as u64).sum();
+    assert!(recovered > 0 && recovered < 4000 - 8, "{recovered}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let written = tables_of(&file, dir.path());
+    assert_eq!(written.rows("instructions").unwrap_or(0) + written.rows("dma_transfers").unwrap_or(0), recovered);
+    assert!(!written.problems.is_empty(), "the cut is reported");
+}
