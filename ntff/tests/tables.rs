@@ -14,6 +14,20 @@ use ntff::tables::{TABLES, TablesOptions, TablesSummary, write_tables};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use proptest::prelude::*;
 
+/// Nulls in `column` of `dir/table.parquet`, from its column chunks' statistics.
+fn nulls_on_disk(dir: &Path, table: &str, column: &str) -> u64 {
+    let file = std::fs::File::open(dir.join(format!("{table}.parquet"))).expect("table file");
+    let reader = SerializedFileReader::new(file).expect("a Parquet file");
+    let metadata = reader.metadata();
+    let index =
+        metadata.file_metadata().schema_descr().columns().iter().position(|c| c.name() == column).expect("the column");
+    metadata
+        .row_groups()
+        .iter()
+        .map(|g| g.column(index).statistics().and_then(|s| s.null_count_opt()).expect("null count"))
+        .sum()
+}
+
 /// Rows in `dir/table.parquet`, read from its footer.
 fn rows_on_disk(dir: &Path, table: &str) -> u64 {
     let file = std::fs::File::open(dir.join(format!("{table}.parquet"))).expect("table file");
@@ -49,6 +63,13 @@ proptest! {
         prop_assert_eq!(written.rows("dma_transfers"), Some(dma));
         prop_assert_eq!(written.rows("losses"), Some(losses));
         prop_assert_eq!(written.rows("profile"), Some(1));
+        let system_events = || streams.values().flat_map(|s| &s.system);
+        let no_exec = system_events().filter(|e| e.exec_id.is_none()).count() as u64;
+        let no_core = system_events().filter(|e| e.core.is_none()).count() as u64;
+        if system > 0 {
+            prop_assert_eq!(nulls_on_disk(dir.path(), "system_events", "exec_id"), no_exec);
+            prop_assert_eq!(nulls_on_disk(dir.path(), "system_events", "core"), no_core);
+        }
         prop_assert_eq!(written.events, system + device.len() as u64);
         // The only problem of these files: they carry no clock calibration.
         prop_assert!(written.problems.iter().all(|p| p.contains("no clock calibration")), "{:?}", written.problems);

@@ -8,15 +8,13 @@ use std::sync::Arc;
 use std::sync::mpsc::SyncSender;
 use std::thread::JoinHandle;
 
-use arrow_array::builder::{
-    BooleanBuilder, Float64Builder, Int32Builder, StringBuilder, TimestampNanosecondBuilder, UInt32Builder,
-    UInt64Builder,
-};
-use arrow_array::types::Int32Type;
-use arrow_array::{ArrayRef, DictionaryArray, Int32Array, RecordBatch, StringArray};
+use arrow_array::builder::StringBuilder;
+use arrow_array::types::{ArrowPrimitiveType, Float64Type, Int32Type, TimestampNanosecondType, UInt32Type, UInt64Type};
+use arrow_array::{ArrayRef, BooleanArray, DictionaryArray, Int32Array, PrimitiveArray, RecordBatch, StringArray};
+use arrow_buffer::{ArrowNativeType, NullBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::basic::{Compression, Encoding};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
@@ -48,14 +46,58 @@ pub(super) type Column = (&'static str, Kind, bool);
 
 enum Builder {
     Constant,
-    Dict(Int32Builder),
+    Dict(Col<i32>),
     Text(StringBuilder),
-    U32(UInt32Builder),
-    U64(UInt64Builder),
-    I32(Int32Builder),
-    F64(Float64Builder),
-    Bool(BooleanBuilder),
-    Time(TimestampNanosecondBuilder),
+    U32(Col<u32>),
+    U64(Col<u64>),
+    I32(Col<i32>),
+    F64(Col<f64>),
+    Bool(Col<bool>),
+    Time(Col<i64>),
+}
+
+/// A column's values in a batch, and which are null once one is.
+struct Col<T> {
+    values: Vec<T>,
+    valid: Option<Vec<bool>>,
+}
+
+impl<T: Copy + Default> Col<T> {
+    fn new() -> Col<T> {
+        Col { values: Vec::with_capacity(BATCH_ROWS), valid: None }
+    }
+
+    fn push(&mut self, value: Option<T>) {
+        match (value, &mut self.valid) {
+            (Some(v), None) => self.values.push(v),
+            (Some(v), Some(valid)) => {
+                self.values.push(v);
+                valid.push(true);
+            }
+            (None, valid) => {
+                let valid = valid.get_or_insert_with(|| {
+                    let mut all = Vec::with_capacity(BATCH_ROWS);
+                    all.resize(self.values.len(), true);
+                    all
+                });
+                valid.push(false);
+                self.values.push(T::default());
+            }
+        }
+    }
+
+    /// The batch's values and nulls, leaving room for the next batch.
+    fn take(&mut self) -> (Vec<T>, Option<NullBuffer>) {
+        let values = std::mem::replace(&mut self.values, Vec::with_capacity(BATCH_ROWS));
+        (values, self.valid.take().map(NullBuffer::from))
+    }
+}
+
+impl<T: ArrowNativeType> Col<T> {
+    fn array<A: ArrowPrimitiveType<Native = T>>(&mut self) -> PrimitiveArray<A> {
+        let (values, nulls) = self.take();
+        PrimitiveArray::new(ScalarBuffer::from(values), nulls)
+    }
 }
 
 /// Interned values of a `Dict` column.
@@ -93,14 +135,14 @@ fn data_type(kind: Kind) -> DataType {
 fn builder(kind: Kind) -> Builder {
     match kind {
         Kind::Constant => Builder::Constant,
-        Kind::Dict => Builder::Dict(Int32Builder::with_capacity(BATCH_ROWS)),
+        Kind::Dict => Builder::Dict(Col::new()),
         Kind::Text => Builder::Text(StringBuilder::new()),
-        Kind::U32 => Builder::U32(UInt32Builder::with_capacity(BATCH_ROWS)),
-        Kind::U64 => Builder::U64(UInt64Builder::with_capacity(BATCH_ROWS)),
-        Kind::I32 => Builder::I32(Int32Builder::with_capacity(BATCH_ROWS)),
-        Kind::F64 => Builder::F64(Float64Builder::with_capacity(BATCH_ROWS)),
-        Kind::Bool => Builder::Bool(BooleanBuilder::with_capacity(BATCH_ROWS)),
-        Kind::Time => Builder::Time(TimestampNanosecondBuilder::with_capacity(BATCH_ROWS).with_timezone("UTC")),
+        Kind::U32 => Builder::U32(Col::new()),
+        Kind::U64 => Builder::U64(Col::new()),
+        Kind::I32 => Builder::I32(Col::new()),
+        Kind::F64 => Builder::F64(Col::new()),
+        Kind::Bool => Builder::Bool(Col::new()),
+        Kind::Time => Builder::Time(Col::new()),
     }
 }
 
@@ -111,22 +153,26 @@ impl Table {
         let fields: Vec<Field> =
             columns.iter().map(|&(name, kind, nullable)| Field::new(name, data_type(kind), nullable)).collect();
         let schema = Arc::new(Schema::new(fields));
-        // Strings of a small set are dictionary-encoded; integers are delta-encoded
-        // (ids and times grow, small codes repeat), which costs less to write than
-        // a dictionary and compresses as well; statistics per column chunk.
+        // Strings are written plain: zstd takes their repeats for less than building
+        // dictionary pages costs. Integers and times are delta-encoded (ids and times
+        // grow, small codes repeat), cheaper to write than a dictionary and as small
+        // once compressed. Numbers and times get statistics per column chunk, for
+        // readers to skip row groups by; strings none (a comparison per value).
         let mut properties = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(ZstdLevel::default()))
+            .set_compression(Compression::ZSTD(parquet::basic::ZstdLevel::default()))
             .set_dictionary_enabled(false)
             .set_statistics_enabled(EnabledStatistics::Chunk)
             .set_created_by(format!("neuron-profile {}", env!("CARGO_PKG_VERSION")));
         for &(name, kind, _) in columns {
             let path = ColumnPath::from(name);
             properties = match kind {
-                Kind::Dict => properties.set_column_dictionary_enabled(path, false),
                 Kind::Time | Kind::U32 | Kind::U64 | Kind::I32 => {
                     properties.set_column_encoding(path, Encoding::DELTA_BINARY_PACKED)
                 }
-                Kind::Constant | Kind::Text | Kind::F64 | Kind::Bool => properties,
+                Kind::Constant | Kind::Dict | Kind::Text => {
+                    properties.set_column_statistics_enabled(path, EnabledStatistics::None)
+                }
+                Kind::F64 | Kind::Bool => properties,
             };
         }
         let file = File::create(path).map_err(|e| NtffError::io(path, e))?;
@@ -199,15 +245,18 @@ impl Table {
                 }
                 Builder::Dict(keys) => {
                     let values = Arc::new(StringArray::from_iter_values(self.values[k].strings.iter()));
-                    Arc::new(dictionary(keys.finish(), values)?)
+                    Arc::new(dictionary(keys.array::<Int32Type>(), values)?)
                 }
                 Builder::Text(b) => Arc::new(b.finish()),
-                Builder::U32(b) => Arc::new(b.finish()),
-                Builder::U64(b) => Arc::new(b.finish()),
-                Builder::I32(b) => Arc::new(b.finish()),
-                Builder::F64(b) => Arc::new(b.finish()),
-                Builder::Bool(b) => Arc::new(b.finish()),
-                Builder::Time(b) => Arc::new(b.finish()),
+                Builder::U32(b) => Arc::new(b.array::<UInt32Type>()),
+                Builder::U64(b) => Arc::new(b.array::<UInt64Type>()),
+                Builder::I32(b) => Arc::new(b.array::<Int32Type>()),
+                Builder::F64(b) => Arc::new(b.array::<Float64Type>()),
+                Builder::Bool(b) => {
+                    let (values, nulls) = b.take();
+                    Arc::new(BooleanArray::new(values.into(), nulls))
+                }
+                Builder::Time(b) => Arc::new(b.array::<TimestampNanosecondType>().with_timezone("UTC")),
             };
             arrays.push(array);
         }
@@ -281,7 +330,7 @@ impl Row<'_> {
     /// A `Dict` column, by its key (`None`: null).
     pub(super) fn key(&mut self, key: Option<i32>) -> &mut Self {
         if let Builder::Dict(b) = self.next() {
-            b.append_option(key);
+            b.push(key);
         } else {
             mismatch(self.at);
         }
@@ -299,7 +348,7 @@ impl Row<'_> {
 
     pub(super) fn u32(&mut self, value: Option<u32>) -> &mut Self {
         if let Builder::U32(b) = self.next() {
-            b.append_option(value);
+            b.push(value);
         } else {
             mismatch(self.at);
         }
@@ -308,7 +357,7 @@ impl Row<'_> {
 
     pub(super) fn u64(&mut self, value: Option<u64>) -> &mut Self {
         if let Builder::U64(b) = self.next() {
-            b.append_option(value);
+            b.push(value);
         } else {
             mismatch(self.at);
         }
@@ -317,7 +366,7 @@ impl Row<'_> {
 
     pub(super) fn i32(&mut self, value: Option<i32>) -> &mut Self {
         if let Builder::I32(b) = self.next() {
-            b.append_option(value);
+            b.push(value);
         } else {
             mismatch(self.at);
         }
@@ -326,7 +375,7 @@ impl Row<'_> {
 
     pub(super) fn f64(&mut self, value: Option<f64>) -> &mut Self {
         if let Builder::F64(b) = self.next() {
-            b.append_option(value);
+            b.push(value);
         } else {
             mismatch(self.at);
         }
@@ -335,7 +384,7 @@ impl Row<'_> {
 
     pub(super) fn bool(&mut self, value: bool) -> &mut Self {
         if let Builder::Bool(b) = self.next() {
-            b.append_value(value);
+            b.push(Some(value));
         } else {
             mismatch(self.at);
         }
@@ -345,7 +394,7 @@ impl Row<'_> {
     /// A `Time` column, in wall-clock nanoseconds.
     pub(super) fn time(&mut self, value: Option<i64>) -> &mut Self {
         if let Builder::Time(b) = self.next() {
-            b.append_option(value);
+            b.push(value);
         } else {
             mismatch(self.at);
         }

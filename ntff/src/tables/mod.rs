@@ -15,11 +15,11 @@ mod derived;
 use std::collections::HashMap;
 use std::path::Path;
 
-use columns::{Column, Kind, Table};
+use columns::{Column, Kind, Row, Table};
 use derived::{Derived, ExecKey};
 
 use crate::export::Progress;
-use crate::model::{ArgValue, Clock, Descriptor, DescriptorId, SystemEvent};
+use crate::model::{ArgValue, Clock, Descriptor, DescriptorId, DeviceEvent, Phase, SystemEvent};
 use crate::summary::{self, ENCLOSING_OPCODES, Summary};
 use crate::{NtffError, NtffFile, SyncClock};
 
@@ -245,6 +245,8 @@ fn write_all(
     let models: HashMap<u32, &str> = file.models().iter().map(|m| (m.model_id, m.name.as_str())).collect();
     let mut resolved: Vec<Option<Option<Resolved>>> = vec![None; file.descriptors().len()];
     let mut sym_keys: [HashMap<u32, i32>; 3] = Default::default();
+    let phases = [Phase::Start, Phase::Stop, Phase::Instant].map(|p| system.key(SYS_PHASE, p.name()));
+    let clock_keys = ["host", "device"].map(|c| system.key(SYS_CLOCK, c));
     let events_total: u64 =
         file.select(cores, None).map(|c| u64::from(c.system_events) + u64::from(c.device_events)).sum();
     let mut done = 0u64;
@@ -261,8 +263,12 @@ fn write_all(
             let name = *sym_keys[0]
                 .entry(e.name.0)
                 .or_insert_with(|| system.key(SYS_NAME, &file.string_or_placeholder(e.name)));
-            let phase = system.key(SYS_PHASE, e.phase.name());
-            let clock_key = system.key(SYS_CLOCK, if e.clock == Clock::Host { "host" } else { "device" });
+            let phase = match e.phase {
+                Phase::Start => phases[0],
+                Phase::Stop => phases[1],
+                Phase::Instant => phases[2],
+            };
+            let clock_key = clock_keys[usize::from(e.clock == Clock::Device)];
             let args = (!e.args.is_empty()).then(|| {
                 args_json.clear();
                 write_args(file, e, &mut args_json);
@@ -318,16 +324,7 @@ fn write_all(
                     resource,
                 } => {
                     instructions.row(|r| {
-                        r.constant()
-                            .u32(Some(pid))
-                            .constant()
-                            .u32(Some(e.core))
-                            .u64(Some(e.id))
-                            .u64(e.exec_id)
-                            .u32(Some(model_id))
-                            .key(Some(model))
-                            .time(time)
-                            .u64(Some(ns))
+                        device_columns(r, pid, e, model_id, model, time, ns)
                             .key(Some(engine))
                             .key(Some(opcode))
                             .key(Some(hlo))
@@ -342,16 +339,7 @@ fn write_all(
                 }
                 Resolved::Dma { model_id, model, queue, index, bytes, resource } => {
                     dma.row(|r| {
-                        r.constant()
-                            .u32(Some(pid))
-                            .constant()
-                            .u32(Some(e.core))
-                            .u64(Some(e.id))
-                            .u64(e.exec_id)
-                            .u32(Some(model_id))
-                            .key(Some(model))
-                            .time(time)
-                            .u64(Some(ns))
+                        device_columns(r, pid, e, model_id, model, time, ns)
                             .key(Some(queue))
                             .u32(Some(index))
                             .u64(Some(bytes));
@@ -404,6 +392,28 @@ fn write_all(
     }
     tables.sort_by_key(|t| TABLES.iter().position(|n| *n == t.0));
     Ok(TablesSummary { tables, events: done, problems })
+}
+
+/// The columns `instructions` and `dma_transfers` start with.
+fn device_columns<'r, 'b>(
+    r: &'r mut Row<'b>,
+    pid: u32,
+    e: &DeviceEvent,
+    model_id: u32,
+    model: i32,
+    time: Option<i64>,
+    ns: u64,
+) -> &'r mut Row<'b> {
+    r.constant()
+        .u32(Some(pid))
+        .constant()
+        .u32(Some(e.core))
+        .u64(Some(e.id))
+        .u64(e.exec_id)
+        .u32(Some(model_id))
+        .key(Some(model))
+        .time(time)
+        .u64(Some(ns))
 }
 
 /// A descriptor's row values, with its strings interned in the tables that show them.

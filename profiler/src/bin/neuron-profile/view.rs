@@ -210,12 +210,7 @@ fn export(args: &ViewArgs, format: OutputFormat, paths: &[PathBuf]) -> Result<()
         }
         None => Box::new(std::io::stdout().lock()),
     };
-    let bar = indicatif::ProgressBar::new(0).with_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} exporting {human_pos}/{human_len} events [{elapsed_precise}] {wide_bar} {eta}",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-    );
+    let bar = progress_bar("exporting");
     let mut progress = |p: Progress| {
         bar.set_length(p.events_total);
         bar.set_position(p.events_done);
@@ -261,12 +256,7 @@ fn tables(args: &ViewArgs, paths: &[PathBuf]) -> Result<()> {
         let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("profile").to_string();
         let dir = if args.session_dir.is_some() { out.join(&stem) } else { out.clone() };
         let options = ntff::tables::TablesOptions { cores: core_filter(args, &file)?, session: stem };
-        let bar = indicatif::ProgressBar::new(0).with_style(
-            indicatif::ProgressStyle::with_template(
-                "{spinner} writing tables: {human_pos}/{human_len} events [{elapsed_precise}] {wide_bar} {eta}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
+        let bar = progress_bar("writing tables:");
         let mut progress = |p: Progress| {
             bar.set_length(p.events_total);
             bar.set_position(p.events_done);
@@ -293,6 +283,15 @@ fn tables(args: &ViewArgs, paths: &[PathBuf]) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A bar of events done, for an export that says what it is `doing`.
+fn progress_bar(doing: &str) -> indicatif::ProgressBar {
+    let template =
+        format!("{{spinner}} {doing} {{human_pos}}/{{human_len}} events [{{elapsed_precise}}] {{wide_bar}} {{eta}}");
+    indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template(&template).unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    )
 }
 
 /// The `.ntff` files of `dir`, by name.
