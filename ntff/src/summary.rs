@@ -275,7 +275,7 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
         let Ok(chunk) = file.read_chunk(info) else { continue };
         events.system += chunk.system.len() as u64;
         events.device += chunk.device.len() as u64;
-        events.lost_in_rings += chunk.losses.iter().map(|l| l.events).sum::<u64>();
+        add(&mut events.lost_in_rings, chunk.losses.iter().fold(0u64, |sum, l| sum.saturating_add(l.events)));
         for e in &chunk.system {
             let is_execute = Some(e.name) == execute;
             if schedule.is_some() && Some(e.name) == schedule && e.phase != Phase::Stop {

@@ -2,8 +2,6 @@
 //! instruction, DMA transfer and loss marker, whatever the field values, and a file
 //! cut short gives the rows of what could be recovered, and says so.
 
-#![cfg(feature = "parquet")]
-
 mod common;
 
 use std::path::Path;
@@ -13,6 +11,77 @@ use ntff::NtffFile;
 use ntff::tables::{TABLES, TablesOptions, TablesSummary, write_tables};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use proptest::prelude::*;
+
+/// The integer column `column` of `dir/table.parquet`, row by row.
+fn integers(dir: &Path, table: &str, column: &str) -> Vec<Option<u64>> {
+    use arrow_array::Array;
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{UInt32Type, UInt64Type};
+    let file = std::fs::File::open(dir.join(format!("{table}.parquet"))).expect("table file");
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .expect("a Parquet file")
+        .build()
+        .expect("a reader");
+    let mut values = Vec::new();
+    for batch in reader {
+        let batch = batch.expect("a batch");
+        let array = batch.column_by_name(column).expect("the column");
+        for k in 0..array.len() {
+            values.push(array.is_valid(k).then(|| match array.data_type() {
+                arrow_schema::DataType::UInt32 => u64::from(array.as_primitive::<UInt32Type>().value(k)),
+                _ => array.as_primitive::<UInt64Type>().value(k),
+            }));
+        }
+    }
+    values
+}
+
+/// Each event's fields against its row, in the order the file holds them.
+fn rows_match_events(file: &NtffFile, dir: &Path) -> Result<(), TestCaseError> {
+    let (mut system, mut instructions) = (Vec::new(), Vec::new());
+    for info in file.select(None, None) {
+        let chunk = file.read_chunk(info).expect("chunk");
+        system.extend(chunk.system);
+        instructions.extend(
+            chunk
+                .device
+                .into_iter()
+                .filter(|e| matches!(file.descriptor(e.descriptor), Some(ntff::Descriptor::Instruction { .. }))),
+        );
+    }
+    let expect = |values: Vec<Option<u64>>, name: &str, table: &str| -> Result<(), TestCaseError> {
+        prop_assert_eq!(integers(dir, table, name), values, "{}.{}", table, name);
+        Ok(())
+    };
+    expect(system.iter().map(|e| Some(e.id)).collect(), "id", "system_events")?;
+    expect(system.iter().map(|e| Some(e.tracking_id)).collect(), "tracking_id", "system_events")?;
+    expect(system.iter().map(|e| Some(u64::from(e.thread_id))).collect(), "thread_id", "system_events")?;
+    expect(system.iter().map(|e| e.exec_id).collect(), "exec_id", "system_events")?;
+    expect(system.iter().map(|e| e.model_id.map(u64::from)).collect(), "model_id", "system_events")?;
+    expect(system.iter().map(|e| e.nrta_seq_id).collect(), "nrta_seq_id", "system_events")?;
+    expect(system.iter().map(|e| e.core.map(u64::from)).collect(), "core", "system_events")?;
+    expect(instructions.iter().map(|e| Some(e.id)).collect(), "id", "instructions")?;
+    expect(instructions.iter().map(|e| e.exec_id).collect(), "exec_id", "instructions")?;
+    expect(
+        instructions.iter().map(|e| Some(e.end_ns.saturating_sub(e.start_ns))).collect(),
+        "duration_ns",
+        "instructions",
+    )?;
+    let described = |f: fn(&ntff::Descriptor) -> u64| -> Vec<Option<u64>> {
+        instructions.iter().map(|e| file.descriptor(e.descriptor).map(f)).collect()
+    };
+    let flops = described(|d| match *d {
+        ntff::Descriptor::Instruction { flops, .. } => flops,
+        ntff::Descriptor::Dma { .. } => 0,
+    });
+    let read = described(|d| match *d {
+        ntff::Descriptor::Instruction { bytes_read, .. } => bytes_read,
+        ntff::Descriptor::Dma { .. } => 0,
+    });
+    expect(flops, "flops", "instructions")?;
+    expect(read, "bytes_read", "instructions")?;
+    Ok(())
+}
 
 /// Nulls in `column` of `dir/table.parquet`, from its column chunks' statistics.
 fn nulls_on_disk(dir: &Path, table: &str, column: &str) -> u64 {
@@ -71,6 +140,7 @@ proptest! {
             prop_assert_eq!(nulls_on_disk(dir.path(), "system_events", "core"), no_core);
         }
         prop_assert_eq!(written.events, system + device.len() as u64);
+        rows_match_events(&file, dir.path())?;
         // The only problem of these files: they carry no clock calibration.
         prop_assert!(written.problems.iter().all(|p| p.contains("no clock calibration")), "{:?}", written.problems);
     }

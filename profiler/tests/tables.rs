@@ -252,16 +252,19 @@ fn readme_queries(python: &Path, dir: &Path) {
 
     // Findings: the scheduled tiny executions leave the device idle.
     let findings = table(3);
-    assert!(!findings.is_empty(), "{findings:?}");
-    assert!(findings.iter().all(|r| f(&r["avg_saves_percent"]) >= 5.0), "{findings:?}");
+    assert!(findings.iter().any(|r| r["kind"] == "idle" && r["about"] == "host"), "{findings:?}");
 
-    // The slowest traced executions, with bounds no larger than their device time.
+    // The slowest traced executions with their bounds: attention's (tens of
+    // milliseconds each in a debug build, against microseconds for the tiny model),
+    // each bounded by its busiest resource.
     let slowest = table(4);
     assert_eq!(slowest.len(), 10, "{slowest:?}");
-    for r in &slowest {
-        assert!(f(&r["pipeline_us"]) <= f(&r["device_us"]) + 0.1, "{r:?}");
+    let attention = slowest.iter().filter(|r| r["session"] == "attention").count();
+    assert!(attention >= 8, "{slowest:?}");
+    for r in slowest.iter().filter(|r| r["session"] == "attention") {
+        assert!(f(&r["pipeline_us"]) > 0.0 && r["pipeline_resource"].as_str().is_some_and(|s| !s.is_empty()), "{r:?}");
+        assert_eq!(r["model"], "attention");
     }
-    assert_eq!(slowest[0]["session"], "attention", "attention's executions are the slowest: {slowest:?}");
 }
 
 /// The SQL blocks of the README's Parquet section.

@@ -148,14 +148,18 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
     };
     let (mut recorded_ns, mut idle_ns, mut recorded_executions) = (0u64, 0u64, 0u64);
     for core in &cores {
-        let mut spans: Vec<(u64, u64)> =
-            i.runs.iter().filter(|((c, _), _)| c == core).map(|(_, &(start, ns))| (start, start + ns)).collect();
+        let mut spans: Vec<(u64, u64)> = i
+            .runs
+            .iter()
+            .filter(|((c, _), _)| c == core)
+            .map(|(_, &(start, ns))| (start, start.saturating_add(ns)))
+            .collect();
         spans.sort_unstable();
         let (Some(first), Some(last)) = (spans.first(), spans.iter().map(|s| s.1).max()) else { continue };
-        let wall = last - first.0;
-        let busy: u64 = spans.iter().map(|(a, b)| b - a).sum();
-        recorded_ns += wall;
-        idle_ns += wall.saturating_sub(busy);
+        let wall = last.saturating_sub(first.0);
+        let busy: u64 = spans.iter().fold(0u64, |sum, (a, b)| sum.saturating_add(b - a));
+        recorded_ns = recorded_ns.saturating_add(wall);
+        idle_ns = idle_ns.saturating_add(wall.saturating_sub(busy));
         recorded_executions += spans.len() as u64;
     }
     let recorded_s = (recorded_ns as f64 / 1e9).max(device_s);

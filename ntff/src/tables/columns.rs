@@ -22,6 +22,9 @@ use crate::NtffError;
 
 /// Rows per record batch.
 const BATCH_ROWS: usize = 64 * 1024;
+/// A batch ends sooner when its text columns reach this many bytes (arrow's string
+/// offsets are 32-bit; a file's arguments can be long).
+const BATCH_TEXT_BYTES: usize = 256 << 20;
 
 /// A column's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +117,8 @@ pub(super) struct Table {
     values: Vec<Values>,
     constants: Vec<Arc<StringArray>>,
     rows_in_batch: usize,
+    /// Bytes of the batch's text columns, whose offsets must stay below 2 GiB.
+    text_bytes: usize,
     rows: u64,
     batches: Option<SyncSender<RecordBatch>>,
     writer: Option<JoinHandle<Result<(), parquet::errors::ParquetError>>>,
@@ -202,6 +207,7 @@ impl Table {
             values: kinds.iter().map(|_| Values::default()).collect(),
             constants,
             rows_in_batch: 0,
+            text_bytes: 0,
             rows: 0,
             batches: Some(batches),
             writer: Some(writer),
@@ -222,12 +228,12 @@ impl Table {
 
     /// Appends one row; `row` sets each column through the [`Row`] in order.
     pub(super) fn row(&mut self, fill: impl FnOnce(&mut Row<'_>)) -> Result<(), NtffError> {
-        let mut row = Row { builders: &mut self.builders, at: 0 };
+        let mut row = Row { builders: &mut self.builders, at: 0, text_bytes: &mut self.text_bytes };
         fill(&mut row);
         debug_assert_eq!(row.at, self.builders.len(), "a row sets every column");
         self.rows_in_batch += 1;
         self.rows += 1;
-        if self.rows_in_batch == BATCH_ROWS { self.flush() } else { Ok(()) }
+        if self.rows_in_batch == BATCH_ROWS || self.text_bytes >= BATCH_TEXT_BYTES { self.flush() } else { Ok(()) }
     }
 
     fn flush(&mut self) -> Result<(), NtffError> {
@@ -267,6 +273,7 @@ impl Table {
             return self.close();
         }
         self.rows_in_batch = 0;
+        self.text_bytes = 0;
         Ok(())
     }
 
@@ -285,6 +292,14 @@ impl Table {
             Some(Ok(Err(e))) => Err(parquet_error(e)),
             Some(Err(_)) => Err(invalid("the Parquet writer thread panicked".into())),
         }
+    }
+}
+
+impl Drop for Table {
+    /// A table left unfinished (an error elsewhere) stops its writer before the caller
+    /// goes on: its file is left without a footer, which readers refuse.
+    fn drop(&mut self) {
+        let _ = self.close();
     }
 }
 
@@ -312,6 +327,7 @@ fn mismatch(column: usize) {
 pub(super) struct Row<'a> {
     builders: &'a mut [Builder],
     at: usize,
+    text_bytes: &'a mut usize,
 }
 
 impl Row<'_> {
@@ -338,6 +354,7 @@ impl Row<'_> {
     }
 
     pub(super) fn text(&mut self, value: Option<&str>) -> &mut Self {
+        *self.text_bytes += value.map_or(0, str::len);
         if let Builder::Text(b) = self.next() {
             b.append_option(value);
         } else {

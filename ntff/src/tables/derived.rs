@@ -86,7 +86,8 @@ const PROFILE: &[Column] = &[
     ("dma_peak_bytes_per_s", Kind::F64, true),
 ];
 
-/// Column positions (after the three file columns) the writers key.
+/// Positions in the tables' full column lists (the three file columns first) of the
+/// columns the writers key.
 const EXE_MODEL: usize = 6;
 const CNT_COUNTER: usize = 5;
 const CNT_UNIT: usize = 6;
@@ -493,7 +494,7 @@ impl<'a> Derived<'a> {
         let meta = self.file.metadata();
         let s = summary;
         let positive = |v: f64| (v > 0.0).then_some(v);
-        let capture = (meta.capture_unix_ns > 0).then_some(meta.capture_unix_ns as i64);
+        let capture = i64::try_from(meta.capture_unix_ns).ok().filter(|&t| t > 0);
         let problems = (!problems.is_empty()).then(|| problems.join("; "));
         t.row(|r| {
             r.constant()

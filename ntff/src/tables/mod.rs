@@ -5,8 +5,9 @@
 //! `session`, so that the tables of many files and hosts concatenate into one dataset;
 //! times are wall-clock nanoseconds (UTC), device times moved onto the host clock
 //! through their core's sync points. The event tables hold one row per event of the
-//! file, as `neuron-profile view --output-format json` lists them; the other tables
-//! are derived: executions, counters (as the timeline export draws them), losses, and
+//! file (what `neuron-profile view --output-format json` lists, and events of kinds it
+//! does not know); the other tables are derived: executions, counters (utilisation and
+//! tensor memory as the timeline export draws them, events lost per core), losses, and
 //! the bounds and findings of the profile's summary.
 
 mod columns;
@@ -191,10 +192,16 @@ pub fn write_tables(
     // The summary (per-HLO bounds, findings, the DMA peak) is made on a thread of its
     // own while the events are written.
     std::thread::scope(|scope| {
-        let summary = scope.spawn(|| summary::summarise(file, cores));
-        write_all(file, options, dir, host, pid, progress, || {
-            summary.join().map_err(|_| NtffError::Write(std::io::Error::other("the summary's thread panicked")))
-        })
+        let mut summary = Some(scope.spawn(|| summary::summarise(file, cores)));
+        let joined = |summary: &mut Option<std::thread::ScopedJoinHandle<'_, Summary>>| {
+            summary.take().map(|h| h.join()).unwrap_or_else(|| Err(Box::new("joined already")))
+        };
+        let written = write_all(file, options, dir, host, pid, progress, || {
+            joined(&mut summary).map_err(|_| NtffError::Write(std::io::Error::other("the summary's thread panicked")))
+        });
+        // An early error leaves it running: wait for it here, whatever it met.
+        let _ = joined(&mut summary);
+        written
     })
 }
 
@@ -233,10 +240,11 @@ fn write_all(
     {
         let mut points: HashMap<u32, Vec<crate::SyncPoint>> = HashMap::new();
         for info in file.select(cores, None) {
-            if let Some(core) = info.core
-                && let Ok(p) = file.read_sync_points(info)
-            {
-                points.entry(core).or_default().extend(p);
+            if let Some(core) = info.core {
+                // A chunk that cannot be read is reported when its events are.
+                if let Ok(p) = file.read_sync_points(info) {
+                    points.entry(core).or_default().extend(p);
+                }
             }
         }
         clocks.extend(points.into_iter().map(|(core, p)| (core, SyncClock::new(p))));
@@ -250,9 +258,17 @@ fn write_all(
     let events_total: u64 =
         file.select(cores, None).map(|c| u64::from(c.system_events) + u64::from(c.device_events)).sum();
     let mut done = 0u64;
+    let mut unresolved = 0u64;
     let mut args_json = String::new();
     for info in file.select(cores, None) {
-        let Ok(chunk) = file.read_chunk(info) else { continue };
+        let chunk = match file.read_chunk(info) {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                let events = u64::from(info.system_events) + u64::from(info.device_events);
+                problems.push(format!("a chunk of {events} events at offset {} could not be read: {e}", info.offset));
+                continue;
+            }
+        };
         let clock = chunk.core.and_then(|c| clocks.get(&c)).unwrap_or(&no_clock);
         let host_of = |e: &SystemEvent| match e.clock {
             Clock::Host => Some(e.timestamp_ns),
@@ -295,7 +311,10 @@ fn write_all(
         }
         for e in &chunk.device {
             let slot = e.descriptor.0 as usize;
-            let Some(slot_value) = resolved.get_mut(slot) else { continue };
+            let Some(slot_value) = resolved.get_mut(slot) else {
+                unresolved += 1;
+                continue;
+            };
             if slot_value.is_none() {
                 *slot_value = Some(resolve(
                     file,
@@ -307,7 +326,10 @@ fn write_all(
                     &mut sym_keys,
                 ));
             }
-            let Some(Some(d)) = *slot_value else { continue };
+            let Some(Some(d)) = *slot_value else {
+                unresolved += 1;
+                continue;
+            };
             let time = clock.to_host(e.start_ns).and_then(wall);
             let ns = e.end_ns.saturating_sub(e.start_ns);
             match d {
@@ -373,6 +395,10 @@ fn write_all(
         progress(Progress { events_done: done, events_total });
     }
 
+    if unresolved > 0 {
+        problems
+            .push(format!("{unresolved} device events name no instruction or transfer the file describes: left out"));
+    }
     let mut tables = Vec::new();
     let mut finish = |name: &str, table: Table| -> Result<(), NtffError> {
         let rows = table.finish()?;
