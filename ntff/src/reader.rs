@@ -7,15 +7,16 @@
 //! reported with its offset, and the scan resumes at the next frame; the report says
 //! how many bytes (and, when the frame header survived, how many events) were lost.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
 
-use crate::NtffError;
 use crate::codec::decode_chunk;
 use crate::format::{self, Frame, RecordKind};
 use crate::model::{Chunk, ChunkInfo, Descriptor, DescriptorId, Sym, SyncPoint, core_of_stream};
 use crate::proto;
+use crate::{NtffError, SyncClock};
 
 /// The bytes of a file: mapped, or owned (for tests and fuzzing).
 #[derive(Debug)]
@@ -280,6 +281,25 @@ impl NtffFile {
         let chunk = <SyncPointsOnly as prost::Message>::decode(payload)
             .map_err(|e| NtffError::Damaged { offset: info.offset, reason: e.to_string() })?;
         Ok(chunk.sync_points.iter().map(|s| SyncPoint { host_ns: s.host_ns, device_ns: s.device_ns }).collect())
+    }
+
+    /// Each core's sync points, from its chunks among those of `cores` (`None`: all).
+    /// A chunk that cannot be read adds none; reading its events reports it.
+    pub fn sync_points_by_core(&self, cores: Option<&[u32]>) -> HashMap<u32, Vec<SyncPoint>> {
+        let mut points: HashMap<u32, Vec<SyncPoint>> = HashMap::new();
+        for info in self.select(cores, None) {
+            if let Some(core) = info.core
+                && let Ok(p) = self.read_sync_points(info)
+            {
+                points.entry(core).or_default().extend(p);
+            }
+        }
+        points
+    }
+
+    /// Each core's clock, from [`NtffFile::sync_points_by_core`].
+    pub fn core_clocks(&self, cores: Option<&[u32]>) -> HashMap<u32, SyncClock> {
+        self.sync_points_by_core(cores).into_iter().map(|(core, p)| (core, SyncClock::new(p))).collect()
     }
 
     /// What is missing from the file.

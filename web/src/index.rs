@@ -212,14 +212,7 @@ impl ProfileIndex {
     /// Decodes every chunk of `file` into tracks.
     pub(crate) fn build(file: NtffFile) -> ProfileIndex {
         let chunks = file.chunks();
-        let mut sync_points: HashMap<u32, Vec<ntff::SyncPoint>> = HashMap::new();
-        for info in chunks {
-            if let Some(core) = info.core
-                && let Ok(points) = file.read_sync_points(info)
-            {
-                sync_points.entry(core).or_default().extend(points);
-            }
-        }
+        let sync_points = file.sync_points_by_core(None);
         let clocks_of = || -> HashMap<u32, SyncClock> {
             sync_points.iter().map(|(&c, p)| (c, SyncClock::new(p.clone()))).collect()
         };

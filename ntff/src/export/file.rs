@@ -114,22 +114,16 @@ impl<'f> FileExport<'f> {
         // Streams in the order of their first chunk, each with its chunks in file order.
         let mut streams: Vec<Option<u32>> = Vec::new();
         let mut by_stream: HashMap<Option<u32>, VecDeque<&'f ChunkInfo>> = HashMap::new();
-        let mut sync: HashMap<u32, Vec<SyncPoint>> = HashMap::new();
         for info in file.select(options.cores.as_deref(), None) {
             if !by_stream.contains_key(&info.core) {
                 streams.push(info.core);
             }
             by_stream.entry(info.core).or_default().push_back(info);
-            if let Some(core) = info.core
-                && let Ok(points) = file.read_sync_points(info)
-            {
-                sync.entry(core).or_default().extend(points);
-            }
         }
+        let mut clocks = file.core_clocks(options.cores.as_deref());
         for core in streams.iter().flatten() {
-            let points = sync.remove(core).unwrap_or_default();
             let slot = export.core(layout, *core)?;
-            export.cores[slot].sync = SyncClock::new(points);
+            export.cores[slot].sync = clocks.remove(core).unwrap_or_default();
         }
         export.cursors = streams
             .into_iter()
@@ -773,20 +767,7 @@ impl<'f> FileExport<'f> {
         e: &SystemEvent,
         ts: u64,
     ) -> Result<(), NtffError> {
-        let counted = match kind {
-            SystemKind::TensorAllocate => matches!(e.phase, Phase::Stop | Phase::Instant),
-            _ => matches!(e.phase, Phase::Start | Phase::Instant),
-        };
-        if !counted {
-            return Ok(());
-        }
-        let Some(size) = e.args.iter().find_map(|a| match a.value {
-            ArgValue::U64(v) if self.file.string(a.key) == Some("size") => Some(v),
-            _ => None,
-        }) else {
-            return Ok(());
-        };
-        let delta = if kind == SystemKind::TensorAllocate { size as i64 } else { -(size as i64) };
+        let Some(delta) = tensor_bytes(self.file, e, kind == SystemKind::TensorAllocate) else { return Ok(()) };
         let description = "Bytes of tensors allocated minus freed since the trace began".to_string();
         let (track, value) = match core {
             Some(core) => {
@@ -801,7 +782,7 @@ impl<'f> FileExport<'f> {
                         track
                     }
                 };
-                self.cores[slot].memory_bytes += delta;
+                self.cores[slot].memory_bytes = self.cores[slot].memory_bytes.saturating_add(delta);
                 (track, self.cores[slot].memory_bytes)
             }
             None => {
@@ -819,7 +800,7 @@ impl<'f> FileExport<'f> {
                         track
                     }
                 };
-                self.host_memory.1 += delta;
+                self.host_memory.1 = self.host_memory.1.saturating_add(delta);
                 (track, self.host_memory.1)
             }
         };
@@ -849,6 +830,26 @@ impl<'f> FileExport<'f> {
 }
 
 /// A system event to leave in place of one taken out of a chunk.
+/// The tensor bytes an `nrt_tensor_allocate` (`allocate`) or `nrt_tensor_free` event
+/// adds to the allocated total, negative for a free: an allocation counts at its stop,
+/// a free at its start, either as an instant; `None` for the other phase, or without a
+/// `size`.
+pub(crate) fn tensor_bytes(file: &NtffFile, e: &SystemEvent, allocate: bool) -> Option<i64> {
+    let counted = match e.phase {
+        Phase::Instant => true,
+        Phase::Stop => allocate,
+        Phase::Start => !allocate,
+    };
+    if !counted {
+        return None;
+    }
+    let size = e.args.iter().find_map(|a| match a.value {
+        ArgValue::U64(v) if file.string(a.key) == Some("size") => Some(i64::try_from(v).unwrap_or(i64::MAX)),
+        _ => None,
+    })?;
+    Some(if allocate { size } else { -size })
+}
+
 pub(super) fn placeholder_event() -> SystemEvent {
     SystemEvent {
         core: None,

@@ -26,9 +26,11 @@ use std::io::Write;
 use std::sync::mpsc::Receiver;
 
 use crate::model::{ArgValue, Chunk, ChunkInfo, Clock, Descriptor, DescriptorId, DeviceEvent, Phase, Sym, SystemEvent};
-use crate::{NtffError, NtffFile, SyncClock, SyncPoint};
+use crate::{NtffError, NtffFile, SyncClock};
 
 use file::FileExport;
+#[cfg(feature = "parquet")]
+pub(crate) use file::tensor_bytes;
 #[cfg(any(test, feature = "parquet"))]
 pub(crate) use layout::{Busy, bucket_width};
 use layout::{Layout, Names};
@@ -326,7 +328,10 @@ mod tests {
 
     #[test]
     fn device_times_use_the_next_sync_point() {
-        let sync = [SyncPoint { host_ns: 1_000, device_ns: 100 }, SyncPoint { host_ns: 2_010, device_ns: 1_100 }];
+        let sync = [
+            crate::SyncPoint { host_ns: 1_000, device_ns: 100 },
+            crate::SyncPoint { host_ns: 2_010, device_ns: 1_100 },
+        ];
         let clock = SyncClock::new(sync.to_vec());
         for _ in 0..2 {
             assert_eq!(clock.to_host(50), Some(950));

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use super::columns::{Column, Kind, Table};
-use crate::export::{Busy, bucket_width};
+use crate::export::{Busy, bucket_width, tensor_bytes};
 use crate::model::{ArgValue, Phase, Sym, SystemEvent};
 use crate::summary::{DefinedPeaks, Summary};
 use crate::{NtffError, NtffFile};
@@ -152,7 +152,6 @@ pub(super) struct Derived<'a> {
     allocate: Option<Sym>,
     free: Option<Sym>,
     status: Option<Sym>,
-    size: Option<Sym>,
     open: HashMap<OpenSpan, SpanStart>,
     index: HashMap<ExecKey, usize>,
     executions: Vec<(ExecKey, Execution)>,
@@ -180,7 +179,6 @@ impl<'a> Derived<'a> {
             allocate: file.find_string("nrt_tensor_allocate"),
             free: file.find_string("nrt_tensor_free"),
             status: file.find_string("status"),
-            size: file.find_string("size"),
             open: HashMap::new(),
             index: HashMap::new(),
             executions: Vec::new(),
@@ -242,30 +240,19 @@ impl<'a> Derived<'a> {
     }
 
     /// Follows executions, busy time and tensor memory; `host` is the event's host time.
-    pub(super) fn system_event(&mut self, e: &SystemEvent, host: Option<u64>) -> Result<(), NtffError> {
+    pub(super) fn system_event(&mut self, e: &SystemEvent, host: Option<u64>) {
         let name = Some(e.name);
         if name == self.execute || name == self.running {
             self.span(e, host, name == self.execute);
-        } else if name == self.allocate || name == self.free {
-            let allocate = name == self.allocate;
-            let counted = match e.phase {
-                Phase::Instant => true,
-                Phase::Stop => allocate,
-                Phase::Start => !allocate,
-            };
-            let size = e.args.iter().find_map(|a| match a.value {
-                ArgValue::U64(v) if Some(a.key) == self.size => Some(i64::try_from(v).unwrap_or(i64::MAX)),
-                _ => None,
-            });
-            if let (true, Some(size)) = (counted, size) {
-                let total = self.memory.entry(e.core).or_default();
-                *total = if allocate { total.saturating_add(size) } else { total.saturating_sub(size) };
-                let value = *total as f64;
-                let counter = if e.core.is_some() { "tensor memory" } else { "host tensor memory" };
-                self.counters.push(CounterValue { core: e.core, time: host, counter, unit: "bytes", value });
-            }
+        } else if (name == self.allocate || name == self.free)
+            && let Some(change) = tensor_bytes(self.file, e, name == self.allocate)
+        {
+            let total = self.memory.entry(e.core).or_default();
+            *total = total.saturating_add(change);
+            let value = *total as f64;
+            let counter = if e.core.is_some() { "tensor memory" } else { "host tensor memory" };
+            self.counters.push(CounterValue { core: e.core, time: host, counter, unit: "bytes", value });
         }
-        Ok(())
     }
 
     fn span(&mut self, e: &SystemEvent, host: Option<u64>, execute: bool) {
@@ -316,12 +303,11 @@ impl<'a> Derived<'a> {
     }
 
     /// Events a ring dropped: the core's running total of lost events.
-    pub(super) fn loss(&mut self, core: Option<u32>, events: u64, time: Option<u64>) -> Result<(), NtffError> {
+    pub(super) fn loss(&mut self, core: Option<u32>, events: u64, time: Option<u64>) {
         let total = self.lost.entry(core).or_default();
         *total = total.saturating_add(events);
         let value = *total as f64;
         self.counters.push(CounterValue { core, time, counter: "events lost", unit: "events", value });
-        Ok(())
     }
 
     /// Writes the derived tables, each created by `create`.

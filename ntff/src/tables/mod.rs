@@ -235,20 +235,7 @@ fn write_all(
     let mut losses = create(dir, "losses", host, session)?;
     let mut derived = Derived::new(file, cores);
 
-    // Each core's clock, from the sync points of its chunks.
-    let mut clocks: HashMap<u32, SyncClock> = HashMap::new();
-    {
-        let mut points: HashMap<u32, Vec<crate::SyncPoint>> = HashMap::new();
-        for info in file.select(cores, None) {
-            if let Some(core) = info.core {
-                // A chunk that cannot be read is reported when its events are.
-                if let Ok(p) = file.read_sync_points(info) {
-                    points.entry(core).or_default().extend(p);
-                }
-            }
-        }
-        clocks.extend(points.into_iter().map(|(core, p)| (core, SyncClock::new(p))));
-    }
+    let clocks = file.core_clocks(cores);
     let no_clock = SyncClock::default();
     let models: HashMap<u32, &str> = file.models().iter().map(|m| (m.model_id, m.name.as_str())).collect();
     let mut resolved: Vec<Option<Option<Resolved>>> = vec![None; file.descriptors().len()];
@@ -307,7 +294,7 @@ fn write_all(
                     .u64(e.nrta_seq_id)
                     .text(args);
             })?;
-            derived.system_event(e, time)?;
+            derived.system_event(e, time);
         }
         for e in &chunk.device {
             let slot = e.descriptor.0 as usize;
@@ -389,7 +376,7 @@ fn write_all(
                     .u64(Some(l.events))
                     .time(time.and_then(wall));
             })?;
-            derived.loss(chunk.core, l.events, time)?;
+            derived.loss(chunk.core, l.events, time);
         }
         done += chunk.system.len() as u64 + chunk.device.len() as u64;
         progress(Progress { events_done: done, events_total });
