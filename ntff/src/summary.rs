@@ -241,70 +241,121 @@ type OpenKey = (Option<u32>, u64, bool);
 
 /// Summarises the events of `cores` (`None`: all) in `file`.
 pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
-    let meta = file.metadata();
-    let mut events = EventCounts { lost_in_file: file.recovery().events_lost(), ..EventCounts::default() };
-    let mut engines: HashMap<String, Totals> = HashMap::new();
-    let mut opcodes: HashMap<(String, String), Totals> = HashMap::new();
-    let mut hlos: HashMap<String, Totals> = HashMap::new();
-    let mut dma: HashMap<String, (Totals, u64)> = HashMap::new();
-    // Device-time window of each (core, execution).
-    let mut windows: HashMap<(u32, Option<u64>), (u64, u64)> = HashMap::new();
-    // Start time and execution of each open `nrt_execute` or `nc_exec_running`, by core,
-    // tracking id and which of the two.
-    let mut starts: HashMap<OpenKey, (u64, Option<u64>)> = HashMap::new();
-    // `nrt_execute` time (host call to return) of each execution, by core and execution.
-    let mut host_runs: HashMap<(u32, u64), u64> = HashMap::new();
-    let mut scheduled = 0u64;
-    let mut latency = LatencyHistogram::default();
-    let mut device_latency = LatencyHistogram::default();
-    let mut executions = 0u64;
-    // Start and length of each recorded execution's run on its core.
-    let mut runs: HashMap<(u32, u64), (u64, u64)> = HashMap::new();
-    let (mut first, mut last) = (u64::MAX, 0u64);
-    let execute = file.find_string("nrt_execute");
-    let running = file.find_string("nc_exec_running");
-    let status = file.find_string("status");
-    let schedule = file.find_string("nrta_execute_schedule");
-    // Per-descriptor totals first; names are resolved once per descriptor at the end.
-    let mut by_descriptor: HashMap<u32, Totals> = HashMap::new();
+    let mut summariser = Summariser::new(file, cores);
     for info in file.select(cores, None) {
-        if let Some((low, high)) = info.host_span {
-            first = first.min(low);
-            last = last.max(high);
+        summariser.chunk(info, file.read_chunk(info).ok().as_ref());
+    }
+    summariser.finish()
+}
+
+/// A (core, execution)'s device-time window.
+type WindowKey = (u32, Option<u64>);
+
+/// The summary gathered a chunk at a time, for callers that read the chunks for
+/// something else as well ([`summarise`] reads them itself).
+pub struct Summariser<'a> {
+    file: &'a NtffFile,
+    cores: Option<&'a [u32]>,
+    events: EventCounts,
+    /// Device-time window of each (core, execution), and the one being extended
+    /// (device events of an execution come together).
+    windows: HashMap<WindowKey, (u64, u64)>,
+    window: Option<(WindowKey, (u64, u64))>,
+    /// Start time and execution of each open `nrt_execute` or `nc_exec_running`, by
+    /// core, tracking id and which of the two.
+    starts: HashMap<OpenKey, (u64, Option<u64>)>,
+    /// `nrt_execute` time (host call to return) of each execution, by core and execution.
+    host_runs: HashMap<(u32, u64), u64>,
+    scheduled: u64,
+    latency: LatencyHistogram,
+    device_latency: LatencyHistogram,
+    executions: u64,
+    /// Start and length of each recorded execution's run on its core.
+    runs: HashMap<(u32, u64), (u64, u64)>,
+    first: u64,
+    last: u64,
+    execute: Option<crate::Sym>,
+    running: Option<crate::Sym>,
+    status: Option<crate::Sym>,
+    schedule: Option<crate::Sym>,
+    /// Totals per descriptor, by descriptor id; names are resolved once per descriptor
+    /// at the end. Ids the file does not describe are not counted.
+    by_descriptor: Vec<Totals>,
+}
+
+impl std::fmt::Debug for Summariser<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Summariser").field("events", &self.events).finish_non_exhaustive()
+    }
+}
+
+impl<'a> Summariser<'a> {
+    /// For the events of `cores` (`None`: all) of `file`.
+    pub fn new(file: &'a NtffFile, cores: Option<&'a [u32]>) -> Summariser<'a> {
+        Summariser {
+            file,
+            cores,
+            events: EventCounts { lost_in_file: file.recovery().events_lost(), ..EventCounts::default() },
+            windows: HashMap::new(),
+            window: None,
+            starts: HashMap::new(),
+            host_runs: HashMap::new(),
+            scheduled: 0,
+            latency: LatencyHistogram::default(),
+            device_latency: LatencyHistogram::default(),
+            executions: 0,
+            runs: HashMap::new(),
+            first: u64::MAX,
+            last: 0,
+            execute: file.find_string("nrt_execute"),
+            running: file.find_string("nc_exec_running"),
+            status: file.find_string("status"),
+            schedule: file.find_string("nrta_execute_schedule"),
+            by_descriptor: (0..file.descriptors().len()).map(|_| Totals::default()).collect(),
         }
-        let Ok(chunk) = file.read_chunk(info) else { continue };
+    }
+
+    /// Adds the chunk `info` describes: `chunk` is its events, `None` when it could
+    /// not be read.
+    pub fn chunk(&mut self, info: &crate::ChunkInfo, chunk: Option<&crate::Chunk>) {
+        if let Some((low, high)) = info.host_span {
+            self.first = self.first.min(low);
+            self.last = self.last.max(high);
+        }
+        let Some(chunk) = chunk else { return };
+        let events = &mut self.events;
         events.system += chunk.system.len() as u64;
         events.device += chunk.device.len() as u64;
         add(&mut events.lost_in_rings, chunk.losses.iter().fold(0u64, |sum, l| sum.saturating_add(l.events)));
         for e in &chunk.system {
-            let is_execute = Some(e.name) == execute;
-            if schedule.is_some() && Some(e.name) == schedule && e.phase != Phase::Stop {
-                scheduled += 1;
+            let is_execute = Some(e.name) == self.execute;
+            if self.schedule.is_some() && Some(e.name) == self.schedule && e.phase != Phase::Stop {
+                self.scheduled += 1;
             }
-            if !is_execute && Some(e.name) != running {
+            if !is_execute && Some(e.name) != self.running {
                 continue;
             }
             let key = (e.core, e.tracking_id, is_execute);
             match e.phase {
                 Phase::Start => {
-                    starts.insert(key, (e.timestamp_ns, e.exec_id));
+                    self.starts.insert(key, (e.timestamp_ns, e.exec_id));
                 }
                 Phase::Stop => {
-                    if let Some((start, start_exec)) = starts.remove(&key) {
+                    if let Some((start, start_exec)) = self.starts.remove(&key) {
                         let ns = e.timestamp_ns.saturating_sub(start);
-                        let status_ok = !e.args.iter().any(|a| Some(a.key) == status);
+                        let status_ok = !e.args.iter().any(|a| Some(a.key) == self.status);
                         if is_execute {
-                            executions += 1;
+                            self.executions += 1;
                             if status_ok {
-                                latency.record(std::time::Duration::from_nanos(ns));
+                                self.latency.record(std::time::Duration::from_nanos(ns));
                             }
                             if let (Some(core), Some(exec)) = (e.core, e.exec_id.or(start_exec)) {
-                                host_runs.insert((core, exec), ns);
+                                self.host_runs.insert((core, exec), ns);
                             }
                         } else if e.clock == Clock::Device && status_ok {
-                            device_latency.record(std::time::Duration::from_nanos(ns));
+                            self.device_latency.record(std::time::Duration::from_nanos(ns));
                             if let (Some(core), Some(exec)) = (e.core, e.exec_id) {
-                                runs.insert((core, exec), (start, ns));
+                                self.runs.insert((core, exec), (start, ns));
                             }
                         }
                     }
@@ -314,180 +365,217 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
         }
         for e in &chunk.device {
             let ns = e.end_ns.saturating_sub(e.start_ns);
-            let t = by_descriptor.entry(e.descriptor.0).or_default();
-            t.count += 1;
-            t.ns = t.ns.saturating_add(ns);
-            t.min_ns = Some(t.min_ns.map_or(ns, |m| m.min(ns)));
-            let window = windows.entry((e.core, e.exec_id)).or_insert((e.start_ns, e.end_ns));
-            window.0 = window.0.min(e.start_ns);
-            window.1 = window.1.max(e.end_ns);
-        }
-    }
-    // The engine each HLO instruction ran on most, and the fastest DMA transfer of at
-    // least `bounds::DMA_PEAK_MIN_BYTES` (the memory bound's bandwidth).
-    let mut hlo_engine_time: HashMap<(String, String), u64> = HashMap::new();
-    let mut dma_peak: Option<f64> = None;
-    for (&id, t) in &by_descriptor {
-        let Some(descriptor) = file.descriptor(DescriptorId(id)) else { continue };
-        match *descriptor {
-            Descriptor::Instruction { engine, opcode, hlo, flops, bytes_read, bytes_written, .. } => {
-                let engine = file.string_or_placeholder(engine).into_owned();
-                let opcode = file.string_or_placeholder(opcode).into_owned();
-                let hlo = file.string_or_placeholder(hlo).into_owned();
-                let flops = flops.saturating_mul(t.count);
-                // A loop or conditional span encloses the instructions it ran: its time
-                // is the HLO instruction's (inclusive), not work of its engine.
-                if !ENCLOSING_OPCODES.contains(&opcode.as_str()) {
-                    add(hlo_engine_time.entry((hlo.clone(), engine.clone())).or_default(), t.ns);
-                    let e = engines.entry(engine.clone()).or_default();
-                    add(&mut e.count, t.count);
-                    add(&mut e.ns, t.ns);
-                    add(&mut e.flops, flops);
-                    let o = opcodes.entry((engine, opcode)).or_default();
-                    add(&mut o.count, t.count);
-                    add(&mut o.ns, t.ns);
+            if let Some(t) = self.by_descriptor.get_mut(e.descriptor.0 as usize) {
+                t.count += 1;
+                t.ns = t.ns.saturating_add(ns);
+                t.min_ns = Some(t.min_ns.map_or(ns, |m| m.min(ns)));
+            }
+            let key = (e.core, e.exec_id);
+            match &mut self.window {
+                Some((k, window)) if *k == key => {
+                    window.0 = window.0.min(e.start_ns);
+                    window.1 = window.1.max(e.end_ns);
                 }
-                let h = hlos.entry(hlo).or_default();
-                add(&mut h.count, t.count);
-                add(&mut h.ns, t.ns);
-                add(&mut h.flops, flops);
-                add(&mut h.bytes, bytes_read.saturating_add(bytes_written).saturating_mul(t.count));
-            }
-            Descriptor::Dma { queue, bytes, .. } => {
-                // A transfer shorter than the bandwidth basis measures nothing (a
-                // device-resident input is bound in place, not copied).
-                if bytes >= bounds::DMA_PEAK_MIN_BYTES
-                    && let Some(fastest) = t.min_ns.filter(|&ns| ns as f64 >= MIN_BANDWIDTH_BASIS_S * 1e9)
-                {
-                    dma_peak = Some(dma_peak.unwrap_or(0.0).max(bytes as f64 / (fastest as f64 / 1e9)));
+                current => {
+                    if let Some((k, window)) = current.replace((key, (e.start_ns, e.end_ns))) {
+                        merge_window(&mut self.windows, k, window);
+                    }
                 }
-                let q = dma.entry(file.string_or_placeholder(queue).into_owned()).or_default();
-                add(&mut q.0.count, t.count);
-                add(&mut q.0.ns, t.ns);
-                add(&mut q.1, bytes.saturating_mul(t.count));
             }
         }
     }
-    // Each HLO instruction's engine: the one it spent most time on in all (ties: by name).
-    let mut hlo_engine: HashMap<String, (String, u64)> = HashMap::new();
-    for ((hlo, engine), ns) in hlo_engine_time {
-        let on = hlo_engine.entry(hlo).or_insert_with(|| (engine.clone(), ns));
-        if ns > on.1 || (ns == on.1 && engine < on.0) {
-            *on = (engine, ns);
+
+    /// The summary of the chunks added.
+    pub fn finish(mut self) -> Summary {
+        if let Some((k, window)) = self.window.take() {
+            merge_window(&mut self.windows, k, window);
         }
-    }
-    let device_executions = windows.keys().filter(|(_, exec)| exec.is_some()).count() as u64;
-    let device_ns: u64 = windows.values().fold(0u64, |sum, (a, b)| sum.saturating_add(b.saturating_sub(*a)));
-    let seconds = |ns: u64| ns as f64 / 1e9;
-    let percent = |ns: u64| if device_ns == 0 { 0.0 } else { 100.0 * ns as f64 / device_ns as f64 };
-    let peaks = DefinedPeaks::of_metadata(meta);
-    let mut caveats = Vec::new();
-    let mut engine_rows: Vec<EngineSummary> = engines
-        .iter()
-        .map(|(engine, t)| {
-            let peak = peaks.of(engine);
-            let percent_of_peak =
-                peak.filter(|_| t.ns > 0 && t.flops > 0).map(|p| 100.0 * t.flops as f64 / seconds(t.ns) / p);
-            if let Some(share) = percent_of_peak.filter(|&s| s > 100.0) {
-                caveats.push(format!("{engine} ran at {share:.0}% of its defined peak: {ABOVE_PEAK}"));
+        let Summariser {
+            file,
+            cores,
+            events,
+            windows,
+            host_runs,
+            scheduled,
+            latency,
+            device_latency,
+            executions,
+            runs,
+            first,
+            last,
+            by_descriptor,
+            ..
+        } = self;
+        let meta = file.metadata();
+        let mut engines: HashMap<String, Totals> = HashMap::new();
+        let mut opcodes: HashMap<(String, String), Totals> = HashMap::new();
+        let mut hlos: HashMap<String, Totals> = HashMap::new();
+        let mut dma: HashMap<String, (Totals, u64)> = HashMap::new();
+        // The engine each HLO instruction ran on most, and the fastest DMA transfer of at
+        // least `bounds::DMA_PEAK_MIN_BYTES` (the memory bound's bandwidth).
+        let mut hlo_engine_time: HashMap<(String, String), u64> = HashMap::new();
+        let mut dma_peak: Option<f64> = None;
+        for (id, t) in by_descriptor.iter().enumerate().filter(|(_, t)| t.count > 0) {
+            let Some(descriptor) = file.descriptor(DescriptorId(id as u32)) else { continue };
+            match *descriptor {
+                Descriptor::Instruction { engine, opcode, hlo, flops, bytes_read, bytes_written, .. } => {
+                    let engine = file.string_or_placeholder(engine).into_owned();
+                    let opcode = file.string_or_placeholder(opcode).into_owned();
+                    let hlo = file.string_or_placeholder(hlo).into_owned();
+                    let flops = flops.saturating_mul(t.count);
+                    // A loop or conditional span encloses the instructions it ran: its time
+                    // is the HLO instruction's (inclusive), not work of its engine.
+                    if !ENCLOSING_OPCODES.contains(&opcode.as_str()) {
+                        add(hlo_engine_time.entry((hlo.clone(), engine.clone())).or_default(), t.ns);
+                        let e = engines.entry(engine.clone()).or_default();
+                        add(&mut e.count, t.count);
+                        add(&mut e.ns, t.ns);
+                        add(&mut e.flops, flops);
+                        let o = opcodes.entry((engine, opcode)).or_default();
+                        add(&mut o.count, t.count);
+                        add(&mut o.ns, t.ns);
+                    }
+                    let h = hlos.entry(hlo).or_default();
+                    add(&mut h.count, t.count);
+                    add(&mut h.ns, t.ns);
+                    add(&mut h.flops, flops);
+                    add(&mut h.bytes, bytes_read.saturating_add(bytes_written).saturating_mul(t.count));
+                }
+                Descriptor::Dma { queue, bytes, .. } => {
+                    // A transfer shorter than the bandwidth basis measures nothing (a
+                    // device-resident input is bound in place, not copied).
+                    if bytes >= bounds::DMA_PEAK_MIN_BYTES
+                        && let Some(fastest) = t.min_ns.filter(|&ns| ns as f64 >= MIN_BANDWIDTH_BASIS_S * 1e9)
+                    {
+                        dma_peak = Some(dma_peak.unwrap_or(0.0).max(bytes as f64 / (fastest as f64 / 1e9)));
+                    }
+                    let q = dma.entry(file.string_or_placeholder(queue).into_owned()).or_default();
+                    add(&mut q.0.count, t.count);
+                    add(&mut q.0.ns, t.ns);
+                    add(&mut q.1, bytes.saturating_mul(t.count));
+                }
             }
-            EngineSummary {
-                engine: engine.clone(),
-                active_s: seconds(t.ns),
-                percent: percent(t.ns),
-                instructions: t.count,
-                flops: t.flops,
-                percent_of_peak,
+        }
+        // Each HLO instruction's engine: the one it spent most time on in all (ties: by name).
+        let mut hlo_engine: HashMap<String, (String, u64)> = HashMap::new();
+        for ((hlo, engine), ns) in hlo_engine_time {
+            let on = hlo_engine.entry(hlo).or_insert_with(|| (engine.clone(), ns));
+            if ns > on.1 || (ns == on.1 && engine < on.0) {
+                *on = (engine, ns);
             }
-        })
-        .collect();
-    engine_rows.sort_by(|a, b| b.active_s.total_cmp(&a.active_s).then_with(|| a.engine.cmp(&b.engine)));
-    let mut opcode_rows: Vec<OpcodeSummary> = opcodes
-        .into_iter()
-        .map(|((engine, opcode), t)| OpcodeSummary {
-            engine,
-            opcode,
-            count: t.count,
-            time_s: seconds(t.ns),
-            percent: percent(t.ns),
-        })
-        .collect();
-    opcode_rows.sort_by(|a, b| b.time_s.total_cmp(&a.time_s).then_with(|| a.opcode.cmp(&b.opcode)));
-    let memory_peak = (meta.peak_memory_bytes_per_s > 0.0).then_some(meta.peak_memory_bytes_per_s);
-    let mut hlo_rows: Vec<HloSummary> = hlos
-        .into_iter()
-        .map(|(hlo, t)| {
-            let engine = hlo_engine.get(&hlo).map_or_else(String::new, |(e, _)| e.clone());
-            let roofline = bounds::roofline(t.flops, t.bytes, seconds(t.ns), peaks.of(&engine), memory_peak);
-            HloSummary {
-                hlo,
-                instructions: t.count,
+        }
+        let device_executions = windows.keys().filter(|(_, exec)| exec.is_some()).count() as u64;
+        let device_ns: u64 = windows.values().fold(0u64, |sum, (a, b)| sum.saturating_add(b.saturating_sub(*a)));
+        let seconds = |ns: u64| ns as f64 / 1e9;
+        let percent = |ns: u64| if device_ns == 0 { 0.0 } else { 100.0 * ns as f64 / device_ns as f64 };
+        let peaks = DefinedPeaks::of_metadata(meta);
+        let mut caveats = Vec::new();
+        let mut engine_rows: Vec<EngineSummary> = engines
+            .iter()
+            .map(|(engine, t)| {
+                let peak = peaks.of(engine);
+                let percent_of_peak =
+                    peak.filter(|_| t.ns > 0 && t.flops > 0).map(|p| 100.0 * t.flops as f64 / seconds(t.ns) / p);
+                if let Some(share) = percent_of_peak.filter(|&s| s > 100.0) {
+                    caveats.push(format!("{engine} ran at {share:.0}% of its defined peak: {ABOVE_PEAK}"));
+                }
+                EngineSummary {
+                    engine: engine.clone(),
+                    active_s: seconds(t.ns),
+                    percent: percent(t.ns),
+                    instructions: t.count,
+                    flops: t.flops,
+                    percent_of_peak,
+                }
+            })
+            .collect();
+        engine_rows.sort_by(|a, b| b.active_s.total_cmp(&a.active_s).then_with(|| a.engine.cmp(&b.engine)));
+        let mut opcode_rows: Vec<OpcodeSummary> = opcodes
+            .into_iter()
+            .map(|((engine, opcode), t)| OpcodeSummary {
+                engine,
+                opcode,
+                count: t.count,
                 time_s: seconds(t.ns),
                 percent: percent(t.ns),
-                flops: t.flops,
-                bytes: t.bytes,
-                engine,
-                intensity: roofline.intensity,
-                achieved_flops_per_s: roofline.achieved_flops_per_s,
-                achieved_bytes_per_s: roofline.achieved_bytes_per_s,
-                bound: roofline.bound.map(str::to_owned),
-                roofline_percent: roofline.percent,
-            }
-        })
-        .collect();
-    hlo_rows.sort_by(|a, b| b.time_s.total_cmp(&a.time_s).then_with(|| a.hlo.cmp(&b.hlo)));
-    let mut dma_rows: Vec<DmaSummary> = dma
-        .into_iter()
-        .map(|(queue, (t, bytes))| DmaSummary {
-            queue,
-            transfers: t.count,
-            bytes,
-            time_s: seconds(t.ns),
-            bandwidth_bytes_per_s: (seconds(t.ns) >= MIN_BANDWIDTH_BASIS_S).then(|| bytes as f64 / seconds(t.ns)),
-        })
-        .collect();
-    dma_rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.queue.cmp(&b.queue)));
-    let thin_queues: Vec<&str> = dma_rows
-        .iter()
-        .filter(|r| r.bandwidth_bytes_per_s.is_none() && r.transfers > 0)
-        .map(|r| r.queue.as_str())
-        .collect();
-    if !thin_queues.is_empty() {
-        caveats.push(format!(
-            "no bandwidth is shown for DMA queues busy less than {:.0} µs in all ({}): too short to measure",
-            MIN_BANDWIDTH_BASIS_S * 1e6,
-            thin_queues.join(", ")
-        ));
-    }
-    let total_flops: u64 = engines.values().map(|t| t.flops).sum();
-    let achieved = (device_ns > 0 && total_flops > 0).then(|| total_flops as f64 / seconds(device_ns));
-    let mfu = achieved.zip(peaks.pe).map(|(a, p)| a / p);
-    if let Some(m) = mfu.filter(|&m| m > 1.0) {
-        caveats.push(format!("MFU is {:.0}%, above the defined peak: {ABOVE_PEAK}", 100.0 * m));
-    }
-    let measured = (meta.peak_flops_per_core > 0.0).then_some(meta.peak_flops_per_core);
-    let (bounds, findings) = bounds::analyse(&bounds::Inputs {
-        engines: &engine_rows,
-        dma: &dma_rows,
-        hlos: &hlo_rows,
-        hlo_engine: &hlo_engine,
-        windows: &windows,
-        runs: &runs,
-        host_runs: &host_runs,
-        peaks,
-        dma_peak,
-        asynchronous: scheduled > 0,
-    });
-    let device_p50 = device_latency.summary().map(|l| l.p50);
-    let traced = traced_executions(&windows, &runs, device_p50);
-    if device_executions == 1 {
-        caveats.push(
-            "one execution has a device trace: engine, opcode, HLO and FLOP figures describe that execution alone"
-                .into(),
-        );
-    }
-    for t in &traced {
-        match t.of_p50 {
+            })
+            .collect();
+        opcode_rows.sort_by(|a, b| b.time_s.total_cmp(&a.time_s).then_with(|| a.opcode.cmp(&b.opcode)));
+        let memory_peak = (meta.peak_memory_bytes_per_s > 0.0).then_some(meta.peak_memory_bytes_per_s);
+        let mut hlo_rows: Vec<HloSummary> = hlos
+            .into_iter()
+            .map(|(hlo, t)| {
+                let engine = hlo_engine.get(&hlo).map_or_else(String::new, |(e, _)| e.clone());
+                let roofline = bounds::roofline(t.flops, t.bytes, seconds(t.ns), peaks.of(&engine), memory_peak);
+                HloSummary {
+                    hlo,
+                    instructions: t.count,
+                    time_s: seconds(t.ns),
+                    percent: percent(t.ns),
+                    flops: t.flops,
+                    bytes: t.bytes,
+                    engine,
+                    intensity: roofline.intensity,
+                    achieved_flops_per_s: roofline.achieved_flops_per_s,
+                    achieved_bytes_per_s: roofline.achieved_bytes_per_s,
+                    bound: roofline.bound.map(str::to_owned),
+                    roofline_percent: roofline.percent,
+                }
+            })
+            .collect();
+        hlo_rows.sort_by(|a, b| b.time_s.total_cmp(&a.time_s).then_with(|| a.hlo.cmp(&b.hlo)));
+        let mut dma_rows: Vec<DmaSummary> = dma
+            .into_iter()
+            .map(|(queue, (t, bytes))| DmaSummary {
+                queue,
+                transfers: t.count,
+                bytes,
+                time_s: seconds(t.ns),
+                bandwidth_bytes_per_s: (seconds(t.ns) >= MIN_BANDWIDTH_BASIS_S).then(|| bytes as f64 / seconds(t.ns)),
+            })
+            .collect();
+        dma_rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.queue.cmp(&b.queue)));
+        let thin_queues: Vec<&str> = dma_rows
+            .iter()
+            .filter(|r| r.bandwidth_bytes_per_s.is_none() && r.transfers > 0)
+            .map(|r| r.queue.as_str())
+            .collect();
+        if !thin_queues.is_empty() {
+            caveats.push(format!(
+                "no bandwidth is shown for DMA queues busy less than {:.0} µs in all ({}): too short to measure",
+                MIN_BANDWIDTH_BASIS_S * 1e6,
+                thin_queues.join(", ")
+            ));
+        }
+        let total_flops: u64 = engines.values().map(|t| t.flops).sum();
+        let achieved = (device_ns > 0 && total_flops > 0).then(|| total_flops as f64 / seconds(device_ns));
+        let mfu = achieved.zip(peaks.pe).map(|(a, p)| a / p);
+        if let Some(m) = mfu.filter(|&m| m > 1.0) {
+            caveats.push(format!("MFU is {:.0}%, above the defined peak: {ABOVE_PEAK}", 100.0 * m));
+        }
+        let measured = (meta.peak_flops_per_core > 0.0).then_some(meta.peak_flops_per_core);
+        let (bounds, findings) = bounds::analyse(&bounds::Inputs {
+            engines: &engine_rows,
+            dma: &dma_rows,
+            hlos: &hlo_rows,
+            hlo_engine: &hlo_engine,
+            windows: &windows,
+            runs: &runs,
+            host_runs: &host_runs,
+            peaks,
+            dma_peak,
+            asynchronous: scheduled > 0,
+        });
+        let device_p50 = device_latency.summary().map(|l| l.p50);
+        let traced = traced_executions(&windows, &runs, device_p50);
+        if device_executions == 1 {
+            caveats.push(
+                "one execution has a device trace: engine, opcode, HLO and FLOP figures describe that execution alone"
+                    .into(),
+            );
+        }
+        for t in &traced {
+            match t.of_p50 {
             // Only a capture starts the model with the recording: elsewhere the first
             // recorded execution may follow many unrecorded ones.
             Some(r) if t.ordinal == 1 && meta.capture_kind == "capture" && meta.warmup_executions == 0 && r > 1.2 => caveats.push(format!(
@@ -500,68 +588,76 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
             )),
             _ => {}
         }
+        }
+        if executions > 0 && last > first && last - first < 10_000_000 {
+            caveats.push(format!(
+                "the profile spans {}: rates over so short a time vary a lot",
+                duration(seconds(last - first))
+            ));
+        }
+        Summary {
+            process: Process {
+                pid: meta.pid,
+                tag: meta.process_tag.clone(),
+                instance_type: meta.instance_type.clone(),
+                runtime_version: meta.runtime_version.clone(),
+                tool: meta.tool.clone(),
+                capture_kind: meta.capture_kind.clone(),
+            },
+            models: file
+                .models()
+                .iter()
+                .filter(|m| cores.is_none_or(|c| c.contains(&m.core)))
+                .map(|m| ModelSummary {
+                    model_id: m.model_id,
+                    name: m.name.clone(),
+                    core: m.core,
+                    flops_per_execution: m.flops_per_execution,
+                    neff_sha256: m.neff_sha256.clone(),
+                })
+                .collect(),
+            total_time_s: if last > first { seconds(last - first) } else { 0.0 },
+            events,
+            executions: Executions {
+                count: executions,
+                device_traced: device_executions,
+                latency: latency.summary(),
+                device_latency: device_latency.summary(),
+                warmup: meta.warmup_executions,
+                traced,
+            },
+            device_time_s: seconds(device_ns),
+            engines: engine_rows,
+            opcodes: opcode_rows,
+            top_hlo_instructions: hlo_rows.iter().take(TOP_HLO).cloned().collect(),
+            hlo_instructions: hlo_rows,
+            flops: Flops {
+                total: total_flops,
+                per_execution: (device_executions > 0).then(|| total_flops as f64 / device_executions as f64),
+                achieved_per_s: achieved,
+                peak_per_s: peaks.pe,
+                peak_basis: meta.defined_peak_basis.clone(),
+                vector_peak_per_s: peaks.vector,
+                measured_per_s: measured,
+                measured_method: meta.peak_flops_method.clone(),
+                mfu,
+                memory_peak_bytes_per_s: memory_peak,
+                memory_peak_method: meta.peak_memory_method.clone(),
+            },
+            dma: dma_rows,
+            file_problems: file.recovery().describe(),
+            caveats,
+            bounds,
+            findings,
+        }
     }
-    if executions > 0 && last > first && last - first < 10_000_000 {
-        caveats.push(format!(
-            "the profile spans {}: rates over so short a time vary a lot",
-            duration(seconds(last - first))
-        ));
-    }
-    Summary {
-        process: Process {
-            pid: meta.pid,
-            tag: meta.process_tag.clone(),
-            instance_type: meta.instance_type.clone(),
-            runtime_version: meta.runtime_version.clone(),
-            tool: meta.tool.clone(),
-            capture_kind: meta.capture_kind.clone(),
-        },
-        models: file
-            .models()
-            .iter()
-            .filter(|m| cores.is_none_or(|c| c.contains(&m.core)))
-            .map(|m| ModelSummary {
-                model_id: m.model_id,
-                name: m.name.clone(),
-                core: m.core,
-                flops_per_execution: m.flops_per_execution,
-                neff_sha256: m.neff_sha256.clone(),
-            })
-            .collect(),
-        total_time_s: if last > first { seconds(last - first) } else { 0.0 },
-        events,
-        executions: Executions {
-            count: executions,
-            device_traced: device_executions,
-            latency: latency.summary(),
-            device_latency: device_latency.summary(),
-            warmup: meta.warmup_executions,
-            traced,
-        },
-        device_time_s: seconds(device_ns),
-        engines: engine_rows,
-        opcodes: opcode_rows,
-        top_hlo_instructions: hlo_rows.iter().take(TOP_HLO).cloned().collect(),
-        hlo_instructions: hlo_rows,
-        flops: Flops {
-            total: total_flops,
-            per_execution: (device_executions > 0).then(|| total_flops as f64 / device_executions as f64),
-            achieved_per_s: achieved,
-            peak_per_s: peaks.pe,
-            peak_basis: meta.defined_peak_basis.clone(),
-            vector_peak_per_s: peaks.vector,
-            measured_per_s: measured,
-            measured_method: meta.peak_flops_method.clone(),
-            mfu,
-            memory_peak_bytes_per_s: memory_peak,
-            memory_peak_method: meta.peak_memory_method.clone(),
-        },
-        dma: dma_rows,
-        file_problems: file.recovery().describe(),
-        caveats,
-        bounds,
-        findings,
-    }
+}
+
+/// Adds `window` to the windows of `key`.
+fn merge_window(windows: &mut HashMap<WindowKey, (u64, u64)>, key: WindowKey, window: (u64, u64)) {
+    let w = windows.entry(key).or_insert(window);
+    w.0 = w.0.min(window.0);
+    w.1 = w.1.max(window.1);
 }
 
 /// Why a figure can exceed a defined peak.

@@ -47,7 +47,7 @@ pub(super) enum Kind {
 /// A column: its name, type, and whether it may be null.
 pub(super) type Column = (&'static str, Kind, bool);
 
-enum Builder {
+pub(super) enum Builder {
     Constant,
     Dict(Col<i32>),
     Text(StringBuilder),
@@ -60,7 +60,7 @@ enum Builder {
 }
 
 /// A column's values in a batch, and which are null once one is.
-struct Col<T> {
+pub(super) struct Col<T> {
     values: Vec<T>,
     valid: Option<Vec<bool>>,
 }
@@ -70,7 +70,22 @@ impl<T: Copy + Default> Col<T> {
         Col { values: Vec::with_capacity(BATCH_ROWS), valid: None }
     }
 
-    fn push(&mut self, value: Option<T>) {
+    /// Appends values none of which is null.
+    pub(super) fn extend(&mut self, values: impl Iterator<Item = T>) {
+        self.values.extend(values);
+        if let Some(valid) = &mut self.valid {
+            valid.resize(self.values.len(), true);
+        }
+    }
+
+    /// Appends values some of which may be null.
+    pub(super) fn extend_options(&mut self, values: impl Iterator<Item = Option<T>>) {
+        for value in values {
+            self.push(value);
+        }
+    }
+
+    pub(super) fn push(&mut self, value: Option<T>) {
         match (value, &mut self.valid) {
             (Some(v), None) => self.values.push(v),
             (Some(v), Some(valid)) => {
@@ -102,6 +117,30 @@ impl<T: ArrowNativeType> Col<T> {
         PrimitiveArray::new(ScalarBuffer::from(values), nulls)
     }
 }
+
+/// A type a column's values are kept in; `Dict` columns keep `i32` keys.
+pub(super) trait Value: Copy + Default + Sized {
+    fn col(builder: &mut Builder) -> Option<&mut Col<Self>>;
+}
+
+macro_rules! value {
+    ($t:ty, $($variant:ident)|+) => {
+        impl Value for $t {
+            fn col(builder: &mut Builder) -> Option<&mut Col<$t>> {
+                match builder {
+                    $(Builder::$variant(c))|+ => Some(c),
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+value!(u32, U32);
+value!(u64, U64);
+value!(i32, I32 | Dict);
+value!(f64, F64);
+value!(bool, Bool);
+value!(i64, Time);
 
 /// Interned values of a `Dict` column.
 #[derive(Default)]
@@ -167,6 +206,12 @@ impl Table {
             .set_compression(Compression::ZSTD(parquet::basic::ZstdLevel::default()))
             .set_dictionary_enabled(false)
             .set_statistics_enabled(EnabledStatistics::Chunk)
+            // Pages end at the page size (1 MiB), not after 20,000 rows: a delta-encoded
+            // page of 20,000 rows is a few kilobytes, and each page compresses on its
+            // own (a new zstd context each), so small pages cost time and compress
+            // to twice the size.
+            .set_data_page_row_count_limit(usize::MAX)
+            .set_write_batch_size(8 * 1024)
             .set_created_by(format!("neuron-profile {}", env!("CARGO_PKG_VERSION")));
         for &(name, kind, _) in columns {
             let path = ColumnPath::from(name);
@@ -226,6 +271,43 @@ impl Table {
         key
     }
 
+    /// The position of the column `name`.
+    pub(super) fn position(&self, name: &str) -> usize {
+        self.schema.index_of(name).unwrap_or_else(|_| panic!("the table has no column {name}"))
+    }
+
+    /// The values of column `column` in the batch being built, for appending a
+    /// chunk's rows column by column; [`Table::add_rows`] then counts them. The type
+    /// is the column's (a bug otherwise).
+    pub(super) fn col<T: Value>(&mut self, column: usize) -> &mut Col<T> {
+        T::col(&mut self.builders[column])
+            .unwrap_or_else(|| panic!("column {column} is not of type {}", std::any::type_name::<T>()))
+    }
+
+    /// A `Text` column's values in the batch being built; `bytes` is how many the
+    /// caller appends.
+    pub(super) fn text_col(&mut self, column: usize) -> &mut StringBuilder {
+        match &mut self.builders[column] {
+            Builder::Text(b) => b,
+            _ => panic!("column {column} is not a text column"),
+        }
+    }
+
+    /// Writes the batch if `rows` more would not fit in it, before they are appended
+    /// column by column.
+    pub(super) fn make_room(&mut self, rows: usize) -> Result<(), NtffError> {
+        if self.rows_in_batch > 0 && self.rows_in_batch + rows > BATCH_ROWS { self.flush() } else { Ok(()) }
+    }
+
+    /// Counts `rows` rows appended column by column (and `text_bytes` of their text),
+    /// and writes the batch once it is full.
+    pub(super) fn add_rows(&mut self, rows: usize, text_bytes: usize) -> Result<(), NtffError> {
+        self.rows_in_batch += rows;
+        self.rows += rows as u64;
+        self.text_bytes += text_bytes;
+        if self.rows_in_batch >= BATCH_ROWS || self.text_bytes >= BATCH_TEXT_BYTES { self.flush() } else { Ok(()) }
+    }
+
     /// Appends one row; `row` sets each column through the [`Row`] in order.
     pub(super) fn row(&mut self, fill: impl FnOnce(&mut Row<'_>)) -> Result<(), NtffError> {
         let mut row = Row { builders: &mut self.builders, at: 0, text_bytes: &mut self.text_bytes };
@@ -233,7 +315,7 @@ impl Table {
         debug_assert_eq!(row.at, self.builders.len(), "a row sets every column");
         self.rows_in_batch += 1;
         self.rows += 1;
-        if self.rows_in_batch == BATCH_ROWS || self.text_bytes >= BATCH_TEXT_BYTES { self.flush() } else { Ok(()) }
+        if self.rows_in_batch >= BATCH_ROWS || self.text_bytes >= BATCH_TEXT_BYTES { self.flush() } else { Ok(()) }
     }
 
     fn flush(&mut self) -> Result<(), NtffError> {

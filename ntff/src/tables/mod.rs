@@ -12,16 +12,18 @@
 
 mod columns;
 mod derived;
+mod events;
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use columns::{Column, Kind, Row, Table};
+use columns::{Column, Kind, Table};
 use derived::{Derived, ExecKey};
+use events::{DmaColumns, DmaRow, InstructionColumns, InstructionRow, Selected, SymKeys, SystemColumns};
 
 use crate::export::Progress;
-use crate::model::{ArgValue, Clock, Descriptor, DescriptorId, DeviceEvent, Phase, SystemEvent};
-use crate::summary::{self, ENCLOSING_OPCODES, Summary};
+use crate::model::{ArgValue, Descriptor, DescriptorId, SystemEvent};
+use crate::summary::{ENCLOSING_OPCODES, Summariser};
 use crate::{NtffError, NtffFile, SyncClock};
 
 /// The tables, in the order they are written.
@@ -88,9 +90,6 @@ const SYSTEM_EVENTS: &[Column] = &[
     ("nrta_seq_id", Kind::U64, true),
     ("args", Kind::Text, true),
 ];
-const SYS_NAME: usize = 5;
-const SYS_PHASE: usize = 6;
-const SYS_CLOCK: usize = 7;
 
 const INSTRUCTIONS: &[Column] = &[
     ("core", Kind::U32, false),
@@ -121,16 +120,9 @@ const DMA_TRANSFERS: &[Column] = &[
     ("index", Kind::U32, false),
     ("bytes", Kind::U64, false),
 ];
-/// Columns of `instructions` and `dma_transfers` keyed by the caller.
-const DEV_MODEL: usize = 7;
-const INS_ENGINE: usize = 10;
-const INS_OPCODE: usize = 11;
-const INS_HLO: usize = 12;
-const DMA_QUEUE: usize = 10;
 
 const LOSSES: &[Column] =
     &[("core", Kind::U32, true), ("ring", Kind::Dict, false), ("events", Kind::U64, false), ("time", Kind::Time, true)];
-const LOSS_RING: usize = 4;
 
 /// The columns of `table`, after the file columns.
 fn columns_of(table: &str) -> &'static [Column] {
@@ -153,27 +145,8 @@ fn create(dir: &Path, name: &str, host: &str, session: &str) -> Result<Table, Nt
 /// A descriptor's row values, resolved once.
 #[derive(Clone, Copy)]
 enum Resolved {
-    Instruction {
-        model_id: u32,
-        model: i32,
-        engine: i32,
-        opcode: i32,
-        hlo: i32,
-        step: u32,
-        flops: u64,
-        bytes_read: u64,
-        bytes_written: u64,
-        /// Index of its engine in `Derived`'s resources; `None` for enclosing spans.
-        resource: Option<usize>,
-    },
-    Dma {
-        model_id: u32,
-        model: i32,
-        queue: i32,
-        index: u32,
-        bytes: u64,
-        resource: usize,
-    },
+    Instruction(InstructionRow),
+    Dma(DmaRow),
 }
 
 /// Writes the tables of `file` into `dir` (created if missing; its tables replaced).
@@ -188,24 +161,11 @@ pub fn write_tables(
     let meta = file.metadata();
     let host = if meta.host.is_empty() { "unknown" } else { meta.host.as_str() };
     let pid = meta.pid;
-    let cores = options.cores.as_deref();
-    // The summary (per-HLO bounds, findings, the DMA peak) is made on a thread of its
-    // own while the events are written.
-    std::thread::scope(|scope| {
-        let mut summary = Some(scope.spawn(|| summary::summarise(file, cores)));
-        let joined = |summary: &mut Option<std::thread::ScopedJoinHandle<'_, Summary>>| {
-            summary.take().map(|h| h.join()).unwrap_or_else(|| Err(Box::new("joined already")))
-        };
-        let written = write_all(file, options, dir, host, pid, progress, || {
-            joined(&mut summary).map_err(|_| NtffError::Write(std::io::Error::other("the summary's thread panicked")))
-        });
-        // An early error leaves it running: wait for it here, whatever it met.
-        let _ = joined(&mut summary);
-        written
-    })
+    write_all(file, options, dir, host, pid, progress)
 }
 
-/// Writes the tables; `summary` gives the profile's summary when the events are done.
+/// Writes the tables, and makes the profile's summary (per-HLO bounds, findings, the
+/// DMA peak) from the same chunks.
 fn write_all(
     file: &NtffFile,
     options: &TablesOptions,
@@ -213,7 +173,6 @@ fn write_all(
     host: &str,
     pid: u32,
     progress: &mut dyn FnMut(Progress),
-    summary: impl FnOnce() -> Result<Summary, NtffError>,
 ) -> Result<TablesSummary, NtffError> {
     let meta = file.metadata();
     let session = options.session.as_str();
@@ -239,134 +198,110 @@ fn write_all(
     let no_clock = SyncClock::default();
     let models: HashMap<u32, &str> = file.models().iter().map(|m| (m.model_id, m.name.as_str())).collect();
     let mut resolved: Vec<Option<Option<Resolved>>> = vec![None; file.descriptors().len()];
-    let mut sym_keys: [HashMap<u32, i32>; 3] = Default::default();
-    let phases = [Phase::Start, Phase::Stop, Phase::Instant].map(|p| system.key(SYS_PHASE, p.name()));
-    let clock_keys = ["host", "device"].map(|c| system.key(SYS_CLOCK, c));
+    let system_columns = SystemColumns::new(&mut system);
+    let instruction_columns = InstructionColumns::new(&instructions);
+    let dma_columns = DmaColumns::new(&dma);
+    let loss_ring = losses.position("ring");
+    let mut keys = Keys {
+        names: SymKeys::new(file),
+        hlos: SymKeys::new(file),
+        queues: SymKeys::new(file),
+        instruction_model: instruction_columns.model(),
+        instruction_engine: instruction_columns.engine,
+        instruction_opcode: instruction_columns.opcode,
+        instruction_hlo: instruction_columns.hlo,
+        dma_model: dma_columns.model(),
+        dma_queue: dma_columns.queue,
+    };
+    let mut summariser = Summariser::new(file, cores);
     let events_total: u64 =
         file.select(cores, None).map(|c| u64::from(c.system_events) + u64::from(c.device_events)).sum();
     let mut done = 0u64;
     let mut unresolved = 0u64;
     let mut args_json = String::new();
+    // Per chunk: wall-clock times of its system and device events, and its device
+    // events split by table.
+    let mut system_times: Vec<Option<i64>> = Vec::new();
+    let mut device_times: Vec<Option<i64>> = Vec::new();
+    let mut instruction_rows: Selected<InstructionRow> = Vec::new();
+    let mut dma_rows: Selected<DmaRow> = Vec::new();
     for info in file.select(cores, None) {
         let chunk = match file.read_chunk(info) {
             Ok(chunk) => chunk,
             Err(e) => {
+                summariser.chunk(info, None);
                 let events = u64::from(info.system_events) + u64::from(info.device_events);
                 problems.push(format!("a chunk of {events} events at offset {} could not be read: {e}", info.offset));
                 continue;
             }
         };
+        summariser.chunk(info, Some(&chunk));
         let clock = chunk.core.and_then(|c| clocks.get(&c)).unwrap_or(&no_clock);
-        let host_of = |e: &SystemEvent| match e.clock {
-            Clock::Host => Some(e.timestamp_ns),
-            Clock::Device => clock.to_host(e.timestamp_ns),
-        };
+        system_times.clear();
         for e in &chunk.system {
-            let time = host_of(e);
-            let name = *sym_keys[0]
-                .entry(e.name.0)
-                .or_insert_with(|| system.key(SYS_NAME, &file.string_or_placeholder(e.name)));
-            let phase = match e.phase {
-                Phase::Start => phases[0],
-                Phase::Stop => phases[1],
-                Phase::Instant => phases[2],
-            };
-            let clock_key = clock_keys[usize::from(e.clock == Clock::Device)];
-            let args = (!e.args.is_empty()).then(|| {
-                args_json.clear();
-                write_args(file, e, &mut args_json);
-                args_json.as_str()
-            });
-            system.row(|r| {
-                r.constant()
-                    .u32(Some(pid))
-                    .constant()
-                    .u32(e.core)
-                    .u64(Some(e.id))
-                    .key(Some(name))
-                    .key(Some(phase))
-                    .key(Some(clock_key))
-                    .time(time.and_then(wall))
-                    .u64(Some(e.tracking_id))
-                    .u32(Some(e.thread_id))
-                    .u64(e.exec_id)
-                    .u32(e.model_id)
-                    .u64(e.nrta_seq_id)
-                    .text(args);
-            })?;
+            let time = events::host_time(e, |t| clock.to_host(t));
             derived.system_event(e, time);
+            system_times.push(time.and_then(wall));
         }
-        for e in &chunk.device {
+        events::system_rows(
+            file,
+            &mut system,
+            &system_columns,
+            &mut keys.names,
+            &chunk,
+            &system_times,
+            pid,
+            &mut args_json,
+        )?;
+
+        device_times.clear();
+        instruction_rows.clear();
+        dma_rows.clear();
+        for (k, e) in chunk.device.iter().enumerate() {
+            device_times.push(clock.to_host(e.start_ns).and_then(wall));
             let slot = e.descriptor.0 as usize;
             let Some(slot_value) = resolved.get_mut(slot) else {
                 unresolved += 1;
                 continue;
             };
-            if slot_value.is_none() {
-                *slot_value = Some(resolve(
-                    file,
-                    e.descriptor,
-                    &models,
-                    &mut instructions,
-                    &mut dma,
-                    &mut derived,
-                    &mut sym_keys,
-                ));
-            }
-            let Some(Some(d)) = *slot_value else {
-                unresolved += 1;
-                continue;
-            };
-            let time = clock.to_host(e.start_ns).and_then(wall);
+            let d = *slot_value.get_or_insert_with(|| {
+                resolve(file, e.descriptor, &models, &mut instructions, &mut dma, &mut derived, &mut keys)
+            });
             let ns = e.end_ns.saturating_sub(e.start_ns);
             match d {
-                Resolved::Instruction {
-                    model_id,
-                    model,
-                    engine,
-                    opcode,
-                    hlo,
-                    step,
-                    flops,
-                    bytes_read,
-                    bytes_written,
-                    resource,
-                } => {
-                    instructions.row(|r| {
-                        device_columns(r, pid, e, model_id, model, time, ns)
-                            .key(Some(engine))
-                            .key(Some(opcode))
-                            .key(Some(hlo))
-                            .u32(Some(step))
-                            .u64(Some(flops))
-                            .u64(Some(bytes_read))
-                            .u64(Some(bytes_written));
-                    })?;
-                    if let (Some(resource), Some(exec)) = (resource, e.exec_id) {
-                        derived.device_work(ExecKey { core: e.core, exec }, resource, ns, flops);
+                None => unresolved += 1,
+                Some(Resolved::Instruction(row)) => {
+                    instruction_rows.push((k as u32, row));
+                    if let (Some(resource), Some(exec)) = (row.resource, e.exec_id) {
+                        derived.device_work(ExecKey { core: e.core, exec }, resource, ns, row.flops);
                     }
                 }
-                Resolved::Dma { model_id, model, queue, index, bytes, resource } => {
-                    dma.row(|r| {
-                        device_columns(r, pid, e, model_id, model, time, ns)
-                            .key(Some(queue))
-                            .u32(Some(index))
-                            .u64(Some(bytes));
-                    })?;
+                Some(Resolved::Dma(row)) => {
+                    dma_rows.push((k as u32, row));
                     if let Some(exec) = e.exec_id {
-                        derived.device_work(ExecKey { core: e.core, exec }, resource, ns, bytes);
+                        derived.device_work(ExecKey { core: e.core, exec }, row.resource, ns, row.bytes);
                     }
                 }
             }
         }
+        events::instruction_rows(
+            &mut instructions,
+            &instruction_columns,
+            &chunk,
+            &device_times,
+            &instruction_rows,
+            pid,
+        )?;
+        events::dma_rows(&mut dma, &dma_columns, &chunk, &device_times, &dma_rows, pid)?;
+
         for l in &chunk.losses {
             let at = l.before as usize;
             let time = if l.device {
                 chunk.device.get(at).and_then(|e| clock.to_host(e.start_ns))
             } else {
-                chunk.system.get(at).and_then(&host_of)
+                chunk.system.get(at).and_then(|e| events::host_time(e, |t| clock.to_host(t)))
             };
-            let ring = losses.key(LOSS_RING, if l.device { "device" } else { "system" });
+            let ring = losses.key(loss_ring, if l.device { "device" } else { "system" });
             losses.row(|r| {
                 r.constant()
                     .u32(Some(pid))
@@ -398,7 +333,7 @@ fn write_all(
     finish("instructions", instructions)?;
     finish("dma_transfers", dma)?;
     finish("losses", losses)?;
-    let summary = summary()?;
+    let summary = summariser.finish();
     let written = derived.finish(&summary, |name| create(dir, name, host, session), pid, &wall, &problems)?;
     for (name, table) in written {
         finish(name, table)?;
@@ -407,26 +342,18 @@ fn write_all(
     Ok(TablesSummary { tables, events: done, problems })
 }
 
-/// The columns `instructions` and `dma_transfers` start with.
-fn device_columns<'r, 'b>(
-    r: &'r mut Row<'b>,
-    pid: u32,
-    e: &DeviceEvent,
-    model_id: u32,
-    model: i32,
-    time: Option<i64>,
-    ns: u64,
-) -> &'r mut Row<'b> {
-    r.constant()
-        .u32(Some(pid))
-        .constant()
-        .u32(Some(e.core))
-        .u64(Some(e.id))
-        .u64(e.exec_id)
-        .u32(Some(model_id))
-        .key(Some(model))
-        .time(time)
-        .u64(Some(ns))
+/// The keys of the event tables' `Dict` columns that come from symbols, and the
+/// columns that descriptors key.
+struct Keys {
+    names: SymKeys,
+    hlos: SymKeys,
+    queues: SymKeys,
+    instruction_model: usize,
+    instruction_engine: usize,
+    instruction_opcode: usize,
+    instruction_hlo: usize,
+    dma_model: usize,
+    dma_queue: usize,
 }
 
 /// A descriptor's row values, with its strings interned in the tables that show them.
@@ -437,7 +364,7 @@ fn resolve(
     instructions: &mut Table,
     dma: &mut Table,
     derived: &mut Derived,
-    sym_keys: &mut [HashMap<u32, i32>; 3],
+    keys: &mut Keys,
 ) -> Option<Resolved> {
     let descriptor = file.descriptor(id)?;
     let model_id = descriptor.model_id();
@@ -447,33 +374,29 @@ fn resolve(
             let engine_name = file.string_or_placeholder(engine);
             let opcode_name = file.string_or_placeholder(opcode);
             let enclosing = ENCLOSING_OPCODES.contains(&opcode_name.as_ref());
-            let hlo = *sym_keys[1]
-                .entry(hlo.0)
-                .or_insert_with(|| instructions.key(INS_HLO, &file.string_or_placeholder(hlo)));
-            Some(Resolved::Instruction {
+            Some(Resolved::Instruction(InstructionRow {
                 model_id,
-                model: instructions.key(DEV_MODEL, model_name),
-                engine: instructions.key(INS_ENGINE, &engine_name),
-                opcode: instructions.key(INS_OPCODE, &opcode_name),
-                hlo,
+                model: instructions.key(keys.instruction_model, model_name),
+                engine: instructions.key(keys.instruction_engine, &engine_name),
+                opcode: instructions.key(keys.instruction_opcode, &opcode_name),
+                hlo: keys.hlos.key(file, instructions, keys.instruction_hlo, hlo),
                 step,
                 flops,
                 bytes_read,
                 bytes_written,
                 resource: (!enclosing).then(|| derived.engine(&engine_name)),
-            })
+            }))
         }
         Descriptor::Dma { queue, index, bytes, .. } => {
             let queue_name = file.string_or_placeholder(queue);
-            let queue = *sym_keys[2].entry(queue.0).or_insert_with(|| dma.key(DMA_QUEUE, &queue_name));
-            Some(Resolved::Dma {
+            Some(Resolved::Dma(DmaRow {
                 model_id,
-                model: dma.key(DEV_MODEL, model_name),
-                queue,
+                model: dma.key(keys.dma_model, model_name),
+                queue: keys.queues.key(file, dma, keys.dma_queue, queue),
                 index,
                 bytes,
                 resource: derived.queue(&queue_name),
-            })
+            }))
         }
     }
 }
