@@ -295,7 +295,13 @@ fn check_len(what: &str, len: usize, expected: usize) -> Result<(), BadChunk> {
 /// which protobuf allows but the writer does not produce) or damaged, so that every
 /// error is reported the same way.
 pub(crate) fn decode_chunk(payload: &[u8]) -> Result<Chunk, BadChunk> {
-    match decode_direct(payload) {
+    decode_chunk_reusing(payload, Chunk::default())
+}
+
+/// [`decode_chunk`] into the buffers of `spare`, a chunk done with: a reader going
+/// through many chunks allocates (and the kernel zeroes) their memory once.
+pub(crate) fn decode_chunk_reusing(payload: &[u8], spare: Chunk) -> Result<Chunk, BadChunk> {
+    match decode_direct(payload, spare) {
         Some(chunk) => Ok(chunk),
         None => decode_chunk_generated(payload),
     }
@@ -331,11 +337,14 @@ fn columns<const N: usize>(message: &[u8]) -> Option<[&[u8]; N]> {
 
 /// The direct decoding; `None` for anything it does not take (the generated types
 /// then decode the payload, or say what is wrong with it).
-fn decode_direct(payload: &[u8]) -> Option<Chunk> {
+fn decode_direct(payload: &[u8], spare: Chunk) -> Option<Chunk> {
     let (mut stream, mut base_ns) = (0u32, 0u64);
     let (mut system, mut device): (Option<&[u8]>, Option<&[u8]>) = (None, None);
-    let mut losses = Vec::new();
-    let mut sync_points = Vec::new();
+    let Chunk { system: mut system_events, device: mut device_events, mut losses, mut sync_points, .. } = spare;
+    system_events.clear();
+    device_events.clear();
+    losses.clear();
+    sync_points.clear();
     let mut wire = Wire::new(payload);
     while !wire.done() {
         match wire.key()? {
@@ -358,12 +367,12 @@ fn decode_direct(payload: &[u8]) -> Option<Chunk> {
     let core = core_of_stream(stream);
     let mut previous = Previous::at(base_ns);
     let system = match system {
-        Some(message) => system_direct(columns::<SYSTEM_COLUMNS>(message)?, core, &mut previous)?,
-        None => Vec::new(),
+        Some(message) => system_direct(columns::<SYSTEM_COLUMNS>(message)?, core, &mut previous, system_events)?,
+        None => system_events,
     };
     let device = match device {
-        Some(message) => device_direct(columns::<DEVICE_COLUMNS>(message)?, core, &mut previous)?,
-        None => Vec::new(),
+        Some(message) => device_direct(columns::<DEVICE_COLUMNS>(message)?, core, &mut previous, device_events)?,
+        None => device_events,
     };
     for l in &losses {
         let len = if l.device { device.len() } else { system.len() };
@@ -374,10 +383,16 @@ fn decode_direct(payload: &[u8]) -> Option<Chunk> {
     Some(Chunk { core, system, device, losses, sync_points })
 }
 
-fn system_direct(columns: [&[u8]; SYSTEM_COLUMNS], core: Option<u32>, p: &mut Previous) -> Option<Vec<SystemEvent>> {
+/// The system events of a chunk, appended to `events` (empty).
+fn system_direct(
+    columns: [&[u8]; SYSTEM_COLUMNS],
+    core: Option<u32>,
+    p: &mut Previous,
+    mut events: Vec<SystemEvent>,
+) -> Option<Vec<SystemEvent>> {
     let n = packed_count(columns[S_TIMESTAMP])?;
     let mut c = columns.map(Wire::new);
-    let mut events = Vec::with_capacity(n);
+    events.reserve(n);
     for _ in 0..n {
         let timestamp = c[S_TIMESTAMP].packed()?;
         let id = c[S_ID].packed()?;
@@ -426,7 +441,13 @@ fn system_direct(columns: [&[u8]; SYSTEM_COLUMNS], core: Option<u32>, p: &mut Pr
     c.iter().all(Wire::done).then_some(events)
 }
 
-fn device_direct(columns: [&[u8]; DEVICE_COLUMNS], core: Option<u32>, p: &mut Previous) -> Option<Vec<DeviceEvent>> {
+/// The device events of a chunk, appended to `events` (empty).
+fn device_direct(
+    columns: [&[u8]; DEVICE_COLUMNS],
+    core: Option<u32>,
+    p: &mut Previous,
+    mut events: Vec<DeviceEvent>,
+) -> Option<Vec<DeviceEvent>> {
     let n = packed_count(columns[D_START])?;
     if n > 0 && core.is_none() {
         return None;
@@ -435,7 +456,7 @@ fn device_direct(columns: [&[u8]; DEVICE_COLUMNS], core: Option<u32>, p: &mut Pr
     // The five columns side by side: their decodings do not depend on each other, so
     // the processor overlaps them.
     let [mut start, mut duration, mut descriptor, mut id, mut exec] = columns.map(Wire::new);
-    let mut events = Vec::with_capacity(n);
+    events.reserve(n);
     for _ in 0..n {
         let (s, d, x, i, e) = (start.packed()?, duration.packed()?, descriptor.packed()?, id.packed()?, exec.packed()?);
         let start_ns = undelta(unzigzag(s), &mut p.device_start);
@@ -624,7 +645,7 @@ mod tests {
     #[test]
     fn direct_decoding_matches_the_generated_types() {
         let payload = encoded();
-        let direct = decode_direct(&payload).expect("the writer's layout is read directly");
+        let direct = decode_direct(&payload, Chunk::default()).expect("the writer's layout is read directly");
         assert_eq!(direct, decode_chunk_generated(&payload).expect("valid"));
         assert_eq!(direct.system, (0..500).map(system).collect::<Vec<_>>());
         assert_eq!(direct.device, (0..500).map(device).collect::<Vec<_>>());
@@ -648,7 +669,7 @@ mod tests {
         prost::encoding::encode_key(CHUNK_DEVICE, prost::encoding::WireType::LengthDelimited, &mut payload);
         prost::encoding::encode_varint(message.len() as u64, &mut payload);
         payload.extend(message);
-        assert!(decode_direct(&payload).is_none());
+        assert!(decode_direct(&payload, Chunk::default()).is_none());
         assert_eq!(decode_chunk(&payload).expect("valid").device, (0..500).map(device).collect::<Vec<_>>());
     }
 

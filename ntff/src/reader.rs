@@ -12,7 +12,7 @@ use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
 
-use crate::codec::decode_chunk;
+use crate::codec::{decode_chunk, decode_chunk_reusing};
 use crate::format::{self, Frame, RecordKind};
 use crate::model::{Chunk, ChunkInfo, Descriptor, DescriptorId, Sym, SyncPoint, core_of_stream};
 use crate::proto;
@@ -228,10 +228,16 @@ impl NtffFile {
 
     /// Decodes the chunk `info` describes, checking its checksum.
     pub fn read_chunk(&self, info: &ChunkInfo) -> Result<Chunk, NtffError> {
+        self.read_chunk_reusing(info, Chunk::default())
+    }
+
+    /// [`NtffFile::read_chunk`] into the buffers of `spare`, a chunk the caller is done
+    /// with: reading chunk after chunk this way allocates their memory once.
+    pub fn read_chunk_reusing(&self, info: &ChunkInfo, spare: Chunk) -> Result<Chunk, NtffError> {
         let payload = self
             .payload(info.offset, RecordKind::Chunk)
             .map_err(|reason| NtffError::Damaged { offset: info.offset, reason })?;
-        decode_chunk(payload).map_err(|e| NtffError::Damaged { offset: info.offset, reason: e.0 })
+        decode_chunk_reusing(payload, spare).map_err(|e| NtffError::Damaged { offset: info.offset, reason: e.0 })
     }
 
     /// Decodes the chunks `infos` describe on up to `threads` threads and gives them to

@@ -242,8 +242,15 @@ type OpenKey = (Option<u32>, u64, bool);
 /// Summarises the events of `cores` (`None`: all) in `file`.
 pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
     let mut summariser = Summariser::new(file, cores);
+    let mut spare = crate::Chunk::default();
     for info in file.select(cores, None) {
-        summariser.chunk(info, file.read_chunk(info).ok().as_ref());
+        match file.read_chunk_reusing(info, std::mem::take(&mut spare)) {
+            Ok(chunk) => {
+                summariser.chunk(info, Some(&chunk));
+                spare = chunk;
+            }
+            Err(_) => summariser.chunk(info, None),
+        }
     }
     summariser.finish()
 }

@@ -170,3 +170,33 @@ fn a_file_cut_short_gives_the_rows_it_recovered_and_says_so() {
     assert_eq!(written.rows("instructions").unwrap_or(0) + written.rows("dma_transfers").unwrap_or(0), recovered);
     assert!(!written.problems.is_empty(), "the cut is reported");
 }
+
+#[test]
+fn rows_stay_right_across_many_batches() {
+    // Several batches per table: the buffers of written batches are reused for the
+    // next ones, and a reused buffer must not carry values or nulls over.
+    let ops: Vec<Op> = (0..240_000u64)
+        .map(|k| match k % 7 {
+            0 => Op::System {
+                core: (k % 3 != 0).then_some(1),
+                name: (k % 4) as usize,
+                phase: (k % 3) as u8,
+                device_clock: false,
+                fields: [k * 1_000, k, k / 2, 7, if k % 5 == 0 { u64::MAX } else { k / 14 }, 0],
+                args: Vec::new(),
+            },
+            _ => Op::Device {
+                core: (k % 2) as u32,
+                descriptor: (k % 11 != 0, (k % 5) as u32, 1),
+                fields: [k, k * 100, k * 100 + 40 + k % 13, 0],
+                exec: (k % 9 != 0).then_some(k / 1_000),
+            },
+        })
+        .collect();
+    let (bytes, _) = write(&ops);
+    let file = NtffFile::from_bytes(bytes).expect("opens");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let written = tables_of(&file, dir.path());
+    assert!(written.rows("instructions") > Some(2 * 65_536), "{:?}", written.tables);
+    rows_match_events(&file, dir.path()).expect("every row matches its event");
+}

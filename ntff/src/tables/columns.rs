@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::mpsc::SyncSender;
+use std::sync::mpsc::{Receiver, SyncSender};
 use std::thread::JoinHandle;
 
 use arrow_array::builder::StringBuilder;
@@ -19,6 +19,9 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
 
 use crate::NtffError;
+
+/// Buffers a column keeps for its next batches.
+const MAX_SPARE_BUFFERS: usize = 2;
 
 /// Rows per record batch.
 const BATCH_ROWS: usize = 64 * 1024;
@@ -63,11 +66,13 @@ pub(super) enum Builder {
 pub(super) struct Col<T> {
     values: Vec<T>,
     valid: Option<Vec<bool>>,
+    /// Buffers of written batches, back from the writer for the next batches.
+    spare: Vec<Vec<T>>,
 }
 
 impl<T: Copy + Default> Col<T> {
     fn new() -> Col<T> {
-        Col { values: Vec::with_capacity(BATCH_ROWS), valid: None }
+        Col { values: Vec::with_capacity(BATCH_ROWS), valid: None, spare: Vec::new() }
     }
 
     /// Appends values none of which is null.
@@ -106,12 +111,29 @@ impl<T: Copy + Default> Col<T> {
 
     /// The batch's values and nulls, leaving room for the next batch.
     fn take(&mut self) -> (Vec<T>, Option<NullBuffer>) {
-        let values = std::mem::replace(&mut self.values, Vec::with_capacity(BATCH_ROWS));
+        let next = self.spare.pop().unwrap_or_else(|| Vec::with_capacity(BATCH_ROWS));
+        let values = std::mem::replace(&mut self.values, next);
         (values, self.valid.take().map(NullBuffer::from))
     }
 }
 
 impl<T: ArrowNativeType> Col<T> {
+    /// Keeps the values buffer of `array`, a written batch's column, for a next batch
+    /// (when nothing else holds it).
+    fn reclaim(&mut self, array: ArrayRef) {
+        if self.spare.len() >= MAX_SPARE_BUFFERS {
+            return;
+        }
+        let data = array.to_data();
+        drop(array);
+        let Some(buffer) = data.buffers().first().cloned() else { return };
+        drop(data);
+        if let Ok(mut values) = buffer.into_vec::<T>() {
+            values.clear();
+            self.spare.push(values);
+        }
+    }
+
     fn array<A: ArrowPrimitiveType<Native = T>>(&mut self) -> PrimitiveArray<A> {
         let (values, nulls) = self.take();
         PrimitiveArray::new(ScalarBuffer::from(values), nulls)
@@ -155,11 +177,17 @@ pub(super) struct Table {
     builders: Vec<Builder>,
     values: Vec<Values>,
     constants: Vec<Arc<StringArray>>,
+    /// Keys of the `Constant` columns: all the first (and only) value, shared by the
+    /// batches.
+    zero_keys: Int32Array,
     rows_in_batch: usize,
     /// Bytes of the batch's text columns, whose offsets must stay below 2 GiB.
     text_bytes: usize,
     rows: u64,
     batches: Option<SyncSender<RecordBatch>>,
+    /// Batches the writer has written, whose buffers the next batches reuse: the
+    /// memory of a table is then allocated (and zeroed by the kernel) once.
+    written: Receiver<RecordBatch>,
     writer: Option<JoinHandle<Result<(), parquet::errors::ParquetError>>>,
 }
 
@@ -230,11 +258,14 @@ impl Table {
         // Batches are encoded and compressed on a thread of their own per table, while
         // the caller reads on.
         let (batches, received) = std::sync::mpsc::sync_channel::<RecordBatch>(2);
+        let (give_back, written) = std::sync::mpsc::channel::<RecordBatch>();
         let writer = std::thread::Builder::new()
             .name("parquet-table".into())
             .spawn(move || -> Result<(), parquet::errors::ParquetError> {
                 for batch in received {
                     writer.write(&batch)?;
+                    // The table may be gone (an error elsewhere): then nobody reuses it.
+                    let _ = give_back.send(batch);
                 }
                 writer.close().map(|_| ())
             })
@@ -255,6 +286,8 @@ impl Table {
             text_bytes: 0,
             rows: 0,
             batches: Some(batches),
+            written,
+            zero_keys: Int32Array::from(vec![0; BATCH_ROWS]),
             writer: Some(writer),
         })
     }
@@ -322,6 +355,9 @@ impl Table {
         if self.rows_in_batch == 0 {
             return Ok(());
         }
+        while let Ok(batch) = self.written.try_recv() {
+            self.reclaim(batch);
+        }
         let rows = self.rows_in_batch;
         let mut constants = self.constants.iter();
         let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.builders.len());
@@ -329,7 +365,10 @@ impl Table {
             let array: ArrayRef = match b {
                 Builder::Constant => {
                     let values = constants.next().cloned().unwrap_or_else(|| Arc::new(StringArray::from(vec![""])));
-                    Arc::new(dictionary(Int32Array::from(vec![0; rows]), values)?)
+                    if self.zero_keys.len() < rows {
+                        self.zero_keys = Int32Array::from(vec![0; rows]);
+                    }
+                    Arc::new(dictionary(self.zero_keys.slice(0, rows), values)?)
                 }
                 Builder::Dict(keys) => {
                     let values = Arc::new(StringArray::from_iter_values(self.values[k].strings.iter()));
@@ -357,6 +396,22 @@ impl Table {
         self.rows_in_batch = 0;
         self.text_bytes = 0;
         Ok(())
+    }
+
+    /// Keeps the buffers of a written batch for the next batches.
+    fn reclaim(&mut self, batch: RecordBatch) {
+        let columns = batch.columns().to_vec();
+        drop(batch);
+        for (builder, array) in self.builders.iter_mut().zip(columns) {
+            match builder {
+                Builder::Dict(c) | Builder::I32(c) => c.reclaim(array),
+                Builder::U32(c) => c.reclaim(array),
+                Builder::U64(c) => c.reclaim(array),
+                Builder::F64(c) => c.reclaim(array),
+                Builder::Time(c) => c.reclaim(array),
+                Builder::Constant | Builder::Text(_) | Builder::Bool(_) => {}
+            }
+        }
     }
 
     /// Writes the last rows and the footer; returns the rows written.

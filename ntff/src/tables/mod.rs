@@ -22,7 +22,7 @@ use derived::{Derived, ExecKey};
 use events::{DmaColumns, DmaRow, InstructionColumns, InstructionRow, Selected, SymKeys, SystemColumns};
 
 use crate::export::Progress;
-use crate::model::{ArgValue, Descriptor, DescriptorId, SystemEvent};
+use crate::model::{ArgValue, Chunk, Descriptor, DescriptorId, SystemEvent};
 use crate::summary::{ENCLOSING_OPCODES, Summariser};
 use crate::{NtffError, NtffFile, SyncClock};
 
@@ -225,8 +225,9 @@ fn write_all(
     let mut device_times: Vec<Option<i64>> = Vec::new();
     let mut instruction_rows: Selected<InstructionRow> = Vec::new();
     let mut dma_rows: Selected<DmaRow> = Vec::new();
+    let mut spare = Chunk::default();
     for info in file.select(cores, None) {
-        let chunk = match file.read_chunk(info) {
+        let chunk = match file.read_chunk_reusing(info, std::mem::take(&mut spare)) {
             Ok(chunk) => chunk,
             Err(e) => {
                 summariser.chunk(info, None);
@@ -315,6 +316,7 @@ fn write_all(
         }
         done += chunk.system.len() as u64 + chunk.device.len() as u64;
         progress(Progress { events_done: done, events_total });
+        spare = chunk;
     }
 
     if unresolved > 0 {
