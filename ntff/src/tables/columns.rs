@@ -21,7 +21,7 @@ use parquet::schema::types::ColumnPath;
 use crate::NtffError;
 
 /// Buffers a column keeps for its next batches.
-const MAX_SPARE_BUFFERS: usize = 2;
+const MAX_SPARE_BUFFERS: usize = 4;
 
 /// Rows per record batch.
 const BATCH_ROWS: usize = 64 * 1024;
