@@ -206,7 +206,8 @@ impl DeviceColumns {
 pub(super) type Selected<R> = Vec<(u32, R)>;
 
 /// Appends the columns every device table has, for the events `rows` selects of
-/// `chunk`; `times` are the wall-clock times of all its device events.
+/// `chunk` (`times`: the wall-clock times of all its device events), after making room
+/// for them; `false` when there are none.
 fn device_columns<R: Copy>(
     t: &mut Table,
     c: &DeviceColumns,
@@ -215,7 +216,11 @@ fn device_columns<R: Copy>(
     rows: &Selected<R>,
     pid: u32,
     model: impl Fn(&R) -> (u32, i32),
-) {
+) -> Result<bool, crate::NtffError> {
+    if rows.is_empty() {
+        return Ok(false);
+    }
+    t.make_room(rows.len())?;
     let event = |k: u32| &chunk.device[k as usize];
     t.col::<u32>(c.pid).extend(std::iter::repeat_n(pid, rows.len()));
     t.col::<u32>(c.core).extend(rows.iter().map(|r| event(r.0).core));
@@ -228,6 +233,7 @@ fn device_columns<R: Copy>(
         let e = event(r.0);
         e.end_ns.saturating_sub(e.start_ns)
     }));
+    Ok(true)
 }
 
 /// Columns of `instructions` beyond the device columns.
@@ -270,11 +276,9 @@ pub(super) fn instruction_rows(
     rows: &Selected<InstructionRow>,
     pid: u32,
 ) -> Result<(), crate::NtffError> {
-    if rows.is_empty() {
+    if !device_columns(t, &c.device, chunk, times, rows, pid, |r| (r.model_id, r.model))? {
         return Ok(());
     }
-    t.make_room(rows.len())?;
-    device_columns(t, &c.device, chunk, times, rows, pid, |r| (r.model_id, r.model));
     t.col::<i32>(c.engine).extend(rows.iter().map(|r| r.1.engine));
     t.col::<i32>(c.opcode).extend(rows.iter().map(|r| r.1.opcode));
     t.col::<i32>(c.hlo).extend(rows.iter().map(|r| r.1.hlo));
@@ -317,11 +321,9 @@ pub(super) fn dma_rows(
     rows: &Selected<DmaRow>,
     pid: u32,
 ) -> Result<(), crate::NtffError> {
-    if rows.is_empty() {
+    if !device_columns(t, &c.device, chunk, times, rows, pid, |r| (r.model_id, r.model))? {
         return Ok(());
     }
-    t.make_room(rows.len())?;
-    device_columns(t, &c.device, chunk, times, rows, pid, |r| (r.model_id, r.model));
     t.col::<i32>(c.queue).extend(rows.iter().map(|r| r.1.queue));
     t.col::<u32>(c.index).extend(rows.iter().map(|r| r.1.index));
     t.col::<u64>(c.bytes).extend(rows.iter().map(|r| r.1.bytes));
