@@ -181,12 +181,12 @@ impl NtffFile {
         }
     }
 
-    /// The id of `s` in the string table, if the file has it.
     /// How many strings the file's string table has (symbols run below it).
     pub fn string_count(&self) -> usize {
         self.strings.len()
     }
 
+    /// The id of `s` in the string table, if the file has it.
     pub fn find_string(&self, s: &str) -> Option<Sym> {
         self.strings.iter().position(|x| x.as_deref() == Some(s)).map(|k| Sym(k as u32))
     }

@@ -171,25 +171,51 @@ fn a_file_cut_short_gives_the_rows_it_recovered_and_says_so() {
     assert!(!written.problems.is_empty(), "the cut is reported");
 }
 
+/// The string column `column` of `dir/table.parquet` (plain or dictionary), row by row.
+fn strings(dir: &Path, table: &str, column: &str) -> Vec<Option<String>> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int32Type;
+    use arrow_array::{Array, StringArray};
+    let file = std::fs::File::open(dir.join(format!("{table}.parquet"))).expect("table file");
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+        .expect("a Parquet file")
+        .build()
+        .expect("a reader");
+    let mut values = Vec::new();
+    for batch in reader {
+        let batch = batch.expect("a batch");
+        let array = batch.column_by_name(column).expect("the column");
+        match array.as_dictionary_opt::<Int32Type>() {
+            Some(dictionary) => {
+                let strings = dictionary.values().as_any().downcast_ref::<StringArray>().expect("strings");
+                values.extend(dictionary.keys().iter().map(|k| k.map(|k| strings.value(k as usize).to_string())));
+            }
+            None => values.extend(array.as_string::<i32>().iter().map(|v| v.map(str::to_string))),
+        }
+    }
+    values
+}
+
 #[test]
 fn rows_stay_right_across_many_batches() {
-    // Several batches per table: the buffers of written batches are reused for the
-    // next ones, and a reused buffer must not carry values or nulls over.
-    let ops: Vec<Op> = (0..240_000u64)
-        .map(|k| match k % 7 {
+    // Three or more batches per event table: the buffers of written batches are reused
+    // for the next ones, and a reused buffer must not carry values or nulls over (the
+    // first half has null execution ids, the second none). Some events have arguments.
+    let ops: Vec<Op> = (0..600_000u64)
+        .map(|k| match k % 3 {
             0 => Op::System {
-                core: (k % 3 != 0).then_some(1),
-                name: (k % 4) as usize,
+                core: (k % 4 != 0).then_some(1),
+                name: (k % 5) as usize,
                 phase: (k % 3) as u8,
                 device_clock: false,
-                fields: [k * 1_000, k, k / 2, 7, if k % 5 == 0 { u64::MAX } else { k / 14 }, 0],
-                args: Vec::new(),
+                fields: [k * 1_000, k, k / 2, 7, if k < 300_000 && k % 5 == 0 { 3 } else { k / 14 * 3 + 1 }, 0],
+                args: if k % 10 == 0 { vec![(0, 1, k), (2, 2, k % 7)] } else { Vec::new() },
             },
             _ => Op::Device {
                 core: (k % 2) as u32,
-                descriptor: (k % 11 != 0, (k % 5) as u32, 1),
+                descriptor: (k % 2 != 0, (k % 5) as u32, 1),
                 fields: [k, k * 100, k * 100 + 40 + k % 13, 0],
-                exec: (k % 9 != 0).then_some(k / 1_000),
+                exec: (k >= 300_000 || k % 9 != 0).then_some(k / 1_000),
             },
         })
         .collect();
@@ -197,6 +223,98 @@ fn rows_stay_right_across_many_batches() {
     let file = NtffFile::from_bytes(bytes).expect("opens");
     let dir = tempfile::tempdir().expect("tempdir");
     let written = tables_of(&file, dir.path());
-    assert!(written.rows("instructions") > Some(2 * 65_536), "{:?}", written.tables);
+    for table in ["system_events", "instructions", "dma_transfers"] {
+        assert!(written.rows(table) > Some(2 * 65_536), "{table}: {:?}", written.tables);
+    }
     rows_match_events(&file, dir.path()).expect("every row matches its event");
+
+    // The string columns and the transfers, row by row.
+    let (mut system, mut device) = (Vec::new(), Vec::new());
+    for info in file.select(None, None) {
+        let chunk = file.read_chunk(info).expect("chunk");
+        system.extend(chunk.system);
+        device.extend(chunk.device);
+    }
+    let text = |s: ntff::Sym| file.string(s).map(str::to_string);
+    assert_eq!(strings(dir.path(), "system_events", "name"), system.iter().map(|e| text(e.name)).collect::<Vec<_>>());
+    let args: Vec<Option<serde_json::Value>> = strings(dir.path(), "system_events", "args")
+        .into_iter()
+        .map(|a| a.map(|a| serde_json::from_str(&a).expect("JSON")))
+        .collect();
+    let expected: Vec<Option<serde_json::Value>> = system
+        .iter()
+        .map(|e| {
+            (!e.args.is_empty()).then(|| {
+                let fields = e.args.iter().map(|a| {
+                    let value = match a.value {
+                        ntff::ArgValue::U64(v) => serde_json::json!(v),
+                        ntff::ArgValue::I64(v) => serde_json::json!(v),
+                        ntff::ArgValue::Str(s) => serde_json::json!(text(s)),
+                    };
+                    (text(a.key).expect("key"), value)
+                });
+                serde_json::Value::Object(fields.collect())
+            })
+        })
+        .collect();
+    assert_eq!(args, expected);
+    let (instructions, transfers): (Vec<&ntff::DeviceEvent>, Vec<&ntff::DeviceEvent>) = device
+        .iter()
+        .partition(|e| matches!(file.descriptor(e.descriptor), Some(ntff::Descriptor::Instruction { .. })));
+    let hlos: Vec<Option<String>> = instructions
+        .iter()
+        .map(|e| match file.descriptor(e.descriptor) {
+            Some(ntff::Descriptor::Instruction { hlo, .. }) => text(*hlo),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(strings(dir.path(), "instructions", "hlo"), hlos);
+    assert_eq!(integers(dir.path(), "dma_transfers", "id"), transfers.iter().map(|e| Some(e.id)).collect::<Vec<_>>());
+    assert_eq!(
+        integers(dir.path(), "dma_transfers", "exec_id"),
+        transfers.iter().map(|e| e.exec_id).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn arguments_too_long_for_a_row_are_left_null_and_said() {
+    use ntff::{Arg, ArgValue, Clock, Metadata, Phase, SystemEvent, Writer};
+    let mut writer = Writer::new(Vec::new(), &Metadata { pid: 1, ..Metadata::default() }).expect("header");
+    let (big, key, name) = (writer.intern(&"x".repeat(1 << 20)), writer.intern("message"), writer.intern("nrt_load"));
+    for k in 0..3u64 {
+        // 20 references to a 1 MiB string: 20 MiB of JSON, more than a row holds.
+        let args = if k == 1 {
+            (0..20).map(|_| Arg { key, value: ArgValue::Str(big) }).collect()
+        } else {
+            vec![Arg { key, value: ArgValue::U64(k) }]
+        };
+        let event = SystemEvent {
+            core: None,
+            id: k,
+            name,
+            phase: Phase::Instant,
+            clock: Clock::Host,
+            timestamp_ns: 1_000 + k,
+            tracking_id: 0,
+            thread_id: 1,
+            exec_id: None,
+            model_id: None,
+            nrta_seq_id: None,
+            args,
+        };
+        writer.system(&event).expect("write");
+    }
+    let (bytes, _) = writer.finish().expect("finish");
+    let file = NtffFile::from_bytes(bytes).expect("opens");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let written = tables_of(&file, dir.path());
+    assert_eq!(
+        strings(dir.path(), "system_events", "args"),
+        [Some(r#"{"message":0}"#.to_string()), None, Some(r#"{"message":2}"#.to_string())]
+    );
+    assert!(
+        written.problems.iter().any(|p| p.starts_with("1 system events have arguments longer than 16 MiB")),
+        "{:?}",
+        written.problems
+    );
 }

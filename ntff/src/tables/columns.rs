@@ -24,10 +24,13 @@ use crate::NtffError;
 const MAX_SPARE_BUFFERS: usize = 4;
 
 /// Rows per record batch.
-const BATCH_ROWS: usize = 64 * 1024;
+pub(super) const BATCH_ROWS: usize = 64 * 1024;
 /// A batch ends sooner when its text columns reach this many bytes (arrow's string
 /// offsets are 32-bit; a file's arguments can be long).
 const BATCH_TEXT_BYTES: usize = 256 << 20;
+/// The longest text value a row holds: a batch with less room left for text is
+/// written before more rows are appended.
+pub(super) const MAX_TEXT_VALUE: usize = 16 << 20;
 
 /// A column's type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,7 +190,7 @@ pub(super) struct Table {
     batches: Option<SyncSender<RecordBatch>>,
     /// Batches the writer has written, whose buffers the next batches reuse: the
     /// memory of a table is then allocated (and zeroed by the kernel) once.
-    written: Receiver<RecordBatch>,
+    written: Receiver<Vec<Option<ArrayRef>>>,
     writer: Option<JoinHandle<Result<(), parquet::errors::ParquetError>>>,
 }
 
@@ -258,14 +261,22 @@ impl Table {
         // Batches are encoded and compressed on a thread of their own per table, while
         // the caller reads on.
         let (batches, received) = std::sync::mpsc::sync_channel::<RecordBatch>(2);
-        let (give_back, written) = std::sync::mpsc::channel::<RecordBatch>();
+        let (give_back, written) = std::sync::mpsc::channel::<Vec<Option<ArrayRef>>>();
         let writer = std::thread::Builder::new()
             .name("parquet-table".into())
             .spawn(move || -> Result<(), parquet::errors::ParquetError> {
                 for batch in received {
                     writer.write(&batch)?;
-                    // The table may be gone (an error elsewhere): then nobody reuses it.
-                    let _ = give_back.send(batch);
+                    // Only the columns whose buffers the table reuses go back (the rest is
+                    // freed here); the table may be gone (an error elsewhere): then
+                    // nobody reuses them.
+                    let reusable = batch
+                        .columns()
+                        .iter()
+                        .map(|a| (!matches!(a.data_type(), DataType::Utf8 | DataType::Boolean)).then(|| a.clone()))
+                        .collect();
+                    drop(batch);
+                    let _ = give_back.send(reusable);
                 }
                 writer.close().map(|_| ())
             })
@@ -317,8 +328,8 @@ impl Table {
             .unwrap_or_else(|| panic!("column {column} is not of type {}", std::any::type_name::<T>()))
     }
 
-    /// A `Text` column's values in the batch being built; `bytes` is how many the
-    /// caller appends.
+    /// A `Text` column's values in the batch being built (the bytes appended are
+    /// then counted by [`Table::add_rows`]).
     pub(super) fn text_col(&mut self, column: usize) -> &mut StringBuilder {
         match &mut self.builders[column] {
             Builder::Text(b) => b,
@@ -326,10 +337,17 @@ impl Table {
         }
     }
 
-    /// Writes the batch if `rows` more would not fit in it, before they are appended
-    /// column by column.
+    /// Writes the batch if `rows` more (at most [`BATCH_ROWS`]) would not fit in it,
+    /// or if it has less room than [`MAX_TEXT_VALUE`] left for text, before rows are
+    /// appended column by column.
     pub(super) fn make_room(&mut self, rows: usize) -> Result<(), NtffError> {
-        if self.rows_in_batch > 0 && self.rows_in_batch + rows > BATCH_ROWS { self.flush() } else { Ok(()) }
+        let full = self.rows_in_batch + rows > BATCH_ROWS || self.text_room() < MAX_TEXT_VALUE;
+        if self.rows_in_batch > 0 && full { self.flush() } else { Ok(()) }
+    }
+
+    /// Bytes of text the batch can take before it is full.
+    pub(super) fn text_room(&self) -> usize {
+        BATCH_TEXT_BYTES.saturating_sub(self.text_bytes)
     }
 
     /// Counts `rows` rows appended column by column (and `text_bytes` of their text),
@@ -398,11 +416,10 @@ impl Table {
         Ok(())
     }
 
-    /// Keeps the buffers of a written batch for the next batches.
-    fn reclaim(&mut self, batch: RecordBatch) {
-        let columns = batch.columns().to_vec();
-        drop(batch);
+    /// Keeps the buffers of a written batch's columns for the next batches.
+    fn reclaim(&mut self, columns: Vec<Option<ArrayRef>>) {
         for (builder, array) in self.builders.iter_mut().zip(columns) {
+            let Some(array) = array else { continue };
             match builder {
                 Builder::Dict(c) | Builder::I32(c) => c.reclaim(array),
                 Builder::U32(c) => c.reclaim(array),
@@ -553,5 +570,51 @@ impl Row<'_> {
             mismatch(self.at);
         }
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spare(t: &mut Table) -> usize {
+        t.col::<u64>(0).spare.len()
+    }
+
+    #[test]
+    fn a_written_batch_gives_its_buffers_to_a_later_one_without_its_values_or_nulls() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.parquet");
+        let mut t = Table::create(&path, &[("v", Kind::U64, true)], &[]).expect("table");
+        // A full batch with nulls: written as soon as it is counted.
+        let first: Vec<Option<u64>> = (0..BATCH_ROWS as u64).map(|v| (v % 3 != 0).then_some(v)).collect();
+        t.col::<u64>(0).extend_options(first.iter().copied());
+        t.add_rows(BATCH_ROWS, 0).expect("first batch");
+        let given_back = t.written.recv().expect("the writer gives the batch back");
+        t.reclaim(given_back);
+        assert_eq!(spare(&mut t), 1, "its values buffer is kept");
+        // The next batch is written, and the one after it starts in the kept buffer.
+        t.col::<u64>(0).extend(1_000..1_010);
+        t.add_rows(10, 0).expect("second batch");
+        t.flush().expect("written");
+        assert_eq!(spare(&mut t), 0, "the kept buffer is in use");
+        t.col::<u64>(0).extend(2_000..2_005);
+        t.add_rows(5, 0).expect("third batch");
+        assert_eq!(t.finish().expect("finished"), BATCH_ROWS as u64 + 15);
+
+        let file = File::open(&path).expect("written");
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+            .expect("Parquet")
+            .build()
+            .expect("reader");
+        let mut read = Vec::new();
+        for batch in reader {
+            let batch = batch.expect("batch");
+            let values = batch.column(0).as_any().downcast_ref::<arrow_array::UInt64Array>().expect("u64");
+            read.extend(values.iter());
+        }
+        let expected: Vec<Option<u64>> =
+            first.into_iter().chain((1_000..1_010).map(Some)).chain((2_000..2_005).map(Some)).collect();
+        assert_eq!(read, expected);
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 
-use super::columns::Table;
+use super::columns::{BATCH_ROWS, MAX_TEXT_VALUE, Table};
 use crate::NtffFile;
 use crate::model::{Chunk, Clock, Phase, Sym, SystemEvent};
 
@@ -93,6 +93,8 @@ fn phase_index(phase: Phase) -> usize {
 }
 
 /// Appends the rows of `chunk`'s system events; `times` are their wall-clock times.
+/// Returns how many events had arguments too long to keep (their `args` are null).
+/// A chunk goes in as many parts as the batches' rows and text take.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn system_rows(
     file: &NtffFile,
@@ -103,41 +105,55 @@ pub(super) fn system_rows(
     times: &[Option<i64>],
     pid: u32,
     args_json: &mut String,
-) -> Result<(), crate::NtffError> {
-    let events = &chunk.system;
-    let n = events.len();
-    if n == 0 {
-        return Ok(());
-    }
-    t.make_room(n)?;
-    for e in events {
-        names.key(file, t, c.name, e.name);
-    }
-    t.col::<u32>(c.pid).extend(std::iter::repeat_n(pid, n));
-    t.col::<u32>(c.core).extend_options(events.iter().map(|e| e.core));
-    t.col::<u64>(c.id).extend(events.iter().map(|e| e.id));
-    t.col::<i32>(c.name).extend(events.iter().map(|e| names.known(e.name)));
-    t.col::<i32>(c.phase).extend(events.iter().map(|e| c.phases[phase_index(e.phase)]));
-    t.col::<i32>(c.clock).extend(events.iter().map(|e| c.clocks[usize::from(e.clock == Clock::Device)]));
-    t.col::<i64>(c.time).extend_options(times.iter().copied());
-    t.col::<u64>(c.tracking_id).extend(events.iter().map(|e| e.tracking_id));
-    t.col::<u32>(c.thread_id).extend(events.iter().map(|e| e.thread_id));
-    t.col::<u64>(c.exec_id).extend_options(events.iter().map(|e| e.exec_id));
-    t.col::<u32>(c.model_id).extend_options(events.iter().map(|e| e.model_id));
-    t.col::<u64>(c.nrta_seq_id).extend_options(events.iter().map(|e| e.nrta_seq_id));
-    let mut text_bytes = 0;
-    let args = t.text_col(c.args);
-    for e in events {
-        if e.args.is_empty() {
-            args.append_null();
-        } else {
-            args_json.clear();
-            super::write_args(file, e, args_json);
-            text_bytes += args_json.len();
-            args.append_value(args_json.as_str());
+) -> Result<u64, crate::NtffError> {
+    let mut left_out = 0;
+    let mut start = 0;
+    while start < chunk.system.len() {
+        let most = (chunk.system.len() - start).min(BATCH_ROWS);
+        t.make_room(most)?;
+        // The arguments first: they decide where this part ends.
+        let room = t.text_room();
+        let (mut end, mut text_bytes) = (start, 0);
+        let args = t.text_col(c.args);
+        while end < start + most {
+            let e = &chunk.system[end];
+            if e.args.is_empty() {
+                args.append_null();
+            } else {
+                args_json.clear();
+                if !super::write_args(file, e, args_json, MAX_TEXT_VALUE) {
+                    left_out += 1;
+                    args.append_null();
+                } else if text_bytes + args_json.len() > room {
+                    break;
+                } else {
+                    text_bytes += args_json.len();
+                    args.append_value(args_json.as_str());
+                }
+            }
+            end += 1;
         }
+        let events = &chunk.system[start..end];
+        for e in events {
+            names.key(file, t, c.name, e.name);
+        }
+        let n = events.len();
+        t.col::<u32>(c.pid).extend(std::iter::repeat_n(pid, n));
+        t.col::<u32>(c.core).extend_options(events.iter().map(|e| e.core));
+        t.col::<u64>(c.id).extend(events.iter().map(|e| e.id));
+        t.col::<i32>(c.name).extend(events.iter().map(|e| names.known(e.name)));
+        t.col::<i32>(c.phase).extend(events.iter().map(|e| c.phases[phase_index(e.phase)]));
+        t.col::<i32>(c.clock).extend(events.iter().map(|e| c.clocks[usize::from(e.clock == Clock::Device)]));
+        t.col::<i64>(c.time).extend_options(times[start..end].iter().copied());
+        t.col::<u64>(c.tracking_id).extend(events.iter().map(|e| e.tracking_id));
+        t.col::<u32>(c.thread_id).extend(events.iter().map(|e| e.thread_id));
+        t.col::<u64>(c.exec_id).extend_options(events.iter().map(|e| e.exec_id));
+        t.col::<u32>(c.model_id).extend_options(events.iter().map(|e| e.model_id));
+        t.col::<u64>(c.nrta_seq_id).extend_options(events.iter().map(|e| e.nrta_seq_id));
+        t.add_rows(n, text_bytes)?;
+        start = end;
     }
-    t.add_rows(n, text_bytes)
+    Ok(left_out)
 }
 
 /// Host time of a system event of a chunk whose core's clock is `to_host`.
@@ -213,7 +229,7 @@ fn device_columns<R: Copy>(
     c: &DeviceColumns,
     chunk: &Chunk,
     times: &[Option<i64>],
-    rows: &Selected<R>,
+    rows: &[(u32, R)],
     pid: u32,
     model: impl Fn(&R) -> (u32, i32),
 ) -> Result<bool, crate::NtffError> {
@@ -276,17 +292,20 @@ pub(super) fn instruction_rows(
     rows: &Selected<InstructionRow>,
     pid: u32,
 ) -> Result<(), crate::NtffError> {
-    if !device_columns(t, &c.device, chunk, times, rows, pid, |r| (r.model_id, r.model))? {
-        return Ok(());
+    for rows in rows.chunks(BATCH_ROWS) {
+        if !device_columns(t, &c.device, chunk, times, rows, pid, |r| (r.model_id, r.model))? {
+            continue;
+        }
+        t.col::<i32>(c.engine).extend(rows.iter().map(|r| r.1.engine));
+        t.col::<i32>(c.opcode).extend(rows.iter().map(|r| r.1.opcode));
+        t.col::<i32>(c.hlo).extend(rows.iter().map(|r| r.1.hlo));
+        t.col::<u32>(c.step).extend(rows.iter().map(|r| r.1.step));
+        t.col::<u64>(c.flops).extend(rows.iter().map(|r| r.1.flops));
+        t.col::<u64>(c.bytes_read).extend(rows.iter().map(|r| r.1.bytes_read));
+        t.col::<u64>(c.bytes_written).extend(rows.iter().map(|r| r.1.bytes_written));
+        t.add_rows(rows.len(), 0)?;
     }
-    t.col::<i32>(c.engine).extend(rows.iter().map(|r| r.1.engine));
-    t.col::<i32>(c.opcode).extend(rows.iter().map(|r| r.1.opcode));
-    t.col::<i32>(c.hlo).extend(rows.iter().map(|r| r.1.hlo));
-    t.col::<u32>(c.step).extend(rows.iter().map(|r| r.1.step));
-    t.col::<u64>(c.flops).extend(rows.iter().map(|r| r.1.flops));
-    t.col::<u64>(c.bytes_read).extend(rows.iter().map(|r| r.1.bytes_read));
-    t.col::<u64>(c.bytes_written).extend(rows.iter().map(|r| r.1.bytes_written));
-    t.add_rows(rows.len(), 0)
+    Ok(())
 }
 
 /// Columns of `dma_transfers` beyond the device columns.
@@ -321,11 +340,14 @@ pub(super) fn dma_rows(
     rows: &Selected<DmaRow>,
     pid: u32,
 ) -> Result<(), crate::NtffError> {
-    if !device_columns(t, &c.device, chunk, times, rows, pid, |r| (r.model_id, r.model))? {
-        return Ok(());
+    for rows in rows.chunks(BATCH_ROWS) {
+        if !device_columns(t, &c.device, chunk, times, rows, pid, |r| (r.model_id, r.model))? {
+            continue;
+        }
+        t.col::<i32>(c.queue).extend(rows.iter().map(|r| r.1.queue));
+        t.col::<u32>(c.index).extend(rows.iter().map(|r| r.1.index));
+        t.col::<u64>(c.bytes).extend(rows.iter().map(|r| r.1.bytes));
+        t.add_rows(rows.len(), 0)?;
     }
-    t.col::<i32>(c.queue).extend(rows.iter().map(|r| r.1.queue));
-    t.col::<u32>(c.index).extend(rows.iter().map(|r| r.1.index));
-    t.col::<u64>(c.bytes).extend(rows.iter().map(|r| r.1.bytes));
-    t.add_rows(rows.len(), 0)
+    Ok(())
 }

@@ -219,6 +219,7 @@ fn write_all(
     let mut done = 0u64;
     let mut unresolved = 0u64;
     let mut args_json = String::new();
+    let mut args_left_out = 0u64;
     // Per chunk: wall-clock times of its system and device events, and its device
     // events split by table.
     let mut system_times: Vec<Option<i64>> = Vec::new();
@@ -244,7 +245,7 @@ fn write_all(
             derived.system_event(e, time);
             system_times.push(time.and_then(wall));
         }
-        events::system_rows(
+        args_left_out += events::system_rows(
             file,
             &mut system,
             &system_columns,
@@ -319,6 +320,12 @@ fn write_all(
         spare = chunk;
     }
 
+    if args_left_out > 0 {
+        problems.push(format!(
+            "{args_left_out} system events have arguments longer than {} MiB as JSON: their `args` are left null",
+            columns::MAX_TEXT_VALUE >> 20
+        ));
+    }
     if unresolved > 0 {
         problems
             .push(format!("{unresolved} device events name no instruction or transfer the file describes: left out"));
@@ -404,10 +411,14 @@ fn resolve(
 }
 
 /// A system event's arguments as a JSON object.
-fn write_args(file: &NtffFile, e: &SystemEvent, out: &mut String) {
+/// `false`, with `out` cut short, when they are longer than `limit` bytes.
+fn write_args(file: &NtffFile, e: &SystemEvent, out: &mut String, limit: usize) -> bool {
     use std::fmt::Write;
     out.push('{');
     for (k, a) in e.args.iter().enumerate() {
+        if out.len() > limit {
+            return false;
+        }
         if k > 0 {
             out.push(',');
         }
@@ -423,6 +434,7 @@ fn write_args(file: &NtffFile, e: &SystemEvent, out: &mut String) {
         };
     }
     out.push('}');
+    out.len() <= limit
 }
 
 /// `s` as a JSON string.
