@@ -12,19 +12,23 @@ use ntff::tables::{TABLES, TablesOptions, TablesSummary, write_tables};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use proptest::prelude::*;
 
-/// The integer column `column` of `dir/table.parquet`, row by row.
-fn integers(dir: &Path, table: &str, column: &str) -> Vec<Option<u64>> {
-    use arrow_array::Array;
-    use arrow_array::cast::AsArray;
-    use arrow_array::types::{UInt32Type, UInt64Type};
+/// The record batches of `dir/table.parquet`.
+fn batches(dir: &Path, table: &str) -> impl Iterator<Item = arrow_array::RecordBatch> {
     let file = std::fs::File::open(dir.join(format!("{table}.parquet"))).expect("table file");
     let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
         .expect("a Parquet file")
         .build()
         .expect("a reader");
+    reader.map(|batch| batch.expect("a batch"))
+}
+
+/// The integer column `column` of `dir/table.parquet`, row by row.
+fn integers(dir: &Path, table: &str, column: &str) -> Vec<Option<u64>> {
+    use arrow_array::Array;
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{UInt32Type, UInt64Type};
     let mut values = Vec::new();
-    for batch in reader {
-        let batch = batch.expect("a batch");
+    for batch in batches(dir, table) {
         let array = batch.column_by_name(column).expect("the column");
         for k in 0..array.len() {
             values.push(array.is_valid(k).then(|| match array.data_type() {
@@ -176,14 +180,8 @@ fn strings(dir: &Path, table: &str, column: &str) -> Vec<Option<String>> {
     use arrow_array::cast::AsArray;
     use arrow_array::types::Int32Type;
     use arrow_array::{Array, StringArray};
-    let file = std::fs::File::open(dir.join(format!("{table}.parquet"))).expect("table file");
-    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
-        .expect("a Parquet file")
-        .build()
-        .expect("a reader");
     let mut values = Vec::new();
-    for batch in reader {
-        let batch = batch.expect("a batch");
+    for batch in batches(dir, table) {
         let array = batch.column_by_name(column).expect("the column");
         match array.as_dictionary_opt::<Int32Type>() {
             Some(dictionary) => {
