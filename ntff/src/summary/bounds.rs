@@ -222,6 +222,9 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
             suggestion: Some("put more work in each execution (a larger batch), so that the fixed cost of a call is paid less often".into()),
         });
     }
+    // What bringing the busiest resource to its peak would save: no more can be saved by
+    // making one of the instructions that run on it faster.
+    let mut resource_saves = None;
     if pipeline_s > 0.0 {
         let at_peak = if pipeline_resource.starts_with("DMA ") {
             i.dma
@@ -236,6 +239,7 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
                 .and_then(|e| Some(e.flops as f64 / peak_of(&e.engine)?))
         };
         let saves = (pipeline_s - at_peak.unwrap_or(0.0)).max(0.0) * scale;
+        resource_saves = Some(saves);
         let top = i.hlos.iter().find(|h| i.hlo_engine.get(&h.hlo).is_some_and(|(e, _)| *e == pipeline_resource));
         let of_peak = i.engines.iter().find(|e| e.engine == pipeline_resource).and_then(|e| e.percent_of_peak);
         let mut evidence = format!(
@@ -268,7 +272,13 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
         if h.percent < HLO_FINDING_MIN_PERCENT || r >= HLO_FINDING_BELOW_ROOFLINE {
             continue;
         }
-        let saves = h.time_s * (1.0 - (r / 100.0).min(1.0)) * scale;
+        let mut saves = h.time_s * (1.0 - (r / 100.0).min(1.0)) * scale;
+        if h.engine == pipeline_resource
+            && let Some(most) = resource_saves
+        {
+            // Ranked after its resource's finding when they save the same.
+            saves = saves.min(most);
+        }
         let rates = match (h.achieved_flops_per_s, h.achieved_bytes_per_s) {
             (Some(f), Some(b)) => format!("{}FLOP/s and {}B/s", crate::stats::si(f), crate::stats::si(b)),
             (None, Some(b)) => format!("{}B/s", crate::stats::si(b)),
@@ -319,6 +329,8 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
         });
     }
     findings.retain(|f| f.saves_percent >= MIN_FINDING_PERCENT);
+    // A stable sort: findings that save the same keep the order they were made in (a
+    // resource before the instructions that run on it).
     findings.sort_by(|a, b| b.saves_s.total_cmp(&a.saves_s));
     let bounds = Bounds {
         executions: n as u64,
@@ -407,6 +419,53 @@ fn suggestion_for(resource: &str, top: Option<&str>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_instruction_saves_no_more_than_its_busy_resource_and_ranks_after_it() {
+        // One traced execution of 1 ms: PE busy all of it at 0.1% of its peak, all of it
+        // `d`, whose own time reads a little longer (it is measured on its own spans).
+        let engines = [EngineSummary {
+            engine: "PE".into(),
+            active_s: 1e-3,
+            percent: 100.0,
+            instructions: 1,
+            flops: 1_000_000,
+            percent_of_peak: Some(0.1),
+        }];
+        let hlos = [HloSummary {
+            hlo: "d".into(),
+            instructions: 1,
+            time_s: 1.2e-3,
+            percent: 100.0,
+            flops: 1_000_000,
+            bytes: 1_000,
+            engine: "PE".into(),
+            intensity: Some(1_000.0),
+            achieved_flops_per_s: Some(1e9),
+            achieved_bytes_per_s: Some(1e6),
+            bound: Some("compute".into()),
+            roofline_percent: Some(0.1),
+        }];
+        let hlo_engine = HashMap::from([("d".to_string(), ("PE".to_string(), 1_000_000))]);
+        let windows = HashMap::from([((0, Some(1)), (0, 1_000_000))]);
+        let runs = HashMap::from([((0, 1), (0, 1_000_000))]);
+        let host_runs = HashMap::from([((0, 1), 1_000_000)]);
+        let (_, findings) = analyse(&Inputs {
+            engines: &engines,
+            dma: &[],
+            hlos: &hlos,
+            hlo_engine: &hlo_engine,
+            windows: &windows,
+            runs: &runs,
+            host_runs: &host_runs,
+            peaks: super::super::DefinedPeaks { pe: Some(1e12), vector: None },
+            dma_peak: None,
+            asynchronous: false,
+        });
+        let ranked: Vec<(&str, &str, f64)> =
+            findings.iter().map(|f| (f.kind.as_str(), f.about.as_str(), f.saves_s)).collect();
+        assert_eq!(ranked[..2], [("busy resource", "PE", 0.999e-3), ("roofline", "`d`", 0.999e-3)], "{ranked:?}");
+    }
 
     #[test]
     fn the_lower_ceiling_at_an_instructions_intensity_bounds_it() {
