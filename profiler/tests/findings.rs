@@ -3,37 +3,25 @@
 //! executions (the host), and tiny executions scheduled one at a time. The first
 //! finding must name the bottleneck, and every bound must be at most the time it bounds.
 
+mod common;
+
 use std::path::Path;
-use std::process::Command;
 
+use common::{TINY, neuron_profile};
 use serde_json::Value;
-
-const PROFILE: &str = env!("CARGO_BIN_EXE_neuron-profile");
 
 const PE_BOUND: &str = "HloModule pe\nENTRY e {\n  a = f32[384,384] parameter(0)\n  b = f32[384,384] parameter(1)\n  \
                         ROOT d = f32[384,384] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n";
 const ACT_BOUND: &str = "HloModule act\nENTRY e {\n  x = f32[131072] parameter(0)\n  a = f32[131072] exponential(x)\n  \
                          b = f32[131072] tanh(a)\n  c = f32[131072] sine(b)\n  d = f32[131072] logistic(c)\n  \
                          ROOT r = f32[131072] tanh(d)\n}\n";
-const TINY: &str = "HloModule tiny\nENTRY e {\n  x = f32[4] parameter(0)\n  ROOT n = f32[4] negate(x)\n}\n";
 
 /// Captures `hlo` with `args` and returns the summary as JSON.
 fn summary(dir: &Path, name: &str, hlo: &str, args: &[&str]) -> Value {
     let model = dir.join(format!("{name}.hlo"));
     std::fs::write(&model, hlo).expect("write the model");
     let file = dir.join(format!("{name}.ntff"));
-    let run = |args: &[&str]| {
-        let out = Command::new(PROFILE)
-            .env("NEURON_VIRT_LOCK_DIR", dir)
-            .env("NEURON_VIRT_DATASTORE_DIR", dir.join("datastores"))
-            .env_remove("NEURON_RT_VISIBLE_CORES")
-            .env_remove("NEURON_RT_NUM_CORES")
-            .args(args)
-            .output()
-            .expect("neuron-profile runs");
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        out.stdout
-    };
+    let run = |args: &[&str]| neuron_profile(dir, args).stdout;
     let mut capture = vec!["capture", "-n", model.to_str().expect("utf-8"), "-s", file.to_str().expect("utf-8")];
     capture.extend_from_slice(args);
     run(&capture);

@@ -10,33 +10,19 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
+mod common;
 
+use common::{TINY, neuron_profile as run};
 use ntff::{ArgValue, Clock, ClockCalibration, Metadata, Phase, SystemEvent, Writer};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use serde_json::Value;
 
-const PROFILE: &str = env!("CARGO_BIN_EXE_neuron-profile");
 /// The DuckDB the README's queries are tested with.
 const DUCKDB: &str = "2.0.1";
 
-const TINY: &str = "HloModule tiny\nENTRY e {\n  x = f32[4] parameter(0)\n  ROOT n = f32[4] negate(x)\n}\n";
-
 fn example(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name).display().to_string()
-}
-
-fn run(dir: &Path, args: &[&str]) -> Output {
-    let out = Command::new(PROFILE)
-        .env("NEURON_VIRT_LOCK_DIR", dir)
-        .env("NEURON_VIRT_DATASTORE_DIR", dir.join("datastores"))
-        .env_remove("NEURON_RT_VISIBLE_CORES")
-        .env_remove("NEURON_RT_NUM_CORES")
-        .args(args)
-        .output()
-        .expect("neuron-profile runs");
-    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    out
 }
 
 fn utf8(path: &Path) -> &str {

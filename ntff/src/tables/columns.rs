@@ -518,21 +518,11 @@ impl Row<'_> {
     }
 
     pub(super) fn u32(&mut self, value: Option<u32>) -> &mut Self {
-        if let Builder::U32(b) = self.next() {
-            b.push(value);
-        } else {
-            mismatch(self.at);
-        }
-        self
+        self.set(value)
     }
 
     pub(super) fn u64(&mut self, value: Option<u64>) -> &mut Self {
-        if let Builder::U64(b) = self.next() {
-            b.push(value);
-        } else {
-            mismatch(self.at);
-        }
-        self
+        self.set(value)
     }
 
     pub(super) fn i32(&mut self, value: Option<i32>) -> &mut Self {
@@ -545,12 +535,7 @@ impl Row<'_> {
     }
 
     pub(super) fn f64(&mut self, value: Option<f64>) -> &mut Self {
-        if let Builder::F64(b) = self.next() {
-            b.push(value);
-        } else {
-            mismatch(self.at);
-        }
-        self
+        self.set(value)
     }
 
     pub(super) fn bool(&mut self, value: bool) -> &mut Self {
@@ -564,10 +549,14 @@ impl Row<'_> {
 
     /// A `Time` column, in wall-clock nanoseconds.
     pub(super) fn time(&mut self, value: Option<i64>) -> &mut Self {
-        if let Builder::Time(b) = self.next() {
-            b.push(value);
-        } else {
-            mismatch(self.at);
+        self.set(value)
+    }
+
+    /// The next column, of the type `T` is kept in.
+    fn set<T: Value>(&mut self, value: Option<T>) -> &mut Self {
+        match T::col(self.next()) {
+            Some(b) => b.push(value),
+            None => mismatch(self.at),
         }
         self
     }

@@ -91,7 +91,8 @@ const SYSTEM_EVENTS: &[Column] = &[
     ("args", Kind::Text, true),
 ];
 
-const INSTRUCTIONS: &[Column] = &[
+/// Columns `instructions` and `dma_transfers` start with (after the file columns).
+const DEVICE_COLUMNS: &[Column] = &[
     ("core", Kind::U32, false),
     ("id", Kind::U64, false),
     ("exec_id", Kind::U64, true),
@@ -99,6 +100,9 @@ const INSTRUCTIONS: &[Column] = &[
     ("model", Kind::Dict, false),
     ("time", Kind::Time, true),
     ("duration_ns", Kind::U64, false),
+];
+
+const INSTRUCTIONS: &[Column] = &[
     ("engine", Kind::Dict, false),
     ("opcode", Kind::Dict, false),
     ("hlo", Kind::Dict, false),
@@ -108,23 +112,13 @@ const INSTRUCTIONS: &[Column] = &[
     ("bytes_written", Kind::U64, false),
 ];
 
-const DMA_TRANSFERS: &[Column] = &[
-    ("core", Kind::U32, false),
-    ("id", Kind::U64, false),
-    ("exec_id", Kind::U64, true),
-    ("model_id", Kind::U32, false),
-    ("model", Kind::Dict, false),
-    ("time", Kind::Time, true),
-    ("duration_ns", Kind::U64, false),
-    ("queue", Kind::Dict, false),
-    ("index", Kind::U32, false),
-    ("bytes", Kind::U64, false),
-];
+const DMA_TRANSFERS: &[Column] =
+    &[("queue", Kind::Dict, false), ("index", Kind::U32, false), ("bytes", Kind::U64, false)];
 
 const LOSSES: &[Column] =
     &[("core", Kind::U32, true), ("ring", Kind::Dict, false), ("events", Kind::U64, false), ("time", Kind::Time, true)];
 
-/// The columns of `table`, after the file columns.
+/// The columns of `table`, after the file columns (and the device columns).
 fn columns_of(table: &str) -> &'static [Column] {
     match table {
         "system_events" => SYSTEM_EVENTS,
@@ -138,6 +132,9 @@ fn columns_of(table: &str) -> &'static [Column] {
 /// Creates the table `name` in `dir` for `file`'s rows.
 fn create(dir: &Path, name: &str, host: &str, session: &str) -> Result<Table, NtffError> {
     let mut all: Vec<Column> = FILE_COLUMNS.to_vec();
+    if ["instructions", "dma_transfers"].contains(&name) {
+        all.extend_from_slice(DEVICE_COLUMNS);
+    }
     all.extend_from_slice(columns_of(name));
     Table::create(&dir.join(format!("{name}.parquet")), &all, &[host, session])
 }
