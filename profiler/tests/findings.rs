@@ -52,6 +52,7 @@ fn check_bounds(s: &Value) {
     for f in findings {
         assert!(!f["evidence"].as_str().unwrap_or("").is_empty(), "every finding has its figures: {f}");
         assert!(f["saves_percent"].as_f64() >= Some(bounds_min_percent()), "{f}");
+        assert!(f["saves_percent"].as_f64() <= Some(100.0), "no finding saves more than all the time: {f}");
     }
 }
 

@@ -79,7 +79,8 @@ pub struct Finding {
     pub text: String,
     pub evidence: String,
     /// The most it could save, over the recorded executions, and that share of the
-    /// recorded time.
+    /// recorded time (or of the host calls' time, when they took longer: a synchronous
+    /// loop's calls begin before its first device run and end after its last).
     pub saves_s: f64,
     pub saves_percent: f64,
     pub suggestion: Option<String>,
@@ -184,7 +185,10 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
 
     // Per traced execution to every recorded one.
     let scale = recorded_executions.max(traced.len() as u64) as f64 / traced.len() as f64;
-    let share = |s: f64| 100.0 * s / recorded_s;
+    // What the findings' savings are shares of: the recorded time, or the host calls'
+    // time when that is longer, so that no finding saves more than all of it.
+    let run_s = recorded_s.max(host_s.map_or(0.0, |h| h * scale));
+    let share = |s: f64| 100.0 * s / run_s;
     let n = traced.len();
     let mut findings = Vec::new();
     if idle_s > 0.0 {
@@ -196,7 +200,10 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
         findings.push(Finding {
             kind: "idle".into(),
             about: "host".into(),
-            text: format!("the device is idle {:.0}% of the time between executions, waiting for the host", share(idle_s)),
+            text: format!(
+                "the device is idle {:.0}% of the time between executions, waiting for the host",
+                100.0 * idle_s / recorded_s
+            ),
             evidence: format!(
                 "{} idle of {} from the first execution's start to the last one's end, over {recorded_executions} executions",
                 duration(idle_s),
@@ -419,6 +426,30 @@ fn suggestion_for(resource: &str, top: Option<&str>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_finding_saves_a_share_of_the_host_calls_when_they_take_longer_than_the_device_span() {
+        // One 1 ms device run inside a 3 ms call: 2 ms of host overhead, two thirds of the
+        // run (not twice the 1 ms the device recorded).
+        let windows = HashMap::from([((0, Some(1)), (0, 1_000_000))]);
+        let runs = HashMap::from([((0, 1), (0, 1_000_000))]);
+        let host_runs = HashMap::from([((0, 1), 3_000_000)]);
+        let (_, findings) = analyse(&Inputs {
+            engines: &[],
+            dma: &[],
+            hlos: &[],
+            hlo_engine: &HashMap::new(),
+            windows: &windows,
+            runs: &runs,
+            host_runs: &host_runs,
+            peaks: super::super::DefinedPeaks { pe: None, vector: None },
+            dma_peak: None,
+            asynchronous: false,
+        });
+        let host = findings.iter().find(|f| f.kind == "host overhead").expect("a host overhead finding");
+        assert!((host.saves_s - 2e-3).abs() < 1e-12, "{host:?}");
+        assert!((host.saves_percent - 200.0 / 3.0).abs() < 1e-9, "{host:?}");
+    }
 
     #[test]
     fn an_instruction_saves_no_more_than_its_busy_resource_and_ranks_after_it() {
