@@ -60,8 +60,18 @@ pub const BINDINGS: &[Binding] = &[
     },
     Binding { keys: &[key('?')], label: "?", help: "show or hide this help", action: |_| Some(Action::ToggleHelp) },
     Binding { keys: &[code(KeyCode::Esc)], label: "Esc", help: "close the help", action: |_| Some(Action::CloseHelp) },
-    Binding { keys: &[key('a')], label: "a", help: "previous tab", action: |_| Some(Action::PreviousTab) },
-    Binding { keys: &[key('d')], label: "d", help: "next tab", action: |_| Some(Action::NextTab) },
+    Binding {
+        keys: &[code(KeyCode::BackTab), key('a')],
+        label: "Shift-Tab, a",
+        help: "previous tab",
+        action: |_| Some(Action::PreviousTab),
+    },
+    Binding {
+        keys: &[code(KeyCode::Tab), key('d')],
+        label: "Tab, d",
+        help: "next tab",
+        action: |_| Some(Action::NextTab),
+    },
     Binding {
         keys: &[key('1'), key('2'), key('3'), key('4'), key('5'), key('6'), key('7'), key('8'), key('9')],
         label: "1-9",
@@ -116,7 +126,7 @@ pub const BINDINGS: &[Binding] = &[
     Binding {
         keys: &[key('s')],
         label: "s",
-        help: "sort the process table by the next column (tall terminals show it)",
+        help: "sort the process table (tall terminals) by its next column",
         action: |_| Some(Action::NextSort),
     },
 ];
@@ -147,6 +157,11 @@ mod tests {
         assert_eq!(press(KeyCode::Char('j'), KeyModifiers::NONE), Some(Action::Down));
         assert_eq!(press(KeyCode::Left, KeyModifiers::NONE), Some(Action::Collapse));
         assert_eq!(press(KeyCode::Char('0'), KeyModifiers::NONE), None);
+        // Tab and Shift-Tab switch tabs, as in nvtop and btop (terminals send Shift-Tab
+        // as BackTab, with or without the Shift modifier).
+        assert_eq!(press(KeyCode::Tab, KeyModifiers::NONE), Some(Action::NextTab));
+        assert_eq!(press(KeyCode::BackTab, KeyModifiers::SHIFT), Some(Action::PreviousTab));
+        assert_eq!(press(KeyCode::BackTab, KeyModifiers::NONE), Some(Action::PreviousTab));
         for binding in BINDINGS {
             for &k in binding.keys {
                 let modifiers = if k.ctrl { KeyModifiers::CONTROL } else { KeyModifiers::NONE };

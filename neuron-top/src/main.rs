@@ -69,7 +69,8 @@ fn run(cli: &Cli) -> Result<()> {
         // Two looks, so that rates have an interval.
         collector.sample();
         std::thread::sleep(cli.refresh);
-        let state = State::new(collector.sample());
+        let mut state = State::new(collector.sample());
+        state.refresh = cli.refresh;
         let text = if cli.json {
             serde_json::to_string_pretty(&state.snapshot)? + "\n"
         } else {
@@ -110,6 +111,7 @@ fn plain_frame(state: &State, theme: Theme) -> Result<String> {
 /// new data; sleeps in between.
 fn interactive(terminal: &mut term::Screen, collector: &mut Collector, refresh: Duration, theme: Theme) -> Result<()> {
     let mut state = State::new(collector.sample());
+    state.refresh = refresh;
     let mut next_look = Instant::now() + refresh;
     let mut dirty = true;
     loop {

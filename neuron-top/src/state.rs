@@ -2,6 +2,7 @@
 //! and new snapshots go in, nothing comes out but the state; drawing reads it.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use crate::input::Action;
 use neuron_datastore::sample::model::{DeviceMemory, Runtime, Snapshot};
@@ -68,9 +69,14 @@ impl ProcessSort {
     }
 }
 
+/// Time between two looks at the runtimes, unless `--refresh` says otherwise.
+pub const DEFAULT_REFRESH: Duration = Duration::from_secs(1);
+
 #[derive(Debug, Clone, Default)]
 pub struct State {
     pub snapshot: Snapshot,
+    /// Time between two samples of the history graphs.
+    pub refresh: Duration,
     /// The runtime of the selected tab, by pid; `None` for `[1]:all`.
     pub selected: Option<u32>,
     pub show_help: bool,
@@ -88,7 +94,7 @@ pub struct State {
 
 impl State {
     pub fn new(snapshot: Snapshot) -> State {
-        State { snapshot, ..State::default() }
+        State { snapshot, refresh: DEFAULT_REFRESH, ..State::default() }
     }
 
     /// Takes a new snapshot, staying on the same runtime if it is still there.

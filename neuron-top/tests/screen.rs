@@ -196,6 +196,47 @@ fn the_help_screen_lists_every_key_of_the_table() {
     for binding in neuron_top::input::BINDINGS {
         assert!(screen.contains(binding.label), "{} missing from the help", binding.label);
     }
+    // Issue 39: no help line is cut, at 80×24 or wider.
+    for (width, height) in [(80, 24), (100, 30), (160, 48)] {
+        let screen = text(&render(&state, width, height, false));
+        for binding in neuron_top::input::BINDINGS {
+            assert!(screen.contains(binding.help), "{width}×{height}: {:?} is cut:\n{screen}", binding.help);
+        }
+    }
+}
+
+/// Issue 39: the history graphs have a time axis in seconds over a fixed window (the
+/// samples kept, at the refresh), which a short history fills from the right only.
+#[test]
+fn history_graphs_span_a_fixed_window_in_seconds() {
+    let mut snapshot = fixture();
+    for core in snapshot.runtimes.iter_mut().flat_map(|r| r.cores.iter_mut()) {
+        core.history = vec![50.0, 10.0, 90.0];
+        core.flops_history = vec![1e9, 2e9, 3e9];
+        core.latency_history = vec![Some(0.01), Some(0.02), Some(0.03)];
+    }
+    let mut state = State::new(snapshot);
+    let screen = text(&render(&state, 160, 48, false));
+    assert!(screen.contains("−120 s") && screen.contains("−60 s") && screen.contains("now"), "{screen}");
+    assert!(!screen.contains("samples"), "{screen}");
+    // Three samples take the right edge of each graph, not its whole width.
+    let graph_rows: Vec<&str> =
+        screen.lines().filter(|l| l.chars().any(|c| ('\u{2801}'..='\u{28ff}').contains(&c))).collect();
+    assert!(!graph_rows.is_empty(), "{screen}");
+    for row in &graph_rows {
+        let chars: Vec<char> = row.chars().collect();
+        for third in 0..3 {
+            let (from, to) = (third * 160 / 3, (third + 1) * 160 / 3);
+            let dots: Vec<usize> =
+                (from..to.min(chars.len())).filter(|&x| ('\u{2801}'..='\u{28ff}').contains(&chars[x])).collect();
+            if let Some(&first) = dots.first() {
+                assert!(first >= from + (to - from) * 3 / 4, "a dot at column {first} of {from}..{to}:\n{screen}");
+            }
+        }
+    }
+    state.refresh = std::time::Duration::from_millis(100);
+    let screen = text(&render(&state, 160, 48, false));
+    assert!(screen.contains("−12 s") && screen.contains("−6 s"), "{screen}");
 }
 
 #[test]

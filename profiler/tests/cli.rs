@@ -399,3 +399,25 @@ fn a_clean_exit_removes_the_datastore_file() {
     let left: Vec<_> = std::fs::read_dir(&stores).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
     assert!(left.is_empty(), "datastore files left behind: {left:?}");
 }
+
+/// Issue 39: builds are reproducible. The same HLO compiled twice with the same options
+/// gives the same NEFF, byte for byte; other options give another.
+#[test]
+fn the_same_hlo_and_options_compile_to_the_same_neff_bytes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    for model in ["mlp", "attention"] {
+        let hlo = examples.join(format!("{model}.hlo"));
+        let compile = |name: &str, extra: &[&str]| {
+            let neff = dir.path().join(name);
+            let mut args = vec!["compile", hlo.to_str().expect("utf-8"), "-o", neff.to_str().expect("utf-8")];
+            args.extend_from_slice(extra);
+            let out = run(env!("CARGO_BIN_EXE_neuron-cc"), dir.path(), &args);
+            assert!(out.status.success(), "{}", text(&out.stderr));
+            std::fs::read(neff).expect("the NEFF")
+        };
+        let (first, second) = (compile("a.neff", &[]), compile("b.neff", &[]));
+        assert!(first == second, "{model}: two compilations differ");
+        assert!(compile("c.neff", &["--auto-cast", "none"]) != first, "{model}: other options, another NEFF");
+    }
+}

@@ -77,15 +77,35 @@ pub struct DecodeOptions {
 }
 
 impl Neff {
-    /// Wraps a program in a new NEFF with a fresh uuid and the features it uses.
+    /// Wraps a program in a new NEFF with the features it uses. Its uuid is a digest
+    /// of the name, version, features and program, so the same HLO compiled with the
+    /// same options gives the same bytes.
     pub fn new(name: &str, program: Program) -> Neff {
-        Neff {
+        let mut neff = Neff {
             name: clamp_name(name).to_owned(),
-            uuid: Uuid::new_v4(),
+            uuid: Uuid::nil(),
             version: (VERSION_MAJOR, VERSION_MINOR),
             features: features_of(&program),
             program,
-        }
+        };
+        neff.uuid = neff.content_uuid();
+        neff
+    }
+
+    /// A version-8 uuid from the SHA-256 of what the NEFF holds.
+    fn content_uuid(&self) -> Uuid {
+        let body = postcard::to_stdvec(&self.program).expect("serialising a program into memory cannot fail");
+        let mut hasher = Sha256::new();
+        hasher.update(clamp_name(&self.name).as_bytes());
+        hasher.update([0]);
+        hasher.update(self.version.0.to_le_bytes());
+        hasher.update(self.version.1.to_le_bytes());
+        hasher.update(self.features.to_le_bytes());
+        hasher.update(&body);
+        let digest = hasher.finalize();
+        let mut bytes = [0u8; 16];
+        bytes.copy_from_slice(&digest[..16]);
+        uuid::Builder::from_custom_bytes(bytes).into_uuid()
     }
 
     /// Serialises to the NEFF byte layout.

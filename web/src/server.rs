@@ -412,23 +412,38 @@ async fn live_stream(State(state): State<Shared>) -> Response {
 
 async fn event_stream(State(state): State<Shared>) -> Response {
     let Some(slot) = StreamSlot::take(&state) else { return too_many(&state) };
-    let (rx, kept) = state.events.subscribe();
-    // What the feed kept comes first, then live batches.
-    let kept = futures_util::stream::iter(
-        kept.into_iter().map(|batch| Ok(Event::default().event("batch").data(String::from_utf8_lossy(&batch)))),
-    );
-    let live = futures_util::stream::unfold((rx, slot), |(mut rx, slot)| async move {
-        let event = match rx.recv().await {
-            Ok(batch) => Event::default().event("batch").data(String::from_utf8_lossy(&batch)),
-            // A page that reads too slowly misses batches, and is told how many.
-            Err(broadcast::error::RecvError::Lagged(n)) => {
-                Event::default().event("lagged").data(json!({ "missed_batches": n }).to_string())
-            }
-            Err(broadcast::error::RecvError::Closed) => return None,
-        };
-        Some((Ok(event), (rx, slot)))
+    let rx = state.events.subscribe();
+    // The first batch stands for what the feed kept up to the first live one, thinned
+    // to one batch; live batches follow.
+    let feed = Arc::clone(&state.events);
+    let stream = futures_util::stream::unfold((rx, slot, Some(feed)), |(mut rx, slot, catching_up)| async move {
+        loop {
+            let event = match rx.recv().await {
+                Ok((seq, batch)) => match &catching_up {
+                    Some(feed) => {
+                        let feed = Arc::clone(feed);
+                        let first = tokio::task::spawn_blocking(move || feed.catch_up(seq))
+                            .await
+                            .ok()
+                            .flatten()
+                            .unwrap_or(batch);
+                        Event::default().event("batch").data(String::from_utf8_lossy(&first))
+                    }
+                    None => Event::default().event("batch").data(String::from_utf8_lossy(&batch)),
+                },
+                // A page that reads too slowly misses batches, and is told how many.
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    if catching_up.is_some() {
+                        continue;
+                    }
+                    Event::default().event("lagged").data(json!({ "missed_batches": n }).to_string())
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            };
+            return Some((Ok(event), (rx, slot, None)));
+        }
     });
-    sse(futures_util::StreamExt::chain(kept, live))
+    sse(stream)
 }
 
 async fn list_profiles(State(state): State<Shared>) -> Response {

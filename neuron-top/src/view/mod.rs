@@ -434,7 +434,7 @@ fn draw_footer(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
             Span::styled(fit(&format!("⚠ {text}"), area.width), theme.bad(true))
         }
         None => Span::styled(
-            fit("q quit  ? help  a/d tabs  ↑↓ move  enter expand  x all  f TFLOPS", area.width),
+            fit("q quit  ? help  Tab/a/d tabs  ↑↓ move  enter expand  x all  f FLOP/s", area.width),
             theme.dim(),
         ),
     };
@@ -442,7 +442,10 @@ fn draw_footer(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
 }
 
 fn draw_help(frame: &mut Frame, area: Rect, theme: Theme) {
-    let width = area.width.min(72);
+    // As wide as the longest line needs, so that no line is cut from 80 columns on.
+    let label_width = BINDINGS.iter().map(|b| b.label.chars().count()).max().unwrap_or(0) as u16;
+    let help_width = BINDINGS.iter().map(|b| b.help.chars().count()).max().unwrap_or(0) as u16;
+    let width = area.width.min(label_width + help_width + 3);
     let height = area.height.min(BINDINGS.len() as u16 + 4);
     let popup = Rect { x: area.x + (area.width - width) / 2, y: area.y + (area.height - height) / 2, width, height };
     let block = Block::default()
@@ -451,7 +454,7 @@ fn draw_help(frame: &mut Frame, area: Rect, theme: Theme) {
     let rows =
         BINDINGS.iter().map(|b| Row::new([Cell::from(Span::styled(b.label, theme.label())), Cell::from(b.help)]));
     frame.render_widget(Clear, popup);
-    frame.render_widget(Table::new(rows, [Constraint::Length(11), Constraint::Min(10)]).block(block), popup);
+    frame.render_widget(Table::new(rows, [Constraint::Length(label_width), Constraint::Min(10)]).block(block), popup);
 }
 
 /// `text` in at most `width` columns, cut with `…` when longer.

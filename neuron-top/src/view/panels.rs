@@ -11,6 +11,7 @@ use ratatui::widgets::{Axis, Block, Borders, Cell, Chart, Dataset, GraphType, Ro
 
 use super::{Theme, bytes, fit_tail, seconds};
 use crate::state::{ProcessSort, State};
+use neuron_datastore::sample::HISTORY;
 use neuron_datastore::sample::model::Core;
 
 /// Rows the history graphs take.
@@ -47,19 +48,26 @@ pub(crate) fn draw_graphs(frame: &mut Frame, area: Rect, state: &State, theme: T
     ];
     let areas =
         Layout::horizontal([Constraint::Ratio(1, 3), Constraint::Ratio(1, 3), Constraint::Ratio(1, 3)]).split(area);
+    let step = state.refresh.as_secs_f64().max(0.001);
     for (graph, &area) in graphs.iter().zip(areas.iter()) {
-        draw_graph(frame, area, graph, theme);
+        draw_graph(frame, area, graph, step, theme);
     }
 }
 
-fn draw_graph(frame: &mut Frame, area: Rect, graph: &Graph<'_>, theme: Theme) {
+/// A graph over the last [`HISTORY`] samples, `step` seconds apart: the x axis is
+/// time in seconds, fixed, and fills from the right as samples arrive.
+fn draw_graph(frame: &mut Frame, area: Rect, graph: &Graph<'_>, step: f64, theme: Theme) {
     let points: Vec<Vec<(f64, f64)>> = graph
         .series
         .iter()
         .map(|(_, values)| {
-            // x is the sample's age: the newest at 0, on the right.
+            // x is the sample's age in seconds: the newest at 0, on the right.
             let n = values.len();
-            values.iter().enumerate().filter_map(|(i, v)| v.map(|v| (i as f64 - (n as f64 - 1.0), v))).collect()
+            values
+                .iter()
+                .enumerate()
+                .filter_map(|(i, v)| v.map(|v| ((i as f64 - (n as f64 - 1.0)) * step, v)))
+                .collect()
         })
         .collect();
     let datasets: Vec<Dataset<'_>> = graph
@@ -78,7 +86,7 @@ fn draw_graph(frame: &mut Frame, area: Rect, graph: &Graph<'_>, theme: Theme) {
                 .data(points)
         })
         .collect();
-    let oldest = graph.series.iter().map(|(_, v)| v.len()).max().unwrap_or(0).max(2) as f64 - 1.0;
+    let window = HISTORY as f64 * step;
     let now = graph.series.iter().find_map(|(_, v)| v.last().copied().flatten()).map_or("–".into(), graph.label);
     // The title names the cores in their colours: a legend box would hide the newest
     // samples, which are the ones people look at.
@@ -92,17 +100,28 @@ fn draw_graph(frame: &mut Frame, area: Rect, graph: &Graph<'_>, theme: Theme) {
     let chart = Chart::new(datasets)
         .block(Block::default().borders(Borders::ALL).title(title))
         .legend_position(None)
-        .x_axis(
-            Axis::default()
-                .bounds([-oldest, 0.0])
-                .labels([Span::raw(format!("−{oldest:.0} samples")), Span::raw("now")]),
-        )
+        .x_axis(Axis::default().bounds([-window, 0.0]).labels([
+            Span::raw(format!("−{}", age(window))),
+            Span::raw(format!("−{}", age(window / 2.0))),
+            Span::raw("now"),
+        ]))
         .y_axis(Axis::default().bounds([0.0, graph.max.max(f64::MIN_POSITIVE)]).labels([
             Span::raw("0"),
             Span::raw((graph.label)(graph.max / 2.0)),
             Span::raw((graph.label)(graph.max)),
         ]));
     frame.render_widget(chart, area);
+}
+
+/// A time span of the x axis: `119 s`, `12 s`, `1.5 s`, `6 min`.
+fn age(seconds: f64) -> String {
+    if seconds >= 600.0 {
+        format!("{:.0} min", seconds / 60.0)
+    } else if seconds >= 10.0 || seconds.fract() < 0.05 {
+        format!("{seconds:.0} s")
+    } else {
+        format!("{seconds:.1} s")
+    }
 }
 
 /// The process table: one row per shown runtime, sorted by `state.sort`, each followed

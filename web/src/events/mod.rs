@@ -1,19 +1,24 @@
 //! The live timeline's feed: one thread tails the event rings of every runtime on the
 //! host and publishes batches of spans on the host clock to every connected page.
 //! System events are paired start with stop on the server; device events are moved
-//! onto the host clock through their core's latest `timestamp_sync_point` and grouped
-//! by execution.
+//! onto the host clock through their core's latest `timestamp_sync_point`. An
+//! execution's system spans and device spans on its core form one [`Group`], sent or
+//! left out whole; a system span of no execution is a group of its own.
 //!
-//! A batch stays under [`MAX_BATCH_BYTES`]. When the device spans do not fit, whole
-//! executions are kept or left out, spread evenly over time and over the cores
-//! ([`spans::select_executions`]; an execution still running after three polls is sent
-//! in parts); what is left out is counted, and every
-//! batch also carries each core's busy fraction from the lossless counters, which the
-//! page draws as a band, so a core whose executions were thinned never looks idle.
+//! A batch stays under [`MAX_BATCH_BYTES`], and a page gets at most one batch per poll
+//! ([`POLL`]). When the groups do not fit, each core of each runtime gets an equal
+//! share of the room and keeps groups evenly spread through its time ([`spans::select`];
+//! an execution still running after three polls is sent in parts); what is left out is
+//! counted, and every batch also carries each core's busy fraction from the lossless
+//! counters, which the page draws as a band, so a core whose executions were thinned
+//! never looks idle.
 //!
 //! The thread starts reading when the first page connects, from the oldest events the
-//! rings still hold, and goes on for [`BACKLOG`] after the last page left; it keeps the
-//! batches of that long, which a page that opens gets first: its window is full at once.
+//! rings still hold, and goes on for [`BACKLOG`] after the last page left; it keeps
+//! what it sent for that long. A page that opens gets, as its first batch and in place
+//! of the next live one, the kept spans thinned again to one batch's budget, and the
+//! busy fractions in coarser steps ([`Feed::catch_up`]): its window is full at once,
+//! and its first second costs no more than any other.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
@@ -24,28 +29,33 @@ use bytes::Bytes;
 use neuron_datastore::clock::monotonic_ns;
 use neuron_datastore::event::{ClockDomain, DeviceEvent, EventData, EventType, Phase, SystemEvent};
 use neuron_datastore::{DatastoreReader, Followed, Runtimes, Tail, TailStart, TraceEvent};
+use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::broadcast;
 
 mod spans;
 
-use spans::{Execution, device_span, select_executions, system_span};
+use spans::{Group, device_span, select, select_groups, system_span};
 
 /// The largest batch sent to a page.
 pub(crate) const MAX_BATCH_BYTES: usize = 64 * 1024;
 /// How often the rings are read.
-const POLL: Duration = Duration::from_millis(100);
+pub(crate) const POLL: Duration = Duration::from_millis(100);
 /// How long batches are kept for pages that open later, and the rings read after the
 /// last page closed.
 pub(crate) const BACKLOG: Duration = Duration::from_secs(60);
-/// The most bytes of batches kept.
+/// The most bytes of spans kept.
 const BACKLOG_BYTES: usize = 16 << 20;
 /// Starts waiting for their stop, per runtime, at most.
 const MAX_OPEN: usize = 4096;
 /// Device events waiting for their core's first sync point, per core, at most.
 const MAX_PENDING: usize = 4096;
-/// Polls an execution's device spans wait for its `nc_exec_running` to stop.
+/// Polls an execution's spans wait for its `nc_exec_running` to stop.
 const MAX_WAIT_POLLS: u8 = 3;
+/// What a batch's fields other than spans and busy fractions take, at most.
+const BATCH_FIELDS_BYTES: usize = 256;
+/// What one busy fraction takes in a batch, about.
+const BUSY_ENTRY_BYTES: usize = 100;
 
 /// The feed pages subscribe to.
 #[derive(Debug)]
@@ -53,34 +63,142 @@ pub(crate) struct Feed {
     /// Which feed this is (its start, host ns): sequence numbers count from 1 in each,
     /// so a page that reconnects to a restarted dashboard starts over.
     id: u64,
-    tx: broadcast::Sender<Bytes>,
-    /// Recent batches, oldest first, with when they were made.
-    backlog: Mutex<VecDeque<(Instant, Bytes)>>,
+    tx: broadcast::Sender<(u64, Bytes)>,
+    /// What recent batches held, oldest first.
+    backlog: Mutex<VecDeque<Arc<Kept>>>,
+}
+
+/// What one batch sent: its spans, still in their groups, and its counts.
+#[derive(Debug)]
+struct Kept {
+    at: Instant,
+    seq: u64,
+    groups: Vec<Group>,
+    busy: Vec<Busy>,
+    thinned: u64,
+    thinned_executions: u64,
+    lost: u64,
+    runtimes: String,
+}
+
+impl Kept {
+    fn bytes(&self) -> usize {
+        self.groups.iter().map(|g| g.bytes).sum::<usize>() + self.busy.len() * BUSY_ENTRY_BYTES
+    }
+}
+
+/// A core's busy fraction from its counter, over a stretch of host time.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Busy {
+    pid: u32,
+    core: u32,
+    start_ns: u64,
+    end_ns: u64,
+    fraction: f64,
 }
 
 impl Feed {
-    /// Live batches from now on, and the kept ones before them. A batch may be in both:
-    /// each carries a sequence number (`seq`) for the page to skip repeats.
-    pub(crate) fn subscribe(&self) -> (broadcast::Receiver<Bytes>, Vec<Bytes>) {
-        let rx = self.tx.subscribe();
-        let kept = self.backlog.lock().unwrap_or_else(PoisonError::into_inner).iter().map(|(_, b)| b.clone()).collect();
-        (rx, kept)
+    /// Live batches from now on, with their sequence numbers. The first batch a page
+    /// gets should come from [`Feed::catch_up`], up to the first live one received.
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<(u64, Bytes)> {
+        self.tx.subscribe()
     }
 
-    fn publish(&self, batch: Bytes) {
+    /// One batch of at most [`MAX_BATCH_BYTES`] standing for every kept batch up to
+    /// `seq` (which it takes the number of): their spans thinned again as one batch's
+    /// are, and each core's busy fractions in steps as coarse as the room needs. `None`
+    /// when nothing is kept up to `seq`.
+    pub(crate) fn catch_up(&self, seq: u64) -> Option<Bytes> {
+        let kept: Vec<Arc<Kept>> = self
+            .backlog
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|k| k.seq <= seq)
+            .cloned()
+            .collect();
+        let latest = kept.last()?;
+        let mut batch = Batch::new(self.id, seq, BATCH_FIELDS_BYTES + 64 + latest.runtimes.len());
+        let busy: Vec<Busy> = kept.iter().flat_map(|k| k.busy.iter().copied()).collect();
+        batch.busy = coarser(&busy, MAX_BATCH_BYTES / 4);
+        batch.bytes += batch.busy.len() * BUSY_ENTRY_BYTES;
+        for k in &kept {
+            batch.thinned += k.thinned;
+            batch.thinned_executions += k.thinned_executions;
+            batch.lost += k.lost;
+        }
+        let groups: Vec<&Group> = kept.iter().flat_map(|k| k.groups.iter()).collect();
+        let chosen = select(&groups, MAX_BATCH_BYTES.saturating_sub(batch.bytes));
+        for (group, keep) in groups.into_iter().zip(chosen) {
+            if keep {
+                for span in &group.spans {
+                    batch.push(span);
+                }
+            } else {
+                batch.thinned += group.spans.len() as u64;
+                batch.thinned_executions += u64::from(group.execution);
+            }
+        }
+        let from_ns = kept.iter().flat_map(|k| k.busy.iter().map(|b| b.start_ns)).min();
+        batch.catch_up = Some(json!({"batches": kept.len(), "from_ns": from_ns}).to_string());
+        Some(batch.encode(&latest.runtimes))
+    }
+
+    fn publish(&self, batch: Bytes, kept: Kept) {
         let mut backlog = self.backlog.lock().unwrap_or_else(PoisonError::into_inner);
-        backlog.push_back((Instant::now(), batch.clone()));
-        let mut bytes: usize = backlog.iter().map(|(_, b)| b.len()).sum();
-        while let Some((at, oldest)) = backlog.front() {
-            if at.elapsed() <= BACKLOG && bytes <= BACKLOG_BYTES {
+        let seq = kept.seq;
+        backlog.push_back(Arc::new(kept));
+        let mut bytes: usize = backlog.iter().map(|k| k.bytes()).sum();
+        while let Some(oldest) = backlog.front() {
+            if oldest.at.elapsed() <= BACKLOG && bytes <= BACKLOG_BYTES {
                 break;
             }
-            bytes -= oldest.len();
+            bytes -= oldest.bytes();
             backlog.pop_front();
         }
         drop(backlog);
-        let _ = self.tx.send(batch);
+        let _ = self.tx.send((seq, batch));
     }
+}
+
+/// `busy` merged, per core, into steps of equal length, so that all of them take about
+/// `room` bytes; each step's fraction is the time-weighted mean of the entries in it.
+fn coarser(busy: &[Busy], room: usize) -> Vec<Busy> {
+    let mut by_core: BTreeMap<(u32, u32), Vec<Busy>> = BTreeMap::new();
+    for b in busy {
+        by_core.entry((b.pid, b.core)).or_default().push(*b);
+    }
+    let steps = (room / BUSY_ENTRY_BYTES / by_core.len().max(1)).max(1) as u64;
+    let mut merged = Vec::new();
+    for (_, mut list) in by_core {
+        list.sort_by_key(|b| b.start_ns);
+        let first = list[0].start_ns;
+        let last = list.iter().map(|b| b.end_ns).max().unwrap_or(first);
+        let step = ((last - first) / steps + 1).max(POLL.as_nanos() as u64);
+        let mut current: Option<(u64, Busy, f64)> = None;
+        for b in list {
+            let index = (b.start_ns - first) / step;
+            let weight = (b.end_ns - b.start_ns) as f64;
+            match &mut current {
+                Some((at, m, total)) if *at == index => {
+                    m.end_ns = m.end_ns.max(b.end_ns);
+                    m.fraction += b.fraction * weight;
+                    *total += weight;
+                }
+                _ => {
+                    merged.extend(current.take().map(finish));
+                    current = Some((index, Busy { fraction: b.fraction * weight, ..b }, weight));
+                }
+            }
+        }
+        merged.extend(current.map(finish));
+    }
+    merged
+}
+
+fn finish((_, mut b, total): (u64, Busy, f64)) -> Busy {
+    b.fraction = if total > 0.0 { (b.fraction / total).clamp(0.0, 1.0) } else { 0.0 };
+    b
 }
 
 /// What the tail thread keeps per runtime it follows.
@@ -96,51 +214,71 @@ struct Tailed {
     open: HashMap<(Option<u32>, u64, u8), SystemEvent>,
     /// Device events of cores without a sync point yet.
     pending: BTreeMap<u32, Vec<DeviceEvent>>,
-    /// Device spans of executions still running, by (core, execution).
-    building: HashMap<(u32, Option<u64>), Execution>,
+    /// Spans of executions still running, by (core, execution).
+    building: HashMap<(u32, Option<u64>), Group>,
     /// Executions whose `nc_exec_running` stopped since the last poll.
     finished: HashSet<(u32, u64)>,
+    /// Those of the poll before: a span of theirs read late goes out at once.
+    finished_before: HashSet<(u32, u64)>,
     /// Each core's busy counter at the last poll, and when.
     busy: HashMap<u32, (u64, u64)>,
     lost_reported: u64,
 }
 
-/// A batch under construction: spans, each encoded once, until the byte budget; then
-/// only counts.
+/// A batch under construction.
 struct Batch {
     feed: u64,
     seq: u64,
     spans: Vec<String>,
     bytes: usize,
-    /// Spans left out because the batch was full.
+    /// Spans left out.
     thinned: u64,
-    /// Executions whose device spans were left out.
+    /// Executions whose spans were left out.
     thinned_executions: u64,
     /// Events the rings overwrote before they were read.
     lost: u64,
     /// Busy fractions of each core since the last batch.
-    busy: Vec<String>,
+    busy: Vec<Busy>,
+    /// For a page's first batch: what it stands for.
+    catch_up: Option<String>,
 }
 
 impl Batch {
-    fn push(&mut self, span: String) {
+    /// An empty batch whose other fields take `bytes`.
+    fn new(feed: u64, seq: u64, bytes: usize) -> Batch {
+        Batch {
+            feed,
+            seq,
+            spans: Vec::new(),
+            bytes,
+            thinned: 0,
+            thinned_executions: 0,
+            lost: 0,
+            busy: Vec::new(),
+            catch_up: None,
+        }
+    }
+
+    fn push(&mut self, span: &str) {
         if self.bytes + span.len() + 1 > MAX_BATCH_BYTES {
             self.thinned += 1;
         } else {
             self.bytes += span.len() + 1;
-            self.spans.push(span);
+            self.spans.push(span.to_owned());
         }
     }
 
     /// The batch as the page reads it.
     fn encode(self, runtimes: &str) -> Bytes {
+        let busy: Vec<String> = self.busy.iter().filter_map(|b| serde_json::to_string(b).ok()).collect();
+        let catch_up = self.catch_up.map(|c| format!(r#","catch_up":{c}"#)).unwrap_or_default();
         Bytes::from(format!(
-            r#"{{"feed":{},"seq":{},"now_ns":{},"spans":[{}],"busy":[{}],"thinned":{},"thinned_executions":{},"lost":{},"runtimes":{runtimes}}}"#,
+            r#"{{"feed":{},"seq":{},"now_ns":{},"spans":[{}],"busy":[{}],"thinned":{},"thinned_executions":{},"lost":{},"runtimes":{runtimes}{catch_up}}}"#,
             self.feed,
             self.seq,
             monotonic_ns(),
             self.spans.join(","),
-            self.busy.join(","),
+            busy.join(","),
             self.thinned,
             self.thinned_executions,
             self.lost
@@ -171,53 +309,58 @@ pub(crate) fn start(dir: PathBuf) -> std::io::Result<Arc<Feed>> {
                 std::thread::sleep(Duration::from_millis(50));
                 continue;
             }
-            // A directory that cannot be read, or a datastore that does not open, shows
-            // as no runtime: the live page says what the problem is.
-            let _ = followed.discover(admit);
-            let runtimes: Value = followed
-                .iter()
-                .map(|f| {
-                    let models: serde_json::Map<String, Value> =
-                        f.state.models.iter().map(|(id, name)| (id.to_string(), name.as_str().into())).collect();
-                    json!({"pid": f.pid, "tag": f.state.tag, "models": models})
-                })
-                .collect();
-            let runtimes = runtimes.to_string();
             seq += 1;
-            // The batch's other fields count against its budget too.
-            let mut batch = Batch {
-                feed: shared.id,
-                seq,
-                spans: Vec::new(),
-                bytes: runtimes.len() + 256,
-                thinned: 0,
-                thinned_executions: 0,
-                lost: 0,
-                busy: Vec::new(),
-            };
-            // System events first: they are few, and they frame the device events.
-            let mut done = Vec::new();
-            for f in followed.iter_mut() {
-                poll(f, &mut batch, &mut done);
-            }
-            let room = MAX_BATCH_BYTES.saturating_sub(batch.bytes);
-            let (kept, left_out) = select_executions(done, room);
-            for execution in kept {
-                for span in execution.spans {
-                    batch.push(span);
-                }
-            }
-            for execution in left_out {
-                batch.thinned += execution.spans.len() as u64;
-                batch.thinned_executions += 1;
-            }
-            followed.mark_exited();
-            followed.forget_exited(Duration::ZERO);
-            shared.publish(batch.encode(&runtimes));
+            let (batch, kept) = read_once(&shared, &mut followed, seq);
+            shared.publish(batch, kept);
             std::thread::sleep(POLL);
         }
     })?;
     Ok(feed)
+}
+
+/// One poll of every followed runtime: the batch to send, and what it holds.
+fn read_once(feed: &Feed, followed: &mut Runtimes<Tailed>, seq: u64) -> (Bytes, Kept) {
+    // A directory that cannot be read, or a datastore that does not open, shows as no
+    // runtime: the live page says what the problem is.
+    let _ = followed.discover(admit);
+    let runtimes: Value = followed
+        .iter()
+        .map(|f| {
+            let models: serde_json::Map<String, Value> =
+                f.state.models.iter().map(|(id, name)| (id.to_string(), name.as_str().into())).collect();
+            json!({"pid": f.pid, "tag": f.state.tag, "models": models})
+        })
+        .collect();
+    let runtimes = runtimes.to_string();
+    // The batch's other fields count against its budget too.
+    let mut batch = Batch::new(feed.id, seq, BATCH_FIELDS_BYTES + runtimes.len());
+    let mut done = Vec::new();
+    for f in followed.iter_mut() {
+        poll(f, &mut batch, &mut done);
+    }
+    let (kept, left_out) = select_groups(done, MAX_BATCH_BYTES.saturating_sub(batch.bytes));
+    for group in &kept {
+        for span in &group.spans {
+            batch.push(span);
+        }
+    }
+    for group in &left_out {
+        batch.thinned += group.spans.len() as u64;
+        batch.thinned_executions += u64::from(group.execution);
+    }
+    followed.mark_exited();
+    followed.forget_exited(Duration::ZERO);
+    let record = Kept {
+        at: Instant::now(),
+        seq,
+        groups: kept,
+        busy: batch.busy.clone(),
+        thinned: batch.thinned,
+        thinned_executions: batch.thinned_executions,
+        lost: batch.lost,
+        runtimes: runtimes.clone(),
+    };
+    (batch.encode(&runtimes), record)
 }
 
 /// Starts tailing a runtime found live, from the oldest events its rings still hold.
@@ -232,15 +375,17 @@ fn admit(reader: &DatastoreReader, label: &str) -> Option<Tailed> {
         pending: BTreeMap::new(),
         building: HashMap::new(),
         finished: HashSet::new(),
+        finished_before: HashSet::new(),
         busy: HashMap::new(),
         lost_reported: 0,
     })
 }
 
-/// Reads `f`'s rings: system spans go into `batch`, the device spans of executions
-/// that finished (or waited long enough) into `done`, and each core's busy fraction
-/// since the last poll into `batch.busy`.
-fn poll(followed: &mut Followed<Tailed>, batch: &mut Batch, done: &mut Vec<Execution>) {
+/// Reads `f`'s rings: the groups of spans that are complete (an execution whose
+/// `nc_exec_running` stopped, or that waited long enough; a system span of no
+/// execution) go into `done`, and each core's busy fraction since the last poll into
+/// `batch.busy`.
+fn poll(followed: &mut Followed<Tailed>, batch: &mut Batch, done: &mut Vec<Group>) {
     let mut events = Vec::new();
     let reader = &followed.reader;
     let f = &mut followed.state;
@@ -253,7 +398,7 @@ fn poll(followed: &mut Followed<Tailed>, batch: &mut Batch, done: &mut Vec<Execu
     let mut device = Vec::new();
     for event in events {
         match event {
-            TraceEvent::System(e) => system(f, e, batch),
+            TraceEvent::System(e) => system(f, e, batch, done),
             TraceEvent::Device(e) => device.push(e),
         }
     }
@@ -282,15 +427,16 @@ fn poll(followed: &mut Followed<Tailed>, batch: &mut Batch, done: &mut Vec<Execu
     let keys: Vec<(u32, Option<u64>)> = f.building.keys().copied().collect();
     for key in keys {
         let ready = match key {
-            (core, Some(exec)) => finished.contains(&(core, exec)),
+            (core, Some(exec)) => finished.contains(&(core, exec)) || f.finished_before.contains(&(core, exec)),
             (_, None) => true,
         };
-        let Some(execution) = f.building.get_mut(&key) else { continue };
-        execution.polls += 1;
-        if ready || execution.polls > MAX_WAIT_POLLS {
+        let Some(group) = f.building.get_mut(&key) else { continue };
+        group.polls += 1;
+        if ready || group.polls > MAX_WAIT_POLLS {
             done.extend(f.building.remove(&key));
         }
     }
+    f.finished_before = finished;
     // Busy time is counted when an execution ends: a core in the middle of one that
     // outlasts the poll has gained nothing yet, but is busy the whole time.
     let running: HashSet<u32> = models.iter().filter(|m| m.running > 0).map(|m| m.core).collect();
@@ -305,10 +451,8 @@ fn poll(followed: &mut Followed<Tailed>, batch: &mut Batch, done: &mut Vec<Execu
             } else {
                 (gained as f64 / (now - at) as f64).clamp(0.0, 1.0)
             };
-            let entry = json!({"pid": f.pid, "core": core.core, "start_ns": at, "end_ns": now, "fraction": fraction})
-                .to_string();
-            batch.bytes += entry.len() + 1;
-            batch.busy.push(entry);
+            batch.bytes += BUSY_ENTRY_BYTES;
+            batch.busy.push(Busy { pid: f.pid, core: core.core, start_ns: at, end_ns: now, fraction });
         }
     }
 }
@@ -316,11 +460,33 @@ fn poll(followed: &mut Followed<Tailed>, batch: &mut Batch, done: &mut Vec<Execu
 fn add_device(f: &mut Tailed, e: &DeviceEvent, offset: i128) {
     let span = device_span(f.pid, e, offset, f.models.get(&e.model_id).map(String::as_str));
     let start = (i128::from(e.start_ns) + offset).max(0) as u64;
-    let execution = f.building.entry((e.nc_idx, e.exec_id)).or_insert_with(|| Execution::new(f.pid, e.nc_idx, start));
-    execution.add(span, start);
+    // Transfers outside executions (weights at load) form groups of their own.
+    let in_execution = e.exec_id.is_some();
+    let group = f
+        .building
+        .entry((e.nc_idx, e.exec_id))
+        .or_insert_with(|| Group::new(f.pid, Some(e.nc_idx), in_execution, start));
+    group.add(span, start);
 }
 
-fn system(f: &mut Tailed, e: SystemEvent, batch: &mut Batch) {
+/// A system span joins its execution's group when it has one (on a core), else goes
+/// out as a group of its own.
+fn add_system(f: &mut Tailed, e: &SystemEvent, span: String, start: u64, done: &mut Vec<Group>) {
+    match (e.nc_idx, e.exec_id) {
+        (Some(core), Some(exec)) => {
+            let group =
+                f.building.entry((core, Some(exec))).or_insert_with(|| Group::new(f.pid, Some(core), true, start));
+            group.add(span, start);
+        }
+        (core, _) => {
+            let mut group = Group::new(f.pid, core, false, start);
+            group.add(span, start);
+            done.push(group);
+        }
+    }
+}
+
+fn system(f: &mut Tailed, e: SystemEvent, batch: &mut Batch, done: &mut Vec<Group>) {
     if let EventData::SyncPoint { cpu_timestamp_ns, nc_timestamp_ns } = e.data {
         if let Some(core) = e.nc_idx {
             f.offsets.insert(core, i128::from(cpu_timestamp_ns) - i128::from(nc_timestamp_ns));
@@ -372,7 +538,8 @@ fn system(f: &mut Tailed, e: SystemEvent, batch: &mut Batch) {
                 map.insert("stop_timestamp_ns".into(), e.timestamp_ns.into());
             }
             let model = model(f, &start);
-            batch.push(system_span(f.pid, &e, t0, t1.max(t0), model, details));
+            let span = system_span(f.pid, &e, t0, t1.max(t0), model, details);
+            add_system(f, &start, span, t0, done);
         }
         Phase::Instant => {
             let Some(t) = host_time(f, &e) else {
@@ -381,7 +548,39 @@ fn system(f: &mut Tailed, e: SystemEvent, batch: &mut Batch) {
             };
             let details = serde_json::to_value(&e).unwrap_or_default();
             let model = model(f, &e);
-            batch.push(system_span(f.pid, &e, t, t, model, details));
+            let span = system_span(f.pid, &e, t, t, model, details);
+            add_system(f, &e, span, t, done);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn busy(core: u32, start_ns: u64, fraction: f64) -> Busy {
+        Busy { pid: 1, core, start_ns, end_ns: start_ns + 100_000_000, fraction }
+    }
+
+    #[test]
+    fn busy_fractions_merge_into_fewer_steps_with_their_mean() {
+        // A minute of polls on two cores: 1200 entries, room for about 160.
+        let all: Vec<Busy> = (0..600u64)
+            .flat_map(|k| {
+                [busy(0, k * 100_000_000, if k % 2 == 0 { 1.0 } else { 0.5 }), busy(1, k * 100_000_000, 0.25)]
+            })
+            .collect();
+        let merged = coarser(&all, 16 * 1024);
+        assert!(merged.len() <= 16 * 1024 / BUSY_ENTRY_BYTES + 2 && merged.len() >= 100, "{}", merged.len());
+        for core in [0, 1] {
+            let steps: Vec<&Busy> = merged.iter().filter(|b| b.core == core).collect();
+            assert_eq!(steps.first().map(|b| b.start_ns), Some(0));
+            assert_eq!(steps.last().map(|b| b.end_ns), Some(600 * 100_000_000));
+            assert!(steps.windows(2).all(|w| w[0].end_ns <= w[1].start_ns), "steps in order, apart");
+            let expected = if core == 0 { 0.75 } else { 0.25 };
+            let covered: u64 = steps.iter().map(|b| b.end_ns - b.start_ns).sum();
+            let mean = steps.iter().map(|b| b.fraction * (b.end_ns - b.start_ns) as f64).sum::<f64>() / covered as f64;
+            assert!((mean - expected).abs() < 0.02, "core {core}: {mean}");
         }
     }
 }
