@@ -171,6 +171,18 @@ impl ProcessCpu {
     }
 }
 
+/// A process's resident memory (`VmRSS` of `/proc/PID/status`), in bytes.
+pub fn resident_bytes(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("status")).ok()?;
+    parse_resident_bytes(&text)
+}
+
+/// `VmRSS` of the text of `/proc/PID/status`, in bytes.
+pub fn parse_resident_bytes(status: &str) -> Option<u64> {
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.split_whitespace().next()?.parse::<u64>().ok()?;
+    Some(kib * 1024)
+}
+
 /// Clock ticks per second (`sysconf(_SC_CLK_TCK)`).
 pub fn clock_ticks_per_second() -> u64 {
     nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().map_or(100, |t| t as u64)
@@ -179,6 +191,14 @@ pub fn clock_ticks_per_second() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn resident_memory_is_vm_rss() {
+        let status = "Name:\tpython3\nVmPeak:\t  300000 kB\nVmRSS:\t  131072 kB\nThreads:\t4\n";
+        assert_eq!(parse_resident_bytes(status), Some(128 * 1024 * 1024));
+        assert_eq!(parse_resident_bytes("Name:\tkthreadd\n"), None, "kernel threads have none");
+        assert!(resident_bytes(std::process::id()).is_some_and(|b| b > 0));
+    }
 
     const STAT: &str = "cpu  100 10 50 800 20 5 15 0 0 0\n\
                         cpu0 60 5 30 380 10 3 12 0 0 0\n\

@@ -84,6 +84,9 @@ pub(crate) mod header {
     pub(crate) const INSTRUCTION_TABLE_BYTES: u64 = 176;
     /// Host threads a virtual core computes on at most (0 in files of older runtimes).
     pub(crate) const HOST_THREADS: u64 = 184;
+    /// The kernel of bf16-rounded matrix products (`ProductKernel::code`; 0 in files of
+    /// older runtimes).
+    pub(crate) const PRODUCT_KERNEL: u64 = 188;
     /// The command's name (the script for an interpreter), length-prefixed.
     pub(crate) const COMMAND_NAME: u64 = 192;
     pub(crate) const COMMAND_NAME_MAX: u64 = 60;

@@ -5,15 +5,17 @@
 //! those threads' vector units can do: every thread issuing two vector operations per
 //! cycle (two FMA pipes) at the widest width the CPU supports, at the clock the
 //! kernel reports. A matrix product (PE) counts two FLOPs per lane per operation (a
-//! fused multiply-add), twice that again where the CPU multiplies bf16 pairs into f32
-//! in one instruction (AVX512-BF16, which `neuron-cc`'s default auto-cast uses): the
-//! peak is that of the fastest products the backend can run, as an accelerator's MFU
-//! is against its bf16 peak. The other engines (ACT, DVE, POOL) count one FLOP per lane.
+//! fused multiply-add), twice that again where the runtime runs bf16 products on the
+//! CPU's AVX512-BF16 instructions (`neuron-cc`'s default auto-cast), which it does only
+//! where it measured them faster than f32 on this host ([`ProductKernel`]): the peak is
+//! that of the fastest products the backend runs here, as an accelerator's MFU is
+//! against its bf16 peak. The other engines (ACT, DVE, POOL) count one FLOP per lane.
 //! The clock is cpufreq's maximum when the kernel has it, else the highest "cpu MHz" of
 //! `/proc/cpuinfo` (fixed in a VM; on a host that scales its clock without cpufreq,
 //! the current one). The definition depends
-//! only on the CPU and the number of threads, so it is the same in every run on a
-//! host, and no measured rate can exceed it unless the CPU runs above the reported
+//! only on the CPU, the number of threads and the product kernel (chosen with a
+//! margin, so that it does not change from run to run), so it is the same in every run
+//! on a host, and no measured rate can exceed it unless the CPU runs above the reported
 //! clock (turbo), which a figure above 100% then says. The backend's measured matrix
 //! product rate, which varies from run to run, is shown beside it as context only.
 
@@ -44,6 +46,40 @@ pub struct EnginePeaks {
     pub vector_flops: f64,
     /// How the figures are defined, in words.
     pub basis: String,
+}
+
+/// Which kernel runs the matrix products whose operands are rounded to bf16 (the
+/// default `--auto-cast matmult`), as the runtime measured when it started: the bf16
+/// products of AVX512-BF16 only where they are faster than f32 on this host.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ProductKernel {
+    /// A file of an older runtime: the CPU's flags decide, as they did then.
+    #[default]
+    NotRecorded,
+    /// f32 multiply-adds on the rounded operands.
+    F32,
+    /// bf16 products accumulated in f32 (`vdpbf16ps`).
+    Bf16,
+}
+
+impl ProductKernel {
+    /// Its code in the datastore header.
+    pub fn code(self) -> u32 {
+        match self {
+            ProductKernel::NotRecorded => 0,
+            ProductKernel::F32 => 1,
+            ProductKernel::Bf16 => 2,
+        }
+    }
+
+    /// From its code in the datastore header; unknown codes read as not recorded.
+    pub fn from_code(code: u32) -> ProductKernel {
+        match code {
+            1 => ProductKernel::F32,
+            2 => ProductKernel::Bf16,
+            _ => ProductKernel::NotRecorded,
+        }
+    }
 }
 
 impl HostVector {
@@ -86,11 +122,26 @@ impl HostVector {
         (clock_hz > 0.0).then_some(HostVector { isa, f32_lanes, bf16_products, clock_hz })
     }
 
-    /// The peaks of a virtual core that computes on `threads` host threads.
-    pub fn peaks(&self, threads: u32) -> EnginePeaks {
+    /// The peaks of a virtual core that computes on `threads` host threads, its bf16
+    /// products on `kernel`: PE's peak doubles only where the runtime found the bf16
+    /// products faster than f32 (or, for files that do not say, where the CPU has them).
+    pub fn peaks(&self, threads: u32, kernel: ProductKernel) -> EnginePeaks {
         let threads = threads.max(1);
         let vector_flops = f64::from(threads) * f64::from(self.f32_lanes) * f64::from(FMA_PIPES) * self.clock_hz;
-        let bf16 = if self.bf16_products { 2.0 } else { 1.0 };
+        let doubled = match kernel {
+            ProductKernel::NotRecorded => self.bf16_products,
+            ProductKernel::F32 => false,
+            ProductKernel::Bf16 => true,
+        };
+        let bf16_note = match (kernel, self.bf16_products) {
+            (ProductKernel::NotRecorded, true) => ", ×2 for bf16 products (AVX512-BF16)",
+            (ProductKernel::Bf16, _) => ", ×2 for bf16 products (AVX512-BF16, measured faster than f32 on this host)",
+            (ProductKernel::F32, true) => {
+                ", bf16 products at the f32 rate (AVX512-BF16 measured no faster than f32 on this host)"
+            }
+            _ => "",
+        };
+        let bf16 = if doubled { 2.0 } else { 1.0 };
         EnginePeaks {
             pe_flops: 2.0 * bf16 * vector_flops,
             vector_flops,
@@ -100,7 +151,7 @@ impl HostVector {
                 self.f32_lanes,
                 self.isa,
                 self.clock_hz / 1e9,
-                if self.bf16_products { ", ×2 for bf16 products (AVX512-BF16)" } else { "" }
+                bf16_note
             ),
         }
     }
@@ -122,16 +173,25 @@ mod tests {
                        processor\t: 1\ncpu MHz\t\t: 2400.000\nflags\t\t: fpu sse2 avx2 fma avx512f\n";
         let bf16 = HostVector::parse(&cpuinfo.replace("avx512f", "avx512f avx512_bf16"), None).expect("parsed");
         assert!(bf16.bf16_products);
-        assert!((bf16.peaks(2).pe_flops / 1e9 - 664.61).abs() < 0.01, "bf16 products double PE's peak");
-        assert!(bf16.peaks(2).basis.ends_with("×2 for bf16 products (AVX512-BF16)"));
+        let recorded = bf16.peaks(2, ProductKernel::NotRecorded);
+        assert!((recorded.pe_flops / 1e9 - 664.61).abs() < 0.01, "bf16 products double PE's peak");
+        assert!(recorded.basis.ends_with("×2 for bf16 products (AVX512-BF16)"));
+        // Issue 39: only where the runtime measured them faster than f32.
+        let faster = bf16.peaks(2, ProductKernel::Bf16);
+        assert!((faster.pe_flops / 1e9 - 664.61).abs() < 0.01);
+        assert!(faster.basis.ends_with("measured faster than f32 on this host)"), "{}", faster.basis);
+        let slower = bf16.peaks(2, ProductKernel::F32);
+        assert!((slower.pe_flops / 1e9 - 332.30).abs() < 0.01, "at the f32 rate: {slower}");
+        assert!(slower.basis.ends_with("(AVX512-BF16 measured no faster than f32 on this host)"), "{}", slower.basis);
         let host = HostVector::parse(cpuinfo, None).expect("parsed");
         assert_eq!((host.isa, host.f32_lanes), ("avx512", 16));
         assert!((host.clock_hz - 2.596132e9).abs() < 1.0);
-        let peaks = host.peaks(2);
+        let peaks = host.peaks(2, ProductKernel::NotRecorded);
         // 2 threads × 16 lanes × 2 pipes × 2.596 GHz = 166.2 GFLOP/s; PE twice that.
         assert!((peaks.vector_flops / 1e9 - 166.15).abs() < 0.01, "{peaks}");
         assert!((peaks.pe_flops / peaks.vector_flops - 2.0).abs() < 1e-12);
         assert!(peaks.basis.starts_with("2 host threads × 16 f32 lanes (avx512)"), "{}", peaks.basis);
+        assert_eq!(host.peaks(2, ProductKernel::F32), peaks, "no bf16 instructions, no note");
         let turbo = HostVector::parse(cpuinfo, Some(3_700_000.0)).expect("parsed");
         assert!((turbo.clock_hz - 3.7e9).abs() < 1.0, "cpufreq's maximum wins when higher");
     }

@@ -50,6 +50,8 @@ pub struct CreateParams {
     pub recording: u32,
     /// Host threads a core computes on at most.
     pub host_threads: u32,
+    /// The kernel of bf16-rounded matrix products.
+    pub product_kernel: crate::peaks::ProductKernel,
     /// The command's name and its arguments (see [`crate::CommandIdentity`]).
     pub command: crate::CommandIdentity,
 }
@@ -220,6 +222,7 @@ impl DatastoreWriter {
         self.write_string(header::INSTANCE_TYPE, header::INSTANCE_TYPE_MAX, &params.instance_type);
         self.write_string(header::TAG, header::TAG_MAX, params.tag.as_deref().unwrap_or(""));
         r.u32(header::HOST_THREADS).store(params.host_threads, Ordering::Relaxed);
+        r.u32(header::PRODUCT_KERNEL).store(params.product_kernel.code(), Ordering::Relaxed);
         self.write_string(header::COMMAND_NAME, header::COMMAND_NAME_MAX, &params.command.name);
         self.write_string(header::COMMAND_LINE, header::COMMAND_LINE_MAX, &params.command.line.join("\0"));
         for (slot, (&core, clock)) in params.cores.iter().zip(&params.device_clocks).enumerate() {

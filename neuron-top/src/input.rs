@@ -120,7 +120,7 @@ pub const BINDINGS: &[Binding] = &[
     Binding {
         keys: &[key('f')],
         label: "f",
-        help: "show TFLOPS instead of utilisation in the core bars",
+        help: "core bars: FLOP/s against the peak, or utilisation",
         action: |_| Some(Action::ToggleFlops),
     },
     Binding {

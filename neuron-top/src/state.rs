@@ -57,7 +57,7 @@ impl ProcessSort {
     pub fn order(self, mut runtimes: Vec<&Runtime>) -> Vec<&Runtime> {
         let executions = |r: &Runtime| r.cores.iter().filter_map(|c| c.executions_per_second).sum::<f64>();
         let cpu = |r: &Runtime| r.vcpu.map_or(0.0, |c| c.user + c.system);
-        let memory = |r: &Runtime| r.host_memory.total() + r.cores.iter().map(|c| c.device_memory.total()).sum::<u64>();
+        let memory = |r: &Runtime| r.cores.iter().map(|c| c.device_memory.total()).sum::<u64>();
         match self {
             ProcessSort::Executions => runtimes.sort_by(|a, b| executions(b).total_cmp(&executions(a))),
             ProcessSort::Cpu => runtimes.sort_by(|a, b| cpu(b).total_cmp(&cpu(a))),

@@ -82,11 +82,13 @@ fn fixture() -> Snapshot {
                 exited: false,
                 vcpu: Some(CpuShare { user: 48.0, system: 1.5 }),
                 cores: vec![core(0, 97.25, &[10.0, 40.0, 80.0, 97.0, 99.0]), core(1, 45.5, &[0.0, 20.0, 45.0])],
+                resident_bytes: Some(130 * MIB),
                 host_memory: HostMemory { application_memory: 1498, constants: 0, dma_buffers: 65_536, tensors: 4096 },
                 models: vec![model(0, 1, "mlp"), model(1, 2, "attention")],
                 errors: [0, 0, 0, 13, 0, 2],
                 trace_events_per_second: Some(5234.0),
                 trace_events_dropped: 17,
+                peak_flops_per_core: Some(7e9),
             },
             Runtime {
                 pid: 4242,
@@ -95,11 +97,13 @@ fn fixture() -> Snapshot {
                 exited: true,
                 vcpu: None,
                 cores: vec![Core { index: 2, device: 1, utilization: None, ..Core::default() }],
+                resident_bytes: None,
                 host_memory: HostMemory::default(),
                 models: vec![],
                 errors: [0; 6],
                 trace_events_per_second: None,
                 trace_events_dropped: 0,
+                peak_flops_per_core: None,
             },
         ],
     }
@@ -146,6 +150,10 @@ fn a_tall_terminal_shows_history_graphs_and_a_sortable_process_table() {
     let rows: Vec<&str> = tall.lines().filter(|l| l.contains("python3 ")).collect();
     assert_eq!(rows.len(), 2, "{tall}");
     assert!(rows[0].contains("1234") && rows[0].contains("python3 train.py --steps 1000"), "busiest first: {rows:?}");
+    // Issue 39: each memory column says which memory it counts: the process's resident
+    // memory, then the device memory its cores hold.
+    assert!(tall.contains("resident   device mem"), "{tall}");
+    assert!(rows[0].contains("130.0 MiB  13.3 MiB"), "{rows:?}");
     assert!(rows[1].contains("serve.py") && rows[1].contains("N/A"), "{rows:?}");
     let model_row = tall.lines().find(|l| l.contains("└ mlp")).expect("a row per model");
     assert!(
@@ -184,6 +192,13 @@ fn the_screen_shows_what_the_snapshot_holds() {
     let screen = text(&render(&state, 160, 48, false));
     assert!(screen.contains("0.0034 TFLOPS"), "nc0's 3.4 GFLOP/s in the bar:\n{screen}");
     assert!(!screen.contains("97.25%"), "{screen}");
+    // Issue 39: the bar is the FLOP/s against the peak, not the utilisation: nc1 runs
+    // at 1.6 GFLOP/s of a 7 GFLOP/s peak, under a quarter of its bar, while 45.5% busy.
+    let nc1 = screen.lines().flat_map(|l| l.split("nc1 [").nth(1)).next().expect("nc1's bar");
+    let bar = &nc1[..nc1.find(']').expect("the bar's end")];
+    let filled = bar.chars().filter(|&c| c == '|').count() as f64;
+    let width = bar.chars().count() as f64;
+    assert!((filled / width - 1.5925 / 7.0).abs() < 0.05, "{bar:?}");
 }
 
 #[test]

@@ -10,13 +10,44 @@ use serde::Serialize;
 #[derive(Debug, Clone)]
 pub struct LatencyHistogram(Histogram<u64>);
 
-/// The percentiles the tools print, in seconds.
+/// The percentiles the tools print, in seconds, and how many executions they are over.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct LatencySummary {
     pub p50: f64,
     pub p90: f64,
     pub p99: f64,
     pub max: f64,
+    pub count: u64,
+}
+
+/// Executions a p90 needs before it is printed (with fewer it is the maximum or close
+/// to it, and says nothing of the tail).
+pub const P90_MIN_EXECUTIONS: u64 = 10;
+/// Executions a p99 needs before it is printed.
+pub const P99_MIN_EXECUTIONS: u64 = 100;
+
+impl LatencySummary {
+    /// The line people read: `p50 1.087 ms  p90 1.2 ms  p99 –  max 1.3 ms over 50
+    /// executions`, each percentile shown only over enough executions, and a single
+    /// execution as itself: `1.087 ms, one execution (no percentiles)`.
+    pub fn describe(&self, format: impl Fn(f64) -> String) -> String {
+        if self.count <= 1 {
+            return format!("{}, one execution (no percentiles)", format(self.max));
+        }
+        let shown = |value: f64, needed: u64| if self.count >= needed { format(value) } else { "–".into() };
+        let mut line = format!(
+            "p50 {}  p90 {}  p99 {}  max {} over {} executions",
+            format(self.p50),
+            shown(self.p90, P90_MIN_EXECUTIONS),
+            shown(self.p99, P99_MIN_EXECUTIONS),
+            format(self.max),
+            thousands(self.count)
+        );
+        if self.count < P99_MIN_EXECUTIONS {
+            line.push_str(&format!(" (p90 needs {P90_MIN_EXECUTIONS}, p99 {P99_MIN_EXECUTIONS})"));
+        }
+        line
+    }
 }
 
 impl Default for LatencyHistogram {
@@ -48,7 +79,13 @@ impl LatencyHistogram {
             return None;
         }
         let at = |q: f64| self.0.value_at_quantile(q) as f64 / 1e9;
-        Some(LatencySummary { p50: at(0.50), p90: at(0.90), p99: at(0.99), max: self.0.max() as f64 / 1e9 })
+        Some(LatencySummary {
+            p50: at(0.50),
+            p90: at(0.90),
+            p99: at(0.99),
+            max: self.0.max() as f64 / 1e9,
+            count: self.0.len(),
+        })
     }
 }
 
@@ -90,6 +127,24 @@ pub fn si(value: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn percentiles_are_printed_only_over_enough_executions() {
+        let mut h = LatencyHistogram::default();
+        h.record(Duration::from_micros(1087));
+        let one = h.summary().expect("one");
+        assert_eq!(one.describe(format_seconds), "1.087 ms, one execution (no percentiles)");
+        for k in 1..50 {
+            h.record(Duration::from_micros(1000 + k));
+        }
+        let fifty = h.summary().expect("fifty").describe(format_seconds);
+        assert!(fifty.contains("p99 –") && !fifty.contains("p90 –") && fifty.contains("over 50 executions"), "{fifty}");
+        for k in 0..100 {
+            h.record(Duration::from_micros(900 + k));
+        }
+        let many = h.summary().expect("many").describe(format_seconds);
+        assert!(!many.contains('–') && many.ends_with("over 150 executions"), "{many}");
+    }
 
     #[test]
     fn percentiles_come_from_the_recorded_latencies() {

@@ -14,6 +14,7 @@ use serde::Serialize;
 /// HLO instructions listed in the summary.
 pub const TOP_HLO: usize = 10;
 
+pub mod advice;
 pub mod bounds;
 mod text;
 pub use bounds::{Bounds, Finding, Gap};
@@ -55,6 +56,8 @@ pub struct Summary {
 pub struct Process {
     pub pid: u32,
     pub tag: String,
+    /// The program's name, as the live tools label it (empty in older files).
+    pub program: String,
     pub instance_type: String,
     pub runtime_version: String,
     pub tool: String,
@@ -531,6 +534,22 @@ impl<'a> Summariser<'a> {
             })
             .collect();
         hlo_rows.sort_by(|a, b| b.time_s.total_cmp(&a.time_s).then_with(|| a.hlo.cmp(&b.hlo)));
+        let above: Vec<String> = hlo_rows
+            .iter()
+            .filter_map(|h| Some((h, h.roofline_percent.filter(|&r| r > 100.0)?)))
+            .map(|(h, r)| format!("`{}` {r:.0}%", h.hlo))
+            .collect();
+        if !above.is_empty() {
+            caveats.push(format!(
+                "{} above 100% of their roofline ({}): {ABOVE_ROOFLINE}",
+                if above.len() == 1 {
+                    "one HLO instruction is".to_string()
+                } else {
+                    format!("{} HLO instructions are", above.len())
+                },
+                above.join(", ")
+            ));
+        }
         let mut dma_rows: Vec<DmaSummary> = dma
             .into_iter()
             .map(|(queue, (t, bytes))| DmaSummary {
@@ -572,6 +591,11 @@ impl<'a> Summariser<'a> {
             peaks,
             dma_peak,
             asynchronous: scheduled > 0,
+            advice: advice::Advice {
+                front_end: advice::FrontEnd::of_metadata(meta),
+                bf16_in_effect: opcode_rows.iter().any(|o| o.engine == "PE" && o.opcode == "MatMulBf16"),
+                bf16_faster: meta.bf16_products_faster,
+            },
         });
         let device_p50 = device_latency.summary().map(|l| l.p50);
         let traced = traced_executions(&windows, &runs, device_p50);
@@ -596,6 +620,19 @@ impl<'a> Summariser<'a> {
             _ => {}
         }
         }
+        if let Some(b) = &bounds
+            && b.recorded_executions > b.executions
+            && !findings.is_empty()
+        {
+            caveats.push(format!(
+                "{} of {} recorded executions {} a device trace: the findings' savings are {} scaled to all {}",
+                b.executions,
+                b.recorded_executions,
+                if b.executions == 1 { "has" } else { "have" },
+                if b.executions == 1 { "that one's" } else { "theirs" },
+                b.recorded_executions
+            ));
+        }
         if executions > 0 && last > first && last - first < 10_000_000 {
             caveats.push(format!(
                 "the profile spans {}: rates over so short a time vary a lot",
@@ -606,6 +643,7 @@ impl<'a> Summariser<'a> {
             process: Process {
                 pid: meta.pid,
                 tag: meta.process_tag.clone(),
+                program: meta.program.clone(),
                 instance_type: meta.instance_type.clone(),
                 runtime_version: meta.runtime_version.clone(),
                 tool: meta.tool.clone(),
@@ -668,6 +706,8 @@ fn merge_window(windows: &mut HashMap<WindowKey, (u64, u64)>, key: WindowKey, wi
 }
 
 /// Why a figure can exceed a defined peak.
+const ABOVE_ROOFLINE: &str = "an instruction fused with others is timed by its measured share of the group's time, and the bytes the group reads are charged to the member that first reads them, so a member's rate can read above what memory delivers while the group's does not; the host clock may also run above the one the definition assumes";
+
 const ABOVE_PEAK: &str =
     "the host CPU ran above the clock the definition assumes (a turbo clock /proc/cpuinfo does not report)";
 

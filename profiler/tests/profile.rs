@@ -159,6 +159,34 @@ fn capture_records_every_execution_and_the_device_trace_of_the_nth() {
     assert!(events.iter().all(|e| e["event_type"] == "nrt_execute"));
 }
 
+/// Issue 39: by default a capture of many executions device-traces executions spread
+/// over all of them, not the first alone, and its percentiles say what they are over.
+#[test]
+fn capture_device_traces_executions_spread_over_the_recorded_ones_by_default() {
+    let env = Env::new();
+    let file = env.path("spread.ntff");
+    let f = file.to_str().expect("utf-8");
+    succeeded(&env.run(PROFILE, &["capture", "-n", &example("mlp.hlo"), "-s", f, "--num-exec", "50"]));
+    let s = summary_json(&env, &file);
+    assert_eq!(s["executions"]["count"], 50);
+    assert_eq!(s["executions"]["device_traced"], 25, "every other one of 50");
+    let ordinals: Vec<u64> =
+        s["executions"]["traced"].as_array().expect("traced").iter().filter_map(|t| t["ordinal"].as_u64()).collect();
+    // The summary lists the first few: the 1st, 3rd, 5th…
+    assert!(!ordinals.is_empty() && ordinals.iter().enumerate().all(|(k, &o)| o == 2 * k as u64 + 1), "{ordinals:?}");
+    let summary = succeeded(&env.run(PROFILE, &["view", "-s", f, "--output-format", "summary-text"]));
+    assert!(summary.contains("p99 –") && summary.contains("over 50 executions"), "{summary}");
+    assert!(!summary.contains("one execution has a device trace"), "{summary}");
+
+    // One execution: no percentiles at all.
+    let one = env.path("one.ntff");
+    let o = one.to_str().expect("utf-8");
+    succeeded(&env.run(PROFILE, &["capture", "-n", &example("mlp.hlo"), "-s", o]));
+    let summary = succeeded(&env.run(PROFILE, &["view", "-s", o, "--output-format", "summary-text"]));
+    assert!(summary.contains("one execution (no percentiles)"), "{summary}");
+    assert!(!summary.contains("latency    p50"), "{summary}");
+}
+
 #[test]
 fn a_capture_without_warm_up_says_its_traced_execution_ran_cold() {
     let env = Env::new();

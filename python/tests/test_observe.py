@@ -47,6 +47,8 @@ def test_profiles_record_the_block(rt, matmul, tmp_path, device_trace, traced):
     assert (p.summary["device_events"] > 0) == (traced > 0)
     summary = summary_of(path)
     assert summary["process"]["capture_kind"] == "python"
+    # Named as the live tools name the process: the module run with -m, not "python".
+    assert summary["process"]["program"] == "pytest"
     assert summary["executions"]["count"] == 3
     assert summary["executions"]["device_traced"] == traced
     assert "matmul" in [m["name"] for m in summary["models"]]

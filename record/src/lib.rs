@@ -341,7 +341,7 @@ pub fn metadata(info: &RuntimeInfo, tool: &str, capture_kind: &str, command: &[S
     let peaks = (info.host_threads > 0)
         .then(neuron_datastore::peaks::HostVector::detect)
         .flatten()
-        .map(|host| host.peaks(info.host_threads));
+        .map(|host| host.peaks(info.host_threads, info.product_kernel));
     ntff::Metadata {
         runtime_version: info.runtime_version.clone(),
         tool: format!("{tool} {capture_kind}"),
@@ -367,6 +367,12 @@ pub fn metadata(info: &RuntimeInfo, tool: &str, capture_kind: &str, command: &[S
         peak_memory_bytes_per_s: memory_bandwidth(),
         peak_memory_method: MEMORY_BANDWIDTH_METHOD.into(),
         host: host_name(),
+        program: info.command.name.clone(),
+        bf16_products_faster: match info.product_kernel {
+            neuron_datastore::peaks::ProductKernel::Bf16 => Some(true),
+            neuron_datastore::peaks::ProductKernel::F32 => Some(false),
+            neuron_datastore::peaks::ProductKernel::NotRecorded => None,
+        },
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::error::{NrtError, NrtResult};
 use crate::fault::{self, FaultRule};
+use neuron_datastore::peaks::ProductKernel;
 use neuron_datastore::topology::{CoreSet, DEFAULT_INSTANCE_TYPE, InstanceType};
 use neuron_datastore::{CollectiveAlgorithm, InspectConfig, default_dir};
 
@@ -40,6 +41,10 @@ pub const ENV_INSPECT_EVENT_FILTER_TYPE: &str = "NEURON_RT_INSPECT_EVENT_FILTER_
 pub const ENV_TRACE_DISCARD: &str = "NEURON_VIRT_TRACE_DISCARD";
 /// Whether chains of element-wise instructions run fused (our extension; default on).
 pub const ENV_FUSION: &str = "NEURON_VIRT_FUSION";
+/// Which kernel runs matrix products of bf16-rounded operands (our extension): `auto`
+/// (the default: bf16 products where measured faster than f32 on this host), `bf16` or
+/// `f32`. A process takes the first runtime's choice.
+pub const ENV_BF16_PRODUCTS: &str = "NEURON_VIRT_BF16_PRODUCTS";
 /// Requests each compute execution unit holds in flight (`nrta_*`).
 pub const ENV_XU_COMPUTE_MAX_QUEUED: &str = "NEURON_RT_XU_COMPUTE_MAX_QUEUED_REQUESTS";
 /// `NEURON_RT_XU_COMPUTE_MAX_QUEUED_REQUESTS` when unset.
@@ -127,6 +132,9 @@ pub struct Config {
     pub datastore_dir: PathBuf,
     /// Run chains of element-wise instructions fused (`NEURON_VIRT_FUSION`).
     pub fusion: bool,
+    /// The kernel of bf16-rounded matrix products (`NEURON_VIRT_BF16_PRODUCTS`); `None`
+    /// measures which is faster.
+    pub bf16_products: Option<ProductKernel>,
     /// Faults to inject (`NEURON_RT_FAULT_INJECT`); none by default.
     pub faults: Vec<FaultRule>,
     /// Requests in flight per execution unit (`NEURON_RT_XU_COMPUTE_MAX_QUEUED_REQUESTS`).
@@ -152,6 +160,7 @@ impl Default for Config {
             inspect_output_dir: PathBuf::from(DEFAULT_INSPECT_OUTPUT_DIR),
             datastore_dir: default_dir(),
             fusion: true,
+            bf16_products: None,
             faults: Vec::new(),
             xu_queue: DEFAULT_XU_QUEUE,
             collectives_algorithm: None,
@@ -261,6 +270,13 @@ impl Config {
         let fusion = match get(ENV_FUSION) {
             Some(v) => parse_bool(&v).ok_or_else(|| bad(ENV_FUSION, &v, "use true or false"))?,
             None => true,
+        };
+
+        let bf16_products = match get(ENV_BF16_PRODUCTS).as_deref().map(str::trim) {
+            None | Some("auto") => None,
+            Some("bf16") => Some(ProductKernel::Bf16),
+            Some("f32") => Some(ProductKernel::F32),
+            Some(v) => return Err(bad(ENV_BF16_PRODUCTS, v, "use auto, bf16 or f32")),
         };
 
         let faults = match get(ENV_FAULT_INJECT) {
@@ -390,6 +406,7 @@ impl Config {
             lock_dir: lock_dir(get(ENV_LOCK_DIR)),
             host_threads,
             fusion,
+            bf16_products,
             faults,
             xu_queue,
             collectives_algorithm,
@@ -438,6 +455,8 @@ mod tests {
         assert_eq!(c.exec_timeout, DEFAULT_EXEC_TIMEOUT);
         assert!(c.fusion, "element-wise fusion is on by default");
         assert!(!config(&[(ENV_FUSION, "false")]).expect("valid").fusion);
+        assert_eq!(c.bf16_products, None, "measured by default");
+        assert_eq!(config(&[(ENV_BF16_PRODUCTS, "f32")]).expect("valid").bf16_products, Some(ProductKernel::F32));
     }
 
     #[test]
@@ -485,6 +504,7 @@ mod tests {
             (ENV_VISIBLE_CORES, "0-4294967295"),
             (ENV_VALIDATE_HASH, "maybe"),
             (ENV_FUSION, "sometimes"),
+            (ENV_BF16_PRODUCTS, "fp8"),
             (ENV_COLLECTIVES_ALGORITHM, "tree"),
             (ENV_INSTANCE_TYPE, "p4d"),
             (ENV_INSPECT_ENABLE, "yes please"),

@@ -211,9 +211,14 @@ export class Chart {
     }
     ctx.textAlign = 'right';
     ctx.fillText('now', left + w, height - 4);
+    // Lines are drawn first to last, each thinner than the one before (by 2 px), so a
+    // series that coincides with a later one still shows as a band around it (at most
+    // three such steps).
+    const lines = shapes.filter((s) => s.pts.length > 0).length;
+    let drawn = 0;
     for (const s of (this.stacked ? [...shapes].reverse() : shapes)) {
       if (s.pts.length === 0) continue;
-      ctx.strokeStyle = s.color; ctx.lineWidth = 1.5;
+      ctx.strokeStyle = s.color; ctx.lineWidth = this.stacked ? 1.5 : 1.5 + 2 * Math.min(3, lines - 1 - drawn++);
       if (this.stacked) {
         ctx.beginPath();
         s.pts.forEach(([t, , , tp], i) => (i ? ctx.lineTo(x(t), y(tp)) : ctx.moveTo(x(t), y(tp))));

@@ -84,7 +84,7 @@ function newCard(r) {
     memory: new Chart('Device memory by category', { format: bytes, axis: (v) => bytes(v).replace('.0 ', ' '), stacked: true, span: SPAN, binary: true }),
   };
   const title = el('h2');
-  const summary = el('div', { class: 'muted' });
+  const summary = el('div', { class: 'muted summary' });
   const cores = el('div');
   const models = el('div');
   const node = el('div', { class: 'card runtime', dataset: { pid: r.pid } }, title, summary,
@@ -132,7 +132,7 @@ function updateCard(card, r, update, at, now) {
   const vcpu = r.vcpu ? percent(r.vcpu.user + r.vcpu.system) : NA;
   const errorsTotal = ERROR_CLASSES.reduce((a, k) => a + r.errors[k], 0);
   card.summary.replaceChildren(
-    `vCPU ${vcpu} · host memory ${bytes(r.host_memory.application_memory + r.host_memory.constants + r.host_memory.dma_buffers + r.host_memory.tensors)}`,
+    `vCPU ${vcpu} · resident memory ${r.resident_bytes == null ? NA : bytes(r.resident_bytes)} · runtime host allocations ${bytes(r.host_memory.application_memory + r.host_memory.constants + r.host_memory.dma_buffers + r.host_memory.tensors)}`,
     ` · ${si(execs, 'exec/s')} · errors since start: `,
     el('span', { class: errorsTotal ? 'bad' : '' }, errorsTotal ? ERROR_CLASSES.filter((k) => r.errors[k]).map((k) => `${k} ${thousands(r.errors[k])}`).join(', ') : 'none'),
     ` · trace ${r.trace_events_per_second == null ? NA : si(r.trace_events_per_second, 'events/s')}, `,

@@ -272,7 +272,7 @@ export function profilePage(main, name) {
     state.meta = meta;
     state.t1 = meta.duration_ns || 1;
     head.replaceChildren(el('h2', {}, name), el('div', { class: 'muted', id: 'pf-meta' },
-      `${meta.capture_kind || 'profile'} of pid ${meta.pid}${meta.tag ? ` (${meta.tag})` : ''} on ${meta.instance_type} · ${thousands(meta.events)} spans on ${meta.tracks.length} tracks over ${ns(meta.duration_ns)}`,
+      `${meta.capture_kind || 'profile'} of ${meta.program ? `${meta.program} ` : ''}pid ${meta.pid}${meta.tag ? ` (${meta.tag})` : ''} on ${meta.instance_type} · ${thousands(meta.events)} spans on ${meta.tracks.length} tracks over ${ns(meta.duration_ns)}`,
       meta.unplaced ? ` · ${thousands(meta.unplaced)} events without a clock sync point left out` : ''),
       ...meta.problems.map((p) => el('div', { class: 'warn' }, p)));
     await fetchView();
@@ -405,9 +405,21 @@ function rooflineCard(hlos, flops, jump) {
       ctx.fillStyle = '#d29922'; ctx.textAlign = 'right'; ctx.fillText(`${label} peak ${short(peak, 'FLOP/s')}`, width - right - 4, py(peak) - 4);
     }
     ctx.lineWidth = 1;
+    // Points above their roofline (see "read with care") are hollow, with a red ring.
+    let above = 0;
     for (const h of points) {
-      ctx.fillStyle = colorOf(h.engine); ctx.beginPath(); ctx.arc(px(h.intensity), py(h.achieved_flops_per_s), h === hover ? 6 : 4, 0, 2 * Math.PI); ctx.fill();
+      const x = px(h.intensity), y = py(h.achieved_flops_per_s), r = h === hover ? 6 : 4;
+      ctx.beginPath(); ctx.arc(x, y, r, 0, 2 * Math.PI);
+      if (h.roofline_percent > 100) {
+        above++;
+        ctx.strokeStyle = '#f85149'; ctx.lineWidth = 2; ctx.stroke();
+        ctx.fillStyle = '#f85149'; ctx.textAlign = 'left'; ctx.fillText(`${h.hlo} ${percent(h.roofline_percent)}?`, x + 8, y - 6);
+      } else {
+        ctx.fillStyle = colorOf(h.engine); ctx.fill();
+      }
     }
+    ctx.lineWidth = 1;
+    canvas.dataset.above = above;
     for (const e of totals) {
       ctx.strokeStyle = colorOf(e.engine); ctx.lineWidth = 2; ctx.beginPath(); ctx.arc(px(e.intensity), py(e.achieved_flops_per_s), 9, 0, 2 * Math.PI); ctx.stroke();
       ctx.fillStyle = colorOf(e.engine); ctx.textAlign = 'left'; ctx.fillText(`${e.engine} total`, px(e.intensity) + 12, py(e.achieved_flops_per_s) + 4);
@@ -428,7 +440,7 @@ function rooflineCard(hlos, flops, jump) {
   canvas.addEventListener('mousemove', (e) => {
     hover = nearest(e);
     draw();
-    if (hover) info.textContent = `${hover.hlo} on ${hover.engine}: ${hover.intensity.toFixed(2)} FLOP/byte, ${si(hover.achieved_flops_per_s, 'FLOP/s')}, ${hover.bound}-bound at ${percent(hover.roofline_percent)} of its roofline, ${seconds(hover.time_s)} (${percent(hover.percent)} of device time). Click to see it on the timeline.`;
+    if (hover) info.textContent = `${hover.hlo} on ${hover.engine}: ${hover.intensity.toFixed(2)} FLOP/byte, ${si(hover.achieved_flops_per_s, 'FLOP/s')}, ${hover.bound}-bound at ${percent(hover.roofline_percent)} of its roofline${hover.roofline_percent > 100 ? ' (above it: see "read with care")' : ''}, ${seconds(hover.time_s)} (${percent(hover.percent)} of device time). Click to see it on the timeline.`;
   });
   canvas.addEventListener('click', (e) => { const h = nearest(e); if (h) jump(h.hlo); });
   requestAnimationFrame(draw);
@@ -472,11 +484,16 @@ export function comparePage(main, a, b) {
       el('div', { class: 'figures' },
         figure(`A: ${c.a.name}, device time per execution`, seconds(c.a.device_time_s / Math.max(1, c.a.device_traced))),
         figure(`B: ${c.b.name}, device time per execution`, seconds(c.b.device_time_s / Math.max(1, c.b.device_traced))),
-        figure('executions with a device trace', `${thousands(c.a.device_traced)} → ${thousands(c.b.device_traced)}`)),
+        figure('executions recorded', `${thousands(c.a.executions)} → ${thousands(c.b.executions)}`),
+        figure('executions with a device trace', `${thousands(c.a.device_traced)} → ${thousands(c.b.device_traced)}`),
+        figure('run-to-run spread (p90 over p50 on device)', `${c.a.spread == null ? NA : percent(100 * c.a.spread)} → ${c.b.spread == null ? NA : percent(100 * c.b.spread)}`)),
+      el('div', { class: 'muted', id: 'cmp-noise' }, c.a.spread == null || c.b.spread == null
+        ? `Too few executions to tell a change from noise (each side needs ${c.noise_min_traced} with a device trace and 10 recorded): no difference is coloured.`
+        : 'Differences within the larger of the two spreads are noise, shown grey; beyond it, red is slower and green faster.'),
       el('div', { class: 'card' }, el('h3', {}, 'Device time per execution, per HLO instruction (B − A; largest change first)'), sortableTable([
         { key: 'hlo', label: 'HLO instruction', text: true },
         { key: 'a_time_s', label: 'A', format: seconds }, { key: 'b_time_s', label: 'B', format: seconds },
-        { key: 'difference_s', label: 'B − A', format: (v) => el('span', { class: v > 0 ? 'bad' : v < 0 ? 'good' : '' }, `${v > 0 ? '+' : ''}${seconds(v)}`) },
+        { key: 'difference_s', label: 'B − A', format: (v, r) => el('span', { class: r.within_noise !== false ? 'noise' : v > 0 ? 'bad' : v < 0 ? 'good' : '' }, `${v > 0 ? '+' : ''}${seconds(v)}${r.within_noise === true ? ' (noise)' : ''}`) },
         { key: 'ratio', label: 'B / A', format: (v) => (v == null ? NA : `${v.toFixed(2)}×`) },
         { key: 'a_instructions', label: 'instructions A', format: (v) => (v == null ? NA : Number(v.toFixed(2))) },
         { key: 'b_instructions', label: 'instructions B', format: (v) => (v == null ? NA : Number(v.toFixed(2))) },

@@ -58,6 +58,9 @@ try {
   const updates = await page.$eval('#live-updates', (e) => Number(e.dataset.count));
   check(updates >= 5, `updates arrive (${updates})`);
   measured.live = { cores: after.length, updates, before, after };
+  // The process's resident memory and the runtime's own allocations, each named.
+  const cardSummary = await page.$eval('.runtime .summary', (e) => e.textContent);
+  check(/resident memory [0-9.]+ [KMG]iB/.test(cardSummary) && /runtime host allocations /.test(cardSummary), `the card names its memory: ${cardSummary}`);
   // Per-model figures: the demo runs two models on each core, each with its own latency.
   await waitFor(page, () => [...document.querySelectorAll('.runtime tr.model td.p50')].filter((c) => c.textContent !== 'N/A').length >= 2, null, 'per-model latency');
   const perModel = await page.$$eval('.runtime tr.model', (rows) => rows.map((r) => [r.dataset.model, r.querySelector('td.execs').textContent, r.querySelector('td.p50').textContent]));
@@ -226,6 +229,11 @@ try {
   await page.goto(`${base}/#/compare/${encodeURIComponent(profileA)}/${encodeURIComponent(profileB)}`);
   await waitFor(page, () => document.querySelectorAll('#cmp-table tbody tr').length > 0, null, 'the comparison table');
   measured.compare = { rows: await page.$$eval('#cmp-table tbody tr', (r) => r.length) };
+  // Each side says how many executions it has, and what counts as noise.
+  const noiseNote = await page.$eval('#cmp-noise', (e) => e.textContent);
+  check(/noise/.test(noiseNote), `the comparison says what is noise: ${noiseNote}`);
+  const figures = await page.$$eval('.figures', (fs) => fs.map((f) => f.textContent).join(' '));
+  check(/executions recorded/.test(figures), `executions per side: ${figures}`);
   const boundRows = await page.$$eval('#cmp-bounds tbody tr', (rows) => rows.map((r) => [...r.querySelectorAll('td')].map((t) => t.textContent)));
   check(boundRows.length === 7 && boundRows.some((r) => r[0].startsWith('device') && r[3] !== 'N/A'), `bounds side by side: ${JSON.stringify(boundRows)}`);
   const changes = await page.$$eval('#cmp-findings li', (lis) => lis.map((l) => l.textContent));

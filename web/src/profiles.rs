@@ -167,6 +167,29 @@ pub(crate) struct HloDifference {
     /// Instructions per execution.
     pub a_instructions: Option<f64>,
     pub b_instructions: Option<f64>,
+    /// Whether the change is within the run-to-run spread of the two profiles (see
+    /// [`spread`]); `None` when either has too few executions to tell.
+    pub within_noise: Option<bool>,
+}
+
+/// Device-traced executions a side needs before a difference per instruction is told
+/// apart from noise.
+pub(crate) const NOISE_MIN_TRACED: u64 = 3;
+/// The smallest spread assumed: timers and caches move any figure by a few percent.
+const MIN_SPREAD: f64 = 0.05;
+
+/// A profile's run-to-run spread: how far its p90 device latency is above its p50, as a
+/// fraction of the p50, at least [`MIN_SPREAD`]; `None` with fewer than
+/// [`NOISE_MIN_TRACED`] device-traced executions or too few for a p90.
+pub(crate) fn spread(s: &Summary) -> Option<f64> {
+    let latency = s.executions.device_latency?;
+    if s.executions.device_traced < NOISE_MIN_TRACED
+        || latency.count < ntff::stats::P90_MIN_EXECUTIONS
+        || latency.p50 <= 0.0
+    {
+        return None;
+    }
+    Some(((latency.p90 - latency.p50) / latency.p50).max(MIN_SPREAD))
 }
 
 /// One figure of a profile's bounds, in seconds over its traced executions.
@@ -226,6 +249,8 @@ pub(crate) fn compare(a: &Summary, b: &Summary) -> Vec<HloDifference> {
     }
     let per = |s: &Summary| s.executions.device_traced.max(1) as f64;
     let (na, nb) = (per(a), per(b));
+    // A change within both profiles' spread is noise.
+    let noise = spread(a).zip(spread(b)).map(|(x, y)| (1.0 + x.max(y)).ln());
     let mut out: Vec<HloDifference> = rows
         .into_iter()
         .map(|(hlo, (x, y))| {
@@ -238,6 +263,9 @@ pub(crate) fn compare(a: &Summary, b: &Summary) -> Vec<HloDifference> {
                 ratio: ta.zip(tb).filter(|(a, _)| *a > 0.0).map(|(a, b)| b / a),
                 a_instructions: x.map(|h| h.instructions as f64 / na),
                 b_instructions: y.map(|h| h.instructions as f64 / nb),
+                within_noise: noise.map(|limit| {
+                    ta.zip(tb).filter(|(a, b)| *a > 0.0 && *b > 0.0).is_some_and(|(a, b)| (b / a).ln().abs() <= limit)
+                }),
             }
         })
         .collect();

@@ -25,7 +25,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::broadcast;
 
-use crate::profiles::{Profile, Profiles, compare, compare_bounds};
+use crate::profiles::{NOISE_MIN_TRACED, Profile, Profiles, compare, compare_bounds, spread};
 use crate::{events, live};
 
 /// The page and its scripts, built into the binary.
@@ -479,6 +479,7 @@ async fn profile_meta(State(state): State<Shared>, Path(name): Path<String>) -> 
         "tracks": tracks,
         "pid": meta.pid,
         "tag": meta.process_tag,
+        "program": meta.program,
         "instance_type": meta.instance_type,
         "capture_kind": meta.capture_kind,
         "problems": index.file().recovery().describe(),
@@ -647,8 +648,11 @@ async fn compare_profiles(State(state): State<Shared>, Query(q): Query<CompareQu
     let body = blocking(move || {
         let (sa, sb) = (a.summary(), b.summary());
         json!({
-            "a": { "name": a.name, "device_time_s": sa.device_time_s, "device_traced": sa.executions.device_traced },
-            "b": { "name": b.name, "device_time_s": sb.device_time_s, "device_traced": sb.executions.device_traced },
+            "a": { "name": a.name, "device_time_s": sa.device_time_s, "executions": sa.executions.count,
+                   "device_traced": sa.executions.device_traced, "spread": spread(sa) },
+            "b": { "name": b.name, "device_time_s": sb.device_time_s, "executions": sb.executions.count,
+                   "device_traced": sb.executions.device_traced, "spread": spread(sb) },
+            "noise_min_traced": NOISE_MIN_TRACED,
             "hlo_instructions": compare(sa, sb),
             "analysis": compare_bounds(sa, sb),
         })

@@ -54,6 +54,8 @@ pub struct RuntimeInfo {
     pub discard_mode: bool,
     /// Host threads a core computes on at most (0: not recorded by this runtime).
     pub host_threads: u32,
+    /// The kernel of its bf16-rounded matrix products, which PE's defined peak follows.
+    pub product_kernel: crate::peaks::ProductKernel,
     /// The command that runs the runtime (empty in files of older runtimes).
     pub command: crate::CommandIdentity,
 }
@@ -741,6 +743,7 @@ impl DatastoreReader {
             device_trace_recording: recording & layout::RECORDING_DEVICE != 0,
             discard_mode: recording & layout::RECORDING_DISCARD_MODE != 0,
             host_threads: half(header::HOST_THREADS),
+            product_kernel: crate::peaks::ProductKernel::from_code(half(header::PRODUCT_KERNEL)),
             command: crate::CommandIdentity {
                 name: string(header::COMMAND_NAME, header::COMMAND_NAME_MAX),
                 line: {

@@ -39,6 +39,8 @@ struct Seen {
     previous_models: BTreeMap<u32, crate::ModelInfo>,
     cpu: Option<ProcessCpu>,
     history: BTreeMap<u32, CoreHistory>,
+    /// PE's defined peak of one of its cores, in FLOP/s (see [`crate::peaks`]).
+    peak_flops_per_core: Option<f64>,
     /// Not looked at yet since it was found: nothing to measure a rate over.
     fresh: bool,
 }
@@ -102,6 +104,10 @@ impl Collector {
                 previous_models: BTreeMap::new(),
                 cpu: ProcessCpu::read(info.pid).ok(),
                 history: BTreeMap::new(),
+                peak_flops_per_core: (info.host_threads > 0)
+                    .then(crate::peaks::HostVector::detect)
+                    .flatten()
+                    .map(|host| host.peaks(info.host_threads, info.product_kernel).pe_flops),
                 fresh: true,
             })
         };
@@ -221,6 +227,7 @@ fn runtime(
         exited,
         vcpu,
         cores,
+        resident_bytes: crate::host::resident_bytes(pid),
         host_memory: HostMemory {
             application_memory: now.host_memory(HostCategory::ApplicationMemory),
             constants: now.host_memory(HostCategory::Constants),
@@ -231,6 +238,7 @@ fn runtime(
         errors,
         trace_events_per_second: rate(ring_sum(now, false).saturating_sub(ring_sum(&f.previous, false))),
         trace_events_dropped: ring_sum(now, true),
+        peak_flops_per_core: f.peak_flops_per_core,
     }
 }
 

@@ -56,7 +56,11 @@ pub struct Runtime {
     /// Percent of one CPU's worth of all CPUs, as `neuron-monitor` reports it.
     pub vcpu: Option<CpuShare>,
     pub cores: Vec<Core>,
-    /// Host memory by category: application memory, constants, DMA buffers, tensors.
+    /// The process's resident memory (`VmRSS`): everything it holds in RAM, the
+    /// runtime's allocations, the interpreter, the program's own data.
+    pub resident_bytes: Option<u64>,
+    /// The runtime's own host allocations, by category (application memory,
+    /// constants, DMA buffers, tensors), as `neuron-monitor`'s `host_memory` reports them.
     pub host_memory: HostMemory,
     pub models: Vec<Model>,
     /// Errors by class since the runtime started, in `ERROR_CLASSES` order.
@@ -66,6 +70,9 @@ pub struct Runtime {
     pub trace_events_per_second: Option<f64>,
     /// Trace events lost (refused by a full ring) since the runtime started.
     pub trace_events_dropped: u64,
+    /// PE's defined peak of one of its cores, in FLOP/s: what its FLOP/s are measured
+    /// against (`None` for runtimes that do not say how many threads they compute on).
+    pub peak_flops_per_core: Option<f64>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

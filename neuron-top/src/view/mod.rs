@@ -180,6 +180,9 @@ fn draw_grid(frame: &mut Frame, area: Rect, state: &State, devices: &[u32], them
         format!("{:.2}%", measured.iter().sum::<f64>() / measured.len() as f64)
     };
     let mut title = format!(" NeuronCore {} Utilization (Avg: {average}) ", state.snapshot.instance.core_version);
+    if state.flops {
+        title.push_str("· bars: FLOP/s of PE's defined peak ");
+    }
     let idle = (state.snapshot.instance.device_count as usize).saturating_sub(devices.len());
     if state.selected.is_none() && idle > 0 && !devices.is_empty() {
         title.push_str(&format!("· {idle} more device{} idle ", plural(idle)));
@@ -209,13 +212,14 @@ fn draw_grid(frame: &mut Frame, area: Rect, state: &State, devices: &[u32], them
             // A live runtime's core before an exited one's that held it.
             let held = cores.iter().filter(|(_, c)| c.index == index).min_by_key(|(r, _)| r.exited);
             let (value, percent, dim) = match held {
+                // With `f`, the bar is the core's FLOP/s against PE's defined peak.
+                Some((runtime, core)) if state.flops => {
+                    let of_peak =
+                        core.flops_per_second.zip(runtime.peak_flops_per_core).map(|(f, peak)| 100.0 * f / peak);
+                    (core.flops_per_second.map(tflops), of_peak, runtime.exited)
+                }
                 Some((runtime, core)) => {
-                    let value = if state.flops {
-                        core.flops_per_second.map(tflops)
-                    } else {
-                        core.utilization.map(|u| format!("{u:.2}%"))
-                    };
-                    (value, core.utilization, runtime.exited)
+                    (core.utilization.map(|u| format!("{u:.2}%")), core.utilization, runtime.exited)
                 }
                 None => (Some("idle".to_string()), None, true),
             };

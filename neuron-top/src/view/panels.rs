@@ -129,13 +129,16 @@ fn age(seconds: f64) -> String {
 pub(crate) fn draw_processes(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
     let runtimes = state.sort.order(state.runtimes());
     let sorted = state.sort;
-    let columns: [(&str, Option<ProcessSort>, u16); 7] = [
+    // Each memory column says which memory it counts: the process's resident set, and
+    // the device memory its cores hold (all categories).
+    let columns: [(&str, Option<ProcessSort>, u16); 8] = [
         ("pid", Some(ProcessSort::Pid), 8),
         ("name", Some(ProcessSort::Name), 16),
         ("cores", None, 10),
         ("exec/s", Some(ProcessSort::Executions), 9),
         ("vCPU", Some(ProcessSort::Cpu), 7),
-        ("memory", Some(ProcessSort::Memory), 10),
+        ("resident", None, 10),
+        ("device mem", Some(ProcessSort::Memory), 11),
         ("command", None, 0),
     ];
     let fixed: u16 = columns.iter().map(|(_, _, w)| w + 1).sum();
@@ -147,11 +150,11 @@ pub(crate) fn draw_processes(frame: &mut Frame, area: Rect, state: &State, theme
     .style(theme.label());
     let widths: Vec<u16> = columns.iter().map(|(_, _, w)| if *w == 0 { command_width } else { *w }).collect();
     let cells_row =
-        |cells: [String; 7]| Row::new(cells.into_iter().zip(&widths).map(|(text, w)| Cell::from(fit_tail(&text, *w))));
+        |cells: [String; 8]| Row::new(cells.into_iter().zip(&widths).map(|(text, w)| Cell::from(fit_tail(&text, *w))));
     let rows = runtimes.iter().flat_map(|r| {
         let rates: Vec<f64> = r.cores.iter().filter_map(|c| c.executions_per_second).collect();
         let executions = if rates.is_empty() { "N/A".to_string() } else { format!("{:.1}", rates.iter().sum::<f64>()) };
-        let memory = r.host_memory.total() + r.cores.iter().map(|c| c.device_memory.total()).sum::<u64>();
+        let device_memory = r.cores.iter().map(|c| c.device_memory.total()).sum::<u64>();
         let cores: Vec<String> = r.cores.iter().map(|c| format!("nc{}", c.index)).collect();
         let cells = [
             r.pid.to_string(),
@@ -159,7 +162,8 @@ pub(crate) fn draw_processes(frame: &mut Frame, area: Rect, state: &State, theme
             cores.join(","),
             executions,
             r.vcpu.map_or("N/A".into(), |c| format!("{:.0}%", c.user + c.system)),
-            bytes(memory),
+            r.resident_bytes.map_or("N/A".into(), bytes),
+            bytes(device_memory),
             r.command.clone(),
         ];
         // Its models under it, each with its own rate and latency.
@@ -175,6 +179,7 @@ pub(crate) fn draw_processes(frame: &mut Frame, area: Rect, state: &State, theme
                 m.executions_per_second.map_or("N/A".into(), |e| format!("{e:.1}")),
                 String::new(),
                 String::new(),
+                bytes(m.device_memory.total()),
                 latency,
             ])
         });
@@ -196,7 +201,7 @@ fn sort_name(sort: ProcessSort) -> &'static str {
     match sort {
         ProcessSort::Executions => "exec/s",
         ProcessSort::Cpu => "vCPU",
-        ProcessSort::Memory => "memory",
+        ProcessSort::Memory => "device mem",
         ProcessSort::Name => "name",
         ProcessSort::Pid => "pid",
     }

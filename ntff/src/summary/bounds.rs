@@ -104,6 +104,7 @@ pub(super) struct Inputs<'a> {
     pub dma_peak: Option<f64>,
     /// The executions were scheduled (`nrta_execute_schedule`), not called.
     pub asynchronous: bool,
+    pub advice: super::advice::Advice,
 }
 
 /// The bounds, and the findings ranked by the time they could save (none when nothing
@@ -192,11 +193,7 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
     let n = traced.len();
     let mut findings = Vec::new();
     if idle_s > 0.0 {
-        let suggestion = if i.asynchronous {
-            "the requests were scheduled about one at a time: keep 2 or more in flight (nrta_execute_schedule several before waiting; --exec-mode async)"
-        } else {
-            "the host submits one execution at a time (nrt_execute) and the core waits for each call: schedule them with nrta_execute_schedule and keep 2 or more in flight (neuron-profile capture --exec-mode async)"
-        };
+        let suggestion = i.advice.host_bound(i.asynchronous);
         findings.push(Finding {
             kind: "idle".into(),
             about: "host".into(),
@@ -211,7 +208,7 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
             ),
             saves_s: idle_s,
             saves_percent: share(idle_s),
-            suggestion: Some(suggestion.into()),
+            suggestion: Some(suggestion),
         });
     }
     if let Some(host_s) = host_s.filter(|&h| h > device_s) {
@@ -270,50 +267,73 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
             evidence,
             saves_s: saves,
             saves_percent: share(saves),
-            suggestion: suggestion_for(&pipeline_resource, top.map(|t| t.hlo.as_str())),
+            suggestion: suggestion_for(&pipeline_resource, top.map(|t| t.hlo.as_str()), &i.advice),
         });
     }
-    // The instructions that take the time and are far below their roofline.
+    // The instructions that take the time and are far below their roofline; those of
+    // the same bound, engine and remedy as one finding that lists them.
+    let mut groups: Vec<RooflineGroup<'_>> = Vec::new();
     for h in i.hlos.iter().take(super::TOP_HLO) {
         let (Some(r), Some(bound)) = (h.roofline_percent, h.bound.as_deref()) else { continue };
         if h.percent < HLO_FINDING_MIN_PERCENT || r >= HLO_FINDING_BELOW_ROOFLINE {
             continue;
         }
-        let mut saves = h.time_s * (1.0 - (r / 100.0).min(1.0)) * scale;
-        if h.engine == pipeline_resource
+        let saves = h.time_s * (1.0 - (r / 100.0).min(1.0)) * scale;
+        let suggestion = if bound == "memory" {
+            Some("it moves more bytes than it computes on: fuse it with the instructions around it, or make its operands smaller (bf16)".into())
+        } else {
+            suggestion_for(&h.engine, None, &i.advice)
+        };
+        match groups.iter_mut().find(|g| g.0 == bound && g.1 == h.engine && g.2 == suggestion) {
+            Some(group) => group.3.push((h, r, saves)),
+            None => groups.push((bound, &h.engine, suggestion, vec![(h, r, saves)])),
+        }
+    }
+    // The remedy the busy resource's finding gives, which is not said twice.
+    let resource_remedy = findings
+        .iter()
+        .any(|f| f.kind == "busy resource")
+        .then(|| suggestion_for(&pipeline_resource, None, &i.advice))
+        .flatten();
+    for (bound, engine, suggestion, members) in groups {
+        let mut saves: f64 = members.iter().map(|m| m.2).sum();
+        if engine == pipeline_resource
             && let Some(most) = resource_saves
         {
             // Ranked after its resource's finding when they save the same.
             saves = saves.min(most);
         }
-        let rates = match (h.achieved_flops_per_s, h.achieved_bytes_per_s) {
-            (Some(f), Some(b)) => format!("{}FLOP/s and {}B/s", crate::stats::si(f), crate::stats::si(b)),
-            (None, Some(b)) => format!("{}B/s", crate::stats::si(b)),
-            (Some(f), None) => format!("{}FLOP/s", crate::stats::si(f)),
-            (None, None) => String::new(),
+        let evidence: Vec<String> = members.iter().map(|(h, _, _)| roofline_evidence(h)).collect();
+        let names: Vec<String> = members.iter().map(|(h, _, _)| format!("`{}`", h.hlo)).collect();
+        let text = match members.as_slice() {
+            [(h, r, _)] => format!(
+                "`{}` takes {:.0}% of the device time at {r:.0}% of its roofline: it is {bound}-bound on {engine}",
+                h.hlo, h.percent
+            ),
+            _ => {
+                let share: f64 = members.iter().map(|m| m.0.percent).sum();
+                let low = members.iter().map(|m| m.1).fold(f64::INFINITY, f64::min);
+                let high = members.iter().map(|m| m.1).fold(0.0, f64::max);
+                let range = if format!("{low:.0}") == format!("{high:.0}") {
+                    format!("{high:.0}%")
+                } else {
+                    format!("{low:.0}–{high:.0}%")
+                };
+                format!(
+                    "{} take {share:.0}% of the device time at {range} of their rooflines: they are {bound}-bound on {engine}",
+                    list(&names)
+                )
+            }
         };
-        let intensity = h.intensity.map_or(String::new(), |x| format!(", {x:.2} FLOP per byte"));
+        let repeated = engine == pipeline_resource && resource_remedy.is_some() && resource_remedy == suggestion;
         findings.push(Finding {
             kind: "roofline".into(),
-            about: format!("`{}`", h.hlo),
-            text: format!(
-                "`{}` takes {:.0}% of the device time at {r:.0}% of its roofline: it is {bound}-bound on {}",
-                h.hlo, h.percent, h.engine
-            ),
-            evidence: format!(
-                "{}FLOP and {}B in {} over {} instructions{intensity}: {rates}",
-                crate::stats::si(h.flops as f64),
-                crate::stats::si(h.bytes as f64),
-                duration(h.time_s),
-                h.instructions
-            ),
+            about: names.join(", "),
+            text,
+            evidence: evidence.join("; "),
             saves_s: saves,
             saves_percent: share(saves),
-            suggestion: if bound == "memory" {
-                Some("it moves more bytes than it computes on: fuse it with the instructions around it, or make its operands smaller (bf16)".into())
-            } else {
-                suggestion_for(&h.engine, Some(&h.hlo))
-            },
+            suggestion: if repeated { Some(format!("see the {engine} finding")) } else { suggestion },
         });
     }
     if device_s - pipeline_s > 0.0 {
@@ -355,6 +375,37 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
         recorded_executions,
     };
     (Some(bounds), findings)
+}
+
+/// Instructions far below their roofline with the same bound, engine and remedy, each
+/// with its percent of the roofline and what it could save.
+type RooflineGroup<'a> = (&'a str, &'a str, Option<String>, Vec<(&'a HloSummary, f64, f64)>);
+
+/// The figures behind one instruction's roofline finding.
+fn roofline_evidence(h: &HloSummary) -> String {
+    let rates = match (h.achieved_flops_per_s, h.achieved_bytes_per_s) {
+        (Some(f), Some(b)) => format!("{}FLOP/s and {}B/s", crate::stats::si(f), crate::stats::si(b)),
+        (None, Some(b)) => format!("{}B/s", crate::stats::si(b)),
+        (Some(f), None) => format!("{}FLOP/s", crate::stats::si(f)),
+        (None, None) => String::new(),
+    };
+    let intensity = h.intensity.map_or(String::new(), |x| format!(", {x:.2} FLOP per byte"));
+    format!(
+        "`{}`: {}FLOP and {}B in {} over {} instructions{intensity}: {rates}",
+        h.hlo,
+        crate::stats::si(h.flops as f64),
+        crate::stats::si(h.bytes as f64),
+        duration(h.time_s),
+        h.instructions
+    )
+}
+
+/// `a`, `a and b`, `a, b and c`.
+fn list(names: &[String]) -> String {
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => names.concat(),
+    }
 }
 
 /// Where one HLO instruction sits on the roofline.
@@ -400,7 +451,7 @@ pub(super) fn roofline(
 }
 
 /// What to do about a busy resource, where something concrete is known.
-fn suggestion_for(resource: &str, top: Option<&str>) -> Option<String> {
+fn suggestion_for(resource: &str, top: Option<&str>, advice: &super::advice::Advice) -> Option<String> {
     let top = top.map_or(String::new(), |t| format!(" (`{t}` the most)"));
     match resource {
         "DMA input" => Some(format!(
@@ -416,9 +467,7 @@ fn suggestion_for(resource: &str, top: Option<&str>) -> Option<String> {
         "DVE" => Some(format!(
             "element-wise arithmetic takes the time{top}: check that chains of f32 element-wise instructions run fused (NEURON_VIRT_FUSION is on by default) and avoid broadcasts materialised in between"
         )),
-        "PE" => Some(format!(
-            "matrix products take the time{top}: they run fastest in bf16 (`neuron-cc --auto-cast matmult`, the default) and on shapes whose sides are multiples of 16"
-        )),
+        "PE" => Some(advice.products(&top)),
         _ => None,
     }
 }
@@ -426,6 +475,114 @@ fn suggestion_for(resource: &str, top: Option<&str>) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::summary::advice::{Advice, FrontEnd};
+
+    const ADVICE: Advice = Advice { front_end: FrontEnd::Cli, bf16_in_effect: false, bf16_faster: None };
+
+    fn hlo(name: &str, percent: f64, roofline: f64) -> HloSummary {
+        HloSummary {
+            hlo: name.into(),
+            instructions: 1,
+            time_s: percent * 1e-5,
+            percent,
+            flops: 1_000_000,
+            bytes: 1_000,
+            engine: "PE".into(),
+            intensity: Some(1_000.0),
+            achieved_flops_per_s: Some(1e9),
+            achieved_bytes_per_s: Some(1e6),
+            bound: Some("compute".into()),
+            roofline_percent: Some(roofline),
+        }
+    }
+
+    /// A traced execution of 1 ms, PE busy 90% of it with `hlos`.
+    fn pe_bound(hlos: &[HloSummary], advice: Advice) -> Vec<Finding> {
+        let engines = [EngineSummary {
+            engine: "PE".into(),
+            active_s: 0.9e-3,
+            percent: 90.0,
+            instructions: hlos.len() as u64,
+            flops: 4_000_000,
+            percent_of_peak: Some(1.0),
+        }];
+        let hlo_engine: HashMap<String, (String, u64)> =
+            hlos.iter().map(|h| (h.hlo.clone(), ("PE".to_string(), 200_000))).collect();
+        let windows = HashMap::from([((0, Some(1)), (0, 1_000_000))]);
+        let runs = HashMap::from([((0, 1), (0, 1_000_000))]);
+        let host_runs = HashMap::from([((0, 1), 1_000_000)]);
+        analyse(&Inputs {
+            engines: &engines,
+            dma: &[],
+            hlos,
+            hlo_engine: &hlo_engine,
+            windows: &windows,
+            runs: &runs,
+            host_runs: &host_runs,
+            peaks: super::super::DefinedPeaks { pe: Some(1e12), vector: None },
+            dma_peak: None,
+            asynchronous: false,
+            advice,
+        })
+        .1
+    }
+
+    #[test]
+    fn instructions_with_the_same_remedy_make_one_finding_that_lists_them() {
+        let hlos =
+            [hlo("dot.11", 30.0, 9.0), hlo("dot.6", 25.0, 12.0), hlo("dot.7", 20.0, 20.0), hlo("dot.8", 15.0, 23.0)];
+        let findings = pe_bound(&hlos, ADVICE);
+        let roofline: Vec<&Finding> = findings.iter().filter(|f| f.kind == "roofline").collect();
+        assert_eq!(roofline.len(), 1, "{findings:#?}");
+        let folded = roofline[0];
+        assert!(
+            folded.text.starts_with("`dot.11`, `dot.6`, `dot.7` and `dot.8` take 90% of the device time at 9–23%"),
+            "{}",
+            folded.text
+        );
+        assert_eq!(folded.suggestion.as_deref(), Some("see the PE finding"), "PE's finding gives the remedy");
+        for name in ["dot.11", "dot.6", "dot.7", "dot.8"] {
+            assert!(folded.evidence.contains(&format!("`{name}`: ")), "{}", folded.evidence);
+        }
+        assert!(findings.iter().all(|f| f.saves_percent <= 100.0));
+    }
+
+    #[test]
+    fn product_advice_holds_for_what_is_in_effect_and_what_the_host_measured() {
+        let hlos = [hlo("dot.1", 90.0, 5.0)];
+        let pe = |advice: Advice| {
+            pe_bound(&hlos, advice)
+                .into_iter()
+                .find(|f| f.kind == "busy resource")
+                .and_then(|f| f.suggestion)
+                .expect("a PE remedy")
+        };
+        let in_effect = pe(Advice { bf16_in_effect: true, bf16_faster: Some(true), ..ADVICE });
+        assert!(in_effect.contains("already as bf16 products") && !in_effect.contains("--auto-cast"), "{in_effect}");
+        let slower = pe(Advice { bf16_faster: Some(false), ..ADVICE });
+        assert!(slower.contains("no faster than f32") && !slower.contains("(the default) to run"), "{slower}");
+        let faster = pe(Advice { bf16_faster: Some(true), ..ADVICE });
+        assert!(faster.contains("--auto-cast matmult"), "{faster}");
+    }
+
+    #[test]
+    fn a_host_bound_finding_speaks_the_front_end_of_the_program() {
+        let advice = |front_end| Advice { front_end, ..ADVICE };
+        assert!(advice(FrontEnd::Python).host_bound(false).contains("model.schedule(...)"));
+        assert!(!advice(FrontEnd::Python).host_bound(false).contains("nrta_"));
+        assert!(advice(FrontEnd::C).host_bound(false).contains("nrta_execute_schedule"));
+        assert!(!advice(FrontEnd::C).host_bound(false).contains("--exec-mode"));
+        assert!(advice(FrontEnd::Cli).host_bound(false).contains("--exec-mode async"));
+        let meta = |kind: &str, command: &[&str]| crate::Metadata {
+            capture_kind: kind.into(),
+            command: command.iter().map(|c| c.to_string()).collect(),
+            ..crate::Metadata::default()
+        };
+        assert_eq!(FrontEnd::of_metadata(&meta("python", &["python3", "q.py"])), FrontEnd::Python);
+        assert_eq!(FrontEnd::of_metadata(&meta("capture", &["neuron-profile", "capture"])), FrontEnd::Cli);
+        assert_eq!(FrontEnd::of_metadata(&meta("inspect", &["/usr/bin/python3.12", "train.py"])), FrontEnd::Python);
+        assert_eq!(FrontEnd::of_metadata(&meta("continuous", &["./my_app"])), FrontEnd::C);
+    }
 
     #[test]
     fn a_finding_saves_a_share_of_the_host_calls_when_they_take_longer_than_the_device_span() {
@@ -445,6 +602,7 @@ mod tests {
             peaks: super::super::DefinedPeaks { pe: None, vector: None },
             dma_peak: None,
             asynchronous: false,
+            advice: ADVICE,
         });
         let host = findings.iter().find(|f| f.kind == "host overhead").expect("a host overhead finding");
         assert!((host.saves_s - 2e-3).abs() < 1e-12, "{host:?}");
@@ -492,6 +650,7 @@ mod tests {
             peaks: super::super::DefinedPeaks { pe: Some(1e12), vector: None },
             dma_peak: None,
             asynchronous: false,
+            advice: ADVICE,
         });
         let ranked: Vec<(&str, &str, f64)> =
             findings.iter().map(|f| (f.kind.as_str(), f.about.as_str(), f.saves_s)).collect();

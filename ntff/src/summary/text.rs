@@ -16,13 +16,7 @@ pub(crate) fn duration(s: f64) -> String {
 
 fn latency_line(label: &str, l: &Option<LatencySummary>) -> String {
     match l {
-        Some(l) => format!(
-            "  {label:<10} p50 {}  p90 {}  p99 {}  max {}\n",
-            duration(l.p50),
-            duration(l.p90),
-            duration(l.p99),
-            duration(l.max)
-        ),
+        Some(l) => format!("  {label:<10} {}\n", l.describe(duration)),
         None => format!("  {label:<10} N/A (no completed executions)\n"),
     }
 }
@@ -32,9 +26,11 @@ pub fn to_text(s: &Summary, file_name: &str) -> String {
     let mut out = String::new();
     let p = &s.process;
     let tag = if p.tag.is_empty() { String::new() } else { format!(", tag {}", p.tag) };
+    // Named as the live tools name it: the script, not the interpreter.
+    let program = if p.program.is_empty() { String::new() } else { format!("{} ", p.program) };
     let _ = writeln!(
         out,
-        "{file_name}: {} of pid {}{tag} on {}, runtime {}",
+        "{file_name}: {} of {program}pid {}{tag} on {}, runtime {}",
         p.capture_kind, p.pid, p.instance_type, p.runtime_version
     );
     for m in &s.models {
@@ -220,9 +216,13 @@ pub fn to_text(s: &Summary, file_name: &str) -> String {
                 );
             }
             _ => {
+                // The HLO rows' memory ceiling is another figure: the host's bandwidth.
+                let host = s.flops.memory_peak_bytes_per_s.map_or(String::new(), |bw| {
+                    format!("; the HLO roofline's memory ceiling is the host's measured bandwidth, {}B/s", si(bw))
+                });
                 let _ = writeln!(
                     out,
-                    "  memory         N/A (no transfer of 64 KiB or more lasted 10 µs: nothing to measure the bandwidth by)"
+                    "  memory         N/A (no DMA transfer of 64 KiB or more lasted 10 µs: nothing to measure the DMA bandwidth by{host})"
                 );
             }
         }

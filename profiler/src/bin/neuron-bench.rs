@@ -345,13 +345,7 @@ fn exec(args: ExecArgs) -> Result<()> {
         println!("throughput   {:.1} executions/s, {}FLOP/s", throughput, si(flops as f64 * throughput));
         for (label, h) in [("latency", &total), ("device", &device)] {
             if let Some(s) = h.summary() {
-                println!(
-                    "{label:<12} p50 {}  p90 {}  p99 {}  max {}",
-                    format_seconds(s.p50),
-                    format_seconds(s.p90),
-                    format_seconds(s.p99),
-                    format_seconds(s.max)
-                );
+                println!("{label:<12} {}", s.describe(format_seconds));
             }
         }
         if numerical_errors > 0 {

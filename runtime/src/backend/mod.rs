@@ -19,7 +19,7 @@ use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
 pub(crate) use element::Element;
 use element::with_element;
-pub(crate) use kernels::round_to_format;
+pub(crate) use kernels::{choose_product_kernel, round_to_format};
 
 use crate::dtype::{ArrayType, DType};
 use crate::error::NrtError;
@@ -412,6 +412,25 @@ impl Executable {
             table.extend(nested.trace_table());
         }
         table
+    }
+
+    /// For each entry of [`Executable::trace_table`], the bytes it reads and writes when
+    /// it runs fused, where that differs from what its operands and result hold: a
+    /// fused group's members move only the group's inputs and the values read after it.
+    /// `None` for instructions that run on their own.
+    pub(crate) fn moved_bytes(&self) -> Vec<Option<(u64, u64)>> {
+        let mut moved: Vec<Option<(u64, u64)>> = vec![None; self.order.len()];
+        for unit in &self.units {
+            if let Some(group) = &unit.group {
+                for (j, bytes) in group.moved_bytes(&self.program).into_iter().enumerate() {
+                    moved[unit.first + j] = Some(bytes);
+                }
+            }
+        }
+        for nested in self.nested.iter().flatten() {
+            moved.extend(nested.moved_bytes());
+        }
+        moved
     }
 
     /// The instruction at position `step` of `order` if it writes several buffers or

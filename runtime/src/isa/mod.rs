@@ -711,7 +711,15 @@ impl Op {
     /// A short opcode name for summaries and traces.
     pub fn opcode(&self) -> &'static str {
         match self {
-            Op::MatMul(_) | Op::MatMulRounded { .. } => "MatMul",
+            Op::MatMul(_) => "MatMul",
+            // Named for the products' type, so that profiles show which ran rounded.
+            Op::MatMulRounded { format, .. } => match format {
+                FloatFormat::Bf16 => "MatMulBf16",
+                FloatFormat::Fp16 => "MatMulFp16",
+                FloatFormat::Tf32 => "MatMulTf32",
+                FloatFormat::Fp8E4m3 => "MatMulFp8",
+                FloatFormat::Bits { .. } => "MatMulRounded",
+            },
             Op::Convolution(_) => "Convolution",
             Op::Activation(f) => match f {
                 ActivationFn::Exp => "Exp",

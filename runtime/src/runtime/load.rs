@@ -166,10 +166,12 @@ impl Runtime {
         let output_bytes = program.outputs.iter().map(|io| size_of(io.buffer)).sum();
         let executable = Executable::new(neff.program, self.shared.config.fusion);
         let program = executable.program();
+        let moved = executable.moved_bytes();
         let instructions = executable
             .trace_table()
             .into_iter()
-            .map(|(instruction, program)| {
+            .zip(moved)
+            .map(|((instruction, program), moved)| {
                 let operand_types: Vec<&ArrayType> =
                     instruction.operands.iter().map(|&o| &program.buffers[o as usize].ty).collect();
                 let output_type = &program.buffers[instruction.output as usize].ty;
@@ -180,8 +182,11 @@ impl Runtime {
                     hlo_id: tracer.store().intern(hlo),
                     step: instruction.step,
                     flops: instruction.op.flops(&operand_types, output_type),
-                    bytes_read: operand_types.iter().map(|t| t.size_bytes().unwrap_or(0)).sum(),
-                    bytes_written: output_type.size_bytes().unwrap_or(0),
+                    // Fused members are charged what the group moves, not what each
+                    // would move alone (their share of its time would claim more).
+                    bytes_read: moved
+                        .map_or_else(|| operand_types.iter().map(|t| t.size_bytes().unwrap_or(0)).sum(), |m| m.0),
+                    bytes_written: moved.map_or_else(|| output_type.size_bytes().unwrap_or(0), |m| m.1),
                 }
             })
             .collect::<Vec<_>>();

@@ -240,6 +240,7 @@ impl Runtime {
             device_clocks: device_clocks.clone(),
             recording: 0,
             host_threads: config.host_threads.max(1) as u32,
+            product_kernel: crate::backend::choose_product_kernel(config.bf16_products),
             command: neuron_datastore::CommandIdentity::of_this_process(),
         };
         let store = DatastoreWriter::create(&params).map_err(|e| datastore_error(&e))?;

@@ -36,8 +36,10 @@ pub(crate) struct CaptureArgs {
     #[arg(long, default_value_t = DEFAULT_WARMUP, value_name = "N")]
     warmup: u64,
     /// The recorded execution (from 1) whose device trace is recorded; 0 records none.
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    profile_nth_exec: u64,
+    /// By default, up to 25 executions spread evenly over the recorded ones (every one
+    /// of up to 25), so that the figures per instruction are over many executions.
+    #[arg(long, value_name = "N")]
+    profile_nth_exec: Option<u64>,
     /// Record the device trace of every execution, not only the Nth.
     #[arg(long)]
     profile_all_execs: bool,
@@ -118,9 +120,15 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
         None => None,
     };
     let mut tail = reader.tail(TailStart::Now, None, ALL_SYSTEM_EVENTS, true);
+    // Executions count from 1; by default every `stride`th one from the first is traced.
+    let stride = args.num_exec.div_ceil(DEFAULT_TRACED_EXECUTIONS).max(1);
     let device_for = |execution: u64| {
         args.capture_type == CaptureType::Profile
-            && (args.profile_all_execs || (args.profile_nth_exec != 0 && execution == args.profile_nth_exec))
+            && match (args.profile_all_execs, args.profile_nth_exec) {
+                (true, _) => true,
+                (false, Some(nth)) => nth != 0 && execution == nth,
+                (false, None) => (execution - 1).is_multiple_of(stride),
+            }
     };
     runtime.set_trace_recording_of(recorder.is_some(), false)?;
 
@@ -355,6 +363,10 @@ fn bind(runtime: &Runtime, model: &Model, pairs: &[String]) -> Result<(TensorSet
 
 /// Executions run before the recorded ones unless `--warmup` says otherwise.
 const DEFAULT_WARMUP: u64 = 2;
+
+/// Executions whose device trace is recorded by default, spread over the recorded ones:
+/// enough that one slow or fast execution does not decide the figures per instruction.
+const DEFAULT_TRACED_EXECUTIONS: u64 = 25;
 
 /// Side of the square matrices of the peak measurement.
 const PEAK_SIZE: u64 = 1024;

@@ -135,6 +135,31 @@ impl Group {
     pub(super) fn output_buffers(&self) -> impl Iterator<Item = u32> + '_ {
         self.outputs.iter().map(|&(_, buffer, _)| buffer)
     }
+
+    /// The bytes each member reads from and writes to memory when the group runs, in
+    /// member order: each input the group reads once (a broadcast's operand in place),
+    /// charged to the first member that reads it; a member's value is written only when
+    /// something after the group reads it. Intermediates in tiles move nothing.
+    pub(super) fn moved_bytes(&self, program: &Program) -> Vec<(u64, u64)> {
+        let size = |buffer: u32| program.buffers[buffer as usize].ty.size_bytes().unwrap_or(0);
+        let mut charged = vec![false; self.inputs.len()];
+        self.members
+            .iter()
+            .enumerate()
+            .map(|(k, member)| {
+                let mut read = 0;
+                for source in &member.operands {
+                    if let Source::Input(i) = *source
+                        && !std::mem::replace(&mut charged[i], true)
+                    {
+                        read += size(self.inputs[i].buffer);
+                    }
+                }
+                let written = self.outputs.iter().filter(|o| o.0 == k).map(|o| size(o.1)).sum();
+                (read, written)
+            })
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

@@ -1,7 +1,10 @@
 //! Matrix products (`dot`): batched, through the `gemm` crate for floats, split across
 //! idle compute slots when large.
 
+use std::sync::OnceLock;
+
 use ndarray::{ArrayD, ArrayViewD, Axis, IxDyn};
+use neuron_datastore::peaks::ProductKernel;
 
 use super::*;
 use crate::backend::element::{Element, Int, cast, with_element, with_float, with_int};
@@ -138,21 +141,104 @@ pub(super) fn matmul_rounded_into(
     }
 }
 
-/// A GEMM that rounds its operands to `format` itself, if this CPU has one: bf16 on
-/// AVX512-BF16 (without saturation, which the hardware conversion does not do). Not in
-/// unoptimised (debug) builds, where this crate's kernel runs twenty times slower than
-/// the f32 GEMM of the `gemm` dependency, which is built optimised; its unit test
-/// covers it there.
+/// A GEMM that rounds its operands to `format` itself, where it is the faster kernel
+/// on this host: bf16 on AVX512-BF16 (without saturation, which the hardware
+/// conversion does not do) where [`product_kernel`] found it faster than the f32 GEMM.
 fn native_gemm(format: FloatFormat, saturate: bool) -> Option<Gemm<f32>> {
     #[cfg(all(target_arch = "x86_64", not(debug_assertions)))]
-    if format == FloatFormat::Bf16 && !saturate && super::bf16::available() {
+    if format == FloatFormat::Bf16 && !saturate && product_kernel() == ProductKernel::Bf16 {
         return Some(super::bf16::gemm_bf16);
     }
     let _ = (format, saturate);
     None
 }
 
+/// The kernel of matrix products with bf16-rounded operands on this host, measured once
+/// per process: AVX512-BF16's bf16 products only where they run at least
+/// [`BF16_MARGIN`] times as fast as rounding the operands and multiplying them in f32,
+/// which gives the same products (each product of two bf16 is exact in f32) summed in
+/// another order. On some CPUs (AMD Zen 4) the bf16 instruction does twice the
+/// multiply-adds of an f32 FMA; on others (Intel Xeon) no more than the two FMA pipes
+/// together. Never in unoptimised (debug) builds, where this crate's kernel runs twenty
+/// times slower than the `gemm` dependency, which is built optimised.
+pub(crate) fn product_kernel() -> ProductKernel {
+    *PRODUCT_KERNEL.get_or_init(measure_product_kernel)
+}
+
+/// Takes `chosen` as the kernel of this process unless one was chosen or measured
+/// already (the first runtime's configuration wins); `None` measures. Returns the kernel.
+pub(crate) fn choose_product_kernel(chosen: Option<ProductKernel>) -> ProductKernel {
+    match chosen {
+        // bf16 products need the CPU's instructions, and an optimised build.
+        Some(ProductKernel::Bf16) if !native_bf16_possible() => *PRODUCT_KERNEL.get_or_init(|| ProductKernel::F32),
+        Some(kernel) => *PRODUCT_KERNEL.get_or_init(|| kernel),
+        None => product_kernel(),
+    }
+}
+
+static PRODUCT_KERNEL: OnceLock<ProductKernel> = OnceLock::new();
+
+/// Whether this build and CPU can run bf16 products at all.
+fn native_bf16_possible() -> bool {
+    #[cfg(all(target_arch = "x86_64", not(debug_assertions)))]
+    return super::bf16::available();
+    #[cfg(not(all(target_arch = "x86_64", not(debug_assertions))))]
+    false
+}
+
+/// How much faster the bf16 kernel must measure to be chosen: a margin that keeps the
+/// choice (and the defined peak that follows it) the same from run to run.
+#[cfg(all(target_arch = "x86_64", not(debug_assertions)))]
+const BF16_MARGIN: f64 = 1.15;
+
+#[cfg(all(target_arch = "x86_64", not(debug_assertions)))]
+fn measure_product_kernel() -> ProductKernel {
+    if !super::bf16::available() {
+        return ProductKernel::F32;
+    }
+    // A product of the size the example models run (about 8 M multiply-adds), best of
+    // five each, alternating; about 10 ms in all.
+    let (m, k, n) = (64, 512, 256);
+    let a = ndarray::Array2::from_shape_fn((m, k), |(i, j)| ((i * 7 + j * 3) % 13) as f32 * 0.37 - 1.9);
+    let b = ndarray::Array2::from_shape_fn((k, n), |(i, j)| ((i * 5 + j * 11) % 17) as f32 * 0.23 - 1.7);
+    let mut c = ndarray::Array2::<f32>::zeros((m, n));
+    let (mut bf16, mut f32) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..5 {
+        let start = std::time::Instant::now();
+        super::bf16::gemm_bf16(a.view(), b.view(), c.view_mut());
+        bf16 = bf16.min(start.elapsed().as_secs_f64());
+        let start = std::time::Instant::now();
+        let (ra, rb) = (
+            a.mapv(|x| round_to_format(x, FloatFormat::Bf16, false)),
+            b.mapv(|x| round_to_format(x, FloatFormat::Bf16, false)),
+        );
+        gemm_f32(ra.view(), rb.view(), c.view_mut());
+        f32 = f32.min(start.elapsed().as_secs_f64());
+    }
+    let flops = 2.0 * (m * k * n) as f64;
+    let chosen = if f32 >= BF16_MARGIN * bf16 { ProductKernel::Bf16 } else { ProductKernel::F32 };
+    tracing::debug!(
+        bf16_gflops = flops / bf16 / 1e9,
+        f32_gflops = flops / f32 / 1e9,
+        ?chosen,
+        "measured the products of bf16-rounded operands"
+    );
+    chosen
+}
+
+#[cfg(not(all(target_arch = "x86_64", not(debug_assertions))))]
+fn measure_product_kernel() -> ProductKernel {
+    ProductKernel::F32
+}
+
 fn rounded(a: &ArrayViewD<'_, f32>, format: FloatFormat, saturate: bool) -> ArrayD<f32> {
+    if format == FloatFormat::Bf16 && !saturate {
+        // The common case on its own, branch-free, so that the loop vectorises.
+        return a.mapv(|x| {
+            let r = super::round_mantissa(x, 16);
+            if x.is_nan() { x } else { r }
+        });
+    }
     a.mapv(|x| round_to_format(x, format, saturate))
 }
 

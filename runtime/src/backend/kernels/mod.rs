@@ -6,7 +6,7 @@
 //! (NaN-propagating `maximum`/`minimum`, integer division by zero gives -1, wrapping
 //! integer arithmetic, saturating float-to-int conversion).
 
-// Optimised builds only (see `matrix::native_gemm`); its unit test runs in every build.
+// Optimised builds only (see `matrix::product_kernel`); its unit test runs in every build.
 #[cfg(all(target_arch = "x86_64", any(test, not(debug_assertions))))]
 mod bf16;
 mod convolution;
@@ -33,6 +33,7 @@ use elementwise::{binary, clamp, compare, convert, elementwise_f32, elementwise_
 pub(crate) use elementwise::{compare_scalars, max_f32, min_f32, round_mantissa, round_to_format, sign_f32};
 use gather::{IndexRows, clamped_starts, gather, scatter_value, window};
 use layout::{broadcast, concatenate, pad, reshape, reverse, slice, transpose};
+pub(crate) use matrix::choose_product_kernel;
 use matrix::{batched_matmul_into, gemm_f32, matmul};
 use reduce::{reduce, reduce_array_sequential};
 pub(crate) use transcendental::{
