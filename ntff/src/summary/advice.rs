@@ -5,7 +5,7 @@
 /// How the traced program runs its models, which the remedies are phrased for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FrontEnd {
-    /// `neuron_virt` from Python: `Model.schedule()`.
+    /// `neuron_virt` from Python: `Model.schedule(...)`.
     Python,
     /// The C API: `nrta_execute_schedule`.
     C,
@@ -48,8 +48,8 @@ impl Advice {
     /// the executions were already scheduled asynchronously.
     pub(crate) fn host_bound(&self, scheduled: bool) -> String {
         match (self.front_end, scheduled) {
-            (FrontEnd::Python, true) => "the requests were scheduled about one at a time: call `model.schedule(...)` 2 or more times before waiting on the first request".into(),
-            (FrontEnd::Python, false) => "each call waits for its execution (`model(...)`, `model.run(...)`) and the core waits for the next call: schedule them with `model.schedule(...)`, keeping 2 or more requests in flight".into(),
+            (FrontEnd::Python, true) => "the requests were scheduled about one at a time: call `Model.schedule(...)` 2 or more times before waiting on the first request".into(),
+            (FrontEnd::Python, false) => "each call waits for its execution (`model(...)`, `Model.run(...)`) and the core waits for the next call: schedule them with `Model.schedule(...)` (a model from `Runtime.load`), keeping 2 or more requests in flight".into(),
             (FrontEnd::C, true) => "the requests were scheduled about one at a time: call `nrta_execute_schedule` 2 or more times before waiting".into(),
             (FrontEnd::C, false) => "the host submits one execution at a time (`nrt_execute`) and the core waits for each call: schedule them with `nrta_execute_schedule`, keeping 2 or more in flight".into(),
             (FrontEnd::Cli, true) => "the requests were scheduled about one at a time: keep 2 or more in flight (`--exec-mode async`)".into(),

@@ -326,9 +326,15 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
             }
         };
         let repeated = engine == pipeline_resource && resource_remedy.is_some() && resource_remedy == suggestion;
+        // One instruction is named; a group by what it shares, which stays the same when
+        // its members change between two profiles.
+        let about = match names.as_slice() {
+            [one] => one.clone(),
+            _ => format!("{bound}-bound on {engine}"),
+        };
         findings.push(Finding {
             kind: "roofline".into(),
-            about: names.join(", "),
+            about,
             text,
             evidence: evidence.join("; "),
             saves_s: saves,
@@ -568,7 +574,7 @@ mod tests {
     #[test]
     fn a_host_bound_finding_speaks_the_front_end_of_the_program() {
         let advice = |front_end| Advice { front_end, ..ADVICE };
-        assert!(advice(FrontEnd::Python).host_bound(false).contains("model.schedule(...)"));
+        assert!(advice(FrontEnd::Python).host_bound(false).contains("Model.schedule(...)"));
         assert!(!advice(FrontEnd::Python).host_bound(false).contains("nrta_"));
         assert!(advice(FrontEnd::C).host_bound(false).contains("nrta_execute_schedule"));
         assert!(!advice(FrontEnd::C).host_bound(false).contains("--exec-mode"));
@@ -621,20 +627,7 @@ mod tests {
             flops: 1_000_000,
             percent_of_peak: Some(0.1),
         }];
-        let hlos = [HloSummary {
-            hlo: "d".into(),
-            instructions: 1,
-            time_s: 1.2e-3,
-            percent: 100.0,
-            flops: 1_000_000,
-            bytes: 1_000,
-            engine: "PE".into(),
-            intensity: Some(1_000.0),
-            achieved_flops_per_s: Some(1e9),
-            achieved_bytes_per_s: Some(1e6),
-            bound: Some("compute".into()),
-            roofline_percent: Some(0.1),
-        }];
+        let hlos = [HloSummary { time_s: 1.2e-3, ..hlo("d", 100.0, 0.1) }];
         let hlo_engine = HashMap::from([("d".to_string(), ("PE".to_string(), 1_000_000))]);
         let windows = HashMap::from([((0, Some(1)), (0, 1_000_000))]);
         let runs = HashMap::from([((0, 1), (0, 1_000_000))]);
