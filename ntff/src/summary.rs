@@ -561,9 +561,26 @@ impl<'a> Summariser<'a> {
             })
             .collect();
         dma_rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.queue.cmp(&b.queue)));
+        // A queue faster than the host's memory copied nothing: the virtual device reads
+        // device-resident tensors in place. Its bytes over its time is no bandwidth.
+        let mut in_place: Vec<String> = Vec::new();
+        for r in &mut dma_rows {
+            if let (Some(bw), Some(memory)) = (r.bandwidth_bytes_per_s, memory_peak)
+                && bw > memory
+            {
+                r.bandwidth_bytes_per_s = None;
+                in_place.push(r.queue.clone());
+            }
+        }
+        if !in_place.is_empty() {
+            caveats.push(format!(
+                "no bandwidth is shown for DMA queues that read faster than the host's memory ({}): the virtual device reads device-resident tensors in place, so their transfers copy nothing",
+                in_place.join(", ")
+            ));
+        }
         let thin_queues: Vec<&str> = dma_rows
             .iter()
-            .filter(|r| r.bandwidth_bytes_per_s.is_none() && r.transfers > 0)
+            .filter(|r| r.bandwidth_bytes_per_s.is_none() && r.transfers > 0 && !in_place.contains(&r.queue))
             .map(|r| r.queue.as_str())
             .collect();
         if !thin_queues.is_empty() {
@@ -580,6 +597,8 @@ impl<'a> Summariser<'a> {
             caveats.push(format!("MFU is {:.0}%, above the defined peak: {ABOVE_PEAK}", 100.0 * m));
         }
         let measured = (meta.peak_flops_per_core > 0.0).then_some(meta.peak_flops_per_core);
+        // Transfers faster than the host's memory were not copies (see above).
+        let dma_peak = dma_peak.filter(|&bw| memory_peak.is_none_or(|memory| bw <= memory));
         let (bounds, findings) = bounds::analyse(&bounds::Inputs {
             engines: &engine_rows,
             dma: &dma_rows,

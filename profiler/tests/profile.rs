@@ -174,6 +174,12 @@ fn capture_device_traces_executions_spread_over_the_recorded_ones_by_default() {
         s["executions"]["traced"].as_array().expect("traced").iter().filter_map(|t| t["ordinal"].as_u64()).collect();
     // The summary lists the first few: the 1st, 3rd, 5th…
     assert!(!ordinals.is_empty() && ordinals.iter().enumerate().all(|(k, &o)| o == 2 * k as u64 + 1), "{ordinals:?}");
+    // No DMA bandwidth above what the host's memory delivers: inputs read in place
+    // copy nothing, and are said to.
+    let memory = s["flops"]["memory_peak_bytes_per_s"].as_f64().expect("the host's bandwidth");
+    for queue in s["dma"].as_array().expect("dma") {
+        assert!(queue["bandwidth_bytes_per_s"].as_f64().is_none_or(|bw| bw <= memory), "{queue} over {memory}");
+    }
     let summary = succeeded(&env.run(PROFILE, &["view", "-s", f, "--output-format", "summary-text"]));
     assert!(summary.contains("p99 –") && summary.contains("over 50 executions"), "{summary}");
     assert!(!summary.contains("one execution has a device trace"), "{summary}");
