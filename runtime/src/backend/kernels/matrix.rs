@@ -141,13 +141,18 @@ pub(super) fn matmul_rounded_into(
     }
 }
 
-/// A GEMM that rounds its operands to `format` itself, where it is the faster kernel
-/// on this host: bf16 on AVX512-BF16 (without saturation, which the hardware
-/// conversion does not do) where [`product_kernel`] found it faster than the f32 GEMM.
+/// A GEMM that rounds its operands to `format` itself while it packs them (bf16
+/// without saturation): bf16 products on AVX512-BF16 where [`product_kernel`] found
+/// them faster, else f32 multiply-adds on AVX-512F.
 fn native_gemm(format: FloatFormat, saturate: bool) -> Option<Gemm<f32>> {
     #[cfg(all(target_arch = "x86_64", not(debug_assertions)))]
-    if format == FloatFormat::Bf16 && !saturate && product_kernel() == ProductKernel::Bf16 {
-        return Some(super::bf16::gemm_bf16);
+    if format == FloatFormat::Bf16 && !saturate {
+        if product_kernel() == ProductKernel::Bf16 {
+            return Some(super::bf16::gemm_bf16);
+        }
+        if super::rounded_f32::available() {
+            return Some(super::rounded_f32::gemm_rounded_f32);
+        }
     }
     let _ = (format, saturate);
     None
@@ -155,8 +160,8 @@ fn native_gemm(format: FloatFormat, saturate: bool) -> Option<Gemm<f32>> {
 
 /// The kernel of matrix products with bf16-rounded operands on this host, measured once
 /// per process: AVX512-BF16's bf16 products only where they run at least
-/// [`BF16_MARGIN`] times as fast as rounding the operands and multiplying them in f32,
-/// which gives the same products (each product of two bf16 is exact in f32) summed in
+/// [`BF16_MARGIN`] times as fast as the same kernel on f32 multiply-adds
+/// (`rounded_f32`), which gives the same products (each product of two bf16 is exact in f32) summed in
 /// another order. On some CPUs (AMD Zen 4) the bf16 instruction does twice the
 /// multiply-adds of an f32 FMA; on others (Intel Xeon) no more than the two FMA pipes
 /// together. Never in unoptimised (debug) builds, where this crate's kernel runs twenty
@@ -207,12 +212,9 @@ fn measure_product_kernel() -> ProductKernel {
         let start = std::time::Instant::now();
         super::bf16::gemm_bf16(a.view(), b.view(), c.view_mut());
         bf16 = bf16.min(start.elapsed().as_secs_f64());
+        // The f32 kernel of the same shape, which rounds while it packs too.
         let start = std::time::Instant::now();
-        let (ra, rb) = (
-            a.mapv(|x| round_to_format(x, FloatFormat::Bf16, false)),
-            b.mapv(|x| round_to_format(x, FloatFormat::Bf16, false)),
-        );
-        gemm_f32(ra.view(), rb.view(), c.view_mut());
+        super::rounded_f32::gemm_rounded_f32(a.view(), b.view(), c.view_mut());
         f32 = f32.min(start.elapsed().as_secs_f64());
     }
     let flops = 2.0 * (m * k * n) as f64;

@@ -17,6 +17,8 @@ mod matrix;
 mod random;
 mod reduce;
 mod region;
+#[cfg(all(target_arch = "x86_64", any(test, not(debug_assertions))))]
+mod rounded_f32;
 mod select;
 mod sort;
 mod transcendental;

@@ -1,0 +1,223 @@
+//! Matrix products of f32 operands rounded to bf16, accumulated in f32, on f32
+//! multiply-adds (AVX-512F): the kernel for `--auto-cast matmult` on hosts whose bf16
+//! products are no faster than f32 (see `matrix::product_kernel`).
+//!
+//! The operands are rounded (to nearest, ties to even, as `RoundPrecision` does) while
+//! they are packed, which the product does anyway, so rounding costs no pass over the
+//! operands of its own: `a`'s rows contiguous, `b` in panels of 64 columns. A
+//! microkernel then computes a block of 4 rows by 64 columns of `c` over all of `k`, in
+//! 16 registers. Each product of two bf16 is exact in f32, so the result differs from
+//! the bf16 kernel's only in the order of the additions.
+
+use std::arch::x86_64::*;
+
+/// Columns of `b` per packed panel: four vectors of 16.
+const PANEL: usize = 64;
+/// Rows of `c` per microkernel block.
+const ROWS: usize = 4;
+
+/// Whether this CPU runs [`gemm_rounded_f32`].
+pub(super) fn available() -> bool {
+    is_x86_feature_detected!("avx512f")
+}
+
+/// `c = bf16(a) · bf16(b)`, accumulated in f32 on f32 multiply-adds; every element of
+/// `c` is written. The caller checks [`available`] first.
+pub(super) fn gemm_rounded_f32(
+    a: ndarray::ArrayView2<'_, f32>,
+    b: ndarray::ArrayView2<'_, f32>,
+    mut c: ndarray::ArrayViewMut2<'_, f32>,
+) {
+    let (m, k, n) = super::product_dims(&a, &b, &c);
+    if m == 0 || n == 0 {
+        return;
+    }
+    let panels = n.div_ceil(PANEL);
+    // SAFETY: `available()` was checked by the caller.
+    let (rows, b_panels) = unsafe { (pack_rows(&a), pack_panels(&b, panels)) };
+    let mut block = [0f32; ROWS * PANEL];
+    for panel in 0..panels {
+        let columns = (n - panel * PANEL).min(PANEL);
+        let packed = &b_panels[panel * k * PANEL..][..k * PANEL];
+        for i in (0..m).step_by(ROWS) {
+            let count = (m - i).min(ROWS);
+            // SAFETY: `available()` was checked by the caller; the slices hold `count`
+            // rows of `k` values from row `i`, and `k` rows of `PANEL` values.
+            unsafe { microkernel(&rows[i * k..][..count * k], k, count, packed, &mut block) };
+            for r in 0..count {
+                let mut row = c.row_mut(i + r);
+                let values = &block[r * PANEL..][..columns];
+                match row.as_slice_mut() {
+                    Some(row) => row[panel * PANEL..][..columns].copy_from_slice(values),
+                    None => values.iter().enumerate().for_each(|(j, v)| row[panel * PANEL + j] = *v),
+                }
+            }
+        }
+    }
+}
+
+/// `x` rounded to bf16 (to nearest even), as f32; NaN stays NaN.
+fn round_bf16(x: f32) -> f32 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return x;
+    }
+    f32::from_bits(bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000)
+}
+
+/// 16 lanes rounded to bf16 (to nearest even), as f32; NaN lanes stay as they are.
+///
+/// # Safety
+///
+/// The CPU has AVX512F.
+#[target_feature(enable = "avx512f")]
+unsafe fn round_bf16x16(x: __m512) -> __m512 {
+    let bits = _mm512_castps_si512(x);
+    let odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    let biased = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+    let rounded = _mm512_castsi512_ps(_mm512_and_si512(biased, _mm512_set1_epi32(0xffff_0000_u32 as i32)));
+    let nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    _mm512_mask_blend_ps(nan, rounded, x)
+}
+
+/// `a`'s rows, rounded, one after the other. Contiguous rows round 16 values at a time.
+///
+/// # Safety
+///
+/// The CPU has AVX512F.
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_rows(a: &ndarray::ArrayView2<'_, f32>) -> Vec<f32> {
+    let k = a.dim().1;
+    let mut rows = vec![0f32; a.dim().0 * k];
+    for (row, packed) in a.rows().into_iter().zip(rows.chunks_mut(k.max(1))) {
+        let mut p = 0;
+        if let Some(row) = row.as_slice() {
+            while p + 16 <= k {
+                // SAFETY: elements `p .. p + 16` are in both the row and `packed`.
+                unsafe {
+                    let x = round_bf16x16(_mm512_loadu_ps(row.as_ptr().add(p)));
+                    _mm512_storeu_ps(packed.as_mut_ptr().add(p), x);
+                }
+                p += 16;
+            }
+        }
+        for (p, value) in packed.iter_mut().enumerate().skip(p) {
+            *value = round_bf16(row[p]);
+        }
+    }
+    rows
+}
+
+/// `b`, rounded, in panels of [`PANEL`] columns, each `k` rows of [`PANEL`] values (zero
+/// past the last column). Contiguous rows round 16 columns at a time.
+///
+/// # Safety
+///
+/// The CPU has AVX512F.
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_panels(b: &ndarray::ArrayView2<'_, f32>, panels: usize) -> Vec<f32> {
+    let (k, n) = b.dim();
+    let mut packed = vec![0f32; panels * k * PANEL];
+    for p in 0..k {
+        let row = b.row(p);
+        let mut j = 0;
+        if let Some(row) = row.as_slice() {
+            while j + 16 <= n {
+                // SAFETY: `j + 16 <= n`, the row's length; the destination holds PANEL
+                // values from the start of this row of the panel, and 16 divides PANEL.
+                unsafe {
+                    let x = round_bf16x16(_mm512_loadu_ps(row.as_ptr().add(j)));
+                    let at = ((j / PANEL) * k + p) * PANEL + j % PANEL;
+                    _mm512_storeu_ps(packed.as_mut_ptr().add(at), x);
+                }
+                j += 16;
+            }
+        }
+        for j in j..n {
+            packed[((j / PANEL) * k + p) * PANEL + j % PANEL] = round_bf16(row[j]);
+        }
+    }
+    packed
+}
+
+/// One block of up to [`ROWS`] rows by [`PANEL`] columns: `block[r][j] = Σ_p a[r][p] ·
+/// b[p][j]`.
+///
+/// # Safety
+///
+/// The CPU has AVX512F; `a` holds `rows` rows of `k` values and `b` holds `k` rows of
+/// [`PANEL`] values.
+#[target_feature(enable = "avx512f")]
+unsafe fn microkernel(a: &[f32], k: usize, rows: usize, b: &[f32], block: &mut [f32; ROWS * PANEL]) {
+    let mut acc = [[_mm512_setzero_ps(); PANEL / 16]; ROWS];
+    for p in 0..k {
+        let mut columns = [_mm512_setzero_ps(); PANEL / 16];
+        for (q, vector) in columns.iter_mut().enumerate() {
+            // SAFETY: row `p` of `b` holds PANEL values; `q * 16 + 16 <= PANEL`.
+            *vector = unsafe { _mm512_loadu_ps(b.as_ptr().add(p * PANEL + q * 16)) };
+        }
+        for (r, sums) in acc.iter_mut().enumerate().take(rows) {
+            let value = _mm512_set1_ps(a[r * k + p]);
+            for (sum, vector) in sums.iter_mut().zip(&columns) {
+                *sum = _mm512_fmadd_ps(value, *vector, *sum);
+            }
+        }
+    }
+    for (r, sums) in acc.iter().enumerate() {
+        for (q, sum) in sums.iter().enumerate() {
+            // SAFETY: block row `r` has PANEL floats from `r * PANEL`.
+            unsafe { _mm512_storeu_ps(block.as_mut_ptr().add(r * PANEL + q * 16), *sum) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::Array2;
+
+    #[test]
+    fn products_match_exact_sums_of_bf16_products() {
+        if !available() {
+            return;
+        }
+        for (m, k, n) in [(1, 1, 1), (3, 7, 5), (5, 64, 65), (9, 33, 130), (4, 2, 64), (6, 97, 20), (7, 40, 17)] {
+            let a = Array2::from_shape_fn((m, k), |(i, j)| ((i * 7 + j * 3) % 13) as f32 * 0.37 - 1.9);
+            let b = Array2::from_shape_fn((k, n), |(i, j)| ((i * 5 + j * 11) % 17) as f32 * 0.23 - 1.7);
+            let bf16 = |x: f32| f64::from(half::bf16::from_f32(x).to_f32());
+            // Also through transposed (strided) views of `a` and `b`.
+            let (at, bt) = (a.t().to_owned(), b.t().to_owned());
+            for (a, b) in [(a.view(), b.view()), (at.t(), bt.t())] {
+                let mut c = Array2::from_elem((m, n), f32::NAN);
+                gemm_rounded_f32(a.view(), b, c.view_mut());
+                for i in 0..m {
+                    for j in 0..n {
+                        let exact: f64 = (0..k).map(|p| bf16(a[[i, p]]) * bf16(b[[p, j]])).sum();
+                        assert!(
+                            (f64::from(c[[i, j]]) - exact).abs() <= 1e-5 * exact.abs().max(1.0),
+                            "{m}x{k}x{n} at {i},{j}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rounding_sixteen_lanes_matches_one_at_a_time() {
+        if !available() {
+            return;
+        }
+        let values: Vec<f32> = [1.0, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -2.5e-39, f32::MAX, f32::INFINITY]
+            .into_iter()
+            .chain([f32::NAN, -0.0, 2.7182817, 65504.0, 1e-45, -1e30, 0.1, 0.2, 0.3, 7.0])
+            .collect();
+        let mut out = [0f32; 16];
+        // SAFETY: `available()` was checked; both arrays hold 16 values.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), round_bf16x16(_mm512_loadu_ps(values.as_ptr()))) };
+        for (x, y) in values.iter().zip(out) {
+            let expected = half::bf16::from_f32(*x).to_f32();
+            assert!(y.to_bits() == expected.to_bits() || (x.is_nan() && y.is_nan()), "{x} → {y}, not {expected}");
+        }
+    }
+}
