@@ -38,7 +38,7 @@ export function livePage(main) {
       el('span', {}, el('b', {}, inst.instance_type || NA), ` · ${inst.device_count}×${inst.cores_per_device} NeuronCore ${inst.core_version || ''}`),
       el('span', { class: 'muted' }, ` · ${update.runtimes.length} runtime${update.runtimes.length === 1 ? '' : 's'}`),
       el('span', { class: 'muted' }, update.system.vcpu ? ` · host vCPU ${percent(update.system.vcpu.user + update.system.vcpu.system)}` : ''),
-      el('span', { class: 'muted' }, update.system.memory_used_bytes != null ? ` · host memory ${bytes(update.system.memory_used_bytes)} of ${bytes(update.system.memory_total_bytes)}` : ''),
+      el('span', { class: 'muted' }, update.system.memory_used_bytes != null ? ` · host memory in use ${bytes(update.system.memory_used_bytes)} of ${bytes(update.system.memory_total_bytes)}` : ''),
       el('span', { class: 'grow' }),
       el('span', { class: 'muted', id: 'live-updates', dataset: { count: updates } }, `update ${update.seq} at ${update.time}`),
     );
@@ -150,7 +150,7 @@ function updateCard(card, r, update, at, now) {
       el('td', {}, bytes(MEMORY.reduce((a, [k]) => a + c.device_memory[k], 0))),
     ))));
   card.models.replaceChildren(r.models.length === 0 ? el('div', { class: 'muted' }, 'none') : el('table', {},
-    el('tr', {}, ['model', 'id', 'core', 'executions', 'exec/s', 'p50', 'p99', 'device memory', 'host memory'].map((h) => el('th', {}, h))),
+    el('tr', {}, ['model', 'id', 'core', 'executions', 'exec/s', 'p50', 'p99', 'device memory', 'runtime host allocations'].map((h) => el('th', {}, h))),
     r.models.map((m) => el('tr', { class: 'model', dataset: { model: m.name } }, el('td', {}, m.name), el('td', {}, m.model_id), el('td', {}, `nc${m.core}`),
       el('td', {}, thousands(m.executions)), el('td', { class: 'execs' }, m.executions_per_second == null ? NA : m.executions_per_second.toFixed(1)),
       el('td', { class: 'p50' }, seconds(m.latency_p50)), el('td', { class: 'p99' }, seconds(m.latency_p99)),

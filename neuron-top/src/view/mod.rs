@@ -348,7 +348,7 @@ fn draw_summary(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
         Line::from(vec![
             label("Host"),
             Span::raw(format!(
-                "{} used │ runtimes {}: tensors {}, constants {}, DMA {}, app {}",
+                "{} used │ runtime allocations {}: tensors {}, constants {}, DMA {}, app {}",
                 host_use,
                 bytes(host.total()),
                 bytes(host.tensors),
