@@ -725,7 +725,7 @@ fn merge_window(windows: &mut HashMap<WindowKey, (u64, u64)>, key: WindowKey, wi
 }
 
 /// Why a figure can exceed a defined peak.
-const ABOVE_ROOFLINE: &str = "an instruction fused with others is timed by its measured share of the group's time, and the bytes the group reads are charged to the member that first reads them, so a member's rate can read above what memory delivers while the group's does not; a layout instruction (reshape, broadcast) that the backend runs as a view of its operand is charged the bytes of its result though it moves none; the host clock may also run above the one the definition assumes";
+const ABOVE_ROOFLINE: &str = "an instruction fused with others is timed by its measured share of the group's time, and the bytes the group reads are charged to the member that first reads them, so a member's rate can read above what memory delivers while the group's does not; operands small enough to stay in the CPU's caches move faster than the memory ceiling, which is measured on copies of 16 MiB; the host clock may also run above the one the definition assumes";
 
 const ABOVE_PEAK: &str =
     "the host CPU ran above the clock the definition assumes (a turbo clock /proc/cpuinfo does not report)";

@@ -362,6 +362,51 @@ fn a_fused_group_shows_every_instruction_with_its_share_of_the_time() {
     }
 }
 
+/// Issue 39: a reshape of an intermediate that dies with it takes the array over, so
+/// its instruction table entry moves no bytes (a roofline would read it far above what
+/// memory delivers); one of a parameter copies, and says so.
+#[test]
+fn a_reshape_that_takes_over_its_operand_moves_no_bytes() {
+    const RESHAPES: &str = "HloModule r\nENTRY e {\n  x = f32[16] parameter(0)\n  n = f32[16] negate(x)\n  \
+        r = f32[4,4] reshape(n)\n  t = f32[4,4] transpose(r), dimensions={1,0}\n  \
+        p = f32[4,4] reshape(x)\n  ROOT s = (f32[4,4], f32[4,4]) tuple(t, p)\n}\n";
+    let f = started(|config| config.inspect.device = true);
+    let rt = &f.runtime;
+    let reader = DatastoreReader::open(&rt.datastore_path().expect("path")).expect("opens");
+    let mut tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
+    let options = CompileOptions { optlevel: OptLevel::O1, ..CompileOptions::new(Target::Trn1) };
+    let neff = Neff::new("reshapes", compile_hlo_with(RESHAPES, &options).expect("compiles")).encode();
+    let model = rt.load(&neff, Some(0)).expect("loads");
+    let tensor = |dims: Vec<u64>, name: &str| {
+        rt.allocate_tensor_for(TensorPlacement::Host, &ArrayType::new(DType::F32, dims), name).expect("alloc")
+    };
+    let mut inputs = TensorSet::new();
+    inputs.add("input0", tensor(vec![16], "x"));
+    let mut outputs = TensorSet::new();
+    outputs.add("output0", tensor(vec![4, 4], "t"));
+    outputs.add("output1", tensor(vec![4, 4], "p"));
+    rt.execute(&model, &inputs, &outputs).expect("runs");
+    let mut events = Vec::new();
+    tail.poll(&reader, usize::MAX, false, &mut events);
+    let moved = |name: &str| {
+        events
+            .iter()
+            .find_map(|e| match e {
+                TraceEvent::Device(e) => match &e.activity {
+                    DeviceActivity::Instruction { hlo, bytes_read, bytes_written, .. } if hlo == name => {
+                        Some((*bytes_read, *bytes_written))
+                    }
+                    _ => None,
+                },
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no event of {name}: {events:?}"))
+    };
+    assert_eq!(moved("r"), (0, 0), "the reshape of `n`, which dies with it");
+    assert_eq!(moved("p"), (64, 64), "the reshape of a parameter, returned");
+    assert_eq!(moved("t"), (64, 64));
+}
+
 /// Each loaded model has its own latency histogram: two models on one core keep their
 /// latencies apart, as the core's histogram cannot.
 #[test]

@@ -420,17 +420,34 @@ impl Executable {
     /// `None` for instructions that run on their own.
     pub(crate) fn moved_bytes(&self) -> Vec<Option<(u64, u64)>> {
         let mut moved: Vec<Option<(u64, u64)>> = vec![None; self.order.len()];
-        for unit in &self.units {
+        for (u, unit) in self.units.iter().enumerate() {
             if let Some(group) = &unit.group {
                 for (j, bytes) in group.moved_bytes(&self.program).into_iter().enumerate() {
                     moved[unit.first + j] = Some(bytes);
                 }
+            } else if self.takes_over_its_operand(u) {
+                moved[unit.first] = Some((0, 0));
             }
         }
         for nested in self.nested.iter().flatten() {
             moved.extend(nested.moved_bytes());
         }
         moved
+    }
+
+    /// Whether unit `u` is a reshape of an intermediate that dies with it and is not
+    /// returned: it takes the array over (see `run`) and moves no bytes.
+    fn takes_over_its_operand(&self, u: usize) -> bool {
+        let (s, i) = self.order[self.units[u].first];
+        let instruction = &self.program.streams[s].instructions[i];
+        match (&instruction.op, instruction.operands.as_slice()) {
+            (Op::Reshape, &[operand]) => {
+                self.release_after[u].contains(&operand)
+                    && self.output_of_buffer[instruction.output as usize].is_none()
+                    && matches!(self.program.buffers[operand as usize].kind, BufferKind::Intermediate { .. })
+            }
+            _ => false,
+        }
     }
 
     /// The instruction at position `step` of `order` if it writes several buffers or
