@@ -12,10 +12,7 @@
 
 use std::arch::x86_64::*;
 
-/// Columns of `b` per packed panel: four vectors of 16.
-const PANEL: usize = 64;
-/// Rows of `c` per microkernel block.
-const ROWS: usize = 4;
+use super::packed::{PANEL, ROWS, by_blocks};
 
 /// Whether this CPU runs [`gemm_bf16`].
 pub(super) fn available() -> bool {
@@ -29,7 +26,7 @@ pub(super) fn available() -> bool {
 pub(super) fn gemm_bf16(
     a: ndarray::ArrayView2<'_, f32>,
     b: ndarray::ArrayView2<'_, f32>,
-    mut c: ndarray::ArrayViewMut2<'_, f32>,
+    c: ndarray::ArrayViewMut2<'_, f32>,
 ) {
     let (m, k, n) = super::product_dims(&a, &b, &c);
     if m == 0 || n == 0 {
@@ -39,25 +36,11 @@ pub(super) fn gemm_bf16(
     let panels = n.div_ceil(PANEL);
     // SAFETY: `available()` was checked by the caller.
     let (a_pairs, b_panels) = unsafe { (pack_rows(&a, kp), pack_panels(&b, kp, panels)) };
-    let mut block = [0f32; ROWS * PANEL];
-    for panel in 0..panels {
-        let columns = (n - panel * PANEL).min(PANEL);
-        let packed = &b_panels[panel * kp * PANEL..][..kp * PANEL];
-        for i in (0..m).step_by(ROWS) {
-            let rows = (m - i).min(ROWS);
-            // SAFETY: `available()` was checked by the caller; the slices hold `rows`
-            // rows of `kp` pairs from row `i`, and `kp` rows of `PANEL` pairs.
-            unsafe { microkernel(&a_pairs[i * kp..][..rows * kp], kp, rows, packed, &mut block) };
-            for r in 0..rows {
-                let mut row = c.row_mut(i + r);
-                let values = &block[r * PANEL..][..columns];
-                match row.as_slice_mut() {
-                    Some(row) => row[panel * PANEL..][..columns].copy_from_slice(values),
-                    None => values.iter().enumerate().for_each(|(j, v)| row[panel * PANEL + j] = *v),
-                }
-            }
-        }
-    }
+    by_blocks(&a_pairs, &b_panels, kp, c, |a, kp, rows, b, out| {
+        // SAFETY: `available()` was checked by the caller; `a` holds `rows` rows of
+        // `kp` pairs, and `b` `kp` rows of `PANEL` pairs.
+        unsafe { microkernel(a, kp, rows, b, out) }
+    });
 }
 
 /// The bf16 bits of `x`, rounded to nearest even (NaN stays a quiet NaN).

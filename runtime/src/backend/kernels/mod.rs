@@ -14,6 +14,8 @@ mod elementwise;
 mod gather;
 mod layout;
 mod matrix;
+#[cfg(all(target_arch = "x86_64", any(test, not(debug_assertions))))]
+mod packed;
 mod random;
 mod reduce;
 mod region;

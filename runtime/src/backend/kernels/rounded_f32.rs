@@ -11,10 +11,7 @@
 
 use std::arch::x86_64::*;
 
-/// Columns of `b` per packed panel: four vectors of 16.
-const PANEL: usize = 64;
-/// Rows of `c` per microkernel block.
-const ROWS: usize = 4;
+use super::packed::{PANEL, ROWS, by_blocks};
 
 /// Whether this CPU runs [`gemm_rounded_f32`].
 pub(super) fn available() -> bool {
@@ -26,7 +23,7 @@ pub(super) fn available() -> bool {
 pub(super) fn gemm_rounded_f32(
     a: ndarray::ArrayView2<'_, f32>,
     b: ndarray::ArrayView2<'_, f32>,
-    mut c: ndarray::ArrayViewMut2<'_, f32>,
+    c: ndarray::ArrayViewMut2<'_, f32>,
 ) {
     let (m, k, n) = super::product_dims(&a, &b, &c);
     if m == 0 || n == 0 {
@@ -35,25 +32,11 @@ pub(super) fn gemm_rounded_f32(
     let panels = n.div_ceil(PANEL);
     // SAFETY: `available()` was checked by the caller.
     let (rows, b_panels) = unsafe { (pack_rows(&a), pack_panels(&b, panels)) };
-    let mut block = [0f32; ROWS * PANEL];
-    for panel in 0..panels {
-        let columns = (n - panel * PANEL).min(PANEL);
-        let packed = &b_panels[panel * k * PANEL..][..k * PANEL];
-        for i in (0..m).step_by(ROWS) {
-            let count = (m - i).min(ROWS);
-            // SAFETY: `available()` was checked by the caller; the slices hold `count`
-            // rows of `k` values from row `i`, and `k` rows of `PANEL` values.
-            unsafe { microkernel(&rows[i * k..][..count * k], k, count, packed, &mut block) };
-            for r in 0..count {
-                let mut row = c.row_mut(i + r);
-                let values = &block[r * PANEL..][..columns];
-                match row.as_slice_mut() {
-                    Some(row) => row[panel * PANEL..][..columns].copy_from_slice(values),
-                    None => values.iter().enumerate().for_each(|(j, v)| row[panel * PANEL + j] = *v),
-                }
-            }
-        }
-    }
+    by_blocks(&rows, &b_panels, k, c, |a, k, count, b, out| {
+        // SAFETY: `available()` was checked by the caller; `a` holds `count` rows of `k`
+        // values, and `b` `k` rows of `PANEL` values.
+        unsafe { microkernel(a, k, count, b, out) }
+    });
 }
 
 /// `x` rounded to bf16 (to nearest even), as f32; NaN stays NaN.
