@@ -2,8 +2,8 @@
 //! back through the reader API), and the in-process `nrt_sys_trace_*` API.
 
 use neuron_datastore::{
-    ALL_SYSTEM_EVENTS, ClockDomain, DeviceActivity, DmaQueueType, EventData, EventType, ExecOutcome, Phase,
-    SysTraceConfig,
+    ALL_SYSTEM_EVENTS, ClockDomain, DeviceActivity, DeviceEvent, DmaQueueType, EventData, EventType, ExecOutcome,
+    Phase, SysTraceConfig,
 };
 use neuron_datastore::{DatastoreReader, Delta, TailStart, TraceEvent, latency_of_all_cores};
 use neuron_runtime::{
@@ -307,6 +307,20 @@ ENTRY main {
 /// The instruction events of one execution of `FUSED`, with fusion on or off:
 /// (hlo, step, start, end) in the order they were recorded.
 fn fused_instructions(fusion: bool) -> Vec<(String, u32, u64, u64)> {
+    let shapes = ([vec![64, 256]], [vec![64, 256], vec![64]]);
+    instruction_events(FUSED, fusion, &shapes.0, &shapes.1)
+        .into_iter()
+        .filter_map(|e| match &e.activity {
+            DeviceActivity::Instruction { hlo, step, .. } => Some((hlo.clone(), *step, e.start_ns, e.end_ns)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The instruction events of one execution of `hlo`, compiled at level 1 (so that
+/// values of constants stay instructions), with fusion on or off, on f32 inputs and
+/// outputs of the given shapes.
+fn instruction_events(hlo: &str, fusion: bool, inputs: &[Vec<u64>], outputs: &[Vec<u64>]) -> Vec<DeviceEvent> {
     let f = started(|config| {
         config.fusion = fusion;
         config.inspect.device = true;
@@ -314,28 +328,25 @@ fn fused_instructions(fusion: bool) -> Vec<(String, u32, u64, u64)> {
     let rt = &f.runtime;
     let reader = DatastoreReader::open(&rt.datastore_path().expect("path")).expect("opens");
     let mut tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
-    // At level 1, so that `n` (of a constant) stays an instruction.
     let options = CompileOptions { optlevel: OptLevel::O1, ..CompileOptions::new(Target::Trn1) };
-    let neff = Neff::new("fused", compile_hlo_with(FUSED, &options).expect("compiles")).encode();
+    let neff = Neff::new("events", compile_hlo_with(hlo, &options).expect("compiles")).encode();
     let model = rt.load(&neff, Some(0)).expect("loads");
-    let tensor = |dims: Vec<u64>, name: &str| {
-        rt.allocate_tensor_for(TensorPlacement::Host, &ArrayType::new(DType::F32, dims), name).expect("alloc")
+    let tensors = |prefix: &str, shapes: &[Vec<u64>]| {
+        let mut set = TensorSet::new();
+        for (k, dims) in shapes.iter().enumerate() {
+            let ty = ArrayType::new(DType::F32, dims.clone());
+            let name = format!("{prefix}{k}");
+            set.add(&name, rt.allocate_tensor_for(TensorPlacement::Host, &ty, &name).expect("alloc"));
+        }
+        set
     };
-    let mut inputs = TensorSet::new();
-    inputs.add("input0", tensor(vec![64, 256], "x"));
-    let mut outputs = TensorSet::new();
-    outputs.add("output0", tensor(vec![64, 256], "e"));
-    outputs.add("output1", tensor(vec![64], "lo"));
-    rt.execute(&model, &inputs, &outputs).expect("runs");
+    rt.execute(&model, &tensors("input", inputs), &tensors("output", outputs)).expect("runs");
     let mut events = Vec::new();
     tail.poll(&reader, usize::MAX, false, &mut events);
     events
-        .iter()
+        .into_iter()
         .filter_map(|e| match e {
-            TraceEvent::Device(e) => match &e.activity {
-                DeviceActivity::Instruction { hlo, step, .. } => Some((hlo.clone(), *step, e.start_ns, e.end_ns)),
-                _ => None,
-            },
+            TraceEvent::Device(e) if matches!(e.activity, DeviceActivity::Instruction { .. }) => Some(e),
             _ => None,
         })
         .collect()
@@ -370,34 +381,14 @@ fn a_reshape_that_takes_over_its_operand_moves_no_bytes() {
     const RESHAPES: &str = "HloModule r\nENTRY e {\n  x = f32[16] parameter(0)\n  n = f32[16] negate(x)\n  \
         r = f32[4,4] reshape(n)\n  t = f32[4,4] transpose(r), dimensions={1,0}\n  \
         p = f32[4,4] reshape(x)\n  ROOT s = (f32[4,4], f32[4,4]) tuple(t, p)\n}\n";
-    let f = started(|config| config.inspect.device = true);
-    let rt = &f.runtime;
-    let reader = DatastoreReader::open(&rt.datastore_path().expect("path")).expect("opens");
-    let mut tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
-    let options = CompileOptions { optlevel: OptLevel::O1, ..CompileOptions::new(Target::Trn1) };
-    let neff = Neff::new("reshapes", compile_hlo_with(RESHAPES, &options).expect("compiles")).encode();
-    let model = rt.load(&neff, Some(0)).expect("loads");
-    let tensor = |dims: Vec<u64>, name: &str| {
-        rt.allocate_tensor_for(TensorPlacement::Host, &ArrayType::new(DType::F32, dims), name).expect("alloc")
-    };
-    let mut inputs = TensorSet::new();
-    inputs.add("input0", tensor(vec![16], "x"));
-    let mut outputs = TensorSet::new();
-    outputs.add("output0", tensor(vec![4, 4], "t"));
-    outputs.add("output1", tensor(vec![4, 4], "p"));
-    rt.execute(&model, &inputs, &outputs).expect("runs");
-    let mut events = Vec::new();
-    tail.poll(&reader, usize::MAX, false, &mut events);
+    let events = instruction_events(RESHAPES, true, &[vec![16]], &[vec![4, 4], vec![4, 4]]);
     let moved = |name: &str| {
         events
             .iter()
-            .find_map(|e| match e {
-                TraceEvent::Device(e) => match &e.activity {
-                    DeviceActivity::Instruction { hlo, bytes_read, bytes_written, .. } if hlo == name => {
-                        Some((*bytes_read, *bytes_written))
-                    }
-                    _ => None,
-                },
+            .find_map(|e| match &e.activity {
+                DeviceActivity::Instruction { hlo, bytes_read, bytes_written, .. } if hlo == name => {
+                    Some((*bytes_read, *bytes_written))
+                }
                 _ => None,
             })
             .unwrap_or_else(|| panic!("no event of {name}: {events:?}"))

@@ -502,23 +502,28 @@ mod tests {
         }
     }
 
-    /// A traced execution of 1 ms, PE busy 90% of it with `hlos`.
-    fn pe_bound(hlos: &[HloSummary], advice: Advice) -> Vec<Finding> {
-        let engines = [EngineSummary {
+    /// PE busy 90% of a traced execution of 1 ms, with `hlos`.
+    fn pe_row(instructions: u64) -> EngineSummary {
+        EngineSummary {
             engine: "PE".into(),
             active_s: 0.9e-3,
             percent: 90.0,
-            instructions: hlos.len() as u64,
+            instructions,
             flops: 4_000_000,
             percent_of_peak: Some(1.0),
-        }];
+        }
+    }
+
+    /// The findings of one traced execution of 1 ms (as long as its host call) in which
+    /// `pe` ran `hlos`, against a PE peak of 1 TFLOP/s.
+    fn findings_of(pe: EngineSummary, hlos: &[HloSummary], advice: Advice) -> Vec<Finding> {
         let hlo_engine: HashMap<String, (String, u64)> =
-            hlos.iter().map(|h| (h.hlo.clone(), ("PE".to_string(), 200_000))).collect();
+            hlos.iter().map(|h| (h.hlo.clone(), ("PE".to_string(), (h.time_s * 1e9) as u64))).collect();
         let windows = HashMap::from([((0, Some(1)), (0, 1_000_000))]);
         let runs = HashMap::from([((0, 1), (0, 1_000_000))]);
         let host_runs = HashMap::from([((0, 1), 1_000_000)]);
         analyse(&Inputs {
-            engines: &engines,
+            engines: &[pe],
             dma: &[],
             hlos,
             hlo_engine: &hlo_engine,
@@ -531,6 +536,10 @@ mod tests {
             advice,
         })
         .1
+    }
+
+    fn pe_bound(hlos: &[HloSummary], advice: Advice) -> Vec<Finding> {
+        findings_of(pe_row(hlos.len() as u64), hlos, advice)
     }
 
     #[test]
@@ -619,32 +628,10 @@ mod tests {
     fn an_instruction_saves_no_more_than_its_busy_resource_and_ranks_after_it() {
         // One traced execution of 1 ms: PE busy all of it at 0.1% of its peak, all of it
         // `d`, whose own time reads a little longer (it is measured on its own spans).
-        let engines = [EngineSummary {
-            engine: "PE".into(),
-            active_s: 1e-3,
-            percent: 100.0,
-            instructions: 1,
-            flops: 1_000_000,
-            percent_of_peak: Some(0.1),
-        }];
+        let pe =
+            EngineSummary { active_s: 1e-3, percent: 100.0, flops: 1_000_000, percent_of_peak: Some(0.1), ..pe_row(1) };
         let hlos = [HloSummary { time_s: 1.2e-3, ..hlo("d", 100.0, 0.1) }];
-        let hlo_engine = HashMap::from([("d".to_string(), ("PE".to_string(), 1_000_000))]);
-        let windows = HashMap::from([((0, Some(1)), (0, 1_000_000))]);
-        let runs = HashMap::from([((0, 1), (0, 1_000_000))]);
-        let host_runs = HashMap::from([((0, 1), 1_000_000)]);
-        let (_, findings) = analyse(&Inputs {
-            engines: &engines,
-            dma: &[],
-            hlos: &hlos,
-            hlo_engine: &hlo_engine,
-            windows: &windows,
-            runs: &runs,
-            host_runs: &host_runs,
-            peaks: super::super::DefinedPeaks { pe: Some(1e12), vector: None },
-            dma_peak: None,
-            asynchronous: false,
-            advice: ADVICE,
-        });
+        let findings = findings_of(pe, &hlos, ADVICE);
         let ranked: Vec<(&str, &str, f64)> =
             findings.iter().map(|f| (f.kind.as_str(), f.about.as_str(), f.saves_s)).collect();
         assert_eq!(ranked[..2], [("busy resource", "PE", 0.999e-3), ("roofline", "`d`", 0.999e-3)], "{ranked:?}");

@@ -425,8 +425,13 @@ impl Executable {
                 for (j, bytes) in group.moved_bytes(&self.program).into_iter().enumerate() {
                     moved[unit.first + j] = Some(bytes);
                 }
-            } else if self.takes_over_its_operand(u) {
-                moved[unit.first] = Some((0, 0));
+            } else if self.reshape_of_dying(u).is_some() {
+                // Not returned: the reshape takes its operand's array over (see `run`).
+                let (s, i) = self.order[unit.first];
+                let output = self.program.streams[s].instructions[i].output as usize;
+                if self.output_of_buffer[output].is_none() {
+                    moved[unit.first] = Some((0, 0));
+                }
             }
         }
         for nested in self.nested.iter().flatten() {
@@ -435,18 +440,20 @@ impl Executable {
         moved
     }
 
-    /// Whether unit `u` is a reshape of an intermediate that dies with it and is not
-    /// returned: it takes the array over (see `run`) and moves no bytes.
-    fn takes_over_its_operand(&self, u: usize) -> bool {
+    /// The operand of unit `u` when `u` is a reshape of an intermediate that dies with
+    /// it: unless the reshape writes a returned output, `run` takes the operand's array
+    /// over instead of copying it.
+    fn reshape_of_dying(&self, u: usize) -> Option<u32> {
         let (s, i) = self.order[self.units[u].first];
         let instruction = &self.program.streams[s].instructions[i];
         match (&instruction.op, instruction.operands.as_slice()) {
-            (Op::Reshape, &[operand]) => {
-                self.release_after[u].contains(&operand)
-                    && self.output_of_buffer[instruction.output as usize].is_none()
-                    && matches!(self.program.buffers[operand as usize].kind, BufferKind::Intermediate { .. })
+            (Op::Reshape, &[operand])
+                if self.release_after[u].contains(&operand)
+                    && matches!(self.program.buffers[operand as usize].kind, BufferKind::Intermediate { .. }) =>
+            {
+                Some(operand)
             }
-            _ => false,
+            _ => None,
         }
     }
 
@@ -636,15 +643,8 @@ impl Executable {
                     let destination =
                         self.output_of_buffer[b].and_then(|k| destinations.get_mut(k)?.take().map(|d| (k, d)));
                     // A reshape of an array that dies here takes the array over: no copy.
-                    let dying = match (&instruction.op, &destination, instruction.operands.as_slice()) {
-                        (Op::Reshape, None, &[operand])
-                            if self.release_after[u].contains(&operand)
-                                && matches!(slots[operand as usize], Slot::Owned(_))
-                                && matches!(
-                                    program.buffers[operand as usize].kind,
-                                    BufferKind::Intermediate { .. }
-                                ) =>
-                        {
+                    let dying = match (self.reshape_of_dying(u), &destination) {
+                        (Some(operand), None) if matches!(slots[operand as usize], Slot::Owned(_)) => {
                             match std::mem::replace(&mut slots[operand as usize], Slot::Empty) {
                                 Slot::Owned(value) => Some(value),
                                 _ => None,

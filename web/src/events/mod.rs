@@ -79,12 +79,8 @@ struct Kept {
     thinned_executions: u64,
     lost: u64,
     runtimes: String,
-}
-
-impl Kept {
-    fn bytes(&self) -> usize {
-        self.groups.iter().map(|g| g.bytes).sum::<usize>() + self.busy.len() * BUSY_ENTRY_BYTES
-    }
+    /// What its spans and busy fractions take.
+    bytes: usize,
 }
 
 /// A core's busy fraction from its counter, over a stretch of host time.
@@ -129,31 +125,29 @@ impl Feed {
         }
         let groups: Vec<&Group> = kept.iter().flat_map(|k| k.groups.iter()).collect();
         let chosen = select(&groups, MAX_BATCH_BYTES.saturating_sub(batch.bytes));
+        let mut sent = Vec::new();
         for (group, keep) in groups.into_iter().zip(chosen) {
             if keep {
-                for span in &group.spans {
-                    batch.push(span);
-                }
+                sent.push(group);
             } else {
-                batch.thinned += group.spans.len() as u64;
-                batch.thinned_executions += u64::from(group.execution);
+                batch.left_out(group);
             }
         }
         let from_ns = kept.iter().flat_map(|k| k.busy.iter().map(|b| b.start_ns)).min();
         batch.catch_up = Some(json!({"batches": kept.len(), "from_ns": from_ns}).to_string());
-        Some(batch.encode(&latest.runtimes))
+        Some(batch.encode(&latest.runtimes, &sent))
     }
 
     fn publish(&self, batch: Bytes, kept: Kept) {
         let mut backlog = self.backlog.lock().unwrap_or_else(PoisonError::into_inner);
         let seq = kept.seq;
         backlog.push_back(Arc::new(kept));
-        let mut bytes: usize = backlog.iter().map(|k| k.bytes()).sum();
+        let mut bytes: usize = backlog.iter().map(|k| k.bytes).sum();
         while let Some(oldest) = backlog.front() {
             if oldest.at.elapsed() <= BACKLOG && bytes <= BACKLOG_BYTES {
                 break;
             }
-            bytes -= oldest.bytes();
+            bytes -= oldest.bytes;
             backlog.pop_front();
         }
         drop(backlog);
@@ -229,7 +223,7 @@ struct Tailed {
 struct Batch {
     feed: u64,
     seq: u64,
-    spans: Vec<String>,
+    /// What its fields take so far; the groups sent are chosen to fit the rest.
     bytes: usize,
     /// Spans left out.
     thinned: u64,
@@ -246,38 +240,26 @@ struct Batch {
 impl Batch {
     /// An empty batch whose other fields take `bytes`.
     fn new(feed: u64, seq: u64, bytes: usize) -> Batch {
-        Batch {
-            feed,
-            seq,
-            spans: Vec::new(),
-            bytes,
-            thinned: 0,
-            thinned_executions: 0,
-            lost: 0,
-            busy: Vec::new(),
-            catch_up: None,
-        }
+        Batch { feed, seq, bytes, thinned: 0, thinned_executions: 0, lost: 0, busy: Vec::new(), catch_up: None }
     }
 
-    fn push(&mut self, span: &str) {
-        if self.bytes + span.len() + 1 > MAX_BATCH_BYTES {
-            self.thinned += 1;
-        } else {
-            self.bytes += span.len() + 1;
-            self.spans.push(span.to_owned());
-        }
+    /// Counts `group` as not sent.
+    fn left_out(&mut self, group: &Group) {
+        self.thinned += group.spans.len() as u64;
+        self.thinned_executions += u64::from(group.execution);
     }
 
-    /// The batch as the page reads it.
-    fn encode(self, runtimes: &str) -> Bytes {
+    /// The batch as the page reads it, with the spans of `groups`.
+    fn encode(&self, runtimes: &str, groups: &[&Group]) -> Bytes {
         let busy: Vec<String> = self.busy.iter().filter_map(|b| serde_json::to_string(b).ok()).collect();
-        let catch_up = self.catch_up.map(|c| format!(r#","catch_up":{c}"#)).unwrap_or_default();
+        let spans: Vec<&str> = groups.iter().flat_map(|g| g.spans.iter().map(String::as_str)).collect();
+        let catch_up = self.catch_up.as_ref().map(|c| format!(r#","catch_up":{c}"#)).unwrap_or_default();
         Bytes::from(format!(
             r#"{{"feed":{},"seq":{},"now_ns":{},"spans":[{}],"busy":[{}],"thinned":{},"thinned_executions":{},"lost":{},"runtimes":{runtimes}{catch_up}}}"#,
             self.feed,
             self.seq,
             monotonic_ns(),
-            self.spans.join(","),
+            spans.join(","),
             busy.join(","),
             self.thinned,
             self.thinned_executions,
@@ -339,28 +321,24 @@ fn read_once(feed: &Feed, followed: &mut Runtimes<Tailed>, seq: u64) -> (Bytes, 
         poll(f, &mut batch, &mut done);
     }
     let (kept, left_out) = select_groups(done, MAX_BATCH_BYTES.saturating_sub(batch.bytes));
-    for group in &kept {
-        for span in &group.spans {
-            batch.push(span);
-        }
-    }
     for group in &left_out {
-        batch.thinned += group.spans.len() as u64;
-        batch.thinned_executions += u64::from(group.execution);
+        batch.left_out(group);
     }
     followed.mark_exited();
     followed.forget_exited(Duration::ZERO);
+    let encoded = batch.encode(&runtimes, &kept.iter().collect::<Vec<_>>());
     let record = Kept {
         at: Instant::now(),
         seq,
+        bytes: kept.iter().map(|g| g.bytes).sum::<usize>() + batch.busy.len() * BUSY_ENTRY_BYTES,
         groups: kept,
-        busy: batch.busy.clone(),
+        busy: batch.busy,
         thinned: batch.thinned,
         thinned_executions: batch.thinned_executions,
         lost: batch.lost,
-        runtimes: runtimes.clone(),
+        runtimes,
     };
-    (batch.encode(&runtimes), record)
+    (encoded, record)
 }
 
 /// Starts tailing a runtime found live, from the oldest events its rings still hold.

@@ -162,9 +162,9 @@ fn native_gemm(format: FloatFormat, saturate: bool) -> Option<Gemm<f32>> {
 /// per process: AVX512-BF16's bf16 products only where they run at least
 /// [`BF16_MARGIN`] times as fast as the same kernel on f32 multiply-adds
 /// (`rounded_f32`), which gives the same products (each product of two bf16 is exact in f32) summed in
-/// another order. On some CPUs (AMD Zen 4) the bf16 instruction does twice the
-/// multiply-adds of an f32 FMA; on others (Intel Xeon) no more than the two FMA pipes
-/// together. Never in unoptimised (debug) builds, where this crate's kernel runs twenty
+/// another order. On AMD Zen 4 the bf16 products measured twice the
+/// multiply-adds of f32; on an Intel Xeon they were reported no faster, which is why
+/// this is measured rather than read from the CPU's flags. Never in unoptimised (debug) builds, where this crate's kernel runs twenty
 /// times slower than the `gemm` dependency, which is built optimised.
 pub(crate) fn product_kernel() -> ProductKernel {
     *PRODUCT_KERNEL.get_or_init(measure_product_kernel)
@@ -234,14 +234,7 @@ fn measure_product_kernel() -> ProductKernel {
 }
 
 fn rounded(a: &ArrayViewD<'_, f32>, format: FloatFormat, saturate: bool) -> ArrayD<f32> {
-    if format == FloatFormat::Bf16 && !saturate {
-        // The common case on its own, branch-free, so that the loop vectorises.
-        return a.mapv(|x| {
-            let r = super::round_mantissa(x, 16);
-            if x.is_nan() { x } else { r }
-        });
-    }
-    a.mapv(|x| round_to_format(x, format, saturate))
+    with_rounding!(format, saturate, f => a.mapv(f))
 }
 
 /// A copy of `v` converted to `D`.

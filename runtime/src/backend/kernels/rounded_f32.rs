@@ -41,11 +41,7 @@ pub(super) fn gemm_rounded_f32(
 
 /// `x` rounded to bf16 (to nearest even), as f32; NaN stays NaN.
 fn round_bf16(x: f32) -> f32 {
-    let bits = x.to_bits();
-    if x.is_nan() {
-        return x;
-    }
-    f32::from_bits(bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000)
+    if x.is_nan() { x } else { super::round_mantissa(x, 16) }
 }
 
 /// 16 lanes rounded to bf16 (to nearest even), as f32; NaN lanes stay as they are.
