@@ -4,15 +4,15 @@
 //! twice the multiply-adds of an f32 FMA.
 //!
 //! The operands are rounded to bf16 (to nearest, ties to even, as `RoundPrecision`
-//! does) while they are packed: `a`'s rows as pairs of neighbours along `k`, `b` in
-//! panels of 64 columns, each element a pair of rows `2p` and `2p + 1`. A microkernel
-//! then computes a block of 4 rows by 64 columns of `c` over all of `k`, in 16
+//! does) while they are packed: `a`'s rows as pairs of neighbours along `k`, `b` one
+//! panel of 64 columns at a time, each element a pair of rows `2p` and `2p + 1`. A microkernel
+//! then computes a block of 6 rows by 64 columns of `c` over all of `k`, in 24
 //! registers. Each product of two bf16 is exact in f32, so the result differs from the
 //! f32 path only in the order of the additions.
 
 use std::arch::x86_64::*;
 
-use super::packed::{PANEL, ROWS, by_blocks};
+use super::packed::{PANEL, ROWS, by_blocks, with_scratch};
 
 /// Whether this CPU runs [`gemm_bf16`].
 pub(super) fn available() -> bool {
@@ -33,13 +33,16 @@ pub(super) fn gemm_bf16(
         return;
     }
     let kp = k.div_ceil(2);
-    let panels = n.div_ceil(PANEL);
-    // SAFETY: `available()` was checked by the caller.
-    let (a_pairs, b_panels) = unsafe { (pack_rows(&a, kp), pack_panels(&b, kp, panels)) };
-    by_blocks(&a_pairs, &b_panels, kp, c, |a, kp, rows, b, out| {
-        // SAFETY: `available()` was checked by the caller; `a` holds `rows` rows of
-        // `kp` pairs, and `b` `kp` rows of `PANEL` pairs.
-        unsafe { microkernel(a, kp, rows, b, out) }
+    with_scratch(m * kp, kp * PANEL, |a_pairs, panel| {
+        // SAFETY: `available()` was checked by the caller.
+        unsafe { pack_rows(&a, kp, a_pairs) };
+        // SAFETY: as above.
+        let pack_panel = |index, panel: &mut [u32]| unsafe { pack_panel(&b, kp, index, panel) };
+        by_blocks(a_pairs, kp, panel, c, pack_panel, |a, kp, rows, b, out| {
+            // SAFETY: `available()` was checked by the caller; `a` holds `rows` rows of
+            // `kp` pairs, and `b` `kp` rows of `PANEL` pairs.
+            unsafe { microkernel(a, kp, rows, b, out) }
+        });
     });
 }
 
@@ -52,16 +55,16 @@ fn bf16_bits(x: f32) -> u32 {
     bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16
 }
 
-/// `a`'s rows as `kp` pairs each: elements `2p` (low half) and `2p + 1` (high half,
-/// zero past the end of the row). Contiguous rows convert 32 elements at a time.
+/// `a`'s rows into `pairs`, `kp` pairs each: elements `2p` (low half) and `2p + 1`
+/// (high half, zero past the end of the row); every pair written. Contiguous rows
+/// convert 32 elements at a time.
 ///
 /// # Safety
 ///
 /// The CPU has AVX512F, AVX512BW and AVX512-BF16.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn pack_rows(a: &ndarray::ArrayView2<'_, f32>, kp: usize) -> Vec<u32> {
+unsafe fn pack_rows(a: &ndarray::ArrayView2<'_, f32>, kp: usize, pairs: &mut [u32]) {
     let k = a.dim().1;
-    let mut pairs = vec![0u32; a.dim().0 * kp];
     for (row, packed) in a.rows().into_iter().zip(pairs.chunks_mut(kp.max(1))) {
         let mut p = 0;
         if let Some(row) = row.as_slice() {
@@ -83,51 +86,53 @@ unsafe fn pack_rows(a: &ndarray::ArrayView2<'_, f32>, kp: usize) -> Vec<u32> {
             *pair = bf16_bits(row[2 * p]) | high << 16;
         }
     }
-    pairs
 }
 
-/// `b` in panels of [`PANEL`] columns, each `kp` rows of pairs of rows `2p` and
-/// `2p + 1` (zero past the end of `b`). Contiguous rows convert 16 columns at a time.
+/// Columns `index · PANEL ..` of `b` into `panel`: `kp` rows of [`PANEL`] pairs of rows
+/// `2p` and `2p + 1` (zero past the end of `b`; every pair written). Contiguous rows
+/// convert 16 columns at a time.
 ///
 /// # Safety
 ///
 /// The CPU has AVX512F, AVX512BW and AVX512-BF16.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn pack_panels(b: &ndarray::ArrayView2<'_, f32>, kp: usize, panels: usize) -> Vec<u32> {
+unsafe fn pack_panel(b: &ndarray::ArrayView2<'_, f32>, kp: usize, index: usize, panel: &mut [u32]) {
     let (k, n) = b.dim();
-    let mut packed = vec![0u32; panels * kp * PANEL];
-    for p in 0..kp {
+    let first = index * PANEL;
+    let columns = (n - first).min(PANEL);
+    if columns < PANEL {
+        panel.fill(0);
+    }
+    for (p, out) in panel.chunks_exact_mut(PANEL).take(kp).enumerate() {
         let low = b.row(2 * p);
         let high = (2 * p + 1 < k).then(|| b.row(2 * p + 1));
         let contiguous = (low.as_slice(), high.as_ref().map(|h| h.as_slice()));
         let mut j = 0;
         if let (Some(low), None | Some(Some(_))) = contiguous {
             let high = contiguous.1.flatten();
-            while j + 16 <= n {
-                // SAFETY: `j + 16 <= n`, the length of both rows; the destination holds
-                // PANEL pairs from the start of this row of the panel, and 16 divides PANEL.
+            while j + 16 <= columns {
+                // SAFETY: `first + j + 16 <= n`, the length of both rows, and
+                // `j + 16 <= PANEL`.
                 unsafe {
-                    let lo = _mm512_loadu_ps(low.as_ptr().add(j));
+                    let lo = _mm512_loadu_ps(low.as_ptr().add(first + j));
                     let hi = match high {
-                        Some(high) => _mm512_loadu_ps(high.as_ptr().add(j)),
+                        Some(high) => _mm512_loadu_ps(high.as_ptr().add(first + j)),
                         None => _mm512_setzero_ps(),
                     };
                     let l = bits16x16(_mm512_cvtneps_pbh(lo));
                     let h = bits16x16(_mm512_cvtneps_pbh(hi));
                     let pairs =
                         _mm512_or_si512(_mm512_cvtepu16_epi32(l), _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-                    let at = ((j / PANEL) * kp + p) * PANEL + j % PANEL;
-                    _mm512_storeu_si512(packed.as_mut_ptr().add(at).cast(), pairs);
+                    _mm512_storeu_si512(out.as_mut_ptr().add(j).cast(), pairs);
                 }
                 j += 16;
             }
         }
-        for j in j..n {
-            let h = high.as_ref().map_or(0, |row| bf16_bits(row[j]));
-            packed[((j / PANEL) * kp + p) * PANEL + j % PANEL] = bf16_bits(low[j]) | h << 16;
+        for j in j..columns {
+            let h = high.as_ref().map_or(0, |row| bf16_bits(row[first + j]));
+            out[j] = bf16_bits(low[first + j]) | h << 16;
         }
     }
-    packed
 }
 
 /// One block of up to [`ROWS`] rows by [`PANEL`] columns: `block[r][j] = Σ_p a[r][p] ·
@@ -139,15 +144,39 @@ unsafe fn pack_panels(b: &ndarray::ArrayView2<'_, f32>, kp: usize, panels: usize
 /// holds `kp` rows of [`PANEL`] pairs.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
 unsafe fn microkernel(a: &[u32], kp: usize, rows: usize, b: &[u32], block: &mut [f32; ROWS * PANEL]) {
-    let mut acc = [[_mm512_setzero_ps(); PANEL / 16]; ROWS];
+    // The row count is a constant in each copy of the loop, which keeps every sum in a
+    // register. SAFETY: as this function's.
+    unsafe {
+        match rows {
+            1 => rows_of::<1>(a, kp, b, block),
+            2 => rows_of::<2>(a, kp, b, block),
+            3 => rows_of::<3>(a, kp, b, block),
+            4 => rows_of::<4>(a, kp, b, block),
+            5 => rows_of::<5>(a, kp, b, block),
+            _ => rows_of::<ROWS>(a, kp, b, block),
+        }
+    }
+}
+
+/// [`microkernel`] for `R` rows.
+///
+/// # Safety
+///
+/// The CPU has AVX512F and AVX512-BF16; `a` holds `R` rows of `kp` pairs and `b` holds
+/// `kp` rows of [`PANEL`] pairs.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn rows_of<const R: usize>(a: &[u32], kp: usize, b: &[u32], block: &mut [f32; ROWS * PANEL]) {
+    debug_assert!(R <= ROWS && a.len() >= R * kp && b.len() >= kp * PANEL);
+    let mut acc = [[_mm512_setzero_ps(); PANEL / 16]; R];
     for p in 0..kp {
         let mut columns = [_mm512_setzero_si512(); PANEL / 16];
         for (q, vector) in columns.iter_mut().enumerate() {
             // SAFETY: row `p` of `b` holds PANEL pairs; `q * 16 + 16 <= PANEL`.
             *vector = unsafe { _mm512_loadu_si512(b.as_ptr().add(p * PANEL + q * 16).cast()) };
         }
-        for (r, sums) in acc.iter_mut().enumerate().take(rows) {
-            let pair = _mm512_set1_epi32(a[r * kp + p] as i32);
+        for (r, sums) in acc.iter_mut().enumerate() {
+            // SAFETY: row `r < R` of `a` holds `kp` pairs.
+            let pair = _mm512_set1_epi32(unsafe { *a.as_ptr().add(r * kp + p) } as i32);
             for (sum, vector) in sums.iter_mut().zip(&columns) {
                 *sum = _mm512_dpbf16_ps(*sum, bf16x32(pair), bf16x32(*vector));
             }

@@ -4,14 +4,14 @@
 //!
 //! The operands are rounded (to nearest, ties to even, as `RoundPrecision` does) while
 //! they are packed, which the product does anyway, so rounding costs no pass over the
-//! operands of its own: `a`'s rows contiguous, `b` in panels of 64 columns. A
-//! microkernel then computes a block of 4 rows by 64 columns of `c` over all of `k`, in
-//! 16 registers. Each product of two bf16 is exact in f32, so the result differs from
+//! operands of its own: `a`'s rows contiguous, `b` one panel of 64 columns at a time. A
+//! microkernel then computes a block of 6 rows by 64 columns of `c` over all of `k`, in
+//! 24 registers. Each product of two bf16 is exact in f32, so the result differs from
 //! the bf16 kernel's only in the order of the additions.
 
 use std::arch::x86_64::*;
 
-use super::packed::{PANEL, ROWS, by_blocks};
+use super::packed::{PANEL, ROWS, by_blocks, with_scratch};
 
 /// Whether this CPU runs [`gemm_rounded_f32`].
 pub(super) fn available() -> bool {
@@ -29,13 +29,17 @@ pub(super) fn gemm_rounded_f32(
     if m == 0 || n == 0 {
         return;
     }
-    let panels = n.div_ceil(PANEL);
-    // SAFETY: `available()` was checked by the caller.
-    let (rows, b_panels) = unsafe { (pack_rows(&a), pack_panels(&b, panels)) };
-    by_blocks(&rows, &b_panels, k, c, |a, k, count, b, out| {
-        // SAFETY: `available()` was checked by the caller; `a` holds `count` rows of `k`
-        // values, and `b` `k` rows of `PANEL` values.
-        unsafe { microkernel(a, k, count, b, out) }
+    with_scratch(m * k, k * PANEL, |rows, panel| {
+        let (rows, panel) = (bytemuck::cast_slice_mut(rows), bytemuck::cast_slice_mut(panel));
+        // SAFETY: `available()` was checked by the caller.
+        unsafe { pack_rows(&a, rows) };
+        // SAFETY: as above.
+        let pack_panel = |index, panel: &mut [f32]| unsafe { pack_panel(&b, index, panel) };
+        by_blocks(rows, k, panel, c, pack_panel, |a, k, count, b, out| {
+            // SAFETY: `available()` was checked by the caller; `a` holds `count` rows of
+            // `k` values, and `b` `k` rows of `PANEL` values.
+            unsafe { microkernel(a, k, count, b, out) }
+        });
     });
 }
 
@@ -59,15 +63,15 @@ unsafe fn round_bf16x16(x: __m512) -> __m512 {
     _mm512_mask_blend_ps(nan, rounded, x)
 }
 
-/// `a`'s rows, rounded, one after the other. Contiguous rows round 16 values at a time.
+/// `a`'s rows, rounded, one after the other into `rows` (every value written).
+/// Contiguous rows round 16 values at a time.
 ///
 /// # Safety
 ///
 /// The CPU has AVX512F.
 #[target_feature(enable = "avx512f")]
-unsafe fn pack_rows(a: &ndarray::ArrayView2<'_, f32>) -> Vec<f32> {
+unsafe fn pack_rows(a: &ndarray::ArrayView2<'_, f32>, rows: &mut [f32]) {
     let k = a.dim().1;
-    let mut rows = vec![0f32; a.dim().0 * k];
     for (row, packed) in a.rows().into_iter().zip(rows.chunks_mut(k.max(1))) {
         let mut p = 0;
         if let Some(row) = row.as_slice() {
@@ -84,39 +88,40 @@ unsafe fn pack_rows(a: &ndarray::ArrayView2<'_, f32>) -> Vec<f32> {
             *value = round_bf16(row[p]);
         }
     }
-    rows
 }
 
-/// `b`, rounded, in panels of [`PANEL`] columns, each `k` rows of [`PANEL`] values (zero
-/// past the last column). Contiguous rows round 16 columns at a time.
+/// Columns `index · PANEL ..` of `b`, rounded, into `panel`: `k` rows of [`PANEL`]
+/// values (zero past the last column of `b`; every value written). Contiguous rows
+/// round 16 columns at a time.
 ///
 /// # Safety
 ///
 /// The CPU has AVX512F.
 #[target_feature(enable = "avx512f")]
-unsafe fn pack_panels(b: &ndarray::ArrayView2<'_, f32>, panels: usize) -> Vec<f32> {
+unsafe fn pack_panel(b: &ndarray::ArrayView2<'_, f32>, index: usize, panel: &mut [f32]) {
     let (k, n) = b.dim();
-    let mut packed = vec![0f32; panels * k * PANEL];
-    for p in 0..k {
+    let first = index * PANEL;
+    let columns = (n - first).min(PANEL);
+    if columns < PANEL {
+        panel.fill(0.0);
+    }
+    for (p, out) in panel.chunks_exact_mut(PANEL).take(k).enumerate() {
         let row = b.row(p);
         let mut j = 0;
         if let Some(row) = row.as_slice() {
-            while j + 16 <= n {
-                // SAFETY: `j + 16 <= n`, the row's length; the destination holds PANEL
-                // values from the start of this row of the panel, and 16 divides PANEL.
+            while j + 16 <= columns {
+                // SAFETY: `first + j + 16 <= n`, the row's length, and `j + 16 <= PANEL`.
                 unsafe {
-                    let x = round_bf16x16(_mm512_loadu_ps(row.as_ptr().add(j)));
-                    let at = ((j / PANEL) * k + p) * PANEL + j % PANEL;
-                    _mm512_storeu_ps(packed.as_mut_ptr().add(at), x);
+                    let x = round_bf16x16(_mm512_loadu_ps(row.as_ptr().add(first + j)));
+                    _mm512_storeu_ps(out.as_mut_ptr().add(j), x);
                 }
                 j += 16;
             }
         }
-        for j in j..n {
-            packed[((j / PANEL) * k + p) * PANEL + j % PANEL] = round_bf16(row[j]);
+        for j in j..columns {
+            out[j] = round_bf16(row[first + j]);
         }
     }
-    packed
 }
 
 /// One block of up to [`ROWS`] rows by [`PANEL`] columns: `block[r][j] = Σ_p a[r][p] ·
@@ -128,15 +133,39 @@ unsafe fn pack_panels(b: &ndarray::ArrayView2<'_, f32>, panels: usize) -> Vec<f3
 /// [`PANEL`] values.
 #[target_feature(enable = "avx512f")]
 unsafe fn microkernel(a: &[f32], k: usize, rows: usize, b: &[f32], block: &mut [f32; ROWS * PANEL]) {
-    let mut acc = [[_mm512_setzero_ps(); PANEL / 16]; ROWS];
+    // The row count is a constant in each copy of the loop, which keeps every sum in a
+    // register. SAFETY: as this function's.
+    unsafe {
+        match rows {
+            1 => rows_of::<1>(a, k, b, block),
+            2 => rows_of::<2>(a, k, b, block),
+            3 => rows_of::<3>(a, k, b, block),
+            4 => rows_of::<4>(a, k, b, block),
+            5 => rows_of::<5>(a, k, b, block),
+            _ => rows_of::<ROWS>(a, k, b, block),
+        }
+    }
+}
+
+/// [`microkernel`] for `R` rows.
+///
+/// # Safety
+///
+/// The CPU has AVX512F; `a` holds `R` rows of `k` values and `b` holds `k` rows of
+/// [`PANEL`] values.
+#[target_feature(enable = "avx512f")]
+unsafe fn rows_of<const R: usize>(a: &[f32], k: usize, b: &[f32], block: &mut [f32; ROWS * PANEL]) {
+    debug_assert!(R <= ROWS && a.len() >= R * k && b.len() >= k * PANEL);
+    let mut acc = [[_mm512_setzero_ps(); PANEL / 16]; R];
     for p in 0..k {
         let mut columns = [_mm512_setzero_ps(); PANEL / 16];
         for (q, vector) in columns.iter_mut().enumerate() {
             // SAFETY: row `p` of `b` holds PANEL values; `q * 16 + 16 <= PANEL`.
             *vector = unsafe { _mm512_loadu_ps(b.as_ptr().add(p * PANEL + q * 16)) };
         }
-        for (r, sums) in acc.iter_mut().enumerate().take(rows) {
-            let value = _mm512_set1_ps(a[r * k + p]);
+        for (r, sums) in acc.iter_mut().enumerate() {
+            // SAFETY: row `r < R` of `a` holds `k` values.
+            let value = _mm512_set1_ps(unsafe { *a.as_ptr().add(r * k + p) });
             for (sum, vector) in sums.iter_mut().zip(&columns) {
                 *sum = _mm512_fmadd_ps(value, *vector, *sum);
             }
