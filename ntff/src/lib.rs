@@ -34,7 +34,7 @@ pub use model::{
 };
 pub use proto::{ClockCalibration, Metadata, Model, Topology};
 pub use reader::{Damage, NtffFile, Recovery};
-pub use writer::{MAX_CHUNK_ARGS, MAX_CHUNK_EVENTS, WriteSummary, Writer};
+pub use writer::{MAX_CHUNK_ARGS, MAX_CHUNK_EVENTS, ProfileFile, WriteSummary, Writer};
 
 /// Why a file could not be written or read.
 #[derive(Debug, thiserror::Error)]

@@ -1,15 +1,21 @@
-//! The reader: maps a file and finds its records, through the index of a finished
-//! file or by scanning the frames of one that was cut short or damaged. Opening reads
-//! the tables; events are decoded chunk by chunk, when asked for.
+//! The reader: finds a file's records through the index of a finished file or by
+//! scanning the frames of one that was cut short or damaged. Opening reads the tables;
+//! events are decoded chunk by chunk, when asked for, each record read from the open
+//! file at its offset. The file is not mapped: a file that another program truncates or
+//! rewrites in place while it is read gives "changed while read" errors for the records
+//! past its new end, where a mapping would kill the reader with SIGBUS. (Profiles are
+//! replaced by renaming a new file into place, which an open reader does not see.)
 //!
 //! Recovery guarantees: any byte string opens without a panic; every complete,
 //! undamaged chunk of a file cut anywhere is read; a damaged record is skipped and
 //! reported with its offset, and the scan resumes at the next frame; the report says
 //! how many bytes (and, when the frame header survived, how many events) were lost.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use crate::codec::{decode_chunk, decode_chunk_reusing};
@@ -18,19 +24,42 @@ use crate::model::{Chunk, ChunkInfo, Descriptor, DescriptorId, Sym, SyncPoint, c
 use crate::proto;
 use crate::{NtffError, SyncClock};
 
-/// The bytes of a file: mapped, or owned (for tests and fuzzing).
+/// The bytes of a profile: an open file of the length it had when opened, read where
+/// needed, or bytes in memory (for tests and fuzzing).
 #[derive(Debug)]
 enum Bytes {
-    Mapped(memmap2::Mmap),
+    File { file: File, len: usize },
     Owned(Vec<u8>),
 }
 
-impl std::ops::Deref for Bytes {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
+impl Bytes {
+    fn len(&self) -> usize {
         match self {
-            Bytes::Mapped(m) => m,
-            Bytes::Owned(v) => v,
+            Bytes::File { len, .. } => *len,
+            Bytes::Owned(v) => v.len(),
+        }
+    }
+
+    /// The bytes of `range`, clamped to the length: borrowed from memory, or read from
+    /// the file. Fewer than asked for only at the end; an error when the file no longer
+    /// holds them (it was truncated or rewritten in place) or cannot be read.
+    fn get(&self, range: Range<usize>) -> Result<Cow<'_, [u8]>, String> {
+        let range = range.start.min(self.len())..range.end.min(self.len());
+        match self {
+            Bytes::Owned(v) => Ok(Cow::Borrowed(&v[range])),
+            Bytes::File { file, len } => {
+                let mut buffer = vec![0u8; range.len()];
+                file.read_exact_at(&mut buffer, range.start as u64).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => {
+                        format!(
+                            "the file changed while it was read: it was {len} bytes, now it ends before byte {}",
+                            range.end
+                        )
+                    }
+                    _ => format!("the file could not be read at offset {}: {e}", range.start),
+                })?;
+                Ok(Cow::Owned(buffer))
+            }
         }
     }
 }
@@ -123,13 +152,23 @@ pub struct NtffFile {
 }
 
 impl NtffFile {
-    /// Maps and opens `path`.
+    /// Opens `path`, as long as it is now: bytes a writer still appending adds later
+    /// are not read. Only a regular file opens (a FIFO or device would block or never
+    /// end).
     pub fn open(path: &Path) -> Result<NtffFile, NtffError> {
+        let not_regular =
+            || NtffError::io(path, std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a regular file"));
+        // Before opening: opening a FIFO blocks until a writer comes.
+        if !std::fs::metadata(path).map_err(|e| NtffError::io(path, e))?.is_file() {
+            return Err(not_regular());
+        }
         let file = File::open(path).map_err(|e| NtffError::io(path, e))?;
-        // SAFETY: the map is read-only and private to this reader. A writer still
-        // appending to the file only adds bytes past the mapped length.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| NtffError::io(path, e))?;
-        NtffFile::parse(Bytes::Mapped(map))
+        let meta = file.metadata().map_err(|e| NtffError::io(path, e))?;
+        if !meta.is_file() {
+            return Err(not_regular());
+        }
+        let len = usize::try_from(meta.len()).map_err(|_| NtffError::Truncated { bytes: meta.len() })?;
+        NtffFile::parse(Bytes::File { file, len })
     }
 
     /// Opens a file held in memory.
@@ -138,7 +177,11 @@ impl NtffFile {
     }
 
     fn parse(bytes: Bytes) -> Result<NtffFile, NtffError> {
-        let version = check_header(&bytes)?;
+        let head = bytes
+            .get(0..format::HEADER_BYTES)
+            .map_err(|reason| NtffError::Damaged { offset: 0, reason: format!("its header: {reason}") })?;
+        let version = check_header(&head, bytes.len())?;
+        drop(head);
         let mut file = NtffFile {
             bytes,
             version,
@@ -237,7 +280,21 @@ impl NtffFile {
         let payload = self
             .payload(info.offset, RecordKind::Chunk)
             .map_err(|reason| NtffError::Damaged { offset: info.offset, reason })?;
-        decode_chunk_reusing(payload, spare).map_err(|e| NtffError::Damaged { offset: info.offset, reason: e.0 })
+        let chunk = decode_chunk_reusing(&payload, spare)
+            .map_err(|e| NtffError::Damaged { offset: info.offset, reason: e.0 })?;
+        // A damaged length (a zero-length frame with a recomputed checksum decodes as an
+        // empty chunk) shows as fewer events than the index or frame promised.
+        let (system, device) = (chunk.system.len(), chunk.device.len());
+        if (system, device) != (info.system_events as usize, info.device_events as usize) {
+            return Err(NtffError::Damaged {
+                offset: info.offset,
+                reason: format!(
+                    "it holds {system} system and {device} device events where the file says {} and {}",
+                    info.system_events, info.device_events
+                ),
+            });
+        }
+        Ok(chunk)
     }
 
     /// Decodes the chunks `infos` describe on up to `threads` threads and gives them to
@@ -289,7 +346,7 @@ impl NtffFile {
         let payload = self
             .payload(info.offset, RecordKind::Chunk)
             .map_err(|reason| NtffError::Damaged { offset: info.offset, reason })?;
-        let chunk = <SyncPointsOnly as prost::Message>::decode(payload)
+        let chunk = <SyncPointsOnly as prost::Message>::decode(&*payload)
             .map_err(|e| NtffError::Damaged { offset: info.offset, reason: e.to_string() })?;
         Ok(chunk.sync_points.iter().map(|s| SyncPoint { host_ns: s.host_ns, device_ns: s.device_ns }).collect())
     }
@@ -324,20 +381,30 @@ impl NtffFile {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
+        self.bytes.len() == 0
     }
 
     /// The checked payload of the record of `kind` whose frame is at `offset`.
-    fn payload(&self, offset: u64, kind: RecordKind) -> Result<&[u8], String> {
+    fn payload(&self, offset: u64, kind: RecordKind) -> Result<Cow<'_, [u8]>, String> {
         let at = usize::try_from(offset).map_err(|_| "offset out of range".to_string())?;
-        let rest = self.bytes.get(at..).ok_or_else(|| format!("offset {offset} is past the end of the file"))?;
-        let frame = Frame::decode(rest).ok_or_else(|| "no record frame there".to_string())?;
+        if at >= self.bytes.len() {
+            return Err(format!("offset {offset} is past the end of the file"));
+        }
+        let header = self.bytes.get(at..at.saturating_add(format::FRAME_BYTES))?;
+        let frame = Frame::decode(&header).ok_or_else(|| "no record frame there".to_string())?;
         if frame.kind_code != kind as u8 {
             return Err(format!("expected a {} record, found kind {}", kind.name(), frame.kind_code));
         }
-        let end = format::FRAME_BYTES + frame.length as usize;
-        let payload = rest.get(format::FRAME_BYTES..end).ok_or_else(|| "the record is cut short".to_string())?;
-        if !frame.verify(rest, payload) {
+        if frame.length as usize > format::MAX_RECORD_BYTES {
+            return Err(format!("implausible record length {}", frame.length));
+        }
+        let start = at + format::FRAME_BYTES;
+        let end = start + frame.length as usize;
+        if end > self.bytes.len() {
+            return Err("the record is cut short".to_string());
+        }
+        let payload = self.bytes.get(start..end)?;
+        if !frame.verify(&header, &payload) {
             return Err("checksum mismatch".to_string());
         }
         Ok(payload)
@@ -349,8 +416,8 @@ impl NtffFile {
         if len < format::HEADER_BYTES + format::TRAILER_BYTES {
             return false;
         }
-        let trailer = &self.bytes[len - format::TRAILER_BYTES..];
-        if trailer[8..] != format::TRAILER_MAGIC {
+        let Ok(trailer) = self.bytes.get(len - format::TRAILER_BYTES..len) else { return false };
+        if trailer.len() != format::TRAILER_BYTES || trailer[8..] != format::TRAILER_MAGIC {
             return false;
         }
         let mut word = [0u8; 8];
@@ -360,10 +427,12 @@ impl NtffFile {
         if at as usize + format::FRAME_BYTES + payload.len() != len - format::TRAILER_BYTES {
             return false;
         }
-        let Ok(index) = <proto::Index as prost::Message>::decode(payload) else { return false };
+        let Ok(index) = <proto::Index as prost::Message>::decode(&*payload) else { return false };
         let mut tables = Vec::with_capacity(index.tables.len());
         for &offset in &index.tables {
-            let kind = match Frame::decode(self.bytes.get(offset as usize..).unwrap_or_default()) {
+            let at = usize::try_from(offset).unwrap_or(usize::MAX);
+            let header = self.bytes.get(at..at.saturating_add(format::FRAME_BYTES));
+            let kind = match header.as_deref().ok().and_then(Frame::decode) {
                 Some(frame) => RecordKind::from_code(frame.kind_code),
                 None => None,
             };
@@ -391,12 +460,29 @@ impl NtffFile {
         true
     }
 
-    /// Walks the frames from the header on, keeping every sound record.
+    /// Walks the frames from the header on, keeping every sound record. The whole file
+    /// is read for it (a file without its index is one being written, or damaged).
     fn scan(&mut self) {
-        let len = self.bytes.len();
+        let source = std::mem::replace(&mut self.bytes, Bytes::Owned(Vec::new()));
+        match source.get(0..source.len()) {
+            Ok(all) => self.scan_bytes(&all),
+            Err(reason) => self.recovery.damaged.push(Damage {
+                offset: 0,
+                bytes: source.len() as u64,
+                kind: None,
+                events: None,
+                reason,
+            }),
+        }
+        self.bytes = source;
+    }
+
+    /// [`NtffFile::scan`] over `bytes`, the whole file.
+    fn scan_bytes(&mut self, bytes: &[u8]) {
+        let len = bytes.len();
         let mut at = format::HEADER_BYTES;
         while at < len {
-            let rest = &self.bytes[at..];
+            let rest = &bytes[at..];
             let Some(frame) = Frame::decode(rest) else {
                 if rest.len() < format::FRAME_BYTES && format::FRAME_SYNC.starts_with(&rest[..rest.len().min(4)]) {
                     self.recovery.truncated = Some(Damage {
@@ -408,21 +494,26 @@ impl NtffFile {
                     });
                     break;
                 }
-                at = self.skip_to_next_frame(at, None, "no record frame where one should start".into());
+                at = self.skip_to_next_frame(bytes, at, None, "no record frame where one should start".into());
                 continue;
             };
             let kind = RecordKind::from_code(frame.kind_code);
             let length = frame.length as usize;
             let end = format::FRAME_BYTES.saturating_add(length);
             if length > format::MAX_RECORD_BYTES || kind.is_none() {
-                at = self.skip_to_next_frame(at, None, format!("implausible record header (kind {})", frame.kind_code));
+                at = self.skip_to_next_frame(
+                    bytes,
+                    at,
+                    None,
+                    format!("implausible record header (kind {})", frame.kind_code),
+                );
                 continue;
             }
             let kind_name = kind.map(RecordKind::name);
             let events = (kind == Some(RecordKind::Chunk)).then_some(frame.events);
             if end > rest.len() {
                 // Cut short; unless a later frame shows that the length was damaged.
-                if let Some(next) = find_frame(&self.bytes, at + 1) {
+                if let Some(next) = find_frame(bytes, at + 1) {
                     let bad = Damage {
                         offset: at as u64,
                         bytes: (next - at) as u64,
@@ -447,8 +538,7 @@ impl NtffFile {
             if !frame.verify(rest, payload) {
                 // Trust the length only when a frame (or the end) follows it.
                 let next = at + end;
-                let follows =
-                    next == len || Frame::decode(&self.bytes[next..]).is_some() || is_trailer(&self.bytes[next..]);
+                let follows = next == len || Frame::decode(&bytes[next..]).is_some() || is_trailer(&bytes[next..]);
                 if follows {
                     self.recovery.damaged.push(Damage {
                         offset: at as u64,
@@ -459,7 +549,7 @@ impl NtffFile {
                     });
                     at = next;
                 } else {
-                    at = self.skip_to_next_frame(at, kind_name, "checksum mismatch".into());
+                    at = self.skip_to_next_frame(bytes, at, kind_name, "checksum mismatch".into());
                 }
                 continue;
             }
@@ -467,6 +557,19 @@ impl NtffFile {
             let payload = payload.to_vec();
             match kind {
                 RecordKind::Chunk => match decode_chunk(&payload) {
+                    Ok(chunk) if (chunk.system.len() + chunk.device.len()) as u64 != u64::from(frame.events) => {
+                        self.recovery.damaged.push(Damage {
+                            offset: at as u64,
+                            bytes: end as u64,
+                            kind: kind_name,
+                            events,
+                            reason: format!(
+                                "it holds {} events where its frame says {}",
+                                chunk.system.len() + chunk.device.len(),
+                                frame.events
+                            ),
+                        })
+                    }
                     Ok(chunk) => self.chunks.push(info_of(at as u64, &chunk)),
                     Err(e) => self.recovery.damaged.push(Damage {
                         offset: at as u64,
@@ -479,7 +582,7 @@ impl NtffFile {
                 RecordKind::Index => {
                     // The index is written last: whatever follows should be the trailer.
                     let next = at + end;
-                    if is_trailer(&self.bytes[next..]) {
+                    if is_trailer(&bytes[next..]) {
                         self.recovery.finished = true;
                     } else if len - next < format::TRAILER_BYTES {
                         self.recovery.truncated = Some(Damage {
@@ -501,8 +604,8 @@ impl NtffFile {
     }
 
     /// Records damage from `at` to the next frame and returns where that is.
-    fn skip_to_next_frame(&mut self, at: usize, kind: Option<&'static str>, reason: String) -> usize {
-        let next = find_frame(&self.bytes, at + 1).unwrap_or(self.bytes.len());
+    fn skip_to_next_frame(&mut self, bytes: &[u8], at: usize, kind: Option<&'static str>, reason: String) -> usize {
+        let next = find_frame(bytes, at + 1).unwrap_or(bytes.len());
         self.recovery.damaged.push(Damage { offset: at as u64, bytes: (next - at) as u64, kind, events: None, reason });
         next
     }
@@ -539,15 +642,15 @@ impl NtffFile {
     }
 }
 
-/// Checks the header; returns the version.
-fn check_header(bytes: &[u8]) -> Result<u32, NtffError> {
-    let head = &bytes[..bytes.len().min(format::HEADER_BYTES)];
+/// Checks the header, `head` (the first bytes of a file of `len` bytes); returns the
+/// version.
+fn check_header(head: &[u8], len: usize) -> Result<u32, NtffError> {
     let magic_part = &head[..head.len().min(8)];
     if format::MAGIC[..magic_part.len()] != *magic_part {
         return Err(NtffError::NotNtff);
     }
     if head.len() < format::HEADER_BYTES {
-        return Err(NtffError::Truncated { bytes: bytes.len() as u64 });
+        return Err(NtffError::Truncated { bytes: len as u64 });
     }
     let version = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
     if !(format::MIN_READ_VERSION..=format::MAX_READ_VERSION).contains(&version) {

@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use crate::stats::{LatencyHistogram, LatencySummary};
-use crate::{Clock, Descriptor, DescriptorId, NtffFile, Phase};
+use crate::{Clock, Descriptor, DescriptorId, NtffError, NtffFile, Phase};
 use serde::Serialize;
 
 /// HLO instructions listed in the summary.
@@ -143,6 +143,10 @@ pub struct HloSummary {
     pub hlo: String,
     pub instructions: u64,
     pub time_s: f64,
+    /// Its device time in the median traced execution (an execution it did not run in
+    /// counts as zero): what the rows are ranked by, so that one slow execution among
+    /// many does not reorder them. `None` when no execution was device-traced.
+    pub median_s: Option<f64>,
     pub percent: f64,
     pub flops: u64,
     /// Bytes its instructions read and wrote.
@@ -249,10 +253,10 @@ pub fn summarise(file: &NtffFile, cores: Option<&[u32]>) -> Summary {
     for info in file.select(cores, None) {
         match file.read_chunk_reusing(info, std::mem::take(&mut spare)) {
             Ok(chunk) => {
-                summariser.chunk(info, Some(&chunk));
+                summariser.chunk(info, Ok(&chunk));
                 spare = chunk;
             }
-            Err(_) => summariser.chunk(info, None),
+            Err(e) => summariser.chunk(info, Err(&e)),
         }
     }
     summariser.finish()
@@ -291,6 +295,11 @@ pub struct Summariser<'a> {
     /// Totals per descriptor, by descriptor id; names are resolved once per descriptor
     /// at the end. Ids the file does not describe are not counted.
     by_descriptor: Vec<Totals>,
+    /// Device time of each descriptor in each traced execution, by descriptor id, core
+    /// and execution: the HLO instructions' medians.
+    by_execution: HashMap<(u32, WindowKey), u64>,
+    /// One line per chunk that could not be read.
+    chunk_problems: Vec<String>,
 }
 
 impl std::fmt::Debug for Summariser<'_> {
@@ -322,17 +331,27 @@ impl<'a> Summariser<'a> {
             status: file.find_string("status"),
             schedule: file.find_string("nrta_execute_schedule"),
             by_descriptor: (0..file.descriptors().len()).map(|_| Totals::default()).collect(),
+            by_execution: HashMap::new(),
+            chunk_problems: Vec::new(),
         }
     }
 
-    /// Adds the chunk `info` describes: `chunk` is its events, `None` when it could
-    /// not be read.
-    pub fn chunk(&mut self, info: &crate::ChunkInfo, chunk: Option<&crate::Chunk>) {
+    /// Adds the chunk `info` describes: `chunk` is its events, or why it could not be
+    /// read (its events count as lost in the file, and the summary says which chunk).
+    pub fn chunk(&mut self, info: &crate::ChunkInfo, chunk: Result<&crate::Chunk, &NtffError>) {
         if let Some((low, high)) = info.host_span {
             self.first = self.first.min(low);
             self.last = self.last.max(high);
         }
-        let Some(chunk) = chunk else { return };
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(e) => {
+                let events = u64::from(info.system_events) + u64::from(info.device_events);
+                add(&mut self.events.lost_in_file, events);
+                self.chunk_problems.push(unreadable_chunk(info, e));
+                return;
+            }
+        };
         let events = &mut self.events;
         events.system += chunk.system.len() as u64;
         events.device += chunk.device.len() as u64;
@@ -381,6 +400,9 @@ impl<'a> Summariser<'a> {
                 t.min_ns = Some(t.min_ns.map_or(ns, |m| m.min(ns)));
             }
             let key = (e.core, e.exec_id);
+            if e.exec_id.is_some() {
+                add(self.by_execution.entry((e.descriptor.0, key)).or_default(), ns);
+            }
             match &mut self.window {
                 Some((k, window)) if *k == key => {
                     window.0 = window.0.min(e.start_ns);
@@ -414,6 +436,8 @@ impl<'a> Summariser<'a> {
             first,
             last,
             by_descriptor,
+            by_execution,
+            chunk_problems,
             ..
         } = self;
         let meta = file.metadata();
@@ -424,6 +448,7 @@ impl<'a> Summariser<'a> {
         // The engine each HLO instruction ran on most, and the fastest DMA transfer of at
         // least `bounds::DMA_PEAK_MIN_BYTES` (the memory bound's bandwidth).
         let mut hlo_engine_time: HashMap<(String, String), u64> = HashMap::new();
+        let mut hlo_of_descriptor: HashMap<u32, String> = HashMap::new();
         let mut dma_peak: Option<f64> = None;
         for (id, t) in by_descriptor.iter().enumerate().filter(|(_, t)| t.count > 0) {
             let Some(descriptor) = file.descriptor(DescriptorId(id as u32)) else { continue };
@@ -445,6 +470,7 @@ impl<'a> Summariser<'a> {
                         add(&mut o.count, t.count);
                         add(&mut o.ns, t.ns);
                     }
+                    hlo_of_descriptor.insert(id as u32, hlo.clone());
                     let h = hlos.entry(hlo).or_default();
                     add(&mut h.count, t.count);
                     add(&mut h.ns, t.ns);
@@ -475,6 +501,7 @@ impl<'a> Summariser<'a> {
             }
         }
         let device_executions = windows.keys().filter(|(_, exec)| exec.is_some()).count() as u64;
+        let medians = median_per_execution(&by_execution, &hlo_of_descriptor, device_executions);
         let device_ns: u64 = windows.values().fold(0u64, |sum, (a, b)| sum.saturating_add(b.saturating_sub(*a)));
         let seconds = |ns: u64| ns as f64 / 1e9;
         let percent = |ns: u64| if device_ns == 0 { 0.0 } else { 100.0 * ns as f64 / device_ns as f64 };
@@ -518,6 +545,7 @@ impl<'a> Summariser<'a> {
                 let engine = hlo_engine.get(&hlo).map_or_else(String::new, |(e, _)| e.clone());
                 let roofline = bounds::roofline(t.flops, t.bytes, seconds(t.ns), peaks.of(&engine), memory_peak);
                 HloSummary {
+                    median_s: medians.get(&hlo).map(|&ns| seconds(ns)),
                     hlo,
                     instructions: t.count,
                     time_s: seconds(t.ns),
@@ -533,7 +561,10 @@ impl<'a> Summariser<'a> {
                 }
             })
             .collect();
-        hlo_rows.sort_by(|a, b| b.time_s.total_cmp(&a.time_s).then_with(|| a.hlo.cmp(&b.hlo)));
+        hlo_rows.sort_by(|a, b| {
+            let median = |h: &HloSummary| h.median_s.unwrap_or(-1.0);
+            median(b).total_cmp(&median(a)).then(b.time_s.total_cmp(&a.time_s)).then_with(|| a.hlo.cmp(&b.hlo))
+        });
         let above: Vec<String> = hlo_rows
             .iter()
             .filter_map(|h| Some((h, h.roofline_percent.filter(|&r| r > 100.0)?)))
@@ -709,7 +740,7 @@ impl<'a> Summariser<'a> {
                 memory_peak_method: meta.peak_memory_method.clone(),
             },
             dma: dma_rows,
-            file_problems: file.recovery().describe(),
+            file_problems: file.recovery().describe().into_iter().chain(chunk_problems).collect(),
             caveats,
             bounds,
             findings,
@@ -718,6 +749,47 @@ impl<'a> Summariser<'a> {
 }
 
 /// Adds `window` to the windows of `key`.
+/// Each HLO instruction's device time in the median of the `executions` traced ones, in
+/// nanoseconds (the mean of the middle two for an even count); an execution it did not
+/// run in counts as zero.
+fn median_per_execution(
+    by_execution: &HashMap<(u32, WindowKey), u64>,
+    hlo_of_descriptor: &HashMap<u32, String>,
+    executions: u64,
+) -> HashMap<String, u64> {
+    let mut runs: HashMap<&str, HashMap<WindowKey, u64>> = HashMap::new();
+    for ((descriptor, key), ns) in by_execution {
+        if let Some(hlo) = hlo_of_descriptor.get(descriptor) {
+            add(runs.entry(hlo).or_default().entry(*key).or_default(), *ns);
+        }
+    }
+    runs.into_iter()
+        .map(|(hlo, per_run)| {
+            let mut times: Vec<u64> = per_run.into_values().collect();
+            let executions = (executions as usize).max(times.len());
+            times.resize(executions, 0);
+            times.sort_unstable();
+            let middle = executions / 2;
+            let median = if executions % 2 == 1 {
+                times[middle]
+            } else {
+                times[middle - 1] / 2 + times[middle] / 2 + (times[middle - 1] % 2 + times[middle] % 2) / 2
+            };
+            (hlo.to_owned(), median)
+        })
+        .collect()
+}
+
+/// The line that says a chunk could not be read, in every output that reads chunks.
+pub fn unreadable_chunk(info: &crate::ChunkInfo, e: &NtffError) -> String {
+    let events = u64::from(info.system_events) + u64::from(info.device_events);
+    let reason = match e {
+        NtffError::Damaged { reason, .. } => reason.clone(),
+        other => other.to_string(),
+    };
+    format!("a chunk of {events} events at offset {} could not be read: {reason}", info.offset)
+}
+
 fn merge_window(windows: &mut HashMap<WindowKey, (u64, u64)>, key: WindowKey, window: (u64, u64)) {
     let w = windows.entry(key).or_insert(window);
     w.0 = w.0.min(window.0);

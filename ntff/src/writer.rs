@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use crate::codec::ChunkEncoder;
 use crate::format::{self, Frame, RecordKind};
@@ -53,11 +53,75 @@ pub struct Writer<W: Write> {
     clock_offsets: Vec<Option<i64>>,
 }
 
-impl Writer<BufWriter<File>> {
-    /// Creates `path` (replacing a file there) and writes the header and `metadata`.
-    pub fn create(path: &Path, metadata: &proto::Metadata) -> Result<Writer<BufWriter<File>>, NtffError> {
-        let file = File::create(path).map_err(|e| NtffError::io(path, e))?;
-        Writer::new(BufWriter::with_capacity(1 << 20, file), metadata)
+impl Writer<ProfileFile> {
+    /// Starts a profile that will replace `path` (see [`ProfileFile`]) and writes the
+    /// header and `metadata`.
+    pub fn create(path: &Path, metadata: &proto::Metadata) -> Result<Writer<ProfileFile>, NtffError> {
+        Writer::new(ProfileFile::create(path)?, metadata)
+    }
+}
+
+/// A profile file being written. The bytes go to `NAME.partial` beside `path`, which is
+/// renamed into place by [`ProfileFile::place`] (or, after an error, when it is
+/// dropped): a reader of the previous file at `path` (a dashboard serving it, a
+/// download in progress) goes on reading that one whole, and no reader sees a
+/// half-written profile under the final name. A process killed while writing leaves
+/// `NAME.partial`, readable up to its last complete record.
+#[derive(Debug)]
+pub struct ProfileFile {
+    out: Option<BufWriter<File>>,
+    partial: PathBuf,
+    path: PathBuf,
+}
+
+impl ProfileFile {
+    /// Creates `path` + `.partial` (replacing a file there).
+    pub fn create(path: &Path) -> Result<ProfileFile, NtffError> {
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(".partial");
+        let partial = PathBuf::from(partial);
+        let file = File::create(&partial).map_err(|e| NtffError::io(&partial, e))?;
+        Ok(ProfileFile { out: Some(BufWriter::with_capacity(1 << 20, file)), partial, path: path.to_owned() })
+    }
+
+    /// Where the profile goes.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes what is buffered and renames the file into place.
+    pub fn place(mut self) -> Result<(), NtffError> {
+        self.put_in_place()
+    }
+
+    fn put_in_place(&mut self) -> Result<(), NtffError> {
+        let Some(mut out) = self.out.take() else { return Ok(()) };
+        out.flush().map_err(|e| NtffError::io(&self.partial, e))?;
+        drop(out);
+        std::fs::rename(&self.partial, &self.path).map_err(|e| NtffError::io(&self.path, e))
+    }
+}
+
+impl Write for ProfileFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match &mut self.out {
+            Some(out) => out.write(buf),
+            None => Err(std::io::Error::other("the profile was already put in place")),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.as_mut().map_or(Ok(()), BufWriter::flush)
+    }
+}
+
+impl Drop for ProfileFile {
+    fn drop(&mut self) {
+        // What was written is a readable profile up to its last complete record: put it
+        // where it was asked for, as an unfinished one.
+        if let Err(e) = self.put_in_place() {
+            eprintln!("the profile stays at {}: {e}", self.partial.display());
+        }
     }
 }
 

@@ -140,7 +140,7 @@ fn other_files_are_not_ntff() {
 }
 
 #[test]
-fn written_files_open_through_the_map() {
+fn written_files_open_from_disk() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("t.ntff");
     let (bytes, events) = small_capture();

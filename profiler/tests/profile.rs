@@ -311,11 +311,15 @@ fn a_capture_killed_mid_write_is_readable_with_a_loss_report() {
             "--profile-all-execs",
         ],
     );
+    // The capture writes aside, and renames into place only when it ends: killed
+    // outright, it leaves the `.partial` file and nothing half-written under its name.
+    let partial = env.path("killed.ntff.partial");
     // At least one flushed chunk beyond the tables.
-    wait_for("the capture to write", || std::fs::metadata(&file).is_ok_and(|m| m.len() > 40_000));
+    wait_for("the capture to write", || std::fs::metadata(&partial).is_ok_and(|m| m.len() > 40_000));
     child.kill().expect("SIGKILL");
     child.wait().expect("reap");
-    let s = summary_json(&env, &file);
+    assert!(!file.exists(), "nothing at the final name");
+    let s = summary_json(&env, &partial);
     let problems: Vec<String> =
         s["file_problems"].as_array().expect("problems").iter().map(|p| p.as_str().unwrap_or("").to_string()).collect();
     assert!(problems.iter().any(|p| p.contains("not finished")), "{problems:?}");

@@ -4,8 +4,6 @@
 //! the file every [`FLUSH_INTERVAL`](crate::FLUSH_INTERVAL); finishing drains what is
 //! left and writes the index.
 
-use std::fs::File;
-use std::io::BufWriter;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::thread::JoinHandle;
 
@@ -26,7 +24,7 @@ impl BackgroundRecording {
     pub fn start(
         reader: DatastoreReader,
         tail: Tail,
-        recorder: Recorder<BufWriter<File>>,
+        recorder: Recorder<ntff::ProfileFile>,
     ) -> std::io::Result<BackgroundRecording> {
         let (stop, stopped) = channel();
         let drainer = std::thread::Builder::new()
@@ -45,7 +43,7 @@ impl BackgroundRecording {
 fn drain(
     reader: DatastoreReader,
     mut tail: Tail,
-    mut recorder: Recorder<BufWriter<File>>,
+    mut recorder: Recorder<ntff::ProfileFile>,
     stopped: &Receiver<()>,
 ) -> Result<ntff::WriteSummary> {
     loop {
@@ -53,7 +51,9 @@ fn drain(
         let last = !matches!(stopped.recv_timeout(DRAIN_INTERVAL), Err(RecvTimeoutError::Timeout));
         recorder.drain(&reader, &mut tail, last)?;
         if last {
-            return Ok(recorder.finish()?.1);
+            let (file, summary) = recorder.finish()?;
+            file.place()?;
+            return Ok(summary);
         }
         recorder.flush_when_due()?;
     }

@@ -525,10 +525,8 @@ pub fn to_device_event(file: &ntff::NtffFile, e: &ntff::DeviceEvent) -> Option<D
     })
 }
 
-/// Opens `path` for a new trace, with a clear error when the directory is missing.
-pub fn create_writer(
-    path: &std::path::Path,
-    metadata: &ntff::Metadata,
-) -> Result<Writer<std::io::BufWriter<std::fs::File>>> {
+/// Starts a new trace that will replace `path` when finished (written aside until then:
+/// see [`ntff::ProfileFile`]), with a clear error when the directory is missing.
+pub fn create_writer(path: &std::path::Path, metadata: &ntff::Metadata) -> Result<Writer<ntff::ProfileFile>> {
     Writer::create(path, metadata).map_err(|source| RecordError::Create { path: path.to_owned(), source })
 }

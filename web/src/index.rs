@@ -171,6 +171,11 @@ pub(crate) struct ProfileIndex {
     /// Device events without a sync point on their core: they cannot be placed.
     pub unplaced: u64,
     pub events: u64,
+    /// What is missing from the file: damaged or cut records, and chunks that could not
+    /// be read (the same lines as the summary's `file_problems`).
+    pub problems: Vec<String>,
+    /// Events in the chunks that could not be read.
+    pub events_lost_in_file: u64,
 }
 
 /// The view of one track in a range.
@@ -206,6 +211,8 @@ struct Decoded {
     device: Vec<Vec<Span>>,
     system: Vec<SystemEvent>,
     unplaced: u64,
+    /// Why the chunk could not be read, and the events it held.
+    unreadable: Option<(String, u64)>,
 }
 
 impl ProfileIndex {
@@ -239,7 +246,14 @@ impl ProfileIndex {
             .par_iter()
             .map_init(clocks_of, |clocks, info| {
                 let mut out = Decoded { core: info.core, device: vec![Vec::new(); slots.len()], ..Decoded::default() };
-                let Ok(chunk) = file.read_chunk(info) else { return out };
+                let chunk = match file.read_chunk(info) {
+                    Ok(chunk) => chunk,
+                    Err(e) => {
+                        let events = u64::from(info.system_events) + u64::from(info.device_events);
+                        out.unreadable = Some((ntff::summary::unreadable_chunk(info, &e), events));
+                        return out;
+                    }
+                };
                 let clock = chunk.core.and_then(|c| clocks.get(&c));
                 // Each slot's array sized once.
                 let mut counts = vec![0usize; slots.len()];
@@ -268,9 +282,15 @@ impl ProfileIndex {
         // parallel.
         let mut segments: HashMap<SlotKey, Vec<Vec<Span>>> = HashMap::new();
         let mut unplaced = 0;
+        let mut problems = file.recovery().describe();
+        let mut events_lost_in_file = file.recovery().events_lost();
         let mut system_chunks = Vec::with_capacity(decoded.len());
         for d in decoded {
             unplaced += d.unplaced;
+            if let Some((problem, events)) = d.unreadable {
+                problems.push(problem);
+                events_lost_in_file += events;
+            }
             for (slot, spans) in d.device.into_iter().enumerate().filter(|(_, s)| !s.is_empty()) {
                 segments.entry((d.core, slot)).or_default().push(spans);
             }
@@ -286,8 +306,17 @@ impl ProfileIndex {
                 (key, spans)
             })
             .collect();
-        let mut index =
-            ProfileIndex { file, origin: 0, end: 0, tracks: Vec::new(), details: Vec::new(), unplaced, events: 0 };
+        let mut index = ProfileIndex {
+            file,
+            origin: 0,
+            end: 0,
+            tracks: Vec::new(),
+            details: Vec::new(),
+            unplaced,
+            events: 0,
+            problems,
+            events_lost_in_file,
+        };
         let system = index.pair_system_events(system_chunks, &clocks_of());
         let device = device.into_iter().map(|((core, slot), spans)| ((core, slots[slot].0, slots[slot].1), spans));
         let mut keyed: Vec<(TrackKey, Vec<Span>)> = device.chain(system).collect();

@@ -482,7 +482,8 @@ async fn profile_meta(State(state): State<Shared>, Path(name): Path<String>) -> 
         "program": meta.program,
         "instance_type": meta.instance_type,
         "capture_kind": meta.capture_kind,
-        "problems": index.file().recovery().describe(),
+        "problems": index.problems,
+        "events_lost_in_file": index.events_lost_in_file,
     }))
     .into_response())
 }
@@ -577,13 +578,24 @@ async fn profile_perfetto(State(state): State<Shared>, Path(name): Path<String>)
         let _permit = permit;
         let writer = ChannelWriter { tx: tx.clone(), buffer: Vec::with_capacity(1 << 20) };
         let result = ntff::NtffFile::open(&path).and_then(|file| {
-            ntff::export::export(
+            let opened = file.len();
+            let (writer, summary) = ntff::export::export(
                 &[file],
                 &ntff::export::ExportOptions::default(),
                 ntff::export::Format::Perfetto,
                 writer,
                 &mut |_| {},
-            )
+            )?;
+            // Cut or rewritten in place while exported (a profile replaced by renaming
+            // reads whole): end the download with an error rather than a trace that
+            // silently lacks what could not be read.
+            let now = std::fs::metadata(&path).map_or(0, |m| m.len());
+            if summary.damaged_chunks > 0 && now != opened {
+                let reason =
+                    format!("the profile changed while it was exported ({opened} bytes, now {now}): download it again");
+                return Err(ntff::NtffError::Damaged { offset: 0, reason });
+            }
+            Ok((writer, summary))
         });
         if let Err(e) = result {
             let _ = tx.blocking_send(Err(std::io::Error::other(e.to_string())));

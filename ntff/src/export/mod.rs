@@ -173,6 +173,12 @@ fn run<S: Sink>(
     let realtime = files.first().and_then(|f| f.metadata().clock.as_ref()).map(|c| c.realtime_minus_monotonic_ns);
     layout.sink.start(start, realtime).map_err(NtffError::write)?;
     for (k, file) in files.iter().enumerate() {
+        // Chunks the reader already found damaged or cut (a file without its index):
+        // counted with those that fail when read, as the summary counts them.
+        let recovery = file.recovery();
+        layout.summary.damaged_chunks +=
+            recovery.damaged.iter().chain(&recovery.truncated).filter(|d| d.kind == Some("event chunk")).count() as u64;
+        layout.summary.damaged_chunk_events += recovery.events_lost();
         FileExport::new(&mut layout, file, k as u64 + 1, options)?.run(&mut layout, progress)?;
         layout.summary.processes += 1;
     }

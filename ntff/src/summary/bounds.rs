@@ -490,6 +490,7 @@ mod tests {
             hlo: name.into(),
             instructions: 1,
             time_s: percent * 1e-5,
+            median_s: Some(percent * 1e-5),
             percent,
             flops: 1_000_000,
             bytes: 1_000,

@@ -117,18 +117,23 @@ pub fn to_text(s: &Summary, file_name: &str) -> String {
             r.percent
         );
     }
-    let _ = writeln!(out, "\ntop HLO instructions by device time (a loop or conditional includes what it ran)");
     let _ = writeln!(
         out,
-        "  {:<32} {:>12} {:>12} {:>7} {:>12} {:>12} {:>9} {:>8} {:>9}",
-        "HLO instruction", "instructions", "time", "%", "FLOPs", "bytes", "FLOP/B", "bound", "roofline"
+        "\ntop HLO instructions by device time in the median traced execution, then in all (a loop or \
+         conditional includes what it ran)"
+    );
+    let _ = writeln!(
+        out,
+        "  {:<32} {:>12} {:>12} {:>12} {:>7} {:>12} {:>12} {:>9} {:>8} {:>9}",
+        "HLO instruction", "instructions", "median", "time", "%", "FLOPs", "bytes", "FLOP/B", "bound", "roofline"
     );
     for r in &s.top_hlo_instructions {
         let _ = writeln!(
             out,
-            "  {:<32} {:>12} {:>12} {:>6.1}% {:>12} {:>12} {:>9} {:>8} {:>9}",
+            "  {:<32} {:>12} {:>12} {:>12} {:>6.1}% {:>12} {:>12} {:>9} {:>8} {:>9}",
             r.hlo,
             thousands(r.instructions),
+            r.median_s.map_or("-".into(), duration),
             duration(r.time_s),
             r.percent,
             si(r.flops as f64).trim_end(),

@@ -228,13 +228,12 @@ fn write_all(
         let chunk = match file.read_chunk_reusing(info, std::mem::take(&mut spare)) {
             Ok(chunk) => chunk,
             Err(e) => {
-                summariser.chunk(info, None);
-                let events = u64::from(info.system_events) + u64::from(info.device_events);
-                problems.push(format!("a chunk of {events} events at offset {} could not be read: {e}", info.offset));
+                summariser.chunk(info, Err(&e));
+                problems.push(crate::summary::unreadable_chunk(info, &e));
                 continue;
             }
         };
-        summariser.chunk(info, Some(&chunk));
+        summariser.chunk(info, Ok(&chunk));
         let clock = chunk.core.and_then(|c| clocks.get(&c)).unwrap_or(&no_clock);
         system_times.clear();
         for e in &chunk.system {

@@ -215,7 +215,8 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
     match recorder {
         Some(mut recorder) => {
             recorder.drain(&reader, &mut tail, true)?;
-            let (_, summary) = recorder.finish()?;
+            let (file, summary) = recorder.finish()?;
+            file.place()?;
             eprintln!(
                 "captured {executed} executions of {} in {:.3} s ({} each): {} system events, {} device events, {} lost; {} ({} bytes)",
                 model_name(&args.model),

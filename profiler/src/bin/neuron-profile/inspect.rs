@@ -53,7 +53,7 @@ struct Traced {
 
 enum Mode {
     /// Everything, as it happens.
-    Stream { tail: Box<Tail>, recorder: Box<Recorder<std::io::BufWriter<std::fs::File>>> },
+    Stream { tail: Box<Tail>, recorder: Box<Recorder<ntff::ProfileFile>> },
     /// The rings, whenever the error count grows.
     OnFail { errors: u64, captures: u32 },
 }
@@ -112,7 +112,8 @@ pub(crate) fn inspect(args: InspectArgs) -> Result<()> {
         }
         for pid in finished {
             if let Some(Traced { mode: Mode::Stream { recorder, .. }, path, .. }) = traced.remove(&pid) {
-                let (_, summary) = recorder.finish()?;
+                let (file, summary) = recorder.finish()?;
+                file.place()?;
                 eprintln!(
                     "neuron-profile: pid {pid}: {} system events, {} device events, {} lost: {}",
                     summary.system_events,
@@ -170,7 +171,7 @@ fn step(t: &mut Traced, done: bool, command: &[String]) -> Result<Option<PathBuf
             recorder.models(&t.reader.models(), &|_| String::new())?;
             let mut tail = t.reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
             recorder.drain(&t.reader, &mut tail, done)?;
-            recorder.finish()?;
+            recorder.finish()?.0.place()?;
             eprintln!(
                 "neuron-profile: an execution of pid {} failed; its rings are in {}",
                 t.reader.info().pid,

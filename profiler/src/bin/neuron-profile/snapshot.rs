@@ -65,7 +65,8 @@ pub(crate) fn snapshot(args: SnapshotArgs) -> Result<()> {
     }
     let mut tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
     recorder.drain(&reader, &mut tail, false)?;
-    let (_, summary) = recorder.finish().map_err(|e| anyhow!("{e:#}"))?;
+    let (file, summary) = recorder.finish().map_err(|e| anyhow!("{e:#}"))?;
+    file.place()?;
     eprintln!(
         "wrote {} system events and {} device events of pid {} to {} ({} bytes); {} events were overwritten while reading",
         summary.system_events,

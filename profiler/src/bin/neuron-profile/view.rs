@@ -342,7 +342,7 @@ fn write_json(file: &NtffFile, cores: Option<&[u32]>, types: Option<&[String]>, 
         let chunk = match file.read_chunk(info) {
             Ok(chunk) => chunk,
             Err(e) => {
-                eprintln!("warning: {e}");
+                eprintln!("warning: {}", ntff::summary::unreadable_chunk(info, &e));
                 continue;
             }
         };
