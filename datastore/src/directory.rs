@@ -107,9 +107,26 @@ pub(crate) fn in_memory(dir: &Path) -> bool {
 /// The start time of process `pid` (clock ticks after boot, `/proc/<pid>/stat` field
 /// 22), which tells a reused pid from the original process.
 pub fn process_start_time(pid: u32) -> Option<u64> {
+    process_status(pid).map(|s| s.start_ticks)
+}
+
+/// What `/proc/<pid>/stat` says of a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessStatus {
+    /// Field 3: `R` running, `S`/`D` sleeping, `T` stopped (a signal: Ctrl-Z,
+    /// SIGSTOP), `t` stopped by a debugger, `Z` exited but not yet reaped, `X` dead.
+    pub state: char,
+    /// Field 22: clock ticks after boot.
+    pub start_ticks: u64,
+}
+
+/// The state and start time of process `pid`; `None` when there is no such process.
+pub fn process_status(pid: u32) -> Option<ProcessStatus> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may contain spaces and parentheses; fields after the
     // last ')' are plain.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
+    let state = rest.next()?.chars().next()?;
+    let start_ticks = rest.nth(18)?.parse().ok()?;
+    Some(ProcessStatus { state, start_ticks })
 }

@@ -60,10 +60,11 @@ impl<T> Runtimes<T> {
         &self.dir
     }
 
-    /// Opens the runtimes that appeared since the last look. Runtimes that have already
-    /// exited when found are left out. `admit` is called once per new live runtime,
-    /// with its label: `Some(state)` follows it, `None` declines it. The error is the directory's; the
-    /// list, the runtimes that could not be opened.
+    /// Opens the runtimes that appeared since the last look. A runtime that has already
+    /// exited when found (its file is removed by this look) is followed as exited, so
+    /// that the tool shows its exit once before forgetting it. `admit` is called once
+    /// per new runtime, with its label: `Some(state)` follows it, `None` declines it.
+    /// The error is the directory's; the list, the runtimes that could not be opened.
     pub fn discover(
         &mut self,
         mut admit: impl FnMut(&DatastoreReader, &str) -> Option<T>,
@@ -86,9 +87,7 @@ impl<T> Runtimes<T> {
                     continue;
                 }
             };
-            if matches!(entry.liveness, Some(Liveness::Exited(_))) {
-                continue;
-            }
+            let exited_at = matches!(entry.liveness, Some(Liveness::Exited(_))).then(Instant::now);
             let pid = reader.info().pid;
             let mut label = reader.info().label();
             // Only a runtime still alive keeps the name: one that has just exited (a
@@ -96,13 +95,13 @@ impl<T> Runtimes<T> {
             if self
                 .followed
                 .values()
-                .any(|f| !f.exited() && f.label == label && matches!(f.reader.liveness(), Liveness::Live))
+                .any(|f| !f.exited() && f.label == label && !matches!(f.reader.liveness(), Liveness::Exited(_)))
             {
                 label = format!("{label}-{pid}");
             }
             match admit(&reader, &label) {
                 Some(state) => {
-                    self.followed.insert(pid, Followed { reader, pid, exited_at: None, label, state });
+                    self.followed.insert(pid, Followed { reader, pid, exited_at, label, state });
                 }
                 None => {
                     self.declined.insert(pid);

@@ -43,7 +43,7 @@ pub mod topology;
 
 use std::path::{Path, PathBuf};
 
-pub use directory::{default_dir, file_path, pid_of_file_name, process_start_time};
+pub use directory::{ProcessStatus, default_dir, file_path, pid_of_file_name, process_start_time, process_status};
 pub use event::{ClockDomain, DeviceActivity, DeviceEvent, DmaQueueType, EventData, EventType, Phase, SystemEvent};
 pub use follow::{Followed, OpenFailure, Runtimes};
 pub use identity::CommandIdentity;

@@ -67,6 +67,12 @@ fn load_core(runtime: &Runtime, vnc: i64) -> NrtResult<Option<u32>> {
     if vnc == -1 {
         return Ok(None);
     }
+    if vnc < 0 {
+        return Err(NrtError::new(
+            NrtStatus::LoadNotEnoughNc,
+            format!("vnc {vnc} is not a NeuronCore: give one of this process's cores (0 or more), or -1 for any"),
+        ));
+    }
     let held = runtime.cores()?;
     match usize::try_from(vnc).ok().and_then(|v| held.cores().get(v)) {
         Some(&core) => Ok(Some(core)),

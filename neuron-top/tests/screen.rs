@@ -80,6 +80,7 @@ fn fixture() -> Snapshot {
                 tag: "train".into(),
                 command: "python3 train.py --steps 1000".into(),
                 exited: false,
+                state: "live",
                 vcpu: Some(CpuShare { user: 48.0, system: 1.5 }),
                 cores: vec![core(0, 97.25, &[10.0, 40.0, 80.0, 97.0, 99.0]), core(1, 45.5, &[0.0, 20.0, 45.0])],
                 resident_bytes: Some(130 * MIB),
@@ -95,6 +96,7 @@ fn fixture() -> Snapshot {
                 tag: "serve.py".into(),
                 command: "python3 serve.py".into(),
                 exited: true,
+                state: "exited",
                 vcpu: None,
                 cores: vec![Core { index: 2, device: 1, utilization: None, ..Core::default() }],
                 resident_bytes: None,
@@ -414,4 +416,15 @@ fn the_memory_tree_expands_collapses_and_keeps_the_cursor_inside() {
     state.apply(Action::ToggleAll);
     assert_eq!(state.tree().len(), 2, "x again closes everything");
     assert!(state.cursor < 2);
+}
+
+#[test]
+fn a_stopped_runtime_is_shown_stopped_not_gone() {
+    let mut snapshot = fixture();
+    snapshot.runtimes[0].state = "stopped";
+    let mut state = State::new(snapshot);
+    state.apply(Action::ToggleAll);
+    let screen = text(&render(&state, 160, 48, false));
+    assert!(screen.contains("train (stopped)"), "{screen}");
+    assert!(screen.contains("97.25%"), "its cores stay held and shown: {screen}");
 }

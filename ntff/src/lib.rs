@@ -39,8 +39,10 @@ pub use writer::{MAX_CHUNK_ARGS, MAX_CHUNK_EVENTS, ProfileFile, WriteSummary, Wr
 /// Why a file could not be written or read.
 #[derive(Debug, thiserror::Error)]
 pub enum NtffError {
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    /// (Not a `source` error: the message holds it already, and error chains would
+    /// repeat it.)
+    #[error("{path}: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("cannot write the trace: {0}")]
     Write(std::io::Error),
     #[error("not an NTFF file (the header does not start with the NTFF magic)")]
@@ -57,7 +59,7 @@ pub enum NtffError {
 
 impl NtffError {
     fn io(path: &Path, source: std::io::Error) -> NtffError {
-        NtffError::Io { path: path.to_owned(), source }
+        NtffError::Io { path: path.to_owned(), error: source }
     }
 
     fn write(source: std::io::Error) -> NtffError {

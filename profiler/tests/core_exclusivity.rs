@@ -50,7 +50,7 @@ fn a_held_core_is_refused_until_its_holder_is_killed() {
     let stderr = String::from_utf8_lossy(&refused.stderr);
     assert!(stderr.contains("NRT_EXEC_NC_BUSY (1005)"), "{stderr}");
     assert!(stderr.contains("NeuronCore(s) not available - Requested:nc0-nc0 Available:1"), "{stderr}");
-    assert!(stderr.contains(&format!("(nc0 is held by pid {} (neuron-bench))", holder.id())), "{stderr}");
+    assert!(stderr.contains(&format!("nc0 is held by pid {} (neuron-bench)", holder.id())), "{stderr}");
 
     kill(Pid::from_raw(holder.id() as i32), Signal::SIGKILL).expect("SIGKILL the holder");
     holder.wait().expect("reap the holder");

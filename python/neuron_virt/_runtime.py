@@ -155,8 +155,11 @@ class Runtime:
     datastore_path = property(lambda self: self._native.datastore_path, doc="Where the tools read it from.")
 
     def close(self):
-        """Unloads every model and releases the NeuronCores."""
-        self._native.close()
+        """Unloads every model and releases the NeuronCores. Closing a closed runtime
+        does nothing, so ``close()`` inside a ``with`` block is fine."""
+        if not getattr(self, "_closed", False):
+            self._native.close()
+            self._closed = True
 
     def __enter__(self):
         return self

@@ -20,6 +20,11 @@ pub(crate) struct Runtime {
 /// `NEURON_RT_VISIBLE_CORES` takes it (`"0-1"`).
 fn core_request(cores: &Bound<'_, PyAny>, core_count: u32) -> PyResult<CoreRequest> {
     if let Ok(count) = cores.extract::<u32>() {
+        if count == 0 || count > core_count {
+            return Err(invalid(format!(
+                "cores={count}: a runtime holds 1 to {core_count} NeuronCores on this instance type"
+            )));
+        }
         return Ok(CoreRequest::Count(count));
     }
     let text = match cores.extract::<String>() {
@@ -52,6 +57,9 @@ impl Runtime {
         }
         if let Some(cores) = cores {
             config.cores = core_request(cores, config.instance_type.topology().core_count())?;
+        }
+        if let Some(tag) = &tag {
+            neuron_runtime::config::check_process_tag(tag).map_err(|why| invalid(format!("tag: {why}")))?;
         }
         if tag.is_some() {
             config.process_tag = tag;

@@ -178,7 +178,7 @@ impl Config {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> NrtResult<Config> {
         let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
         let bad = |name: &str, value: &str, expected: &str| {
-            NrtError::invalid(format!("{name}={value:?} is not valid: {expected}"))
+            NrtError::invalid(format!("{name}={} is not valid: {expected}", shown(value)))
         };
 
         let instance_type = match get(ENV_INSTANCE_TYPE) {
@@ -313,20 +313,20 @@ impl Config {
 
         let host_threads = match get(ENV_HOST_THREADS) {
             Some(v) => match v.trim().parse::<usize>() {
-                Ok(n) if n > 0 => n,
+                Ok(n) if (1..=MAX_HOST_THREADS).contains(&n) => n,
                 _ => {
-                    return Err(bad(ENV_HOST_THREADS, &v, "expected a positive number of threads"));
+                    let cpus = default_host_threads();
+                    let expected = format!("expected 1 to {MAX_HOST_THREADS} threads (this host has {cpus} CPUs)");
+                    return Err(bad(ENV_HOST_THREADS, &v, &expected));
                 }
             },
             None => default_host_threads(),
         };
 
-        let process_tag = match lookup(ENV_PROCESS_TAG).filter(|v| !v.is_empty()) {
-            Some(tag) if tag.len() > MAX_PROCESS_TAG_LEN => {
-                return Err(bad(ENV_PROCESS_TAG, &tag, &format!("a tag is at most {MAX_PROCESS_TAG_LEN} characters")));
-            }
-            tag => tag,
-        };
+        let process_tag = lookup(ENV_PROCESS_TAG).filter(|v| !v.is_empty());
+        if let Some(tag) = &process_tag {
+            check_process_tag(tag).map_err(|why| bad(ENV_PROCESS_TAG, tag, &why))?;
+        }
 
         let profile = |name: &str| -> NrtResult<Option<bool>> {
             match get(name) {
@@ -432,6 +432,30 @@ fn lock_dir(configured: Option<String>) -> PathBuf {
     }
 }
 
+/// Whether `tag` can label a process in every tool: at most [`MAX_PROCESS_TAG_LEN`]
+/// bytes, and no control characters (which would drive a terminal or break a line).
+pub fn check_process_tag(tag: &str) -> Result<(), String> {
+    if tag.len() > MAX_PROCESS_TAG_LEN {
+        return Err(format!("a tag is at most {MAX_PROCESS_TAG_LEN} bytes; this one is {}", tag.len()));
+    }
+    if let Some(c) = tag.chars().find(|c| c.is_control()) {
+        return Err(format!("a tag is printable text; this one holds the control character {:?}", c));
+    }
+    Ok(())
+}
+
+/// `value` quoted for a message, cut to its first 64 characters when longer.
+fn shown(value: &str) -> String {
+    match value.char_indices().nth(64) {
+        Some((end, _)) => format!("{:?}… ({} bytes)", &value[..end], value.len()),
+        None => format!("{value:?}"),
+    }
+}
+
+/// The most host threads `NEURON_VIRT_HOST_THREADS` may ask for: threads beyond the
+/// host's CPUs add no compute, and thousands of them take seconds to start.
+pub const MAX_HOST_THREADS: usize = 256;
+
 fn default_host_threads() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
@@ -518,6 +542,8 @@ mod tests {
             (ENV_FAULT_INJECT, "hbm_ue:core=7"),
             (ENV_FAULT_INJECT, "meteor_strike"),
             (ENV_XU_COMPUTE_MAX_QUEUED, "0"),
+            (ENV_HOST_THREADS, "0"),
+            (ENV_HOST_THREADS, "4096"),
         ] {
             let err = config(&[(name, value)]).expect_err("must be rejected");
             assert!(err.message.contains(name), "{err}");
@@ -558,7 +584,11 @@ mod tests {
             only_exclusions.inspect.event_types,
             neuron_datastore::event::EventType::ALL.iter().filter(|t| t.is_hardware()).fold(0, |m, t| m | t.bit())
         );
-        let long_tag = "x".repeat(MAX_PROCESS_TAG_LEN + 1);
-        assert!(config(&[(ENV_PROCESS_TAG, &long_tag)]).is_err());
+        let long_tag = "x".repeat(100_000);
+        let err = config(&[(ENV_PROCESS_TAG, &long_tag)]).expect_err("too long");
+        assert!(err.message.len() < 300 && err.message.contains("100000 bytes"), "{}", err.message);
+        let err = config(&[(ENV_PROCESS_TAG, "job\u{1b}[2J\0")]).expect_err("control characters");
+        assert!(err.message.contains("control character"), "{}", err.message);
+        assert!(config(&[(ENV_PROCESS_TAG, &"x".repeat(MAX_PROCESS_TAG_LEN))]).is_ok());
     }
 }

@@ -49,7 +49,7 @@ impl CoreReservation {
                 if cores.len() < *n as usize {
                     let available = cores.len();
                     drop(locks);
-                    return Err(not_available(&format!("{n} cores"), available));
+                    return Err(not_available(&format!("{n} cores"), available, None));
                 }
                 Ok(CoreReservation { cores: CoreSet::new(cores), _locks: locks })
             }
@@ -64,11 +64,8 @@ impl CoreReservation {
                 None => {
                     drop(locks);
                     let available = count_free(lock_dir, total)?;
-                    let mut error = not_available(&wanted.to_string(), available);
-                    if let Some(holder) = holder_of(&lock_path(lock_dir, core)) {
-                        error.message.push_str(&format!(" (nc{core} is held by {holder})"));
-                    }
-                    return Err(error);
+                    let holder = holder_of(&lock_path(lock_dir, core)).map(|(pid, name)| (core, pid, name));
+                    return Err(not_available(&wanted.to_string(), available, holder));
                 }
             }
         }
@@ -80,20 +77,31 @@ impl CoreReservation {
     }
 }
 
-fn not_available(requested: &str, available: usize) -> NrtError {
+/// `NRT_EXEC_NC_BUSY`, naming what holds the cores when known: `holder` is a core, the
+/// pid holding its lock and that process's name.
+fn not_available(requested: &str, available: usize, holder: Option<(u32, u32, String)>) -> NrtError {
+    let why = match holder {
+        Some((core, pid, _)) if pid == std::process::id() => format!(
+            "another runtime in this process holds nc{core}: close it first, or pick other cores with \
+             NEURON_RT_VISIBLE_CORES"
+        ),
+        Some((core, _, holder)) => {
+            format!("nc{core} is held by {holder}: pick other cores with NEURON_RT_VISIBLE_CORES or stop that process")
+        }
+        None => "another process (or another runtime in this one) holds them: pick other cores with \
+                 NEURON_RT_VISIBLE_CORES or stop that process"
+            .to_string(),
+    };
     NrtError::new(
         NrtStatus::ExecNcBusy,
-        format!(
-            "NeuronCore(s) not available - Requested:{requested} Available:{available}; \
-             another process holds them: pick other cores with NEURON_RT_VISIBLE_CORES or stop that process"
-        ),
+        format!("NeuronCore(s) not available - Requested:{requested} Available:{available}; {why}"),
     )
 }
 
-/// The process holding the `flock` of `path`, as `pid 1234 (neuron-bench)`: found in
+/// The process holding the `flock` of `path`: its pid, and `pid 1234 (neuron-bench)`, found in
 /// `/proc/locks` by the file's device and inode (the lock files stay empty, so that any
 /// user can lock them read-only).
-fn holder_of(path: &Path) -> Option<String> {
+fn holder_of(path: &Path) -> Option<(u32, String)> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).ok()?;
     let (major, minor) = (nix::sys::stat::major(meta.dev()), nix::sys::stat::minor(meta.dev()));
@@ -107,7 +115,7 @@ fn holder_of(path: &Path) -> Option<String> {
             .flatten()
     })?;
     let command = std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim().to_owned()).unwrap_or_default();
-    Some(if command.is_empty() { format!("pid {pid}") } else { format!("pid {pid} ({command})") })
+    Some((pid, if command.is_empty() { format!("pid {pid}") } else { format!("pid {pid} ({command})") }))
 }
 
 fn lock_path(lock_dir: &Path, core: u32) -> PathBuf {
@@ -198,8 +206,8 @@ mod tests {
             "{}",
             err.message
         );
-        // The message names who holds it: this very process.
-        assert!(err.message.contains(&format!("(nc1 is held by pid {}", std::process::id())), "{}", err.message);
+        // The message names who holds it: another runtime of this very process.
+        assert!(err.message.contains("another runtime in this process holds nc1"), "{}", err.message);
         let count = CoreReservation::acquire(dir.path(), &topo, &CoreRequest::Count(1)).expect("nc0 is free");
         assert_eq!(count.cores().cores(), &[0]);
         drop(first);

@@ -265,7 +265,7 @@ impl Tensor {
     /// A tensor viewing `size` bytes of this one from `offset`, sharing its memory.
     pub fn slice(&self, offset: u64, size: u64, name: &str) -> NrtResult<Tensor> {
         self.inner.lifecycle.check()?;
-        self.check_range("slice", offset, size)?;
+        self.check_range("take a slice of", offset, size)?;
         let tracing = self.inner.tracing.as_ref().map(|t| TensorTracing {
             tracer: Arc::clone(&t.tracer),
             ring: t.ring,
@@ -362,7 +362,7 @@ impl Tensor {
         nrta_seq_id: u64,
     ) -> NrtResult<()> {
         self.inner.lifecycle.check()?;
-        self.check_range("copy from", src_offset, size)?;
+        self.check_range("copy", src_offset, size)?;
         dst.check_range("copy into", dst_offset, size)?;
         let src_start = (self.inner.offset + src_offset) as usize;
         let dst_start = (dst.inner.offset + dst_offset) as usize;
@@ -415,7 +415,7 @@ impl Tensor {
         match offset.checked_add(len) {
             Some(end) if end <= self.inner.size => Ok(()),
             _ => Err(NrtError::invalid(format!(
-                "{what} of {len} bytes at offset {offset} is outside tensor `{}` of {} bytes; nothing was changed",
+                "cannot {what} {len} bytes at offset {offset} of tensor `{}`, which holds {} bytes; nothing was changed",
                 self.inner.name, self.inner.size
             ))),
         }

@@ -372,7 +372,7 @@ fn stress_reader() {
     let (mut last_system_id, mut last_device) = (None::<u64>, None::<u64>);
     let mut events = Vec::with_capacity(8192);
     loop {
-        let done = reader.liveness() != Liveness::Live;
+        let done = matches!(reader.liveness(), Liveness::Exited(_));
         events.clear();
         tail.poll(&reader, 4096, done, &mut events);
         for event in &events {

@@ -224,6 +224,21 @@ fn a_neff_for_another_core_generation_is_refused() {
     f.runtime.load(&neff(ADD_ONE, Target::Trn2), Some(1)).expect("v3 NEFF on trn2");
 }
 
+/// Tensors are bound by name: a NEFF with two inputs of one name (which no execution
+/// could ever be given) is refused at load, not at every execution.
+#[test]
+fn a_neff_with_two_inputs_of_one_name_is_refused_at_load() {
+    const TWO: &str = "HloModule two\nENTRY e {\n  x = f32[4]{0} parameter(0)\n  y = f32[4]{0} parameter(1)\n  \
+                       ROOT z = f32[4]{0} add(x, y)\n}\n";
+    let mut program = neuron_runtime::compile_hlo(TWO, Target::Trn1).expect("compiles");
+    program.inputs[1].name = program.inputs[0].name.clone();
+    let bytes = neuron_runtime::Neff::new("two", program).encode();
+    let f = started(|_| {});
+    let err = f.runtime.load(&bytes, None).expect_err("two inputs of one name");
+    assert_eq!(err.status, NrtStatus::Invalid);
+    assert!(err.message.contains("two inputs are named `input0`"), "{}", err.message);
+}
+
 #[test]
 fn hash_validation_follows_the_configuration() {
     let mut bytes = neff(ADD_ONE, Target::Trn1);

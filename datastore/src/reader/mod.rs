@@ -27,11 +27,10 @@ use crate::strings::StringTable;
 use crate::{DatastoreError, directory, histogram};
 
 mod discovery;
+mod liveness;
 pub(crate) use discovery::remove_dead_runtimes;
 pub use discovery::{RuntimeEntry, discover, discover_new};
-
-/// A writer whose heartbeat is older than this is reported exited.
-pub const HEARTBEAT_STALE_AFTER: Duration = Duration::from_secs(10);
+pub use liveness::{ExitReason, HEARTBEAT_STALE_AFTER, Liveness};
 
 /// What a header says about its runtime process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -68,36 +67,6 @@ impl RuntimeInfo {
             (Some(tag), _) => tag.clone(),
             (None, false) => self.command.name.clone(),
             (None, true) => self.pid.to_string(),
-        }
-    }
-}
-
-/// Whether the writing process is still there.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Liveness {
-    Live,
-    Exited(ExitReason),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExitReason {
-    /// The runtime closed cleanly.
-    Closed,
-    /// No process has the pid any more.
-    ProcessGone,
-    /// Another process now has the pid.
-    PidReused,
-    /// The heartbeat stopped (seconds since the last one).
-    HeartbeatStale(u64),
-}
-
-impl std::fmt::Display for ExitReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ExitReason::Closed => f.write_str("closed"),
-            ExitReason::ProcessGone => f.write_str("process gone"),
-            ExitReason::PidReused => f.write_str("pid reused by another process"),
-            ExitReason::HeartbeatStale(s) => write!(f, "no heartbeat for {s} s"),
         }
     }
 }
@@ -703,15 +672,18 @@ impl DatastoreReader {
             histogram_buckets: half(header::HISTOGRAM_BUCKETS),
         };
         let layout = Layout::new(sizes).ok_or_else(|| corrupt(format!("impossible sizes {sizes:?}")))?;
-        if u64::from(half(header::HEADER_BYTES)) != layout::HEADER_BYTES
-            || word(header::FILE_BYTES) != layout.file_bytes
-            || region.len() != layout.file_bytes
-        {
-            return Err(corrupt(format!(
-                "the file is {} bytes but its header describes {} bytes",
-                region.len(),
-                layout.file_bytes
-            )));
+        let (header_bytes, file_bytes) = (u64::from(half(header::HEADER_BYTES)), word(header::FILE_BYTES));
+        let mismatch = if header_bytes != layout::HEADER_BYTES {
+            Some(format!("its header says the header is {header_bytes} bytes, not {}", layout::HEADER_BYTES))
+        } else if file_bytes != layout.file_bytes {
+            Some(format!("its header says the file is {file_bytes} bytes, its sizes make {}", layout.file_bytes))
+        } else if region.len() != layout.file_bytes {
+            Some(format!("the file is {} bytes but its header describes {} bytes", region.len(), layout.file_bytes))
+        } else {
+            None
+        };
+        if let Some(mismatch) = mismatch {
+            return Err(corrupt(mismatch));
         }
         let device_count = half(header::DEVICE_COUNT);
         if device_count > layout::MAX_DEVICES {
@@ -773,29 +745,14 @@ impl DatastoreReader {
         &self.info
     }
 
-    /// Whether the writer is alive: not closed, its pid present and not reused, and
-    /// its heartbeat fresh.
+    /// Whether the writer is alive, by [`Liveness::of`]: exited when closed, or when
+    /// its process is gone, a zombie, or replaced by another of the same pid; stale
+    /// (or stopped) when the process is there but its heartbeat is old.
     pub fn liveness(&self) -> Liveness {
-        if self.region.u32(header::STATE).load(Ordering::Acquire) == layout::STATE_CLOSED {
-            return Liveness::Exited(ExitReason::Closed);
-        }
-        let pid = nix::unistd::Pid::from_raw(self.info.pid as i32);
-        if let Err(nix::errno::Errno::ESRCH) = nix::sys::signal::kill(pid, None) {
-            return Liveness::Exited(ExitReason::ProcessGone);
-        }
-        match directory::process_start_time(self.info.pid) {
-            None => return Liveness::Exited(ExitReason::ProcessGone),
-            Some(start) if self.process_start != 0 && start != self.process_start => {
-                return Liveness::Exited(ExitReason::PidReused);
-            }
-            Some(_) => {}
-        }
+        let closed = self.region.u32(header::STATE).load(Ordering::Acquire) == layout::STATE_CLOSED;
+        let process = if closed { None } else { directory::process_status(self.info.pid) };
         let heartbeat = self.region.u64(header::HEARTBEAT_MONO_NS).load(Ordering::Acquire);
-        let age = monotonic_ns().saturating_sub(heartbeat);
-        if age > HEARTBEAT_STALE_AFTER.as_nanos() as u64 {
-            return Liveness::Exited(ExitReason::HeartbeatStale(age / 1_000_000_000));
-        }
-        Liveness::Live
+        Liveness::of(closed, process, self.process_start, monotonic_ns().saturating_sub(heartbeat))
     }
 
     /// Host tick conversion from the header's calibration points.

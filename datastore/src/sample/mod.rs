@@ -169,6 +169,7 @@ fn runtime(
     cores_per_device: u32,
 ) -> Runtime {
     let (pid, exited, reader) = (followed.pid, followed.exited(), &followed.reader);
+    let state = if exited { "exited" } else { reader.liveness().word() };
     let f = &mut followed.state;
     let delta = Delta::between(&f.previous, now);
     let measured = delta.seconds > 0.0 && !std::mem::take(&mut f.fresh);
@@ -225,6 +226,7 @@ fn runtime(
         tag: f.tag.clone(),
         command: f.command.clone(),
         exited,
+        state,
         vcpu,
         cores,
         resident_bytes: crate::host::resident_bytes(pid),

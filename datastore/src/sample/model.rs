@@ -53,6 +53,10 @@ pub struct Runtime {
     pub command: String,
     /// Exited since the last look: shown dimmed for a while, then removed.
     pub exited: bool,
+    /// `live`; `stopped` or `stale` (its process is there but its heartbeat is old: a
+    /// stopped or unscheduled process, which keeps its cores and is live again when it
+    /// resumes); or `exited` (see [`crate::Liveness`]).
+    pub state: &'static str,
     /// Percent of one CPU's worth of all CPUs, as `neuron-monitor` reports it.
     pub vcpu: Option<CpuShare>,
     pub cores: Vec<Core>,

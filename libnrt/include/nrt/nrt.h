@@ -187,7 +187,9 @@ NRT_STATUS nrt_get_tensor_from_tensor_set(nrt_tensor_set_t *tensor_set, const ch
  *  (names as nrt_get_model_tensor_info() lists them). */
 NRT_STATUS nrt_execute(nrt_model_t *model, const nrt_tensor_set_t *input_set, nrt_tensor_set_t *output_set);
 
-/** Runs a model `repeat_count` times (at least once). */
+/** Runs a model `repeat_count` times, one after the other, each as nrt_execute() runs it.
+ *  `repeat_count` must be 1 or more: 0 or a negative count runs nothing and returns
+ *  NRT_INVALID (naming the count in the log). */
 NRT_STATUS nrt_execute_repeat(nrt_model_t *model, const nrt_tensor_set_t *input_set, nrt_tensor_set_t *output_set,
                               int repeat_count);
 

@@ -242,6 +242,7 @@ static nrt_model_t *model_info_checks(void) {
     nrt_model_t *model;
     EXPECT(NRT_INVALID, nrt_load("not a neff", 10, -1, -1, &model));
     EXPECT(NRT_LOAD_NOT_ENOUGH_NC, nrt_load(neff, neff_size, 5, -1, &model));
+    EXPECT(NRT_LOAD_NOT_ENOUGH_NC, nrt_load(neff, neff_size, -7, -1, &model));
     OK(nrt_load(neff, neff_size, 1, -1, &model));
     uint32_t count = 0;
     OK(nrt_get_model_nc_count(model, &count));

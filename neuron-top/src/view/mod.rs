@@ -289,7 +289,7 @@ fn draw_cores(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
             core.history.iter().skip(core.history.len().saturating_sub(fits)).map(|&u| spark(u)).collect();
         let cells = [
             format!("nc{}", core.index),
-            runtime.tag.clone(),
+            label(runtime),
             core.executions_per_second.map_or(NA.into(), |r| format!("{r:.1}")),
             core.latency_p50.map_or(NA.into(), seconds),
             core.latency_p99.map_or(NA.into(), seconds),
@@ -542,5 +542,14 @@ fn si(value: f64) -> String {
         format!("{:.1}k", value / 1e3)
     } else {
         format!("{value:.0}")
+    }
+}
+
+/// A runtime's name as the tables show it: with `(stopped)` or `(stale)` while its
+/// process is there but its heartbeat is old.
+pub(crate) fn label(runtime: &neuron_datastore::sample::model::Runtime) -> String {
+    match runtime.state {
+        "stopped" | "stale" => format!("{} ({})", runtime.tag, runtime.state),
+        _ => runtime.tag.clone(),
     }
 }

@@ -158,7 +158,7 @@ pub(crate) fn draw_processes(frame: &mut Frame, area: Rect, state: &State, theme
         let cores: Vec<String> = r.cores.iter().map(|c| format!("nc{}", c.index)).collect();
         let cells = [
             r.pid.to_string(),
-            r.tag.clone(),
+            super::label(r),
             cores.join(","),
             executions,
             r.vcpu.map_or("N/A".into(), |c| format!("{:.0}%", c.user + c.system)),

@@ -40,7 +40,10 @@ struct Process {
     command_name: String,
     /// The command line, quoted as a shell takes it.
     command: String,
+    /// `live`, `stopped` or `stale` (the process is there but its heartbeat is old; it
+    /// keeps its cores), or `exited`.
     state: &'static str,
+    /// Why it is stale or exited.
     exit_reason: Option<String>,
     /// The global indexes of the cores it holds on this device.
     cores: Vec<u32>,
@@ -95,7 +98,7 @@ fn run(cli: &Cli) -> Result<()> {
     } else {
         print_table(&config.instance_type.to_string(), &devices);
         for (_, p) in &runtimes {
-            println!("{:>8}  {}", p.pid, p.command);
+            println!("{:>8}  {}", p.pid, printable(&p.command));
         }
     }
     for problem in problems {
@@ -109,6 +112,7 @@ fn process(entry: &RuntimeEntry) -> Result<(Vec<u32>, Process), String> {
     let info = reader.info();
     let (state, exit_reason) = match entry.liveness {
         Some(Liveness::Exited(reason)) => ("exited", Some(reason.to_string())),
+        Some(l @ Liveness::Stale { seconds, .. }) => (l.word(), Some(format!("no heartbeat for {seconds} s"))),
         _ => ("live", None),
     };
     Ok((
@@ -127,32 +131,56 @@ fn process(entry: &RuntimeEntry) -> Result<(Vec<u32>, Process), String> {
 }
 
 fn print_table(instance_type: &str, devices: &[Device]) {
+    let rows: Vec<(&Device, Vec<String>)> = devices
+        .iter()
+        .map(|device| {
+            let processes = device
+                .neuron_processes
+                .iter()
+                .map(|p| {
+                    let cores: Vec<String> = p.cores.iter().map(|c| format!("nc{c}")).collect();
+                    let state = match &p.exit_reason {
+                        Some(reason) => format!("{}: {reason}", p.state),
+                        None => p.state.to_string(),
+                    };
+                    let name =
+                        p.tag.as_deref().unwrap_or(if p.command_name.is_empty() { "-" } else { &p.command_name });
+                    format!("{} {} {} {}", p.pid, printable(name), cores.join(","), state)
+                })
+                .collect();
+            (device, processes)
+        })
+        .collect();
+    // The processes column is as wide as its longest line, 50 at least.
+    let width = rows.iter().flat_map(|(_, p)| p.iter().map(|l| l.chars().count())).max().unwrap_or(0).max(50);
     println!("instance-type: {instance_type}");
-    let rule = format!("+{:-<8}+{:-<8}+{:-<10}+{:-<52}+", "", "", "", "");
+    let rule = format!("+{:-<8}+{:-<8}+{:-<10}+{:-<w$}+", "", "", "", "", w = width + 2);
     println!("{rule}");
-    println!("| {:<6} | {:<6} | {:<8} | {:<50} |", "NEURON", "NEURON", "NEURON", "PROCESSES");
-    println!("| {:<6} | {:<6} | {:<8} | {:<50} |", "DEVICE", "CORES", "MEMORY", "(PID NAME CORES STATE)");
+    println!("| {:<6} | {:<6} | {:<8} | {:<width$} |", "NEURON", "NEURON", "NEURON", "PROCESSES");
+    println!("| {:<6} | {:<6} | {:<8} | {:<width$} |", "DEVICE", "CORES", "MEMORY", "(PID NAME CORES STATE)");
     println!("{rule}");
-    for device in devices {
-        let processes: Vec<String> = device
-            .neuron_processes
-            .iter()
-            .map(|p| {
-                let cores: Vec<String> = p.cores.iter().map(|c| format!("nc{c}")).collect();
-                let state = match &p.exit_reason {
-                    Some(reason) => format!("exited: {reason}"),
-                    None => p.state.to_string(),
-                };
-                let name = p.tag.as_deref().unwrap_or(if p.command_name.is_empty() { "-" } else { &p.command_name });
-                format!("{} {} {} {}", p.pid, name, cores.join(","), state)
-            })
-            .collect();
+    for (device, processes) in &rows {
         let memory = HumanBytes(device.memory_size).to_string();
         let first = processes.first().map_or("", String::as_str);
-        println!("| {:<6} | {:<6} | {:<8} | {:<50} |", device.neuron_device, device.nc_count, memory, first);
+        println!("| {:<6} | {:<6} | {:<8} | {:<width$} |", device.neuron_device, device.nc_count, memory, first);
         for more in processes.iter().skip(1) {
-            println!("| {:<6} | {:<6} | {:<8} | {:<50} |", "", "", "", more);
+            println!("| {:<6} | {:<6} | {:<8} | {:<width$} |", "", "", "", more);
         }
     }
     println!("{rule}");
+}
+
+/// `text` with its control characters escaped (`\u{1b}`), so that a process's tag or
+/// command line cannot drive the terminal or break the table.
+fn printable(text: &str) -> String {
+    text.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn control_characters_in_a_tag_are_shown_escaped() {
+        assert_eq!(super::printable("job\u{1b}[2J\0x\ty"), "job\\u{1b}[2J\\u{0}x\\ty");
+        assert_eq!(super::printable("train.py 🚀"), "train.py 🚀");
+    }
 }

@@ -341,6 +341,12 @@ impl Parser<'_> {
             return Err(self.error(format!("expected a shape such as `f32[2,3]`, found {}", self.found())));
         }
         let element_type = String::from_utf8_lossy(word).into_owned();
+        if matches!(element_type.as_str(), "c64" | "c128") {
+            return Err(self.error(format!(
+                "complex numbers (`{element_type}`) are not supported: virtual NeuronCores compute pred, integers, \
+                 f16, bf16 and f32 (the AWS Neuron compiler does not take complex types either)"
+            )));
+        }
         self.pos += word.len();
         if self.peek() != Some(b'[') {
             return Err(self.error(format!(
@@ -560,6 +566,15 @@ ENTRY %main (p: f32[2]) -> f32[] {
         assert_eq!(entry.instructions[2].operands, vec!["p", "zero"]);
         assert_eq!(entry.instructions[2].attribute("to_apply"), Some("%add"));
         assert_eq!(m.computations[0].name, "add");
+    }
+
+    #[test]
+    fn complex_numbers_are_named_not_a_syntax_error() {
+        // What `jax.jit(lambda x: x * (1 + 2j))` exports.
+        let hlo = "HloModule jit_f\nENTRY main {\n  x = f32[2]{0} parameter(0)\n  \
+                   c = c64[] constant((1, 2))\n  ROOT y = c64[2]{0} broadcast(c), dimensions={}\n}\n";
+        let err = parse_module(hlo).expect_err("complex");
+        assert!(err.message.contains("complex numbers (`c64`) are not supported"), "{err:?}");
     }
 
     #[test]

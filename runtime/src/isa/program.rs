@@ -115,6 +115,13 @@ impl Program {
         for io in &self.outputs {
             buffer(io.buffer)?;
         }
+        // Tensors are bound by name: two of one name could never both be given.
+        for (what, list) in [("inputs", &self.inputs), ("outputs", &self.outputs)] {
+            let mut names = std::collections::HashSet::new();
+            if let Some(io) = list.iter().find(|io| !names.insert(io.name.as_str())) {
+                return Err(format!("two {what} are named `{}`", io.name));
+            }
+        }
 
         let total: usize = self.streams.iter().map(|s| s.instructions.len()).sum();
         let mut by_step: Vec<Option<&Instruction>> = vec![None; total];

@@ -204,7 +204,7 @@ impl Runtime {
         tracker: Option<&ErrorTracker>,
     ) -> NrtResult<SeqId> {
         self.shared.lifecycle.check()?;
-        src.check_range("copy from", src_offset, size)?;
+        src.check_range("copy", src_offset, size)?;
         dst.check_range("copy into", dst_offset, size)?;
         let (src_owned, dst_owned) = (src.clone(), dst.clone());
         let work: nrta::Work =

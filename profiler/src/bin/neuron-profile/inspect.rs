@@ -102,7 +102,7 @@ pub(crate) fn inspect(args: InspectArgs) -> Result<()> {
         }
         let mut finished = Vec::new();
         for (&pid, t) in &mut traced {
-            let done = t.reader.liveness() != Liveness::Live;
+            let done = matches!(t.reader.liveness(), Liveness::Exited(_));
             if let Some(path) = step(t, done, &args.command)? {
                 written.push(path);
             }

@@ -105,7 +105,8 @@ fn live_runtime(pid: u32, dir: Option<PathBuf>) -> Result<DatastoreReader> {
     let entries = discover(&dir).with_context(|| format!("cannot list runtimes in {}", dir.display()))?;
     for entry in entries.into_iter().filter(|e| e.pid == pid) {
         match (entry.reader, entry.liveness) {
-            (Ok(reader), Some(Liveness::Live)) => return Ok(reader),
+            // A stopped or stale one too: the flight recorder of a hung process.
+            (Ok(reader), Some(Liveness::Live | Liveness::Stale { .. })) => return Ok(reader),
             (Ok(_), Some(Liveness::Exited(reason))) => bail!("process {pid} has exited ({reason})"),
             (Err(e), _) => bail!("{e}"),
             _ => {}
@@ -167,7 +168,7 @@ fn tail(
         let stopping = interrupted.load(Ordering::Relaxed);
         let mut all_done = true;
         for (reader, tail) in readers.iter().zip(&mut tails) {
-            let done = reader.liveness() != Liveness::Live;
+            let done = matches!(reader.liveness(), Liveness::Exited(_));
             all_done &= done;
             events.clear();
             tail.poll(reader, 65_536, done, &mut events);

@@ -338,11 +338,14 @@ fn write_json(file: &NtffFile, cores: Option<&[u32]>, types: Option<&[String]>, 
     write!(out, "{{\"metadata\":{metadata},\"models\":{},\"events\":[", serde_json::Value::Array(models))?;
     let mut first = true;
     let mut losses = Vec::new();
+    let mut unreadable = Vec::new();
     for info in file.select(cores, None) {
         let chunk = match file.read_chunk(info) {
             Ok(chunk) => chunk,
             Err(e) => {
-                eprintln!("warning: {}", ntff::summary::unreadable_chunk(info, &e));
+                let problem = ntff::summary::unreadable_chunk(info, &e);
+                eprintln!("warning: {problem}");
+                unreadable.push(problem);
                 continue;
             }
         };
@@ -375,7 +378,7 @@ fn write_json(file: &NtffFile, cores: Option<&[u32]>, types: Option<&[String]>, 
         out,
         "],\"losses\":{},\"file_problems\":{}}}",
         serde_json::Value::Array(losses),
-        serde_json::to_string(&file.recovery().describe())?
+        serde_json::to_string(&file.recovery().describe().into_iter().chain(unreadable).collect::<Vec<_>>())?
     )?;
     writeln!(out)?;
     Ok(())
