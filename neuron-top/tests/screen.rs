@@ -425,6 +425,7 @@ fn a_stopped_runtime_is_shown_stopped_not_gone() {
     let mut state = State::new(snapshot);
     state.apply(Action::ToggleAll);
     let screen = text(&render(&state, 160, 48, false));
-    assert!(screen.contains("train (stopped)"), "{screen}");
+    assert!(screen.contains("[stopped] python3 train.py"), "{screen}");
+    assert!(screen.contains("[exited] python3 serve.py"), "{screen}");
     assert!(screen.contains("97.25%"), "its cores stay held and shown: {screen}");
 }

@@ -95,7 +95,10 @@ function newCard(r) {
 
 function updateCard(card, r, update, at, now) {
   card.node.classList.toggle('exited', r.exited);
-  card.title.textContent = `${r.tag === String(r.pid) ? `pid ${r.pid}` : `${r.tag} (pid ${r.pid})`}${r.exited ? ' · exited' : ''}`;
+  // `stopped` or `stale`: the process is there but its heartbeat is old (Ctrl-Z, a
+  // debugger, heavy swap); it keeps its cores and is live again when it resumes.
+  const state = r.exited ? ' · exited' : r.state === 'stopped' || r.state === 'stale' ? ` · ${r.state}` : '';
+  card.title.textContent = `${r.tag === String(r.pid) ? `pid ${r.pid}` : `${r.tag} (pid ${r.pid})`}${state}`;
   // Errors per second by class, from the counts since the runtime started.
   const errorRates = {};
   if (card.previous) {

@@ -162,3 +162,26 @@ fn a_download_of_a_profile_cut_in_place_ends_and_the_dashboard_stays_up() {
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("p.ntff"), "{body}");
 }
+
+#[test]
+fn the_profile_page_reports_a_damaged_chunk() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("profiles")).expect("mkdir");
+    let path = dir.path().join("profiles/p.ntff");
+    write_profile(&path, 200_000, 1);
+    let file = ntff::NtffFile::open(&path).expect("opens");
+    let chunk = file.chunks()[1];
+    let lost = u64::from(chunk.system_events) + u64::from(chunk.device_events);
+    drop(file);
+    let mut bytes = std::fs::read(&path).expect("read");
+    bytes[chunk.offset as usize + 100] ^= 0x10;
+    std::fs::write(&path, bytes).expect("write");
+    let dashboard = dashboard(dir.path());
+    let (status, response) = get_status(dashboard.addr(), "/api/profiles/p.ntff");
+    assert_eq!(status, 200, "{response}");
+    let body = &response[response.find("\r\n\r\n").expect("a body") + 4..];
+    let json: serde_json::Value = serde_json::from_str(body).expect("JSON");
+    assert_eq!(json["events_lost_in_file"], lost, "{json}");
+    let problems = json["problems"].as_array().expect("problems");
+    assert!(problems.iter().any(|p| p.as_str().is_some_and(|p| p.contains("could not be read"))), "{json}");
+}

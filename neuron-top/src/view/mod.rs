@@ -289,7 +289,7 @@ fn draw_cores(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
             core.history.iter().skip(core.history.len().saturating_sub(fits)).map(|&u| spark(u)).collect();
         let cells = [
             format!("nc{}", core.index),
-            label(runtime),
+            runtime.tag.clone(),
             core.executions_per_second.map_or(NA.into(), |r| format!("{r:.1}")),
             core.latency_p50.map_or(NA.into(), seconds),
             core.latency_p99.map_or(NA.into(), seconds),
@@ -545,11 +545,12 @@ fn si(value: f64) -> String {
     }
 }
 
-/// A runtime's name as the tables show it: with `(stopped)` or `(stale)` while its
-/// process is there but its heartbeat is old.
-pub(crate) fn label(runtime: &neuron_datastore::sample::model::Runtime) -> String {
+/// A runtime's command line as the process table shows it: after `[stopped]` or
+/// `[stale]` while its process is there but its heartbeat is old, and `[exited]` in its
+/// last frames (dimmed too, which plain text cannot show).
+pub(crate) fn command_with_state(runtime: &neuron_datastore::sample::model::Runtime) -> String {
     match runtime.state {
-        "stopped" | "stale" => format!("{} ({})", runtime.tag, runtime.state),
-        _ => runtime.tag.clone(),
+        "stopped" | "stale" | "exited" => format!("[{}] {}", runtime.state, runtime.command),
+        _ => runtime.command.clone(),
     }
 }

@@ -158,13 +158,13 @@ pub(crate) fn draw_processes(frame: &mut Frame, area: Rect, state: &State, theme
         let cores: Vec<String> = r.cores.iter().map(|c| format!("nc{}", c.index)).collect();
         let cells = [
             r.pid.to_string(),
-            super::label(r),
+            r.tag.clone(),
             cores.join(","),
             executions,
             r.vcpu.map_or("N/A".into(), |c| format!("{:.0}%", c.user + c.system)),
             r.resident_bytes.map_or("N/A".into(), bytes),
             bytes(device_memory),
-            r.command.clone(),
+            super::command_with_state(r),
         ];
         // Its models under it, each with its own rate and latency.
         let models = r.models.iter().map(|m| {
