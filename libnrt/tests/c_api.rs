@@ -284,6 +284,7 @@ fn the_api_checks_program_passes() {
         "nrt_tensor_free: NRT_INVALID_HANDLE (3): argument `*tensor`",
         "nrt_destroy_tensor_set: NRT_INVALID_HANDLE (3): argument `*tensor_set`",
         "nrt_execute: NRT_INVALID (2): input `input1` of model `add` is f32[4] (16 bytes) but tensor `small` is 8 bytes",
+        "vnc -7 is not a NeuronCore: give one of this process's cores (0 or more), or -1 for any",
     ] {
         assert!(stderr.contains(line), "no `{line}` in the log:\n{stderr}");
     }

@@ -110,7 +110,7 @@ proptest::proptest! {
 
     /// Any damage inside one chunk (a flipped bit anywhere in its frame or payload, or its
     /// length set to any value with a matching checksum), with or without the index: the
-    /// summary and the export count the same lost events, every event they read is one
+    /// summary and the exports (Perfetto, Chrome JSON) count the same lost events, every event they read is one
     /// of the file's, and any that went missing is said in the file's problems.
     #[test]
     fn the_summary_and_the_exports_agree_on_any_damaged_chunk(
@@ -145,6 +145,9 @@ proptest::proptest! {
         let (_, exported) = export(std::slice::from_ref(&file), &options, Format::Perfetto, Vec::new(), &mut |_| {})
             .expect("exports");
         proptest::prop_assert_eq!(summary.events.lost_in_file, exported.damaged_chunk_events);
+        let (_, chrome) = export(std::slice::from_ref(&file), &options, Format::ChromeJson, Vec::new(), &mut |_| {})
+            .expect("exports");
+        proptest::prop_assert_eq!(summary.events.lost_in_file, chrome.damaged_chunk_events);
         // (Fewer lost events than went missing only where the frame header itself was
         // hit: its event count can no longer be trusted, and the problem line gives the
         // bytes lost instead.)

@@ -200,7 +200,15 @@ fn tensors_copy_and_slice_with_bounds_checks() {
     assert_eq!(b.read_all().expect("read"), [0, 0, 0, 0, 3, 4, 5, 6]);
     a.copy_to(0, &a, 4, 4).expect("overlapping copy within one tensor");
     assert_eq!(a.read_all().expect("read"), [1, 2, 3, 4, 1, 2, 3, 4]);
-    assert_eq!(a.copy_to(6, &b, 0, 4).expect_err("source range").status, NrtStatus::Invalid);
+    let err = a.copy_to(6, &b, 0, 4).expect_err("source range");
+    assert_eq!(err.status, NrtStatus::Invalid);
+    assert!(
+        err.message.contains("cannot copy 4 bytes at offset 6 of tensor `a`, which holds 8 bytes"),
+        "{}",
+        err.message
+    );
+    let err = a.copy_to(0, &b, 6, 4).expect_err("destination range");
+    assert!(err.message.contains("cannot copy into 4 bytes at offset 6 of tensor `b`"), "{}", err.message);
     assert_eq!(a.slice(4, 8, "s").expect_err("slice range").status, NrtStatus::Invalid);
     let s = b.slice(4, 4, "tail").expect("slice");
     s.memset(0, 0xff, 2).expect("memset slice");
@@ -305,4 +313,22 @@ fn outputs_sharing_one_tensor_are_each_written() {
     outputs.add("output1", both.slice(16, 16, "second").expect("slice"));
     f.runtime.execute(&model, &inputs, &outputs).expect("executes");
     assert_eq!(floats(&both.read_all().expect("read")), [-1.0, -2.0, -3.0, -4.0, 2.0, 4.0, 6.0, 8.0]);
+}
+
+/// A datastore whose header disagrees with itself is refused naming the field, not with
+/// "N bytes but its header describes N bytes".
+#[test]
+fn a_damaged_datastore_header_names_the_field_that_disagrees() {
+    let f = started(|_| {});
+    let original = std::fs::read(f.runtime.datastore_path().expect("a datastore")).expect("read");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let copy = dir.path().join("nrt-1-0.ds");
+    let mut bytes = original.clone();
+    // The file-size word of the header (offset 16), one byte more.
+    let stated = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes")) + 1;
+    bytes[16..24].copy_from_slice(&stated.to_le_bytes());
+    std::fs::write(&copy, &bytes).expect("write");
+    let err = neuron_datastore::DatastoreReader::open(&copy).expect_err("inconsistent header").to_string();
+    assert!(err.contains(&format!("its header says the file is {stated} bytes")), "{err}");
+    assert!(!err.contains("but its header describes"), "{err}");
 }
