@@ -3,8 +3,10 @@
 //! capture makes one; this file is what a device with real copies would record, and
 //! the analysis must name the queue first and order the bounds below the measured time.
 
+mod common;
+
 use ntff::summary::summarise;
-use ntff::{Clock, Descriptor, DeviceEvent, Metadata, NtffFile, Phase, SyncPoint, SystemEvent, Writer};
+use ntff::{Clock, Descriptor, DeviceEvent, Metadata, NtffFile, Phase, SyncPoint, Writer};
 
 const MIB: u64 = 1024 * 1024;
 
@@ -31,20 +33,7 @@ fn dma_bound_file() -> NtffFile {
         bytes_written: 16 * 16 * 4,
     };
     let dot = w.descriptor(&dot);
-    let system = |name, phase, clock, t: u64, exec: u64| SystemEvent {
-        core: Some(0),
-        id: 0,
-        name,
-        phase,
-        clock,
-        timestamp_ns: t,
-        tracking_id: exec,
-        thread_id: 1,
-        exec_id: Some(exec),
-        model_id: Some(1),
-        nrta_seq_id: None,
-        args: Vec::new(),
-    };
+    let system = common::execution_event;
     // Device and host clocks agree; executions follow each other closely. Half of the
     // transfers run at 8 MiB / 400 µs (21 GB/s), the others four times slower.
     let mut t = 1_000_000u64;

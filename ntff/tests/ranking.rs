@@ -2,8 +2,10 @@
 //! total: one slow execution among many (a page fault, a preempted thread) must not put
 //! an instruction that is usually cheap at the top of the table and of the findings.
 
+mod common;
+
 use ntff::summary::{summarise, to_text};
-use ntff::{Clock, Descriptor, DeviceEvent, Metadata, NtffFile, Phase, SystemEvent, Writer};
+use ntff::{Clock, Descriptor, DeviceEvent, Metadata, NtffFile, Phase, Writer};
 
 /// Nine traced executions of three HLO instructions on PE: `dot.1` 100 µs in every
 /// one; `add.2` 10 µs, but 2 ms in the fifth (more in total than `dot.1`); `while.3`
@@ -28,20 +30,7 @@ fn file_with_one_slow_execution() -> NtffFile {
     let dot = instruction(&mut w, "dot.1", "MatMult");
     let add = instruction(&mut w, "add.2", "TensorTensor");
     let other = instruction(&mut w, "while.3", "TensorTensor");
-    let system = |name, phase, clock, t: u64, exec: u64| SystemEvent {
-        core: Some(0),
-        id: 0,
-        name,
-        phase,
-        clock,
-        timestamp_ns: t,
-        tracking_id: exec,
-        thread_id: 1,
-        exec_id: Some(exec),
-        model_id: Some(1),
-        nrta_seq_id: None,
-        args: Vec::new(),
-    };
+    let system = common::execution_event;
     let mut t = 1_000_000u64;
     let mut id = 0;
     for exec in 1..=9u64 {

@@ -51,11 +51,17 @@ fn write_profile(path: &Path, events: u64, pid: u32) {
     file.place().expect("placed");
 }
 
-fn dashboard(dir: &Path) -> Dashboard {
+/// A dashboard on a directory holding one profile, `profiles/p.ntff`, of `events`
+/// events: the directory (removed when dropped), the profile's path, the dashboard.
+fn serving(events: u64) -> (tempfile::TempDir, std::path::PathBuf, Dashboard) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("profiles")).expect("mkdir");
+    let path = dir.path().join("profiles/p.ntff");
+    write_profile(&path, events, 1);
     let mut options = Options::new(SocketAddr::from(([127, 0, 0, 1], 0))).expect("options");
-    options.datastore_dir = dir.join("datastores");
-    options.profiles = Some(dir.join("profiles"));
-    Dashboard::start(options).expect("starts")
+    options.datastore_dir = dir.path().join("datastores");
+    options.profiles = Some(dir.path().join("profiles"));
+    (dir, path, Dashboard::start(options).expect("starts"))
 }
 
 /// Starts a Perfetto download of `name` and reads its head and the first bytes of its
@@ -117,11 +123,7 @@ const EVENTS: u64 = 1_500_000;
 
 #[test]
 fn a_download_during_a_recapture_completes_from_the_version_it_started_on() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::create_dir(dir.path().join("profiles")).expect("mkdir");
-    let path = dir.path().join("profiles/p.ntff");
-    write_profile(&path, EVENTS, 1);
-    let dashboard = dashboard(dir.path());
+    let (_dir, path, dashboard) = serving(EVENTS);
     let addr = dashboard.addr();
     let (whole, complete) = finish_download(start_download(addr, "p.ntff"));
     assert!(complete && whole.len() > 32 << 20, "{} bytes", whole.len());
@@ -142,11 +144,7 @@ fn a_download_during_a_recapture_completes_from_the_version_it_started_on() {
 
 #[test]
 fn a_download_of_a_profile_cut_in_place_ends_and_the_dashboard_stays_up() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::create_dir(dir.path().join("profiles")).expect("mkdir");
-    let path = dir.path().join("profiles/p.ntff");
-    write_profile(&path, EVENTS, 1);
-    let dashboard = dashboard(dir.path());
+    let (_dir, path, dashboard) = serving(EVENTS);
     let addr = dashboard.addr();
     let paused = start_download(addr, "p.ntff");
     std::thread::sleep(Duration::from_millis(500));
@@ -165,10 +163,7 @@ fn a_download_of_a_profile_cut_in_place_ends_and_the_dashboard_stays_up() {
 
 #[test]
 fn the_profile_page_reports_a_damaged_chunk() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::create_dir(dir.path().join("profiles")).expect("mkdir");
-    let path = dir.path().join("profiles/p.ntff");
-    write_profile(&path, 200_000, 1);
+    let (_dir, path, dashboard) = serving(200_000);
     let file = ntff::NtffFile::open(&path).expect("opens");
     let chunk = file.chunks()[1];
     let lost = u64::from(chunk.system_events) + u64::from(chunk.device_events);
@@ -176,7 +171,6 @@ fn the_profile_page_reports_a_damaged_chunk() {
     let mut bytes = std::fs::read(&path).expect("read");
     bytes[chunk.offset as usize + 100] ^= 0x10;
     std::fs::write(&path, bytes).expect("write");
-    let dashboard = dashboard(dir.path());
     let (status, response) = get_status(dashboard.addr(), "/api/profiles/p.ntff");
     assert_eq!(status, 200, "{response}");
     let body = &response[response.find("\r\n\r\n").expect("a body") + 4..];

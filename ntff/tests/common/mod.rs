@@ -197,3 +197,22 @@ pub fn write(ops: &[Op]) -> (Vec<u8>, Streams) {
     assert_eq!(summary.bytes, bytes.len() as u64);
     (bytes, streams)
 }
+
+/// A system event of core 0 and model 1 for execution `exec` (its tracking id too), at
+/// `t` on `clock`: the spine of an execution (`nrt_execute`, `nc_exec_running`).
+pub fn execution_event(name: ntff::Sym, phase: Phase, clock: Clock, t: u64, exec: u64) -> SystemEvent {
+    SystemEvent {
+        core: Some(0),
+        id: 0,
+        name,
+        phase,
+        clock,
+        timestamp_ns: t,
+        tracking_id: exec,
+        thread_id: 1,
+        exec_id: Some(exec),
+        model_id: Some(1),
+        nrta_seq_id: None,
+        args: Vec::new(),
+    }
+}
