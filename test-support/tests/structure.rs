@@ -1,5 +1,7 @@
 //! The workspace's shape, as `ARCHITECTURE.md` states it: no source file over 1,000
-//! lines, and no import cycle between the modules of a crate.
+//! lines, no import cycle between the modules of a crate, no dependency between
+//! workspace crates that the crate table of `ARCHITECTURE.md` does not list, and no
+//! declared dependency that no source file of its crate names.
 //!
 //! Modules are found from each crate root (`lib.rs`, `main.rs`, `src/bin/…`) through
 //! its `mod` declarations. Every path a module names (in `use` items and in code,
@@ -376,4 +378,106 @@ fn no_crate_has_an_import_cycle_between_its_modules() {
         }
     }
     assert!(problems.is_empty(), "modules that import each other in a circle:\n{}", problems.join("\n"));
+}
+
+/// A workspace member: its package name, folder, and the names of its normal
+/// dependencies (`[dependencies]`: what it links in every build).
+struct Member {
+    name: String,
+    dir: PathBuf,
+    dependencies: Vec<String>,
+}
+
+/// The members `Cargo.toml` lists, read from their manifests (the few lines of TOML
+/// these need: a section header, then `name = …` or `name.workspace = true` lines).
+fn members() -> Vec<Member> {
+    let root = workspace_root();
+    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).expect("the workspace manifest");
+    let line = manifest.lines().find(|l| l.starts_with("members")).expect("a members list");
+    let dirs = line.split('"').skip(1).step_by(2);
+    dirs.map(|dir| {
+        let dir = root.join(dir);
+        let text = std::fs::read_to_string(dir.join("Cargo.toml")).expect("a member manifest");
+        let (mut section, mut name, mut dependencies) = (String::new(), None, Vec::new());
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+            if line.starts_with('[') {
+                section = line.to_string();
+                continue;
+            }
+            let key = line.split(['=', '.', ' ']).next().unwrap_or_default().to_string();
+            match section.as_str() {
+                "[package]" if key == "name" && name.is_none() => {
+                    name = line.split('"').nth(1).map(str::to_string);
+                }
+                "[dependencies]" => dependencies.push(key),
+                _ => {}
+            }
+        }
+        Member { name: name.expect("a package name"), dir, dependencies }
+    })
+    .collect()
+}
+
+/// The edges `ARCHITECTURE.md` allows: for each crate of its table's first column, the
+/// crates named (in backquotes) in the second.
+fn allowed_edges() -> BTreeMap<String, BTreeSet<String>> {
+    let text = std::fs::read_to_string(workspace_root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let quoted = |cell: &str| -> Vec<String> { cell.split('`').skip(1).step_by(2).map(str::to_string).collect() };
+    let mut allowed = BTreeMap::new();
+    for row in text.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = row.split('|').collect();
+        let (Some(crates), Some(may)) = (cells.get(1), cells.get(2)) else { continue };
+        let targets: BTreeSet<String> = quoted(may).into_iter().collect();
+        for name in quoted(crates).into_iter().filter(|n| !n.ends_with('/')) {
+            allowed.insert(name, targets.clone());
+        }
+    }
+    allowed
+}
+
+#[test]
+fn every_edge_between_workspace_crates_is_one_architecture_allows() {
+    let members = members();
+    let allowed = allowed_edges();
+    let names: BTreeSet<&str> = members.iter().map(|m| m.name.as_str()).collect();
+    let mut wrong = Vec::new();
+    for m in &members {
+        let Some(may) = allowed.get(&m.name) else {
+            wrong.push(format!("{} is not in the crate table of ARCHITECTURE.md", m.name));
+            continue;
+        };
+        for dep in m.dependencies.iter().filter(|d| names.contains(d.as_str())) {
+            if !may.contains(dep) {
+                wrong.push(format!("{} depends on {dep}, which ARCHITECTURE.md does not allow", m.name));
+            }
+        }
+    }
+    assert!(members.len() >= 10 && allowed.len() >= 10, "read {} members, {} table rows", members.len(), allowed.len());
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn every_declared_dependency_is_used() {
+    let mut unused = Vec::new();
+    for m in members() {
+        let mut files = Vec::new();
+        rust_files(&m.dir.join("src"), &mut files);
+        let source: String = files.iter().filter_map(|f| std::fs::read_to_string(f).ok()).collect();
+        for dep in &m.dependencies {
+            let ident = dep.replace('-', "_");
+            // As a path or an item name: `serde::`, `use nix`, `#[derive(serde::…)]`.
+            let used = source.match_indices(&ident).any(|(at, _)| {
+                let before = source[..at].chars().next_back().is_none_or(|c| !c.is_alphanumeric() && c != '_');
+                let after = source[at + ident.len()..].chars().next().is_none_or(|c| !c.is_alphanumeric() && c != '_');
+                before && after
+            });
+            if !used {
+                unused.push(format!(
+                    "{}: {dep} (remove it, or move it to [dev-dependencies] if only tests use it)",
+                    m.name
+                ));
+            }
+        }
+    }
+    assert!(unused.is_empty(), "declared and never used:\n{}", unused.join("\n"));
 }
