@@ -4,10 +4,8 @@ import json
 import os
 import threading
 
-from . import _native
-
-_active = None
-_active_lock = threading.Lock()
+from . import _active, _native
+from ._runtime import runtime as default_runtime
 
 
 class profile:
@@ -41,24 +39,19 @@ class profile:
         self._lock = threading.Lock()
 
     def __enter__(self):
-        global _active
-        from ._runtime import runtime as default_runtime
-
         runtime = self._runtime or default_runtime()
-        with _active_lock:
-            if _active is not None:
-                raise RuntimeError(f"a profile is already being recorded into {_active.path}")
+
+        def start():
             device = self.device_trace == "all" or (self.device_trace == "nth" and self.nth == 1)
             self._native = _native.Profile.start(runtime._native, self.path, device)
             self._device_on = device
             self._executions = 0
-            _active = self
+
+        _active.activate(self, start)
         return self
 
     def __exit__(self, *exc):
-        global _active
-        with _active_lock:
-            _active = None
+        _active.deactivate()
         system, device, lost = self._native.stop()
         self.summary = {"system_events": system, "device_events": device, "lost_events": lost}
         return False
@@ -75,20 +68,11 @@ class profile:
                 self._device_on = wanted
 
 
-def execution_starts():
-    """Lets the active profile, if any, see an execution start."""
-    active = _active
-    if active is not None:
-        active._execution_starts()
-
-
 def sys_trace_start(*, cores=None, event_types=None, max_events_per_nc=None, runtime=None):
     """Starts capturing system trace events (``nrt_sys_trace_start``): of ``cores``
     (instance core indices; all by default) and ``event_types`` (names such as
     ``"nrt_execute"``; all by default), keeping at most ``max_events_per_nc`` per core
     until fetched."""
-    from ._runtime import runtime as default_runtime
-
     runtime = runtime or default_runtime()
     _native.sys_trace_start(runtime._native, cores=cores, event_types=event_types,
                             max_events_per_nc=max_events_per_nc)
@@ -96,8 +80,6 @@ def sys_trace_start(*, cores=None, event_types=None, max_events_per_nc=None, run
 
 def sys_trace_stop(*, runtime=None):
     """Stops the capture; what it recorded can still be fetched."""
-    from ._runtime import runtime as default_runtime
-
     _native.sys_trace_stop((runtime or default_runtime())._native)
 
 
@@ -106,8 +88,6 @@ def sys_trace_fetch_events(*, core=None, max_events_per_nc=None, runtime=None):
     shape (``event_type``, ``phase``, ``id``, ``nc_idx``, ``tracking_id``, ``thread_id``,
     ``data``, ``timestamp_ns``, and ``nrta_seq_id`` when there is one). Each event is
     returned once; ``core`` and ``max_events_per_nc`` leave the others for later."""
-    from ._runtime import runtime as default_runtime
-
     runtime = runtime or default_runtime()
     text = _native.sys_trace_fetch_events(runtime._native, core=core, max_events_per_nc=max_events_per_nc)
     return json.loads(text)["events"]

@@ -6,7 +6,7 @@ import numpy as np
 
 from . import _native
 from ._dtypes import numpy_dtype
-from ._observe import execution_starts
+from ._active import execution_starts
 
 
 class TensorInfo(tuple):
