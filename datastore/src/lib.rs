@@ -18,6 +18,7 @@
 //! backend, terminals or HTTP.
 
 mod directory;
+mod error;
 mod follow;
 mod identity;
 mod instructions;
@@ -41,9 +42,8 @@ pub mod record;
 pub mod sample;
 pub mod topology;
 
-use std::path::{Path, PathBuf};
-
 pub use directory::{ProcessStatus, default_dir, file_path, pid_of_file_name, process_start_time, process_status};
+pub use error::DatastoreError;
 pub use event::{ClockDomain, DeviceActivity, DeviceEvent, DmaQueueType, EventData, EventType, Phase, SystemEvent};
 pub use follow::{Followed, OpenFailure, Runtimes};
 pub use identity::CommandIdentity;
@@ -72,31 +72,4 @@ pub use writer::{CreateParams, DatastoreWriter, EccCounter, ModelEntry};
 /// ([`model`](counters::model)).
 pub mod counters {
     pub use crate::layout::{core, model};
-}
-
-/// Why a datastore could not be created or opened.
-#[derive(Debug, thiserror::Error)]
-pub enum DatastoreError {
-    #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
-    #[error("refusing {path}: {reason}")]
-    Refused { path: PathBuf, reason: String },
-    #[error(
-        "{path} has datastore layout version {found}, but this tool reads version {supported}; use tools from the same release as the runtime"
-    )]
-    UnsupportedVersion { path: PathBuf, found: u32, supported: u32 },
-    #[error("{path} is not a valid datastore: {reason}")]
-    Corrupt { path: PathBuf, reason: String },
-    #[error(
-        "{dir} has {free} bytes free but the datastore needs {needed}; free space there, or lower NEURON_RT_INSPECT_SYS_TRACE_MAX_EVENTS_PER_NC"
-    )]
-    NoSpace { dir: PathBuf, needed: u64, free: u64 },
-    #[error("datastore sizes are out of range: {0}")]
-    Layout(String),
-}
-
-impl DatastoreError {
-    pub(crate) fn io(path: &Path, source: std::io::Error) -> DatastoreError {
-        DatastoreError::Io { path: path.to_owned(), source }
-    }
 }
