@@ -16,8 +16,15 @@ const ACT_BOUND: &str = "HloModule act\nENTRY e {\n  x = f32[131072] parameter(0
                          b = f32[131072] tanh(a)\n  c = f32[131072] sine(b)\n  d = f32[131072] logistic(c)\n  \
                          ROOT r = f32[131072] tanh(d)\n}\n";
 
+/// One capture at a time: which engine or the host bounds a workload is a matter of
+/// timing, and a capture of a large product running beside a loop of tiny executions
+/// stretches the tiny ones' device time (their threads are preempted mid-instruction on
+/// a 2-CPU host), which made the host-bound profile read DVE-bound.
+static ONE_CAPTURE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Captures `hlo` with `args` and returns the summary as JSON.
 fn summary(dir: &Path, name: &str, hlo: &str, args: &[&str]) -> Value {
+    let _alone = ONE_CAPTURE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let model = dir.join(format!("{name}.hlo"));
     std::fs::write(&model, hlo).expect("write the model");
     let file = dir.join(format!("{name}.ntff"));
