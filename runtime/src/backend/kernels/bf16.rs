@@ -12,7 +12,7 @@
 
 use std::arch::x86_64::*;
 
-use super::packed::{PANEL, ROWS, by_blocks, with_scratch};
+use super::packed::{PANEL, ROWS, by_blocks, store_sums, with_row_count, with_scratch};
 
 /// Whether this CPU runs [`gemm_bf16`].
 pub(super) fn available() -> bool {
@@ -146,16 +146,7 @@ unsafe fn pack_panel(b: &ndarray::ArrayView2<'_, f32>, kp: usize, index: usize, 
 unsafe fn microkernel(a: &[u32], kp: usize, rows: usize, b: &[u32], block: &mut [f32; ROWS * PANEL]) {
     // The row count is a constant in each copy of the loop, which keeps every sum in a
     // register. SAFETY: as this function's.
-    unsafe {
-        match rows {
-            1 => rows_of::<1>(a, kp, b, block),
-            2 => rows_of::<2>(a, kp, b, block),
-            3 => rows_of::<3>(a, kp, b, block),
-            4 => rows_of::<4>(a, kp, b, block),
-            5 => rows_of::<5>(a, kp, b, block),
-            _ => rows_of::<ROWS>(a, kp, b, block),
-        }
-    }
+    unsafe { with_row_count!(rows, rows_of(a, kp, b, block)) }
 }
 
 /// [`microkernel`] for `R` rows.
@@ -182,12 +173,8 @@ unsafe fn rows_of<const R: usize>(a: &[u32], kp: usize, b: &[u32], block: &mut [
             }
         }
     }
-    for (r, sums) in acc.iter().enumerate() {
-        for (q, sum) in sums.iter().enumerate() {
-            // SAFETY: block row `r` has PANEL floats from `r * PANEL`.
-            unsafe { _mm512_storeu_ps(block.as_mut_ptr().add(r * PANEL + q * 16), *sum) };
-        }
-    }
+    // SAFETY: the CPU has AVX512F.
+    unsafe { store_sums(&acc, block) };
 }
 
 /// The same 512 bits as 32 bf16.

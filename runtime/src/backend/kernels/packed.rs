@@ -4,6 +4,7 @@
 //! of [`ROWS`] rows by [`PANEL`] columns to a microkernel and copies the block into
 //! place, and the packing buffers each thread keeps between products.
 
+use std::arch::x86_64::{__m512, _mm512_storeu_ps};
 use std::cell::Cell;
 
 /// Columns of `b` per packed panel: four vectors of 16.
@@ -73,4 +74,36 @@ pub(super) fn with_scratch<R>(
     let kept = |buffer: Vec<u32>| if buffer.len() <= SCRATCH_KEPT { buffer } else { Vec::new() };
     SCRATCH.set([kept(a), kept(b)]);
     result
+}
+
+/// Calls `$kernel::<R>(args…)` with `R` the row count `$rows` (1 to [`ROWS`]) as a
+/// constant: each copy of a microkernel's loop then keeps every sum in a register.
+macro_rules! with_row_count {
+    ($rows:expr, $kernel:ident($($arg:expr),* $(,)?)) => {
+        match $rows {
+            1 => $kernel::<1>($($arg),*),
+            2 => $kernel::<2>($($arg),*),
+            3 => $kernel::<3>($($arg),*),
+            4 => $kernel::<4>($($arg),*),
+            5 => $kernel::<5>($($arg),*),
+            _ => $kernel::<{ super::packed::ROWS }>($($arg),*),
+        }
+    };
+}
+pub(super) use with_row_count;
+
+/// Stores a microkernel's sums, `R` rows of [`PANEL`] columns, into `block`.
+///
+/// # Safety
+///
+/// The CPU has AVX512F.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn store_sums<const R: usize>(sums: &[[__m512; PANEL / 16]; R], block: &mut [f32; ROWS * PANEL]) {
+    const { assert!(R <= ROWS) };
+    for (r, row) in sums.iter().enumerate() {
+        for (q, sum) in row.iter().enumerate() {
+            // SAFETY: block row `r < ROWS` has PANEL floats from `r * PANEL`.
+            unsafe { _mm512_storeu_ps(block.as_mut_ptr().add(r * PANEL + q * 16), *sum) };
+        }
+    }
 }

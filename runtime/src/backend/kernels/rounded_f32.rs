@@ -11,7 +11,7 @@
 
 use std::arch::x86_64::*;
 
-use super::packed::{PANEL, ROWS, by_blocks, with_scratch};
+use super::packed::{PANEL, ROWS, by_blocks, store_sums, with_row_count, with_scratch};
 
 /// Whether this CPU runs [`gemm_rounded_f32`].
 pub(super) fn available() -> bool {
@@ -135,16 +135,7 @@ unsafe fn pack_panel(b: &ndarray::ArrayView2<'_, f32>, index: usize, panel: &mut
 unsafe fn microkernel(a: &[f32], k: usize, rows: usize, b: &[f32], block: &mut [f32; ROWS * PANEL]) {
     // The row count is a constant in each copy of the loop, which keeps every sum in a
     // register. SAFETY: as this function's.
-    unsafe {
-        match rows {
-            1 => rows_of::<1>(a, k, b, block),
-            2 => rows_of::<2>(a, k, b, block),
-            3 => rows_of::<3>(a, k, b, block),
-            4 => rows_of::<4>(a, k, b, block),
-            5 => rows_of::<5>(a, k, b, block),
-            _ => rows_of::<ROWS>(a, k, b, block),
-        }
-    }
+    unsafe { with_row_count!(rows, rows_of(a, k, b, block)) }
 }
 
 /// [`microkernel`] for `R` rows.
@@ -171,12 +162,8 @@ unsafe fn rows_of<const R: usize>(a: &[f32], k: usize, b: &[f32], block: &mut [f
             }
         }
     }
-    for (r, sums) in acc.iter().enumerate() {
-        for (q, sum) in sums.iter().enumerate() {
-            // SAFETY: block row `r` has PANEL floats from `r * PANEL`.
-            unsafe { _mm512_storeu_ps(block.as_mut_ptr().add(r * PANEL + q * 16), *sum) };
-        }
-    }
+    // SAFETY: the CPU has AVX512F.
+    unsafe { store_sums(&acc, block) };
 }
 
 #[cfg(test)]
