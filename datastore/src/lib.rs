@@ -10,7 +10,7 @@
 //! files reached through symbolic links.
 //!
 //! Beside the file itself, this crate holds what every side of it shares: the event
-//! model and its JSON shapes ([`event`]), the slot encodings ([`record`]), the clocks
+//! model, each system event's payload declared once, and the JSON shapes ([`event`]), the slot encodings ([`record`]), the clocks
 //! ([`clock`]), the plain enums the records carry ([`kinds`], [`topology`]), the
 //! directory and the tools' common flags ([`config`]), the host's `/proc` figures
 //! ([`host`]), following the runtimes of a directory ([`Runtimes`]) and the sampled
@@ -44,7 +44,10 @@ pub mod topology;
 
 pub use directory::{ProcessStatus, default_dir, file_path, pid_of_file_name, process_start_time, process_status};
 pub use error::DatastoreError;
-pub use event::{ClockDomain, DeviceActivity, DeviceEvent, DmaQueueType, EventData, EventType, Phase, SystemEvent};
+pub use event::{
+    ClockDomain, DeviceActivity, DeviceEvent, DmaQueueType, EventData, EventType, FieldValue, Payload, Phase,
+    SystemEvent, payload,
+};
 pub use follow::{Followed, OpenFailure, Runtimes};
 pub use identity::CommandIdentity;
 pub use instructions::{InstructionSpan, InstructionTrace};
@@ -64,7 +67,9 @@ pub use session::{
 };
 pub use strings::MAX_STRING_BYTES;
 pub use topology::{CoreSet, InstanceType, Topology};
-pub use tracer::{ALL_SYSTEM_EVENTS, EventIds, InspectConfig, RingPos, Tracer, UnknownEventType, parse_event_filter};
+pub use tracer::{
+    ALL_SYSTEM_EVENTS, At, EventHead, EventIds, InspectConfig, RingPos, Tracer, UnknownEventType, parse_event_filter,
+};
 pub use writer::{CreateParams, DatastoreWriter, EccCounter, ModelEntry};
 
 /// Word offsets of the counters a writer adds to, as `FORMAT.md` lists them: per

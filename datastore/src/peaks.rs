@@ -18,6 +18,9 @@
 //! on a host, and no measured rate can exceed it unless the CPU runs above the reported
 //! clock (turbo), which a figure above 100% then says. The backend's measured matrix
 //! product rate, which varies from run to run, is shown beside it as context only.
+//!
+//! The memory ceiling is measured here too ([`memory_bandwidth`]): what one host thread
+//! copying moves per second, the roof every instruction's bytes are compared with.
 
 use std::fmt;
 
@@ -161,6 +164,33 @@ impl fmt::Display for EnginePeaks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "PE {:.1} GFLOP/s, ACT/DVE/POOL {:.1} GFLOP/s", self.pe_flops / 1e9, self.vector_flops / 1e9)
     }
+}
+
+/// How [`memory_bandwidth`] measures.
+pub const MEMORY_BANDWIDTH_METHOD: &str =
+    "the best of 5 copies of 16 MiB on one host thread, after one to warm up, counting the bytes read and written";
+
+/// The host's memory bandwidth as one thread copying sees it (bytes read plus written
+/// per second), measured once per process: the memory ceiling instructions are
+/// compared with.
+pub fn memory_bandwidth() -> f64 {
+    static MEASURED: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *MEASURED.get_or_init(|| {
+        const BYTES: usize = 16 << 20;
+        let source = vec![1u8; BYTES];
+        let mut destination = vec![0u8; BYTES];
+        destination.copy_from_slice(&source);
+        let best = (0..5)
+            .map(|_| {
+                let started = std::time::Instant::now();
+                destination.copy_from_slice(std::hint::black_box(&source));
+                std::hint::black_box(&destination);
+                started.elapsed()
+            })
+            .min()
+            .unwrap_or_default();
+        2.0 * BYTES as f64 / best.as_secs_f64().max(1e-9)
+    })
 }
 
 #[cfg(test)]

@@ -7,9 +7,11 @@
 
 use std::sync::Arc;
 
-use crate::event::{ClockDomain, DeviceActivity, DeviceEvent, DmaQueueType, EventData, EventType, Phase, SystemEvent};
+use crate::event::{
+    ClockDomain, DeviceActivity, DeviceEvent, DmaQueueType, EventData, EventType, Phase, Slots, SystemEvent,
+};
 use crate::instructions::InstructionTrace;
-use crate::kinds::{CollectiveAlgorithm, CollectiveOp, Engine};
+use crate::kinds::Engine;
 use crate::ring::{PAYLOAD_WORDS, Payload};
 
 /// Payload words a system record uses (the rest of its slot stays zero).
@@ -61,7 +63,8 @@ impl SystemRecord {
         p
     }
 
-    pub(crate) fn decode(p: &Payload) -> SystemRecord {
+    /// The record in a slot's payload words.
+    pub fn decode(p: &[u64; DEVICE_RECORD_WORDS]) -> SystemRecord {
         SystemRecord {
             timestamp: p[0],
             tracking_id: p[1],
@@ -79,7 +82,7 @@ impl SystemRecord {
 
     /// The typed event, or `None` for an unknown type or phase code. `string` resolves
     /// string ids and `host_ns` converts host ticks.
-    pub(crate) fn to_event(
+    pub fn to_event(
         self,
         id: u64,
         nc_idx: Option<u32>,
@@ -89,44 +92,8 @@ impl SystemRecord {
         let event_type = EventType::from_code(self.event_type)?;
         let phase = Phase::from_repr(self.phase)?;
         let device_clock = self.flags & FLAG_DEVICE_CLOCK != 0;
-        let status = (self.flags & FLAG_STATUS != 0).then_some(self.args[3] as i32);
-        let a = self.args;
-        let data = match event_type {
-            EventType::NrtLoad | EventType::NrtUnload => EventData::Model { name: string(self.string_id), status },
-            EventType::NrtExecute
-            | EventType::NrtaExecuteSchedule
-            | EventType::KblExecPre
-            | EventType::KmgrExecCore
-            | EventType::KblExecWait
-            | EventType::KblExecPost
-            | EventType::NcExecRunning => EventData::Execution { status },
-            EventType::DmemBufCopyin | EventType::DmemBufCopyout => {
-                EventData::Copy { tensor_id: a[0], tensor_name: string(self.string_id), bytes: a[1] }
-            }
-            EventType::NrtTensorAllocate | EventType::NrtTensorFree => {
-                EventData::Tensor { tensor_id: a[0], tensor_name: string(self.string_id), size: a[1] }
-            }
-            EventType::NrtTensorRead | EventType::NrtTensorWrite => EventData::TensorAccess {
-                tensor_id: a[0],
-                tensor_name: string(self.string_id),
-                offset: a[1],
-                bytes: a[2],
-            },
-            EventType::NrtModelSwitch => EventData::ModelSwitch { from_model_id: a[0] as u32 },
-            EventType::NumericalErr => EventData::NumericalError { count: a[0] },
-            EventType::HwNotify => EventData::HwNotify { status: a[0] as i32, message: string(self.string_id) },
-            EventType::TimestampSyncPoint => {
-                EventData::SyncPoint { cpu_timestamp_ns: host_ns(a[0]), nc_timestamp_ns: a[1] }
-            }
-            EventType::CcRunning => EventData::Collective {
-                operation: CollectiveOp::name_of_code(a[2] & 0xff),
-                algorithm: CollectiveAlgorithm::name_of_code(a[2] >> 8 & 0xff),
-                bytes: a[1],
-                replica_group: string(self.string_id),
-                op_id: a[0] as u32,
-                status,
-            },
-        };
+        let slots = Slots { string_id: self.string_id, args: self.args, status: self.flags & FLAG_STATUS != 0 };
+        let data = EventData::from_slots(event_type, &slots, string, host_ns);
         Some(SystemEvent {
             event_type,
             phase,

@@ -11,12 +11,12 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::clock::{self, DeviceClock};
-use crate::event::{EventType, Phase};
+use crate::event::{EventType, Payload, Phase, Slots};
 use crate::instructions::{InstructionSpan, InstructionTrace};
 use crate::layout::{self, DEFAULT_MAX_EVENTS_PER_NC};
 use crate::record::{
-    DEVICE_KIND_INSTRUCTION, DEVICE_RECORD_WORDS, DeviceRecord, FLAG_NRTA_SEQ, FLAG_STATUS, InstructionRun, RUN_MAX,
-    SystemRecord,
+    DEVICE_KIND_INSTRUCTION, DEVICE_RECORD_WORDS, DeviceRecord, FLAG_DEVICE_CLOCK, FLAG_NRTA_SEQ, FLAG_STATUS,
+    InstructionRun, RUN_MAX, SystemRecord,
 };
 use crate::ring::{Claim, RingRef};
 use crate::topology::CoreSet;
@@ -120,6 +120,44 @@ pub struct Tracer {
 /// Identifies the ring an event goes to: 0 is the process ring, `1 + slot` a core's.
 pub type RingPos = usize;
 
+/// When an event happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum At {
+    /// Now: the clock is read once the event's type is known to be recorded.
+    Now,
+    /// At a host tick read earlier (`clock::ticks`).
+    Ticks(u64),
+    /// At a time on the core's device clock, in nanoseconds.
+    DeviceNs(u64),
+}
+
+/// What a system event shares with the other events of its span: the ring it goes to,
+/// its type and ids, and the tracking id its start and stop carry (0 for an instant,
+/// and for a span whose type was not recorded when it opened).
+#[derive(Debug, Clone, Copy)]
+pub struct EventHead {
+    pub ring: RingPos,
+    pub event_type: EventType,
+    pub ids: EventIds,
+    pub tracking_id: u64,
+}
+
+impl EventHead {
+    /// The head of an instant event.
+    #[inline(always)]
+    pub fn instant(ring: RingPos, event_type: EventType, ids: EventIds) -> EventHead {
+        EventHead { ring, event_type, ids, tracking_id: 0 }
+    }
+}
+
+/// When a system event happened, its phase and its record flags.
+#[derive(Debug, Clone, Copy)]
+struct Stamp {
+    timestamp: u64,
+    phase: Phase,
+    flags: u8,
+}
+
 /// The ids an execution's events carry.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct EventIds {
@@ -218,106 +256,99 @@ impl Tracer {
         self.device_enabled[slot].load(Ordering::Relaxed)
     }
 
-    /// Records one system event (checks the mask first). The check is inlined into
-    /// the caller, so a disabled type costs a load and a branch, not a call.
+    /// Records an instant system event now (when its type is recorded in `ring`).
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn emit(
-        &self,
-        ring: RingPos,
-        event_type: EventType,
-        phase: Phase,
-        tracking_id: u64,
-        ids: EventIds,
-        string_id: u32,
-        args: [u64; 4],
-        flags: u8,
-    ) {
-        if !self.enabled(ring, event_type) {
+    pub fn instant<P: Payload>(&self, ring: RingPos, event_type: EventType, ids: EventIds, payload: P) {
+        self.emit(At::Now, &EventHead::instant(ring, event_type, ids), Phase::Instant, payload);
+    }
+
+    /// Records an instant system event that happened at `at`.
+    #[inline(always)]
+    pub fn instant_at<P: Payload>(&self, at: At, ring: RingPos, event_type: EventType, ids: EventIds, payload: P) {
+        self.emit(at, &EventHead::instant(ring, event_type, ids), Phase::Instant, payload);
+    }
+
+    /// A span of `event_type` whose start is yet to be emitted ([`Tracer::open`]): its
+    /// tracking id is 0 when the type is not recorded in `ring` now.
+    #[inline]
+    pub fn span(&self, ring: RingPos, event_type: EventType, ids: EventIds) -> EventHead {
+        let tracking_id = if self.enabled(ring, event_type) { self.tracking_id() } else { 0 };
+        EventHead { ring, event_type, ids, tracking_id }
+    }
+
+    /// Opens a span now: emits its start and returns the head its stop repeats.
+    #[inline]
+    pub fn start<P: Payload>(&self, ring: RingPos, event_type: EventType, ids: EventIds, payload: P) -> EventHead {
+        let span = self.span(ring, event_type, ids);
+        self.open(At::Now, &span, payload);
+        span
+    }
+
+    /// Emits the start of `span` (made by [`Tracer::span`]) as of `at`, unless its
+    /// type was not recorded when the span was made.
+    #[inline]
+    pub fn open<P: Payload>(&self, at: At, span: &EventHead, payload: P) {
+        if span.tracking_id != 0 {
+            self.emit(at, span, Phase::Start, payload);
+        }
+    }
+
+    /// Closes `span` now.
+    #[inline]
+    pub fn stop<P: Payload>(&self, span: &EventHead, payload: P) {
+        self.emit(At::Now, span, Phase::Stop, payload);
+    }
+
+    /// Closes `span` as of `at`.
+    #[inline]
+    pub fn close<P: Payload>(&self, at: At, span: &EventHead, payload: P) {
+        self.emit(at, span, Phase::Stop, payload);
+    }
+
+    /// Records one system event when its type is recorded in its ring now. The check is
+    /// inlined into the caller, so a disabled type costs a load and a branch, not a
+    /// call; the payload's slot words are built there too, mostly from constants.
+    #[inline(always)]
+    pub fn emit<P: Payload>(&self, at: At, head: &EventHead, phase: Phase, payload: P) {
+        debug_assert!(
+            P::EVENT_TYPES.contains(&head.event_type),
+            "{} does not carry {}",
+            head.event_type,
+            std::any::type_name::<P>()
+        );
+        if !self.enabled(head.ring, head.event_type) {
             return;
         }
-        self.emit_at(clock::ticks(), ring, event_type, phase, tracking_id, ids, string_id, args, flags);
+        let (timestamp, clock_flag) = match at {
+            At::Now => (clock::ticks(), 0),
+            At::Ticks(ticks) => (ticks, 0),
+            At::DeviceNs(ns) => (ns, FLAG_DEVICE_CLOCK),
+        };
+        let slots = payload.slots();
+        let flags = clock_flag | if slots.status { FLAG_STATUS } else { 0 };
+        self.push_system(Stamp { timestamp, phase, flags }, head, &slots);
     }
 
-    /// Records one system event with a given timestamp (mask already checked).
+    /// Writes a system event into its ring (its type already checked), with the calling
+    /// thread's id.
     #[inline(never)]
-    #[allow(clippy::too_many_arguments)]
-    pub fn emit_at(
-        &self,
-        timestamp: u64,
-        ring: RingPos,
-        event_type: EventType,
-        phase: Phase,
-        tracking_id: u64,
-        ids: EventIds,
-        string_id: u32,
-        args: [u64; 4],
-        flags: u8,
-    ) {
+    fn push_system(&self, stamp: Stamp, head: &EventHead, slots: &Slots) {
+        let Stamp { timestamp, phase, flags } = stamp;
         let record = SystemRecord {
             timestamp,
-            tracking_id,
-            exec_id: ids.exec_id,
-            nrta_seq_id: ids.nrta_seq_id,
-            event_type: event_type as u16,
+            tracking_id: head.tracking_id,
+            exec_id: head.ids.exec_id,
+            nrta_seq_id: head.ids.nrta_seq_id,
+            event_type: head.event_type as u16,
             phase: phase as u8,
-            flags: if ids.nrta_seq_id != 0 { flags | FLAG_NRTA_SEQ } else { flags },
+            flags: if head.ids.nrta_seq_id != 0 { flags | FLAG_NRTA_SEQ } else { flags },
             thread_id: thread_id(),
-            model_id: ids.model_id,
-            string_id,
-            args,
+            model_id: head.ids.model_id,
+            string_id: slots.string_id,
+            args: slots.args,
         };
-        let claim = if self.discard { Claim::Discard { consumed: &self.consumed[ring] } } else { Claim::Shared };
-        self.rings[ring].push(&self.store.region, claim, &record.encode());
-    }
-
-    /// Opens a span: emits its start and returns the tracking id its stop must carry
-    /// (0 when the type is not recorded).
-    #[inline]
-    pub fn start(&self, ring: RingPos, event_type: EventType, ids: EventIds, string_id: u32) -> u64 {
-        if !self.enabled(ring, event_type) {
-            return 0;
-        }
-        let tracking_id = self.next_tracking_id.fetch_add(1, Ordering::Relaxed);
-        self.emit_at(clock::ticks(), ring, event_type, Phase::Start, tracking_id, ids, string_id, [0; 4], 0);
-        tracking_id
-    }
-
-    /// Opens a span whose start carries `args`.
-    #[inline]
-    pub fn start_with(
-        &self,
-        ring: RingPos,
-        event_type: EventType,
-        ids: EventIds,
-        string_id: u32,
-        args: [u64; 4],
-    ) -> u64 {
-        if !self.enabled(ring, event_type) {
-            return 0;
-        }
-        let tracking_id = self.next_tracking_id.fetch_add(1, Ordering::Relaxed);
-        self.emit_at(clock::ticks(), ring, event_type, Phase::Start, tracking_id, ids, string_id, args, 0);
-        tracking_id
-    }
-
-    /// Closes a span opened by [`Tracer::start`], with the call's status code (the
-    /// public `NRT_STATUS` number) if it has one.
-    #[inline]
-    pub fn stop(
-        &self,
-        ring: RingPos,
-        event_type: EventType,
-        tracking_id: u64,
-        ids: EventIds,
-        string_id: u32,
-        status: Option<u32>,
-    ) {
-        let (args, flags) = match status {
-            Some(code) => ([0, 0, 0, u64::from(code)], FLAG_STATUS),
-            None => ([0; 4], 0),
-        };
-        self.emit(ring, event_type, Phase::Stop, tracking_id, ids, string_id, args, flags);
+        let claim = if self.discard { Claim::Discard { consumed: &self.consumed[head.ring] } } else { Claim::Shared };
+        self.rings[head.ring].push(&self.store.region, claim, &record.encode());
     }
 
     /// Allocates a tracking id for a span whose start is emitted by hand.

@@ -4,7 +4,8 @@
 //! Everything that writes profiles uses it: `neuron-profile` (capture, inspect,
 //! snapshot), and `nrt_profile_start`/`nrt_profile_stop` of the C API. It is the one
 //! place that knows both the datastore's event model and the file's:
-//! event data becomes named arguments, device activities become descriptors, ring
+//! each payload field becomes a named argument (keyed as its declaration in the
+//! datastore's `event/schema.rs` names it), device activities become descriptors, ring
 //! overwrites become loss markers and `timestamp_sync_point` events become sync points.
 
 mod background;
@@ -17,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use neuron_datastore::Engine;
 use neuron_datastore::{
-    ClockDomain, DeviceActivity, DeviceEvent, DmaQueueType, EventData, EventType, Phase, SystemEvent,
+    ClockDomain, DeviceActivity, DeviceEvent, DmaQueueType, EventData, EventType, FieldValue, Phase, SystemEvent,
 };
 use neuron_datastore::{DatastoreReader, ModelInfo, RuntimeInfo, Tail, TraceEvent};
 use ntff::{Arg, ArgValue, Descriptor, DescriptorId, NtffError, Sym, SyncPoint, Writer};
@@ -196,46 +197,19 @@ impl<W: Write> Recorder<W> {
         Ok(())
     }
 
+    /// The event's payload as NTFF arguments: one per field of its declaration, keyed
+    /// by the field's name.
     fn args(&mut self, data: &EventData) -> Vec<Arg> {
         let w = &mut self.writer;
         let mut args = Vec::with_capacity(6);
-        let status = |w: &mut Writer<W>, s: &Option<i32>| s.map(|s| int(w, "status", s));
-        match data {
-            EventData::Model { name, status: s } => {
-                args.push(string(w, "model_name", name));
-                args.extend(status(w, s));
-            }
-            EventData::Execution { status: s } => args.extend(status(w, s)),
-            EventData::Copy { tensor_id, tensor_name, bytes } => {
-                args.extend([unsigned(w, "tensor_id", *tensor_id), string(w, "tensor_name", tensor_name)]);
-                args.push(unsigned(w, "bytes", *bytes));
-            }
-            EventData::Tensor { tensor_id, tensor_name, size } => {
-                args.extend([unsigned(w, "tensor_id", *tensor_id), string(w, "tensor_name", tensor_name)]);
-                args.push(unsigned(w, "size", *size));
-            }
-            EventData::TensorAccess { tensor_id, tensor_name, offset, bytes } => {
-                args.extend([unsigned(w, "tensor_id", *tensor_id), string(w, "tensor_name", tensor_name)]);
-                args.extend([unsigned(w, "offset", *offset), unsigned(w, "bytes", *bytes)]);
-            }
-            EventData::ModelSwitch { from_model_id } => {
-                args.push(unsigned(w, "from_model_id", u64::from(*from_model_id)))
-            }
-            EventData::NumericalError { count } => args.push(unsigned(w, "count", *count)),
-            EventData::HwNotify { status, message } => {
-                args.extend([int(w, "status", *status), string(w, "message", message)])
-            }
-            EventData::SyncPoint { cpu_timestamp_ns, nc_timestamp_ns } => args.extend([
-                unsigned(w, "cpu_timestamp_ns", *cpu_timestamp_ns),
-                unsigned(w, "nc_timestamp_ns", *nc_timestamp_ns),
-            ]),
-            EventData::Collective { operation, algorithm, bytes, replica_group, op_id, status: s } => {
-                args.extend([string(w, "operation", operation), string(w, "algorithm", algorithm)]);
-                args.extend([unsigned(w, "bytes", *bytes), string(w, "replica_group", replica_group)]);
-                args.push(unsigned(w, "op_id", u64::from(*op_id)));
-                args.extend(status(w, s));
-            }
-        }
+        data.for_each_field(|key, value| {
+            let value = match value {
+                FieldValue::U64(v) => ArgValue::U64(v),
+                FieldValue::I64(v) => ArgValue::I64(v),
+                FieldValue::Str(s) => ArgValue::Str(w.intern(s)),
+            };
+            args.push(Arg { key: w.intern(key), value });
+        });
         args
     }
 
@@ -319,18 +293,6 @@ impl<W: Write> Recorder<W> {
     }
 }
 
-fn unsigned<W: Write>(w: &mut Writer<W>, key: &str, value: u64) -> Arg {
-    Arg { key: w.intern(key), value: ArgValue::U64(value) }
-}
-
-fn int<W: Write>(w: &mut Writer<W>, key: &str, value: i32) -> Arg {
-    Arg { key: w.intern(key), value: ArgValue::I64(i64::from(value)) }
-}
-
-fn string<W: Write>(w: &mut Writer<W>, key: &str, value: &str) -> Arg {
-    Arg { key: w.intern(key), value: ArgValue::Str(w.intern(value)) }
-}
-
 /// The file metadata for a trace of the runtime `info` describes, made by `tool` (its
 /// name and version) as a capture of kind `capture_kind`.
 pub fn metadata(info: &RuntimeInfo, tool: &str, capture_kind: &str, command: &[String]) -> ntff::Metadata {
@@ -364,8 +326,8 @@ pub fn metadata(info: &RuntimeInfo, tool: &str, capture_kind: &str, command: &[S
         defined_vector_flops_per_core: peaks.as_ref().map_or(0.0, |p| p.vector_flops),
         defined_peak_basis: peaks.map(|p| p.basis).unwrap_or_default(),
         warmup_executions: 0,
-        peak_memory_bytes_per_s: memory_bandwidth(),
-        peak_memory_method: MEMORY_BANDWIDTH_METHOD.into(),
+        peak_memory_bytes_per_s: neuron_datastore::peaks::memory_bandwidth(),
+        peak_memory_method: neuron_datastore::peaks::MEMORY_BANDWIDTH_METHOD.into(),
         host: host_name(),
         program: info.command.name.clone(),
         bf16_products_faster: match info.product_kernel {
@@ -381,90 +343,18 @@ fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
 }
 
-/// How [`memory_bandwidth`] measures.
-const MEMORY_BANDWIDTH_METHOD: &str =
-    "the best of 5 copies of 16 MiB on one host thread, after one to warm up, counting the bytes read and written";
-
-/// The host's memory bandwidth as one thread copying sees it (bytes read plus written
-/// per second), measured once per process: the memory ceiling instructions are
-/// compared with.
-fn memory_bandwidth() -> f64 {
-    static MEASURED: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *MEASURED.get_or_init(|| {
-        const BYTES: usize = 16 << 20;
-        let source = vec![1u8; BYTES];
-        let mut destination = vec![0u8; BYTES];
-        destination.copy_from_slice(&source);
-        let best = (0..5)
-            .map(|_| {
-                let started = std::time::Instant::now();
-                destination.copy_from_slice(std::hint::black_box(&source));
-                std::hint::black_box(&destination);
-                started.elapsed()
-            })
-            .min()
-            .unwrap_or_default();
-        2.0 * BYTES as f64 / best.as_secs_f64().max(1e-9)
-    })
-}
-
 /// The runtime's typed event for an NTFF system event (`None` when its name or
 /// arguments are not the runtime's).
 pub fn to_system_event(file: &ntff::NtffFile, e: &ntff::SystemEvent) -> Option<SystemEvent> {
     let event_type = EventType::from_name(file.string(e.name)?)?;
-    let arg = |key: &str| e.args.iter().find(|a| file.string(a.key) == Some(key)).map(|a| a.value);
-    let u = |key: &str| match arg(key) {
-        Some(ArgValue::U64(v)) => Some(v),
-        _ => None,
-    };
-    let i = |key: &str| match arg(key) {
-        Some(ArgValue::I64(v)) => i32::try_from(v).ok(),
-        _ => None,
-    };
-    let s = |key: &str| match arg(key) {
-        Some(ArgValue::Str(sym)) => file.string(sym).map(str::to_owned),
-        _ => None,
-    };
-    let data = match event_type {
-        EventType::NrtLoad | EventType::NrtUnload => EventData::Model { name: s("model_name")?, status: i("status") },
-        EventType::NrtExecute
-        | EventType::NrtaExecuteSchedule
-        | EventType::KblExecPre
-        | EventType::KmgrExecCore
-        | EventType::KblExecWait
-        | EventType::KblExecPost
-        | EventType::NcExecRunning => EventData::Execution { status: i("status") },
-        EventType::DmemBufCopyin | EventType::DmemBufCopyout => {
-            EventData::Copy { tensor_id: u("tensor_id")?, tensor_name: s("tensor_name")?, bytes: u("bytes")? }
-        }
-        EventType::NrtTensorAllocate | EventType::NrtTensorFree => {
-            EventData::Tensor { tensor_id: u("tensor_id")?, tensor_name: s("tensor_name")?, size: u("size")? }
-        }
-        EventType::NrtTensorRead | EventType::NrtTensorWrite => EventData::TensorAccess {
-            tensor_id: u("tensor_id")?,
-            tensor_name: s("tensor_name")?,
-            offset: u("offset")?,
-            bytes: u("bytes")?,
-        },
-        EventType::NrtModelSwitch => EventData::ModelSwitch { from_model_id: u32::try_from(u("from_model_id")?).ok()? },
-        EventType::NumericalErr => EventData::NumericalError { count: u("count")? },
-        EventType::HwNotify => EventData::HwNotify { status: i("status")?, message: s("message")? },
-        EventType::TimestampSyncPoint => {
-            EventData::SyncPoint { cpu_timestamp_ns: u("cpu_timestamp_ns")?, nc_timestamp_ns: u("nc_timestamp_ns")? }
-        }
-        EventType::CcRunning => {
-            let operation = s("operation")?;
-            let algorithm = s("algorithm")?;
-            EventData::Collective {
-                operation: (0..16).map(neuron_datastore::CollectiveOp::name_of_code).find(|n| *n == operation)?,
-                algorithm: (0..4).map(neuron_datastore::CollectiveAlgorithm::name_of_code).find(|n| *n == algorithm)?,
-                bytes: u("bytes")?,
-                replica_group: s("replica_group")?,
-                op_id: u32::try_from(u("op_id")?).ok()?,
-                status: i("status"),
-            }
-        }
-    };
+    let data = EventData::from_fields(event_type, &mut |key| {
+        let arg = e.args.iter().find(|a| file.string(a.key) == Some(key))?;
+        Some(match arg.value {
+            ArgValue::U64(v) => FieldValue::U64(v),
+            ArgValue::I64(v) => FieldValue::I64(v),
+            ArgValue::Str(sym) => FieldValue::Str(file.string(sym)?),
+        })
+    })?;
     Some(SystemEvent {
         event_type,
         phase: match e.phase {

@@ -21,6 +21,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
 use neuron_datastore::clock::ticks;
+use neuron_datastore::payload::TensorAccess;
 use neuron_datastore::{ALL_SYSTEM_EVENTS, EventType, InstructionSpan};
 use neuron_datastore::{DatastoreReader, TailStart, TraceEvent};
 use neuron_runtime::config::CoreRequest;
@@ -86,6 +87,12 @@ fn runtime_with(dirs: &Path, event_types: u64, events_per_ring: Option<u64>) -> 
         config.inspect.max_events_per_nc = events;
     }
     Runtime::start(config).expect("runtime")
+}
+
+/// The payload of the system events the benchmark emits: a 64-byte access of tensor `i`.
+#[inline(always)]
+fn access(i: u64) -> TensorAccess {
+    TensorAccess { tensor_id: i, tensor_name: 0, offset: 0, bytes: 64 }
 }
 
 fn median(mut samples: Vec<f64>) -> f64 {
@@ -158,12 +165,12 @@ fn emit_with_ring(dirs: &Path, events_per_ring: u64) {
                 time_batch(&mut samples[0], &mut |i| w(i));
                 time_batch(&mut samples[1], &mut |i| {
                     let v = w(i);
-                    probe.system(EventType::NrtTensorWrite, v, [i, 0, 64, 0]);
+                    probe.system(EventType::NrtTensorWrite, v, access(i));
                     v
                 });
                 time_batch(&mut samples[2], &mut |i| {
                     let v = w(i);
-                    probe.system(EventType::NrtTensorRead, v, [i, 0, 64, 0]);
+                    probe.system(EventType::NrtTensorRead, v, access(i));
                     v
                 });
                 time_batch(&mut samples[3], &mut |i| {
@@ -341,7 +348,7 @@ fn reader_process(path: &Path) {
 fn burst(probe: &TraceProbe) -> f64 {
     let start = Instant::now();
     for i in 0..BURST {
-        probe.system(EventType::NrtTensorRead, i, [i, 0, 64, 0]);
+        probe.system(EventType::NrtTensorRead, i, access(i));
     }
     BURST as f64 / start.elapsed().as_secs_f64()
 }

@@ -16,7 +16,7 @@ use crate::dtype::ArrayType;
 use crate::error::{NrtError, NrtResult, NrtStatus};
 use crate::lifecycle::Lifecycle;
 use crate::memory::MemoryCharge;
-use neuron_datastore::event::{EventType, Phase};
+use neuron_datastore::event::{EventType, Payload, payload};
 use neuron_datastore::{EventIds, RingPos, Tracer};
 
 /// Where a tensor's memory lives.
@@ -114,24 +114,29 @@ struct Storage {
 impl Drop for Storage {
     fn drop(&mut self) {
         if let Some((tracing, tensor_id, size)) = &self.freed {
-            tracing.instant(EventType::NrtTensorFree, [*tensor_id, *size, 0, 0]);
+            tracing.instant(EventType::NrtTensorFree, tracing.tensor(*tensor_id, *size));
         }
     }
 }
 
 impl TensorTracing {
-    fn instant(&self, event_type: EventType, args: [u64; 4]) {
-        self.tracer.emit(self.ring, event_type, Phase::Instant, 0, EventIds::default(), self.name_id, args, 0);
+    /// The payload of `nrt_tensor_allocate` and `nrt_tensor_free` for this tensor.
+    fn tensor(&self, tensor_id: u64, size: u64) -> payload::Tensor {
+        payload::Tensor { tensor_id, tensor_name: self.name_id, size }
     }
 
-    /// Runs `f` inside a start/stop span of `event_type`, as request `nrta_seq_id` of an
-    /// execution unit when not 0.
-    fn span<R>(&self, event_type: EventType, args: [u64; 4], nrta_seq_id: u64, f: impl FnOnce() -> R) -> R {
+    fn instant(&self, event_type: EventType, payload: impl Payload) {
+        self.tracer.instant(self.ring, event_type, EventIds::default(), payload);
+    }
+
+    /// Runs `f` inside a start/stop span of `event_type` (both carry `payload`), as
+    /// request `nrta_seq_id` of an execution unit when not 0.
+    fn span<R>(&self, event_type: EventType, payload: impl Payload, nrta_seq_id: u64, f: impl FnOnce() -> R) -> R {
         let tracer = &self.tracer;
         let ids = EventIds { nrta_seq_id, ..EventIds::default() };
-        let tracking_id = tracer.start_with(self.ring, event_type, ids, self.name_id, args);
+        let span = tracer.start(self.ring, event_type, ids, payload);
         let result = f();
-        tracer.emit(self.ring, event_type, Phase::Stop, tracking_id, ids, self.name_id, args, 0);
+        tracer.stop(&span, payload);
         result
     }
 }
@@ -178,7 +183,7 @@ impl Tensor {
             })
         };
         let bytes = match &tracing {
-            Some(t) => t.span(EventType::NrtTensorAllocate, [id, size, 0, 0], 0, map)?,
+            Some(t) => t.span(EventType::NrtTensorAllocate, t.tensor(id, size), 0, map)?,
             None => map()?,
         };
         Ok(Tensor::over(id, name, placement, Memory::Mapped(bytes), size, array_type, charge, lifecycle, tracing))
@@ -202,7 +207,7 @@ impl Tensor {
             .map_err(|_| NrtError::invalid(format!("{len} bytes do not fit in this host's address space")))?;
         let id = NEXT_TENSOR_ID.fetch_add(1, Ordering::Relaxed);
         if let Some(t) = &tracing {
-            t.span(EventType::NrtTensorAllocate, [id, len, 0, 0], 0, || ());
+            t.span(EventType::NrtTensorAllocate, t.tensor(id, len), 0, || ());
         }
         let memory = Memory::Lent { start, len: bytes };
         Ok(Tensor::over(id, name, TensorPlacement::Host, memory, len, None, charge, lifecycle, tracing))
@@ -392,7 +397,10 @@ impl Tensor {
     /// Runs `f` inside an `nrt_tensor_read` or `nrt_tensor_write` span.
     fn traced<R>(&self, event_type: EventType, offset: u64, bytes: u64, nrta_seq_id: u64, f: impl FnOnce() -> R) -> R {
         match &self.inner.tracing {
-            Some(t) => t.span(event_type, [self.inner.id, offset, bytes, 0], nrta_seq_id, f),
+            Some(t) => {
+                let access = payload::TensorAccess { tensor_id: self.inner.id, tensor_name: t.name_id, offset, bytes };
+                t.span(event_type, access, nrta_seq_id, f)
+            }
             None => f(),
         }
     }

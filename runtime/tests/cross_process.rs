@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 use neuron_datastore::clock::ticks;
+use neuron_datastore::payload::TensorAccess;
 use neuron_datastore::{ALL_SYSTEM_EVENTS, DeviceActivity, DmaQueueType, EventData, EventType, ExecOutcome, Phase};
 use neuron_datastore::{DatastoreReader, ExitReason, InstructionSpan, Liveness, TailStart, TraceEvent};
 use neuron_runtime::trace::PROBE_MODEL_ID;
@@ -317,7 +318,11 @@ fn stress_writer() {
                 for k in 0..STRESS_SYSTEM_PER_THREAD {
                     let seq = 1 + 2 * k + thread;
                     let (offset, bytes) = stress_words(seq);
-                    probe.system(EventType::NrtTensorRead, seq, [seq, offset, bytes, 0]);
+                    probe.system(
+                        EventType::NrtTensorRead,
+                        seq,
+                        TensorAccess { tensor_id: seq, tensor_name: 0, offset, bytes },
+                    );
                 }
             });
         }

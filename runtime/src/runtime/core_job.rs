@@ -14,9 +14,10 @@ use crate::pool::HostPool;
 use crate::tensor::{ExecutionLocks, Tensor, TensorSet};
 use neuron_datastore::clock::ticks;
 use neuron_datastore::counters::core as counter;
-use neuron_datastore::event::{DmaQueueType, EventType, Phase};
-use neuron_datastore::record::{DEVICE_KIND_DMA, DeviceRecord, FLAG_DEVICE_CLOCK, FLAG_STATUS};
-use neuron_datastore::{EccCounter, ErrorClass, EventIds, INSTRUCTION_BYTES, InstructionSpan, Tracer};
+use neuron_datastore::event::payload::{self, Execution};
+use neuron_datastore::event::{DmaQueueType, EventType};
+use neuron_datastore::record::{DEVICE_KIND_DMA, DeviceRecord};
+use neuron_datastore::{At, EccCounter, ErrorClass, EventIds, INSTRUCTION_BYTES, InstructionSpan, Tracer};
 
 use super::*;
 
@@ -62,16 +63,8 @@ impl CoreJob<'_> {
         let m = self.model;
         if let Some(previous) = self.tracer.switch_model(m.slot, m.id) {
             self.tracer.add(m.slot, counter::MODEL_SWITCHES, 1);
-            self.tracer.emit(
-                m.ring,
-                EventType::NrtModelSwitch,
-                Phase::Instant,
-                0,
-                self.ids,
-                0,
-                [u64::from(previous), 0, 0, 0],
-                0,
-            );
+            let switch = payload::ModelSwitch { from_model_id: previous };
+            self.tracer.instant(m.ring, EventType::NrtModelSwitch, self.ids, switch);
         }
     }
 
@@ -94,26 +87,21 @@ impl CoreJob<'_> {
             self.struck(strike, &run.result);
         }
         if let Err(error) = &run.result {
-            tracer.emit(
-                m.ring,
-                EventType::HwNotify,
-                Phase::Instant,
-                0,
-                self.ids,
-                tracer.store().intern(&error.message),
-                [error.status.code() as u64, 0, 0, 0],
-                0,
-            );
+            let notify = payload::HwNotify {
+                status: error.status.code() as i32,
+                message: tracer.store().intern(&error.message),
+            };
+            tracer.instant(m.ring, EventType::HwNotify, self.ids, notify);
         }
         if let Ok(count) = run.result
             && count > 0
         {
-            tracer.emit(m.ring, EventType::NumericalErr, Phase::Instant, 0, self.ids, 0, [count, 0, 0, 0], 0);
+            tracer.instant(m.ring, EventType::NumericalErr, self.ids, payload::NumericalError { count });
         }
         if tracer.enabled(m.ring, EventType::TimestampSyncPoint) {
             let now = ticks();
-            let args = [now, tracer.device_ns(m.slot, now), 0, 0];
-            tracer.emit_at(now, m.ring, EventType::TimestampSyncPoint, Phase::Instant, 0, self.ids, 0, args, 0);
+            let point = payload::SyncPoint { cpu_timestamp_ns: now, nc_timestamp_ns: tracer.device_ns(m.slot, now) };
+            tracer.instant_at(At::Ticks(now), m.ring, EventType::TimestampSyncPoint, self.ids, point);
         }
         run
     }
@@ -147,7 +135,8 @@ impl CoreJob<'_> {
                 let message = format!("{place}: {} [corrected, the execution continues]", kind.description());
                 tracing::warn!("{message} {what}");
                 let message_id = tracer.store().intern(&message);
-                tracer.emit(m.ring, EventType::HwNotify, Phase::Instant, 0, self.ids, message_id, [0; 4], 0);
+                let notify = payload::HwNotify { status: 0, message: message_id };
+                tracer.instant(m.ring, EventType::HwNotify, self.ids, notify);
                 tracer.add(m.slot, counter::ERRORS + ErrorClass::Transient as u64, 1);
             }
             (FaultKind::Nan, _) => {
@@ -238,13 +227,13 @@ impl CoreJob<'_> {
         let device = tracer.device_enabled(slot);
         let failed = |error: NrtError| CoreRun { result: Err(error), device_ticks: None, instructions: 0, flops: 0 };
 
-        let pre = tracer.start(ring, EventType::KblExecPre, ids, 0);
+        let pre = tracer.start(ring, EventType::KblExecPre, ids, Execution::NO_STATUS);
         let bound = bind(&m.name, "input", &program.inputs, program, self.inputs)
             .and_then(|i| Ok((i, bind(&m.name, "output", &program.outputs, program, self.outputs)?)));
         let (input_tensors, output_tensors) = match bound {
             Ok(bound) => bound,
             Err(error) => {
-                tracer.stop(ring, EventType::KblExecPre, pre, ids, 0, Some(error.status.code()));
+                tracer.stop(&pre, Execution { status: Some(error.status.code()) });
                 return failed(error);
             }
         };
@@ -283,28 +272,13 @@ impl CoreJob<'_> {
             .zip(output_bytes)
             .map(|(io, bytes)| Destination::from_le_bytes(program.buffers[io.buffer as usize].ty.dtype, bytes?))
             .collect();
-        tracer.stop(ring, EventType::KblExecPre, pre, ids, 0, None);
+        tracer.stop(&pre, Execution::NO_STATUS);
 
-        let running = tracer.enabled(ring, EventType::NcExecRunning);
+        let running = tracer.span(ring, EventType::NcExecRunning, ids);
         let run_start = ticks();
-        let running_tracking = if running {
-            let tracking_id = tracer.tracking_id();
-            let at = tracer.device_ns(slot, run_start);
-            tracer.emit_at(
-                at,
-                ring,
-                EventType::NcExecRunning,
-                Phase::Start,
-                tracking_id,
-                ids,
-                0,
-                [0; 4],
-                FLAG_DEVICE_CLOCK,
-            );
-            tracking_id
-        } else {
-            0
-        };
+        if running.tracking_id != 0 {
+            tracer.open(At::DeviceNs(tracer.device_ns(slot, run_start)), &running, Execution::NO_STATUS);
+        }
         let timeout_ticks = (self.timeout.min(MAX_EXEC_TIMEOUT).as_nanos() as f64 / tracer.ns_per_tick()) as u64;
         // This execution is the rank's next unit: its collectives meet the other ranks' in
         // their executions with the same unit, until the execution's deadline.
@@ -402,13 +376,9 @@ impl CoreJob<'_> {
             (Ok(_), Some((strike, status))) => Err(self.injected_failure(strike, status)),
             (results, _) => results,
         };
-        if running {
-            let (args, flags) = match &results {
-                Err(e) => ([0, 0, 0, e.status.code() as u64], FLAG_DEVICE_CLOCK | FLAG_STATUS),
-                Ok(_) => ([0; 4], FLAG_DEVICE_CLOCK),
-            };
-            let at = tracer.device_ns(slot, run_end);
-            tracer.emit_at(at, ring, EventType::NcExecRunning, Phase::Stop, running_tracking, ids, 0, args, flags);
+        if running.tracking_id != 0 {
+            let status = results.as_ref().err().map(|e| e.status.code());
+            tracer.close(At::DeviceNs(tracer.device_ns(slot, run_end)), &running, Execution { status });
         }
         let device_ticks = Some(run_end.saturating_sub(run_start));
         let results = match results {
@@ -416,7 +386,7 @@ impl CoreJob<'_> {
             Err(error) => return CoreRun { result: Err(error), device_ticks, instructions: executed, flops },
         };
 
-        let post = tracer.start(ring, EventType::KblExecPost, ids, 0);
+        let post = tracer.start(ring, EventType::KblExecPost, ids, Execution::NO_STATUS);
         let mut non_finite = 0;
         let mut to_copy = Vec::new();
         for (k, result) in results.into_iter().enumerate() {
@@ -449,7 +419,7 @@ impl CoreJob<'_> {
         {
             non_finite += 1;
         }
-        tracer.stop(ring, EventType::KblExecPost, post, ids, 0, None);
+        tracer.stop(&post, Execution::NO_STATUS);
         CoreRun { result: Ok(non_finite), device_ticks, instructions: executed, flops }
     }
 
@@ -500,10 +470,8 @@ impl CoreJob<'_> {
         let (tensor_id, name_id) = tensor.trace_ids();
         let bytes = tensor.size();
         let end = ticks();
-        if self.tracer.enabled(self.model.ring, event_type) {
-            let args = [tensor_id, bytes, 0, 0];
-            self.tracer.emit_at(end, self.model.ring, event_type, Phase::Instant, 0, self.ids, name_id, args, 0);
-        }
+        let copy = payload::Copy { tensor_id, tensor_name: name_id, bytes };
+        self.tracer.instant_at(At::Ticks(end), self.model.ring, event_type, self.ids, copy);
         if device {
             let slot = self.model.slot;
             self.dma(queue, index as u32, bytes, self.tracer.device_ns(slot, start), self.tracer.device_ns(slot, end));

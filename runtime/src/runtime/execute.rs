@@ -11,8 +11,9 @@ use crate::tensor::TensorSet;
 use crate::trace::classify;
 use neuron_datastore::clock::ticks;
 use neuron_datastore::counters::{core as counter, model as model_field};
-use neuron_datastore::event::{DmaQueueType, EventType, Phase};
-use neuron_datastore::{EventIds, ExecOutcome, INSTRUCTION_BYTES, Tracer};
+use neuron_datastore::event::payload::{self, Execution};
+use neuron_datastore::event::{DmaQueueType, EventType};
+use neuron_datastore::{At, EventIds, ExecOutcome, INSTRUCTION_BYTES, Tracer};
 
 use super::core_job::{CoreJob, CoreRun, tracer_duration};
 use super::*;
@@ -50,17 +51,12 @@ impl Runtime {
         };
         let m = &*model.inner;
         let ids = EventIds { exec_id: tracer.next_exec_id(), model_id: m.id, nrta_seq_id };
-        let execute_tracking = if tracer.enabled(m.ring, EventType::NrtExecute) {
-            let tracking_id = tracer.tracking_id();
-            tracer.emit_at(called, m.ring, EventType::NrtExecute, Phase::Start, tracking_id, ids, 0, [0; 4], 0);
-            tracking_id
-        } else {
-            0
-        };
+        let execute = tracer.span(m.ring, EventType::NrtExecute, ids);
+        tracer.open(At::Ticks(called), &execute, Execution::NO_STATUS);
         if let Some(slot) = m.table_slot {
             tracer.store().model_counter(slot, model_field::RUNNING).fetch_add(1, Ordering::Relaxed);
         }
-        let wait_tracking = tracer.start(m.ring, EventType::KblExecWait, ids, 0);
+        let wait = tracer.start(m.ring, EventType::KblExecWait, ids, Execution::NO_STATUS);
         let job = CoreJob {
             model: m,
             inputs,
@@ -76,26 +72,21 @@ impl Runtime {
         };
         // The core first, then a host compute slot: an execution waiting for the core
         // holds no slot, which a rank of a collective on that core may need back.
-        let kmgr_tracking = tracer.start(m.ring, EventType::KmgrExecCore, ids, 0);
+        let kmgr = tracer.start(m.ring, EventType::KmgrExecCore, ids, Execution::NO_STATUS);
         let busy = core_locks.get(&m.core).map(|l| l.lock().unwrap_or_else(|e| e.into_inner()));
         let outcome = pool.run(|| {
             job.switch_model();
-            job.tracer.stop(job.model.ring, EventType::KmgrExecCore, kmgr_tracking, job.ids, 0, None);
+            job.tracer.stop(&kmgr, Execution::NO_STATUS);
             job.run()
         });
         drop(busy);
         let ran = outcome.unwrap_or_else(|panic| {
             let error = NrtError::new(NrtStatus::Failure, format!("execution failed inside the backend: {}", panic.0));
-            tracer.emit(
-                m.ring,
-                EventType::HwNotify,
-                Phase::Instant,
-                0,
-                ids,
-                tracer.store().intern(&error.message),
-                [error.status.code() as u64, 0, 0, 0],
-                0,
-            );
+            let notify = payload::HwNotify {
+                status: error.status.code() as i32,
+                message: tracer.store().intern(&error.message),
+            };
+            tracer.instant(m.ring, EventType::HwNotify, ids, notify);
             CoreRun { result: Err(error), device_ticks: None, instructions: 0, flops: 0 }
         });
         let mut result = ran.result.map(|numerical_errors| ExecutionReport {
@@ -120,9 +111,9 @@ impl Runtime {
             }
         }
         let status = result.as_ref().err().map(|e| e.status.code());
-        tracer.stop(m.ring, EventType::KblExecWait, wait_tracking, ids, 0, None);
+        tracer.stop(&wait, Execution::NO_STATUS);
         let total_ticks = ticks().saturating_sub(called);
-        tracer.stop(m.ring, EventType::NrtExecute, execute_tracking, ids, 0, status);
+        tracer.stop(&execute, Execution { status });
         // Counted after its last event: a reader that sees the counters grow finds the
         // whole execution in the ring (`neuron-profile inspect` on failure relies on it).
         let work = (ran.device_ticks, ran.instructions, ran.flops);

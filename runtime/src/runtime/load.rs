@@ -14,9 +14,10 @@ use crate::memory::{Charge, MemoryCharge};
 use crate::neff::{DecodeOptions, Neff};
 use neuron_datastore::clock::ticks;
 use neuron_datastore::counters::core as counter;
-use neuron_datastore::event::{DmaQueueType, EventType, Phase};
+use neuron_datastore::event::payload;
+use neuron_datastore::event::{DmaQueueType, EventType};
 use neuron_datastore::record::{DEVICE_KIND_DMA, DeviceRecord};
-use neuron_datastore::{DeviceCategory, EventIds, HostCategory, InstructionTrace, ModelEntry, RingPos, Tracer};
+use neuron_datastore::{At, DeviceCategory, EventIds, HostCategory, InstructionTrace, ModelEntry, RingPos, Tracer};
 
 use super::*;
 
@@ -124,22 +125,10 @@ impl Runtime {
         let id = self.shared.next_model_id.fetch_add(1, Ordering::Relaxed);
         let name_id = tracer.store().intern(&neff.name);
         let ids = EventIds { model_id: id, ..EventIds::default() };
-        let tracking_id = if tracer.enabled(ring, EventType::NrtLoad) {
-            let tracking_id = tracer.tracking_id();
-            tracer.emit_at(called, ring, EventType::NrtLoad, Phase::Start, tracking_id, ids, name_id, [0; 4], 0);
-            tracking_id
-        } else {
-            0
-        };
+        let load = tracer.span(ring, EventType::NrtLoad, ids);
+        tracer.open(At::Ticks(called), &load, payload::Model { name: name_id, status: None });
         let loaded = self.load_on(&tracer, neff, neff_bytes.len() as u64, core, slot, ring, id, name_id, rank);
-        tracer.stop(
-            ring,
-            EventType::NrtLoad,
-            tracking_id,
-            ids,
-            name_id,
-            loaded.as_ref().err().map(|e| e.status.code()),
-        );
+        tracer.stop(&load, payload::Model { name: name_id, status: loaded.as_ref().err().map(|e| e.status.code()) });
         let model = loaded?;
         tracing::info!(model = %model.inner.name, id, core, "model loaded");
         Ok(model)
@@ -296,7 +285,7 @@ impl Runtime {
         let tracer = self.tracer()?;
         let m = &model.inner;
         let ids = EventIds { model_id: m.id, ..EventIds::default() };
-        let tracking_id = tracer.start(m.ring, EventType::NrtUnload, ids, m.name_id);
+        let unload = tracer.start(m.ring, EventType::NrtUnload, ids, payload::Model { name: m.name_id, status: None });
         let removed = lock(&self.shared.models).remove(&m.id);
         let result = match removed {
             Some(loaded) => {
@@ -309,14 +298,8 @@ impl Runtime {
             }
             None => Err(stale_model(model)),
         };
-        tracer.stop(
-            m.ring,
-            EventType::NrtUnload,
-            tracking_id,
-            ids,
-            m.name_id,
-            result.as_ref().err().map(|e| e.status.code()),
-        );
+        tracer
+            .stop(&unload, payload::Model { name: m.name_id, status: result.as_ref().err().map(|e| e.status.code()) });
         result
     }
 

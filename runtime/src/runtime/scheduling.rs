@@ -12,8 +12,9 @@ use crate::nrta::{self, CompletionHandle, ErrorTracker, PendingRead, SeqId, Unit
 use crate::tensor::{Tensor, TensorSet};
 use neuron_datastore::clock::ticks;
 use neuron_datastore::counters::core as counter;
-use neuron_datastore::event::{EventType, Phase};
-use neuron_datastore::{ErrorClass, EventIds, ExecOutcome};
+use neuron_datastore::event::EventType;
+use neuron_datastore::event::payload::Execution;
+use neuron_datastore::{At, ErrorClass, EventIds, ExecOutcome};
 
 use super::*;
 
@@ -70,14 +71,8 @@ impl Runtime {
         }
         let m = &*model.inner;
         let tracer = self.tracer()?;
-        let mut ids = EventIds { model_id: m.id, ..EventIds::default() };
-        let tracking_id = if tracer.enabled(m.ring, EventType::NrtaExecuteSchedule) { tracer.tracking_id() } else { 0 };
-        let start = |ids: EventIds| {
-            if tracking_id != 0 {
-                let (event, phase) = (EventType::NrtaExecuteSchedule, Phase::Start);
-                tracer.emit_at(called, m.ring, event, phase, tracking_id, ids, 0, [0; 4], 0);
-            }
-        };
+        let ids = EventIds { model_id: m.id, ..EventIds::default() };
+        let mut schedule = tracer.span(m.ring, EventType::NrtaExecuteSchedule, ids);
         let (runtime, owned) = (self.clone(), (model.clone(), inputs.clone(), outputs.clone()));
         let work: nrta::Work = Box::new(move |seq| {
             let (model, inputs, outputs) = &owned;
@@ -86,20 +81,13 @@ impl Runtime {
         // The start carries the sequence id, so it is recorded once the id exists and
         // before the worker can record the execution's events.
         let result = self.schedule(m.core, Xu::Compute, tracker, &format!("`{}`", m.name), work, |seq| {
-            ids.nrta_seq_id = seq.0;
-            start(ids);
+            schedule.ids.nrta_seq_id = seq.0;
+            tracer.open(At::Ticks(called), &schedule, Execution::NO_STATUS);
         });
-        if result.is_err() && ids.nrta_seq_id == 0 {
-            start(ids);
+        if result.is_err() && schedule.ids.nrta_seq_id == 0 {
+            tracer.open(At::Ticks(called), &schedule, Execution::NO_STATUS);
         }
-        tracer.stop(
-            m.ring,
-            EventType::NrtaExecuteSchedule,
-            tracking_id,
-            ids,
-            0,
-            result.as_ref().err().map(|e| e.status.code()),
-        );
+        tracer.stop(&schedule, Execution { status: result.as_ref().err().map(|e| e.status.code()) });
         // Counted after the events, as executions are.
         if let Err(error) = &result
             && error.status == NrtStatus::QueueFull

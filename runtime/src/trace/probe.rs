@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use neuron_datastore::event::{EventType, Phase};
-use neuron_datastore::{EventIds, InstructionSpan, InstructionTrace, RingPos, Tracer};
+use neuron_datastore::event::{EventType, Payload, Phase};
+use neuron_datastore::{At, EventHead, EventIds, InstructionSpan, InstructionTrace, RingPos, Tracer};
 
 /// The model id of the probe's program in the instruction table.
 pub const PROBE_MODEL_ID: u32 = u32::MAX;
@@ -58,10 +58,11 @@ impl TraceProbe {
 
     /// Records an instant system event of `event_type` on the core's ring, when that
     /// type is recorded there now: the same check and the same emit as every runtime
-    /// event. `args` are the type's payload words (see `datastore/FORMAT.md`).
+    /// event, carrying `tracking_id` (instants of the runtime carry 0).
     #[inline]
-    pub fn system(&self, event_type: EventType, tracking_id: u64, args: [u64; 4]) {
-        self.tracer.emit(self.ring, event_type, Phase::Instant, tracking_id, EventIds::default(), 0, args, 0);
+    pub fn system<P: Payload>(&self, event_type: EventType, tracking_id: u64, payload: P) {
+        let head = EventHead { ring: self.ring, event_type, ids: EventIds::default(), tracking_id };
+        self.tracer.emit(At::Now, &head, Phase::Instant, payload);
     }
 
     /// Runs `f` holding the core's execution lock, as the backend holds it while a

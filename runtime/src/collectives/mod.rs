@@ -1,0 +1,360 @@
+//! Collectives across the NeuronCores of a process.
+//!
+//! A [`Communicator`] joins N ranks, each on its own core. Ranks meet per operation:
+//! the n-th collective a rank enters meets the n-th collective of the other ranks of its
+//! replica group. Each rank deposits its data, waits until every rank of its group has
+//! arrived (or the execution timeout passes), then moves data with one of two
+//! algorithms:
+//!
+//! - **all-to-all**: each rank reads every other rank's data directly and combines it
+//!   in rank order: one step, `n − 1` times the data read per rank;
+//! - **ring**: ranks pass parts of the data to their successor around the group: a
+//!   reduce-scatter phase and an all-gather phase of `n − 1` steps each, every step
+//!   moving `1/n` of the data, so each rank moves about twice the data whatever `n`.
+//!
+//! The default is the ring from three ranks when a rank's message times the other ranks
+//! reaches [`RING_MIN_TRAFFIC`] (what all-to-all makes each rank read), and all-to-all
+//! otherwise: on host CPUs the ring's `2(n − 1)` hand-offs cost more than they save
+//! until all-to-all's reads dominate (`cargo bench -p neuron-runtime --bench
+//! collectives` measures both; BENCHMARKS.md has the figures). Either way every rank
+//! ends with the same bits: in the ring each part is reduced by one rank and then
+//! copied to the others.
+//!
+//! A rank that never arrives makes every waiting rank fail at the deadline with
+//! `NRT_EXEC_HW_ERR_COLLECTIVES`. The communicator then starts the next operation of
+//! every rank afresh, so the ranks meet again on their next call; a rank that was
+//! still inside the abandoned operation fails at once.
+//!
+//! While a rank waits for the others, its execution gives its host compute slot back
+//! (see `HostPool::released`): with more ranks than host CPUs, the ranks still running
+//! need the slots to reach the meeting.
+//!
+//! The API types and the communicator are here; the meeting protocol (units,
+//! meetings, failures) is in `meeting.rs` and the data-moving algorithms in
+//! `algorithms.rs`.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::dtype::DType;
+use crate::error::{NrtError, NrtResult};
+use crate::isa::{CollectiveKind, ReduceOp};
+use crate::lifecycle::Lifecycle;
+use crate::tensor::Tensor;
+use neuron_datastore::topology::Topology;
+use neuron_datastore::{EventIds, RingPos, Tracer};
+
+mod algorithms;
+mod meeting;
+
+use meeting::State;
+pub(crate) use meeting::check_groups;
+
+/// From this many bytes of other ranks' data per rank (message × (ranks − 1)), the
+/// default algorithm is the ring (with more than two ranks).
+pub const RING_MIN_TRAFFIC: u64 = 16 << 20;
+
+/// How the data of a collective moves between ranks (its name and event code are
+/// the datastore's).
+pub use neuron_datastore::CollectiveAlgorithm as Algorithm;
+
+/// The default algorithm for `bytes` per rank in a group of `ranks`.
+pub fn choose_algorithm(bytes: u64, ranks: usize) -> Algorithm {
+    if ranks > 2 && bytes.saturating_mul(ranks as u64 - 1) >= RING_MIN_TRAFFIC {
+        Algorithm::Ring
+    } else {
+        Algorithm::AllToAll
+    }
+}
+
+/// A collective operation called through the API (on whole tensors, along their
+/// first dimension).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Collective {
+    /// Every rank's output is the element-wise reduction of all inputs.
+    AllReduce(ReduceOp),
+    /// Every rank's output is the inputs concatenated in group order (`n` times as long).
+    AllGather,
+    /// The reduction of all inputs, split in `n` parts: rank `i` of a group gets part `i`.
+    ReduceScatter(ReduceOp),
+    /// Each input is split in `n` parts; part `j` of rank `i` becomes part `i` of rank `j`.
+    AllToAll,
+    /// Returns once every rank of the group has called it.
+    Barrier,
+    /// Queues the input for rank `peer` and returns; the peer's `Recv` takes it.
+    Send { peer: u32 },
+    /// Waits for the oldest input rank `peer` sent to this rank and writes it out.
+    Recv { peer: u32 },
+}
+
+impl Collective {
+    /// `all-reduce`, `all-gather`, …, as `cc_running` events name it.
+    pub fn name(self) -> &'static str {
+        self.kind().name()
+    }
+
+    /// The operation as events record it.
+    fn kind(self) -> neuron_datastore::CollectiveOp {
+        use neuron_datastore::CollectiveOp as Op;
+        match self {
+            Collective::AllReduce(_) => Op::AllReduce,
+            Collective::AllGather => Op::AllGather,
+            Collective::ReduceScatter(_) => Op::ReduceScatter,
+            Collective::AllToAll => Op::AllToAll,
+            Collective::Barrier => Op::Barrier,
+            Collective::Send { .. } => Op::Send,
+            Collective::Recv { .. } => Op::Recv,
+        }
+    }
+}
+
+/// One call of [`Communicator::run`]: the operation, the element type, the replica
+/// groups (empty: one group of every rank) and the algorithm (`None`: by size).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CollectiveCall {
+    pub op: Collective,
+    pub dtype: DType,
+    pub groups: Vec<Vec<u32>>,
+    pub algorithm: Option<Algorithm>,
+}
+
+impl CollectiveCall {
+    pub fn new(op: Collective, dtype: DType) -> CollectiveCall {
+        CollectiveCall { op, dtype, groups: Vec::new(), algorithm: None }
+    }
+
+    pub fn groups(mut self, groups: Vec<Vec<u32>>) -> CollectiveCall {
+        self.groups = groups;
+        self
+    }
+
+    pub fn algorithm(mut self, algorithm: Algorithm) -> CollectiveCall {
+        self.algorithm = Some(algorithm);
+        self
+    }
+}
+
+/// Where a rank runs.
+#[derive(Debug, Clone, Copy)]
+struct RankPlace {
+    core: u32,
+    device: u32,
+    /// The core's index on its device.
+    local: u32,
+    ring: RingPos,
+    slot: Option<usize>,
+}
+
+/// Ranks on distinct cores that run collectives together. Cloning gives another handle
+/// to the same communicator.
+#[derive(Debug, Clone)]
+pub struct Communicator {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// The model's name for a loaded model's ranks, else `communicator N`.
+    name: String,
+    ranks: Vec<RankPlace>,
+    tracer: Arc<Tracer>,
+    lifecycle: Arc<Lifecycle>,
+    timeout: Duration,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+/// Where a collective is in its unit, for the missing-rank message.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OpPosition {
+    /// The unit: one execution of a model, or one API call.
+    pub(crate) unit: u64,
+    /// The operation's index among the unit's collectives, and their count.
+    pub(crate) index: u32,
+    pub(crate) count: u32,
+}
+
+/// What one rank asks of a meeting.
+pub(crate) struct Request<'a> {
+    pub(crate) op: Collective,
+    pub(crate) dtype: DType,
+    pub(crate) groups: &'a [Vec<u32>],
+    pub(crate) algorithm: Option<Algorithm>,
+    /// Rows before the dimension exchanged along (1 for whole tensors).
+    pub(crate) outer: usize,
+    pub(crate) input: &'a [u8],
+    pub(crate) output: &'a mut [u8],
+}
+
+static NEXT_COMMUNICATOR: AtomicU32 = AtomicU32::new(1);
+
+impl Communicator {
+    /// Ranks `0..cores.len()` on `cores`, one per core.
+    pub(crate) fn new(
+        name: Option<&str>,
+        cores: &[u32],
+        topology: &Topology,
+        tracer: Arc<Tracer>,
+        lifecycle: Arc<Lifecycle>,
+        timeout: Duration,
+    ) -> NrtResult<Communicator> {
+        if cores.is_empty() {
+            return Err(NrtError::invalid("a communicator needs at least one rank"));
+        }
+        for (i, core) in cores.iter().enumerate() {
+            if cores[..i].contains(core) {
+                return Err(NrtError::invalid(format!(
+                    "nc{core} appears twice in the communicator's cores; each rank needs its own core"
+                )));
+            }
+        }
+        let per_device = topology.cores_per_device().max(1);
+        let ranks = cores
+            .iter()
+            .map(|&core| RankPlace {
+                core,
+                device: topology.device_of(core),
+                local: core % per_device,
+                ring: tracer.ring_of(Some(core)),
+                slot: tracer.store().core_slot(core),
+            })
+            .collect();
+        let id = NEXT_COMMUNICATOR.fetch_add(1, Ordering::Relaxed);
+        let name = name.map_or_else(|| format!("communicator {id}"), str::to_owned);
+        Ok(Communicator {
+            inner: Arc::new(Inner {
+                name,
+                ranks,
+                tracer,
+                lifecycle,
+                timeout,
+                state: Mutex::new(State::new(cores.len())),
+                changed: Condvar::new(),
+            }),
+        })
+    }
+
+    /// The number of ranks.
+    pub fn ranks(&self) -> usize {
+        self.inner.ranks.len()
+    }
+
+    /// The core rank `rank` runs on.
+    pub fn core(&self, rank: u32) -> Option<u32> {
+        self.inner.ranks.get(rank as usize).map(|r| r.core)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Runs `call` as rank `rank`, on `input` and `output` (whole tensors, split and
+    /// joined along their first dimension): blocks until the rank's part is done.
+    /// Every rank of the communicator calls the same operations in the same order
+    /// (ranks outside a replica group too); send and receive pair up per pair of
+    /// ranks in order. Fails with `NRT_EXEC_HW_ERR_COLLECTIVES` when a rank does not
+    /// arrive within `NEURON_RT_EXEC_TIMEOUT`.
+    pub fn run(
+        &self,
+        rank: u32,
+        call: &CollectiveCall,
+        input: Option<&Tensor>,
+        output: Option<&Tensor>,
+    ) -> NrtResult<()> {
+        self.run_as(rank, call, input, output, 0)
+    }
+
+    /// A call, as request `nrta_seq_id` of an execution unit when not 0.
+    pub(crate) fn run_as(
+        &self,
+        rank: u32,
+        call: &CollectiveCall,
+        input: Option<&Tensor>,
+        output: Option<&Tensor>,
+        nrta_seq_id: u64,
+    ) -> NrtResult<()> {
+        self.inner.lifecycle.check()?;
+        self.check_rank(rank)?;
+        let need = |tensor: Option<&Tensor>, what: &str| {
+            tensor.cloned().ok_or_else(|| NrtError::invalid(format!("{} needs an {what} tensor", call.op.name())))
+        };
+        let deadline = Instant::now() + self.inner.timeout;
+        match call.op {
+            Collective::Send { peer } => {
+                let input = need(input, "input")?;
+                return self.send(rank, peer, input.read_all()?);
+            }
+            Collective::Recv { peer } => {
+                let output = need(output, "output")?;
+                return self.recv(rank, peer, &output, deadline);
+            }
+            _ => {}
+        }
+        let (input, output) = match call.op {
+            Collective::Barrier => (None, None),
+            _ => (Some(need(input, "input")?), Some(need(output, "output")?)),
+        };
+        let input_bytes = match &input {
+            Some(t) => t.read_all()?,
+            None => Vec::new(),
+        };
+        let mut output_bytes = vec![0u8; output.as_ref().map_or(0, |t| t.size() as usize)];
+        // The call is checked before it takes the rank's next unit, so that one that
+        // cannot run does not leave the other ranks waiting for it.
+        let position = || OpPosition { unit: self.begin(rank), index: 0, count: 1 };
+        let request = Request {
+            op: call.op,
+            dtype: call.dtype,
+            groups: &call.groups,
+            algorithm: call.algorithm,
+            outer: 1,
+            input: &input_bytes,
+            output: &mut output_bytes,
+        };
+        self.exchange(rank, position, request, deadline, EventIds { nrta_seq_id, ..EventIds::default() })?;
+        if let Some(output) = output {
+            output.write(0, &output_bytes)?;
+        }
+        Ok(())
+    }
+
+    fn check_rank(&self, rank: u32) -> NrtResult<()> {
+        if (rank as usize) < self.ranks() {
+            Ok(())
+        } else {
+            Err(NrtError::invalid(format!(
+                "rank {rank} does not exist: {} has ranks 0 to {}",
+                self.inner.name,
+                self.ranks() - 1
+            )))
+        }
+    }
+}
+
+/// Converts a program's collective into an API one.
+pub(crate) fn from_kind(kind: CollectiveKind) -> Collective {
+    match kind {
+        CollectiveKind::AllReduce(op) => Collective::AllReduce(op),
+        CollectiveKind::AllGather { .. } => Collective::AllGather,
+        CollectiveKind::ReduceScatter { op, .. } => Collective::ReduceScatter(op),
+        CollectiveKind::AllToAll { .. } => Collective::AllToAll,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_algorithm_is_the_ring_only_for_large_exchanges_of_three_or_more_ranks() {
+        assert_eq!(choose_algorithm(1 << 30, 2), Algorithm::AllToAll);
+        assert_eq!(choose_algorithm(RING_MIN_TRAFFIC.div_ceil(3), 4), Algorithm::Ring);
+        assert_eq!(choose_algorithm(RING_MIN_TRAFFIC.div_ceil(3) - 1, 4), Algorithm::AllToAll);
+        assert_eq!(choose_algorithm(4 << 20, 8), Algorithm::Ring);
+        assert_eq!(choose_algorithm(1 << 20, 8), Algorithm::AllToAll);
+        assert_eq!(Algorithm::parse("auto"), Ok(None));
+        assert_eq!(Algorithm::parse("ring"), Ok(Some(Algorithm::Ring)));
+        assert!(Algorithm::parse("tree").is_err());
+    }
+}
