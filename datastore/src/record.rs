@@ -47,6 +47,9 @@ pub struct SystemRecord {
 }
 
 impl SystemRecord {
+    /// The word whose high half is the thread id.
+    pub const THREAD_WORD: usize = 4;
+
     #[inline]
     pub fn encode(&self) -> [u64; SYSTEM_RECORD_WORDS] {
         let mut p = [0u64; SYSTEM_RECORD_WORDS];

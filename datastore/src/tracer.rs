@@ -11,12 +11,12 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::clock::{self, DeviceClock};
-use crate::event::{EventType, Payload, Phase, Slots};
+use crate::event::{EventType, Payload, Phase};
 use crate::instructions::{InstructionSpan, InstructionTrace};
 use crate::layout::{self, DEFAULT_MAX_EVENTS_PER_NC};
 use crate::record::{
     DEVICE_KIND_INSTRUCTION, DEVICE_RECORD_WORDS, DeviceRecord, FLAG_DEVICE_CLOCK, FLAG_NRTA_SEQ, FLAG_STATUS,
-    InstructionRun, RUN_MAX, SystemRecord,
+    InstructionRun, RUN_MAX, SYSTEM_RECORD_WORDS, SystemRecord,
 };
 use crate::ring::{Claim, RingRef};
 use crate::topology::CoreSet;
@@ -150,14 +150,6 @@ impl EventHead {
     }
 }
 
-/// When a system event happened, its phase and its record flags.
-#[derive(Debug, Clone, Copy)]
-struct Stamp {
-    timestamp: u64,
-    phase: Phase,
-    flags: u8,
-}
-
 /// The ids an execution's events carry.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct EventIds {
@@ -259,13 +251,13 @@ impl Tracer {
     /// Records an instant system event now (when its type is recorded in `ring`).
     #[inline(always)]
     pub fn instant<P: Payload>(&self, ring: RingPos, event_type: EventType, ids: EventIds, payload: P) {
-        self.emit(At::Now, &EventHead::instant(ring, event_type, ids), Phase::Instant, payload);
+        self.emit(At::Now, EventHead::instant(ring, event_type, ids), Phase::Instant, payload);
     }
 
     /// Records an instant system event that happened at `at`.
     #[inline(always)]
     pub fn instant_at<P: Payload>(&self, at: At, ring: RingPos, event_type: EventType, ids: EventIds, payload: P) {
-        self.emit(at, &EventHead::instant(ring, event_type, ids), Phase::Instant, payload);
+        self.emit(at, EventHead::instant(ring, event_type, ids), Phase::Instant, payload);
     }
 
     /// A span of `event_type` whose start is yet to be emitted ([`Tracer::open`]): its
@@ -289,27 +281,28 @@ impl Tracer {
     #[inline]
     pub fn open<P: Payload>(&self, at: At, span: &EventHead, payload: P) {
         if span.tracking_id != 0 {
-            self.emit(at, span, Phase::Start, payload);
+            self.emit(at, *span, Phase::Start, payload);
         }
     }
 
     /// Closes `span` now.
     #[inline]
     pub fn stop<P: Payload>(&self, span: &EventHead, payload: P) {
-        self.emit(At::Now, span, Phase::Stop, payload);
+        self.emit(At::Now, *span, Phase::Stop, payload);
     }
 
     /// Closes `span` as of `at`.
     #[inline]
     pub fn close<P: Payload>(&self, at: At, span: &EventHead, payload: P) {
-        self.emit(at, span, Phase::Stop, payload);
+        self.emit(at, *span, Phase::Stop, payload);
     }
 
     /// Records one system event when its type is recorded in its ring now. The check is
     /// inlined into the caller, so a disabled type costs a load and a branch, not a
-    /// call; the payload's slot words are built there too, mostly from constants.
+    /// call; the head (taken by value, so that nothing is stored before the check) and
+    /// the payload's slot words, mostly constants, are built there too.
     #[inline(always)]
-    pub fn emit<P: Payload>(&self, at: At, head: &EventHead, phase: Phase, payload: P) {
+    pub fn emit<P: Payload>(&self, at: At, head: EventHead, phase: Phase, payload: P) {
         debug_assert!(
             P::EVENT_TYPES.contains(&head.event_type),
             "{} does not carry {}",
@@ -325,15 +318,8 @@ impl Tracer {
             At::DeviceNs(ns) => (ns, FLAG_DEVICE_CLOCK),
         };
         let slots = payload.slots();
-        let flags = clock_flag | if slots.status { FLAG_STATUS } else { 0 };
-        self.push_system(Stamp { timestamp, phase, flags }, head, &slots);
-    }
-
-    /// Writes a system event into its ring (its type already checked), with the calling
-    /// thread's id.
-    #[inline(never)]
-    fn push_system(&self, stamp: Stamp, head: &EventHead, slots: &Slots) {
-        let Stamp { timestamp, phase, flags } = stamp;
+        let status_flag = if slots.status { FLAG_STATUS } else { 0 };
+        let nrta_flag = if head.ids.nrta_seq_id != 0 { FLAG_NRTA_SEQ } else { 0 };
         let record = SystemRecord {
             timestamp,
             tracking_id: head.tracking_id,
@@ -341,19 +327,29 @@ impl Tracer {
             nrta_seq_id: head.ids.nrta_seq_id,
             event_type: head.event_type as u16,
             phase: phase as u8,
-            flags: if head.ids.nrta_seq_id != 0 { flags | FLAG_NRTA_SEQ } else { flags },
-            thread_id: thread_id(),
+            flags: clock_flag | status_flag | nrta_flag,
+            thread_id: 0,
             model_id: head.ids.model_id,
             string_id: slots.string_id,
             args: slots.args,
         };
-        let claim = if self.discard { Claim::Discard { consumed: &self.consumed[head.ring] } } else { Claim::Shared };
-        self.rings[head.ring].push(&self.store.region, claim, &record.encode());
+        self.push_system(head.ring, record.encode());
     }
 
-    /// Allocates a tracking id for a span whose start is emitted by hand.
+    /// Writes a system record's words into ring `ring` (its type already checked),
+    /// adding the calling thread's id. The words are put together where the event is
+    /// emitted, mostly from constants, and taken by value: the caller's temporary is
+    /// completed in place, not copied.
+    #[inline(never)]
+    fn push_system(&self, ring: RingPos, mut words: [u64; SYSTEM_RECORD_WORDS]) {
+        words[SystemRecord::THREAD_WORD] |= u64::from(thread_id()) << 32;
+        let claim = if self.discard { Claim::Discard { consumed: &self.consumed[ring] } } else { Claim::Shared };
+        self.rings[ring].push(&self.store.region, claim, &words);
+    }
+
+    /// Allocates a tracking id for a span.
     #[inline]
-    pub fn tracking_id(&self) -> u64 {
+    fn tracking_id(&self) -> u64 {
         self.next_tracking_id.fetch_add(1, Ordering::Relaxed)
     }
 

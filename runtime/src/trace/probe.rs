@@ -62,7 +62,7 @@ impl TraceProbe {
     #[inline]
     pub fn system<P: Payload>(&self, event_type: EventType, tracking_id: u64, payload: P) {
         let head = EventHead { ring: self.ring, event_type, ids: EventIds::default(), tracking_id };
-        self.tracer.emit(At::Now, &head, Phase::Instant, payload);
+        self.tracer.emit(At::Now, head, Phase::Instant, payload);
     }
 
     /// Runs `f` holding the core's execution lock, as the backend holds it while a
