@@ -38,7 +38,7 @@ pub(super) fn gemm_bf16(
         unsafe { pack_rows(&a, kp, a_pairs) };
         // SAFETY: as above.
         let pack_panel = |index, panel: &mut [u32]| unsafe { pack_panel(&b, kp, index, panel) };
-        by_blocks(a_pairs, kp, panel, c, pack_panel, |a, kp, rows, b, out| {
+        by_blocks(&b, a_pairs, kp, panel, c, pack_panel, |a, kp, rows, b, out| {
             // SAFETY: `available()` was checked by the caller; `a` holds `rows` rows of
             // `kp` pairs, and `b` `kp` rows of `PANEL` pairs.
             unsafe { microkernel(a, kp, rows, b, out) }

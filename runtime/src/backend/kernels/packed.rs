@@ -12,12 +12,15 @@ pub(super) const PANEL: usize = 64;
 /// Rows of `c` per microkernel block.
 pub(super) const ROWS: usize = 6;
 
-/// Fills `c` block by block, one panel of [`PANEL`] columns at a time. `rows` holds `a`
+/// Fills `c` block by block, one panel of [`PANEL`] columns at a time. While a panel's
+/// blocks are computed, the next panel's part of `source` (`b`) is prefetched, a share
+/// before each block, so that packing it reads the caches, not memory. `rows` holds `a`
 /// packed, `depth` values per row; `pack_panel(index, panel)` packs panel `index` of `b`
 /// into `panel` (`depth` rows of [`PANEL`] values, every value written) just before its
 /// blocks, so the packed panel is still in the caches when they read it. `block(a,
 /// depth, count, panel, out)` computes the `count` rows of one block into `out`.
 pub(super) fn by_blocks<T>(
+    source: &ndarray::ArrayView2<'_, f32>,
     rows: &[T],
     depth: usize,
     panel: &mut [T],
@@ -27,11 +30,16 @@ pub(super) fn by_blocks<T>(
 ) {
     let (m, n) = c.dim();
     let mut out = [0f32; ROWS * PANEL];
-    for index in 0..n.div_ceil(PANEL) {
+    let panels = n.div_ceil(PANEL);
+    let blocks = m.div_ceil(ROWS);
+    for index in 0..panels {
         let columns = (n - index * PANEL).min(PANEL);
         pack_panel(index, panel);
         for i in (0..m).step_by(ROWS) {
             let count = (m - i).min(ROWS);
+            if index + 1 < panels {
+                prefetch_share(source, index + 1, i / ROWS, blocks);
+            }
             block(&rows[i * depth..][..count * depth], depth, count, panel, &mut out);
             for r in 0..count {
                 let mut row = c.row_mut(i + r);
@@ -41,6 +49,28 @@ pub(super) fn by_blocks<T>(
                     None => values.iter().enumerate().for_each(|(j, v)| row[index * PANEL + j] = *v),
                 }
             }
+        }
+    }
+}
+
+/// Prefetches share `share` of `blocks` of the rows of panel `index` of `b` (its
+/// [`PANEL`] columns) into the second-level cache.
+fn prefetch_share(b: &ndarray::ArrayView2<'_, f32>, index: usize, share: usize, blocks: usize) {
+    use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
+    let (k, n) = b.dim();
+    let first = index * PANEL;
+    let columns = (n - first).min(PANEL);
+    let per_share = k.div_ceil(blocks.max(1));
+    let stride = b.strides()[0];
+    if b.strides()[1] != 1 || columns == 0 {
+        return;
+    }
+    for p in (share * per_share..((share + 1) * per_share).min(k)).rev() {
+        // Addresses only: a prefetch never faults, and these are inside `b`.
+        let row = b.as_ptr().wrapping_offset(p as isize * stride).wrapping_add(first);
+        for j in (0..columns).step_by(16) {
+            // SAFETY: prefetching reads nothing the program sees and cannot fault.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(row.wrapping_add(j).cast()) };
         }
     }
 }

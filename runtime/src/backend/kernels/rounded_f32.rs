@@ -35,7 +35,7 @@ pub(super) fn gemm_rounded_f32(
         unsafe { pack_rows(&a, rows) };
         // SAFETY: as above.
         let pack_panel = |index, panel: &mut [f32]| unsafe { pack_panel(&b, index, panel) };
-        by_blocks(rows, k, panel, c, pack_panel, |a, k, count, b, out| {
+        by_blocks(&b, rows, k, panel, c, pack_panel, |a, k, count, b, out| {
             // SAFETY: `available()` was checked by the caller; `a` holds `count` rows of
             // `k` values, and `b` `k` rows of `PANEL` values.
             unsafe { microkernel(a, k, count, b, out) }
