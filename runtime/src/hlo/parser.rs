@@ -33,6 +33,9 @@ pub(crate) fn parse_module(text: &str) -> Result<HloModule, ParseError> {
         if p.at_end() {
             break;
         }
+        if p.metadata_section()? {
+            continue;
+        }
         let is_entry = p.eat_keyword("ENTRY");
         if is_entry && entry.is_some() {
             return Err(p.error("a second ENTRY computation; a module has exactly one"));
@@ -63,6 +66,9 @@ struct Parser<'a> {
     /// Byte offset where each line starts, for positions in messages.
     line_starts: Vec<usize>,
 }
+
+/// The sections of stack-frame metadata a module may carry between its computations.
+const METADATA_SECTIONS: [&str; 4] = ["FileNames", "FunctionNames", "FileLocations", "StackFrames"];
 
 /// How deeply tuple shapes may nest.
 const MAX_SHAPE_DEPTH: usize = 64;
@@ -199,6 +205,45 @@ impl Parser<'_> {
             .map_err(|_| self.error(format!("expected a non-negative integer, found {}", self.found())))?;
         self.pos += len;
         Ok(value)
+    }
+
+    /// Skips a section of the stack-frame metadata XLA prints with a module (dumps, and
+    /// modules printed with metadata): a [`METADATA_SECTIONS`] keyword,
+    /// then numbered entries, each a quoted name or a `{…}` group. Returns whether
+    /// there was one; a computation that happens to have a section's name is left to
+    /// the caller (it is followed by its signature or body, not by an entry).
+    fn metadata_section(&mut self) -> Result<bool, ParseError> {
+        self.skip_trivia();
+        let start = self.pos;
+        let word = self.word_at_cursor();
+        let Some(section) = METADATA_SECTIONS.iter().find(|s| s.as_bytes() == word) else {
+            return Ok(false);
+        };
+        self.pos += word.len();
+        self.skip_trivia();
+        let entry_or_end = self.at_end()
+            || self.peek().is_some_and(|b| b.is_ascii_digit())
+            || METADATA_SECTIONS.iter().any(|s| s.as_bytes() == self.word_at_cursor());
+        if !entry_or_end {
+            self.pos = start;
+            return Ok(false);
+        }
+        while self.peek().is_some_and(|b| b.is_ascii_digit()) {
+            self.unsigned()?;
+            self.skip_trivia();
+            match self.peek() {
+                Some(b'"') => self.quoted()?,
+                Some(b'{') => self.balanced()?,
+                _ => {
+                    return Err(self.error(format!(
+                        "expected a quoted name or `{{…}}` after the entry number in the {section} section, found {}",
+                        self.found()
+                    )));
+                }
+            }
+            self.skip_trivia();
+        }
+        Ok(true)
     }
 
     /// `name (params) -> shape { instructions }`; the signature is optional.
@@ -575,6 +620,30 @@ ENTRY %main (p: f32[2]) -> f32[] {
                    c = c64[] constant((1, 2))\n  ROOT y = c64[2]{0} broadcast(c), dimensions={}\n}\n";
         let err = parse_module(hlo).expect_err("complex");
         assert!(err.message.contains("complex numbers (`c64`) are not supported"), "{err:?}");
+    }
+
+    #[test]
+    fn stack_frame_sections_after_the_computations_are_skipped() {
+        // As `XLA_FLAGS=--xla_dump_to` and modules printed with metadata have them,
+        // before the first computation; after the last is accepted too.
+        let sections = "\n\nFileNames\n1 \"/tmp/train.py\"\n2 \"/jax/_src/a \\\"b\\\".py\"\n\nFunctionNames\n1 \"step\"\n\n\
+                        FileLocations\n1 {file_name_id=1 function_name_id=1 line=10 end_line=10 column=3 end_column=20}\n\n\
+                        StackFrames\n1 {file_location_id=1 parent_frame_id=0}\n2 {file_location_id=1 parent_frame_id=1}\n";
+        let plain = parse_module(JAX_STYLE).expect("parses");
+        let (header, computations) = JAX_STYLE.split_once('\n').expect("a header line");
+        for text in [format!("{header}{sections}{computations}"), format!("{JAX_STYLE}{sections}")] {
+            let with_sections = parse_module(&text).expect("parses with the sections");
+            assert_eq!(with_sections.computations.len(), plain.computations.len());
+            assert_eq!(with_sections.entry, plain.entry);
+        }
+        // Empty sections, and a computation named like a section, are fine too.
+        let named = "HloModule m\nFileNames {\n  a = f32[] parameter(0)\n}\n\
+                     ENTRY e {\n  b = f32[] parameter(0)\n}\nFileNames\nStackFrames\n";
+        let module = parse_module(named).expect("parses");
+        assert_eq!(module.computations.iter().map(|c| c.name.as_str()).collect::<Vec<_>>(), ["FileNames", "e"]);
+        // A damaged entry names its section.
+        let err = parse_module(&format!("{JAX_STYLE}\nStackFrames\n1 file_location_id=1\n")).expect_err("damaged");
+        assert!(err.message.contains("StackFrames section"), "{err:?}");
     }
 
     #[test]
