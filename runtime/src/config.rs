@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::error::{NrtError, NrtResult};
 use crate::fault::{self, FaultRule};
+use crate::launch::{self, Launch, RootComm};
 use neuron_datastore::peaks::ProductKernel;
 use neuron_datastore::topology::{CoreSet, DEFAULT_INSTANCE_TYPE, InstanceType};
 use neuron_datastore::{CollectiveAlgorithm, InspectConfig, default_dir};
@@ -142,6 +143,15 @@ pub struct Config {
     /// The algorithm of every collective (`NEURON_RT_COLLECTIVES_ALGORITHM`); `None`
     /// chooses by size.
     pub collectives_algorithm: Option<CollectiveAlgorithm>,
+    /// This process's place in a job of several processes, from its launcher's
+    /// variables (`None`: a process on its own; see [`crate::launch`]).
+    pub launch: Option<Launch>,
+    /// Where the job's rank 0 waits for the others (`NEURON_RT_ROOT_COMM_ID`, or
+    /// `MASTER_ADDR` with port 62182).
+    pub root_comm: Option<RootComm>,
+    /// What the environment set that was ignored, for the runtime to log when it starts
+    /// (the configuration is read before logging is set up).
+    pub warnings: Vec<String>,
 }
 
 impl Default for Config {
@@ -164,6 +174,9 @@ impl Default for Config {
             faults: Vec::new(),
             xu_queue: DEFAULT_XU_QUEUE,
             collectives_algorithm: None,
+            launch: None,
+            root_comm: None,
+            warnings: Vec::new(),
         }
     }
 }
@@ -177,6 +190,7 @@ impl Config {
     /// Builds a configuration from any variable lookup (the environment, or a test's map).
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> NrtResult<Config> {
         let get = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let mut warnings = Vec::new();
         let bad = |name: &str, value: &str, expected: &str| {
             NrtError::invalid(format!("{name}={} is not valid: {expected}", shown(value)))
         };
@@ -194,7 +208,7 @@ impl Config {
         let cores = match (get(ENV_VISIBLE_CORES), get(ENV_NUM_CORES)) {
             (Some(visible), num) => {
                 if num.is_some() {
-                    tracing::warn!("{ENV_VISIBLE_CORES} is set, so {ENV_NUM_CORES} is ignored");
+                    warnings.push(format!("{ENV_VISIBLE_CORES} is set, so {ENV_NUM_CORES} is ignored"));
                 }
                 let set = CoreSet::parse(&visible, core_count)
                     .map_err(|e| bad(ENV_VISIBLE_CORES, &visible, &format!("{e} on {instance_type}")))?;
@@ -410,6 +424,9 @@ impl Config {
             faults,
             xu_queue,
             collectives_algorithm,
+            launch: launch::launch_from(&get, &mut warnings)?,
+            root_comm: launch::root_from(&get)?,
+            warnings,
         })
     }
 }

@@ -14,6 +14,7 @@ mod error;
 pub mod fault;
 mod hlo;
 pub mod isa;
+pub mod launch;
 pub mod memory;
 pub mod neff;
 pub mod trace;

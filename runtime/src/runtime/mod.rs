@@ -189,6 +189,20 @@ impl Runtime {
             host_threads = pool.threads(),
             "runtime initialised"
         );
+        for warning in &shared.config.warnings {
+            tracing::warn!("{warning}");
+        }
+        if let Some(launch) = &shared.config.launch {
+            let root = shared.config.root_comm.as_ref().map(|r| format!("; rank 0 at {r} ({})", r.from));
+            tracing::info!(
+                "process {} of {} ({}{}){}",
+                launch.process,
+                launch.processes,
+                launch.launcher.name(),
+                launch.local_process.map(|l| format!(", {l} on this host")).unwrap_or_default(),
+                root.unwrap_or_default()
+            );
+        }
         let tracer = Arc::new(self.create_tracer(reservation.cores().cores())?);
         let mirror = Arc::clone(&tracer);
         shared.ledger.set_mirror(MemoryMirror(Box::new(move |charge, bytes, add| match charge {
