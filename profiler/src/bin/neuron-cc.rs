@@ -137,6 +137,21 @@ fn compile(model: &Path, output: Option<PathBuf>, options: &CompileOptions, name
         "  auto-cast           {cast}; reductions accumulate in {accumulation}; optlevel {}",
         options.optlevel as u8 + 1
     );
+    if let Ok(Some(sharding)) = neuron_runtime::compile::sharding_of(&text) {
+        let axes: Vec<String> = sharding.mesh.iter().map(|(axis, size)| format!("{axis}={size}")).collect();
+        println!(
+            "  mesh                {} ({} ranks; the NEFF is one rank's program: load it on {} cores as collectives ranks)",
+            axes.join(", "),
+            sharding.devices(),
+            sharding.devices()
+        );
+        for (k, value) in sharding.inputs.iter().enumerate() {
+            println!("  sharded input{k:<4}  {value}");
+        }
+        for (k, value) in sharding.outputs.iter().enumerate() {
+            println!("  sharded output{k:<3}  {value}");
+        }
+    }
     for io in &p.inputs {
         println!("  input   {:<9} {:<20} {}", io.name, p.buffers[io.buffer as usize].ty.to_string(), io.hlo_name);
     }

@@ -16,6 +16,7 @@ mod lower;
 mod operators;
 mod passes;
 mod regions;
+mod sdy;
 mod simplify;
 #[cfg(test)]
 mod tests;
@@ -247,9 +248,29 @@ pub fn compile_hlo_with(text: &str, options: &CompileOptions) -> Result<Program,
     lower_module(&module, options)
 }
 
-/// Lowers a parsed module.
+/// Lowers a parsed module; a Shardy multi-device module lowers to one rank's program.
 pub(crate) fn lower_module(module: &HloModule, options: &CompileOptions) -> Result<Program, CompileError> {
-    lower::lower(module, options)
+    match sdy::localize(module).map_err(|(line, message)| CompileError {
+        line: Some(line),
+        instruction: None,
+        message,
+    })? {
+        Some((rank, _)) => lower::lower(&rank, options),
+        None => lower::lower(module, options),
+    }
+}
+
+/// How a Shardy multi-device module (`jax.shard_map`) splits its inputs and results
+/// over its mesh; `None` for a program of one device.
+pub fn sharding_of(text: &str) -> Result<Option<Sharding>, CompileError> {
+    let module = hlo::parse_module(text)?;
+    let localized = sdy::localize(&module).map_err(|(line, message)| CompileError {
+        line: Some(line),
+        instruction: None,
+        message,
+    })?;
+    Ok(localized.map(|(_, sharding)| sharding))
 }
 
 pub use operators::{CUSTOM_CALL_TARGETS, SUPPORTED_OPERATORS, engine_of_operator};
+pub use sdy::{ShardedValue, Sharding};

@@ -17,6 +17,9 @@ pub(crate) use parser::parse_module;
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct HloModule {
     pub name: String,
+    /// The attributes after the module's name (`entry_computation_layout`,
+    /// `frontend_attributes`, …), as written.
+    pub attributes: Vec<Attribute>,
     pub computations: Vec<Computation>,
     /// Index of the `ENTRY` computation in `computations`.
     pub entry: usize,
@@ -29,6 +32,10 @@ impl HloModule {
 
     pub(crate) fn computation(&self, name: &str) -> Option<&Computation> {
         self.computations.iter().find(|c| c.name == name)
+    }
+
+    pub(crate) fn attribute(&self, name: &str) -> Option<&str> {
+        self.attributes.iter().find(|a| a.name == name).map(|a| a.value.as_str())
     }
 }
 

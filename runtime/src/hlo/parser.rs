@@ -22,9 +22,10 @@ pub(crate) fn parse_module(text: &str) -> Result<HloModule, ParseError> {
     }
     p.expect_keyword("HloModule")?;
     let name = p.name()?;
-    // Module attributes (entry_computation_layout, flags) carry no semantics we use.
+    // Module attributes: only Shardy's mesh (`frontend_attributes`) is read, later.
+    let mut attributes = Vec::new();
     while p.eat(b',') {
-        p.attribute()?;
+        attributes.push(p.attribute()?);
     }
     let mut computations = Vec::new();
     let mut entry = None;
@@ -57,7 +58,7 @@ pub(crate) fn parse_module(text: &str) -> Result<HloModule, ParseError> {
         Some(e) => e,
         None => return Err(p.error("the module has no ENTRY computation")),
     };
-    Ok(HloModule { name, computations, entry })
+    Ok(HloModule { name, attributes, computations, entry })
 }
 
 struct Parser<'a> {
