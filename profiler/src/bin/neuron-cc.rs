@@ -146,10 +146,10 @@ fn compile(model: &Path, output: Option<PathBuf>, options: &CompileOptions, name
             sharding.devices()
         );
         for (k, value) in sharding.inputs.iter().enumerate() {
-            println!("  sharded input{k:<4}  {value}");
+            println!("  {:<20}{value}", format!("sharded input{k}"));
         }
         for (k, value) in sharding.outputs.iter().enumerate() {
-            println!("  sharded output{k:<3}  {value}");
+            println!("  {:<20}{value}", format!("sharded output{k}"));
         }
     }
     for io in &p.inputs {

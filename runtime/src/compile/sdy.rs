@@ -72,8 +72,10 @@ pub(crate) fn localize(module: &HloModule) -> Result<Option<(HloModule, Sharding
     let mesh = mesh(module).ok_or_else(|| {
         fail(split, "the module has no `xla.sdy.meshes` attribute naming the mesh of its shardings".into())
     })?;
-    let Shape::Tuple(local_shapes) = &split.shape else {
-        return Err(fail(split, format!("`{GLOBAL_TO_LOCAL}` should give a tuple of shards, not {}", split.shape)));
+    // One operand gives its shard itself (as `jax.pmap` lowers), several a tuple.
+    let local_shapes = match &split.shape {
+        Shape::Tuple(parts) => parts.clone(),
+        one => vec![one.clone()],
     };
     let in_axes = shardings(frontend_attribute(split, "xla.sdy.in_shardings").unwrap_or_default());
     let by_name: HashMap<&str, &Instruction> = entry.instructions.iter().map(|i| (i.name.as_str(), i)).collect();
@@ -105,6 +107,9 @@ pub(crate) fn localize(module: &HloModule) -> Result<Option<(HloModule, Sharding
         ));
     }
 
+    if !matches!(split.shape, Shape::Tuple(_)) {
+        alias.insert(split.name.clone(), split.operands.first().cloned().unwrap_or_default());
+    }
     let mut out_axes = Vec::new();
     for inst in &entry.instructions {
         let renamed = |name: &String| alias.get(name).cloned().unwrap_or_else(|| name.clone());
