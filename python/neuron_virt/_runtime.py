@@ -150,6 +150,14 @@ class Runtime:
         the held core with the fewest models."""
         return Model(self._native.load(neff, core=core))
 
+    def load_collectives(self, neff, cores):
+        """Loads a :class:`Neff` whose program has collectives (``all-reduce``, ...,
+        or a ``jax.shard_map`` / ``jax.pmap`` program, which compiles to one rank's
+        program) once per core of ``cores``, as ranks 0, 1, ... in that order; returns
+        the ranks' models in rank order. Call every rank at once, each from its own
+        thread, with its shard: in each collective a rank waits for the others."""
+        return [Model(native) for native in self._native.load_collectives(neff, list(cores))]
+
     cores = property(lambda self: self._native.cores, doc="The NeuronCores this runtime holds.")
     instance_type = property(lambda self: self._native.instance_type, doc="The virtual instance type.")
     datastore_path = property(lambda self: self._native.datastore_path, doc="Where the tools read it from.")

@@ -76,6 +76,14 @@ impl Runtime {
         Model::new(self.inner.clone(), model)
     }
 
+    /// Loads `neff` once per core of `cores` (instance core indices), as collectives
+    /// ranks 0, 1, … in that order (`nrt_load_collectives`); the ranks' models in rank
+    /// order.
+    fn load_collectives(&self, py: Python<'_>, neff: &Neff, cores: Vec<u32>) -> PyResult<Vec<Model>> {
+        let models = py.detach(|| self.inner.load_collectives(&neff.bytes, &cores)).map_err(nrt_error)?;
+        models.into_iter().map(|model| Model::new(self.inner.clone(), model)).collect()
+    }
+
     /// The NeuronCores this runtime holds.
     #[getter]
     fn cores(&self) -> PyResult<Vec<u32>> {
