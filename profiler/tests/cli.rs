@@ -329,7 +329,7 @@ fn an_unknown_custom_call_target_is_refused_with_the_supported_list() {
     assert_refused(
         "HloModule cc\nENTRY e {\n  x = f32[8]{0} parameter(0)\n  \
          ROOT y = f32[8]{0} custom-call(x), custom_call_target=\"my_kernel\"\n}\n",
-        "line 4, instruction `y`: custom-call target `my_kernel` is not supported (supported, with one operand: Sharding, SPMDFullToShardShape, SPMDShardToFullShape)",
+        "line 4, instruction `y`: custom-call target `my_kernel` is not supported (supported, with one operand: Sharding, SPMDFullToShardShape, SPMDShardToFullShape, xla.sdy.FuncResultSharding)",
     );
 }
 

@@ -170,3 +170,37 @@ fn computation_outside_the_manual_computation_is_refused_with_its_name() {
         "{error}"
     );
 }
+
+/// `jax.jit(f)` of a mesh-sharded array, without `shard_map` (printed by JAX 0.10).
+const AUTOMATIC: &str = r##"HloModule jit__lambda, entry_computation_layout={(f32[16,8]{1,0})->f32[8]{0}}, frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<["dp"=4]>}}
+
+region_0.1 {
+  reduce_sum.3 = f32[] parameter(0)
+  reduce_sum.4 = f32[] parameter(1)
+  ROOT reduce_sum.5 = f32[] add(reduce_sum.3, reduce_sum.4)
+}
+
+ENTRY main.2 {
+  x.1 = f32[16,8]{1,0} parameter(0), sharding={devices=[4,1]<=[4]}, frontend_attributes={xla.sdy.sharding="#sdy.sharding<@mesh, [{\"dp\"}, {}]>"}
+  constant.2 = f32[] constant(0)
+  reduce_sum.9 = f32[8]{0} reduce(x.1, constant.2), dimensions={0}, to_apply=region_0.1
+  reduce_sum.11 = f32[8]{0} custom-call(reduce_sum.9), custom_call_target="xla.sdy.FuncResultSharding", custom_call_has_side_effect=true, frontend_attributes={xla.sdy.sharding="#sdy.sharding_per_value<[<@mesh, [{}]>]>"}
+  ROOT tuple.1 = (f32[8]{0}) tuple(reduce_sum.11)
+}
+"##;
+
+#[test]
+fn arrays_split_by_jits_shardings_alone_are_refused_and_replicated_ones_run_on_one_core() {
+    let options = CompileOptions::new(Target::Trn1);
+    let error = compile_hlo_with(AUTOMATIC, &options).expect_err("needs the automatic partitioner");
+    assert!(
+        error.message.contains("`x.1` is split over the mesh by `jax.jit`'s shardings")
+            && error.message.contains("jax.shard_map"),
+        "{error}"
+    );
+    assert_eq!(error.line, Some(10));
+    // The same program on replicated arrays is one device's program.
+    let replicated = AUTOMATIC.replace(r#"[{\"dp\"}, {}]"#, "[{}, {}]");
+    assert!(replicated != AUTOMATIC);
+    compile_hlo_with(&replicated, &options).expect("a replicated program compiles for one core");
+}

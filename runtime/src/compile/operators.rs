@@ -131,7 +131,8 @@ pub fn engine_of_operator(opcode: &str) -> Option<Engine> {
 
 /// `custom-call` targets `neuron-cc` lowers: sharding annotations, which on one core
 /// leave their operand unchanged.
-pub const CUSTOM_CALL_TARGETS: &[&str] = &["Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"];
+pub const CUSTOM_CALL_TARGETS: &[&str] =
+    &["Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "xla.sdy.FuncResultSharding"];
 
 /// Which JAX function emits a `custom-call` target that XLA:CPU (or GPU) implements
 /// with a library, for the refusal message: LAPACK and cuSOLVER factorisations, FFTs

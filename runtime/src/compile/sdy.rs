@@ -66,7 +66,21 @@ impl fmt::Display for ShardedValue {
 pub(crate) fn localize(module: &HloModule) -> Result<Option<(HloModule, Sharding)>, (usize, String)> {
     let entry = module.entry();
     let Some(split) = entry.instructions.iter().find(|i| target(i) == Some(GLOBAL_TO_LOCAL)) else {
-        return Ok(None);
+        // Without a manual computation, values split over a mesh of several devices
+        // would need XLA's automatic partitioner; replicated ones are one device's
+        // program.
+        return match automatically_sharded(module) {
+            Some(inst) => Err((
+                inst.line,
+                format!(
+                    "`{}` is split over the mesh by `jax.jit`'s shardings, which needs XLA's automatic SPMD \
+                     partitioner; write the step with `jax.shard_map` so that each rank's program is explicit, \
+                     or give it unsharded arrays to run on one core",
+                    inst.name
+                ),
+            )),
+            None => Ok(None),
+        };
     };
     let fail = |inst: &Instruction, message: String| (inst.line, message);
     let mesh = mesh(module).ok_or_else(|| {
@@ -191,6 +205,19 @@ pub(crate) fn localize(module: &HloModule) -> Result<Option<(HloModule, Sharding
     let mut localized = module.clone();
     localized.computations[module.entry] = Computation { instructions, root, ..entry.clone() };
     Ok(Some((localized, Sharding { mesh, inputs, outputs })))
+}
+
+/// The first instruction whose Shardy sharding splits a dimension over a mesh of more
+/// than one device, outside any manual computation.
+fn automatically_sharded(module: &HloModule) -> Option<&Instruction> {
+    let devices: u64 = mesh(module)?.iter().map(|(_, size)| size).product();
+    if devices <= 1 {
+        return None;
+    }
+    module.computations.iter().flat_map(|c| &c.instructions).find(|inst| {
+        frontend_attribute(inst, "xla.sdy.sharding")
+            .is_some_and(|text| shardings(text).iter().flatten().any(|axes| !axes.is_empty()))
+    })
 }
 
 fn outside(inst: &Instruction) -> (usize, String) {
