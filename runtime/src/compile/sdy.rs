@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use crate::hlo::{Computation, HloModule, Instruction, Shape};
+use crate::hlo::{Computation, HloModule, Instruction, Payload, Shape};
 
 const GLOBAL_TO_LOCAL: &str = "xla.sdy.GlobalToLocalShape";
 const LOCAL_TO_GLOBAL: &str = "xla.sdy.LocalToGlobalShape";
@@ -104,14 +104,24 @@ pub(crate) fn localize(module: &HloModule) -> Result<Option<(HloModule, Sharding
             fail(split, format!("`{GLOBAL_TO_LOCAL}` takes `{operand}`, which is not a parameter of the entry"))
         })?;
         let local = local_shapes.get(k).cloned().ok_or_else(|| fail(split, "fewer shards than operands".into()))?;
-        inputs.push(ShardedValue {
-            global: parameter.shape.to_string(),
-            local: local.to_string(),
-            axes: in_axes.get(k).cloned().unwrap_or_default(),
-        });
+        let number = match parameter.payload {
+            Some(Payload::ParameterNumber(number)) => number,
+            _ => k as u64,
+        };
+        inputs.push((
+            number,
+            ShardedValue {
+                global: parameter.shape.to_string(),
+                local: local.to_string(),
+                axes: in_axes.get(k).cloned().unwrap_or_default(),
+            },
+        ));
         shapes.insert(parameter.name.clone(), local.clone());
         instructions.push(Instruction { shape: local, ..(*parameter).clone() });
     }
+    // In parameter order, whatever the order of the shards.
+    inputs.sort_by_key(|(number, _)| *number);
+    let inputs: Vec<ShardedValue> = inputs.into_iter().map(|(_, value)| value).collect();
     if let Some(unused) =
         entry.instructions.iter().find(|i| i.opcode == "parameter" && !split.operands.contains(&i.name))
     {
@@ -317,5 +327,51 @@ fn global_shape(local: &Shape, axes: &[Vec<String>], mesh: &[(String, u64)]) -> 
                 .collect(),
         },
         tuple => tuple.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hlo::parse_module;
+
+    /// A manual computation whose shards are taken in another order than the parameters.
+    const SWAPPED: &str = r##"HloModule m, frontend_attributes={xla.sdy.meshes={mesh = #sdy.mesh<["x"=2]>}}
+
+xla.sdy.manual_computation_body.1 {
+  a = f32[2]{0} parameter(0)
+  b = f32[4]{0} parameter(1)
+  ROOT r = f32[2]{0} slice(b), slice={[0:2]}
+}
+
+ENTRY e {
+  p0 = f32[4]{0} parameter(0)
+  p1 = f32[8]{0} parameter(1)
+  s = (f32[4]{0}, f32[2]{0}) custom-call(p1, p0), custom_call_target="xla.sdy.GlobalToLocalShape", frontend_attributes={xla.sdy.in_shardings="#sdy.sharding_per_value<[<@mesh, [{\"x\"}]>, <@mesh, [{}]>]>"}
+  b = f32[4]{0} get-tuple-element(s), index=0
+  a = f32[2]{0} get-tuple-element(s), index=1
+  c = f32[2]{0} call(a, b), to_apply=xla.sdy.manual_computation_body.1
+  ROOT g = f32[4]{0} custom-call(c), custom_call_target="xla.sdy.LocalToGlobalShape", frontend_attributes={xla.sdy.out_shardings="#sdy.sharding_per_value<[<@mesh, [{\"x\"}]>]>"}
+}
+"##;
+
+    #[test]
+    fn inputs_are_described_in_parameter_order_with_their_own_splits() {
+        let module = parse_module(SWAPPED).expect("parses");
+        let (rank, sharding) = localize(&module).expect("localizes").expect("a Shardy module");
+        assert_eq!(sharding.mesh, [("x".to_owned(), 2)]);
+        let described: Vec<(&str, &str)> =
+            sharding.inputs.iter().map(|v| (v.global.as_str(), v.local.as_str())).collect();
+        assert_eq!(described, [("f32[4]", "f32[2]"), ("f32[8]", "f32[4]")]);
+        assert_eq!(sharding.inputs[1].axes, [vec!["x".to_owned()]]);
+        assert_eq!(sharding.inputs[0].axes, [Vec::<String>::new()]);
+        // The output is split too: its global shape is twice the shard.
+        assert_eq!((sharding.outputs[0].local.as_str(), sharding.outputs[0].global.as_str()), ("f32[2]", "f32[4]"));
+        // The rank's entry takes the shards as its parameters, and returns the body's result.
+        let entry = rank.entry();
+        let parameters: Vec<String> =
+            entry.instructions.iter().filter(|i| i.opcode == "parameter").map(|i| i.shape.to_string()).collect();
+        assert_eq!(parameters, ["f32[4]", "f32[2]"]);
+        assert_eq!(entry.instructions[entry.root].opcode, "call");
     }
 }
