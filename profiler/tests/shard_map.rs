@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use neuron_datastore::topology::InstanceType;
 use neuron_profiler::npy;
-use neuron_runtime::compile::{Sharding, sharding_of};
+use neuron_runtime::compile::{Sharding, compile_hlo_sharded};
 use neuron_runtime::{
     AutoCast, CompileOptions, CoreSet, Model, Neff, Runtime, Target, TensorPlacement, TensorSet, compile_hlo_with,
 };
@@ -84,10 +84,10 @@ fn shard(global: &[f32], dims: &[u64], axes: &[Vec<String>], rank: usize, ranks:
 fn one_step(case: &str) -> (common::Fixture, Vec<Model>, Sharding) {
     let dir = fixture(case);
     let hlo = std::fs::read_to_string(dir.join("model.hlo")).expect("model.hlo");
-    let sharding = sharding_of(&hlo).expect("parses").expect("a Shardy module");
-    let ranks = sharding.devices() as usize;
     let options = CompileOptions { auto_cast: AutoCast::None, ..CompileOptions::new(Target::Trn1) };
-    let program = compile_hlo_with(&hlo, &options).expect("compiles to one rank's program");
+    let (program, sharding) = compile_hlo_sharded(&hlo, &options).expect("compiles to one rank's program");
+    let sharding = sharding.expect("a Shardy module");
+    let ranks = sharding.devices() as usize;
     let neff = Neff::new(case, program).encode();
     let f = common::started(CoreSet::range(0, ranks as u32 - 1), |config| {
         config.instance_type = InstanceType::Trn1_32xlarge;

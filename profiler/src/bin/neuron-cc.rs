@@ -8,10 +8,11 @@ use std::process::ExitCode;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use neuron_profiler::thousands;
+use neuron_runtime::compile::compile_hlo_sharded;
 use neuron_runtime::compile::{SUPPORTED_OPERATORS, engine_of_operator};
 use neuron_runtime::isa::DmaQueueKind;
 use neuron_runtime::memory::HumanBytes;
-use neuron_runtime::{AutoCast, AutoCastType, CompileOptions, Neff, OptLevel, Target, compile_hlo_with};
+use neuron_runtime::{AutoCast, AutoCastType, CompileOptions, Neff, OptLevel, Target};
 
 #[derive(Parser)]
 #[command(
@@ -117,7 +118,7 @@ fn main() -> ExitCode {
 fn compile(model: &Path, output: Option<PathBuf>, options: &CompileOptions, name: Option<String>) -> Result<()> {
     let target = options.target;
     let text = std::fs::read_to_string(model).with_context(|| format!("cannot read {}", model.display()))?;
-    let program = compile_hlo_with(&text, options)
+    let (program, sharding) = compile_hlo_sharded(&text, options)
         .map_err(|e| anyhow::anyhow!("{}: {e}; no NEFF was written", model.display()))?;
     let name = name.unwrap_or_else(|| neuron_profiler::model_name(model));
     let neff = Neff::new(&name, program);
@@ -137,7 +138,7 @@ fn compile(model: &Path, output: Option<PathBuf>, options: &CompileOptions, name
         "  auto-cast           {cast}; reductions accumulate in {accumulation}; optlevel {}",
         options.optlevel as u8 + 1
     );
-    if let Ok(Some(sharding)) = neuron_runtime::compile::sharding_of(&text) {
+    if let Some(sharding) = &sharding {
         let axes: Vec<String> = sharding.mesh.iter().map(|(axis, size)| format!("{axis}={size}")).collect();
         println!(
             "  mesh                {} ({} ranks; the NEFF is one rank's program: load it on {} cores as collectives ranks)",

@@ -244,32 +244,31 @@ pub fn compile_hlo(text: &str, target: Target) -> Result<Program, CompileError> 
 
 /// Parses and lowers HLO text.
 pub fn compile_hlo_with(text: &str, options: &CompileOptions) -> Result<Program, CompileError> {
+    compile_hlo_sharded(text, options).map(|(program, _)| program)
+}
+
+/// Parses and lowers HLO text, and says how a Shardy multi-device module
+/// (`jax.shard_map`, `jax.pmap`) splits its inputs and results over its mesh: the
+/// program is then one rank's (`None`: a program of one device).
+pub fn compile_hlo_sharded(text: &str, options: &CompileOptions) -> Result<(Program, Option<Sharding>), CompileError> {
     let module = hlo::parse_module(text)?;
     lower_module(&module, options)
 }
 
 /// Lowers a parsed module; a Shardy multi-device module lowers to one rank's program.
-pub(crate) fn lower_module(module: &HloModule, options: &CompileOptions) -> Result<Program, CompileError> {
-    match sdy::localize(module).map_err(|(line, message)| CompileError {
-        line: Some(line),
-        instruction: None,
-        message,
-    })? {
-        Some((rank, _)) => lower::lower(&rank, options),
-        None => lower::lower(module, options),
-    }
-}
-
-/// How a Shardy multi-device module (`jax.shard_map`) splits its inputs and results
-/// over its mesh; `None` for a program of one device.
-pub fn sharding_of(text: &str) -> Result<Option<Sharding>, CompileError> {
-    let module = hlo::parse_module(text)?;
-    let localized = sdy::localize(&module).map_err(|(line, message)| CompileError {
+pub(crate) fn lower_module(
+    module: &HloModule,
+    options: &CompileOptions,
+) -> Result<(Program, Option<Sharding>), CompileError> {
+    let localized = sdy::localize(module).map_err(|(line, message)| CompileError {
         line: Some(line),
         instruction: None,
         message,
     })?;
-    Ok(localized.map(|(_, sharding)| sharding))
+    match localized {
+        Some((rank, sharding)) => Ok((lower::lower(&rank, options)?, Some(sharding))),
+        None => Ok((lower::lower(module, options)?, None)),
+    }
 }
 
 pub use operators::{CUSTOM_CALL_TARGETS, SUPPORTED_OPERATORS, engine_of_operator};

@@ -255,8 +255,8 @@ fn tuple_index(inst: &Instruction) -> Option<usize> {
 
 /// The value of `key` inside an instruction's `frontend_attributes={…}`, unquoted and
 /// unescaped.
-fn frontend_attribute<'a>(inst: &'a Instruction, key: &str) -> Option<String> {
-    let text: &'a str = inst.attribute("frontend_attributes")?;
+fn frontend_attribute(inst: &Instruction, key: &str) -> Option<String> {
+    let text = inst.attribute("frontend_attributes")?;
     let start = text.find(&format!("{key}=\""))? + key.len() + 2;
     let mut value = String::new();
     let mut chars = text[start..].chars();
