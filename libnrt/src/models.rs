@@ -124,6 +124,13 @@ pub unsafe extern "C" fn nrt_load_collectives(
         // SAFETY: the header's contract for `neff_bytes`.
         let bytes = unsafe { neff(neff_bytes, size)? };
         let runtime = state::runtime()?;
+        if runtime.config().root_comm.is_some() {
+            // A job of processes: this process holds some of the ranks, the root
+            // introduces it to the others.
+            let core = crate::ranks::rank_core(&runtime, i64::from(vnc), ctx_device_id)?;
+            let loaded = runtime.load_collectives_across(bytes, core, ctx_device_id, ctx_device_count)?;
+            return write_out(model, "model", MODELS.insert(CModel { runtime, model: loaded }));
+        }
         let held = runtime.cores()?.len() as u32;
         if ctx_device_count > held {
             return Err(NrtError::new(

@@ -1,44 +1,11 @@
 //! Functions of the public headers that mean nothing on virtual NeuronCores (EFA,
-//! dma-buf, physical device memory, microcode, multi-process communicators): they
+//! dma-buf, physical device memory, microcode): they
 //! exist so that programs link, check their arguments no further, and return
 //! `NRT_INVALID` with a log line saying why — never a crash.
 
 use std::ffi::{c_char, c_int, c_void};
 
-use neuron_runtime::NrtError;
-
 use crate::boundary::{Status, call, call_value, non_null, unsupported};
-
-fn no_global_communicator() -> NrtError {
-    unsupported("there is no multi-process communicator; load every rank in one process with nrt_load_collectives")
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn nrt_build_global_comm(_vnc: i32, _g_device_id: u32, _g_device_count: u32) -> Status {
-    call("nrt_build_global_comm", || Err(no_global_communicator()))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn nrt_cc_global_comm_init(_vnc: u32, _g_device_id: u32, _g_device_count: u32) -> Status {
-    call("nrt_cc_global_comm_init", || Err(no_global_communicator()))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn nrt_barrier(_vnc: i32, _g_device_id: u32, _g_device_count: u32) -> Status {
-    call("nrt_barrier", || Err(no_global_communicator()))
-}
-
-#[unsafe(no_mangle)]
-pub extern "C" fn nrt_all_gather(
-    _vnc: i32,
-    _g_device_id: u32,
-    _g_device_count: u32,
-    _rank_input_size: u32,
-    _input: *mut c_void,
-    _output: *mut c_void,
-) -> Status {
-    call("nrt_all_gather", || Err(no_global_communicator()))
-}
 
 #[unsafe(no_mangle)]
 pub extern "C" fn nrt_get_dmabuf_fd(_va: u64, _size: u64, _fd: *mut c_int) -> Status {

@@ -334,6 +334,38 @@ fn the_api_checks_program_passes() {
     }
 }
 
+/// A port of the loopback interface nobody listens at, for rank 0 to listen at.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port()
+}
+
+#[test]
+fn a_c_program_runs_as_the_ranks_of_an_mpirun_job() {
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path();
+    // 64 Ki floats: 256 KiB per rank.
+    let allreduce = "HloModule allreduce\n\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\nENTRY main {\n  x = f32[65536]{0} parameter(0)\n  ROOT r = f32[65536]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n";
+    std::fs::write(dir.join("allreduce.neff"), neff(allreduce, "allreduce")).expect("write");
+    let binary = compile_c(&crate_dir().join("tests/c/ranks.c"), dir);
+    for (processes, cores) in [(4usize, 1usize), (2, 2)] {
+        let mut program = c_program(&binary);
+        sandbox
+            .env(&mut program)
+            .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge")
+            .env("NEURON_RT_NUM_CORES", cores.to_string())
+            .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{}", free_port()))
+            .env("NEURON_RT_EXEC_TIMEOUT", "60")
+            .arg(dir.join("allreduce.neff"))
+            .arg(cores.to_string());
+        let Some(mut mpirun) = neuron_test_support::process::mpirun(processes, &program) else { return };
+        let output = run(&mut mpirun);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        for rank in 0..processes * cores {
+            assert!(stdout.contains(&format!("rank {rank} ok")), "{processes}x{cores}: no rank {rank}:\n{stdout}");
+        }
+    }
+}
+
 #[test]
 fn python_loads_it_through_ctypes() {
     let found = Command::new("python3").arg("--version").output().is_ok_and(|o| o.status.success());

@@ -37,6 +37,8 @@ pub enum NrtStatus {
     ExecHwErrDmaAbort = 1203,
     ExecSwNqOverflow = 1204,
     ExecHwErrRepairableHbmUe = 1205,
+    /// A peer of a collective across processes is unreachable (its connection closed).
+    NetworkProxyFailure = 1206,
 }
 
 impl NrtStatus {
@@ -119,6 +121,7 @@ mod tests {
             (NrtStatus::ExecHwErrDmaAbort, "NRT_EXEC_HW_ERR_DMA_ABORT"),
             (NrtStatus::ExecSwNqOverflow, "NRT_EXEC_SW_NQ_OVERFLOW"),
             (NrtStatus::ExecHwErrRepairableHbmUe, "NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE"),
+            (NrtStatus::NetworkProxyFailure, "NRT_NETWORK_PROXY_FAILURE"),
         ] {
             assert_eq!(status.name(), name);
         }

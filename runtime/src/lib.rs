@@ -41,5 +41,5 @@ pub use neuron_datastore::topology::{CoreSet, InstanceType, Topology};
 pub use neuron_datastore::{FetchOptions, SysTraceConfig, SysTraceFetch};
 pub use nrta::{CompletionHandle, ErrorTracker, PendingRead, SeqId, TrackedError, Xu};
 pub use reservation::CoreReservation;
-pub use runtime::{ExecutionReport, Model, Runtime};
+pub use runtime::{ExecutionReport, GLOBAL_COMMUNICATOR, Model, Runtime};
 pub use tensor::{Tensor, TensorPlacement, TensorSet};

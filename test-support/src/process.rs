@@ -178,3 +178,24 @@ pub fn dashboard(sandbox: &Sandbox, binary: &Path, args: &[&OsStr]) -> (Running,
     let url = line.split_whitespace().find(|w| w.starts_with("http://")).expect("serving http://…");
     (running, url.trim_end_matches('/').to_string())
 }
+
+/// `program` (its variables and arguments) as `np` processes of a real `mpirun` (Debian's
+/// Open MPI, which `.ci/run` installs), allowed to run as root and on more processes
+/// than CPUs; `None` where `mpirun` is missing, which fails the test in CI.
+pub fn mpirun(np: usize, program: &Command) -> Option<Command> {
+    if Command::new("mpirun").arg("--version").output().is_err() {
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "CI needs `mpirun`: .ci/run installs openmpi-bin");
+        eprintln!("skipped: no `mpirun` here (Debian's openmpi-bin provides it; .ci/run installs it)");
+        return None;
+    }
+    let mut mpirun = Command::new("mpirun");
+    mpirun.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    mpirun.args(["--oversubscribe", "-np", &np.to_string()]);
+    for (name, value) in program.get_envs() {
+        if let Some(value) = value {
+            mpirun.args(["-x", &format!("{}={}", name.to_string_lossy(), value.to_string_lossy())]);
+        }
+    }
+    mpirun.arg(program.get_program()).args(program.get_args());
+    Some(mpirun)
+}

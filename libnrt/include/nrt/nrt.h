@@ -145,9 +145,13 @@ void nrt_close(void);
 NRT_STATUS nrt_load(const void *neff_bytes, size_t size, int32_t vnc, int32_t vnc_count, nrt_model_t **model);
 
 /** Loads rank `ctx_device_id` of a collectives program of `ctx_device_count` ranks.
- *  Call it once per rank, from one or several threads. The ranks of one program run
- *  on consecutive cores: rank r on vnc (base + r), where base = vnc - ctx_device_id
- *  (vnc = -1 means base 0). Their collectives exchange data once all are loaded. */
+ *  Call it once per rank, from one or several threads. Without NEURON_RT_ROOT_COMM_ID
+ *  every rank is in this process, on consecutive cores: rank r on vnc (base + r),
+ *  where base = vnc - ctx_device_id (vnc = -1 means base 0). With it, the ranks are
+ *  spread over the job's processes (each loads the ranks it holds: the global device
+ *  id and count), rank 0's process listens at that address and the others connect;
+ *  the rank runs on `vnc`, or with -1 on the process's core (ctx_device_id mod the
+ *  cores it holds). Their collectives exchange data once all ranks are loaded. */
 NRT_STATUS nrt_load_collectives(const void *neff_bytes, size_t size, int32_t vnc, int32_t vnc_count,
                                 uint32_t ctx_device_id, uint32_t ctx_device_count, nrt_model_t **model);
 
@@ -193,7 +197,10 @@ NRT_STATUS nrt_execute(nrt_model_t *model, const nrt_tensor_set_t *input_set, nr
 NRT_STATUS nrt_execute_repeat(nrt_model_t *model, const nrt_tensor_set_t *input_set, nrt_tensor_set_t *output_set,
                               int repeat_count);
 
-/** Not supported on virtual NeuronCores (no multi-process communicator): NRT_INVALID. */
+/** Joins rank `g_device_id` of the job's global communicator of `g_device_count` ranks,
+ *  on NeuronCore `vnc` (-1: the process's core g_device_id mod the cores it holds).
+ *  Needs NEURON_RT_ROOT_COMM_ID (rank 0's process listens there). Returns once joined;
+ *  the first nrt_barrier or nrt_all_gather waits for every rank to join. */
 NRT_STATUS nrt_build_global_comm(int32_t vnc, uint32_t g_device_id, uint32_t g_device_count);
 
 /** Allocates a zero-filled tensor of `size` bytes (64-bit sizes: 4 GiB and more work)
@@ -309,7 +316,7 @@ typedef struct nrt_tensor_list {
     size_t num_tensors;
 } nrt_tensor_list_t;
 
-/** Not supported on virtual NeuronCores (no multi-process communicator): NRT_INVALID. */
+/** As nrt_build_global_comm(). */
 NRT_STATUS nrt_cc_global_comm_init(uint32_t vnc, uint32_t g_device_id, uint32_t g_device_count);
 
 #ifdef __cplusplus

@@ -73,8 +73,12 @@ NRT_STATUS nrt_memcpy_to_device(void *dest, const void *src, size_t size);
 /** Not supported (use nrta_* requests and error trackers): NRT_INVALID. */
 NRT_STATUS nrt_register_async_exec_callback(NRT_ASYNC_EXEC_STATUS_CALLBACK callback, void *params);
 
-/** Not supported (no multi-process communicator): NRT_INVALID. */
+/** Returns once every rank of the global communicator (nrt_build_global_comm(), which
+ *  this joins if needed) has called it; NRT_EXEC_HW_ERR_COLLECTIVES when a rank does not
+ *  within NEURON_RT_EXEC_TIMEOUT, NRT_NETWORK_PROXY_FAILURE when a rank's process is gone. */
 NRT_STATUS nrt_barrier(int32_t vnc, uint32_t g_device_id, uint32_t g_device_count);
+/** Gathers each rank's `rank_input_size` bytes at `input` into `output` (rank_input_size *
+ *  g_device_count bytes, in rank order) on every rank of the global communicator. */
 NRT_STATUS nrt_all_gather(int32_t vnc, uint32_t g_device_id, uint32_t g_device_count, uint32_t rank_input_size,
                           void *input, void *output);
 

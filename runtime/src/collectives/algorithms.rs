@@ -4,9 +4,6 @@
 
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Instant;
-
-use crossbeam_channel::{Receiver, Sender};
 
 use super::{Collective, Request};
 use crate::backend;
@@ -110,20 +107,15 @@ pub(super) fn direct(request: &mut Request<'_>, position: usize, inputs: &[Arc<V
 
 /// The ring algorithm: `n − 1` reduce-scatter steps after which position `p` holds the
 /// finished part `p`, then `n − 1` all-gather steps that pass the finished parts on.
-pub(super) fn ring(
+/// `step` passes a part to the next position and returns the one from the previous.
+pub(super) fn ring<E>(
     request: &mut Request<'_>,
     p: usize,
     n: usize,
-    to_next: &Sender<Vec<u8>>,
-    from_previous: &Receiver<Vec<u8>>,
-    deadline: Instant,
-) -> Result<(), ()> {
+    mut step: impl FnMut(Vec<u8>) -> Result<Vec<u8>, E>,
+) -> Result<(), E> {
     let part = |k: isize| k.rem_euclid(n as isize) as usize;
     let p = p as isize;
-    let step = |data: Vec<u8>| -> Result<Vec<u8>, ()> {
-        to_next.send(data).map_err(|_| ())?;
-        from_previous.recv_deadline(deadline).map_err(|_| ())
-    };
     let dtype = request.dtype;
     match request.op {
         Collective::AllReduce(op) | Collective::ReduceScatter(op) => {

@@ -57,7 +57,7 @@ struct Meeting {
 type Channel = (Sender<Vec<u8>>, Receiver<Vec<u8>>);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Signature {
+pub(super) struct Signature {
     op: Collective,
     dtype: DType,
     group: Vec<u32>,
@@ -65,6 +65,27 @@ struct Signature {
     output_bytes: usize,
     outer: usize,
     algorithm: Algorithm,
+}
+
+impl std::fmt::Display for Signature {
+    /// `AllReduce(Add) of f32 in group {0,1}, 64 bytes in, 64 out, all-to-all algorithm`
+    /// (with the rows exchanged along when more than one): what ranks of one operation
+    /// must agree on, in words both sides of a mismatch can be named in.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:?} of {} in group {}, {} bytes in, {} out",
+            self.op,
+            self.dtype,
+            format_group(&self.group),
+            self.input_bytes,
+            self.output_bytes
+        )?;
+        if self.outer > 1 {
+            write!(f, " in {} rows", self.outer)?;
+        }
+        write!(f, ", {} algorithm", self.algorithm.name())
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -75,11 +96,11 @@ enum Failure {
 }
 
 /// What a checked request does: its group, the rank's position in it, the algorithm.
-struct Plan {
+pub(super) struct Plan {
     group_index: usize,
-    group: Vec<u32>,
-    position: usize,
-    algorithm: Algorithm,
+    pub(super) group: Vec<u32>,
+    pub(super) position: usize,
+    pub(super) algorithm: Algorithm,
 }
 
 impl Communicator {
@@ -151,7 +172,7 @@ impl Communicator {
         ids: EventIds,
     ) -> NrtResult<Algorithm> {
         let inner = &*self.inner;
-        let place = inner.ranks[rank as usize];
+        let place = self.own_place(rank)?;
         let (input_len, output_len) = (request.input.len(), request.output.len());
         let plan = self.plan(rank, &request)?;
         let at = at();
@@ -183,6 +204,8 @@ impl Communicator {
         let result = if n == 1 {
             local(request);
             Ok(())
+        } else if let Some(membership) = &inner.membership {
+            self.meet_across(membership, rank, at, &plan, signature, request, deadline)
         } else {
             self.meet(rank, at, &plan, signature, request, deadline)
         };
@@ -197,7 +220,7 @@ impl Communicator {
         result.map(|()| algorithm)
     }
 
-    fn meet(
+    pub(super) fn meet(
         &self,
         rank: u32,
         at: OpPosition,
@@ -226,22 +249,7 @@ impl Communicator {
         meeting.arrived += 1;
         if meeting.signature != signature {
             if meeting.failure.is_none() {
-                let describe = |s: &Signature| {
-                    format!(
-                        "{:?} of {} in group {}, {} bytes in, {} out, {} algorithm",
-                        s.op,
-                        s.dtype,
-                        format_group(&s.group),
-                        s.input_bytes,
-                        s.output_bytes,
-                        s.algorithm.name()
-                    )
-                };
-                let detail = format!(
-                    "rank {rank} called {}, but its group called {}",
-                    describe(&signature),
-                    describe(&meeting.signature)
-                );
+                let detail = format!("rank {rank} called {signature}, but its group called {}", meeting.signature);
                 meeting.failure = Some(Failure::Mismatch(detail));
             }
             state.resync = state.resync.max(at.unit + 1);
@@ -285,7 +293,10 @@ impl Communicator {
         drop(state);
 
         let moved = match signature.algorithm {
-            Algorithm::Ring => ring(&mut request, position, n, &to_next, &from_previous, deadline),
+            Algorithm::Ring => ring(&mut request, position, n, |data| {
+                to_next.send(data).map_err(drop)?;
+                from_previous.recv_deadline(deadline).map_err(drop)
+            }),
             Algorithm::AllToAll => {
                 direct(&mut request, position, &inputs);
                 Ok(())
@@ -361,11 +372,11 @@ impl Communicator {
     }
 
     /// The Neuron runtime's message for a rank whose group never completed.
-    fn missing_message(&self, rank: u32, at: OpPosition) -> String {
-        let place = self.inner.ranks[rank as usize];
+    pub(super) fn missing_message(&self, rank: u32, at: OpPosition) -> String {
+        let (device, local) = self.place(rank).map_or((0, rank), |p| (p.device, p.local));
         format!(
-            "missing collectives status on Neuron Device {} NC {}, model {} - suspected hang in collectives operation {} out of {}",
-            place.device, place.local, self.inner.name, at.index, at.count
+            "missing collectives status on Neuron Device {device} NC {local}, model {} - suspected hang in collectives operation {} out of {}",
+            self.inner.name, at.index, at.count
         )
     }
 
@@ -379,7 +390,7 @@ impl Communicator {
 
     pub(super) fn recv(&self, rank: u32, peer: u32, output: &Tensor, deadline: Instant) -> NrtResult<()> {
         self.check_rank(peer)?;
-        let place = self.inner.ranks[rank as usize];
+        let place = self.own_place(rank)?;
         let mut state = self.lock();
         let data = loop {
             if let Some(data) = state.mailboxes.get_mut(&(peer, rank)).and_then(VecDeque::pop_front) {

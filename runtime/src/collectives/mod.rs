@@ -34,7 +34,7 @@
 //! `algorithms.rs`.
 
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::dtype::DType;
@@ -47,9 +47,12 @@ use neuron_datastore::{EventIds, RingPos, Tracer};
 
 mod algorithms;
 mod meeting;
+mod remote;
+pub(crate) mod world;
 
 use meeting::State;
 pub(crate) use meeting::check_groups;
+pub(crate) use remote::Membership;
 
 /// From this many bytes of other ranks' data per rank (message × (ranks − 1)), the
 /// default algorithm is the ring (with more than two ranks).
@@ -146,6 +149,18 @@ struct RankPlace {
     slot: Option<usize>,
 }
 
+impl RankPlace {
+    fn new(core: u32, topology: &Topology, tracer: &Tracer) -> RankPlace {
+        RankPlace {
+            core,
+            device: topology.device_of(core),
+            local: core % topology.cores_per_device().max(1),
+            ring: tracer.ring_of(Some(core)),
+            slot: tracer.store().core_slot(core),
+        }
+    }
+}
+
 /// Ranks on distinct cores that run collectives together. Cloning gives another handle
 /// to the same communicator.
 #[derive(Debug, Clone)]
@@ -157,7 +172,12 @@ pub struct Communicator {
 struct Inner {
     /// The model's name for a loaded model's ranks, else `communicator N`.
     name: String,
-    ranks: Vec<RankPlace>,
+    /// Each rank's place once it is known: from the start for a communicator of this
+    /// process, when the rank joins for one across processes (never for the ranks of
+    /// other processes).
+    ranks: Vec<OnceLock<RankPlace>>,
+    /// For a communicator across processes: this process's part in it.
+    membership: Option<Membership>,
     tracer: Arc<Tracer>,
     lifecycle: Arc<Lifecycle>,
     timeout: Duration,
@@ -209,23 +229,14 @@ impl Communicator {
                 )));
             }
         }
-        let per_device = topology.cores_per_device().max(1);
-        let ranks = cores
-            .iter()
-            .map(|&core| RankPlace {
-                core,
-                device: topology.device_of(core),
-                local: core % per_device,
-                ring: tracer.ring_of(Some(core)),
-                slot: tracer.store().core_slot(core),
-            })
-            .collect();
+        let ranks = cores.iter().map(|&core| OnceLock::from(RankPlace::new(core, topology, &tracer))).collect();
         let id = NEXT_COMMUNICATOR.fetch_add(1, Ordering::Relaxed);
         let name = name.map_or_else(|| format!("communicator {id}"), str::to_owned);
         Ok(Communicator {
             inner: Arc::new(Inner {
                 name,
                 ranks,
+                membership: None,
                 tracer,
                 lifecycle,
                 timeout,
@@ -240,9 +251,14 @@ impl Communicator {
         self.inner.ranks.len()
     }
 
-    /// The core rank `rank` runs on.
+    /// The core rank `rank` runs on (`None` for a rank of another process).
     pub fn core(&self, rank: u32) -> Option<u32> {
-        self.inner.ranks.get(rank as usize).map(|r| r.core)
+        self.place(rank).map(|r| r.core)
+    }
+
+    /// Where rank `rank` runs, if in this process.
+    fn place(&self, rank: u32) -> Option<&RankPlace> {
+        self.inner.ranks.get(rank as usize)?.get()
     }
 
     pub fn name(&self) -> &str {
@@ -275,7 +291,7 @@ impl Communicator {
         nrta_seq_id: u64,
     ) -> NrtResult<()> {
         self.inner.lifecycle.check()?;
-        self.check_rank(rank)?;
+        self.own_place(rank)?;
         let need = |tensor: Option<&Tensor>, what: &str| {
             tensor.cloned().ok_or_else(|| NrtError::invalid(format!("{} needs an {what} tensor", call.op.name())))
         };
@@ -319,9 +335,26 @@ impl Communicator {
         Ok(())
     }
 
+    /// Where rank `rank` runs, which must be in this process.
+    fn own_place(&self, rank: u32) -> NrtResult<RankPlace> {
+        self.check_rank(rank)?;
+        self.place(rank).copied().ok_or_else(|| {
+            NrtError::invalid(format!(
+                "rank {rank} of {} has not joined in this process; call as a rank this process joined",
+                self.inner.name
+            ))
+        })
+    }
+
     fn check_rank(&self, rank: u32) -> NrtResult<()> {
         if (rank as usize) < self.ranks() {
             Ok(())
+        } else if self.inner.membership.is_some() {
+            Err(NrtError::invalid(format!(
+                "rank {rank} does not exist: {} has ranks 0 to {} across the job's processes",
+                self.inner.name,
+                self.ranks() - 1
+            )))
         } else {
             Err(NrtError::invalid(format!(
                 "rank {rank} does not exist: {} has ranks 0 to {}",

@@ -9,7 +9,10 @@
 mod core_job;
 mod execute;
 mod load;
+mod ranks;
 mod scheduling;
+
+pub use ranks::GLOBAL_COMMUNICATOR;
 mod tensors;
 
 use std::collections::HashMap;
@@ -80,6 +83,10 @@ struct Running {
     units: Mutex<HashMap<u16, Arc<Unit>>>,
     /// Dropping it stops the heartbeat thread.
     _heartbeat: crossbeam_channel::Sender<()>,
+    /// This process among the job's processes, from the first communicator across them.
+    world: std::sync::OnceLock<Arc<crate::collectives::world::World>>,
+    /// Communicators across processes, by the key the processes know them by.
+    across: Mutex<HashMap<String, Communicator>>,
     #[cfg(feature = "trace-probe")]
     probe_program: Arc<ProbeProgram>,
 }
@@ -221,6 +228,8 @@ impl Runtime {
             units: Mutex::new(HashMap::new()),
             trace_session: TraceSession::default(),
             _heartbeat: heartbeat,
+            world: std::sync::OnceLock::new(),
+            across: Mutex::new(HashMap::new()),
             #[cfg(feature = "trace-probe")]
             probe_program: Arc::default(),
         });

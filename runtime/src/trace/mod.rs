@@ -32,6 +32,7 @@ pub(crate) fn classify(status: Option<NrtStatus>, numerical_errors: u64) -> (Exe
             | NrtStatus::ExecHwErrNcUe
             | NrtStatus::ExecHwErrDmaAbort
             | NrtStatus::ExecHwErrRepairableHbmUe
+            | NrtStatus::NetworkProxyFailure
             | NrtStatus::ExecUnitUnrecoverable,
         ) => (ExecOutcome::CompletedWithErr, Some(ErrorClass::Hardware)),
         Some(NrtStatus::ExecOob | NrtStatus::ExecCompletedWithErr) => {

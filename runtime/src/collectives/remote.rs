@@ -1,0 +1,264 @@
+//! Communicators whose ranks are in several processes (a job started by torchrun,
+//! `mpirun`, Slurm, …; see [`crate::launch`]).
+//!
+//! Such a communicator is identified across the job by its name; each process joins the
+//! ranks it holds, and the roster from the root says where the others are. A group
+//! whose ranks are all in this process meets as in any communicator. A group spanning
+//! processes moves its data as messages through the [`World`]: all-to-all sends each
+//! rank's input to every other rank of the group, the ring passes parts to the next
+//! rank; every message carries its operation's signature, and a receiver whose own
+//! differs fails naming both sides.
+//!
+//! A failure of a rank (a peer that never arrives, whose process is gone, or whose call
+//! does not match) fails its operation, tells the other ranks of the group so that
+//! they fail at once rather than at their deadline, and leaves the communicator failed
+//! in this process: its later calls fail at once, and the job builds a new one.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use super::algorithms::{direct, ring};
+use super::meeting::{Plan, Signature};
+use super::world::wire::Key;
+use super::world::{Missed, Roster, World};
+use super::{Algorithm, Communicator, Inner, OpPosition, RankPlace, Request, State};
+use crate::error::{NrtError, NrtResult, NrtStatus};
+use crate::lifecycle::Lifecycle;
+use neuron_datastore::Tracer;
+use neuron_datastore::topology::Topology;
+
+/// How long a failing rank spends telling the others.
+const ABORT_NOTICE: Duration = Duration::from_secs(1);
+
+/// This process's part in a communicator across processes.
+#[derive(Debug)]
+pub(crate) struct Membership {
+    world: Arc<World>,
+    /// The communicator's id at the root: from its key, the same in every process.
+    comm: u64,
+    /// How many communicators of the same key this process built before this one.
+    generation: u32,
+    /// Why the communicator failed in this process, once it has.
+    failed: Mutex<Option<NrtError>>,
+}
+
+impl Communicator {
+    /// A communicator named `name` of `count` ranks across the job's processes, none
+    /// joined yet; `key` (with its generation) identifies it in every process.
+    pub(crate) fn across(
+        name: &str,
+        (key, generation): (&str, u32),
+        count: u32,
+        world: Arc<World>,
+        tracer: Arc<Tracer>,
+        lifecycle: Arc<Lifecycle>,
+        timeout: Duration,
+    ) -> NrtResult<Communicator> {
+        if count == 0 {
+            return Err(NrtError::invalid("a communicator needs at least one rank"));
+        }
+        let digest = Sha256::digest(format!("{key} #{generation}").as_bytes());
+        let comm = u64::from_le_bytes(digest[..8].try_into().unwrap_or_default());
+        Ok(Communicator {
+            inner: Arc::new(Inner {
+                name: name.to_owned(),
+                ranks: (0..count).map(|_| std::sync::OnceLock::new()).collect(),
+                membership: Some(Membership { world, comm, generation, failed: Mutex::new(None) }),
+                tracer,
+                lifecycle,
+                timeout,
+                state: Mutex::new(State::new(count as usize)),
+                changed: std::sync::Condvar::new(),
+            }),
+        })
+    }
+
+    /// Joins rank `rank` of a communicator across processes, on `core` of this process.
+    pub(crate) fn join(&self, rank: u32, core: u32, topology: &Topology) -> NrtResult<()> {
+        let Some(membership) = &self.inner.membership else {
+            return Err(NrtError::invalid(format!("{} is a communicator of this process only", self.inner.name)));
+        };
+        self.check_rank(rank)?;
+        let place = RankPlace::new(core, topology, &self.inner.tracer);
+        let slot = &self.inner.ranks[rank as usize];
+        if let Err(place) = slot.set(place)
+            && slot.get().is_some_and(|held| held.core != place.core)
+        {
+            return Err(NrtError::invalid(format!(
+                "rank {rank} of `{}` already runs on nc{} in this process",
+                self.inner.name,
+                slot.get().map_or(0, |p| p.core)
+            )));
+        }
+        if rank == 0 {
+            membership.world.serve_root()?;
+        }
+        membership.world.join(membership.comm, &self.inner.name, self.ranks() as u32, rank);
+        Ok(())
+    }
+
+    /// Whether this communicator across processes failed (and a new one is needed).
+    pub(crate) fn has_failed(&self) -> bool {
+        self.inner
+            .membership
+            .as_ref()
+            .is_some_and(|m| m.failed.lock().unwrap_or_else(|e| e.into_inner()).is_some() || m.world.has_failed(m.comm))
+    }
+
+    /// How many communicators of the same key this process built before this one.
+    pub(crate) fn generation(&self) -> u32 {
+        self.inner.membership.as_ref().map_or(0, |m| m.generation)
+    }
+
+    /// Waits until every rank of the communicator has joined, or `deadline`.
+    pub fn wait_for_ranks(&self, deadline: Instant) -> NrtResult<()> {
+        match &self.inner.membership {
+            Some(m) => m.world.roster(m.comm, &self.inner.name, deadline).map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// Rank `rank`'s part of an operation of a communicator across processes.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn meet_across(
+        &self,
+        membership: &Membership,
+        rank: u32,
+        at: OpPosition,
+        plan: &Plan,
+        signature: Signature,
+        request: Request<'_>,
+        deadline: Instant,
+    ) -> NrtResult<()> {
+        if let Some(failed) = membership.failed.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            return Err(NrtError::new(
+                failed.status,
+                format!(
+                    "communicator `{}` failed earlier and cannot be used again (build a new one): {}",
+                    self.inner.name, failed.message
+                ),
+            ));
+        }
+        let roster = membership.world.roster(membership.comm, &self.inner.name, deadline)?;
+        if plan.group.iter().all(|&r| roster.rank_process[r as usize] == roster.process) {
+            return self.meet(rank, at, plan, signature, request, deadline);
+        }
+        let exchange = Exchange { communicator: self, membership, roster: &roster, rank, at, deadline, signature };
+        let moved = exchange.run(plan, request);
+        if let Err(error) = &moved {
+            exchange.abort(plan, error);
+            *membership.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(error.clone());
+            membership.world.forget(membership.comm);
+        }
+        moved
+    }
+}
+
+/// One rank's part of one operation across processes.
+struct Exchange<'a> {
+    communicator: &'a Communicator,
+    membership: &'a Membership,
+    roster: &'a Roster,
+    rank: u32,
+    at: OpPosition,
+    deadline: Instant,
+    signature: Signature,
+}
+
+impl Exchange<'_> {
+    fn run(&self, plan: &Plan, mut request: Request<'_>) -> NrtResult<()> {
+        let (group, p, n) = (&plan.group, plan.position, plan.group.len());
+        let signature = self.signature.to_string();
+        match plan.algorithm {
+            Algorithm::AllToAll => {
+                let mine = Arc::new(request.input.to_vec());
+                for &peer in group.iter().filter(|&&r| r != self.rank) {
+                    self.send(peer, 0, &signature, Arc::clone(&mine))?;
+                }
+                let mut inputs = Vec::with_capacity(n);
+                for &peer in group {
+                    inputs.push(if peer == self.rank { Arc::clone(&mine) } else { self.receive(peer, 0, &signature)? });
+                }
+                direct(&mut request, p, &inputs);
+                Ok(())
+            }
+            Algorithm::Ring => {
+                let (next, previous) = (group[(p + 1) % n], group[(p + n - 1) % n]);
+                let mut step = 0;
+                ring(&mut request, p, n, |data| {
+                    self.send(next, step, &signature, Arc::new(data))?;
+                    let received = self.receive(previous, step, &signature)?;
+                    step += 1;
+                    Ok(Arc::try_unwrap(received).unwrap_or_else(|shared| shared.as_ref().clone()))
+                })
+            }
+        }
+    }
+
+    fn key(&self, step: u32, from: u32, to: u32) -> Key {
+        Key { comm: self.membership.comm, unit: self.at.unit, index: self.at.index, step, from, to }
+    }
+
+    fn process_of(&self, rank: u32) -> u32 {
+        self.roster.rank_process[rank as usize]
+    }
+
+    fn send(&self, to: u32, step: u32, signature: &str, data: Arc<Vec<u8>>) -> NrtResult<()> {
+        let key = self.key(step, self.rank, to);
+        self.membership
+            .world
+            .send(self.process_of(to), key, signature, Ok(data), self.deadline)
+            .map_err(|missed| self.missed(to, missed))
+    }
+
+    fn receive(&self, from: u32, step: u32, signature: &str) -> NrtResult<Arc<Vec<u8>>> {
+        let key = self.key(step, from, self.rank);
+        let parcel = self
+            .membership
+            .world
+            .receive(self.process_of(from), key, self.deadline)
+            .map_err(|missed| self.missed(from, missed))?;
+        if parcel.signature != signature {
+            return Err(NrtError::invalid(format!(
+                "collectives of {} do not match: {} called {signature}, but {} called {}",
+                self.communicator.inner.name,
+                self.roster.describe(self.rank),
+                self.roster.describe(from),
+                parcel.signature
+            )));
+        }
+        Ok(parcel.data)
+    }
+
+    /// The error of a message from or to `peer` that did not get through.
+    fn missed(&self, peer: u32, missed: Missed) -> NrtError {
+        let hang = self.communicator.missing_message(self.rank, self.at);
+        let peer = self.roster.describe(peer);
+        match missed {
+            Missed::Timeout => NrtError::new(
+                NrtStatus::ExecHwErrCollectives,
+                format!("{hang} ({peer} did not arrive within {:.3} s)", self.communicator.inner.timeout.as_secs_f64()),
+            ),
+            Missed::Gone(reason) => NrtError::new(
+                NrtStatus::NetworkProxyFailure,
+                format!("{hang}: {reason}; the process of {peer} is gone"),
+            ),
+            Missed::Aborted(reason) => NrtError::new(
+                NrtStatus::ExecHwErrCollectives,
+                format!("{hang}: another rank of the group gave the operation up: {reason}"),
+            ),
+        }
+    }
+
+    /// Tells every other rank of the group that this rank's operation failed.
+    fn abort(&self, plan: &Plan, error: &NrtError) {
+        let reason = format!("{}: {}", self.roster.describe(self.rank), error.message);
+        let deadline = Instant::now() + ABORT_NOTICE;
+        for &peer in plan.group.iter().filter(|&&r| r != self.rank) {
+            let key = self.key(u32::MAX, self.rank, peer);
+            let _ = self.membership.world.send(self.process_of(peer), key, "", Err(reason.clone()), deadline);
+        }
+    }
+}

@@ -1,0 +1,549 @@
+//! This process among the processes of a job: the bootstrap through rank 0's process,
+//! the data links to the other processes, and the mailbox their messages land in.
+//!
+//! A [`World`] exists once per runtime whose communicators span processes. Its control
+//! thread connects to the root at `NEURON_RT_ROOT_COMM_ID` (retrying, with Neuron's
+//! `Connect to … failed - retrying`, until the execution timeout has passed), says
+//! where this process accepts data links, and sends the joins of this process's ranks;
+//! the process that holds rank 0 also runs the root ([`root::Server`]). Once every rank
+//! of a communicator has joined, each of its processes gets the roster and the process
+//! of lower index opens the data link of each pair (one TCP connection per pair of
+//! processes, whatever the number of communicators).
+//!
+//! Messages are delivered into one mailbox, keyed by communicator, unit, operation,
+//! step and ranks ([`wire::Key`]); messages between ranks of this process go straight
+//! into it. A receiver waits for its key, and fails as soon as the sending process is
+//! known to be gone (its link or its control connection closed), when another rank of
+//! the operation aborted it, or at the deadline.
+
+mod root;
+pub(crate) mod wire;
+
+use std::collections::{HashMap, HashSet};
+use std::io::{self, BufReader, BufWriter, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crate::error::{NrtError, NrtResult, NrtStatus};
+use crate::launch::RootComm;
+use wire::{Body, Control, Envelope, Key, Peer};
+
+/// How often a refused connection to the root is logged again while retrying.
+const RETRY_LOG_INTERVAL: Duration = Duration::from_secs(5);
+/// Pause between two attempts to reach the root.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// This process's membership in the job.
+#[derive(Debug)]
+pub(crate) struct World {
+    root: SocketAddr,
+    root_label: String,
+    shared: Arc<Shared>,
+    server: Mutex<Option<root::Server>>,
+    control_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    changed: Condvar,
+    /// The control connection's writing half, once connected.
+    control: Mutex<Option<BufWriter<TcpStream>>>,
+    closing: AtomicBool,
+    /// Sockets to shut down when the world closes (control, data listener, links).
+    sockets: Mutex<Vec<OwnedFd>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// This process's index, once the root welcomed it.
+    process: Option<u32>,
+    /// Joins made before the control connection was up.
+    pending: Vec<Control>,
+    rosters: HashMap<u64, Result<Arc<Roster>, String>>,
+    /// Every process the rosters named, by index.
+    peers: Vec<Option<Peer>>,
+    links: HashMap<u32, Arc<Mutex<BufWriter<TcpStream>>>>,
+    /// Processes known to be gone, with why.
+    gone: HashMap<u32, String>,
+    mailbox: HashMap<Key, Parcel>,
+    /// Reasons operations (communicator, unit, index) were aborted by one of their ranks.
+    aborts: HashMap<(u64, u64, u32), String>,
+    /// Communicators an operation of which was aborted.
+    failed: HashSet<u64>,
+    /// Why the root cannot be reached (then nothing can be bootstrapped).
+    lost: Option<NrtError>,
+}
+
+/// The ranks of a communicator: each one's process, and the processes.
+#[derive(Debug)]
+pub(crate) struct Roster {
+    pub(crate) rank_process: Vec<u32>,
+    pub(crate) peers: Vec<Option<Peer>>,
+    /// This process's index.
+    pub(crate) process: u32,
+}
+
+impl Roster {
+    /// `rank 3 (pid 812 on host a)`.
+    pub(crate) fn describe(&self, rank: u32) -> String {
+        let peer = self.rank_process.get(rank as usize).and_then(|&p| self.peers.get(p as usize)?.as_ref());
+        match peer {
+            Some(peer) => format!("rank {rank} ({peer})"),
+            None => format!("rank {rank}"),
+        }
+    }
+}
+
+/// A delivered message: the sender's signature and the bytes.
+#[derive(Debug)]
+pub(crate) struct Parcel {
+    pub(crate) signature: String,
+    pub(crate) data: Arc<Vec<u8>>,
+}
+
+/// Why a message did not come.
+#[derive(Debug)]
+pub(crate) enum Missed {
+    Timeout,
+    /// The sending rank's process is gone.
+    Gone(String),
+    /// Another rank of the operation gave it up.
+    Aborted(String),
+}
+
+impl World {
+    /// Starts this process's membership: connects to the root in the background.
+    pub(crate) fn start(root: &RootComm, timeout: Duration) -> NrtResult<World> {
+        let label = root.to_string();
+        let addr =
+            (root.host.as_str(), root.port).to_socket_addrs().ok().and_then(|mut a| a.next()).ok_or_else(|| {
+                NrtError::invalid(format!(
+                    "the root address {label} does not resolve to an IP address; set {}",
+                    crate::launch::ENV_ROOT_COMM_ID
+                ))
+            })?;
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+            control: Mutex::new(None),
+            closing: AtomicBool::new(false),
+            sockets: Mutex::new(Vec::new()),
+        });
+        let thread = {
+            let (shared, label) = (Arc::clone(&shared), label.clone());
+            std::thread::Builder::new()
+                .name("nrt-bootstrap".into())
+                .spawn(move || control(shared, addr, label, timeout))
+                .map_err(|e| NrtError::new(NrtStatus::Resource, format!("cannot start the bootstrap thread: {e}")))?
+        };
+        Ok(World {
+            root: addr,
+            root_label: label,
+            shared,
+            server: Mutex::new(None),
+            control_thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    /// Runs the root here (this process holds rank 0); a second call does nothing.
+    pub(crate) fn serve_root(&self) -> NrtResult<()> {
+        let mut server = self.server.lock().unwrap_or_else(|e| e.into_inner());
+        if server.is_none() {
+            *server = Some(root::Server::start(self.root).map_err(|e| {
+                NrtError::invalid(format!(
+                    "rank 0 runs in this process, so it must listen at {} ({}): {e}; set {} to an address of this host and a free port",
+                    self.root, self.root_label, crate::launch::ENV_ROOT_COMM_ID
+                ))
+            })?);
+            tracing::info!(root = %self.root, "bootstrap root listening");
+        }
+        Ok(())
+    }
+
+    /// Joins rank `rank` of `count` of communicator `comm` (sent once connected).
+    pub(crate) fn join(&self, comm: u64, name: &str, count: u32, rank: u32) {
+        let join = Control::Join { comm, name: name.to_owned(), count, rank };
+        let mut control = lock(&self.shared.control);
+        match control.as_mut() {
+            Some(writer) => {
+                if wire::write_header(writer, &join).and_then(|()| writer.flush()).is_err() {
+                    // The reader sees the same failure and records it.
+                }
+            }
+            None => lock(&self.shared.state).pending.push(join),
+        }
+    }
+
+    /// The roster of `comm`, waiting for it until `deadline`.
+    pub(crate) fn roster(&self, comm: u64, name: &str, deadline: Instant) -> NrtResult<Arc<Roster>> {
+        let mut state = lock(&self.shared.state);
+        loop {
+            match state.rosters.get(&comm) {
+                Some(Ok(roster)) => return Ok(Arc::clone(roster)),
+                Some(Err(reason)) => {
+                    return Err(NrtError::invalid(format!("rank 0 refused a rank of `{name}`: {reason}")));
+                }
+                None => {}
+            }
+            if let Some(lost) = &state.lost {
+                return Err(lost.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(NrtError::new(
+                    NrtStatus::Timeout,
+                    format!(
+                        "not every rank of `{name}` joined through rank 0 at {} in time; start every process of the job (and check {})",
+                        self.root_label,
+                        crate::launch::ENV_ROOT_COMM_ID
+                    ),
+                ));
+            }
+            state = self.shared.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// Sends `data` (or an abort) to rank `key.to`, held by process `process`.
+    pub(crate) fn send(
+        &self,
+        process: u32,
+        key: Key,
+        signature: &str,
+        body: Result<Arc<Vec<u8>>, String>,
+        deadline: Instant,
+    ) -> Result<(), Missed> {
+        let mut state = lock(&self.shared.state);
+        if state.process == Some(process) {
+            deliver(&mut state, key, signature.to_owned(), body);
+            self.shared.changed.notify_all();
+            return Ok(());
+        }
+        let link = loop {
+            if let Some(link) = state.links.get(&process) {
+                break Arc::clone(link);
+            }
+            if let Some(reason) = state.gone.get(&process) {
+                return Err(Missed::Gone(reason.clone()));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Missed::Timeout);
+            }
+            state = self.shared.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        };
+        drop(state);
+        let (body, payload) = match &body {
+            Ok(data) => (Body::Data { len: data.len() as u64 }, data.as_slice()),
+            Err(reason) => (Body::Abort { reason: reason.clone() }, &[][..]),
+        };
+        let envelope = Envelope { key, signature: signature.to_owned(), body };
+        let mut writer = lock(&link);
+        let sent = wire::write_header(&mut *writer, &envelope)
+            .and_then(|()| writer.write_all(payload))
+            .and_then(|()| writer.flush());
+        drop(writer);
+        sent.map_err(|e| {
+            let reason = format!("TX, connection to process {process} failed: {e}");
+            self.mark_gone(process, reason.clone());
+            Missed::Gone(reason)
+        })
+    }
+
+    /// Waits for the message `key` from process `process` until `deadline`.
+    pub(crate) fn receive(&self, process: u32, key: Key, deadline: Instant) -> Result<Parcel, Missed> {
+        let mut state = lock(&self.shared.state);
+        loop {
+            if let Some(parcel) = state.mailbox.remove(&key) {
+                return Ok(parcel);
+            }
+            if let Some(reason) = state.aborts.get(&(key.comm, key.unit, key.index)) {
+                return Err(Missed::Aborted(reason.clone()));
+            }
+            if let Some(reason) = state.gone.get(&process) {
+                return Err(Missed::Gone(reason.clone()));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(Missed::Timeout);
+            }
+            state = self.shared.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// Drops every message and abort of communicator `comm` (after it failed).
+    pub(crate) fn forget(&self, comm: u64) {
+        let mut state = lock(&self.shared.state);
+        state.mailbox.retain(|key, _| key.comm != comm);
+        state.aborts.retain(|key, _| key.0 != comm);
+    }
+
+    /// Whether a rank of communicator `comm` aborted an operation (in any process).
+    pub(crate) fn has_failed(&self, comm: u64) -> bool {
+        lock(&self.shared.state).failed.contains(&comm)
+    }
+
+    fn mark_gone(&self, process: u32, reason: String) {
+        mark_gone(&self.shared, process, reason);
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.shared.closing.store(true, Ordering::SeqCst);
+        for socket in lock(&self.shared.sockets).iter() {
+            let _ = nix::sys::socket::shutdown(socket.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+        }
+        self.shared.changed.notify_all();
+        if let Some(thread) = lock(&self.control_thread).take() {
+            let _ = thread.join();
+        }
+        drop(lock(&self.server).take());
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn deliver(state: &mut State, key: Key, signature: String, body: Result<Arc<Vec<u8>>, String>) {
+    match body {
+        Ok(data) => {
+            state.mailbox.insert(key, Parcel { signature, data });
+        }
+        Err(reason) => {
+            state.aborts.entry((key.comm, key.unit, key.index)).or_insert(reason);
+            state.failed.insert(key.comm);
+        }
+    }
+}
+
+fn mark_gone(shared: &Shared, process: u32, reason: String) {
+    let mut state = lock(&shared.state);
+    state.gone.entry(process).or_insert(reason);
+    state.links.remove(&process);
+    shared.changed.notify_all();
+}
+
+/// Keeps a handle on a socket to shut it down when the world closes (a duplicate, so
+/// that the number stays this socket's whatever happens to the original).
+fn remember(shared: &Shared, socket: &impl std::os::fd::AsFd) {
+    if let Ok(handle) = socket.as_fd().try_clone_to_owned() {
+        lock(&shared.sockets).push(handle);
+    }
+}
+
+/// The control thread: reaches the root, introduces this process, then handles what
+/// the root says until the connection closes.
+fn control(shared: Arc<Shared>, root: SocketAddr, label: String, timeout: Duration) {
+    let give_up = Instant::now() + timeout;
+    let mut logged: Option<Instant> = None;
+    let stream = loop {
+        if shared.closing.load(Ordering::SeqCst) {
+            return;
+        }
+        let attempt = TcpStream::connect_timeout(&root, RETRY_PAUSE.max(Duration::from_millis(200)))
+            .and_then(|mut s| wire::greet(&mut s).map(|()| s));
+        match attempt {
+            Ok(stream) => break stream,
+            Err(e) if Instant::now() < give_up => {
+                if logged.is_none_or(|at| at.elapsed() >= RETRY_LOG_INTERVAL) {
+                    tracing::warn!("Connect to {label} failed - retrying ({e})");
+                    logged = Some(Instant::now());
+                }
+                std::thread::sleep(RETRY_PAUSE);
+            }
+            Err(e) => {
+                let error = NrtError::new(
+                    NrtStatus::Timeout,
+                    format!(
+                        "Connect to {label} failed: {e}; gave up after {:.1} s (NEURON_RT_EXEC_TIMEOUT): is the process of rank 0 running, and is {} its address?",
+                        timeout.as_secs_f64(),
+                        crate::launch::ENV_ROOT_COMM_ID
+                    ),
+                );
+                tracing::error!("{}", error.message);
+                lock(&shared.state).lost = Some(error);
+                shared.changed.notify_all();
+                return;
+            }
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    remember(&shared, &stream);
+    if shared.closing.load(Ordering::SeqCst) {
+        return;
+    }
+    let started = stream
+        .local_addr()
+        .and_then(|local| TcpListener::bind(SocketAddr::new(local.ip(), 0)))
+        .and_then(|listener| Ok((listener.local_addr()?, listener)));
+    let (data, listener) = match started {
+        Ok(started) => started,
+        Err(e) => return lose(&shared, format!("cannot accept data links: {e}")),
+    };
+    remember(&shared, &listener);
+    {
+        let shared = Arc::clone(&shared);
+        let _ = std::thread::Builder::new().name("nrt-links".into()).spawn(move || accept_links(shared, listener));
+    }
+    let host = nix::unistd::gethostname().map_or_else(|_| "?".into(), |h| h.to_string_lossy().into_owned());
+    let hello = Control::Hello(Peer { pid: std::process::id(), host, data });
+    let Ok(writer) = stream.try_clone() else { return lose(&shared, "cannot write to the root".into()) };
+    {
+        let mut writer = BufWriter::new(writer);
+        let mut state = lock(&shared.state);
+        let mut sent = wire::write_header(&mut writer, &hello);
+        for join in state.pending.drain(..) {
+            sent = sent.and_then(|()| wire::write_header(&mut writer, &join));
+        }
+        if sent.and_then(|()| writer.flush()).is_err() {
+            drop(state);
+            return lose(&shared, format!("the connection to rank 0 at {label} closed during the bootstrap"));
+        }
+        *lock(&shared.control) = Some(writer);
+    }
+    let mut reader = BufReader::new(stream);
+    let reason = loop {
+        match wire::read_header::<Control>(&mut reader) {
+            Ok(Some(message)) => on_control(&shared, message),
+            Ok(None) => break "RX, connection closed by remote peer".to_owned(),
+            Err(e) => break format!("RX, connection failed: {e}"),
+        }
+    };
+    *lock(&shared.control) = None;
+    if !shared.closing.load(Ordering::SeqCst) {
+        lose(&shared, format!("{reason}: the connection to rank 0's process at {label} closed"));
+    }
+}
+
+fn lose(shared: &Shared, reason: String) {
+    tracing::error!("{reason}");
+    let mut state = lock(&shared.state);
+    state.lost = Some(NrtError::new(NrtStatus::NetworkProxyFailure, reason.clone()));
+    // Rank 0's process is gone, or this process cannot be reached: every peer counts
+    // as gone, so that no receive waits for the deadline.
+    for process in 0..state.peers.len() as u32 {
+        if Some(process) != state.process {
+            state.gone.entry(process).or_insert_with(|| reason.clone());
+        }
+    }
+    shared.changed.notify_all();
+}
+
+fn on_control(shared: &Arc<Shared>, message: Control) {
+    let mut state = lock(&shared.state);
+    match message {
+        Control::Welcome { process } => state.process = Some(process),
+        Control::Roster { comm, rank_process, processes } => {
+            let Some(me) = state.process else { return };
+            for (index, peer) in processes.iter().enumerate() {
+                if index >= state.peers.len() {
+                    state.peers.resize(index + 1, None);
+                }
+                if peer.is_some() {
+                    state.peers[index].clone_from(peer);
+                }
+            }
+            let roster = Roster { rank_process: rank_process.clone(), peers: processes, process: me };
+            state.rosters.insert(comm, Ok(Arc::new(roster)));
+            // The process of lower index opens each pair's link.
+            let mut to_open: Vec<(u32, SocketAddr)> = rank_process
+                .iter()
+                .filter(|&&p| p > me && !state.links.contains_key(&p) && !state.gone.contains_key(&p))
+                .filter_map(|&p| Some((p, state.peers.get(p as usize)?.as_ref()?.data)))
+                .collect();
+            to_open.sort_unstable();
+            to_open.dedup();
+            drop(state);
+            for (process, addr) in to_open {
+                if let Err(e) = open_link(shared, me, process, addr) {
+                    mark_gone(shared, process, format!("cannot open a data link to process {process} at {addr}: {e}"));
+                }
+            }
+            shared.changed.notify_all();
+            return;
+        }
+        Control::Refused { comm, reason } => {
+            state.rosters.insert(comm, Err(reason));
+        }
+        Control::Gone { process, reason } => {
+            state.gone.entry(process).or_insert(reason);
+            state.links.remove(&process);
+        }
+        Control::Hello(_) | Control::Join { .. } => {}
+    }
+    shared.changed.notify_all();
+}
+
+fn open_link(shared: &Arc<Shared>, me: u32, process: u32, addr: SocketAddr) -> io::Result<()> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    wire::greet(&mut stream)?;
+    stream.write_all(&me.to_le_bytes())?;
+    add_link(shared, process, stream)
+}
+
+fn accept_links(shared: Arc<Shared>, listener: TcpListener) {
+    for stream in listener.incoming() {
+        if shared.closing.load(Ordering::SeqCst) {
+            return;
+        }
+        let Ok(mut stream) = stream else { continue };
+        let shared = Arc::clone(&shared);
+        let _ = std::thread::Builder::new().name("nrt-link-hello".into()).spawn(move || {
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut index = [0u8; 4];
+            if wire::greet(&mut stream).and_then(|()| stream.read_exact(&mut index)).is_ok()
+                && stream.set_read_timeout(None).is_ok()
+            {
+                let _ = add_link(&shared, u32::from_le_bytes(index), stream);
+            }
+        });
+    }
+}
+
+/// Registers a link to `process` and starts delivering what it carries.
+fn add_link(shared: &Arc<Shared>, process: u32, stream: TcpStream) -> io::Result<()> {
+    stream.set_nodelay(true)?;
+    remember(shared, &stream);
+    let writer = BufWriter::with_capacity(1 << 16, stream.try_clone()?);
+    lock(&shared.state).links.insert(process, Arc::new(Mutex::new(writer)));
+    shared.changed.notify_all();
+    let shared = Arc::clone(shared);
+    std::thread::Builder::new().name("nrt-link".into()).spawn(move || {
+        let mut reader = BufReader::with_capacity(1 << 16, stream);
+        let reason = loop {
+            let envelope = match wire::read_header::<Envelope>(&mut reader) {
+                Ok(Some(envelope)) => envelope,
+                Ok(None) => break "RX, connection closed by remote peer".to_owned(),
+                Err(e) => break format!("RX, connection failed: {e}"),
+            };
+            let body = match envelope.body {
+                Body::Data { len } => {
+                    let mut data = vec![0u8; len as usize];
+                    if let Err(e) = reader.read_exact(&mut data) {
+                        break format!("RX, connection failed: {e}");
+                    }
+                    Ok(Arc::new(data))
+                }
+                Body::Abort { reason } => Err(reason),
+            };
+            let mut state = lock(&shared.state);
+            deliver(&mut state, envelope.key, envelope.signature, body);
+            shared.changed.notify_all();
+        };
+        if !shared.closing.load(Ordering::SeqCst) {
+            let who = lock(&shared.state)
+                .peers
+                .get(process as usize)
+                .and_then(Option::as_ref)
+                .map_or_else(|| format!("process {process}"), ToString::to_string);
+            mark_gone(&shared, process, format!("{reason} ({who})"));
+        }
+        let _ = reader.get_ref().shutdown(Shutdown::Both);
+    })?;
+    Ok(())
+}

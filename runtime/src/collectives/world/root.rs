@@ -1,0 +1,185 @@
+//! The root: rank 0's process listens at `NEURON_RT_ROOT_COMM_ID` and introduces the
+//! job's processes to each other.
+//!
+//! Every process (the root's own included) connects, says who it is and where it
+//! accepts data links, and joins ranks of communicators. Once every rank of a
+//! communicator has joined, the root sends each of its processes the roster (which
+//! process holds which rank, and how to reach it). When a process's connection closes,
+//! the root tells every other process, so that none waits for a dead peer. A join that
+//! contradicts an earlier one (another rank count, a rank taken by another process) is
+//! refused to the process that sent it.
+
+use std::collections::HashMap;
+use std::io::{self, BufReader, BufWriter, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use super::wire::{self, Control, Peer};
+
+/// The root's listener; dropping it stops accepting and closes every connection.
+#[derive(Debug)]
+pub(crate) struct Server {
+    listener: TcpListener,
+    state: Arc<Mutex<State>>,
+    accepting: Option<JoinHandle<()>>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    processes: Vec<Process>,
+    comms: HashMap<u64, Comm>,
+    closing: bool,
+}
+
+#[derive(Debug)]
+struct Process {
+    peer: Option<Peer>,
+    writer: Option<BufWriter<TcpStream>>,
+    stream: TcpStream,
+}
+
+#[derive(Debug)]
+struct Comm {
+    name: String,
+    count: u32,
+    /// Each rank's process, once joined.
+    ranks: Vec<Option<u32>>,
+}
+
+impl Server {
+    /// Listens at `addr` (an address of this host).
+    pub(crate) fn start(addr: SocketAddr) -> io::Result<Server> {
+        let listener = TcpListener::bind(addr)?;
+        let state = Arc::new(Mutex::new(State::default()));
+        let accepting = {
+            let (listener, state) = (listener.try_clone()?, Arc::clone(&state));
+            std::thread::Builder::new().name("nrt-root".into()).spawn(move || accept(listener, state))?
+        };
+        Ok(Server { listener, state, accepting: Some(accepting) })
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let mut state = lock(&self.state);
+        state.closing = true;
+        for process in &state.processes {
+            let _ = process.stream.shutdown(Shutdown::Both);
+        }
+        drop(state);
+        // Wakes the blocked accept: shutdown of a listening socket makes it return.
+        let _ = nix::sys::socket::shutdown(self.listener.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+        if let Some(accepting) = self.accepting.take() {
+            let _ = accepting.join();
+        }
+    }
+}
+
+fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn accept(listener: TcpListener, state: Arc<Mutex<State>>) {
+    for stream in listener.incoming() {
+        if lock(&state).closing {
+            return;
+        }
+        let Ok(stream) = stream else { continue };
+        let state = Arc::clone(&state);
+        let _ = std::thread::Builder::new().name("nrt-root-conn".into()).spawn(move || serve(stream, state));
+    }
+}
+
+/// One process's connection: registers it, then handles its joins until it closes.
+fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
+    let _ = stream.set_nodelay(true);
+    if wire::greet(&mut stream).is_err() {
+        return;
+    }
+    let (Ok(writer), Ok(whole)) = (stream.try_clone(), stream.try_clone()) else { return };
+    let index = {
+        let mut state = lock(&state);
+        if state.closing {
+            return;
+        }
+        state.processes.push(Process { peer: None, writer: Some(BufWriter::new(writer)), stream: whole });
+        state.processes.len() as u32 - 1
+    };
+    let mut reader = BufReader::new(stream);
+    let reason = loop {
+        match wire::read_header::<Control>(&mut reader) {
+            Ok(Some(message)) => handle(&state, index, message),
+            Ok(None) => break "RX, connection closed by remote peer".to_owned(),
+            Err(e) => break format!("RX, connection failed: {e}"),
+        }
+    };
+    let mut state = lock(&state);
+    let process = &mut state.processes[index as usize];
+    process.writer = None;
+    let who = process.peer.as_ref().map_or_else(|| format!("process {index}"), ToString::to_string);
+    let gone = Control::Gone { process: index, reason: format!("{reason} ({who})") };
+    for other in 0..state.processes.len() as u32 {
+        if other != index {
+            send(&mut state, other, &gone);
+        }
+    }
+}
+
+fn handle(state: &Mutex<State>, index: u32, message: Control) {
+    let mut state = lock(state);
+    match message {
+        Control::Hello(peer) => {
+            state.processes[index as usize].peer = Some(peer);
+            send(&mut state, index, &Control::Welcome { process: index });
+        }
+        Control::Join { comm, name, count, rank } => join(&mut state, index, comm, name, count, rank),
+        // Only the root sends the others.
+        _ => {}
+    }
+}
+
+fn join(state: &mut State, index: u32, comm: u64, name: String, count: u32, rank: u32) {
+    let entry = state.comms.entry(comm).or_insert_with(|| Comm { name, count, ranks: vec![None; count as usize] });
+    let refused = if entry.count != count {
+        Some(format!(
+            "communicator `{}` has {} ranks, but this process joined it as rank {rank} of {count}",
+            entry.name, entry.count
+        ))
+    } else {
+        match entry.ranks.get(rank as usize) {
+            None => Some(format!("rank {rank} is not one of the {count} ranks of `{}`", entry.name)),
+            Some(Some(holder)) if *holder != index => {
+                Some(format!("rank {rank} of `{}` was already joined by process {holder}", entry.name))
+            }
+            Some(_) => None,
+        }
+    };
+    if let Some(reason) = refused {
+        send(state, index, &Control::Refused { comm, reason });
+        return;
+    }
+    entry.ranks[rank as usize] = Some(index);
+    if entry.ranks.iter().any(Option::is_none) {
+        return;
+    }
+    let rank_process: Vec<u32> = entry.ranks.iter().flatten().copied().collect();
+    let processes = state.processes.iter().map(|p| p.peer.clone()).collect();
+    let roster = Control::Roster { comm, rank_process: rank_process.clone(), processes };
+    let mut members = rank_process;
+    members.sort_unstable();
+    members.dedup();
+    for member in members {
+        send(state, member, &roster);
+    }
+}
+
+/// Sends to one process; a process whose connection failed is left to its reader.
+fn send(state: &mut State, index: u32, message: &Control) {
+    if let Some(writer) = state.processes[index as usize].writer.as_mut()
+        && (wire::write_header(writer, message).is_err() || writer.flush().is_err())
+    {
+        state.processes[index as usize].writer = None;
+    }
+}

@@ -1,0 +1,144 @@
+//! What processes of a job say to each other, and how it is framed on a stream.
+//!
+//! Every frame is a little-endian `u32` header length, the header (postcard), then the
+//! payload the header announces (data messages only). Two streams exist between
+//! processes: each process's **control** connection to the root (rank 0's process),
+//! carrying [`Control`] messages, and one **data** link per pair of processes, carrying
+//! [`Envelope`]s with the collectives' bytes.
+
+use std::io::{self, Read, Write};
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+/// A header longer than this is not ours: the stream is closed rather than trusted.
+const MAX_HEADER_BYTES: u32 = 1 << 20;
+
+/// First bytes of every stream, so that a stray client is told apart from a process
+/// of the job (and two builds of different protocol versions refuse each other).
+pub(crate) const GREETING: [u8; 8] = *b"NVRANKS1";
+
+/// A process of the job as the others name it in messages.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Peer {
+    pub(crate) pid: u32,
+    pub(crate) host: String,
+    /// Where its data links are accepted.
+    pub(crate) data: SocketAddr,
+}
+
+impl std::fmt::Display for Peer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "pid {} on host {}", self.pid, self.host)
+    }
+}
+
+/// Messages on a control connection (process ↔ root).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Control {
+    /// Process → root, first: who it is.
+    Hello(Peer),
+    /// Root → process: its index among the job's processes.
+    Welcome { process: u32 },
+    /// Process → root: it holds rank `rank` of `count` of communicator `comm`.
+    Join { comm: u64, name: String, count: u32, rank: u32 },
+    /// Root → every process of a communicator once all its ranks joined: each rank's
+    /// process, and every process known so far (by index).
+    Roster { comm: u64, rank_process: Vec<u32>, processes: Vec<Option<Peer>> },
+    /// Root → a process whose join cannot be accepted.
+    Refused { comm: u64, reason: String },
+    /// Root → every other process: process `process` closed its connection.
+    Gone { process: u32, reason: String },
+}
+
+/// The header of one message on a data link.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Envelope {
+    pub(crate) key: Key,
+    /// The sender's description of the operation; the receiver's must be the same.
+    pub(crate) signature: String,
+    pub(crate) body: Body,
+}
+
+/// Where a message goes: communicator, unit, operation within the unit, step of the
+/// algorithm, sending and receiving rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub(crate) struct Key {
+    pub(crate) comm: u64,
+    pub(crate) unit: u64,
+    pub(crate) index: u32,
+    pub(crate) step: u32,
+    pub(crate) from: u32,
+    pub(crate) to: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) enum Body {
+    /// `len` payload bytes follow the header.
+    Data { len: u64 },
+    /// The sender's operation failed: the receiver's fails too, with this reason.
+    Abort { reason: String },
+}
+
+/// Writes one header (and no payload).
+pub(crate) fn write_header<T: Serialize>(out: &mut impl Write, header: &T) -> io::Result<()> {
+    let bytes = postcard::to_stdvec(header).map_err(io::Error::other)?;
+    let len = u32::try_from(bytes.len()).map_err(io::Error::other)?;
+    let mut frame = Vec::with_capacity(4 + bytes.len());
+    frame.extend_from_slice(&len.to_le_bytes());
+    frame.extend_from_slice(&bytes);
+    out.write_all(&frame)
+}
+
+/// Reads one header; `Ok(None)` at a clean end of stream.
+pub(crate) fn read_header<T: DeserializeOwned>(input: &mut impl Read) -> io::Result<Option<T>> {
+    let mut len = [0u8; 4];
+    match input.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_le_bytes(len);
+    if len > MAX_HEADER_BYTES {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a {len}-byte header is not ours")));
+    }
+    let mut bytes = vec![0u8; len as usize];
+    input.read_exact(&mut bytes)?;
+    postcard::from_bytes(&bytes).map(Some).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+}
+
+/// Writes the greeting and checks the other side's.
+pub(crate) fn greet(stream: &mut (impl Read + Write)) -> io::Result<()> {
+    stream.write_all(&GREETING)?;
+    let mut theirs = [0u8; GREETING.len()];
+    stream.read_exact(&mut theirs)?;
+    if theirs == GREETING {
+        Ok(())
+    } else {
+        Err(io::Error::new(io::ErrorKind::InvalidData, "the other side is not a process of this job's protocol"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_and_a_clean_end_is_no_header() {
+        let envelope = Envelope {
+            key: Key { comm: 7, unit: 3, index: 1, step: 2, from: 0, to: 5 },
+            signature: "AllReduce(Add) of f32".into(),
+            body: Body::Data { len: 1 << 20 },
+        };
+        let control = Control::Roster { comm: 7, rank_process: vec![0, 0, 1], processes: vec![None] };
+        let mut stream = Vec::new();
+        write_header(&mut stream, &envelope).expect("in memory");
+        write_header(&mut stream, &control).expect("in memory");
+        let mut input = stream.as_slice();
+        assert_eq!(read_header::<Envelope>(&mut input).expect("in memory"), Some(envelope));
+        assert_eq!(read_header::<Control>(&mut input).expect("in memory"), Some(control));
+        assert_eq!(read_header::<Control>(&mut input).expect("in memory"), None);
+        let oversized = (MAX_HEADER_BYTES + 1).to_le_bytes();
+        assert!(read_header::<Control>(&mut oversized.as_slice()).is_err());
+    }
+}

@@ -1,0 +1,97 @@
+//! Ranks of communicators that span the job's processes: each process joins the ranks
+//! it holds, under a key every process derives the same way, and rank 0's process
+//! introduces them to each other (see `collectives::remote` and `collectives::world`).
+
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use crate::collectives::Communicator;
+use crate::collectives::world::World;
+use crate::config::MAX_EXEC_TIMEOUT;
+use crate::error::{NrtError, NrtResult};
+use crate::launch::ENV_ROOT_COMM_ID;
+use crate::neff::{DecodeOptions, Neff};
+
+use super::*;
+
+/// The name `nrt_build_global_comm`, `nrt_barrier` and `nrt_all_gather` share.
+pub const GLOBAL_COMMUNICATOR: &str = "global";
+
+impl Runtime {
+    /// Joins rank `rank` of `count` of the job's communicator `name`, on `core` of this
+    /// process (`nrt_build_global_comm` joins [`GLOBAL_COMMUNICATOR`]). Every process
+    /// joins the ranks it holds under the same name and count; a process may hold any
+    /// number of them. The communicator works once all `count` ranks have joined: its
+    /// first collective waits for that (up to `NEURON_RT_EXEC_TIMEOUT`), or
+    /// [`Communicator::wait_for_ranks`]. After a failure, joining again builds a new
+    /// communicator under the same name.
+    ///
+    /// Rank 0's process listens at `NEURON_RT_ROOT_COMM_ID` (or `MASTER_ADDR`, port
+    /// 62182, under torchrun); the others connect to it.
+    pub fn join_communicator(&self, name: &str, core: u32, rank: u32, count: u32) -> NrtResult<Communicator> {
+        self.join_across(name, name, core, rank, count)
+    }
+
+    /// `nrt_load_collectives` in a job of several processes: loads the NEFF on `core` as
+    /// rank `rank` of `count`. The ranks that every process loads from the same NEFF with
+    /// the same count form one communicator.
+    pub fn load_collectives_across(&self, neff_bytes: &[u8], core: u32, rank: u32, count: u32) -> NrtResult<Model> {
+        let name = Neff::decode(neff_bytes, DecodeOptions { validate_hash: false })?.name;
+        let digest = Sha256::digest(neff_bytes);
+        let key = format!("neff {:016x} ranks {count}", u64::from_le_bytes(digest[..8].try_into().unwrap_or_default()));
+        let communicator = self.join_across(&name, &key, core, rank, count)?;
+        self.load_rank(neff_bytes, Some(core), Some((communicator, rank)))
+    }
+
+    fn join_across(&self, name: &str, key: &str, core: u32, rank: u32, count: u32) -> NrtResult<Communicator> {
+        self.shared.lifecycle.check()?;
+        self.check_held(core)?;
+        let world = self.world()?;
+        let tracer = self.tracer()?;
+        let timeout = self.shared.config.exec_timeout.min(MAX_EXEC_TIMEOUT);
+        let communicator = self.with_running(|running| {
+            let mut across = lock(&running.across);
+            match across.get(key) {
+                Some(held) if held.ranks() != count as usize => Err(NrtError::invalid(format!(
+                    "communicator `{name}` has {} ranks in this process already, not {count}",
+                    held.ranks()
+                ))),
+                Some(held) if !held.has_failed() => Ok(held.clone()),
+                held => {
+                    let generation = held.map_or(0, |c| c.generation() + 1);
+                    let fresh = Communicator::across(
+                        name,
+                        (key, generation),
+                        count,
+                        Arc::clone(&world),
+                        Arc::clone(&tracer),
+                        Arc::clone(&self.shared.lifecycle),
+                        timeout,
+                    )?;
+                    across.insert(key.to_owned(), fresh.clone());
+                    Ok(fresh)
+                }
+            }
+        })??;
+        communicator.join(rank, core, &self.shared.topology)?;
+        Ok(communicator)
+    }
+
+    /// This process's membership in the job, started on first use.
+    fn world(&self) -> NrtResult<Arc<World>> {
+        let root = self.shared.config.root_comm.as_ref().ok_or_else(|| {
+            NrtError::invalid(format!(
+                "a communicator across processes needs rank 0's address: set {ENV_ROOT_COMM_ID}=<ipv4>:<port> in every process (torchrun's MASTER_ADDR also works)"
+            ))
+        })?;
+        let timeout = self.shared.config.exec_timeout.min(MAX_EXEC_TIMEOUT);
+        self.with_running(|running| match running.world.get() {
+            Some(world) => Ok(Arc::clone(world)),
+            None => {
+                let world = Arc::new(World::start(root, timeout)?);
+                Ok(Arc::clone(running.world.get_or_init(|| world)))
+            }
+        })?
+    }
+}

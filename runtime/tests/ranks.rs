@@ -1,0 +1,277 @@
+//! Communicators across processes, with each "process" a runtime of its own in this test
+//! (its own cores, its own bootstrap connection to rank 0's runtime, its own data
+//! links): programs and API collectives against a reference, and every failure kind
+//! with its status, the rank it names and the bound on time. Real processes under
+//! `mpirun` are in `libnrt/tests` and `profiler/tests`.
+
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use neuron_runtime::launch::RootComm;
+use neuron_runtime::{
+    Collective, CollectiveCall, Communicator, CoreSet, DType, GLOBAL_COMMUNICATOR, Model, Neff, NrtError, NrtStatus,
+    Runtime, Target, TensorPlacement, TensorSet, compile_hlo,
+};
+use neuron_test_support::runtime::{self as common, f32_bytes};
+
+/// A free port on the loopback interface for rank 0 to listen at.
+fn free_root() -> RootComm {
+    let port = TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port();
+    RootComm { host: "127.0.0.1".into(), port, from: "NEURON_RT_ROOT_COMM_ID" }
+}
+
+/// `processes` runtimes of `cores` cores each, all pointed at the same root.
+fn job(processes: usize, cores: u32, timeout: Duration) -> Vec<common::Fixture> {
+    let root = free_root();
+    (0..processes)
+        .map(|_| {
+            common::started(CoreSet::range(0, cores - 1), |config| {
+                config.root_comm = Some(root.clone());
+                config.exec_timeout = timeout;
+                config.host_threads = 1;
+            })
+        })
+        .collect()
+}
+
+fn all_reduce_neff(elements: usize) -> Vec<u8> {
+    let hlo = format!(
+        "HloModule ar\nsum {{\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}}\n\
+         ENTRY e {{\n  x = f32[{elements}]{{0}} parameter(0)\n  \
+         ROOT r = f32[{elements}]{{0}} all-reduce(x), replica_groups={{}}, to_apply=sum\n}}\n"
+    );
+    Neff::new("ar_ranks", compile_hlo(&hlo, Target::Trn1).expect("compiles")).encode()
+}
+
+/// Executes `model` once on `input`, returning its output.
+fn execute(rt: &Runtime, model: &Model, input: &[f32]) -> Result<Vec<f32>, NrtError> {
+    let ty = model.tensor_type(&model.inputs()[0]).clone();
+    let x = rt.allocate_tensor_for(TensorPlacement::Host, &ty, "x").expect("alloc");
+    x.write(0, &f32_bytes(input)).expect("write");
+    let out_ty = model.tensor_type(&model.outputs()[0]).clone();
+    let y = rt.allocate_tensor_for(TensorPlacement::Host, &out_ty, "y").expect("alloc");
+    let (mut inputs, mut outputs) = (TensorSet::new(), TensorSet::new());
+    inputs.add("input0", x);
+    outputs.add("output0", y.clone());
+    rt.execute(model, &inputs, &outputs)?;
+    Ok(common::floats(&y.read_all().expect("read")))
+}
+
+/// Rank `r` of the job as (process, core): `per_process` consecutive ranks per process.
+fn place(rank: usize, per_process: usize) -> (usize, u32) {
+    (rank / per_process, (rank % per_process) as u32)
+}
+
+/// Loads the all-reduce of `elements` floats as every rank of `job` and runs each rank
+/// from its own thread `times` times with input `rank + 1` (rank `skip` never runs).
+fn run_all_reduce(
+    job: &[common::Fixture],
+    per_process: usize,
+    elements: usize,
+    times: usize,
+    skip: Option<usize>,
+) -> Vec<Result<Vec<f32>, NrtError>> {
+    let neff = all_reduce_neff(elements);
+    let ranks = job.len() * per_process;
+    let models: Vec<Model> = (0..ranks)
+        .map(|rank| {
+            let (process, core) = place(rank, per_process);
+            job[process].runtime.load_collectives_across(&neff, core, rank as u32, ranks as u32).expect("loads")
+        })
+        .collect();
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..ranks)
+            .filter(|&rank| Some(rank) != skip)
+            .map(|rank| {
+                let (rt, model) = (&job[place(rank, per_process).0].runtime, &models[rank]);
+                scope.spawn(move || {
+                    let input = vec![(rank + 1) as f32; elements];
+                    let mut last = Ok(Vec::new());
+                    for _ in 0..times {
+                        last = execute(rt, model, &input);
+                        if last.is_err() {
+                            break;
+                        }
+                    }
+                    last
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().expect("rank thread")).collect()
+    })
+}
+
+#[test]
+fn a_program_all_reduce_spans_processes_of_one_and_of_two_cores() {
+    for (processes, per_process) in [(4, 1), (2, 2)] {
+        let job = job(processes, per_process as u32, Duration::from_secs(20));
+        let ranks = processes * per_process;
+        let expected = (1..=ranks).sum::<usize>() as f32;
+        // A small exchange (all-to-all) and a large one (the ring, from 16 MiB of traffic).
+        for elements in [8, 3 << 20] {
+            for output in run_all_reduce(&job, per_process, elements, 3, None) {
+                let output = output.unwrap_or_else(|e| panic!("{processes}x{per_process}, {elements}: {e}"));
+                assert_eq!(output.len(), elements);
+                assert!(output.iter().all(|&v| v == expected), "{processes}x{per_process}: {:?}", &output[..4]);
+            }
+        }
+    }
+}
+
+/// Runs `call` as every rank of communicator `name` (rank r in process r / per_process)
+/// with input `inputs[r]`, returning each rank's output.
+fn run_api(
+    job: &[common::Fixture],
+    per_process: usize,
+    name: &str,
+    call: &CollectiveCall,
+    inputs: &[Vec<u8>],
+    output_bytes: usize,
+) -> Vec<Result<Vec<u8>, NrtError>> {
+    let ranks = inputs.len();
+    let comms: Vec<Communicator> = (0..ranks)
+        .map(|rank| {
+            let (process, core) = place(rank, per_process);
+            job[process].runtime.join_communicator(name, core, rank as u32, ranks as u32).expect("joins")
+        })
+        .collect();
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..ranks)
+            .map(|rank| {
+                let (comm, input) = (&comms[rank], &inputs[rank]);
+                let rt = &job[place(rank, per_process).0].runtime;
+                scope.spawn(move || {
+                    let core = place(rank, per_process).1;
+                    let x = rt.allocate_tensor(TensorPlacement::Device { core }, input.len().max(1) as u64, "x")?;
+                    x.write(0, input)?;
+                    let y = rt.allocate_tensor(TensorPlacement::Device { core }, output_bytes.max(1) as u64, "y")?;
+                    comm.run(rank as u32, call, Some(&x), Some(&y))?;
+                    y.read_all()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().expect("rank thread")).collect()
+    })
+}
+
+#[test]
+fn api_collectives_gather_and_scatter_across_processes() {
+    let job = job(2, 2, Duration::from_secs(20));
+    let inputs: Vec<Vec<u8>> = (0..4u8).map(|r| vec![r + 1; 8]).collect();
+    let gathered =
+        run_api(&job, 2, GLOBAL_COMMUNICATOR, &CollectiveCall::new(Collective::AllGather, DType::U8), &inputs, 32);
+    let expected: Vec<u8> = (1..=4u8).flat_map(|r| [r; 8]).collect();
+    for output in gathered {
+        assert_eq!(output.expect("gathers"), expected);
+    }
+    // Reduce-scatter by the ring: rank r gets part r of the sums.
+    let inputs: Vec<Vec<u8>> =
+        (0..4).map(|r| f32_bytes(&(0..16).map(|i| (i * 10 + r) as f32).collect::<Vec<_>>())).collect();
+    let call = CollectiveCall::new(Collective::ReduceScatter(neuron_runtime::isa::ReduceOp::Add), DType::F32)
+        .algorithm(neuron_runtime::Algorithm::Ring);
+    let outputs = run_api(&job, 2, "scatter", &call, &inputs, 16);
+    for (rank, output) in outputs.into_iter().enumerate() {
+        let expected: Vec<f32> = (0..4).map(|i| ((rank * 4 + i) * 40 + 6) as f32).collect();
+        assert_eq!(common::floats(&output.expect("scatters")), expected, "rank {rank}");
+    }
+}
+
+#[test]
+fn a_rank_that_never_arrives_fails_the_others_at_the_timeout_naming_it_and_the_survivors_go_on() {
+    let timeout = Duration::from_secs(1);
+    let job = job(3, 1, timeout);
+    let started = Instant::now();
+    let outputs = run_all_reduce(&job, 1, 8, 1, Some(2));
+    let elapsed = started.elapsed();
+    assert!(elapsed < timeout + Duration::from_secs(2), "ended after {elapsed:?}");
+    for output in outputs {
+        let error = output.expect_err("rank 2 never arrives");
+        assert_eq!(error.status, NrtStatus::ExecHwErrCollectives, "{error}");
+        assert!(error.message.contains("suspected hang in collectives operation 0 out of 1"), "{error}");
+        // The rank that timed out names the missing one; the other hears of it from the first.
+        assert!(
+            error.message.contains(&format!("rank 2 (pid {} on host", std::process::id()))
+                && error.message.contains("did not arrive within 1.000 s"),
+            "{error}"
+        );
+    }
+    // The two survivors build a communicator of their own and go on.
+    let inputs = vec![vec![1u8; 4], vec![2u8; 4]];
+    let gathered = run_api(&job, 1, "survivors", &CollectiveCall::new(Collective::AllGather, DType::U8), &inputs, 8);
+    for output in gathered {
+        assert_eq!(output.expect("the survivors' communicator works"), [1, 1, 1, 1, 2, 2, 2, 2]);
+    }
+}
+
+#[test]
+fn a_process_that_goes_away_fails_its_peers_at_once_with_a_network_failure() {
+    let mut job = job(2, 1, Duration::from_secs(30));
+    let comm0 = job[0].runtime.join_communicator("gone", 0, 0, 2).expect("joins");
+    let comm1 = job[1].runtime.join_communicator("gone", 0, 1, 2).expect("joins");
+    comm0.wait_for_ranks(Instant::now() + Duration::from_secs(10)).expect("every rank joins");
+    comm1.wait_for_ranks(Instant::now() + Duration::from_secs(10)).expect("every rank joins");
+    let barrier = CollectiveCall::new(Collective::Barrier, DType::U8);
+    std::thread::scope(|scope| {
+        let waiting = scope.spawn(|| {
+            let started = Instant::now();
+            (comm0.run(0, &barrier, None, None), started.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        // Rank 1's "process" closes: its links and its bootstrap connection close.
+        drop(comm1);
+        job.pop().expect("second process").runtime.close().expect("closes");
+        let (result, waited) = waiting.join().expect("rank 0");
+        let error = result.expect_err("rank 1 is gone");
+        assert_eq!(error.status, NrtStatus::NetworkProxyFailure, "{error}");
+        assert!(waited < Duration::from_secs(3), "rank 0 waited {waited:?} for a peer that was gone");
+        assert!(
+            error.message.contains("connection closed by remote peer") && error.message.contains("rank 1 (pid"),
+            "{error}"
+        );
+    });
+}
+
+#[test]
+fn ranks_calling_different_operations_fail_naming_both_sides() {
+    let job = job(2, 1, Duration::from_secs(20));
+    let comms: Vec<Communicator> =
+        (0..2).map(|r| job[r].runtime.join_communicator("mismatch", 0, r as u32, 2).expect("joins")).collect();
+    let outputs: Vec<Result<(), NrtError>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..2usize)
+            .map(|rank| {
+                let (rt, comm) = (&job[rank].runtime, &comms[rank]);
+                scope.spawn(move || {
+                    // Rank 1 all-reduces twice as many elements.
+                    let bytes = 16 * (rank as u64 + 1);
+                    let x = rt.allocate_tensor(TensorPlacement::Host, bytes, "x")?;
+                    let y = rt.allocate_tensor(TensorPlacement::Host, bytes, "y")?;
+                    let call =
+                        CollectiveCall::new(Collective::AllReduce(neuron_runtime::isa::ReduceOp::Add), DType::F32);
+                    comm.run(rank as u32, &call, Some(&x), Some(&y))
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().expect("rank thread")).collect()
+    });
+    for (rank, output) in outputs.into_iter().enumerate() {
+        let error = output.expect_err("the calls differ");
+        assert!(error.message.contains("16 bytes in") && error.message.contains("32 bytes in"), "rank {rank}: {error}");
+        assert!(error.message.contains("rank 0 (pid") && error.message.contains("rank 1 (pid"), "rank {rank}: {error}");
+    }
+}
+
+#[test]
+fn a_root_that_is_never_reached_gives_up_with_a_timeout() {
+    let root = free_root();
+    // Only rank 1 exists: nobody listens at the root.
+    let f = common::started(CoreSet::range(0, 0), |config| {
+        config.root_comm = Some(root.clone());
+        config.exec_timeout = Duration::from_millis(500);
+    });
+    let comm = f.runtime.join_communicator("alone", 0, 1, 2).expect("joins");
+    let started = Instant::now();
+    let error = comm.wait_for_ranks(Instant::now() + Duration::from_secs(10)).expect_err("no root");
+    assert!(started.elapsed() < Duration::from_secs(3), "gave up after {:?}", started.elapsed());
+    assert_eq!(error.status, NrtStatus::Timeout, "{error}");
+    assert!(error.message.contains(&format!("Connect to 127.0.0.1:{} failed", root.port)), "{error}");
+}
