@@ -367,6 +367,50 @@ fn a_c_program_runs_as_the_ranks_of_an_mpirun_job() {
 }
 
 #[test]
+fn a_rank_whose_process_exits_inside_a_collective_fails_the_others_at_once() {
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path();
+    let allreduce = "HloModule allreduce\n\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\nENTRY main {\n  x = f32[4]{0} parameter(0)\n  ROOT r = f32[4]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n";
+    std::fs::write(dir.join("allreduce.neff"), neff(allreduce, "allreduce")).expect("write");
+    let binary = compile_c(&crate_dir().join("tests/c/ranks.c"), dir);
+    let root = format!("127.0.0.1:{}", free_port());
+    let started = Instant::now();
+    // Two processes as torchrun starts them; rank 1's exits in its first collective.
+    let children: Vec<std::process::Child> = (0..2)
+        .map(|rank| {
+            sandbox
+                .env(&mut c_program(&binary))
+                .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge")
+                .env("NEURON_RT_NUM_CORES", "1")
+                .env("NEURON_RT_ROOT_COMM_ID", &root)
+                .env("NEURON_RT_EXEC_TIMEOUT", "60")
+                .env("NEURON_RT_FAULT_INJECT", "cc_exit:rank=1")
+                .envs([("RANK", rank.to_string()), ("WORLD_SIZE", "2".to_owned())])
+                .env_remove("OMPI_COMM_WORLD_RANK")
+                .args([dir.join("allreduce.neff").as_os_str(), "1".as_ref()])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("starts")
+        })
+        .collect();
+    let outputs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().expect("ends")).collect();
+    let elapsed = started.elapsed();
+    let log = |o: &Output| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(!outputs[1].status.success(), "{}", log(&outputs[1]));
+    assert!(
+        log(&outputs[1]).contains("the process exits inside collective operation 0 out of 1"),
+        "{}",
+        log(&outputs[1])
+    );
+    // Rank 0 fails with the network status, naming rank 1, long before the timeout.
+    let survivor = log(&outputs[0]);
+    assert!(!outputs[0].status.success(), "{survivor}");
+    assert!(survivor.contains("NRT_NETWORK_PROXY_FAILURE (1206)") && survivor.contains("rank 1 (pid"), "{survivor}");
+    assert!(elapsed < Duration::from_secs(20), "the survivor took {elapsed:?}");
+}
+
+#[test]
 fn python_loads_it_through_ctypes() {
     let found = Command::new("python3").arg("--version").output().is_ok_and(|o| o.status.success());
     if !found {

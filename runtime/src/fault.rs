@@ -1,8 +1,12 @@
 //! The fault model: the faults `NEURON_RT_FAULT_INJECT` asks for, when each strikes, and
 //! which cores an uncorrectable hardware error has left degraded.
 //!
-//! A rule is `KIND[:core=N][:every=K|:after=K|:rate=P]`; a list separates rules with
-//! commas. Each rule counts the executions that start on each core it applies to (all
+//! A rule is `KIND[:core=N][:rank=R][:delay=D][:every=K|:after=K|:rate=P]`; a list
+//! separates rules with commas. The `cc_` kinds strike a rank of a collectives program
+//! (all its ranks, or global rank `R` with `rank=R`) in its execution's first
+//! collective: it arrives `delay` late (`cc_delay`, 1 s unless given as `500ms` or
+//! `2s`), never arrives (`cc_hang`), exits its process there (`cc_exit`), or calls it
+//! with one element more than the others (`cc_mismatch`). Each rule counts the executions that start on each core it applies to (all
 //! cores, or `core=N`) and strikes on executions `K, 2K, …` (`every=K`, the default
 //! being every execution), on every execution after the first `K` (`after=K`), or on
 //! each with probability `P` (`rate=P`, from a generator seeded per rule and core, so
@@ -14,6 +18,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use crate::error::NrtStatus;
 
@@ -39,7 +44,19 @@ pub enum FaultKind {
     EccCorrected,
     /// A corrected on-chip-memory ECC error: counted, the execution goes on.
     SramEccCorrected,
+    /// The rank arrives late at its execution's first collective (`delay`, default 1 s).
+    CcDelay,
+    /// The rank never arrives at its execution's first collective; its execution fails
+    /// at the deadline, and so do the other ranks', naming it.
+    CcHang,
+    /// The rank's process exits inside its execution's first collective.
+    CcExit,
+    /// The rank calls its execution's first collective with one element more.
+    CcMismatch,
 }
+
+/// How late `cc_delay` makes a rank unless the rule says.
+pub const DEFAULT_CC_DELAY: Duration = Duration::from_secs(1);
 
 impl FaultKind {
     pub const ALL: &[FaultKind] = <FaultKind as strum::VariantArray>::VARIANTS;
@@ -59,8 +76,20 @@ impl FaultKind {
             FaultKind::NcUe => Some(NrtStatus::ExecHwErrNcUe),
             FaultKind::DmaAbort => Some(NrtStatus::ExecHwErrDmaAbort),
             FaultKind::NqOverflow => Some(NrtStatus::ExecSwNqOverflow),
-            FaultKind::Timeout | FaultKind::Nan | FaultKind::EccCorrected | FaultKind::SramEccCorrected => None,
+            FaultKind::Timeout
+            | FaultKind::Nan
+            | FaultKind::EccCorrected
+            | FaultKind::SramEccCorrected
+            | FaultKind::CcDelay
+            | FaultKind::CcHang
+            | FaultKind::CcExit
+            | FaultKind::CcMismatch => None,
         }
+    }
+
+    /// Whether the fault strikes a rank in a collective (the `cc_` kinds).
+    pub fn is_rank_fault(self) -> bool {
+        matches!(self, FaultKind::CcDelay | FaultKind::CcHang | FaultKind::CcExit | FaultKind::CcMismatch)
     }
 
     /// Whether the fault leaves the core's execution unit unusable.
@@ -80,6 +109,10 @@ impl FaultKind {
             FaultKind::Nan => "NaN written to an output",
             FaultKind::EccCorrected => "corrected ECC error in device memory (HBM)",
             FaultKind::SramEccCorrected => "corrected ECC error in on-chip memory (SRAM)",
+            FaultKind::CcDelay => "the rank arrives late at its collective",
+            FaultKind::CcHang => "the rank never arrives at its collective",
+            FaultKind::CcExit => "the rank's process exits inside its collective",
+            FaultKind::CcMismatch => "the rank calls its collective with another element count",
         }
     }
 }
@@ -112,6 +145,10 @@ pub struct FaultRule {
     pub kind: FaultKind,
     /// The global core it applies to; every core when `None`.
     pub core: Option<u32>,
+    /// The global rank a `cc_` fault applies to; every rank when `None`.
+    pub rank: Option<u32>,
+    /// How late `cc_delay` makes the rank (`None` for the other kinds).
+    pub delay: Option<Duration>,
     pub trigger: Trigger,
 }
 
@@ -120,6 +157,12 @@ impl fmt::Display for FaultRule {
         f.write_str(self.kind.name())?;
         if let Some(core) = self.core {
             write!(f, ":core={core}")?;
+        }
+        if let Some(rank) = self.rank {
+            write!(f, ":rank={rank}")?;
+        }
+        if let Some(delay) = self.delay {
+            write!(f, ":delay={}ms", delay.as_millis())?;
         }
         match self.trigger {
             Trigger::Every(1) => Ok(()),
@@ -149,6 +192,7 @@ fn rules(text: &str, core_count: u32) -> Result<Vec<FaultRule>, String> {
         let mut parts = rule.split(':').map(str::trim);
         let kind: FaultKind = parts.next().unwrap_or_default().parse()?;
         let mut core = None;
+        let (mut rank, mut delay) = (None, None);
         let mut trigger = None;
         for option in parts {
             let (key, value) =
@@ -166,6 +210,31 @@ fn rules(text: &str, core_count: u32) -> Result<Vec<FaultRule>, String> {
                         return Err(format!("`{rule}` names a core twice"));
                     }
                     continue;
+                }
+                "rank" if kind.is_rank_fault() => {
+                    let r = value
+                        .parse::<u32>()
+                        .map_err(|_| format!("`rank={value}` in `{rule}`: expected a global rank (0 or more)"))?;
+                    if rank.replace(r).is_some() {
+                        return Err(format!("`{rule}` names a rank twice"));
+                    }
+                    continue;
+                }
+                "delay" if kind == FaultKind::CcDelay => {
+                    delay = Some(parse_delay(value).ok_or_else(|| {
+                        format!("`delay={value}` in `{rule}`: expected a duration such as 500ms or 2s")
+                    })?);
+                    continue;
+                }
+                "rank" | "delay" => {
+                    return Err(format!(
+                        "`{key}=` in `{rule}` applies to {}",
+                        if key == "rank" {
+                            "the cc_ faults (cc_delay, cc_hang, cc_exit, cc_mismatch)"
+                        } else {
+                            "cc_delay"
+                        }
+                    ));
                 }
                 "every" => Trigger::Every(count()?),
                 "after" => Trigger::After(
@@ -185,7 +254,7 @@ fn rules(text: &str, core_count: u32) -> Result<Vec<FaultRule>, String> {
                 },
                 _ => {
                     return Err(format!(
-                        "unknown option `{key}` in `{rule}`; use core=N and one of every=K, after=K, rate=P"
+                        "unknown option `{key}` in `{rule}`; use core=N (rank=R, delay=D for cc_ faults) and one of every=K, after=K, rate=P"
                     ));
                 }
             };
@@ -193,7 +262,10 @@ fn rules(text: &str, core_count: u32) -> Result<Vec<FaultRule>, String> {
                 return Err(format!("`{rule}` has more than one of every=K, after=K, rate=P"));
             }
         }
-        rules.push(FaultRule { kind, core, trigger: trigger.unwrap_or(Trigger::Every(1)) });
+        if kind == FaultKind::CcDelay {
+            delay = Some(delay.unwrap_or(DEFAULT_CC_DELAY));
+        }
+        rules.push(FaultRule { kind, core, rank, delay, trigger: trigger.unwrap_or(Trigger::Every(1)) });
     }
     Ok(rules)
 }
@@ -235,9 +307,10 @@ impl Faults {
         Faults { rules, cores: Mutex::new(HashMap::new()), any_degraded: AtomicBool::new(false) }
     }
 
-    /// Counts an execution starting on `core` and returns the faults that strike it,
-    /// in rule order, each kind once.
-    pub(crate) fn strike(&self, core: u32) -> Vec<Strike> {
+    /// Counts an execution starting on `core` (as global rank `rank` of a collectives
+    /// program, if it is one) and returns the faults that strike it, in rule order, each
+    /// kind once.
+    pub(crate) fn strike(&self, core: u32, rank: Option<u32>) -> Vec<Strike> {
         if self.rules.is_empty() {
             return Vec::new();
         }
@@ -251,7 +324,9 @@ impl Faults {
         }
         let mut strikes: Vec<Strike> = Vec::new();
         for (rule, generator) in self.rules.iter().zip(&mut state.generators) {
-            if rule.core.is_some_and(|c| c != core) {
+            if rule.core.is_some_and(|c| c != core)
+                || (rule.kind.is_rank_fault() && (rank.is_none() || rule.rank.is_some_and(|r| Some(r) != rank)))
+            {
                 continue;
             }
             let hit = match rule.trigger {
@@ -283,6 +358,16 @@ impl Faults {
     }
 }
 
+/// `500ms`, `2s` or `1.5s`.
+fn parse_delay(text: &str) -> Option<Duration> {
+    let (number, unit) = match text.strip_suffix("ms") {
+        Some(number) => (number, 1e-3),
+        None => (text.strip_suffix('s')?, 1.0),
+    };
+    let seconds = number.parse::<f64>().ok()? * unit;
+    (0.0..=3600.0).contains(&seconds).then(|| Duration::from_secs_f64(seconds))
+}
+
 /// The next value of a SplitMix64 generator.
 fn splitmix64(state: &mut u64) -> u64 {
     *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -310,7 +395,11 @@ mod tests {
                 "timeout",
                 "nan",
                 "ecc_corrected",
-                "sram_ecc_corrected"
+                "sram_ecc_corrected",
+                "cc_delay",
+                "cc_hang",
+                "cc_exit",
+                "cc_mismatch"
             ]
         );
     }
@@ -321,10 +410,22 @@ mod tests {
         assert_eq!(
             rules,
             [
-                FaultRule { kind: FaultKind::HbmUe, core: Some(1), trigger: Trigger::After(3) },
-                FaultRule { kind: FaultKind::Nan, core: None, trigger: Trigger::Every(2) },
-                FaultRule { kind: FaultKind::Oob, core: None, trigger: Trigger::Every(1) },
-                FaultRule { kind: FaultKind::EccCorrected, core: None, trigger: Trigger::Rate { millionths: 250_000 } },
+                FaultRule {
+                    kind: FaultKind::HbmUe,
+                    core: Some(1),
+                    rank: None,
+                    delay: None,
+                    trigger: Trigger::After(3)
+                },
+                FaultRule { kind: FaultKind::Nan, core: None, rank: None, delay: None, trigger: Trigger::Every(2) },
+                FaultRule { kind: FaultKind::Oob, core: None, rank: None, delay: None, trigger: Trigger::Every(1) },
+                FaultRule {
+                    kind: FaultKind::EccCorrected,
+                    core: None,
+                    rank: None,
+                    delay: None,
+                    trigger: Trigger::Rate { millionths: 250_000 }
+                },
             ]
         );
         assert_eq!(rules[0].to_string(), "hbm_ue:core=1:after=3");
@@ -344,6 +445,10 @@ mod tests {
             ("oob:3", "`3` in `oob:3` is not KEY=VALUE"),
             ("oob,,nan", "an empty rule"),
             ("oob:core=0:core=1", "names a core twice"),
+            ("oob:rank=1", "`rank=` in `oob:rank=1` applies to the cc_ faults"),
+            ("cc_hang:delay=1s", "`delay=` in `cc_hang:delay=1s` applies to cc_delay"),
+            ("cc_delay:delay=soon", "expected a duration such as 500ms or 2s"),
+            ("cc_exit:rank=-1", "expected a global rank"),
         ] {
             let error = parse_rules(text, 2).expect_err(text);
             assert!(error.0.contains(expected), "{text}: {error}");
@@ -354,7 +459,7 @@ mod tests {
     fn triggers_count_executions_per_core() {
         let rules = parse_rules("oob:every=3,nan:core=1:after=2,timeout:core=0", 2).expect("parses");
         let faults = Faults::new(rules);
-        let kinds = |core| faults.strike(core).iter().map(|s| s.kind).collect::<Vec<_>>();
+        let kinds = |core| faults.strike(core, None).iter().map(|s| s.kind).collect::<Vec<_>>();
         assert_eq!(kinds(0), [FaultKind::Timeout]);
         assert_eq!(kinds(0), [FaultKind::Timeout]);
         assert_eq!(kinds(0), [FaultKind::Oob, FaultKind::Timeout]);
@@ -366,10 +471,24 @@ mod tests {
     }
 
     #[test]
+    fn rank_faults_strike_only_their_rank_of_a_collectives_program() {
+        let rules = parse_rules("cc_delay:rank=1:delay=250ms,cc_hang:rank=2:after=1", 2).expect("parses");
+        assert_eq!(rules[0].delay, Some(Duration::from_millis(250)));
+        assert_eq!(rules[0].to_string(), "cc_delay:rank=1:delay=250ms");
+        assert_eq!(parse_rules("cc_delay", 1).expect("parses")[0].delay, Some(DEFAULT_CC_DELAY));
+        let faults = Faults::new(rules);
+        let kinds = |core, rank| faults.strike(core, rank).iter().map(|s| s.kind).collect::<Vec<_>>();
+        assert_eq!(kinds(0, None), Vec::<FaultKind>::new(), "not a rank");
+        assert_eq!(kinds(0, Some(1)), [FaultKind::CcDelay]);
+        assert_eq!(kinds(1, Some(2)), Vec::<FaultKind>::new(), "rank 2's first execution");
+        assert_eq!(kinds(1, Some(2)), [FaultKind::CcHang]);
+    }
+
+    #[test]
     fn a_rate_strikes_about_that_often_and_the_same_way_each_run() {
         let draw = || {
             let faults = Faults::new(parse_rules("nan:rate=0.1", 1).expect("parses"));
-            (0..10_000).map(|_| !faults.strike(0).is_empty()).collect::<Vec<bool>>()
+            (0..10_000).map(|_| !faults.strike(0, None).is_empty()).collect::<Vec<bool>>()
         };
         let hits = draw();
         let count = hits.iter().filter(|&&h| h).count();

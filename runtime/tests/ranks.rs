@@ -22,6 +22,11 @@ fn free_root() -> RootComm {
 
 /// `processes` runtimes of `cores` cores each, all pointed at the same root.
 fn job(processes: usize, cores: u32, timeout: Duration) -> Vec<common::Fixture> {
+    job_with_faults(processes, cores, timeout, None)
+}
+
+/// The same, every process with `NEURON_RT_FAULT_INJECT=faults`.
+fn job_with_faults(processes: usize, cores: u32, timeout: Duration, faults: Option<&str>) -> Vec<common::Fixture> {
     let root = free_root();
     (0..processes)
         .map(|_| {
@@ -29,6 +34,9 @@ fn job(processes: usize, cores: u32, timeout: Duration) -> Vec<common::Fixture> 
                 config.root_comm = Some(root.clone());
                 config.exec_timeout = timeout;
                 config.host_threads = 1;
+                if let Some(faults) = faults {
+                    config.faults = neuron_runtime::fault::parse_rules(faults, 64).expect("fault rules");
+                }
             })
         })
         .collect()
@@ -274,4 +282,38 @@ fn a_root_that_is_never_reached_gives_up_with_a_timeout() {
     assert!(started.elapsed() < Duration::from_secs(3), "gave up after {:?}", started.elapsed());
     assert_eq!(error.status, NrtStatus::Timeout, "{error}");
     assert!(error.message.contains(&format!("Connect to 127.0.0.1:{} failed", root.port)), "{error}");
+}
+
+#[test]
+fn injected_rank_faults_delay_hang_and_mismatch_as_the_rule_says() {
+    // A late rank is waited for.
+    let job = job_with_faults(2, 1, Duration::from_secs(20), Some("cc_delay:rank=1:delay=300ms"));
+    let started = Instant::now();
+    for output in run_all_reduce(&job, 1, 8, 1, None) {
+        assert_eq!(output.expect("a late rank is waited for"), vec![3.0; 8]);
+    }
+    assert!(started.elapsed() >= Duration::from_millis(300), "{:?}", started.elapsed());
+
+    // A rank that never arrives is named by the other at the timeout.
+    let timeout = Duration::from_secs(1);
+    let job = job_with_faults(2, 1, timeout, Some("cc_hang:rank=1"));
+    let started = Instant::now();
+    let outputs = run_all_reduce(&job, 1, 8, 1, None);
+    assert!(started.elapsed() < timeout + Duration::from_secs(2), "{:?}", started.elapsed());
+    let errors: Vec<NrtError> = outputs.into_iter().map(|o| o.expect_err("rank 1 hangs")).collect();
+    assert!(errors.iter().all(|e| e.status == NrtStatus::ExecHwErrCollectives), "{errors:?}");
+    assert!(errors[0].message.contains("rank 1 (pid") && errors[0].message.contains("did not arrive"), "{}", errors[0]);
+    assert!(errors[1].message.contains("injected by NEURON_RT_FAULT_INJECT rule `cc_hang:rank=1`"), "{}", errors[1]);
+
+    // A rank calling with another count fails the meeting, and both sides are named.
+    let job = job_with_faults(2, 1, Duration::from_secs(20), Some("cc_mismatch:rank=0"));
+    for output in run_all_reduce(&job, 1, 8, 1, None) {
+        let error = output.expect_err("the counts differ");
+        assert!(
+            error.message.contains("do not match")
+                && error.message.contains("36 bytes in")
+                && error.message.contains("32 bytes in"),
+            "{error}"
+        );
+    }
 }

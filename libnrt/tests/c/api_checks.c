@@ -564,6 +564,7 @@ static void unsupported(void) {
     void *addr;
     size_t size;
     EXPECT(NRT_INVALID, nrt_get_hbm_mmap_va(0, 0, &addr, &size));
+    /* Without NEURON_RT_ROOT_COMM_ID there is no job of processes to join. */
     EXPECT(NRT_INVALID, nrt_build_global_comm(0, 0, 2));
     EXPECT(NRT_INVALID, nrt_tensor_get_device_allocation_info(NULL, NULL));
     int err = 0;

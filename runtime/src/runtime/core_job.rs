@@ -74,7 +74,7 @@ impl CoreJob<'_> {
         let started = ticks();
         let strikes = match self.faults.degraded(self.model.core) {
             Some(degraded) => Err(unit_unrecoverable(self.model.core, &degraded)),
-            None => Ok(self.faults.strike(self.model.core)),
+            None => Ok(self.faults.strike(self.model.core, self.model.rank.as_ref().map(|(_, rank)| *rank))),
         };
         let run = match &strikes {
             Ok(strikes) => self.run_phases(strikes),
@@ -160,7 +160,8 @@ impl CoreJob<'_> {
     }
 
     /// Runs collective `op` of this execution as the model's rank, with the host
-    /// compute slot given back while it waits for the other ranks.
+    /// compute slot given back while it waits for the other ranks; `fault` is a `cc_`
+    /// fault striking this collective.
     #[allow(clippy::too_many_arguments)]
     fn collective(
         &self,
@@ -171,9 +172,11 @@ impl CoreJob<'_> {
         operand: ValueRef<'_>,
         out: &ArrayType,
         deadline: Instant,
+        fault: Option<&Strike>,
     ) -> NrtResult<Value> {
         let shape = operand.shape();
-        let mut input = vec![0u8; shape.iter().product::<usize>() * out.dtype.size_bytes() as usize];
+        let element = out.dtype.size_bytes() as usize;
+        let mut input = vec![0u8; shape.iter().product::<usize>() * element];
         operand.write_le_bytes(&mut input);
         let mut output = vec![0u8; out.size_bytes().unwrap_or(0) as usize];
         let outer = match op.kind {
@@ -182,6 +185,20 @@ impl CoreJob<'_> {
             | CollectiveKind::ReduceScatter { dim, .. }
             | CollectiveKind::AllToAll { dim } => shape[..dim as usize].iter().product(),
         };
+        if let Some(strike) = fault
+            && self.rank_fault(communicator, strike, rank, at, deadline)?
+        {
+            // One element more per rank of the group, as the operation's shapes require.
+            let n = op.groups.first().map_or(communicator.ranks(), Vec::len);
+            let (more_in, more_out) = match op.kind {
+                CollectiveKind::AllReduce(_) => (1, 1),
+                CollectiveKind::AllGather { .. } => (1, n),
+                CollectiveKind::ReduceScatter { .. } => (n, 1),
+                CollectiveKind::AllToAll { .. } => (n, n),
+            };
+            input.resize(input.len() + more_in * outer * element, 0);
+            output.resize(output.len() + more_out * outer * element, 0);
+        }
         let request = Request {
             op: collectives::from_kind(op.kind),
             dtype: out.dtype,
@@ -193,6 +210,49 @@ impl CoreJob<'_> {
         };
         self.pool.released(|| communicator.exchange(rank, || at, request, deadline, self.ids))?;
         Ok(Value::from_le_bytes(out, &output))
+    }
+
+    /// Does what a `cc_` fault does to rank `rank` at collective `at`: arrives late,
+    /// never arrives (failing at the deadline), or exits the process; `Ok(true)` when
+    /// the rank is to call the collective with another count.
+    fn rank_fault(
+        &self,
+        communicator: &Communicator,
+        strike: &Strike,
+        rank: u32,
+        at: OpPosition,
+        deadline: Instant,
+    ) -> NrtResult<bool> {
+        let rank_name = format!("rank {rank} of `{}` on nc{}", self.model.name, self.model.core);
+        let rule = format!("injected by NEURON_RT_FAULT_INJECT rule `{}`", strike.rule);
+        let operation = format!("collective operation {} out of {}", at.index, at.count);
+        match strike.kind {
+            FaultKind::CcDelay => {
+                let delay = strike.rule.delay.unwrap_or(crate::fault::DEFAULT_CC_DELAY);
+                tracing::warn!("{rank_name} arrives {:.3} s late at {operation} ({rule})", delay.as_secs_f64());
+                self.pool.released(|| std::thread::sleep(delay));
+            }
+            FaultKind::CcHang => {
+                tracing::warn!("{rank_name} never arrives at {operation} ({rule})");
+                self.pool.released(|| std::thread::sleep(deadline.saturating_duration_since(Instant::now())));
+                return Err(NrtError::new(
+                    NrtStatus::ExecHwErrCollectives,
+                    format!("{rank_name} never arrived at {operation} ({rule})"),
+                ));
+            }
+            FaultKind::CcExit => {
+                // Inside the collective: once the others know the rank is there.
+                communicator.wait_for_ranks(deadline)?;
+                tracing::error!("{rank_name}: the process exits inside {operation} ({rule})");
+                std::process::exit(1);
+            }
+            FaultKind::CcMismatch => {
+                tracing::warn!("{rank_name} calls {operation} with one element more than the other ranks ({rule})");
+                return Ok(true);
+            }
+            _ => {}
+        }
+        Ok(false)
     }
 
     /// The failure an injected fault turns a finished execution into.
@@ -285,6 +345,8 @@ impl CoreJob<'_> {
         let unit = m.rank.as_ref().map(|(communicator, rank)| {
             (communicator, *rank, communicator.begin(*rank), Instant::now() + self.timeout.min(MAX_EXEC_TIMEOUT))
         });
+        // A `cc_` fault strikes the execution's first collective.
+        let rank_fault = strikes.iter().find(|s| s.kind.is_rank_fault());
         let mut run_collective = |index: u32, op: &CollectiveOp, operand: ValueRef<'_>, out: &ArrayType| {
             let Some((communicator, rank, unit, deadline)) = unit else {
                 unreachable!("a program with collectives is loaded with a communicator")
@@ -297,6 +359,7 @@ impl CoreJob<'_> {
                 operand,
                 out,
                 deadline,
+                rank_fault.filter(|_| index == 0),
             )
         };
         let (mut executed, mut flops) = (0u64, 0u64);

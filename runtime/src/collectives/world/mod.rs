@@ -53,8 +53,9 @@ struct Shared {
     /// The control connection's writing half, once connected.
     control: Mutex<Option<BufWriter<TcpStream>>>,
     closing: AtomicBool,
-    /// Sockets to shut down when the world closes (control, data listener, links).
-    sockets: Mutex<Vec<OwnedFd>>,
+    /// Sockets to shut down when the world closes, and how: the control connection and
+    /// the data listener entirely, the links for writing only (see [`Closing`]).
+    sockets: Mutex<Vec<(OwnedFd, Closing)>>,
 }
 
 #[derive(Debug, Default)]
@@ -96,6 +97,17 @@ impl Roster {
             None => format!("rank {rank}"),
         }
     }
+}
+
+/// How a socket is shut down when the world closes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Closing {
+    Both,
+    /// A data link only stops sending: the peer still reads what was sent before (a
+    /// socket closed with data it has not read resets the connection, and the peer
+    /// loses what it had not read yet), and this side keeps reading until the peer
+    /// closes its own.
+    Write,
 }
 
 /// A delivered message: the sender's signature and the bytes.
@@ -294,8 +306,12 @@ impl World {
 impl Drop for World {
     fn drop(&mut self) {
         self.shared.closing.store(true, Ordering::SeqCst);
-        for socket in lock(&self.shared.sockets).iter() {
-            let _ = nix::sys::socket::shutdown(socket.as_raw_fd(), nix::sys::socket::Shutdown::Both);
+        for (socket, closing) in lock(&self.shared.sockets).iter() {
+            let how = match closing {
+                Closing::Both => nix::sys::socket::Shutdown::Both,
+                Closing::Write => nix::sys::socket::Shutdown::Write,
+            };
+            let _ = nix::sys::socket::shutdown(socket.as_raw_fd(), how);
         }
         self.shared.changed.notify_all();
         if let Some(thread) = lock(&self.control_thread).take() {
@@ -330,9 +346,9 @@ fn mark_gone(shared: &Shared, process: u32, reason: String) {
 
 /// Keeps a handle on a socket to shut it down when the world closes (a duplicate, so
 /// that the number stays this socket's whatever happens to the original).
-fn remember(shared: &Shared, socket: &impl std::os::fd::AsFd) {
+fn remember(shared: &Shared, socket: &impl std::os::fd::AsFd, closing: Closing) {
     if let Ok(handle) = socket.as_fd().try_clone_to_owned() {
-        lock(&shared.sockets).push(handle);
+        lock(&shared.sockets).push((handle, closing));
     }
 }
 
@@ -373,7 +389,7 @@ fn control(shared: Arc<Shared>, root: SocketAddr, label: String, timeout: Durati
         }
     };
     let _ = stream.set_nodelay(true);
-    remember(&shared, &stream);
+    remember(&shared, &stream, Closing::Both);
     if shared.closing.load(Ordering::SeqCst) {
         return;
     }
@@ -385,7 +401,7 @@ fn control(shared: Arc<Shared>, root: SocketAddr, label: String, timeout: Durati
         Ok(started) => started,
         Err(e) => return lose(&shared, format!("cannot accept data links: {e}")),
     };
-    remember(&shared, &listener);
+    remember(&shared, &listener, Closing::Both);
     {
         let shared = Arc::clone(&shared);
         let _ = std::thread::Builder::new().name("nrt-links".into()).spawn(move || accept_links(shared, listener));
@@ -421,16 +437,10 @@ fn control(shared: Arc<Shared>, root: SocketAddr, label: String, timeout: Durati
 }
 
 fn lose(shared: &Shared, reason: String) {
-    tracing::error!("{reason}");
-    let mut state = lock(&shared.state);
-    state.lost = Some(NrtError::new(NrtStatus::NetworkProxyFailure, reason.clone()));
-    // Rank 0's process is gone, or this process cannot be reached: every peer counts
-    // as gone, so that no receive waits for the deadline.
-    for process in 0..state.peers.len() as u32 {
-        if Some(process) != state.process {
-            state.gone.entry(process).or_insert_with(|| reason.clone());
-        }
-    }
+    tracing::info!("{reason}");
+    // No communicator can be bootstrapped any more; those already running go on, their
+    // peers watched through their own links (rank 0's process may end first).
+    lock(&shared.state).lost = Some(NrtError::new(NrtStatus::NetworkProxyFailure, reason));
     shared.changed.notify_all();
 }
 
@@ -508,7 +518,7 @@ fn accept_links(shared: Arc<Shared>, listener: TcpListener) {
 /// Registers a link to `process` and starts delivering what it carries.
 fn add_link(shared: &Arc<Shared>, process: u32, stream: TcpStream) -> io::Result<()> {
     stream.set_nodelay(true)?;
-    remember(shared, &stream);
+    remember(shared, &stream, Closing::Write);
     let writer = BufWriter::with_capacity(1 << 16, stream.try_clone()?);
     lock(&shared.state).links.insert(process, Arc::new(Mutex::new(writer)));
     shared.changed.notify_all();
