@@ -263,8 +263,7 @@ fn the_api_checks_program_passes() {
     let sandbox = Sandbox::new();
     let dir = sandbox.path();
     std::fs::write(dir.join("add.neff"), neff(ADD_HLO, "add")).expect("write");
-    let allreduce = "HloModule allreduce\n\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\nENTRY main {\n  x = f32[4]{0} parameter(0)\n  ROOT r = f32[4]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n";
-    std::fs::write(dir.join("allreduce.neff"), neff(allreduce, "allreduce")).expect("write");
+    std::fs::write(dir.join("allreduce.neff"), allreduce_neff(4)).expect("write");
     let binary = compile_c(&crate_dir().join("tests/c/api_checks.c"), dir);
     let profile = dir.join("add.ntff");
     let output = run(sandbox
@@ -334,6 +333,16 @@ fn the_api_checks_program_passes() {
     }
 }
 
+/// A NEFF summing an `f32[elements]` over every rank of an all-reduce.
+fn allreduce_neff(elements: usize) -> Vec<u8> {
+    let hlo = format!(
+        "HloModule allreduce\n\nsum {{\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}}\n\n\
+         ENTRY main {{\n  x = f32[{elements}]{{0}} parameter(0)\n  \
+         ROOT r = f32[{elements}]{{0}} all-reduce(x), replica_groups={{}}, to_apply=sum\n}}\n"
+    );
+    neff(&hlo, "allreduce")
+}
+
 /// A port of the loopback interface nobody listens at, for rank 0 to listen at.
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port()
@@ -344,8 +353,7 @@ fn a_c_program_runs_as_the_ranks_of_an_mpirun_job() {
     let sandbox = Sandbox::new();
     let dir = sandbox.path();
     // 64 Ki floats: 256 KiB per rank.
-    let allreduce = "HloModule allreduce\n\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\nENTRY main {\n  x = f32[65536]{0} parameter(0)\n  ROOT r = f32[65536]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n";
-    std::fs::write(dir.join("allreduce.neff"), neff(allreduce, "allreduce")).expect("write");
+    std::fs::write(dir.join("allreduce.neff"), allreduce_neff(65536)).expect("write");
     let binary = compile_c(&crate_dir().join("tests/c/ranks.c"), dir);
     for (processes, cores) in [(4usize, 1usize), (2, 2)] {
         let mut program = c_program(&binary);
@@ -370,8 +378,7 @@ fn a_c_program_runs_as_the_ranks_of_an_mpirun_job() {
 fn a_rank_whose_process_exits_inside_a_collective_fails_the_others_at_once() {
     let sandbox = Sandbox::new();
     let dir = sandbox.path();
-    let allreduce = "HloModule allreduce\n\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\nENTRY main {\n  x = f32[4]{0} parameter(0)\n  ROOT r = f32[4]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n";
-    std::fs::write(dir.join("allreduce.neff"), neff(allreduce, "allreduce")).expect("write");
+    std::fs::write(dir.join("allreduce.neff"), allreduce_neff(4)).expect("write");
     let binary = compile_c(&crate_dir().join("tests/c/ranks.c"), dir);
     let root = format!("127.0.0.1:{}", free_port());
     let started = Instant::now();

@@ -234,20 +234,7 @@ impl World {
             self.shared.changed.notify_all();
             return Ok(());
         }
-        let link = loop {
-            if let Some(link) = state.links.get(&process) {
-                break Arc::clone(link);
-            }
-            if let Some(reason) = state.gone.get(&process) {
-                return Err(Missed::Gone(reason.clone()));
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Missed::Timeout);
-            }
-            state = self.shared.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
-        };
-        drop(state);
+        let link = self.wait(state, process, deadline, |state| state.links.get(&process).map(Arc::clone))?;
         let (body, payload) = match &body {
             Ok(data) => (Body::Data { len: data.len() as u64 }, data.as_slice()),
             Err(reason) => (Body::Abort { reason: reason.clone() }, &[][..]),
@@ -267,13 +254,28 @@ impl World {
 
     /// Waits for the message `key` from process `process` until `deadline`.
     pub(crate) fn receive(&self, process: u32, key: Key, deadline: Instant) -> Result<Parcel, Missed> {
-        let mut state = lock(&self.shared.state);
-        loop {
+        let state = lock(&self.shared.state);
+        self.wait(state, process, deadline, |state| {
             if let Some(parcel) = state.mailbox.remove(&key) {
-                return Ok(parcel);
+                return Some(Ok(parcel));
             }
-            if let Some(reason) = state.aborts.get(&(key.comm, key.unit, key.index)) {
-                return Err(Missed::Aborted(reason.clone()));
+            let aborted = state.aborts.get(&(key.comm, key.unit, key.index));
+            aborted.map(|reason| Err(Missed::Aborted(reason.clone())))
+        })?
+    }
+
+    /// Waits until `ready` gives something, failing once process `process` is gone or
+    /// at `deadline`.
+    fn wait<T>(
+        &self,
+        mut state: MutexGuard<'_, State>,
+        process: u32,
+        deadline: Instant,
+        mut ready: impl FnMut(&mut State) -> Option<T>,
+    ) -> Result<T, Missed> {
+        loop {
+            if let Some(value) = ready(&mut state) {
+                return Ok(value);
             }
             if let Some(reason) = state.gone.get(&process) {
                 return Err(Missed::Gone(reason.clone()));
