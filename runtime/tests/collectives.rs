@@ -10,7 +10,7 @@ use neuron_datastore::{DatastoreReader, TailStart, TraceEvent};
 use neuron_runtime::isa::ReduceOp;
 use neuron_runtime::{
     Algorithm, ArrayType, Collective, CollectiveCall, Communicator, CoreSet, DType, Model, Neff, NrtError, NrtStatus,
-    Runtime, Target, TensorPlacement, TensorSet, compile_hlo,
+    Runtime, Target, TensorPlacement, compile_hlo,
 };
 
 use neuron_test_support::runtime::{self as common, f32_bytes};
@@ -225,20 +225,7 @@ fn execute_ranks(rt: &Runtime, models: &[&Model], inputs: &[Vec<f32>]) -> Vec<Re
         let ranks: Vec<_> = models
             .iter()
             .zip(inputs)
-            .map(|(model, input)| {
-                scope.spawn(move || {
-                    let ty = model.tensor_type(&model.inputs()[0]).clone();
-                    let x = rt.allocate_tensor_for(TensorPlacement::Host, &ty, "x").expect("alloc");
-                    x.write(0, &f32_bytes(input)).expect("write");
-                    let out_ty = model.tensor_type(&model.outputs()[0]).clone();
-                    let y = rt.allocate_tensor_for(TensorPlacement::Host, &out_ty, "y").expect("alloc");
-                    let (mut inputs, mut outputs) = (TensorSet::new(), TensorSet::new());
-                    inputs.add("input0", x);
-                    outputs.add("output0", y.clone());
-                    rt.execute(model, &inputs, &outputs)?;
-                    Ok(common::floats(&y.read_all().expect("read")))
-                })
-            })
+            .map(|(model, input)| scope.spawn(move || common::execute_f32(rt, model, input)))
             .collect();
         ranks.into_iter().map(|r| r.join().expect("rank thread")).collect()
     })

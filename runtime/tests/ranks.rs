@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use neuron_runtime::launch::RootComm;
 use neuron_runtime::{
     Collective, CollectiveCall, Communicator, CoreSet, DType, GLOBAL_COMMUNICATOR, Model, Neff, NrtError, NrtStatus,
-    Runtime, Target, TensorPlacement, TensorSet, compile_hlo,
+    Target, TensorPlacement, compile_hlo,
 };
 use neuron_test_support::runtime::{self as common, f32_bytes};
 
@@ -51,20 +51,6 @@ fn all_reduce_neff(elements: usize) -> Vec<u8> {
     Neff::new("ar_ranks", compile_hlo(&hlo, Target::Trn1).expect("compiles")).encode()
 }
 
-/// Executes `model` once on `input`, returning its output.
-fn execute(rt: &Runtime, model: &Model, input: &[f32]) -> Result<Vec<f32>, NrtError> {
-    let ty = model.tensor_type(&model.inputs()[0]).clone();
-    let x = rt.allocate_tensor_for(TensorPlacement::Host, &ty, "x").expect("alloc");
-    x.write(0, &f32_bytes(input)).expect("write");
-    let out_ty = model.tensor_type(&model.outputs()[0]).clone();
-    let y = rt.allocate_tensor_for(TensorPlacement::Host, &out_ty, "y").expect("alloc");
-    let (mut inputs, mut outputs) = (TensorSet::new(), TensorSet::new());
-    inputs.add("input0", x);
-    outputs.add("output0", y.clone());
-    rt.execute(model, &inputs, &outputs)?;
-    Ok(common::floats(&y.read_all().expect("read")))
-}
-
 /// Rank `r` of the job as (process, core): `per_process` consecutive ranks per process.
 fn place(rank: usize, per_process: usize) -> (usize, u32) {
     (rank / per_process, (rank % per_process) as u32)
@@ -96,7 +82,7 @@ fn run_all_reduce(
                     let input = vec![(rank + 1) as f32; elements];
                     let mut last = Ok(Vec::new());
                     for _ in 0..times {
-                        last = execute(rt, model, &input);
+                        last = common::execute_f32(rt, model, &input);
                         if last.is_err() {
                             break;
                         }

@@ -7,8 +7,8 @@ use std::sync::OnceLock;
 
 use neuron_runtime::config::CoreRequest;
 use neuron_runtime::{
-    ArrayType, CompileOptions, Config, CoreSet, DType, Model, Neff, Runtime, Target, TensorPlacement, TensorSet,
-    compile_hlo, compile_hlo_with,
+    ArrayType, CompileOptions, Config, CoreSet, DType, Model, Neff, NrtResult, Runtime, Target, TensorPlacement,
+    TensorSet, compile_hlo, compile_hlo_with,
 };
 
 /// One runtime on nc0 for every test of a test binary.
@@ -112,6 +112,21 @@ pub fn bind_f32(rt: &Runtime, neff: &[u8], len: u64) -> (Model, TensorSet, Tenso
     let mut outputs = TensorSet::new();
     outputs.add("output0", output);
     (model, inputs, outputs)
+}
+
+/// Executes `model` (one `f32` input, one output) once on `input` in host tensors,
+/// returning its output.
+pub fn execute_f32(rt: &Runtime, model: &Model, input: &[f32]) -> NrtResult<Vec<f32>> {
+    let ty = model.tensor_type(&model.inputs()[0]).clone();
+    let x = rt.allocate_tensor_for(TensorPlacement::Host, &ty, "x").expect("alloc");
+    x.write(0, &f32_bytes(input)).expect("write");
+    let out_ty = model.tensor_type(&model.outputs()[0]).clone();
+    let y = rt.allocate_tensor_for(TensorPlacement::Host, &out_ty, "y").expect("alloc");
+    let (mut inputs, mut outputs) = (TensorSet::new(), TensorSet::new());
+    inputs.add("input0", x);
+    outputs.add("output0", y.clone());
+    rt.execute(model, &inputs, &outputs)?;
+    Ok(floats(&y.read_all().expect("read")))
 }
 
 /// Little-endian bytes of `values`.

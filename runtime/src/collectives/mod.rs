@@ -232,18 +232,31 @@ impl Communicator {
         let ranks = cores.iter().map(|&core| OnceLock::from(RankPlace::new(core, topology, &tracer))).collect();
         let id = NEXT_COMMUNICATOR.fetch_add(1, Ordering::Relaxed);
         let name = name.map_or_else(|| format!("communicator {id}"), str::to_owned);
-        Ok(Communicator {
+        Ok(Communicator::from_parts(name, ranks, None, tracer, lifecycle, timeout))
+    }
+
+    /// A communicator of `ranks`, every one at its first unit.
+    fn from_parts(
+        name: String,
+        ranks: Vec<OnceLock<RankPlace>>,
+        membership: Option<Membership>,
+        tracer: Arc<Tracer>,
+        lifecycle: Arc<Lifecycle>,
+        timeout: Duration,
+    ) -> Communicator {
+        let state = Mutex::new(State::new(ranks.len()));
+        Communicator {
             inner: Arc::new(Inner {
                 name,
                 ranks,
-                membership: None,
+                membership,
                 tracer,
                 lifecycle,
                 timeout,
-                state: Mutex::new(State::new(cores.len())),
+                state,
                 changed: Condvar::new(),
             }),
-        })
+        }
     }
 
     /// The number of ranks.

@@ -23,7 +23,7 @@ use super::algorithms::{direct, ring};
 use super::meeting::{Plan, Signature};
 use super::world::wire::Key;
 use super::world::{Missed, Roster, World};
-use super::{Algorithm, Communicator, Inner, OpPosition, RankPlace, Request, State};
+use super::{Algorithm, Communicator, OpPosition, RankPlace, Request};
 use crate::error::{NrtError, NrtResult, NrtStatus};
 use crate::lifecycle::Lifecycle;
 use neuron_datastore::Tracer;
@@ -61,18 +61,14 @@ impl Communicator {
         }
         let digest = Sha256::digest(format!("{key} #{generation}").as_bytes());
         let comm = u64::from_le_bytes(digest[..8].try_into().unwrap_or_default());
-        Ok(Communicator {
-            inner: Arc::new(Inner {
-                name: name.to_owned(),
-                ranks: (0..count).map(|_| std::sync::OnceLock::new()).collect(),
-                membership: Some(Membership { world, comm, generation, failed: Mutex::new(None) }),
-                tracer,
-                lifecycle,
-                timeout,
-                state: Mutex::new(State::new(count as usize)),
-                changed: std::sync::Condvar::new(),
-            }),
-        })
+        Ok(Communicator::from_parts(
+            name.to_owned(),
+            (0..count).map(|_| std::sync::OnceLock::new()).collect(),
+            Some(Membership { world, comm, generation, failed: Mutex::new(None) }),
+            tracer,
+            lifecycle,
+            timeout,
+        ))
     }
 
     /// Joins rank `rank` of a communicator across processes, on `core` of this process.

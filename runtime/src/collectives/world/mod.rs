@@ -35,6 +35,8 @@ use wire::{Body, Control, Envelope, Key, Peer};
 const RETRY_LOG_INTERVAL: Duration = Duration::from_secs(5);
 /// Pause between two attempts to reach the root.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// How long one attempt to reach the root may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(200);
 
 /// This process's membership in the job.
 #[derive(Debug)]
@@ -181,11 +183,9 @@ impl World {
         let join = Control::Join { comm, name: name.to_owned(), count, rank };
         let mut control = lock(&self.shared.control);
         match control.as_mut() {
-            Some(writer) => {
-                if wire::write_header(writer, &join).and_then(|()| writer.flush()).is_err() {
-                    // The reader sees the same failure and records it.
-                }
-            }
+            // A failed write means a closed connection, which the control thread notices
+            // and records.
+            Some(writer) => drop(wire::write_header(writer, &join).and_then(|()| writer.flush())),
             None => lock(&self.shared.state).pending.push(join),
         }
     }
@@ -363,8 +363,8 @@ fn control(shared: Arc<Shared>, root: SocketAddr, label: String, timeout: Durati
         if shared.closing.load(Ordering::SeqCst) {
             return;
         }
-        let attempt = TcpStream::connect_timeout(&root, RETRY_PAUSE.max(Duration::from_millis(200)))
-            .and_then(|mut s| wire::greet(&mut s).map(|()| s));
+        let attempt =
+            TcpStream::connect_timeout(&root, CONNECT_TIMEOUT).and_then(|mut s| wire::greet(&mut s).map(|()| s));
         match attempt {
             Ok(stream) => break stream,
             Err(e) if Instant::now() < give_up => {
@@ -412,17 +412,21 @@ fn control(shared: Arc<Shared>, root: SocketAddr, label: String, timeout: Durati
     let hello = Control::Hello(Peer { pid: std::process::id(), host, data });
     let Ok(writer) = stream.try_clone() else { return lose(&shared, "cannot write to the root".into()) };
     {
+        // The control writer's lock is taken before the state's, as `World::join` takes
+        // them: a join either lands in `pending` before it is sent here, or finds the
+        // writer in place.
+        let mut control = lock(&shared.control);
         let mut writer = BufWriter::new(writer);
-        let mut state = lock(&shared.state);
+        let pending = std::mem::take(&mut lock(&shared.state).pending);
         let mut sent = wire::write_header(&mut writer, &hello);
-        for join in state.pending.drain(..) {
-            sent = sent.and_then(|()| wire::write_header(&mut writer, &join));
+        for join in &pending {
+            sent = sent.and_then(|()| wire::write_header(&mut writer, join));
         }
         if sent.and_then(|()| writer.flush()).is_err() {
-            drop(state);
+            drop(control);
             return lose(&shared, format!("the connection to rank 0 at {label} closed during the bootstrap"));
         }
-        *lock(&shared.control) = Some(writer);
+        *control = Some(writer);
     }
     let mut reader = BufReader::new(stream);
     let reason = loop {
