@@ -58,3 +58,73 @@ fn torchrun_variables_and_the_root_address_are_read_as_torch_xla_reads_them() {
         "{log}"
     );
 }
+
+/// An all-reduce of 1024 floats over every rank, as HLO text in `dir`.
+fn all_reduce_hlo(dir: &std::path::Path) -> std::path::PathBuf {
+    let path = dir.join("allreduce.hlo");
+    let hlo = "HloModule allreduce\n\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\n\
+               ENTRY main {\n  x = f32[1024]{0} parameter(0)\n  ROOT r = f32[1024]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n";
+    std::fs::write(&path, hlo).expect("write");
+    path
+}
+
+fn free_root() -> String {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port();
+    format!("127.0.0.1:{port}")
+}
+
+/// `neuron-bench exec` of a collectives program as one process of a job of two, with
+/// two cores each.
+fn rank_process(work: &std::path::Path, root: &str) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_neuron-bench"));
+    command
+        .env("NEURON_VIRT_LOCK_DIR", work.join("locks"))
+        .env("NEURON_VIRT_DATASTORE_DIR", work.join("datastores"))
+        .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge")
+        .env("NEURON_RT_LOG_LEVEL", "info")
+        .env("NEURON_RT_NUM_CORES", "2")
+        .env("NEURON_RT_ROOT_COMM_ID", root)
+        .env_remove("NEURON_RT_VISIBLE_CORES")
+        .args(["exec", "--iterations", "20"])
+        .arg(all_reduce_hlo(work));
+    command
+}
+
+fn assert_two_processes_of_two_ranks(log: &str) {
+    for ranks in ["ranks 0-1 of 4, across 2 processes", "ranks 2-3 of 4, across 2 processes"] {
+        assert!(log.contains(ranks), "no `{ranks}`: {log}");
+    }
+    assert_eq!(log.matches("executions   40 in").count(), 2, "each process runs its two ranks 20 times: {log}");
+}
+
+#[test]
+fn neuron_bench_runs_the_ranks_of_a_job_across_mpirun_processes() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let program = rank_process(work.path(), &free_root());
+    let Some(mut mpirun) = neuron_test_support::process::mpirun(2, &program) else { return };
+    let output = mpirun.output().expect("mpirun runs");
+    let log = text(&output);
+    assert!(output.status.success(), "{log}");
+    assert_two_processes_of_two_ranks(&log);
+}
+
+#[test]
+fn neuron_bench_runs_the_ranks_of_a_job_started_with_torchrun_variables() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let root = free_root();
+    let children: Vec<std::process::Child> = (0..2)
+        .map(|rank| {
+            rank_process(work.path(), &root)
+                .envs([("RANK", rank.to_string()), ("WORLD_SIZE", "2".into())])
+                .envs([("LOCAL_RANK", rank.to_string()), ("LOCAL_WORLD_SIZE", "2".into())])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("starts")
+        })
+        .collect();
+    let outputs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().expect("ends")).collect();
+    let log: String = outputs.iter().map(text).collect();
+    assert!(outputs.iter().all(|o| o.status.success()), "{log}");
+    assert_two_processes_of_two_ranks(&log);
+}

@@ -114,6 +114,28 @@ pub struct Launch {
     pub cores_per_process: Option<Vec<u32>>,
 }
 
+impl Launch {
+    /// The global ranks of this process's `cores` NeuronCores, one rank per core in
+    /// process order, and the job's rank count: from the cores per process the launcher
+    /// listed, else taking every process to hold as many cores as this one.
+    pub fn ranks(&self, cores: u32) -> NrtResult<(std::ops::Range<u32>, u32)> {
+        match &self.cores_per_process {
+            Some(listed) => {
+                let mine = listed.get(self.process as usize).copied().unwrap_or_default();
+                if mine != cores {
+                    return Err(NrtError::invalid(format!(
+                        "{ENV_PJRT_PROCESSES_NUM_DEVICES} gives process {} {mine} NeuronCores, but it holds {cores}",
+                        self.process
+                    )));
+                }
+                let first: u32 = listed[..self.process as usize].iter().sum();
+                Ok((first..first + cores, listed.iter().sum()))
+            }
+            None => Ok((self.process * cores..(self.process + 1) * cores, self.processes * cores)),
+        }
+    }
+}
+
 /// Where rank 0 of a job waits for the others.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RootComm {
@@ -252,6 +274,19 @@ mod tests {
 
     fn launch(vars: &[(&str, &str)]) -> NrtResult<Option<Launch>> {
         launch_from(&lookup(vars), &mut Vec::new())
+    }
+
+    #[test]
+    fn a_process_holds_the_ranks_of_its_cores_in_process_order() {
+        let mpi =
+            launch(&[("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "4")]).expect("valid").expect("a launch");
+        assert_eq!(mpi.ranks(2), Ok((4..6, 8)));
+        let jax = launch(&[("NEURON_PJRT_PROCESS_INDEX", "1"), (ENV_PJRT_PROCESSES_NUM_DEVICES, "2,1,3")])
+            .expect("valid")
+            .expect("a launch");
+        assert_eq!(jax.ranks(1), Ok((2..3, 6)));
+        let wrong = jax.ranks(2).expect_err("the list says 1 core");
+        assert!(wrong.message.contains("gives process 1 1 NeuronCores, but it holds 2"), "{wrong}");
     }
 
     #[test]

@@ -230,6 +230,30 @@ impl CoreResult {
     }
 }
 
+/// Loads a collectives program as one rank per core: the ranks of this process alone,
+/// or, in a job of several processes with rank 0's address set, this process's ranks of
+/// the job (in process order, see `Launch::ranks`).
+fn load_ranks(runtime: &Runtime, neff: &[u8], cores: &[u32], timed: bool) -> Result<Vec<Model>> {
+    let config = runtime.config();
+    let Some(launch) = config.launch.as_ref().filter(|l| l.processes > 1 && config.root_comm.is_some()) else {
+        return Ok(runtime.load_collectives(neff, cores)?);
+    };
+    if timed {
+        bail!("--duration would stop the processes of the job at different executions; use --iterations");
+    }
+    let (ranks, world) = launch.ranks(cores.len() as u32)?;
+    tracing::info!(
+        "ranks {}-{} of {world}, across {} processes ({})",
+        ranks.start,
+        ranks.end - 1,
+        launch.processes,
+        launch.launcher.name()
+    );
+    let loaded: Result<Vec<Model>, NrtError> =
+        cores.iter().zip(ranks).map(|(&core, rank)| runtime.load_collectives_across(neff, core, rank, world)).collect();
+    Ok(loaded?)
+}
+
 fn exec(args: ExecArgs) -> Result<()> {
     let config = runtime_config(args.cores.as_deref())?;
     init_logging(config.log_level);
@@ -245,7 +269,7 @@ fn exec(args: ExecArgs) -> Result<()> {
     // its rank, and the ranks meet in the collectives.
     let lockstep = program.instructions().any(|i| matches!(i.op, Op::Collective(_)));
     let replicas = if lockstep {
-        let models = runtime.load_collectives(&neff, cores.cores())?;
+        let models = load_ranks(&runtime, &neff, cores.cores(), args.duration.is_some())?;
         models.into_iter().map(|model| Replica::bind(&runtime, model, &mut fill)).collect::<Result<Vec<_>>>()?
     } else {
         cores.cores().iter().map(|&core| Replica::new(&runtime, &neff, core, &mut fill)).collect::<Result<Vec<_>>>()?

@@ -486,10 +486,12 @@ fn on_control(shared: &Arc<Shared>, message: Control) {
         Control::Refused { comm, reason } => {
             state.rosters.insert(comm, Err(reason));
         }
-        Control::Gone { process, reason } => {
+        // A process with a link is watched through it: its close comes after the data
+        // sent before it, where the root's notice may overtake that data.
+        Control::Gone { process, reason } if !state.links.contains_key(&process) => {
             state.gone.entry(process).or_insert(reason);
-            state.links.remove(&process);
         }
+        Control::Gone { .. } => {}
         Control::Hello(_) | Control::Join { .. } => {}
     }
     shared.changed.notify_all();

@@ -1,0 +1,433 @@
+//! `nccom-test`: the Neuron collectives benchmark's interface over virtual NeuronCores.
+//!
+//! Started on its own, it runs `-r` ranks as processes of this host (each a copy of
+//! itself holding one NeuronCore, joined through `NEURON_RT_ROOT_COMM_ID`, or a free
+//! loopback port when it is unset). Started by a launcher (`mpirun`, torchrun, Slurm),
+//! each process is one rank of the job. Rank 0 prints one line per size: `size count
+//! type time(us) algbw busbw`, the time being the slowest rank's mean per operation and
+//! the bus bandwidth as NCCL defines it.
+
+use std::net::TcpListener;
+use std::process::{Command, ExitCode};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, ValueEnum};
+use neuron_profiler::init_logging;
+use neuron_runtime::config::{Config, CoreRequest};
+use neuron_runtime::isa::ReduceOp;
+use neuron_runtime::launch::ENV_ROOT_COMM_ID;
+use neuron_runtime::{Collective, CollectiveCall, Communicator, DType, Runtime, Tensor, TensorPlacement};
+
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Set in the processes this one starts for its ranks: the rank, then the rank count.
+const ENV_RANK: &str = "NCCOM_TEST_RANK";
+/// The communicator's name in every rank.
+const COMMUNICATOR: &str = "nccom-test";
+
+#[derive(Parser)]
+#[command(
+    name = "nccom-test",
+    version,
+    about = "Benchmark collectives between ranks of virtual NeuronCores",
+    long_about = "Benchmark collectives between ranks of virtual NeuronCores, as Neuron's nccom-test does.\n\n\
+        Without a launcher, -r RANKS processes of this host run one rank each (one NeuronCore \
+        each: the instance needs that many cores, e.g. NEURON_VIRT_INSTANCE_TYPE=trn1.32xlarge). \
+        Under mpirun, torchrun or srun, each process is one rank. Rank 0 listens at \
+        NEURON_RT_ROOT_COMM_ID (a free loopback port by default).\n\n\
+        Columns: size (bytes of the largest buffer: the output of an all-gather, the input of \
+        a reduce-scatter), count (its elements), type, time(us) (the slowest rank's mean per \
+        operation), algbw (size / time, GB/s) and busbw (algbw times 2(n-1)/n for all-reduce, \
+        (n-1)/n for the others: NCCL's bus bandwidth)."
+)]
+struct Cli {
+    /// The operation.
+    operation: Operation,
+    /// Ranks (workers) in all.
+    #[arg(short = 'r', long = "nworkers", default_value_t = 2)]
+    ranks: u32,
+    /// Nodes: only 1 without a launcher (start the ranks of other hosts with mpirun or srun).
+    #[arg(short = 'N', long = "nnodes", default_value_t = 1)]
+    nodes: u32,
+    /// The smallest size: bytes, or with K, M or G.
+    #[arg(short = 'b', long, default_value = "8", value_parser = parse_bytes)]
+    minbytes: u64,
+    /// The largest size.
+    #[arg(short = 'e', long, default_value = "64M", value_parser = parse_bytes)]
+    maxbytes: u64,
+    /// Each size is this many times the previous one.
+    #[arg(short = 'f', long, default_value_t = 2)]
+    stepfactor: u64,
+    /// Element type.
+    #[arg(short = 'd', long, value_enum, default_value_t = DataType::Fp32)]
+    datatype: DataType,
+    /// Timed operations per size (after 5 untimed ones).
+    #[arg(short = 'n', long, default_value_t = 20)]
+    iters: u32,
+    /// Compare every rank's result with the expected one (the inputs are small whole numbers).
+    #[arg(short = 'c', long)]
+    check: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Operation {
+    /// All-reduce (sum).
+    Allr,
+    /// All-gather.
+    Allg,
+    /// Reduce-scatter (sum).
+    Redsc,
+    /// All-to-all.
+    Alltoall,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum DataType {
+    Fp32,
+    Fp16,
+    Bf16,
+    Int32,
+    Uint8,
+}
+
+impl DataType {
+    fn dtype(self) -> DType {
+        match self {
+            DataType::Fp32 => DType::F32,
+            DataType::Fp16 => DType::F16,
+            DataType::Bf16 => DType::BF16,
+            DataType::Int32 => DType::S32,
+            DataType::Uint8 => DType::U8,
+        }
+    }
+
+    /// `value` (a small whole number) as one element's little-endian bytes.
+    fn encode(self, value: u32, out: &mut Vec<u8>) {
+        match self {
+            DataType::Fp32 => out.extend_from_slice(&(value as f32).to_le_bytes()),
+            DataType::Fp16 => out.extend_from_slice(&half::f16::from_f32(value as f32).to_le_bytes()),
+            DataType::Bf16 => out.extend_from_slice(&half::bf16::from_f32(value as f32).to_le_bytes()),
+            DataType::Int32 => out.extend_from_slice(&(value as i32).to_le_bytes()),
+            DataType::Uint8 => out.push(value as u8),
+        }
+    }
+}
+
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let (number, scale) = match text.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&text[..text.len() - 1], 1 << 10),
+        Some('M') => (&text[..text.len() - 1], 1 << 20),
+        Some('G') => (&text[..text.len() - 1], 1 << 30),
+        _ => (text, 1),
+    };
+    number
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(scale))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| format!("`{text}` is not a size: bytes, or a number with K, M or G"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(error) => {
+            eprintln!("nccom-test: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs this process's part; `Ok(false)` when a check or a rank failed.
+fn run(cli: &Cli) -> Result<bool> {
+    if cli.ranks == 0 || cli.iters == 0 || cli.stepfactor < 2 || cli.minbytes > cli.maxbytes {
+        bail!("-r and --iters must be 1 or more, --stepfactor 2 or more, and --minbytes at most --maxbytes");
+    }
+    let config = Config::from_env().context("configuration")?;
+    init_logging(config.log_level);
+    if let Ok(rank) = std::env::var(ENV_RANK) {
+        let rank = rank.parse().with_context(|| format!("{ENV_RANK}={rank}"))?;
+        return rank_main(cli, config, rank, cli.ranks);
+    }
+    if let Some(launch) = config.launch.clone() {
+        if launch.processes != cli.ranks {
+            bail!(
+                "-r {} but {} started {} processes: each process is one rank",
+                cli.ranks,
+                launch.launcher.name(),
+                launch.processes
+            );
+        }
+        return rank_main(cli, config, launch.process, launch.processes);
+    }
+    if cli.nodes != 1 {
+        bail!("-N {} needs the ranks of the other hosts started there: run under mpirun or srun", cli.nodes);
+    }
+    let cores = config.instance_type.topology().core_count();
+    if cli.ranks > cores {
+        bail!(
+            "-r {} needs as many NeuronCores, one per rank, and this {} has {cores}: set NEURON_VIRT_INSTANCE_TYPE to a larger instance (trn1.32xlarge has 32)",
+            cli.ranks,
+            config.instance_type
+        );
+    }
+    spawn_ranks(cli)
+}
+
+/// Starts one process per rank (copies of this one) and waits for them.
+fn spawn_ranks(cli: &Cli) -> Result<bool> {
+    let root = match std::env::var(ENV_ROOT_COMM_ID) {
+        Ok(root) => root,
+        Err(_) => {
+            let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+            format!("127.0.0.1:{port}")
+        }
+    };
+    let exe = std::env::current_exe().context("this program's path")?;
+    let mut children = Vec::new();
+    for rank in 0..cli.ranks {
+        let child = Command::new(&exe)
+            .args(std::env::args_os().skip(1))
+            .env(ENV_RANK, rank.to_string())
+            .env(ENV_ROOT_COMM_ID, &root)
+            .env("NEURON_RT_NUM_CORES", "1")
+            .env_remove("NEURON_RT_VISIBLE_CORES")
+            .spawn()
+            .with_context(|| format!("cannot start rank {rank}"))?;
+        children.push(child);
+    }
+    let mut all_ok = true;
+    for (rank, mut child) in children.into_iter().enumerate() {
+        let status = child.wait().with_context(|| format!("rank {rank}"))?;
+        if !status.success() {
+            eprintln!("nccom-test: rank {rank} ended with {status}");
+            all_ok = false;
+        }
+    }
+    Ok(all_ok)
+}
+
+/// The sizes from --minbytes to --maxbytes, each a whole number of elements (for the
+/// scattered operations, of `ranks` elements).
+fn sizes(cli: &Cli, element: u64, ranks: u64) -> Vec<u64> {
+    let unit = match cli.operation {
+        Operation::Allr => element,
+        _ => element * ranks,
+    };
+    let mut sizes = Vec::new();
+    let mut size = cli.minbytes;
+    while size <= cli.maxbytes {
+        let rounded = size.div_ceil(unit) * unit;
+        if sizes.last() != Some(&rounded) {
+            sizes.push(rounded);
+        }
+        size = size.saturating_mul(cli.stepfactor);
+    }
+    sizes
+}
+
+/// One rank: joins the communicator, runs every size, and (rank 0) prints the table.
+fn rank_main(cli: &Cli, config: Config, rank: u32, ranks: u32) -> Result<bool> {
+    let config = Config { cores: CoreRequest::Count(1), ..config };
+    let runtime = Runtime::start(config).context("runtime")?;
+    let core = runtime.cores()?.cores()[0];
+    let communicator = runtime.join_communicator(COMMUNICATOR, core, rank, ranks)?;
+    communicator.wait_for_ranks(Instant::now() + runtime.config().exec_timeout)?;
+    let dtype = cli.datatype.dtype();
+    let element = dtype.size_bytes();
+    let n = u64::from(ranks);
+    let op = match cli.operation {
+        Operation::Allr => Collective::AllReduce(ReduceOp::Add),
+        Operation::Allg => Collective::AllGather,
+        Operation::Redsc => Collective::ReduceScatter(ReduceOp::Add),
+        Operation::Alltoall => Collective::AllToAll,
+    };
+    let call = CollectiveCall::new(op, dtype);
+    let factor = match cli.operation {
+        Operation::Allr => 2.0 * (n as f64 - 1.0) / n as f64,
+        _ => (n as f64 - 1.0) / n as f64,
+    };
+    if rank == 0 {
+        let name = cli.datatype.to_possible_value().map_or_else(String::new, |v| v.get_name().to_owned());
+        println!(
+            "# nccom-test {} on {ranks} ranks, {name}, {} timed operations per size",
+            operation_name(cli.operation),
+            cli.iters
+        );
+        println!(
+            "{:>12} {:>12} {:>6} {:>12} {:>10} {:>10}{}",
+            "size",
+            "count",
+            "type",
+            "time(us)",
+            "algbw",
+            "busbw",
+            if cli.check { "  check" } else { "" }
+        );
+    }
+    let mut all_ok = true;
+    for size in sizes(cli, element, n) {
+        let (input_bytes, output_bytes) = match cli.operation {
+            Operation::Allr | Operation::Alltoall => (size, size),
+            Operation::Allg => (size / n, size),
+            Operation::Redsc => (size, size / n),
+        };
+        let input = runtime.allocate_tensor(TensorPlacement::Device { core }, input_bytes, "input")?;
+        input.write(0, &rank_input(cli.datatype, rank, input_bytes / element))?;
+        let output = runtime.allocate_tensor(TensorPlacement::Device { core }, output_bytes, "output")?;
+        for _ in 0..5 {
+            communicator.run(rank, &call, Some(&input), Some(&output))?;
+        }
+        let checked = !cli.check || output.read_all()? == expected(cli, rank, ranks, output_bytes / element);
+        communicator.run(rank, &CollectiveCall::new(Collective::Barrier, DType::U8), None, None)?;
+        let started = Instant::now();
+        for _ in 0..cli.iters {
+            communicator.run(rank, &call, Some(&input), Some(&output))?;
+        }
+        let mean = started.elapsed() / cli.iters;
+        let (slowest, failed) = gather_results(&runtime, &communicator, rank, ranks, core, mean, checked)?;
+        all_ok &= failed.is_empty();
+        if rank == 0 {
+            let seconds = slowest.as_secs_f64();
+            let algbw = size as f64 / seconds / 1e9;
+            let check = match (cli.check, failed.is_empty()) {
+                (false, _) => String::new(),
+                (true, true) => "  ok".to_owned(),
+                (true, false) => {
+                    format!("  WRONG on rank {}", failed.iter().map(u32::to_string).collect::<Vec<_>>().join(", "))
+                }
+            };
+            println!(
+                "{size:>12} {:>12} {:>6} {:>12.1} {:>10.3} {:>10.3}{check}",
+                size / element,
+                dtype,
+                seconds * 1e6,
+                algbw,
+                algbw * factor
+            );
+        }
+    }
+    runtime.close()?;
+    Ok(all_ok)
+}
+
+fn operation_name(operation: Operation) -> &'static str {
+    match operation {
+        Operation::Allr => "all-reduce",
+        Operation::Allg => "all-gather",
+        Operation::Redsc => "reduce-scatter",
+        Operation::Alltoall => "all-to-all",
+    }
+}
+
+/// Element `i` of rank `rank`'s input: a small whole number, so that sums are exact in
+/// every type.
+fn value(rank: u32, i: u64) -> u32 {
+    rank + 1 + (i % 5) as u32
+}
+
+fn rank_input(datatype: DataType, rank: u32, count: u64) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    for i in 0..count {
+        datatype.encode(value(rank, i), &mut bytes);
+    }
+    bytes
+}
+
+/// What rank `rank`'s output of `count` elements must be.
+fn expected(cli: &Cli, rank: u32, ranks: u32, count: u64) -> Vec<u8> {
+    let n = u64::from(ranks);
+    let mut bytes = Vec::new();
+    for i in 0..count {
+        let value = match cli.operation {
+            Operation::Allr => (0..ranks).map(|r| value(r, i)).sum(),
+            // Part r of the output is rank r's input.
+            Operation::Allg => value((i / (count / n)) as u32, i % (count / n)),
+            // Part `rank` of every input, summed.
+            Operation::Redsc => (0..ranks).map(|r| value(r, u64::from(rank) * count + i)).sum(),
+            // Part j of the output is part `rank` of rank j's input.
+            Operation::Alltoall => {
+                let part = count / n;
+                value((i / part) as u32, u64::from(rank) * part + i % part)
+            }
+        };
+        cli.datatype.encode(value, &mut bytes);
+    }
+    bytes
+}
+
+/// Every rank's mean time and check, gathered: the slowest time and the ranks whose
+/// result was wrong.
+fn gather_results(
+    runtime: &Runtime,
+    communicator: &Communicator,
+    rank: u32,
+    ranks: u32,
+    core: u32,
+    mean: Duration,
+    checked: bool,
+) -> Result<(Duration, Vec<u32>)> {
+    let mine: Vec<u8> = [(mean.as_nanos() as u64).to_le_bytes(), u64::from(checked).to_le_bytes()].concat();
+    let tensor = |bytes: usize, name: &str| -> Result<Tensor> {
+        Ok(runtime.allocate_tensor(TensorPlacement::Device { core }, bytes as u64, name)?)
+    };
+    let input = tensor(mine.len(), "times")?;
+    input.write(0, &mine)?;
+    let output = tensor(mine.len() * ranks as usize, "all times")?;
+    communicator.run(rank, &CollectiveCall::new(Collective::AllGather, DType::U8), Some(&input), Some(&output))?;
+    let all = output.read_all()?;
+    let mut slowest = Duration::ZERO;
+    let mut failed = Vec::new();
+    for (r, result) in all.chunks_exact(16).enumerate() {
+        let word = |k: usize| u64::from_le_bytes(result[k * 8..k * 8 + 8].try_into().unwrap_or_default());
+        slowest = slowest.max(Duration::from_nanos(word(0)));
+        if word(1) == 0 {
+            failed.push(r as u32);
+        }
+    }
+    Ok((slowest, failed))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cli(operation: Operation) -> Cli {
+        Cli::parse_from(["nccom-test", "allr", "-d", "int32"]).with(operation)
+    }
+
+    impl Cli {
+        fn with(mut self, operation: Operation) -> Cli {
+            self.operation = operation;
+            self
+        }
+    }
+
+    fn ints(bytes: &[u8]) -> Vec<i32> {
+        bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    }
+
+    #[test]
+    fn the_expected_results_are_the_operations_of_the_inputs() {
+        // Rank r's element i is r + 1 + i mod 5: rank 0 holds 1 2 3 4 5 …, rank 1 2 3 4 5 6 ….
+        assert_eq!(ints(&rank_input(DataType::Int32, 1, 4)), [2, 3, 4, 5]);
+        assert_eq!(ints(&expected(&cli(Operation::Allr), 0, 2, 3)), [3, 5, 7]);
+        assert_eq!(ints(&expected(&cli(Operation::Allg), 1, 2, 4)), [1, 2, 2, 3]);
+        // Part 1 (elements 2 and 3) of both inputs, summed: 3 + 4, 4 + 5.
+        assert_eq!(ints(&expected(&cli(Operation::Redsc), 1, 2, 2)), [7, 9]);
+        // Part 1 of rank 0's input, then part 1 of rank 1's.
+        assert_eq!(ints(&expected(&cli(Operation::Alltoall), 1, 2, 4)), [3, 4, 4, 5]);
+    }
+
+    #[test]
+    fn sizes_step_by_the_factor_in_whole_elements_of_every_part() {
+        let cli = Cli::parse_from(["nccom-test", "allg", "-b", "8", "-e", "1K", "-f", "4"]);
+        assert_eq!(sizes(&cli, 4, 3), [12, 36, 132, 516]);
+        assert_eq!(parse_bytes("64M"), Ok(64 << 20));
+        assert!(parse_bytes("0").is_err() && parse_bytes("1T").is_err());
+    }
+}

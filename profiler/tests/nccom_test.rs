@@ -1,0 +1,93 @@
+//! `nccom-test` as users run it: ranks as processes of this host, every operation and a
+//! few element types checked on every rank, the table's columns, the same job under a
+//! real `mpirun`, and the refusals.
+
+use std::process::{Command, Output};
+
+use neuron_test_support::process::{Sandbox, mpirun};
+
+fn nccom_test(sandbox: &Sandbox) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_nccom-test"));
+    sandbox.env(&mut command).env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge").env_remove("NEURON_RT_ROOT_COMM_ID");
+    command
+}
+
+fn text(output: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+}
+
+/// The table's rows: (size, count, type, busbw, check).
+fn rows(stdout: &str) -> Vec<(u64, u64, String, f64, String)> {
+    stdout
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.trim_start().starts_with("size"))
+        .map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            assert!(fields.len() >= 6, "a row of size count type time algbw busbw: {line}");
+            let number = |i: usize| fields[i].parse::<f64>().unwrap_or_else(|_| panic!("{line}"));
+            (number(0) as u64, number(1) as u64, fields[2].to_owned(), number(5), fields[6..].join(" "))
+        })
+        .collect()
+}
+
+#[test]
+fn every_operation_gives_every_rank_the_expected_result() {
+    let sandbox = Sandbox::new();
+    for (operation, datatype, element) in
+        [("allr", "fp32", 4), ("allg", "bf16", 2), ("redsc", "int32", 4), ("alltoall", "fp16", 2), ("allr", "uint8", 1)]
+    {
+        let output = nccom_test(&sandbox)
+            .args(["-r", "3", operation, "-b", "8", "-e", "256K", "-f", "8", "-n", "3", "--check", "-d", datatype])
+            .output()
+            .expect("runs");
+        let log = text(&output);
+        assert!(output.status.success(), "{operation} {datatype}: {log}");
+        let rows = rows(&String::from_utf8_lossy(&output.stdout));
+        assert_eq!(rows.len(), 6, "8 B to 256 KiB by 8: {log}");
+        for (size, count, dtype, busbw, check) in rows {
+            assert_eq!(size, count * element, "{operation} {datatype}: {log}");
+            assert!(busbw > 0.0 || size < 4096, "{operation} {datatype}: {log}");
+            assert_eq!(check, "ok", "{operation} {datatype}: every rank's result: {log}");
+            assert!(!dtype.is_empty());
+        }
+    }
+}
+
+#[test]
+fn each_process_of_an_mpirun_job_is_one_rank() {
+    let sandbox = Sandbox::new();
+    let mut program = nccom_test(&sandbox);
+    program
+        .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{}", free_port()))
+        .env("NEURON_RT_NUM_CORES", "1")
+        .args(["-r", "2", "allr", "-e", "64K", "-f", "16", "-n", "2", "--check"]);
+    let Some(mut mpirun) = mpirun(2, &program) else { return };
+    let output = mpirun.output().expect("mpirun runs");
+    let log = text(&output);
+    assert!(output.status.success(), "{log}");
+    assert!(log.contains("# nccom-test all-reduce on 2 ranks"), "{log}");
+    assert_eq!(rows(&String::from_utf8_lossy(&output.stdout)).iter().filter(|r| r.4 == "ok").count(), 4, "{log}");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port()
+}
+
+#[test]
+fn impossible_jobs_are_refused_saying_what_to_change() {
+    let sandbox = Sandbox::new();
+    let output = nccom_test(&sandbox)
+        .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.2xlarge")
+        .args(["-r", "4", "allr"])
+        .output()
+        .expect("runs");
+    assert!(!output.status.success());
+    assert!(
+        text(&output).contains("-r 4 needs as many NeuronCores, one per rank, and this trn1.2xlarge has 2"),
+        "{}",
+        text(&output)
+    );
+    let output = nccom_test(&sandbox).args(["-r", "2", "-N", "2", "allr"]).output().expect("runs");
+    assert!(!output.status.success());
+    assert!(text(&output).contains("run under mpirun or srun"), "{}", text(&output));
+}
