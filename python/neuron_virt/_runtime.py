@@ -158,6 +158,15 @@ class Runtime:
         thread, with its shard: in each collective a rank waits for the others."""
         return [Model(native) for native in self._native.load_collectives(neff, list(cores))]
 
+    def load_collectives_across(self, neff, core, rank, count):
+        """Loads a :class:`Neff` with collectives on NeuronCore ``core`` as rank
+        ``rank`` of ``count`` ranks spread over the processes of a job (torchrun,
+        ``mpirun``, ...): each process loads the ranks it holds, with
+        ``NEURON_RT_ROOT_COMM_ID`` set to rank 0's address in every process. The ranks'
+        collectives meet once all are loaded; a rank missing at the timeout, a process
+        gone or a mismatched call raises :class:`NrtError` naming the rank."""
+        return Model(self._native.load_collectives_across(neff, core, rank, count))
+
     cores = property(lambda self: self._native.cores, doc="The NeuronCores this runtime holds.")
     instance_type = property(lambda self: self._native.instance_type, doc="The virtual instance type.")
     datastore_path = property(lambda self: self._native.datastore_path, doc="Where the tools read it from.")

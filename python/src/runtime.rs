@@ -84,6 +84,23 @@ impl Runtime {
         models.into_iter().map(|model| Model::new(self.inner.clone(), model)).collect()
     }
 
+    /// Loads `neff` on NeuronCore `core` as rank `rank` of `count` ranks spread over the
+    /// job's processes (`nrt_load_collectives` with `NEURON_RT_ROOT_COMM_ID` set): every
+    /// process loads the ranks it holds, rank 0's process listens at that address and
+    /// the others connect to it; the ranks' collectives meet once all are loaded.
+    fn load_collectives_across(
+        &self,
+        py: Python<'_>,
+        neff: &Neff,
+        core: u32,
+        rank: u32,
+        count: u32,
+    ) -> PyResult<Model> {
+        let model =
+            py.detach(|| self.inner.load_collectives_across(&neff.bytes, core, rank, count)).map_err(nrt_error)?;
+        Model::new(self.inner.clone(), model)
+    }
+
     /// The NeuronCores this runtime holds.
     #[getter]
     fn cores(&self) -> PyResult<Vec<u32>> {

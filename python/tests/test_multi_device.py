@@ -2,7 +2,12 @@
 with :meth:`Runtime.load_collectives`, each rank executed from its own thread with its
 shard, against what XLA computed on 4 CPU devices (``tests/data/jax_multi``)."""
 
+import json
+import os
 import pathlib
+import socket
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -46,3 +51,33 @@ def test_a_shard_map_step_runs_as_four_ranks_from_python():
         shards = [(w, x[4 * r : 4 * r + 4], y[4 * r : 4 * r + 4]) for r in range(4)]
         for output in run_ranks(models, shards):
             np.testing.assert_allclose(output, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_shard_map_step_runs_as_ranks_of_two_processes_for_ten_steps():
+    """Two Python processes started as torchrun starts them, each holding two of the
+    four ranks, train for ten steps and end where XLA ended on 4 CPU devices."""
+    case = MULTI / "data_parallel_step"
+    worker = pathlib.Path(__file__).with_name("ranks_worker.py")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        root = f"127.0.0.1:{s.getsockname()[1]}"
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(worker), str(case), str(8 + 2 * process)],
+            env={**os.environ, "RANK": str(process), "WORLD_SIZE": "2", "NEURON_RT_ROOT_COMM_ID": root},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for process in range(2)
+    ]
+    results = [p.communicate(timeout=120) for p in processes]
+    for p, (out, err) in zip(processes, results):
+        assert p.returncode == 0, err
+    ten_steps = np.load(case / "steps.npy")
+    for out, err in results:
+        result = json.loads(out.strip().splitlines()[-1])
+        assert not result["errors"], (result["errors"], err)
+        assert len(result["params"]) == 2
+        for rank, params in result["params"].items():
+            np.testing.assert_allclose(np.array(params, dtype=np.float32), ten_steps, rtol=1e-4, atol=1e-5, err_msg=f"rank {rank}")
