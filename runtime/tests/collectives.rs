@@ -330,18 +330,41 @@ fn collectives_leave_cc_running_events_and_count_their_time() {
         .collect();
     assert_eq!(collectives.len(), 8, "a start and a stop per rank and operation: {collectives:#?}");
     for event in &collectives {
-        let EventData::Collective { operation, algorithm, bytes, replica_group, op_id, status } = &event.data else {
+        let EventData::Collective {
+            operation,
+            algorithm,
+            bytes,
+            replica_group,
+            op_id,
+            rank,
+            sequence,
+            communicator,
+            status,
+        } = &event.data
+        else {
             panic!("cc_running carries collective data: {event:?}")
         };
         assert_eq!(*status, None);
-        assert_eq!(*op_id, 0);
+        assert_eq!((*op_id, *sequence), (0, 0), "the first collective of each rank");
         assert_eq!(replica_group, "{0,1}");
+        assert_eq!(*rank, event.nc_idx.expect("on a core") % 2, "nc0 and nc2 are rank 0 of their communicators");
+        let id_of = |core| collectives.iter().find(|e| e.nc_idx == Some(core)).map(|e| e.data.clone());
         match event.nc_idx {
             Some(0 | 1) => {
                 assert_eq!((*operation, *algorithm, *bytes), ("all-reduce", "all-to-all", 32));
                 assert!(event.exec_id.is_some() && event.model_id.is_some(), "{event:?}");
+                assert!(
+                    matches!(id_of(0), Some(EventData::Collective { communicator: c, .. }) if c == *communicator),
+                    "the ranks of one communicator carry its id"
+                );
             }
-            Some(2 | 3) => assert_eq!((*operation, *algorithm, *bytes), ("all-gather", "ring", 32)),
+            Some(2 | 3) => {
+                assert_eq!((*operation, *algorithm, *bytes), ("all-gather", "ring", 32));
+                assert!(
+                    !matches!(id_of(0), Some(EventData::Collective { communicator: c, .. }) if c == *communicator),
+                    "another communicator, another id"
+                );
+            }
             other => panic!("cc_running on {other:?}"),
         }
     }

@@ -303,3 +303,43 @@ fn injected_rank_faults_delay_hang_and_mismatch_as_the_rule_says() {
         );
     }
 }
+
+#[test]
+fn each_rank_records_its_collectives_with_its_rank_the_communicator_and_the_sequence() {
+    use neuron_datastore::{ALL_SYSTEM_EVENTS, DatastoreReader, EventData, EventType, Phase, TailStart, TraceEvent};
+    let job = job(2, 1, Duration::from_secs(20));
+    let readers: Vec<DatastoreReader> =
+        job.iter().map(|f| DatastoreReader::open(&f.runtime.datastore_path().expect("path")).expect("opens")).collect();
+    let mut tails: Vec<_> = readers.iter().map(|r| r.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true)).collect();
+    for output in run_all_reduce(&job, 1, 8, 3, None) {
+        assert_eq!(output.expect("executes"), vec![3.0; 8]);
+    }
+    // (rank, sequence, communicator) of every stop, per process.
+    let stops: Vec<Vec<(u32, u32, u32)>> = tails
+        .iter_mut()
+        .zip(&readers)
+        .map(|(tail, reader)| {
+            let mut events = Vec::new();
+            tail.poll(reader, usize::MAX, false, &mut events);
+            events
+                .iter()
+                .filter_map(|e| match e {
+                    TraceEvent::System(e) if e.event_type == EventType::CcRunning && e.phase == Phase::Stop => {
+                        match &e.data {
+                            EventData::Collective { rank, sequence, communicator, .. } => {
+                                Some((*rank, *sequence, *communicator))
+                            }
+                            other => panic!("cc_running carries collective data: {other:?}"),
+                        }
+                    }
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect();
+    let communicator = stops[0][0].2;
+    for (process, stops) in stops.iter().enumerate() {
+        let expected: Vec<(u32, u32, u32)> = (0..3).map(|s| (process as u32, s, communicator)).collect();
+        assert_eq!(stops, &expected, "process {process}: its rank, executions 0 to 2, one communicator id in both");
+    }
+}

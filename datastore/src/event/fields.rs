@@ -4,7 +4,7 @@
 //! slot decoding, and the field list that JSON and NTFF arguments are written from and
 //! read back through.
 //!
-//! A field is one of five kinds, each stored in its own way in a slot (`FORMAT.md`,
+//! A field is one of six kinds, each stored in its own way in a slot (`FORMAT.md`,
 //! "System event payload"):
 //!
 //! | kind | emitted as | decoded as | stored |
@@ -14,6 +14,7 @@
 //! | `status` | `Option<u32>` (`NRT_STATUS`) | `Option<i32>` | argument word 3, marked as present |
 //! | `host_ticks(N)` | host ticks | host nanoseconds | argument word `N` |
 //! | `code(N, SHIFT, E)` | the enum `E` | its name (`&'static str`) | bits `SHIFT..SHIFT + 8` of word `N` |
+//! | `half(N, SHIFT)` | `u32` | `u32` | bits `SHIFT..SHIFT + 32` of word `N` |
 //!
 //! A field's JSON and NTFF key is its name unless the declaration gives one (`as "key"`).
 //!
@@ -184,6 +185,7 @@ macro_rules! field {
     (emitted status) => { Option<u32> };
     (emitted host_ticks($n:literal)) => { u64 };
     (emitted code($n:literal, $shift:literal, $e:ty)) => { $e };
+    (emitted half($n:literal, $shift:literal)) => { u32 };
 
     // The type readers see.
     (decoded word($n:literal, $t:ty)) => { $t };
@@ -191,6 +193,7 @@ macro_rules! field {
     (decoded status) => { Option<i32> };
     (decoded host_ticks($n:literal)) => { u64 };
     (decoded code($n:literal, $shift:literal, $e:ty)) => { &'static str };
+    (decoded half($n:literal, $shift:literal)) => { u32 };
 
     // Stores an emitted value into `$slots`.
     (encode $slots:ident, $v:expr, word($n:literal, $t:ty)) => {
@@ -211,6 +214,9 @@ macro_rules! field {
     (encode $slots:ident, $v:expr, code($n:literal, $shift:literal, $e:ty)) => {
         $slots.args[$n] |= ($crate::event::Code::code($v) & 0xff) << $shift
     };
+    (encode $slots:ident, $v:expr, half($n:literal, $shift:literal)) => {
+        $slots.args[$n] |= u64::from($v) << $shift
+    };
 
     // Reads the decoded value from a record's slots.
     (decode $slots:ident, $string:ident, $host_ns:ident, word($n:literal, $t:ty)) => {
@@ -227,6 +233,9 @@ macro_rules! field {
     };
     (decode $slots:ident, $string:ident, $host_ns:ident, code($n:literal, $shift:literal, $e:ty)) => {
         <$e as $crate::event::Code>::name_of_code($slots.args[$n] >> $shift & 0xff)
+    };
+    (decode $slots:ident, $string:ident, $host_ns:ident, half($n:literal, $shift:literal)) => {
+        ($slots.args[$n] >> $shift) as u32
     };
 
     // Hands a decoded value to `$f` under `$key` (an absent status is left out).
@@ -246,6 +255,9 @@ macro_rules! field {
     };
     (visit $f:ident, $key:expr, $v:expr, code($n:literal, $shift:literal, $e:ty)) => {
         $f($key, $crate::event::FieldValue::Str($v))?
+    };
+    (visit $f:ident, $key:expr, $v:expr, half($n:literal, $shift:literal)) => {
+        $f($key, $crate::event::FieldValue::U64(u64::from(*$v)))?
     };
 
     // Reads the decoded value back from `$get` (inside a function returning `Option`).
@@ -273,6 +285,9 @@ macro_rules! field {
             _ => return None,
         }
     };
+    (parse $get:ident, $key:expr, half($n:literal, $shift:literal)) => {
+        <u32 as $crate::event::Word>::from_value($get($key)?)?
+    };
 
     // An emitted value for round-trip tests: unlike zero and unlike the other fields'.
     (sample $seed:expr, word($n:literal, $t:ty)) => {
@@ -290,6 +305,9 @@ macro_rules! field {
     (sample $seed:expr, code($n:literal, $shift:literal, $e:ty)) => {
         <$e as $crate::event::Code>::sample()
     };
+    (sample $seed:expr, half($n:literal, $shift:literal)) => {
+        0x8000_0000 | 4000 + $seed as u32
+    };
 
     // What an emitted value decodes to, found without the slots.
     (expect $v:expr, $string:ident, $host_ns:ident, word($n:literal, $t:ty)) => { $v };
@@ -299,6 +317,7 @@ macro_rules! field {
     (expect $v:expr, $string:ident, $host_ns:ident, code($n:literal, $shift:literal, $e:ty)) => {
         <$e as $crate::event::Code>::name_of_code($crate::event::Code::code($v))
     };
+    (expect $v:expr, $string:ident, $host_ns:ident, half($n:literal, $shift:literal)) => { $v };
 
     // The key: the field's name, or the one the declaration gives.
     (key $field:ident) => { stringify!($field) };

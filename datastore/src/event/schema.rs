@@ -77,6 +77,13 @@ system_payloads! {
         replica_group: string,
         /// The collective's index among its execution's collectives (0 for API calls).
         op_id: word(0, u32),
+        /// The rank's number in its communicator.
+        rank: half(2, 16),
+        /// Which of the rank's executions (or API calls) of the communicator this is,
+        /// counted from 0 the same way in every rank: equal in the ranks that met.
+        sequence: half(0, 32),
+        /// The communicator's id, the same in every rank (and every process) of it.
+        communicator: half(3, 32),
         /// The call's status code, on a failed stop.
         status: status,
     }

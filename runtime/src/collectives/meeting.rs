@@ -187,6 +187,9 @@ impl Communicator {
             bytes,
             replica_group: group_name,
             op_id: at.index,
+            rank,
+            sequence: at.unit as u32,
+            communicator: inner.id,
             status: status.map(NrtStatus::code),
         };
         let started = ticks();

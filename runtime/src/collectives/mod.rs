@@ -172,6 +172,8 @@ pub struct Communicator {
 struct Inner {
     /// The model's name for a loaded model's ranks, else `communicator N`.
     name: String,
+    /// The id `cc_running` events carry: the same in every rank and every process.
+    id: u32,
     /// Each rank's place once it is known: from the start for a communicator of this
     /// process, when the rank joins for one across processes (never for the ranks of
     /// other processes).
@@ -232,12 +234,13 @@ impl Communicator {
         let ranks = cores.iter().map(|&core| OnceLock::from(RankPlace::new(core, topology, &tracer))).collect();
         let id = NEXT_COMMUNICATOR.fetch_add(1, Ordering::Relaxed);
         let name = name.map_or_else(|| format!("communicator {id}"), str::to_owned);
-        Ok(Communicator::from_parts(name, ranks, None, tracer, lifecycle, timeout))
+        Ok(Communicator::from_parts((name, id), ranks, None, tracer, lifecycle, timeout))
     }
 
-    /// A communicator of `ranks`, every one at its first unit.
+    /// A communicator named and numbered `name`, `id`, of `ranks`, every one at its
+    /// first unit.
     fn from_parts(
-        name: String,
+        (name, id): (String, u32),
         ranks: Vec<OnceLock<RankPlace>>,
         membership: Option<Membership>,
         tracer: Arc<Tracer>,
@@ -248,6 +251,7 @@ impl Communicator {
         Communicator {
             inner: Arc::new(Inner {
                 name,
+                id,
                 ranks,
                 membership,
                 tracer,

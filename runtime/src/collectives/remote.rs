@@ -62,7 +62,7 @@ impl Communicator {
         let digest = Sha256::digest(format!("{key} #{generation}").as_bytes());
         let comm = u64::from_le_bytes(digest[..8].try_into().unwrap_or_default());
         Ok(Communicator::from_parts(
-            name.to_owned(),
+            (name.to_owned(), comm as u32),
             (0..count).map(|_| std::sync::OnceLock::new()).collect(),
             Some(Membership { world, comm, generation, failed: Mutex::new(None) }),
             tracer,
