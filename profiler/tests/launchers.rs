@@ -49,6 +49,9 @@ fn torchrun_variables_and_the_root_address_are_read_as_torch_xla_reads_them() {
     let log = text(&output);
     assert!(output.status.success(), "{log}");
     assert!(log.contains("process 1 of 2 (torchrun, 1 on this host); rank 0 at node0:62182 (MASTER_ADDR)"), "{log}");
+    // A program without collectives pays nothing for the job: no bootstrap is attempted
+    // (`node0` would not even resolve).
+    assert!(!log.contains("Connect to") && !log.contains("root address"), "{log}");
 
     let refused = bench(work.path()).env("NEURON_RT_ROOT_COMM_ID", "host:41211").output().expect("neuron-bench runs");
     let log = text(&refused);

@@ -5,9 +5,11 @@
 //! connection to rank 0's runtime and its own data links (TCP over loopback), as
 //! processes of one host have: the transport is the one real processes use, only the
 //! address space is shared. In one process, the ranks are cores of one runtime meeting
-//! in memory. An `f32` sum of 1, 16 and 64 MiB per rank on 2 and 4 ranks; a call's time
-//! is rank 0's, median of the calls; bus bandwidth as NCCL defines it
-//! (`bytes × 2(n − 1) / n / time`).
+//! in memory. An `f32` sum of 1, 16 and 64 MiB per rank on 2, 4 and 8 ranks (more ranks
+//! than CPUs on small hosts: the table then shows what oversubscription costs); a call's
+//! time is rank 0's, median of the calls; bus bandwidth as NCCL defines it
+//! (`bytes × 2(n − 1) / n / time`). Before each size table, the bootstrap: from the
+//! ranks' joins until every rank has the roster.
 //!
 //! Run: `cargo bench -p neuron-runtime --bench ranks`. Results go in BENCHMARKS.md.
 
@@ -45,7 +47,7 @@ fn main() {
     println!("memcpy of 64 MiB: {:.2} GB/s", memcpy_bandwidth() / 1e9);
     println!("all-reduce (f32 sum), median per call; bus bandwidth; across processes / one process");
     println!("{:>5} {:>10} {:>14} {:>14} {:>7}", "ranks", "bytes", "one process", "across", "ratio");
-    for ranks in [2usize, 4] {
+    for ranks in [2usize, 4, 8] {
         let locks: Vec<tempfile::TempDir> = (0..=ranks).map(|_| tempfile::tempdir().expect("tempdir")).collect();
         let single = runtime(locks[0].path(), CoreSet::range(0, ranks as u32 - 1), None);
         let cores: Vec<u32> = (0..ranks as u32).collect();
@@ -55,18 +57,23 @@ fn main() {
         let processes: Vec<Runtime> =
             (0..ranks).map(|r| runtime(locks[r + 1].path(), CoreSet::range(0, 0), Some(root.clone()))).collect();
         let name = format!("bench {ranks}");
+        let joined = Instant::now();
         let across: Vec<Communicator> = processes
             .iter()
             .enumerate()
             .map(|(r, rt)| rt.join_communicator(&name, 0, r as u32, ranks as u32).expect("joins"))
             .collect();
+        for comm in &across {
+            comm.wait_for_ranks(Instant::now() + Duration::from_secs(60)).expect("every rank joins");
+        }
+        println!("  bootstrap of {ranks} ranks: {:.1} ms", joined.elapsed().as_secs_f64() * 1e3);
         for bytes in SIZES {
             let calls = (VOLUME / bytes).clamp(4, 50);
             let tensors = |rt: &Runtime, core: u32| {
                 let placement = TensorPlacement::Device { core };
                 let x = rt.allocate_tensor(placement, bytes as u64, "x").expect("alloc");
-                let values: Vec<u8> = (0..bytes / 4).flat_map(|i| (i as f32 * 0.5).to_le_bytes()).collect();
-                x.write(0, &values).expect("write");
+                let values: Vec<f32> = (0..bytes / 4).map(|i| i as f32 * 0.5).collect();
+                x.write(0, bytemuck::cast_slice(&values)).expect("write");
                 (x, rt.allocate_tensor(placement, bytes as u64, "y").expect("alloc"))
             };
             let one: Vec<_> = cores.iter().map(|&c| (local.clone(), tensors(&single, c))).collect();
