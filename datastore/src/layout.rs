@@ -146,6 +146,10 @@ pub mod core {
     /// them (waiting for the other ranks included).
     pub const COLLECTIVES: u64 = 27;
     pub const COLLECTIVES_NS: u64 = 28;
+    /// The core's rank + 1 in the communicator it last joined (0: none), and that
+    /// communicator's rank count.
+    pub const RANK: u64 = 29;
+    pub const RANKS: u64 = 30;
 }
 
 /// Model slot fields (byte offsets in a slot).

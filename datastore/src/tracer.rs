@@ -494,6 +494,12 @@ impl Tracer {
         self.store.core_counter(slot, word).fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Records that core slot `slot` runs rank `rank` of a communicator of `ranks`.
+    pub fn set_rank(&self, slot: usize, rank: u32, ranks: u32) {
+        self.store.core_counter(slot, crate::layout::core::RANKS).store(u64::from(ranks), Ordering::Relaxed);
+        self.store.core_counter(slot, crate::layout::core::RANK).store(u64::from(rank) + 1, Ordering::Release);
+    }
+
     /// A tick count in nanoseconds.
     #[inline]
     pub fn ticks_to_ns(&self, ticks: u64) -> u64 {

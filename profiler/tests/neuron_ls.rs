@@ -90,3 +90,57 @@ fn a_runtime_killed_with_sigkill_is_reported_exited_and_its_file_removed() {
     assert!(!files[0].exists(), "the reader that saw it exited removed {}", files[0].display());
     assert!(neuron_ls(dir.path()).is_empty(), "an exited runtime is listed once, then forgotten");
 }
+
+#[test]
+fn the_ranks_of_a_job_of_processes_are_listed_with_their_cores() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hlo = dir.path().join("allreduce.hlo");
+    std::fs::write(
+        &hlo,
+        "HloModule allreduce\n\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\n\
+         ENTRY main {\n  x = f32[16]{0} parameter(0)\n  ROOT r = f32[16]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n",
+    )
+    .expect("write");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port();
+    // Two processes of a torchrun-style job, one core and one rank each, running long.
+    let mut ranks: Vec<Child> = (0..2)
+        .map(|rank| {
+            Command::new(env!("CARGO_BIN_EXE_neuron-bench"))
+                .args(["exec", "--iterations", "1000000"])
+                .arg(&hlo)
+                .env("NEURON_VIRT_LOCK_DIR", dir.path().join("locks"))
+                .env("NEURON_VIRT_DATASTORE_DIR", datastores(dir.path()))
+                .env("NEURON_RT_NUM_CORES", "1")
+                .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{port}"))
+                .envs([("RANK", rank.to_string()), ("WORLD_SIZE", "2".to_owned())])
+                .env_remove("NEURON_RT_VISIBLE_CORES")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start a rank")
+        })
+        .collect();
+    let started = Instant::now();
+    let listed = loop {
+        let mut listed: Vec<(u64, Value)> = neuron_ls(dir.path())
+            .into_iter()
+            .filter(|p| p["ranks"].as_array().is_some_and(|r| !r.is_empty()))
+            .map(|p| (p["ranks"][0]["rank"].as_u64().unwrap_or(u64::MAX), p))
+            .collect();
+        if listed.len() == 2 {
+            listed.sort_by_key(|(rank, _)| *rank);
+            break listed;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "the ranks never appeared in neuron-ls: {listed:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    for rank in &mut ranks {
+        let _ = rank.kill();
+        let _ = rank.wait();
+    }
+    for (expected, (rank, process)) in listed.iter().enumerate() {
+        assert_eq!(*rank, expected as u64, "{process}");
+        assert_eq!(process["ranks"][0]["ranks"], 2, "{process}");
+        assert_eq!(process["ranks"][0]["core"], process["cores"][0], "the rank's core is the process's: {process}");
+    }
+}

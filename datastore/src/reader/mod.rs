@@ -299,6 +299,8 @@ impl DatastoreReader {
                     numerical_error_values: w(layout::core::NUMERICAL_ERROR_VALUES),
                     collectives: w(layout::core::COLLECTIVES),
                     collectives_ns: w(layout::core::COLLECTIVES_NS),
+                    rank: w(layout::core::RANK).checked_sub(1).map(|r| r as u32),
+                    ranks: w(layout::core::RANKS) as u32,
                     device_latency: histogram(false),
                     total_latency: histogram(true),
                 }

@@ -47,6 +47,10 @@ pub struct CoreSnapshot {
     /// Collective operations the core's ranks took part in, and the ns spent in them.
     pub collectives: u64,
     pub collectives_ns: u64,
+    /// The core's rank in the communicator it last joined, and that communicator's
+    /// rank count (0 when none).
+    pub rank: Option<u32>,
+    pub ranks: u32,
     pub device_latency: Vec<u64>,
     pub total_latency: Vec<u64>,
 }

@@ -47,7 +47,18 @@ struct Process {
     exit_reason: Option<String>,
     /// The global indexes of the cores it holds on this device.
     cores: Vec<u32>,
+    /// The collectives rank each of those cores runs, where it runs one (in a job of
+    /// processes, its global rank).
+    ranks: Vec<CoreRank>,
     neuron_runtime_version: String,
+}
+
+#[derive(Debug, Clone, Copy, Serialize)]
+struct CoreRank {
+    core: u32,
+    rank: u32,
+    /// The communicator's rank count.
+    ranks: u32,
 }
 
 fn main() -> ExitCode {
@@ -88,7 +99,11 @@ fn run(cli: &Cli) -> Result<()> {
                 neuron_processes: runtimes
                     .iter()
                     .filter(|(cores, _)| cores.iter().any(on_device))
-                    .map(|(cores, p)| Process { cores: cores.iter().copied().filter(on_device).collect(), ..p.clone() })
+                    .map(|(cores, p)| Process {
+                        cores: cores.iter().copied().filter(on_device).collect(),
+                        ranks: p.ranks.iter().copied().filter(|r| on_device(&r.core)).collect(),
+                        ..p.clone()
+                    })
                     .collect(),
             }
         })
@@ -115,6 +130,9 @@ fn process(entry: &RuntimeEntry) -> Result<(Vec<u32>, Process), String> {
         Some(l @ Liveness::Stale { seconds, .. }) => (l.word(), Some(format!("no heartbeat for {seconds} s"))),
         _ => ("live", None),
     };
+    let snapshot = reader.snapshot();
+    let ranks =
+        snapshot.cores.iter().filter_map(|c| Some(CoreRank { core: c.core, rank: c.rank?, ranks: c.ranks })).collect();
     Ok((
         info.cores.clone(),
         Process {
@@ -125,6 +143,7 @@ fn process(entry: &RuntimeEntry) -> Result<(Vec<u32>, Process), String> {
             state,
             exit_reason,
             cores: info.cores.clone(),
+            ranks,
             neuron_runtime_version: info.runtime_version.clone(),
         },
     ))
@@ -138,7 +157,14 @@ fn print_table(instance_type: &str, devices: &[Device]) {
                 .neuron_processes
                 .iter()
                 .map(|p| {
-                    let cores: Vec<String> = p.cores.iter().map(|c| format!("nc{c}")).collect();
+                    let cores: Vec<String> = p
+                        .cores
+                        .iter()
+                        .map(|&c| match p.ranks.iter().find(|r| r.core == c) {
+                            Some(r) => format!("nc{c}(rank {}/{})", r.rank, r.ranks),
+                            None => format!("nc{c}"),
+                        })
+                        .collect();
                     let state = match &p.exit_reason {
                         Some(reason) => format!("{}: {reason}", p.state),
                         None => p.state.to_string(),

@@ -150,13 +150,19 @@ struct RankPlace {
 }
 
 impl RankPlace {
-    fn new(core: u32, topology: &Topology, tracer: &Tracer) -> RankPlace {
+    /// Rank `rank` of a communicator of `ranks` on `core`, recorded in the core's
+    /// block of the datastore for the tools.
+    fn new(core: u32, (rank, ranks): (u32, u32), topology: &Topology, tracer: &Tracer) -> RankPlace {
+        let slot = tracer.store().core_slot(core);
+        if let Some(slot) = slot {
+            tracer.set_rank(slot, rank, ranks);
+        }
         RankPlace {
             core,
             device: topology.device_of(core),
             local: core % topology.cores_per_device().max(1),
             ring: tracer.ring_of(Some(core)),
-            slot: tracer.store().core_slot(core),
+            slot,
         }
     }
 }
@@ -231,7 +237,13 @@ impl Communicator {
                 )));
             }
         }
-        let ranks = cores.iter().map(|&core| OnceLock::from(RankPlace::new(core, topology, &tracer))).collect();
+        let ranks = cores
+            .iter()
+            .enumerate()
+            .map(|(rank, &core)| {
+                OnceLock::from(RankPlace::new(core, (rank as u32, cores.len() as u32), topology, &tracer))
+            })
+            .collect();
         let id = NEXT_COMMUNICATOR.fetch_add(1, Ordering::Relaxed);
         let name = name.map_or_else(|| format!("communicator {id}"), str::to_owned);
         Ok(Communicator::from_parts((name, id), ranks, None, tracer, lifecycle, timeout))

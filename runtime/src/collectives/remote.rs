@@ -77,15 +77,13 @@ impl Communicator {
             return Err(NrtError::invalid(format!("{} is a communicator of this process only", self.inner.name)));
         };
         self.check_rank(rank)?;
-        let place = RankPlace::new(core, topology, &self.inner.tracer);
-        let slot = &self.inner.ranks[rank as usize];
-        if let Err(place) = slot.set(place)
-            && slot.get().is_some_and(|held| held.core != place.core)
-        {
+        let ranks = self.ranks() as u32;
+        let held = self.inner.ranks[rank as usize]
+            .get_or_init(|| RankPlace::new(core, (rank, ranks), topology, &self.inner.tracer));
+        if held.core != core {
             return Err(NrtError::invalid(format!(
                 "rank {rank} of `{}` already runs on nc{} in this process",
-                self.inner.name,
-                slot.get().map_or(0, |p| p.core)
+                self.inner.name, held.core
             )));
         }
         if rank == 0 {
