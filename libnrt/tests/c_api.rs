@@ -9,7 +9,9 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use neuron_datastore::DatastoreReader;
-use neuron_runtime::{Neff, Runtime, Target, TensorPlacement, TensorSet, compile_hlo};
+use neuron_runtime::{
+    AutoCast, CompileOptions, Neff, Runtime, Target, TensorPlacement, TensorSet, compile_hlo, compile_hlo_with,
+};
 use neuron_test_support::process::{Sandbox, profiler_binary};
 use serde_json::Value;
 
@@ -564,4 +566,35 @@ fn the_sync_example_fetches_each_event_once_with_visible_core_numbers() {
     ids.sort_by_key(|(core, id)| (core.as_u64(), id.as_u64()));
     ids.dedup();
     assert_eq!(ids.len(), count, "each event once");
+}
+
+#[test]
+fn a_shard_map_training_step_runs_as_ranks_of_mpirun_processes_and_matches_xla() {
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path();
+    let case = crate_dir().join("../tests/data/jax_multi/data_parallel_step");
+    let hlo = std::fs::read_to_string(case.join("model.hlo")).expect("model.hlo");
+    // As XLA computes: f32 products.
+    let options = CompileOptions { auto_cast: AutoCast::None, ..CompileOptions::new(Target::Trn1) };
+    let program = compile_hlo_with(&hlo, &options).expect("compiles to one rank's program");
+    std::fs::write(dir.join("dp_step.neff"), Neff::new("dp_step", program).encode()).expect("write");
+    let binary = compile_c(&crate_dir().join("tests/c/dp_step.c"), dir);
+    for (processes, cores) in [(4usize, 1usize), (2, 2)] {
+        let mut program = c_program(&binary);
+        sandbox
+            .env(&mut program)
+            .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge")
+            .env("NEURON_RT_NUM_CORES", cores.to_string())
+            .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{}", free_port()))
+            .env("NEURON_RT_EXEC_TIMEOUT", "60")
+            .arg(dir.join("dp_step.neff"))
+            .arg(&case)
+            .arg(cores.to_string());
+        let Some(mut mpirun) = neuron_test_support::process::mpirun(processes, &program) else { return };
+        let output = run(&mut mpirun);
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        for rank in 0..4 {
+            assert!(stdout.contains(&format!("rank {rank} ok")), "{processes}x{cores}: no rank {rank}:\n{stdout}");
+        }
+    }
 }

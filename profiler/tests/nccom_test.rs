@@ -56,17 +56,25 @@ fn every_operation_gives_every_rank_the_expected_result() {
 #[test]
 fn each_process_of_an_mpirun_job_is_one_rank() {
     let sandbox = Sandbox::new();
-    let mut program = nccom_test(&sandbox);
-    program
-        .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{}", free_port()))
-        .env("NEURON_RT_NUM_CORES", "1")
-        .args(["-r", "2", "allr", "-e", "64K", "-f", "16", "-n", "2", "--check"]);
-    let Some(mut mpirun) = mpirun(2, &program) else { return };
-    let output = mpirun.output().expect("mpirun runs");
-    let log = text(&output);
-    assert!(output.status.success(), "{log}");
-    assert!(log.contains("# nccom-test all-reduce on 2 ranks"), "{log}");
-    assert_eq!(rows(&String::from_utf8_lossy(&output.stdout)).iter().filter(|r| r.4 == "ok").count(), 4, "{log}");
+    for (operation, name, datatype) in [
+        ("allr", "all-reduce", "fp32"),
+        ("allg", "all-gather", "int32"),
+        ("redsc", "reduce-scatter", "bf16"),
+        ("alltoall", "all-to-all", "uint8"),
+    ] {
+        let mut program = nccom_test(&sandbox);
+        program
+            .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{}", free_port()))
+            .env("NEURON_RT_NUM_CORES", "1")
+            .args(["-r", "4", operation, "-b", "64", "-e", "64K", "-f", "32", "-n", "2", "--check", "-d", datatype]);
+        let Some(mut mpirun) = mpirun(4, &program) else { return };
+        let output = mpirun.output().expect("mpirun runs");
+        let log = text(&output);
+        assert!(output.status.success(), "{log}");
+        assert!(log.contains(&format!("# nccom-test {name} on 4 ranks")), "{log}");
+        let rows = rows(&String::from_utf8_lossy(&output.stdout));
+        assert!(rows.len() == 3 && rows.iter().all(|r| r.4 == "ok"), "{operation} {datatype}: {log}");
+    }
 }
 
 fn free_port() -> u16 {

@@ -1,0 +1,178 @@
+/*
+ * One process of a data-parallel training job, as an MPI or torchrun program is: runs
+ * CORES ranks of a jax.shard_map SGD step (gradients averaged with pmean) compiled to
+ * one rank's program, for ten steps, each rank from its own thread. Run by
+ * tests/c_api.rs under mpirun:
+ *
+ *   NEURON_RT_ROOT_COMM_ID=127.0.0.1:PORT mpirun -np P dp_step STEP.neff DIR CORES
+ *
+ * DIR holds the fixture's global arrays as .npy (f32, C order): input0 (w, every rank's
+ * whole copy), input1 (x) and input2 (y), split by rows over the P x CORES ranks, and
+ * steps.npy, w after ten steps as XLA computed it on 4 CPU devices. Rank g is core
+ * (g mod CORES) of process (g / CORES). Prints "rank <g> ok" per rank; the first
+ * failure prints what differed and exits with 1.
+ */
+
+#define _POSIX_C_SOURCE 200809L
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <nrt/nrt.h>
+#include <nrt/nrt_experimental.h>
+#include <nrt/nrt_status.h>
+
+#define FAIL(...)                                      \
+    do {                                               \
+        fprintf(stderr, "dp_step.c:%d: ", __LINE__);   \
+        fprintf(stderr, __VA_ARGS__);                  \
+        fputc('\n', stderr);                           \
+        exit(1);                                       \
+    } while (0)
+#define OK(call)                                                           \
+    do {                                                                   \
+        NRT_STATUS got_ = (call);                                          \
+        if (got_ != NRT_SUCCESS) FAIL("%s returned %d", #call, (int)got_); \
+    } while (0)
+
+struct array {
+    float *values;
+    size_t count;
+};
+
+static float magnitude(float v) { return v < 0 ? -v : v; }
+
+static void *neff;
+static size_t neff_size;
+static uint32_t world, cores;
+static struct array w0, x, y, expected;
+
+/* A .npy file of little-endian f32 in C order (format version 1). */
+static struct array load_npy(const char *dir, const char *name) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *file = fopen(path, "rb");
+    if (file == NULL) FAIL("cannot open %s", path);
+    unsigned char start[10];
+    if (fread(start, 1, sizeof start, file) != sizeof start || memcmp(start, "\x93NUMPY\x01", 7) != 0)
+        FAIL("%s is not a version 1 .npy file", path);
+    size_t header_len = (size_t)start[8] | (size_t)start[9] << 8;
+    char *header = calloc(header_len + 1, 1);
+    if (fread(header, 1, header_len, file) != header_len) FAIL("cannot read the header of %s", path);
+    if (strstr(header, "'<f4'") == NULL || strstr(header, "'fortran_order': False") == NULL)
+        FAIL("%s is not little-endian f32 in C order: %s", path, header);
+    free(header);
+    long data_start = ftell(file);
+    fseek(file, 0, SEEK_END);
+    size_t bytes = (size_t)(ftell(file) - data_start);
+    fseek(file, data_start, SEEK_SET);
+    struct array a = {malloc(bytes), bytes / sizeof(float)};
+    if (fread(a.values, 1, bytes, file) != bytes) FAIL("cannot read %s", path);
+    fclose(file);
+    return a;
+}
+
+static long launcher(const char *mpi, const char *torchrun) {
+    const char *value = getenv(mpi);
+    if (value == NULL) value = getenv(torchrun);
+    if (value == NULL) FAIL("neither %s nor %s is set: start this under mpirun or torchrun", mpi, torchrun);
+    return strtol(value, NULL, 10);
+}
+
+struct rank {
+    uint32_t global;
+    int vnc;
+};
+
+/* Allocates a tensor of `bytes` on the rank's core, named `name` in `set`. */
+static nrt_tensor_t *bind(const struct rank *r, nrt_tensor_set_t *set, const char *name, size_t bytes) {
+    nrt_tensor_t *tensor;
+    OK(nrt_tensor_allocate(NRT_TENSOR_PLACEMENT_DEVICE, r->vnc, bytes, name, &tensor));
+    OK(nrt_add_tensor_to_tensor_set(set, name, tensor));
+    return tensor;
+}
+
+static void *run_rank(void *arg) {
+    const struct rank *r = arg;
+    nrt_model_t *model;
+    OK(nrt_load_collectives(neff, neff_size, r->vnc, -1, r->global, world, &model));
+    nrt_tensor_info_array_t *info;
+    OK(nrt_get_model_tensor_info(model, &info));
+    if (info->tensor_count != 4) FAIL("the step has %lu tensors, not 3 inputs and an output", (unsigned long)info->tensor_count);
+    nrt_tensor_set_t *inputs, *outputs;
+    OK(nrt_allocate_tensor_set(&inputs));
+    OK(nrt_allocate_tensor_set(&outputs));
+    nrt_tensor_t *tw = bind(r, inputs, info->tensor_array[0].name, info->tensor_array[0].size);
+    nrt_tensor_t *tx = bind(r, inputs, info->tensor_array[1].name, info->tensor_array[1].size);
+    nrt_tensor_t *ty = bind(r, inputs, info->tensor_array[2].name, info->tensor_array[2].size);
+    nrt_tensor_t *tout = bind(r, outputs, info->tensor_array[3].name, info->tensor_array[3].size);
+    size_t w_bytes = info->tensor_array[0].size, x_bytes = info->tensor_array[1].size, y_bytes = info->tensor_array[2].size;
+    if (w_bytes != w0.count * sizeof(float) || x_bytes * world != x.count * sizeof(float) ||
+        y_bytes * world != y.count * sizeof(float))
+        FAIL("rank %u: the local shapes do not split the fixture's arrays over %u ranks", r->global, world);
+    /* This rank's rows of x and y. */
+    OK(nrt_tensor_write(tx, (const char *)x.values + r->global * x_bytes, 0, x_bytes));
+    OK(nrt_tensor_write(ty, (const char *)y.values + r->global * y_bytes, 0, y_bytes));
+    float *w = malloc(w_bytes);
+    memcpy(w, w0.values, w_bytes);
+    for (int step = 0; step < 10; step++) {
+        OK(nrt_tensor_write(tw, w, 0, w_bytes));
+        OK(nrt_execute(model, inputs, outputs));
+        OK(nrt_tensor_read(tout, w, 0, w_bytes));
+    }
+    for (size_t i = 0; i < expected.count; i++) {
+        float want = expected.values[i];
+        if (magnitude(w[i] - want) > 1e-5f + 1e-4f * magnitude(want))
+            FAIL("rank %u: w[%zu] is %g after ten steps, XLA computed %g", r->global, i, w[i], want);
+    }
+    OK(nrt_free_model_tensor_info(info));
+    nrt_tensor_free(&tw);
+    nrt_tensor_free(&tx);
+    nrt_tensor_free(&ty);
+    nrt_tensor_free(&tout);
+    nrt_destroy_tensor_set(&inputs);
+    nrt_destroy_tensor_set(&outputs);
+    OK(nrt_unload(model));
+    free(w);
+    printf("rank %u ok\n", r->global);
+    fflush(stdout);
+    return NULL;
+}
+
+static void *load_file(const char *path, size_t *size) {
+    FILE *file = fopen(path, "rb");
+    if (file == NULL) FAIL("cannot open %s", path);
+    fseek(file, 0, SEEK_END);
+    *size = (size_t)ftell(file);
+    fseek(file, 0, SEEK_SET);
+    void *bytes = malloc(*size);
+    if (fread(bytes, 1, *size, file) != *size) FAIL("cannot read %s", path);
+    fclose(file);
+    return bytes;
+}
+
+int main(int argc, char **argv) {
+    if (argc != 4) FAIL("usage: dp_step STEP.neff DIR CORES");
+    neff = load_file(argv[1], &neff_size);
+    w0 = load_npy(argv[2], "input0.npy");
+    x = load_npy(argv[2], "input1.npy");
+    y = load_npy(argv[2], "input2.npy");
+    expected = load_npy(argv[2], "steps.npy");
+    cores = (uint32_t)strtol(argv[3], NULL, 10);
+    if (cores == 0 || cores > 8) FAIL("CORES is %u: 1 to 8", cores);
+    long process = launcher("OMPI_COMM_WORLD_RANK", "RANK");
+    world = (uint32_t)launcher("OMPI_COMM_WORLD_SIZE", "WORLD_SIZE") * cores;
+    OK(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""));
+    struct rank ranks[8];
+    pthread_t threads[8];
+    for (uint32_t k = 0; k < cores; k++) {
+        ranks[k] = (struct rank){.global = (uint32_t)process * cores + k, .vnc = (int)k};
+        if (pthread_create(&threads[k], NULL, run_rank, &ranks[k]) != 0) FAIL("cannot start a thread");
+    }
+    for (uint32_t k = 0; k < cores; k++) pthread_join(threads[k], NULL);
+    nrt_close();
+    return 0;
+}
