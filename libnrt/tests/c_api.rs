@@ -365,6 +365,7 @@ fn a_c_program_runs_as_the_ranks_of_an_mpirun_job() {
             .env("NEURON_RT_NUM_CORES", cores.to_string())
             .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{}", free_port()))
             .env("NEURON_RT_EXEC_TIMEOUT", "60")
+            .env("NEURON_RT_LOG_LEVEL", "debug")
             .arg(dir.join("allreduce.neff"))
             .arg(cores.to_string());
         let Some(mut mpirun) = neuron_test_support::process::mpirun(processes, &program) else { return };
@@ -373,6 +374,9 @@ fn a_c_program_runs_as_the_ranks_of_an_mpirun_job() {
         for rank in 0..processes * cores {
             assert!(stdout.contains(&format!("rank {rank} ok")), "{processes}x{cores}: no rank {rank}:\n{stdout}");
         }
+        // Processes of one host link through shared memory.
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("through shared memory") && !stderr.contains("through TCP"), "{stderr}");
     }
 }
 
@@ -403,8 +407,18 @@ fn a_rank_whose_process_exits_inside_a_collective_fails_the_others_at_once() {
                 .expect("starts")
         })
         .collect();
+    let pids: Vec<u32> = children.iter().map(std::process::Child::id).collect();
     let outputs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().expect("ends")).collect();
     let elapsed = started.elapsed();
+    // The processes shared a segment of /dev/shm; none is left, whichever way they ended.
+    let left: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default();
+    let uid = nix::unistd::getuid();
+    assert!(
+        !left.iter().any(|name| pids.iter().any(|pid| name.starts_with(&format!("neuron-virt-link-{uid}-{pid}-")))),
+        "segments left: {left:?}"
+    );
     let log = |o: &Output| format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(!outputs[1].status.success(), "{}", log(&outputs[1]));
     assert!(
@@ -412,6 +426,7 @@ fn a_rank_whose_process_exits_inside_a_collective_fails_the_others_at_once() {
         "{}",
         log(&outputs[1])
     );
+
     // Rank 0 fails with the network status, naming rank 1, long before the timeout.
     let survivor = log(&outputs[0]);
     assert!(!outputs[0].status.success(), "{survivor}");

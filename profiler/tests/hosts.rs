@@ -132,7 +132,7 @@ fn ranks_on_two_hosts_joined_by_a_slowed_link_run_and_check_their_collectives() 
             sandboxes[rank]
                 .env(&mut program)
                 .env("NEURON_RT_ROOT_COMM_ID", &root)
-                .env("NEURON_RT_LOG_LEVEL", "info")
+                .env("NEURON_RT_LOG_LEVEL", "debug")
                 .envs([("RANK", rank.to_string()), ("WORLD_SIZE", "2".to_owned())])
                 .args(["-r", "2", "allr", "-b", "1K", "-e", "4M", "-f", "16", "-n", "3", "--check"]);
             hosts.run_in(rank, &program).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("starts")
@@ -148,6 +148,8 @@ fn ranks_on_two_hosts_joined_by_a_slowed_link_run_and_check_their_collectives() 
     assert_eq!(rows.len(), 4, "1 KiB to 4 MiB by 16: {log}");
     assert!(rows.iter().all(|row| row.ends_with(" ok")), "every rank's result checked: {log}");
     assert!(log.contains(&format!("rank 0 at {root}")), "{log}");
+    // Other hosts: the data goes over TCP.
+    assert!(log.contains("through TCP") && !log.contains("through shared memory"), "{log}");
     // The second host sent its half of every all-reduce through the slowed link: at
     // least its input of each timed and untimed call of the largest size.
     let sent = hosts.sent_bytes(1);

@@ -7,8 +7,9 @@
 //! where this process accepts data links, and sends the joins of this process's ranks;
 //! the process that holds rank 0 also runs the root ([`root::Server`]). Once every rank
 //! of a communicator has joined, each of its processes gets the roster and the process
-//! of lower index opens the data link of each pair (one TCP connection per pair of
-//! processes, whatever the number of communicators).
+//! of lower index opens the data link of each pair (`link.rs`: one per pair of
+//! processes, whatever the number of communicators; through a shared-memory segment
+//! between processes of one host, `shm.rs`, else TCP).
 //!
 //! Messages are delivered into one mailbox, keyed by communicator, unit, operation,
 //! step and ranks ([`wire::Key`]); messages between ranks of this process go straight
@@ -16,12 +17,14 @@
 //! known to be gone (its link or its control connection closed), when another rank of
 //! the operation aborted it, or at the deadline.
 
+mod link;
 mod root;
+mod shm;
 pub(crate) mod wire;
 
 use std::collections::{HashMap, HashSet};
-use std::io::{self, BufReader, BufWriter, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::io::{BufReader, BufWriter, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -29,6 +32,8 @@ use std::time::{Duration, Instant};
 
 use crate::error::{NrtError, NrtResult, NrtStatus};
 use crate::launch::RootComm;
+use link::{LinkOut, accept_links, open_link};
+use shm::Segment;
 use wire::{Body, Control, Envelope, Key, Peer};
 
 /// How often a refused connection to the root is logged again while retrying.
@@ -58,6 +63,10 @@ struct Shared {
     /// Sockets to shut down when the world closes, and how: the control connection and
     /// the data listener entirely, the links for writing only (see [`Closing`]).
     sockets: Mutex<Vec<(OwnedFd, Closing)>>,
+    /// The rings this process writes through shared memory, closed with the world.
+    rings: Mutex<Vec<(Arc<Segment>, usize)>>,
+    /// What processes of this host (one kernel, one network namespace) share.
+    host: String,
 }
 
 #[derive(Debug, Default)]
@@ -69,7 +78,7 @@ struct State {
     rosters: HashMap<u64, Result<Arc<Roster>, String>>,
     /// Every process the rosters named, by index.
     peers: Vec<Option<Peer>>,
-    links: HashMap<u32, Arc<Mutex<BufWriter<TcpStream>>>>,
+    links: HashMap<u32, Arc<Mutex<BufWriter<LinkOut>>>>,
     /// Processes known to be gone, with why.
     gone: HashMap<u32, String>,
     mailbox: HashMap<Key, Parcel>,
@@ -146,6 +155,8 @@ impl World {
             control: Mutex::new(None),
             closing: AtomicBool::new(false),
             sockets: Mutex::new(Vec::new()),
+            rings: Mutex::new(Vec::new()),
+            host: host_identity(),
         });
         let thread = {
             let (shared, label) = (Arc::clone(&shared), label.clone());
@@ -308,6 +319,9 @@ impl World {
 impl Drop for World {
     fn drop(&mut self) {
         self.shared.closing.store(true, Ordering::SeqCst);
+        for (segment, ring) in lock(&self.shared.rings).iter() {
+            segment.writer(*ring).close();
+        }
         for (socket, closing) in lock(&self.shared.sockets).iter() {
             let how = match closing {
                 Closing::Both => nix::sys::socket::Shutdown::Both,
@@ -321,6 +335,14 @@ impl Drop for World {
         }
         drop(lock(&self.server).take());
     }
+}
+
+/// This host as processes that can share memory see it: the kernel's boot id and the
+/// network namespace (processes in other namespaces count as other hosts).
+fn host_identity() -> String {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let namespace = std::fs::read_link("/proc/self/ns/net").map(|l| l.display().to_string()).unwrap_or_default();
+    format!("{} {namespace}", boot.trim())
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -409,7 +431,7 @@ fn control(shared: Arc<Shared>, root: SocketAddr, label: String, timeout: Durati
         let _ = std::thread::Builder::new().name("nrt-links".into()).spawn(move || accept_links(shared, listener));
     }
     let host = nix::unistd::gethostname().map_or_else(|_| "?".into(), |h| h.to_string_lossy().into_owned());
-    let hello = Control::Hello(Peer { pid: std::process::id(), host, data });
+    let hello = Control::Hello(Peer { pid: std::process::id(), host, data, host_identity: shared.host.clone() });
     let Ok(writer) = stream.try_clone() else { return lose(&shared, "cannot write to the root".into()) };
     {
         // The control writer's lock is taken before the state's, as `World::join` takes
@@ -467,16 +489,19 @@ fn on_control(shared: &Arc<Shared>, message: Control) {
             let roster = Roster { rank_process: rank_process.clone(), peers: processes, process: me };
             state.rosters.insert(comm, Ok(Arc::new(roster)));
             // The process of lower index opens each pair's link.
-            let mut to_open: Vec<(u32, SocketAddr)> = rank_process
+            let mut to_open: Vec<(u32, SocketAddr, bool)> = rank_process
                 .iter()
                 .filter(|&&p| p > me && !state.links.contains_key(&p) && !state.gone.contains_key(&p))
-                .filter_map(|&p| Some((p, state.peers.get(p as usize)?.as_ref()?.data)))
+                .filter_map(|&p| {
+                    let peer = state.peers.get(p as usize)?.as_ref()?;
+                    Some((p, peer.data, peer.host_identity == shared.host))
+                })
                 .collect();
             to_open.sort_unstable();
             to_open.dedup();
             drop(state);
-            for (process, addr) in to_open {
-                if let Err(e) = open_link(shared, me, process, addr) {
+            for (process, addr, same_host) in to_open {
+                if let Err(e) = open_link(shared, me, process, addr, same_host) {
                     mark_gone(shared, process, format!("cannot open a data link to process {process} at {addr}: {e}"));
                 }
             }
@@ -495,73 +520,4 @@ fn on_control(shared: &Arc<Shared>, message: Control) {
         Control::Hello(_) | Control::Join { .. } => {}
     }
     shared.changed.notify_all();
-}
-
-fn open_link(shared: &Arc<Shared>, me: u32, process: u32, addr: SocketAddr) -> io::Result<()> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    wire::greet(&mut stream)?;
-    stream.write_all(&me.to_le_bytes())?;
-    add_link(shared, process, stream)
-}
-
-fn accept_links(shared: Arc<Shared>, listener: TcpListener) {
-    for stream in listener.incoming() {
-        if shared.closing.load(Ordering::SeqCst) {
-            return;
-        }
-        let Ok(mut stream) = stream else { continue };
-        let shared = Arc::clone(&shared);
-        let _ = std::thread::Builder::new().name("nrt-link-hello".into()).spawn(move || {
-            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-            let mut index = [0u8; 4];
-            if wire::greet(&mut stream).and_then(|()| stream.read_exact(&mut index)).is_ok()
-                && stream.set_read_timeout(None).is_ok()
-            {
-                let _ = add_link(&shared, u32::from_le_bytes(index), stream);
-            }
-        });
-    }
-}
-
-/// Registers a link to `process` and starts delivering what it carries.
-fn add_link(shared: &Arc<Shared>, process: u32, stream: TcpStream) -> io::Result<()> {
-    stream.set_nodelay(true)?;
-    remember(shared, &stream, Closing::Write);
-    let writer = BufWriter::with_capacity(1 << 16, stream.try_clone()?);
-    lock(&shared.state).links.insert(process, Arc::new(Mutex::new(writer)));
-    shared.changed.notify_all();
-    let shared = Arc::clone(shared);
-    std::thread::Builder::new().name("nrt-link".into()).spawn(move || {
-        let mut reader = BufReader::with_capacity(1 << 16, stream);
-        let reason = loop {
-            let envelope = match wire::read_header::<Envelope>(&mut reader) {
-                Ok(Some(envelope)) => envelope,
-                Ok(None) => break "RX, connection closed by remote peer".to_owned(),
-                Err(e) => break format!("RX, connection failed: {e}"),
-            };
-            let body = match envelope.body {
-                Body::Data { len } => {
-                    let mut data = vec![0u8; len as usize];
-                    if let Err(e) = reader.read_exact(&mut data) {
-                        break format!("RX, connection failed: {e}");
-                    }
-                    Ok(Arc::new(data))
-                }
-                Body::Abort { reason } => Err(reason),
-            };
-            let mut state = lock(&shared.state);
-            deliver(&mut state, envelope.key, envelope.signature, body);
-            shared.changed.notify_all();
-        };
-        if !shared.closing.load(Ordering::SeqCst) {
-            let who = lock(&shared.state)
-                .peers
-                .get(process as usize)
-                .and_then(Option::as_ref)
-                .map_or_else(|| format!("process {process}"), ToString::to_string);
-            mark_gone(&shared, process, format!("{reason} ({who})"));
-        }
-        let _ = reader.get_ref().shutdown(Shutdown::Both);
-    })?;
-    Ok(())
 }

@@ -25,6 +25,8 @@ pub(crate) struct Peer {
     pub(crate) host: String,
     /// Where its data links are accepted.
     pub(crate) data: SocketAddr,
+    /// Its host as shared memory sees it: equal for processes that can share a segment.
+    pub(crate) host_identity: String,
 }
 
 impl std::fmt::Display for Peer {

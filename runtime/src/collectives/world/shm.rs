@@ -1,0 +1,304 @@
+//! The shared-memory transport between two processes of one host: a segment of two
+//! single-producer, single-consumer byte rings, one per direction, read and written as
+//! streams (`Read` / `Write`), so that the link's framing is the same as over TCP.
+//!
+//! The process that opens a link creates the segment in `/dev/shm` (mode `0600`, its
+//! user only), maps it, and names it to the peer over the link's TCP connection; once
+//! the peer has mapped it too, the creator unlinks the file, so that nothing is left
+//! behind however either process ends. The TCP connection stays open beside it as the
+//! liveness signal: the peer's death closes it (see [`Segment::peer_closed`]).
+//!
+//! Each ring is a header (positions and futex words) and `RING_BYTES` of data. The
+//! producer copies into the free space and publishes its new position; the consumer
+//! copies out and publishes its own. Either side waits on a futex word the other bumps
+//! (only woken when the other says it waits), with a timeout so that a peer gone is
+//! noticed. Positions only grow, so `head - tail` is what the ring holds.
+
+use std::fs::OpenOptions;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use memmap2::MmapMut;
+use rustix::thread::futex;
+
+/// Data bytes of each ring.
+pub(crate) const RING_BYTES: usize = 1 << 20;
+/// The header of each ring: the producer's words, then the consumer's on their own
+/// cache line.
+const HEADER_BYTES: usize = 128;
+const SEGMENT_BYTES: usize = 2 * (HEADER_BYTES + RING_BYTES);
+/// How long a side waits before it looks again whether its peer is gone.
+const WAIT: Duration = Duration::from_millis(100);
+
+// Word offsets in a ring header.
+const HEAD: usize = 0;
+const DATA_FUTEX: usize = 8;
+const CONSUMER_WAITING: usize = 12;
+const WRITER_CLOSED: usize = 16;
+const TAIL: usize = 64;
+const SPACE_FUTEX: usize = 72;
+const PRODUCER_WAITING: usize = 76;
+
+/// A mapped segment and what both of its rings share.
+#[derive(Debug)]
+pub(crate) struct Segment {
+    map: MmapMut,
+    /// Set when the link's TCP connection closed: the peer is gone.
+    peer_closed: AtomicBool,
+}
+
+impl Segment {
+    /// Creates a segment for a link to process `peer` and maps it.
+    pub(crate) fn create(peer: u32) -> io::Result<(Arc<Segment>, PathBuf)> {
+        let uid = nix::unistd::getuid();
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+        let path = PathBuf::from(format!("/dev/shm/neuron-virt-link-{uid}-{}-{peer}-{nanos}", std::process::id()));
+        let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path)?;
+        let mapped = file.set_len(SEGMENT_BYTES as u64).and_then(|()| {
+            // SAFETY: the file is this process's and the peer's only, and both access
+            // it through the atomics and the ring discipline of this module.
+            unsafe { MmapMut::map_mut(&file) }
+        });
+        match mapped {
+            Ok(map) => Ok((Arc::new(Segment { map, peer_closed: AtomicBool::new(false) }), path)),
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                Err(e)
+            }
+        }
+    }
+
+    /// Maps the segment the peer created at `path`.
+    pub(crate) fn open(path: &Path) -> io::Result<Arc<Segment>> {
+        if !path.starts_with("/dev/shm")
+            || path.file_name().is_none_or(|n| !n.to_string_lossy().starts_with("neuron-virt-link-"))
+        {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a link segment"));
+        }
+        let file = OpenOptions::new().read(true).write(true).open(path)?;
+        if file.metadata()?.len() != SEGMENT_BYTES as u64 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "a link segment of another size"));
+        }
+        // SAFETY: as in `create`.
+        let map = unsafe { MmapMut::map_mut(&file)? };
+        Ok(Arc::new(Segment { map, peer_closed: AtomicBool::new(false) }))
+    }
+
+    /// Marks the peer gone (its TCP connection closed): a reader returns what is left,
+    /// then the end of the stream; a writer fails instead of waiting for space.
+    pub(crate) fn peer_closed(&self) {
+        self.peer_closed.store(true, Ordering::SeqCst);
+        for ring in 0..2 {
+            let r = Ring { segment: self, ring };
+            let _ = futex::wake(r.u32(DATA_FUTEX), futex::Flags::empty(), u32::MAX);
+            let _ = futex::wake(r.u32(SPACE_FUTEX), futex::Flags::empty(), u32::MAX);
+        }
+    }
+
+    /// The writing end of ring `ring` (0: creator to peer, 1: peer to creator).
+    pub(crate) fn writer(self: &Arc<Self>, ring: usize) -> RingWriter {
+        RingWriter { segment: Arc::clone(self), ring }
+    }
+
+    pub(crate) fn reader(self: &Arc<Self>, ring: usize) -> RingReader {
+        RingReader { segment: Arc::clone(self), ring }
+    }
+}
+
+/// One ring of a segment, by index.
+struct Ring<'a> {
+    segment: &'a Segment,
+    ring: usize,
+}
+
+impl Ring<'_> {
+    fn base(&self) -> *mut u8 {
+        // SAFETY: both rings lie inside the mapping.
+        unsafe { self.segment.map.as_ptr().cast_mut().add(self.ring * (HEADER_BYTES + RING_BYTES)) }
+    }
+
+    fn u64(&self, offset: usize) -> &AtomicU64 {
+        // SAFETY: `offset` is an 8-aligned header word inside the mapping (page-aligned
+        // itself), which lives as long as `self.segment`; the peer only touches it
+        // atomically too.
+        unsafe { &*self.base().add(offset).cast::<AtomicU64>() }
+    }
+
+    fn u32(&self, offset: usize) -> &AtomicU32 {
+        // SAFETY: as for `u64`, 4-aligned.
+        unsafe { &*self.base().add(offset).cast::<AtomicU32>() }
+    }
+
+    fn data(&self) -> *mut u8 {
+        // SAFETY: the data follows the header inside the mapping.
+        unsafe { self.base().add(HEADER_BYTES) }
+    }
+
+    /// Waits on `word` while it still reads `seen`, up to [`WAIT`].
+    fn wait(&self, word: usize, seen: u32) {
+        let timeout = futex::Timespec { tv_sec: 0, tv_nsec: WAIT.as_nanos() as _ };
+        let _ = futex::wait(self.u32(word), futex::Flags::empty(), seen, Some(&timeout));
+    }
+
+    fn bump(&self, word: usize, waiting: usize) {
+        self.u32(word).fetch_add(1, Ordering::SeqCst);
+        if self.u32(waiting).load(Ordering::SeqCst) != 0 {
+            let _ = futex::wake(self.u32(word), futex::Flags::empty(), 1);
+        }
+    }
+}
+
+/// The producer's end of a ring.
+#[derive(Debug)]
+pub(crate) struct RingWriter {
+    segment: Arc<Segment>,
+    ring: usize,
+}
+
+impl RingWriter {
+    /// Says that nothing more will be written: the reader returns the end of the stream
+    /// once it has read what was.
+    pub(crate) fn close(&self) {
+        let r = Ring { segment: &self.segment, ring: self.ring };
+        r.u32(WRITER_CLOSED).store(1, Ordering::SeqCst);
+        r.bump(DATA_FUTEX, CONSUMER_WAITING);
+    }
+}
+
+impl Write for RingWriter {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let r = Ring { segment: &self.segment, ring: self.ring };
+        loop {
+            let head = r.u64(HEAD).load(Ordering::Relaxed);
+            let tail = r.u64(TAIL).load(Ordering::Acquire);
+            let free = RING_BYTES - (head - tail) as usize;
+            if free > 0 {
+                let n = free.min(buf.len());
+                let at = (head % RING_BYTES as u64) as usize;
+                let first = n.min(RING_BYTES - at);
+                // SAFETY: `at..at + first` and `0..n - first` are inside the data and
+                // free: the consumer reads only below `head`.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(buf.as_ptr(), r.data().add(at), first);
+                    std::ptr::copy_nonoverlapping(buf.as_ptr().add(first), r.data(), n - first);
+                }
+                r.u64(HEAD).store(head + n as u64, Ordering::Release);
+                r.bump(DATA_FUTEX, CONSUMER_WAITING);
+                return Ok(n);
+            }
+            if self.segment.peer_closed.load(Ordering::SeqCst) {
+                return Err(io::Error::new(io::ErrorKind::BrokenPipe, "the peer is gone"));
+            }
+            let seen = r.u32(SPACE_FUTEX).load(Ordering::SeqCst);
+            r.u32(PRODUCER_WAITING).store(1, Ordering::SeqCst);
+            if r.u64(TAIL).load(Ordering::SeqCst) == tail {
+                r.wait(SPACE_FUTEX, seen);
+            }
+            r.u32(PRODUCER_WAITING).store(0, Ordering::SeqCst);
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The consumer's end of a ring.
+#[derive(Debug)]
+pub(crate) struct RingReader {
+    segment: Arc<Segment>,
+    ring: usize,
+}
+
+impl Read for RingReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if buf.is_empty() {
+            return Ok(0);
+        }
+        let r = Ring { segment: &self.segment, ring: self.ring };
+        loop {
+            let tail = r.u64(TAIL).load(Ordering::Relaxed);
+            let head = r.u64(HEAD).load(Ordering::Acquire);
+            if head > tail {
+                let n = ((head - tail) as usize).min(buf.len());
+                let at = (tail % RING_BYTES as u64) as usize;
+                let first = n.min(RING_BYTES - at);
+                // SAFETY: `tail..tail + n` was published by the producer, which writes
+                // only at `head` and beyond.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(r.data().add(at), buf.as_mut_ptr(), first);
+                    std::ptr::copy_nonoverlapping(r.data(), buf.as_mut_ptr().add(first), n - first);
+                }
+                r.u64(TAIL).store(tail + n as u64, Ordering::Release);
+                r.bump(SPACE_FUTEX, PRODUCER_WAITING);
+                return Ok(n);
+            }
+            if r.u32(WRITER_CLOSED).load(Ordering::SeqCst) != 0 || self.segment.peer_closed.load(Ordering::SeqCst) {
+                // Everything published before the close or the death has been read.
+                if r.u64(HEAD).load(Ordering::SeqCst) == tail {
+                    return Ok(0);
+                }
+                continue;
+            }
+            let seen = r.u32(DATA_FUTEX).load(Ordering::SeqCst);
+            r.u32(CONSUMER_WAITING).store(1, Ordering::SeqCst);
+            if r.u64(HEAD).load(Ordering::SeqCst) == head {
+                r.wait(DATA_FUTEX, seen);
+            }
+            r.u32(CONSUMER_WAITING).store(0, Ordering::SeqCst);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_cross_a_segment_in_order_through_many_wraps_and_the_file_is_private() {
+        let (creator, path) = Segment::create(1).expect("a segment in /dev/shm");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&path).expect("exists").permissions().mode() & 0o777, 0o600);
+        let peer = Segment::open(&path).expect("maps");
+        std::fs::remove_file(&path).expect("unlinked once both mapped");
+        let total = 5 * RING_BYTES + 12_345;
+        let data: Vec<u8> = (0..total).map(|i| (i * 7 + i / 251) as u8).collect();
+        let sent = data.clone();
+        let mut writer = creator.writer(0);
+        let producer = std::thread::spawn(move || {
+            for chunk in sent.chunks(77_777) {
+                writer.write_all(chunk).expect("writes");
+            }
+            writer.close();
+        });
+        let mut received = Vec::new();
+        peer.reader(0).read_to_end(&mut received).expect("reads to the end");
+        producer.join().expect("producer");
+        assert!(received == data, "{} bytes received of {}", received.len(), data.len());
+        assert!(Segment::open(Path::new("/tmp/x")).is_err(), "only link segments are mapped");
+    }
+
+    #[test]
+    fn a_peer_gone_ends_the_stream_after_what_it_wrote_and_fails_a_blocked_writer() {
+        let (creator, path) = Segment::create(2).expect("a segment");
+        let peer = Segment::open(&path).expect("maps");
+        std::fs::remove_file(&path).expect("unlinked");
+        creator.writer(0).write_all(b"last words").expect("fits");
+        peer.peer_closed();
+        let mut received = Vec::new();
+        peer.reader(0).read_to_end(&mut received).expect("reads");
+        assert_eq!(received, b"last words");
+        // Nobody reads ring 1: a writer that fills it fails once the peer is gone.
+        let mut writer = peer.writer(1);
+        let big = vec![0u8; RING_BYTES + 1];
+        let error = writer.write_all(&big).expect_err("no reader");
+        assert_eq!(error.kind(), io::ErrorKind::BrokenPipe);
+    }
+}
