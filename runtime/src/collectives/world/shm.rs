@@ -46,10 +46,20 @@ const PRODUCER_WAITING: usize = 76;
 /// A mapped segment and what both of its rings share.
 #[derive(Debug)]
 pub(crate) struct Segment {
-    map: MmapMut,
+    /// The mapping's first byte, taken once from the mapping held mutably.
+    base: *mut u8,
+    _map: MmapMut,
     /// Set when the link's TCP connection closed: the peer is gone.
     peer_closed: AtomicBool,
 }
+
+// SAFETY: `base` points into `_map`, which lives as long as the segment; every access
+// through it is an atomic header word or a ring range that the ring discipline gives to
+// one thread at a time (the producer below `tail + RING_BYTES`, the consumer below
+// `head`).
+unsafe impl Send for Segment {}
+// SAFETY: as above.
+unsafe impl Sync for Segment {}
 
 impl Segment {
     /// Creates a segment for a link to process `peer` and maps it.
@@ -64,7 +74,7 @@ impl Segment {
             unsafe { MmapMut::map_mut(&file) }
         });
         match mapped {
-            Ok(map) => Ok((Arc::new(Segment { map, peer_closed: AtomicBool::new(false) }), path)),
+            Ok(map) => Ok((Segment::new(map), path)),
             Err(e) => {
                 let _ = std::fs::remove_file(&path);
                 Err(e)
@@ -72,20 +82,30 @@ impl Segment {
         }
     }
 
-    /// Maps the segment the peer created at `path`.
+    /// Maps the segment the peer created at `path`: a file directly in `/dev/shm`,
+    /// named as `create` names them, of this user, private to it, of a segment's size.
     pub(crate) fn open(path: &Path) -> io::Result<Arc<Segment>> {
-        if !path.starts_with("/dev/shm")
-            || path.file_name().is_none_or(|n| !n.to_string_lossy().starts_with("neuron-virt-link-"))
-        {
+        use std::os::unix::fs::MetadataExt;
+        let named = path.parent() == Some(Path::new("/dev/shm"))
+            && path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("neuron-virt-link-"));
+        if !named {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a link segment"));
         }
-        let file = OpenOptions::new().read(true).write(true).open(path)?;
-        if file.metadata()?.len() != SEGMENT_BYTES as u64 {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "a link segment of another size"));
+        let file = OpenOptions::new().read(true).write(true).custom_flags(nix::libc::O_NOFOLLOW).open(path)?;
+        let meta = file.metadata()?;
+        if meta.uid() != nix::unistd::getuid().as_raw()
+            || meta.mode() & 0o077 != 0
+            || meta.len() != SEGMENT_BYTES as u64
+        {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "not this user's private link segment"));
         }
         // SAFETY: as in `create`.
         let map = unsafe { MmapMut::map_mut(&file)? };
-        Ok(Arc::new(Segment { map, peer_closed: AtomicBool::new(false) }))
+        Ok(Segment::new(map))
+    }
+
+    fn new(mut map: MmapMut) -> Arc<Segment> {
+        Arc::new(Segment { base: map.as_mut_ptr(), _map: map, peer_closed: AtomicBool::new(false) })
     }
 
     /// Marks the peer gone (its TCP connection closed): a reader returns what is left,
@@ -118,7 +138,7 @@ struct Ring<'a> {
 impl Ring<'_> {
     fn base(&self) -> *mut u8 {
         // SAFETY: both rings lie inside the mapping.
-        unsafe { self.segment.map.as_ptr().cast_mut().add(self.ring * (HEADER_BYTES + RING_BYTES)) }
+        unsafe { self.segment.base.add(self.ring * (HEADER_BYTES + RING_BYTES)) }
     }
 
     fn u64(&self, offset: usize) -> &AtomicU64 {
@@ -282,7 +302,9 @@ mod tests {
         peer.reader(0).read_to_end(&mut received).expect("reads to the end");
         producer.join().expect("producer");
         assert!(received == data, "{} bytes received of {}", received.len(), data.len());
-        assert!(Segment::open(Path::new("/tmp/x")).is_err(), "only link segments are mapped");
+        for elsewhere in ["/tmp/neuron-virt-link-x", "/dev/shm/../tmp/neuron-virt-link-x", "/dev/shm/other"] {
+            assert!(Segment::open(Path::new(elsewhere)).is_err(), "{elsewhere}: only link segments are mapped");
+        }
     }
 
     #[test]
