@@ -350,15 +350,13 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port()
 }
 
-#[test]
-fn a_c_program_runs_as_the_ranks_of_an_mpirun_job() {
-    let sandbox = Sandbox::new();
-    let dir = sandbox.path();
-    // 64 Ki floats: 256 KiB per rank.
-    std::fs::write(dir.join("allreduce.neff"), allreduce_neff(65536)).expect("write");
-    let binary = compile_c(&crate_dir().join("tests/c/ranks.c"), dir);
+/// Runs C program `binary` (with `args`, then the cores per process) as a job of 4
+/// ranks under `mpirun`, as 4 processes of one core and as 2 of two; checks that every
+/// rank printed `rank <g> ok` and returns each job's log (`None` without `mpirun`).
+fn run_job_of_four_ranks(sandbox: &Sandbox, binary: &Path, args: &[&std::ffi::OsStr]) -> Option<Vec<String>> {
+    let mut logs = Vec::new();
     for (processes, cores) in [(4usize, 1usize), (2, 2)] {
-        let mut program = c_program(&binary);
+        let mut program = c_program(binary);
         sandbox
             .env(&mut program)
             .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge")
@@ -366,17 +364,32 @@ fn a_c_program_runs_as_the_ranks_of_an_mpirun_job() {
             .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{}", free_port()))
             .env("NEURON_RT_EXEC_TIMEOUT", "60")
             .env("NEURON_RT_LOG_LEVEL", "debug")
-            .arg(dir.join("allreduce.neff"))
+            .args(args)
             .arg(cores.to_string());
-        let Some(mut mpirun) = neuron_test_support::process::mpirun(processes, &program) else { return };
+        let mut mpirun = neuron_test_support::process::mpirun(processes, &program)?;
         let output = run(&mut mpirun);
         let stdout = String::from_utf8_lossy(&output.stdout);
-        for rank in 0..processes * cores {
+        for rank in 0..4 {
             assert!(stdout.contains(&format!("rank {rank} ok")), "{processes}x{cores}: no rank {rank}:\n{stdout}");
         }
-        // Processes of one host link through shared memory.
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(stderr.contains("through shared memory") && !stderr.contains("through TCP"), "{stderr}");
+        logs.push(String::from_utf8_lossy(&output.stderr).into_owned());
+    }
+    Some(logs)
+}
+
+#[test]
+fn a_c_program_runs_as_the_ranks_of_an_mpirun_job() {
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path();
+    // 64 Ki floats: 256 KiB per rank.
+    std::fs::write(dir.join("allreduce.neff"), allreduce_neff(65536)).expect("write");
+    let binary = compile_c(&crate_dir().join("tests/c/ranks.c"), dir);
+    let Some(logs) = run_job_of_four_ranks(&sandbox, &binary, &[dir.join("allreduce.neff").as_os_str()]) else {
+        return;
+    };
+    // Processes of one host link through shared memory.
+    for log in logs {
+        assert!(log.contains("through shared memory") && !log.contains("through TCP"), "{log}");
     }
 }
 
@@ -594,22 +607,5 @@ fn a_shard_map_training_step_runs_as_ranks_of_mpirun_processes_and_matches_xla()
     let program = compile_hlo_with(&hlo, &options).expect("compiles to one rank's program");
     std::fs::write(dir.join("dp_step.neff"), Neff::new("dp_step", program).encode()).expect("write");
     let binary = compile_c(&crate_dir().join("tests/c/dp_step.c"), dir);
-    for (processes, cores) in [(4usize, 1usize), (2, 2)] {
-        let mut program = c_program(&binary);
-        sandbox
-            .env(&mut program)
-            .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge")
-            .env("NEURON_RT_NUM_CORES", cores.to_string())
-            .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{}", free_port()))
-            .env("NEURON_RT_EXEC_TIMEOUT", "60")
-            .arg(dir.join("dp_step.neff"))
-            .arg(&case)
-            .arg(cores.to_string());
-        let Some(mut mpirun) = neuron_test_support::process::mpirun(processes, &program) else { return };
-        let output = run(&mut mpirun);
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        for rank in 0..4 {
-            assert!(stdout.contains(&format!("rank {rank} ok")), "{processes}x{cores}: no rank {rank}:\n{stdout}");
-        }
-    }
+    run_job_of_four_ranks(&sandbox, &binary, &[dir.join("dp_step.neff").as_os_str(), case.as_os_str()]);
 }

@@ -25,18 +25,7 @@
 #include <nrt/nrt_experimental.h>
 #include <nrt/nrt_status.h>
 
-#define FAIL(...)                                      \
-    do {                                               \
-        fprintf(stderr, "dp_step.c:%d: ", __LINE__);   \
-        fprintf(stderr, __VA_ARGS__);                  \
-        fputc('\n', stderr);                           \
-        exit(1);                                       \
-    } while (0)
-#define OK(call)                                                           \
-    do {                                                                   \
-        NRT_STATUS got_ = (call);                                          \
-        if (got_ != NRT_SUCCESS) FAIL("%s returned %d", #call, (int)got_); \
-    } while (0)
+#include "job.h"
 
 struct array {
     float *values;
@@ -73,13 +62,6 @@ static struct array load_npy(const char *dir, const char *name) {
     if (fread(a.values, 1, bytes, file) != bytes) FAIL("cannot read %s", path);
     fclose(file);
     return a;
-}
-
-static long launcher(const char *mpi, const char *torchrun) {
-    const char *value = getenv(mpi);
-    if (value == NULL) value = getenv(torchrun);
-    if (value == NULL) FAIL("neither %s nor %s is set: start this under mpirun or torchrun", mpi, torchrun);
-    return strtol(value, NULL, 10);
 }
 
 struct rank {
@@ -140,18 +122,6 @@ static void *run_rank(void *arg) {
     printf("rank %u ok\n", r->global);
     fflush(stdout);
     return NULL;
-}
-
-static void *load_file(const char *path, size_t *size) {
-    FILE *file = fopen(path, "rb");
-    if (file == NULL) FAIL("cannot open %s", path);
-    fseek(file, 0, SEEK_END);
-    *size = (size_t)ftell(file);
-    fseek(file, 0, SEEK_SET);
-    void *bytes = malloc(*size);
-    if (fread(bytes, 1, *size, file) != *size) FAIL("cannot read %s", path);
-    fclose(file);
-    return bytes;
 }
 
 int main(int argc, char **argv) {
