@@ -83,15 +83,15 @@ pub(super) fn open_link(
     // whether the peer is alive.
     let segment = if same_host { Segment::create(process).ok() } else { None };
     let transport = match segment {
-        Some((segment, path)) => {
-            let name = path.to_string_lossy().into_owned();
-            stream.write_all(&[OFFER_SHM])?;
-            stream.write_all(&(name.len() as u16).to_le_bytes())?;
-            stream.write_all(name.as_bytes())?;
+        Some((segment, file)) => {
+            let name = file.path().to_string_lossy().into_owned();
+            let mut offer = vec![OFFER_SHM];
+            offer.extend_from_slice(&(name.len() as u16).to_le_bytes());
+            offer.extend_from_slice(name.as_bytes());
             let mut mapped = [0u8; 1];
-            let answered = stream.read_exact(&mut mapped);
+            let answered = stream.write_all(&offer).and_then(|()| stream.read_exact(&mut mapped));
             // Mapped or not, the file is not needed any more.
-            let _ = std::fs::remove_file(&path);
+            drop(file);
             answered?;
             if mapped[0] == 1 { Transport::Shm { segment, out: 0 } } else { Transport::Tcp }
         }
@@ -137,7 +137,12 @@ fn accept_hello(stream: &mut TcpStream) -> io::Result<(u32, Transport)> {
     stream.read_exact(&mut len)?;
     let mut name = vec![0u8; usize::from(u16::from_le_bytes(len))];
     stream.read_exact(&mut name)?;
-    let segment = Segment::open(Path::new(&*String::from_utf8_lossy(&name))).ok();
+    let path = String::from_utf8_lossy(&name).into_owned();
+    let segment = Segment::open(Path::new(&path)).ok();
+    if segment.is_some() {
+        // Both sides have it mapped: the file goes at once, whatever happens next.
+        let _ = std::fs::remove_file(&path);
+    }
     stream.write_all(&[u8::from(segment.is_some())])?;
     let transport = match segment {
         Some(segment) => Transport::Shm { segment, out: 1 },

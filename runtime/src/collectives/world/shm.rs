@@ -43,6 +43,41 @@ const TAIL: usize = 64;
 const SPACE_FUTEX: usize = 72;
 const PRODUCER_WAITING: usize = 76;
 
+/// Where segments are created, and how their names start (then the user id, the
+/// creator's pid, the peer's index and a time).
+const SEGMENT_DIR: &str = "/dev/shm";
+const SEGMENT_PREFIX: &str = "neuron-virt-link-";
+
+/// A segment's file, removed when dropped.
+#[derive(Debug)]
+pub(crate) struct SegmentFile(PathBuf);
+
+impl SegmentFile {
+    pub(crate) fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for SegmentFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Removes the files in `dir` named `<prefix><pid>-…` whose creating process is gone.
+fn remove_stale(dir: &Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = name.strip_prefix(prefix).and_then(|rest| rest.split('-').next()).and_then(|p| p.parse::<i32>().ok());
+        if let Some(pid) = pid
+            && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None) == Err(nix::errno::Errno::ESRCH)
+        {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// A mapped segment and what both of its rings share.
 #[derive(Debug)]
 pub(crate) struct Segment {
@@ -62,32 +97,30 @@ unsafe impl Send for Segment {}
 unsafe impl Sync for Segment {}
 
 impl Segment {
-    /// Creates a segment for a link to process `peer` and maps it.
-    pub(crate) fn create(peer: u32) -> io::Result<(Arc<Segment>, PathBuf)> {
+    /// Creates a segment for a link to process `peer` and maps it; the file is removed
+    /// when the returned [`SegmentFile`] is dropped (once the peer has mapped it, or
+    /// failed to). Files left by processes of this user that died between creating and
+    /// removing theirs are removed first.
+    pub(crate) fn create(peer: u32) -> io::Result<(Arc<Segment>, SegmentFile)> {
         let uid = nix::unistd::getuid();
+        remove_stale(Path::new(SEGMENT_DIR), &format!("{SEGMENT_PREFIX}{uid}-"));
         let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
-        let path = PathBuf::from(format!("/dev/shm/neuron-virt-link-{uid}-{}-{peer}-{nanos}", std::process::id()));
-        let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(&path)?;
-        let mapped = file.set_len(SEGMENT_BYTES as u64).and_then(|()| {
-            // SAFETY: the file is this process's and the peer's only, and both access
-            // it through the atomics and the ring discipline of this module.
-            unsafe { MmapMut::map_mut(&file) }
-        });
-        match mapped {
-            Ok(map) => Ok((Segment::new(map), path)),
-            Err(e) => {
-                let _ = std::fs::remove_file(&path);
-                Err(e)
-            }
-        }
+        let name = format!("{SEGMENT_PREFIX}{uid}-{}-{peer}-{nanos}", std::process::id());
+        let path = SegmentFile(Path::new(SEGMENT_DIR).join(name));
+        let file = OpenOptions::new().read(true).write(true).create_new(true).mode(0o600).open(path.path())?;
+        file.set_len(SEGMENT_BYTES as u64)?;
+        // SAFETY: the file is this process's and the peer's only, and both access it
+        // through the atomics and the ring discipline of this module.
+        let map = unsafe { MmapMut::map_mut(&file)? };
+        Ok((Segment::new(map), path))
     }
 
     /// Maps the segment the peer created at `path`: a file directly in `/dev/shm`,
     /// named as `create` names them, of this user, private to it, of a segment's size.
     pub(crate) fn open(path: &Path) -> io::Result<Arc<Segment>> {
         use std::os::unix::fs::MetadataExt;
-        let named = path.parent() == Some(Path::new("/dev/shm"))
-            && path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("neuron-virt-link-"));
+        let named = path.parent() == Some(Path::new(SEGMENT_DIR))
+            && path.file_name().is_some_and(|n| n.to_string_lossy().starts_with(SEGMENT_PREFIX));
         if !named {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "not a link segment"));
         }
@@ -283,11 +316,13 @@ mod tests {
 
     #[test]
     fn bytes_cross_a_segment_in_order_through_many_wraps_and_the_file_is_private() {
-        let (creator, path) = Segment::create(1).expect("a segment in /dev/shm");
+        let (creator, file) = Segment::create(1).expect("a segment in /dev/shm");
         use std::os::unix::fs::PermissionsExt;
-        assert_eq!(std::fs::metadata(&path).expect("exists").permissions().mode() & 0o777, 0o600);
-        let peer = Segment::open(&path).expect("maps");
-        std::fs::remove_file(&path).expect("unlinked once both mapped");
+        assert_eq!(std::fs::metadata(file.path()).expect("exists").permissions().mode() & 0o777, 0o600);
+        let peer = Segment::open(file.path()).expect("maps");
+        let path = file.path().to_path_buf();
+        drop(file);
+        assert!(!path.exists(), "removed once both mapped");
         let total = 5 * RING_BYTES + 12_345;
         let data: Vec<u8> = (0..total).map(|i| (i * 7 + i / 251) as u8).collect();
         let sent = data.clone();
@@ -309,9 +344,9 @@ mod tests {
 
     #[test]
     fn a_peer_gone_ends_the_stream_after_what_it_wrote_and_fails_a_blocked_writer() {
-        let (creator, path) = Segment::create(2).expect("a segment");
-        let peer = Segment::open(&path).expect("maps");
-        std::fs::remove_file(&path).expect("unlinked");
+        let (creator, file) = Segment::create(2).expect("a segment");
+        let peer = Segment::open(file.path()).expect("maps");
+        drop(file);
         creator.writer(0).write_all(b"last words").expect("fits");
         peer.peer_closed();
         let mut received = Vec::new();
@@ -322,5 +357,19 @@ mod tests {
         let big = vec![0u8; RING_BYTES + 1];
         let error = writer.write_all(&big).expect_err("no reader");
         assert_eq!(error.kind(), io::ErrorKind::BrokenPipe);
+    }
+
+    #[test]
+    fn files_of_processes_that_died_are_removed_and_the_living_ones_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // A pid no process has (above the kernel's maximum), and this process's.
+        let dead = dir.path().join("link-4194400-1-5");
+        let alive = dir.path().join(format!("link-{}-1-5", std::process::id()));
+        let other = dir.path().join("unrelated");
+        for file in [&dead, &alive, &other] {
+            std::fs::write(file, b"").expect("write");
+        }
+        remove_stale(dir.path(), "link-");
+        assert!(!dead.exists() && alive.exists() && other.exists());
     }
 }
