@@ -143,7 +143,7 @@ pub(super) fn ring<E>(
         }
         Collective::AllGather => {
             let parts = strided(request, n);
-            let input = request.input;
+            let input = &request.input[..];
             let output = &mut *request.output;
             parts.unpack(output, part(p), input);
             for s in 0..n as isize - 1 {

@@ -258,7 +258,7 @@ impl Communicator {
             state.resync = state.resync.max(at.unit + 1);
             self.inner.changed.notify_all();
         } else {
-            meeting.inputs[position] = Some(Arc::new(request.input.to_vec()));
+            meeting.inputs[position] = Some(Arc::clone(&request.input));
             if meeting.inputs.iter().all(Option::is_some) {
                 self.inner.changed.notify_all();
             }

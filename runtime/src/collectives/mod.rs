@@ -211,7 +211,8 @@ pub(crate) struct Request<'a> {
     pub(crate) algorithm: Option<Algorithm>,
     /// Rows before the dimension exchanged along (1 for whole tensors).
     pub(crate) outer: usize,
-    pub(crate) input: &'a [u8],
+    /// Shared, so that the ranks that read it take it without a copy.
+    pub(crate) input: Arc<Vec<u8>>,
     pub(crate) output: &'a mut [u8],
 }
 
@@ -354,7 +355,7 @@ impl Communicator {
             groups: &call.groups,
             algorithm: call.algorithm,
             outer: 1,
-            input: &input_bytes,
+            input: Arc::new(input_bytes),
             output: &mut output_bytes,
         };
         self.exchange(rank, position, request, deadline, EventIds { nrta_seq_id, ..EventIds::default() })?;

@@ -167,7 +167,7 @@ impl Exchange<'_> {
         let signature = self.signature.to_string();
         match plan.algorithm {
             Algorithm::AllToAll => {
-                let mine = Arc::new(request.input.to_vec());
+                let mine = Arc::clone(&request.input);
                 for &peer in group.iter().filter(|&&r| r != self.rank) {
                     self.send(peer, 0, &signature, Arc::clone(&mine))?;
                 }

@@ -205,7 +205,7 @@ impl CoreJob<'_> {
             groups: &op.groups,
             algorithm: self.collectives_algorithm,
             outer,
-            input: &input,
+            input: std::sync::Arc::new(input),
             output: &mut output,
         };
         self.pool.released(|| communicator.exchange(rank, || at, request, deadline, self.ids))?;
