@@ -15,6 +15,9 @@ later calls only execute. The process is a Neuron runtime like any other: ``neur
 ``neuron-top``, ``neuron-monitor`` and the dashboard show it (tagged with
 ``NEURON_PROCESS_TAG`` or ``runtime(tag=...)``).
 
+A ``jax.shard_map`` over :func:`make_mesh` runs under :func:`jit` as one collectives
+rank per NeuronCore, in one process or across the processes of a launched job.
+
 Lower level: :func:`compile` (HLO text to a :class:`Neff`), :class:`Runtime`,
 :meth:`Runtime.load` and :class:`Model`, called with NumPy arrays, or scheduled
 (:meth:`Model.schedule` returns a :class:`Request`).
@@ -31,6 +34,7 @@ Every runtime failure raises :class:`NrtError` with ``.status`` (the public
 from ._native import CompileError, Neff, NrtError, __version__, compile
 from ._runtime import Model, Request, Runtime, runtime
 from ._jit import jit
+from ._shard import ProcessShards, make_mesh
 from ._observe import profile, sys_trace_fetch_events, sys_trace_start, sys_trace_stop
 
 __all__ = [
@@ -38,11 +42,13 @@ __all__ = [
     "Model",
     "Neff",
     "NrtError",
+    "ProcessShards",
     "Request",
     "Runtime",
     "__version__",
     "compile",
     "jit",
+    "make_mesh",
     "profile",
     "runtime",
     "sys_trace_fetch_events",

@@ -64,15 +64,24 @@ class JitFunction:
     def lower(self, *args: Any, **kwargs: Any) -> str: ...
 
 @overload
-def jit(fn: Callable[..., Any], *, cores: Union[None, int, Sequence[int]] = None, runtime: Optional[Runtime] = None,
+def jit(fn: Callable[..., Any], *, cores: Union[None, int, Sequence[int]] = None,
+        ranks: Optional[Sequence[int]] = None, runtime: Optional[Runtime] = None,
         auto_cast: str = "matmult", auto_cast_type: str = "bf16", optlevel: int = 2,
         mixed_precision_accumulation: bool = False, saturate_infinity: bool = False,
         target: Optional[str] = None) -> JitFunction: ...
 @overload
-def jit(fn: None = None, *, cores: Union[None, int, Sequence[int]] = None, runtime: Optional[Runtime] = None,
+def jit(fn: None = None, *, cores: Union[None, int, Sequence[int]] = None,
+        ranks: Optional[Sequence[int]] = None, runtime: Optional[Runtime] = None,
         auto_cast: str = "matmult", auto_cast_type: str = "bf16", optlevel: int = 2,
         mixed_precision_accumulation: bool = False, saturate_infinity: bool = False,
         target: Optional[str] = None) -> Callable[[Callable[..., Any]], JitFunction]: ...
+
+class ProcessShards:
+    shape: Tuple[int, ...]
+    dtype: np.dtype
+    shards: Dict[int, Tuple[Tuple[slice, ...], np.ndarray]]
+
+def make_mesh(axis_shapes: Sequence[int], axis_names: Sequence[str]) -> Any: ...
 
 class profile:
     path: str

@@ -8,9 +8,10 @@ import numpy as np
 
 from . import _native
 from ._runtime import runtime as default_runtime
+from ._shard import ShardedProgram
 
 
-def jit(fn=None, *, cores=None, runtime=None, auto_cast="matmult", auto_cast_type="bf16", optlevel=2,
+def jit(fn=None, *, cores=None, ranks=None, runtime=None, auto_cast="matmult", auto_cast_type="bf16", optlevel=2,
         mixed_precision_accumulation=False, saturate_infinity=False, target=None):
     """Compiles ``fn`` for virtual NeuronCores on its first call with given argument
     shapes and dtypes, and runs it there on every call.
@@ -24,21 +25,31 @@ def jit(fn=None, *, cores=None, runtime=None, auto_cast="matmult", auto_cast_typ
     ``cores`` loads a copy on each of these cores (an index or a list) and spreads calls
     over them; by default the runtime picks one. ``runtime`` defaults to
     :func:`neuron_virt.runtime`. JAX is imported on the first call only.
+
+    A function written with ``jax.shard_map`` over a mesh (:func:`neuron_virt.make_mesh`,
+    or any JAX mesh) runs as one collectives rank per mesh device, mesh device ``d``
+    on ``cores[d]`` (default: the runtime's first cores): it takes and returns global
+    arrays, cut into each rank's shard and joined back as JAX does. In a job of
+    several processes (torchrun, ``mpirun``, Slurm, with ``NEURON_RT_ROOT_COMM_ID``),
+    each process runs the ranks its cores hold (from the launcher's variables, or
+    ``ranks=[...]``, one per core); a result split over other processes' ranks comes
+    back as :class:`neuron_virt.ProcessShards`.
     """
     options = dict(auto_cast=auto_cast, auto_cast_type=auto_cast_type, optlevel=optlevel,
                    mixed_precision_accumulation=mixed_precision_accumulation,
                    saturate_infinity=saturate_infinity)
     if fn is None:
-        return functools.partial(jit, cores=cores, runtime=runtime, target=target, **options)
-    return JitFunction(fn, cores=cores, runtime=runtime, target=target, options=options)
+        return functools.partial(jit, cores=cores, ranks=ranks, runtime=runtime, target=target, **options)
+    return JitFunction(fn, cores=cores, ranks=ranks, runtime=runtime, target=target, options=options)
 
 
 class JitFunction:
     """The callable :func:`jit` returns; ``.lower(*args)`` gives the HLO text it compiles."""
 
-    def __init__(self, fn, *, cores, runtime, target, options):
+    def __init__(self, fn, *, cores, ranks, runtime, target, options):
         self._fn = fn
         self._cores = [cores] if isinstance(cores, int) else cores
+        self._ranks = ranks
         self._runtime = runtime
         self._target = target
         self._options = options
@@ -91,8 +102,11 @@ class JitFunction:
         target = self._target or {"trn2.48xlarge": "trn2"}.get(runtime.instance_type, "trn1")
         name = getattr(self._fn, "__name__", "function")
         neff = _native.compile(lowered.as_text(dialect="hlo"), name=name, target=target, **self._options)
-        cores = self._cores or [None]
-        models = [runtime.load(neff, core=core) for core in cores]
+        if neff.sharding is not None:
+            # One program whose ranks run together: it takes and gives global arrays.
+            models = [ShardedProgram(runtime, neff, neff.sharding, self._cores, self._ranks)]
+        else:
+            models = [runtime.load(neff, core=core) for core in self._cores or [None]]
         # A function returning one array gives that array back without a pytree step.
         single = lowered.out_tree.num_leaves == 1 and lowered.out_tree.num_nodes == 1
         return models, itertools.count(), lowered.out_tree, single

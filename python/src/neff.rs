@@ -1,8 +1,9 @@
 //! `compile(hlo, ...)` and `Neff`: HLO text to a NEFF with the `neuron-cc` options.
 
+use neuron_runtime::compile::{ShardedValue, Sharding, compile_hlo_sharded};
 use neuron_runtime::{AutoCast, AutoCastType, CompileOptions, OptLevel, Target};
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyDict};
 
 use crate::arrays::{IoInfo, io_info};
 use crate::errors::{compile_error, invalid, nrt_error};
@@ -12,6 +13,9 @@ use crate::errors::{compile_error, invalid, nrt_error};
 pub(crate) struct Neff {
     pub(crate) bytes: Vec<u8>,
     pub(crate) inner: neuron_runtime::Neff,
+    /// How a multi-device program (`jax.shard_map`, `jax.pmap`) splits its values over
+    /// its mesh, when compiled here from its HLO (a NEFF file does not say).
+    sharding: Option<Sharding>,
 }
 
 fn parse<T: std::str::FromStr<Err = String>>(what: &str, text: &str) -> PyResult<T> {
@@ -42,9 +46,9 @@ pub(crate) fn compile(
         mixed_precision_accumulation,
         saturate_infinity,
     };
-    let program = py.detach(|| neuron_runtime::compile_hlo_with(hlo, &options)).map_err(compile_error)?;
+    let (program, sharding) = py.detach(|| compile_hlo_sharded(hlo, &options)).map_err(compile_error)?;
     let inner = neuron_runtime::Neff::new(name, program);
-    Ok(Neff { bytes: inner.encode(), inner })
+    Ok(Neff { bytes: inner.encode(), inner, sharding })
 }
 
 #[pymethods]
@@ -54,7 +58,7 @@ impl Neff {
     fn from_bytes(bytes: &[u8]) -> PyResult<Neff> {
         let options = neuron_runtime::neff::DecodeOptions { validate_hash: true };
         let inner = neuron_runtime::Neff::decode(bytes, options).map_err(nrt_error)?;
-        Ok(Neff { bytes: bytes.to_vec(), inner })
+        Ok(Neff { bytes: bytes.to_vec(), inner, sharding: None })
     }
 
     /// Writes the NEFF to `path` (a file `neuron-bench` and `neuron-profile` take).
@@ -89,6 +93,22 @@ impl Neff {
     #[getter]
     fn outputs(&self) -> Vec<IoInfo> {
         io_info(&self.inner.program, &self.inner.program.outputs)
+    }
+
+    /// For a multi-device program (`jax.shard_map`, `jax.pmap`) compiled here, how it
+    /// splits its values over its mesh: `{"mesh": [(axis, size), …], "inputs": […],
+    /// "outputs": […]}`, each value given per dimension as the mesh axes it is split
+    /// over (`[["dp"], []]`); the program is one rank's, mesh device `d` being rank `d`.
+    /// `None` for a program of one device, or one read from a file.
+    #[getter]
+    fn sharding<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyDict>>> {
+        let Some(sharding) = &self.sharding else { return Ok(None) };
+        let dict = PyDict::new(py);
+        dict.set_item("mesh", &sharding.mesh)?;
+        let axes = |values: &[ShardedValue]| values.iter().map(|v| v.axes.clone()).collect::<Vec<_>>();
+        dict.set_item("inputs", axes(&sharding.inputs))?;
+        dict.set_item("outputs", axes(&sharding.outputs))?;
+        Ok(Some(dict))
     }
 
     fn __repr__(&self) -> String {

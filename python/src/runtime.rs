@@ -101,6 +101,15 @@ impl Runtime {
         Model::new(self.inner.clone(), model)
     }
 
+    /// The global ranks that `cores` NeuronCores of this process hold in the job its
+    /// launcher started (torchrun, `mpirun`, Slurm, Neuron's PJRT variables), one per
+    /// core, and the job's rank count; `None` for a process on its own.
+    fn job_ranks(&self, cores: u32) -> PyResult<Option<(Vec<u32>, u32)>> {
+        let Some(launch) = &self.inner.config().launch else { return Ok(None) };
+        let (ranks, count) = launch.ranks(cores).map_err(nrt_error)?;
+        Ok(Some((ranks.collect(), count)))
+    }
+
     /// The NeuronCores this runtime holds.
     #[getter]
     fn cores(&self) -> PyResult<Vec<u32>> {

@@ -11,6 +11,7 @@ import sys
 import threading
 
 import numpy as np
+import pytest
 
 import neuron_virt
 
@@ -81,3 +82,100 @@ def test_a_shard_map_step_runs_as_ranks_of_two_processes_for_ten_steps():
         assert len(result["params"]) == 2
         for rank, params in result["params"].items():
             np.testing.assert_allclose(np.array(params, dtype=np.float32), ten_steps, rtol=1e-4, atol=1e-5, err_msg=f"rank {rank}")
+
+
+def data_parallel_step(jax, mesh):
+    """The step of tests/data/jax_multi/data_parallel_step (gen_jax_multi_fixtures.py)."""
+    from jax.sharding import PartitionSpec as P
+
+    jnp = jax.numpy
+
+    def step(w, x, y):
+        grad = jax.grad(lambda w: jnp.mean((x @ w - y) ** 2))(w)
+        return w - 0.1 * jax.lax.pmean(grad, "dp")
+
+    return jax.shard_map(step, mesh=mesh, in_specs=(P(), P("dp"), P("dp")), out_specs=P())
+
+
+def test_jit_runs_a_shard_map_step_on_a_mesh_of_cores_for_ten_steps():
+    """neuron_virt.jit of a shard_map over make_mesh: global arrays in, global arrays out,
+    each rank on a core of its own; ten steps end where XLA ended on 4 CPU devices."""
+    jax = pytest.importorskip("jax")
+    case = MULTI / "data_parallel_step"
+    w, x, y = (np.load(case / f"input{i}.npy") for i in range(3))
+    with neuron_virt.Runtime(cores="4-7", instance_type="trn1.32xlarge", tag="pytest-jit-mesh") as rt:
+        step = neuron_virt.jit(data_parallel_step(jax, neuron_virt.make_mesh((4,), ("dp",))), runtime=rt,
+                               cores=[4, 5, 6, 7], auto_cast="none")
+        for _ in range(10):
+            w = step(w, x, y)
+        assert isinstance(w, np.ndarray) and w.shape == (8, 2)
+        np.testing.assert_allclose(w, np.load(case / "steps.npy"), rtol=1e-4, atol=1e-5)
+        # A global array that does not split over the mesh is refused (by JAX, lowering it).
+        with pytest.raises(ValueError, match="not evenly divisible"):
+            step(w, x[:15], y[:15])
+
+
+def test_jit_cuts_and_joins_arrays_over_a_two_dimensional_mesh():
+    """A 2 × 2 mesh (dp, tp): each value is cut along the axes its spec names, results are
+    joined from the ranks' parts, and a value replicated over an axis comes back once."""
+    jax = pytest.importorskip("jax")
+    from jax.sharding import PartitionSpec as P
+
+    mesh = neuron_virt.make_mesh((2, 2), ("dp", "tp"))
+
+    def layer(w, x):
+        # x: rows over dp, columns over tp; w: rows over tp. Partial products summed over tp.
+        return jax.lax.psum(x @ w, "tp"), x * 2
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((8, 4)).astype(np.float32)
+    x = rng.standard_normal((6, 8)).astype(np.float32)
+    with neuron_virt.Runtime(cores="4-7", instance_type="trn1.32xlarge", tag="pytest-jit-2d") as rt:
+        f = neuron_virt.jit(
+            jax.shard_map(layer, mesh=mesh, in_specs=(P("tp", None), P("dp", "tp")), out_specs=(P("dp"), P("dp", "tp"))),
+            runtime=rt, auto_cast="none",
+        )
+        y, doubled = f(w, x)
+        np.testing.assert_allclose(y, x @ w, rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(doubled, x * 2)
+        # Three cores for a mesh of four devices: refused, saying what to give.
+        few = neuron_virt.jit(jax.shard_map(layer, mesh=mesh, in_specs=(P("tp", None), P("dp", "tp")),
+                                            out_specs=(P("dp"), P("dp", "tp"))), runtime=rt, cores=[4, 5, 6])
+        with pytest.raises(ValueError, match=r"the mesh \(dp=2, tp=2\) has 4 devices: give as many cores"):
+            few(w, x)
+
+
+def test_jit_runs_a_shard_map_as_ranks_of_two_processes():
+    """Two processes started with torchrun's variables each run the ranks their two cores
+    hold: ten steps of the replicated parameters end where XLA ended, and a result split
+    over both processes comes back as ProcessShards holding this process's parts."""
+    pytest.importorskip("jax")
+    case = MULTI / "data_parallel_step"
+    worker = pathlib.Path(__file__).with_name("shard_map_worker.py")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        root = f"127.0.0.1:{s.getsockname()[1]}"
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(worker), str(case), str(12 + 2 * process)],
+            env={**os.environ, "RANK": str(process), "WORLD_SIZE": "2", "NEURON_RT_ROOT_COMM_ID": root},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for process in range(2)
+    ]
+    results = [p.communicate(timeout=180) for p in processes]
+    for p, (out, err) in zip(processes, results):
+        assert p.returncode == 0, err
+    x = np.load(case / "input1.npy")
+    for process, (out, err) in enumerate(results):
+        result = json.loads(out.strip().splitlines()[-1])
+        np.testing.assert_allclose(np.array(result["params"], dtype=np.float32), np.load(case / "steps.npy"),
+                                   rtol=1e-4, atol=1e-5)
+        # The rows of x doubled, split over dp = 4 ranks: this process holds two of them.
+        held = {int(rank): part for rank, part in result["doubled"].items()}
+        assert sorted(held) == [2 * process, 2 * process + 1]
+        for rank, (start, stop, part) in held.items():
+            assert (start, stop) == (4 * rank, 4 * rank + 4)
+            np.testing.assert_array_equal(np.array(part, dtype=np.float32), x[start:stop] * 2)

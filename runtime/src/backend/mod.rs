@@ -714,6 +714,9 @@ impl Executable {
 /// arrays of `dtype`, with the arithmetic of the element-wise kernels (NaN propagates
 /// through maximum and minimum; on `pred`, add is `or` and multiply is `and`).
 pub(crate) fn combine_le_bytes(op: ReduceOp, dtype: DType, acc: &mut [u8], x: &[u8]) {
+    if combine_in_place(op, dtype, acc, x) {
+        return;
+    }
     let ty = ArrayType::new(dtype, vec![acc.len() as u64 / dtype.size_bytes()]);
     let binary = match (op, dtype) {
         (ReduceOp::Add | ReduceOp::Maximum, DType::Pred) => BinaryOp::Or,
@@ -727,6 +730,32 @@ pub(crate) fn combine_le_bytes(op: ReduceOp, dtype: DType, acc: &mut [u8], x: &[
     match kernels::execute(&Op::Binary(binary), &[a.view(), b.view()], &ty, &HostPool::new(1)) {
         Ok(result) => result.write_le_bytes(acc),
         Err(_) => kernels::unvalidated("element-wise combine"),
+    }
+}
+
+/// Sums and products of `f32` and of wrapping 32-bit integers (what collectives mostly
+/// reduce) combined where they lie, as the element-wise kernels compute them (one IEEE
+/// operation per element, no flush of subnormals): the general path converts both
+/// buffers to values and back, three full-size copies. `false` when the type, operation
+/// or alignment is not one of these.
+fn combine_in_place(op: ReduceOp, dtype: DType, acc: &mut [u8], x: &[u8]) -> bool {
+    fn apply<T: bytemuck::Pod>(acc: &mut [u8], x: &[u8], f: impl Fn(T, T) -> T) -> bool {
+        let (Ok(acc), Ok(x)) = (bytemuck::try_cast_slice_mut::<u8, T>(acc), bytemuck::try_cast_slice::<u8, T>(x))
+        else {
+            return false;
+        };
+        acc.iter_mut().zip(x).for_each(|(a, &b)| *a = f(*a, b));
+        true
+    }
+    if cfg!(target_endian = "big") || acc.len() != x.len() {
+        return false;
+    }
+    match (op, dtype) {
+        (ReduceOp::Add, DType::F32) => apply::<f32>(acc, x, |a, b| a + b),
+        (ReduceOp::Multiply, DType::F32) => apply::<f32>(acc, x, |a, b| a * b),
+        (ReduceOp::Add, DType::S32 | DType::U32) => apply::<u32>(acc, x, u32::wrapping_add),
+        (ReduceOp::Multiply, DType::S32 | DType::U32) => apply::<u32>(acc, x, u32::wrapping_mul),
+        _ => false,
     }
 }
 
@@ -764,5 +793,31 @@ mod tests {
         assert_eq!(split_interval(100, 200, &[1, 3]), vec![(100, 125), (125, 200)]);
         assert_eq!(split_interval(0, 9, &[0, 0, 0]), vec![(0, 3), (3, 6), (6, 9)]);
         assert_eq!(split_interval(5, 5, &[2, 2]), vec![(5, 5), (5, 5)]);
+    }
+
+    /// The in-place combine gives the bits of the general path's kernels, specials included.
+    #[test]
+    fn combining_in_place_gives_the_kernels_bits() {
+        let floats = [1.5f32, -0.0, f32::NAN, f32::INFINITY, 1e-45, f32::MAX, -3.25, 7e-39];
+        let others = [2.25f32, 0.0, 1.0, f32::NEG_INFINITY, 1e-45, f32::MAX, 0.1, -7e-39];
+        let ints = [i32::MAX, -5, 7, i32::MIN, 0, 123_456, -1, 3];
+        let int_others = [1, -7, 9, i32::MIN, 0, 654_321, i32::MAX, -3];
+        let cases: [(DType, Vec<u8>, Vec<u8>); 2] = [
+            (DType::F32, bytemuck::cast_slice(&floats).to_vec(), bytemuck::cast_slice(&others).to_vec()),
+            (DType::S32, bytemuck::cast_slice(&ints).to_vec(), bytemuck::cast_slice(&int_others).to_vec()),
+        ];
+        for (dtype, a, b) in cases {
+            for op in [ReduceOp::Add, ReduceOp::Multiply] {
+                let mut fast = a.clone();
+                assert!(combine_in_place(op, dtype, &mut fast, &b), "{op:?} {dtype:?} takes the fast path");
+                let ty = ArrayType::new(dtype, vec![a.len() as u64 / 4]);
+                let (x, y) = (Value::from_le_bytes(&ty, &a), Value::from_le_bytes(&ty, &b));
+                let binary = if op == ReduceOp::Add { BinaryOp::Add } else { BinaryOp::Multiply };
+                let general = kernels::execute(&Op::Binary(binary), &[x.view(), y.view()], &ty, &HostPool::new(1));
+                let mut expected = a.clone();
+                general.expect("kernel").write_le_bytes(&mut expected);
+                assert_eq!(fast, expected, "{op:?} {dtype:?}");
+            }
+        }
     }
 }
