@@ -335,9 +335,14 @@ impl Tensor {
 
     /// Reads the whole tensor.
     pub fn read_all(&self) -> NrtResult<Vec<u8>> {
-        let mut out =
-            vec![0u8; usize::try_from(self.size()).map_err(|_| NrtError::invalid("tensor too large to read at once"))?];
-        self.read(0, &mut out)?;
+        self.inner.lifecycle.check()?;
+        let len = usize::try_from(self.size()).map_err(|_| NrtError::invalid("tensor too large to read at once"))?;
+        let start = self.inner.offset as usize;
+        // Filled by the copy itself, not zeroed first.
+        let mut out = Vec::with_capacity(len);
+        self.traced(EventType::NrtTensorRead, 0, len as u64, 0, || {
+            out.extend_from_slice(&self.storage()[start..start + len]);
+        });
         Ok(out)
     }
 

@@ -33,8 +33,14 @@ impl Parts {
         }
     }
 
+    /// Part `k`'s bytes, contiguous (a copy of each range, not of each byte).
     fn pack(self, buffer: &[u8], k: usize) -> Vec<u8> {
-        self.ranges(k).into_iter().flat_map(|r| buffer[r].iter().copied()).collect()
+        let ranges = self.ranges(k);
+        let mut packed = Vec::with_capacity(ranges.iter().map(Range::len).sum());
+        for range in ranges {
+            packed.extend_from_slice(&buffer[range]);
+        }
+        packed
     }
 
     fn unpack(self, buffer: &mut [u8], k: usize, data: &[u8]) {
@@ -118,28 +124,29 @@ pub(super) fn ring<E>(
     let p = p as isize;
     let dtype = request.dtype;
     match request.op {
-        Collective::AllReduce(op) | Collective::ReduceScatter(op) => {
+        Collective::AllReduce(op) => {
             let element_bytes = dtype.size_bytes() as usize;
-            let parts = match request.op {
-                Collective::AllReduce(_) => {
-                    Parts::Flat { elements: request.input.len() / element_bytes, element_bytes, n }
-                }
-                _ => strided(request, n),
-            };
+            let parts = Parts::Flat { elements: request.input.len() / element_bytes, element_bytes, n };
+            // Accumulates in the output, which has the input's size.
+            let acc = &mut *request.output;
+            acc.copy_from_slice(&request.input);
+            for s in 0..n as isize - 1 {
+                let received = step(parts.pack(acc, part(p - s - 1)))?;
+                parts.combine(acc, part(p - s - 2), &received, op, dtype);
+            }
+            for s in 0..n as isize - 1 {
+                let received = step(parts.pack(acc, part(p - s)))?;
+                parts.unpack(acc, part(p - s - 1), &received);
+            }
+        }
+        Collective::ReduceScatter(op) => {
+            let parts = strided(request, n);
             let mut acc = request.input.to_vec();
             for s in 0..n as isize - 1 {
                 let received = step(parts.pack(&acc, part(p - s - 1)))?;
                 parts.combine(&mut acc, part(p - s - 2), &received, op, dtype);
             }
-            if matches!(request.op, Collective::ReduceScatter(_)) {
-                request.output.copy_from_slice(&parts.pack(&acc, part(p)));
-                return Ok(());
-            }
-            for s in 0..n as isize - 1 {
-                let received = step(parts.pack(&acc, part(p - s)))?;
-                parts.unpack(&mut acc, part(p - s - 1), &received);
-            }
-            request.output.copy_from_slice(&acc);
+            request.output.copy_from_slice(&parts.pack(&acc, part(p)));
         }
         Collective::AllGather => {
             let parts = strided(request, n);
