@@ -15,7 +15,7 @@ use crate::kinds::Engine;
 use crate::ring::{PAYLOAD_WORDS, Payload};
 
 /// Payload words a system record uses (the rest of its slot stays zero).
-pub const SYSTEM_RECORD_WORDS: usize = 10;
+pub const SYSTEM_RECORD_WORDS: usize = 11;
 /// Payload words a device record uses: all of them.
 pub const DEVICE_RECORD_WORDS: usize = PAYLOAD_WORDS;
 /// Instructions one run record holds: one duration beside the first position, two
@@ -44,11 +44,15 @@ pub struct SystemRecord {
     pub model_id: u32,
     pub string_id: u32,
     pub args: [u64; 4],
+    /// The core's rank + 1 in the communicator it last joined (0: none, or no core).
+    pub rank: u32,
 }
 
 impl SystemRecord {
     /// The word whose high half is the thread id.
     pub const THREAD_WORD: usize = 4;
+    /// The word of the core's rank + 1.
+    pub const RANK_WORD: usize = 10;
 
     #[inline]
     pub fn encode(&self) -> [u64; SYSTEM_RECORD_WORDS] {
@@ -63,6 +67,7 @@ impl SystemRecord {
             | u64::from(self.thread_id) << 32;
         p[5] = u64::from(self.model_id) | u64::from(self.string_id) << 32;
         p[6..10].copy_from_slice(&self.args);
+        p[Self::RANK_WORD] = u64::from(self.rank);
         p
     }
 
@@ -80,6 +85,7 @@ impl SystemRecord {
             model_id: p[5] as u32,
             string_id: (p[5] >> 32) as u32,
             args: [p[6], p[7], p[8], p[9]],
+            rank: p[Self::RANK_WORD] as u32,
         }
     }
 
@@ -109,6 +115,7 @@ impl SystemRecord {
             exec_id: (self.exec_id != 0).then_some(self.exec_id),
             model_id: (self.model_id != 0).then_some(self.model_id),
             nrta_seq_id: (self.flags & FLAG_NRTA_SEQ != 0).then_some(self.nrta_seq_id),
+            rank: self.rank.checked_sub(1),
             data,
         })
     }

@@ -332,6 +332,7 @@ impl Tracer {
             model_id: head.ids.model_id,
             string_id: slots.string_id,
             args: slots.args,
+            rank: 0,
         };
         self.push_system(head.ring, record.encode());
     }
@@ -343,6 +344,11 @@ impl Tracer {
     #[inline(never)]
     fn push_system(&self, ring: RingPos, mut words: [u64; SYSTEM_RECORD_WORDS]) {
         words[SystemRecord::THREAD_WORD] |= u64::from(thread_id()) << 32;
+        if let Some(slot) = ring.checked_sub(1) {
+            // The core's rank as it is now: every event of a core carries it.
+            words[SystemRecord::RANK_WORD] =
+                self.store.core_counter(slot, crate::layout::core::RANK).load(Ordering::Relaxed);
+        }
         let claim = if self.discard { Claim::Discard { consumed: &self.consumed[ring] } } else { Claim::Shared };
         self.rings[ring].push(&self.store.region, claim, &words);
     }
@@ -494,7 +500,8 @@ impl Tracer {
         self.store.core_counter(slot, word).fetch_add(n, Ordering::Relaxed);
     }
 
-    /// Records that core slot `slot` runs rank `rank` of a communicator of `ranks`.
+    /// Records that core slot `slot` runs rank `rank` of a communicator of `ranks`: the
+    /// core's later system events carry it.
     pub fn set_rank(&self, slot: usize, rank: u32, ranks: u32) {
         self.store.core_counter(slot, crate::layout::core::RANKS).store(u64::from(ranks), Ordering::Relaxed);
         self.store.core_counter(slot, crate::layout::core::RANK).store(u64::from(rank) + 1, Ordering::Release);

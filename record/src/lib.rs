@@ -46,6 +46,8 @@ type EventFilter = dyn Fn(&TraceEvent) -> bool + Send;
 pub struct Recorder<W: Write> {
     writer: Writer<W>,
     names: HashMap<EventType, Sym>,
+    /// The key of a system event's core rank argument, once interned.
+    rank_key: Option<Sym>,
     /// Device activities by (model, kind, engine or queue, step or index), with their id.
     descriptors: HashMap<(u32, u8, u8, u32), (DeviceActivity, DescriptorId)>,
     /// Events lost so far per ring (core, device?), as the tail counted them.
@@ -57,6 +59,9 @@ pub struct Recorder<W: Write> {
     last_drain: Instant,
     last_flush: Instant,
 }
+
+/// The NTFF argument of a system event that gives its core's rank.
+const RANK_ARG: &str = "rank";
 
 /// How often [`Recorder::drain_when_due`] drains the rings of a running process.
 /// Draining after every short execution cost about 2% of the attention example's time
@@ -77,6 +82,7 @@ impl<W: Write> Recorder<W> {
         Recorder {
             writer,
             names: HashMap::new(),
+            rank_key: None,
             descriptors: HashMap::new(),
             lost: HashMap::new(),
             models: Vec::new(),
@@ -169,7 +175,14 @@ impl<W: Write> Recorder<W> {
                 sym
             }
         };
-        let args = self.args(&e.data);
+        let mut args = self.args(&e.data);
+        if let Some(rank) = e.rank {
+            // The core's rank, unless the event names a rank of its own (`cc_running`).
+            let key = *self.rank_key.get_or_insert_with(|| self.writer.intern(RANK_ARG));
+            if args.iter().all(|a| a.key != key) {
+                args.push(Arg { key, value: ArgValue::U64(u64::from(rank)) });
+            }
+        }
         if let (EventData::SyncPoint { cpu_timestamp_ns, nc_timestamp_ns }, Some(core)) = (&e.data, e.nc_idx) {
             self.writer.sync_point(core, SyncPoint { host_ns: *cpu_timestamp_ns, device_ns: *nc_timestamp_ns })?;
         }
@@ -344,7 +357,8 @@ fn host_name() -> String {
 }
 
 /// The runtime's typed event for an NTFF system event (`None` when its name or
-/// arguments are not the runtime's).
+/// arguments are not the runtime's). Its core's rank is its `rank` argument: for an
+/// event naming a rank of its own (`cc_running`), that rank.
 pub fn to_system_event(file: &ntff::NtffFile, e: &ntff::SystemEvent) -> Option<SystemEvent> {
     let event_type = EventType::from_name(file.string(e.name)?)?;
     let data = EventData::from_fields(event_type, &mut |key| {
@@ -355,6 +369,10 @@ pub fn to_system_event(file: &ntff::NtffFile, e: &ntff::SystemEvent) -> Option<S
             ArgValue::Str(sym) => FieldValue::Str(file.string(sym)?),
         })
     })?;
+    let rank = e.args.iter().find(|a| file.string(a.key) == Some(RANK_ARG)).and_then(|a| match a.value {
+        ArgValue::U64(v) => u32::try_from(v).ok(),
+        _ => None,
+    });
     Some(SystemEvent {
         event_type,
         phase: match e.phase {
@@ -374,6 +392,7 @@ pub fn to_system_event(file: &ntff::NtffFile, e: &ntff::SystemEvent) -> Option<S
         exec_id: e.exec_id,
         model_id: e.model_id,
         nrta_seq_id: e.nrta_seq_id,
+        rank,
         data,
     })
 }

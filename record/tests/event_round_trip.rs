@@ -23,6 +23,14 @@ fn host_ns(ticks: u64) -> u64 {
 /// against the payload's expected decoding.
 fn decoded(event_type: EventType, phase: Phase, seed: u64) -> SystemEvent {
     let (slots, expected) = sample(event_type, seed, &mut string, &host_ns);
+    // The core's rank (+ 1; 0 none): that of its collective for an event naming one,
+    // as a core's `cc_running` does.
+    let mut rank = (seed % 3) as u32;
+    expected.for_each_field(|key, value| {
+        if let ("rank", FieldValue::U64(own)) = (key, value) {
+            rank = own as u32 + 1;
+        }
+    });
     let record = SystemRecord {
         timestamp: 1_000 + seed,
         tracking_id: 77,
@@ -35,6 +43,7 @@ fn decoded(event_type: EventType, phase: Phase, seed: u64) -> SystemEvent {
         model_id: 3,
         string_id: slots.string_id,
         args: slots.args,
+        rank,
     };
     let mut words = [0u64; DEVICE_RECORD_WORDS];
     let encoded = record.encode();
@@ -42,6 +51,7 @@ fn decoded(event_type: EventType, phase: Phase, seed: u64) -> SystemEvent {
     assert_eq!(SystemRecord::decode(&words), record, "{event_type}: the slot words");
     let event = record.to_event(11, Some(2), &mut string, &host_ns).expect("a known type and phase");
     assert_eq!(event.data, expected, "{event_type}: the payload decoded from its slots");
+    assert_eq!(event.rank, rank.checked_sub(1), "{event_type}: the core's rank");
     event
 }
 
@@ -75,6 +85,7 @@ fn every_event_type_round_trips_through_slots_json_and_ntff() {
         assert_eq!(data, &expected, "{}: the JSON data object", event.event_type);
         assert_eq!(json["event_type"], event.event_type.name());
         assert_eq!(json["nrta_seq_id"], 9);
+        assert_eq!(json.get("rank").and_then(|r| r.as_u64()), event.rank.map(u64::from), "{}", event.event_type);
     }
 
     // NTFF: written as the recorder writes captures, read back as the tools read them.

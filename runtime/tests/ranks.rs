@@ -305,7 +305,7 @@ fn injected_rank_faults_delay_hang_and_mismatch_as_the_rule_says() {
 }
 
 #[test]
-fn each_rank_records_its_collectives_with_its_rank_the_communicator_and_the_sequence() {
+fn each_rank_records_its_rank_on_its_events_and_its_collectives_with_the_communicator_and_the_sequence() {
     use neuron_datastore::{ALL_SYSTEM_EVENTS, DatastoreReader, EventData, EventType, Phase, TailStart, TraceEvent};
     let job = job(2, 1, Duration::from_secs(20));
     let readers: Vec<DatastoreReader> =
@@ -314,13 +314,30 @@ fn each_rank_records_its_collectives_with_its_rank_the_communicator_and_the_sequ
     for output in run_all_reduce(&job, 1, 8, 3, None) {
         assert_eq!(output.expect("executes"), vec![3.0; 8]);
     }
-    // (rank, sequence, communicator) of every stop, per process.
-    let stops: Vec<Vec<(u32, u32, u32)>> = tails
+    let events: Vec<Vec<TraceEvent>> = tails
         .iter_mut()
         .zip(&readers)
         .map(|(tail, reader)| {
             let mut events = Vec::new();
             tail.poll(reader, usize::MAX, false, &mut events);
+            events
+        })
+        .collect();
+    // Every execution's events carry the core's rank: the process's, one core each.
+    for (process, events) in events.iter().enumerate() {
+        let executions: Vec<Option<u32>> = events
+            .iter()
+            .filter_map(|e| match e {
+                TraceEvent::System(e) if e.event_type == EventType::NrtExecute => Some(e.rank),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(executions, vec![Some(process as u32); 6], "process {process}: three executions' starts and stops");
+    }
+    // (rank, sequence, communicator) of every stop, per process.
+    let stops: Vec<Vec<(u32, u32, u32)>> = events
+        .iter()
+        .map(|events| {
             events
                 .iter()
                 .filter_map(|e| match e {

@@ -8,7 +8,8 @@ use serde::ser::{SerializeMap, Serializer};
 use super::{DeviceActivity, DeviceEvent, SystemEvent};
 
 /// The `nrt_sys_trace_fetch_events` shape: `event_type`, `phase`, `id`, `nc_idx`,
-/// `tracking_id`, `thread_id`, `data`, `timestamp_ns`, then `nrta_seq_id` when present.
+/// `tracking_id`, `thread_id`, `data`, `timestamp_ns`, then `nrta_seq_id` and the
+/// core's `rank` when present.
 impl Serialize for SystemEvent {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut map = serializer.serialize_map(None)?;
@@ -22,6 +23,9 @@ impl Serialize for SystemEvent {
         map.serialize_entry("timestamp_ns", &self.timestamp_ns)?;
         if let Some(seq) = self.nrta_seq_id {
             map.serialize_entry("nrta_seq_id", &seq)?;
+        }
+        if let Some(rank) = self.rank {
+            map.serialize_entry("rank", &rank)?;
         }
         map.end()
     }

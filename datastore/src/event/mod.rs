@@ -145,6 +145,10 @@ pub struct SystemEvent {
     pub exec_id: Option<u64>,
     pub model_id: Option<u32>,
     pub nrta_seq_id: Option<u64>,
+    /// The core's rank when the event happened: its rank in the communicator it last
+    /// joined (in a job of several processes, its global rank); `None` for a core that
+    /// holds no rank, or an event tied to no core.
+    pub rank: Option<u32>,
     pub data: EventData,
 }
 
