@@ -6,11 +6,13 @@
 //! - [`runtime`]: a runtime in the test's own process, shared by a test binary
 //!   ([`Bench`](runtime::Bench)) or one per test ([`Fixture`](runtime::Fixture)), and
 //!   the helpers that compile, bind and run HLO on it;
-//! - [`http`]: a plain `GET` against a local server.
+//! - [`http`]: a plain `GET` against a local server;
+//! - [`hosts`]: two network namespaces joined by a veth pair, as two hosts.
 //!
 //! It is a dev-dependency only (`publish = false`); nothing here is part of any
 //! product.
 
+pub mod hosts;
 pub mod http;
 pub mod process;
 pub mod runtime;
