@@ -335,15 +335,21 @@ impl Tensor {
 
     /// Reads the whole tensor.
     pub fn read_all(&self) -> NrtResult<Vec<u8>> {
+        let mut out = Vec::new();
+        self.read_all_into(&mut out)?;
+        Ok(out)
+    }
+
+    /// Appends the whole tensor to `out`: filled by the copy itself, not zeroed first.
+    pub(crate) fn read_all_into(&self, out: &mut Vec<u8>) -> NrtResult<()> {
         self.inner.lifecycle.check()?;
         let len = usize::try_from(self.size()).map_err(|_| NrtError::invalid("tensor too large to read at once"))?;
         let start = self.inner.offset as usize;
-        // Filled by the copy itself, not zeroed first.
-        let mut out = Vec::with_capacity(len);
+        out.reserve(len);
         self.traced(EventType::NrtTensorRead, 0, len as u64, 0, || {
             out.extend_from_slice(&self.storage()[start..start + len]);
         });
-        Ok(out)
+        Ok(())
     }
 
     /// Sets `size` bytes from `offset` to `value`.

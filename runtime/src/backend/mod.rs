@@ -733,6 +733,36 @@ pub(crate) fn combine_le_bytes(op: ReduceOp, dtype: DType, acc: &mut [u8], x: &[
     }
 }
 
+/// `out = a (op) b` element-wise, in one pass where [`combine_le_bytes`] has a fast path
+/// for the type and operation (else a copy, then the combine).
+pub(crate) fn combine_le_bytes_into(op: ReduceOp, dtype: DType, out: &mut [u8], a: &[u8], b: &[u8]) {
+    fn apply<T: bytemuck::Pod>(out: &mut [u8], a: &[u8], b: &[u8], f: impl Fn(T, T) -> T) -> bool {
+        let (Ok(out), Ok(a), Ok(b)) = (
+            bytemuck::try_cast_slice_mut::<u8, T>(out),
+            bytemuck::try_cast_slice::<u8, T>(a),
+            bytemuck::try_cast_slice::<u8, T>(b),
+        ) else {
+            return false;
+        };
+        out.iter_mut().zip(a).zip(b).for_each(|((o, &x), &y)| *o = f(x, y));
+        true
+    }
+    let fused = !cfg!(target_endian = "big")
+        && out.len() == a.len()
+        && a.len() == b.len()
+        && match (op, dtype) {
+            (ReduceOp::Add, DType::F32) => apply::<f32>(out, a, b, |x, y| x + y),
+            (ReduceOp::Multiply, DType::F32) => apply::<f32>(out, a, b, |x, y| x * y),
+            (ReduceOp::Add, DType::S32 | DType::U32) => apply::<u32>(out, a, b, u32::wrapping_add),
+            (ReduceOp::Multiply, DType::S32 | DType::U32) => apply::<u32>(out, a, b, u32::wrapping_mul),
+            _ => false,
+        };
+    if !fused {
+        out.copy_from_slice(a);
+        combine_le_bytes(op, dtype, out, b);
+    }
+}
+
 /// Sums and products of `f32` and of wrapping 32-bit integers (what collectives mostly
 /// reduce) combined where they lie, as the element-wise kernels compute them (one IEEE
 /// operation per element, no flush of subnormals): the general path converts both
@@ -817,6 +847,9 @@ mod tests {
                 let mut expected = a.clone();
                 general.expect("kernel").write_le_bytes(&mut expected);
                 assert_eq!(fast, expected, "{op:?} {dtype:?}");
+                let mut fused = vec![0u8; a.len()];
+                combine_le_bytes_into(op, dtype, &mut fused, &a, &b);
+                assert_eq!(fused, expected, "{op:?} {dtype:?} into a third buffer");
             }
         }
     }

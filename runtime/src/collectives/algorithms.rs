@@ -86,9 +86,16 @@ pub(super) fn direct(request: &mut Request<'_>, position: usize, inputs: &[Arc<V
     let output = &mut *request.output;
     match request.op {
         Collective::AllReduce(op) => {
-            output.copy_from_slice(&inputs[0]);
-            for input in &inputs[1..] {
-                backend::combine_le_bytes(op, request.dtype, output, input);
+            // The first two inputs in one pass, then each other one.
+            match inputs {
+                [only] => output.copy_from_slice(only),
+                [first, second, rest @ ..] => {
+                    backend::combine_le_bytes_into(op, request.dtype, output, first, second);
+                    for input in rest {
+                        backend::combine_le_bytes(op, request.dtype, output, input);
+                    }
+                }
+                [] => {}
             }
         }
         Collective::AllGather => {

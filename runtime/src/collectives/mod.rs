@@ -46,6 +46,7 @@ use neuron_datastore::topology::Topology;
 use neuron_datastore::{EventIds, RingPos, Tracer};
 
 mod algorithms;
+pub(crate) mod buffers;
 mod meeting;
 mod remote;
 pub(crate) mod world;
@@ -342,10 +343,14 @@ impl Communicator {
             _ => (Some(need(input, "input")?), Some(need(output, "output")?)),
         };
         let input_bytes = match &input {
-            Some(t) => t.read_all()?,
-            None => Vec::new(),
+            Some(t) => {
+                let mut bytes = buffers::take_empty(t.size() as usize);
+                t.read_all_into(&mut bytes)?;
+                Arc::new(bytes)
+            }
+            None => Arc::new(Vec::new()),
         };
-        let mut output_bytes = vec![0u8; output.as_ref().map_or(0, |t| t.size() as usize)];
+        let mut output_bytes = buffers::take(output.as_ref().map_or(0, |t| t.size() as usize));
         // The call is checked before it takes the rank's next unit, so that one that
         // cannot run does not leave the other ranks waiting for it.
         let position = || OpPosition { unit: self.begin(rank), index: 0, count: 1 };
@@ -355,13 +360,19 @@ impl Communicator {
             groups: &call.groups,
             algorithm: call.algorithm,
             outer: 1,
-            input: Arc::new(input_bytes),
+            input: Arc::clone(&input_bytes),
             output: &mut output_bytes,
         };
-        self.exchange(rank, position, request, deadline, EventIds { nrta_seq_id, ..EventIds::default() })?;
-        if let Some(output) = output {
-            output.write(0, &output_bytes)?;
-        }
+        let exchanged =
+            self.exchange(rank, position, request, deadline, EventIds { nrta_seq_id, ..EventIds::default() });
+        // Kept for later calls; the input only once the other ranks have read it.
+        buffers::give_shared(input_bytes);
+        let written = match (exchanged, output) {
+            (Ok(_), Some(output)) => output.write(0, &output_bytes),
+            (result, _) => result.map(drop),
+        };
+        buffers::give(output_bytes);
+        written?;
         Ok(())
     }
 

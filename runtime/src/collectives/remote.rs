@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use super::algorithms::{direct, ring};
+use super::buffers;
 use super::meeting::{Plan, Signature};
 use super::world::wire::Key;
 use super::world::{Missed, Roster, World};
@@ -176,6 +177,8 @@ impl Exchange<'_> {
                     inputs.push(if peer == self.rank { Arc::clone(&mine) } else { self.receive(peer, 0, &signature)? });
                 }
                 direct(&mut request, p, &inputs);
+                // What the peers sent is kept for later calls.
+                inputs.into_iter().filter(|input| !Arc::ptr_eq(input, &mine)).for_each(buffers::give_shared);
                 Ok(())
             }
             Algorithm::Ring => {

@@ -176,9 +176,10 @@ impl CoreJob<'_> {
     ) -> NrtResult<Value> {
         let shape = operand.shape();
         let element = out.dtype.size_bytes() as usize;
-        let mut input = vec![0u8; shape.iter().product::<usize>() * element];
+        // Buffers kept from earlier calls: both are overwritten whole.
+        let mut input = collectives::buffers::take(shape.iter().product::<usize>() * element);
         operand.write_le_bytes(&mut input);
-        let mut output = vec![0u8; out.size_bytes().unwrap_or(0) as usize];
+        let mut output = collectives::buffers::take(out.size_bytes().unwrap_or(0) as usize);
         let outer = match op.kind {
             CollectiveKind::AllReduce(_) => 1,
             CollectiveKind::AllGather { dim }
@@ -199,17 +200,21 @@ impl CoreJob<'_> {
             input.resize(input.len() + more_in * outer * element, 0);
             output.resize(output.len() + more_out * outer * element, 0);
         }
+        let input = std::sync::Arc::new(input);
         let request = Request {
             op: collectives::from_kind(op.kind),
             dtype: out.dtype,
             groups: &op.groups,
             algorithm: self.collectives_algorithm,
             outer,
-            input: std::sync::Arc::new(input),
+            input: std::sync::Arc::clone(&input),
             output: &mut output,
         };
-        self.pool.released(|| communicator.exchange(rank, || at, request, deadline, self.ids))?;
-        Ok(Value::from_le_bytes(out, &output))
+        let exchanged = self.pool.released(|| communicator.exchange(rank, || at, request, deadline, self.ids));
+        collectives::buffers::give_shared(input);
+        let value = exchanged.map(|_| Value::from_le_bytes(out, &output));
+        collectives::buffers::give(output);
+        value
     }
 
     /// Does what a `cc_` fault does to rank `rank` at collective `at`: arrives late,

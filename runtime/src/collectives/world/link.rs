@@ -191,7 +191,7 @@ fn add_link(shared: &Arc<Shared>, process: u32, stream: TcpStream, transport: Tr
             };
             let body = match envelope.body {
                 Body::Data { len } => {
-                    let mut data = vec![0u8; len as usize];
+                    let mut data = crate::collectives::buffers::take(len as usize);
                     if let Err(e) = reader.read_exact(&mut data) {
                         break format!("RX, connection failed: {e}");
                     }
