@@ -1,6 +1,7 @@
 //! `nccom-test` as users run it: ranks as processes of this host, every operation and a
-//! few element types checked on every rank, the table's columns, the same job under a
-//! real `mpirun`, and the refusals.
+//! few element types checked on every rank, the table's columns, every operation and
+//! element type under a real `mpirun` (4 processes of one rank, 2 of two), and the
+//! refusals.
 
 use std::process::{Command, Output};
 
@@ -54,26 +55,31 @@ fn every_operation_gives_every_rank_the_expected_result() {
 }
 
 #[test]
-fn each_process_of_an_mpirun_job_is_one_rank() {
+fn every_operation_and_element_type_is_right_on_4_processes_of_1_rank_and_2_of_2_under_mpirun() {
     let sandbox = Sandbox::new();
-    for (operation, name, datatype) in [
-        ("allr", "all-reduce", "fp32"),
-        ("allg", "all-gather", "int32"),
-        ("redsc", "reduce-scatter", "bf16"),
-        ("alltoall", "all-to-all", "uint8"),
-    ] {
-        let mut program = nccom_test(&sandbox);
-        program
-            .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{}", free_port()))
-            .env("NEURON_RT_NUM_CORES", "1")
-            .args(["-r", "4", operation, "-b", "64", "-e", "64K", "-f", "32", "-n", "2", "--check", "-d", datatype]);
-        let Some(mut mpirun) = mpirun(4, &program) else { return };
-        let output = mpirun.output().expect("mpirun runs");
-        let log = text(&output);
-        assert!(output.status.success(), "{log}");
-        assert!(log.contains(&format!("# nccom-test {name} on 4 ranks")), "{log}");
-        let rows = rows(&String::from_utf8_lossy(&output.stdout));
-        assert!(rows.len() == 3 && rows.iter().all(|r| r.4 == "ok"), "{operation} {datatype}: {log}");
+    const TYPES: [&str; 5] = ["fp32", "fp16", "bf16", "int32", "uint8"];
+    for (processes, cores) in [(4, "1"), (2, "2")] {
+        for (operation, name) in
+            [("allr", "all-reduce"), ("allg", "all-gather"), ("redsc", "reduce-scatter"), ("alltoall", "all-to-all")]
+        {
+            let mut program = nccom_test(&sandbox);
+            program
+                .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{}", free_port()))
+                .env("NEURON_RT_NUM_CORES", cores)
+                .args(["-r", "4", operation, "-b", "64", "-e", "64K", "-f", "32", "-n", "2", "--check"])
+                .args(["-d", &TYPES.join(",")]);
+            let Some(mut mpirun) = mpirun(processes, &program) else { return };
+            let output = mpirun.output().expect("mpirun runs");
+            let log = text(&output);
+            let job = format!("{processes} processes of {cores} rank(s), {operation}");
+            assert!(output.status.success(), "{job}: {log}");
+            for datatype in TYPES {
+                assert!(log.contains(&format!("# nccom-test {name} on 4 ranks, {datatype},")), "{job}: {log}");
+            }
+            // Three sizes per type, each checked on every rank against the expected result.
+            let rows = rows(&String::from_utf8_lossy(&output.stdout));
+            assert!(rows.len() == 3 * TYPES.len() && rows.iter().all(|r| r.4 == "ok"), "{job}: {log}");
+        }
     }
 }
 

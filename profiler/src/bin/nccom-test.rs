@@ -35,8 +35,9 @@ const COMMUNICATOR: &str = "nccom-test";
     long_about = "Benchmark collectives between ranks of virtual NeuronCores, as Neuron's nccom-test does.\n\n\
         Without a launcher, -r RANKS processes of this host run one rank each (one NeuronCore \
         each: the instance needs that many cores, e.g. NEURON_VIRT_INSTANCE_TYPE=trn1.32xlarge). \
-        Under mpirun, torchrun or srun, each process is one rank. Rank 0 listens at \
-        NEURON_RT_ROOT_COMM_ID (a free loopback port by default).\n\n\
+        Under mpirun, torchrun or srun, each process is one rank, or with NEURON_RT_NUM_CORES=k \
+        (or NEURON_RT_VISIBLE_CORES) k ranks on its k cores (process p holds ranks p·k to \
+        p·k + k - 1). Rank 0 listens at NEURON_RT_ROOT_COMM_ID (a free loopback port by default).\n\n\
         Columns: size (bytes of the largest buffer: the output of an all-gather, the input of \
         a reduce-scatter), count (its elements), type, time(us) (the slowest rank's mean per \
         operation), algbw (size / time, GB/s) and busbw (algbw times 2(n-1)/n for all-reduce, \
@@ -60,9 +61,10 @@ struct Cli {
     /// Each size is this many times the previous one.
     #[arg(short = 'f', long, default_value_t = 2)]
     stepfactor: u64,
-    /// Element type.
-    #[arg(short = 'd', long, value_enum, default_value_t = DataType::Fp32)]
-    datatype: DataType,
+    /// Element type; several, comma-separated (`fp32,bf16`), run one after the other,
+    /// each with its own table.
+    #[arg(short = 'd', long, value_enum, value_delimiter = ',', default_value = "fp32")]
+    datatype: Vec<DataType>,
     /// Timed operations per size (after 5 untimed ones).
     #[arg(short = 'n', long, default_value_t = 20)]
     iters: u32,
@@ -150,19 +152,33 @@ fn run(cli: &Cli) -> Result<bool> {
     let config = Config::from_env().context("configuration")?;
     init_logging(config.log_level);
     if let Ok(rank) = std::env::var(ENV_RANK) {
-        let rank = rank.parse().with_context(|| format!("{ENV_RANK}={rank}"))?;
-        return rank_main(cli, config, rank, cli.ranks);
+        let rank: u32 = rank.parse().with_context(|| format!("{ENV_RANK}={rank}"))?;
+        return process_main(cli, Config { cores: CoreRequest::Count(1), ..config }, rank..rank + 1);
     }
     if let Some(launch) = config.launch.clone() {
-        if launch.processes != cli.ranks {
+        // One core (one rank) per process unless the job gives each process its cores.
+        let config = if std::env::var_os("NEURON_RT_NUM_CORES").is_some()
+            || std::env::var_os("NEURON_RT_VISIBLE_CORES").is_some()
+        {
+            config
+        } else {
+            Config { cores: CoreRequest::Count(1), ..config }
+        };
+        let cores = match &config.cores {
+            CoreRequest::Count(k) => *k,
+            CoreRequest::Visible(set) => set.cores().len() as u32,
+            _ => 1,
+        };
+        let (ranks, count) = launch.ranks(cores)?;
+        if count != cli.ranks {
             bail!(
-                "-r {} but {} started {} processes: each process is one rank",
+                "-r {} but {} started {} processes of {cores} NeuronCore(s) each: {count} ranks",
                 cli.ranks,
                 launch.launcher.name(),
                 launch.processes
             );
         }
-        return rank_main(cli, config, launch.process, launch.processes);
+        return process_main(cli, config, ranks);
     }
     if cli.nodes != 1 {
         bail!("-N {} needs the ranks of the other hosts started there: run under mpirun or srun", cli.nodes);
@@ -230,14 +246,52 @@ fn sizes(cli: &Cli, element: u64, ranks: u64) -> Vec<u64> {
     sizes
 }
 
-/// One rank: joins the communicator, runs every size, and (rank 0) prints the table.
-fn rank_main(cli: &Cli, config: Config, rank: u32, ranks: u32) -> Result<bool> {
-    let config = Config { cores: CoreRequest::Count(1), ..config };
+/// This process's ranks: joins each on a core of its own, then runs every data type's
+/// sizes with one thread per rank; rank 0 prints the tables.
+fn process_main(cli: &Cli, config: Config, ranks: std::ops::Range<u32>) -> Result<bool> {
     let runtime = Runtime::start(config).context("runtime")?;
-    let core = runtime.cores()?.cores()[0];
-    let communicator = runtime.join_communicator(COMMUNICATOR, core, rank, ranks)?;
-    communicator.wait_for_ranks(Instant::now() + runtime.config().exec_timeout)?;
-    let dtype = cli.datatype.dtype();
+    let cores = runtime.cores()?.cores().to_vec();
+    if cores.len() != ranks.len() {
+        bail!("ranks {ranks:?} need {} NeuronCores, and this process holds {}", ranks.len(), cores.len());
+    }
+    let mut held = Vec::new();
+    for (rank, &core) in ranks.clone().zip(&cores) {
+        held.push((rank, core, runtime.join_communicator(COMMUNICATOR, core, rank, cli.ranks)?));
+    }
+    for (_, _, communicator) in &held {
+        communicator.wait_for_ranks(Instant::now() + runtime.config().exec_timeout)?;
+    }
+    let mut all_ok = true;
+    for &datatype in &cli.datatype {
+        let results: Vec<Result<bool>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = held
+                .iter()
+                .map(|(rank, core, communicator)| {
+                    let runtime = &runtime;
+                    scope.spawn(move || rank_main(cli, datatype, runtime, communicator, *rank, *core))
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a rank panicked")))).collect()
+        });
+        for result in results {
+            all_ok &= result?;
+        }
+    }
+    runtime.close()?;
+    Ok(all_ok)
+}
+
+/// One rank and data type: runs every size, and (rank 0) prints the table.
+fn rank_main(
+    cli: &Cli,
+    datatype: DataType,
+    runtime: &Runtime,
+    communicator: &Communicator,
+    rank: u32,
+    core: u32,
+) -> Result<bool> {
+    let ranks = cli.ranks;
+    let dtype = datatype.dtype();
     let element = dtype.size_bytes();
     let n = u64::from(ranks);
     let op = match cli.operation {
@@ -252,7 +306,7 @@ fn rank_main(cli: &Cli, config: Config, rank: u32, ranks: u32) -> Result<bool> {
         _ => (n as f64 - 1.0) / n as f64,
     };
     if rank == 0 {
-        let name = cli.datatype.to_possible_value().map_or_else(String::new, |v| v.get_name().to_owned());
+        let name = datatype.to_possible_value().map_or_else(String::new, |v| v.get_name().to_owned());
         println!(
             "# nccom-test {} on {ranks} ranks, {name}, {} timed operations per size",
             operation_name(cli.operation),
@@ -277,19 +331,20 @@ fn rank_main(cli: &Cli, config: Config, rank: u32, ranks: u32) -> Result<bool> {
             Operation::Redsc => (size, size / n),
         };
         let input = runtime.allocate_tensor(TensorPlacement::Device { core }, input_bytes, "input")?;
-        input.write(0, &rank_input(cli.datatype, rank, input_bytes / element))?;
+        input.write(0, &rank_input(datatype, rank, input_bytes / element))?;
         let output = runtime.allocate_tensor(TensorPlacement::Device { core }, output_bytes, "output")?;
         for _ in 0..5 {
             communicator.run(rank, &call, Some(&input), Some(&output))?;
         }
-        let checked = !cli.check || output.read_all()? == expected(cli, rank, ranks, output_bytes / element);
+        let checked =
+            !cli.check || output.read_all()? == expected(cli.operation, datatype, rank, ranks, output_bytes / element);
         communicator.run(rank, &CollectiveCall::new(Collective::Barrier, DType::U8), None, None)?;
         let started = Instant::now();
         for _ in 0..cli.iters {
             communicator.run(rank, &call, Some(&input), Some(&output))?;
         }
         let mean = started.elapsed() / cli.iters;
-        let (slowest, failed) = gather_results(&runtime, &communicator, rank, ranks, core, mean, checked)?;
+        let (slowest, failed) = gather_results(runtime, communicator, rank, ranks, core, mean, checked)?;
         all_ok &= failed.is_empty();
         if rank == 0 {
             let seconds = slowest.as_secs_f64();
@@ -311,7 +366,6 @@ fn rank_main(cli: &Cli, config: Config, rank: u32, ranks: u32) -> Result<bool> {
             );
         }
     }
-    runtime.close()?;
     Ok(all_ok)
 }
 
@@ -339,11 +393,11 @@ fn rank_input(datatype: DataType, rank: u32, count: u64) -> Vec<u8> {
 }
 
 /// What rank `rank`'s output of `count` elements must be.
-fn expected(cli: &Cli, rank: u32, ranks: u32, count: u64) -> Vec<u8> {
+fn expected(operation: Operation, datatype: DataType, rank: u32, ranks: u32, count: u64) -> Vec<u8> {
     let n = u64::from(ranks);
     let mut bytes = Vec::new();
     for i in 0..count {
-        let value = match cli.operation {
+        let value = match operation {
             Operation::Allr => (0..ranks).map(|r| value(r, i)).sum(),
             // Part r of the output is rank r's input.
             Operation::Allg => value((i / (count / n)) as u32, i % (count / n)),
@@ -355,7 +409,7 @@ fn expected(cli: &Cli, rank: u32, ranks: u32, count: u64) -> Vec<u8> {
                 value((i / part) as u32, u64::from(rank) * part + i % part)
             }
         };
-        cli.datatype.encode(value, &mut bytes);
+        datatype.encode(value, &mut bytes);
     }
     bytes
 }
@@ -396,15 +450,8 @@ fn gather_results(
 mod tests {
     use super::*;
 
-    fn cli(operation: Operation) -> Cli {
-        Cli::parse_from(["nccom-test", "allr", "-d", "int32"]).with(operation)
-    }
-
-    impl Cli {
-        fn with(mut self, operation: Operation) -> Cli {
-            self.operation = operation;
-            self
-        }
+    fn expected_ints(operation: Operation, rank: u32, ranks: u32, count: u64) -> Vec<i32> {
+        ints(&expected(operation, DataType::Int32, rank, ranks, count))
     }
 
     fn ints(bytes: &[u8]) -> Vec<i32> {
@@ -415,12 +462,14 @@ mod tests {
     fn the_expected_results_are_the_operations_of_the_inputs() {
         // Rank r's element i is r + 1 + i mod 5: rank 0 holds 1 2 3 4 5 …, rank 1 2 3 4 5 6 ….
         assert_eq!(ints(&rank_input(DataType::Int32, 1, 4)), [2, 3, 4, 5]);
-        assert_eq!(ints(&expected(&cli(Operation::Allr), 0, 2, 3)), [3, 5, 7]);
-        assert_eq!(ints(&expected(&cli(Operation::Allg), 1, 2, 4)), [1, 2, 2, 3]);
+        assert_eq!(expected_ints(Operation::Allr, 0, 2, 3), [3, 5, 7]);
+        assert_eq!(expected_ints(Operation::Allg, 1, 2, 4), [1, 2, 2, 3]);
         // Part 1 (elements 2 and 3) of both inputs, summed: 3 + 4, 4 + 5.
-        assert_eq!(ints(&expected(&cli(Operation::Redsc), 1, 2, 2)), [7, 9]);
+        assert_eq!(expected_ints(Operation::Redsc, 1, 2, 2), [7, 9]);
         // Part 1 of rank 0's input, then part 1 of rank 1's.
-        assert_eq!(ints(&expected(&cli(Operation::Alltoall), 1, 2, 4)), [3, 4, 4, 5]);
+        assert_eq!(expected_ints(Operation::Alltoall, 1, 2, 4), [3, 4, 4, 5]);
+        let types = Cli::parse_from(["nccom-test", "allr", "-d", "fp32,bf16,uint8"]).datatype;
+        assert!(types == [DataType::Fp32, DataType::Bf16, DataType::Uint8]);
     }
 
     #[test]
