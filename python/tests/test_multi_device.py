@@ -145,6 +145,25 @@ def test_jit_cuts_and_joins_arrays_over_a_two_dimensional_mesh():
             few(w, x)
 
 
+def test_axis_index_gives_each_rank_its_mesh_coordinates():
+    """jax.lax.axis_index (HLO partition-id) in a shard_map over a 2 × 2 mesh: each rank
+    sees its own coordinates, as on XLA's devices."""
+    jax = pytest.importorskip("jax")
+    from jax.sharding import PartitionSpec as P
+
+    mesh = neuron_virt.make_mesh((2, 2), ("dp", "tp"))
+
+    def tag(a):
+        return a + 100 * jax.lax.axis_index("dp") + 10 * jax.lax.axis_index("tp")
+
+    a = np.arange(8, dtype=np.int32).reshape(2, 4)
+    with neuron_virt.Runtime(cores="4-7", instance_type="trn1.32xlarge", tag="pytest-axis-index") as rt:
+        f = neuron_virt.jit(jax.shard_map(tag, mesh=mesh, in_specs=P("dp", "tp"), out_specs=P("dp", "tp")), runtime=rt)
+        # Rows over dp, column pairs over tp: block (i, j) gets 100 i + 10 j.
+        expected = a + np.array([[0, 0, 10, 10], [100, 100, 110, 110]], dtype=np.int32)
+        np.testing.assert_array_equal(f(a), expected)
+
+
 def test_jit_runs_a_shard_map_as_ranks_of_two_processes():
     """Two processes started with torchrun's variables each run the ranks their two cores
     hold: ten steps of the replicated parameters end where XLA ended, and a result split

@@ -287,7 +287,7 @@ pub fn features_of(program: &Program) -> u64 {
     if uses(|op| matches!(op, Op::RngBitGenerator { .. } | Op::RngUniform)) {
         features |= FEATURE_RANDOM;
     }
-    if uses(|op| matches!(op, Op::Collective(_))) {
+    if uses(|op| matches!(op, Op::Collective(_) | Op::PartitionId)) {
         features |= FEATURE_COLLECTIVES;
     }
     if uses(|op| matches!(op, Op::While(_) | Op::Conditional(_))) {

@@ -1,6 +1,7 @@
 //! Collectives across cores: every operation against a reference on 2, 4 and 8 ranks
 //! with several replica groupings and both algorithms; HLO collectives in models loaded
-//! on several cores; a rank that never arrives; events, counters and scheduling.
+//! on several cores, and `partition-id`; a rank that never arrives; events, counters and
+//! scheduling.
 
 use std::time::{Duration, Instant};
 
@@ -265,6 +266,32 @@ fn an_hlo_all_reduce_runs_across_the_cores_its_model_is_loaded_on() {
             && single.message.contains("load it on 4 cores as 4 ranks"),
         "{single}"
     );
+}
+
+#[test]
+fn partition_id_gives_each_rank_its_device_id_and_a_model_of_one_device_zero() {
+    let f = started(|_| {});
+    let rt = &f.runtime;
+    // Each rank adds its device id to its input, then every rank gathers all of them.
+    let hlo = "HloModule pid\nENTRY e {\n  x = f32[2]{0} parameter(0)\n  p = u32[] partition-id()\n  \
+               c = f32[] convert(p)\n  b = f32[2]{0} broadcast(c), dimensions={}\n  y = f32[2]{0} add(x, b)\n  \
+               ROOT g = f32[8]{0} all-gather(y), replica_groups={}, dimensions={0}, use_global_device_ids=true\n}\n";
+    let neff = Neff::new("pid", compile_hlo(hlo, Target::Trn1).expect("compiles")).encode();
+    let models = rt.load_collectives(&neff, &[4, 5, 6, 7]).expect("loads");
+    let inputs = vec![vec![0.5f32, 1.5]; 4];
+    for output in execute_ranks(rt, &models.iter().collect::<Vec<_>>(), &inputs) {
+        assert_eq!(output.expect("executes"), [0.5, 1.5, 1.5, 2.5, 2.5, 3.5, 3.5, 4.5]);
+    }
+    // Not folded into a constant at compile time: the same NEFF gives each rank its own.
+    let alone = "HloModule one\nENTRY e {\n  x = f32[] parameter(0)\n  p = u32[] partition-id()\n  \
+                 c = f32[] convert(p)\n  ROOT y = f32[] add(x, c)\n}\n";
+    let neff = Neff::new("one", compile_hlo(alone, Target::Trn1).expect("compiles")).encode();
+    let model = rt.load(&neff, Some(0)).expect("loads");
+    assert_eq!(common::execute_f32(rt, &model, &[0.25]).expect("executes"), [0.25], "one device: 0");
+    let models = rt.load_collectives(&neff, &[4, 5]).expect("loads");
+    let outputs = execute_ranks(rt, &models.iter().collect::<Vec<_>>(), &[vec![0.25], vec![0.25]]);
+    let ids: Vec<Vec<f32>> = outputs.into_iter().map(|o| o.expect("executes")).collect();
+    assert_eq!(ids, [[0.25], [1.25]]);
 }
 
 #[test]

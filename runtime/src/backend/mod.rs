@@ -733,6 +733,30 @@ pub(crate) fn combine_le_bytes(op: ReduceOp, dtype: DType, acc: &mut [u8], x: &[
     }
 }
 
+thread_local! {
+    /// The device id `partition-id` gives to the programs this thread runs.
+    static PARTITION: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f` (an execution) as device `partition`: what its program's `partition-id`
+/// instructions give, on this thread, which runs every instruction that is not a large
+/// kernel's helper work.
+pub(crate) fn as_partition<R>(partition: u32, f: impl FnOnce() -> R) -> R {
+    struct Restore(u32);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            PARTITION.set(self.0);
+        }
+    }
+    let _restore = Restore(PARTITION.replace(partition));
+    f()
+}
+
+/// The device id of the execution running on this thread (0 outside [`as_partition`]).
+fn partition() -> u32 {
+    PARTITION.get()
+}
+
 /// `out = a (op) b` element-wise, in one pass where [`combine_le_bytes`] has a fast path
 /// for the type and operation (else a copy, then the combine).
 pub(crate) fn combine_le_bytes_into(op: ReduceOp, dtype: DType, out: &mut [u8], a: &[u8], b: &[u8]) {

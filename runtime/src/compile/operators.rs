@@ -60,6 +60,7 @@ pub const SUPPORTED_OPERATORS: &[&str] = &[
     "or",
     "pad",
     "parameter",
+    "partition-id",
     "popcnt",
     "power",
     "reduce",
@@ -123,7 +124,7 @@ pub fn engine_of_operator(opcode: &str) -> Option<Engine> {
         | "topk"
         | "reduce-window"
         | "sort" => Engine::Pool,
-        "while" | "conditional" => Engine::Sp,
+        "while" | "conditional" | "partition-id" => Engine::Sp,
         "parameter" | "constant" | "tuple" | "get-tuple-element" | "call" | "opt-barrier" => return None,
         _ => Engine::Dve,
     })

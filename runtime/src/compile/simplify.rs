@@ -16,11 +16,15 @@ pub(crate) const MAX_FOLDED_BYTES: u64 = 4 << 20;
 /// once at compile time gives what every execution would.
 fn is_pure(op: &Op) -> bool {
     match op {
-        // A new draw at each execution; data from other ranks; a loop may not end, and
-        // both write several buffers.
-        Op::RngUniform | Op::Collective(_) | Op::While(_) | Op::Conditional(_) | Op::TopK { .. } | Op::Sort { .. } => {
-            false
-        }
+        // A new draw at each execution; data from other ranks, or the rank itself; a
+        // loop may not end, and both write several buffers.
+        Op::RngUniform
+        | Op::Collective(_)
+        | Op::PartitionId
+        | Op::While(_)
+        | Op::Conditional(_)
+        | Op::TopK { .. }
+        | Op::Sort { .. } => false,
         Op::MatMul(_)
         | Op::MatMulRounded { .. }
         | Op::Convolution(_)

@@ -455,6 +455,13 @@ fn infer(op: &Op, operands: &[&ArrayType], declared: &ArrayType) -> Result<Array
                 RngResult::Bits => Ok(bits.clone()),
             }
         }
+        Op::PartitionId => {
+            arity(0)?;
+            if declared.dtype != DType::U32 || declared.rank() != 0 {
+                return Err(format!("partition-id produces u32[], not {declared}"));
+            }
+            Ok(declared.clone())
+        }
         Op::RngUniform => {
             arity(2)?;
             let (a, b) = (operands[0], operands[1]);

@@ -250,6 +250,10 @@ pub enum Op {
     /// XLA `conditional` (see [`Branches`]). Operands: the selector, then each branch's
     /// inputs; results: the selected branch's outputs.
     Conditional(Nested<Branches>),
+    /// XLA `partition-id`: the executing rank's device id (`u32[]`), its global rank in
+    /// the communicator it is loaded as (0 for a model of one device). JAX's
+    /// `jax.lax.axis_index` in a `shard_map` computes its mesh coordinates from it.
+    PartitionId,
 }
 
 /// A collective operation of a program.
@@ -686,7 +690,7 @@ impl Op {
             | Op::Sort { .. } => Engine::Pool,
             // The sync engine drives the collective DMA rings and their semaphores, and
             // sequences loops and branches.
-            Op::Collective(_) | Op::While(_) | Op::Conditional(_) => Engine::Sp,
+            Op::Collective(_) | Op::While(_) | Op::Conditional(_) | Op::PartitionId => Engine::Sp,
             Op::Unary(_)
             | Op::Binary(_)
             | Op::Compare { .. }
@@ -795,6 +799,7 @@ impl Op {
             Op::ReduceWindow { .. } => "ReduceWindow",
             Op::While(_) => "While",
             Op::Conditional(_) => "Conditional",
+            Op::PartitionId => "PartitionId",
             Op::Collective(c) => match c.kind {
                 CollectiveKind::AllReduce(_) => "AllReduce",
                 CollectiveKind::AllGather { .. } => "AllGather",

@@ -391,7 +391,10 @@ impl CoreJob<'_> {
                     }
                 }
             };
-            m.executable.run(values, destinations, deadline_ticks, self.pool, &mut run_collective, &mut observe)
+            let partition = m.rank.as_ref().map_or(0, |(_, rank)| *rank);
+            crate::backend::as_partition(partition, || {
+                m.executable.run(values, destinations, deadline_ticks, self.pool, &mut run_collective, &mut observe)
+            })
         };
         let run_end = ticks();
         if device {

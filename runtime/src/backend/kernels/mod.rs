@@ -370,6 +370,7 @@ pub(super) fn execute(
             random::bit_generator(*algorithm, *result, &operands[0], bits)
         }
         Op::RngUniform => random::uniform(&operands[0], &operands[1], out),
+        Op::PartitionId => Value::U32(ndarray::arr0(super::partition()).into_dyn()),
         // The run hands collectives to the communicator; nothing else executes them.
         Op::Collective(_) => unvalidated("collective outside a run"),
         Op::While(_) | Op::Conditional(_) => unvalidated("control flow outside a run"),

@@ -309,6 +309,7 @@ impl<'m> Lowering<'m> {
                 }
             }
             "rng-bit-generator" => return self.rng_bit_generator(inst, buffer_operands),
+            "partition-id" => Op::PartitionId,
             "rng" => match attr(inst, "distribution")? {
                 "rng_uniform" => Op::RngUniform,
                 other => {
