@@ -57,7 +57,10 @@ class Model:
 
     def run(self, arrays):
         """Runs the model on the list of input arrays; returns the list of outputs."""
-        inputs, outputs = self._bind(arrays)
+        return self._execute(*self._bind(arrays))
+
+    def _execute(self, inputs, outputs):
+        """Runs the model on inputs and outputs already bound (:meth:`_bind`)."""
         execution_starts()
         self._native.execute(inputs, outputs)
         return outputs

@@ -56,7 +56,6 @@ class ShardedProgram:
         self._outputs = sharding["outputs"]
         devices = math.prod(self._shape)
         description = ", ".join(f"{name}={size}" for name, size in mesh)
-        launched = None
         if ranks is not None:
             ranks = list(ranks)
             if cores is None or len(cores) != len(ranks):
@@ -117,10 +116,10 @@ class ShardedProgram:
         if len(arrays) != len(self._inputs):
             raise TypeError(f"the program takes {len(self._inputs)} inputs, got {len(arrays)}")
 
-        # Every rank's shards first: a rank that cannot run must not leave the others
-        # waiting in their collectives.
-        shards = [(rank, model, self._shards(arrays, rank, model)) for rank, model in self._models]
-        futures = [(rank, self._pool.submit(model.run, parts)) for rank, model, parts in shards]
+        # Every rank's shards checked and converted first: a rank that cannot run must
+        # not leave the others waiting in their collectives.
+        bound = [(rank, model, model._bind(self._shards(arrays, rank, model))) for rank, model in self._models]
+        futures = [(rank, self._pool.submit(model._execute, *io)) for rank, model, io in bound]
         results, errors = {}, []
         for rank, future in futures:
             try:
@@ -162,7 +161,4 @@ class ShardedProgram:
         for index, part in parts.values():
             joined[index] = part
         return joined
-
-    def close(self):
-        self._pool.shutdown(wait=False)
 

@@ -39,6 +39,29 @@ def run_ranks(models, inputs):
     return outputs
 
 
+def run_two_processes(worker, case, first_core):
+    """Runs python/tests/`worker` as the two processes of a job started with torchrun's
+    variables (process p on cores first_core + 2p and the next); returns each one's
+    JSON result (its last line of output) with its stderr."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        root = f"127.0.0.1:{s.getsockname()[1]}"
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(pathlib.Path(__file__).with_name(worker)), str(case), str(first_core + 2 * process)],
+            env={**os.environ, "RANK": str(process), "WORLD_SIZE": "2", "NEURON_RT_ROOT_COMM_ID": root},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for process in range(2)
+    ]
+    results = [p.communicate(timeout=180) for p in processes]
+    for p, (out, err) in zip(processes, results):
+        assert p.returncode == 0, err
+    return [(json.loads(out.strip().splitlines()[-1]), err) for out, err in results]
+
+
 def test_a_shard_map_step_runs_as_four_ranks_from_python():
     case = MULTI / "data_parallel_step"
     neff = neuron_virt.compile((case / "model.hlo").read_text(), name="dp_step", auto_cast="none")
@@ -58,26 +81,9 @@ def test_a_shard_map_step_runs_as_ranks_of_two_processes_for_ten_steps():
     """Two Python processes started as torchrun starts them, each holding two of the
     four ranks, train for ten steps and end where XLA ended on 4 CPU devices."""
     case = MULTI / "data_parallel_step"
-    worker = pathlib.Path(__file__).with_name("ranks_worker.py")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        root = f"127.0.0.1:{s.getsockname()[1]}"
-    processes = [
-        subprocess.Popen(
-            [sys.executable, str(worker), str(case), str(8 + 2 * process)],
-            env={**os.environ, "RANK": str(process), "WORLD_SIZE": "2", "NEURON_RT_ROOT_COMM_ID": root},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for process in range(2)
-    ]
-    results = [p.communicate(timeout=120) for p in processes]
-    for p, (out, err) in zip(processes, results):
-        assert p.returncode == 0, err
+    results = run_two_processes("ranks_worker.py", case, first_core=8)
     ten_steps = np.load(case / "steps.npy")
-    for out, err in results:
-        result = json.loads(out.strip().splitlines()[-1])
+    for result, err in results:
         assert not result["errors"], (result["errors"], err)
         assert len(result["params"]) == 2
         for rank, params in result["params"].items():
@@ -170,26 +176,9 @@ def test_jit_runs_a_shard_map_as_ranks_of_two_processes():
     over both processes comes back as ProcessShards holding this process's parts."""
     pytest.importorskip("jax")
     case = MULTI / "data_parallel_step"
-    worker = pathlib.Path(__file__).with_name("shard_map_worker.py")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        root = f"127.0.0.1:{s.getsockname()[1]}"
-    processes = [
-        subprocess.Popen(
-            [sys.executable, str(worker), str(case), str(12 + 2 * process)],
-            env={**os.environ, "RANK": str(process), "WORLD_SIZE": "2", "NEURON_RT_ROOT_COMM_ID": root},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for process in range(2)
-    ]
-    results = [p.communicate(timeout=180) for p in processes]
-    for p, (out, err) in zip(processes, results):
-        assert p.returncode == 0, err
+    results = run_two_processes("shard_map_worker.py", case, first_core=12)
     x = np.load(case / "input1.npy")
-    for process, (out, err) in enumerate(results):
-        result = json.loads(out.strip().splitlines()[-1])
+    for process, (result, err) in enumerate(results):
         np.testing.assert_allclose(np.array(result["params"], dtype=np.float32), np.load(case / "steps.npy"),
                                    rtol=1e-4, atol=1e-5)
         # The rows of x doubled, split over dp = 4 ranks: this process holds two of them.
