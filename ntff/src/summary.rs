@@ -293,8 +293,11 @@ pub struct Summariser<'a> {
     status: Option<crate::Sym>,
     schedule: Option<crate::Sym>,
     /// Totals per descriptor, by descriptor id; names are resolved once per descriptor
-    /// at the end. Ids the file does not describe are not counted.
+    /// at the end. Ids the file does not describe are not counted there, but in
+    /// `undescribed`.
     by_descriptor: Vec<Totals>,
+    /// Device events whose descriptor the file does not have (lost with a damaged table).
+    undescribed: u64,
     /// Device time of each descriptor in each traced execution, by descriptor id, core
     /// and execution: the HLO instructions' medians.
     by_execution: HashMap<(u32, WindowKey), u64>,
@@ -331,6 +334,7 @@ impl<'a> Summariser<'a> {
             status: file.find_string("status"),
             schedule: file.find_string("nrta_execute_schedule"),
             by_descriptor: (0..file.descriptors().len()).map(|_| Totals::default()).collect(),
+            undescribed: 0,
             by_execution: HashMap::new(),
             chunk_problems: Vec::new(),
         }
@@ -394,10 +398,13 @@ impl<'a> Summariser<'a> {
         }
         for e in &chunk.device {
             let ns = e.end_ns.saturating_sub(e.start_ns);
-            if let Some(t) = self.by_descriptor.get_mut(e.descriptor.0 as usize) {
-                t.count += 1;
-                t.ns = t.ns.saturating_add(ns);
-                t.min_ns = Some(t.min_ns.map_or(ns, |m| m.min(ns)));
+            match self.by_descriptor.get_mut(e.descriptor.0 as usize) {
+                Some(t) => {
+                    t.count += 1;
+                    t.ns = t.ns.saturating_add(ns);
+                    t.min_ns = Some(t.min_ns.map_or(ns, |m| m.min(ns)));
+                }
+                None => self.undescribed += 1,
             }
             let key = (e.core, e.exec_id);
             if e.exec_id.is_some() {
@@ -436,6 +443,7 @@ impl<'a> Summariser<'a> {
             first,
             last,
             by_descriptor,
+            undescribed,
             by_execution,
             chunk_problems,
             ..
@@ -450,8 +458,12 @@ impl<'a> Summariser<'a> {
         let mut hlo_engine_time: HashMap<(String, String), u64> = HashMap::new();
         let mut hlo_of_descriptor: HashMap<u32, String> = HashMap::new();
         let mut dma_peak: Option<f64> = None;
+        let mut undescribed = undescribed;
         for (id, t) in by_descriptor.iter().enumerate().filter(|(_, t)| t.count > 0) {
-            let Some(descriptor) = file.descriptor(DescriptorId(id as u32)) else { continue };
+            let Some(descriptor) = file.descriptor(DescriptorId(id as u32)) else {
+                add(&mut undescribed, t.count);
+                continue;
+            };
             match *descriptor {
                 Descriptor::Instruction { engine, opcode, hlo, flops, bytes_read, bytes_written, .. } => {
                     let engine = file.string_or_placeholder(engine).into_owned();
@@ -630,7 +642,7 @@ impl<'a> Summariser<'a> {
         let measured = (meta.peak_flops_per_core > 0.0).then_some(meta.peak_flops_per_core);
         // Transfers faster than the host's memory were not copies (see above).
         let dma_peak = dma_peak.filter(|&bw| memory_peak.is_none_or(|memory| bw <= memory));
-        let (bounds, findings) = bounds::analyse(&bounds::Inputs {
+        let (bounds, mut findings) = bounds::analyse(&bounds::Inputs {
             engines: &engine_rows,
             dma: &dma_rows,
             hlos: &hlo_rows,
@@ -647,6 +659,14 @@ impl<'a> Summariser<'a> {
                 bf16_faster: meta.bf16_products_faster,
             },
         });
+        let mut chunk_problems = chunk_problems;
+        if undescribed > 0 {
+            chunk_problems.push(format!(
+                "{undescribed} device events name no instruction or transfer the file describes (their descriptors \
+                 were lost): the engine, opcode, HLO and DMA figures leave them out, and no finding is drawn from them"
+            ));
+            findings.clear();
+        }
         let device_p50 = device_latency.summary().map(|l| l.p50);
         let traced = traced_executions(&windows, &runs, device_p50);
         if device_executions == 1 {

@@ -375,7 +375,7 @@ impl<'f> FileExport<'f> {
                 Some(set) => set,
                 None => {
                     // Its descriptor was lost with a damaged record.
-                    layout.summary.damaged_chunk_events += 1;
+                    layout.summary.undescribed_device_events += 1;
                     return Ok(());
                 }
             },

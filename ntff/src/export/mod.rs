@@ -91,6 +91,9 @@ pub struct ExportSummary {
     /// point to place them on the host clock.
     pub unaligned_device_events: u64,
     pub unaligned_system_events: u64,
+    /// Device events left out: what they did (their descriptor) was lost with a
+    /// damaged descriptor table.
+    pub undescribed_device_events: u64,
 }
 
 impl ExportSummary {
@@ -124,6 +127,12 @@ impl ExportSummary {
         }
         if self.reordered > 0 {
             lines.push(format!("{} events were moved later to keep their track in time order", self.reordered));
+        }
+        if self.undescribed_device_events > 0 {
+            lines.push(format!(
+                "{} device events were left out: their descriptors were lost with a damaged descriptor table",
+                self.undescribed_device_events
+            ));
         }
         if self.unaligned_device_events + self.unaligned_system_events > 0 {
             lines.push(format!(

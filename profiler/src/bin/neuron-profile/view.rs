@@ -339,6 +339,8 @@ fn write_json(file: &NtffFile, cores: Option<&[u32]>, types: Option<&[String]>, 
     let mut first = true;
     let mut losses = Vec::new();
     let mut unreadable = Vec::new();
+    // Events whose name, arguments or descriptor were lost with a damaged table.
+    let (mut unnamed_system, mut undescribed_device) = (0u64, 0u64);
     for info in file.select(cores, None) {
         let chunk = match file.read_chunk(info) {
             Ok(chunk) => chunk,
@@ -353,7 +355,10 @@ fn write_json(file: &NtffFile, cores: Option<&[u32]>, types: Option<&[String]>, 
             if types.as_ref().is_some_and(|t| !t.contains(&e.name)) {
                 continue;
             }
-            let Some(event) = to_system_event(file, e) else { continue };
+            let Some(event) = to_system_event(file, e) else {
+                unnamed_system += 1;
+                continue;
+            };
             if !first {
                 out.write_all(b",")?;
             }
@@ -362,7 +367,10 @@ fn write_json(file: &NtffFile, cores: Option<&[u32]>, types: Option<&[String]>, 
         }
         if types.is_none() {
             for e in &chunk.device {
-                let Some(event) = to_device_event(file, e) else { continue };
+                let Some(event) = to_device_event(file, e) else {
+                    undescribed_device += 1;
+                    continue;
+                };
                 if !first {
                     out.write_all(b",")?;
                 }
@@ -373,6 +381,14 @@ fn write_json(file: &NtffFile, cores: Option<&[u32]>, types: Option<&[String]>, 
         losses.extend(chunk.losses.iter().map(|l| {
             serde_json::json!({"nc_idx": chunk.core, "ring": if l.device { "device" } else { "system" }, "events": l.events})
         }));
+    }
+    if unnamed_system + undescribed_device > 0 {
+        let problem = format!(
+            "{unnamed_system} system events and {undescribed_device} device events were left out: what they are (their \
+             name, arguments or descriptor) was lost with a damaged string or descriptor table"
+        );
+        eprintln!("warning: {problem}");
+        unreadable.push(problem);
     }
     write!(
         out,
