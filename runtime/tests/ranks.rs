@@ -171,6 +171,57 @@ fn api_collectives_gather_and_scatter_across_processes() {
 }
 
 #[test]
+fn send_and_recv_pass_messages_in_order_within_and_across_processes() {
+    // Ranks 0 and 1 in one process, 2 and 3 in the other: around the ring 0 → 1 and
+    // 2 → 3 stay in a process, 1 → 2 and 3 → 0 cross.
+    let job = job(2, 2, Duration::from_secs(20));
+    let comms: Vec<Communicator> = (0..4)
+        .map(|rank| {
+            let (process, core) = place(rank, 2);
+            job[process].runtime.join_communicator("p2p", core, rank as u32, 4).expect("joins")
+        })
+        .collect();
+    let received: Vec<Vec<Vec<u8>>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..4u32)
+            .map(|rank| {
+                let comm = &comms[rank as usize];
+                let (process, core) = place(rank as usize, 2);
+                let rt = &job[process].runtime;
+                scope.spawn(move || {
+                    let placement = TensorPlacement::Device { core };
+                    let (next, previous) = ((rank + 1) % 4, (rank + 3) % 4);
+                    for k in 0..3u8 {
+                        let x = rt.allocate_tensor(placement, 4, "x").expect("alloc");
+                        x.write(0, &[rank as u8, k, 7, 7]).expect("write");
+                        comm.run(
+                            rank,
+                            &CollectiveCall::new(Collective::Send { peer: next }, DType::U8),
+                            Some(&x),
+                            None,
+                        )
+                        .expect("sends");
+                    }
+                    (0..3)
+                        .map(|_| {
+                            let y = rt.allocate_tensor(placement, 4, "y").expect("alloc");
+                            let call = CollectiveCall::new(Collective::Recv { peer: previous }, DType::U8);
+                            comm.run(rank, &call, None, Some(&y)).expect("receives");
+                            y.read_all().expect("read")
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().expect("rank thread")).collect()
+    });
+    for (rank, messages) in received.iter().enumerate() {
+        let previous = ((rank + 3) % 4) as u8;
+        let expected: Vec<Vec<u8>> = (0..3).map(|k| vec![previous, k, 7, 7]).collect();
+        assert_eq!(messages, &expected, "rank {rank}: its predecessor's three messages, in order");
+    }
+}
+
+#[test]
 fn a_rank_that_never_arrives_fails_the_others_at_the_timeout_naming_it_and_the_survivors_go_on() {
     let timeout = Duration::from_secs(1);
     let job = job(3, 1, timeout);

@@ -383,8 +383,10 @@ impl Communicator {
         )
     }
 
-    pub(super) fn send(&self, rank: u32, peer: u32, data: Vec<u8>) -> NrtResult<()> {
+    pub(super) fn send(&self, rank: u32, peer: u32, data: Vec<u8>, deadline: Instant) -> NrtResult<()> {
         self.check_rank(peer)?;
+        // A peer in another process of the job gets it through the job's links.
+        let Some(data) = self.send_across(rank, peer, data, deadline)? else { return Ok(()) };
         let mut state = self.lock();
         state.mailboxes.entry((rank, peer)).or_default().push_back(data);
         self.inner.changed.notify_all();
@@ -394,6 +396,9 @@ impl Communicator {
     pub(super) fn recv(&self, rank: u32, peer: u32, output: &Tensor, deadline: Instant) -> NrtResult<()> {
         self.check_rank(peer)?;
         let place = self.own_place(rank)?;
+        if let Some(data) = self.recv_across(rank, peer, deadline)? {
+            return self.received(rank, peer, output, &data);
+        }
         let mut state = self.lock();
         let data = loop {
             if let Some(data) = state.mailboxes.get_mut(&(peer, rank)).and_then(VecDeque::pop_front) {
@@ -415,6 +420,11 @@ impl Communicator {
             state = self.inner.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
         };
         drop(state);
+        self.received(rank, peer, output, &data)
+    }
+
+    /// Writes what `peer` sent into `rank`'s output, which must be its size.
+    fn received(&self, rank: u32, peer: u32, output: &Tensor, data: &[u8]) -> NrtResult<()> {
         if data.len() as u64 != output.size() {
             return Err(NrtError::invalid(format!(
                 "rank {peer} sent {} bytes but rank {rank}'s output `{}` holds {}",
@@ -423,7 +433,7 @@ impl Communicator {
                 output.size()
             )));
         }
-        output.write(0, &data)
+        output.write(0, data)
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

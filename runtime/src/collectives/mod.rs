@@ -330,7 +330,7 @@ impl Communicator {
         match call.op {
             Collective::Send { peer } => {
                 let input = need(input, "input")?;
-                return self.send(rank, peer, input.read_all()?);
+                return self.send(rank, peer, input.read_all()?, deadline);
             }
             Collective::Recv { peer } => {
                 let output = need(output, "output")?;

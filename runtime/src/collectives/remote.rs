@@ -14,6 +14,7 @@
 //! they fail at once rather than at their deadline, and leaves the communicator failed
 //! in this process: its later calls fail at once, and the job builds a new one.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -43,7 +44,13 @@ pub(crate) struct Membership {
     generation: u32,
     /// Why the communicator failed in this process, once it has.
     failed: Mutex<Option<NrtError>>,
+    /// Messages sent and received so far between each pair of ranks (from, to) whose
+    /// processes differ: a send and a recv are matched by their place in this order.
+    p2p: Mutex<HashMap<(u32, u32), u64>>,
 }
+
+/// The `index` of a send's message key, unlike any collective's.
+const P2P_INDEX: u32 = u32::MAX - 1;
 
 impl Communicator {
     /// A communicator named `name` of `count` ranks across the job's processes, none
@@ -65,7 +72,7 @@ impl Communicator {
         Ok(Communicator::from_parts(
             (name.to_owned(), comm as u32),
             (0..count).map(|_| std::sync::OnceLock::new()).collect(),
-            Some(Membership { world, comm, generation, failed: Mutex::new(None) }),
+            Some(Membership { world, comm, generation, failed: Mutex::new(None), p2p: Mutex::new(HashMap::new()) }),
             tracer,
             lifecycle,
             timeout,
@@ -113,6 +120,78 @@ impl Communicator {
             Some(m) => m.world.roster(m.comm, &self.inner.name, deadline).map(drop),
             None => Ok(()),
         }
+    }
+
+    /// Where `peer` is when it is in another process of the job (else `None`: the
+    /// ranks meet in this process), with the roster that says so.
+    fn remote_peer(&self, peer: u32, deadline: Instant) -> NrtResult<Option<(&Membership, Arc<Roster>)>> {
+        let Some(membership) = &self.inner.membership else { return Ok(None) };
+        let roster = membership.world.roster(membership.comm, &self.inner.name, deadline)?;
+        let remote = roster.rank_process[peer as usize] != roster.process;
+        Ok(remote.then_some((membership, roster)))
+    }
+
+    /// The place of the next message from `from` to `to` in their order.
+    fn next_p2p(membership: &Membership, from: u32, to: u32) -> u64 {
+        let mut counts = membership.p2p.lock().unwrap_or_else(|e| e.into_inner());
+        let count = counts.entry((from, to)).or_default();
+        *count += 1;
+        *count - 1
+    }
+
+    /// Sends `data` from `rank` to `peer` when `peer` is in another process; gives the
+    /// data back when it is in this one.
+    pub(super) fn send_across(
+        &self,
+        rank: u32,
+        peer: u32,
+        data: Vec<u8>,
+        deadline: Instant,
+    ) -> NrtResult<Option<Vec<u8>>> {
+        let Some((membership, roster)) = self.remote_peer(peer, deadline)? else { return Ok(Some(data)) };
+        let unit = Self::next_p2p(membership, rank, peer);
+        let key = Key { comm: membership.comm, unit, index: P2P_INDEX, step: 0, from: rank, to: peer };
+        let process = roster.rank_process[peer as usize];
+        membership.world.send(process, key, "send", Ok(Arc::new(data)), deadline).map_err(|missed| {
+            let peer = roster.describe(peer);
+            match missed {
+                Missed::Gone(reason) => NrtError::new(
+                    NrtStatus::NetworkProxyFailure,
+                    format!("rank {rank} could not send to {peer}: {reason}; the process of {peer} is gone"),
+                ),
+                Missed::Timeout | Missed::Aborted(_) => NrtError::new(
+                    NrtStatus::ExecHwErrCollectives,
+                    format!("rank {rank} could not send to {peer} within {:.3} s", self.inner.timeout.as_secs_f64()),
+                ),
+            }
+        })?;
+        Ok(None)
+    }
+
+    /// The next message from `peer` to `rank` when `peer` is in another process (`None`
+    /// when it is in this one).
+    pub(super) fn recv_across(&self, rank: u32, peer: u32, deadline: Instant) -> NrtResult<Option<Arc<Vec<u8>>>> {
+        let Some((membership, roster)) = self.remote_peer(peer, deadline)? else { return Ok(None) };
+        let unit = Self::next_p2p(membership, peer, rank);
+        let key = Key { comm: membership.comm, unit, index: P2P_INDEX, step: 0, from: peer, to: rank };
+        let parcel = membership.world.receive(roster.rank_process[peer as usize], key, deadline).map_err(|missed| {
+            let peer = roster.describe(peer);
+            match missed {
+                Missed::Gone(reason) => NrtError::new(
+                    NrtStatus::NetworkProxyFailure,
+                    format!("rank {rank} waited for data from {peer}: {reason}; the process of {peer} is gone"),
+                ),
+                Missed::Timeout | Missed::Aborted(_) => NrtError::new(
+                    NrtStatus::ExecHwErrCollectives,
+                    format!(
+                        "rank {rank} of {} waited {:.3} s for data from {peer}",
+                        self.inner.name,
+                        self.inner.timeout.as_secs_f64()
+                    ),
+                ),
+            }
+        })?;
+        Ok(Some(parcel.data))
     }
 
     /// Rank `rank`'s part of an operation of a communicator across processes.
