@@ -277,6 +277,30 @@ fn a_process_that_goes_away_fails_its_peers_at_once_with_a_network_failure() {
 }
 
 #[test]
+fn a_recv_from_a_process_that_goes_away_fails_at_once_with_a_network_failure() {
+    let mut job = job(2, 1, Duration::from_secs(30));
+    let comm0 = job[0].runtime.join_communicator("gone-p2p", 0, 0, 2).expect("joins");
+    let comm1 = job[1].runtime.join_communicator("gone-p2p", 0, 1, 2).expect("joins");
+    comm0.wait_for_ranks(Instant::now() + Duration::from_secs(10)).expect("every rank joins");
+    let output = job[0].runtime.allocate_tensor(TensorPlacement::Device { core: 0 }, 4, "y").expect("alloc");
+    let recv = CollectiveCall::new(Collective::Recv { peer: 1 }, DType::U8);
+    std::thread::scope(|scope| {
+        let waiting = scope.spawn(|| {
+            let started = Instant::now();
+            (comm0.run(0, &recv, None, Some(&output)), started.elapsed())
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        drop(comm1);
+        job.pop().expect("second process").runtime.close().expect("closes");
+        let (result, waited) = waiting.join().expect("rank 0");
+        let error = result.expect_err("rank 1 is gone");
+        assert_eq!(error.status, NrtStatus::NetworkProxyFailure, "{error}");
+        assert!(waited < Duration::from_secs(3), "rank 0 waited {waited:?} for a peer that was gone");
+        assert!(error.message.contains("rank 1 (pid"), "{error}");
+    });
+}
+
+#[test]
 fn ranks_calling_different_operations_fail_naming_both_sides() {
     let job = job(2, 1, Duration::from_secs(20));
     let comms: Vec<Communicator> =
