@@ -248,56 +248,48 @@ fn a_rank_that_never_arrives_fails_the_others_at_the_timeout_naming_it_and_the_s
     }
 }
 
-#[test]
-fn a_process_that_goes_away_fails_its_peers_at_once_with_a_network_failure() {
+/// Rank 0 of a two-process job calls `call` (with an output on its core when
+/// `output_bytes` is not 0) while rank 1's process closes, 200 ms in: its links and its
+/// bootstrap connection close. Rank 0's error, which must come at once, with 1206.
+fn call_while_the_peer_process_closes(name: &str, call: &CollectiveCall, output_bytes: u64) -> NrtError {
     let mut job = job(2, 1, Duration::from_secs(30));
-    let comm0 = job[0].runtime.join_communicator("gone", 0, 0, 2).expect("joins");
-    let comm1 = job[1].runtime.join_communicator("gone", 0, 1, 2).expect("joins");
+    let comm0 = job[0].runtime.join_communicator(name, 0, 0, 2).expect("joins");
+    let comm1 = job[1].runtime.join_communicator(name, 0, 1, 2).expect("joins");
     comm0.wait_for_ranks(Instant::now() + Duration::from_secs(10)).expect("every rank joins");
     comm1.wait_for_ranks(Instant::now() + Duration::from_secs(10)).expect("every rank joins");
-    let barrier = CollectiveCall::new(Collective::Barrier, DType::U8);
+    let placement = TensorPlacement::Device { core: 0 };
+    let output =
+        (output_bytes > 0).then(|| job[0].runtime.allocate_tensor(placement, output_bytes, "y").expect("alloc"));
     std::thread::scope(|scope| {
         let waiting = scope.spawn(|| {
             let started = Instant::now();
-            (comm0.run(0, &barrier, None, None), started.elapsed())
+            (comm0.run(0, call, None, output.as_ref()), started.elapsed())
         });
         std::thread::sleep(Duration::from_millis(200));
-        // Rank 1's "process" closes: its links and its bootstrap connection close.
         drop(comm1);
         job.pop().expect("second process").runtime.close().expect("closes");
         let (result, waited) = waiting.join().expect("rank 0");
         let error = result.expect_err("rank 1 is gone");
         assert_eq!(error.status, NrtStatus::NetworkProxyFailure, "{error}");
         assert!(waited < Duration::from_secs(3), "rank 0 waited {waited:?} for a peer that was gone");
-        assert!(
-            error.message.contains("connection closed by remote peer") && error.message.contains("rank 1 (pid"),
-            "{error}"
-        );
-    });
+        error
+    })
+}
+
+#[test]
+fn a_process_that_goes_away_fails_its_peers_at_once_with_a_network_failure() {
+    let error = call_while_the_peer_process_closes("gone", &CollectiveCall::new(Collective::Barrier, DType::U8), 0);
+    assert!(
+        error.message.contains("connection closed by remote peer") && error.message.contains("rank 1 (pid"),
+        "{error}"
+    );
 }
 
 #[test]
 fn a_recv_from_a_process_that_goes_away_fails_at_once_with_a_network_failure() {
-    let mut job = job(2, 1, Duration::from_secs(30));
-    let comm0 = job[0].runtime.join_communicator("gone-p2p", 0, 0, 2).expect("joins");
-    let comm1 = job[1].runtime.join_communicator("gone-p2p", 0, 1, 2).expect("joins");
-    comm0.wait_for_ranks(Instant::now() + Duration::from_secs(10)).expect("every rank joins");
-    let output = job[0].runtime.allocate_tensor(TensorPlacement::Device { core: 0 }, 4, "y").expect("alloc");
     let recv = CollectiveCall::new(Collective::Recv { peer: 1 }, DType::U8);
-    std::thread::scope(|scope| {
-        let waiting = scope.spawn(|| {
-            let started = Instant::now();
-            (comm0.run(0, &recv, None, Some(&output)), started.elapsed())
-        });
-        std::thread::sleep(Duration::from_millis(200));
-        drop(comm1);
-        job.pop().expect("second process").runtime.close().expect("closes");
-        let (result, waited) = waiting.join().expect("rank 0");
-        let error = result.expect_err("rank 1 is gone");
-        assert_eq!(error.status, NrtStatus::NetworkProxyFailure, "{error}");
-        assert!(waited < Duration::from_secs(3), "rank 0 waited {waited:?} for a peer that was gone");
-        assert!(error.message.contains("rank 1 (pid"), "{error}");
-    });
+    let error = call_while_the_peer_process_closes("gone-p2p", &recv, 4);
+    assert!(error.message.contains("got no data from rank 1 (pid"), "{error}");
 }
 
 #[test]

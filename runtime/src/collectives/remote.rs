@@ -153,17 +153,7 @@ impl Communicator {
         let key = Key { comm: membership.comm, unit, index: P2P_INDEX, step: 0, from: rank, to: peer };
         let process = roster.rank_process[peer as usize];
         membership.world.send(process, key, "send", Ok(Arc::new(data)), deadline).map_err(|missed| {
-            let peer = roster.describe(peer);
-            match missed {
-                Missed::Gone(reason) => NrtError::new(
-                    NrtStatus::NetworkProxyFailure,
-                    format!("rank {rank} could not send to {peer}: {reason}; the process of {peer} is gone"),
-                ),
-                Missed::Timeout | Missed::Aborted(_) => NrtError::new(
-                    NrtStatus::ExecHwErrCollectives,
-                    format!("rank {rank} could not send to {peer} within {:.3} s", self.inner.timeout.as_secs_f64()),
-                ),
-            }
+            self.p2p_failure(missed, format!("rank {rank} could not send to {}", roster.describe(peer)))
         })?;
         Ok(None)
     }
@@ -175,23 +165,26 @@ impl Communicator {
         let unit = Self::next_p2p(membership, peer, rank);
         let key = Key { comm: membership.comm, unit, index: P2P_INDEX, step: 0, from: peer, to: rank };
         let parcel = membership.world.receive(roster.rank_process[peer as usize], key, deadline).map_err(|missed| {
-            let peer = roster.describe(peer);
-            match missed {
-                Missed::Gone(reason) => NrtError::new(
-                    NrtStatus::NetworkProxyFailure,
-                    format!("rank {rank} waited for data from {peer}: {reason}; the process of {peer} is gone"),
-                ),
-                Missed::Timeout | Missed::Aborted(_) => NrtError::new(
-                    NrtStatus::ExecHwErrCollectives,
-                    format!(
-                        "rank {rank} of {} waited {:.3} s for data from {peer}",
-                        self.inner.name,
-                        self.inner.timeout.as_secs_f64()
-                    ),
-                ),
-            }
+            self.p2p_failure(
+                missed,
+                format!("rank {rank} of {} got no data from {}", self.inner.name, roster.describe(peer)),
+            )
         })?;
         Ok(Some(parcel.data))
+    }
+
+    /// The error of a message between two ranks that did not get through: `what`
+    /// says which ("rank 0 could not send to rank 1 (pid 812 on host a)").
+    fn p2p_failure(&self, missed: Missed, what: String) -> NrtError {
+        match missed {
+            Missed::Gone(reason) => {
+                NrtError::new(NrtStatus::NetworkProxyFailure, format!("{what}: {reason}; its process is gone"))
+            }
+            Missed::Timeout | Missed::Aborted(_) => NrtError::new(
+                NrtStatus::ExecHwErrCollectives,
+                format!("{what} within {:.3} s", self.inner.timeout.as_secs_f64()),
+            ),
+        }
     }
 
     /// Rank `rank`'s part of an operation of a communicator across processes.
