@@ -248,6 +248,28 @@ fn a_rank_that_never_arrives_fails_the_others_at_the_timeout_naming_it_and_the_s
     }
 }
 
+#[test]
+fn a_communicator_a_process_left_before_joining_times_out_naming_the_process() {
+    let mut job = job(3, 1, Duration::from_secs(30));
+    let comm0 = job[0].runtime.join_communicator("three", 0, 0, 3).expect("joins");
+    let comm1 = job[1].runtime.join_communicator("three", 0, 1, 3).expect("joins");
+    // The third process reaches rank 0 (for another communicator), then leaves.
+    let other = job[2].runtime.join_communicator("other", 0, 1, 2).expect("joins");
+    std::thread::sleep(Duration::from_millis(300));
+    drop(other);
+    job.pop().expect("third process").runtime.close().expect("closes");
+    for comm in [&comm0, &comm1] {
+        let error = comm.wait_for_ranks(Instant::now() + Duration::from_secs(2)).expect_err("rank 2 never joins");
+        assert_eq!(error.status, NrtStatus::Timeout, "{error}");
+        assert!(
+            error.message.contains("not every rank of `three` joined")
+                && error.message.contains("processes of the job that left before it completed")
+                && error.message.contains(&format!("pid {}", std::process::id())),
+            "{error}"
+        );
+    }
+}
+
 /// Rank 0 of a two-process job calls `call` (with an output on its core when
 /// `output_bytes` is not 0) while rank 1's process closes, 200 ms in: its links and its
 /// bootstrap connection close. Rank 0's error, which must come at once, with 1206.

@@ -217,10 +217,21 @@ impl World {
             }
             let now = Instant::now();
             if now >= deadline {
+                // A process that left the job before joining likely held the ranks missing.
+                let mut gone: Vec<&String> = state.gone.values().collect();
+                gone.sort();
+                let left = if gone.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        "; processes of the job that left before it completed: {}",
+                        gone.iter().map(|r| r.as_str()).collect::<Vec<_>>().join("; ")
+                    )
+                };
                 return Err(NrtError::new(
                     NrtStatus::Timeout,
                     format!(
-                        "not every rank of `{name}` joined through rank 0 at {} in time; start every process of the job (and check {})",
+                        "not every rank of `{name}` joined through rank 0 at {} in time; start every process of the job (and check {}){left}",
                         self.root_label,
                         crate::launch::ENV_ROOT_COMM_ID
                     ),
