@@ -104,11 +104,14 @@ fn a_synchronous_loop_of_tiny_executions_is_host_bound() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = summary(dir.path(), "sync", TINY, &["--num-exec", "100", "--profile-all-execs"]);
     check_bounds(&s);
-    let f = first(&s);
-    assert_eq!(f["about"], "host", "{}", s["findings"]);
-    // Said as the command line says it: this profile is of `neuron-profile capture`.
-    let suggestion = f["suggestion"].as_str().unwrap_or("");
-    assert!(suggestion.contains("--exec-mode async") && !suggestion.contains("nrta_"), "{f}");
+    assert_eq!(first(&s)["about"], "host", "{}", s["findings"]);
+    // Which host finding leads (the device idle between calls, or the time inside each
+    // call) depends on the machine's load; the idle one says what to do as the command
+    // line says it: this profile is of `neuron-profile capture`.
+    let findings = s["findings"].as_array().expect("findings");
+    let idle = findings.iter().find(|f| f["kind"] == "idle").unwrap_or_else(|| panic!("an idle finding: {findings:?}"));
+    let suggestion = idle["suggestion"].as_str().unwrap_or("");
+    assert!(suggestion.contains("--exec-mode async") && !suggestion.contains("nrta_"), "{idle}");
 }
 
 #[test]

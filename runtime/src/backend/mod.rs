@@ -779,6 +779,10 @@ pub(crate) fn combine_le_bytes_into(op: ReduceOp, dtype: DType, out: &mut [u8], 
             (ReduceOp::Multiply, DType::F32) => apply::<f32>(out, a, b, |x, y| x * y),
             (ReduceOp::Add, DType::S32 | DType::U32) => apply::<u32>(out, a, b, u32::wrapping_add),
             (ReduceOp::Multiply, DType::S32 | DType::U32) => apply::<u32>(out, a, b, u32::wrapping_mul),
+            (ReduceOp::Add, DType::BF16) => apply::<half::bf16>(out, a, b, |x, y| widened(x, y, |x, y| x + y)),
+            (ReduceOp::Multiply, DType::BF16) => apply::<half::bf16>(out, a, b, |x, y| widened(x, y, |x, y| x * y)),
+            (ReduceOp::Add, DType::F16) => apply::<half::f16>(out, a, b, |x, y| widened(x, y, |x, y| x + y)),
+            (ReduceOp::Multiply, DType::F16) => apply::<half::f16>(out, a, b, |x, y| widened(x, y, |x, y| x * y)),
             _ => false,
         };
     if !fused {
@@ -787,10 +791,11 @@ pub(crate) fn combine_le_bytes_into(op: ReduceOp, dtype: DType, out: &mut [u8], 
     }
 }
 
-/// Sums and products of `f32` and of wrapping 32-bit integers (what collectives mostly
-/// reduce) combined where they lie, as the element-wise kernels compute them (one IEEE
-/// operation per element, no flush of subnormals): the general path converts both
-/// buffers to values and back, three full-size copies. `false` when the type, operation
+/// Sums and products of `f32`, `bf16`, `f16` and of wrapping 32-bit integers (what
+/// collectives mostly reduce) combined where they lie, as the element-wise kernels
+/// compute them (one IEEE operation per element, 16-bit floats through `f32`, no flush
+/// of subnormals): the general path converts both buffers to values and back, three
+/// full-size copies. `false` when the type, operation
 /// or alignment is not one of these.
 fn combine_in_place(op: ReduceOp, dtype: DType, acc: &mut [u8], x: &[u8]) -> bool {
     fn apply<T: bytemuck::Pod>(acc: &mut [u8], x: &[u8], f: impl Fn(T, T) -> T) -> bool {
@@ -809,8 +814,19 @@ fn combine_in_place(op: ReduceOp, dtype: DType, acc: &mut [u8], x: &[u8]) -> boo
         (ReduceOp::Multiply, DType::F32) => apply::<f32>(acc, x, |a, b| a * b),
         (ReduceOp::Add, DType::S32 | DType::U32) => apply::<u32>(acc, x, u32::wrapping_add),
         (ReduceOp::Multiply, DType::S32 | DType::U32) => apply::<u32>(acc, x, u32::wrapping_mul),
+        (ReduceOp::Add, DType::BF16) => apply::<half::bf16>(acc, x, |x, y| widened(x, y, |x, y| x + y)),
+        (ReduceOp::Multiply, DType::BF16) => apply::<half::bf16>(acc, x, |x, y| widened(x, y, |x, y| x * y)),
+        (ReduceOp::Add, DType::F16) => apply::<half::f16>(acc, x, |x, y| widened(x, y, |x, y| x + y)),
+        (ReduceOp::Multiply, DType::F16) => apply::<half::f16>(acc, x, |x, y| widened(x, y, |x, y| x * y)),
         _ => false,
     }
+}
+
+/// A 16-bit float operation as the kernels compute it: widened to `f32`, then rounded
+/// to nearest even.
+#[inline(always)]
+fn widened<T: element::Element>(x: T, y: T, f: impl Fn(f32, f32) -> f32) -> T {
+    T::from_f32(f(x.to_f32(), y.to_f32()))
 }
 
 /// Evaluates one instruction on known operand values exactly as an execution would,
@@ -856,15 +872,29 @@ mod tests {
         let others = [2.25f32, 0.0, 1.0, f32::NEG_INFINITY, 1e-45, f32::MAX, 0.1, -7e-39];
         let ints = [i32::MAX, -5, 7, i32::MIN, 0, 123_456, -1, 3];
         let int_others = [1, -7, 9, i32::MIN, 0, 654_321, i32::MAX, -3];
-        let cases: [(DType, Vec<u8>, Vec<u8>); 2] = [
+        // 16-bit floats: ties that round to even, overflow to infinity, subnormals, NaN.
+        let halves =
+            |values: &[f32], bf: bool| -> Vec<u8> {
+                values
+                    .iter()
+                    .flat_map(|&v| {
+                        if bf { half::bf16::from_f32(v).to_le_bytes() } else { half::f16::from_f32(v).to_le_bytes() }
+                    })
+                    .collect()
+            };
+        let h = [1.0f32, 1.0, 65504.0, 3.0e38, -0.0, f32::NAN, 6.0e-8, 0.1];
+        let h_others = [1.0f32 / 256.0, 3.0 / 256.0, 65504.0, 3.0e38, 0.0, 1.0, 6.0e-8, 0.2];
+        let cases: [(DType, Vec<u8>, Vec<u8>); 4] = [
             (DType::F32, bytemuck::cast_slice(&floats).to_vec(), bytemuck::cast_slice(&others).to_vec()),
             (DType::S32, bytemuck::cast_slice(&ints).to_vec(), bytemuck::cast_slice(&int_others).to_vec()),
+            (DType::BF16, halves(&h, true), halves(&h_others, true)),
+            (DType::F16, halves(&h, false), halves(&h_others, false)),
         ];
         for (dtype, a, b) in cases {
             for op in [ReduceOp::Add, ReduceOp::Multiply] {
                 let mut fast = a.clone();
                 assert!(combine_in_place(op, dtype, &mut fast, &b), "{op:?} {dtype:?} takes the fast path");
-                let ty = ArrayType::new(dtype, vec![a.len() as u64 / 4]);
+                let ty = ArrayType::new(dtype, vec![a.len() as u64 / dtype.size_bytes()]);
                 let (x, y) = (Value::from_le_bytes(&ty, &a), Value::from_le_bytes(&ty, &b));
                 let binary = if op == ReduceOp::Add { BinaryOp::Add } else { BinaryOp::Multiply };
                 let general = kernels::execute(&Op::Binary(binary), &[x.view(), y.view()], &ty, &HostPool::new(1));
