@@ -15,7 +15,6 @@
 
 #define _POSIX_C_SOURCE 200809L
 
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -64,11 +63,6 @@ static struct array load_npy(const char *dir, const char *name) {
     return a;
 }
 
-struct rank {
-    uint32_t global;
-    int vnc;
-};
-
 /* Allocates a tensor of `bytes` on the rank's core, named `name` in `set`. */
 static nrt_tensor_t *bind(const struct rank *r, nrt_tensor_set_t *set, const char *name, size_t bytes) {
     nrt_tensor_t *tensor;
@@ -79,8 +73,7 @@ static nrt_tensor_t *bind(const struct rank *r, nrt_tensor_set_t *set, const cha
 
 static void *run_rank(void *arg) {
     const struct rank *r = arg;
-    nrt_model_t *model;
-    OK(nrt_load_collectives(neff, neff_size, r->vnc, -1, r->global, world, &model));
+    nrt_model_t *model = load_rank(r, neff, neff_size, world);
     nrt_tensor_info_array_t *info;
     OK(nrt_get_model_tensor_info(model, &info));
     if (info->tensor_count != 4) FAIL("the step has %lu tensors, not 3 inputs and an output", (unsigned long)info->tensor_count);
@@ -132,17 +125,8 @@ int main(int argc, char **argv) {
     y = load_npy(argv[2], "input2.npy");
     expected = load_npy(argv[2], "steps.npy");
     cores = (uint32_t)strtol(argv[3], NULL, 10);
-    if (cores == 0 || cores > 8) FAIL("CORES is %u: 1 to 8", cores);
     long process = launcher("OMPI_COMM_WORLD_RANK", "RANK");
     world = (uint32_t)launcher("OMPI_COMM_WORLD_SIZE", "WORLD_SIZE") * cores;
-    OK(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""));
-    struct rank ranks[8];
-    pthread_t threads[8];
-    for (uint32_t k = 0; k < cores; k++) {
-        ranks[k] = (struct rank){.global = (uint32_t)process * cores + k, .vnc = (int)k};
-        if (pthread_create(&threads[k], NULL, run_rank, &ranks[k]) != 0) FAIL("cannot start a thread");
-    }
-    for (uint32_t k = 0; k < cores; k++) pthread_join(threads[k], NULL);
-    nrt_close();
+    run_ranks(process, cores, run_rank);
     return 0;
 }

@@ -15,7 +15,6 @@
 
 #define _POSIX_C_SOURCE 200809L
 
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,15 +30,9 @@ static void *neff;
 static size_t neff_size;
 static uint32_t world, cores;
 
-struct rank {
-    uint32_t global;
-    int vnc;
-};
-
 static void *run_rank(void *arg) {
     const struct rank *r = arg;
-    nrt_model_t *model;
-    OK(nrt_load_collectives(neff, neff_size, r->vnc, -1, r->global, world, &model));
+    nrt_model_t *model = load_rank(r, neff, neff_size, world);
     nrt_tensor_info_array_t *info;
     OK(nrt_get_model_tensor_info(model, &info));
     size_t bytes = info->tensor_array[0].size, n = bytes / sizeof(float);
@@ -92,15 +85,6 @@ int main(int argc, char **argv) {
     long process = launcher("OMPI_COMM_WORLD_RANK", "RANK");
     long processes = launcher("OMPI_COMM_WORLD_SIZE", "WORLD_SIZE");
     world = (uint32_t)processes * cores;
-    OK(nrt_init(NRT_FRAMEWORK_TYPE_NO_FW, "", ""));
-    struct rank ranks[8];
-    pthread_t threads[8];
-    if (cores == 0 || cores > 8) FAIL("CORES is %u: 1 to 8", cores);
-    for (uint32_t k = 0; k < cores; k++) {
-        ranks[k] = (struct rank){.global = (uint32_t)process * cores + k, .vnc = (int)k};
-        if (pthread_create(&threads[k], NULL, run_rank, &ranks[k]) != 0) FAIL("cannot start a thread");
-    }
-    for (uint32_t k = 0; k < cores; k++) pthread_join(threads[k], NULL);
-    nrt_close();
+    run_ranks(process, cores, run_rank);
     return 0;
 }
