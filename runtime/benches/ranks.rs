@@ -11,7 +11,8 @@
 //! (`bytes × 2(n − 1) / n / time`). Before each size table, the bootstrap: from the
 //! ranks' joins until every rank has the roster.
 //!
-//! Run: `cargo bench -p neuron-runtime --bench ranks`. Results go in BENCHMARKS.md.
+//! Run: `cargo bench -p neuron-runtime --bench ranks` (`-- 2 4` for those rank counts
+//! only). Results go in BENCHMARKS.md.
 
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
@@ -47,7 +48,8 @@ fn main() {
     println!("memcpy of 64 MiB: {:.2} GB/s", memcpy_bandwidth() / 1e9);
     println!("all-reduce (f32 sum), median per call; bus bandwidth; across processes / one process");
     println!("{:>5} {:>10} {:>14} {:>14} {:>7}", "ranks", "bytes", "one process", "across", "ratio");
-    for ranks in [2usize, 4, 8] {
+    let asked: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    for ranks in [2usize, 4, 8].into_iter().filter(|r| asked.is_empty() || asked.contains(r)) {
         let locks: Vec<tempfile::TempDir> = (0..=ranks).map(|_| tempfile::tempdir().expect("tempdir")).collect();
         let single = runtime(locks[0].path(), CoreSet::range(0, ranks as u32 - 1), None);
         let cores: Vec<u32> = (0..ranks as u32).collect();

@@ -170,6 +170,56 @@ fn api_collectives_gather_and_scatter_across_processes() {
     }
 }
 
+/// Whether this process holds an outbox area (shared memory a peer reads in place).
+fn holds_an_outbox_area() -> bool {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("fds")
+        .flatten()
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy().contains("neuron-virt-outbox")))
+}
+
+#[test]
+fn large_collectives_read_the_messages_of_processes_of_this_host_in_place() {
+    let job = job(2, 2, Duration::from_secs(30));
+    let (ranks, elements) = (4usize, 64 << 10);
+    let values = |r: usize| (0..elements).map(|i| (i % 1000) as f32 + r as f32 * 0.5).collect::<Vec<f32>>();
+    let values: Vec<Vec<f32>> = (0..ranks).map(values).collect();
+    let inputs: Vec<Vec<u8>> = values.iter().map(|v| f32_bytes(v)).collect();
+    let sums: Vec<f32> = (0..elements).map(|i| values.iter().map(|v| v[i]).sum()).collect();
+    let part = elements / ranks;
+    let sum = Collective::AllReduce(neuron_runtime::isa::ReduceOp::Add);
+    let scatter = Collective::ReduceScatter(neuron_runtime::isa::ReduceOp::Add);
+    for algorithm in [neuron_runtime::Algorithm::AllToAll, neuron_runtime::Algorithm::Ring] {
+        let name = format!("{algorithm:?}");
+        let call = |op| CollectiveCall::new(op, DType::F32).algorithm(algorithm);
+        for (rank, output) in
+            run_api(&job, 2, &format!("sum {name}"), &call(sum), &inputs, elements * 4).into_iter().enumerate()
+        {
+            assert!(common::floats(&output.expect("sums")) == sums, "{name}: rank {rank}'s sum");
+        }
+        let scattered = run_api(&job, 2, &format!("scatter {name}"), &call(scatter), &inputs, part * 4);
+        for (rank, output) in scattered.into_iter().enumerate() {
+            assert!(
+                common::floats(&output.expect("scatters")) == sums[rank * part..][..part],
+                "{name}: rank {rank}'s part"
+            );
+        }
+        let gathered =
+            run_api(&job, 2, &format!("gather {name}"), &call(Collective::AllGather), &inputs, elements * 4 * ranks);
+        for output in gathered {
+            assert!(output.expect("gathers") == inputs.concat(), "{name}: gathered");
+        }
+    }
+    let exchanged =
+        run_api(&job, 2, "all-to-all", &CollectiveCall::new(Collective::AllToAll, DType::F32), &inputs, elements * 4);
+    for (rank, output) in exchanged.into_iter().enumerate() {
+        let expected: Vec<u8> =
+            (0..ranks).flat_map(|from| inputs[from][rank * part * 4..][..part * 4].to_vec()).collect();
+        assert!(output.expect("exchanges") == expected, "rank {rank}'s parts");
+    }
+    assert!(holds_an_outbox_area(), "messages of 256 KiB between processes of one host lie in shared memory");
+}
+
 #[test]
 fn send_and_recv_pass_messages_in_order_within_and_across_processes() {
     // Ranks 0 and 1 in one process, 2 and 3 in the other: around the ring 0 → 1 and

@@ -3,7 +3,6 @@
 //! neighbours).
 
 use std::ops::Range;
-use std::sync::Arc;
 
 use super::{Collective, Request};
 use crate::backend;
@@ -43,6 +42,16 @@ impl Parts {
         packed
     }
 
+    /// Part `k`'s bytes, copied contiguous into `out` (of the part's length).
+    fn pack_into(self, buffer: &[u8], k: usize, out: &mut [u8]) {
+        let mut at = 0;
+        for range in self.ranges(k) {
+            let len = range.len();
+            out[at..at + len].copy_from_slice(&buffer[range]);
+            at += len;
+        }
+    }
+
     fn unpack(self, buffer: &mut [u8], k: usize, data: &[u8]) {
         let mut at = 0;
         for r in self.ranges(k) {
@@ -80,7 +89,7 @@ pub(super) fn local(request: Request<'_>) {
 }
 
 /// The all-to-all algorithm: every rank reads all inputs, in group order.
-pub(super) fn direct(request: &mut Request<'_>, position: usize, inputs: &[Arc<Vec<u8>>]) {
+pub(super) fn direct(request: &mut Request<'_>, position: usize, inputs: &[&[u8]]) {
     let n = inputs.len();
     let parts = strided(request, n);
     let output = &mut *request.output;
@@ -104,7 +113,7 @@ pub(super) fn direct(request: &mut Request<'_>, position: usize, inputs: &[Arc<V
             }
         }
         Collective::ReduceScatter(op) => {
-            output.copy_from_slice(&parts.pack(&inputs[0], position));
+            output.copy_from_slice(&parts.pack(inputs[0], position));
             for input in &inputs[1..] {
                 backend::combine_le_bytes(op, request.dtype, output, &parts.pack(input, position));
             }
@@ -118,14 +127,37 @@ pub(super) fn direct(request: &mut Request<'_>, position: usize, inputs: &[Arc<V
     }
 }
 
+/// A part a ring step passes on, still where it lies: the step copies it where the next
+/// position reads it.
+pub(super) struct Outgoing<'a> {
+    parts: Parts,
+    buffer: &'a [u8],
+    k: usize,
+}
+
+impl Outgoing<'_> {
+    pub(super) fn len(&self) -> usize {
+        self.parts.ranges(self.k).iter().map(Range::len).sum()
+    }
+
+    /// Copies the part into `out`, which has its length.
+    pub(super) fn write_to(&self, out: &mut [u8]) {
+        self.parts.pack_into(self.buffer, self.k, out);
+    }
+
+    pub(super) fn to_vec(&self) -> Vec<u8> {
+        self.parts.pack(self.buffer, self.k)
+    }
+}
+
 /// The ring algorithm: `n − 1` reduce-scatter steps after which position `p` holds the
 /// finished part `p`, then `n − 1` all-gather steps that pass the finished parts on.
 /// `step` passes a part to the next position and returns the one from the previous.
-pub(super) fn ring<E>(
+pub(super) fn ring<E, R: std::ops::Deref<Target = [u8]>>(
     request: &mut Request<'_>,
     p: usize,
     n: usize,
-    mut step: impl FnMut(Vec<u8>) -> Result<Vec<u8>, E>,
+    mut step: impl FnMut(Outgoing<'_>) -> Result<R, E>,
 ) -> Result<(), E> {
     let part = |k: isize| k.rem_euclid(n as isize) as usize;
     let p = p as isize;
@@ -138,11 +170,11 @@ pub(super) fn ring<E>(
             let acc = &mut *request.output;
             acc.copy_from_slice(&request.input);
             for s in 0..n as isize - 1 {
-                let received = step(parts.pack(acc, part(p - s - 1)))?;
+                let received = step(Outgoing { parts, buffer: acc, k: part(p - s - 1) })?;
                 parts.combine(acc, part(p - s - 2), &received, op, dtype);
             }
             for s in 0..n as isize - 1 {
-                let received = step(parts.pack(acc, part(p - s)))?;
+                let received = step(Outgoing { parts, buffer: acc, k: part(p - s) })?;
                 parts.unpack(acc, part(p - s - 1), &received);
             }
         }
@@ -150,7 +182,7 @@ pub(super) fn ring<E>(
             let parts = strided(request, n);
             let mut acc = request.input.to_vec();
             for s in 0..n as isize - 1 {
-                let received = step(parts.pack(&acc, part(p - s - 1)))?;
+                let received = step(Outgoing { parts, buffer: &acc, k: part(p - s - 1) })?;
                 parts.combine(&mut acc, part(p - s - 2), &received, op, dtype);
             }
             request.output.copy_from_slice(&parts.pack(&acc, part(p)));
@@ -161,7 +193,7 @@ pub(super) fn ring<E>(
             let output = &mut *request.output;
             parts.unpack(output, part(p), input);
             for s in 0..n as isize - 1 {
-                let received = step(parts.pack(output, part(p - s)))?;
+                let received = step(Outgoing { parts, buffer: output, k: part(p - s) })?;
                 parts.unpack(output, part(p - s - 1), &received);
             }
         }

@@ -7,7 +7,7 @@
 //! after a call and reused by the next one; at most [`KEEP_BYTES`] in [`KEEP_COUNT`]
 //! buffers are kept (the smallest are dropped first).
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 
 /// Smaller buffers come from the allocator, which recycles them itself.
 const MIN_BYTES: usize = 64 << 10;
@@ -50,16 +50,6 @@ impl Pool {
         }
     }
 
-    fn take_empty(&self, len: usize) -> Vec<u8> {
-        match self.reuse(len) {
-            Some(mut buffer) => {
-                buffer.clear();
-                buffer
-            }
-            None => Vec::with_capacity(len),
-        }
-    }
-
     fn give(&self, buffer: Vec<u8>) {
         if buffer.capacity() < MIN_BYTES {
             return;
@@ -79,21 +69,9 @@ pub(crate) fn take(len: usize) -> Vec<u8> {
     POOL.take(len)
 }
 
-/// An empty buffer with room for `len` bytes, to be filled by extending it.
-pub(crate) fn take_empty(len: usize) -> Vec<u8> {
-    POOL.take_empty(len)
-}
-
 /// Hands a buffer back for later calls.
 pub(crate) fn give(buffer: Vec<u8>) {
     POOL.give(buffer);
-}
-
-/// Hands a shared buffer back once nothing else holds it (else it is simply dropped).
-pub(crate) fn give_shared(buffer: Arc<Vec<u8>>) {
-    if let Ok(buffer) = Arc::try_unwrap(buffer) {
-        give(buffer);
-    }
 }
 
 #[cfg(test)]
@@ -111,9 +89,6 @@ mod tests {
         let grown = pool.take(large);
         assert_eq!((grown.len(), grown.capacity(), grown[0]), (large, large, 1), "kept bytes, not zeroed");
         assert!(pool.free().is_empty());
-        pool.give(grown);
-        let empty = pool.take_empty(large - 1);
-        assert_eq!((empty.len(), empty.capacity()), (0, large));
         pool.give(vec![3; 16]);
         assert!(pool.free().is_empty(), "small buffers are not kept");
         // More than the budget: the smallest go first.

@@ -9,7 +9,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender};
 
 use super::algorithms::{direct, local, ring};
-use super::{Algorithm, Collective, Communicator, OpPosition, Request, choose_algorithm};
+use super::{Algorithm, Collective, Communicator, Message, OpPosition, Request, choose_algorithm};
 use crate::dtype::DType;
 use crate::error::{NrtError, NrtResult, NrtStatus};
 use crate::isa::{format_group, format_groups};
@@ -44,7 +44,7 @@ struct Meeting {
     /// What the first rank asked for; every other rank must ask for the same.
     signature: Signature,
     /// Each position's input, once its rank has arrived with a matching request.
-    inputs: Vec<Option<Arc<Vec<u8>>>>,
+    inputs: Vec<Option<Arc<Message>>>,
     /// Ranks that reached the meeting (matching or not), and ranks gone from it.
     arrived: usize,
     left: usize,
@@ -290,18 +290,18 @@ impl Communicator {
             state = self.inner.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
         }
         let meeting = state.meetings.get(&key).unwrap_or_else(|| unreachable!("an open meeting is kept"));
-        let inputs: Vec<Arc<Vec<u8>>> = meeting.inputs.iter().flatten().cloned().collect();
+        let inputs: Vec<Arc<Message>> = meeting.inputs.iter().flatten().cloned().collect();
         let to_next = meeting.channels[(position + 1) % n].0.clone();
         let from_previous = meeting.channels[position].1.clone();
         drop(state);
 
         let moved = match signature.algorithm {
-            Algorithm::Ring => ring(&mut request, position, n, |data| {
-                to_next.send(data).map_err(drop)?;
+            Algorithm::Ring => ring(&mut request, position, n, |part| {
+                to_next.send(part.to_vec()).map_err(drop)?;
                 from_previous.recv_deadline(deadline).map_err(drop)
             }),
             Algorithm::AllToAll => {
-                direct(&mut request, position, &inputs);
+                direct(&mut request, position, &inputs.iter().map(|input| &input[..]).collect::<Vec<_>>());
                 Ok(())
             }
         };

@@ -54,6 +54,7 @@ pub(crate) mod world;
 use meeting::State;
 pub(crate) use meeting::check_groups;
 pub(crate) use remote::Membership;
+pub(crate) use world::Message;
 
 /// From this many bytes of other ranks' data per rank (message × (ranks − 1)), the
 /// default algorithm is the ring (with more than two ranks).
@@ -213,7 +214,7 @@ pub(crate) struct Request<'a> {
     /// Rows before the dimension exchanged along (1 for whole tensors).
     pub(crate) outer: usize,
     /// Shared, so that the ranks that read it take it without a copy.
-    pub(crate) input: Arc<Vec<u8>>,
+    pub(crate) input: Arc<Message>,
     pub(crate) output: &'a mut [u8],
 }
 
@@ -344,11 +345,11 @@ impl Communicator {
         };
         let input_bytes = match &input {
             Some(t) => {
-                let mut bytes = buffers::take_empty(t.size() as usize);
-                t.read_all_into(&mut bytes)?;
-                Arc::new(bytes)
+                let mut message = self.message_for_peers(t.size() as usize);
+                t.read(0, message.bytes_mut())?;
+                Arc::new(message)
             }
-            None => Arc::new(Vec::new()),
+            None => Arc::new(Message::Heap(Vec::new())),
         };
         let mut output_bytes = buffers::take(output.as_ref().map_or(0, |t| t.size() as usize));
         // The call is checked before it takes the rank's next unit, so that one that
@@ -366,7 +367,7 @@ impl Communicator {
         let exchanged =
             self.exchange(rank, position, request, deadline, EventIds { nrta_seq_id, ..EventIds::default() });
         // Kept for later calls; the input only once the other ranks have read it.
-        buffers::give_shared(input_bytes);
+        Message::recycle(input_bytes);
         let written = match (exchanged, output) {
             (Ok(_), Some(output)) => output.write(0, &output_bytes),
             (result, _) => result.map(drop),

@@ -21,10 +21,9 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use super::algorithms::{direct, ring};
-use super::buffers;
 use super::meeting::{Plan, Signature};
 use super::world::wire::Key;
-use super::world::{Missed, Roster, World};
+use super::world::{Message, Missed, Roster, World};
 use super::{Algorithm, Communicator, OpPosition, RankPlace, Request};
 use crate::error::{NrtError, NrtResult, NrtStatus};
 use crate::lifecycle::Lifecycle;
@@ -101,6 +100,13 @@ impl Communicator {
         Ok(())
     }
 
+    /// A rank's input of `len` bytes, to be overwritten whole: in the outbox when the
+    /// communicator has ranks in other processes of this host, so that sending it to
+    /// them copies nothing.
+    pub(crate) fn message_for_peers(&self, len: usize) -> Message {
+        Message::for_peers(len, self.inner.membership.as_ref().and_then(|m| m.world.outbox()))
+    }
+
     /// Whether this communicator across processes failed (and a new one is needed).
     pub(crate) fn has_failed(&self) -> bool {
         self.inner
@@ -152,7 +158,7 @@ impl Communicator {
         let unit = Self::next_p2p(membership, rank, peer);
         let key = Key { comm: membership.comm, unit, index: P2P_INDEX, step: 0, from: rank, to: peer };
         let process = roster.rank_process[peer as usize];
-        membership.world.send(process, key, "send", Ok(Arc::new(data)), deadline).map_err(|missed| {
+        membership.world.send(process, key, "send", Ok(Arc::new(Message::Heap(data))), deadline).map_err(|missed| {
             self.p2p_failure(missed, format!("rank {rank} could not send to {}", roster.describe(peer)))
         })?;
         Ok(None)
@@ -160,7 +166,7 @@ impl Communicator {
 
     /// The next message from `peer` to `rank` when `peer` is in another process (`None`
     /// when it is in this one).
-    pub(super) fn recv_across(&self, rank: u32, peer: u32, deadline: Instant) -> NrtResult<Option<Arc<Vec<u8>>>> {
+    pub(super) fn recv_across(&self, rank: u32, peer: u32, deadline: Instant) -> NrtResult<Option<Arc<Message>>> {
         let Some((membership, roster)) = self.remote_peer(peer, deadline)? else { return Ok(None) };
         let unit = Self::next_p2p(membership, peer, rank);
         let key = Key { comm: membership.comm, unit, index: P2P_INDEX, step: 0, from: peer, to: rank };
@@ -248,19 +254,22 @@ impl Exchange<'_> {
                 for &peer in group {
                     inputs.push(if peer == self.rank { Arc::clone(&mine) } else { self.receive(peer, 0, &signature)? });
                 }
-                direct(&mut request, p, &inputs);
-                // What the peers sent is kept for later calls.
-                inputs.into_iter().filter(|input| !Arc::ptr_eq(input, &mine)).for_each(buffers::give_shared);
+                direct(&mut request, p, &inputs.iter().map(|input| &input[..]).collect::<Vec<_>>());
+                // What the peers sent is kept for later calls, or released to them.
+                inputs.into_iter().filter(|input| !Arc::ptr_eq(input, &mine)).for_each(Message::recycle);
                 Ok(())
             }
             Algorithm::Ring => {
                 let (next, previous) = (group[(p + 1) % n], group[(p + n - 1) % n]);
                 let mut step = 0;
-                ring(&mut request, p, n, |data| {
-                    self.send(next, step, &signature, Arc::new(data))?;
+                ring(&mut request, p, n, |part| {
+                    // Made where the next rank reads it.
+                    let mut message = self.communicator.message_for_peers(part.len());
+                    part.write_to(message.bytes_mut());
+                    self.send(next, step, &signature, Arc::new(message))?;
                     let received = self.receive(previous, step, &signature)?;
                     step += 1;
-                    Ok(Arc::try_unwrap(received).unwrap_or_else(|shared| shared.as_ref().clone()))
+                    Ok(Arc::try_unwrap(received).unwrap_or_else(|shared| Message::Heap(shared.to_vec())))
                 })
             }
         }
@@ -274,7 +283,7 @@ impl Exchange<'_> {
         self.roster.rank_process[rank as usize]
     }
 
-    fn send(&self, to: u32, step: u32, signature: &str, data: Arc<Vec<u8>>) -> NrtResult<()> {
+    fn send(&self, to: u32, step: u32, signature: &str, data: Arc<Message>) -> NrtResult<()> {
         let key = self.key(step, self.rank, to);
         self.membership
             .world
@@ -282,7 +291,7 @@ impl Exchange<'_> {
             .map_err(|missed| self.missed(to, missed))
     }
 
-    fn receive(&self, from: u32, step: u32, signature: &str) -> NrtResult<Arc<Vec<u8>>> {
+    fn receive(&self, from: u32, step: u32, signature: &str) -> NrtResult<Arc<Message>> {
         let key = self.key(step, from, self.rank);
         let parcel = self
             .membership

@@ -176,30 +176,34 @@ impl CoreJob<'_> {
     ) -> NrtResult<Value> {
         let shape = operand.shape();
         let element = out.dtype.size_bytes() as usize;
-        // Buffers kept from earlier calls: both are overwritten whole.
-        let mut input = collectives::buffers::take(shape.iter().product::<usize>() * element);
-        operand.write_le_bytes(&mut input);
-        let mut output = collectives::buffers::take(out.size_bytes().unwrap_or(0) as usize);
         let outer = match op.kind {
             CollectiveKind::AllReduce(_) => 1,
             CollectiveKind::AllGather { dim }
             | CollectiveKind::ReduceScatter { dim, .. }
             | CollectiveKind::AllToAll { dim } => shape[..dim as usize].iter().product(),
         };
+        let (mut more_in, mut more_out) = (0, 0);
         if let Some(strike) = fault
             && self.rank_fault(communicator, strike, rank, at, deadline)?
         {
             // One element more per rank of the group, as the operation's shapes require.
             let n = op.groups.first().map_or(communicator.ranks(), Vec::len);
-            let (more_in, more_out) = match op.kind {
+            (more_in, more_out) = match op.kind {
                 CollectiveKind::AllReduce(_) => (1, 1),
                 CollectiveKind::AllGather { .. } => (1, n),
                 CollectiveKind::ReduceScatter { .. } => (n, 1),
                 CollectiveKind::AllToAll { .. } => (n, n),
             };
-            input.resize(input.len() + more_in * outer * element, 0);
-            output.resize(output.len() + more_out * outer * element, 0);
         }
+        // Both are overwritten whole: the input made where the ranks of other processes
+        // of this host read it, the output a buffer kept from earlier calls.
+        let operand_bytes = shape.iter().product::<usize>() * element;
+        let mut input = communicator.message_for_peers(operand_bytes + more_in * outer * element);
+        let bytes = input.bytes_mut();
+        operand.write_le_bytes(&mut bytes[..operand_bytes]);
+        bytes[operand_bytes..].fill(0);
+        let out_bytes = out.size_bytes().unwrap_or(0) as usize;
+        let mut output = collectives::buffers::take(out_bytes + more_out * outer * element);
         let input = std::sync::Arc::new(input);
         let request = Request {
             op: collectives::from_kind(op.kind),
@@ -211,7 +215,7 @@ impl CoreJob<'_> {
             output: &mut output,
         };
         let exchanged = self.pool.released(|| communicator.exchange(rank, || at, request, deadline, self.ids));
-        collectives::buffers::give_shared(input);
+        collectives::Message::recycle(input);
         let value = exchanged.map(|_| Value::from_le_bytes(out, &output));
         collectives::buffers::give(output);
         value

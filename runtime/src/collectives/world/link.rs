@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::outbox::{Message, PeerAreas};
 use super::shm::{self, Segment};
 use super::wire::{self, Body, Envelope};
 use super::{Closing, Shared, deliver, lock, mark_gone, remember};
@@ -170,6 +171,7 @@ fn add_link(shared: &Arc<Shared>, process: u32, stream: TcpStream, transport: Tr
     let writer = BufWriter::with_capacity(1 << 16, writer);
     lock(&shared.state).links.insert(process, Arc::new(Mutex::new(writer)));
     shared.changed.notify_all();
+    let shares_memory = matches!(transport, Transport::Shm { .. });
     if let Transport::Shm { segment, .. } = transport {
         // The peer's death closes the TCP connection: the ring reader then ends after
         // what the peer wrote before it.
@@ -183,6 +185,7 @@ fn add_link(shared: &Arc<Shared>, process: u32, stream: TcpStream, transport: Tr
     let shared = Arc::clone(shared);
     std::thread::Builder::new().name("nrt-link".into()).spawn(move || {
         let mut reader = BufReader::with_capacity(1 << 16, reader);
+        let mut areas = PeerAreas::default();
         let reason = loop {
             let envelope = match wire::read_header::<Envelope>(&mut reader) {
                 Ok(Some(envelope)) => envelope,
@@ -195,8 +198,21 @@ fn add_link(shared: &Arc<Shared>, process: u32, stream: TcpStream, transport: Tr
                     if let Err(e) = reader.read_exact(&mut data) {
                         break format!("RX, connection failed: {e}");
                     }
-                    Ok(Arc::new(data))
+                    Ok(Arc::new(Message::Heap(data)))
                 }
+                // Only a process of this host has an outbox this one can map.
+                Body::Shared { .. } if !shares_memory => {
+                    break "RX, a message in shared memory came over a link between hosts".to_owned();
+                }
+                Body::Shared { place } => match areas.receive(place) {
+                    Ok(received) => Ok(Arc::new(Message::Received(received))),
+                    Err(e) => {
+                        break format!(
+                            "RX, cannot read a message in the outbox of pid {} (/proc/{}/fd/{}): {e}",
+                            place.pid, place.pid, place.fd
+                        );
+                    }
+                },
                 Body::Abort { reason } => Err(reason),
             };
             let mut state = lock(&shared.state);

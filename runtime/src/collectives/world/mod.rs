@@ -18,6 +18,7 @@
 //! the operation aborted it, or at the deadline.
 
 mod link;
+pub(crate) mod outbox;
 mod root;
 mod shm;
 pub(crate) mod wire;
@@ -33,6 +34,8 @@ use std::time::{Duration, Instant};
 use crate::error::{NrtError, NrtResult, NrtStatus};
 use crate::launch::RootComm;
 use link::{LinkOut, accept_links, open_link};
+pub(crate) use outbox::Message;
+use outbox::Outbox;
 use shm::Segment;
 use wire::{Body, Control, Envelope, Key, Peer};
 
@@ -65,8 +68,10 @@ struct Shared {
     sockets: Mutex<Vec<(OwnedFd, Closing)>>,
     /// The rings this process writes through shared memory, closed with the world.
     rings: Mutex<Vec<(Arc<Segment>, usize)>>,
-    /// What processes of this host (one kernel, one network namespace) share.
+    /// What processes of this host (one kernel, one network and pid namespace) share.
     host: String,
+    /// Where large messages to processes of this host lie.
+    outbox: Outbox,
 }
 
 #[derive(Debug, Default)]
@@ -125,7 +130,7 @@ enum Closing {
 #[derive(Debug)]
 pub(crate) struct Parcel {
     pub(crate) signature: String,
-    pub(crate) data: Arc<Vec<u8>>,
+    pub(crate) data: Arc<Message>,
 }
 
 /// Why a message did not come.
@@ -157,6 +162,7 @@ impl World {
             sockets: Mutex::new(Vec::new()),
             rings: Mutex::new(Vec::new()),
             host: host_identity(),
+            outbox: Outbox::default(),
         });
         let thread = {
             let (shared, label) = (Arc::clone(&shared), label.clone());
@@ -241,13 +247,23 @@ impl World {
         }
     }
 
+    /// The outbox, when processes of this host are in the job (a message meant for
+    /// them is best made there: see [`Message::for_peers`]).
+    pub(crate) fn outbox(&self) -> Option<&Outbox> {
+        let state = lock(&self.shared.state);
+        let neighbours = state.peers.iter().enumerate().any(|(index, peer)| {
+            Some(index as u32) != state.process && peer.as_ref().is_some_and(|p| p.host_identity == self.shared.host)
+        });
+        neighbours.then_some(&self.shared.outbox)
+    }
+
     /// Sends `data` (or an abort) to rank `key.to`, held by process `process`.
     pub(crate) fn send(
         &self,
         process: u32,
         key: Key,
         signature: &str,
-        body: Result<Arc<Vec<u8>>, String>,
+        body: Result<Arc<Message>, String>,
         deadline: Instant,
     ) -> Result<(), Missed> {
         let mut state = lock(&self.shared.state);
@@ -257,17 +273,38 @@ impl World {
             return Ok(());
         }
         let link = self.wait(state, process, deadline, |state| state.links.get(&process).map(Arc::clone))?;
-        let (body, payload) = match &body {
-            Ok(data) => (Body::Data { len: data.len() as u64 }, data.as_slice()),
-            Err(reason) => (Body::Abort { reason: reason.clone() }, &[][..]),
+        let mut writer = lock(&link);
+        // A large message to a process of this host lies in the outbox: made there, or
+        // copied there (else it is streamed).
+        let copied;
+        let slot = match &body {
+            Ok(data) if matches!(writer.get_ref(), LinkOut::Shm(_)) => match &**data {
+                Message::Outbox(slot) => Some(slot),
+                message if message.len() >= outbox::MIN_MESSAGE => {
+                    copied = self.shared.outbox.slot(message.len()).map(|mut slot| {
+                        slot.bytes_mut().copy_from_slice(message);
+                        slot
+                    });
+                    copied.as_ref()
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        let (body, payload) = match (&body, slot) {
+            (Ok(_), Some(slot)) => (Body::Shared { place: slot.read_by_one_more() }, &[][..]),
+            (Ok(data), None) => (Body::Data { len: data.len() as u64 }, &data[..]),
+            (Err(reason), _) => (Body::Abort { reason: reason.clone() }, &[][..]),
         };
         let envelope = Envelope { key, signature: signature.to_owned(), body };
-        let mut writer = lock(&link);
         let sent = wire::write_header(&mut *writer, &envelope)
             .and_then(|()| writer.write_all(payload))
             .and_then(|()| writer.flush());
         drop(writer);
         sent.map_err(|e| {
+            if let Some(slot) = slot {
+                slot.unread();
+            }
             let reason = format!("TX, connection to process {process} failed: {e}");
             self.mark_gone(process, reason.clone());
             Missed::Gone(reason)
@@ -348,19 +385,22 @@ impl Drop for World {
     }
 }
 
-/// This host as processes that can share memory see it: the kernel's boot id and the
-/// network namespace (processes in other namespaces count as other hosts).
+/// This host as processes that can share memory see it: the kernel's boot id, the
+/// network namespace and the pid namespace (processes in other namespaces count as
+/// other hosts: a receiver finds a sender's outbox through its pid).
 fn host_identity() -> String {
     let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    let namespace = std::fs::read_link("/proc/self/ns/net").map(|l| l.display().to_string()).unwrap_or_default();
-    format!("{} {namespace}", boot.trim())
+    let namespace = |kind: &str| {
+        std::fs::read_link(format!("/proc/self/ns/{kind}")).map(|l| l.display().to_string()).unwrap_or_default()
+    };
+    format!("{} {} {}", boot.trim(), namespace("net"), namespace("pid"))
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn deliver(state: &mut State, key: Key, signature: String, body: Result<Arc<Vec<u8>>, String>) {
+fn deliver(state: &mut State, key: Key, signature: String, body: Result<Arc<Message>, String>) {
     match body {
         Ok(data) => {
             state.mailbox.insert(key, Parcel { signature, data });

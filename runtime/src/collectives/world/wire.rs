@@ -1,7 +1,7 @@
 //! What processes of a job say to each other, and how it is framed on a stream.
 //!
 //! Every frame is a little-endian `u32` header length, the header (postcard), then the
-//! payload the header announces (data messages only). Two streams exist between
+//! payload the header announces (data messages streamed through the link only). Two streams exist between
 //! processes: each process's **control** connection to the root (rank 0's process),
 //! carrying [`Control`] messages, and one **data** link per pair of processes, carrying
 //! [`Envelope`]s with the collectives' bytes.
@@ -11,12 +11,14 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
+use super::outbox::Place;
+
 /// A header longer than this is not ours: the stream is closed rather than trusted.
 const MAX_HEADER_BYTES: u32 = 1 << 20;
 
 /// First bytes of every stream, so that a stray client is told apart from a process
 /// of the job (and two builds of different protocol versions refuse each other).
-pub(crate) const GREETING: [u8; 8] = *b"NVRANKS1";
+pub(crate) const GREETING: [u8; 8] = *b"NVRANKS2";
 
 /// A process of the job as the others name it in messages.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,6 +80,8 @@ pub(crate) struct Key {
 pub(crate) enum Body {
     /// `len` payload bytes follow the header.
     Data { len: u64 },
+    /// The bytes lie in the sender's outbox (a process of this host; see `outbox.rs`).
+    Shared { place: Place },
     /// The sender's operation failed: the receiver's fails too, with this reason.
     Abort { reason: String },
 }
