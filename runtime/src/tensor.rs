@@ -428,6 +428,19 @@ impl Tensor {
         f(&mut storage[start..start + self.inner.size as usize])
     }
 
+    /// Runs `f` on the tensor's bytes, mutably, holding its memory for the whole run,
+    /// when no other tensor shares that memory (a slice) and nothing holds it now; else
+    /// gives `f` back without running it (then a caller that waits on other threads
+    /// while `f` runs cannot keep them from a tensor they need).
+    pub(crate) fn try_with_bytes_mut<R, F: FnOnce(&mut [u8]) -> R>(&self, f: F) -> Result<R, F> {
+        if Arc::strong_count(&self.inner.storage) != 1 {
+            return Err(f);
+        }
+        let Ok(mut storage) = self.inner.storage.bytes.try_write() else { return Err(f) };
+        let start = self.inner.offset as usize;
+        Ok(f(&mut storage[start..start + self.inner.size as usize]))
+    }
+
     /// `NRT_INVALID` (naming `what`, the access) unless `len` bytes from `offset` lie
     /// inside the tensor.
     pub fn check_range(&self, what: &str, offset: u64, len: u64) -> NrtResult<()> {

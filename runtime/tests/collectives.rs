@@ -183,6 +183,47 @@ fn a_ring_all_reduce_of_uneven_parts_and_inexact_sums_gives_every_rank_the_same_
 }
 
 #[test]
+fn an_output_written_in_place_a_sliced_one_and_one_that_is_the_input_all_get_the_result() {
+    let fx = started(|_| {});
+    let comm = fx.runtime.communicator(&[0, 1, 2]).expect("communicator");
+    let elements = 1 << 16;
+    let call = CollectiveCall::new(Collective::AllReduce(ReduceOp::Add), DType::F32);
+    let bytes = (elements * 4) as u64;
+    let outputs = std::thread::scope(|scope| {
+        let ranks: Vec<_> = (0..3u32)
+            .map(|rank| {
+                let (rt, comm, call) = (&fx.runtime, &comm, &call);
+                scope.spawn(move || {
+                    let placement = TensorPlacement::Device { core: rank };
+                    let x = rt.allocate_tensor(placement, bytes, "x")?;
+                    x.write(0, &f32_bytes(&vec![rank as f32 + 1.0; elements]))?;
+                    // Rank 0 sums in place; rank 1 into a slice of a larger tensor (its
+                    // memory shared with the slice); rank 2 into a tensor of its own.
+                    let (holder, y) = match rank {
+                        0 => (None, x.clone()),
+                        1 => {
+                            let whole = rt.allocate_tensor(placement, 2 * bytes, "whole")?;
+                            let y = whole.slice(bytes, bytes, "y")?;
+                            (Some(whole), y)
+                        }
+                        _ => (None, rt.allocate_tensor(placement, bytes, "y")?),
+                    };
+                    comm.run(rank, call, Some(&x), Some(&y))?;
+                    let result = y.read_all()?;
+                    drop(holder);
+                    Ok::<_, NrtError>(result)
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|t| t.join().expect("rank")).collect::<Vec<_>>()
+    });
+    for (rank, output) in outputs.into_iter().enumerate() {
+        let output = common::floats(&output.expect("sums"));
+        assert!(output.iter().all(|&v| v == 6.0), "rank {rank}: {:?}", &output[..4]);
+    }
+}
+
+#[test]
 fn send_recv_and_barrier_pair_ranks_in_order() {
     let f = started(|_| {});
     let rt = &f.runtime;

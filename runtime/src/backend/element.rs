@@ -28,6 +28,8 @@ pub(crate) trait Element:
     fn view_le(bytes: &[u8]) -> Option<&[Self]>;
     /// Elements decoded from little-endian bytes (exactly a whole number of them).
     fn decode_le(bytes: &[u8]) -> Vec<Self>;
+    /// The elements' memory as little-endian bytes to write, when the host allows it.
+    fn bytes_le_mut(elements: &mut [Self]) -> Option<&mut [u8]>;
     /// Writes elements as little-endian bytes.
     fn encode_le<'e>(elements: impl Iterator<Item = &'e Self>, out: &mut [u8]);
 
@@ -116,6 +118,10 @@ macro_rules! pod_bytes {
 
         fn decode_le(bytes: &[u8]) -> Vec<$t> {
             decode_pod(bytes)
+        }
+
+        fn bytes_le_mut(elements: &mut [$t]) -> Option<&mut [u8]> {
+            cfg!(target_endian = "little").then(|| bytemuck::cast_slice_mut(elements))
         }
 
         fn encode_le<'e>(elements: impl Iterator<Item = &'e $t>, out: &mut [u8]) {
@@ -250,6 +256,10 @@ impl Element for bool {
 
     // Bytes other than 0 and 1 are valid `pred` tensor contents but not valid `bool`s.
     fn view_le(_: &[u8]) -> Option<&[bool]> {
+        None
+    }
+
+    fn bytes_le_mut(_: &mut [bool]) -> Option<&mut [u8]> {
         None
     }
 

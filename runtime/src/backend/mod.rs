@@ -76,6 +76,29 @@ impl Value {
         })
     }
 
+    /// A value of type `ty` whose little-endian bytes `fill` writes, all of them: in the
+    /// value's own memory where the host's layout allows (no copy), else decoded from a
+    /// buffer. `fill`'s result comes beside the value.
+    pub(crate) fn filled_le<R>(ty: &ArrayType, fill: impl FnOnce(&mut [u8]) -> R) -> (Value, R) {
+        let dims = kernels::to_usize(&ty.dims);
+        with_element!(ty.dtype, T => {
+            let mut elements = vec![T::default(); dims.iter().product()];
+            match T::bytes_le_mut(&mut elements) {
+                Some(bytes) => {
+                    let result = fill(bytes);
+                    let array = ArrayD::from_shape_vec(IxDyn(&dims), elements)
+                        .unwrap_or_else(|_| unreachable!("as many elements as the shape"));
+                    (T::wrap(array), result)
+                }
+                None => {
+                    let mut bytes = vec![0; ty.size_bytes().unwrap_or(0) as usize];
+                    let result = fill(&mut bytes);
+                    (Value::from_le_bytes(ty, &bytes), result)
+                }
+            }
+        })
+    }
+
     /// A zero-filled value of type `ty`.
     pub(crate) fn zeros(ty: &ArrayType) -> Value {
         let dims = IxDyn(&kernels::to_usize(&ty.dims));

@@ -302,7 +302,8 @@ impl Communicator {
     /// Every rank of the communicator calls the same operations in the same order
     /// (ranks outside a replica group too); send and receive pair up per pair of
     /// ranks in order. Fails with `NRT_EXEC_HW_ERR_COLLECTIVES` when a rank does not
-    /// arrive within `NEURON_RT_EXEC_TIMEOUT`.
+    /// arrive within `NEURON_RT_EXEC_TIMEOUT`; the output's contents are then
+    /// unspecified (the ring may have written part of it).
     pub fn run(
         &self,
         rank: u32,
@@ -351,30 +352,39 @@ impl Communicator {
             }
             None => Arc::new(Message::Heap(Vec::new())),
         };
-        let mut output_bytes = buffers::take(output.as_ref().map_or(0, |t| t.size() as usize));
         // The call is checked before it takes the rank's next unit, so that one that
         // cannot run does not leave the other ranks waiting for it.
         let position = || OpPosition { unit: self.begin(rank), index: 0, count: 1 };
-        let request = Request {
-            op: call.op,
-            dtype: call.dtype,
-            groups: &call.groups,
-            algorithm: call.algorithm,
-            outer: 1,
-            input: Arc::clone(&input_bytes),
-            output: &mut output_bytes,
+        let ids = EventIds { nrta_seq_id, ..EventIds::default() };
+        let exchange = |output: &mut [u8]| {
+            let request = Request {
+                op: call.op,
+                dtype: call.dtype,
+                groups: &call.groups,
+                algorithm: call.algorithm,
+                outer: 1,
+                input: Arc::clone(&input_bytes),
+                output,
+            };
+            self.exchange(rank, position, request, deadline, ids).map(drop)
         };
-        let exchanged =
-            self.exchange(rank, position, request, deadline, EventIds { nrta_seq_id, ..EventIds::default() });
+        let exchanged = match &output {
+            None => exchange(&mut []),
+            // The result is written into the output tensor where it lies, or through a
+            // buffer when its memory is shared or in use.
+            Some(output) => match output.try_with_bytes_mut(exchange) {
+                Ok(exchanged) => exchanged,
+                Err(exchange) => {
+                    let mut bytes = buffers::take(output.size() as usize);
+                    let written = exchange(&mut bytes).and_then(|()| output.write(0, &bytes));
+                    buffers::give(bytes);
+                    written
+                }
+            },
+        };
         // Kept for later calls; the input only once the other ranks have read it.
         Message::recycle(input_bytes);
-        let written = match (exchanged, output) {
-            (Ok(_), Some(output)) => output.write(0, &output_bytes),
-            (result, _) => result.map(drop),
-        };
-        buffers::give(output_bytes);
-        written?;
-        Ok(())
+        exchanged
     }
 
     /// Where rank `rank` runs, which must be in this process.

@@ -195,29 +195,38 @@ impl CoreJob<'_> {
                 CollectiveKind::AllToAll { .. } => (n, n),
             };
         }
-        // Both are overwritten whole: the input made where the ranks of other processes
-        // of this host read it, the output a buffer kept from earlier calls.
+        // The input is overwritten whole, made where the ranks of other processes of
+        // this host read it.
         let operand_bytes = shape.iter().product::<usize>() * element;
         let mut input = communicator.message_for_peers(operand_bytes + more_in * outer * element);
         let bytes = input.bytes_mut();
         operand.write_le_bytes(&mut bytes[..operand_bytes]);
         bytes[operand_bytes..].fill(0);
-        let out_bytes = out.size_bytes().unwrap_or(0) as usize;
-        let mut output = collectives::buffers::take(out_bytes + more_out * outer * element);
         let input = std::sync::Arc::new(input);
-        let request = Request {
-            op: collectives::from_kind(op.kind),
-            dtype: out.dtype,
-            groups: &op.groups,
-            algorithm: self.collectives_algorithm,
-            outer,
-            input: std::sync::Arc::clone(&input),
-            output: &mut output,
+        let exchange = |output: &mut [u8]| {
+            let request = Request {
+                op: collectives::from_kind(op.kind),
+                dtype: out.dtype,
+                groups: &op.groups,
+                algorithm: self.collectives_algorithm,
+                outer,
+                input: std::sync::Arc::clone(&input),
+                output,
+            };
+            self.pool.released(|| communicator.exchange(rank, || at, request, deadline, self.ids))
         };
-        let exchanged = self.pool.released(|| communicator.exchange(rank, || at, request, deadline, self.ids));
+        let value = if more_out == 0 {
+            // The result is written where the value keeps it.
+            let (value, exchanged) = Value::filled_le(out, exchange);
+            exchanged.map(|_| value)
+        } else {
+            let out_bytes = out.size_bytes().unwrap_or(0) as usize;
+            let mut output = collectives::buffers::take(out_bytes + more_out * outer * element);
+            let value = exchange(&mut output).map(|_| Value::from_le_bytes(out, &output[..out_bytes]));
+            collectives::buffers::give(output);
+            value
+        };
         collectives::Message::recycle(input);
-        let value = exchanged.map(|_| Value::from_le_bytes(out, &output));
-        collectives::buffers::give(output);
         value
     }
 
