@@ -72,6 +72,8 @@ struct Shared {
     host: String,
     /// Where large messages to processes of this host lie.
     outbox: Outbox,
+    /// Set once a roster names another process of this host.
+    neighbours: AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -163,6 +165,7 @@ impl World {
             rings: Mutex::new(Vec::new()),
             host: host_identity(),
             outbox: Outbox::default(),
+            neighbours: AtomicBool::new(false),
         });
         let thread = {
             let (shared, label) = (Arc::clone(&shared), label.clone());
@@ -250,11 +253,7 @@ impl World {
     /// The outbox, when processes of this host are in the job (a message meant for
     /// them is best made there: see [`Message::for_peers`]).
     pub(crate) fn outbox(&self) -> Option<&Outbox> {
-        let state = lock(&self.shared.state);
-        let neighbours = state.peers.iter().enumerate().any(|(index, peer)| {
-            Some(index as u32) != state.process && peer.as_ref().is_some_and(|p| p.host_identity == self.shared.host)
-        });
-        neighbours.then_some(&self.shared.outbox)
+        self.shared.neighbours.load(Ordering::Relaxed).then_some(&self.shared.outbox)
     }
 
     /// Sends `data` (or an abort) to rank `key.to`, held by process `process`.
@@ -536,6 +535,12 @@ fn on_control(shared: &Arc<Shared>, message: Control) {
                 if peer.is_some() {
                     state.peers[index].clone_from(peer);
                 }
+            }
+            let neighbour = processes.iter().enumerate().any(|(index, peer)| {
+                index as u32 != me && peer.as_ref().is_some_and(|p| p.host_identity == shared.host)
+            });
+            if neighbour {
+                shared.neighbours.store(true, Ordering::Relaxed);
             }
             let roster = Roster { rank_process: rank_process.clone(), peers: processes, process: me };
             state.rosters.insert(comm, Ok(Arc::new(roster)));
