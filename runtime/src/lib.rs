@@ -26,6 +26,7 @@ mod lifecycle;
 mod pool;
 mod reservation;
 mod runtime;
+mod shared_memory;
 
 mod tensor;
 

@@ -16,6 +16,7 @@ use crate::dtype::ArrayType;
 use crate::error::{NrtError, NrtResult, NrtStatus};
 use crate::lifecycle::Lifecycle;
 use crate::memory::MemoryCharge;
+use crate::shared_memory::{SharedMemory, SharedPlace};
 use neuron_datastore::event::{EventType, Payload, payload};
 use neuron_datastore::{EventIds, RingPos, Tracer};
 
@@ -66,10 +67,12 @@ pub(crate) struct TensorTracing {
     pub(crate) name_id: u32,
 }
 
-/// A tensor's memory: the runtime's own anonymous mapping, or a buffer its caller
-/// lent it (`nrt_tensor_attach_buffer`). Either way it never moves.
+/// A tensor's memory: the runtime's own anonymous mapping, shared memory that processes
+/// of its host may read (a device tensor of a job of several processes), or a buffer
+/// its caller lent it (`nrt_tensor_attach_buffer`). Either way it never moves.
 enum Memory {
     Mapped(memmap2::MmapMut),
+    Shared(SharedMemory),
     Lent { start: NonNull<u8>, len: usize },
 }
 
@@ -85,6 +88,7 @@ impl Deref for Memory {
     fn deref(&self) -> &[u8] {
         match self {
             Memory::Mapped(map) => map,
+            Memory::Shared(memory) => memory.bytes(),
             // SAFETY: the lender promised `len` readable bytes at `start` while the
             // tensor exists, and the storage's lock orders this access with writes.
             Memory::Lent { start, len } => unsafe { std::slice::from_raw_parts(start.as_ptr(), *len) },
@@ -96,6 +100,7 @@ impl DerefMut for Memory {
     fn deref_mut(&mut self) -> &mut [u8] {
         match self {
             Memory::Mapped(map) => map,
+            Memory::Shared(memory) => memory.bytes_mut(),
             // SAFETY: as for `deref`, and `&mut self` means the write lock is held.
             Memory::Lent { start, len } => unsafe { std::slice::from_raw_parts_mut(start.as_ptr(), *len) },
         }
@@ -106,6 +111,8 @@ struct Storage {
     bytes: RwLock<Memory>,
     /// The address of the memory's first byte (exposed), which never changes.
     base: usize,
+    /// Where the whole memory lies for processes of this host, when it is shared.
+    shared: Option<SharedPlace>,
     _charge: MemoryCharge,
     /// Emits `nrt_tensor_free` when the last view of the memory goes.
     freed: Option<(TensorTracing, u64, u64)>,
@@ -156,11 +163,14 @@ impl fmt::Debug for Tensor {
 }
 
 impl Tensor {
-    /// Allocates zero-filled storage of `size` bytes, already charged to `charge`.
+    /// Allocates zero-filled storage of `size` bytes, already charged to `charge`: in
+    /// shared memory when `shared` (and the kernel gives it), else private.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn allocate(
         name: &str,
         placement: TensorPlacement,
         size: u64,
+        shared: bool,
         array_type: Option<ArrayType>,
         charge: MemoryCharge,
         lifecycle: Arc<Lifecycle>,
@@ -175,18 +185,25 @@ impl Tensor {
         // abort. (A zero-length mapping is not allowed, hence the max.)
         let id = NEXT_TENSOR_ID.fetch_add(1, Ordering::Relaxed);
         let map = || {
-            memmap2::MmapOptions::new().len(len.max(1)).no_reserve_swap().map_anon().map_err(|e| {
+            if shared {
+                match SharedMemory::create("neuron-virt-tensor", id, len) {
+                    Ok(memory) => return Ok(Memory::Shared(memory)),
+                    Err(e) => tracing::debug!("tensor `{name}` in private memory: no shared memory ({e})"),
+                }
+            }
+            let map = memmap2::MmapOptions::new().len(len.max(1)).no_reserve_swap().map_anon().map_err(|e| {
                 NrtError::new(
                     NrtStatus::Resource,
                     format!("the host could not provide {size} bytes for tensor `{name}`: {e}"),
                 )
-            })
+            })?;
+            Ok(Memory::Mapped(map))
         };
         let bytes = match &tracing {
             Some(t) => t.span(EventType::NrtTensorAllocate, t.tensor(id, size), 0, map)?,
             None => map()?,
         };
-        Ok(Tensor::over(id, name, placement, Memory::Mapped(bytes), size, array_type, charge, lifecycle, tracing))
+        Ok(Tensor::over(id, name, placement, bytes, size, array_type, charge, lifecycle, tracing))
     }
 
     /// A host tensor over `len` bytes at `start` that its caller owns, charged to
@@ -226,6 +243,10 @@ impl Tensor {
         tracing: Option<TensorTracing>,
     ) -> Tensor {
         let base = bytes.as_mut_ptr().expose_provenance();
+        let shared = match &bytes {
+            Memory::Shared(memory) => Some(memory.place(0, size)),
+            _ => None,
+        };
         Tensor {
             inner: Arc::new(TensorInner {
                 id,
@@ -235,6 +256,7 @@ impl Tensor {
                 storage: Arc::new(Storage {
                     bytes: RwLock::new(bytes),
                     base,
+                    shared,
                     _charge: charge,
                     freed: tracing.clone().map(|t| (t, id, size)),
                 }),
@@ -439,6 +461,26 @@ impl Tensor {
         let Ok(mut storage) = self.inner.storage.bytes.try_write() else { return Err(f) };
         let start = self.inner.offset as usize;
         Ok(f(&mut storage[start..start + self.inner.size as usize]))
+    }
+
+    /// Where the tensor lies for processes of this host, when its memory is shared.
+    pub(crate) fn shared_place(&self) -> Option<SharedPlace> {
+        let whole = self.inner.storage.shared?;
+        Some(SharedPlace { offset: whole.offset + self.inner.offset, len: self.inner.size, ..whole })
+    }
+
+    /// Whether this tensor's memory is `other`'s (a slice of it, or the same tensor).
+    pub(crate) fn shares_memory_with(&self, other: &Tensor) -> bool {
+        Arc::ptr_eq(&self.inner.storage, &other.inner.storage)
+    }
+
+    /// Runs `f` on the tensor's bytes, holding them for reading for the whole run, when
+    /// nothing writes them now; else gives `f` back without running it (as
+    /// [`Tensor::try_with_bytes_mut`], for the same reason).
+    pub(crate) fn try_with_bytes<R, F: FnOnce(&[u8]) -> R>(&self, f: F) -> Result<R, F> {
+        let Ok(storage) = self.inner.storage.bytes.try_read() else { return Err(f) };
+        let start = self.inner.offset as usize;
+        Ok(f(&storage[start..start + self.inner.size as usize]))
     }
 
     /// `NRT_INVALID` (naming `what`, the access) unless `len` bytes from `offset` lie

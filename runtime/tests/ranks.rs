@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use neuron_runtime::launch::RootComm;
 use neuron_runtime::{
     Collective, CollectiveCall, Communicator, CoreSet, DType, GLOBAL_COMMUNICATOR, Model, Neff, NrtError, NrtStatus,
-    Target, TensorPlacement, compile_hlo,
+    Target, Tensor, TensorPlacement, compile_hlo,
 };
 use neuron_test_support::runtime::{self as common, f32_bytes};
 
@@ -220,6 +220,84 @@ fn large_collectives_read_the_messages_of_processes_of_this_host_in_place() {
     assert!(holds_an_outbox_area(), "messages of 256 KiB between processes of one host lie in shared memory");
 }
 
+/// How many times this process maps each memfd of tensor memory (its owner's
+/// mapping, then one per runtime that reads it where it lies).
+fn tensor_mappings() -> std::collections::HashMap<u64, usize> {
+    let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
+    let mut count = std::collections::HashMap::new();
+    for line in maps.lines().filter(|l| l.contains("neuron-virt-tensor")) {
+        let inode: u64 = line.split_whitespace().nth(4).and_then(|i| i.parse().ok()).expect("inode");
+        *count.entry(inode).or_default() += 1;
+    }
+    count
+}
+
+#[test]
+fn an_all_reduce_of_large_tensors_reads_them_where_they_lie_in_the_processes_of_this_host() {
+    let job = job(3, 1, Duration::from_secs(30));
+    let (ranks, elements) = (3usize, 300_001);
+    let values = |r: usize| (0..elements).map(|i| (i % 977) as f32 * 0.37 + r as f32 * 1.1).collect::<Vec<f32>>();
+    let values: Vec<Vec<f32>> = (0..ranks).map(values).collect();
+    let inputs: Vec<Vec<u8>> = values.iter().map(|v| f32_bytes(v)).collect();
+    // Summed in group order, as every algorithm does for each element.
+    let sums: Vec<f32> = (0..elements).map(|i| (values[0][i] + values[1][i]) + values[2][i]).collect();
+    let comms: Vec<Communicator> =
+        (0..ranks).map(|r| job[r].runtime.join_communicator("lend", 0, r as u32, 3).expect("joins")).collect();
+    let call = CollectiveCall::new(Collective::AllReduce(neuron_runtime::isa::ReduceOp::Add), DType::F32)
+        .algorithm(neuron_runtime::Algorithm::AllToAll);
+    // Every rank lends (twice: the peers let the first tensors go once freed); then
+    // rank 1 sums in place (a tensor that is input and output is not lent) and rank 2
+    // from host memory (not shared), while the others still lend.
+    let mut first_round = Vec::new();
+    for (round, (in_place, on_host)) in [(None, None), (None, None), (Some(1), Some(2))].into_iter().enumerate() {
+        let tensors: Vec<(Tensor, Tensor)> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..ranks)
+                .map(|rank| {
+                    let (comm, input, rt, call) = (&comms[rank], &inputs[rank], &job[rank].runtime, &call);
+                    scope.spawn(move || {
+                        let device = TensorPlacement::Device { core: 0 };
+                        let placement = if on_host == Some(rank) { TensorPlacement::Host } else { device };
+                        let x = rt.allocate_tensor(placement, input.len() as u64, "x").expect("alloc");
+                        x.write(0, input).expect("write");
+                        let y = match in_place == Some(rank) {
+                            true => x.clone(),
+                            false => rt.allocate_tensor(device, input.len() as u64, "y").expect("alloc"),
+                        };
+                        comm.run(rank as u32, call, Some(&x), Some(&y)).expect("sums");
+                        (x, y)
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().expect("rank thread")).collect()
+        });
+        for (rank, (x, y)) in tensors.iter().enumerate() {
+            assert!(common::floats(&y.read_all().expect("read")) == sums, "round {round}: rank {rank}'s sum");
+            if in_place != Some(rank) {
+                assert!(x.read_all().expect("read") == inputs[rank], "round {round}: rank {rank}'s input is unchanged");
+            }
+        }
+        let mappings = tensor_mappings();
+        match round {
+            0 => {
+                // Each rank's input and output: its own mapping and the two peers'.
+                assert_eq!(mappings.len(), 2 * ranks, "{mappings:?}");
+                assert!(mappings.values().all(|&n| n == 3), "{mappings:?}");
+                first_round = mappings.into_keys().collect();
+            }
+            // The peers let the tensors of the first round go once they were freed.
+            1 => assert!(first_round.iter().all(|inode| !mappings.contains_key(inode)), "{mappings:?}"),
+            _ => {
+                // Rank 1's tensor (input and output) and rank 2's output are not lent,
+                // though the peers read them; rank 0's two still are. The peers let
+                // the freed tensors of the second round go at its first message.
+                let lent = mappings.values().filter(|&&n| n == 3).count();
+                assert_eq!(lent, 2, "{mappings:?}");
+                assert!(mappings.values().all(|&n| n != 2), "{mappings:?}");
+            }
+        }
+    }
+}
+
 #[test]
 fn send_and_recv_pass_messages_in_order_within_and_across_processes() {
     // Ranks 0 and 1 in one process, 2 and 3 in the other: around the ring 0 → 1 and
@@ -323,19 +401,24 @@ fn a_communicator_a_process_left_before_joining_times_out_naming_the_process() {
 /// Rank 0 of a two-process job calls `call` (with an output on its core when
 /// `output_bytes` is not 0) while rank 1's process closes, 200 ms in: its links and its
 /// bootstrap connection close. Rank 0's error, which must come at once, with 1206.
-fn call_while_the_peer_process_closes(name: &str, call: &CollectiveCall, output_bytes: u64) -> NrtError {
+fn call_while_the_peer_process_closes(
+    name: &str,
+    call: &CollectiveCall,
+    (input_bytes, output_bytes): (u64, u64),
+) -> NrtError {
     let mut job = job(2, 1, Duration::from_secs(30));
     let comm0 = job[0].runtime.join_communicator(name, 0, 0, 2).expect("joins");
     let comm1 = job[1].runtime.join_communicator(name, 0, 1, 2).expect("joins");
     comm0.wait_for_ranks(Instant::now() + Duration::from_secs(10)).expect("every rank joins");
     comm1.wait_for_ranks(Instant::now() + Duration::from_secs(10)).expect("every rank joins");
     let placement = TensorPlacement::Device { core: 0 };
-    let output =
-        (output_bytes > 0).then(|| job[0].runtime.allocate_tensor(placement, output_bytes, "y").expect("alloc"));
+    let tensor =
+        |bytes: u64, name| (bytes > 0).then(|| job[0].runtime.allocate_tensor(placement, bytes, name).expect("alloc"));
+    let (input, output) = (tensor(input_bytes, "x"), tensor(output_bytes, "y"));
     std::thread::scope(|scope| {
         let waiting = scope.spawn(|| {
             let started = Instant::now();
-            (comm0.run(0, call, None, output.as_ref()), started.elapsed())
+            (comm0.run(0, call, input.as_ref(), output.as_ref()), started.elapsed())
         });
         std::thread::sleep(Duration::from_millis(200));
         drop(comm1);
@@ -350,7 +433,8 @@ fn call_while_the_peer_process_closes(name: &str, call: &CollectiveCall, output_
 
 #[test]
 fn a_process_that_goes_away_fails_its_peers_at_once_with_a_network_failure() {
-    let error = call_while_the_peer_process_closes("gone", &CollectiveCall::new(Collective::Barrier, DType::U8), 0);
+    let error =
+        call_while_the_peer_process_closes("gone", &CollectiveCall::new(Collective::Barrier, DType::U8), (0, 0));
     assert!(
         error.message.contains("connection closed by remote peer") && error.message.contains("rank 1 (pid"),
         "{error}"
@@ -360,8 +444,15 @@ fn a_process_that_goes_away_fails_its_peers_at_once_with_a_network_failure() {
 #[test]
 fn a_recv_from_a_process_that_goes_away_fails_at_once_with_a_network_failure() {
     let recv = CollectiveCall::new(Collective::Recv { peer: 1 }, DType::U8);
-    let error = call_while_the_peer_process_closes("gone-p2p", &recv, 4);
+    let error = call_while_the_peer_process_closes("gone-p2p", &recv, (0, 4));
     assert!(error.message.contains("got no data from rank 1 (pid"), "{error}");
+}
+
+#[test]
+fn an_all_reduce_that_lends_its_tensors_to_a_process_that_goes_away_fails_at_once() {
+    let sum = CollectiveCall::new(Collective::AllReduce(neuron_runtime::isa::ReduceOp::Add), DType::F32);
+    let error = call_while_the_peer_process_closes("gone-lent", &sum, (4 << 20, 4 << 20));
+    assert!(error.message.contains("rank 1 (pid"), "{error}");
 }
 
 #[test]

@@ -118,7 +118,7 @@ impl Communicator {
     /// operation) and works out its group, position and algorithm.
     fn plan(&self, rank: u32, request: &Request<'_>) -> NrtResult<Plan> {
         let Request { op, dtype, groups, algorithm, outer, .. } = *request;
-        let (input_len, output_len) = (request.input.len(), request.output.len());
+        let (input_len, output_len) = (request.input_len(), request.output.len());
         check_groups(groups, self.ranks())?;
         let (group_index, group, position) = if groups.is_empty() {
             (0, (0..self.ranks() as u32).collect::<Vec<_>>(), rank as usize)
@@ -173,7 +173,7 @@ impl Communicator {
     ) -> NrtResult<Algorithm> {
         let inner = &*self.inner;
         let place = self.own_place(rank)?;
-        let (input_len, output_len) = (request.input.len(), request.output.len());
+        let (input_len, output_len) = (request.input_len(), request.output.len());
         let plan = self.plan(rank, &request)?;
         let at = at();
         let (n, algorithm) = (plan.group.len(), plan.algorithm);
@@ -204,13 +204,18 @@ impl Communicator {
             outer: request.outer,
             algorithm,
         };
-        let result = if n == 1 {
-            local(request);
-            Ok(())
-        } else if let Some(membership) = &inner.membership {
+        let result = if let Some(membership) = inner.membership.as_ref().filter(|_| n > 1) {
             self.meet_across(membership, rank, at, &plan, signature, request, deadline)
         } else {
-            self.meet(rank, at, &plan, signature, request, deadline)
+            // Lending is between processes only.
+            let mut request = request;
+            request.unlend(self);
+            if n == 1 {
+                local(request);
+                Ok(())
+            } else {
+                self.meet(rank, at, &plan, signature, request, deadline)
+            }
         };
         let status = result.as_ref().err().map(|e| e.status);
         if running.tracking_id != 0 {

@@ -41,6 +41,7 @@ use crate::dtype::DType;
 use crate::error::{NrtError, NrtResult};
 use crate::isa::{CollectiveKind, ReduceOp};
 use crate::lifecycle::Lifecycle;
+use crate::shared_memory::SharedPlace;
 use crate::tensor::Tensor;
 use neuron_datastore::topology::Topology;
 use neuron_datastore::{EventIds, RingPos, Tracer};
@@ -49,6 +50,7 @@ mod algorithms;
 pub(crate) mod buffers;
 mod meeting;
 mod remote;
+mod streaming;
 pub(crate) mod world;
 
 use meeting::State;
@@ -213,9 +215,36 @@ pub(crate) struct Request<'a> {
     pub(crate) algorithm: Option<Algorithm>,
     /// Rows before the dimension exchanged along (1 for whole tensors).
     pub(crate) outer: usize,
-    /// Shared, so that the ranks that read it take it without a copy.
+    /// Shared, so that the ranks that read it take it without a copy; empty while the
+    /// input is lent.
     pub(crate) input: Arc<Message>,
+    /// The input where it lies, when it may be lent to the ranks of other processes of
+    /// this host with the output (see `world/lending.rs`).
+    pub(crate) lent: Option<LentInput<'a>>,
     pub(crate) output: &'a mut [u8],
+}
+
+/// A rank's input tensor's bytes, held for reading for the call, and where its input
+/// and output tensors lie in shared memory.
+pub(crate) struct LentInput<'a> {
+    pub(crate) bytes: &'a [u8],
+    pub(crate) input: SharedPlace,
+    pub(crate) output: SharedPlace,
+}
+
+impl Request<'_> {
+    pub(crate) fn input_len(&self) -> usize {
+        self.lent.as_ref().map_or(self.input.len(), |lent| lent.bytes.len())
+    }
+
+    /// Makes a lent input an input of its own, for an algorithm that does not lend.
+    fn unlend(&mut self, communicator: &Communicator) {
+        if let Some(lent) = self.lent.take() {
+            let mut message = communicator.message_for_peers(lent.bytes.len());
+            message.bytes_mut().copy_from_slice(lent.bytes);
+            self.input = Arc::new(message);
+        }
+    }
 }
 
 static NEXT_COMMUNICATOR: AtomicU32 = AtomicU32::new(1);
@@ -344,6 +373,40 @@ impl Communicator {
             Collective::Barrier => (None, None),
             _ => (Some(need(input, "input")?), Some(need(output, "output")?)),
         };
+        // The call is checked before it takes the rank's next unit, so that one that
+        // cannot run does not leave the other ranks waiting for it.
+        let position = || OpPosition { unit: self.begin(rank), index: 0, count: 1 };
+        let ids = EventIds { nrta_seq_id, ..EventIds::default() };
+        let exchange = |output: &mut [u8], input: Arc<Message>, lent: Option<LentInput<'_>>| {
+            let request = Request {
+                op: call.op,
+                dtype: call.dtype,
+                groups: &call.groups,
+                algorithm: call.algorithm,
+                outer: 1,
+                input,
+                lent,
+                output,
+            };
+            self.exchange(rank, position, request, deadline, ids).map(drop)
+        };
+        if let (Some(input), Some(output)) = (&input, &output)
+            && let Some((input_place, output_place)) = self.lendable(call, input, output, deadline)
+        {
+            // Both tensors held for the whole call (the output for writing), unless
+            // something holds them now: then the call copies as below.
+            let lending = |out: &mut [u8]| {
+                input
+                    .try_with_bytes(|bytes| {
+                        let lent = LentInput { bytes, input: input_place, output: output_place };
+                        exchange(out, Arc::new(Message::Heap(Vec::new())), Some(lent))
+                    })
+                    .ok()
+            };
+            if let Ok(Some(exchanged)) = output.try_with_bytes_mut(lending) {
+                return exchanged;
+            }
+        }
         let input_bytes = match &input {
             Some(t) => {
                 let mut message = self.message_for_peers(t.size() as usize);
@@ -352,22 +415,7 @@ impl Communicator {
             }
             None => Arc::new(Message::Heap(Vec::new())),
         };
-        // The call is checked before it takes the rank's next unit, so that one that
-        // cannot run does not leave the other ranks waiting for it.
-        let position = || OpPosition { unit: self.begin(rank), index: 0, count: 1 };
-        let ids = EventIds { nrta_seq_id, ..EventIds::default() };
-        let exchange = |output: &mut [u8]| {
-            let request = Request {
-                op: call.op,
-                dtype: call.dtype,
-                groups: &call.groups,
-                algorithm: call.algorithm,
-                outer: 1,
-                input: Arc::clone(&input_bytes),
-                output,
-            };
-            self.exchange(rank, position, request, deadline, ids).map(drop)
-        };
+        let exchange = |output: &mut [u8]| exchange(output, Arc::clone(&input_bytes), None);
         let exchanged = match &output {
             None => exchange(&mut []),
             // The result is written into the output tensor where it lies, or through a

@@ -22,11 +22,17 @@ use sha2::{Digest, Sha256};
 
 use super::algorithms::{direct, ring};
 use super::meeting::{Plan, Signature};
+use super::streaming;
+use super::world::lending;
 use super::world::wire::Key;
 use super::world::{Message, Missed, Roster, World};
-use super::{Algorithm, Communicator, OpPosition, RankPlace, Request};
+use super::{Algorithm, Collective, CollectiveCall, Communicator, OpPosition, RankPlace, Request};
+use crate::backend;
 use crate::error::{NrtError, NrtResult, NrtStatus};
+use crate::isa::ReduceOp;
 use crate::lifecycle::Lifecycle;
+use crate::shared_memory::SharedPlace;
+use crate::tensor::Tensor;
 use neuron_datastore::Tracer;
 use neuron_datastore::topology::Topology;
 
@@ -105,6 +111,26 @@ impl Communicator {
     /// them copies nothing.
     pub(crate) fn message_for_peers(&self, len: usize) -> Message {
         Message::for_peers(len, self.inner.membership.as_ref().and_then(|m| m.world.outbox()))
+    }
+
+    /// The places of `input` and `output` when a call of them may lend them to the ranks
+    /// of other processes of this host: an all-reduce of large tensors apart from each
+    /// other, both in shared memory, in a job with processes on this host.
+    pub(crate) fn lendable(
+        &self,
+        call: &CollectiveCall,
+        input: &Tensor,
+        output: &Tensor,
+        deadline: Instant,
+    ) -> Option<(SharedPlace, SharedPlace)> {
+        let membership = self.inner.membership.as_ref()?;
+        // The roster says where the ranks are (the call waits for it anyway).
+        membership.world.roster(membership.comm, &self.inner.name, deadline).ok()?;
+        membership.world.outbox()?;
+        let fits = matches!(call.op, Collective::AllReduce(_))
+            && input.size() >= lending::MIN_BYTES
+            && !input.shares_memory_with(output);
+        fits.then(|| Some((input.shared_place()?, output.shared_place()?))).flatten()
     }
 
     /// Whether this communicator across processes failed (and a new one is needed).
@@ -202,7 +228,7 @@ impl Communicator {
         at: OpPosition,
         plan: &Plan,
         signature: Signature,
-        request: Request<'_>,
+        mut request: Request<'_>,
         deadline: Instant,
     ) -> NrtResult<()> {
         if let Some(failed) = membership.failed.lock().unwrap_or_else(|e| e.into_inner()).clone() {
@@ -216,10 +242,23 @@ impl Communicator {
         }
         let roster = membership.world.roster(membership.comm, &self.inner.name, deadline)?;
         if plan.group.iter().all(|&r| roster.rank_process[r as usize] == roster.process) {
+            request.unlend(self);
             return self.meet(rank, at, plan, signature, request, deadline);
         }
+        // An all-reduce of all-to-all runs by parts, lending where it can; any other
+        // algorithm moves copies of the input.
+        let by_parts = match request.op {
+            Collective::AllReduce(op) if plan.algorithm == Algorithm::AllToAll => Some(op),
+            _ => None,
+        };
+        if by_parts.is_none() {
+            request.unlend(self);
+        }
         let exchange = Exchange { communicator: self, membership, roster: &roster, rank, at, deadline, signature };
-        let moved = exchange.run(plan, request);
+        let moved = match by_parts {
+            Some(op) => exchange.all_reduce_by_parts(plan, op, request),
+            None => exchange.run(plan, request),
+        };
         if let Err(error) = &moved {
             exchange.abort(plan, error);
             *membership.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(error.clone());
@@ -273,6 +312,83 @@ impl Exchange<'_> {
                 })
             }
         }
+    }
+
+    /// An all-reduce by parts: part `k` of the output (in group order) is the sum of
+    /// part `k` of every input, which position `k` computes; ranks that lent each
+    /// other their tensors (processes of this host: `world/lending.rs`) read one
+    /// another's inputs and finished parts where they lie, and a rank computes itself
+    /// the parts of the ranks that did not. Every part is summed in group order
+    /// whoever sums it, so all ranks get the same bits, as with `direct`.
+    ///
+    /// Messages between this rank and a peer: each one's input or lent tensors (step
+    /// 0); "my part is final" to a peer it lent to (step 1); and, when either lent, "I
+    /// am done with your memory" both ways (step 2), the last thing before returning.
+    fn all_reduce_by_parts(&self, plan: &Plan, op: ReduceOp, request: Request<'_>) -> NrtResult<()> {
+        let (group, p, n) = (&plan.group, plan.position, plan.group.len());
+        let signature = self.signature.to_string();
+        let mine: &[u8] = request.lent.as_ref().map_or(&request.input[..], |lent| lent.bytes);
+        let mut lent_to = vec![false; n];
+        for (k, &peer) in group.iter().enumerate().filter(|&(k, _)| k != p) {
+            lent_to[k] = match &request.lent {
+                Some(lent) => {
+                    let key = self.key(0, self.rank, peer);
+                    let places = (lent.input, lent.output);
+                    let world = &self.membership.world;
+                    world
+                        .send_lent(self.process_of(peer), key, &signature, (lent.bytes, places), self.deadline)
+                        .map_err(|missed| self.missed(peer, missed))?
+                }
+                None => self.send(peer, 0, &signature, Arc::clone(&request.input)).map(|()| false)?,
+            };
+        }
+        let mut theirs = Vec::with_capacity(n);
+        for (k, &peer) in group.iter().enumerate() {
+            theirs.push(if k == p { None } else { Some(self.receive(peer, 0, &signature)?) });
+        }
+        let inputs: Vec<&[u8]> = theirs.iter().map(|input| input.as_ref().map_or(mine, |m| &m[..])).collect();
+        let element_bytes = request.dtype.size_bytes() as usize;
+        let elements = request.output.len() / element_bytes;
+        let part = |k: usize| k * elements / n * element_bytes..(k + 1) * elements / n * element_bytes;
+        let dtype = request.dtype;
+        // Written once, past the caches when large (`streaming.rs`).
+        let sum = |out: &mut [u8], k: usize| {
+            let start = part(k).start;
+            streaming::write(out, |range, chunk| {
+                let range = start + range.start..start + range.end;
+                backend::combine_le_bytes_into(op, dtype, chunk, &inputs[0][range.clone()], &inputs[1][range.clone()]);
+                for input in &inputs[2..] {
+                    backend::combine_le_bytes(op, dtype, chunk, &input[range.clone()]);
+                }
+            });
+        };
+        let output = &mut *request.output;
+        sum(&mut output[part(p)], p);
+        let done = Arc::new(Message::Heap(Vec::new()));
+        for (k, _) in lent_to.iter().enumerate().filter(|&(_, &lent)| lent) {
+            self.send(group[k], 1, &signature, Arc::clone(&done))?;
+        }
+        for k in (0..n).filter(|&k| k != p) {
+            match theirs[k].as_ref().and_then(|m| m.lent()) {
+                Some(lent) => {
+                    self.receive(group[k], 1, &signature)?;
+                    streaming::copy(&mut output[part(k)], &lent.output()[part(k)]);
+                }
+                None => sum(&mut output[part(k)], k),
+            }
+        }
+        drop(inputs);
+        let either_lent = |k: usize| lent_to[k] || theirs[k].as_ref().is_some_and(|m| m.lent().is_some());
+        let pairs: Vec<usize> = (0..n).filter(|&k| k != p && either_lent(k)).collect();
+        for &k in &pairs {
+            self.send(group[k], 2, &signature, Arc::clone(&done))?;
+        }
+        for &k in &pairs {
+            self.receive(group[k], 2, &signature)?;
+        }
+        // What the peers sent is kept for later calls, or released to them.
+        theirs.into_iter().flatten().for_each(Message::recycle);
+        Ok(())
     }
 
     fn key(&self, step: u32, from: u32, to: u32) -> Key {

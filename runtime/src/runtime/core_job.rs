@@ -211,6 +211,7 @@ impl CoreJob<'_> {
                 algorithm: self.collectives_algorithm,
                 outer,
                 input: std::sync::Arc::clone(&input),
+                lent: None,
                 output,
             };
             self.pool.released(|| communicator.exchange(rank, || at, request, deadline, self.ids))

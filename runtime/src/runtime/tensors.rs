@@ -3,6 +3,7 @@
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use crate::collectives::world::lending;
 use crate::dtype::ArrayType;
 use crate::error::{NrtError, NrtResult};
 use crate::memory::Charge;
@@ -87,6 +88,10 @@ impl Runtime {
         };
         let charge = self.shared.ledger.charge(charge, size)?;
         let tracing = TensorTracing { ring: tracer.ring_of(core), name_id: tracer.store().intern(name), tracer };
-        Tensor::allocate(name, placement, size, ty, charge, Arc::clone(&self.shared.lifecycle), Some(tracing))
+        // In a job of several processes, the ranks of this host read a large device
+        // tensor where it lies when it is a collective's input or output.
+        let shared = core.is_some() && size >= lending::MIN_BYTES && self.shared.config.root_comm.is_some();
+        let lifecycle = Arc::clone(&self.shared.lifecycle);
+        Tensor::allocate(name, placement, size, shared, ty, charge, lifecycle, Some(tracing))
     }
 }

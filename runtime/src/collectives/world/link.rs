@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use super::lending::PeerTensors;
 use super::outbox::{Message, PeerAreas};
 use super::shm::{self, Segment};
 use super::wire::{self, Body, Envelope};
@@ -186,12 +187,14 @@ fn add_link(shared: &Arc<Shared>, process: u32, stream: TcpStream, transport: Tr
     std::thread::Builder::new().name("nrt-link".into()).spawn(move || {
         let mut reader = BufReader::with_capacity(1 << 16, reader);
         let mut areas = PeerAreas::default();
+        let mut tensors = PeerTensors::default();
         let reason = loop {
             let envelope = match wire::read_header::<Envelope>(&mut reader) {
                 Ok(Some(envelope)) => envelope,
                 Ok(None) => break "RX, connection closed by remote peer".to_owned(),
                 Err(e) => break format!("RX, connection failed: {e}"),
             };
+            tensors.let_go_of_freed();
             let body = match envelope.body {
                 Body::Data { len } => {
                     let mut data = crate::collectives::buffers::take(len as usize);
@@ -201,7 +204,7 @@ fn add_link(shared: &Arc<Shared>, process: u32, stream: TcpStream, transport: Tr
                     Ok(Arc::new(Message::Heap(data)))
                 }
                 // Only a process of this host has an outbox this one can map.
-                Body::Shared { .. } if !shares_memory => {
+                Body::Shared { .. } | Body::Lent { .. } if !shares_memory => {
                     break "RX, a message in shared memory came over a link between hosts".to_owned();
                 }
                 Body::Shared { place } => match areas.receive(place) {
@@ -210,6 +213,15 @@ fn add_link(shared: &Arc<Shared>, process: u32, stream: TcpStream, transport: Tr
                         break format!(
                             "RX, cannot read a message in the outbox of pid {} (/proc/{}/fd/{}): {e}",
                             place.pid, place.pid, place.fd
+                        );
+                    }
+                },
+                Body::Lent { input, output } => match tensors.receive(input, output) {
+                    Ok(lent) => Ok(Arc::new(Message::Lent(lent))),
+                    Err(e) => {
+                        break format!(
+                            "RX, cannot read the tensors pid {} lent (/proc/{}/fd/{} and {}): {e}",
+                            input.pid, input.pid, input.fd, output.fd
                         );
                     }
                 },

@@ -17,6 +17,7 @@
 //! known to be gone (its link or its control connection closed), when another rank of
 //! the operation aborted it, or at the deadline.
 
+pub(crate) mod lending;
 mod link;
 pub(crate) mod outbox;
 mod root;
@@ -33,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use crate::error::{NrtError, NrtResult, NrtStatus};
 use crate::launch::RootComm;
+use crate::shared_memory::SharedPlace;
 use link::{LinkOut, accept_links, open_link};
 pub(crate) use outbox::Message;
 use outbox::Outbox;
@@ -272,7 +274,7 @@ impl World {
             return Ok(());
         }
         let link = self.wait(state, process, deadline, |state| state.links.get(&process).map(Arc::clone))?;
-        let mut writer = lock(&link);
+        let writer = lock(&link);
         // A large message to a process of this host lies in the outbox: made there, or
         // copied there (else it is streamed).
         let copied;
@@ -296,14 +298,55 @@ impl World {
             (Err(reason), _) => (Body::Abort { reason: reason.clone() }, &[][..]),
         };
         let envelope = Envelope { key, signature: signature.to_owned(), body };
-        let sent = wire::write_header(&mut *writer, &envelope)
+        self.write(process, writer, &envelope, payload).inspect_err(|_| {
+            if let Some(slot) = slot {
+                slot.unread();
+            }
+        })
+    }
+
+    /// Sends rank `key.from`'s `input` to rank `key.to`, held by process `process`: as
+    /// the places of its lent input and output tensors when that process maps this
+    /// host's memory, and then `true` (the peer reads them where they lie until it
+    /// says it is done); else as bytes, and `false`.
+    pub(crate) fn send_lent(
+        &self,
+        process: u32,
+        key: Key,
+        signature: &str,
+        (input, places): (&[u8], (SharedPlace, SharedPlace)),
+        deadline: Instant,
+    ) -> Result<bool, Missed> {
+        let mut state = lock(&self.shared.state);
+        if state.process == Some(process) {
+            deliver(&mut state, key, signature.to_owned(), Ok(Arc::new(Message::Heap(input.to_vec()))));
+            self.shared.changed.notify_all();
+            return Ok(false);
+        }
+        let link = self.wait(state, process, deadline, |state| state.links.get(&process).map(Arc::clone))?;
+        let writer = lock(&link);
+        let lent = matches!(writer.get_ref(), LinkOut::Shm(_));
+        let (body, payload) = match lent {
+            true => (Body::Lent { input: places.0, output: places.1 }, &[][..]),
+            false => (Body::Data { len: input.len() as u64 }, input),
+        };
+        let envelope = Envelope { key, signature: signature.to_owned(), body };
+        self.write(process, writer, &envelope, payload).map(|()| lent)
+    }
+
+    /// Writes one envelope and its payload to a link (a failure ends it).
+    fn write(
+        &self,
+        process: u32,
+        mut writer: MutexGuard<'_, BufWriter<LinkOut>>,
+        envelope: &Envelope,
+        payload: &[u8],
+    ) -> Result<(), Missed> {
+        let sent = wire::write_header(&mut *writer, envelope)
             .and_then(|()| writer.write_all(payload))
             .and_then(|()| writer.flush());
         drop(writer);
         sent.map_err(|e| {
-            if let Some(slot) = slot {
-                slot.unread();
-            }
             let reason = format!("TX, connection to process {process} failed: {e}");
             self.mark_gone(process, reason.clone());
             Missed::Gone(reason)

@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex};
 use memmap2::{MmapMut, MmapOptions};
 use serde::{Deserialize, Serialize};
 
+use super::lending::LentTensors;
 use crate::collectives::buffers;
 
 /// Messages from this size on go through the outbox to processes of this host.
@@ -61,13 +62,15 @@ pub(crate) struct Place {
     pub(crate) len: u64,
 }
 
-/// The bytes a collective moves: a buffer of this process, a message in its outbox, or
-/// a message in a peer's outbox mapped here.
+/// The bytes a collective moves: a buffer of this process, a message in its outbox, a
+/// message in a peer's outbox mapped here, or a peer's lent tensors (the bytes are
+/// its input; see `lending.rs`).
 #[derive(Debug)]
 pub(crate) enum Message {
     Heap(Vec<u8>),
     Outbox(Slot),
     Received(Received),
+    Lent(LentTensors),
 }
 
 impl Deref for Message {
@@ -78,6 +81,7 @@ impl Deref for Message {
             Message::Heap(bytes) => bytes,
             Message::Outbox(slot) => slot.bytes(),
             Message::Received(received) => received.bytes(),
+            Message::Lent(lent) => lent.input(),
         }
     }
 }
@@ -97,7 +101,15 @@ impl Message {
         match self {
             Message::Heap(bytes) => bytes,
             Message::Outbox(slot) => slot.bytes_mut(),
-            Message::Received(_) => &mut [],
+            Message::Received(_) | Message::Lent(_) => &mut [],
+        }
+    }
+
+    /// The peer's lent tensors, when this is what it sent.
+    pub(crate) fn lent(&self) -> Option<&LentTensors> {
+        match self {
+            Message::Lent(lent) => Some(lent),
+            _ => None,
         }
     }
 

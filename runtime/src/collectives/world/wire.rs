@@ -12,13 +12,14 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use super::outbox::Place;
+use crate::shared_memory::SharedPlace;
 
 /// A header longer than this is not ours: the stream is closed rather than trusted.
 const MAX_HEADER_BYTES: u32 = 1 << 20;
 
 /// First bytes of every stream, so that a stray client is told apart from a process
 /// of the job (and two builds of different protocol versions refuse each other).
-pub(crate) const GREETING: [u8; 8] = *b"NVRANKS2";
+pub(crate) const GREETING: [u8; 8] = *b"NVRANKS3";
 
 /// A process of the job as the others name it in messages.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,6 +83,9 @@ pub(crate) enum Body {
     Data { len: u64 },
     /// The bytes lie in the sender's outbox (a process of this host; see `outbox.rs`).
     Shared { place: Place },
+    /// The bytes are the sender's input tensor, which it lends with its output tensor
+    /// (a process of this host; see `lending.rs`).
+    Lent { input: SharedPlace, output: SharedPlace },
     /// The sender's operation failed: the receiver's fails too, with this reason.
     Abort { reason: String },
 }

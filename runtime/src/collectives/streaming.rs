@@ -1,0 +1,101 @@
+//! Large results written past the caches.
+//!
+//! A store to memory that is not in the cache first reads the line it changes, so
+//! writing a large output costs twice its size in memory traffic; non-temporal stores
+//! write whole lines without reading them. Parts of a collective's output that no cache
+//! holds anyway (from [`MIN_BYTES`]) are therefore computed a few KiB at a time into a
+//! buffer the first-level cache keeps, and streamed from there (x86-64; elsewhere they
+//! are written as usual).
+
+use std::ops::Range;
+
+/// Outputs from this size on are streamed.
+pub(crate) const MIN_BYTES: usize = 1 << 20;
+/// Bytes computed at a time: a multiple of every element size, well inside L1.
+const CHUNK: usize = 4096;
+
+/// Writes `out` through `fill`, which is given each range of it in turn and a buffer of
+/// the range's length to write that range's bytes into.
+pub(crate) fn write(out: &mut [u8], mut fill: impl FnMut(Range<usize>, &mut [u8])) {
+    if out.len() < MIN_BYTES || !cfg!(target_arch = "x86_64") {
+        fill(0..out.len(), out);
+        return;
+    }
+    let mut buffer = [0u64; CHUNK / 8];
+    let buffer: &mut [u8] = bytemuck::cast_slice_mut(&mut buffer);
+    for start in (0..out.len()).step_by(CHUNK) {
+        let end = (start + CHUNK).min(out.len());
+        let chunk = &mut buffer[..end - start];
+        fill(start..end, chunk);
+        store(&mut out[start..end], chunk);
+    }
+    fence();
+}
+
+/// Copies `source` into `out` (of its length), streaming a large one.
+pub(crate) fn copy(out: &mut [u8], source: &[u8]) {
+    if out.len() < MIN_BYTES || !cfg!(target_arch = "x86_64") {
+        out.copy_from_slice(source);
+        return;
+    }
+    for start in (0..out.len()).step_by(CHUNK) {
+        let end = (start + CHUNK).min(out.len());
+        store(&mut out[start..end], &source[start..end]);
+    }
+    fence();
+}
+
+/// Copies `source` into `out` with non-temporal stores where `out` is 16-aligned.
+#[cfg(target_arch = "x86_64")]
+fn store(out: &mut [u8], source: &[u8]) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_stream_si128};
+    let head = out.as_ptr().align_offset(16).min(out.len());
+    let body = (out.len() - head) / 16 * 16;
+    out[..head].copy_from_slice(&source[..head]);
+    for at in (head..head + body).step_by(16) {
+        // SAFETY: `at + 16 <= out.len() == source.len()`, `out[at..]` is 16-aligned (SSE2
+        // is part of x86-64).
+        unsafe {
+            let value = _mm_loadu_si128(source.as_ptr().add(at).cast::<__m128i>());
+            _mm_stream_si128(out.as_mut_ptr().add(at).cast::<__m128i>(), value);
+        }
+    }
+    out[head + body..].copy_from_slice(&source[head + body..]);
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn store(out: &mut [u8], source: &[u8]) {
+    out.copy_from_slice(source);
+}
+
+/// Orders the streamed stores before whatever follows (a peer told the part is final).
+fn fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a store fence has no preconditions (SSE is part of x86-64).
+    unsafe {
+        std::arch::x86_64::_mm_sfence();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streamed_writes_and_copies_give_every_byte_at_any_alignment() {
+        let source: Vec<u8> = (0..MIN_BYTES + 4099).map(|i| (i * 7 % 251) as u8).collect();
+        let mut out = vec![0u8; MIN_BYTES + 4100];
+        for offset in [0, 1, 3] {
+            let len = MIN_BYTES + 4096 - offset;
+            let target = &mut out[offset..offset + len];
+            write(target, |range, chunk| chunk.copy_from_slice(&source[range]));
+            assert!(target == &source[..len], "written at offset {offset}");
+            target.fill(0);
+            copy(target, &source[3..3 + len]);
+            assert!(target == &source[3..3 + len], "copied at offset {offset}");
+        }
+        let mut small = [0u8; 5];
+        write(&mut small, |range, chunk| chunk.copy_from_slice(&source[range]));
+        assert_eq!(small, source[..5]);
+    }
+}
