@@ -235,7 +235,9 @@ fn tensor_mappings() -> std::collections::HashMap<u64, usize> {
 #[test]
 fn an_all_reduce_of_large_tensors_reads_them_where_they_lie_in_the_processes_of_this_host() {
     let job = job(3, 1, Duration::from_secs(30));
-    let (ranks, elements) = (3usize, 300_001);
+    // 8.8 MB per rank: by size alone the ring (see `choose_algorithm`), which lends
+    // nothing; ranks in processes of one host sum all-to-all, by parts.
+    let (ranks, elements) = (3usize, 2_200_001);
     let values = |r: usize| (0..elements).map(|i| (i % 977) as f32 * 0.37 + r as f32 * 1.1).collect::<Vec<f32>>();
     let values: Vec<Vec<f32>> = (0..ranks).map(values).collect();
     let inputs: Vec<Vec<u8>> = values.iter().map(|v| f32_bytes(v)).collect();
@@ -243,8 +245,11 @@ fn an_all_reduce_of_large_tensors_reads_them_where_they_lie_in_the_processes_of_
     let sums: Vec<f32> = (0..elements).map(|i| (values[0][i] + values[1][i]) + values[2][i]).collect();
     let comms: Vec<Communicator> =
         (0..ranks).map(|r| job[r].runtime.join_communicator("lend", 0, r as u32, 3).expect("joins")).collect();
-    let call = CollectiveCall::new(Collective::AllReduce(neuron_runtime::isa::ReduceOp::Add), DType::F32)
-        .algorithm(neuron_runtime::Algorithm::AllToAll);
+    assert_eq!(
+        neuron_runtime::collectives::choose_algorithm(elements as u64 * 4, ranks),
+        neuron_runtime::Algorithm::Ring
+    );
+    let call = CollectiveCall::new(Collective::AllReduce(neuron_runtime::isa::ReduceOp::Add), DType::F32);
     // Every rank lends (twice: the peers let the first tensors go once freed); then
     // rank 1 sums in place (a tensor that is input and output is not lent) and rank 2
     // from host memory (not shared), while the others still lend.

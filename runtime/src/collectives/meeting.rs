@@ -174,7 +174,13 @@ impl Communicator {
         let inner = &*self.inner;
         let place = self.own_place(rank)?;
         let (input_len, output_len) = (request.input_len(), request.output.len());
-        let plan = self.plan(rank, &request)?;
+        let mut plan = self.plan(rank, &request)?;
+        if request.algorithm.is_none()
+            && matches!(request.op, Collective::AllReduce(_))
+            && self.spans_processes_of_this_host(&plan.group, deadline)
+        {
+            plan.algorithm = Algorithm::AllToAll;
+        }
         let at = at();
         let (n, algorithm) = (plan.group.len(), plan.algorithm);
         let group_name = inner.tracer.store().intern(&format_group(&plan.group));

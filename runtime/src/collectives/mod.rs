@@ -66,7 +66,9 @@ pub const RING_MIN_TRAFFIC: u64 = 16 << 20;
 /// the datastore's).
 pub use neuron_datastore::CollectiveAlgorithm as Algorithm;
 
-/// The default algorithm for `bytes` per rank in a group of `ranks`.
+/// The default algorithm for `bytes` per rank in a group of `ranks` (an all-reduce
+/// whose ranks are processes of one host is all-to-all at every size: see
+/// `Communicator::exchange`).
 pub fn choose_algorithm(bytes: u64, ranks: usize) -> Algorithm {
     if ranks > 2 && bytes.saturating_mul(ranks as u64 - 1) >= RING_MIN_TRAFFIC {
         Algorithm::Ring

@@ -133,6 +133,16 @@ impl Communicator {
         fits.then(|| Some((input.shared_place()?, output.shared_place()?))).flatten()
     }
 
+    /// Whether `group` spans several processes, all of this host: there, an all-reduce
+    /// by parts reads each byte fewer times than the ring at any size (see
+    /// [`Exchange::all_reduce_by_parts`]).
+    pub(super) fn spans_processes_of_this_host(&self, group: &[u32], deadline: Instant) -> bool {
+        let Some(membership) = &self.inner.membership else { return false };
+        let Ok(roster) = membership.world.roster(membership.comm, &self.inner.name, deadline) else { return false };
+        let processes: Vec<u32> = group.iter().filter_map(|&r| roster.rank_process.get(r as usize).copied()).collect();
+        processes.iter().any(|&p| p != roster.process) && processes.iter().all(|&p| roster.same_host(p, roster.process))
+    }
+
     /// Whether this communicator across processes failed (and a new one is needed).
     pub(crate) fn has_failed(&self) -> bool {
         self.inner
@@ -315,15 +325,17 @@ impl Exchange<'_> {
     }
 
     /// An all-reduce by parts: part `k` of the output (in group order) is the sum of
-    /// part `k` of every input, which position `k` computes; ranks that lent each
-    /// other their tensors (processes of this host: `world/lending.rs`) read one
-    /// another's inputs and finished parts where they lie, and a rank computes itself
-    /// the parts of the ranks that did not. Every part is summed in group order
-    /// whoever sums it, so all ranks get the same bits, as with `direct`.
+    /// part `k` of every input, which position `k` computes and the others copy. A
+    /// rank's peers read its input and finished part where they lie when it lent them
+    /// its tensors (`world/lending.rs`); else they read its input from its message, and
+    /// a peer of its host its finished part from a second one (in the outbox), while
+    /// a peer of another host computes that part itself. Every part is summed in group
+    /// order whoever sums it, so all ranks get the same bits, as with `direct`.
     ///
-    /// Messages between this rank and a peer: each one's input or lent tensors (step
-    /// 0); "my part is final" to a peer it lent to (step 1); and, when either lent, "I
-    /// am done with your memory" both ways (step 2), the last thing before returning.
+    /// Messages from this rank to a peer: its input or lent tensors (step 0); its
+    /// finished part, or only word that it is final when it lent (step 1, to peers it
+    /// lent to or of its host); and, when either of the two lent to the other, "I am
+    /// done with your memory" both ways (step 2), the last thing before returning.
     fn all_reduce_by_parts(&self, plan: &Plan, op: ReduceOp, request: Request<'_>) -> NrtResult<()> {
         let (group, p, n) = (&plan.group, plan.position, plan.group.len());
         let signature = self.signature.to_string();
@@ -346,9 +358,13 @@ impl Exchange<'_> {
         for (k, &peer) in group.iter().enumerate() {
             theirs.push(if k == p { None } else { Some(self.receive(peer, 0, &signature)?) });
         }
+        let len = request.output.len();
         let inputs: Vec<&[u8]> = theirs.iter().map(|input| input.as_ref().map_or(mine, |m| &m[..])).collect();
+        if let Some(k) = inputs.iter().position(|input| input.len() != len) {
+            return Err(self.malformed(group[k], format!("an input of {} bytes", inputs[k].len())));
+        }
         let element_bytes = request.dtype.size_bytes() as usize;
-        let elements = request.output.len() / element_bytes;
+        let elements = len / element_bytes;
         let part = |k: usize| k * elements / n * element_bytes..(k + 1) * elements / n * element_bytes;
         let dtype = request.dtype;
         // Written once, past the caches when large (`streaming.rs`).
@@ -364,24 +380,45 @@ impl Exchange<'_> {
         };
         let output = &mut *request.output;
         sum(&mut output[part(p)], p);
-        let done = Arc::new(Message::Heap(Vec::new()));
-        for (k, _) in lent_to.iter().enumerate().filter(|&(_, &lent)| lent) {
-            self.send(group[k], 1, &signature, Arc::clone(&done))?;
+        let lent_by = |k: usize| theirs[k].as_ref().and_then(|m| m.lent());
+        let same_host = |k: usize| self.roster.same_host(self.process_of(group[k]), self.roster.process);
+        let final_word = Arc::new(Message::Heap(Vec::new()));
+        let mut finished = None;
+        for k in (0..n).filter(|&k| k != p) {
+            if lent_to[k] {
+                self.send(group[k], 1, &signature, Arc::clone(&final_word))?;
+            } else if same_host(k) {
+                let finished = finished.get_or_insert_with(|| {
+                    let mut message = self.communicator.message_for_peers(part(p).len());
+                    message.bytes_mut().copy_from_slice(&output[part(p)]);
+                    Arc::new(message)
+                });
+                self.send(group[k], 1, &signature, Arc::clone(finished))?;
+            }
         }
         for k in (0..n).filter(|&k| k != p) {
-            match theirs[k].as_ref().and_then(|m| m.lent()) {
-                Some(lent) => {
-                    self.receive(group[k], 1, &signature)?;
-                    streaming::copy(&mut output[part(k)], &lent.output()[part(k)]);
+            if let Some(lent) = lent_by(k) {
+                self.receive(group[k], 1, &signature)?;
+                let theirs = lent.output().get(part(k)).ok_or_else(|| self.malformed(group[k], "a lent output"))?;
+                streaming::copy(&mut output[part(k)], theirs);
+            } else if same_host(k) {
+                let theirs = self.receive(group[k], 1, &signature)?;
+                if theirs.len() != part(k).len() {
+                    return Err(self.malformed(group[k], format!("a part of {} bytes", theirs.len())));
                 }
-                None => sum(&mut output[part(k)], k),
+                streaming::copy(&mut output[part(k)], &theirs);
+                Message::recycle(theirs);
+            } else {
+                sum(&mut output[part(k)], k);
             }
         }
         drop(inputs);
-        let either_lent = |k: usize| lent_to[k] || theirs[k].as_ref().is_some_and(|m| m.lent().is_some());
-        let pairs: Vec<usize> = (0..n).filter(|&k| k != p && either_lent(k)).collect();
+        if let Some(finished) = finished {
+            Message::recycle(finished);
+        }
+        let pairs: Vec<usize> = (0..n).filter(|&k| k != p && (lent_to[k] || lent_by(k).is_some())).collect();
         for &k in &pairs {
-            self.send(group[k], 2, &signature, Arc::clone(&done))?;
+            self.send(group[k], 2, &signature, Arc::clone(&final_word))?;
         }
         for &k in &pairs {
             self.receive(group[k], 2, &signature)?;
@@ -389,6 +426,19 @@ impl Exchange<'_> {
         // What the peers sent is kept for later calls, or released to them.
         theirs.into_iter().flatten().for_each(Message::recycle);
         Ok(())
+    }
+
+    /// The error of a message from `peer` that is not what the operation needs.
+    fn malformed(&self, peer: u32, what: impl std::fmt::Display) -> NrtError {
+        NrtError::new(
+            NrtStatus::ExecHwErrCollectives,
+            format!(
+                "collectives of {}: {} sent {what} for {}, which does not fit it",
+                self.communicator.inner.name,
+                self.roster.describe(peer),
+                self.signature
+            ),
+        )
     }
 
     fn key(&self, step: u32, from: u32, to: u32) -> Key {

@@ -109,6 +109,12 @@ pub(crate) struct Roster {
 }
 
 impl Roster {
+    /// Whether processes `a` and `b` are on one host (share memory).
+    pub(crate) fn same_host(&self, a: u32, b: u32) -> bool {
+        let host = |p: u32| self.peers.get(p as usize).and_then(Option::as_ref).map(|peer| &peer.host_identity);
+        a == b || host(a).is_some_and(|identity| Some(identity) == host(b))
+    }
+
     /// `rank 3 (pid 812 on host a)`.
     pub(crate) fn describe(&self, rank: u32) -> String {
         let peer = self.rank_process.get(rank as usize).and_then(|&p| self.peers.get(p as usize)?.as_ref());
