@@ -186,7 +186,9 @@ impl Tensor {
         let id = NEXT_TENSOR_ID.fetch_add(1, Ordering::Relaxed);
         let map = || {
             if shared {
-                match SharedMemory::create("neuron-virt-tensor", id, len) {
+                // Named after the tensor, as `/proc/<pid>/maps` shows it.
+                let label: String = name.chars().filter(|&c| c != '\0').take(200).collect();
+                match SharedMemory::create(&format!("neuron-virt-tensor:{label}"), id, len) {
                     Ok(memory) => return Ok(Memory::Shared(memory)),
                     Err(e) => tracing::debug!("tensor `{name}` in private memory: no shared memory ({e})"),
                 }

@@ -220,12 +220,12 @@ fn large_collectives_read_the_messages_of_processes_of_this_host_in_place() {
     assert!(holds_an_outbox_area(), "messages of 256 KiB between processes of one host lie in shared memory");
 }
 
-/// How many times this process maps each memfd of tensor memory (its owner's
-/// mapping, then one per runtime that reads it where it lies).
+/// How many times this process maps each memfd of tensor memory of a tensor named
+/// `lend-…` (its owner's mapping, then one per runtime that reads it where it lies).
 fn tensor_mappings() -> std::collections::HashMap<u64, usize> {
     let maps = std::fs::read_to_string("/proc/self/maps").expect("maps");
     let mut count = std::collections::HashMap::new();
-    for line in maps.lines().filter(|l| l.contains("neuron-virt-tensor")) {
+    for line in maps.lines().filter(|l| l.contains("memfd:neuron-virt-tensor:lend-")) {
         let inode: u64 = line.split_whitespace().nth(4).and_then(|i| i.parse().ok()).expect("inode");
         *count.entry(inode).or_default() += 1;
     }
@@ -262,11 +262,11 @@ fn an_all_reduce_of_large_tensors_reads_them_where_they_lie_in_the_processes_of_
                     scope.spawn(move || {
                         let device = TensorPlacement::Device { core: 0 };
                         let placement = if on_host == Some(rank) { TensorPlacement::Host } else { device };
-                        let x = rt.allocate_tensor(placement, input.len() as u64, "x").expect("alloc");
+                        let x = rt.allocate_tensor(placement, input.len() as u64, "lend-x").expect("alloc");
                         x.write(0, input).expect("write");
                         let y = match in_place == Some(rank) {
                             true => x.clone(),
-                            false => rt.allocate_tensor(device, input.len() as u64, "y").expect("alloc"),
+                            false => rt.allocate_tensor(device, input.len() as u64, "lend-y").expect("alloc"),
                         };
                         comm.run(rank as u32, call, Some(&x), Some(&y)).expect("sums");
                         (x, y)
