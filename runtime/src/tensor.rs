@@ -187,7 +187,12 @@ impl Tensor {
         let map = || {
             if shared {
                 // Named after the tensor, as `/proc/<pid>/maps` shows it.
-                let label: String = name.chars().filter(|&c| c != '\0').take(200).collect();
+                let mut label: String = name.chars().filter(|&c| c != '\0').collect();
+                let mut end = label.len().min(200);
+                while !label.is_char_boundary(end) {
+                    end -= 1;
+                }
+                label.truncate(end);
                 match SharedMemory::create(&format!("neuron-virt-tensor:{label}"), id, len) {
                     Ok(memory) => return Ok(Memory::Shared(memory)),
                     Err(e) => tracing::debug!("tensor `{name}` in private memory: no shared memory ({e})"),
