@@ -251,20 +251,22 @@ fn an_all_reduce_of_large_tensors_reads_them_where_they_lie_in_the_processes_of_
     );
     let call = CollectiveCall::new(Collective::AllReduce(neuron_runtime::isa::ReduceOp::Add), DType::F32);
     // Every rank lends (twice: the peers let the first tensors go once freed); then
-    // rank 1 sums in place (a tensor that is input and output is not lent) and rank 2
-    // from host memory (not shared), while the others still lend.
+    // rank 1 sums in place (its one tensor lent as input and output) and rank 2 from
+    // host memory (not shared: it sends its input and its finished part instead).
     let mut first_round = Vec::new();
-    for (round, (in_place, on_host)) in [(None, None), (None, None), (Some(1), Some(2))].into_iter().enumerate() {
+    // Last, every rank sums in place, as training loops do.
+    let rounds: [(&[usize], &[usize]); 4] = [(&[], &[]), (&[], &[]), (&[1], &[2]), (&[0, 1, 2], &[])];
+    for (round, (in_place, on_host)) in rounds.into_iter().enumerate() {
         let tensors: Vec<(Tensor, Tensor)> = std::thread::scope(|scope| {
             let threads: Vec<_> = (0..ranks)
                 .map(|rank| {
                     let (comm, input, rt, call) = (&comms[rank], &inputs[rank], &job[rank].runtime, &call);
                     scope.spawn(move || {
                         let device = TensorPlacement::Device { core: 0 };
-                        let placement = if on_host == Some(rank) { TensorPlacement::Host } else { device };
+                        let placement = if on_host.contains(&rank) { TensorPlacement::Host } else { device };
                         let x = rt.allocate_tensor(placement, input.len() as u64, "lend-x").expect("alloc");
                         x.write(0, input).expect("write");
-                        let y = match in_place == Some(rank) {
+                        let y = match in_place.contains(&rank) {
                             true => x.clone(),
                             false => rt.allocate_tensor(device, input.len() as u64, "lend-y").expect("alloc"),
                         };
@@ -277,7 +279,7 @@ fn an_all_reduce_of_large_tensors_reads_them_where_they_lie_in_the_processes_of_
         });
         for (rank, (x, y)) in tensors.iter().enumerate() {
             assert!(common::floats(&y.read_all().expect("read")) == sums, "round {round}: rank {rank}'s sum");
-            if in_place != Some(rank) {
+            if !in_place.contains(&rank) {
                 assert!(x.read_all().expect("read") == inputs[rank], "round {round}: rank {rank}'s input is unchanged");
             }
         }
@@ -291,12 +293,14 @@ fn an_all_reduce_of_large_tensors_reads_them_where_they_lie_in_the_processes_of_
             }
             // The peers let the tensors of the first round go once they were freed.
             1 => assert!(first_round.iter().all(|inode| !mappings.contains_key(inode)), "{mappings:?}"),
+            // One tensor per rank, each lent to both peers.
+            3 => assert_eq!(mappings.values().filter(|&&n| n == 3).count(), ranks, "{mappings:?}"),
             _ => {
-                // Rank 1's tensor (input and output) and rank 2's output are not lent,
-                // though the peers read them; rank 0's two still are. The peers let
-                // the freed tensors of the second round go at its first message.
+                // Rank 0's two tensors and rank 1's one are lent; rank 2's output is
+                // not. The peers let the freed tensors of the second round go at its
+                // first message.
                 let lent = mappings.values().filter(|&&n| n == 3).count();
-                assert_eq!(lent, 2, "{mappings:?}");
+                assert_eq!(lent, 3, "{mappings:?}");
                 assert!(mappings.values().all(|&n| n != 2), "{mappings:?}");
             }
         }

@@ -226,24 +226,29 @@ pub(crate) struct Request<'a> {
     pub(crate) output: &'a mut [u8],
 }
 
-/// A rank's input tensor's bytes, held for reading for the call, and where its input
-/// and output tensors lie in shared memory.
+/// A rank's input tensor's bytes, held for reading for the call (`None`: the input is
+/// the output, summed in place), and where its input and output tensors lie in shared
+/// memory.
 pub(crate) struct LentInput<'a> {
-    pub(crate) bytes: &'a [u8],
+    pub(crate) bytes: Option<&'a [u8]>,
     pub(crate) input: SharedPlace,
     pub(crate) output: SharedPlace,
 }
 
 impl Request<'_> {
     pub(crate) fn input_len(&self) -> usize {
-        self.lent.as_ref().map_or(self.input.len(), |lent| lent.bytes.len())
+        match &self.lent {
+            Some(lent) => lent.bytes.map_or(self.output.len(), <[u8]>::len),
+            None => self.input.len(),
+        }
     }
 
     /// Makes a lent input an input of its own, for an algorithm that does not lend.
     fn unlend(&mut self, communicator: &Communicator) {
         if let Some(lent) = self.lent.take() {
-            let mut message = communicator.message_for_peers(lent.bytes.len());
-            message.bytes_mut().copy_from_slice(lent.bytes);
+            let bytes = lent.bytes.unwrap_or(self.output);
+            let mut message = communicator.message_for_peers(bytes.len());
+            message.bytes_mut().copy_from_slice(bytes);
             self.input = Arc::new(message);
         }
     }
@@ -397,13 +402,15 @@ impl Communicator {
         {
             // Both tensors held for the whole call (the output for writing), unless
             // something holds them now: then the call copies as below.
-            let lending = |out: &mut [u8]| {
-                input
-                    .try_with_bytes(|bytes| {
-                        let lent = LentInput { bytes, input: input_place, output: output_place };
-                        exchange(out, Arc::new(Message::Heap(Vec::new())), Some(lent))
-                    })
-                    .ok()
+            fn lend(bytes: Option<&[u8]>, (input, output): (SharedPlace, SharedPlace)) -> Option<LentInput<'_>> {
+                Some(LentInput { bytes, input, output })
+            }
+            let places = (input_place, output_place);
+            let empty = || Arc::new(Message::Heap(Vec::new()));
+            let lending = |out: &mut [u8]| match input_place == output_place {
+                // Summed in place: the input is the output, held for writing.
+                true => Some(exchange(out, empty(), lend(None, places))),
+                false => input.try_with_bytes(|bytes| exchange(out, empty(), lend(Some(bytes), places))).ok(),
             };
             if let Ok(Some(exchanged)) = output.try_with_bytes_mut(lending) {
                 return exchanged;

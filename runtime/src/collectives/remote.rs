@@ -114,8 +114,8 @@ impl Communicator {
     }
 
     /// The places of `input` and `output` when a call of them may lend them to the ranks
-    /// of other processes of this host: an all-reduce of large tensors apart from each
-    /// other, both in shared memory, in a job with processes on this host.
+    /// of other processes of this host: an all-reduce of large tensors in shared memory,
+    /// apart from each other or one and the same, in a job with processes on this host.
     pub(crate) fn lendable(
         &self,
         call: &CollectiveCall,
@@ -127,10 +127,11 @@ impl Communicator {
         // The roster says where the ranks are (the call waits for it anyway).
         membership.world.roster(membership.comm, &self.inner.name, deadline).ok()?;
         membership.world.outbox()?;
-        let fits = matches!(call.op, Collective::AllReduce(_))
-            && input.size() >= lending::MIN_BYTES
-            && !input.shares_memory_with(output);
-        fits.then(|| Some((input.shared_place()?, output.shared_place()?))).flatten()
+        let places = (input.shared_place()?, output.shared_place()?);
+        // Apart, or the very same bytes (summed in place).
+        let apart = !input.shares_memory_with(output) || places.0 == places.1;
+        let fits = matches!(call.op, Collective::AllReduce(_)) && input.size() >= lending::MIN_BYTES && apart;
+        fits.then_some(places)
     }
 
     /// Whether `group` spans several processes, all of this host: there, an all-reduce
@@ -339,7 +340,12 @@ impl Exchange<'_> {
     fn all_reduce_by_parts(&self, plan: &Plan, op: ReduceOp, request: Request<'_>) -> NrtResult<()> {
         let (group, p, n) = (&plan.group, plan.position, plan.group.len());
         let signature = self.signature.to_string();
-        let mine: &[u8] = request.lent.as_ref().map_or(&request.input[..], |lent| lent.bytes);
+        // This rank's own input: `None` when it is the output (summed in place), whose
+        // part `k` still holds it until this rank writes that part.
+        let mine: Option<&[u8]> = match &request.lent {
+            Some(lent) => lent.bytes,
+            None => Some(&request.input[..]),
+        };
         let mut lent_to = vec![false; n];
         for (k, &peer) in group.iter().enumerate().filter(|&(k, _)| k != p) {
             lent_to[k] = match &request.lent {
@@ -347,8 +353,9 @@ impl Exchange<'_> {
                     let key = self.key(0, self.rank, peer);
                     let places = (lent.input, lent.output);
                     let world = &self.membership.world;
+                    let bytes = lent.bytes.unwrap_or(request.output);
                     world
-                        .send_lent(self.process_of(peer), key, &signature, (lent.bytes, places), self.deadline)
+                        .send_lent(self.process_of(peer), key, &signature, (bytes, places), self.deadline)
                         .map_err(|missed| self.missed(peer, missed))?
                 }
                 None => self.send(peer, 0, &signature, Arc::clone(&request.input)).map(|()| false)?,
@@ -359,22 +366,25 @@ impl Exchange<'_> {
             theirs.push(if k == p { None } else { Some(self.receive(peer, 0, &signature)?) });
         }
         let len = request.output.len();
-        let inputs: Vec<&[u8]> = theirs.iter().map(|input| input.as_ref().map_or(mine, |m| &m[..])).collect();
-        if let Some(k) = inputs.iter().position(|input| input.len() != len) {
-            return Err(self.malformed(group[k], format!("an input of {} bytes", inputs[k].len())));
+        let inputs: Vec<Option<&[u8]>> =
+            theirs.iter().map(|input| input.as_ref().map_or(mine, |m| Some(&m[..]))).collect();
+        if let Some(k) = inputs.iter().position(|input| input.is_some_and(|input| input.len() != len)) {
+            return Err(self.malformed(group[k], format!("an input of {} bytes", inputs[k].map_or(0, <[u8]>::len))));
         }
         let element_bytes = request.dtype.size_bytes() as usize;
         let elements = len / element_bytes;
         let part = |k: usize| k * elements / n * element_bytes..(k + 1) * elements / n * element_bytes;
         let dtype = request.dtype;
-        // Written once, past the caches when large (`streaming.rs`).
+        // Written once, past the caches when large (`streaming.rs`); an input summed in
+        // place is what the output holds there before.
         let sum = |out: &mut [u8], k: usize| {
             let start = part(k).start;
-            streaming::write(out, |range, chunk| {
+            streaming::write(out, |range, now, chunk| {
                 let range = start + range.start..start + range.end;
-                backend::combine_le_bytes_into(op, dtype, chunk, &inputs[0][range.clone()], &inputs[1][range.clone()]);
-                for input in &inputs[2..] {
-                    backend::combine_le_bytes(op, dtype, chunk, &input[range.clone()]);
+                let input = |j: usize| inputs[j].map_or(now, |input| &input[range.clone()]);
+                backend::combine_le_bytes_into(op, dtype, chunk, input(0), input(1));
+                for j in 2..n {
+                    backend::combine_le_bytes(op, dtype, chunk, input(j));
                 }
             });
         };

@@ -2,10 +2,11 @@
 //!
 //! A store to memory that is not in the cache first reads the line it changes, so
 //! writing a large output costs twice its size in memory traffic; non-temporal stores
-//! write whole lines without reading them. Parts of a collective's output that no cache
-//! holds anyway (from [`MIN_BYTES`]) are therefore computed a few KiB at a time into a
-//! buffer the first-level cache keeps, and streamed from there (x86-64; elsewhere they
-//! are written as usual).
+//! write whole lines without reading them. A part of a collective's output is computed
+//! a few KiB at a time into a buffer the first-level cache keeps (so that a sum in
+//! place reads what the part held before writing it), then copied out; from
+//! [`MIN_BYTES`], which no cache holds anyway, with non-temporal stores (x86-64;
+//! elsewhere, and for smaller parts, as usual).
 
 use std::ops::Range;
 
@@ -14,22 +15,25 @@ pub(crate) const MIN_BYTES: usize = 1 << 20;
 /// Bytes computed at a time: a multiple of every element size, well inside L1.
 const CHUNK: usize = 4096;
 
-/// Writes `out` through `fill`, which is given each range of it in turn and a buffer of
-/// the range's length to write that range's bytes into.
-pub(crate) fn write(out: &mut [u8], mut fill: impl FnMut(Range<usize>, &mut [u8])) {
-    if out.len() < MIN_BYTES || !cfg!(target_arch = "x86_64") {
-        fill(0..out.len(), out);
-        return;
-    }
+/// Writes `out` through `fill`, which is given each range of it in turn, the bytes `out`
+/// holds there now (an in-place sum reads them), and a buffer of the range's length to
+/// write that range's new bytes into.
+pub(crate) fn write(out: &mut [u8], mut fill: impl FnMut(Range<usize>, &[u8], &mut [u8])) {
+    let stream = out.len() >= MIN_BYTES && cfg!(target_arch = "x86_64");
     let mut buffer = [0u64; CHUNK / 8];
     let buffer: &mut [u8] = bytemuck::cast_slice_mut(&mut buffer);
     for start in (0..out.len()).step_by(CHUNK) {
         let end = (start + CHUNK).min(out.len());
         let chunk = &mut buffer[..end - start];
-        fill(start..end, chunk);
-        store(&mut out[start..end], chunk);
+        fill(start..end, &out[start..end], chunk);
+        match stream {
+            true => store(&mut out[start..end], chunk),
+            false => out[start..end].copy_from_slice(chunk),
+        }
     }
-    fence();
+    if stream {
+        fence();
+    }
 }
 
 /// Copies `source` into `out` (of its length), streaming a large one.
@@ -88,14 +92,17 @@ mod tests {
         for offset in [0, 1, 3] {
             let len = MIN_BYTES + 4096 - offset;
             let target = &mut out[offset..offset + len];
-            write(target, |range, chunk| chunk.copy_from_slice(&source[range]));
+            write(target, |range, _, chunk| chunk.copy_from_slice(&source[range]));
             assert!(target == &source[..len], "written at offset {offset}");
+            // What a range held is given before it is written.
+            write(target, |_, now, chunk| chunk.iter_mut().zip(now).for_each(|(c, &n)| *c = n.wrapping_add(1)));
+            assert!(target.iter().zip(&source).all(|(&t, &s)| t == s.wrapping_add(1)), "rewritten at {offset}");
             target.fill(0);
             copy(target, &source[3..3 + len]);
             assert!(target == &source[3..3 + len], "copied at offset {offset}");
         }
         let mut small = [0u8; 5];
-        write(&mut small, |range, chunk| chunk.copy_from_slice(&source[range]));
+        write(&mut small, |range, _, chunk| chunk.copy_from_slice(&source[range]));
         assert_eq!(small, source[..5]);
     }
 }
