@@ -47,10 +47,19 @@ pub fn ticks() -> u64 {
     monotonic_ns()
 }
 
-/// `CLOCK_MONOTONIC` in nanoseconds: one time base for every process on the host.
+/// Nanoseconds added to this process's host clock, for tests of the alignment of ranks'
+/// clocks only: such a process's clock disagrees with its host's, as another host's may.
+pub const ENV_TEST_CLOCK_SHIFT_NS: &str = "NEURON_VIRT_TEST_CLOCK_SHIFT_NS";
+
+static SHIFT_NS: OnceLock<i64> = OnceLock::new();
+
+/// `CLOCK_MONOTONIC` in nanoseconds: one time base for every process on the host
+/// (shifted by [`ENV_TEST_CLOCK_SHIFT_NS`] in a test that sets it).
 pub fn monotonic_ns() -> u64 {
+    let shift = *SHIFT_NS
+        .get_or_init(|| std::env::var(ENV_TEST_CLOCK_SHIFT_NS).ok().and_then(|v| v.trim().parse().ok()).unwrap_or(0));
     nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+        .map(|t| (t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64).wrapping_add_signed(shift))
         .unwrap_or(0)
 }
 

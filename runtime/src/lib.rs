@@ -30,6 +30,7 @@ mod shared_memory;
 
 mod tensor;
 
+pub use collectives::world::clock::ClockOffset;
 pub use collectives::{Algorithm, Collective, CollectiveCall, Communicator};
 pub use compile::{
     AutoCast, AutoCastType, CompileError, CompileOptions, OptLevel, Target, compile_hlo, compile_hlo_with,

@@ -599,3 +599,93 @@ fn each_rank_records_its_rank_on_its_events_and_its_collectives_with_the_communi
         assert_eq!(stops, &expected, "process {process}: its rank, executions 0 to 2, one communicator id in both");
     }
 }
+
+/// Waits (up to 10 s) until `runtime` has measured its clock against the root's.
+fn measured_offset(runtime: &neuron_runtime::Runtime) -> neuron_runtime::ClockOffset {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(offset) = runtime.clock_offset() {
+            return offset;
+        }
+        assert!(Instant::now() < deadline, "no clock offset within 10 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn every_process_measures_its_clock_against_the_roots_and_records_it_in_its_trace() {
+    use neuron_datastore::{ALL_SYSTEM_EVENTS, DatastoreReader, EventData, EventType, TailStart, TraceEvent};
+    let job = job(2, 1, Duration::from_secs(20));
+    let comms: Vec<Communicator> =
+        (0..2).map(|r| job[r].runtime.join_communicator("clock", 0, r as u32, 2).expect("joins")).collect();
+    for comm in &comms {
+        comm.wait_for_ranks(Instant::now() + Duration::from_secs(10)).expect("every rank joins");
+    }
+    for fixture in &job {
+        let offset = measured_offset(&fixture.runtime);
+        // One host, one clock: the true offset is 0.
+        assert!(offset.offset_ns.unsigned_abs() <= offset.uncertainty_ns, "{offset:?}");
+        let reader = DatastoreReader::open(&fixture.runtime.datastore_path().expect("path")).expect("opens");
+        let mut tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
+        let mut events = Vec::new();
+        tail.poll(&reader, usize::MAX, false, &mut events);
+        let recorded: Vec<(i64, u64)> = events
+            .iter()
+            .filter_map(|e| match e {
+                TraceEvent::System(e) if e.event_type == EventType::ClockOffset => match e.data {
+                    EventData::ClockOffset { offset_ns, uncertainty_ns } => Some((offset_ns, uncertainty_ns)),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect();
+        assert_eq!(recorded.last(), Some(&(offset.offset_ns, offset.uncertainty_ns)), "{recorded:?}");
+    }
+}
+
+/// Rank 1 of a job whose root is at `NEURON_VIRT_TEST_CLOCK_ROOT`, in a process of its
+/// own: prints the clock offset it measures (run by the test below, with its clock
+/// shifted; does nothing when run alone).
+#[test]
+#[ignore = "the child process of a_process_whose_clock_is_shifted_measures_the_shift_within_its_uncertainty"]
+fn child_rank_that_prints_its_clock_offset() {
+    let Ok(root) = std::env::var("NEURON_VIRT_TEST_CLOCK_ROOT") else { return };
+    let port = root.parse().expect("a port");
+    let fixture = common::started(CoreSet::range(0, 0), |config| {
+        config.root_comm = Some(RootComm { host: "127.0.0.1".into(), port, from: "NEURON_RT_ROOT_COMM_ID" });
+        config.exec_timeout = Duration::from_secs(20);
+    });
+    let comm = fixture.runtime.join_communicator("shifted", 0, 1, 2).expect("joins");
+    comm.wait_for_ranks(Instant::now() + Duration::from_secs(10)).expect("every rank joins");
+    let offset = measured_offset(&fixture.runtime);
+    println!("clock offset {} ± {} ns", offset.offset_ns, offset.uncertainty_ns);
+}
+
+#[test]
+fn a_process_whose_clock_is_shifted_measures_the_shift_within_its_uncertainty() {
+    const SHIFT_NS: i64 = 7_000_000_000;
+    let root = free_root();
+    let port = root.port;
+    let fixture = common::started(CoreSet::range(0, 0), |config| {
+        config.root_comm = Some(root);
+        config.exec_timeout = Duration::from_secs(20);
+    });
+    let comm = fixture.runtime.join_communicator("shifted", 0, 0, 2).expect("joins");
+    let child = std::process::Command::new(std::env::current_exe().expect("this test"))
+        .args(["--ignored", "--exact", "child_rank_that_prints_its_clock_offset", "--nocapture"])
+        .env("NEURON_VIRT_TEST_CLOCK_ROOT", port.to_string())
+        .env(neuron_datastore::clock::ENV_TEST_CLOCK_SHIFT_NS, SHIFT_NS.to_string())
+        .output()
+        .expect("runs the child");
+    let out = String::from_utf8_lossy(&child.stdout);
+    assert!(child.status.success(), "{out}{}", String::from_utf8_lossy(&child.stderr));
+    let line = out.lines().find_map(|l| l.strip_prefix("clock offset ")).expect("the child's offset");
+    let (offset, uncertainty) = line.trim_end_matches(" ns").split_once(" ± ").expect("offset ± uncertainty");
+    let (offset, uncertainty): (i64, u64) = (offset.parse().expect("ns"), uncertainty.parse().expect("ns"));
+    // The child's clock is ahead by the shift: the root's minus the child's is minus it.
+    assert!((offset + SHIFT_NS).unsigned_abs() <= uncertainty, "{offset} ± {uncertainty} ns");
+    comm.wait_for_ranks(Instant::now() + Duration::from_secs(10)).expect("every rank joined");
+    // This process's own clock is the root's.
+    let own = measured_offset(&fixture.runtime);
+    assert!(own.offset_ns.unsigned_abs() <= own.uncertainty_ns, "{own:?}");
+}

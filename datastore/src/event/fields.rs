@@ -9,7 +9,7 @@
 //!
 //! | kind | emitted as | decoded as | stored |
 //! |---|---|---|---|
-//! | `word(N, T)` | `T` (`u64`, `u32` or `i32`) | `T` | argument word `N` |
+//! | `word(N, T)` | `T` (`u64`, `u32`, `i64` or `i32`) | `T` | argument word `N` |
 //! | `string` | a string id ([`StringId`]) | `String` | the record's string id (one per payload) |
 //! | `status` | `Option<u32>` (`NRT_STATUS`) | `Option<i32>` | argument word 3, marked as present |
 //! | `host_ticks(N)` | host ticks | host nanoseconds | argument word `N` |
@@ -113,6 +113,29 @@ impl Word for u32 {
     }
     fn sample(seed: u64) -> u32 {
         u32::MAX - seed as u32
+    }
+}
+
+impl Word for i64 {
+    #[inline(always)]
+    fn to_word(self) -> u64 {
+        self as u64
+    }
+    fn from_word(word: u64) -> i64 {
+        word as i64
+    }
+    fn value(self) -> FieldValue<'static> {
+        FieldValue::I64(self)
+    }
+    fn from_value(value: FieldValue<'_>) -> Option<i64> {
+        match value {
+            FieldValue::I64(v) => Some(v),
+            FieldValue::U64(v) => i64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+    fn sample(seed: u64) -> i64 {
+        -1_000_000_007 - seed as i64
     }
 }
 

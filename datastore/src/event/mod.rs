@@ -50,6 +50,7 @@ pub enum EventType {
     TimestampSyncPoint = 17,
     NrtaExecuteSchedule = 18,
     CcRunning = 19,
+    ClockOffset = 20,
 }
 
 impl EventType {

@@ -87,6 +87,14 @@ system_payloads! {
         /// The call's status code, on a failed stop.
         status: status,
     }
+    /// `clock_offset`: this process's host clock against the root's (rank 0's process),
+    /// measured over its connection to the root at bootstrap and then periodically.
+    ClockOffset for ClockOffset {
+        /// The root's clock minus this process's, in nanoseconds.
+        offset_ns: word(0, i64),
+        /// The most the offset may be off by, in nanoseconds.
+        uncertainty_ns: word(1, u64),
+    }
 }
 
 impl payload::Execution {

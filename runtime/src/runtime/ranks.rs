@@ -7,11 +7,14 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use crate::collectives::Communicator;
-use crate::collectives::world::World;
+use crate::collectives::world::clock::ClockOffset;
+use crate::collectives::world::{ClockSink, World};
 use crate::config::MAX_EXEC_TIMEOUT;
 use crate::error::{NrtError, NrtResult};
 use crate::launch::ENV_ROOT_COMM_ID;
 use crate::neff::{DecodeOptions, Neff};
+use neuron_datastore::EventIds;
+use neuron_datastore::event::{EventType, payload};
 
 use super::*;
 
@@ -78,6 +81,13 @@ impl Runtime {
         Ok(communicator)
     }
 
+    /// This process's host clock against the root's (rank 0's process), once the
+    /// process is in a job and has measured it: at bootstrap, then every 10 s. Each
+    /// measure is also a `clock_offset` event in the process ring.
+    pub fn clock_offset(&self) -> Option<ClockOffset> {
+        self.with_running(|running| running.world.get().and_then(|world| world.clock_offset())).ok().flatten()
+    }
+
     /// This process's membership in the job, started on first use.
     fn world(&self) -> NrtResult<Arc<World>> {
         let root = self.shared.config.root_comm.as_ref().ok_or_else(|| {
@@ -89,7 +99,15 @@ impl Runtime {
         self.with_running(|running| match running.world.get() {
             Some(world) => Ok(Arc::clone(world)),
             None => {
-                let world = Arc::new(World::start(root, timeout)?);
+                // Each measure of this process's clock against the root's goes in the
+                // process ring, to align the ranks' traces with.
+                let tracer = Arc::clone(&running.tracer);
+                let on_clock = ClockSink(Box::new(move |offset: ClockOffset| {
+                    let payload =
+                        payload::ClockOffset { offset_ns: offset.offset_ns, uncertainty_ns: offset.uncertainty_ns };
+                    tracer.instant(tracer.ring_of(None), EventType::ClockOffset, EventIds::default(), payload);
+                }));
+                let world = Arc::new(World::start(root, timeout, on_clock)?);
                 Ok(Arc::clone(running.world.get_or_init(|| world)))
             }
         })?

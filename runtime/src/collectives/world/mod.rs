@@ -17,6 +17,7 @@
 //! known to be gone (its link or its control connection closed), when another rank of
 //! the operation aborted it, or at the deadline.
 
+pub(crate) mod clock;
 pub(crate) mod lending;
 mod link;
 pub(crate) mod outbox;
@@ -35,6 +36,7 @@ use std::time::{Duration, Instant};
 use crate::error::{NrtError, NrtResult, NrtStatus};
 use crate::launch::RootComm;
 use crate::shared_memory::SharedPlace;
+use clock::{ClockOffset, Probe};
 use link::{LinkOut, accept_links, open_link};
 pub(crate) use outbox::Message;
 use outbox::Outbox;
@@ -76,6 +78,19 @@ struct Shared {
     outbox: Outbox,
     /// Set once a roster names another process of this host.
     neighbours: AtomicBool,
+    /// Told each new measure of this process's clock against the root's.
+    on_clock: ClockSink,
+    /// The thread that measures it, once connected.
+    clock_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// What is told each clock offset (the runtime records it in the trace).
+pub(crate) struct ClockSink(pub(crate) Box<dyn Fn(ClockOffset) + Send + Sync>);
+
+impl std::fmt::Debug for ClockSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClockSink")
+    }
 }
 
 #[derive(Debug, Default)]
@@ -97,6 +112,10 @@ struct State {
     failed: HashSet<u64>,
     /// Why the root cannot be reached (then nothing can be bootstrapped).
     lost: Option<NrtError>,
+    /// The root's answers to this process's clock probes, not yet taken.
+    clock_echoes: Vec<Probe>,
+    /// The latest measure of this process's clock against the root's.
+    clock: Option<ClockOffset>,
 }
 
 /// The ranks of a communicator: each one's process, and the processes.
@@ -155,7 +174,7 @@ pub(crate) enum Missed {
 
 impl World {
     /// Starts this process's membership: connects to the root in the background.
-    pub(crate) fn start(root: &RootComm, timeout: Duration) -> NrtResult<World> {
+    pub(crate) fn start(root: &RootComm, timeout: Duration, on_clock: ClockSink) -> NrtResult<World> {
         let label = root.to_string();
         let addr =
             (root.host.as_str(), root.port).to_socket_addrs().ok().and_then(|mut a| a.next()).ok_or_else(|| {
@@ -174,6 +193,8 @@ impl World {
             host: host_identity(),
             outbox: Outbox::default(),
             neighbours: AtomicBool::new(false),
+            on_clock,
+            clock_thread: Mutex::new(None),
         });
         let thread = {
             let (shared, label) = (Arc::clone(&shared), label.clone());
@@ -256,6 +277,11 @@ impl World {
             }
             state = self.shared.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
         }
+    }
+
+    /// This process's clock against the root's, once measured.
+    pub(crate) fn clock_offset(&self) -> Option<ClockOffset> {
+        lock(&self.shared.state).clock
     }
 
     /// The outbox, when processes of this host are in the job (a message meant for
@@ -429,6 +455,9 @@ impl Drop for World {
         if let Some(thread) = lock(&self.control_thread).take() {
             let _ = thread.join();
         }
+        if let Some(thread) = lock(&self.shared.clock_thread).take() {
+            let _ = thread.join();
+        }
         drop(lock(&self.server).take());
     }
 }
@@ -549,6 +578,11 @@ fn control(shared: Arc<Shared>, root: SocketAddr, label: String, timeout: Durati
         }
         *control = Some(writer);
     }
+    {
+        let prober = Arc::clone(&shared);
+        let thread = std::thread::Builder::new().name("nrt-clock".into()).spawn(move || probe_clock(&prober));
+        *lock(&shared.clock_thread) = thread.ok();
+    }
     let mut reader = BufReader::new(stream);
     let reason = loop {
         match wire::read_header::<Control>(&mut reader) {
@@ -569,6 +603,58 @@ fn lose(shared: &Shared, reason: String) {
     // peers watched through their own links (rank 0's process may end first).
     lock(&shared.state).lost = Some(NrtError::new(NrtStatus::NetworkProxyFailure, reason));
     shared.changed.notify_all();
+}
+
+/// Measures this process's clock against the root's: a round of probes now, then one
+/// every [`clock::PERIOD`] until the world closes (see `clock.rs`).
+fn probe_clock(shared: &Shared) {
+    loop {
+        let mut probes = Vec::with_capacity(clock::PROBES);
+        for _ in 0..clock::PROBES {
+            let sent = neuron_datastore::clock::monotonic_ns();
+            {
+                let mut control = lock(&shared.control);
+                let Some(writer) = control.as_mut() else { return };
+                let probe = Control::ClockProbe { sent };
+                if wire::write_header(writer, &probe).and_then(|()| writer.flush()).is_err() {
+                    return;
+                }
+            }
+            let deadline = Instant::now() + clock::PROBE_TIMEOUT;
+            let mut state = lock(&shared.state);
+            loop {
+                if shared.closing.load(Ordering::SeqCst) {
+                    return;
+                }
+                if let Some(at) = state.clock_echoes.iter().position(|p| p.sent == sent) {
+                    probes.push(state.clock_echoes.swap_remove(at));
+                    break;
+                }
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                state = shared.changed.wait_timeout(state, deadline - now).map_or_else(|e| e.into_inner().0, |r| r.0);
+            }
+            state.clock_echoes.clear();
+        }
+        if let Some(offset) = clock::estimate(&probes) {
+            lock(&shared.state).clock = Some(offset);
+            (shared.on_clock.0)(offset);
+        }
+        let next = Instant::now() + clock::PERIOD;
+        let mut state = lock(&shared.state);
+        while !shared.closing.load(Ordering::SeqCst) {
+            let now = Instant::now();
+            if now >= next {
+                break;
+            }
+            state = shared.changed.wait_timeout(state, next - now).map_or_else(|e| e.into_inner().0, |r| r.0);
+        }
+        if shared.closing.load(Ordering::SeqCst) {
+            return;
+        }
+    }
 }
 
 fn on_control(shared: &Arc<Shared>, message: Control) {
@@ -622,7 +708,11 @@ fn on_control(shared: &Arc<Shared>, message: Control) {
             state.gone.entry(process).or_insert(reason);
         }
         Control::Gone { .. } => {}
-        Control::Hello(_) | Control::Join { .. } => {}
+        Control::ClockEcho { sent, received, replied } => {
+            let back = neuron_datastore::clock::monotonic_ns();
+            state.clock_echoes.push(Probe { sent, received, replied, back });
+        }
+        Control::Hello(_) | Control::Join { .. } | Control::ClockProbe { .. } => {}
     }
     shared.changed.notify_all();
 }

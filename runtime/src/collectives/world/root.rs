@@ -5,7 +5,8 @@
 //! accepts data links, and joins ranks of communicators. Once every rank of a
 //! communicator has joined, the root sends each of its processes the roster (which
 //! process holds which rank, and how to reach it). When a process's connection closes,
-//! the root tells every other process, so that none waits for a dead peer. A join that
+//! the root tells every other process, so that none waits for a dead peer. It answers
+//! each process's probes of the clocks at once, with its own (see `clock.rs`). A join that
 //! contradicts an earlier one (another rank count, a rank taken by another process) is
 //! refused to the process that sent it.
 
@@ -128,8 +129,13 @@ fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
 }
 
 fn handle(state: &Mutex<State>, index: u32, message: Control) {
+    let received = neuron_datastore::clock::monotonic_ns();
     let mut state = lock(state);
     match message {
+        Control::ClockProbe { sent } => {
+            let replied = neuron_datastore::clock::monotonic_ns();
+            send(&mut state, index, &Control::ClockEcho { sent, received, replied });
+        }
         Control::Hello(peer) => {
             state.processes[index as usize].peer = Some(peer);
             send(&mut state, index, &Control::Welcome { process: index });

@@ -19,7 +19,7 @@ const MAX_HEADER_BYTES: u32 = 1 << 20;
 
 /// First bytes of every stream, so that a stray client is told apart from a process
 /// of the job (and two builds of different protocol versions refuse each other).
-pub(crate) const GREETING: [u8; 8] = *b"NVRANKS3";
+pub(crate) const GREETING: [u8; 8] = *b"NVRANKS4";
 
 /// A process of the job as the others name it in messages.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,6 +54,11 @@ pub(crate) enum Control {
     Refused { comm: u64, reason: String },
     /// Root → every other process: process `process` closed its connection.
     Gone { process: u32, reason: String },
+    /// Process → root: a probe of the clocks, sent at `sent` (the process's clock).
+    ClockProbe { sent: u64 },
+    /// Root → process: the probe sent at `sent`, received and answered at `received`
+    /// and `replied` (the root's clock).
+    ClockEcho { sent: u64, received: u64, replied: u64 },
 }
 
 /// The header of one message on a data link.
