@@ -689,3 +689,44 @@ fn a_process_whose_clock_is_shifted_measures_the_shift_within_its_uncertainty() 
     let own = measured_offset(&fixture.runtime);
     assert!(own.offset_ns.unsigned_abs() <= own.uncertainty_ns, "{own:?}");
 }
+
+#[test]
+fn a_collective_that_waits_long_for_a_rank_says_so_once_and_its_timeout_says_the_same() {
+    use neuron_datastore::{ALL_SYSTEM_EVENTS, DatastoreReader, EventData, EventType, TailStart, TraceEvent};
+    // A timeout of 2 s: the waiting rank says so after 1 s.
+    let timeout = Duration::from_secs(2);
+    assert_eq!(neuron_runtime::collectives::report_after(timeout), Duration::from_secs(1));
+    let job = job(2, 1, timeout);
+    let comms: Vec<Communicator> =
+        (0..2).map(|r| job[r].runtime.join_communicator("waits", 0, r as u32, 2).expect("joins")).collect();
+    comms[0].wait_for_ranks(Instant::now() + Duration::from_secs(10)).expect("every rank joins");
+    let rt = &job[0].runtime;
+    let x = rt.allocate_tensor(TensorPlacement::Device { core: 0 }, 16, "x").expect("alloc");
+    let sum = CollectiveCall::new(Collective::AllReduce(neuron_runtime::isa::ReduceOp::Add), DType::F32);
+    // Rank 1 never calls.
+    let error = comms[0].run(0, &sum, Some(&x), Some(&x)).expect_err("rank 1 never arrives");
+    assert_eq!(error.status, NrtStatus::ExecHwErrCollectives, "{error}");
+    assert!(
+        error.message.contains("all-reduce #0 of comm `waits` (2 ranks): waiting 2.")
+            && error.message.contains("for rank 1 (pid"),
+        "{error}"
+    );
+    let reader = DatastoreReader::open(&rt.datastore_path().expect("path")).expect("opens");
+    let mut tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
+    let mut events = Vec::new();
+    tail.poll(&reader, usize::MAX, false, &mut events);
+    let waiting: Vec<(u32, u32, u64)> = events
+        .iter()
+        .filter_map(|e| match e {
+            TraceEvent::System(e) if e.event_type == EventType::CcWaiting => match e.data {
+                EventData::CcWaiting { peer, rank, waited_ns, .. } => Some((peer, rank, waited_ns)),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    assert_eq!(waiting.len(), 1, "said once: {waiting:?}");
+    let (peer, rank, waited_ns) = waiting[0];
+    assert_eq!((peer, rank), (1, 0));
+    assert!(waited_ns >= 1_000_000_000, "said after the second it waits: {waited_ns} ns");
+}

@@ -51,6 +51,7 @@ pub enum EventType {
     NrtaExecuteSchedule = 18,
     CcRunning = 19,
     ClockOffset = 20,
+    CcWaiting = 21,
 }
 
 impl EventType {

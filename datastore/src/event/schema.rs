@@ -87,6 +87,20 @@ system_payloads! {
         /// The call's status code, on a failed stop.
         status: status,
     }
+    /// `cc_waiting`: a rank's collective across processes has waited long for another
+    /// rank (5 s, or half `NEURON_RT_EXEC_TIMEOUT`); said once per collective.
+    CcWaiting for CcWaiting {
+        /// The rank waited for.
+        peer: half(0, 0),
+        /// As `cc_running`'s: equal in the ranks that met.
+        sequence: half(0, 32),
+        /// As `cc_running`'s.
+        communicator: half(1, 0),
+        /// The waiting rank.
+        rank: half(1, 32),
+        /// How long it had waited, in nanoseconds.
+        waited_ns: word(2, u64),
+    }
     /// `clock_offset`: this process's host clock against the root's (rank 0's process),
     /// measured over its connection to the root at bootstrap and then periodically.
     ClockOffset for ClockOffset {

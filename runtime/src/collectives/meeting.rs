@@ -58,9 +58,9 @@ type Channel = (Sender<Vec<u8>>, Receiver<Vec<u8>>);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Signature {
-    op: Collective,
+    pub(super) op: Collective,
     dtype: DType,
-    group: Vec<u32>,
+    pub(super) group: Vec<u32>,
     input_bytes: usize,
     output_bytes: usize,
     outer: usize,

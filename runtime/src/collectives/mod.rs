@@ -56,6 +56,7 @@ pub(crate) mod world;
 use meeting::State;
 pub(crate) use meeting::check_groups;
 pub(crate) use remote::Membership;
+pub use remote::report_after;
 pub(crate) use world::Message;
 
 /// From this many bytes of other ranks' data per rank (message × (ranks − 1)), the

@@ -33,8 +33,9 @@ use crate::isa::ReduceOp;
 use crate::lifecycle::Lifecycle;
 use crate::shared_memory::SharedPlace;
 use crate::tensor::Tensor;
-use neuron_datastore::Tracer;
+use neuron_datastore::event::{EventType, payload};
 use neuron_datastore::topology::Topology;
+use neuron_datastore::{EventIds, Tracer};
 
 /// How long a failing rank spends telling the others.
 const ABORT_NOTICE: Duration = Duration::from_secs(1);
@@ -265,7 +266,9 @@ impl Communicator {
         if by_parts.is_none() {
             request.unlend(self);
         }
-        let exchange = Exchange { communicator: self, membership, roster: &roster, rank, at, deadline, signature };
+        let reported = std::cell::Cell::new(false);
+        let exchange =
+            Exchange { communicator: self, membership, roster: &roster, rank, at, deadline, signature, reported };
         let moved = match by_parts {
             Some(op) => exchange.all_reduce_by_parts(plan, op, request),
             None => exchange.run(plan, request),
@@ -288,7 +291,18 @@ struct Exchange<'a> {
     at: OpPosition,
     deadline: Instant,
     signature: Signature,
+    /// Whether this rank said already that the operation waits past [`report_after`].
+    reported: std::cell::Cell<bool>,
 }
+
+/// How long a collective across processes waits for a rank before the waiting rank
+/// says so (once, in a log line and a `cc_waiting` event): 5 s, or half the timeout
+/// when that is shorter.
+pub fn report_after(timeout: Duration) -> Duration {
+    REPORT_AFTER.min(timeout / 2)
+}
+
+const REPORT_AFTER: Duration = Duration::from_secs(5);
 
 impl Exchange<'_> {
     fn run(&self, plan: &Plan, mut request: Request<'_>) -> NrtResult<()> {
@@ -469,11 +483,16 @@ impl Exchange<'_> {
 
     fn receive(&self, from: u32, step: u32, signature: &str) -> NrtResult<Arc<Message>> {
         let key = self.key(step, from, self.rank);
-        let parcel = self
-            .membership
-            .world
-            .receive(self.process_of(from), key, self.deadline)
-            .map_err(|missed| self.missed(from, missed))?;
+        let (world, process) = (&self.membership.world, self.process_of(from));
+        let report_at = self.started() + report_after(self.communicator.inner.timeout);
+        let received = match world.receive(process, key, self.deadline.min(report_at)) {
+            Err(Missed::Timeout) if report_at < self.deadline => {
+                self.report_waiting(from);
+                world.receive(process, key, self.deadline)
+            }
+            received => received,
+        };
+        let parcel = received.map_err(|missed| self.missed(from, missed))?;
         if parcel.signature != signature {
             return Err(NrtError::invalid(format!(
                 "collectives of {} do not match: {} called {signature}, but {} called {}",
@@ -486,14 +505,56 @@ impl Exchange<'_> {
         Ok(parcel.data)
     }
 
+    fn started(&self) -> Instant {
+        self.deadline.checked_sub(self.communicator.inner.timeout).unwrap_or(self.deadline)
+    }
+
+    /// `all-reduce #12 of comm `grads` (4 ranks): waiting 5.0 s for rank 3 (pid 4321 on
+    /// host h2)`.
+    fn waiting_for(&self, peer: u32) -> String {
+        format!(
+            "{} #{} of comm `{}` ({} ranks): waiting {:.1} s for {}",
+            self.signature.op.name(),
+            self.at.unit,
+            self.communicator.inner.name,
+            self.signature.group.len(),
+            self.started().elapsed().as_secs_f64(),
+            self.roster.describe(peer)
+        )
+    }
+
+    /// Says once, in a log line and a `cc_waiting` event, that this rank's operation
+    /// has waited long for `peer`.
+    fn report_waiting(&self, peer: u32) {
+        if self.reported.replace(true) {
+            return;
+        }
+        tracing::warn!("{}", self.waiting_for(peer));
+        if let Some(place) = self.communicator.place(self.rank) {
+            let waited = payload::CcWaiting {
+                peer,
+                sequence: self.at.unit as u32,
+                communicator: self.communicator.inner.id,
+                rank: self.rank,
+                waited_ns: self.started().elapsed().as_nanos() as u64,
+            };
+            let tracer = &self.communicator.inner.tracer;
+            tracer.instant(place.ring, EventType::CcWaiting, EventIds::default(), waited);
+        }
+    }
+
     /// The error of a message from or to `peer` that did not get through.
     fn missed(&self, peer: u32, missed: Missed) -> NrtError {
         let hang = self.communicator.missing_message(self.rank, self.at);
+        let waiting = self.waiting_for(peer);
         let peer = self.roster.describe(peer);
         match missed {
             Missed::Timeout => NrtError::new(
                 NrtStatus::ExecHwErrCollectives,
-                format!("{hang} ({peer} did not arrive within {:.3} s)", self.communicator.inner.timeout.as_secs_f64()),
+                format!(
+                    "{hang}: {waiting}, which did not arrive within {:.3} s",
+                    self.communicator.inner.timeout.as_secs_f64()
+                ),
             ),
             Missed::Gone(reason) => NrtError::new(
                 NrtStatus::NetworkProxyFailure,
