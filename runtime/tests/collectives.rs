@@ -362,6 +362,23 @@ fn a_missing_rank_fails_every_waiting_rank_after_the_timeout_and_the_ranks_meet_
     let reader = DatastoreReader::open(&rt.datastore_path().expect("path")).expect("opens");
     let snapshot = reader.snapshot();
     assert_eq!(snapshot.core(0).expect("nc0").errors.get(neuron_datastore::ErrorClass::Hardware), 1);
+    // Each waiting rank said once, after half the timeout, that it waited for rank 2.
+    let mut tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
+    let mut events = Vec::new();
+    tail.poll(&reader, usize::MAX, false, &mut events);
+    let mut waiting: Vec<(u32, u32, u64)> = events
+        .iter()
+        .filter_map(|e| match e {
+            TraceEvent::System(e) if e.event_type == EventType::CcWaiting => match e.data {
+                EventData::CcWaiting { peer, rank, waited_ns, .. } => Some((rank, peer, waited_ns)),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    waiting.sort_unstable();
+    assert_eq!(waiting.iter().map(|&(rank, peer, _)| (rank, peer)).collect::<Vec<_>>(), [(0, 2), (1, 2), (3, 2)]);
+    assert!(waiting.iter().all(|&(_, _, waited)| waited >= 500_000_000), "{waiting:?}");
 
     // The process stays usable: all four ranks meet on their next execution.
     let outputs = execute_ranks(rt, &models.iter().collect::<Vec<_>>(), &inputs);

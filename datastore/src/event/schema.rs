@@ -87,8 +87,8 @@ system_payloads! {
         /// The call's status code, on a failed stop.
         status: status,
     }
-    /// `cc_waiting`: a rank's collective across processes has waited long for another
-    /// rank (5 s, or half `NEURON_RT_EXEC_TIMEOUT`); said once per collective.
+    /// `cc_waiting`: a rank's collective has waited long for another rank (5 s, or half
+    /// `NEURON_RT_EXEC_TIMEOUT`); said once per collective.
     CcWaiting for CcWaiting {
         /// The rank waited for.
         peer: half(0, 0),

@@ -274,7 +274,11 @@ impl Communicator {
                 self.inner.changed.notify_all();
             }
         }
-        // Wait for the group, the deadline, or another rank's failure.
+        // Wait for the group, the deadline, or another rank's failure; a long wait is
+        // said once (as across processes).
+        let started = deadline.checked_sub(self.inner.timeout).unwrap_or(deadline);
+        let report_at = started + super::remote::report_after(self.inner.timeout);
+        let mut reported = false;
         loop {
             let meeting = state.meetings.get_mut(&key).unwrap_or_else(|| unreachable!("an open meeting is kept"));
             if let Some(failure) = meeting.failure.clone() {
@@ -291,6 +295,12 @@ impl Communicator {
                 self.inner.changed.notify_all();
                 return Err(self.leave_failed(state, key, rank, at, group, Failure::Missing(missing)));
             }
+            if !reported && now >= report_at {
+                reported = true;
+                if let Some(p) = (0..n).find(|&p| meeting.inputs[p].is_none()) {
+                    self.report_waiting(rank, at, (signature.op, n), group[p], &format!("rank {}", group[p]), started);
+                }
+            }
             if at.unit < state.resync {
                 // Another group of this unit lost a rank: the ranks this one waits for
                 // have moved on to their next unit.
@@ -298,7 +308,8 @@ impl Communicator {
                 drop(state);
                 return Err(self.abandoned(rank, at));
             }
-            state = self.inner.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            let wake = if reported { deadline } else { report_at.min(deadline) };
+            state = self.inner.changed.wait_timeout(state, wake - now).unwrap_or_else(|e| e.into_inner()).0;
         }
         let meeting = state.meetings.get(&key).unwrap_or_else(|| unreachable!("an open meeting is kept"));
         let inputs: Vec<Arc<Message>> = meeting.inputs.iter().flatten().cloned().collect();
@@ -386,6 +397,49 @@ impl Communicator {
     }
 
     /// The Neuron runtime's message for a rank whose group never completed.
+    /// `all-reduce #12 of comm `grads` (4 ranks): waiting 5.0 s for rank 3 (pid 4321 on
+    /// host h2)`: rank `rank`'s operation at `at`, of `op` in a group of `ranks`, waiting
+    /// since `started` for `peer` (as described).
+    pub(super) fn waiting_for(
+        &self,
+        at: OpPosition,
+        (op, ranks): (Collective, usize),
+        peer: &str,
+        started: Instant,
+    ) -> String {
+        format!(
+            "{} #{} of comm `{}` ({ranks} ranks): waiting {:.1} s for {peer}",
+            op.name(),
+            at.unit,
+            self.inner.name,
+            started.elapsed().as_secs_f64()
+        )
+    }
+
+    /// Says that rank `rank`'s operation waits long for rank `peer`: a warning, and a
+    /// `cc_waiting` event on the rank's core (once per operation: the callers see to it).
+    pub(super) fn report_waiting(
+        &self,
+        rank: u32,
+        at: OpPosition,
+        operation: (Collective, usize),
+        peer: u32,
+        described: &str,
+        started: Instant,
+    ) {
+        tracing::warn!("{}", self.waiting_for(at, operation, described, started));
+        if let Some(place) = self.place(rank) {
+            let waited = payload::CcWaiting {
+                peer,
+                sequence: at.unit as u32,
+                communicator: self.inner.id,
+                rank,
+                waited_ns: started.elapsed().as_nanos() as u64,
+            };
+            self.inner.tracer.instant(place.ring, EventType::CcWaiting, EventIds::default(), waited);
+        }
+    }
+
     pub(super) fn missing_message(&self, rank: u32, at: OpPosition) -> String {
         let (device, local) = self.place(rank).map_or((0, rank), |p| (p.device, p.local));
         format!(

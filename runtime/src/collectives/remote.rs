@@ -33,9 +33,8 @@ use crate::isa::ReduceOp;
 use crate::lifecycle::Lifecycle;
 use crate::shared_memory::SharedPlace;
 use crate::tensor::Tensor;
-use neuron_datastore::event::{EventType, payload};
+use neuron_datastore::Tracer;
 use neuron_datastore::topology::Topology;
-use neuron_datastore::{EventIds, Tracer};
 
 /// How long a failing rank spends telling the others.
 const ABORT_NOTICE: Duration = Duration::from_secs(1);
@@ -509,37 +508,17 @@ impl Exchange<'_> {
         self.deadline.checked_sub(self.communicator.inner.timeout).unwrap_or(self.deadline)
     }
 
-    /// `all-reduce #12 of comm `grads` (4 ranks): waiting 5.0 s for rank 3 (pid 4321 on
-    /// host h2)`.
     fn waiting_for(&self, peer: u32) -> String {
-        format!(
-            "{} #{} of comm `{}` ({} ranks): waiting {:.1} s for {}",
-            self.signature.op.name(),
-            self.at.unit,
-            self.communicator.inner.name,
-            self.signature.group.len(),
-            self.started().elapsed().as_secs_f64(),
-            self.roster.describe(peer)
-        )
+        let operation = (self.signature.op, self.signature.group.len());
+        self.communicator.waiting_for(self.at, operation, &self.roster.describe(peer), self.started())
     }
 
-    /// Says once, in a log line and a `cc_waiting` event, that this rank's operation
-    /// has waited long for `peer`.
+    /// Says once that this rank's operation has waited long for `peer`.
     fn report_waiting(&self, peer: u32) {
-        if self.reported.replace(true) {
-            return;
-        }
-        tracing::warn!("{}", self.waiting_for(peer));
-        if let Some(place) = self.communicator.place(self.rank) {
-            let waited = payload::CcWaiting {
-                peer,
-                sequence: self.at.unit as u32,
-                communicator: self.communicator.inner.id,
-                rank: self.rank,
-                waited_ns: self.started().elapsed().as_nanos() as u64,
-            };
-            let tracer = &self.communicator.inner.tracer;
-            tracer.instant(place.ring, EventType::CcWaiting, EventIds::default(), waited);
+        if !self.reported.replace(true) {
+            let operation = (self.signature.op, self.signature.group.len());
+            let described = self.roster.describe(peer);
+            self.communicator.report_waiting(self.rank, self.at, operation, peer, &described, self.started());
         }
     }
 
