@@ -4,7 +4,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
@@ -102,6 +102,15 @@ pub(super) struct Plan {
     pub(super) position: usize,
     pub(super) algorithm: Algorithm,
 }
+
+/// How long a collective waits for a rank before the waiting rank
+/// says so (once, in a log line and a `cc_waiting` event): 5 s, or half the timeout
+/// when that is shorter.
+pub fn report_after(timeout: Duration) -> Duration {
+    REPORT_AFTER.min(timeout / 2)
+}
+
+const REPORT_AFTER: Duration = Duration::from_secs(5);
 
 impl Communicator {
     /// Starts rank `rank`'s next unit (an execution or an API call) and returns its
@@ -277,7 +286,7 @@ impl Communicator {
         // Wait for the group, the deadline, or another rank's failure; a long wait is
         // said once (as across processes).
         let started = deadline.checked_sub(self.inner.timeout).unwrap_or(deadline);
-        let report_at = started + super::remote::report_after(self.inner.timeout);
+        let report_at = started + report_after(self.inner.timeout);
         let mut reported = false;
         loop {
             let meeting = state.meetings.get_mut(&key).unwrap_or_else(|| unreachable!("an open meeting is kept"));

@@ -55,8 +55,8 @@ pub(crate) mod world;
 
 use meeting::State;
 pub(crate) use meeting::check_groups;
+pub use meeting::report_after;
 pub(crate) use remote::Membership;
-pub use remote::report_after;
 pub(crate) use world::Message;
 
 /// From this many bytes of other ranks' data per rank (message × (ranks − 1)), the

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use super::algorithms::{direct, ring};
-use super::meeting::{Plan, Signature};
+use super::meeting::{Plan, Signature, report_after};
 use super::streaming;
 use super::world::lending;
 use super::world::wire::Key;
@@ -293,15 +293,6 @@ struct Exchange<'a> {
     /// Whether this rank said already that the operation waits past [`report_after`].
     reported: std::cell::Cell<bool>,
 }
-
-/// How long a collective across processes waits for a rank before the waiting rank
-/// says so (once, in a log line and a `cc_waiting` event): 5 s, or half the timeout
-/// when that is shorter.
-pub fn report_after(timeout: Duration) -> Duration {
-    REPORT_AFTER.min(timeout / 2)
-}
-
-const REPORT_AFTER: Duration = Duration::from_secs(5);
 
 impl Exchange<'_> {
     fn run(&self, plan: &Plan, mut request: Request<'_>) -> NrtResult<()> {
