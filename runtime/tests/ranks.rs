@@ -600,6 +600,22 @@ fn each_rank_records_its_rank_on_its_events_and_its_collectives_with_the_communi
     }
 }
 
+/// Every system event `runtime`'s datastore holds, oldest first.
+fn system_events(runtime: &neuron_runtime::Runtime) -> Vec<neuron_datastore::SystemEvent> {
+    use neuron_datastore::{ALL_SYSTEM_EVENTS, DatastoreReader, TailStart, TraceEvent};
+    let reader = DatastoreReader::open(&runtime.datastore_path().expect("path")).expect("opens");
+    let mut tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
+    let mut events = Vec::new();
+    tail.poll(&reader, usize::MAX, false, &mut events);
+    events
+        .into_iter()
+        .filter_map(|e| match e {
+            TraceEvent::System(e) => Some(e),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Waits (up to 10 s) until `runtime` has measured its clock against the root's.
 fn measured_offset(runtime: &neuron_runtime::Runtime) -> neuron_runtime::ClockOffset {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -614,7 +630,7 @@ fn measured_offset(runtime: &neuron_runtime::Runtime) -> neuron_runtime::ClockOf
 
 #[test]
 fn every_process_measures_its_clock_against_the_roots_and_records_it_in_its_trace() {
-    use neuron_datastore::{ALL_SYSTEM_EVENTS, DatastoreReader, EventData, EventType, TailStart, TraceEvent};
+    use neuron_datastore::EventData;
     let job = job(2, 1, Duration::from_secs(20));
     let comms: Vec<Communicator> =
         (0..2).map(|r| job[r].runtime.join_communicator("clock", 0, r as u32, 2).expect("joins")).collect();
@@ -625,17 +641,10 @@ fn every_process_measures_its_clock_against_the_roots_and_records_it_in_its_trac
         let offset = measured_offset(&fixture.runtime);
         // One host, one clock: the true offset is 0.
         assert!(offset.offset_ns.unsigned_abs() <= offset.uncertainty_ns, "{offset:?}");
-        let reader = DatastoreReader::open(&fixture.runtime.datastore_path().expect("path")).expect("opens");
-        let mut tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
-        let mut events = Vec::new();
-        tail.poll(&reader, usize::MAX, false, &mut events);
-        let recorded: Vec<(i64, u64)> = events
+        let recorded: Vec<(i64, u64)> = system_events(&fixture.runtime)
             .iter()
-            .filter_map(|e| match e {
-                TraceEvent::System(e) if e.event_type == EventType::ClockOffset => match e.data {
-                    EventData::ClockOffset { offset_ns, uncertainty_ns } => Some((offset_ns, uncertainty_ns)),
-                    _ => None,
-                },
+            .filter_map(|e| match e.data {
+                EventData::ClockOffset { offset_ns, uncertainty_ns } => Some((offset_ns, uncertainty_ns)),
                 _ => None,
             })
             .collect();
@@ -692,7 +701,7 @@ fn a_process_whose_clock_is_shifted_measures_the_shift_within_its_uncertainty() 
 
 #[test]
 fn a_collective_that_waits_long_for_a_rank_says_so_once_and_its_timeout_says_the_same() {
-    use neuron_datastore::{ALL_SYSTEM_EVENTS, DatastoreReader, EventData, EventType, TailStart, TraceEvent};
+    use neuron_datastore::EventData;
     // A timeout of 2 s: the waiting rank says so after 1 s.
     let timeout = Duration::from_secs(2);
     assert_eq!(neuron_runtime::collectives::report_after(timeout), Duration::from_secs(1));
@@ -711,17 +720,10 @@ fn a_collective_that_waits_long_for_a_rank_says_so_once_and_its_timeout_says_the
             && error.message.contains("for rank 1 (pid"),
         "{error}"
     );
-    let reader = DatastoreReader::open(&rt.datastore_path().expect("path")).expect("opens");
-    let mut tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
-    let mut events = Vec::new();
-    tail.poll(&reader, usize::MAX, false, &mut events);
-    let waiting: Vec<(u32, u32, u64)> = events
+    let waiting: Vec<(u32, u32, u64)> = system_events(rt)
         .iter()
-        .filter_map(|e| match e {
-            TraceEvent::System(e) if e.event_type == EventType::CcWaiting => match e.data {
-                EventData::CcWaiting { peer, rank, waited_ns, .. } => Some((peer, rank, waited_ns)),
-                _ => None,
-            },
+        .filter_map(|e| match e.data {
+            EventData::CcWaiting { peer, rank, waited_ns, .. } => Some((peer, rank, waited_ns)),
             _ => None,
         })
         .collect();

@@ -124,14 +124,17 @@ impl Communicator {
         deadline: Instant,
     ) -> Option<(SharedPlace, SharedPlace)> {
         let membership = self.inner.membership.as_ref()?;
-        // The roster says where the ranks are (the call waits for it anyway).
-        membership.world.roster(membership.comm, &self.inner.name, deadline).ok()?;
-        membership.world.outbox()?;
+        if !matches!(call.op, Collective::AllReduce(_)) || input.size() < lending::MIN_BYTES {
+            return None;
+        }
         let places = (input.shared_place()?, output.shared_place()?);
         // Apart, or the very same bytes (summed in place).
-        let apart = !input.shares_memory_with(output) || places.0 == places.1;
-        let fits = matches!(call.op, Collective::AllReduce(_)) && input.size() >= lending::MIN_BYTES && apart;
-        fits.then_some(places)
+        if input.shares_memory_with(output) && places.0 != places.1 {
+            return None;
+        }
+        // The roster says where the ranks are (the call waits for it anyway).
+        membership.world.roster(membership.comm, &self.inner.name, deadline).ok()?;
+        membership.world.outbox().map(|_| places)
     }
 
     /// Whether `group` spans several processes, all of this host: there, an all-reduce
