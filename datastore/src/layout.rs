@@ -9,7 +9,7 @@
 /// `NRTVDS` followed by two zero bytes, as a little-endian `u64`.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"NRTVDS\0\0");
 /// The layout this build writes and reads.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
 pub(crate) const HEADER_BYTES: u64 = 4096;
 /// Bytes per ring slot: one sequence word and fifteen payload words.
@@ -27,7 +27,7 @@ pub(crate) const CORE_SCALAR_BYTES: u64 = 256;
 pub const MAX_CORES: u32 = 128;
 
 /// Events kept per ring when nothing asks for more: the always-on rings. 65,536 slots
-/// of 128 bytes are 8 MiB per ring, so a runtime's file is about 30 MiB with one
+/// of 128 bytes are 8 MiB per ring, so a runtime's file is about 32 MiB with one
 /// NeuronCore and about 16 MiB more per further core (`datastore/FORMAT.md`).
 pub const DEFAULT_MAX_EVENTS_PER_NC: u64 = 1 << 16;
 /// Events kept per ring when a profile is asked for (`NEURON_RT_INSPECT_ENABLE=1`,
@@ -48,6 +48,19 @@ pub const DEFAULT_INSTRUCTION_TABLE_BYTES: u64 = 4 << 20;
 pub const DEFAULT_MODEL_SLOTS: u32 = 256;
 /// The most devices whose ECC counters a file holds.
 pub(crate) const MAX_DEVICES: u32 = 32;
+
+/// The flight record of the communicators a process takes part in (`flight.rs`): this
+/// many communicators at once, ranks `0..COMM_RANKS` of each, the last
+/// `COMM_HISTORY` collectives of each rank.
+pub const COMM_SLOTS: u32 = 4;
+pub const COMM_RANKS: u32 = 128;
+pub const COMM_HISTORY: u32 = 32;
+pub(crate) const COMM_HEADER_BYTES: u64 = 256;
+pub(crate) const COMM_ROW_BYTES: u64 = 128;
+pub(crate) const COMM_ENTRY_BYTES: u64 = 32;
+/// One communicator's slot: header, rank rows, then each rank's history.
+pub(crate) const COMM_SLOT_BYTES: u64 =
+    COMM_HEADER_BYTES + COMM_ROW_BYTES * COMM_RANKS as u64 + COMM_ENTRY_BYTES * COMM_HISTORY as u64 * COMM_RANKS as u64;
 
 /// Header fields (byte offsets).
 pub(crate) mod header {
@@ -122,6 +135,13 @@ pub(crate) mod process {
     /// `HostCategory` order: tensors, constants, dma_buffers, application_memory.
     pub(crate) const HOST_MEMORY: u64 = 0;
     pub(crate) const MODEL_SLOTS_OVERFLOWED: u64 = 4;
+    /// Communicators not recorded because every communicator slot was taken.
+    pub(crate) const COMM_SLOTS_OVERFLOWED: u64 = 5;
+    /// Seqlock (odd while written), the root's host clock minus this process's (ns,
+    /// signed), and the most that may be off by (0: never measured).
+    pub(crate) const CLOCK_SEQ: u64 = 6;
+    pub(crate) const CLOCK_OFFSET: u64 = 7;
+    pub(crate) const CLOCK_UNCERTAINTY: u64 = 8;
     /// Four words per device: mem corrected, mem uncorrected, sram corrected, sram uncorrected.
     pub(crate) const ECC: u64 = 16;
 }
@@ -172,6 +192,54 @@ pub mod model {
     pub const RUNNING: u64 = 248;
 }
 
+/// Communicator slot fields (byte offsets: in the slot's header, in a rank row, in a
+/// history entry).
+pub(crate) mod comm {
+    /// Seqlock of the header (odd while written; the slot is free while `ID` is 0).
+    pub(crate) const SEQ: u64 = 0;
+    /// The communicator's id as events carry it (`u32`), its rank count (`u32`).
+    pub(crate) const ID: u64 = 8;
+    pub(crate) const RANKS: u64 = 12;
+    /// The name's string id (`u32`), flags (`u32`: [`ACROSS`]).
+    pub(crate) const NAME: u64 = 16;
+    pub(crate) const FLAGS: u64 = 20;
+    /// The communicator spans processes.
+    pub(crate) const ACROSS: u32 = 1;
+
+    /// Rank rows: pid (`u32`) and host string id (`u32`), flags (`u32`: the `ROW_*`
+    /// bits) and core (`u32`), then sequences + 1 (0: none yet).
+    pub(crate) const ROW_PID: u64 = 0;
+    pub(crate) const ROW_HOST: u64 = 4;
+    pub(crate) const ROW_FLAGS: u64 = 8;
+    pub(crate) const ROW_CORE: u64 = 12;
+    pub(crate) const ROW_ENQUEUED: u64 = 16;
+    pub(crate) const ROW_STARTED: u64 = 24;
+    pub(crate) const ROW_COMPLETED: u64 = 32;
+    /// History entries written for the rank so far (the next goes at this modulo
+    /// `COMM_HISTORY`).
+    pub(crate) const ROW_RECORDED: u64 = 40;
+    /// When the rank's current collective began waiting for another rank (root clock
+    /// ns; 0: not waiting long) and that rank + 1.
+    pub(crate) const ROW_WAITING_SINCE: u64 = 48;
+    pub(crate) const ROW_WAITING_FOR: u64 = 56;
+    /// The most the rank's clock may be off the root's (ns; 0: not known here).
+    pub(crate) const ROW_UNCERTAINTY: u64 = 64;
+    /// The operation of the collective it started last, + 1 (0: none).
+    pub(crate) const ROW_OPERATION: u64 = 72;
+    pub(crate) const ROW_KNOWN: u32 = 1;
+    pub(crate) const ROW_IN_THIS_PROCESS: u32 = 2;
+    pub(crate) const ROW_GONE: u32 = 4;
+
+    /// History entries: the tag (sequence + 1 in bits 0–31, index within the unit in
+    /// 32–47, operation in 48–55, algorithm in 56–63; 0 while written), arrival and
+    /// departure (root clock ns; departure 0 when not known here), bytes (bits 0–47)
+    /// and replica group index (48–63).
+    pub(crate) const ENTRY_TAG: u64 = 0;
+    pub(crate) const ENTRY_ARRIVED: u64 = 8;
+    pub(crate) const ENTRY_DEPARTED: u64 = 16;
+    pub(crate) const ENTRY_BYTES: u64 = 24;
+}
+
 /// Ring header fields (byte offsets in a ring header).
 pub(crate) mod ring {
     pub(crate) const CAPACITY: u64 = 0;
@@ -213,6 +281,8 @@ pub(crate) struct Layout {
     pub(crate) model_histograms: u64,
     pub(crate) strings: u64,
     pub(crate) instructions: u64,
+    /// The communicators' flight record.
+    pub(crate) comms: u64,
     pub(crate) rings: u64,
     pub(crate) ring_bytes: u64,
     pub(crate) file_bytes: u64,
@@ -238,8 +308,9 @@ impl Layout {
         let model_histograms = models.checked_add(MODEL_SLOT_BYTES.checked_mul(u64::from(sizes.model_slots))?)?;
         let strings = model_histograms.checked_add(MODEL_HISTOGRAM_BYTES.checked_mul(u64::from(sizes.model_slots))?)?;
         let instructions = strings.checked_add(STRING_TABLE_HEADER_BYTES)?.checked_add(sizes.string_table_bytes)?;
-        let rings =
+        let comms =
             instructions.checked_add(INSTRUCTION_TABLE_HEADER_BYTES)?.checked_add(sizes.instruction_table_bytes)?;
+        let rings = comms + COMM_SLOT_BYTES * u64::from(COMM_SLOTS);
         let ring_bytes = RING_HEADER_BYTES.checked_add(sizes.ring_capacity.checked_mul(SLOT_BYTES)?)?;
         let file_bytes = rings.checked_add(ring_bytes.checked_mul(Layout::ring_count_of(sizes.core_count))?)?;
         Some(Layout {
@@ -251,6 +322,7 @@ impl Layout {
             model_histograms,
             strings,
             instructions,
+            comms,
             rings,
             ring_bytes,
             file_bytes,
@@ -285,6 +357,22 @@ impl Layout {
     /// Byte offset of bucket `bucket` of the latency histogram of model slot `slot`.
     pub(crate) fn model_histogram_bucket(&self, slot: u32, bucket: usize) -> u64 {
         self.model_histograms + MODEL_HISTOGRAM_BYTES * u64::from(slot) + 8 * bucket as u64
+    }
+
+    /// Byte offset of communicator slot `slot`.
+    pub(crate) fn comm_slot(&self, slot: u32) -> u64 {
+        self.comms + COMM_SLOT_BYTES * u64::from(slot)
+    }
+
+    /// Byte offset of rank `rank`'s row in communicator slot `slot`.
+    pub(crate) fn comm_row(&self, slot: u32, rank: u32) -> u64 {
+        self.comm_slot(slot) + COMM_HEADER_BYTES + COMM_ROW_BYTES * u64::from(rank)
+    }
+
+    /// Byte offset of history entry `entry` of rank `rank` in communicator slot `slot`.
+    pub(crate) fn comm_entry(&self, slot: u32, rank: u32, entry: u32) -> u64 {
+        let histories = self.comm_slot(slot) + COMM_HEADER_BYTES + COMM_ROW_BYTES * u64::from(COMM_RANKS);
+        histories + COMM_ENTRY_BYTES * (u64::from(rank) * u64::from(COMM_HISTORY) + u64::from(entry))
     }
 
     /// The ring holding system events tied to no core.

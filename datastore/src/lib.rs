@@ -31,13 +31,18 @@ mod strings;
 mod tracer;
 mod writer;
 
+#[cfg(test)]
+mod test_support;
+
 pub mod clock;
 pub mod config;
 pub mod event;
+pub mod flight;
 pub mod histogram;
 pub mod host;
 pub mod kinds;
 pub mod peaks;
+pub mod ranks;
 pub mod record;
 pub mod sample;
 pub mod topology;
@@ -57,9 +62,9 @@ pub use layout::{
     INSPECT_MAX_EVENTS_PER_NC, INSTRUCTION_BYTES, LAYOUT_VERSION, MAX_CORES, MAX_EVENTS_PER_NC, MIN_EVENTS_PER_NC,
 };
 pub use reader::{
-    CoreDelta, CoreSnapshot, DatastoreReader, Delta, ErrorCounts, ExecutionCounts, ExitReason, HEARTBEAT_STALE_AFTER,
-    LatencyPercentiles, Liveness, ModelInfo, RingStats, RuntimeEntry, RuntimeInfo, Snapshot, Tail, TailStart,
-    TraceEvent, discover, discover_new, latency_of_all_cores,
+    ClockOffsetRecord, CommunicatorRecord, CoreDelta, CoreSnapshot, DatastoreReader, Delta, ErrorCounts,
+    ExecutionCounts, ExitReason, HEARTBEAT_STALE_AFTER, LatencyPercentiles, Liveness, ModelInfo, RankRecord, RingStats,
+    RuntimeEntry, RuntimeInfo, Snapshot, Tail, TailStart, TraceEvent, discover, discover_new, latency_of_all_cores,
 };
 pub use ring::RingCursor;
 pub use session::{

@@ -93,6 +93,8 @@ pub struct DatastoreWriter {
     instructions: Mutex<InstructionTable>,
     /// Which model occupies each slot of the models table.
     model_slots: Mutex<Vec<Option<u32>>>,
+    /// Which communicator slots are taken (`flight.rs`).
+    pub(crate) comm_slots: Mutex<Vec<bool>>,
     removed: std::sync::atomic::AtomicBool,
     /// The file is on tmpfs (see [`DatastoreWriter::prefault_chunks`]).
     in_memory: bool,
@@ -171,6 +173,7 @@ impl DatastoreWriter {
             interned: Mutex::new(HashMap::new()),
             instructions: Mutex::new(InstructionTable::of(&layout)),
             model_slots: Mutex::new(vec![None; params.model_slots as usize]),
+            comm_slots: Mutex::new(vec![false; layout::COMM_SLOTS as usize]),
             removed: std::sync::atomic::AtomicBool::new(false),
             in_memory: directory::in_memory(&params.dir),
             path: path.clone(),

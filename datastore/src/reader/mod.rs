@@ -26,11 +26,13 @@ use crate::strings::StringTable;
 use crate::{DatastoreError, directory, histogram};
 
 mod discovery;
+mod flight;
 mod liveness;
 mod snapshot;
 mod tail;
 pub(crate) use discovery::remove_dead_runtimes;
 pub use discovery::{RuntimeEntry, discover, discover_new};
+pub use flight::{ClockOffsetRecord, CommunicatorRecord, RankRecord};
 pub use liveness::{ExitReason, HEARTBEAT_STALE_AFTER, Liveness};
 pub use snapshot::{
     CoreDelta, CoreSnapshot, Delta, ErrorCounts, ExecutionCounts, LatencyPercentiles, RingStats, Snapshot,

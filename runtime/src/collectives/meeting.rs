@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 
 use super::algorithms::{direct, local, ring};
-use super::{Algorithm, Collective, Communicator, Message, OpPosition, Request, choose_algorithm};
+use super::{Algorithm, Collective, Communicator, Message, OpPosition, Request, choose_algorithm, flight};
 use crate::dtype::DType;
 use crate::error::{NrtError, NrtResult, NrtStatus};
 use crate::isa::{format_group, format_groups};
@@ -120,6 +120,8 @@ impl Communicator {
         let mut state = self.lock();
         let unit = state.next_unit[rank as usize].max(state.resync);
         state.next_unit[rank as usize] = unit + 1;
+        drop(state);
+        self.record_enqueued(rank, unit);
         unit
     }
 
@@ -210,6 +212,7 @@ impl Communicator {
         let started = ticks();
         let running = tracer.span(place.ring, EventType::CcRunning, ids);
         tracer.open(At::Ticks(started), &running, collective(None));
+        let arrived = self.record_started(rank, at, operation);
         let signature = Signature {
             op: request.op,
             dtype: request.dtype,
@@ -220,18 +223,21 @@ impl Communicator {
             algorithm,
         };
         let result = if let Some(membership) = inner.membership.as_ref().filter(|_| n > 1) {
-            self.meet_across(membership, rank, at, &plan, signature, request, deadline)
+            self.meet_across(membership, rank, at, &plan, (signature, arrived), request, deadline)
         } else {
             // Lending is between processes only.
             let mut request = request;
             request.unlend(self);
             if n == 1 {
                 local(request);
-                Ok(())
+                Ok(Vec::new())
             } else {
-                self.meet(rank, at, &plan, signature, request, deadline)
+                self.meet(rank, at, &plan, signature, request, deadline).map(|()| Vec::new())
             }
         };
+        let done = flight::Done { operation, algorithm, group: plan.group_index, bytes, arrived };
+        self.record_done(rank, at, &done, result.as_deref().unwrap_or_default(), result.is_ok());
+        let result = result.map(drop);
         let status = result.as_ref().err().map(|e| e.status);
         if running.tracking_id != 0 {
             tracer.stop(&running, collective(status));
@@ -437,6 +443,7 @@ impl Communicator {
         started: Instant,
     ) {
         tracing::warn!("{}", self.waiting_for(at, operation, described, started));
+        self.record_waiting(rank, started, peer);
         if let Some(place) = self.place(rank) {
             let waited = payload::CcWaiting {
                 peer,

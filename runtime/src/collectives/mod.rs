@@ -48,6 +48,7 @@ use neuron_datastore::{EventIds, RingPos, Tracer};
 
 mod algorithms;
 pub(crate) mod buffers;
+mod flight;
 mod meeting;
 mod remote;
 mod streaming;
@@ -193,11 +194,23 @@ struct Inner {
     ranks: Vec<OnceLock<RankPlace>>,
     /// For a communicator across processes: this process's part in it.
     membership: Option<Membership>,
+    /// Its slot in the process's flight record (`flight.rs`), and whether the ranks
+    /// of other processes are recorded in it yet.
+    record: Option<neuron_datastore::flight::CommSlot>,
+    roster_recorded: OnceLock<()>,
     tracer: Arc<Tracer>,
     lifecycle: Arc<Lifecycle>,
     timeout: Duration,
     state: Mutex<State>,
     changed: Condvar,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(slot) = self.record {
+            self.tracer.store().close_communicator(slot);
+        }
+    }
 }
 
 /// Where a collective is in its unit, for the missing-rank message.
@@ -300,19 +313,28 @@ impl Communicator {
         timeout: Duration,
     ) -> Communicator {
         let state = Mutex::new(State::new(ranks.len()));
-        Communicator {
+        let record = flight::open(&tracer, (&name, id), ranks.len(), membership.is_some());
+        let communicator = Communicator {
             inner: Arc::new(Inner {
                 name,
                 id,
                 ranks,
                 membership,
+                record,
+                roster_recorded: OnceLock::new(),
                 tracer,
                 lifecycle,
                 timeout,
                 state,
                 changed: Condvar::new(),
             }),
+        };
+        for (rank, place) in communicator.inner.ranks.iter().enumerate() {
+            if let Some(place) = place.get() {
+                communicator.record_member(rank as u32, place);
+            }
         }
+        communicator
     }
 
     /// The number of ranks.

@@ -25,7 +25,7 @@ use super::meeting::{Plan, Signature, report_after};
 use super::streaming;
 use super::world::lending;
 use super::world::wire::Key;
-use super::world::{Message, Missed, Roster, World};
+use super::world::{Arrival, Message, Missed, Roster, Stamp, World};
 use super::{Algorithm, Collective, CollectiveCall, Communicator, OpPosition, RankPlace, Request};
 use crate::backend;
 use crate::error::{NrtError, NrtResult, NrtStatus};
@@ -42,7 +42,7 @@ const ABORT_NOTICE: Duration = Duration::from_secs(1);
 /// This process's part in a communicator across processes.
 #[derive(Debug)]
 pub(crate) struct Membership {
-    world: Arc<World>,
+    pub(super) world: Arc<World>,
     /// The communicator's id at the root: from its key, the same in every process.
     comm: u64,
     /// How many communicators of the same key this process built before this one.
@@ -91,8 +91,14 @@ impl Communicator {
         };
         self.check_rank(rank)?;
         let ranks = self.ranks() as u32;
-        let held = self.inner.ranks[rank as usize]
-            .get_or_init(|| RankPlace::new(core, (rank, ranks), topology, &self.inner.tracer));
+        let mut fresh = false;
+        let held = self.inner.ranks[rank as usize].get_or_init(|| {
+            fresh = true;
+            RankPlace::new(core, (rank, ranks), topology, &self.inner.tracer)
+        });
+        if fresh {
+            self.record_member(rank, held);
+        }
         if held.core != core {
             return Err(NrtError::invalid(format!(
                 "rank {rank} of `{}` already runs on nc{} in this process",
@@ -198,7 +204,8 @@ impl Communicator {
         let unit = Self::next_p2p(membership, rank, peer);
         let key = Key { comm: membership.comm, unit, index: P2P_INDEX, step: 0, from: rank, to: peer };
         let process = roster.rank_process[peer as usize];
-        membership.world.send(process, key, "send", Ok(Arc::new(Message::Heap(data))), deadline).map_err(|missed| {
+        let stamp = Stamp::of("send");
+        membership.world.send(process, key, &stamp, Ok(Arc::new(Message::Heap(data))), deadline).map_err(|missed| {
             self.p2p_failure(missed, format!("rank {rank} could not send to {}", roster.describe(peer)))
         })?;
         Ok(None)
@@ -233,7 +240,10 @@ impl Communicator {
         }
     }
 
-    /// Rank `rank`'s part of an operation of a communicator across processes.
+    /// Rank `rank`'s part of an operation of a communicator across processes, which
+    /// it reached at `arrived`. Gives the arrivals of the group's ranks of other
+    /// processes when this rank is the lowest of this process in the group (which
+    /// records them: `flight.rs`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn meet_across(
         &self,
@@ -241,10 +251,10 @@ impl Communicator {
         rank: u32,
         at: OpPosition,
         plan: &Plan,
-        signature: Signature,
+        (signature, arrived): (Signature, Arrival),
         mut request: Request<'_>,
         deadline: Instant,
-    ) -> NrtResult<()> {
+    ) -> NrtResult<Vec<Arrival>> {
         if let Some(failed) = membership.failed.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             return Err(NrtError::new(
                 failed.status,
@@ -255,9 +265,10 @@ impl Communicator {
             ));
         }
         let roster = membership.world.roster(membership.comm, &self.inner.name, deadline)?;
+        self.record_roster(&roster);
         if plan.group.iter().all(|&r| roster.rank_process[r as usize] == roster.process) {
             request.unlend(self);
-            return self.meet(rank, at, plan, signature, request, deadline);
+            return self.meet(rank, at, plan, signature, request, deadline).map(|()| Vec::new());
         }
         // An all-reduce of all-to-all runs by parts, lending where it can; any other
         // algorithm moves copies of the input.
@@ -269,8 +280,18 @@ impl Communicator {
             request.unlend(self);
         }
         let reported = std::cell::Cell::new(false);
-        let exchange =
-            Exchange { communicator: self, membership, roster: &roster, rank, at, deadline, signature, reported };
+        let known = std::cell::RefCell::new(vec![arrived]);
+        let exchange = Exchange {
+            communicator: self,
+            membership,
+            roster: &roster,
+            rank,
+            at,
+            deadline,
+            signature,
+            reported,
+            known,
+        };
         let moved = match by_parts {
             Some(op) => exchange.all_reduce_by_parts(plan, op, request),
             None => exchange.run(plan, request),
@@ -280,7 +301,12 @@ impl Communicator {
             *membership.failed.lock().unwrap_or_else(|e| e.into_inner()) = Some(error.clone());
             membership.world.forget(membership.comm);
         }
-        moved
+        moved?;
+        let here = |r: u32| roster.rank_process[r as usize] == roster.process;
+        let lowest_here = plan.group.iter().copied().filter(|&r| here(r)).min();
+        let mut known = exchange.known.into_inner();
+        known.retain(|a| !here(a.rank));
+        Ok(if lowest_here == Some(rank) { known } else { Vec::new() })
     }
 }
 
@@ -295,6 +321,8 @@ struct Exchange<'a> {
     signature: Signature,
     /// Whether this rank said already that the operation waits past [`report_after`].
     reported: std::cell::Cell<bool>,
+    /// The arrivals this rank knows of: its own, and those its messages brought.
+    known: std::cell::RefCell<Vec<Arrival>>,
 }
 
 impl Exchange<'_> {
@@ -362,7 +390,7 @@ impl Exchange<'_> {
                     let world = &self.membership.world;
                     let bytes = lent.bytes.unwrap_or(request.output);
                     world
-                        .send_lent(self.process_of(peer), key, &signature, (bytes, places), self.deadline)
+                        .send_lent(self.process_of(peer), key, &self.stamp(&signature), (bytes, places), self.deadline)
                         .map_err(|missed| self.missed(peer, missed))?
                 }
                 None => self.send(peer, 0, &signature, Arc::clone(&request.input)).map(|()| false)?,
@@ -466,12 +494,29 @@ impl Exchange<'_> {
         self.roster.rank_process[rank as usize]
     }
 
+    /// What a message of this rank says beside its bytes: the signature, and the
+    /// arrivals it knows of.
+    fn stamp(&self, signature: &str) -> Stamp {
+        Stamp { signature: signature.to_owned(), arrivals: self.known.borrow().clone() }
+    }
+
     fn send(&self, to: u32, step: u32, signature: &str, data: Arc<Message>) -> NrtResult<()> {
         let key = self.key(step, self.rank, to);
         self.membership
             .world
-            .send(self.process_of(to), key, signature, Ok(data), self.deadline)
+            .send(self.process_of(to), key, &self.stamp(signature), Ok(data), self.deadline)
             .map_err(|missed| self.missed(to, missed))
+    }
+
+    /// Adds the arrivals a message brought to those this rank knows of.
+    fn learn(&self, arrivals: &[Arrival]) {
+        let mut known = self.known.borrow_mut();
+        for arrival in arrivals {
+            if !known.iter().any(|k| k.rank == arrival.rank) {
+                known.push(*arrival);
+                self.communicator.record_arrived(*arrival, self.at, self.signature.op);
+            }
+        }
     }
 
     fn receive(&self, from: u32, step: u32, signature: &str) -> NrtResult<Arc<Message>> {
@@ -486,13 +531,14 @@ impl Exchange<'_> {
             received => received,
         };
         let parcel = received.map_err(|missed| self.missed(from, missed))?;
-        if parcel.signature != signature {
+        self.learn(&parcel.stamp.arrivals);
+        if parcel.stamp.signature != signature {
             return Err(NrtError::invalid(format!(
                 "collectives of {} do not match: {} called {signature}, but {} called {}",
                 self.communicator.inner.name,
                 self.roster.describe(self.rank),
                 self.roster.describe(from),
-                parcel.signature
+                parcel.stamp.signature
             )));
         }
         Ok(parcel.data)
@@ -518,6 +564,7 @@ impl Exchange<'_> {
 
     /// The error of a message from or to `peer` that did not get through.
     fn missed(&self, peer: u32, missed: Missed) -> NrtError {
+        let peer_rank = peer;
         let hang = self.communicator.missing_message(self.rank, self.at);
         let waiting = self.waiting_for(peer);
         let peer = self.roster.describe(peer);
@@ -529,10 +576,15 @@ impl Exchange<'_> {
                     self.communicator.inner.timeout.as_secs_f64()
                 ),
             ),
-            Missed::Gone(reason) => NrtError::new(
-                NrtStatus::NetworkProxyFailure,
-                format!("{hang}: {reason}; the process of {peer} is gone"),
-            ),
+            Missed::Gone(reason) => {
+                let process = self.process_of(peer_rank);
+                let ranks = (0..self.roster.rank_process.len() as u32).filter(|&r| self.process_of(r) == process);
+                self.communicator.record_gone(ranks);
+                NrtError::new(
+                    NrtStatus::NetworkProxyFailure,
+                    format!("{hang}: {reason}; the process of {peer} is gone"),
+                )
+            }
             Missed::Aborted(reason) => NrtError::new(
                 NrtStatus::ExecHwErrCollectives,
                 format!("{hang}: another rank of the group gave the operation up: {reason}"),
@@ -546,7 +598,8 @@ impl Exchange<'_> {
         let deadline = Instant::now() + ABORT_NOTICE;
         for &peer in plan.group.iter().filter(|&&r| r != self.rank) {
             let key = self.key(u32::MAX, self.rank, peer);
-            let _ = self.membership.world.send(self.process_of(peer), key, "", Err(reason.clone()), deadline);
+            let stamp = Stamp::default();
+            let _ = self.membership.world.send(self.process_of(peer), key, &stamp, Err(reason.clone()), deadline);
         }
     }
 }

@@ -106,6 +106,7 @@ impl Runtime {
                     let payload =
                         payload::ClockOffset { offset_ns: offset.offset_ns, uncertainty_ns: offset.uncertainty_ns };
                     tracer.instant(tracer.ring_of(None), EventType::ClockOffset, EventIds::default(), payload);
+                    tracer.store().set_clock_offset(offset.offset_ns, offset.uncertainty_ns);
                 }));
                 let world = Arc::new(World::start(root, timeout, on_clock)?);
                 Ok(Arc::clone(running.world.get_or_init(|| world)))

@@ -228,7 +228,7 @@ fn add_link(shared: &Arc<Shared>, process: u32, stream: TcpStream, transport: Tr
                 Body::Abort { reason } => Err(reason),
             };
             let mut state = lock(&shared.state);
-            deliver(&mut state, envelope.key, envelope.signature, body);
+            deliver(&mut state, envelope.key, envelope.stamp, body);
             shared.changed.notify_all();
         };
         if !shared.closing.load(Ordering::SeqCst) {

@@ -29,7 +29,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::{BufReader, BufWriter, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -41,6 +41,7 @@ use link::{LinkOut, accept_links, open_link};
 pub(crate) use outbox::Message;
 use outbox::Outbox;
 use shm::Segment;
+pub(crate) use wire::{Arrival, Stamp};
 use wire::{Body, Control, Envelope, Key, Peer};
 
 /// How often a refused connection to the root is logged again while retrying.
@@ -80,6 +81,10 @@ struct Shared {
     neighbours: AtomicBool,
     /// Told each new measure of this process's clock against the root's.
     on_clock: ClockSink,
+    /// The latest measure's offset and uncertainty (0 until measured), for the
+    /// collectives to stamp their arrivals with without a lock.
+    offset_ns: AtomicI64,
+    uncertainty_ns: AtomicU64,
     /// The thread that measures it, once connected.
     clock_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -155,10 +160,10 @@ enum Closing {
     Write,
 }
 
-/// A delivered message: the sender's signature and the bytes.
+/// A delivered message: the sender's stamp and the bytes.
 #[derive(Debug)]
 pub(crate) struct Parcel {
-    pub(crate) signature: String,
+    pub(crate) stamp: Stamp,
     pub(crate) data: Arc<Message>,
 }
 
@@ -194,6 +199,8 @@ impl World {
             outbox: Outbox::default(),
             neighbours: AtomicBool::new(false),
             on_clock,
+            offset_ns: AtomicI64::new(0),
+            uncertainty_ns: AtomicU64::new(0),
             clock_thread: Mutex::new(None),
         });
         let thread = {
@@ -284,6 +291,14 @@ impl World {
         lock(&self.shared.state).clock
     }
 
+    /// Now on the root's clock, and the most that may be off by (0 until this
+    /// process has measured its clock against the root's).
+    pub(crate) fn root_now(&self) -> (u64, u64) {
+        let now = neuron_datastore::clock::monotonic_ns();
+        let offset = self.shared.offset_ns.load(Ordering::Relaxed);
+        (now.saturating_add_signed(offset), self.shared.uncertainty_ns.load(Ordering::Relaxed))
+    }
+
     /// The outbox, when processes of this host are in the job (a message meant for
     /// them is best made there: see [`Message::for_peers`]).
     pub(crate) fn outbox(&self) -> Option<&Outbox> {
@@ -295,13 +310,13 @@ impl World {
         &self,
         process: u32,
         key: Key,
-        signature: &str,
+        stamp: &Stamp,
         body: Result<Arc<Message>, String>,
         deadline: Instant,
     ) -> Result<(), Missed> {
         let mut state = lock(&self.shared.state);
         if state.process == Some(process) {
-            deliver(&mut state, key, signature.to_owned(), body);
+            deliver(&mut state, key, stamp.clone(), body);
             self.shared.changed.notify_all();
             return Ok(());
         }
@@ -329,7 +344,7 @@ impl World {
             (Ok(data), None) => (Body::Data { len: data.len() as u64 }, &data[..]),
             (Err(reason), _) => (Body::Abort { reason: reason.clone() }, &[][..]),
         };
-        let envelope = Envelope { key, signature: signature.to_owned(), body };
+        let envelope = Envelope { key, stamp: stamp.clone(), body };
         self.write(process, writer, &envelope, payload).inspect_err(|_| {
             if let Some(slot) = slot {
                 slot.unread();
@@ -345,13 +360,13 @@ impl World {
         &self,
         process: u32,
         key: Key,
-        signature: &str,
+        stamp: &Stamp,
         (input, places): (&[u8], (SharedPlace, SharedPlace)),
         deadline: Instant,
     ) -> Result<bool, Missed> {
         let mut state = lock(&self.shared.state);
         if state.process == Some(process) {
-            deliver(&mut state, key, signature.to_owned(), Ok(Arc::new(Message::Heap(input.to_vec()))));
+            deliver(&mut state, key, stamp.clone(), Ok(Arc::new(Message::Heap(input.to_vec()))));
             self.shared.changed.notify_all();
             return Ok(false);
         }
@@ -362,7 +377,7 @@ impl World {
             true => (Body::Lent { input: places.0, output: places.1 }, &[][..]),
             false => (Body::Data { len: input.len() as u64 }, input),
         };
-        let envelope = Envelope { key, signature: signature.to_owned(), body };
+        let envelope = Envelope { key, stamp: stamp.clone(), body };
         self.write(process, writer, &envelope, payload).map(|()| lent)
     }
 
@@ -477,10 +492,10 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn deliver(state: &mut State, key: Key, signature: String, body: Result<Arc<Message>, String>) {
+fn deliver(state: &mut State, key: Key, stamp: Stamp, body: Result<Arc<Message>, String>) {
     match body {
         Ok(data) => {
-            state.mailbox.insert(key, Parcel { signature, data });
+            state.mailbox.insert(key, Parcel { stamp, data });
         }
         Err(reason) => {
             state.aborts.entry((key.comm, key.unit, key.index)).or_insert(reason);
@@ -640,6 +655,8 @@ fn probe_clock(shared: &Shared) {
         }
         if let Some(offset) = clock::estimate(&probes) {
             lock(&shared.state).clock = Some(offset);
+            shared.offset_ns.store(offset.offset_ns, Ordering::Relaxed);
+            shared.uncertainty_ns.store(offset.uncertainty_ns.max(1), Ordering::Relaxed);
             (shared.on_clock.0)(offset);
         }
         let next = Instant::now() + clock::PERIOD;

@@ -19,7 +19,7 @@ const MAX_HEADER_BYTES: u32 = 1 << 20;
 
 /// First bytes of every stream, so that a stray client is told apart from a process
 /// of the job (and two builds of different protocol versions refuse each other).
-pub(crate) const GREETING: [u8; 8] = *b"NVRANKS4";
+pub(crate) const GREETING: [u8; 8] = *b"NVRANKS5";
 
 /// A process of the job as the others name it in messages.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,9 +65,36 @@ pub(crate) enum Control {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct Envelope {
     pub(crate) key: Key,
+    pub(crate) stamp: Stamp,
+    pub(crate) body: Body,
+}
+
+/// What a message of an operation says beside its bytes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Stamp {
     /// The sender's description of the operation; the receiver's must be the same.
     pub(crate) signature: String,
-    pub(crate) body: Body,
+    /// When the ranks the sender knows of arrived at the operation: its own, and
+    /// around a ring those its predecessors told it, so that every rank of the group
+    /// learns every arrival with the data (the flight record, `flight.rs` in the
+    /// datastore).
+    pub(crate) arrivals: Vec<Arrival>,
+}
+
+impl Stamp {
+    /// A stamp with no arrivals.
+    pub(crate) fn of(signature: &str) -> Stamp {
+        Stamp { signature: signature.to_owned(), arrivals: Vec::new() }
+    }
+}
+
+/// A rank's arrival at an operation, on the root's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Arrival {
+    pub(crate) rank: u32,
+    pub(crate) at_ns: u64,
+    /// The most the rank's process's clock may be off the root's.
+    pub(crate) uncertainty_ns: u64,
 }
 
 /// Where a message goes: communicator, unit, operation within the unit, step of the
@@ -142,7 +169,10 @@ mod tests {
     fn headers_round_trip_and_a_clean_end_is_no_header() {
         let envelope = Envelope {
             key: Key { comm: 7, unit: 3, index: 1, step: 2, from: 0, to: 5 },
-            signature: "AllReduce(Add) of f32".into(),
+            stamp: Stamp {
+                signature: "AllReduce(Add) of f32".into(),
+                arrivals: vec![Arrival { rank: 5, at_ns: 1 << 40, uncertainty_ns: 12 }],
+            },
             body: Body::Data { len: 1 << 20 },
         };
         let control = Control::Roster { comm: 7, rank_process: vec![0, 0, 1], processes: vec![None] };

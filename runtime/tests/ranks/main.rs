@@ -14,6 +14,8 @@ use neuron_runtime::{
 };
 use neuron_test_support::runtime::{self as common, f32_bytes};
 
+mod flight;
+
 /// A free port on the loopback interface for rank 0 to listen at.
 fn free_root() -> RootComm {
     let port = TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port();

@@ -1,0 +1,717 @@
+//! The group view of a communicator: every rank's state, when each arrived at each
+//! recent collective, who was late, the straggler (named only with evidence) and a
+//! hang, from the flight records of the runtimes a tool reads (`flight.rs`).
+//!
+//! Every tool (`neuron-top`, `neuron-monitor`, the dashboard) builds its ranks view
+//! here, so they name the same ranks by the same rules:
+//!
+//! - **Lateness** of a rank in a collective: its arrival minus the first arrival of
+//!   its replica group, on the job's one clock.
+//! - **Last arriver**: the rank that arrived last, unless the runner-up arrived
+//!   within the two ranks' clock uncertainties of it: then the collective has a tie,
+//!   never an order.
+//! - **Straggler** ([`StragglerRule`]): of the last `window` collectives whose every
+//!   arrival is known, a rank arrived last in more than `share` of them and its
+//!   median lateness is at least `min_lateness`; at least [`MIN_EVIDENCE`] such
+//!   collectives are needed. A balanced job names nobody.
+//! - **Hang**: a rank of the group has waited long for another (the runtime marks the
+//!   wait after 5 s, or half `NEURON_RT_EXEC_TIMEOUT` when shorter): the rank it waits
+//!   for never reached the collective (*missing*, or *gone* with its process), or
+//!   reached it and no data moves (*transport stalled*).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::flight::{CollectiveEntry, Position};
+use crate::kinds::CollectiveOp;
+use crate::reader::{ClockOffsetRecord, CommunicatorRecord, RankRecord};
+
+/// The fewest complete collectives a straggler is named on.
+pub const MIN_EVIDENCE: usize = 5;
+
+/// When a rank is named a straggler (see the module's documentation).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StragglerRule {
+    /// The last this many complete collectives are looked at.
+    pub window: usize,
+    /// It arrived last in more than this share of them.
+    pub share: f64,
+    /// Its median lateness is at least this.
+    pub min_lateness: Duration,
+}
+
+impl Default for StragglerRule {
+    /// The last 20 collectives, last in more than half, 1 ms late on median.
+    fn default() -> StragglerRule {
+        StragglerRule { window: 20, share: 0.5, min_lateness: Duration::from_millis(1) }
+    }
+}
+
+impl StragglerRule {
+    /// The rule from `NEURON_VIRT_STRAGGLER_WINDOW`, `NEURON_VIRT_STRAGGLER_SHARE` and
+    /// `NEURON_VIRT_STRAGGLER_MIN_LATENESS_US`, each defaulting as [`Default`] says.
+    pub fn from_env() -> Result<StragglerRule, String> {
+        let mut rule = StragglerRule::default();
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        if let Some(v) = var("NEURON_VIRT_STRAGGLER_WINDOW") {
+            rule.window = v.trim().parse().ok().filter(|&w| w >= MIN_EVIDENCE).ok_or_else(|| {
+                format!("NEURON_VIRT_STRAGGLER_WINDOW={v}: expected a number of collectives, at least {MIN_EVIDENCE}")
+            })?;
+        }
+        if let Some(v) = var("NEURON_VIRT_STRAGGLER_SHARE") {
+            rule.share = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|s: &f64| (0.0..1.0).contains(s))
+                .ok_or_else(|| format!("NEURON_VIRT_STRAGGLER_SHARE={v}: expected a share from 0 to below 1"))?;
+        }
+        if let Some(v) = var("NEURON_VIRT_STRAGGLER_MIN_LATENESS_US") {
+            let us: u64 = v
+                .trim()
+                .parse()
+                .map_err(|_| format!("NEURON_VIRT_STRAGGLER_MIN_LATENESS_US={v}: expected whole microseconds"))?;
+            rule.min_lateness = Duration::from_micros(us);
+        }
+        Ok(rule)
+    }
+}
+
+/// What a rank is doing, as the flight record says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RankState {
+    /// Its process is gone.
+    Gone,
+    /// Inside a collective, waiting long for another rank.
+    Waiting,
+    /// Inside a collective.
+    InCollective,
+    /// Given a unit (an execution or a call) whose collective it has not reached.
+    Running,
+    /// Between units.
+    Idle,
+    /// Nothing recorded yet.
+    Unknown,
+}
+
+impl RankState {
+    pub fn name(self) -> &'static str {
+        match self {
+            RankState::Gone => "gone",
+            RankState::Waiting => "waiting",
+            RankState::InCollective => "in collective",
+            RankState::Running => "running",
+            RankState::Idle => "idle",
+            RankState::Unknown => "unknown",
+        }
+    }
+}
+
+/// One rank in the group view.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemberView {
+    pub rank: u32,
+    pub pid: u32,
+    pub host: String,
+    pub core: Option<u32>,
+    pub state: RankState,
+    pub enqueued: Option<Position>,
+    pub started: Option<Position>,
+    pub completed: Option<Position>,
+    /// Its lateness in each of the view's collectives (`None` where it took no part or
+    /// its arrival is not known here), ns.
+    pub lateness_ns: Vec<Option<u64>>,
+    /// Of the complete collectives looked at, those it arrived last in.
+    pub arrived_last: usize,
+    pub median_lateness_ns: Option<u64>,
+    /// The most its clock may be off the root's, ns.
+    pub uncertainty_ns: u64,
+}
+
+/// One collective of one replica group, as every rank's arrival tells it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CollectiveView {
+    pub position: Position,
+    pub operation: &'static str,
+    pub algorithm: &'static str,
+    pub group: u16,
+    pub bytes: u64,
+    /// Each known rank's arrival (root clock ns), by rank.
+    pub arrivals: Vec<(u32, u64)>,
+    /// Whether every rank of the group is among them (the group's size is the number
+    /// of ranks that took part, known only when every rank is recorded).
+    pub complete: bool,
+    /// Last arrival minus first, ns.
+    pub skew_ns: u64,
+    /// The last arriver; `None` when the runner-up is within the clocks' uncertainty.
+    pub last: Option<u32>,
+    /// Each known rank's wait (last arrival minus its own), by rank.
+    pub waits_ns: Vec<(u32, u64)>,
+}
+
+/// A rank named a straggler, with the evidence.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Straggler {
+    pub rank: u32,
+    pub host: String,
+    pub pid: u32,
+    /// It arrived last in `last_in` of `of` complete collectives.
+    pub last_in: usize,
+    pub of: usize,
+    pub median_lateness_ns: u64,
+    /// The time the other ranks spent waiting for it, as a share of the span of those
+    /// collectives (first arrival of the first to the last arrival of the last).
+    pub others_waited_share: f64,
+}
+
+impl Straggler {
+    /// `rank 2 (pid 812 on host a) arrived last in 9 of 10 collectives, 1.8 ms late on
+    /// median; the other ranks waited 17% of the time`.
+    pub fn describe(&self) -> String {
+        format!(
+            "rank {}{} arrived last in {} of {} collectives, {} late on median; the other ranks waited {:.0}% of the time",
+            self.rank,
+            place(self.pid, &self.host),
+            self.last_in,
+            self.of,
+            format_ns(self.median_lateness_ns),
+            100.0 * self.others_waited_share
+        )
+    }
+}
+
+/// Why a collective does not complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HangClass {
+    /// The awaited rank never reached the collective.
+    Missing,
+    /// The awaited rank's process is gone.
+    Gone,
+    /// Every rank reached it and no data moves.
+    TransportStalled,
+}
+
+/// A collective some rank has waited long in.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Hang {
+    pub class: HangClass,
+    pub position: Position,
+    /// The ranks waiting long, and since when (root clock ns), by rank.
+    pub waiting: Vec<(u32, u64)>,
+    /// The ranks they wait for.
+    pub awaited: Vec<u32>,
+    /// One line for people.
+    pub text: String,
+}
+
+/// A communicator as the records read show it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct GroupView {
+    pub id: u32,
+    pub name: String,
+    pub ranks: u32,
+    pub across: bool,
+    /// The ranks known, by rank.
+    pub members: Vec<MemberView>,
+    /// Recent collectives, oldest first (at most [`crate::flight::HISTORY`]).
+    pub collectives: Vec<CollectiveView>,
+    pub straggler: Option<Straggler>,
+    pub hang: Option<Hang>,
+    /// The largest clock uncertainty of its ranks, ns: orderings closer than twice
+    /// this are ties.
+    pub uncertainty_ns: u64,
+}
+
+/// What one runtime's datastore holds for the group view.
+#[derive(Debug, Clone)]
+pub struct RuntimeRecords {
+    pub pid: u32,
+    pub clock: Option<ClockOffsetRecord>,
+    pub communicators: Vec<CommunicatorRecord>,
+}
+
+/// The group views of the communicators in `runtimes` (one host's runtimes, each
+/// read once), merged by communicator: a communicator across processes is the same
+/// in every process, one of a process is that process's own. `now_ns` is the root
+/// clock now (for how long a hang has lasted).
+pub fn group_views(runtimes: &[RuntimeRecords], rule: &StragglerRule, now_ns: u64) -> Vec<GroupView> {
+    // (id, pid for a communicator of one process) → the merged record.
+    let mut merged: BTreeMap<(u32, u32), (CommunicatorRecord, BTreeMap<u32, RankRecord>)> = BTreeMap::new();
+    for runtime in runtimes {
+        for comm in &runtime.communicators {
+            let key = (comm.id, if comm.across { 0 } else { runtime.pid });
+            let (_, members) = merged.entry(key).or_insert_with(|| (comm.clone(), BTreeMap::new()));
+            for member in &comm.members {
+                let mut member = member.clone();
+                if member.in_this_process && member.uncertainty_ns == 0 {
+                    member.uncertainty_ns = runtime.clock.map_or(0, |c| c.uncertainty_ns);
+                }
+                match members.get_mut(&member.rank) {
+                    None => {
+                        members.insert(member.rank, member);
+                    }
+                    Some(known) => merge_rank(known, member),
+                }
+            }
+        }
+    }
+    merged.into_values().map(|(comm, members)| view_of(comm, members, rule, now_ns)).collect()
+}
+
+/// Merges what another process recorded of a rank into what is known of it: the
+/// rank's own process knows its state; every process's history adds arrivals.
+fn merge_rank(known: &mut RankRecord, other: RankRecord) {
+    let history = std::mem::take(&mut known.history);
+    if other.in_this_process && !known.in_this_process {
+        let mut history = history;
+        let (gone, uncertainty) = (known.gone, known.uncertainty_ns);
+        *known = other;
+        known.gone |= gone;
+        known.uncertainty_ns = known.uncertainty_ns.max(uncertainty);
+        history.append(&mut known.history);
+        known.history = history;
+    } else {
+        known.history = history;
+        known.history.extend(other.history);
+        known.gone |= other.gone;
+        known.uncertainty_ns = known.uncertainty_ns.max(other.uncertainty_ns);
+    }
+    // The rank's own entry has its departure: keep it over another's copy.
+    known.history.sort_by_key(|e| (e.position, e.departed_ns.is_none()));
+    known.history.dedup_by_key(|e| e.position);
+}
+
+fn view_of(
+    comm: CommunicatorRecord,
+    members: BTreeMap<u32, RankRecord>,
+    rule: &StragglerRule,
+    now_ns: u64,
+) -> GroupView {
+    let uncertainty_ns = members.values().map(|m| m.uncertainty_ns).max().unwrap_or(0);
+    let collectives = collectives_of(&members);
+    let mut views: Vec<MemberView> = members
+        .values()
+        .map(|m| MemberView {
+            rank: m.rank,
+            pid: m.pid,
+            host: m.host.clone(),
+            core: m.core,
+            state: state_of(m),
+            enqueued: m.enqueued,
+            started: m.started,
+            completed: m.completed,
+            lateness_ns: collectives
+                .iter()
+                .map(|c| {
+                    let first = c.arrivals.iter().map(|a| a.1).min()?;
+                    c.arrivals.iter().find(|a| a.0 == m.rank).map(|a| a.1 - first)
+                })
+                .collect(),
+            arrived_last: 0,
+            median_lateness_ns: None,
+            uncertainty_ns: m.uncertainty_ns,
+        })
+        .collect();
+    let straggler = name_straggler(&mut views, &collectives, rule);
+    let hang = diagnose_hang(&comm, &members, now_ns);
+    GroupView {
+        id: comm.id,
+        name: comm.name,
+        ranks: comm.ranks,
+        across: comm.across,
+        members: views,
+        collectives,
+        straggler,
+        hang,
+        uncertainty_ns,
+    }
+}
+
+/// Ranks and their arrivals (one clock, ns).
+type Arrivals = Vec<(u32, u64)>;
+
+/// The collectives of the ranks' histories, by (position, group), oldest first.
+fn collectives_of(members: &BTreeMap<u32, RankRecord>) -> Vec<CollectiveView> {
+    let mut by_key: BTreeMap<(Position, u16), (CollectiveEntry, Arrivals)> = BTreeMap::new();
+    for member in members.values() {
+        for entry in &member.history {
+            let (_, arrivals) = by_key.entry((entry.position, entry.group)).or_insert_with(|| (*entry, Vec::new()));
+            arrivals.push((member.rank, entry.arrived_ns));
+        }
+    }
+    // Ranks that took part in a group: a group of all (group 0 and no other group at
+    // that position) has every rank of the communicator.
+    let ranks = members.len();
+    let groups_at = |position: Position| by_key.keys().filter(|(p, _)| *p == position).count();
+    let uncertainty = |rank: u32| members.get(&rank).map_or(0, |m| m.uncertainty_ns);
+    let mut views: Vec<CollectiveView> = by_key
+        .iter()
+        .map(|(&(position, group), (entry, arrivals))| {
+            let first = arrivals.iter().map(|a| a.1).min().unwrap_or(0);
+            let last_at = arrivals.iter().map(|a| a.1).max().unwrap_or(0);
+            let mut sorted = arrivals.clone();
+            sorted.sort_by_key(|a| std::cmp::Reverse(a.1));
+            let last = match sorted.as_slice() {
+                [(rank, at), (other, next), ..] => {
+                    (at - next > uncertainty(*rank) + uncertainty(*other)).then_some(*rank)
+                }
+                _ => None,
+            };
+            CollectiveView {
+                position,
+                operation: entry.operation.name(),
+                algorithm: entry.algorithm.name(),
+                group,
+                bytes: entry.bytes,
+                arrivals: arrivals.clone(),
+                complete: groups_at(position) == 1 && arrivals.len() == ranks && ranks > 1,
+                skew_ns: last_at - first,
+                last,
+                waits_ns: arrivals.iter().map(|&(rank, at)| (rank, last_at - at)).collect(),
+            }
+        })
+        .collect();
+    views.sort_by_key(|c| (c.position, c.group));
+    let keep = views.len().saturating_sub(crate::flight::HISTORY as usize);
+    views.drain(..keep);
+    views
+}
+
+fn state_of(m: &RankRecord) -> RankState {
+    if m.gone {
+        RankState::Gone
+    } else if m.waiting.is_some() {
+        RankState::Waiting
+    } else if m.started.is_some() && m.started > m.completed {
+        RankState::InCollective
+    } else if m.enqueued.is_some_and(|e| m.completed.is_none_or(|c| e.sequence > c.sequence)) {
+        RankState::Running
+    } else if m.enqueued.is_some() || m.completed.is_some() {
+        RankState::Idle
+    } else {
+        RankState::Unknown
+    }
+}
+
+/// Counts each rank's last arrivals and median lateness over the rule's window, and
+/// names the straggler when one rank fits the rule.
+fn name_straggler(
+    members: &mut [MemberView],
+    collectives: &[CollectiveView],
+    rule: &StragglerRule,
+) -> Option<Straggler> {
+    let complete: Vec<usize> = (0..collectives.len()).filter(|&i| collectives[i].complete).collect();
+    let window = &complete[complete.len().saturating_sub(rule.window)..];
+    for member in members.iter_mut() {
+        member.arrived_last = window.iter().filter(|&&i| collectives[i].last == Some(member.rank)).count();
+        let mut lateness: Vec<u64> = window.iter().filter_map(|&i| member.lateness_ns[i]).collect();
+        lateness.sort_unstable();
+        member.median_lateness_ns = lateness.get(lateness.len() / 2).copied();
+    }
+    if window.len() < MIN_EVIDENCE {
+        return None;
+    }
+    let suspect = members.iter().max_by_key(|m| m.arrived_last)?;
+    let median = suspect.median_lateness_ns?;
+    if (suspect.arrived_last as f64) <= rule.share * window.len() as f64 || median < rule.min_lateness.as_nanos() as u64
+    {
+        return None;
+    }
+    let (mut waited, mut span) = (0u64, 0u64);
+    for &i in window {
+        let c = &collectives[i];
+        let at = c.arrivals.iter().find(|a| a.0 == suspect.rank).map_or(0, |a| a.1);
+        waited += c.arrivals.iter().filter(|a| a.0 != suspect.rank).map(|a| at.saturating_sub(a.1)).sum::<u64>();
+        span += c.skew_ns;
+    }
+    let first = collectives[window[0]].arrivals.iter().map(|a| a.1).min().unwrap_or(0);
+    let last = collectives[*window.last()?].arrivals.iter().map(|a| a.1).max().unwrap_or(0);
+    let others = (collectives[window[0]].arrivals.len() - 1).max(1) as f64;
+    let elapsed = last.saturating_sub(first).max(span).max(1) as f64;
+    Some(Straggler {
+        rank: suspect.rank,
+        host: suspect.host.clone(),
+        pid: suspect.pid,
+        last_in: suspect.arrived_last,
+        of: window.len(),
+        median_lateness_ns: median,
+        others_waited_share: (waited as f64 / others / elapsed).min(1.0),
+    })
+}
+
+/// The hang of a group, when a rank waits long: whom for, and why.
+fn diagnose_hang(comm: &CommunicatorRecord, members: &BTreeMap<u32, RankRecord>, now_ns: u64) -> Option<Hang> {
+    let waiting: Vec<&RankRecord> = members.values().filter(|m| m.waiting.is_some() && !m.gone).collect();
+    let first = waiting.iter().min_by_key(|m| m.waiting.map(|w| w.0))?;
+    let position = first.started?;
+    let (since, _) = first.waiting?;
+    let mut awaited: Vec<u32> = waiting.iter().filter_map(|m| m.waiting.map(|w| w.1)).collect();
+    awaited.sort_unstable();
+    awaited.dedup();
+    let reached = |rank: u32| members.get(&rank).and_then(|m| m.started).is_some_and(|s| s >= position);
+    let gone = |rank: u32| members.get(&rank).is_some_and(|m| m.gone);
+    let class = if awaited.iter().any(|&r| gone(r)) {
+        HangClass::Gone
+    } else if awaited.iter().all(|&r| reached(r)) {
+        HangClass::TransportStalled
+    } else {
+        HangClass::Missing
+    };
+    let describe = |rank: u32| match members.get(&rank) {
+        Some(m) => format!("rank {rank}{}", place(m.pid, &m.host)),
+        None => format!("rank {rank}"),
+    };
+    let named: Vec<String> = awaited.iter().map(|&r| describe(r)).collect();
+    let waited = format_ns(now_ns.saturating_sub(since));
+    let detail = match class {
+        HangClass::Gone => "whose process is gone".to_owned(),
+        HangClass::TransportStalled => "which arrived; no data moves (transport stalled)".to_owned(),
+        HangClass::Missing => {
+            let doing: Vec<String> = awaited
+                .iter()
+                .filter_map(|&r| {
+                    let m = members.get(&r)?;
+                    let last = m.completed.map_or_else(|| "none".to_owned(), |p| p.to_string());
+                    let running = match m.enqueued {
+                        Some(unit) if unit.sequence >= position.sequence => {
+                            format!(", running unit #{}", unit.sequence)
+                        }
+                        _ => String::new(),
+                    };
+                    Some(format!("rank {r}: last completed {last}{running}"))
+                })
+                .collect();
+            if doing.is_empty() {
+                "which never reached it".to_owned()
+            } else {
+                format!("which never reached it ({})", doing.join("; "))
+            }
+        }
+    };
+    let operation = first.operation.map_or("collective", CollectiveOp::name);
+    let text = format!(
+        "{operation} {position} of comm `{}` ({} ranks): {} waiting {waited} for {}, {detail}",
+        comm.name,
+        comm.ranks,
+        if waiting.len() == 1 { format!("rank {}", first.rank) } else { format!("{} ranks", waiting.len()) },
+        named.join(", ")
+    );
+    Some(Hang {
+        class,
+        position,
+        waiting: waiting.iter().filter_map(|m| Some((m.rank, m.waiting?.0))).collect(),
+        awaited,
+        text,
+    })
+}
+
+/// ` (pid 812 on host a)`, or nothing when not known.
+fn place(pid: u32, host: &str) -> String {
+    match (pid, host.is_empty()) {
+        (0, _) => String::new(),
+        (pid, true) => format!(" (pid {pid})"),
+        (pid, false) => format!(" (pid {pid} on host {host})"),
+    }
+}
+
+/// `850 ns`, `12.3 µs`, `1.8 ms`, `5.0 s`.
+pub fn format_ns(ns: u64) -> String {
+    match ns {
+        0..1_000 => format!("{ns} ns"),
+        1_000..1_000_000 => format!("{:.1} µs", ns as f64 / 1e3),
+        1_000_000..1_000_000_000 => format!("{:.1} ms", ns as f64 / 1e6),
+        _ => format!("{:.1} s", ns as f64 / 1e9),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kinds::CollectiveAlgorithm;
+
+    const MS: u64 = 1_000_000;
+
+    fn entry(sequence: u32, arrived_ns: u64, departed_ns: Option<u64>) -> CollectiveEntry {
+        CollectiveEntry {
+            position: Position { sequence, index: 0 },
+            operation: CollectiveOp::AllReduce,
+            algorithm: CollectiveAlgorithm::AllToAll,
+            group: 0,
+            bytes: 4096,
+            arrived_ns,
+            departed_ns,
+        }
+    }
+
+    fn rank(rank: u32, pid: u32, arrivals: &[u64]) -> RankRecord {
+        RankRecord {
+            rank,
+            pid,
+            host: "h1".into(),
+            core: Some(rank),
+            in_this_process: true,
+            gone: false,
+            enqueued: None,
+            started: None,
+            operation: None,
+            completed: arrivals.len().checked_sub(1).map(|s| Position { sequence: s as u32, index: 0 }),
+            uncertainty_ns: 0,
+            waiting: None,
+            history: arrivals.iter().enumerate().map(|(s, &at)| entry(s as u32, at, Some(at + MS))).collect(),
+        }
+    }
+
+    fn runtime(pid: u32, members: Vec<RankRecord>) -> RuntimeRecords {
+        let communicators = vec![CommunicatorRecord { id: 9, name: "grads".into(), ranks: 4, across: true, members }];
+        RuntimeRecords { pid, clock: Some(ClockOffsetRecord { offset_ns: 0, uncertainty_ns: 2_000 }), communicators }
+    }
+
+    /// Arrivals of 4 ranks at `n` collectives 10 ms apart, with a few hundred µs of
+    /// jitter from a fixed generator, and `late` ns more for rank `slow`.
+    fn arrivals(n: usize, slow: Option<u32>, late: u64) -> Vec<Vec<u64>> {
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut jitter = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % (400 * 1_000)
+        };
+        (0..4u32)
+            .map(|r| {
+                (0..n)
+                    .map(|s| 1_000 * MS + s as u64 * 10 * MS + jitter() + if Some(r) == slow { late } else { 0 })
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// Each rank in its own process, as four processes of one host record them: each
+    /// knows its own rank and, from the messages, the others' arrivals.
+    fn four_processes(arrivals: &[Vec<u64>]) -> Vec<RuntimeRecords> {
+        (0..4u32)
+            .map(|me| {
+                let members = (0..4u32)
+                    .map(|r| {
+                        let mut record = rank(r, 100 + r, &arrivals[r as usize]);
+                        if r != me {
+                            record.in_this_process = false;
+                            record.core = None;
+                            record.history.iter_mut().for_each(|e| e.departed_ns = None);
+                        }
+                        record
+                    })
+                    .collect();
+                runtime(100 + me, members)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_rank_that_arrives_late_every_time_is_named_with_its_evidence() {
+        let views = group_views(&four_processes(&arrivals(12, Some(2), 3 * MS)), &StragglerRule::default(), 0);
+        assert_eq!(views.len(), 1, "one communicator across four processes");
+        let view = &views[0];
+        assert_eq!(view.members.len(), 4);
+        assert!(view.members.iter().all(|m| m.pid == 100 + m.rank), "each rank as its own process says");
+        assert_eq!(view.collectives.len(), 12);
+        assert!(view.collectives.iter().all(|c| c.complete && c.last == Some(2)));
+        let straggler = view.straggler.as_ref().expect("rank 2 named");
+        assert_eq!((straggler.rank, straggler.last_in, straggler.of), (2, 12, 12));
+        assert!((3 * MS..4 * MS).contains(&straggler.median_lateness_ns), "{}", straggler.median_lateness_ns);
+        let text = straggler.describe();
+        assert!(text.starts_with("rank 2 (pid 102 on host h1) arrived last in 12 of 12 collectives"), "{text}");
+        assert!(straggler.others_waited_share > 0.2 && straggler.others_waited_share <= 1.0, "{text}");
+    }
+
+    #[test]
+    fn a_balanced_job_names_nobody_and_too_little_evidence_names_nobody() {
+        let views = group_views(&four_processes(&arrivals(32, None, 0)), &StragglerRule::default(), 0);
+        assert_eq!(views[0].straggler, None, "{:?}", views[0].members);
+        // Late, but seen too few times to say.
+        let views =
+            group_views(&four_processes(&arrivals(MIN_EVIDENCE - 1, Some(1), 5 * MS)), &StragglerRule::default(), 0);
+        assert_eq!(views[0].straggler, None);
+        // Always last, but by less than the threshold.
+        let rule = StragglerRule { min_lateness: Duration::from_millis(10), ..StragglerRule::default() };
+        let views = group_views(&four_processes(&arrivals(12, Some(1), 3 * MS)), &rule, 0);
+        assert_eq!(views[0].straggler, None);
+    }
+
+    #[test]
+    fn arrivals_closer_than_the_clocks_uncertainty_are_a_tie() {
+        let mut records = four_processes(&arrivals(6, Some(3), 1_000));
+        for runtime in &mut records {
+            for member in &mut runtime.communicators[0].members {
+                member.uncertainty_ns = 600_000;
+            }
+        }
+        let views =
+            group_views(&records, &StragglerRule { min_lateness: Duration::ZERO, ..StragglerRule::default() }, 0);
+        assert!(views[0].collectives.iter().all(|c| c.last.is_none()), "{:?}", views[0].collectives);
+        assert_eq!(views[0].straggler, None);
+        assert_eq!(views[0].uncertainty_ns, 600_000);
+    }
+
+    #[test]
+    fn communicators_of_single_processes_are_never_merged_across_processes() {
+        let mut a = runtime(1, vec![rank(0, 1, &[5]), rank(1, 1, &[6])]);
+        let mut b = runtime(2, vec![rank(0, 2, &[7]), rank(1, 2, &[8])]);
+        a.communicators[0].across = false;
+        b.communicators[0].across = false;
+        let views = group_views(&[a, b], &StragglerRule::default(), 0);
+        assert_eq!(views.len(), 2);
+        assert!(views.iter().all(|v| v.members.len() == 2 && v.collectives.len() == 1));
+    }
+
+    #[test]
+    fn a_hang_names_the_missing_rank_and_what_it_last_did() {
+        let mut records = four_processes(&arrivals(3, None, 0));
+        let at = Position { sequence: 3, index: 0 };
+        for runtime in &mut records {
+            for m in &mut runtime.communicators[0].members {
+                m.enqueued = Some(at);
+                if m.rank != 3 {
+                    m.started = Some(at);
+                    m.operation = Some(CollectiveOp::AllReduce);
+                    m.waiting = Some((100 * MS, 3));
+                }
+            }
+        }
+        let views = group_views(&records, &StragglerRule::default(), 5_100 * MS);
+        let hang = views[0].hang.as_ref().expect("a hang");
+        assert_eq!((hang.class, hang.position, hang.awaited.as_slice()), (HangClass::Missing, at, &[3][..]));
+        assert_eq!(hang.waiting.len(), 3);
+        assert_eq!(
+            hang.text,
+            "all-reduce #3 of comm `grads` (4 ranks): 3 ranks waiting 5.0 s for rank 3 (pid 103 on host h1), \
+             which never reached it (rank 3: last completed #2, running unit #3)"
+        );
+        assert_eq!(views[0].members[3].state, RankState::Running);
+        assert_eq!(views[0].members[0].state, RankState::Waiting);
+
+        // Rank 3 arrived too: the data does not move.
+        for runtime in &mut records {
+            let m = &mut runtime.communicators[0].members[3];
+            m.started = Some(at);
+        }
+        let views = group_views(&records, &StragglerRule::default(), 5_100 * MS);
+        assert_eq!(views[0].hang.as_ref().map(|h| h.class), Some(HangClass::TransportStalled));
+
+        // Its process went away.
+        records[0].communicators[0].members[3].gone = true;
+        let views = group_views(&records, &StragglerRule::default(), 5_100 * MS);
+        assert_eq!(views[0].hang.as_ref().map(|h| h.class), Some(HangClass::Gone));
+        assert_eq!(views[0].members[3].state, RankState::Gone);
+    }
+
+    #[test]
+    fn the_default_rule_and_durations_read_as_documented() {
+        assert_eq!(StragglerRule::default().window, 20);
+        assert_eq!(format_ns(1_800_000), "1.8 ms");
+        assert_eq!(format_ns(5_000_000_000), "5.0 s");
+    }
+}

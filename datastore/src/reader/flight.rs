@@ -1,0 +1,256 @@
+//! Reading the flight record (`flight.rs` says what it holds and who writes it).
+
+use std::sync::atomic::{Ordering, fence};
+
+use serde::Serialize;
+
+use super::DatastoreReader;
+use crate::flight::{CollectiveEntry, Position};
+use crate::kinds::CollectiveOp;
+use crate::layout::{self, COMM_HISTORY, COMM_RANKS, COMM_SLOTS, comm};
+
+/// A communicator's slot, as read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CommunicatorRecord {
+    pub id: u32,
+    pub name: String,
+    pub ranks: u32,
+    pub across: bool,
+    /// The ranks this process knows of (at most [`crate::flight::MAX_RANKS`]), by rank.
+    pub members: Vec<RankRecord>,
+}
+
+/// One rank's row and history, as read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RankRecord {
+    pub rank: u32,
+    /// Where it runs (0 and empty while this process does not know).
+    pub pid: u32,
+    pub host: String,
+    pub core: Option<u32>,
+    pub in_this_process: bool,
+    /// Its process is gone.
+    pub gone: bool,
+    pub enqueued: Option<Position>,
+    pub started: Option<Position>,
+    /// The operation of the collective it started last.
+    #[serde(serialize_with = "serialize_op")]
+    pub operation: Option<CollectiveOp>,
+    pub completed: Option<Position>,
+    /// The most its clock may be off the root's, ns (0: not known here).
+    pub uncertainty_ns: u64,
+    /// Since when (root clock ns) it has waited long for which rank.
+    pub waiting: Option<(u64, u32)>,
+    /// Its last collectives, oldest first.
+    pub history: Vec<CollectiveEntry>,
+}
+
+fn serialize_op<S: serde::Serializer>(op: &Option<CollectiveOp>, s: S) -> Result<S::Ok, S::Error> {
+    match op {
+        Some(op) => s.serialize_str(op.name()),
+        None => s.serialize_none(),
+    }
+}
+
+/// A process's clock against the root's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ClockOffsetRecord {
+    /// The root's host clock minus this process's, ns.
+    pub offset_ns: i64,
+    /// The most the offset may be off by, ns.
+    pub uncertainty_ns: u64,
+}
+
+impl DatastoreReader {
+    /// The communicators the runtime takes part in, by slot.
+    pub fn communicators(&self) -> Vec<CommunicatorRecord> {
+        (0..COMM_SLOTS).filter_map(|slot| self.communicator(slot)).collect()
+    }
+
+    /// This process's clock against the root's (`None`: not in a job of several
+    /// processes, or not measured yet).
+    pub fn clock_offset(&self) -> Option<ClockOffsetRecord> {
+        let r = &self.region;
+        let word = |w| r.u64(self.layout.process_word(w));
+        for _ in 0..1000 {
+            let seq = word(layout::process::CLOCK_SEQ).load(Ordering::Acquire);
+            if seq % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let offset_ns = word(layout::process::CLOCK_OFFSET).load(Ordering::Relaxed) as i64;
+            let uncertainty_ns = word(layout::process::CLOCK_UNCERTAINTY).load(Ordering::Relaxed);
+            fence(Ordering::Acquire);
+            if word(layout::process::CLOCK_SEQ).load(Ordering::Relaxed) == seq {
+                return (uncertainty_ns != 0).then_some(ClockOffsetRecord { offset_ns, uncertainty_ns });
+            }
+        }
+        None
+    }
+
+    fn communicator(&self, slot: u32) -> Option<CommunicatorRecord> {
+        let r = &self.region;
+        let base = self.layout.comm_slot(slot);
+        for _ in 0..100 {
+            let seq = r.u64(base + comm::SEQ).load(Ordering::Acquire);
+            if seq % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let id = r.u32(base + comm::ID).load(Ordering::Relaxed);
+            if id == 0 {
+                return None;
+            }
+            let ranks = r.u32(base + comm::RANKS).load(Ordering::Relaxed);
+            let name = self.strings.get(r, r.u32(base + comm::NAME).load(Ordering::Relaxed)).unwrap_or_default();
+            let across = r.u32(base + comm::FLAGS).load(Ordering::Relaxed) & comm::ACROSS != 0;
+            let members = (0..ranks.min(COMM_RANKS)).filter_map(|rank| self.rank_record(slot, rank)).collect();
+            fence(Ordering::Acquire);
+            if r.u64(base + comm::SEQ).load(Ordering::Relaxed) == seq {
+                return Some(CommunicatorRecord { id, name, ranks, across, members });
+            }
+        }
+        None
+    }
+
+    fn rank_record(&self, slot: u32, rank: u32) -> Option<RankRecord> {
+        let r = &self.region;
+        let row = self.layout.comm_row(slot, rank);
+        let flags = r.u32(row + comm::ROW_FLAGS).load(Ordering::Acquire);
+        let recorded = r.u64(row + comm::ROW_RECORDED).load(Ordering::Acquire);
+        let position = |field| Position::of_word(r.u64(row + field).load(Ordering::Acquire));
+        let (enqueued, started, completed) =
+            (position(comm::ROW_ENQUEUED), position(comm::ROW_STARTED), position(comm::ROW_COMPLETED));
+        if flags == 0 && recorded == 0 && enqueued.is_none() {
+            return None;
+        }
+        let since = r.u64(row + comm::ROW_WAITING_SINCE).load(Ordering::Acquire);
+        let peer = r.u64(row + comm::ROW_WAITING_FOR).load(Ordering::Relaxed);
+        let core = r.u32(row + comm::ROW_CORE).load(Ordering::Relaxed);
+        let host = self.strings.get(r, r.u32(row + comm::ROW_HOST).load(Ordering::Relaxed)).unwrap_or_default();
+        // Oldest first: the entries from `recorded − HISTORY` on.
+        let history_len = u64::from(COMM_HISTORY);
+        let mut history: Vec<CollectiveEntry> = (recorded.saturating_sub(history_len)..recorded)
+            .filter_map(|k| self.entry(slot, rank, (k % history_len) as u32))
+            .collect();
+        history.sort_by_key(|e| e.position);
+        history.dedup_by_key(|e| e.position);
+        Some(RankRecord {
+            rank,
+            pid: r.u32(row + comm::ROW_PID).load(Ordering::Relaxed),
+            host,
+            core: core.checked_sub(1),
+            in_this_process: flags & comm::ROW_IN_THIS_PROCESS != 0,
+            gone: flags & comm::ROW_GONE != 0,
+            enqueued,
+            started,
+            operation: (r.u64(row + comm::ROW_OPERATION).load(Ordering::Relaxed) as u8)
+                .checked_sub(1)
+                .and_then(CollectiveOp::from_repr),
+            completed,
+            uncertainty_ns: r.u64(row + comm::ROW_UNCERTAINTY).load(Ordering::Relaxed),
+            waiting: (since != 0 && peer != 0).then(|| (since, (peer - 1) as u32)),
+            history,
+        })
+    }
+
+    /// A history entry, unless it is being written.
+    fn entry(&self, slot: u32, rank: u32, k: u32) -> Option<CollectiveEntry> {
+        let r = &self.region;
+        let at = self.layout.comm_entry(slot, rank, k);
+        let tag = r.u64(at + comm::ENTRY_TAG).load(Ordering::Acquire);
+        let words = [comm::ENTRY_ARRIVED, comm::ENTRY_DEPARTED, comm::ENTRY_BYTES]
+            .map(|field| r.u64(at + field).load(Ordering::Relaxed));
+        fence(Ordering::Acquire);
+        if r.u64(at + comm::ENTRY_TAG).load(Ordering::Relaxed) != tag {
+            return None;
+        }
+        CollectiveEntry::of_words(tag, words[0], words[1], words[2])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::flight::{CollectiveEntry, CommunicatorEntry, Position, Progress, RankMember};
+    use crate::kinds::{CollectiveAlgorithm, CollectiveOp};
+    use crate::layout::COMM_HISTORY;
+    use crate::test_support::open_pair;
+
+    fn entry(sequence: u32, arrived_ns: u64) -> CollectiveEntry {
+        CollectiveEntry {
+            position: Position { sequence, index: 0 },
+            operation: CollectiveOp::AllReduce,
+            algorithm: CollectiveAlgorithm::AllToAll,
+            group: 0,
+            bytes: 1 << 20,
+            arrived_ns,
+            departed_ns: Some(arrived_ns + 500),
+        }
+    }
+
+    #[test]
+    fn a_communicators_ranks_and_history_read_back_as_written_and_its_slot_is_reused_empty() {
+        let (dir, writer, reader) = open_pair();
+        let comm_entry = CommunicatorEntry { id: 7, name: "grads".into(), ranks: 4, across: true };
+        let slot = writer.open_communicator(&comm_entry).expect("a free slot");
+        let member = RankMember { pid: 42, host: "h1".into(), core: Some(3), in_this_process: true };
+        writer.set_rank_member(slot, 1, &member);
+        writer.record_progress(slot, 1, Progress::Enqueued, Position { sequence: 40, index: 0 });
+        writer.record_progress(
+            slot,
+            1,
+            Progress::Started(CollectiveOp::AllGather),
+            Position { sequence: 39, index: 2 },
+        );
+        writer.set_waiting(slot, 1, Some((1_000, 3)));
+        for sequence in 0..40 {
+            writer.record_collective(slot, 1, &entry(sequence, 1_000 * u64::from(sequence)));
+        }
+        writer.set_clock_offset(-1_500, 20);
+
+        let comms = reader.communicators();
+        assert_eq!(comms.len(), 1);
+        let comm = &comms[0];
+        assert_eq!((comm.id, comm.name.as_str(), comm.ranks, comm.across), (7, "grads", 4, true));
+        assert_eq!(comm.members.len(), 1, "only rank 1 was written");
+        let rank = &comm.members[0];
+        assert_eq!((rank.rank, rank.pid, rank.host.as_str(), rank.core), (1, 42, "h1", Some(3)));
+        assert!(rank.in_this_process && !rank.gone);
+        assert_eq!(rank.enqueued, Some(Position { sequence: 40, index: 0 }));
+        assert_eq!(rank.started.map(|p| p.to_string()).as_deref(), Some("#39.2"));
+        assert_eq!(rank.completed, None);
+        assert_eq!(rank.operation, Some(CollectiveOp::AllGather));
+        assert_eq!(rank.waiting, Some((1_000, 3)));
+        // The last HISTORY of 40, oldest first.
+        assert_eq!(rank.history.len(), COMM_HISTORY as usize);
+        assert_eq!(rank.history[0], entry(40 - COMM_HISTORY, 1_000 * u64::from(40 - COMM_HISTORY)));
+        assert_eq!(rank.history.last().map(|e| e.position.sequence), Some(39));
+        let clock = reader.clock_offset().expect("measured");
+        assert_eq!((clock.offset_ns, clock.uncertainty_ns), (-1_500, 20));
+
+        writer.close_communicator(slot);
+        assert!(reader.communicators().is_empty());
+        let again = writer.open_communicator(&CommunicatorEntry { id: 8, ..comm_entry.clone() }).expect("freed");
+        assert_eq!(again, slot);
+        let comms = reader.communicators();
+        assert_eq!(comms[0].id, 8);
+        assert!(comms[0].members.is_empty(), "{:?}", comms[0].members);
+        drop(dir);
+    }
+
+    #[test]
+    fn slots_run_out_gracefully_and_ranks_past_the_recorded_ones_are_ignored() {
+        let (_dir, writer, reader) = open_pair();
+        let comm_entry = CommunicatorEntry { id: 1, name: "c".into(), ranks: 1000, across: false };
+        let slots: Vec<_> = (0..crate::flight::SLOTS).map(|_| writer.open_communicator(&comm_entry)).collect();
+        assert!(slots.iter().all(Option::is_some));
+        assert!(writer.open_communicator(&comm_entry).is_none(), "the table is full");
+        let slot = slots[0].expect("taken");
+        writer.record_collective(slot, 999, &entry(0, 1));
+        writer.record_collective(slot, 5, &entry(0, 1));
+        let comms = reader.communicators();
+        assert_eq!(comms.len(), crate::flight::SLOTS as usize);
+        assert_eq!(comms[0].members.iter().map(|m| m.rank).collect::<Vec<_>>(), [5]);
+        assert_eq!(reader.clock_offset(), None);
+    }
+}

@@ -1,0 +1,146 @@
+//! What the collectives write into the process's flight record (the datastore's
+//! `flight.rs`): each communicator's slot, where its ranks run, each rank's progress
+//! (given a unit, reached a collective, left it), its history with every arrival on
+//! the job's one clock, and a long wait while it lasts.
+//!
+//! A rank records itself. The arrivals of ranks of other processes come with the
+//! collectives' messages (`Stamp::arrivals`); of the ranks of this process in a group,
+//! the lowest records them, so each is written once.
+
+use std::time::Instant;
+
+use super::world::{Arrival, Roster};
+use super::{Communicator, OpPosition, RankPlace};
+use neuron_datastore::flight::{CollectiveEntry, CommSlot, CommunicatorEntry, Position, Progress, RankMember};
+use neuron_datastore::{CollectiveAlgorithm, CollectiveOp, Tracer};
+
+/// The host's name, as tools show it.
+fn host_name() -> String {
+    nix::unistd::gethostname().map_or_else(|_| "?".into(), |h| h.to_string_lossy().into_owned())
+}
+
+/// A communicator's slot, taken at creation (`None`: every slot is taken, and the
+/// communicator runs unrecorded).
+pub(super) fn open(tracer: &Tracer, (name, id): (&str, u32), ranks: usize, across: bool) -> Option<CommSlot> {
+    let entry = CommunicatorEntry { id, name: name.to_owned(), ranks: ranks as u32, across };
+    tracer.store().open_communicator(&entry)
+}
+
+/// What a collective of a rank was, for its history.
+pub(super) struct Done {
+    pub(super) operation: CollectiveOp,
+    pub(super) algorithm: CollectiveAlgorithm,
+    pub(super) group: usize,
+    pub(super) bytes: u64,
+    pub(super) arrived: Arrival,
+}
+
+fn position(at: OpPosition) -> Position {
+    Position { sequence: at.unit as u32, index: at.index.min(u32::from(u16::MAX)) as u16 }
+}
+
+impl Communicator {
+    /// Records where rank `rank` of this process runs.
+    pub(super) fn record_member(&self, rank: u32, place: &RankPlace) {
+        if let Some(slot) = self.inner.record {
+            let member = RankMember {
+                pid: std::process::id(),
+                host: host_name(),
+                core: Some(place.core),
+                in_this_process: true,
+            };
+            self.inner.tracer.store().set_rank_member(slot, rank, &member);
+        }
+    }
+
+    /// Records where the ranks of other processes run, once the roster says.
+    pub(super) fn record_roster(&self, roster: &Roster) {
+        let Some(slot) = self.inner.record else { return };
+        self.inner.roster_recorded.get_or_init(|| {
+            for (rank, &process) in roster.rank_process.iter().enumerate() {
+                let Some(peer) = roster.peers.get(process as usize).and_then(Option::as_ref) else { continue };
+                if process != roster.process {
+                    let member =
+                        RankMember { pid: peer.pid, host: peer.host.clone(), core: None, in_this_process: false };
+                    self.inner.tracer.store().set_rank_member(slot, rank as u32, &member);
+                }
+            }
+        });
+    }
+
+    /// Records that the process of the ranks `ranks` is gone.
+    pub(super) fn record_gone(&self, ranks: impl IntoIterator<Item = u32>) {
+        if let Some(slot) = self.inner.record {
+            ranks.into_iter().for_each(|rank| self.inner.tracer.store().set_rank_gone(slot, rank));
+        }
+    }
+
+    /// Now on the job's one clock (the root's), and the most that may be off by.
+    pub(super) fn root_now(&self) -> (u64, u64) {
+        match &self.inner.membership {
+            Some(membership) => membership.world.root_now(),
+            None => (neuron_datastore::clock::monotonic_ns(), 0),
+        }
+    }
+
+    /// Records that rank `rank` was given unit `unit`.
+    pub(super) fn record_enqueued(&self, rank: u32, unit: u64) {
+        if let Some(slot) = self.inner.record {
+            let at = Position { sequence: unit as u32, index: 0 };
+            self.inner.tracer.store().record_progress(slot, rank, Progress::Enqueued, at);
+        }
+    }
+
+    /// Records that rank `rank` reached a collective of `operation` at `at`, now.
+    pub(super) fn record_started(&self, rank: u32, at: OpPosition, operation: CollectiveOp) -> Arrival {
+        let (at_ns, uncertainty_ns) = self.root_now();
+        if let Some(slot) = self.inner.record {
+            self.inner.tracer.store().record_progress(slot, rank, Progress::Started(operation), position(at));
+        }
+        Arrival { rank, at_ns, uncertainty_ns }
+    }
+
+    /// Records that a rank of another process reached the collective at `at` (its
+    /// message says so).
+    pub(super) fn record_arrived(&self, arrival: Arrival, at: OpPosition, operation: super::Collective) {
+        if let Some(slot) = self.inner.record {
+            let started = Progress::Started(operation.kind());
+            self.inner.tracer.store().record_progress(slot, arrival.rank, started, position(at));
+        }
+    }
+
+    /// Records that rank `rank` has waited since `since` for rank `peer`.
+    pub(super) fn record_waiting(&self, rank: u32, since: Instant, peer: u32) {
+        if let Some(slot) = self.inner.record {
+            let (now, _) = self.root_now();
+            let since = now.saturating_sub(since.elapsed().as_nanos() as u64);
+            self.inner.tracer.store().set_waiting(slot, rank, Some((since, peer)));
+        }
+    }
+
+    /// Records rank `rank`'s collective at `at`, and what it learnt of the arrivals of
+    /// `others` (ranks of other processes); moves its completed word when it `succeeded`.
+    pub(super) fn record_done(&self, rank: u32, at: OpPosition, done: &Done, others: &[Arrival], succeeded: bool) {
+        let Some(slot) = self.inner.record else { return };
+        let (departed, _) = self.root_now();
+        let store = self.inner.tracer.store();
+        store.set_waiting(slot, rank, None);
+        let entry = |arrival: &Arrival, departed_ns: Option<u64>| CollectiveEntry {
+            position: position(at),
+            operation: done.operation,
+            algorithm: done.algorithm,
+            group: done.group.min(usize::from(u16::MAX)) as u16,
+            bytes: done.bytes,
+            arrived_ns: arrival.at_ns,
+            departed_ns,
+        };
+        if succeeded {
+            store.record_collective(slot, rank, &entry(&done.arrived, Some(departed)));
+            store.record_progress(slot, rank, Progress::Completed, position(at));
+        }
+        for other in others.iter().filter(|a| a.rank != rank) {
+            store.record_collective(slot, other.rank, &entry(other, None));
+            store.set_rank_uncertainty(slot, other.rank, other.uncertainty_ns);
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! The flight record across processes: every process's datastore holds its groups'
+//! whole table (each rank's arrivals with the data), so the group view of any one
+//! process names every rank, the straggler, and a hang while it lasts.
+
+use std::time::{Duration, Instant};
+
+use neuron_datastore::DatastoreReader;
+use neuron_datastore::ranks::{GroupView, HangClass, RankState, RuntimeRecords, StragglerRule, group_views};
+
+use super::{common, job, job_with_faults, run_all_reduce};
+
+/// The group views of the communicators of `fixtures`' runtimes, read now.
+fn views_of(fixtures: &[&common::Fixture]) -> Vec<GroupView> {
+    let records: Vec<RuntimeRecords> = fixtures
+        .iter()
+        .map(|f| {
+            let reader = DatastoreReader::open(&f.runtime.datastore_path().expect("path")).expect("opens");
+            RuntimeRecords {
+                pid: reader.info().pid,
+                clock: reader.clock_offset(),
+                communicators: reader.communicators(),
+            }
+        })
+        .collect();
+    group_views(&records, &StragglerRule::default(), neuron_datastore::clock::monotonic_ns())
+}
+
+#[test]
+fn each_process_records_its_groups_whole_table_and_names_a_late_rank() {
+    // Rank 2 of 4 (one process each) arrives 20 ms late at every execution's
+    // all-reduce.
+    let job = job_with_faults(4, 1, Duration::from_secs(20), Some("cc_delay:rank=2:delay=20ms"));
+    for output in run_all_reduce(&job, 1, 64, 8, None) {
+        assert_eq!(output.expect("a late rank is waited for"), vec![10.0; 64]);
+    }
+    for (process, fixture) in job.iter().enumerate() {
+        // One process's record alone shows the whole group.
+        let views = views_of(&[fixture]);
+        assert_eq!(views.len(), 1, "process {process}: {views:?}");
+        let view = &views[0];
+        assert_eq!((view.ranks, view.across, view.members.len()), (4, true, 4), "process {process}");
+        assert!(view.members.iter().all(|m| m.pid != 0), "every rank's pid: {:?}", view.members);
+        assert_eq!(view.members.iter().filter(|m| m.core.is_some()).count(), 1, "its own rank runs here");
+        assert_eq!(view.collectives.len(), 8, "process {process}");
+        assert!(view.collectives.iter().all(|c| c.complete), "{:?}", view.collectives);
+        // The first meets as the processes come up, whoever is slowest then.
+        let late = &view.collectives[1..];
+        assert!(late.iter().all(|c| c.last == Some(2) && c.skew_ns >= 19_000_000), "{:?}", view.collectives);
+        let straggler = view.straggler.as_ref().unwrap_or_else(|| panic!("process {process}: {:?}", view.members));
+        assert_eq!((straggler.rank, straggler.of), (2, 8));
+        assert!(straggler.last_in >= 7, "{straggler:?}");
+        assert!(straggler.median_lateness_ns >= 20_000_000, "{straggler:?}");
+        assert_eq!(view.hang, None);
+    }
+    // All four together: the same view, each rank's own row from its own process.
+    let all: Vec<&common::Fixture> = job.iter().collect();
+    let view = &views_of(&all)[0];
+    assert_eq!(view.members.iter().filter(|m| m.core.is_some()).count(), 4);
+    assert!(view.members.iter().all(|m| m.state == RankState::Idle), "{:?}", view.members);
+    assert_eq!(view.straggler.as_ref().map(|s| s.rank), Some(2));
+}
+
+#[test]
+fn a_balanced_job_names_nobody() {
+    let job = job(2, 2, Duration::from_secs(20));
+    for output in run_all_reduce(&job, 2, 64, 12, None) {
+        assert_eq!(output.expect("executes"), vec![10.0; 64]);
+    }
+    let all: Vec<&common::Fixture> = job.iter().collect();
+    let view = &views_of(&all)[0];
+    assert_eq!(view.members.len(), 4);
+    assert_eq!(view.collectives.len(), 12);
+    assert!(view.collectives.iter().all(|c| c.complete), "{:?}", view.collectives);
+    // Nobody is late by a millisecond on median, whoever happens to come last.
+    assert!(view.straggler.is_none(), "{:?} {:?}", view.straggler, view.members);
+}
+
+#[test]
+fn a_hang_is_diagnosed_in_the_record_while_the_ranks_wait() {
+    // A 4 s timeout: the waiting rank marks its wait after 2 s.
+    let timeout = Duration::from_secs(4);
+    let job = job_with_faults(2, 1, timeout, Some("cc_hang:rank=1"));
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        let ranks = scope.spawn(|| run_all_reduce(&job, 1, 8, 1, None));
+        let mut seen = None;
+        while seen.is_none() && started.elapsed() < timeout {
+            std::thread::sleep(Duration::from_millis(100));
+            seen = views_of(&[&job[0]]).into_iter().find_map(|v| v.hang);
+        }
+        let hang = seen.expect("diagnosed before the timeout");
+        assert!(started.elapsed() < neuron_runtime::collectives::report_after(timeout) + Duration::from_secs(1));
+        assert_eq!((hang.class, hang.awaited.as_slice()), (HangClass::Missing, &[1][..]), "{}", hang.text);
+        assert!(
+            hang.text.starts_with("all-reduce #0 of comm `ar_ranks` (2 ranks): rank 0 waiting ")
+                && hang.text.contains("for rank 1 (pid"),
+            "{}",
+            hang.text
+        );
+        for output in ranks.join().expect("ranks") {
+            output.expect_err("rank 1 hangs");
+        }
+    });
+    // Over: nobody waits any more.
+    assert!(views_of(&[&job[0]]).iter().all(|v| v.hang.is_none()));
+}
