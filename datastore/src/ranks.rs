@@ -11,9 +11,11 @@
 //!   within the two ranks' clock uncertainties of it: then the collective has a tie,
 //!   never an order.
 //! - **Straggler** ([`StragglerRule`]): of the last `window` collectives whose every
-//!   arrival is known, a rank arrived last in more than `share` of them and its
-//!   median lateness is at least `min_lateness`; at least [`MIN_EVIDENCE`] such
-//!   collectives are needed. A balanced job names nobody.
+//!   arrival is known, a rank arrived last in more than `share` of them, and its
+//!   median lateness is both at least `min_lateness` more than every other rank's and
+//!   at least twice theirs (so the jitter of a busy host, which makes every rank
+//!   somewhat late, names nobody); at least [`MIN_EVIDENCE`] such collectives are
+//!   needed. A balanced job names nobody.
 //! - **Hang**: a rank of the group has waited long for another (the runtime marks the
 //!   wait after 5 s, or half `NEURON_RT_EXEC_TIMEOUT` when shorter): the rank it waits
 //!   for never reached the collective (*missing*, or *gone* with its process), or
@@ -38,7 +40,8 @@ pub struct StragglerRule {
     pub window: usize,
     /// It arrived last in more than this share of them.
     pub share: f64,
-    /// Its median lateness is at least this.
+    /// Its median lateness is at least this much more than every other rank's (and
+    /// at least twice theirs).
     pub min_lateness: Duration,
 }
 
@@ -204,6 +207,8 @@ pub struct Hang {
     pub waiting: Vec<(u32, u64)>,
     /// The ranks they wait for.
     pub awaited: Vec<u32>,
+    /// How long the first of them has waited, ns.
+    pub waited_ns: u64,
     /// One line for people.
     pub text: String,
 }
@@ -232,6 +237,20 @@ pub struct RuntimeRecords {
     pub pid: u32,
     pub clock: Option<ClockOffsetRecord>,
     pub communicators: Vec<CommunicatorRecord>,
+}
+
+impl RuntimeRecords {
+    /// What `reader`'s runtime holds now.
+    pub fn read(reader: &crate::DatastoreReader) -> RuntimeRecords {
+        RuntimeRecords { pid: reader.info().pid, clock: reader.clock_offset(), communicators: reader.communicators() }
+    }
+}
+
+/// Now on the job's one clock, as these runtimes of one host measured it (this
+/// host's clock when none is in a job of several processes).
+pub fn root_now(runtimes: &[RuntimeRecords]) -> u64 {
+    let offset = runtimes.iter().find_map(|r| r.clock).map_or(0, |c| c.offset_ns);
+    crate::clock::monotonic_ns().saturating_add_signed(offset)
 }
 
 /// The group views of the communicators in `runtimes` (one host's runtimes, each
@@ -417,8 +436,10 @@ fn name_straggler(
     }
     let suspect = members.iter().max_by_key(|m| m.arrived_last)?;
     let median = suspect.median_lateness_ns?;
-    if (suspect.arrived_last as f64) <= rule.share * window.len() as f64 || median < rule.min_lateness.as_nanos() as u64
-    {
+    let others = members.iter().filter(|m| m.rank != suspect.rank).filter_map(|m| m.median_lateness_ns).max();
+    let others = others.unwrap_or(0);
+    let late_enough = median.saturating_sub(others) >= rule.min_lateness.as_nanos() as u64 && median >= 2 * others;
+    if (suspect.arrived_last as f64) <= rule.share * window.len() as f64 || !late_enough {
         return None;
     }
     let (mut waited, mut span) = (0u64, 0u64);
@@ -443,10 +464,35 @@ fn name_straggler(
     })
 }
 
-/// The hang of a group, when a rank waits long: whom for, and why.
+/// The hang of a group, when a rank waits long: whom for, and why; or, when nobody
+/// waits, the ranks whose processes are gone (the collectives that needed them
+/// failed at once).
 fn diagnose_hang(comm: &CommunicatorRecord, members: &BTreeMap<u32, RankRecord>, now_ns: u64) -> Option<Hang> {
+    let describe = |rank: u32| match members.get(&rank) {
+        Some(m) => format!("rank {rank}{}", place(m.pid, &m.host)),
+        None => format!("rank {rank}"),
+    };
+    let last_completed = |m: &RankRecord| m.completed.map_or_else(|| "none".to_owned(), |p| p.to_string());
     let waiting: Vec<&RankRecord> = members.values().filter(|m| m.waiting.is_some() && !m.gone).collect();
-    let first = waiting.iter().min_by_key(|m| m.waiting.map(|w| w.0))?;
+    let Some(first) = waiting.iter().min_by_key(|m| m.waiting.map(|w| w.0)) else {
+        let gone: Vec<&RankRecord> = members.values().filter(|m| m.gone).collect();
+        let position = gone.iter().filter_map(|m| m.completed).max().unwrap_or(Position { sequence: 0, index: 0 });
+        let named: Vec<String> =
+            gone.iter().map(|m| format!("{}, after completing {}", describe(m.rank), last_completed(m))).collect();
+        return (!gone.is_empty()).then(|| Hang {
+            class: HangClass::Gone,
+            position,
+            waiting: Vec::new(),
+            awaited: gone.iter().map(|m| m.rank).collect(),
+            waited_ns: 0,
+            text: format!(
+                "comm `{}` ({} ranks): the process is gone of {}; the collectives that need it fail",
+                comm.name,
+                comm.ranks,
+                named.join(", ")
+            ),
+        });
+    };
     let position = first.started?;
     let (since, _) = first.waiting?;
     let mut awaited: Vec<u32> = waiting.iter().filter_map(|m| m.waiting.map(|w| w.1)).collect();
@@ -461,12 +507,9 @@ fn diagnose_hang(comm: &CommunicatorRecord, members: &BTreeMap<u32, RankRecord>,
     } else {
         HangClass::Missing
     };
-    let describe = |rank: u32| match members.get(&rank) {
-        Some(m) => format!("rank {rank}{}", place(m.pid, &m.host)),
-        None => format!("rank {rank}"),
-    };
     let named: Vec<String> = awaited.iter().map(|&r| describe(r)).collect();
-    let waited = format_ns(now_ns.saturating_sub(since));
+    let waited_ns = now_ns.saturating_sub(since);
+    let waited = format_ns(waited_ns);
     let detail = match class {
         HangClass::Gone => "whose process is gone".to_owned(),
         HangClass::TransportStalled => "which arrived; no data moves (transport stalled)".to_owned(),
@@ -475,14 +518,13 @@ fn diagnose_hang(comm: &CommunicatorRecord, members: &BTreeMap<u32, RankRecord>,
                 .iter()
                 .filter_map(|&r| {
                     let m = members.get(&r)?;
-                    let last = m.completed.map_or_else(|| "none".to_owned(), |p| p.to_string());
                     let running = match m.enqueued {
                         Some(unit) if unit.sequence >= position.sequence => {
                             format!(", running unit #{}", unit.sequence)
                         }
                         _ => String::new(),
                     };
-                    Some(format!("rank {r}: last completed {last}{running}"))
+                    Some(format!("rank {r}: last completed {}{running}", last_completed(m)))
                 })
                 .collect();
             if doing.is_empty() {
@@ -505,6 +547,7 @@ fn diagnose_hang(comm: &CommunicatorRecord, members: &BTreeMap<u32, RankRecord>,
         position,
         waiting: waiting.iter().filter_map(|m| Some((m.rank, m.waiting?.0))).collect(),
         awaited,
+        waited_ns,
         text,
     })
 }
@@ -639,6 +682,30 @@ mod tests {
         let rule = StragglerRule { min_lateness: Duration::from_millis(10), ..StragglerRule::default() };
         let views = group_views(&four_processes(&arrivals(12, Some(1), 3 * MS)), &rule, 0);
         assert_eq!(views[0].straggler, None);
+        // Last most of the time on a busy host, but hardly later than the others are:
+        // each collective one of ranks 0, 2, 3 comes first and the other two 1.2 and
+        // 1.3 ms later; rank 1 comes 1.5 ms late in two of three, else 1.0 ms.
+        let busy: Vec<Vec<u64>> = (0..4u64)
+            .map(|r| {
+                (0..21u64)
+                    .map(|s| {
+                        let base = 1_000 * MS + s * 10 * MS;
+                        let first = [0, 2, 3][(s % 3) as usize];
+                        let late = match r {
+                            1 if s % 3 != 0 => 1_500_000,
+                            1 => 1_000_000,
+                            r if r == first => 0,
+                            r if (r + s) % 2 == 0 => 1_200_000,
+                            _ => 1_300_000,
+                        };
+                        base + late
+                    })
+                    .collect()
+            })
+            .collect();
+        let views = group_views(&four_processes(&busy), &StragglerRule::default(), 0);
+        assert!(views[0].members[1].arrived_last > 10, "{:?}", views[0].members[1]);
+        assert_eq!(views[0].straggler, None, "{:?}", views[0].members);
     }
 
     #[test]
@@ -706,6 +773,18 @@ mod tests {
         let views = group_views(&records, &StragglerRule::default(), 5_100 * MS);
         assert_eq!(views[0].hang.as_ref().map(|h| h.class), Some(HangClass::Gone));
         assert_eq!(views[0].members[3].state, RankState::Gone);
+        // The others' collective failed: nobody waits, and the gone rank is named.
+        for runtime in &mut records {
+            runtime.communicators[0].members.iter_mut().for_each(|m| m.waiting = None);
+        }
+        let views = group_views(&records, &StragglerRule::default(), 5_100 * MS);
+        let hang = views[0].hang.as_ref().expect("the gone rank");
+        assert_eq!((hang.class, hang.awaited.as_slice()), (HangClass::Gone, &[3][..]));
+        assert_eq!(
+            hang.text,
+            "comm `grads` (4 ranks): the process is gone of rank 3 (pid 103 on host h1), after completing #2; \
+             the collectives that need it fail"
+        );
     }
 
     #[test]

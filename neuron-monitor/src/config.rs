@@ -40,6 +40,8 @@ pub enum SystemGroup {
     NeuronHwCounters,
     VcpuUsage,
     MemoryInfo,
+    /// Ours: the communicators of the followed runtimes (`collectives.rs`).
+    Collectives,
 }
 
 impl RuntimeGroup {
@@ -281,7 +283,7 @@ mod tests {
         assert!(config.runtimes.is_empty() && config.system.is_empty());
         let default = MonitorConfig::default();
         assert_eq!(default.runtimes[0].groups.len(), 4);
-        assert_eq!(default.system.len(), 3);
+        assert_eq!(default.system.len(), 4);
         assert!(default.runtimes[0].selects("1234"));
     }
 }

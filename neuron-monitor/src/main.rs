@@ -18,8 +18,10 @@ use clap::Parser;
 use neuron_datastore::clock::{monotonic_ns, realtime_ns};
 use neuron_datastore::config::{ReaderConfig, parse_listen_address};
 use neuron_datastore::host::{CpuStat, MemoryInfo, ProcessCpu, clock_ticks_per_second};
+use neuron_datastore::ranks::{RuntimeRecords, StragglerRule, group_views, root_now};
 use neuron_datastore::topology::Topology;
 use neuron_datastore::{DatastoreReader, Runtimes, Snapshot};
+use neuron_monitor::collectives::{self, Tally};
 use neuron_monitor::config::{Group, MonitorConfig, RuntimeGroup, SystemGroup};
 use neuron_monitor::prometheus::{self, RuntimeCounters};
 use neuron_monitor::report::{CpuClock, HostSample, RuntimeSample, runtime_group, system_group};
@@ -145,6 +147,9 @@ struct Monitor<'a> {
     started_realtime_ns: u64,
     /// Each device's ECC events since the monitor started.
     ecc_total: Vec<[u64; 4]>,
+    /// The communicators' counts since the monitor started, and the latest views.
+    collectives: Tally,
+    straggler_rule: Result<StragglerRule, String>,
 }
 
 fn run(cli: &Cli, config: &MonitorConfig, server: Option<&MetricsServer>) -> Result<()> {
@@ -167,6 +172,8 @@ fn run(cli: &Cli, config: &MonitorConfig, server: Option<&MetricsServer>) -> Res
         started_realtime_ns: realtime_ns(),
         ecc_total: vec![[0; 4]; topology.device_count as usize],
         topology,
+        collectives: Tally::default(),
+        straggler_rule: StragglerRule::from_env(),
     };
     // Every group is looked at as often as the shortest period asks; a report goes
     // out every root period.
@@ -275,10 +282,23 @@ impl Monitor<'_> {
                 total[k] += gained[k];
             }
         }
+        // The flight records hold each rank's last collectives only: they are read at
+        // every look, so that the counts miss as few as they can.
+        if self.system.iter().any(|g| g.group.group == SystemGroup::Collectives) {
+            let records: Vec<RuntimeRecords> = self.processes.iter().map(|p| RuntimeRecords::read(&p.reader)).collect();
+            let rule = self.straggler_rule.clone().unwrap_or_default();
+            self.collectives.observe(group_views(&records, &rule, root_now(&records)));
+        }
         if host_due.contains(&true) {
             let host = host_sample();
             for (followed, _) in self.system.iter_mut().zip(&host_due).filter(|(_, d)| **d) {
-                followed.value = system_group(followed.group.group, &followed.since, &host, &ecc);
+                followed.value = match followed.group.group {
+                    SystemGroup::Collectives => {
+                        let seconds = host.taken_ns.saturating_sub(followed.since.taken_ns) as f64 / 1e9;
+                        collectives::group(&self.collectives, &self.straggler_rule, seconds)
+                    }
+                    group => system_group(group, &followed.since, &host, &ecc),
+                };
                 followed.since = host.clone();
                 followed.since_at = now;
             }
@@ -339,7 +359,7 @@ impl Monitor<'_> {
                 models: p.state.newest_models(),
             })
             .collect();
-        prometheus::exposition(report, &counters, &self.ecc_total)
+        prometheus::exposition(report, &counters, &self.ecc_total, &self.collectives)
     }
 
     fn report(&self) -> Value {

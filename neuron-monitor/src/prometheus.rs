@@ -17,6 +17,8 @@ use neuron_datastore::{ErrorClass, ExecOutcome};
 use prometheus::proto::{self, MetricType};
 use serde_json::Value;
 
+use crate::collectives::{Observations, Tally};
+
 /// The `Content-Type` of the exposition.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
@@ -46,8 +48,14 @@ pub struct RuntimeCounters<'a> {
 }
 
 /// The exposition of one report. `ecc_total` is each device's ECC events since the
-/// monitor started (mem corrected, mem uncorrected, sram corrected, sram uncorrected).
-pub fn exposition(report: &Value, runtimes: &[RuntimeCounters<'_>], ecc_total: &[[u64; 4]]) -> String {
+/// monitor started (mem corrected, mem uncorrected, sram corrected, sram uncorrected);
+/// `collectives`, the communicators' counts since then.
+pub fn exposition(
+    report: &Value,
+    runtimes: &[RuntimeCounters<'_>],
+    ecc_total: &[[u64; 4]],
+    collectives: &Tally,
+) -> String {
     // Every series carries the instance's labels.
     let mut out = Families::new(instance_labels(&report["instance_info"]));
     let info = Labels::default();
@@ -93,7 +101,73 @@ pub fn exposition(report: &Value, runtimes: &[RuntimeCounters<'_>], ecc_total: &
             }
         }
     }
+    if report["system_data"]["collectives"].is_object() {
+        collective_series(&mut out, collectives, &info);
+    }
     out.encode()
+}
+
+/// The communicators' series: per rank its wait and arrivals last, per communicator
+/// its skew, and the straggler and hang the group view names.
+fn collective_series(out: &mut Families, tally: &Tally, info: &Labels) {
+    let histogram = |o: &Observations| latency_histogram(&o.buckets, None);
+    for (&id, comm) in &tally.communicators {
+        let labels = info.clone().with("communicator", comm.name.clone()).with("communicator_id", id.to_string());
+        if comm.skew.count() > 0 {
+            out.add_histogram(
+                "neuron_collective_skew_seconds",
+                "Last arrival minus first in each complete collective the monitor saw",
+                labels.clone(),
+                histogram(&comm.skew),
+            );
+        }
+        for (&rank, waits) in &comm.waits {
+            let labels = labels.clone().with("rank", rank.to_string());
+            out.add_histogram(
+                "neuron_collective_wait_seconds",
+                "A rank's wait for the last of its group in each complete collective the monitor saw",
+                labels.clone(),
+                histogram(waits),
+            );
+            out.add(
+                "neuron_collective_arrived_last_total",
+                "Complete collectives the rank arrived last in, beyond the clocks' uncertainty",
+                Kind::Counter,
+                labels,
+                comm.arrived_last.get(&rank).copied().unwrap_or(0) as f64,
+            );
+        }
+    }
+    for view in &tally.views {
+        let labels = info.clone().with("communicator", view.name.clone()).with("communicator_id", view.id.to_string());
+        for member in &view.members {
+            if let Some(done) = member.completed {
+                out.add_max(
+                    "neuron_collective_last_completed_sequence",
+                    "The sequence (unit) of the last collective the rank completed",
+                    labels.clone().with("rank", member.rank.to_string()),
+                    f64::from(done.sequence),
+                );
+            }
+        }
+        if let Some(straggler) = &view.straggler {
+            out.add_max(
+                "neuron_collective_straggler",
+                "1 for the rank named the communicator's straggler (arrived last in most recent collectives)",
+                labels.clone().with("rank", straggler.rank.to_string()),
+                1.0,
+            );
+        }
+        if let Some(hang) = &view.hang {
+            let class = serde_json::to_value(hang.class).ok().and_then(|v| v.as_str().map(str::to_owned));
+            out.add_max(
+                "neuron_collective_hang_seconds",
+                "How long ranks of the communicator have waited in a collective that does not complete",
+                labels.clone().with("class", class.unwrap_or_default()).with("sequence", hang.position.to_string()),
+                hang.waited_ns as f64 / 1e9,
+            );
+        }
+    }
 }
 
 /// The instance labels every series carries.

@@ -271,6 +271,8 @@ pub fn system_group(group: SystemGroup, earlier: &HostSample, later: &HostSample
                 out.insert("error".into(), json!(e));
             }
         },
+        // Made from the runtimes' flight records, not the host's figures: `collectives::group`.
+        SystemGroup::Collectives => {}
         SystemGroup::MemoryInfo => match &later.memory {
             Ok(memory) => {
                 if let Value::Object(fields) = json!(memory) {

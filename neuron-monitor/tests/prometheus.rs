@@ -336,6 +336,8 @@ fn check_dashboard(exposition: &str) {
         }
     }
     assert!(queried.len() >= 15, "{queried:?}");
+    // The ranks' series need a job of ranks: `ranks.rs` checks those.
+    queried.retain(|m| !m.starts_with("neuron_collective_"));
     let missing: Vec<&String> = queried.difference(&exported).collect();
     assert!(missing.is_empty(), "the dashboard queries metrics that are not exported: {missing:?}");
 }

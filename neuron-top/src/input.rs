@@ -13,6 +13,8 @@ pub enum Action {
     NextTab,
     /// Tab `n`, counting from 1 (`[1]:all`).
     SelectTab(u8),
+    /// The Ranks tab.
+    RanksTab,
     Up,
     Down,
     Collapse,
@@ -80,6 +82,12 @@ pub const BINDINGS: &[Binding] = &[
             KeyCode::Char(c) => c.to_digit(10).map(|d| Action::SelectTab(d as u8)),
             _ => None,
         },
+    },
+    Binding {
+        keys: &[key('r')],
+        label: "r",
+        help: "the ranks tab: each communicator's ranks, stragglers and hangs",
+        action: |_| Some(Action::RanksTab),
     },
     Binding {
         keys: &[code(KeyCode::Up), key('k')],
@@ -155,6 +163,7 @@ mod tests {
         assert_eq!(press(KeyCode::Char('c'), KeyModifiers::NONE), None, "c alone does nothing");
         assert_eq!(press(KeyCode::Char('7'), KeyModifiers::NONE), Some(Action::SelectTab(7)));
         assert_eq!(press(KeyCode::Char('j'), KeyModifiers::NONE), Some(Action::Down));
+        assert_eq!(press(KeyCode::Char('r'), KeyModifiers::NONE), Some(Action::RanksTab));
         assert_eq!(press(KeyCode::Left, KeyModifiers::NONE), Some(Action::Collapse));
         assert_eq!(press(KeyCode::Char('0'), KeyModifiers::NONE), None);
         // Tab and Shift-Tab switch tabs, as in nvtop and btop (terminals send Shift-Tab

@@ -30,6 +30,10 @@ struct Cli {
     /// Print one snapshot of everything shown as JSON on stdout and exit.
     #[arg(long)]
     json: bool,
+    /// Start on the Ranks tab (with --once: print it): every communicator's ranks,
+    /// the straggler and any hang.
+    #[arg(long)]
+    ranks: bool,
     /// No colours (also when NO_COLOR is set).
     #[arg(long)]
     no_color: bool,
@@ -71,6 +75,9 @@ fn run(cli: &Cli) -> Result<()> {
         std::thread::sleep(cli.refresh);
         let mut state = State::new(collector.sample());
         state.refresh = cli.refresh;
+        if cli.ranks {
+            state.apply(input::Action::RanksTab);
+        }
         let text = if cli.json {
             serde_json::to_string_pretty(&state.snapshot)? + "\n"
         } else {
@@ -84,7 +91,7 @@ fn run(cli: &Cli) -> Result<()> {
     }
     let mut screen = term::enter().context("cannot take over the terminal")?;
     term::leave_on_termination().context("cannot handle termination signals")?;
-    let result = interactive(&mut screen, &mut collector, cli.refresh, theme);
+    let result = interactive(&mut screen, &mut collector, (cli.refresh, cli.ranks), theme);
     term::leave();
     result
 }
@@ -109,9 +116,17 @@ fn plain_frame(state: &State, theme: Theme) -> Result<String> {
 
 /// Redraws when a key changes the state, the terminal is resized, or a look brings
 /// new data; sleeps in between.
-fn interactive(terminal: &mut term::Screen, collector: &mut Collector, refresh: Duration, theme: Theme) -> Result<()> {
+fn interactive(
+    terminal: &mut term::Screen,
+    collector: &mut Collector,
+    (refresh, ranks): (Duration, bool),
+    theme: Theme,
+) -> Result<()> {
     let mut state = State::new(collector.sample());
     state.refresh = refresh;
+    if ranks {
+        state.apply(input::Action::RanksTab);
+    }
     let mut next_look = Instant::now() + refresh;
     let mut dirty = true;
     loop {

@@ -77,8 +77,11 @@ pub struct State {
     pub snapshot: Snapshot,
     /// Time between two samples of the history graphs.
     pub refresh: Duration,
-    /// The runtime of the selected tab, by pid; `None` for `[1]:all`.
+    /// The runtime of the selected tab, by pid; `None` for `[1]:all` and the Ranks tab.
     pub selected: Option<u32>,
+    /// The Ranks tab is selected (the last tab, there while a communicator is
+    /// recorded).
+    pub ranks_tab: bool,
     pub show_help: bool,
     /// Core bars show TFLOPS instead of utilisation.
     pub flops: bool,
@@ -105,6 +108,9 @@ impl State {
         {
             self.selected = None;
         }
+        if self.snapshot.ranks.is_empty() {
+            self.ranks_tab = false;
+        }
         // The cursor stays on the same line when lines come or go above it.
         let rows = self.tree();
         let found = self.cursor_key.as_ref().and_then(|key| rows.iter().position(|r| &r.key == key));
@@ -121,7 +127,7 @@ impl State {
             }
             return;
         }
-        let tabs = self.snapshot.runtimes.len() + 1;
+        let tabs = self.tabs();
         match action {
             Action::Quit => self.quit = true,
             Action::ToggleHelp => self.show_help = true,
@@ -131,6 +137,11 @@ impl State {
             Action::SelectTab(n) => {
                 if (1..=tabs).contains(&(n as usize)) {
                     self.select_tab(n as usize - 1);
+                }
+            }
+            Action::RanksTab => {
+                if !self.snapshot.ranks.is_empty() {
+                    self.select_tab(tabs - 1);
                 }
             }
             Action::Up => self.cursor = self.cursor.saturating_sub(1),
@@ -166,12 +177,22 @@ impl State {
         self.cursor_key = rows.get(self.cursor).map(|r| r.key.clone());
     }
 
-    /// The selected tab: 0 for all, then one per runtime in snapshot order.
+    /// The number of tabs: all, one per runtime, and Ranks while a communicator is
+    /// recorded.
+    pub fn tabs(&self) -> usize {
+        self.snapshot.runtimes.len() + 1 + usize::from(!self.snapshot.ranks.is_empty())
+    }
+
+    /// The selected tab: 0 for all, then one per runtime in snapshot order, then Ranks.
     pub fn tab(&self) -> usize {
+        if self.ranks_tab {
+            return self.snapshot.runtimes.len() + 1;
+        }
         self.selected.and_then(|pid| self.snapshot.runtimes.iter().position(|r| r.pid == pid)).map_or(0, |i| i + 1)
     }
 
     fn select_tab(&mut self, tab: usize) {
+        self.ranks_tab = !self.snapshot.ranks.is_empty() && tab == self.snapshot.runtimes.len() + 1;
         self.selected = tab.checked_sub(1).and_then(|i| self.snapshot.runtimes.get(i)).map(|r| r.pid);
         self.cursor = 0;
     }

@@ -74,6 +74,7 @@ fn fixture() -> Snapshot {
             memory_used_bytes: Some(1300 * MIB),
         },
         warnings: vec![],
+        ranks: vec![],
         runtimes: vec![
             Runtime {
                 pid: 1234,
@@ -428,4 +429,100 @@ fn a_stopped_runtime_is_shown_stopped_not_gone() {
     assert!(screen.contains("[stopped] python3 train.py"), "{screen}");
     assert!(screen.contains("[exited] python3 serve.py"), "{screen}");
     assert!(screen.contains("97.25%"), "its cores stay held and shown: {screen}");
+}
+
+/// Four ranks of `grads`, one process each, at 10 collectives: rank 2 arrives 3 ms late
+/// every time; with `hang`, ranks 0, 1 and 2 then wait 6 s in collective #10 for rank 3.
+fn with_ranks(hang: bool) -> Snapshot {
+    use neuron_datastore::flight::{CollectiveEntry, Position};
+    use neuron_datastore::ranks::{RuntimeRecords, StragglerRule, group_views};
+    use neuron_datastore::{CollectiveAlgorithm, CollectiveOp, CommunicatorRecord, RankRecord};
+    const MS: u64 = 1_000_000;
+    let at = |sequence| Position { sequence, index: 0 };
+    let members: Vec<RankRecord> = (0..4u32)
+        .map(|rank| {
+            let waiting = hang && rank != 3;
+            RankRecord {
+                rank,
+                pid: 5000 + rank,
+                host: format!("trn-{}", rank / 2),
+                core: Some(rank % 2),
+                in_this_process: true,
+                gone: false,
+                enqueued: Some(at(10)),
+                started: Some(at(if waiting { 10 } else { 9 })),
+                operation: Some(CollectiveOp::AllReduce),
+                completed: Some(at(9)),
+                uncertainty_ns: 4_000,
+                waiting: waiting.then_some((1_000 * MS, 3)),
+                history: (0..10)
+                    .map(|s| {
+                        let arrived_ns = 1_000 * MS
+                            + u64::from(s) * 20 * MS
+                            + u64::from(rank) * 10_000
+                            + if rank == 2 { 3 * MS } else { 0 };
+                        CollectiveEntry {
+                            position: at(s),
+                            operation: CollectiveOp::AllReduce,
+                            algorithm: CollectiveAlgorithm::AllToAll,
+                            group: 0,
+                            bytes: 4 << 20,
+                            arrived_ns,
+                            departed_ns: Some(arrived_ns + MS),
+                        }
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    let records = [RuntimeRecords {
+        pid: 5000,
+        clock: None,
+        communicators: vec![CommunicatorRecord { id: 77, name: "grads".into(), ranks: 4, across: true, members }],
+    }];
+    Snapshot { ranks: group_views(&records, &StragglerRule::default(), 7_000 * MS), ..fixture() }
+}
+
+#[test]
+fn the_ranks_tab_names_the_straggler_and_a_hang_with_every_rank() {
+    let mut state = State::new(with_ranks(false));
+    assert_eq!(state.tabs(), 4, "all, two runtimes, ranks");
+    state.apply(Action::RanksTab);
+    assert!(state.ranks_tab);
+    assert_eq!(state.tab(), 3);
+    let screen = text(&render(&state, 120, 24, false));
+    insta::assert_snapshot!("ranks_120x24", screen);
+    assert!(screen.contains("[4]:ranks"), "{screen}");
+    assert!(screen.contains("grads · comm 77 · 4 ranks across processes · clocks within ±4.0 µs"), "{screen}");
+    assert!(
+        screen.contains("STRAGGLER rank 2 (pid 5002 on host trn-1) arrived last in 10 of 10 collectives, 3.0 ms late"),
+        "{screen}"
+    );
+    for rank in 0..4 {
+        assert!(screen.contains(&format!("{}", 5000 + rank)), "rank {rank}: {screen}");
+    }
+
+    state.update(with_ranks(true));
+    let screen = text(&render(&state, 120, 24, false));
+    let joined = screen.replace('\n', " ");
+    assert!(
+        joined.contains("HANG all-reduce #10 of comm `grads` (4 ranks): 3 ranks waiting 6.0 s for rank 3 (pid 5003 on host trn-1), which never reached it"),
+        "{screen}"
+    );
+    // Tab cycles back to all from the last tab; the ranks tab goes when its communicators do.
+    state.apply(Action::NextTab);
+    assert!(!state.ranks_tab && state.tab() == 0);
+    state.apply(Action::RanksTab);
+    state.update(fixture());
+    assert!(!state.ranks_tab);
+    assert_eq!(state.tabs(), 3);
+    // Every size draws.
+    let state = {
+        let mut s = State::new(with_ranks(true));
+        s.apply(Action::RanksTab);
+        s
+    };
+    for (w, h) in [(1, 1), (20, 5), (80, 10), (200, 60)] {
+        render(&state, w, h, true);
+    }
 }

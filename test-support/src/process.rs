@@ -199,3 +199,45 @@ pub fn mpirun(np: usize, program: &Command) -> Option<Command> {
     mpirun.arg(program.get_program()).args(program.get_args());
     Some(mpirun)
 }
+
+/// A job of `np` ranks on this host under a real `mpirun`, in `sandbox`: one process and
+/// one core each, all-reducing 64 KiB `iterations` times through `neuron-bench exec`,
+/// with `env` added (`NEURON_RT_FAULT_INJECT`, …; output discarded); `None` where
+/// `mpirun` is missing, which fails the test in CI.
+pub fn all_reduce_job(sandbox: &Sandbox, np: usize, iterations: u32, env: &[(&str, &str)]) -> Option<Job> {
+    let hlo = sandbox.path().join("allreduce.hlo");
+    let text = "HloModule allreduce\n\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\n\
+                ENTRY main {\n  x = f32[16384]{0} parameter(0)\n  ROOT r = f32[16384]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n";
+    std::fs::write(&hlo, text).expect("write the program");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port();
+    let mut program = Command::new(neuron_bench());
+    sandbox
+        .env(&mut program)
+        .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge")
+        .env("NEURON_RT_NUM_CORES", "1")
+        .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{port}"))
+        .args(["exec", "--iterations", &iterations.to_string()])
+        .arg(&hlo);
+    program.envs(env.iter().copied());
+    let mut mpirun = mpirun(np, &program)?;
+    Some(Job(mpirun.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("mpirun starts")))
+}
+
+/// An `mpirun` job, ended when dropped: `mpirun` is asked to stop (SIGTERM, which it
+/// passes on to its processes) and killed if it has not within 5 s.
+#[derive(Debug)]
+pub struct Job(pub Child);
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-TERM", &self.0.id().to_string()]).status();
+        for _ in 0..50 {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -12,6 +12,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::follow::{Followed, Runtimes};
 use crate::host::{CpuStat, MemoryInfo, ProcessCpu, clock_ticks_per_second};
 use crate::kinds::{DeviceCategory, ExecOutcome, HostCategory};
+use crate::ranks::{RuntimeRecords, StragglerRule, group_views, root_now};
 use crate::reader::{Delta, Snapshot as Counters};
 use crate::topology::{InstanceType, Topology};
 use model::{Core, CpuShare, DeviceMemory, HostMemory, Instance, Model, Runtime, Snapshot, System};
@@ -54,20 +55,29 @@ pub struct Collector {
     host_cpu: Option<CpuStat>,
     ticks_per_second: u64,
     cpus: usize,
+    /// When a rank is named a straggler, or why the environment's rule was refused.
+    straggler_rule: Result<StragglerRule, String>,
 }
 
 impl Collector {
     pub fn new(dir: PathBuf, topology: Topology) -> Collector {
         let host_cpu = CpuStat::read().ok();
         let cpus = host_cpu.as_ref().map_or(1, |c| c.cpus.len().max(1));
-        Collector { topology, runtimes: Runtimes::new(dir), host_cpu, ticks_per_second: clock_ticks_per_second(), cpus }
+        Collector {
+            topology,
+            runtimes: Runtimes::new(dir),
+            host_cpu,
+            ticks_per_second: clock_ticks_per_second(),
+            cpus,
+            straggler_rule: StragglerRule::from_env(),
+        }
     }
 
     /// Looks at every runtime and the host.
     pub fn sample(&mut self) -> Snapshot {
         // Runtimes shown as exited at the last look have had their time.
         self.runtimes.forget_exited(EXITED_FOR);
-        let warnings = self.find_new();
+        let mut warnings = self.find_new();
         let system = self.system();
         self.runtimes.mark_exited();
         let mut runtimes = Vec::new();
@@ -77,6 +87,12 @@ impl Collector {
             runtimes.push(runtime(followed, &now, self.ticks_per_second, self.cpus, cores_per_device));
             followed.state.previous = now;
         }
+        let records: Vec<RuntimeRecords> = self.runtimes.iter().map(|f| RuntimeRecords::read(&f.reader)).collect();
+        let rule = self.straggler_rule.clone().unwrap_or_else(|refused| {
+            warnings.push(format!("{refused}; the default straggler rule applies"));
+            StragglerRule::default()
+        });
+        let ranks = group_views(&records, &rule, root_now(&records));
         let t = self.runtimes.iter().find_map(|f| f.state.topology.as_ref()).unwrap_or(&self.topology);
         Snapshot {
             time: utc_time(),
@@ -88,6 +104,7 @@ impl Collector {
             },
             system,
             runtimes,
+            ranks,
             warnings,
         }
     }

@@ -12,6 +12,9 @@ pub struct Snapshot {
     pub instance: Instance,
     pub system: System,
     pub runtimes: Vec<Runtime>,
+    /// The communicators the runtimes take part in, as their flight records show them
+    /// (see [`crate::ranks`]).
+    pub ranks: Vec<crate::ranks::GroupView>,
     /// What could not be read (a refused directory, a datastore that does not open),
     /// so that a problem does not look like an idle host.
     pub warnings: Vec<String>,

@@ -10,6 +10,7 @@ use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table};
 use crate::input::BINDINGS;
 
 mod panels;
+mod ranks;
 use crate::state::State;
 use neuron_datastore::sample::HISTORY;
 use neuron_datastore::sample::model::{CpuShare, DeviceMemory, ERROR_CLASSES, HostMemory};
@@ -66,6 +67,19 @@ const WIDE_MIN_WIDTH: u16 = 100;
 /// Draws the whole screen.
 pub fn draw(frame: &mut Frame, state: &State, theme: Theme) {
     let area = frame.area();
+    if state.ranks_tab {
+        let [title, tabs, body, footer] =
+            Layout::vertical([Constraint::Length(1), Constraint::Length(1), Constraint::Min(1), Constraint::Length(1)])
+                .areas(area);
+        draw_title(frame, title, state, theme);
+        draw_tabs(frame, tabs, state, theme);
+        ranks::draw(frame, body, state, theme);
+        draw_footer(frame, footer, state, theme);
+        if state.show_help {
+            draw_help(frame, area, theme);
+        }
+        return;
+    }
     let runtimes = state.runtimes();
     let devices = shown_devices(state);
     let cores: usize = runtimes.iter().map(|r| r.cores.len()).sum();
@@ -131,6 +145,7 @@ fn draw_tabs(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
     let selected = state.tab();
     let tabs: Vec<(String, bool)> = std::iter::once(("all".to_string(), false))
         .chain(state.snapshot.runtimes.iter().map(|r| (r.tag.clone(), r.exited)))
+        .chain((!state.snapshot.ranks.is_empty()).then(|| ("ranks".to_string(), false)))
         .enumerate()
         .map(|(i, (name, exited))| (format!("[{}]:{name}", i + 1), exited))
         .collect();
@@ -438,7 +453,7 @@ fn draw_footer(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
             Span::styled(fit(&format!("⚠ {text}"), area.width), theme.bad(true))
         }
         None => Span::styled(
-            fit("q quit  ? help  Tab/a/d tabs  ↑↓ move  enter expand  x all  f FLOP/s", area.width),
+            fit("q quit  ? help  Tab/a/d tabs  r ranks  ↑↓ move  enter expand  x all  f FLOP/s", area.width),
             theme.dim(),
         ),
     };
@@ -462,7 +477,7 @@ fn draw_help(frame: &mut Frame, area: Rect, theme: Theme) {
 }
 
 /// `text` in at most `width` columns, cut with `…` when longer.
-fn fit(text: &str, width: u16) -> String {
+pub(crate) fn fit(text: &str, width: u16) -> String {
     let width = width as usize;
     if text.chars().count() <= width {
         return text.to_string();
@@ -479,7 +494,7 @@ pub(crate) fn fit_tail(text: &str, width: u16) -> String {
 }
 
 /// A line cut to `width` columns with `…`.
-fn fit_line(line: Line<'_>, width: u16) -> Line<'_> {
+pub(crate) fn fit_line(line: Line<'_>, width: u16) -> Line<'_> {
     let mut left = width as usize;
     let total: usize = line.spans.iter().map(|s| s.content.chars().count()).sum();
     if total <= left {

@@ -104,3 +104,26 @@ fn a_hang_is_diagnosed_in_the_record_while_the_ranks_wait() {
     // Over: nobody waits any more.
     assert!(views_of(&[&job[0]]).iter().all(|v| v.hang.is_none()));
 }
+
+#[test]
+fn a_rank_whose_process_goes_away_is_named_gone() {
+    use neuron_runtime::{Collective, CollectiveCall, DType};
+    let mut job = job(2, 1, Duration::from_secs(30));
+    let comm0 = job[0].runtime.join_communicator("leaves", 0, 0, 2).expect("joins");
+    let comm1 = job[1].runtime.join_communicator("leaves", 0, 1, 2).expect("joins");
+    comm0.wait_for_ranks(Instant::now() + Duration::from_secs(10)).expect("every rank joins");
+    let barrier = CollectiveCall::new(Collective::Barrier, DType::U8);
+    std::thread::scope(|scope| {
+        let waiting = scope.spawn(|| comm0.run(0, &barrier, None, None));
+        std::thread::sleep(Duration::from_millis(200));
+        drop(comm1);
+        job.pop().expect("second process").runtime.close().expect("closes");
+        waiting.join().expect("rank 0").expect_err("rank 1 is gone");
+    });
+    let views = views_of(&[&job[0]]);
+    let view = views.iter().find(|v| v.name == "leaves").expect("the communicator");
+    assert_eq!(view.members.iter().find(|m| m.rank == 1).map(|m| m.state), Some(RankState::Gone));
+    let hang = view.hang.as_ref().expect("a diagnosis");
+    assert_eq!((hang.class, hang.awaited.as_slice()), (HangClass::Gone, &[1][..]), "{}", hang.text);
+    assert!(hang.text.contains("the process is gone of rank 1 (pid"), "{}", hang.text);
+}
