@@ -168,12 +168,13 @@ pub struct Straggler {
     /// The time the other ranks spent waiting for it, as a share of the span of those
     /// collectives (first arrival of the first to the last arrival of the last).
     pub others_waited_share: f64,
+    /// One line for people: `rank 2 (pid 812 on host a) arrived last in 9 of 10
+    /// collectives, 1.8 ms late on median; the other ranks waited 17% of the time`.
+    pub text: String,
 }
 
 impl Straggler {
-    /// `rank 2 (pid 812 on host a) arrived last in 9 of 10 collectives, 1.8 ms late on
-    /// median; the other ranks waited 17% of the time`.
-    pub fn describe(&self) -> String {
+    fn describe(&self) -> String {
         format!(
             "rank {}{} arrived last in {} of {} collectives, {} late on median; the other ranks waited {:.0}% of the time",
             self.rank,
@@ -453,7 +454,7 @@ fn name_straggler(
     let last = collectives[*window.last()?].arrivals.iter().map(|a| a.1).max().unwrap_or(0);
     let others = (collectives[window[0]].arrivals.len() - 1).max(1) as f64;
     let elapsed = last.saturating_sub(first).max(span).max(1) as f64;
-    Some(Straggler {
+    let mut straggler = Straggler {
         rank: suspect.rank,
         host: suspect.host.clone(),
         pid: suspect.pid,
@@ -461,7 +462,10 @@ fn name_straggler(
         of: window.len(),
         median_lateness_ns: median,
         others_waited_share: (waited as f64 / others / elapsed).min(1.0),
-    })
+        text: String::new(),
+    };
+    straggler.text = straggler.describe();
+    Some(straggler)
 }
 
 /// The hang of a group, when a rank waits long: whom for, and why; or, when nobody
@@ -665,7 +669,7 @@ mod tests {
         let straggler = view.straggler.as_ref().expect("rank 2 named");
         assert_eq!((straggler.rank, straggler.last_in, straggler.of), (2, 12, 12));
         assert!((3 * MS..4 * MS).contains(&straggler.median_lateness_ns), "{}", straggler.median_lateness_ns);
-        let text = straggler.describe();
+        let text = &straggler.text;
         assert!(text.starts_with("rank 2 (pid 102 on host h1) arrived last in 12 of 12 collectives"), "{text}");
         assert!(straggler.others_waited_share > 0.2 && straggler.others_waited_share <= 1.0, "{text}");
     }

@@ -153,7 +153,7 @@ fn communicator(view: &GroupView, tally: &Tally) -> Value {
         diagnosis.push(hang.text.clone());
     }
     if let Some(straggler) = &view.straggler {
-        diagnosis.push(straggler.describe());
+        diagnosis.push(straggler.text.clone());
     }
     json!({
         "id": view.id,

@@ -1,7 +1,8 @@
-// The page's router: #/live, #/timeline, #/profiles, #/profile/NAME, #/compare/A/B.
+// The page's router: #/live, #/timeline, #/ranks, #/profiles, #/profile/NAME, #/compare/A/B.
 
 import { livePage } from './live.js';
 import { timelinePage } from './timeline.js';
+import { ranksPage } from './ranks.js';
 import { profilesPage, profilePage, comparePage } from './profile.js';
 
 let current = null;
@@ -18,6 +19,7 @@ function route() {
     a.classList.toggle('active', active);
   }
   if (page === 'timeline') current = timelinePage(main);
+  else if (page === 'ranks') current = ranksPage(main);
   else if (page === 'profiles') current = profilesPage(main);
   else if (page === 'profile' && parts[1]) current = profilePage(main, parts[1]);
   else if (page === 'compare' && parts[1] && parts[2]) current = comparePage(main, parts[1], parts[2]);

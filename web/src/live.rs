@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use neuron_datastore::ranks::GroupView;
 use neuron_datastore::sample::Collector;
 use neuron_datastore::sample::model::Snapshot;
 use neuron_datastore::topology::Topology;
@@ -36,17 +37,25 @@ struct Update<'a> {
 struct Omitted {
     models: usize,
     runtimes: usize,
+    /// Communicators whose collectives went without each rank's wait.
+    collective_waits: usize,
+    /// Older collectives left out of the communicators' recent ones.
+    collectives: usize,
 }
 
 fn now_ms() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 
-/// Encodes a look, leaving out the per-core history (pages keep their own) and, when
-/// it is still too large, the loaded models and then the last runtimes.
+/// Encodes a look, leaving out the per-core history (pages keep their own) and the
+/// collectives' arrival times (the ranks' lateness says the same) and, when it is still
+/// too large, the collectives' waits, the loaded models and then the last runtimes.
 pub(crate) fn encode(snapshot: &mut Snapshot, seq: u64, interval: Duration) -> Bytes {
     for core in snapshot.runtimes.iter_mut().flat_map(|r| r.cores.iter_mut()) {
         core.history.clear();
+    }
+    for collective in snapshot.ranks.iter_mut().flat_map(|g| g.collectives.iter_mut()) {
+        collective.arrivals.clear();
     }
     let mut omitted = Omitted::default();
     loop {
@@ -58,10 +67,25 @@ pub(crate) fn encode(snapshot: &mut Snapshot, seq: u64, interval: Duration) -> B
             omitted: Omitted { ..omitted },
         };
         let json = serde_json::to_vec(&update).unwrap_or_default();
-        if json.len() <= MAX_UPDATE_BYTES || snapshot.runtimes.is_empty() {
+        if json.len() <= MAX_UPDATE_BYTES {
             return Bytes::from(json);
         }
-        if let Some(runtime) = snapshot.runtimes.iter_mut().find(|r| !r.models.is_empty()) {
+        let waits = |g: &GroupView| g.collectives.iter().any(|c| !c.waits_ns.is_empty());
+        let longest = (0..snapshot.ranks.len())
+            .max_by_key(|&i| snapshot.ranks[i].collectives.len() * snapshot.ranks[i].members.len())
+            .filter(|&i| snapshot.ranks[i].collectives.len() > MIN_COLLECTIVES);
+        if let Some(group) = snapshot.ranks.iter_mut().find(|g| waits(g)) {
+            group.collectives.iter_mut().for_each(|c| c.waits_ns.clear());
+            omitted.collective_waits += 1;
+        } else if let Some(group) = longest.map(|i| &mut snapshot.ranks[i]) {
+            // The older half of its collectives, from every rank's lateness too.
+            let drop = group.collectives.len() - (group.collectives.len() / 2).max(MIN_COLLECTIVES);
+            group.collectives.drain(..drop);
+            group.members.iter_mut().for_each(|m| drop_oldest(&mut m.lateness_ns, drop));
+            omitted.collectives += drop;
+        } else if snapshot.runtimes.is_empty() {
+            return Bytes::from(json);
+        } else if let Some(runtime) = snapshot.runtimes.iter_mut().find(|r| !r.models.is_empty()) {
             omitted.models += runtime.models.len();
             runtime.models.clear();
         } else {
@@ -69,6 +93,13 @@ pub(crate) fn encode(snapshot: &mut Snapshot, seq: u64, interval: Duration) -> B
             omitted.runtimes += 1;
         }
     }
+}
+
+/// The fewest recent collectives a communicator keeps in an update.
+const MIN_COLLECTIVES: usize = 8;
+
+fn drop_oldest<T>(values: &mut Vec<T>, n: usize) {
+    values.drain(..n.min(values.len()));
 }
 
 /// How much past a page gets when it connects.
@@ -164,6 +195,67 @@ mod tests {
         assert_eq!(value["runtimes"][0]["models"].as_array().map(Vec::len), Some(3));
         assert_eq!(value["runtimes"][0]["cores"][1]["history"].as_array().map(Vec::len), Some(0));
         assert_eq!(value["omitted"]["models"], 0);
+    }
+
+    #[test]
+    fn a_large_communicator_goes_without_arrivals_then_waits_then_older_collectives_but_keeps_every_rank() {
+        use neuron_datastore::flight::Position;
+        use neuron_datastore::ranks::{CollectiveView, GroupView, MemberView, RankState};
+        let ranks = 128u32;
+        let collectives: Vec<CollectiveView> = (0..32)
+            .map(|sequence| CollectiveView {
+                position: Position { sequence, index: 0 },
+                operation: "all-reduce",
+                algorithm: "ring",
+                group: 0,
+                bytes: 1 << 20,
+                arrivals: (0..ranks).map(|r| (r, 1_000_000_000 + u64::from(r) * 1000)).collect(),
+                complete: true,
+                skew_ns: 127_000,
+                last: Some(ranks - 1),
+                waits_ns: (0..ranks).map(|r| (r, u64::from(ranks - 1 - r) * 1000)).collect(),
+            })
+            .collect();
+        let members: Vec<MemberView> = (0..ranks)
+            .map(|rank| MemberView {
+                rank,
+                pid: 10_000 + rank,
+                host: format!("trn1-host-{}", rank / 32),
+                core: Some(rank % 32),
+                state: RankState::Idle,
+                enqueued: Some(Position { sequence: 32, index: 0 }),
+                started: Some(Position { sequence: 31, index: 0 }),
+                completed: Some(Position { sequence: 31, index: 0 }),
+                lateness_ns: vec![Some(u64::from(rank) * 1000); 32],
+                arrived_last: 0,
+                median_lateness_ns: Some(u64::from(rank) * 1000),
+                uncertainty_ns: 20_000,
+            })
+            .collect();
+        let group = GroupView {
+            id: 1,
+            name: "grads".into(),
+            ranks,
+            across: true,
+            members,
+            collectives,
+            straggler: None,
+            hang: None,
+            uncertainty_ns: 20_000,
+        };
+        let mut snapshot = Snapshot { runtimes: vec![runtime(1, 2, 3)], ranks: vec![group], ..Snapshot::default() };
+        let bytes = encode(&mut snapshot, 1, Duration::from_millis(200));
+        assert!(bytes.len() <= MAX_UPDATE_BYTES, "{} bytes", bytes.len());
+        let value: serde_json::Value = serde_json::from_slice(&bytes).expect("json");
+        let group = &value["ranks"][0];
+        assert_eq!(group["members"].as_array().map(Vec::len), Some(128));
+        assert_eq!(group["collectives"][0]["arrivals"].as_array().map(Vec::len), Some(0));
+        assert_eq!(value["omitted"]["collective_waits"], 1, "the waits went to fit");
+        let kept = group["collectives"].as_array().map_or(0, Vec::len);
+        assert!((8..32).contains(&kept), "the older collectives went: {kept} kept");
+        assert_eq!(value["omitted"]["collectives"], 32 - kept);
+        assert_eq!(group["members"][5]["lateness_ns"].as_array().map(Vec::len), Some(kept), "every rank's too");
+        assert_eq!(value["omitted"]["models"], 0, "before any model");
     }
 
     #[test]

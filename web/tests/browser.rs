@@ -1,7 +1,8 @@
 //! The dashboard in a real headless browser: Chromium (Debian's) driven by
 //! `playwright-core` (from npm, `web/e2e`), against a running workload and two captured
-//! profiles. The checks are in `web/e2e/dashboard.mjs`; screenshots of each page are
-//! left in `target/dashboard-screenshots`.
+//! profiles, and against a job of four ranks under `mpirun`. The checks are in
+//! `web/e2e/dashboard.mjs` and `web/e2e/ranks.mjs`; screenshots of each page are left
+//! in `target/dashboard-screenshots`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -69,4 +70,27 @@ fn the_dashboard_in_a_headless_browser() {
     let measured: serde_json::Value = serde_json::from_str(stdout.trim()).expect("measurements");
     eprintln!("{measured:#}");
     assert!(measured["profile"]["tables"]["hlo"].as_u64().is_some_and(|n| n > 0));
+}
+
+#[test]
+fn the_ranks_page_names_a_late_rank_in_a_headless_browser() {
+    let e2e = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e");
+    let Some((node, chromium)) = tools(&e2e) else { return };
+    let sandbox = Sandbox::new();
+    let faults = [("NEURON_RT_FAULT_INJECT", "cc_delay:rank=2:delay=20ms")];
+    let Some(_job) = neuron_test_support::process::all_reduce_job(&sandbox, 4, 3000, &faults) else { return };
+    let (_dashboard, url) = neuron_test_support::process::dashboard(&sandbox, DASHBOARD.as_ref(), &[]);
+    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/dashboard-screenshots");
+    let out = Command::new(node)
+        .current_dir(&e2e)
+        .env("CHROMIUM", chromium)
+        .arg("ranks.mjs")
+        .arg(url.as_str())
+        .arg(&shots)
+        .output()
+        .expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "the browser checks failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let measured: serde_json::Value = serde_json::from_str(stdout.trim()).expect("measurements");
+    eprintln!("{measured:#}");
 }

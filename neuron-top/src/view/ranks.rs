@@ -61,7 +61,7 @@ fn diagnosis(group: &GroupView, theme: Theme, width: u16) -> Vec<Line<'static>> 
     }
     match &group.straggler {
         Some(straggler) => {
-            say(format!("STRAGGLER {}", straggler.describe()), theme.fg(Color::Yellow).add_modifier(Modifier::BOLD));
+            say(format!("STRAGGLER {}", straggler.text.clone()), theme.fg(Color::Yellow).add_modifier(Modifier::BOLD));
         }
         None if group.hang.is_none() => {
             let complete = group.collectives.iter().filter(|c| c.complete).count();

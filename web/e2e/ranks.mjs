@@ -1,0 +1,79 @@
+// Drives the dashboard's Ranks page in a real headless Chromium (the system's, through
+// playwright-core) while a job of four ranks runs, rank 2 of them made late, and checks
+// what a person would look at: the communicator with every rank, the straggler named on
+// top, a heat map of ranks × collectives coloured by lateness whose cells give their
+// figures on hover, and the ranks' table.
+// Usage: node ranks.mjs BASE_URL SCREENSHOT_DIR
+// Prints one JSON line of measurements; exits non-zero on the first failed check.
+
+import { chromium } from 'playwright-core';
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+
+const [base, shots] = process.argv.slice(2);
+if (!base || !shots) {
+  console.error('usage: node ranks.mjs BASE_URL SCREENSHOT_DIR');
+  process.exit(2);
+}
+mkdirSync(shots, { recursive: true });
+const measured = {};
+
+function check(condition, message) {
+  if (!condition) throw new Error(`check failed: ${message}`);
+}
+
+const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium', args: ['--no-sandbox', '--disable-dev-shm-usage'] });
+try {
+  const page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(e.message));
+  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+
+  await page.goto(`${base}/#/ranks`);
+  check(await page.$eval('nav a[data-page="ranks"]', (a) => a.classList.contains('active')), 'the Ranks link is active');
+  try {
+    await page.waitForFunction(() => document.querySelector('.diagnosis[data-kind="straggler"]'), null, { timeout: 30000, polling: 100 });
+  } catch (e) {
+    const text = await page.$eval('#main', (m) => m.innerText);
+    throw new Error(`no straggler named within 30 s; the page: ${text.slice(0, 2000)}`);
+  }
+  const straggler = await page.$eval('.diagnosis[data-kind="straggler"]', (d) => ({ rank: d.dataset.rank, text: d.textContent }));
+  check(straggler.rank === '2' && /^Straggler: rank 2 \(pid \d+ on host .+\) arrived last in \d+ of \d+ collectives/.test(straggler.text), `rank 2 named: ${straggler.text}`);
+  const rows = await page.$$eval('.communicator table.heat-map tr[data-rank]', (trs) => trs.map((tr) => ({
+    rank: tr.dataset.rank,
+    cells: tr.querySelectorAll('td.heat').length,
+    last: tr.querySelectorAll('td.heat.last').length,
+    coloured: [...tr.querySelectorAll('td.heat')].filter((td) => td.style.background).length,
+  })));
+  check(rows.length === 4, `a heat-map row per rank: ${JSON.stringify(rows)}`);
+  check(rows.every((r) => r.cells >= 5 && r.cells === rows[0].cells), `a cell per collective: ${JSON.stringify(rows)}`);
+  check(rows.every((r) => r.coloured === r.cells), `every cell coloured: ${JSON.stringify(rows)}`);
+  const last = Object.fromEntries(rows.map((r) => [r.rank, r.last]));
+  check(last['2'] > last['0'] + last['1'] + last['3'], `rank 2 framed last most: ${JSON.stringify(last)}`);
+  // The latest cell of rank 2 is the darkest of its column.
+  const shade = await page.$$eval('.communicator table.heat-map tr[data-rank]', (trs) => trs.map((tr) => {
+    const cells = tr.querySelectorAll('td.heat');
+    return Number(cells[cells.length - 1].dataset.lateness || 0);
+  }));
+  check(shade[2] === Math.max(...shade) && shade[2] > 0, `rank 2 latest in the latest collective: ${JSON.stringify(shade)}`);
+
+  // Hovering a cell gives its figures.
+  // (The page is redrawn at each update; the figures stay under the mouse.)
+  await page.hover('.communicator table.heat-map tr[data-rank="2"] td.heat:last-child');
+  await page.waitForTimeout(600);
+  await page.waitForFunction(() => !document.querySelector('.heat-tip').hidden, null, { timeout: 5000 });
+  const tip = await page.$eval('.heat-tip', (t) => t.innerText);
+  check(/^rank 2 \(pid \d+/.test(tip) && /all-reduce #\d+/.test(tip) && /arrived .+ after the first/.test(tip) && /skew/.test(tip), `the hover says the figures: ${tip}`);
+  await page.screenshot({ path: join(shots, 'ranks-hover.png') });
+  await page.mouse.move(5, 5);
+
+  const members = await page.$$eval('.communicator table.members tr[data-rank]', (trs) => trs.map((tr) => [...tr.querySelectorAll('td')].map((td) => td.textContent)));
+  check(members.length === 4 && members.every((m) => /^\d+$/.test(m[2]) && /^#\d+/.test(m[7])), `every rank's pid and last completed: ${JSON.stringify(members)}`);
+  check(await page.$eval('.communicator table.members tr[data-rank="2"]', (tr) => tr.classList.contains('warn')), 'the straggler\'s row stands out');
+  await page.screenshot({ path: join(shots, 'ranks.png'), fullPage: true });
+  measured.ranks = { straggler: straggler.text, rows, tip };
+  check(errors.length === 0, `no script errors: ${errors.join(' | ')}`);
+  console.log(JSON.stringify(measured));
+} finally {
+  await browser.close();
+}
