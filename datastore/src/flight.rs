@@ -139,10 +139,19 @@ pub enum Progress {
 pub struct CommSlot(u32);
 
 impl DatastoreWriter {
-    /// Takes a slot for `entry`; `None` (counted) when every slot is taken.
+    /// Records no communicator from now on (`NEURON_VIRT_FLIGHT_RECORD=false`).
+    pub fn turn_flight_record_off(&self) {
+        *self.comm_slots.lock().unwrap_or_else(|e| e.into_inner()) = Vec::new();
+    }
+
+    /// Takes a slot for `entry`; `None` when every slot is taken (counted) or the
+    /// flight record is off.
     pub fn open_communicator(&self, entry: &CommunicatorEntry) -> Option<CommSlot> {
-        let name = self.intern(&entry.name);
         let mut slots = self.comm_slots.lock().unwrap_or_else(|e| e.into_inner());
+        if slots.is_empty() {
+            return None;
+        }
+        let name = self.intern(&entry.name);
         let Some(slot) = slots.iter().position(|taken| !taken) else {
             self.region
                 .u64(self.layout.process_word(layout::process::COMM_SLOTS_OVERFLOWED))

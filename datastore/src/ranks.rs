@@ -259,13 +259,32 @@ pub fn root_now(runtimes: &[RuntimeRecords]) -> u64 {
 /// in every process, one of a process is that process's own. `now_ns` is the root
 /// clock now (for how long a hang has lasted).
 pub fn group_views(runtimes: &[RuntimeRecords], rule: &StragglerRule, now_ns: u64) -> Vec<GroupView> {
-    // (id, pid for a communicator of one process) → the merged record.
-    let mut merged: BTreeMap<(u32, u32), (CommunicatorRecord, BTreeMap<u32, RankRecord>)> = BTreeMap::new();
+    let key_of =
+        |runtime: &RuntimeRecords, comm: &CommunicatorRecord| (comm.id, if comm.across { 0 } else { runtime.pid });
+    // The ranks whose own process is read: what the others recorded of them (the same
+    // arrivals, without departures) adds nothing but whether they saw it go.
+    let mut own = std::collections::HashSet::new();
     for runtime in runtimes {
         for comm in &runtime.communicators {
-            let key = (comm.id, if comm.across { 0 } else { runtime.pid });
-            let (_, members) = merged.entry(key).or_insert_with(|| (comm.clone(), BTreeMap::new()));
+            own.extend(comm.members.iter().filter(|m| m.in_this_process).map(|m| (key_of(runtime, comm), m.rank)));
+        }
+    }
+    // (id, pid for a communicator of one process) → the merged record.
+    let mut merged: BTreeMap<(u32, u32), (CommunicatorRecord, BTreeMap<u32, RankRecord>)> = BTreeMap::new();
+    let mut gone = Vec::new();
+    for runtime in runtimes {
+        for comm in &runtime.communicators {
+            let key = key_of(runtime, comm);
+            let (_, members) = merged.entry(key).or_insert_with(|| {
+                (CommunicatorRecord { members: Vec::new(), ..comm.clone_header() }, BTreeMap::new())
+            });
             for member in &comm.members {
+                if !member.in_this_process && own.contains(&(key, member.rank)) {
+                    if member.gone {
+                        gone.push((key, member.rank));
+                    }
+                    continue;
+                }
                 let mut member = member.clone();
                 if member.in_this_process && member.uncertainty_ns == 0 {
                     member.uncertainty_ns = runtime.clock.map_or(0, |c| c.uncertainty_ns);
@@ -277,6 +296,11 @@ pub fn group_views(runtimes: &[RuntimeRecords], rule: &StragglerRule, now_ns: u6
                     Some(known) => merge_rank(known, member),
                 }
             }
+        }
+    }
+    for (key, rank) in gone {
+        if let Some(member) = merged.get_mut(&key).and_then(|(_, members)| members.get_mut(&rank)) {
+            member.gone = true;
         }
     }
     merged.into_values().map(|(comm, members)| view_of(comm, members, rule, now_ns)).collect()

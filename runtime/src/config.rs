@@ -42,6 +42,9 @@ pub const ENV_INSPECT_EVENT_FILTER_TYPE: &str = "NEURON_RT_INSPECT_EVENT_FILTER_
 pub const ENV_TRACE_DISCARD: &str = "NEURON_VIRT_TRACE_DISCARD";
 /// Whether chains of element-wise instructions run fused (our extension; default on).
 pub const ENV_FUSION: &str = "NEURON_VIRT_FUSION";
+/// Whether collectives keep the flight record the tools' ranks views read (our
+/// extension; default on).
+pub const ENV_FLIGHT_RECORD: &str = "NEURON_VIRT_FLIGHT_RECORD";
 /// Which kernel runs matrix products of bf16-rounded operands (our extension): `auto`
 /// (the default: bf16 products where measured faster than f32 on this host), `bf16` or
 /// `f32`. A process takes the first runtime's choice.
@@ -133,6 +136,8 @@ pub struct Config {
     pub datastore_dir: PathBuf,
     /// Run chains of element-wise instructions fused (`NEURON_VIRT_FUSION`).
     pub fusion: bool,
+    /// Keep the collectives' flight record (`NEURON_VIRT_FLIGHT_RECORD`).
+    pub flight_record: bool,
     /// The kernel of bf16-rounded matrix products (`NEURON_VIRT_BF16_PRODUCTS`); `None`
     /// measures which is faster.
     pub bf16_products: Option<ProductKernel>,
@@ -170,6 +175,7 @@ impl Default for Config {
             inspect_output_dir: PathBuf::from(DEFAULT_INSPECT_OUTPUT_DIR),
             datastore_dir: default_dir(),
             fusion: true,
+            flight_record: true,
             bf16_products: None,
             faults: Vec::new(),
             xu_queue: DEFAULT_XU_QUEUE,
@@ -283,6 +289,11 @@ impl Config {
 
         let fusion = match get(ENV_FUSION) {
             Some(v) => parse_bool(&v).ok_or_else(|| bad(ENV_FUSION, &v, "use true or false"))?,
+            None => true,
+        };
+
+        let flight_record = match get(ENV_FLIGHT_RECORD) {
+            Some(v) => parse_bool(&v).ok_or_else(|| bad(ENV_FLIGHT_RECORD, &v, "use true or false"))?,
             None => true,
         };
 
@@ -420,6 +431,7 @@ impl Config {
             lock_dir: lock_dir(get(ENV_LOCK_DIR)),
             host_threads,
             fusion,
+            flight_record,
             bf16_products,
             faults,
             xu_queue,
@@ -496,6 +508,7 @@ mod tests {
         assert_eq!(c.exec_timeout, DEFAULT_EXEC_TIMEOUT);
         assert!(c.fusion, "element-wise fusion is on by default");
         assert!(!config(&[(ENV_FUSION, "false")]).expect("valid").fusion);
+        assert!(c.flight_record && !config(&[(ENV_FLIGHT_RECORD, "false")]).expect("valid").flight_record);
         assert_eq!(c.bf16_products, None, "measured by default");
         assert_eq!(config(&[(ENV_BF16_PRODUCTS, "f32")]).expect("valid").bf16_products, Some(ProductKernel::F32));
     }

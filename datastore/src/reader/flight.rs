@@ -20,6 +20,19 @@ pub struct CommunicatorRecord {
     pub members: Vec<RankRecord>,
 }
 
+impl CommunicatorRecord {
+    /// The slot's header without its ranks.
+    pub fn clone_header(&self) -> CommunicatorRecord {
+        CommunicatorRecord {
+            id: self.id,
+            name: self.name.clone(),
+            ranks: self.ranks,
+            across: self.across,
+            members: Vec::new(),
+        }
+    }
+}
+
 /// One rank's row and history, as read.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RankRecord {

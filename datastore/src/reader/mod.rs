@@ -358,6 +358,10 @@ impl DatastoreReader {
                 continue;
             }
             let model_id = r.u32(base + model::MODEL_ID).load(Ordering::Relaxed);
+            if model_id == 0 {
+                // An empty slot: nothing more to read (most slots are).
+                return None;
+            }
             let name_len = u64::from(r.u32(base + model::NAME_LEN).load(Ordering::Relaxed)).min(model::NAME_MAX);
             let uuid = u128::from(r.u64(base + model::UUID).load(Ordering::Relaxed))
                 | u128::from(r.u64(base + model::UUID + 8).load(Ordering::Relaxed)) << 64;

@@ -495,9 +495,10 @@ impl Exchange<'_> {
     }
 
     /// What a message of this rank says beside its bytes: the signature, and the
-    /// arrivals it knows of.
+    /// arrivals it knows of (unless the flight record is off).
     fn stamp(&self, signature: &str) -> Stamp {
-        Stamp { signature: signature.to_owned(), arrivals: self.known.borrow().clone() }
+        let arrivals = if self.communicator.inner.record.is_some() { self.known.borrow().clone() } else { Vec::new() };
+        Stamp { signature: signature.to_owned(), arrivals }
     }
 
     fn send(&self, to: u32, step: u32, signature: &str, data: Arc<Message>) -> NrtResult<()> {

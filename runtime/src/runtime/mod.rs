@@ -267,6 +267,9 @@ impl Runtime {
             command: neuron_datastore::CommandIdentity::of_this_process(),
         };
         let store = DatastoreWriter::create(&params).map_err(|e| datastore_error(&e))?;
+        if !config.flight_record {
+            store.turn_flight_record_off();
+        }
         Ok(Tracer::new(store, &config.inspect, cores, device_clocks, ns_per_tick))
     }
 
