@@ -238,12 +238,56 @@ pub struct RuntimeRecords {
     pub pid: u32,
     pub clock: Option<ClockOffsetRecord>,
     pub communicators: Vec<CommunicatorRecord>,
+    /// What the process is doing now, to say of a rank the others wait for.
+    pub activity: Activity,
+}
+
+/// What a runtime process is doing, from its datastore.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Activity {
+    /// The models with an execution in flight, by name.
+    pub executing: Vec<String>,
+    /// `live`, `stopped`, `stale` or `exited` (see [`crate::Liveness`]), and for a
+    /// stopped or stale one the age of its heartbeat in seconds.
+    pub liveness: &'static str,
+    pub heartbeat_age_s: u64,
+}
+
+impl Activity {
+    /// `executing train_step`, `stopped (its heartbeat is 12 s old)`, or `in no
+    /// execution (in the program, between calls)`.
+    fn describe(&self) -> String {
+        match self.liveness {
+            "stopped" | "stale" => {
+                format!("its process is {} (its heartbeat is {} s old)", self.liveness, self.heartbeat_age_s)
+            }
+            "exited" => "its process has exited".to_owned(),
+            _ if self.executing.is_empty() => "in no execution (in the program, between runtime calls)".to_owned(),
+            _ => {
+                format!("executing {}", self.executing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", "))
+            }
+        }
+    }
 }
 
 impl RuntimeRecords {
     /// What `reader`'s runtime holds now.
     pub fn read(reader: &crate::DatastoreReader) -> RuntimeRecords {
-        RuntimeRecords { pid: reader.info().pid, clock: reader.clock_offset(), communicators: reader.communicators() }
+        let liveness = reader.liveness();
+        let activity = Activity {
+            executing: reader.models().into_iter().filter(|m| m.running > 0).map(|m| m.name).collect(),
+            liveness: liveness.word(),
+            heartbeat_age_s: match liveness {
+                crate::Liveness::Stale { seconds, .. } => seconds,
+                _ => 0,
+            },
+        };
+        RuntimeRecords {
+            pid: reader.info().pid,
+            clock: reader.clock_offset(),
+            communicators: reader.communicators(),
+            activity,
+        }
     }
 }
 
@@ -303,7 +347,8 @@ pub fn group_views(runtimes: &[RuntimeRecords], rule: &StragglerRule, now_ns: u6
             member.gone = true;
         }
     }
-    merged.into_values().map(|(comm, members)| view_of(comm, members, rule, now_ns)).collect()
+    let activities: BTreeMap<u32, &Activity> = runtimes.iter().map(|r| (r.pid, &r.activity)).collect();
+    merged.into_values().map(|(comm, members)| view_of(comm, members, rule, (now_ns, &activities))).collect()
 }
 
 /// Merges what another process recorded of a rank into what is known of it: the
@@ -333,7 +378,7 @@ fn view_of(
     comm: CommunicatorRecord,
     members: BTreeMap<u32, RankRecord>,
     rule: &StragglerRule,
-    now_ns: u64,
+    (now_ns, activities): (u64, &BTreeMap<u32, &Activity>),
 ) -> GroupView {
     let uncertainty_ns = members.values().map(|m| m.uncertainty_ns).max().unwrap_or(0);
     let collectives = collectives_of(&members);
@@ -361,7 +406,7 @@ fn view_of(
         })
         .collect();
     let straggler = name_straggler(&mut views, &collectives, rule);
-    let hang = diagnose_hang(&comm, &members, now_ns);
+    let hang = diagnose_hang(&comm, &members, (now_ns, activities));
     GroupView {
         id: comm.id,
         name: comm.name,
@@ -495,7 +540,11 @@ fn name_straggler(
 /// The hang of a group, when a rank waits long: whom for, and why; or, when nobody
 /// waits, the ranks whose processes are gone (the collectives that needed them
 /// failed at once).
-fn diagnose_hang(comm: &CommunicatorRecord, members: &BTreeMap<u32, RankRecord>, now_ns: u64) -> Option<Hang> {
+fn diagnose_hang(
+    comm: &CommunicatorRecord,
+    members: &BTreeMap<u32, RankRecord>,
+    (now_ns, activities): (u64, &BTreeMap<u32, &Activity>),
+) -> Option<Hang> {
     let describe = |rank: u32| match members.get(&rank) {
         Some(m) => format!("rank {rank}{}", place(m.pid, &m.host)),
         None => format!("rank {rank}"),
@@ -552,7 +601,12 @@ fn diagnose_hang(comm: &CommunicatorRecord, members: &BTreeMap<u32, RankRecord>,
                         }
                         _ => String::new(),
                     };
-                    Some(format!("rank {r}: last completed {}{running}", last_completed(m)))
+                    // Its own process's datastore, when it is read here (this host).
+                    let doing = match activities.get(&m.pid).filter(|_| m.in_this_process) {
+                        Some(activity) => format!(", {}", activity.describe()),
+                        None => String::new(),
+                    };
+                    Some(format!("rank {r}: last completed {}{running}{doing}", last_completed(m)))
                 })
                 .collect();
             if doing.is_empty() {
@@ -638,7 +692,8 @@ mod tests {
 
     fn runtime(pid: u32, members: Vec<RankRecord>) -> RuntimeRecords {
         let communicators = vec![CommunicatorRecord { id: 9, name: "grads".into(), ranks: 4, across: true, members }];
-        RuntimeRecords { pid, clock: Some(ClockOffsetRecord { offset_ns: 0, uncertainty_ns: 2_000 }), communicators }
+        let clock = Some(ClockOffsetRecord { offset_ns: 0, uncertainty_ns: 2_000 });
+        RuntimeRecords { pid, clock, communicators, activity: Activity { liveness: "live", ..Activity::default() } }
     }
 
     /// Arrivals of 4 ranks at `n` collectives 10 ms apart, with a few hundred µs of
@@ -776,6 +831,8 @@ mod tests {
                 }
             }
         }
+        // Rank 3's own process says what it is doing.
+        records[3].activity.executing = vec!["train_step".into()];
         let views = group_views(&records, &StragglerRule::default(), 5_100 * MS);
         let hang = views[0].hang.as_ref().expect("a hang");
         assert_eq!((hang.class, hang.position, hang.awaited.as_slice()), (HangClass::Missing, at, &[3][..]));
@@ -783,7 +840,7 @@ mod tests {
         assert_eq!(
             hang.text,
             "all-reduce #3 of comm `grads` (4 ranks): 3 ranks waiting 5.0 s for rank 3 (pid 103 on host h1), \
-             which never reached it (rank 3: last completed #2, running unit #3)"
+             which never reached it (rank 3: last completed #2, running unit #3, executing `train_step`)"
         );
         assert_eq!(views[0].members[3].state, RankState::Running);
         assert_eq!(views[0].members[0].state, RankState::Waiting);

@@ -479,6 +479,7 @@ fn with_ranks(hang: bool) -> Snapshot {
         pid: 5000,
         clock: None,
         communicators: vec![CommunicatorRecord { id: 77, name: "grads".into(), ranks: 4, across: true, members }],
+        activity: Default::default(),
     }];
     Snapshot { ranks: group_views(&records, &StragglerRule::default(), 7_000 * MS), ..fixture() }
 }

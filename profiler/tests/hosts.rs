@@ -1,9 +1,10 @@
 //! Ranks on two hosts: two network namespaces joined by a veth pair, created (and
-//! removed) by the test itself, each running one `nccom-test` process as one rank of a
-//! torchrun-style job, with rank 0's address on the first host's interface. The second
-//! host's link is slowed down (`tc netem` delay where the kernel has it, else a `tbf`
-//! rate limit), and the traffic is seen crossing it. Needs root and `ip`; skipped with a
-//! note elsewhere, and required in CI.
+//! removed) by the test itself, each running one process as one rank of a
+//! torchrun-style job, with rank 0's address on the first host's interface. In the
+//! first test the second host's link is slowed down (`tc netem` delay where the kernel
+//! has it, else a `tbf` rate limit), and the traffic is seen crossing it; in the second,
+//! the second host's clock is 5 s off and the ranks are put back on one time line.
+//! Needs root and `ip`; skipped with a note elsewhere, and required in CI.
 
 use std::process::{Command, Output, Stdio};
 
@@ -56,4 +57,113 @@ fn ranks_on_two_hosts_joined_by_a_slowed_link_run_and_check_their_collectives() 
     // least its input of each timed and untimed call of the largest size.
     let sent = hosts.sent_bytes(1);
     assert!(sent > 8 * (4 << 20) / 2, "{sent} bytes through the {slowed} link: {log}");
+}
+
+/// The runtime of `sandbox`'s datastore directory, once there is one.
+fn reader_in(sandbox: &Sandbox) -> Option<neuron_datastore::DatastoreReader> {
+    let entries = std::fs::read_dir(&sandbox.datastores).ok()?;
+    let path = entries.flatten().map(|e| e.path()).find(|p| p.extension().is_some_and(|x| x == "ds"))?;
+    neuron_datastore::DatastoreReader::open(&path).ok()
+}
+
+#[test]
+fn a_host_whose_clock_is_five_seconds_off_is_realigned_within_the_stated_uncertainty() {
+    use neuron_datastore::ranks::{RuntimeRecords, StragglerRule, group_views};
+    let hosts = match Hosts::create() {
+        Ok(hosts) => hosts,
+        Err(why) => {
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "CI runs as root with `ip`: {why}");
+            eprintln!("skipped: cannot create network namespaces here ({why}); run as root");
+            return;
+        }
+    };
+    const SHIFT_NS: i64 = 5_000_000_000;
+    let root = format!("{}:{}", hosts.addresses[0], 41_000 + (std::process::id() + 1) % 20_000);
+    let sandboxes = [Sandbox::new(), Sandbox::new()];
+    let hlo = sandboxes[0].path().join("allreduce.hlo");
+    std::fs::write(
+        &hlo,
+        "HloModule ar\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\
+         ENTRY e {\n  x = f32[1024]{0} parameter(0)\n  ROOT r = f32[1024]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n",
+    )
+    .expect("write");
+    let mut children: Vec<std::process::Child> = (0..2)
+        .map(|rank| {
+            let mut program = Command::new(env!("CARGO_BIN_EXE_neuron-bench"));
+            sandboxes[rank]
+                .env(&mut program)
+                .env("NEURON_RT_ROOT_COMM_ID", &root)
+                .env("NEURON_RT_NUM_CORES", "1")
+                .envs([("RANK", rank.to_string()), ("WORLD_SIZE", "2".to_owned())])
+                .args(["exec", "--iterations", "100000"])
+                .arg(&hlo);
+            if rank == 1 {
+                // The second host's clock reads 5 s ahead of the first's.
+                program.env("NEURON_VIRT_TEST_CLOCK_SHIFT_NS", SHIFT_NS.to_string());
+            }
+            let log = std::fs::File::create(sandboxes[rank].path().join("rank.log")).expect("log");
+            hosts.run_in(rank, &program).stdout(Stdio::null()).stderr(log).spawn().expect("starts")
+        })
+        .collect();
+    let logs = || {
+        sandboxes
+            .iter()
+            .map(|s| std::fs::read_to_string(s.path().join("rank.log")).unwrap_or_default())
+            .collect::<Vec<_>>()
+    };
+    // Read both hosts' records once the clocks are measured and collectives are done.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(50);
+    let records = loop {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let readers: Vec<_> = sandboxes.iter().filter_map(reader_in).collect();
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no collectives recorded on both hosts in time: {} datastores, clock {:?}, records {:?}; {:?}",
+            readers.len(),
+            readers.get(1).map(|r| r.clock_offset()),
+            readers.iter().map(|r| r.communicators()).collect::<Vec<_>>(),
+            logs()
+        );
+        if readers.len() < 2 || readers[1].clock_offset().is_none() {
+            continue;
+        }
+        let records: Vec<RuntimeRecords> = readers.iter().map(RuntimeRecords::read).collect();
+        let complete = |r: &RuntimeRecords| {
+            let views = group_views(std::slice::from_ref(r), &StragglerRule::default(), 0);
+            views.first().map_or(0, |v| v.collectives.iter().filter(|c| c.complete).count())
+        };
+        if records.iter().all(|r| complete(r) >= 20) {
+            break records;
+        }
+    };
+    for child in &mut children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    // The second host measured its clock 5 s off the first's, within what it states.
+    let clock = records[1].clock.expect("measured");
+    assert!(
+        (clock.offset_ns + SHIFT_NS).unsigned_abs() <= clock.uncertainty_ns,
+        "offset {} ns ± {} ns, the shift is -{SHIFT_NS} ns",
+        clock.offset_ns,
+        clock.uncertainty_ns
+    );
+    assert!(clock.uncertainty_ns < 10_000_000, "{clock:?}");
+    eprintln!("the second host's clock against the first's: {clock:?}");
+    // Each host's record alone shows both ranks on one time line: the collectives'
+    // skews are those of the job (milliseconds), not the 5 s between the clocks.
+    for (host, record) in records.iter().enumerate() {
+        let view = &group_views(std::slice::from_ref(record), &StragglerRule::default(), 0)[0];
+        assert_eq!(view.members.len(), 2, "host {host} shows both ranks");
+        let mut skews: Vec<u64> = view.collectives.iter().filter(|c| c.complete).map(|c| c.skew_ns).collect();
+        skews.sort_unstable();
+        eprintln!(
+            "host {host}: clock {clock:?}, median skew {} ns of {} collectives",
+            skews[skews.len() / 2],
+            skews.len()
+        );
+        assert!(skews[skews.len() / 2] < 100_000_000, "host {host}: skews {skews:?}");
+        assert!(skews.iter().all(|&s| s < 2_500_000_000), "host {host}: skews {skews:?}");
+        assert!(view.uncertainty_ns >= clock.uncertainty_ns.min(1), "{view:?}");
+    }
 }

@@ -93,7 +93,7 @@ function heatMap(g) {
       const lines = [
         `rank ${m.rank}${place(m)}`,
         `${c.operation} ${position(c.position)} · ${bytes(c.bytes)} · ${c.algorithm}${c.group ? ` · replica group ${c.group}` : ''}`,
-        late === null ? 'arrival not known here' : `arrived ${ns(late)} after the first`,
+        late !== null ? `arrived ${ns(late)} after the first` : c.complete ? 'arrival not known here' : 'not arrived (yet)',
         wait === undefined ? '' : `waited ${ns(wait)} for the last`,
         c.last === m.rank ? 'arrived last' : '',
         c.last === null && late !== null && late === c.skew_ns ? 'last, but within the clocks\' uncertainty of the next: a tie' : '',
@@ -101,7 +101,7 @@ function heatMap(g) {
       ].filter(Boolean);
       const cell = el('td', {
         class: `heat${late === null ? ' unknown' : ''}${c.last === m.rank ? ' last' : ''}`,
-        dataset: { seq: c.position.sequence, index: c.position.index, lateness: late ?? '', tip: lines.join('\n') },
+        dataset: { seq: c.position.sequence, index: c.position.index, lateness: late ?? '', complete: c.complete, tip: lines.join('\n') },
         'aria-label': lines.join('; '),
       });
       // Through the CSSOM: the page's policy refuses inline style attributes.
@@ -111,7 +111,7 @@ function heatMap(g) {
   const swatch = (t) => { const s = el('span', { class: 'swatch' }); s.style.background = shade(t); return s; };
   const legend = el('div', { class: 'muted legend' },
     'Colour: lateness (arrival minus the group\'s first), from on time ', swatch(0), ' to ', ns(max), ' and more ', swatch(1),
-    '; a framed cell arrived last; grey: not known here.');
+    '; a framed cell arrived last; grey: not arrived yet, or not known here.');
   return el('div', { class: 'heat-wrap' }, el('table', { class: 'heat-map' }, head, rows), legend);
 }
 

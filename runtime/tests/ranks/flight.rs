@@ -15,11 +15,7 @@ fn views_of(fixtures: &[&common::Fixture]) -> Vec<GroupView> {
         .iter()
         .map(|f| {
             let reader = DatastoreReader::open(&f.runtime.datastore_path().expect("path")).expect("opens");
-            RuntimeRecords {
-                pid: reader.info().pid,
-                clock: reader.clock_offset(),
-                communicators: reader.communicators(),
-            }
+            RuntimeRecords::read(&reader)
         })
         .collect();
     group_views(&records, &StragglerRule::default(), neuron_datastore::clock::monotonic_ns())
