@@ -30,6 +30,9 @@ pub struct Followed<T> {
     pub pid: u32,
     /// When it was first seen exited (`None` while it is live).
     pub exited_at: Option<Instant>,
+    /// Its liveness at the last [`Runtimes::mark_exited`] (one look at its `/proc`
+    /// entry per look, which the viewers reuse).
+    pub liveness: Liveness,
     /// How the viewers name it: [`RuntimeInfo::label`](crate::RuntimeInfo::label), made
     /// unique among the live runtimes followed (`train.py-4242` for the second
     /// `train.py`).
@@ -101,7 +104,8 @@ impl<T> Runtimes<T> {
             }
             match admit(&reader, &label) {
                 Some(state) => {
-                    self.followed.insert(pid, Followed { reader, pid, exited_at, label, state });
+                    self.followed
+                        .insert(pid, Followed { reader, pid, exited_at, liveness: Liveness::Live, label, state });
                 }
                 None => {
                     self.declined.insert(pid);
@@ -114,7 +118,8 @@ impl<T> Runtimes<T> {
     /// Notes which followed runtimes have exited since the last look.
     pub fn mark_exited(&mut self) {
         for followed in self.followed.values_mut().filter(|f| f.exited_at.is_none()) {
-            if matches!(followed.reader.liveness(), Liveness::Exited(_)) {
+            followed.liveness = followed.reader.liveness();
+            if matches!(followed.liveness, Liveness::Exited(_)) {
                 followed.exited_at = Some(Instant::now());
             }
         }

@@ -271,9 +271,9 @@ impl Activity {
 }
 
 impl RuntimeRecords {
-    /// What `reader`'s runtime holds now.
-    pub fn read(reader: &crate::DatastoreReader) -> RuntimeRecords {
-        let liveness = reader.liveness();
+    /// What `reader`'s runtime holds now; `liveness` is its latest (see
+    /// [`crate::Followed::liveness`]).
+    pub fn read(reader: &crate::DatastoreReader, liveness: crate::Liveness) -> RuntimeRecords {
         let activity = Activity {
             executing: reader.models().into_iter().filter(|m| m.running > 0).map(|m| m.name).collect(),
             liveness: liveness.word(),

@@ -285,7 +285,8 @@ impl Monitor<'_> {
         // The flight records hold each rank's last collectives only: they are read at
         // every look, so that the counts miss as few as they can.
         if self.system.iter().any(|g| g.group.group == SystemGroup::Collectives) {
-            let records: Vec<RuntimeRecords> = self.processes.iter().map(|p| RuntimeRecords::read(&p.reader)).collect();
+            let records: Vec<RuntimeRecords> =
+                self.processes.iter().map(|p| RuntimeRecords::read(&p.reader, p.liveness)).collect();
             let rule = self.straggler_rule.clone().unwrap_or_default();
             self.collectives.observe(group_views(&records, &rule, root_now(&records)));
         }

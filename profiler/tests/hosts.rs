@@ -11,20 +11,25 @@ use std::process::{Command, Output, Stdio};
 use neuron_test_support::hosts::Hosts;
 use neuron_test_support::process::Sandbox;
 
+/// Two hosts, or `None` with a note where namespaces cannot be made (required in CI).
+fn hosts() -> Option<Hosts> {
+    match Hosts::create() {
+        Ok(hosts) => Some(hosts),
+        Err(why) => {
+            assert!(std::env::var("CI").as_deref() != Ok("true"), "CI runs as root with `ip`: {why}");
+            eprintln!("skipped: cannot create network namespaces here ({why}); run as root");
+            None
+        }
+    }
+}
+
 fn text(output: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
 }
 
 #[test]
 fn ranks_on_two_hosts_joined_by_a_slowed_link_run_and_check_their_collectives() {
-    let hosts = match Hosts::create() {
-        Ok(hosts) => hosts,
-        Err(why) => {
-            assert!(std::env::var("CI").as_deref() != Ok("true"), "CI runs as root with `ip`: {why}");
-            eprintln!("skipped: cannot create network namespaces here ({why}); run as root");
-            return;
-        }
-    };
+    let Some(hosts) = hosts() else { return };
     let slowed = hosts.slow_down(1).expect("a qdisc on the second host's link");
     let root = format!("{}:{}", hosts.addresses[0], 41_000 + std::process::id() % 20_000);
     // Each host has its own core reservations and datastores, as separate machines do.
@@ -69,14 +74,7 @@ fn reader_in(sandbox: &Sandbox) -> Option<neuron_datastore::DatastoreReader> {
 #[test]
 fn a_host_whose_clock_is_five_seconds_off_is_realigned_within_the_stated_uncertainty() {
     use neuron_datastore::ranks::{RuntimeRecords, StragglerRule, group_views};
-    let hosts = match Hosts::create() {
-        Ok(hosts) => hosts,
-        Err(why) => {
-            assert!(std::env::var("CI").as_deref() != Ok("true"), "CI runs as root with `ip`: {why}");
-            eprintln!("skipped: cannot create network namespaces here ({why}); run as root");
-            return;
-        }
-    };
+    let Some(hosts) = hosts() else { return };
     const SHIFT_NS: i64 = 5_000_000_000;
     let root = format!("{}:{}", hosts.addresses[0], 41_000 + (std::process::id() + 1) % 20_000);
     let sandboxes = [Sandbox::new(), Sandbox::new()];
@@ -127,7 +125,7 @@ fn a_host_whose_clock_is_five_seconds_off_is_realigned_within_the_stated_uncerta
         if readers.len() < 2 || readers[1].clock_offset().is_none() {
             continue;
         }
-        let records: Vec<RuntimeRecords> = readers.iter().map(RuntimeRecords::read).collect();
+        let records: Vec<RuntimeRecords> = readers.iter().map(|r| RuntimeRecords::read(r, r.liveness())).collect();
         let complete = |r: &RuntimeRecords| {
             let views = group_views(std::slice::from_ref(r), &StragglerRule::default(), 0);
             views.first().map_or(0, |v| v.collectives.iter().filter(|c| c.complete).count())

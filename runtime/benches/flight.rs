@@ -24,11 +24,9 @@ use neuron_datastore::flight::{CollectiveEntry, CommunicatorEntry, Position, Pro
 use neuron_datastore::topology::InstanceType;
 use neuron_datastore::{CollectiveAlgorithm, CollectiveOp, CommandIdentity, CreateParams, DatastoreWriter};
 use neuron_runtime::config::CoreRequest;
-use neuron_runtime::isa::ReduceOp;
 use neuron_runtime::launch::RootComm;
 use neuron_runtime::{
-    Collective, CollectiveCall, Communicator, Config, CoreSet, DType, Neff, Runtime, Target, Tensor, TensorPlacement,
-    TensorSet, compile_hlo,
+    Communicator, Config, CoreSet, Neff, Runtime, Target, Tensor, TensorPlacement, TensorSet, compile_hlo,
 };
 
 #[global_allocator]
@@ -87,27 +85,7 @@ fn job(flight_record: bool) -> Job {
 
 /// `CALLS` all-reduces, one thread per rank; rank 0's time of each.
 fn all_reduces(job: &Job) -> Vec<f64> {
-    let call = CollectiveCall::new(Collective::AllReduce(ReduceOp::Add), DType::F32);
-    std::thread::scope(|scope| {
-        let threads: Vec<_> = job
-            .ranks
-            .iter()
-            .enumerate()
-            .map(|(rank, (comm, (x, y)))| {
-                let call = &call;
-                scope.spawn(move || {
-                    (0..CALLS)
-                        .map(|_| {
-                            let started = Instant::now();
-                            comm.run(rank as u32, call, Some(x), Some(y)).expect("all-reduce");
-                            started.elapsed().as_secs_f64()
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        threads.into_iter().map(|t| t.join().expect("rank")).next().unwrap_or_default()
-    })
+    neuron_test_support::runtime::all_reduce_times(&job.ranks, CALLS)
 }
 
 fn median(mut values: Vec<f64>) -> f64 {

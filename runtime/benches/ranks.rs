@@ -19,11 +19,8 @@ use std::time::{Duration, Instant};
 
 use neuron_datastore::topology::InstanceType;
 use neuron_runtime::config::CoreRequest;
-use neuron_runtime::isa::ReduceOp;
 use neuron_runtime::launch::RootComm;
-use neuron_runtime::{
-    Collective, CollectiveCall, Communicator, Config, CoreSet, DType, Runtime, Tensor, TensorPlacement,
-};
+use neuron_runtime::{Communicator, Config, CoreSet, Runtime, Tensor, TensorPlacement};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -95,26 +92,7 @@ fn main() {
 /// `calls` all-reduces, one thread per rank (its communicator and tensors); rank 0's
 /// median time.
 fn all_reduces(ranks: &[(Communicator, (Tensor, Tensor))], calls: usize) -> f64 {
-    let call = CollectiveCall::new(Collective::AllReduce(ReduceOp::Add), DType::F32);
-    let mut times = std::thread::scope(|scope| {
-        let threads: Vec<_> = ranks
-            .iter()
-            .enumerate()
-            .map(|(rank, (comm, (x, y)))| {
-                let call = &call;
-                scope.spawn(move || {
-                    (0..calls)
-                        .map(|_| {
-                            let started = Instant::now();
-                            comm.run(rank as u32, call, Some(x), Some(y)).expect("all-reduce");
-                            started.elapsed().as_secs_f64()
-                        })
-                        .collect::<Vec<_>>()
-                })
-            })
-            .collect();
-        threads.into_iter().map(|t| t.join().expect("rank")).next().unwrap_or_default()
-    });
+    let mut times = neuron_test_support::runtime::all_reduce_times(ranks, calls);
     times.sort_by(f64::total_cmp);
     times[times.len() / 2]
 }

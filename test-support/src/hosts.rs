@@ -25,10 +25,13 @@ fn ip(args: &[&str]) -> Result<(), String> {
 }
 
 impl Hosts {
-    /// Two fresh namespaces (named after this process) joined by a veth pair, with an
-    /// address of a /24 of their own each, links up.
+    /// Two fresh namespaces (named after this process and the call) joined by a veth
+    /// pair, with an address of a /24 of their own each, links up.
     pub fn create() -> Result<Hosts, String> {
-        let id = std::process::id() % 50_000;
+        // Unique per test process and per call in it (tests of one binary run at once).
+        static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 4;
+        let id = std::process::id() % 12_500 * 4 + call;
         let names = [format!("nvh{id}a"), format!("nvh{id}b")];
         let devices = [format!("nvv{id}a"), format!("nvv{id}b")];
         // A /24 of 10.0.0.0/8 per test process.

@@ -169,3 +169,32 @@ pub fn started(cores: CoreSet, adjust: impl FnOnce(&mut Config)) -> Fixture {
     adjust(&mut config);
     Fixture { runtime: Runtime::start(config).expect("runtime starts"), _dirs: (locks, stores) }
 }
+
+/// `calls` all-reduces (`f32` sums), one thread per rank (its communicator, input and
+/// output): rank 0's time of each call, in seconds.
+pub fn all_reduce_times(
+    ranks: &[(neuron_runtime::Communicator, (neuron_runtime::Tensor, neuron_runtime::Tensor))],
+    calls: usize,
+) -> Vec<f64> {
+    use neuron_runtime::{Collective, CollectiveCall, isa::ReduceOp};
+    let call = CollectiveCall::new(Collective::AllReduce(ReduceOp::Add), DType::F32);
+    std::thread::scope(|scope| {
+        let threads: Vec<_> = ranks
+            .iter()
+            .enumerate()
+            .map(|(rank, (comm, (x, y)))| {
+                let call = &call;
+                scope.spawn(move || {
+                    (0..calls)
+                        .map(|_| {
+                            let started = std::time::Instant::now();
+                            comm.run(rank as u32, call, Some(x), Some(y)).expect("all-reduce");
+                            started.elapsed().as_secs_f64()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().expect("rank")).next().unwrap_or_default()
+    })
+}

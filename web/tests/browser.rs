@@ -56,19 +56,7 @@ fn the_dashboard_in_a_headless_browser() {
         DASHBOARD.as_ref(),
         &["--profiles".as_ref(), profiles.as_os_str()],
     );
-    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/dashboard-screenshots");
-    let out = Command::new(node)
-        .current_dir(&e2e)
-        .env("CHROMIUM", chromium)
-        .arg("dashboard.mjs")
-        .args([url.as_str(), "mlp.ntff", "attention.ntff"])
-        .arg(&shots)
-        .output()
-        .expect("node runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "the browser checks failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    let measured: serde_json::Value = serde_json::from_str(stdout.trim()).expect("measurements");
-    eprintln!("{measured:#}");
+    let measured = browser_checks((&node, &chromium, &e2e), "dashboard.mjs", &[&url, "mlp.ntff", "attention.ntff"]);
     assert!(measured["profile"]["tables"]["hlo"].as_u64().is_some_and(|n| n > 0));
 }
 
@@ -80,12 +68,19 @@ fn the_ranks_page_names_a_late_rank_in_a_headless_browser() {
     let faults = [("NEURON_RT_FAULT_INJECT", "cc_delay:rank=2:delay=20ms")];
     let Some(_job) = neuron_test_support::process::all_reduce_job(&sandbox, 4, 3000, &faults) else { return };
     let (_dashboard, url) = neuron_test_support::process::dashboard(&sandbox, DASHBOARD.as_ref(), &[]);
+    let measured = browser_checks((&node, &chromium, &e2e), "ranks.mjs", &[&url]);
+    assert!(measured["ranks"]["straggler"].as_str().is_some_and(|s| s.starts_with("Straggler: rank 2")));
+}
+
+/// Runs the checks of `script` (in `e2e`) with `args` and the screenshot directory;
+/// fails with what they printed, else gives their measurements.
+fn browser_checks((node, chromium, e2e): (&Path, &Path, &Path), script: &str, args: &[&str]) -> serde_json::Value {
     let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/dashboard-screenshots");
     let out = Command::new(node)
-        .current_dir(&e2e)
+        .current_dir(e2e)
         .env("CHROMIUM", chromium)
-        .arg("ranks.mjs")
-        .arg(url.as_str())
+        .arg(script)
+        .args(args)
         .arg(&shots)
         .output()
         .expect("node runs");
@@ -93,4 +88,5 @@ fn the_ranks_page_names_a_late_rank_in_a_headless_browser() {
     assert!(out.status.success(), "the browser checks failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
     let measured: serde_json::Value = serde_json::from_str(stdout.trim()).expect("measurements");
     eprintln!("{measured:#}");
+    measured
 }

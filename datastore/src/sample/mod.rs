@@ -87,7 +87,8 @@ impl Collector {
             runtimes.push(runtime(followed, &now, self.ticks_per_second, self.cpus, cores_per_device));
             followed.state.previous = now;
         }
-        let records: Vec<RuntimeRecords> = self.runtimes.iter().map(|f| RuntimeRecords::read(&f.reader)).collect();
+        let records: Vec<RuntimeRecords> =
+            self.runtimes.iter().map(|f| RuntimeRecords::read(&f.reader, f.liveness)).collect();
         let rule = self.straggler_rule.clone().unwrap_or_else(|refused| {
             warnings.push(format!("{refused}; the default straggler rule applies"));
             StragglerRule::default()
@@ -186,7 +187,7 @@ fn runtime(
     cores_per_device: u32,
 ) -> Runtime {
     let (pid, exited, reader) = (followed.pid, followed.exited(), &followed.reader);
-    let state = if exited { "exited" } else { reader.liveness().word() };
+    let state = if exited { "exited" } else { followed.liveness.word() };
     let f = &mut followed.state;
     let delta = Delta::between(&f.previous, now);
     let measured = delta.seconds > 0.0 && !std::mem::take(&mut f.fresh);

@@ -15,7 +15,7 @@ fn views_of(fixtures: &[&common::Fixture]) -> Vec<GroupView> {
         .iter()
         .map(|f| {
             let reader = DatastoreReader::open(&f.runtime.datastore_path().expect("path")).expect("opens");
-            RuntimeRecords::read(&reader)
+            RuntimeRecords::read(&reader, reader.liveness())
         })
         .collect();
     group_views(&records, &StragglerRule::default(), neuron_datastore::clock::monotonic_ns())
