@@ -223,7 +223,8 @@ pub struct GroupView {
     pub across: bool,
     /// The ranks known, by rank.
     pub members: Vec<MemberView>,
-    /// Recent collectives, oldest first (at most [`crate::flight::HISTORY`]).
+    /// The collectives the records hold, oldest first (about the last
+    /// [`crate::flight::HISTORY`] from datastores; every one from profiles).
     pub collectives: Vec<CollectiveView>,
     pub straggler: Option<Straggler>,
     pub hang: Option<Hang>,
@@ -465,8 +466,6 @@ fn collectives_of(members: &BTreeMap<u32, RankRecord>) -> Vec<CollectiveView> {
         })
         .collect();
     views.sort_by_key(|c| (c.position, c.group));
-    let keep = views.len().saturating_sub(crate::flight::HISTORY as usize);
-    views.drain(..keep);
     views
 }
 

@@ -1,8 +1,10 @@
 //! `neuron-profile inspect`: runs a program with profiling switched on and records
 //! each runtime process it starts (itself or any descendant) into its own NTFF file,
-//! draining the process's rings while it runs and after it exits. With
-//! `NEURON_RT_INSPECT_ON_FAIL`, it writes what the rings hold when an execution fails
-//! instead.
+//! draining the process's rings while it runs and after it exits. A process that holds
+//! ranks of a job is written as `profile_rank_<id>.ntff` (its lowest rank), as Neuron
+//! names them, so that a directory of them is the job (`view -d` reads them together).
+//! With `NEURON_RT_INSPECT_ON_FAIL`, it writes what the rings hold when an execution
+//! fails instead.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -49,6 +51,8 @@ struct Traced {
     reader: DatastoreReader,
     path: PathBuf,
     mode: Mode,
+    /// The process's lowest rank in a job, once it holds one.
+    rank: Option<u32>,
 }
 
 enum Mode {
@@ -98,11 +102,14 @@ pub(crate) fn inspect(args: InspectArgs) -> Result<()> {
                 let tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
                 Mode::Stream { tail: Box::new(tail), recorder: Box::new(recorder) }
             };
-            traced.insert(pid, Traced { reader, path, mode });
+            traced.insert(pid, Traced { reader, path, mode, rank: None });
         }
         let mut finished = Vec::new();
         for (&pid, t) in &mut traced {
             let done = matches!(t.reader.liveness(), Liveness::Exited(_));
+            if t.rank.is_none() {
+                t.rank = own_rank(&t.reader);
+            }
             if let Some(path) = step(t, done, &args.command)? {
                 written.push(path);
             }
@@ -111,9 +118,10 @@ pub(crate) fn inspect(args: InspectArgs) -> Result<()> {
             }
         }
         for pid in finished {
-            if let Some(Traced { mode: Mode::Stream { recorder, .. }, path, .. }) = traced.remove(&pid) {
+            if let Some(Traced { mode: Mode::Stream { recorder, .. }, path, rank, .. }) = traced.remove(&pid) {
                 let (file, summary) = recorder.finish()?;
                 file.place()?;
+                let path = rank.map_or(Ok(path.clone()), |rank| named_after_rank(&path, rank))?;
                 eprintln!(
                     "neuron-profile: pid {pid}: {} system events, {} device events, {} lost: {}",
                     summary.system_events,
@@ -180,6 +188,26 @@ fn step(t: &mut Traced, done: bool, command: &[String]) -> Result<Option<PathBuf
             Ok(Some(path))
         }
     }
+}
+
+/// The lowest rank the process holds in a communicator across processes, from its
+/// flight record (`None` before it joins one, or when it runs none).
+fn own_rank(reader: &DatastoreReader) -> Option<u32> {
+    let comms = reader.communicators();
+    comms.iter().filter(|c| c.across).flat_map(|c| &c.members).filter(|m| m.in_this_process).map(|m| m.rank).min()
+}
+
+/// Renames a finished file to `profile_rank_<rank>.ntff` beside it; keeps its name
+/// when that one is taken (the same rank of another run).
+fn named_after_rank(path: &Path, rank: u32) -> Result<PathBuf> {
+    let named = path.with_file_name(format!("profile_rank_{rank}.ntff"));
+    if named.exists() {
+        eprintln!("neuron-profile: {} exists; rank {rank}'s profile stays {}", named.display(), path.display());
+        return Ok(path.to_owned());
+    }
+    std::fs::rename(path, &named)
+        .with_context(|| format!("cannot rename {} to {}", path.display(), named.display()))?;
+    Ok(named)
 }
 
 /// `x-pid1-1.ntff` → `x-pid1-1-fail2.ntff`.

@@ -7,6 +7,7 @@
 
 mod capture;
 mod inspect;
+mod ranks;
 mod snapshot;
 mod view;
 

@@ -4,6 +4,8 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+
+use crate::ranks;
 use clap::{Args, ValueEnum};
 use neuron_datastore::EventType;
 use neuron_datastore::MAX_CORES;
@@ -20,7 +22,9 @@ pub(crate) struct ViewArgs {
     #[arg(short = 's', long = "session-file", value_name = "FILE.ntff", required_unless_present = "session_dir")]
     session_file: Option<PathBuf>,
     /// A directory of NTFF files (as `inspect` writes): each is summarised in turn, or
-    /// all are exported as one trace with a process per file.
+    /// all are exported as one trace with a process per file. A job's rank profiles
+    /// (`profile_rank_<id>.ntff`) are also read together first: their collectives on one
+    /// clock, per collective and with the straggler finding (summary-text).
     #[arg(short = 'd', long = "session-dir", value_name = "DIR", conflicts_with = "session_file")]
     session_dir: Option<PathBuf>,
     /// What to print. Without it, the web dashboard opens on the profile (or on the
@@ -88,6 +92,19 @@ pub(crate) fn view(args: ViewArgs) -> Result<()> {
         )),
         None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
     };
+    // A directory of a job's ranks: their collectives together first.
+    let rank_files: Vec<&PathBuf> = files
+        .iter()
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("profile_rank_")))
+        .collect();
+    if format == OutputFormat::SummaryText && args.session_dir.is_some() && !rank_files.is_empty() {
+        let profiles: Vec<ranks::RankProfile> =
+            rank_files.iter().map(|p| ranks::read(p)).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect();
+        let views = ranks::views(&profiles);
+        if views.iter().any(|v| v.members.len() > 1) {
+            writeln!(out, "{}", ranks::report(&profiles, &views))?;
+        }
+    }
     let mut summaries = Vec::new();
     for path in &files {
         let file = NtffFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;

@@ -1,0 +1,256 @@
+//! The profiles of a job's ranks, read together: each file's `cc_running` spans put on
+//! the job's one clock through the file's own `clock_offset` events, then the same
+//! group view the live tools show (`neuron_datastore::ranks`) over every collective of
+//! the profiles: a table per collective (operation, bytes, algorithm, arrival skew, last
+//! arriver, duration, algbw, busbw) and the straggler finding, with the clocks'
+//! uncertainty stated.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use neuron_datastore::flight::{CollectiveEntry, Position};
+use neuron_datastore::ranks::{GroupView, RuntimeRecords, StragglerRule, format_ns, group_views};
+use neuron_datastore::{
+    ClockOffsetRecord, CollectiveAlgorithm, CollectiveOp, CommunicatorRecord, EventData, Phase, RankRecord,
+};
+use neuron_record::to_system_event;
+use ntff::NtffFile;
+
+/// One profile's collectives, on the job's clock.
+#[derive(Debug)]
+pub(crate) struct RankProfile {
+    pub(crate) path: PathBuf,
+    pub(crate) records: RuntimeRecords,
+    /// How many `clock_offset` anchors the file holds (0: its clock is taken as the
+    /// root's, which holds for rank 0's process and a job of one process).
+    pub(crate) anchors: usize,
+}
+
+/// A collective's start, until its stop.
+struct Open {
+    at_ns: u64,
+    entry: CollectiveEntry,
+    rank: u32,
+    communicator: u32,
+}
+
+/// Reads `path`'s collectives; `None` when it holds none.
+pub(crate) fn read(path: &Path) -> Result<Option<RankProfile>> {
+    let file = NtffFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let pid = file.metadata().pid;
+    let mut anchors: Vec<(u64, i64, u64)> = Vec::new();
+    let mut opened: HashMap<u64, Open> = HashMap::new();
+    let mut spans: Vec<(Open, u64)> = Vec::new();
+    let infos = file.chunks().to_vec();
+    file.for_each_chunk(&infos, 2, |_, chunk| -> Result<()> {
+        let chunk = chunk?;
+        for e in &chunk.system {
+            let Some(event) = to_system_event(&file, e) else { continue };
+            match (&event.data, event.phase) {
+                (EventData::ClockOffset { offset_ns, uncertainty_ns }, _) => {
+                    anchors.push((event.timestamp_ns, *offset_ns, *uncertainty_ns));
+                }
+                (
+                    EventData::Collective { operation, algorithm, bytes, op_id, rank, sequence, communicator, .. },
+                    Phase::Start,
+                ) => {
+                    let (Some(operation), Some(algorithm)) = (op_of(operation), algorithm_of(algorithm)) else {
+                        continue;
+                    };
+                    let entry = CollectiveEntry {
+                        position: Position { sequence: *sequence, index: (*op_id).min(u32::from(u16::MAX)) as u16 },
+                        operation,
+                        algorithm,
+                        group: 0,
+                        bytes: *bytes,
+                        arrived_ns: 0,
+                        departed_ns: None,
+                    };
+                    let open = Open { at_ns: event.timestamp_ns, entry, rank: *rank, communicator: *communicator };
+                    opened.insert(event.tracking_id, open);
+                }
+                (EventData::Collective { status, .. }, Phase::Stop) => {
+                    if let Some(open) = opened.remove(&event.tracking_id).filter(|_| status.is_none()) {
+                        spans.push((open, event.timestamp_ns));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    })?;
+    if spans.is_empty() {
+        return Ok(None);
+    }
+    anchors.sort_by_key(|a| a.0);
+    // A time of this process on the root's clock: by the latest anchor before it (the
+    // first, before any).
+    let root = |t: u64| {
+        let at = anchors.partition_point(|a| a.0 <= t).saturating_sub(1);
+        anchors.get(at).map_or(t, |a| t.saturating_add_signed(a.1))
+    };
+    let uncertainty = anchors.iter().map(|a| a.2).max().unwrap_or(0);
+    let mut members: BTreeMap<(u32, u32), RankRecord> = BTreeMap::new();
+    for (open, stop) in spans {
+        let member = members.entry((open.communicator, open.rank)).or_insert_with(|| RankRecord {
+            rank: open.rank,
+            pid,
+            host: String::new(),
+            core: None,
+            in_this_process: true,
+            gone: false,
+            enqueued: None,
+            started: None,
+            operation: None,
+            completed: None,
+            uncertainty_ns: uncertainty,
+            waiting: None,
+            history: Vec::new(),
+        });
+        let entry = CollectiveEntry { arrived_ns: root(open.at_ns), departed_ns: Some(root(stop)), ..open.entry };
+        member.completed = member.completed.max(Some(entry.position));
+        member.history.push(entry);
+    }
+    let mut communicators: BTreeMap<u32, CommunicatorRecord> = BTreeMap::new();
+    for ((id, _), mut member) in members {
+        member.history.sort_by_key(|e| e.position);
+        let comm = communicators.entry(id).or_insert_with(|| CommunicatorRecord {
+            id,
+            name: format!("communicator {id}"),
+            ranks: 0,
+            across: true,
+            members: Vec::new(),
+        });
+        comm.members.push(member);
+    }
+    let records = RuntimeRecords {
+        pid,
+        clock: anchors.last().map(|a| ClockOffsetRecord { offset_ns: a.1, uncertainty_ns: uncertainty }),
+        communicators: communicators.into_values().collect(),
+        activity: Default::default(),
+    };
+    Ok(Some(RankProfile { path: path.to_owned(), records, anchors: anchors.len() }))
+}
+
+fn op_of(name: &str) -> Option<CollectiveOp> {
+    [
+        CollectiveOp::AllReduce,
+        CollectiveOp::AllGather,
+        CollectiveOp::ReduceScatter,
+        CollectiveOp::AllToAll,
+        CollectiveOp::Barrier,
+        CollectiveOp::Send,
+        CollectiveOp::Recv,
+    ]
+    .into_iter()
+    .find(|op| op.name() == name)
+}
+
+fn algorithm_of(name: &str) -> Option<CollectiveAlgorithm> {
+    [CollectiveAlgorithm::Ring, CollectiveAlgorithm::AllToAll].into_iter().find(|a| a.name() == name)
+}
+
+/// The group views of the profiles' communicators, over every collective they hold.
+pub(crate) fn views(profiles: &[RankProfile]) -> Vec<GroupView> {
+    let mut records: Vec<RuntimeRecords> = profiles.iter().map(|p| p.records.clone()).collect();
+    // The rank count is the ranks seen (the profiles say no more).
+    let mut counts: BTreeMap<u32, u32> = BTreeMap::new();
+    for comm in records.iter().flat_map(|r| &r.communicators) {
+        *counts.entry(comm.id).or_default() += comm.members.len() as u32;
+    }
+    for comm in records.iter_mut().flat_map(|r| r.communicators.iter_mut()) {
+        comm.ranks = counts.get(&comm.id).copied().unwrap_or(0);
+    }
+    let rule = StragglerRule { window: usize::MAX, ..StragglerRule::default() };
+    group_views(&records, &rule, 0)
+}
+
+/// The ranks' report: per communicator, the clocks, the findings and the collectives.
+pub(crate) fn report(profiles: &[RankProfile], views: &[GroupView]) -> String {
+    let mut out = String::new();
+    let anchored = profiles.iter().filter(|p| p.anchors > 0).count();
+    let _ = writeln!(
+        out,
+        "Ranks: {} profiles with collectives; {} of them with clock anchors (the others are on the root's clock)",
+        profiles.len(),
+        anchored
+    );
+    for profile in profiles {
+        let ranks: Vec<String> =
+            profile.records.communicators.iter().flat_map(|c| c.members.iter().map(|m| m.rank.to_string())).collect();
+        let name = profile
+            .path
+            .file_name()
+            .map_or_else(|| profile.path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let _ = writeln!(out, "  {name}: pid {}, rank {}", profile.records.pid, ranks.join(", "));
+    }
+    for view in views {
+        let _ = writeln!(
+            out,
+            "\ncommunicator {}: {} ranks; orderings closer than ±{} (the clocks' uncertainty) are ties",
+            view.id,
+            view.members.len(),
+            format_ns(view.uncertainty_ns)
+        );
+        let _ = writeln!(out, "Findings:");
+        match &view.straggler {
+            Some(s) => {
+                let _ = writeln!(out, "  1. {}", s.text);
+            }
+            None => {
+                let complete = view.collectives.iter().filter(|c| c.complete).count();
+                let _ = writeln!(out, "  none: no rank arrived last in most of the {complete} complete collectives");
+            }
+        }
+        let _ = writeln!(
+            out,
+            "Collectives ({}):\n  {:>8} {:<14} {:>10} {:<10} {:>10} {:>6} {:>10} {:>9} {:>9}",
+            view.collectives.len(),
+            "seq",
+            "operation",
+            "bytes",
+            "algorithm",
+            "skew",
+            "last",
+            "duration",
+            "algbw",
+            "busbw"
+        );
+        let n = view.members.len().max(1) as f64;
+        for c in &view.collectives {
+            // Duration: from the last arrival to the last departure (the data's time).
+            let last_arrival = c.arrivals.iter().map(|a| a.1).max().unwrap_or(0);
+            let departures = view
+                .members
+                .iter()
+                .filter_map(|m| profiles.iter().find_map(|p| departure(p, view.id, m.rank, c.position)))
+                .max();
+            let duration = departures.map(|d| d.saturating_sub(last_arrival));
+            let algbw = duration.filter(|&d| d > 0).map(|d| c.bytes as f64 / d as f64);
+            let factor = if c.operation == "all-reduce" { 2.0 * (n - 1.0) / n } else { (n - 1.0) / n };
+            let gbs = |v: Option<f64>| v.map_or_else(|| "N/A".to_owned(), |v| format!("{v:.3}"));
+            let _ = writeln!(
+                out,
+                "  {:>8} {:<14} {:>10} {:<10} {:>10} {:>6} {:>10} {:>9} {:>9}",
+                c.position.to_string(),
+                c.operation,
+                c.bytes,
+                c.algorithm,
+                format_ns(c.skew_ns),
+                c.last.map_or_else(|| if c.complete { "tie".to_owned() } else { "?".to_owned() }, |r| r.to_string()),
+                duration.map_or_else(|| "N/A".to_owned(), format_ns),
+                gbs(algbw),
+                gbs(algbw.map(|a| a * factor)),
+            );
+        }
+    }
+    out
+}
+
+fn departure(profile: &RankProfile, id: u32, rank: u32, at: Position) -> Option<u64> {
+    let comm = profile.records.communicators.iter().find(|c| c.id == id)?;
+    let member = comm.members.iter().find(|m| m.rank == rank)?;
+    member.history.iter().find(|e| e.position == at)?.departed_ns
+}

@@ -1,0 +1,63 @@
+//! A job's profiles per rank: `neuron-profile inspect` under a real `mpirun` (one
+//! process per rank) writes each process's profile as `profile_rank_<id>.ntff`, and
+//! `view -d` reads them together: every collective on one clock, in a table, and the
+//! rank made late by `cc_delay` named as the first finding.
+
+use std::process::Command;
+
+use neuron_test_support::process::{Sandbox, mpirun};
+
+#[test]
+fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_rank() {
+    let sandbox = Sandbox::new();
+    let profiles = sandbox.path().join("profiles");
+    let hlo = sandbox.path().join("allreduce.hlo");
+    std::fs::write(
+        &hlo,
+        "HloModule allreduce\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\
+         ENTRY e {\n  x = f32[4096]{0} parameter(0)\n  ROOT r = f32[4096]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n",
+    )
+    .expect("write");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port();
+    let mut program = Command::new(env!("CARGO_BIN_EXE_neuron-profile"));
+    sandbox
+        .env(&mut program)
+        .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge")
+        .env("NEURON_RT_NUM_CORES", "1")
+        .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{port}"))
+        .env("NEURON_RT_FAULT_INJECT", "cc_delay:rank=2:delay=20ms")
+        .args(["inspect", "-o"])
+        .arg(&profiles)
+        .arg(env!("CARGO_BIN_EXE_neuron-bench"))
+        .args(["exec", "--iterations", "12"])
+        .arg(&hlo);
+    let Some(mut mpirun) = mpirun(4, &program) else { return };
+    let output = mpirun.output().expect("mpirun runs");
+    let log = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(output.status.success(), "{log}");
+    let mut names: Vec<String> = std::fs::read_dir(&profiles)
+        .expect("the profiles")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["profile_rank_0.ntff", "profile_rank_1.ntff", "profile_rank_2.ntff", "profile_rank_3.ntff"]);
+
+    let view = Command::new(env!("CARGO_BIN_EXE_neuron-profile"))
+        .args(["view", "-d"])
+        .arg(&profiles)
+        .args(["--output-format", "summary-text"])
+        .output()
+        .expect("view runs");
+    let text = String::from_utf8_lossy(&view.stdout);
+    assert!(view.status.success(), "{text}{}", String::from_utf8_lossy(&view.stderr));
+    assert!(text.starts_with("Ranks: 4 profiles with collectives; 4 of them with clock anchors"), "{text}");
+    assert!(text.contains(": 4 ranks; orderings closer than ±"), "{text}");
+    let finding = text.lines().find(|l| l.starts_with("  1. ")).unwrap_or_else(|| panic!("no finding: {text}"));
+    assert!(finding.starts_with("  1. rank 2 (pid ") && finding.contains("of 12 collectives"), "{finding}");
+    let rows: Vec<&str> =
+        text.lines().filter(|l| l.trim_start().starts_with('#') && l.contains("all-reduce")).collect();
+    assert_eq!(rows.len(), 12, "a row per collective: {text}");
+    // Columns: seq, operation, bytes, algorithm, skew (a number and a unit), last, …
+    assert!(rows.iter().filter(|r| r.split_whitespace().nth(6) == Some("2")).count() >= 11, "rank 2 last: {text}");
+}
