@@ -60,4 +60,20 @@ fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_ran
     assert_eq!(rows.len(), 12, "a row per collective: {text}");
     // Columns: seq, operation, bytes, algorithm, skew (a number and a unit), last, …
     assert!(rows.iter().filter(|r| r.split_whitespace().nth(6) == Some("2")).count() >= 11, "rank 2 last: {text}");
+
+    // The same as JSON, beside each file's summary.
+    let json = Command::new(env!("CARGO_BIN_EXE_neuron-profile"))
+        .args(["view", "-d"])
+        .arg(&profiles)
+        .args(["--output-format", "summary-json"])
+        .output()
+        .expect("view runs");
+    assert!(json.status.success(), "{}", String::from_utf8_lossy(&json.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
+    let comm = &json["ranks"]["communicators"][0];
+    assert_eq!(comm["straggler"]["rank"], 2, "{comm:#}");
+    assert_eq!(comm["collectives"].as_array().map(Vec::len), Some(12));
+    assert!(comm["collectives"][5]["busbw_gb_per_s"].as_f64().is_some_and(|b| b > 0.0), "{comm:#}");
+    assert_eq!(json["ranks"]["profiles"].as_array().map(Vec::len), Some(4));
+    assert_eq!(json["files"].as_array().map(Vec::len), Some(4), "each file's summary");
 }

@@ -11,12 +11,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use neuron_datastore::flight::{CollectiveEntry, Position};
-use neuron_datastore::ranks::{GroupView, RuntimeRecords, StragglerRule, format_ns, group_views};
+use neuron_datastore::ranks::{GroupView, RuntimeRecords, Straggler, StragglerRule, format_ns, group_views};
 use neuron_datastore::{
     ClockOffsetRecord, CollectiveAlgorithm, CollectiveOp, CommunicatorRecord, EventData, Phase, RankRecord,
 };
 use neuron_record::to_system_event;
 use ntff::NtffFile;
+use serde::Serialize;
 
 /// One profile's collectives, on the job's clock.
 #[derive(Debug)]
@@ -167,86 +168,177 @@ pub(crate) fn views(profiles: &[RankProfile]) -> Vec<GroupView> {
     group_views(&records, &rule, 0)
 }
 
-/// The ranks' report: per communicator, the clocks, the findings and the collectives.
-pub(crate) fn report(profiles: &[RankProfile], views: &[GroupView]) -> String {
-    let mut out = String::new();
-    let anchored = profiles.iter().filter(|p| p.anchors > 0).count();
-    let _ = writeln!(
-        out,
-        "Ranks: {} profiles with collectives; {} of them with clock anchors (the others are on the root's clock)",
-        profiles.len(),
-        anchored
-    );
-    for profile in profiles {
-        let ranks: Vec<String> =
-            profile.records.communicators.iter().flat_map(|c| c.members.iter().map(|m| m.rank.to_string())).collect();
-        let name = profile
-            .path
-            .file_name()
-            .map_or_else(|| profile.path.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let _ = writeln!(out, "  {name}: pid {}, rank {}", profile.records.pid, ranks.join(", "));
-    }
-    for view in views {
-        let _ = writeln!(
-            out,
-            "\ncommunicator {}: {} ranks; orderings closer than ±{} (the clocks' uncertainty) are ties",
-            view.id,
-            view.members.len(),
-            format_ns(view.uncertainty_ns)
-        );
-        let _ = writeln!(out, "Findings:");
-        match &view.straggler {
-            Some(s) => {
-                let _ = writeln!(out, "  1. {}", s.text);
-            }
-            None => {
-                let complete = view.collectives.iter().filter(|c| c.complete).count();
-                let _ = writeln!(out, "  none: no rank arrived last in most of the {complete} complete collectives");
-            }
-        }
-        let _ = writeln!(
-            out,
-            "Collectives ({}):\n  {:>8} {:<14} {:>10} {:<10} {:>10} {:>6} {:>10} {:>9} {:>9}",
-            view.collectives.len(),
-            "seq",
-            "operation",
-            "bytes",
-            "algorithm",
-            "skew",
-            "last",
-            "duration",
-            "algbw",
-            "busbw"
-        );
-        let n = view.members.len().max(1) as f64;
-        for c in &view.collectives {
-            // Duration: from the last arrival to the last departure (the data's time).
-            let last_arrival = c.arrivals.iter().map(|a| a.1).max().unwrap_or(0);
-            let departures = view
-                .members
+/// The ranks' report: the profiles, and per communicator the clocks, the findings and
+/// the collectives (`summary-text` prints it, `summary-json` gives it as `ranks`).
+#[derive(Debug, Serialize)]
+pub(crate) struct Report {
+    profiles: Vec<ProfileLine>,
+    communicators: Vec<CommunicatorReport>,
+}
+
+#[derive(Debug, Serialize)]
+struct ProfileLine {
+    file: String,
+    pid: u32,
+    ranks: Vec<u32>,
+    /// `clock_offset` events in the file (0: on the root's clock).
+    clock_anchors: usize,
+}
+
+#[derive(Debug, Serialize)]
+struct CommunicatorReport {
+    id: u32,
+    ranks: usize,
+    /// Orderings closer than this are ties.
+    clock_uncertainty_ns: u64,
+    /// Ranked by the time they could save; the straggler first.
+    findings: Vec<String>,
+    straggler: Option<Straggler>,
+    collectives: Vec<CollectiveRow>,
+}
+
+#[derive(Debug, Serialize)]
+struct CollectiveRow {
+    sequence: u32,
+    index: u16,
+    operation: &'static str,
+    bytes: u64,
+    algorithm: &'static str,
+    complete: bool,
+    skew_ns: u64,
+    /// `None`: a tie within the clocks' uncertainty, or a rank missing.
+    last_arriver: Option<u32>,
+    /// From the last arrival to the last departure (the data's time).
+    duration_ns: Option<u64>,
+    algbw_gb_per_s: Option<f64>,
+    busbw_gb_per_s: Option<f64>,
+}
+
+pub(crate) fn report(profiles: &[RankProfile], views: &[GroupView]) -> Report {
+    let profiles_out = profiles
+        .iter()
+        .map(|p| ProfileLine {
+            file: p.path.file_name().map_or_else(|| p.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
+            pid: p.records.pid,
+            ranks: p.records.communicators.iter().flat_map(|c| c.members.iter().map(|m| m.rank)).collect(),
+            clock_anchors: p.anchors,
+        })
+        .collect();
+    let communicators = views
+        .iter()
+        .map(|view| {
+            let n = view.members.len().max(1) as f64;
+            let collectives = view
+                .collectives
                 .iter()
-                .filter_map(|m| profiles.iter().find_map(|p| departure(p, view.id, m.rank, c.position)))
-                .max();
-            let duration = departures.map(|d| d.saturating_sub(last_arrival));
-            let algbw = duration.filter(|&d| d > 0).map(|d| c.bytes as f64 / d as f64);
-            let factor = if c.operation == "all-reduce" { 2.0 * (n - 1.0) / n } else { (n - 1.0) / n };
-            let gbs = |v: Option<f64>| v.map_or_else(|| "N/A".to_owned(), |v| format!("{v:.3}"));
+                .map(|c| {
+                    let last_arrival = c.arrivals.iter().map(|a| a.1).max().unwrap_or(0);
+                    let departures = view
+                        .members
+                        .iter()
+                        .filter_map(|m| profiles.iter().find_map(|p| departure(p, view.id, m.rank, c.position)))
+                        .max();
+                    let duration_ns = departures.map(|d| d.saturating_sub(last_arrival));
+                    let algbw = duration_ns.filter(|&d| d > 0).map(|d| c.bytes as f64 / d as f64);
+                    let factor = if c.operation == "all-reduce" { 2.0 * (n - 1.0) / n } else { (n - 1.0) / n };
+                    CollectiveRow {
+                        sequence: c.position.sequence,
+                        index: c.position.index,
+                        operation: c.operation,
+                        bytes: c.bytes,
+                        algorithm: c.algorithm,
+                        complete: c.complete,
+                        skew_ns: c.skew_ns,
+                        last_arriver: c.last,
+                        duration_ns,
+                        algbw_gb_per_s: algbw,
+                        busbw_gb_per_s: algbw.map(|a| a * factor),
+                    }
+                })
+                .collect();
+            CommunicatorReport {
+                id: view.id,
+                ranks: view.members.len(),
+                clock_uncertainty_ns: view.uncertainty_ns,
+                findings: view.straggler.iter().map(|s| s.text.clone()).collect(),
+                straggler: view.straggler.clone(),
+                collectives,
+            }
+        })
+        .collect();
+    Report { profiles: profiles_out, communicators }
+}
+
+impl Report {
+    /// For people.
+    pub(crate) fn to_text(&self) -> String {
+        let mut out = String::new();
+        let anchored = self.profiles.iter().filter(|p| p.clock_anchors > 0).count();
+        let _ = writeln!(
+            out,
+            "Ranks: {} profiles with collectives; {} of them with clock anchors (the others are on the root's clock)",
+            self.profiles.len(),
+            anchored
+        );
+        for p in &self.profiles {
+            let ranks: Vec<String> = p.ranks.iter().map(u32::to_string).collect();
+            let _ = writeln!(out, "  {}: pid {}, rank {}", p.file, p.pid, ranks.join(", "));
+        }
+        for comm in &self.communicators {
             let _ = writeln!(
                 out,
-                "  {:>8} {:<14} {:>10} {:<10} {:>10} {:>6} {:>10} {:>9} {:>9}",
-                c.position.to_string(),
-                c.operation,
-                c.bytes,
-                c.algorithm,
-                format_ns(c.skew_ns),
-                c.last.map_or_else(|| if c.complete { "tie".to_owned() } else { "?".to_owned() }, |r| r.to_string()),
-                duration.map_or_else(|| "N/A".to_owned(), format_ns),
-                gbs(algbw),
-                gbs(algbw.map(|a| a * factor)),
+                "\ncommunicator {}: {} ranks; orderings closer than ±{} (the clocks' uncertainty) are ties",
+                comm.id,
+                comm.ranks,
+                format_ns(comm.clock_uncertainty_ns)
             );
+            let _ = writeln!(out, "Findings:");
+            if comm.findings.is_empty() {
+                let complete = comm.collectives.iter().filter(|c| c.complete).count();
+                let _ = writeln!(out, "  none: no rank arrived last in most of the {complete} complete collectives");
+            }
+            for (k, finding) in comm.findings.iter().enumerate() {
+                let _ = writeln!(out, "  {}. {finding}", k + 1);
+            }
+            let _ = writeln!(
+                out,
+                "Collectives ({}):\n  {:>8} {:<14} {:>10} {:<10} {:>10} {:>6} {:>10} {:>9} {:>9}",
+                comm.collectives.len(),
+                "seq",
+                "operation",
+                "bytes",
+                "algorithm",
+                "skew",
+                "last",
+                "duration",
+                "algbw",
+                "busbw"
+            );
+            let gbs = |v: Option<f64>| v.map_or_else(|| "N/A".to_owned(), |v| format!("{v:.3}"));
+            for c in &comm.collectives {
+                let position = Position { sequence: c.sequence, index: c.index };
+                let last = match (c.last_arriver, c.complete) {
+                    (Some(r), _) => r.to_string(),
+                    (None, true) => "tie".to_owned(),
+                    (None, false) => "?".to_owned(),
+                };
+                let _ = writeln!(
+                    out,
+                    "  {:>8} {:<14} {:>10} {:<10} {:>10} {:>6} {:>10} {:>9} {:>9}",
+                    position.to_string(),
+                    c.operation,
+                    c.bytes,
+                    c.algorithm,
+                    format_ns(c.skew_ns),
+                    last,
+                    c.duration_ns.map_or_else(|| "N/A".to_owned(), format_ns),
+                    gbs(c.algbw_gb_per_s),
+                    gbs(c.busbw_gb_per_s),
+                );
+            }
         }
+        out
     }
-    out
 }
 
 fn departure(profile: &RankProfile, id: u32, rank: u32, at: Position) -> Option<u64> {

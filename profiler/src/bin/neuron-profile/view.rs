@@ -23,8 +23,9 @@ pub(crate) struct ViewArgs {
     session_file: Option<PathBuf>,
     /// A directory of NTFF files (as `inspect` writes): each is summarised in turn, or
     /// all are exported as one trace with a process per file. A job's rank profiles
-    /// (`profile_rank_<id>.ntff`) are also read together first: their collectives on one
-    /// clock, per collective and with the straggler finding (summary-text).
+    /// (`profile_rank_<id>.ntff`) are also read together: their collectives on one
+    /// clock, per collective and with the straggler finding (summary-text first;
+    /// summary-json as `{"ranks": …, "files": [summaries]}`).
     #[arg(short = 'd', long = "session-dir", value_name = "DIR", conflicts_with = "session_file")]
     session_dir: Option<PathBuf>,
     /// What to print. Without it, the web dashboard opens on the profile (or on the
@@ -97,12 +98,18 @@ pub(crate) fn view(args: ViewArgs) -> Result<()> {
         .iter()
         .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("profile_rank_")))
         .collect();
-    if format == OutputFormat::SummaryText && args.session_dir.is_some() && !rank_files.is_empty() {
+    let mut ranks_report = None;
+    let summary = matches!(format, OutputFormat::SummaryText | OutputFormat::SummaryJson);
+    if summary && args.session_dir.is_some() && !rank_files.is_empty() {
         let profiles: Vec<ranks::RankProfile> =
             rank_files.iter().map(|p| ranks::read(p)).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect();
         let views = ranks::views(&profiles);
         if views.iter().any(|v| v.members.len() > 1) {
-            writeln!(out, "{}", ranks::report(&profiles, &views))?;
+            let report = ranks::report(&profiles, &views);
+            if format == OutputFormat::SummaryText {
+                writeln!(out, "{}", report.to_text())?;
+            }
+            ranks_report = Some(report);
         }
     }
     let mut summaries = Vec::new();
@@ -124,7 +131,10 @@ pub(crate) fn view(args: ViewArgs) -> Result<()> {
         }
     }
     if format == OutputFormat::SummaryJson {
-        if summaries.len() == 1 {
+        if let Some(report) = ranks_report {
+            // A job's ranks: their report beside each file's summary.
+            serde_json::to_writer_pretty(&mut out, &serde_json::json!({"ranks": report, "files": summaries}))?;
+        } else if summaries.len() == 1 {
             serde_json::to_writer_pretty(&mut out, &summaries[0])?;
         } else {
             serde_json::to_writer_pretty(&mut out, &summaries)?;
