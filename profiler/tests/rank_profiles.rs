@@ -6,6 +6,8 @@
 use std::process::Command;
 
 use neuron_test_support::process::{Sandbox, mpirun};
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::record::Field;
 
 #[test]
 fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_rank() {
@@ -76,4 +78,39 @@ fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_ran
     assert!(comm["collectives"][5]["busbw_gb_per_s"].as_f64().is_some_and(|b| b > 0.0), "{comm:#}");
     assert_eq!(json["ranks"]["profiles"].as_array().map(Vec::len), Some(4));
     assert_eq!(json["files"].as_array().map(Vec::len), Some(4), "each file's summary");
+
+    // The Parquet tables give each system event its rank and communicator.
+    let tables = sandbox.path().join("tables");
+    let parquet = Command::new(env!("CARGO_BIN_EXE_neuron-profile"))
+        .args(["view", "-d"])
+        .arg(&profiles)
+        .args(["--output-format", "parquet", "--output-file"])
+        .arg(&tables)
+        .output()
+        .expect("view runs");
+    assert!(parquet.status.success(), "{}", String::from_utf8_lossy(&parquet.stderr));
+    let mut checked = 0;
+    for dir in std::fs::read_dir(&tables).expect("a directory per file").flatten() {
+        let rank: u32 = dir.file_name().to_string_lossy().trim_start_matches("profile_rank_").parse().expect("a rank");
+        let file = std::fs::File::open(dir.path().join("system_events.parquet")).expect("system_events");
+        let reader = SerializedFileReader::new(file).expect("Parquet");
+        let (mut communicators, mut collectives) = (std::collections::BTreeSet::new(), 0);
+        for row in reader.get_row_iter(None).expect("rows") {
+            let row = row.expect("a row");
+            let field = |name: &str| row.get_column_iter().find(|(n, _)| n.as_str() == name).map(|(_, f)| f.clone());
+            if field("name") != Some(Field::Str("cc_running".into())) {
+                continue;
+            }
+            collectives += 1;
+            assert_eq!(field("rank"), Some(Field::UInt(rank)), "{row:?}");
+            match field("communicator") {
+                Some(Field::UInt(id)) => communicators.insert(id),
+                other => panic!("no communicator: {other:?}"),
+            };
+        }
+        assert_eq!(collectives, 24, "12 collectives, a start and a stop each, of rank {rank}");
+        assert_eq!(communicators.len(), 1, "one communicator");
+        checked += 1;
+    }
+    assert_eq!(checked, 4);
 }

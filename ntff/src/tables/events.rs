@@ -54,6 +54,8 @@ pub(super) struct SystemColumns {
     exec_id: usize,
     model_id: usize,
     nrta_seq_id: usize,
+    rank: usize,
+    communicator: usize,
     args: usize,
     /// Keys of the phases (start, stop, instant) and clocks (host, device).
     phases: [i32; 3],
@@ -77,6 +79,8 @@ impl SystemColumns {
             exec_id: t.position("exec_id"),
             model_id: t.position("model_id"),
             nrta_seq_id: t.position("nrta_seq_id"),
+            rank: t.position("rank"),
+            communicator: t.position("communicator"),
             args: t.position("args"),
             phases: [Phase::Start, Phase::Stop, Phase::Instant].map(|p| t.key(phase, p.name())),
             clocks: ["host", "device"].map(|c| t.key(clock, c)),
@@ -150,10 +154,23 @@ pub(super) fn system_rows(
         t.col::<u64>(c.exec_id).extend_options(events.iter().map(|e| e.exec_id));
         t.col::<u32>(c.model_id).extend_options(events.iter().map(|e| e.model_id));
         t.col::<u64>(c.nrta_seq_id).extend_options(events.iter().map(|e| e.nrta_seq_id));
+        let (rank, communicator) = (file.find_string("rank"), file.find_string("communicator"));
+        t.col::<u32>(c.rank).extend_options(events.iter().map(|e| u32_arg(e, rank)));
+        t.col::<u32>(c.communicator).extend_options(events.iter().map(|e| u32_arg(e, communicator)));
         t.add_rows(n, text_bytes)?;
         start = end;
     }
     Ok(left_out)
+}
+
+/// The value of `e`'s first argument named `key` (a string the file holds), when it is a
+/// `u32`.
+fn u32_arg(e: &SystemEvent, key: Option<Sym>) -> Option<u32> {
+    let key = key?;
+    e.args.iter().find(|a| a.key == key).and_then(|a| match a.value {
+        crate::ArgValue::U64(v) => u32::try_from(v).ok(),
+        _ => None,
+    })
 }
 
 /// Host time of a system event of a chunk whose core's clock is `to_host`.

@@ -88,6 +88,8 @@ const SYSTEM_EVENTS: &[Column] = &[
     ("exec_id", Kind::U64, true),
     ("model_id", Kind::U32, true),
     ("nrta_seq_id", Kind::U64, true),
+    ("rank", Kind::U32, true),
+    ("communicator", Kind::U32, true),
     ("args", Kind::Text, true),
 ];
 
