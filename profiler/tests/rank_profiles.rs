@@ -113,4 +113,23 @@ fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_ran
         checked += 1;
     }
     assert_eq!(checked, 4);
+
+    // Perfetto: a process per rank, and one flow through each collective's parts.
+    let trace = sandbox.path().join("job.pftrace");
+    let perfetto = Command::new(env!("CARGO_BIN_EXE_neuron-profile"))
+        .args(["view", "-d"])
+        .arg(&profiles)
+        .args(["--output-format", "perfetto", "--output-file"])
+        .arg(&trace)
+        .output()
+        .expect("view runs");
+    let said = String::from_utf8_lossy(&perfetto.stderr);
+    assert!(perfetto.status.success(), "{said}");
+    assert!(said.contains("48 parts of collectives joined across the ranks"), "4 ranks × 12: {said}");
+    let check = ntff::export::verify_perfetto(&std::fs::read(&trace).expect("the trace")).expect("a valid trace");
+    let processes = check.tracks.iter().filter(|t| t.parent_uuid.is_none()).count();
+    assert_eq!(processes, 4, "a process per rank");
+    // Each execution's flow to its device execution, and the collectives' 48.
+    let executions: u64 = check.tracks.iter().map(|t| t.slice_names.get("nc_exec_running").copied().unwrap_or(0)).sum();
+    assert_eq!(check.flows, executions + 48, "{check:?}");
 }

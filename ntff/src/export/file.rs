@@ -586,7 +586,7 @@ impl<'f> FileExport<'f> {
                 return self.span(layout, track, e, ts, None, flow_in);
             }
             SystemKind::TensorAllocate | SystemKind::TensorFree => self.memory(layout, core, kind, e, ts)?,
-            SystemKind::Execute | SystemKind::Other => {}
+            SystemKind::Execute | SystemKind::Collective | SystemKind::Other => {}
         }
         if !shown {
             return Ok(());
@@ -598,9 +598,29 @@ impl<'f> FileExport<'f> {
                 self.flows.insert(flow);
                 Some(flow)
             }
+            // The same id in every rank's profile: one flow through the collective's parts.
+            (SystemKind::Collective, Phase::Start, ..) if layout.sink.chains_flows() => {
+                let flow = self.collective_flow(e);
+                layout.summary.collective_flows += u64::from(flow.is_some());
+                flow
+            }
             _ => None,
         };
         self.span(layout, track, e, ts, flow_out, None)
+    }
+
+    /// The flow of a `cc_running` start: from its communicator, sequence and index in
+    /// the execution, which every rank of the collective shares.
+    fn collective_flow(&self, e: &SystemEvent) -> Option<u64> {
+        let arg = |key: &str| {
+            let key = self.file.find_string(key)?;
+            e.args.iter().find(|a| a.key == key).and_then(|a| match a.value {
+                crate::ArgValue::U64(v) => Some(v),
+                _ => None,
+            })
+        };
+        let (communicator, sequence, index) = (arg("communicator")?, arg("sequence")?, arg("op_id")?);
+        Some(collective_flow_id(communicator, sequence, index))
     }
 
     /// Writes a start, stop or instant on a track whose slices pair by tracking id.
@@ -873,6 +893,15 @@ pub(super) fn flow_id(file: u64, core: u32, exec: u64) -> u64 {
     let mut x = exec ^ (u64::from(core) << 48) ^ (file << 56);
     x ^= x >> 33;
     x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 33;
+    x
+}
+
+/// The flow of a collective: the same in every rank's profile, apart from executions'.
+fn collective_flow_id(communicator: u64, sequence: u64, index: u64) -> u64 {
+    let mut x = (communicator << 32 | sequence & 0xffff_ffff) ^ index.rotate_left(17) ^ 0x6363_5f72_756e_0000;
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
     x ^= x >> 33;
     x
 }

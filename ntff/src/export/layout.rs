@@ -185,6 +185,9 @@ pub(super) enum SystemKind {
     TensorFree,
     /// `timestamp_sync_point`: used to align clocks, not drawn.
     SyncPoint,
+    /// `cc_running`: a rank's part of a collective, joined by a flow to the other ranks'
+    /// parts (in formats whose flows chain).
+    Collective,
     Other,
 }
 
@@ -196,6 +199,7 @@ impl SystemKind {
             "nrt_tensor_allocate" => SystemKind::TensorAllocate,
             "nrt_tensor_free" => SystemKind::TensorFree,
             "timestamp_sync_point" => SystemKind::SyncPoint,
+            "cc_running" => SystemKind::Collective,
             _ => SystemKind::Other,
         }
     }

@@ -5,8 +5,10 @@
 //! per NeuronCore holds the core's executions (`nc_exec_running`), one track per engine
 //! and per DMA queue, and counters (utilisation, tensor memory, events lost). Host
 //! threads get thread tracks with the system events as slices, and a flow joins each
-//! `nrt_execute` to the `nc_exec_running` it caused. Device times are moved onto the
-//! host clock through the execution's own sync point.
+//! `nrt_execute` to the `nc_exec_running` it caused. In Perfetto, whose flows chain,
+//! one flow also runs through the `cc_running` slices of a collective in every file
+//! (every rank's profile of a job). Device times are moved onto the host clock through
+//! the execution's own sync point.
 //!
 //! Every track is written in time order with strict nesting: system events nest by
 //! their start/stop pairs; device events that overlap without nesting (which the
@@ -74,6 +76,9 @@ pub struct ExportSummary {
     pub instants: u64,
     pub counter_values: u64,
     pub flows: u64,
+    /// Slices of a rank's part of a collective joined to the other ranks' parts by
+    /// one flow (Perfetto).
+    pub collective_flows: u64,
     /// Bytes written.
     pub bytes: u64,
     /// Events the rings dropped, as recorded in the files.
@@ -307,6 +312,11 @@ pub(crate) trait Sink {
         flow_in: Option<u64>,
     ) -> std::io::Result<()>;
     fn end(&mut self, track: TrackIx, ts: u64) -> std::io::Result<()>;
+    /// Whether a flow id given to several slices chains them in time order (Perfetto's
+    /// `flow_ids`), so that one flow can join the parts of a collective on every rank.
+    fn chains_flows(&self) -> bool {
+        false
+    }
     fn instant(&mut self, track: TrackIx, ts: u64, name: Name<'_>, args: &[Annotation<'_>]) -> std::io::Result<()>;
     fn counter(&mut self, track: TrackIx, ts: u64, value: f64) -> std::io::Result<()>;
     /// Data of `track` was lost before its next event (`reasons`: Perfetto's bits).

@@ -367,6 +367,10 @@ impl<W: Write> Sink for PerfettoSink<W> {
         self.close()
     }
 
+    fn chains_flows(&self) -> bool {
+        true
+    }
+
     fn instant(&mut self, track: TrackIx, ts: u64, name: Name<'_>, args: &[Annotation<'_>]) -> std::io::Result<()> {
         self.open(track, ts)?;
         put_varint_field(&mut self.event, EVENT_TYPE, TYPE_INSTANT);

@@ -256,6 +256,12 @@ fn export(args: &ViewArgs, format: OutputFormat, paths: &[PathBuf]) -> Result<()
         summary.processes,
         summary.bytes
     );
+    if summary.collective_flows > 0 {
+        eprintln!(
+            "{} parts of collectives joined across the ranks by a flow each collective (the profiles' host clocks as they are: one clock on one host)",
+            summary.collective_flows
+        );
+    }
     for problem in summary.problems() {
         eprintln!("note: {problem}");
     }
