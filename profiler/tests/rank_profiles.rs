@@ -56,7 +56,9 @@ fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_ran
     assert!(text.starts_with("Ranks: 4 profiles with collectives; 4 of them with clock anchors"), "{text}");
     assert!(text.contains(": 4 ranks; orderings closer than ±"), "{text}");
     let finding = text.lines().find(|l| l.starts_with("  1. ")).unwrap_or_else(|| panic!("no finding: {text}"));
-    assert!(finding.starts_with("  1. rank 2 (pid ") && finding.contains("of 12 collectives"), "{finding}");
+    // Named with its host and pid, as every tool names a rank.
+    assert!(finding.starts_with("  1. rank 2 (pid ") && finding.contains(" on host "), "{finding}");
+    assert!(finding.contains("of 12 collectives"), "{finding}");
     let rows: Vec<&str> =
         text.lines().filter(|l| l.trim_start().starts_with('#') && l.contains("all-reduce")).collect();
     assert_eq!(rows.len(), 12, "a row per collective: {text}");

@@ -23,6 +23,8 @@ use serde::Serialize;
 #[derive(Debug)]
 pub(crate) struct RankProfile {
     pub(crate) path: PathBuf,
+    /// The host the profile was recorded on.
+    pub(crate) host: String,
     pub(crate) records: RuntimeRecords,
     /// How many `clock_offset` anchors the file holds (0: its clock is taken as the
     /// root's, which holds for rank 0's process and a job of one process).
@@ -40,7 +42,7 @@ struct Open {
 /// Reads `path`'s collectives; `None` when it holds none.
 pub(crate) fn read(path: &Path) -> Result<Option<RankProfile>> {
     let file = NtffFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let pid = file.metadata().pid;
+    let (pid, host) = (file.metadata().pid, file.metadata().host.clone());
     let mut anchors: Vec<(u64, i64, u64)> = Vec::new();
     let mut opened: HashMap<u64, Open> = HashMap::new();
     let mut spans: Vec<(Open, u64)> = Vec::new();
@@ -98,7 +100,7 @@ pub(crate) fn read(path: &Path) -> Result<Option<RankProfile>> {
         let member = members.entry((open.communicator, open.rank)).or_insert_with(|| RankRecord {
             rank: open.rank,
             pid,
-            host: String::new(),
+            host: host.clone(),
             core: None,
             in_this_process: true,
             gone: false,
@@ -132,7 +134,7 @@ pub(crate) fn read(path: &Path) -> Result<Option<RankProfile>> {
         communicators: communicators.into_values().collect(),
         activity: Default::default(),
     };
-    Ok(Some(RankProfile { path: path.to_owned(), records, anchors: anchors.len() }))
+    Ok(Some(RankProfile { path: path.to_owned(), host, records, anchors: anchors.len() }))
 }
 
 fn op_of(name: &str) -> Option<CollectiveOp> {
@@ -179,6 +181,7 @@ pub(crate) struct Report {
 #[derive(Debug, Serialize)]
 struct ProfileLine {
     file: String,
+    host: String,
     pid: u32,
     ranks: Vec<u32>,
     /// `clock_offset` events in the file (0: on the root's clock).
@@ -219,6 +222,7 @@ pub(crate) fn report(profiles: &[RankProfile], views: &[GroupView]) -> Report {
         .iter()
         .map(|p| ProfileLine {
             file: p.path.file_name().map_or_else(|| p.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
+            host: p.host.clone(),
             pid: p.records.pid,
             ranks: p.records.communicators.iter().flat_map(|c| c.members.iter().map(|m| m.rank)).collect(),
             clock_anchors: p.anchors,
@@ -282,7 +286,7 @@ impl Report {
         );
         for p in &self.profiles {
             let ranks: Vec<String> = p.ranks.iter().map(u32::to_string).collect();
-            let _ = writeln!(out, "  {}: pid {}, rank {}", p.file, p.pid, ranks.join(", "));
+            let _ = writeln!(out, "  {}: host {}, pid {}, rank {}", p.file, p.host, p.pid, ranks.join(", "));
         }
         for comm in &self.communicators {
             let _ = writeln!(
