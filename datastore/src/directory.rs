@@ -118,15 +118,46 @@ pub struct ProcessStatus {
     pub state: char,
     /// Field 22: clock ticks after boot.
     pub start_ticks: u64,
+    /// Fields 14 and 15: the process's user and system time, clock ticks.
+    pub user_ticks: u64,
+    pub system_ticks: u64,
 }
 
-/// The state and start time of process `pid`; `None` when there is no such process.
+/// The state, start time and CPU time of process `pid`; `None` when there is no such
+/// process.
 pub fn process_status(pid: u32) -> Option<ProcessStatus> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may contain spaces and parentheses; fields after the
     // last ')' are plain.
     let mut rest = stat[stat.rfind(')')? + 1..].split_whitespace();
     let state = rest.next()?.chars().next()?;
-    let start_ticks = rest.nth(18)?.parse().ok()?;
-    Some(ProcessStatus { state, start_ticks })
+    // Field 4 comes next: field 14 is the 11th from here, 15 the next, 22 the 7th after.
+    let user_ticks = rest.nth(10)?.parse().ok()?;
+    let system_ticks = rest.next()?.parse().ok()?;
+    let start_ticks = rest.nth(6)?.parse().ok()?;
+    Some(ProcessStatus { state, start_ticks, user_ticks, system_ticks })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_status_holds_the_start_time_and_the_cpu_time_of_proc_stat() {
+        let pid = std::process::id();
+        // Some CPU time of our own, so that it is not all zeros.
+        let spin = std::time::Instant::now();
+        while spin.elapsed() < std::time::Duration::from_millis(150) {
+            std::hint::black_box(spin.elapsed());
+        }
+        let status = process_status(pid).expect("our own status");
+        assert_eq!(Some(status.start_ticks), process_start_time(pid));
+        assert!(matches!(status.state, 'R' | 'S'), "{status:?}");
+        assert!(status.user_ticks + status.system_ticks > 0, "150 ms of spinning: {status:?}");
+        let cpu = crate::host::ProcessCpu::read(pid).expect("our own CPU time");
+        // Read a moment apart: the later is not behind.
+        assert!(cpu.user >= status.user_ticks && cpu.system >= status.system_ticks, "{cpu:?} {status:?}");
+        assert!(cpu.user + cpu.system <= status.user_ticks + status.system_ticks + 5, "{cpu:?} {status:?}");
+        assert!(process_status(u32::MAX).is_none());
+    }
 }

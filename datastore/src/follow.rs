@@ -30,9 +30,11 @@ pub struct Followed<T> {
     pub pid: u32,
     /// When it was first seen exited (`None` while it is live).
     pub exited_at: Option<Instant>,
-    /// Its liveness at the last [`Runtimes::mark_exited`] (one look at its `/proc`
-    /// entry per look, which the viewers reuse).
+    /// Its liveness at the last [`Runtimes::mark_exited`], and its process's `/proc`
+    /// status then (its CPU time too): one look at its `/proc` entry per look, which the
+    /// viewers reuse.
     pub liveness: Liveness,
+    pub status: Option<crate::ProcessStatus>,
     /// How the viewers name it: [`RuntimeInfo::label`](crate::RuntimeInfo::label), made
     /// unique among the live runtimes followed (`train.py-4242` for the second
     /// `train.py`).
@@ -104,8 +106,10 @@ impl<T> Runtimes<T> {
             }
             match admit(&reader, &label) {
                 Some(state) => {
-                    self.followed
-                        .insert(pid, Followed { reader, pid, exited_at, liveness: Liveness::Live, label, state });
+                    self.followed.insert(
+                        pid,
+                        Followed { reader, pid, exited_at, liveness: Liveness::Live, status: None, label, state },
+                    );
                 }
                 None => {
                     self.declined.insert(pid);
@@ -118,7 +122,7 @@ impl<T> Runtimes<T> {
     /// Notes which followed runtimes have exited since the last look.
     pub fn mark_exited(&mut self) {
         for followed in self.followed.values_mut().filter(|f| f.exited_at.is_none()) {
-            followed.liveness = followed.reader.liveness();
+            (followed.liveness, followed.status) = followed.reader.liveness_and_status();
             if matches!(followed.liveness, Liveness::Exited(_)) {
                 followed.exited_at = Some(Instant::now());
             }

@@ -146,6 +146,11 @@ pub struct ProcessCpu {
 }
 
 impl ProcessCpu {
+    /// The CPU time in a status already read.
+    pub fn of(status: &crate::ProcessStatus) -> ProcessCpu {
+        ProcessCpu { user: status.user_ticks, system: status.system_ticks }
+    }
+
     pub fn read(pid: u32) -> std::io::Result<ProcessCpu> {
         let text = std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("stat"))?;
         ProcessCpu::parse(&text).ok_or_else(|| std::io::Error::other(format!("unexpected /proc/{pid}/stat")))

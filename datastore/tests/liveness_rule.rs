@@ -18,7 +18,7 @@ proptest! {
         recorded_start in 0u64..5,
         age_ns in prop_oneof![0u64..20_000_000_000, Just(u64::MAX)],
     ) {
-        let status = process.map(|(state, start_ticks)| ProcessStatus { state, start_ticks });
+        let status = process.map(|(state, start_ticks)| ProcessStatus { state, start_ticks, user_ticks: 0, system_ticks: 0 });
         let liveness = Liveness::of(closed, status, recorded_start, age_ns);
         let gone = closed
             || status.is_none_or(|s| matches!(s.state, 'Z' | 'X') || (recorded_start != 0 && s.start_ticks != recorded_start));

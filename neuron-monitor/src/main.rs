@@ -258,7 +258,9 @@ impl Monitor<'_> {
             if !ecc_due && !process.groups.iter().any(is_due) {
                 continue;
             }
-            let current = sample(&followed.reader, followed.pid);
+            // The CPU time the look's liveness read already holds.
+            let cpu = followed.status.as_ref().map(ProcessCpu::of);
+            let current = RuntimeSample { snapshot: followed.reader.snapshot(), models: followed.reader.models(), cpu };
             for followed in process.groups.iter_mut().filter(|g| is_due(g)) {
                 followed.value =
                     runtime_group(followed.group.group, &followed.since, &current, cores_per_device, self.clock);

@@ -261,10 +261,17 @@ impl DatastoreReader {
     /// its process is gone, a zombie, or replaced by another of the same pid; stale
     /// (or stopped) when the process is there but its heartbeat is old.
     pub fn liveness(&self) -> Liveness {
+        self.liveness_and_status().0
+    }
+
+    /// [`liveness`](Self::liveness), and the writer process's `/proc` status it was
+    /// decided from (`None` once closed or gone): one read of `/proc/<pid>/stat` for
+    /// both, which also holds the process's CPU time.
+    pub fn liveness_and_status(&self) -> (Liveness, Option<directory::ProcessStatus>) {
         let closed = self.region.u32(header::STATE).load(Ordering::Acquire) == layout::STATE_CLOSED;
         let process = if closed { None } else { directory::process_status(self.info.pid) };
         let heartbeat = self.region.u64(header::HEARTBEAT_MONO_NS).load(Ordering::Acquire);
-        Liveness::of(closed, process, self.process_start, monotonic_ns().saturating_sub(heartbeat))
+        (Liveness::of(closed, process, self.process_start, monotonic_ns().saturating_sub(heartbeat)), process)
     }
 
     /// Host tick conversion from the header's calibration points.
