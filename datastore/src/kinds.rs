@@ -127,7 +127,7 @@ impl ErrorClass {
 }
 
 /// The operation of a `cc_running` event; the code is the variant's position.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, FromRepr)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, IntoStaticStr, EnumString, FromRepr)]
 #[strum(serialize_all = "kebab-case")]
 #[repr(u8)]
 pub enum CollectiveOp {

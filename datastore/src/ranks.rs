@@ -383,6 +383,8 @@ fn view_of(
 ) -> GroupView {
     let uncertainty_ns = members.values().map(|m| m.uncertainty_ns).max().unwrap_or(0);
     let collectives = collectives_of(&members);
+    // Each collective's first arrival, which every rank's lateness is measured from.
+    let firsts: Vec<u64> = collectives.iter().map(|c| c.arrivals.iter().map(|a| a.1).min().unwrap_or(0)).collect();
     let mut views: Vec<MemberView> = members
         .values()
         .map(|m| MemberView {
@@ -396,10 +398,8 @@ fn view_of(
             completed: m.completed,
             lateness_ns: collectives
                 .iter()
-                .map(|c| {
-                    let first = c.arrivals.iter().map(|a| a.1).min()?;
-                    c.arrivals.iter().find(|a| a.0 == m.rank).map(|a| a.1 - first)
-                })
+                .zip(&firsts)
+                .map(|(c, &first)| c.arrivals.iter().find(|a| a.0 == m.rank).map(|a| a.1 - first))
                 .collect(),
             arrived_last: 0,
             median_lateness_ns: None,

@@ -9,6 +9,20 @@ use neuron_test_support::process::{Sandbox, mpirun};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::Field;
 
+/// `neuron-profile view -d dir --output-format format [--output-file out]`, which must
+/// succeed.
+fn view_dir(dir: &std::path::Path, format: &str, out: Option<&std::path::Path>) -> std::process::Output {
+    let mut view = Command::new(env!("CARGO_BIN_EXE_neuron-profile"));
+    view.args(["view", "-d"]).arg(dir).args(["--output-format", format]);
+    if let Some(out) = out {
+        view.arg("--output-file").arg(out);
+    }
+    let output = view.output().expect("view runs");
+    let said = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    assert!(output.status.success(), "{format}: {}{}", said(&output.stdout), said(&output.stderr));
+    output
+}
+
 #[test]
 fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_rank() {
     let sandbox = Sandbox::new();
@@ -45,14 +59,8 @@ fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_ran
     names.sort();
     assert_eq!(names, ["profile_rank_0.ntff", "profile_rank_1.ntff", "profile_rank_2.ntff", "profile_rank_3.ntff"]);
 
-    let view = Command::new(env!("CARGO_BIN_EXE_neuron-profile"))
-        .args(["view", "-d"])
-        .arg(&profiles)
-        .args(["--output-format", "summary-text"])
-        .output()
-        .expect("view runs");
+    let view = view_dir(&profiles, "summary-text", None);
     let text = String::from_utf8_lossy(&view.stdout);
-    assert!(view.status.success(), "{text}{}", String::from_utf8_lossy(&view.stderr));
     assert!(text.starts_with("Ranks: 4 profiles with collectives; 4 of them with clock anchors"), "{text}");
     assert!(text.contains(": 4 ranks; orderings closer than ±"), "{text}");
     let finding = text.lines().find(|l| l.starts_with("  1. ")).unwrap_or_else(|| panic!("no finding: {text}"));
@@ -66,13 +74,7 @@ fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_ran
     assert!(rows.iter().filter(|r| r.split_whitespace().nth(6) == Some("2")).count() >= 11, "rank 2 last: {text}");
 
     // The same as JSON, beside each file's summary.
-    let json = Command::new(env!("CARGO_BIN_EXE_neuron-profile"))
-        .args(["view", "-d"])
-        .arg(&profiles)
-        .args(["--output-format", "summary-json"])
-        .output()
-        .expect("view runs");
-    assert!(json.status.success(), "{}", String::from_utf8_lossy(&json.stderr));
+    let json = view_dir(&profiles, "summary-json", None);
     let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
     let comm = &json["ranks"]["communicators"][0];
     assert_eq!(comm["straggler"]["rank"], 2, "{comm:#}");
@@ -83,14 +85,7 @@ fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_ran
 
     // The Parquet tables give each system event its rank and communicator.
     let tables = sandbox.path().join("tables");
-    let parquet = Command::new(env!("CARGO_BIN_EXE_neuron-profile"))
-        .args(["view", "-d"])
-        .arg(&profiles)
-        .args(["--output-format", "parquet", "--output-file"])
-        .arg(&tables)
-        .output()
-        .expect("view runs");
-    assert!(parquet.status.success(), "{}", String::from_utf8_lossy(&parquet.stderr));
+    view_dir(&profiles, "parquet", Some(&tables));
     let mut checked = 0;
     for dir in std::fs::read_dir(&tables).expect("a directory per file").flatten() {
         let rank: u32 = dir.file_name().to_string_lossy().trim_start_matches("profile_rank_").parse().expect("a rank");
@@ -118,15 +113,8 @@ fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_ran
 
     // Perfetto: a process per rank, and one flow through each collective's parts.
     let trace = sandbox.path().join("job.pftrace");
-    let perfetto = Command::new(env!("CARGO_BIN_EXE_neuron-profile"))
-        .args(["view", "-d"])
-        .arg(&profiles)
-        .args(["--output-format", "perfetto", "--output-file"])
-        .arg(&trace)
-        .output()
-        .expect("view runs");
+    let perfetto = view_dir(&profiles, "perfetto", Some(&trace));
     let said = String::from_utf8_lossy(&perfetto.stderr);
-    assert!(perfetto.status.success(), "{said}");
     assert!(said.contains("48 parts of collectives joined across the ranks"), "4 ranks × 12: {said}");
     let check = ntff::export::verify_perfetto(&std::fs::read(&trace).expect("the trace")).expect("a valid trace");
     let processes = check.tracks.iter().filter(|t| t.parent_uuid.is_none()).count();

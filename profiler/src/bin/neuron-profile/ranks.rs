@@ -59,7 +59,9 @@ pub(crate) fn read(path: &Path) -> Result<Option<RankProfile>> {
                     EventData::Collective { operation, algorithm, bytes, op_id, rank, sequence, communicator, .. },
                     Phase::Start,
                 ) => {
-                    let (Some(operation), Some(algorithm)) = (op_of(operation), algorithm_of(algorithm)) else {
+                    let (Ok(operation), Ok(algorithm)) =
+                        (operation.parse::<CollectiveOp>(), algorithm.parse::<CollectiveAlgorithm>())
+                    else {
                         continue;
                     };
                     let entry = CollectiveEntry {
@@ -135,24 +137,6 @@ pub(crate) fn read(path: &Path) -> Result<Option<RankProfile>> {
         activity: Default::default(),
     };
     Ok(Some(RankProfile { path: path.to_owned(), host, records, anchors: anchors.len() }))
-}
-
-fn op_of(name: &str) -> Option<CollectiveOp> {
-    [
-        CollectiveOp::AllReduce,
-        CollectiveOp::AllGather,
-        CollectiveOp::ReduceScatter,
-        CollectiveOp::AllToAll,
-        CollectiveOp::Barrier,
-        CollectiveOp::Send,
-        CollectiveOp::Recv,
-    ]
-    .into_iter()
-    .find(|op| op.name() == name)
-}
-
-fn algorithm_of(name: &str) -> Option<CollectiveAlgorithm> {
-    [CollectiveAlgorithm::Ring, CollectiveAlgorithm::AllToAll].into_iter().find(|a| a.name() == name)
 }
 
 /// The group views of the profiles' communicators, over every collective they hold.
