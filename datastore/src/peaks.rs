@@ -6,7 +6,8 @@
 //! cycle (two FMA pipes) at the widest width the CPU supports, at the clock the
 //! kernel reports. A matrix product (PE) counts two FLOPs per lane per operation (a
 //! fused multiply-add), twice that again where the runtime runs bf16 products on the
-//! CPU's AVX512-BF16 instructions (`neuron-cc`'s default auto-cast), which it does only
+//! CPU's AVX512-BF16 instructions (`neuron-cc`'s default auto-cast), or sixteen times
+//! (AVX-512's f32 rate) on AMX tiles ([`AMX_BF16_FLOPS_PER_CYCLE`]), each only
 //! where it measured them faster than f32 on this host ([`ProductKernel`]): the peak is
 //! that of the fastest products the backend runs here, as an accelerator's MFU is
 //! against its bf16 peak. The other engines (ACT, DVE, POOL) count one FLOP per lane.
@@ -26,6 +27,10 @@ use std::fmt;
 
 /// FMA pipes assumed per thread: every x86-64 and Arm server core since 2013 has at most two.
 pub const FMA_PIPES: u32 = 2;
+
+/// FLOPs of bf16 products one thread's AMX unit does a cycle: a `tdpbf16ps` (16 × 16 ×
+/// 32 multiply-adds) every 16 cycles, as Intel documents it for Sapphire Rapids.
+pub const AMX_BF16_FLOPS_PER_CYCLE: f64 = 1024.0;
 
 /// The host CPU's vector units, as `/proc/cpuinfo` describes them.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,6 +68,8 @@ pub enum ProductKernel {
     F32,
     /// bf16 products accumulated in f32 (`vdpbf16ps`).
     Bf16,
+    /// bf16 products accumulated in f32 on AMX tiles (`tdpbf16ps`).
+    Amx,
 }
 
 impl ProductKernel {
@@ -72,6 +79,7 @@ impl ProductKernel {
             ProductKernel::NotRecorded => 0,
             ProductKernel::F32 => 1,
             ProductKernel::Bf16 => 2,
+            ProductKernel::Amx => 3,
         }
     }
 
@@ -80,6 +88,7 @@ impl ProductKernel {
         match code {
             1 => ProductKernel::F32,
             2 => ProductKernel::Bf16,
+            3 => ProductKernel::Amx,
             _ => ProductKernel::NotRecorded,
         }
     }
@@ -131,22 +140,29 @@ impl HostVector {
     pub fn peaks(&self, threads: u32, kernel: ProductKernel) -> EnginePeaks {
         let threads = threads.max(1);
         let vector_flops = f64::from(threads) * f64::from(self.f32_lanes) * f64::from(FMA_PIPES) * self.clock_hz;
-        let doubled = match kernel {
-            ProductKernel::NotRecorded => self.bf16_products,
-            ProductKernel::F32 => false,
-            ProductKernel::Bf16 => true,
-        };
-        let bf16_note = match (kernel, self.bf16_products) {
-            (ProductKernel::NotRecorded, true) => ", ×2 for bf16 products (AVX512-BF16)",
-            (ProductKernel::Bf16, _) => ", ×2 for bf16 products (AVX512-BF16, measured faster than f32 on this host)",
-            (ProductKernel::F32, true) => {
-                ", bf16 products at the f32 rate (AVX512-BF16 measured no faster than f32 on this host)"
+        // PE's products per f32 multiply-add rate: one tile product is a thread's
+        // AMX_BF16_FLOPS_PER_CYCLE, the f32 rate 2 × lanes × pipes a cycle.
+        let amx = AMX_BF16_FLOPS_PER_CYCLE / f64::from(2 * self.f32_lanes * FMA_PIPES);
+        let (factor, bf16_note) = match (kernel, self.bf16_products) {
+            (ProductKernel::NotRecorded, true) => (2.0, ", ×2 for bf16 products (AVX512-BF16)".to_owned()),
+            (ProductKernel::Bf16, _) => {
+                (2.0, ", ×2 for bf16 products (AVX512-BF16, measured faster than f32 on this host)".to_owned())
             }
-            _ => "",
+            (ProductKernel::Amx, _) => (
+                amx,
+                format!(
+                    ", ×{amx} for bf16 products on AMX tiles ({AMX_BF16_FLOPS_PER_CYCLE} FLOP per cycle per thread, \
+                     measured faster than f32 on this host)"
+                ),
+            ),
+            (ProductKernel::F32, true) => (
+                1.0,
+                ", bf16 products at the f32 rate (AVX512-BF16 measured no faster than f32 on this host)".to_owned(),
+            ),
+            _ => (1.0, String::new()),
         };
-        let bf16 = if doubled { 2.0 } else { 1.0 };
         EnginePeaks {
-            pe_flops: 2.0 * bf16 * vector_flops,
+            pe_flops: 2.0 * factor * vector_flops,
             vector_flops,
             basis: format!(
                 "{threads} host thread{} × {} f32 lanes ({}) × {FMA_PIPES} FMA pipes × {:.2} GHz, ×2 for PE's multiply-add{}",
@@ -213,6 +229,11 @@ mod tests {
         let slower = bf16.peaks(2, ProductKernel::F32);
         assert!((slower.pe_flops / 1e9 - 332.30).abs() < 0.01, "at the f32 rate: {slower}");
         assert!(slower.basis.ends_with("(AVX512-BF16 measured no faster than f32 on this host)"), "{}", slower.basis);
+        // On AMX tiles: 1,024 FLOP a cycle per thread, 16 times AVX-512's f32 multiply-adds.
+        let tiles = bf16.peaks(2, ProductKernel::Amx);
+        assert!((tiles.pe_flops / 1e9 - 2.0 * 1024.0 * 2.596132).abs() < 0.01, "{tiles}");
+        assert!(tiles.basis.contains("×16 for bf16 products on AMX tiles"), "{}", tiles.basis);
+        assert_eq!(ProductKernel::from_code(ProductKernel::Amx.code()), ProductKernel::Amx);
         let host = HostVector::parse(cpuinfo, None).expect("parsed");
         assert_eq!((host.isa, host.f32_lanes), ("avx512", 16));
         assert!((host.clock_hz - 2.596132e9).abs() < 1.0);

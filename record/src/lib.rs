@@ -344,7 +344,7 @@ pub fn metadata(info: &RuntimeInfo, tool: &str, capture_kind: &str, command: &[S
         host: host_name(),
         program: info.command.name.clone(),
         bf16_products_faster: match info.product_kernel {
-            neuron_datastore::peaks::ProductKernel::Bf16 => Some(true),
+            neuron_datastore::peaks::ProductKernel::Bf16 | neuron_datastore::peaks::ProductKernel::Amx => Some(true),
             neuron_datastore::peaks::ProductKernel::F32 => Some(false),
             neuron_datastore::peaks::ProductKernel::NotRecorded => None,
         },

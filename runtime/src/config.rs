@@ -301,7 +301,8 @@ impl Config {
             None | Some("auto") => None,
             Some("bf16") => Some(ProductKernel::Bf16),
             Some("f32") => Some(ProductKernel::F32),
-            Some(v) => return Err(bad(ENV_BF16_PRODUCTS, v, "use auto, bf16 or f32")),
+            Some("amx") => Some(ProductKernel::Amx),
+            Some(v) => return Err(bad(ENV_BF16_PRODUCTS, v, "use auto, amx, bf16 or f32")),
         };
 
         let faults = match get(ENV_FAULT_INJECT) {

@@ -8,7 +8,8 @@
 //! panel of 64 columns at a time, each element a pair of rows `2p` and `2p + 1`. A microkernel
 //! then computes a block of 6 rows by 64 columns of `c` over all of `k`, in 24
 //! registers. Each product of two bf16 is exact in f32, so the result differs from the
-//! f32 path only in the order of the additions.
+//! f32 path only in the order of the additions. The AMX kernel (`amx.rs`) packs its
+//! operands with the same functions.
 
 use std::arch::x86_64::*;
 
@@ -35,7 +36,7 @@ pub(super) fn gemm_bf16(
     let kp = k.div_ceil(2);
     with_scratch(m * kp, kp * PANEL, |a_pairs, panel| {
         // SAFETY: `available()` was checked by the caller.
-        unsafe { pack_rows(&a, kp, a_pairs) };
+        unsafe { pack_rows(&a, kp, kp, a_pairs) };
         // SAFETY: as above.
         let pack_panel = |index, panel: &mut [u32]| unsafe { pack_panel(&b, kp, index, panel) };
         by_blocks(&b, a_pairs, kp, panel, c, pack_panel, |a, kp, rows, b, out| {
@@ -55,17 +56,19 @@ fn bf16_bits(x: f32) -> u32 {
     bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16
 }
 
-/// `a`'s rows into `pairs`, `kp` pairs each: elements `2p` (low half) and `2p + 1`
-/// (high half, zero past the end of the row); every pair written. Contiguous rows
-/// convert 32 elements at a time.
+/// `a`'s rows into `pairs`, `width` pairs each (`width ≥ kp`): elements `2p` (low
+/// half) and `2p + 1` (high half, zero past the end of the row), then zeros; every pair
+/// of the rows written. Contiguous rows convert 32 elements at a time.
 ///
 /// # Safety
 ///
 /// The CPU has AVX512F, AVX512BW and AVX512-BF16.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn pack_rows(a: &ndarray::ArrayView2<'_, f32>, kp: usize, pairs: &mut [u32]) {
+pub(super) unsafe fn pack_rows(a: &ndarray::ArrayView2<'_, f32>, kp: usize, width: usize, pairs: &mut [u32]) {
     let k = a.dim().1;
-    for (row, packed) in a.rows().into_iter().zip(pairs.chunks_mut(kp.max(1))) {
+    for (row, packed) in a.rows().into_iter().zip(pairs.chunks_mut(width.max(1))) {
+        let (packed, padding) = packed.split_at_mut(kp);
+        padding.fill(0);
         let mut p = 0;
         if let Some(row) = row.as_slice() {
             while 2 * p + 32 <= k {
@@ -96,7 +99,7 @@ unsafe fn pack_rows(a: &ndarray::ArrayView2<'_, f32>, kp: usize, pairs: &mut [u3
 ///
 /// The CPU has AVX512F, AVX512BW and AVX512-BF16.
 #[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn pack_panel(b: &ndarray::ArrayView2<'_, f32>, kp: usize, index: usize, panel: &mut [u32]) {
+pub(super) unsafe fn pack_panel(b: &ndarray::ArrayView2<'_, f32>, kp: usize, index: usize, panel: &mut [u32]) {
     let (k, n) = b.dim();
     let first = index * PANEL;
     let columns = (n - first).min(PANEL);

@@ -142,13 +142,15 @@ pub(super) fn matmul_rounded_into(
 }
 
 /// A GEMM that rounds its operands to `format` itself while it packs them (bf16
-/// without saturation): bf16 products on AVX512-BF16 where [`product_kernel`] found
-/// them faster, else f32 multiply-adds on AVX-512F.
+/// without saturation): bf16 products on AMX tiles or AVX512-BF16 where
+/// [`product_kernel`] found them faster, else f32 multiply-adds on AVX-512F.
 fn native_gemm(format: FloatFormat, saturate: bool) -> Option<Gemm<f32>> {
     #[cfg(all(target_arch = "x86_64", not(debug_assertions)))]
     if format == FloatFormat::Bf16 && !saturate {
-        if product_kernel() == ProductKernel::Bf16 {
-            return Some(super::bf16::gemm_bf16);
+        match product_kernel() {
+            ProductKernel::Amx => return Some(super::amx::gemm_amx),
+            ProductKernel::Bf16 => return Some(super::bf16::gemm_bf16),
+            ProductKernel::F32 | ProductKernel::NotRecorded => {}
         }
         if super::rounded_f32::available() {
             return Some(super::rounded_f32::gemm_rounded_f32);
@@ -159,13 +161,14 @@ fn native_gemm(format: FloatFormat, saturate: bool) -> Option<Gemm<f32>> {
 }
 
 /// The kernel of matrix products with bf16-rounded operands on this host, measured once
-/// per process: AVX512-BF16's bf16 products only where they run at least
-/// [`BF16_MARGIN`] times as fast as the same kernel on f32 multiply-adds
-/// (`rounded_f32`), which gives the same products (each product of two bf16 is exact in f32) summed in
-/// another order. On AMD Zen 4 the bf16 products measured twice the
-/// multiply-adds of f32; on an Intel Xeon they were reported no faster, which is why
-/// this is measured rather than read from the CPU's flags. Never in unoptimised (debug) builds, where this crate's kernel runs twenty
-/// times slower than the `gemm` dependency, which is built optimised.
+/// per process: bf16 products (on AMX tiles or AVX512-BF16, whichever measures faster)
+/// only where they run at least [`BF16_MARGIN`] times as fast as the same products on
+/// f32 multiply-adds (`rounded_f32`), which gives the same products (each product of
+/// two bf16 is exact in f32) summed in another order. On AMD Zen 4 AVX512-BF16 measured
+/// twice the multiply-adds of f32; on an Intel Xeon (Sapphire Rapids) it measured no
+/// faster, and AMX many times faster, which is why this is measured rather than read
+/// from the CPU's flags. Never in unoptimised (debug) builds, where this crate's
+/// kernels run twenty times slower than the `gemm` dependency, which is built optimised.
 pub(crate) fn product_kernel() -> ProductKernel {
     *PRODUCT_KERNEL.get_or_init(measure_product_kernel)
 }
@@ -176,6 +179,7 @@ pub(crate) fn choose_product_kernel(chosen: Option<ProductKernel>) -> ProductKer
     match chosen {
         // bf16 products need the CPU's instructions, and an optimised build.
         Some(ProductKernel::Bf16) if !native_bf16_possible() => *PRODUCT_KERNEL.get_or_init(|| ProductKernel::F32),
+        Some(ProductKernel::Amx) if !native_amx_possible() => *PRODUCT_KERNEL.get_or_init(|| ProductKernel::F32),
         Some(kernel) => *PRODUCT_KERNEL.get_or_init(|| kernel),
         None => product_kernel(),
     }
@@ -187,6 +191,14 @@ static PRODUCT_KERNEL: OnceLock<ProductKernel> = OnceLock::new();
 fn native_bf16_possible() -> bool {
     #[cfg(all(target_arch = "x86_64", not(debug_assertions)))]
     return super::bf16::available();
+    #[cfg(not(all(target_arch = "x86_64", not(debug_assertions))))]
+    false
+}
+
+/// Whether this build, CPU and kernel can run bf16 products on AMX tiles.
+fn native_amx_possible() -> bool {
+    #[cfg(all(target_arch = "x86_64", not(debug_assertions)))]
+    return super::amx::available();
     #[cfg(not(all(target_arch = "x86_64", not(debug_assertions))))]
     false
 }
@@ -207,24 +219,31 @@ fn measure_product_kernel() -> ProductKernel {
     let a = ndarray::Array2::from_shape_fn((m, k), |(i, j)| ((i * 7 + j * 3) % 13) as f32 * 0.37 - 1.9);
     let b = ndarray::Array2::from_shape_fn((k, n), |(i, j)| ((i * 5 + j * 11) % 17) as f32 * 0.23 - 1.7);
     let mut c = ndarray::Array2::<f32>::zeros((m, n));
-    let (mut bf16, mut f32) = (f64::INFINITY, f64::INFINITY);
-    for _ in 0..5 {
-        let start = std::time::Instant::now();
-        super::bf16::gemm_bf16(a.view(), b.view(), c.view_mut());
-        bf16 = bf16.min(start.elapsed().as_secs_f64());
+    let mut kernels: Vec<(ProductKernel, Gemm<f32>, f64)> = vec![
         // The f32 kernel of the same shape, which rounds while it packs too.
-        let start = std::time::Instant::now();
-        super::rounded_f32::gemm_rounded_f32(a.view(), b.view(), c.view_mut());
-        f32 = f32.min(start.elapsed().as_secs_f64());
+        (ProductKernel::F32, super::rounded_f32::gemm_rounded_f32, f64::INFINITY),
+        (ProductKernel::Bf16, super::bf16::gemm_bf16, f64::INFINITY),
+    ];
+    if super::amx::available() {
+        kernels.push((ProductKernel::Amx, super::amx::gemm_amx, f64::INFINITY));
     }
-    let flops = 2.0 * (m * k * n) as f64;
-    let chosen = if f32 >= BF16_MARGIN * bf16 { ProductKernel::Bf16 } else { ProductKernel::F32 };
-    tracing::debug!(
-        bf16_gflops = flops / bf16 / 1e9,
-        f32_gflops = flops / f32 / 1e9,
-        ?chosen,
-        "measured the products of bf16-rounded operands"
-    );
+    for _ in 0..5 {
+        for (_, gemm, best) in &mut kernels {
+            let start = std::time::Instant::now();
+            gemm(a.view(), b.view(), c.view_mut());
+            *best = best.min(start.elapsed().as_secs_f64());
+        }
+    }
+    let f32 = kernels[0].2;
+    let (fastest, time) = kernels[1..]
+        .iter()
+        .map(|(kernel, _, time)| (*kernel, *time))
+        .fold((ProductKernel::F32, f64::INFINITY), |best, next| if next.1 < best.1 { next } else { best });
+    let chosen = if f32 >= BF16_MARGIN * time { fastest } else { ProductKernel::F32 };
+    let gflops = |time: f64| 2.0 * (m * k * n) as f64 / time / 1e9;
+    let rates: Vec<String> =
+        kernels.iter().map(|(kernel, _, time)| format!("{kernel:?} {:.1}", gflops(*time))).collect();
+    tracing::debug!(gflops = %rates.join(", "), ?chosen, "measured the products of bf16-rounded operands");
     chosen
 }
 

@@ -6,7 +6,9 @@
 //! (NaN-propagating `maximum`/`minimum`, integer division by zero gives -1, wrapping
 //! integer arithmetic, saturating float-to-int conversion).
 
-// Optimised builds only (see `matrix::product_kernel`); its unit test runs in every build.
+// Optimised builds only (see `matrix::product_kernel`); their unit tests run in every build.
+#[cfg(all(target_arch = "x86_64", any(test, not(debug_assertions))))]
+mod amx;
 #[cfg(all(target_arch = "x86_64", any(test, not(debug_assertions))))]
 mod bf16;
 mod convolution;
