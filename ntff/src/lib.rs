@@ -26,7 +26,7 @@ mod proto {
 
 use std::path::{Path, PathBuf};
 
-pub use clock::SyncClock;
+pub use clock::{RootClock, SyncClock};
 pub use format::{MAX_READ_VERSION, MIN_READ_VERSION, VERSION};
 pub use model::{
     Arg, ArgValue, Chunk, ChunkInfo, Clock, Descriptor, DescriptorId, DeviceEvent, Loss, Phase, Sym, SyncPoint,

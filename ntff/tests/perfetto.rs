@@ -283,12 +283,12 @@ fn chrome_json_has_balanced_slices_in_time_order_per_thread() {
 fn filters_select_cores_and_event_types() {
     let sim = Simulation { cores: 2, executions: 10, device_loss: false };
     let (bytes, _) = sim.run();
-    let options = ExportOptions { cores: Some(vec![1]), system_types: None };
+    let options = ExportOptions { cores: Some(vec![1]), ..ExportOptions::default() };
     let (trace, _) = export_to(NtffFile::from_bytes(bytes.clone()).expect("opens"), Format::Perfetto, &options);
     let check = verify_perfetto(&trace).expect("valid");
     assert!(names(&check).contains(&"NeuronCore 1"));
     assert!(!names(&check).contains(&"NeuronCore 0"));
-    let options = ExportOptions { cores: None, system_types: Some(vec!["nrt_execute".into()]) };
+    let options = ExportOptions { system_types: Some(vec!["nrt_execute".into()]), ..ExportOptions::default() };
     let (trace, summary) = export_to(NtffFile::from_bytes(bytes).expect("opens"), Format::Perfetto, &options);
     let check = verify_perfetto(&trace).expect("valid");
     assert_eq!(summary.device_slices, 0);
@@ -351,4 +351,98 @@ fn official_perfetto_protos_parse_every_packet_without_unknown_fields() {
     let report: serde_json::Value = serde_json::from_str(stdout.trim()).expect("a JSON report");
     assert_eq!(report["slices"].as_u64(), Some(summary.slices()));
     assert_eq!(report["problems"].as_array().map(Vec::len), Some(0));
+}
+
+/// One execution of a process of a job whose host clock reads `shift` ns ahead of the
+/// root's: `nrt_execute` on the host, one instruction on core 0's device clock (placed
+/// through a sync point), and, unless it is the root, the `clock_offset` its runtime
+/// measured (−`shift`).
+fn rank_file(pid: u32, shift: u64) -> NtffFile {
+    let metadata = Metadata { runtime_version: "test".into(), pid, ..Metadata::default() };
+    let mut w = Writer::new(Vec::new(), &metadata).expect("header");
+    let pe = Descriptor::Instruction {
+        model_id: 1,
+        engine: w.intern("PE"),
+        opcode: w.intern("MatMult"),
+        hlo: w.intern("dot.1"),
+        step: 0,
+        flops: 1000,
+        bytes_read: 64,
+        bytes_written: 64,
+    };
+    let pe = w.descriptor(&pe);
+    let event = |w: &mut Writer<Vec<u8>>, name: &str, phase, ts: u64, args: Vec<Arg>| SystemEvent {
+        core: None,
+        id: ts,
+        name: w.intern(name),
+        phase,
+        clock: Clock::Host,
+        timestamp_ns: ts,
+        tracking_id: 1,
+        thread_id: 1,
+        exec_id: Some(1),
+        model_id: Some(1),
+        nrta_seq_id: None,
+        args,
+    };
+    let t = 2_000_000_000 + shift;
+    if shift > 0 {
+        let args = vec![
+            Arg { key: w.intern("offset_ns"), value: ArgValue::I64(-(shift as i64)) },
+            Arg { key: w.intern("uncertainty_ns"), value: ArgValue::U64(20_000) },
+        ];
+        let e = event(&mut w, "clock_offset", Phase::Instant, t - 1_000_000, args);
+        w.system(&e).expect("write");
+    }
+    for (phase, ts) in [(Phase::Start, t), (Phase::Stop, t + 50_000)] {
+        let e = event(&mut w, "nrt_execute", phase, ts, vec![]);
+        w.system(&e).expect("write");
+    }
+    // The device clock runs 7 ms behind this host's.
+    let device = |host: u64| host - DEVICE_OFFSET;
+    w.sync_point(0, SyncPoint { host_ns: t + 40_000, device_ns: device(t + 40_000) }).expect("sync");
+    let instruction = DeviceEvent {
+        core: 0,
+        id: 1,
+        exec_id: Some(1),
+        start_ns: device(t + 10_000),
+        end_ns: device(t + 30_000),
+        descriptor: pe,
+    };
+    w.device(&instruction).expect("write");
+    NtffFile::from_bytes(w.finish().expect("finish").0).expect("opens")
+}
+
+/// Start times (µs) of the Chrome JSON trace's slices of `name`, per process id.
+fn starts_by_pid(json: &[u8], name: &str) -> HashMap<u64, Vec<f64>> {
+    let trace: serde_json::Value = serde_json::from_slice(json).expect("json");
+    let mut starts: HashMap<u64, Vec<f64>> = HashMap::new();
+    for e in trace["traceEvents"].as_array().expect("events") {
+        if e["name"].as_str().is_some_and(|n| n.starts_with(name)) && matches!(e["ph"].as_str(), Some("X" | "B")) {
+            let (Some(pid), Some(ts)) = (e["pid"].as_u64(), e["ts"].as_f64()) else { continue };
+            starts.entry(pid).or_default().push(ts);
+        }
+    }
+    starts
+}
+
+#[test]
+fn the_ranks_of_a_job_are_moved_onto_the_root_clock_by_their_measured_offsets() {
+    // Rank 0's process, and one on a host whose clock reads 5 s ahead of it.
+    const SHIFT: u64 = 5_000_000_000;
+    let files = || [rank_file(100, 0), rank_file(200, SHIFT)];
+    let on_root = ExportOptions { root_clock: true, ..ExportOptions::default() };
+    let (json, summary) = export(&files(), &on_root, Format::ChromeJson, Vec::new(), &mut |_| {}).expect("export");
+    assert_eq!(summary.root_clock_offsets, vec![None, Some((-(SHIFT as i64), 20_000))]);
+    for name in ["nrt_execute", "MatMult"] {
+        let starts = starts_by_pid(&json, name);
+        assert_eq!(starts.len(), 2, "{name} on both ranks: {starts:?}");
+        assert_eq!(starts[&100], starts[&200], "{name} at the same time on the root's clock");
+    }
+    // Left on their own clocks, the same events are 5 s apart.
+    let (json, summary) =
+        export(&files(), &ExportOptions::default(), Format::ChromeJson, Vec::new(), &mut |_| {}).expect("export");
+    assert_eq!(summary.root_clock_offsets, vec![None, None]);
+    let starts = starts_by_pid(&json, "nrt_execute");
+    assert!((starts[&200][0] - starts[&100][0] - SHIFT as f64 / 1e3).abs() < 1.0, "{starts:?}");
 }

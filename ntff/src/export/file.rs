@@ -31,6 +31,8 @@ pub(super) const MAX_DECODE_THREADS: usize = 8;
 /// The export of one file.
 pub(super) struct FileExport<'f> {
     file: &'f NtffFile,
+    /// The file's host clock onto the times written (the job's root clock, or itself).
+    root: RootClock,
     key: u64,
     pid: u32,
     process: TrackIx,
@@ -62,6 +64,7 @@ impl<'f> FileExport<'f> {
         file: &'f NtffFile,
         key: u64,
         options: &'f ExportOptions,
+        root: RootClock,
     ) -> Result<FileExport<'f>, NtffError> {
         let meta = file.metadata();
         let pid = meta.pid;
@@ -83,14 +86,15 @@ impl<'f> FileExport<'f> {
             TrackKind::Process { pid, name, cmdline: meta.command.clone(), labels },
         )?;
         let spans: Vec<(u64, u64)> = file.chunks().iter().filter_map(|c| c.host_span).collect();
-        let origin = spans.iter().map(|s| s.0).min().unwrap_or(0);
-        let last = spans.iter().map(|s| s.1).max().unwrap_or(origin);
+        let origin = spans.iter().map(|s| root.to_root(s.0)).min().unwrap_or(0);
+        let last = spans.iter().map(|s| root.to_root(s.1)).max().unwrap_or(origin);
         let types = options
             .system_types
             .as_ref()
             .map(|types| types.iter().filter_map(|t| file.find_string(t.trim())).collect::<HashSet<Sym>>());
         let mut export = FileExport {
             file,
+            root,
             key,
             pid,
             process,
@@ -123,7 +127,8 @@ impl<'f> FileExport<'f> {
         let mut clocks = file.core_clocks(options.cores.as_deref());
         for core in streams.iter().flatten() {
             let slot = export.core(layout, *core)?;
-            export.cores[slot].sync = clocks.remove(core).unwrap_or_default();
+            let sync = clocks.remove(core).unwrap_or_default();
+            export.cores[slot].sync = sync.map_host(|t| export.root.to_root(t));
         }
         export.cursors = streams
             .into_iter()
@@ -259,13 +264,12 @@ impl<'f> FileExport<'f> {
     /// Host time of a system event (device-clock events through their core's sync points).
     fn host_time(&self, e: &SystemEvent) -> u64 {
         match (e.clock, e.core) {
-            (Clock::Host, _) => e.timestamp_ns,
+            (Clock::Host, _) | (Clock::Device, None) => self.root.to_root(e.timestamp_ns),
             (Clock::Device, Some(core)) => self
                 .core_slots
                 .get(&core)
                 .and_then(|&slot| self.cores[slot].sync.to_host(e.timestamp_ns))
-                .unwrap_or(e.timestamp_ns),
-            (Clock::Device, None) => e.timestamp_ns,
+                .unwrap_or_else(|| self.root.to_root(e.timestamp_ns)),
         }
     }
 

@@ -28,7 +28,7 @@ use std::io::Write;
 use std::sync::mpsc::Receiver;
 
 use crate::model::{ArgValue, Chunk, ChunkInfo, Clock, Descriptor, DescriptorId, DeviceEvent, Phase, Sym, SystemEvent};
-use crate::{NtffError, NtffFile, SyncClock};
+use crate::{NtffError, NtffFile, RootClock, SyncClock};
 
 use file::FileExport;
 #[cfg(feature = "parquet")]
@@ -46,6 +46,10 @@ pub struct ExportOptions {
     /// Only system events of these types (`None`: all). Device events are left out
     /// when a type list is given, as in the JSON output.
     pub system_types: Option<Vec<String>>,
+    /// Move each file's times onto its job's root clock (rank 0's process's) by the
+    /// offsets its `clock_offset` events record ([`crate::RootClock`]), so that the
+    /// ranks of a job on several hosts line up; a file without them stays as it is.
+    pub root_clock: bool,
 }
 
 /// The output encodings.
@@ -79,6 +83,10 @@ pub struct ExportSummary {
     /// Slices of a rank's part of a collective joined to the other ranks' parts by
     /// one flow (Perfetto).
     pub collective_flows: u64,
+    /// Per file, with [`ExportOptions::root_clock`]: the offset its times were moved by
+    /// onto the root clock (the one measured last, in ns) and the largest uncertainty of
+    /// its measures; `None` for a file left on its own clock.
+    pub root_clock_offsets: Vec<Option<(i64, u64)>>,
     /// Bytes written.
     pub bytes: u64,
     /// Events the rings dropped, as recorded in the files.
@@ -182,18 +190,25 @@ fn run<S: Sink>(
         summary: ExportSummary::default(),
         progress: Progress { events_done: 0, events_total },
     };
-    let start =
-        files.iter().flat_map(|f| f.chunks().iter().filter_map(|c| c.host_span)).map(|(low, _)| low).min().unwrap_or(0);
+    let clocks: Vec<RootClock> =
+        files.iter().map(|f| if options.root_clock { RootClock::of(f) } else { RootClock::default() }).collect();
+    let start = files
+        .iter()
+        .zip(&clocks)
+        .flat_map(|(f, clock)| f.chunks().iter().filter_map(|c| c.host_span).map(|(low, _)| clock.to_root(low)))
+        .min()
+        .unwrap_or(0);
     let realtime = files.first().and_then(|f| f.metadata().clock.as_ref()).map(|c| c.realtime_minus_monotonic_ns);
     layout.sink.start(start, realtime).map_err(NtffError::write)?;
-    for (k, file) in files.iter().enumerate() {
+    for (k, (file, clock)) in files.iter().zip(clocks).enumerate() {
         // Chunks the reader already found damaged or cut (a file without its index):
         // counted with those that fail when read, as the summary counts them.
         let recovery = file.recovery();
         layout.summary.damaged_chunks +=
             recovery.damaged.iter().chain(&recovery.truncated).filter(|d| d.kind == Some("event chunk")).count() as u64;
         layout.summary.damaged_chunk_events += recovery.events_lost();
-        FileExport::new(&mut layout, file, k as u64 + 1, options)?.run(&mut layout, progress)?;
+        layout.summary.root_clock_offsets.push(clock.latest());
+        FileExport::new(&mut layout, file, k as u64 + 1, options, clock)?.run(&mut layout, progress)?;
         layout.summary.processes += 1;
     }
     layout.summary.tracks = layout.tracks.len() as u32;

@@ -89,14 +89,9 @@ pub(crate) fn read(path: &Path) -> Result<Option<RankProfile>> {
     if spans.is_empty() {
         return Ok(None);
     }
-    anchors.sort_by_key(|a| a.0);
-    // A time of this process on the root's clock: by the latest anchor before it (the
-    // first, before any).
-    let root = |t: u64| {
-        let at = anchors.partition_point(|a| a.0 <= t).saturating_sub(1);
-        anchors.get(at).map_or(t, |a| t.saturating_add_signed(a.1))
-    };
-    let uncertainty = anchors.iter().map(|a| a.2).max().unwrap_or(0);
+    let clock = ntff::RootClock::new(anchors);
+    let root = |t: u64| clock.to_root(t);
+    let uncertainty = clock.latest().map_or(0, |(_, uncertainty)| uncertainty);
     let mut members: BTreeMap<(u32, u32), RankRecord> = BTreeMap::new();
     for (open, stop) in spans {
         let member = members.entry((open.communicator, open.rank)).or_insert_with(|| RankRecord {
@@ -132,11 +127,11 @@ pub(crate) fn read(path: &Path) -> Result<Option<RankProfile>> {
     }
     let records = RuntimeRecords {
         pid,
-        clock: anchors.last().map(|a| ClockOffsetRecord { offset_ns: a.1, uncertainty_ns: uncertainty }),
+        clock: clock.latest().map(|(offset_ns, uncertainty_ns)| ClockOffsetRecord { offset_ns, uncertainty_ns }),
         communicators: communicators.into_values().collect(),
         activity: Default::default(),
     };
-    Ok(Some(RankProfile { path: path.to_owned(), host, records, anchors: anchors.len() }))
+    Ok(Some(RankProfile { path: path.to_owned(), host, records, anchors: clock.anchors() }))
 }
 
 /// The group views of the profiles' communicators, over every collective they hold.

@@ -230,7 +230,13 @@ fn export(args: &ViewArgs, format: OutputFormat, paths: &[PathBuf]) -> Result<()
         Some(file) => core_filter(args, file)?,
         None => None,
     };
-    let options = ExportOptions { cores, system_types: args.system_trace_filter_event_type.clone() };
+    // A directory's files are a job's ranks (or unrelated profiles, which have no clock
+    // offsets and stay as they are): each on the root's clock.
+    let options = ExportOptions {
+        cores,
+        system_types: args.system_trace_filter_event_type.clone(),
+        root_clock: args.session_dir.is_some(),
+    };
     let out: Box<dyn Write> = match &args.output_file {
         Some(path) => {
             Box::new(std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?)
@@ -256,9 +262,19 @@ fn export(args: &ViewArgs, format: OutputFormat, paths: &[PathBuf]) -> Result<()
         summary.processes,
         summary.bytes
     );
+    for (path, offset) in paths.iter().zip(&summary.root_clock_offsets) {
+        if let Some((offset_ns, uncertainty_ns)) = offset {
+            eprintln!(
+                "{}: moved onto rank 0's clock by {} (± {}), its clock offset as measured",
+                path.display(),
+                signed_duration(*offset_ns),
+                neuron_datastore::ranks::format_ns(*uncertainty_ns)
+            );
+        }
+    }
     if summary.collective_flows > 0 {
         eprintln!(
-            "{} parts of collectives joined across the ranks by a flow each collective (the profiles' host clocks as they are: one clock on one host)",
+            "{} parts of collectives joined across the ranks by a flow each collective",
             summary.collective_flows
         );
     }
@@ -431,4 +447,10 @@ fn write_json(file: &NtffFile, cores: Option<&[u32]>, types: Option<&[String]>, 
     )?;
     writeln!(out)?;
     Ok(())
+}
+
+/// `ns` as a duration with its sign.
+fn signed_duration(ns: i64) -> String {
+    let sign = if ns < 0 { "−" } else { "+" };
+    format!("{sign}{}", neuron_datastore::ranks::format_ns(ns.unsigned_abs()))
 }
