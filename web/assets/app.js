@@ -1,4 +1,5 @@
-// The page's router: #/live, #/timeline, #/ranks, #/profiles, #/profile/NAME, #/compare/A/B.
+// The page's router: #/live, #/timeline, #/ranks, #/profiles, #/profile/NAME, #/job (the
+// directory's rank profiles together), #/compare/A/B.
 
 import { livePage } from './live.js';
 import { timelinePage } from './timeline.js';
@@ -15,13 +16,14 @@ function route() {
   const parts = location.hash.replace(/^#\/?/, '').split('/').map(decodeURIComponent);
   const page = parts[0] || 'live';
   for (const a of document.querySelectorAll('nav a')) {
-    const active = a.dataset.page === page || (a.dataset.page === 'profiles' && (page === 'profile' || page === 'compare'));
+    const active = a.dataset.page === page || (a.dataset.page === 'profiles' && (page === 'profile' || page === 'job' || page === 'compare'));
     a.classList.toggle('active', active);
   }
   if (page === 'timeline') current = timelinePage(main);
   else if (page === 'ranks') current = ranksPage(main);
   else if (page === 'profiles') current = profilesPage(main);
   else if (page === 'profile' && parts[1]) current = profilePage(main, parts[1]);
+  else if (page === 'job') current = profilePage(main, 'job', '/api/job');
   else if (page === 'compare' && parts[1] && parts[2]) current = comparePage(main, parts[1], parts[2]);
   else current = livePage(main);
 }

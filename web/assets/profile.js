@@ -39,14 +39,20 @@ export function profilesPage(main) {
         el('td', {}, bytes(p.bytes)), el('td', {}, new Date(p.modified * 1000).toLocaleString()),
         el('td', {}, el('a', { href: `${api(p.name)}/perfetto`, download: '' }, 'Perfetto trace')));
     });
-    list.replaceChildren(el('div', { class: 'muted' }, info.profiles_dir),
+    // A job's rank profiles (profile_rank_<id>.ntff) also open together.
+    const ranks = profiles.filter((p) => /^profile_rank_\d+\.ntff$/.test(p.name));
+    const job = ranks.length > 1 ? [el('div', { class: 'toolbar' }, el('a', { href: '#/job', id: 'job-link' }, `The ${ranks.length} rank profiles of the job on one timeline`))] : [];
+    list.replaceChildren(el('div', { class: 'muted' }, info.profiles_dir), ...job,
       el('table', {}, el('tr', {}, ['profile', 'size', 'modified', 'export'].map((h) => el('th', {}, h))), rows),
       el('div', { class: 'toolbar' }, compare));
   }).catch((e) => list.replaceChildren(el('div', { class: 'error' }, e.message)));
   return {};
 }
 
-export function profilePage(main, name) {
+// `base`: the API of what is shown when it is not one profile of the directory (the
+// job's ranks together, '/api/job').
+export function profilePage(main, name, base = null) {
+  const url = base || api(name);
   const status = document.getElementById('status');
   const head = el('div', {}, el('h2', {}, name), el('div', { class: 'muted' }, 'Opening…'));
   const range = el('span', { class: 'muted', id: 'pf-range' });
@@ -75,7 +81,7 @@ export function profilePage(main, name) {
     el('button', { onclick: () => zoom(2) }, 'Zoom out'),
     el('button', { onclick: () => state.meta && setRange(0, state.meta.duration_ns) }, 'Whole profile'),
     search, range, el('span', { class: 'grow' }),
-    el('a', { href: `${api(name)}/perfetto`, download: '', id: 'pf-perfetto' }, 'Download Perfetto trace'));
+    el('a', { href: `${url}/perfetto`, download: '', id: 'pf-perfetto' }, 'Download Perfetto trace'));
   const keys = el('div', { class: 'muted keys' }, 'Keys (click the timeline first): W / S zoom in and out · A / D pan · wheel zooms at the pointer, drag pans · / search. Spans that do not match the search are dimmed.');
   main.append(head, toolbar, keys, el('div', { class: 'split' }, el('div', { class: 'timeline' }, canvas), el('div', { class: 'card' }, el('h3', {}, 'Span'), details)),
     el('div', { class: 'card' }, el('h2', {}, 'Summary'), summary), tables);
@@ -98,7 +104,7 @@ export function profilePage(main, name) {
     const t0 = Math.floor(state.t0), t1 = Math.ceil(state.t1);
     const started = performance.now();
     try {
-      const view = await getJSON(`${api(name)}/view?t0=${t0}&t1=${t1}&columns=${columns}`, { signal: controller.signal });
+      const view = await getJSON(`${url}/view?t0=${t0}&t1=${t1}&columns=${columns}`, { signal: controller.signal });
       if (state.stopped) return;
       state.data = view;
       state.views++;
@@ -179,6 +185,27 @@ export function profilePage(main, name) {
         }
       }
     }
+    // A job's collectives: a line from each rank's part to the next rank's to arrive,
+    // with a head at the later one.
+    let flows = 0;
+    for (const flow of (view && view.flows) || []) {
+      const points = flow.map(([track, start]) => state.rows[track] && [x(start), state.rows[track].y + ROW / 2]).filter(Boolean);
+      if (points.length < 2) continue;
+      flows++;
+      ctx.strokeStyle = '#f0f6fc'; ctx.fillStyle = '#f0f6fc'; ctx.globalAlpha = 0.7; ctx.lineWidth = 1;
+      for (let k = 1; k < points.length; k++) {
+        const [[x0, y0], [x1, y1]] = [points[k - 1], points[k]];
+        if (Math.max(x0, x1) < LABELS || Math.min(x0, x1) > width) continue;
+        ctx.beginPath(); ctx.moveTo(Math.max(LABELS, x0), y0); ctx.lineTo(x1, y1); ctx.stroke();
+        const angle = Math.atan2(y1 - y0, x1 - x0);
+        ctx.beginPath(); ctx.moveTo(x1, y1);
+        ctx.lineTo(x1 - 6 * Math.cos(angle - 0.4), y1 - 6 * Math.sin(angle - 0.4));
+        ctx.lineTo(x1 - 6 * Math.cos(angle + 0.4), y1 - 6 * Math.sin(angle + 0.4));
+        ctx.fill();
+      }
+      ctx.globalAlpha = 1;
+    }
+    canvas.dataset.flows = flows;
     // Round ticks: multiples of a 1, 2 or 5 step from the profile's start.
     ctx.fillStyle = '#8b949e'; ctx.textAlign = 'center';
     const step = niceStep(span, 6);
@@ -191,7 +218,8 @@ export function profilePage(main, name) {
     }
     canvas.dataset.ticks = JSON.stringify(ticks);
     canvas.dataset.matches = matches;
-    range.textContent = `${ns(state.t0)} – ${ns(state.t1)} (${ns(span)} shown of ${ns(state.meta.duration_ns)})`;
+    const left = view && view.flows_left_out ? ` · ${thousands(view.flows_left_out)} collectives here: zoom in for their arrows` : '';
+    range.textContent = `${ns(state.t0)} – ${ns(state.t1)} (${ns(span)} shown of ${ns(state.meta.duration_ns)})${left}`;
   }
 
   canvas.addEventListener('wheel', (e) => {
@@ -241,7 +269,7 @@ export function profilePage(main, name) {
     state.selected = { track, index };
     draw();
     try {
-      const d = await getJSON(`${api(name)}/span?track=${track}&index=${index}`);
+      const d = await getJSON(`${url}/span?track=${track}&index=${index}`);
       const rows = [['name', d.name ?? ''], ['track', d.track], ['start', `${ns(d.start_ns)} into the profile`], ['duration', ns(d.duration_ns)]];
       if (d.execution) rows.push(['in execution', `${d.execution.exec_id}, ${ns(d.execution.offset_ns)} after it started`]);
       if (d.model) rows.push(['model', d.model]);
@@ -267,11 +295,16 @@ export function profilePage(main, name) {
   window.addEventListener('resize', onResize);
 
   const opened = performance.now();
-  getJSON(api(name)).then(async (meta) => {
+  getJSON(url).then(async (meta) => {
     if (state.stopped) return;
     state.meta = meta;
     state.t1 = meta.duration_ns || 1;
-    head.replaceChildren(el('h2', {}, name), el('div', { class: 'muted', id: 'pf-meta' },
+    if (meta.ranks) {
+      head.replaceChildren(el('h2', {}, `The job's ranks on one timeline`), el('div', { class: 'muted', id: 'pf-meta' },
+        `${meta.ranks.length} rank profiles on rank 0's clock · ${thousands(meta.events)} spans on ${meta.tracks.length} tracks over ${ns(meta.duration_ns)} · ${thousands(meta.collectives)} collectives joined across the ranks (arrows from the first rank to arrive to the last)`),
+        ...meta.problems.map((p) => el('div', { class: 'warn' }, p)));
+      summary.replaceChildren(ranksTable(meta.ranks));
+    } else head.replaceChildren(el('h2', {}, name), el('div', { class: 'muted', id: 'pf-meta' },
       `${meta.capture_kind || 'profile'} of ${meta.program ? `${meta.program} ` : ''}pid ${meta.pid}${meta.tag ? ` (${meta.tag})` : ''} on ${meta.instance_type} · ${thousands(meta.events)} spans on ${meta.tracks.length} tracks over ${ns(meta.duration_ns)}`,
       meta.unplaced ? ` · ${thousands(meta.unplaced)} events without a clock sync point left out` : ''),
       ...meta.problems.map((p) => el('div', { class: 'warn' }, p)));
@@ -279,12 +312,12 @@ export function profilePage(main, name) {
     canvas.dataset.firstPaintMs = (performance.now() - opened).toFixed(0);
     // Since the navigation started (performance.now() counts from it).
     canvas.dataset.sinceNavigationMs = performance.now().toFixed(0);
-    if (!state.stopped) loadSummary();
+    if (!state.stopped && !meta.ranks) loadSummary();
   }).catch((e) => head.replaceChildren(el('h2', {}, name), el('div', { class: 'error' }, e.message)));
 
   async function loadSummary() {
     try {
-      const body = await getJSON(`${api(name)}/summary`);
+      const body = await getJSON(`${url}/summary`);
       const s = body.summary, x = s.executions, f = s.flops;
       summary.replaceChildren(
         el('div', { class: 'figures' },
@@ -342,7 +375,7 @@ export function profilePage(main, name) {
   // Shows the longest span of an HLO instruction on the timeline, and its details.
   async function jumpTo(hlo) {
     try {
-      const at = await getJSON(`${api(name)}/hlo?name=${encodeURIComponent(hlo)}`);
+      const at = await getJSON(`${url}/hlo?name=${encodeURIComponent(hlo)}`);
       const margin = Math.max(2000, (at.end_ns - at.start_ns) * 2);
       setRange(Math.max(0, at.start_ns - margin), Math.min(state.meta.duration_ns, at.end_ns + margin));
       showSpan(at.track, at.index);
@@ -512,4 +545,17 @@ export function comparePage(main, a, b) {
           }))));
   }).catch((e) => body.replaceChildren(el('div', { class: 'error' }, e.message)));
   return {};
+}
+
+// A job's rank profiles: each rank's host, process and clock, and a link to its own
+// profile (summary, tables, roofline).
+function ranksTable(ranks) {
+  const clock = (r) => (r.offset_ns == null ? 'its own (no offset measured: rank 0\'s process, or a job of one)'
+    : `moved ${r.offset_ns < 0 ? '−' : '+'}${ns(Math.abs(r.offset_ns))} (± ${ns(r.uncertainty_ns)})`);
+  return el('div', {},
+    el('table', { id: 'pf-ranks' }, el('tr', {}, ['rank', 'host', 'pid', 'clock onto rank 0\'s', 'spans', 'profile'].map((h) => el('th', {}, h))),
+      ...ranks.map((r) => el('tr', { dataset: { rank: r.rank } }, el('td', {}, String(r.rank)), el('td', {}, r.host || '–'), el('td', {}, String(r.pid)),
+        el('td', {}, clock(r)), el('td', {}, thousands(r.events)),
+        el('td', {}, el('a', { href: `#/profile/${encodeURIComponent(r.name)}` }, r.name))))),
+    el('div', { class: 'muted' }, 'Each rank\'s summary, findings and tables are on its own profile\'s page; the collectives\' table and the straggler: neuron-profile view -d DIR --output-format summary-text.'));
 }

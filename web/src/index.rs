@@ -10,9 +10,13 @@
 
 use std::collections::HashMap;
 
-use ntff::{ArgValue, Clock, Descriptor, DescriptorId, NtffFile, Phase, Sym, SyncClock, SystemEvent};
+use ntff::{ArgValue, Clock, Descriptor, DescriptorId, NtffFile, Phase, RootClock, Sym, SyncClock, SystemEvent};
 use rayon::prelude::*;
 use serde::Serialize;
+
+mod ranks;
+
+pub(crate) use ranks::RanksIndex;
 
 /// Spans a track sends raw, per pixel column of the view, at most.
 const RAW_PER_COLUMN: f64 = 0.5;
@@ -218,10 +222,20 @@ struct Decoded {
 impl ProfileIndex {
     /// Decodes every chunk of `file` into tracks.
     pub(crate) fn build(file: NtffFile) -> ProfileIndex {
+        let mut index = ProfileIndex::build_part(file, &RootClock::default());
+        let (origin, end) = (index.origin, index.end);
+        index.frame(origin, end);
+        index
+    }
+
+    /// Decodes every chunk of `file` into tracks, its host times moved by `root` (onto
+    /// its job's root clock, or left as they are), framed by its own first and last
+    /// event but not yet summarised for views zoomed out ([`ProfileIndex::frame`]).
+    pub(crate) fn build_part(file: NtffFile, root: &RootClock) -> ProfileIndex {
         let chunks = file.chunks();
         let sync_points = file.sync_points_by_core(None);
         let clocks_of = || -> HashMap<u32, SyncClock> {
-            sync_points.iter().map(|(&c, p)| (c, SyncClock::new(p.clone()))).collect()
+            sync_points.iter().map(|(&c, p)| (c, SyncClock::new(p.clone()).map_host(|t| root.to_root(t)))).collect()
         };
         // The track (engine or DMA queue, as a slot) and label of each descriptor, once.
         let mut slots: Vec<(TrackKind, u32)> = Vec::new();
@@ -317,7 +331,7 @@ impl ProfileIndex {
             problems,
             events_lost_in_file,
         };
-        let system = index.pair_system_events(system_chunks, &clocks_of());
+        let system = index.pair_system_events(system_chunks, &clocks_of(), root);
         let device = device.into_iter().map(|((core, slot), spans)| ((core, slots[slot].0, slots[slot].1), spans));
         let mut keyed: Vec<(TrackKey, Vec<Span>)> = device.chain(system).collect();
         keyed.sort_by_key(|(key, _)| (key.0.map_or(u64::MAX, u64::from), key.1, index.sym_name(key.2)));
@@ -343,11 +357,19 @@ impl ProfileIndex {
         index.origin = index.tracks.iter().filter_map(|t| t.spans.first()).map(|s| s.start).min().unwrap_or(0);
         index.end = index.tracks.iter().flat_map(|t| t.spans.iter().map(|s| s.end)).max().unwrap_or(index.origin);
         index.events = index.tracks.iter().map(|t| t.spans.len() as u64).sum();
-        let (origin, end) = (index.origin, index.end);
-        index.tracks.par_iter_mut().filter(|t| t.spans.len() > COARSE_BINS / 8).for_each(|t| {
+        index
+    }
+
+    /// Sets the times views are asked from and cut at (the profile's own first and last
+    /// event, or those of the job it is shown with: `origin` no later than its first
+    /// span, `end` no earlier than its last), and summarises busy tracks over them for
+    /// views zoomed out.
+    pub(crate) fn frame(&mut self, origin: u64, end: u64) {
+        (self.origin, self.end) = (origin.min(self.origin), end.max(self.end));
+        let (origin, end) = (self.origin, self.end);
+        self.tracks.par_iter_mut().filter(|t| t.spans.len() > COARSE_BINS / 8).for_each(|t| {
             t.coarse = Some(Coarse::build(&t.spans, origin, end));
         });
-        index
     }
 
     pub(crate) fn file(&self) -> &NtffFile {
@@ -374,6 +396,7 @@ impl ProfileIndex {
         &mut self,
         chunks: Vec<(Option<u32>, Vec<SystemEvent>)>,
         clocks: &HashMap<u32, SyncClock>,
+        root: &RootClock,
     ) -> Vec<(TrackKey, Vec<Span>)> {
         let sync = self.file.find_string("timestamp_sync_point");
         let mut tracks: HashMap<Option<u32>, Vec<Span>> = HashMap::new();
@@ -385,7 +408,7 @@ impl ProfileIndex {
                     continue;
                 }
                 let at = match e.clock {
-                    Clock::Host => Some(e.timestamp_ns),
+                    Clock::Host => Some(root.to_root(e.timestamp_ns)),
                     Clock::Device => e.core.and_then(|c| clocks.get(&c)).and_then(|c| c.to_host(e.timestamp_ns)),
                 };
                 let Some(at) = at else {

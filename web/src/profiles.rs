@@ -11,7 +11,7 @@ use ntff::summary::{Summary, summarise};
 use serde::Serialize;
 use tokio::sync::OnceCell;
 
-use crate::index::ProfileIndex;
+use crate::index::{ProfileIndex, RanksIndex};
 
 /// Profiles kept indexed in memory at once.
 const KEPT: usize = 3;
@@ -40,6 +40,14 @@ impl Profile {
 }
 
 type Slot = Arc<OnceCell<Result<Arc<Profile>, String>>>;
+type JobSlot = Arc<OnceCell<Result<Arc<RanksIndex>, String>>>;
+
+/// How the profiles of a job's ranks are named (as Neuron names them, and
+/// `neuron-profile inspect` writes them): `profile_rank_<lowest rank>.ntff`.
+pub(crate) const RANK_PREFIX: &str = "profile_rank_";
+
+/// A file as it was when read: its path, length and time.
+type Stamp = (PathBuf, u64, Option<SystemTime>);
 
 /// A profile open (or being opened): its path, and its file's length and time then.
 #[derive(Debug)]
@@ -58,6 +66,8 @@ pub(crate) struct Profiles {
     open: Mutex<Vec<Open>>,
     /// One profile is indexed at a time (it takes every core for a moment).
     indexing: tokio::sync::Semaphore,
+    /// The timeline of the directory's rank profiles, with the files it was made of.
+    job: Mutex<Option<(Vec<Stamp>, JobSlot)>>,
 }
 
 impl Profiles {
@@ -66,6 +76,7 @@ impl Profiles {
             dir: dir.and_then(|d| d.canonicalize().ok().or(Some(d))),
             open: Mutex::new(Vec::new()),
             indexing: tokio::sync::Semaphore::new(1),
+            job: Mutex::new(None),
         }
     }
 
@@ -132,6 +143,71 @@ impl Profiles {
                 let opened = tokio::task::spawn_blocking(move || {
                     let file = NtffFile::open(&path).map_err(|e| format!("{name}: {e}"))?;
                     Ok(Arc::new(Profile { name, index: ProfileIndex::build(file), summary: OnceLock::new() }))
+                })
+                .await;
+                opened.unwrap_or_else(|e| Err(format!("indexing failed: {e}")))
+            })
+            .await;
+        Some(result.clone())
+    }
+}
+
+impl Profiles {
+    /// The directory's profiles of a job's ranks: (rank, name, path), by rank.
+    pub(crate) fn rank_files(&self) -> Vec<(u32, String, PathBuf)> {
+        let mut files: Vec<(u32, String, PathBuf)> = self
+            .list()
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|e| {
+                let rank = e.name.strip_prefix(RANK_PREFIX)?.strip_suffix(".ntff")?.parse().ok()?;
+                let path = self.resolve(&e.name)?;
+                Some((rank, e.name, path))
+            })
+            .collect();
+        files.sort();
+        files
+    }
+
+    /// The timeline of the directory's rank profiles together, indexed on first use and
+    /// again when one of them changed; `None` when there are none.
+    pub(crate) async fn job(&self) -> Option<Result<Arc<RanksIndex>, String>> {
+        let files = self.rank_files();
+        if files.is_empty() {
+            return None;
+        }
+        let stamps: Vec<Stamp> = files
+            .iter()
+            .map(|(_, _, path)| {
+                let meta = std::fs::metadata(path).ok();
+                (path.clone(), meta.as_ref().map_or(0, |m| m.len()), meta.and_then(|m| m.modified().ok()))
+            })
+            .collect();
+        let slot = {
+            let mut job = self.job.lock().unwrap_or_else(|e| e.into_inner());
+            match job.as_ref() {
+                Some((kept, slot)) if *kept == stamps => Arc::clone(slot),
+                _ => {
+                    let slot = JobSlot::default();
+                    *job = Some((stamps, Arc::clone(&slot)));
+                    slot
+                }
+            }
+        };
+        let result = slot
+            .get_or_init(|| async move {
+                let Ok(_permit) = self.indexing.acquire().await else {
+                    return Err("the dashboard is stopping".to_string());
+                };
+                let opened = tokio::task::spawn_blocking(move || {
+                    let files = files
+                        .into_iter()
+                        .map(|(rank, name, path)| match NtffFile::open(&path) {
+                            Ok(file) => Ok((rank, name, file)),
+                            Err(e) => Err(format!("{name}: {e}")),
+                        })
+                        .collect::<Result<Vec<_>, String>>()?;
+                    Ok(Arc::new(RanksIndex::build(files)))
                 })
                 .await;
                 opened.unwrap_or_else(|e| Err(format!("indexing failed: {e}")))

@@ -25,6 +25,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::broadcast;
 
+use crate::index::RanksIndex;
 use crate::profiles::{NOISE_MIN_TRACED, Profile, Profiles, compare, compare_bounds, spread};
 use crate::{events, live};
 
@@ -198,6 +199,11 @@ fn router(state: Shared) -> Router {
         .route("/api/profiles/{name}/summary", get(profile_summary))
         .route("/api/profiles/{name}/perfetto", get(profile_perfetto))
         .route("/api/compare", get(compare_profiles))
+        .route("/api/job", get(job_meta))
+        .route("/api/job/view", get(job_view))
+        .route("/api/job/span", get(job_span))
+        .route("/api/job/hlo", get(job_hlo))
+        .route("/api/job/perfetto", get(job_perfetto))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), guard))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -567,6 +573,13 @@ async fn profile_summary(State(state): State<Shared>, Path(name): Path<String>) 
 
 async fn profile_perfetto(State(state): State<Shared>, Path(name): Path<String>) -> Response {
     let Some(path) = state.profiles.resolve(&name) else { return not_found().await };
+    let file_name = format!("{}.perfetto-trace", name.trim_end_matches(".ntff"));
+    perfetto_download(&state, vec![path], false, &file_name)
+}
+
+/// `paths` exported as one Perfetto trace, streamed as a download named `file_name`;
+/// each file on its job's root clock with `root_clock`.
+fn perfetto_download(state: &Shared, paths: Vec<PathBuf>, root_clock: bool, file_name: &str) -> Response {
     let Ok(permit) = Arc::clone(&state.exports).try_acquire_owned() else {
         let mut response =
             error(StatusCode::SERVICE_UNAVAILABLE, format!("{MAX_EXPORTS} exports are running; try again"));
@@ -577,22 +590,21 @@ async fn profile_perfetto(State(state): State<Shared>, Path(name): Path<String>)
     tokio::task::spawn_blocking(move || {
         let _permit = permit;
         let writer = ChannelWriter { tx: tx.clone(), buffer: Vec::with_capacity(1 << 20) };
-        let result = ntff::NtffFile::open(&path).and_then(|file| {
-            let opened = file.len();
-            let (writer, summary) = ntff::export::export(
-                &[file],
-                &ntff::export::ExportOptions::default(),
-                ntff::export::Format::Perfetto,
-                writer,
-                &mut |_| {},
-            )?;
+        let result = paths.iter().map(|p| ntff::NtffFile::open(p)).collect::<Result<Vec<_>, _>>().and_then(|files| {
+            let opened: Vec<u64> = files.iter().map(|f| f.len()).collect();
+            let options = ntff::export::ExportOptions { root_clock, ..Default::default() };
+            let (writer, summary) =
+                ntff::export::export(&files, &options, ntff::export::Format::Perfetto, writer, &mut |_| {})?;
             // Cut or rewritten in place while exported (a profile replaced by renaming
             // reads whole): end the download with an error rather than a trace that
             // silently lacks what could not be read.
-            let now = std::fs::metadata(&path).map_or(0, |m| m.len());
+            let now: Vec<u64> = paths.iter().map(|p| std::fs::metadata(p).map_or(0, |m| m.len())).collect();
             if summary.damaged_chunks > 0 && now != opened {
-                let reason =
-                    format!("the profile changed while it was exported ({opened} bytes, now {now}): download it again");
+                let reason = format!(
+                    "the profile changed while it was exported ({} bytes, now {}): download it again",
+                    opened.iter().sum::<u64>(),
+                    now.iter().sum::<u64>()
+                );
                 return Err(ntff::NtffError::Damaged { offset: 0, reason });
             }
             Ok((writer, summary))
@@ -602,7 +614,6 @@ async fn profile_perfetto(State(state): State<Shared>, Path(name): Path<String>)
         }
     });
     let stream = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) });
-    let file_name = format!("{}.perfetto-trace", name.trim_end_matches(".ntff"));
     let disposition = format!("attachment; filename=\"{}\"", file_name.replace(['"', '\\'], "_"));
     let mut response = Body::from_stream(stream).into_response();
     response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
@@ -610,6 +621,84 @@ async fn profile_perfetto(State(state): State<Shared>, Path(name): Path<String>)
         response.headers_mut().insert(header::CONTENT_DISPOSITION, value);
     }
     response
+}
+
+/// The timeline of the profiles directory's rank profiles.
+async fn job(state: &Shared) -> Result<Arc<RanksIndex>, Response> {
+    match state.profiles.job().await {
+        None => Err(error(StatusCode::NOT_FOUND, "no profiles of a job's ranks (profile_rank_<id>.ntff) here")),
+        Some(Ok(job)) => Ok(job),
+        Some(Err(e)) => Err(error(StatusCode::UNPROCESSABLE_ENTITY, e)),
+    }
+}
+
+async fn job_meta(State(state): State<Shared>) -> Result<Response, Response> {
+    let job = job(&state).await?;
+    let tracks: Vec<_> = job
+        .track_names()
+        .map(|(name, t)| json!({ "name": name, "core": t.core, "kind": t.kind, "spans": t.len(), "depth": t.depth() }))
+        .collect();
+    let ranks: Vec<_> = job
+        .parts
+        .iter()
+        .map(|p| {
+            json!({
+                "rank": p.rank, "name": p.name, "host": p.host, "pid": p.pid,
+                "offset_ns": p.clock.map(|c| c.0), "uncertainty_ns": p.clock.map(|c| c.1),
+                "events": p.index.events, "tracks": p.index.tracks.len(),
+            })
+        })
+        .collect();
+    let problems: Vec<String> = job
+        .parts
+        .iter()
+        .flat_map(|p| p.index.problems.iter().map(move |problem| format!("{}: {problem}", p.name)))
+        .collect();
+    Ok(axum::Json(json!({
+        "name": "job",
+        "duration_ns": job.end - job.origin,
+        "events": job.events(),
+        "unplaced": job.parts.iter().map(|p| p.index.unplaced).sum::<u64>(),
+        "tracks": tracks,
+        "ranks": ranks,
+        "collectives": job.collectives(),
+        "problems": problems,
+    }))
+    .into_response())
+}
+
+async fn job_view(State(state): State<Shared>, Query(q): Query<ViewQuery>) -> Result<Response, Response> {
+    let job = job(&state).await?;
+    let view = blocking(move || serde_json::to_vec(&job.view(q.t0, q.t1, q.columns))).await?;
+    let json = view.map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], json).into_response())
+}
+
+async fn job_span(State(state): State<Shared>, Query(q): Query<SpanQuery>) -> Result<Response, Response> {
+    let job = job(&state).await?;
+    let details = job.details(q.track, q.index).ok_or_else(|| error(StatusCode::NOT_FOUND, "no such span"))?;
+    Ok(axum::Json(details).into_response())
+}
+
+async fn job_hlo(State(state): State<Shared>, Query(q): Query<HloQuery>) -> Result<Response, Response> {
+    let job = job(&state).await?;
+    let found = blocking(move || {
+        let (track, index) = job.longest_of_hlo(&q.name)?;
+        let (start_ns, end_ns) = job.span_time(track, index)?;
+        Some(json!({"track": track, "index": index, "start_ns": start_ns, "end_ns": end_ns}))
+    })
+    .await?;
+    found
+        .map(|body| axum::Json(body).into_response())
+        .ok_or_else(|| error(StatusCode::NOT_FOUND, "no instruction of that HLO instruction in these profiles"))
+}
+
+async fn job_perfetto(State(state): State<Shared>) -> Response {
+    let paths: Vec<PathBuf> = state.profiles.rank_files().into_iter().map(|(_, _, path)| path).collect();
+    if paths.is_empty() {
+        return not_found().await;
+    }
+    perfetto_download(&state, paths, true, "ranks.perfetto-trace")
 }
 
 /// Sends what is written to a response body, a megabyte at a time.

@@ -1,8 +1,8 @@
 //! The dashboard in a real headless browser: Chromium (Debian's) driven by
 //! `playwright-core` (from npm, `web/e2e`), against a running workload and two captured
-//! profiles, and against a job of four ranks under `mpirun`. The checks are in
-//! `web/e2e/dashboard.mjs` and `web/e2e/ranks.mjs`; screenshots of each page are left
-//! in `target/dashboard-screenshots`.
+//! profiles, against a job of four ranks under `mpirun`, and against that job's rank
+//! profiles. The checks are in `web/e2e/dashboard.mjs`, `web/e2e/ranks.mjs` and
+//! `web/e2e/job.mjs`; screenshots of each page are left in `target/dashboard-screenshots`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -70,6 +70,44 @@ fn the_ranks_page_names_a_late_rank_in_a_headless_browser() {
     let (_dashboard, url) = neuron_test_support::process::dashboard(&sandbox, DASHBOARD.as_ref(), &[]);
     let measured = browser_checks((&node, &chromium, &e2e), "ranks.mjs", &[&url]);
     assert!(measured["ranks"]["straggler"].as_str().is_some_and(|s| s.starts_with("Straggler: rank 2")));
+}
+
+#[test]
+fn a_jobs_rank_profiles_open_on_one_timeline_in_a_headless_browser() {
+    let e2e = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e");
+    let Some((node, chromium)) = tools(&e2e) else { return };
+    let sandbox = Sandbox::new();
+    let profiles = sandbox.path().join("profiles");
+    let hlo = sandbox.path().join("allreduce.hlo");
+    std::fs::write(
+        &hlo,
+        "HloModule allreduce\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\
+         ENTRY e {\n  x = f32[4096]{0} parameter(0)\n  ROOT r = f32[4096]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n",
+    )
+    .expect("write");
+    // Four ranks, each process recording itself into the directory as its rank.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port();
+    let mut program = Command::new(profiler_binary("neuron-profile"));
+    sandbox
+        .env(&mut program)
+        .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge")
+        .env("NEURON_RT_NUM_CORES", "1")
+        .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{port}"))
+        .args(["inspect", "-o"])
+        .arg(&profiles)
+        .arg(neuron_test_support::process::neuron_bench())
+        .args(["exec", "--iterations", "20"])
+        .arg(&hlo);
+    let Some(mut mpirun) = neuron_test_support::process::mpirun(4, &program) else { return };
+    let output = mpirun.output().expect("mpirun runs");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let (_dashboard, url) = neuron_test_support::process::dashboard(
+        &sandbox,
+        DASHBOARD.as_ref(),
+        &["--profiles".as_ref(), profiles.as_os_str()],
+    );
+    let measured = browser_checks((&node, &chromium, &e2e), "job.mjs", &[&url, "4"]);
+    assert!(measured["arrows"]["drawn"].as_u64().is_some_and(|n| n > 0));
 }
 
 /// Runs the checks of `script` (in `e2e`) with `args` and the screenshot directory;
