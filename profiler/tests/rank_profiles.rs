@@ -123,3 +123,67 @@ fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_ran
     let executions: u64 = check.tracks.iter().map(|t| t.slice_names.get("nc_exec_running").copied().unwrap_or(0)).sum();
     assert_eq!(check.flows, executions + 48, "{check:?}");
 }
+
+#[test]
+fn capture_runs_a_collectives_program_as_ranks_and_writes_a_profile_per_rank() {
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path().join("capture");
+    let hlo = sandbox.path().join("allreduce.hlo");
+    std::fs::write(
+        &hlo,
+        "HloModule allreduce\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\
+         ENTRY e {\n  x = f32[4096]{0} parameter(0)\n  ROOT r = f32[4096]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n",
+    )
+    .expect("write");
+    std::fs::create_dir(&dir).expect("mkdir");
+    let capture = |extra: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_neuron-profile"));
+        sandbox
+            .env(&mut command)
+            .env("NEURON_RT_FAULT_INJECT", "cc_delay:rank=2:delay=20ms")
+            .args(["capture", "-n"])
+            .arg(&hlo)
+            .arg("-s")
+            .arg(dir.join("profile.ntff"))
+            .args(["--num-exec", "10"])
+            .args(extra);
+        let output = command.output().expect("capture runs");
+        let said = String::from_utf8_lossy(&output.stderr).into_owned();
+        assert!(output.status.success(), "{said}");
+        said
+    };
+    let names = || {
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .expect("dir")
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    // One rank profiled: only its file.
+    let said = capture(&["-r", "4", "--collectives-profile-id", "2"]);
+    assert!(said.contains("the 4 workers run on trn1.32xlarge"), "{said}");
+    assert!(said.contains("[rank 0] ran 10 executions"), "{said}");
+    assert_eq!(names(), ["profile_rank_2.ntff"]);
+    // Every rank: a file each, which view -d reads together, naming the late rank.
+    let said = capture(&["-r", "4"]);
+    assert!(said.contains("read the ranks together with: neuron-profile view -d"), "{said}");
+    assert_eq!(names(), ["profile_rank_0.ntff", "profile_rank_1.ntff", "profile_rank_2.ntff", "profile_rank_3.ntff"]);
+    let text = String::from_utf8_lossy(&view_dir(&dir, "summary-text", None).stdout).into_owned();
+    assert!(text.starts_with("Ranks: 4 profiles with collectives; 4 of them with clock anchors"), "{text}");
+    let finding = text.lines().find(|l| l.starts_with("  1. ")).unwrap_or_else(|| panic!("no finding: {text}"));
+    assert!(finding.starts_with("  1. rank 2 (pid ") && finding.contains("of 10 collectives"), "{finding}");
+    // A worker that fails stops the others, and the capture says which.
+    let mut command = Command::new(env!("CARGO_BIN_EXE_neuron-profile"));
+    let output = sandbox
+        .env(&mut command)
+        .args(["capture", "-n"])
+        .arg(sandbox.path().join("missing.hlo"))
+        .args(["-r", "2", "-s"])
+        .arg(dir.join("profile.ntff"))
+        .output()
+        .expect("capture runs");
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success() && said.contains("the worker of rank"), "{said}");
+}

@@ -88,6 +88,24 @@ impl Runtime {
         self.with_running(|running| running.world.get().and_then(|world| world.clock_offset())).ok().flatten()
     }
 
+    /// Records this process's latest clock offset again, as a `clock_offset` event now:
+    /// for a recording that was paused when it was measured (a capture's warm-up) or
+    /// began after it. Nothing before the first measure.
+    pub fn trace_clock_offset(&self) {
+        let _ = self.with_running(|running| {
+            if let Some(offset) = running.world.get().and_then(|world| world.clock_offset()) {
+                let payload =
+                    payload::ClockOffset { offset_ns: offset.offset_ns, uncertainty_ns: offset.uncertainty_ns };
+                running.tracer.instant(
+                    running.tracer.ring_of(None),
+                    EventType::ClockOffset,
+                    EventIds::default(),
+                    payload,
+                );
+            }
+        });
+    }
+
     /// This process's membership in the job, started on first use.
     fn world(&self) -> NrtResult<Arc<World>> {
         let root = self.shared.config.root_comm.as_ref().ok_or_else(|| {

@@ -65,6 +65,8 @@ pub(crate) struct CaptureArgs {
     /// Inputs as pairs: the input's name (or index) and a `.npy` file; zeros otherwise.
     #[arg(value_name = "NAME PATH.npy")]
     inputs: Vec<String>,
+    #[command(flatten)]
+    workers: crate::workers::WorkerArgs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -87,6 +89,11 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
     if args.num_exec == 0 {
         bail!("--num-exec must be at least 1");
     }
+    if args.workers.workers_per_node.is_some() {
+        let arguments = crate::workers::worker_arguments(std::env::args().skip(1));
+        let dir = args.session_file.parent().map(|d| if d.as_os_str().is_empty() { Path::new(".") } else { d });
+        return crate::workers::run(&args.workers, &arguments, if args.disable_profile { None } else { dir });
+    }
     // One core unless the environment chooses: a capture should not hold the host's
     // cores. Its rings are the large ones a profile asks for, unless sized explicitly.
     let config = Config::from_lookup(|name| match name {
@@ -104,6 +111,14 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
     let target = target_for(runtime.topology().core_version);
     let neff = load_model_bytes(&args.model, target)?;
     let core = runtime.cores()?.cores()[0];
+    // A rank of a job (under a launcher, or a worker of `-r`) writes its own file, named
+    // after its lowest rank as Neuron names them, beside the session file.
+    let held = runtime.cores()?.cores().len() as u32;
+    let job_rank = runtime.config().launch.as_ref().filter(|l| l.processes > 1).and_then(|l| l.ranks(held).ok());
+    let session_file = match &job_rank {
+        Some((ranks, _)) => args.session_file.with_file_name(format!("profile_rank_{}.ntff", ranks.start)),
+        None => args.session_file.clone(),
+    };
     runtime.set_trace_recording_of(false, false)?;
     let peak = if args.disable_profile { None } else { Some(measure_peak(&runtime, core, target)?) };
 
@@ -115,7 +130,7 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
             meta.peak_flops_per_core = peak;
             meta.peak_flops_method = PEAK_METHOD.into();
             meta.warmup_executions = u32::try_from(args.warmup).unwrap_or(u32::MAX);
-            Some(Recorder::new(create_writer(&args.session_file, &meta)?))
+            Some(Recorder::new(create_writer(&session_file, &meta)?))
         }
         None => None,
     };
@@ -132,7 +147,18 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
     };
     runtime.set_trace_recording_of(recorder.is_some(), false)?;
 
-    let model = runtime.load(&neff, Some(core))?;
+    // A collectives program in a job of several processes runs as this process's rank
+    // of the job's communicator; elsewhere as a program of one rank.
+    let collectives = Neff::decode(&neff, neuron_runtime::neff::DecodeOptions::default())?
+        .program
+        .instructions()
+        .any(|i| matches!(i.op, neuron_runtime::isa::Op::Collective(_)));
+    let model = match &job_rank {
+        Some((ranks, world)) if collectives && runtime.config().root_comm.is_some() => {
+            runtime.load_collectives_across(&neff, core, ranks.start, *world)?
+        }
+        _ => runtime.load(&neff, Some(core))?,
+    };
     if let Some(recorder) = &mut recorder {
         let sha = sha256_hex(&neff);
         recorder.models(&reader.models(), &|m| if m.model_id == model.id() { sha.clone() } else { String::new() })?;
@@ -206,10 +232,13 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
     run.wait_all(&mut in_flight)?;
     progress.finish_and_clear();
     let elapsed = started.elapsed();
+    // A rank's clock offset, measured when its job formed (during the unrecorded
+    // warm-up, perhaps), recorded once more: the file's anchor to rank 0's clock.
+    runtime.trace_clock_offset();
     runtime.set_trace_recording_of(false, false)?;
 
     if args.save_output_npy {
-        save_outputs(&model, &outputs, &args.session_file)?;
+        save_outputs(&model, &outputs, &session_file)?;
     }
     let executed = run.failures.len() as u64 + run.completed_count(args.num_exec, stopped_by.as_ref());
     match recorder {
@@ -225,10 +254,10 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
                 summary.system_events,
                 summary.device_events,
                 summary.lost_events,
-                args.session_file.display(),
+                session_file.display(),
                 summary.bytes
             );
-            eprintln!("view it with: neuron-profile view -s {}", args.session_file.display());
+            eprintln!("view it with: neuron-profile view -s {}", session_file.display());
         }
         None => eprintln!(
             "ran {executed} executions in {:.3} s ({} each) without profiling",

@@ -10,6 +10,7 @@ mod inspect;
 mod ranks;
 mod snapshot;
 mod view;
+mod workers;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
