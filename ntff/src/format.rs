@@ -34,6 +34,7 @@ pub(crate) enum RecordKind {
     Chunk = 4,
     Models = 5,
     Index = 6,
+    Communicators = 7,
 }
 
 impl RecordKind {
@@ -45,6 +46,7 @@ impl RecordKind {
             4 => RecordKind::Chunk,
             5 => RecordKind::Models,
             6 => RecordKind::Index,
+            7 => RecordKind::Communicators,
             _ => return None,
         })
     }
@@ -56,6 +58,7 @@ impl RecordKind {
             RecordKind::Descriptors => "descriptor table",
             RecordKind::Chunk => "event chunk",
             RecordKind::Models => "models",
+            RecordKind::Communicators => "communicators",
             RecordKind::Index => "index",
         }
     }

@@ -32,7 +32,7 @@ pub use model::{
     Arg, ArgValue, Chunk, ChunkInfo, Clock, Descriptor, DescriptorId, DeviceEvent, Loss, Phase, Sym, SyncPoint,
     SystemEvent,
 };
-pub use proto::{ClockCalibration, Metadata, Model, Topology};
+pub use proto::{ClockCalibration, Communicator, CommunicatorMember, Metadata, Model, Topology};
 pub use reader::{Damage, NtffFile, Recovery};
 pub use writer::{MAX_CHUNK_ARGS, MAX_CHUNK_EVENTS, ProfileFile, WriteSummary, Writer};
 

@@ -144,6 +144,7 @@ pub struct NtffFile {
     version: u32,
     metadata: proto::Metadata,
     models: Vec<proto::Model>,
+    communicators: Vec<proto::Communicator>,
     /// `None` where a damaged record's strings were lost.
     strings: Vec<Option<String>>,
     descriptors: Vec<Option<Descriptor>>,
@@ -187,6 +188,7 @@ impl NtffFile {
             version,
             metadata: proto::Metadata::default(),
             models: Vec::new(),
+            communicators: Vec::new(),
             strings: vec![Some(String::new())],
             descriptors: Vec::new(),
             chunks: Vec::new(),
@@ -209,6 +211,12 @@ impl NtffFile {
 
     pub fn models(&self) -> &[proto::Model] {
         &self.models
+    }
+
+    /// The communicators of the traced process as its recording ended (empty in files
+    /// written before they were recorded, and for a process of none).
+    pub fn communicators(&self) -> &[proto::Communicator] {
+        &self.communicators
     }
 
     /// The string `sym` names (`None` when it was lost or never written).
@@ -625,6 +633,9 @@ impl NtffFile {
                 .map_err(|e| e.to_string()),
             RecordKind::Models => <proto::Models as prost::Message>::decode(payload)
                 .map(|m| self.models.extend(m.models))
+                .map_err(|e| e.to_string()),
+            RecordKind::Communicators => <proto::Communicators as prost::Message>::decode(payload)
+                .map(|c| self.communicators = c.communicators)
                 .map_err(|e| e.to_string()),
             RecordKind::Strings => <proto::Strings as prost::Message>::decode(payload)
                 .map_err(|e| e.to_string())

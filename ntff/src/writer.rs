@@ -183,6 +183,15 @@ impl<W: Write> Writer<W> {
         Ok(())
     }
 
+    /// Records the communicators of the traced process (written at once; a later record
+    /// replaces an earlier one).
+    pub fn communicators(&mut self, communicators: &[proto::Communicator]) -> Result<(), NtffError> {
+        let payload = prost::Message::encode_to_vec(&proto::Communicators { communicators: communicators.to_vec() });
+        let offset = self.record(RecordKind::Communicators, 0, &payload)?;
+        self.tables.push(offset);
+        Ok(())
+    }
+
     pub fn system(&mut self, event: &SystemEvent) -> Result<(), NtffError> {
         check_optional(event.exec_id, event.model_id, event.nrta_seq_id)?;
         let chunk = self.chunk(event.core, event.timestamp_ns)?;

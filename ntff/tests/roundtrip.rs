@@ -86,3 +86,35 @@ fn large_streams_span_many_chunks_and_read_back_identical() {
     let names: Vec<Sym> = read_all(&file).values().flat_map(|s| s.system.iter().map(|e| e.name)).collect();
     assert!(names.iter().all(|&n| file.string(n) == Some("nrt_execute")));
 }
+
+#[test]
+fn the_traced_processs_communicators_read_back_the_last_recorded_even_from_a_cut_file() {
+    let member = |rank: u32, pid: u32| ntff::CommunicatorMember {
+        rank,
+        pid,
+        host: format!("host{rank}"),
+        core: Some(rank),
+        in_this_process: rank == 1,
+    };
+    let group = |ranks: u32| ntff::Communicator {
+        id: 77,
+        name: "world".into(),
+        ranks,
+        across_processes: true,
+        members: (0..ranks).map(|r| member(r, 100 + r)).collect(),
+    };
+    let metadata = ntff::Metadata { runtime_version: "test".into(), ..ntff::Metadata::default() };
+    let mut w = ntff::Writer::new(Vec::new(), &metadata).expect("header");
+    w.communicators(&[group(2)]).expect("first");
+    w.communicators(&[group(4)]).expect("replaced");
+    let bytes = w.finish().expect("finish").0;
+    let file = NtffFile::from_bytes(bytes.clone()).expect("opens");
+    assert_eq!(file.communicators(), [group(4)]);
+    assert!(file.recovery().describe().is_empty());
+    // Without its index (a capture killed before the end), found by the scan.
+    let cut = NtffFile::from_bytes(bytes[..bytes.len() - 40].to_vec()).expect("opens");
+    assert_eq!(cut.communicators(), [group(4)]);
+    // A file of no communicators has none.
+    let plain = ntff::Writer::new(Vec::new(), &metadata).expect("header").finish().expect("finish").0;
+    assert!(NtffFile::from_bytes(plain).expect("opens").communicators().is_empty());
+}

@@ -166,6 +166,10 @@ fn capture_runs_a_collectives_program_as_ranks_and_writes_a_profile_per_rank() {
     assert!(said.contains("the 4 workers run on trn1.32xlarge"), "{said}");
     assert!(said.contains("[rank 0] ran 10 executions"), "{said}");
     assert_eq!(names(), ["profile_rank_2.ntff"]);
+    // Its file records the whole group: the report knows the ranks it has no profile of.
+    let text = String::from_utf8_lossy(&view_dir(&dir, "summary-text", None).stdout).into_owned();
+    assert!(text.contains(": 4 ranks; orderings closer than"), "{text}");
+    assert!(text.contains("no profile here of ranks 0, 1, 3"), "{text}");
     // Every rank: a file each, which view -d reads together, naming the late rank.
     let said = capture(&["-r", "4"]);
     assert!(said.contains("read the ranks together with: neuron-profile view -d"), "{said}");
@@ -174,6 +178,9 @@ fn capture_runs_a_collectives_program_as_ranks_and_writes_a_profile_per_rank() {
     assert!(text.starts_with("Ranks: 4 profiles with collectives; 4 of them with clock anchors"), "{text}");
     let finding = text.lines().find(|l| l.starts_with("  1. ")).unwrap_or_else(|| panic!("no finding: {text}"));
     assert!(finding.starts_with("  1. rank 2 (pid ") && finding.contains("of 10 collectives"), "{finding}");
+    let members = text.lines().find(|l| l.starts_with("members, as recorded: ")).unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(members.matches(" (pid ").count(), 4, "{members}");
+    assert!(!text.contains("no profile here"), "{text}");
     // A worker that fails stops the others, and the capture says which.
     let mut command = Command::new(env!("CARGO_BIN_EXE_neuron-profile"));
     let output = sandbox

@@ -301,6 +301,35 @@ impl<W: Write> Recorder<W> {
     }
 
     /// Finishes the file.
+    /// Records the traced runtime's communicators, as its flight record has them now
+    /// (nothing for a runtime of none).
+    pub fn communicators(&mut self, communicators: &[neuron_datastore::CommunicatorRecord]) -> Result<()> {
+        if communicators.is_empty() {
+            return Ok(());
+        }
+        let records: Vec<ntff::Communicator> = communicators
+            .iter()
+            .map(|c| ntff::Communicator {
+                id: c.id,
+                name: c.name.clone(),
+                ranks: c.ranks,
+                across_processes: c.across,
+                members: c
+                    .members
+                    .iter()
+                    .map(|m| ntff::CommunicatorMember {
+                        rank: m.rank,
+                        pid: m.pid,
+                        host: m.host.clone(),
+                        core: m.core,
+                        in_this_process: m.in_this_process,
+                    })
+                    .collect(),
+            })
+            .collect();
+        Ok(self.writer.communicators(&records)?)
+    }
+
     pub fn finish(self) -> Result<(W, ntff::WriteSummary)> {
         Ok(self.writer.finish()?)
     }

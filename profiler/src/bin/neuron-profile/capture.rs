@@ -244,6 +244,7 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
     match recorder {
         Some(mut recorder) => {
             recorder.drain(&reader, &mut tail, true)?;
+            recorder.communicators(&reader.communicators())?;
             let (file, summary) = recorder.finish()?;
             file.place()?;
             eprintln!(

@@ -118,7 +118,8 @@ pub(crate) fn inspect(args: InspectArgs) -> Result<()> {
             }
         }
         for pid in finished {
-            if let Some(Traced { mode: Mode::Stream { recorder, .. }, path, rank, .. }) = traced.remove(&pid) {
+            if let Some(Traced { mode: Mode::Stream { mut recorder, .. }, path, rank, reader }) = traced.remove(&pid) {
+                recorder.communicators(&reader.communicators())?;
                 let (file, summary) = recorder.finish()?;
                 file.place()?;
                 let path = rank.map_or(Ok(path.clone()), |rank| named_after_rank(&path, rank))?;
@@ -179,6 +180,7 @@ fn step(t: &mut Traced, done: bool, command: &[String]) -> Result<Option<PathBuf
             recorder.models(&t.reader.models(), &|_| String::new())?;
             let mut tail = t.reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
             recorder.drain(&t.reader, &mut tail, done)?;
+            recorder.communicators(&t.reader.communicators())?;
             recorder.finish()?.0.place()?;
             eprintln!(
                 "neuron-profile: an execution of pid {} failed; its rings are in {}",

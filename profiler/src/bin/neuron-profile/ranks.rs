@@ -29,6 +29,8 @@ pub(crate) struct RankProfile {
     /// How many `clock_offset` anchors the file holds (0: its clock is taken as the
     /// root's, which holds for rank 0's process and a job of one process).
     pub(crate) anchors: usize,
+    /// The communicators the file recorded its process in, with their members.
+    pub(crate) membership: Vec<ntff::Communicator>,
 }
 
 /// A collective's start, until its stop.
@@ -43,6 +45,7 @@ struct Open {
 pub(crate) fn read(path: &Path) -> Result<Option<RankProfile>> {
     let file = NtffFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     let (pid, host) = (file.metadata().pid, file.metadata().host.clone());
+    let membership = file.communicators().to_vec();
     let mut anchors: Vec<(u64, i64, u64)> = Vec::new();
     let mut opened: HashMap<u64, Open> = HashMap::new();
     let mut spans: Vec<(Open, u64)> = Vec::new();
@@ -131,7 +134,7 @@ pub(crate) fn read(path: &Path) -> Result<Option<RankProfile>> {
         communicators: communicators.into_values().collect(),
         activity: Default::default(),
     };
-    Ok(Some(RankProfile { path: path.to_owned(), host, records, anchors: clock.anchors() }))
+    Ok(Some(RankProfile { path: path.to_owned(), host, records, anchors: clock.anchors(), membership }))
 }
 
 /// The group views of the profiles' communicators, over every collective they hold.
@@ -170,13 +173,25 @@ struct ProfileLine {
 #[derive(Debug, Serialize)]
 struct CommunicatorReport {
     id: u32,
+    /// The group's ranks: as recorded with the profiles, else those with a profile.
     ranks: usize,
+    /// Its members as the profiles recorded them (empty in older files).
+    members: Vec<MemberLine>,
+    /// Members without a profile here: their arrivals are unknown.
+    without_profile: Vec<u32>,
     /// Orderings closer than this are ties.
     clock_uncertainty_ns: u64,
     /// Ranked by the time they could save; the straggler first.
     findings: Vec<String>,
     straggler: Option<Straggler>,
     collectives: Vec<CollectiveRow>,
+}
+
+#[derive(Debug, Serialize)]
+struct MemberLine {
+    rank: u32,
+    pid: u32,
+    host: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -239,9 +254,17 @@ pub(crate) fn report(profiles: &[RankProfile], views: &[GroupView]) -> Report {
                     }
                 })
                 .collect();
+            let recorded = profiles.iter().flat_map(|p| &p.membership).find(|c| c.id == view.id);
+            let members: Vec<MemberLine> = recorded.map_or_else(Vec::new, |c| {
+                c.members.iter().map(|m| MemberLine { rank: m.rank, pid: m.pid, host: m.host.clone() }).collect()
+            });
+            let without_profile =
+                members.iter().map(|m| m.rank).filter(|r| !view.members.iter().any(|v| v.rank == *r)).collect();
             CommunicatorReport {
                 id: view.id,
-                ranks: view.members.len(),
+                ranks: recorded.map_or(view.members.len(), |c| c.ranks as usize),
+                members,
+                without_profile,
                 clock_uncertainty_ns: view.uncertainty_ns,
                 findings: view.straggler.iter().map(|s| s.text.clone()).collect(),
                 straggler: view.straggler.clone(),
@@ -259,8 +282,9 @@ impl Report {
         let anchored = self.profiles.iter().filter(|p| p.clock_anchors > 0).count();
         let _ = writeln!(
             out,
-            "Ranks: {} profiles with collectives; {} of them with clock anchors (the others are on the root's clock)",
+            "Ranks: {} profile{} with collectives; {} of them with clock anchors (the others are on the root's clock)",
             self.profiles.len(),
+            if self.profiles.len() == 1 { "" } else { "s" },
             anchored
         );
         for p in &self.profiles {
@@ -275,6 +299,27 @@ impl Report {
                 comm.ranks,
                 format_ns(comm.clock_uncertainty_ns)
             );
+            if !comm.members.is_empty() {
+                let members: Vec<String> = comm
+                    .members
+                    .iter()
+                    .map(|m| match (m.pid, m.host.as_str()) {
+                        (0, _) => format!("{} (not yet known)", m.rank),
+                        (pid, "") => format!("{} (pid {pid})", m.rank),
+                        (pid, host) => format!("{} (pid {pid} on {host})", m.rank),
+                    })
+                    .collect();
+                let _ = writeln!(out, "members, as recorded: {}", members.join(", "));
+            }
+            if !comm.without_profile.is_empty() {
+                let ranks: Vec<String> = comm.without_profile.iter().map(u32::to_string).collect();
+                let _ = writeln!(
+                    out,
+                    "no profile here of rank{} {}: their arrivals are not in these files, so the table and findings leave them out",
+                    if ranks.len() == 1 { "" } else { "s" },
+                    ranks.join(", ")
+                );
+            }
             let _ = writeln!(out, "Findings:");
             if comm.findings.is_empty() {
                 let complete = comm.collectives.iter().filter(|c| c.complete).count();

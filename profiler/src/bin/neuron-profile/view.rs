@@ -104,7 +104,9 @@ pub(crate) fn view(args: ViewArgs) -> Result<()> {
         let profiles: Vec<ranks::RankProfile> =
             rank_files.iter().map(|p| ranks::read(p)).collect::<Result<Vec<_>>>()?.into_iter().flatten().collect();
         let views = ranks::views(&profiles);
-        if views.iter().any(|v| v.members.len() > 1) {
+        // Several ranks, or one whose file says its group has more.
+        let grouped = profiles.iter().flat_map(|p| &p.membership).any(|c| c.ranks > 1);
+        if grouped || views.iter().any(|v| v.members.len() > 1) {
             let report = ranks::report(&profiles, &views);
             if format == OutputFormat::SummaryText {
                 writeln!(out, "{}", report.to_text())?;
