@@ -66,18 +66,31 @@ fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_ran
     let finding = text.lines().find(|l| l.starts_with("  1. ")).unwrap_or_else(|| panic!("no finding: {text}"));
     // Named with its host and pid, as every tool names a rank.
     assert!(finding.starts_with("  1. rank 2 (pid ") && finding.contains(" on host "), "{finding}");
+    // With what it was doing before it arrived: inside its execution, its delay held
+    // it there with no instruction running, while the others came at once.
+    let before =
+        text.lines().find(|l| l.trim_start().starts_with("before it arrived")).unwrap_or_else(|| panic!("{text}"));
+    assert!(before.contains("on median over 11 collectives") && before.contains("executing"), "{before}");
+    assert!(before.contains("; the other ranks: "), "{before}");
     assert!(finding.contains("of 12 collectives"), "{finding}");
     let rows: Vec<&str> =
         text.lines().filter(|l| l.trim_start().starts_with('#') && l.contains("all-reduce")).collect();
     assert_eq!(rows.len(), 12, "a row per collective: {text}");
     // Columns: seq, operation, bytes, algorithm, skew (a number and a unit), last, …
-    assert!(rows.iter().filter(|r| r.split_whitespace().nth(6) == Some("2")).count() >= 11, "rank 2 last: {text}");
+    // Rank 2 is last in every collective once the job runs: the first ones also wait
+    // for the processes' start, whose order a loaded host decides.
+    let last: Vec<Option<&str>> = rows.iter().map(|r| r.split_whitespace().nth(6)).collect();
+    assert!(last[2..].iter().all(|l| *l == Some("2")), "rank 2 last: {text}");
 
     // The same as JSON, beside each file's summary.
     let json = view_dir(&profiles, "summary-json", None);
     let json: serde_json::Value = serde_json::from_slice(&json.stdout).expect("JSON");
     let comm = &json["ranks"]["communicators"][0];
     assert_eq!(comm["straggler"]["rank"], 2, "{comm:#}");
+    // Rank 2's 20 ms delay is in its time before its arrivals, not in the others'.
+    let mine = comm["straggler_before"]["since_previous_ns"].as_u64().expect("the straggler's time before");
+    let others = comm["others_since_previous_ns"].as_u64().expect("the others' time before");
+    assert!(mine >= 15_000_000 && others * 4 < mine, "rank 2 {mine} ns, the others {others} ns: {comm:#}");
     assert_eq!(comm["collectives"].as_array().map(Vec::len), Some(12));
     assert!(comm["collectives"][5]["busbw_gb_per_s"].as_f64().is_some_and(|b| b > 0.0), "{comm:#}");
     assert_eq!(json["ranks"]["profiles"].as_array().map(Vec::len), Some(4));

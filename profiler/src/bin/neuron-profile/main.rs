@@ -5,6 +5,7 @@
 //! summarises a file or exports it (Perfetto, Chrome JSON, JSON); `tail` prints a
 //! running process's events as they happen.
 
+mod activity;
 mod capture;
 mod inspect;
 mod ranks;

@@ -17,6 +17,8 @@ use neuron_datastore::{
 };
 use neuron_record::to_system_event;
 use ntff::NtffFile;
+
+use crate::activity::{self, BeforeArrival};
 use serde::Serialize;
 
 /// One profile's collectives, on the job's clock.
@@ -31,6 +33,8 @@ pub(crate) struct RankProfile {
     pub(crate) anchors: usize,
     /// The communicators the file recorded its process in, with their members.
     pub(crate) membership: Vec<ntff::Communicator>,
+    /// Its host clock onto the job's.
+    pub(crate) clock: ntff::RootClock,
 }
 
 /// A collective's start, until its stop.
@@ -134,7 +138,7 @@ pub(crate) fn read(path: &Path) -> Result<Option<RankProfile>> {
         communicators: communicators.into_values().collect(),
         activity: Default::default(),
     };
-    Ok(Some(RankProfile { path: path.to_owned(), host, records, anchors: clock.anchors(), membership }))
+    Ok(Some(RankProfile { path: path.to_owned(), host, records, anchors: clock.anchors(), membership, clock }))
 }
 
 /// The group views of the profiles' communicators, over every collective they hold.
@@ -184,6 +188,11 @@ struct CommunicatorReport {
     /// Ranked by the time they could save; the straggler first.
     findings: Vec<String>,
     straggler: Option<Straggler>,
+    /// What the straggler was doing before it arrived, from its profile.
+    straggler_before: Option<BeforeArrival>,
+    /// The other ranks' time from their previous collective to their arrival, median of
+    /// their medians.
+    others_since_previous_ns: Option<u64>,
     collectives: Vec<CollectiveRow>,
 }
 
@@ -260,7 +269,30 @@ pub(crate) fn report(profiles: &[RankProfile], views: &[GroupView]) -> Report {
             });
             let without_profile =
                 members.iter().map(|m| m.rank).filter(|r| !view.members.iter().any(|v| v.rank == *r)).collect();
+            // The straggler's time before its arrivals against the other ranks'.
+            let before = |rank: u32| {
+                let profile = profiles.iter().find(|p| {
+                    p.records.communicators.iter().any(|c| c.id == view.id && c.members.iter().any(|m| m.rank == rank))
+                })?;
+                let gaps = gaps(profile, view.id, rank);
+                activity::before_arrivals(&profile.path, &profile.clock, &gaps).ok().flatten()
+            };
+            let straggler_before = view.straggler.as_ref().and_then(|s| before(s.rank));
+            let others_since_previous_ns = view.straggler.as_ref().and_then(|s| {
+                let others: Vec<u64> = view
+                    .members
+                    .iter()
+                    .filter(|m| m.rank != s.rank)
+                    .filter_map(|m| before(m.rank))
+                    .map(|b| b.since_previous_ns)
+                    .collect();
+                let mut sorted = others;
+                sorted.sort_unstable();
+                sorted.get(sorted.len() / 2).copied()
+            });
             CommunicatorReport {
+                straggler_before,
+                others_since_previous_ns,
                 id: view.id,
                 ranks: recorded.map_or(view.members.len(), |c| c.ranks as usize),
                 members,
@@ -327,6 +359,17 @@ impl Report {
             }
             for (k, finding) in comm.findings.iter().enumerate() {
                 let _ = writeln!(out, "  {}. {finding}", k + 1);
+                if let (0, Some(before)) = (k, &comm.straggler_before) {
+                    let others = comm
+                        .others_since_previous_ns
+                        .map_or_else(String::new, |ns| format!("; the other ranks: {} since theirs", format_ns(ns)));
+                    let _ = writeln!(
+                        out,
+                        "     before it arrived, on median over {} collectives, from its profile: {}{others}",
+                        before.collectives,
+                        before.text()
+                    );
+                }
             }
             let _ = writeln!(
                 out,
@@ -367,6 +410,25 @@ impl Report {
         }
         out
     }
+}
+
+/// Rank `rank`'s time from each collective's end to its arrival at the next, in its
+/// profile of communicator `id`, on the job's clock: (previous departure, arrival).
+fn gaps(profile: &RankProfile, id: u32, rank: u32) -> Vec<(u64, u64)> {
+    let Some(member) = profile
+        .records
+        .communicators
+        .iter()
+        .find(|c| c.id == id)
+        .and_then(|c| c.members.iter().find(|m| m.rank == rank))
+    else {
+        return Vec::new();
+    };
+    member
+        .history
+        .windows(2)
+        .filter_map(|w| Some((w[0].departed_ns?, w[1].arrived_ns)).filter(|(a, b)| b > a))
+        .collect()
 }
 
 fn departure(profile: &RankProfile, id: u32, rank: u32, at: Position) -> Option<u64> {
