@@ -63,6 +63,9 @@ fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_ran
     let text = String::from_utf8_lossy(&view.stdout);
     assert!(text.starts_with("Ranks: 4 profiles with collectives; 4 of them with clock anchors"), "{text}");
     assert!(text.contains(": 4 ranks; orderings closer than ±"), "{text}");
+    // Each file recorded the group's members, as its process saw them open.
+    let members = text.lines().find(|l| l.starts_with("members, as recorded: ")).unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(members.matches(" (pid ").count(), 4, "{members}");
     let finding = text.lines().find(|l| l.starts_with("  1. ")).unwrap_or_else(|| panic!("no finding: {text}"));
     // Named with its host and pid, as every tool names a rank.
     assert!(finding.starts_with("  1. rank 2 (pid ") && finding.contains(" on host "), "{finding}");

@@ -96,7 +96,7 @@ fn a_jobs_rank_profiles_open_on_one_timeline_in_a_headless_browser() {
         .args(["inspect", "-o"])
         .arg(&profiles)
         .arg(neuron_test_support::process::neuron_bench())
-        .args(["exec", "--iterations", "20"])
+        .args(["exec", "--iterations", "60"])
         .arg(&hlo);
     let Some(mut mpirun) = neuron_test_support::process::mpirun(4, &program) else { return };
     let output = mpirun.output().expect("mpirun runs");

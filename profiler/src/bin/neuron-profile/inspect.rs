@@ -53,6 +53,8 @@ struct Traced {
     mode: Mode,
     /// The process's lowest rank in a job, once it holds one.
     rank: Option<u32>,
+    /// Its communicators as last seen open (a process's are closed as it ends).
+    communicators: Vec<neuron_datastore::CommunicatorRecord>,
 }
 
 enum Mode {
@@ -102,13 +104,15 @@ pub(crate) fn inspect(args: InspectArgs) -> Result<()> {
                 let tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
                 Mode::Stream { tail: Box::new(tail), recorder: Box::new(recorder) }
             };
-            traced.insert(pid, Traced { reader, path, mode, rank: None });
+            traced.insert(pid, Traced { reader, path, mode, rank: None, communicators: Vec::new() });
         }
         let mut finished = Vec::new();
         for (&pid, t) in &mut traced {
             let done = matches!(t.reader.liveness(), Liveness::Exited(_));
-            if t.rank.is_none() {
-                t.rank = own_rank(&t.reader);
+            let communicators = t.reader.communicators();
+            if !communicators.is_empty() {
+                t.rank = own_rank(&communicators).or(t.rank);
+                t.communicators = communicators;
             }
             if let Some(path) = step(t, done, &args.command)? {
                 written.push(path);
@@ -118,8 +122,10 @@ pub(crate) fn inspect(args: InspectArgs) -> Result<()> {
             }
         }
         for pid in finished {
-            if let Some(Traced { mode: Mode::Stream { mut recorder, .. }, path, rank, reader }) = traced.remove(&pid) {
-                recorder.communicators(&reader.communicators())?;
+            if let Some(Traced { mode: Mode::Stream { mut recorder, .. }, path, rank, communicators, .. }) =
+                traced.remove(&pid)
+            {
+                recorder.communicators(&communicators)?;
                 let (file, summary) = recorder.finish()?;
                 file.place()?;
                 let path = rank.map_or(Ok(path.clone()), |rank| named_after_rank(&path, rank))?;
@@ -180,7 +186,7 @@ fn step(t: &mut Traced, done: bool, command: &[String]) -> Result<Option<PathBuf
             recorder.models(&t.reader.models(), &|_| String::new())?;
             let mut tail = t.reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
             recorder.drain(&t.reader, &mut tail, done)?;
-            recorder.communicators(&t.reader.communicators())?;
+            recorder.communicators(&t.communicators)?;
             recorder.finish()?.0.place()?;
             eprintln!(
                 "neuron-profile: an execution of pid {} failed; its rings are in {}",
@@ -194,8 +200,7 @@ fn step(t: &mut Traced, done: bool, command: &[String]) -> Result<Option<PathBuf
 
 /// The lowest rank the process holds in a communicator across processes, from its
 /// flight record (`None` before it joins one, or when it runs none).
-fn own_rank(reader: &DatastoreReader) -> Option<u32> {
-    let comms = reader.communicators();
+fn own_rank(comms: &[neuron_datastore::CommunicatorRecord]) -> Option<u32> {
     comms.iter().filter(|c| c.across).flat_map(|c| &c.members).filter(|m| m.in_this_process).map(|m| m.rank).min()
 }
 
