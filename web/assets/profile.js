@@ -303,7 +303,7 @@ export function profilePage(main, name, base = null) {
       head.replaceChildren(el('h2', {}, `The job's ranks on one timeline`), el('div', { class: 'muted', id: 'pf-meta' },
         `${meta.ranks.length} rank profiles on rank 0's clock · ${thousands(meta.events)} spans on ${meta.tracks.length} tracks over ${ns(meta.duration_ns)} · ${thousands(meta.collectives)} collectives joined across the ranks (arrows from the first rank to arrive to the last)`),
         ...meta.problems.map((p) => el('div', { class: 'warn' }, p)));
-      summary.replaceChildren(ranksTable(meta.ranks));
+      summary.replaceChildren(...meta.groups.map(groupCard), ranksTable(meta.ranks));
     } else head.replaceChildren(el('h2', {}, name), el('div', { class: 'muted', id: 'pf-meta' },
       `${meta.capture_kind || 'profile'} of ${meta.program ? `${meta.program} ` : ''}pid ${meta.pid}${meta.tag ? ` (${meta.tag})` : ''} on ${meta.instance_type} · ${thousands(meta.events)} spans on ${meta.tracks.length} tracks over ${ns(meta.duration_ns)}`,
       meta.unplaced ? ` · ${thousands(meta.unplaced)} events without a clock sync point left out` : ''),
@@ -547,6 +547,26 @@ export function comparePage(main, a, b) {
   return {};
 }
 
+// A communicator of a job's rank profiles: the straggler by the live tools' rule (or that
+// nobody is late), and its most skewed collectives.
+function groupCard(g) {
+  const diagnosis = g.straggler
+    ? el('div', { class: 'warn', id: 'pf-straggler', dataset: { rank: g.straggler.rank } }, `Straggler: ${g.straggler.text}`)
+    : el('div', { class: 'muted', id: 'pf-straggler' }, `Nobody is late: no rank arrived last in most of the ${thousands(g.complete)} complete collectives.`);
+  const shown = g.rows.length < g.collectives ? ` (the ${g.rows.length} most skewed; every one: neuron-profile view -d DIR --output-format summary-text)` : '';
+  return el('div', { class: 'group', dataset: { communicator: g.id } },
+    el('h3', {}, `Communicator ${g.id}: ${g.ranks} ranks, ${thousands(g.collectives)} collectives; orderings closer than ±${ns(g.uncertainty_ns)} (the clocks' uncertainty) are ties`),
+    diagnosis,
+    el('div', { class: 'muted' }, `Collectives by arrival skew${shown}:`),
+    el('div', { class: 'scroll' }, sortableTable([
+      { key: 'sequence', label: 'seq', format: (_, r) => r.position },
+      { key: 'operation', label: 'operation', text: true }, { key: 'bytes', label: 'bytes', format: bytes },
+      { key: 'algorithm', label: 'algorithm', text: true },
+      { key: 'skew_ns', label: 'arrival skew', format: ns },
+      { key: 'last', label: 'last in', format: (v, r) => (v == null ? (r.complete ? 'tie' : '?') : `rank ${v}`) },
+    ], g.rows, { sortKey: 'skew_ns', id: `pf-collectives-${g.id}` })));
+}
+
 // A job's rank profiles: each rank's host, process and clock, and a link to its own
 // profile (summary, tables, roofline).
 function ranksTable(ranks) {
@@ -557,5 +577,5 @@ function ranksTable(ranks) {
       ...ranks.map((r) => el('tr', { dataset: { rank: r.rank } }, el('td', {}, String(r.rank)), el('td', {}, r.host || '–'), el('td', {}, String(r.pid)),
         el('td', {}, clock(r)), el('td', {}, thousands(r.events)),
         el('td', {}, el('a', { href: `#/profile/${encodeURIComponent(r.name)}` }, r.name))))),
-    el('div', { class: 'muted' }, 'Each rank\'s summary, findings and tables are on its own profile\'s page; the collectives\' table and the straggler: neuron-profile view -d DIR --output-format summary-text.'));
+    el('div', { class: 'muted' }, 'Each rank\'s summary, findings and tables are on its own profile\'s page; every collective, and what the straggler was doing before it arrived: neuron-profile view -d DIR --output-format summary-text.'));
 }

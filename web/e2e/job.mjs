@@ -3,16 +3,17 @@
 // named after the rank, the collectives drawn as arrows across the ranks, the ranks'
 // table with each one's clock, a collective's span naming its rank, and each
 // rank's own profile one click away.
-// Usage: node job.mjs BASE_URL RANKS SCREENSHOT_DIR
+// Usage: node job.mjs BASE_URL RANKS [LATE_RANK] SCREENSHOT_DIR
 // Prints one JSON line of measurements; exits non-zero on the first failed check.
 
 import { chromium } from 'playwright-core';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 
-const [base, rankCount, shots] = process.argv.slice(2);
+const [base, rankCount, ...rest] = process.argv.slice(2);
+const [lateRank, shots] = rest.length > 1 ? rest : [undefined, rest[0]];
 if (!base || !rankCount || !shots) {
-  console.error('usage: node job.mjs BASE_URL RANKS SCREENSHOT_DIR');
+  console.error('usage: node job.mjs BASE_URL RANKS [LATE_RANK] SCREENSHOT_DIR');
   process.exit(2);
 }
 const ranks = Number(rankCount);
@@ -54,6 +55,14 @@ try {
   const rows = await page.$$eval('#pf-ranks tr[data-rank]', (trs) => trs.map((tr) => [...tr.querySelectorAll('td')].map((td) => td.textContent)));
   check(rows.length === ranks, `a row per rank: ${JSON.stringify(rows)}`);
   check(rows.every((r, k) => r[0] === String(k) && /^\d+$/.test(r[2]) && /^(moved [−+]|its own)/.test(r[3]) && r[5] === `profile_rank_${k}.ntff`), `rank, pid, clock and file: ${JSON.stringify(rows)}`);
+  // The straggler, by the live tools' rule, above the most skewed collectives.
+  const straggler = await page.$eval('#pf-straggler', (d) => ({ rank: d.dataset.rank, text: d.textContent }));
+  if (lateRank !== undefined) {
+    check(straggler.rank === lateRank && straggler.text.startsWith(`Straggler: rank ${lateRank} (pid `), `rank ${lateRank} named: ${JSON.stringify(straggler)}`);
+    const last = await page.$$eval('table[id^="pf-collectives-"] tbody tr', (trs) => trs.map((tr) => tr.children[5].textContent));
+    check(last.length > 0 && last.filter((l) => l === `rank ${lateRank}`).length > last.length / 2, `rank ${lateRank} last in most: ${last}`);
+  } else check(straggler.text.startsWith('Nobody is late') || straggler.text.startsWith('Straggler: '), `a diagnosis: ${straggler.text}`);
+  measured.straggler = straggler.text.slice(0, 120);
   const head = await page.$eval('#pf-meta', (m) => m.textContent);
   check(head.startsWith(`${ranks} rank profiles on rank 0's clock`) && /[1-9][\d,]* collectives joined/.test(head), `the head: ${head}`);
 

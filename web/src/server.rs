@@ -662,9 +662,40 @@ async fn job_meta(State(state): State<Shared>) -> Result<Response, Response> {
         "tracks": tracks,
         "ranks": ranks,
         "collectives": job.collectives(),
+        "groups": job.groups.iter().map(group_summary).collect::<Vec<_>>(),
         "problems": problems,
     }))
     .into_response())
+}
+
+/// Collectives of a job's group sent with its summary, the most skewed first, at most.
+const GROUP_ROWS: usize = 200;
+
+/// A communicator of the job for the page: its figures, the straggler named by the live
+/// tools' rule, and its most skewed collectives.
+fn group_summary(view: &neuron_datastore::ranks::GroupView) -> serde_json::Value {
+    let mut rows: Vec<&neuron_datastore::ranks::CollectiveView> = view.collectives.iter().collect();
+    rows.sort_by(|a, b| b.skew_ns.cmp(&a.skew_ns).then(a.position.cmp(&b.position)));
+    let rows: Vec<serde_json::Value> = rows
+        .iter()
+        .take(GROUP_ROWS)
+        .map(|c| {
+            json!({
+                "sequence": c.position.sequence, "index": c.position.index, "position": c.position.to_string(),
+                "operation": c.operation, "algorithm": c.algorithm, "bytes": c.bytes,
+                "complete": c.complete, "skew_ns": c.skew_ns, "last": c.last,
+            })
+        })
+        .collect();
+    json!({
+        "id": view.id,
+        "ranks": view.members.len(),
+        "uncertainty_ns": view.uncertainty_ns,
+        "collectives": view.collectives.len(),
+        "complete": view.collectives.iter().filter(|c| c.complete).count(),
+        "straggler": view.straggler.as_ref().map(|s| json!({"rank": s.rank, "text": s.text})),
+        "rows": rows,
+    })
 }
 
 async fn job_view(State(state): State<Shared>, Query(q): Query<ViewQuery>) -> Result<Response, Response> {

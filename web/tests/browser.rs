@@ -93,6 +93,7 @@ fn a_jobs_rank_profiles_open_on_one_timeline_in_a_headless_browser() {
         .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge")
         .env("NEURON_RT_NUM_CORES", "1")
         .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{port}"))
+        .env("NEURON_RT_FAULT_INJECT", "cc_delay:rank=2:delay=10ms")
         .args(["inspect", "-o"])
         .arg(&profiles)
         .arg(neuron_test_support::process::neuron_bench())
@@ -106,7 +107,7 @@ fn a_jobs_rank_profiles_open_on_one_timeline_in_a_headless_browser() {
         DASHBOARD.as_ref(),
         &["--profiles".as_ref(), profiles.as_os_str()],
     );
-    let measured = browser_checks((&node, &chromium, &e2e), "job.mjs", &[&url, "4"]);
+    let measured = browser_checks((&node, &chromium, &e2e), "job.mjs", &[&url, "4", "2"]);
     assert!(measured["arrows"]["drawn"].as_u64().is_some_and(|n| n > 0));
 }
 

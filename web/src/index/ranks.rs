@@ -9,6 +9,9 @@
 
 use std::collections::HashMap;
 
+use neuron_datastore::flight::{CollectiveEntry, Position};
+use neuron_datastore::ranks::{GroupView, RuntimeRecords, StragglerRule, group_views};
+use neuron_datastore::{ClockOffsetRecord, CollectiveAlgorithm, CollectiveOp, CommunicatorRecord, RankRecord};
 use ntff::{ArgValue, NtffFile, RootClock, Sym};
 use serde::Serialize;
 
@@ -55,6 +58,9 @@ pub(crate) struct RanksIndex {
     /// By start.
     collectives: Vec<Collective>,
     longest_collective: u64,
+    /// Each communicator as the live tools' group view shows it, over every collective
+    /// of the profiles: the straggler by the same rule.
+    pub groups: Vec<GroupView>,
 }
 
 /// What one view of the job's timeline sends: the tracks as one profile's view does
@@ -96,10 +102,114 @@ impl RanksIndex {
                 tracks.push((k, i, format!("r{} {}", part.rank, track.name)));
             }
         }
-        let mut index = RanksIndex { parts, origin, end, tracks, collectives: Vec::new(), longest_collective: 0 };
+        let mut index = RanksIndex {
+            parts,
+            origin,
+            end,
+            tracks,
+            collectives: Vec::new(),
+            longest_collective: 0,
+            groups: Vec::new(),
+        };
         index.collectives = index.join_collectives();
         index.longest_collective = index.collectives.iter().map(|c| c.end - c.start).max().unwrap_or(0);
+        let rule = StragglerRule { window: usize::MAX, ..StragglerRule::default() };
+        index.groups = group_views(&index.records(), &rule, 0);
         index
+    }
+
+    /// Each rank's collectives as a runtime's records, on the job's clock, for the group
+    /// view (as `neuron-profile view -d` reads them).
+    fn records(&self) -> Vec<RuntimeRecords> {
+        let mut records = Vec::new();
+        for part in &self.parts {
+            let index = &part.index;
+            let file = index.file();
+            let Some(running) = file.find_string("cc_running") else { continue };
+            let key = |name: &str| file.find_string(name);
+            let keys = ["communicator", "sequence", "op_id", "rank", "bytes", "operation", "algorithm"].map(key);
+            let mut members: HashMap<(u32, u32), RankRecord> = HashMap::new();
+            for track in index.tracks.iter().filter(|t| t.kind == TrackKind::System) {
+                for span in &track.spans {
+                    let Some(detail) = index.details.get(span.detail as usize).filter(|d| d.name == running) else {
+                        continue;
+                    };
+                    let arg = |k: usize| detail.args.iter().find(|a| Some(a.key) == keys[k]).map(|a| a.value);
+                    let number = |k: usize| match arg(k) {
+                        Some(ArgValue::U64(v)) => Some(v),
+                        _ => None,
+                    };
+                    let text = |k: usize| match arg(k) {
+                        Some(ArgValue::Str(s)) => file.string(s),
+                        _ => None,
+                    };
+                    let (Some(comm), Some(sequence), Some(op), Some(rank), Some(bytes)) =
+                        (number(0), number(1), number(2), number(3), number(4))
+                    else {
+                        continue;
+                    };
+                    let (Some(Ok(operation)), Some(Ok(algorithm))) =
+                        (text(5).map(str::parse::<CollectiveOp>), text(6).map(str::parse::<CollectiveAlgorithm>))
+                    else {
+                        continue;
+                    };
+                    let (comm, rank) = (comm as u32, rank as u32);
+                    let member = members.entry((comm, rank)).or_insert_with(|| RankRecord {
+                        rank,
+                        pid: part.pid,
+                        host: part.host.clone(),
+                        core: track.core,
+                        in_this_process: true,
+                        gone: false,
+                        enqueued: None,
+                        started: None,
+                        operation: None,
+                        completed: None,
+                        uncertainty_ns: part.clock.map_or(0, |c| c.1),
+                        waiting: None,
+                        history: Vec::new(),
+                    });
+                    let position = Position { sequence: sequence as u32, index: op.min(u64::from(u16::MAX)) as u16 };
+                    member.completed = member.completed.max(Some(position));
+                    member.history.push(CollectiveEntry {
+                        position,
+                        operation,
+                        algorithm,
+                        group: 0,
+                        bytes,
+                        arrived_ns: span.start,
+                        departed_ns: Some(span.end),
+                    });
+                }
+            }
+            let mut communicators: HashMap<u32, CommunicatorRecord> = HashMap::new();
+            for ((id, _), mut member) in members {
+                member.history.sort_by_key(|e| e.position);
+                let comm = communicators.entry(id).or_insert_with(|| CommunicatorRecord {
+                    id,
+                    name: format!("communicator {id}"),
+                    ranks: 0,
+                    across: true,
+                    members: Vec::new(),
+                });
+                comm.members.push(member);
+            }
+            records.push(RuntimeRecords {
+                pid: part.pid,
+                clock: part.clock.map(|(offset_ns, uncertainty_ns)| ClockOffsetRecord { offset_ns, uncertainty_ns }),
+                communicators: communicators.into_values().collect(),
+                activity: Default::default(),
+            });
+        }
+        // The rank count is the ranks seen (the profiles say no more).
+        let mut counts: HashMap<u32, u32> = HashMap::new();
+        for comm in records.iter().flat_map(|r| &r.communicators) {
+            *counts.entry(comm.id).or_default() += comm.members.len() as u32;
+        }
+        for comm in records.iter_mut().flat_map(|r| r.communicators.iter_mut()) {
+            comm.ranks = counts.get(&comm.id).copied().unwrap_or(0);
+        }
+        records
     }
 
     /// The collectives two or more ranks ran, by start.
@@ -258,7 +368,8 @@ mod tests {
         let metadata = Metadata { runtime_version: "test".into(), pid: 100 + rank as u32, ..Metadata::default() };
         let mut w = Writer::new(Vec::new(), &metadata).expect("header");
         let names = ["cc_running", "clock_offset"].map(|n| w.intern(n));
-        let keys = ["communicator", "sequence", "op_id", "rank", "offset_ns", "uncertainty_ns"].map(|k| w.intern(k));
+        let keys =
+            ["communicator", "sequence", "op_id", "rank", "bytes", "offset_ns", "uncertainty_ns"].map(|k| w.intern(k));
         let event = |name, phase, ts, tracking_id, args| SystemEvent {
             core: Some(0),
             id: ts,
@@ -275,19 +386,22 @@ mod tests {
         };
         if shift > 0 {
             let args = vec![
-                Arg { key: keys[4], value: ArgValue::I64(-(shift as i64)) },
-                Arg { key: keys[5], value: ArgValue::U64(10_000) },
+                Arg { key: keys[5], value: ArgValue::I64(-(shift as i64)) },
+                Arg { key: keys[6], value: ArgValue::U64(10_000) },
             ];
             let measured = event(names[1], Phase::Instant, shift + 10_000_000, 0, args);
             w.system(&SystemEvent { core: None, ..measured }).expect("write");
         }
         for sequence in 1..=3u64 {
             let at = shift + sequence * 10_000_000 + lateness;
-            let args: Vec<Arg> = [0, sequence, 0, rank]
+            let mut args: Vec<Arg> = [0, sequence, 0, rank, 4096]
                 .into_iter()
                 .zip(keys)
                 .map(|(v, key)| Arg { key, value: ArgValue::U64(v) })
                 .collect();
+            for (key, value) in [("operation", "all-reduce"), ("algorithm", "all-to-all")] {
+                args.push(Arg { key: w.intern(key), value: ArgValue::Str(w.intern(value)) });
+            }
             let start = event(names[0], Phase::Start, at, sequence, args);
             w.system(&start).expect("write");
             w.system(&SystemEvent { phase: Phase::Stop, timestamp_ns: at + 2_000_000 - lateness, ..start })
@@ -348,5 +462,12 @@ mod tests {
         let details = job.details(1, 0).expect("a span");
         assert_eq!((details["rank"].as_u64(), details["track"].as_str()), (Some(1), Some("r1 nc0")));
         assert_eq!(details["args"]["sequence"].as_u64(), Some(1));
+        // The group view of the live tools over them: rank 1 last in each, 1 ms late;
+        // three collectives are too few to name a straggler.
+        let [group] = job.groups.as_slice() else { panic!("one group: {:?}", job.groups) };
+        assert_eq!(group.members.len(), 2);
+        assert!(group.collectives.iter().all(|c| c.last == Some(1) && c.skew_ns == LATE && c.complete));
+        assert_eq!(group.collectives.len(), 3);
+        assert!(group.straggler.is_none());
     }
 }
