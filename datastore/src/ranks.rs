@@ -243,6 +243,81 @@ pub struct RuntimeRecords {
     pub activity: Activity,
 }
 
+/// One collective of a rank as its own trace recorded it (a profile's `cc_running`
+/// span), its times on the job's clock.
+#[derive(Debug, Clone)]
+pub struct TracedCollective {
+    pub communicator: u32,
+    pub rank: u32,
+    pub core: Option<u32>,
+    pub entry: CollectiveEntry,
+}
+
+impl RuntimeRecords {
+    /// What a profile of process `pid` on `host`, its clock `clock`, holds of its
+    /// collectives, as a runtime's records: a member per communicator and rank, in this
+    /// process, its collectives by position. Each group's rank count is left at 0: see
+    /// [`count_ranks`] over the profiles read together.
+    pub fn from_profile(
+        pid: u32,
+        host: &str,
+        clock: Option<ClockOffsetRecord>,
+        collectives: impl IntoIterator<Item = TracedCollective>,
+    ) -> RuntimeRecords {
+        let uncertainty_ns = clock.map_or(0, |c| c.uncertainty_ns);
+        let mut members: BTreeMap<(u32, u32), RankRecord> = BTreeMap::new();
+        for c in collectives {
+            let member = members.entry((c.communicator, c.rank)).or_insert_with(|| RankRecord {
+                rank: c.rank,
+                pid,
+                host: host.to_owned(),
+                core: c.core,
+                in_this_process: true,
+                gone: false,
+                enqueued: None,
+                started: None,
+                operation: None,
+                completed: None,
+                uncertainty_ns,
+                waiting: None,
+                history: Vec::new(),
+            });
+            member.completed = member.completed.max(Some(c.entry.position));
+            member.history.push(c.entry);
+        }
+        let mut communicators: BTreeMap<u32, CommunicatorRecord> = BTreeMap::new();
+        for ((id, _), mut member) in members {
+            member.history.sort_by_key(|e| e.position);
+            let comm = communicators.entry(id).or_insert_with(|| CommunicatorRecord {
+                id,
+                name: format!("communicator {id}"),
+                ranks: 0,
+                across: true,
+                members: Vec::new(),
+            });
+            comm.members.push(member);
+        }
+        RuntimeRecords {
+            pid,
+            clock,
+            communicators: communicators.into_values().collect(),
+            activity: Activity::default(),
+        }
+    }
+}
+
+/// Sets each communicator's rank count to the ranks `records` hold of it, for profiles
+/// read together (they say no more).
+pub fn count_ranks(records: &mut [RuntimeRecords]) {
+    let mut counts: BTreeMap<u32, u32> = BTreeMap::new();
+    for comm in records.iter().flat_map(|r| &r.communicators) {
+        *counts.entry(comm.id).or_default() += comm.members.len() as u32;
+    }
+    for comm in records.iter_mut().flat_map(|r| r.communicators.iter_mut()) {
+        comm.ranks = counts.get(&comm.id).copied().unwrap_or(0);
+    }
+}
+
 /// What a runtime process is doing, from its datastore.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Activity {

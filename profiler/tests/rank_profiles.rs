@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use neuron_test_support::process::{Sandbox, mpirun};
+use neuron_test_support::process::{Sandbox, all_reduce_hlo, mpirun};
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::Field;
 
@@ -27,13 +27,7 @@ fn view_dir(dir: &std::path::Path, format: &str, out: Option<&std::path::Path>) 
 fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_rank() {
     let sandbox = Sandbox::new();
     let profiles = sandbox.path().join("profiles");
-    let hlo = sandbox.path().join("allreduce.hlo");
-    std::fs::write(
-        &hlo,
-        "HloModule allreduce\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\
-         ENTRY e {\n  x = f32[4096]{0} parameter(0)\n  ROOT r = f32[4096]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n",
-    )
-    .expect("write");
+    let hlo = all_reduce_hlo(sandbox.path(), 4096);
     let port = std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port();
     let mut program = Command::new(env!("CARGO_BIN_EXE_neuron-profile"));
     sandbox
@@ -144,13 +138,7 @@ fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_ran
 fn capture_runs_a_collectives_program_as_ranks_and_writes_a_profile_per_rank() {
     let sandbox = Sandbox::new();
     let dir = sandbox.path().join("capture");
-    let hlo = sandbox.path().join("allreduce.hlo");
-    std::fs::write(
-        &hlo,
-        "HloModule allreduce\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\
-         ENTRY e {\n  x = f32[4096]{0} parameter(0)\n  ROOT r = f32[4096]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n",
-    )
-    .expect("write");
+    let hlo = all_reduce_hlo(sandbox.path(), 4096);
     std::fs::create_dir(&dir).expect("mkdir");
     let capture = |extra: &[&str]| {
         let mut command = Command::new(env!("CARGO_BIN_EXE_neuron-profile"));

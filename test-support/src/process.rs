@@ -205,10 +205,7 @@ pub fn mpirun(np: usize, program: &Command) -> Option<Command> {
 /// with `env` added (`NEURON_RT_FAULT_INJECT`, …; output discarded); `None` where
 /// `mpirun` is missing, which fails the test in CI.
 pub fn all_reduce_job(sandbox: &Sandbox, np: usize, iterations: u32, env: &[(&str, &str)]) -> Option<Job> {
-    let hlo = sandbox.path().join("allreduce.hlo");
-    let text = "HloModule allreduce\n\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\n\
-                ENTRY main {\n  x = f32[16384]{0} parameter(0)\n  ROOT r = f32[16384]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n";
-    std::fs::write(&hlo, text).expect("write the program");
+    let hlo = all_reduce_hlo(sandbox.path(), 16384);
     let port = std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port();
     let mut program = Command::new(neuron_bench());
     sandbox
@@ -221,6 +218,18 @@ pub fn all_reduce_job(sandbox: &Sandbox, np: usize, iterations: u32, env: &[(&st
     program.envs(env.iter().copied());
     let mut mpirun = mpirun(np, &program)?;
     Some(Job(mpirun.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("mpirun starts")))
+}
+
+/// Writes `allreduce.hlo` into `dir` and gives its path: an f32 sum over every rank of
+/// `elements` values each.
+pub fn all_reduce_hlo(dir: &Path, elements: usize) -> PathBuf {
+    let hlo = dir.join("allreduce.hlo");
+    let text = format!(
+        "HloModule allreduce\n\nsum {{\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}}\n\n\
+         ENTRY main {{\n  x = f32[{elements}]{{0}} parameter(0)\n  ROOT r = f32[{elements}]{{0}} all-reduce(x), replica_groups={{}}, to_apply=sum\n}}\n"
+    );
+    std::fs::write(&hlo, text).expect("write the program");
+    hlo
 }
 
 /// An `mpirun` job, ended when dropped: `mpirun` is asked to stop (SIGTERM, which it

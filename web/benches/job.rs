@@ -13,13 +13,15 @@
 //! `cargo bench -p neuron-dashboard --bench job [-- EVENTS_PER_RANK]` (1,000,000 by default;
 //! `JOB_PROFILE_DIR=DIR` keeps the profiles there)
 
+mod common;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Instant;
 
 use neuron_dashboard::{Dashboard, Options};
 use neuron_test_support::http::http_get;
-use ntff::{Arg, ArgValue, Clock, Descriptor, DeviceEvent, Metadata, Phase, SyncPoint, SystemEvent, Writer};
+use ntff::{Arg, ArgValue, Clock, DeviceEvent, Metadata, Phase, SyncPoint, SystemEvent, Writer};
 
 const RANKS: u32 = 8;
 const INSTRUCTIONS_PER_EXECUTION: usize = 96;
@@ -46,26 +48,7 @@ fn write_rank(path: &Path, rank: u32, events: u64) -> u64 {
         ..Metadata::default()
     };
     let mut w = Writer::create(path, &metadata).expect("creates the profile");
-    let descriptors: Vec<(ntff::DescriptorId, u64)> = (0..INSTRUCTIONS_PER_EXECUTION)
-        .map(|k| {
-            let (engine, op, ns) = ENGINES[k % ENGINES.len()];
-            let d = if engine == "DMA" {
-                Descriptor::Dma { model_id: 1, queue: w.intern(op), index: k as u32, bytes: 1 << 16 }
-            } else {
-                Descriptor::Instruction {
-                    model_id: 1,
-                    engine: w.intern(engine),
-                    opcode: w.intern(op),
-                    hlo: w.intern(&format!("fusion.{}", k / 3)),
-                    step: k as u32,
-                    flops: 1 << 20,
-                    bytes_read: 1 << 14,
-                    bytes_written: 1 << 14,
-                }
-            };
-            (w.descriptor(&d), ns)
-        })
-        .collect();
+    let descriptors = common::program_descriptors(&mut w, &ENGINES, INSTRUCTIONS_PER_EXECUTION);
     let names = ["nrt_execute", "nc_exec_running", "cc_running", "clock_offset"].map(|n| w.intern(n));
     let [execute, running, collective, clock_offset] = names;
     let keys = ["communicator", "sequence", "op_id", "rank", "offset_ns", "uncertainty_ns"].map(|k| w.intern(k));

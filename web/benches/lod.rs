@@ -11,13 +11,15 @@
 //! `cargo bench -p neuron-dashboard --bench lod [-- EVENTS]` (`LOD_PROFILE_DIR=DIR` keeps
 //! the profile there as `large.ntff`)
 
+mod common;
+
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Instant;
 
 use neuron_dashboard::{Dashboard, Options};
 use neuron_test_support::http::http_get;
-use ntff::{Arg, Clock, Descriptor, DeviceEvent, Metadata, NtffFile, Phase, SyncPoint, SystemEvent, Writer};
+use ntff::{Arg, Clock, DeviceEvent, Metadata, NtffFile, Phase, SyncPoint, SystemEvent, Writer};
 
 /// Instructions and transfers of one execution, and their length on the device.
 const PROGRAM: [(&str, &str, u64); 12] = [
@@ -48,26 +50,7 @@ fn write_profile(path: &Path, events: u64) -> u64 {
         ..Metadata::default()
     };
     let mut w = Writer::create(path, &metadata).expect("creates the profile");
-    let descriptors: Vec<(ntff::DescriptorId, u64)> = (0..INSTRUCTIONS_PER_EXECUTION)
-        .map(|k| {
-            let (engine, op, ns) = PROGRAM[k % PROGRAM.len()];
-            let d = if engine == "DMA" {
-                Descriptor::Dma { model_id: 1, queue: w.intern(op), index: k as u32, bytes: 1 << 16 }
-            } else {
-                Descriptor::Instruction {
-                    model_id: 1,
-                    engine: w.intern(engine),
-                    opcode: w.intern(op),
-                    hlo: w.intern(&format!("fusion.{}", k / 3)),
-                    step: k as u32,
-                    flops: 1 << 20,
-                    bytes_read: 1 << 14,
-                    bytes_written: 1 << 14,
-                }
-            };
-            (w.descriptor(&d), ns)
-        })
-        .collect();
+    let descriptors = common::program_descriptors(&mut w, &PROGRAM, INSTRUCTIONS_PER_EXECUTION);
     let (execute, running) = (w.intern("nrt_execute"), w.intern("nc_exec_running"));
     let per_execution = INSTRUCTIONS_PER_EXECUTION as u64 + 4;
     let executions = events / per_execution;

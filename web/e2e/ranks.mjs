@@ -52,12 +52,13 @@ try {
   check(rows.every((r) => r.complete >= r.cells - 2 && r.coloured === r.complete), `every cell of a complete collective coloured: ${JSON.stringify(rows)}`);
   const last = Object.fromEntries(rows.map((r) => [r.rank, r.last]));
   check(last['2'] > last['0'] + last['1'] + last['3'], `rank 2 framed last most: ${JSON.stringify(last)}`);
-  // The latest cell of rank 2 is the darkest of its column.
-  const shade = await page.$$eval('.communicator table.heat-map tr[data-rank]', (trs) => trs.map((tr) => {
-    const cells = [...tr.querySelectorAll('td.heat')].filter((td) => td.dataset.complete === 'true');
-    return Number(cells[cells.length - 1].dataset.lateness || 0);
-  }));
-  check(shade[2] === Math.max(...shade) && shade[2] > 0, `rank 2 latest in the latest complete collective: ${JSON.stringify(shade)}`);
+  // Rank 2's cell is the darkest of its column in most complete collectives (one
+  // collective may see another rank held up by a loaded host).
+  const shade = await page.$$eval('.communicator table.heat-map tr[data-rank]', (trs) => trs.map((tr) =>
+    [...tr.querySelectorAll('td.heat')].filter((td) => td.dataset.complete === 'true').map((td) => Number(td.dataset.lateness || 0))));
+  const columns = Math.min(...shade.map((r) => r.length));
+  const darkest = [...Array(columns).keys()].filter((c) => shade[2][c] > 0 && shade[2][c] === Math.max(...shade.map((r) => r[c]))).length;
+  check(columns > 0 && darkest > columns / 2, `rank 2 the latest in most complete collectives: ${darkest} of ${columns}: ${JSON.stringify(shade)}`);
 
   // Hovering a cell gives its figures.
   // (The page is redrawn at each update; the figures stay under the mouse.)

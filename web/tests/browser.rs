@@ -12,6 +12,14 @@ use neuron_test_support::process::{Sandbox, profiler_binary};
 /// The dashboard binary these tests run.
 const DASHBOARD: &str = env!("CARGO_BIN_EXE_neuron-dashboard");
 
+/// One browser test at a time: each runs a workload or a job of ranks beside Chromium,
+/// and two at once on a small host make the ranks' timing the host's, not the job's.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// What the browser test needs, or why it cannot run: in CI, a failure; elsewhere, a note.
 fn tools(e2e: &Path) -> Option<(PathBuf, PathBuf)> {
     let chromium = PathBuf::from(std::env::var_os("CHROMIUM").unwrap_or_else(|| "/usr/bin/chromium".into()));
@@ -32,6 +40,7 @@ fn tools(e2e: &Path) -> Option<(PathBuf, PathBuf)> {
 
 #[test]
 fn the_dashboard_in_a_headless_browser() {
+    let _turn = one_at_a_time();
     let e2e = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e");
     let Some((node, chromium)) = tools(&e2e) else { return };
     let sandbox = Sandbox::new();
@@ -62,6 +71,7 @@ fn the_dashboard_in_a_headless_browser() {
 
 #[test]
 fn the_ranks_page_names_a_late_rank_in_a_headless_browser() {
+    let _turn = one_at_a_time();
     let e2e = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e");
     let Some((node, chromium)) = tools(&e2e) else { return };
     let sandbox = Sandbox::new();
@@ -74,17 +84,12 @@ fn the_ranks_page_names_a_late_rank_in_a_headless_browser() {
 
 #[test]
 fn a_jobs_rank_profiles_open_on_one_timeline_in_a_headless_browser() {
+    let _turn = one_at_a_time();
     let e2e = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e");
     let Some((node, chromium)) = tools(&e2e) else { return };
     let sandbox = Sandbox::new();
     let profiles = sandbox.path().join("profiles");
-    let hlo = sandbox.path().join("allreduce.hlo");
-    std::fs::write(
-        &hlo,
-        "HloModule allreduce\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\
-         ENTRY e {\n  x = f32[4096]{0} parameter(0)\n  ROOT r = f32[4096]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n",
-    )
-    .expect("write");
+    let hlo = neuron_test_support::process::all_reduce_hlo(sandbox.path(), 4096);
     // Four ranks, each process recording itself into the directory as its rank.
     let port = std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port();
     let mut program = Command::new(profiler_binary("neuron-profile"));

@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 
 use neuron_datastore::flight::{CollectiveEntry, Position};
-use neuron_datastore::ranks::{GroupView, RuntimeRecords, StragglerRule, group_views};
-use neuron_datastore::{ClockOffsetRecord, CollectiveAlgorithm, CollectiveOp, CommunicatorRecord, RankRecord};
+use neuron_datastore::ranks::{GroupView, RuntimeRecords, StragglerRule, TracedCollective, count_ranks, group_views};
+use neuron_datastore::{ClockOffsetRecord, CollectiveAlgorithm, CollectiveOp};
 use ntff::{ArgValue, NtffFile, RootClock, Sym};
 use serde::Serialize;
 
@@ -128,7 +128,7 @@ impl RanksIndex {
             let Some(running) = file.find_string("cc_running") else { continue };
             let key = |name: &str| file.find_string(name);
             let keys = ["communicator", "sequence", "op_id", "rank", "bytes", "operation", "algorithm"].map(key);
-            let mut members: HashMap<(u32, u32), RankRecord> = HashMap::new();
+            let mut collectives = Vec::new();
             for track in index.tracks.iter().filter(|t| t.kind == TrackKind::System) {
                 for span in &track.spans {
                     let Some(detail) = index.details.get(span.detail as usize).filter(|d| d.name == running) else {
@@ -153,62 +153,27 @@ impl RanksIndex {
                     else {
                         continue;
                     };
-                    let (comm, rank) = (comm as u32, rank as u32);
-                    let member = members.entry((comm, rank)).or_insert_with(|| RankRecord {
-                        rank,
-                        pid: part.pid,
-                        host: part.host.clone(),
-                        core: track.core,
-                        in_this_process: true,
-                        gone: false,
-                        enqueued: None,
-                        started: None,
-                        operation: None,
-                        completed: None,
-                        uncertainty_ns: part.clock.map_or(0, |c| c.1),
-                        waiting: None,
-                        history: Vec::new(),
-                    });
                     let position = Position { sequence: sequence as u32, index: op.min(u64::from(u16::MAX)) as u16 };
-                    member.completed = member.completed.max(Some(position));
-                    member.history.push(CollectiveEntry {
-                        position,
-                        operation,
-                        algorithm,
-                        group: 0,
-                        bytes,
-                        arrived_ns: span.start,
-                        departed_ns: Some(span.end),
+                    collectives.push(TracedCollective {
+                        communicator: comm as u32,
+                        rank: rank as u32,
+                        core: track.core,
+                        entry: CollectiveEntry {
+                            position,
+                            operation,
+                            algorithm,
+                            group: 0,
+                            bytes,
+                            arrived_ns: span.start,
+                            departed_ns: Some(span.end),
+                        },
                     });
                 }
             }
-            let mut communicators: HashMap<u32, CommunicatorRecord> = HashMap::new();
-            for ((id, _), mut member) in members {
-                member.history.sort_by_key(|e| e.position);
-                let comm = communicators.entry(id).or_insert_with(|| CommunicatorRecord {
-                    id,
-                    name: format!("communicator {id}"),
-                    ranks: 0,
-                    across: true,
-                    members: Vec::new(),
-                });
-                comm.members.push(member);
-            }
-            records.push(RuntimeRecords {
-                pid: part.pid,
-                clock: part.clock.map(|(offset_ns, uncertainty_ns)| ClockOffsetRecord { offset_ns, uncertainty_ns }),
-                communicators: communicators.into_values().collect(),
-                activity: Default::default(),
-            });
+            let clock = part.clock.map(|(offset_ns, uncertainty_ns)| ClockOffsetRecord { offset_ns, uncertainty_ns });
+            records.push(RuntimeRecords::from_profile(part.pid, &part.host, clock, collectives));
         }
-        // The rank count is the ranks seen (the profiles say no more).
-        let mut counts: HashMap<u32, u32> = HashMap::new();
-        for comm in records.iter().flat_map(|r| &r.communicators) {
-            *counts.entry(comm.id).or_default() += comm.members.len() as u32;
-        }
-        for comm in records.iter_mut().flat_map(|r| r.communicators.iter_mut()) {
-            comm.ranks = counts.get(&comm.id).copied().unwrap_or(0);
-        }
+        count_ranks(&mut records);
         records
     }
 

@@ -5,16 +5,16 @@
 //! arriver, duration, algbw, busbw) and the straggler finding, with the clocks'
 //! uncertainty stated.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use neuron_datastore::flight::{CollectiveEntry, Position};
-use neuron_datastore::ranks::{GroupView, RuntimeRecords, Straggler, StragglerRule, format_ns, group_views};
-use neuron_datastore::{
-    ClockOffsetRecord, CollectiveAlgorithm, CollectiveOp, CommunicatorRecord, EventData, Phase, RankRecord,
+use neuron_datastore::ranks::{
+    GroupView, RuntimeRecords, Straggler, StragglerRule, TracedCollective, count_ranks, format_ns, group_views,
 };
+use neuron_datastore::{ClockOffsetRecord, CollectiveAlgorithm, CollectiveOp, EventData, Phase};
 use neuron_record::to_system_event;
 use ntff::NtffFile;
 
@@ -98,60 +98,21 @@ pub(crate) fn read(path: &Path) -> Result<Option<RankProfile>> {
     }
     let clock = ntff::RootClock::new(anchors);
     let root = |t: u64| clock.to_root(t);
-    let uncertainty = clock.latest().map_or(0, |(_, uncertainty)| uncertainty);
-    let mut members: BTreeMap<(u32, u32), RankRecord> = BTreeMap::new();
-    for (open, stop) in spans {
-        let member = members.entry((open.communicator, open.rank)).or_insert_with(|| RankRecord {
-            rank: open.rank,
-            pid,
-            host: host.clone(),
-            core: None,
-            in_this_process: true,
-            gone: false,
-            enqueued: None,
-            started: None,
-            operation: None,
-            completed: None,
-            uncertainty_ns: uncertainty,
-            waiting: None,
-            history: Vec::new(),
-        });
-        let entry = CollectiveEntry { arrived_ns: root(open.at_ns), departed_ns: Some(root(stop)), ..open.entry };
-        member.completed = member.completed.max(Some(entry.position));
-        member.history.push(entry);
-    }
-    let mut communicators: BTreeMap<u32, CommunicatorRecord> = BTreeMap::new();
-    for ((id, _), mut member) in members {
-        member.history.sort_by_key(|e| e.position);
-        let comm = communicators.entry(id).or_insert_with(|| CommunicatorRecord {
-            id,
-            name: format!("communicator {id}"),
-            ranks: 0,
-            across: true,
-            members: Vec::new(),
-        });
-        comm.members.push(member);
-    }
-    let records = RuntimeRecords {
-        pid,
-        clock: clock.latest().map(|(offset_ns, uncertainty_ns)| ClockOffsetRecord { offset_ns, uncertainty_ns }),
-        communicators: communicators.into_values().collect(),
-        activity: Default::default(),
-    };
+    let offset = clock.latest().map(|(offset_ns, uncertainty_ns)| ClockOffsetRecord { offset_ns, uncertainty_ns });
+    let collectives = spans.into_iter().map(|(open, stop)| TracedCollective {
+        communicator: open.communicator,
+        rank: open.rank,
+        core: None,
+        entry: CollectiveEntry { arrived_ns: root(open.at_ns), departed_ns: Some(root(stop)), ..open.entry },
+    });
+    let records = RuntimeRecords::from_profile(pid, &host, offset, collectives);
     Ok(Some(RankProfile { path: path.to_owned(), host, records, anchors: clock.anchors(), membership, clock }))
 }
 
 /// The group views of the profiles' communicators, over every collective they hold.
 pub(crate) fn views(profiles: &[RankProfile]) -> Vec<GroupView> {
     let mut records: Vec<RuntimeRecords> = profiles.iter().map(|p| p.records.clone()).collect();
-    // The rank count is the ranks seen (the profiles say no more).
-    let mut counts: BTreeMap<u32, u32> = BTreeMap::new();
-    for comm in records.iter().flat_map(|r| &r.communicators) {
-        *counts.entry(comm.id).or_default() += comm.members.len() as u32;
-    }
-    for comm in records.iter_mut().flat_map(|r| r.communicators.iter_mut()) {
-        comm.ranks = counts.get(&comm.id).copied().unwrap_or(0);
-    }
+    count_ranks(&mut records);
     let rule = StragglerRule { window: usize::MAX, ..StragglerRule::default() };
     group_views(&records, &rule, 0)
 }

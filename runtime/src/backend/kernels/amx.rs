@@ -215,7 +215,6 @@ impl Drop for Tiles {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ndarray::Array2;
 
     /// Every shape class: one element, edges of every tile and block along each axis,
     /// several panels, and strided (transposed) operands; against the exact sums of the
@@ -226,38 +225,18 @@ mod tests {
             eprintln!("skipped: this host has no AMX tiles the process may use");
             return;
         }
-        let shapes = [
-            (1, 1, 1),
-            (3, 7, 5),
-            (16, 32, 16),
-            (17, 33, 17),
-            (32, 64, 32),
-            (33, 31, 65),
-            (40, 97, 130),
-            (70, 512, 200),
-        ];
-        for (m, k, n) in shapes {
-            let a = Array2::from_shape_fn((m, k), |(i, j)| ((i * 7 + j * 3) % 13) as f32 * 0.37 - 1.9);
-            let b = Array2::from_shape_fn((k, n), |(i, j)| ((i * 5 + j * 11) % 17) as f32 * 0.23 - 1.7);
-            let bf16 = |x: f32| f64::from(half::bf16::from_f32(x).to_f32());
-            let (at, bt) = (a.t().to_owned(), b.t().to_owned());
-            for (a, b) in [(a.view(), b.view()), (at.t(), bt.t())] {
-                let mut c = Array2::from_elem((m, n), f32::NAN);
-                gemm_amx(a.view(), b, c.view_mut());
-                for i in 0..m {
-                    for j in 0..n {
-                        let exact: f64 = (0..k).map(|p| bf16(a[[i, p]]) * bf16(b[[p, j]])).sum();
-                        // f32 sums of k terms in any order: within k units of f32's last
-                        // place of the sum of the terms' magnitudes.
-                        let magnitude: f64 = (0..k).map(|p| (bf16(a[[i, p]]) * bf16(b[[p, j]])).abs()).sum();
-                        assert!(
-                            (f64::from(c[[i, j]]) - exact).abs() <= k as f64 * f64::from(f32::EPSILON) * magnitude,
-                            "{m}x{k}x{n} at {i},{j}: {} against {exact}",
-                            c[[i, j]]
-                        );
-                    }
-                }
-            }
-        }
+        super::super::packed::check_against_exact_sums(
+            gemm_amx,
+            &[
+                (1, 1, 1),
+                (3, 7, 5),
+                (16, 32, 16),
+                (17, 33, 17),
+                (32, 64, 32),
+                (33, 31, 65),
+                (40, 97, 130),
+                (70, 512, 200),
+            ],
+        );
     }
 }

@@ -122,6 +122,37 @@ macro_rules! with_row_count {
 }
 pub(super) use with_row_count;
 
+/// Checks a kernel of products of bf16-rounded operands, `gemm`, against the exact sums
+/// of the bf16 products (in f64) over `shapes` (m, k, n), through contiguous and
+/// transposed (strided) views: every element written, each within k units of f32's last
+/// place of the sum of its terms' magnitudes (f32 sums of k terms in any order).
+#[cfg(test)]
+pub(super) fn check_against_exact_sums(gemm: super::matrix::Gemm<f32>, shapes: &[(usize, usize, usize)]) {
+    use ndarray::Array2;
+    for &(m, k, n) in shapes {
+        let a = Array2::from_shape_fn((m, k), |(i, j)| ((i * 7 + j * 3) % 13) as f32 * 0.37 - 1.9);
+        let b = Array2::from_shape_fn((k, n), |(i, j)| ((i * 5 + j * 11) % 17) as f32 * 0.23 - 1.7);
+        let bf16 = |x: f32| f64::from(half::bf16::from_f32(x).to_f32());
+        let (at, bt) = (a.t().to_owned(), b.t().to_owned());
+        for (a, b) in [(a.view(), b.view()), (at.t(), bt.t())] {
+            let mut c = Array2::from_elem((m, n), f32::NAN);
+            gemm(a.view(), b, c.view_mut());
+            for i in 0..m {
+                for j in 0..n {
+                    let exact: f64 = (0..k).map(|p| bf16(a[[i, p]]) * bf16(b[[p, j]])).sum();
+                    let magnitude: f64 = (0..k).map(|p| (bf16(a[[i, p]]) * bf16(b[[p, j]])).abs()).sum();
+                    let bound = (k as f64 * f64::from(f32::EPSILON) * magnitude).max(1e-6);
+                    assert!(
+                        (f64::from(c[[i, j]]) - exact).abs() <= bound,
+                        "{m}x{k}x{n} at {i},{j}: {} against {exact}",
+                        c[[i, j]]
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Stores a microkernel's sums, `R` rows of [`PANEL`] columns, into `block`.
 ///
 /// # Safety

@@ -169,33 +169,16 @@ unsafe fn rows_of<const R: usize>(a: &[f32], k: usize, b: &[f32], block: &mut [f
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ndarray::Array2;
 
     #[test]
     fn products_match_exact_sums_of_bf16_products() {
         if !available() {
             return;
         }
-        for (m, k, n) in [(1, 1, 1), (3, 7, 5), (5, 64, 65), (9, 33, 130), (4, 2, 64), (6, 97, 20), (7, 40, 17)] {
-            let a = Array2::from_shape_fn((m, k), |(i, j)| ((i * 7 + j * 3) % 13) as f32 * 0.37 - 1.9);
-            let b = Array2::from_shape_fn((k, n), |(i, j)| ((i * 5 + j * 11) % 17) as f32 * 0.23 - 1.7);
-            let bf16 = |x: f32| f64::from(half::bf16::from_f32(x).to_f32());
-            // Also through transposed (strided) views of `a` and `b`.
-            let (at, bt) = (a.t().to_owned(), b.t().to_owned());
-            for (a, b) in [(a.view(), b.view()), (at.t(), bt.t())] {
-                let mut c = Array2::from_elem((m, n), f32::NAN);
-                gemm_rounded_f32(a.view(), b, c.view_mut());
-                for i in 0..m {
-                    for j in 0..n {
-                        let exact: f64 = (0..k).map(|p| bf16(a[[i, p]]) * bf16(b[[p, j]])).sum();
-                        assert!(
-                            (f64::from(c[[i, j]]) - exact).abs() <= 1e-5 * exact.abs().max(1.0),
-                            "{m}x{k}x{n} at {i},{j}"
-                        );
-                    }
-                }
-            }
-        }
+        super::super::packed::check_against_exact_sums(
+            gemm_rounded_f32,
+            &[(1, 1, 1), (3, 7, 5), (5, 64, 65), (9, 33, 130), (4, 2, 64), (6, 97, 20), (7, 40, 17)],
+        );
     }
 
     #[test]
