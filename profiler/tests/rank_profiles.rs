@@ -139,7 +139,7 @@ fn capture_runs_a_collectives_program_as_ranks_and_writes_a_profile_per_rank() {
     let sandbox = Sandbox::new();
     let dir = sandbox.path().join("capture");
     let hlo = all_reduce_hlo(sandbox.path(), 4096);
-    std::fs::create_dir(&dir).expect("mkdir");
+    // The session file's directory does not exist yet: capture makes it.
     let capture = |extra: &[&str]| {
         let mut command = Command::new(env!("CARGO_BIN_EXE_neuron-profile"));
         sandbox

@@ -89,6 +89,10 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
     if args.num_exec == 0 {
         bail!("--num-exec must be at least 1");
     }
+    // The session file's directory is made if missing (`-s out/profile.ntff`).
+    if let Some(dir) = args.session_file.parent().filter(|d| !d.as_os_str().is_empty() && !args.disable_profile) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create the directory {}", dir.display()))?;
+    }
     if args.workers.workers_per_node.is_some() {
         let arguments = crate::workers::worker_arguments(std::env::args().skip(1));
         let dir = args.session_file.parent().map(|d| if d.as_os_str().is_empty() { Path::new(".") } else { d });
