@@ -186,7 +186,9 @@ impl DatastoreWriter {
         Some(CommSlot(slot))
     }
 
-    /// Frees a communicator's slot (its record goes with it).
+    /// Frees a communicator's slot. Its record stays, marked closed, until the slot is
+    /// taken again: a tool that reads the process as it ends (`neuron-profile inspect`)
+    /// still finds its ranks and members.
     pub fn close_communicator(&self, slot: CommSlot) {
         let mut slots = self.comm_slots.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(taken) = slots.get_mut(slot.0 as usize) {
@@ -196,7 +198,7 @@ impl DatastoreWriter {
             let odd = seq.load(Ordering::Relaxed) + 1;
             seq.store(odd, Ordering::Relaxed);
             fence(Ordering::Release);
-            self.region.u32(base + comm::ID).store(0, Ordering::Relaxed);
+            self.region.u32(base + comm::FLAGS).fetch_or(comm::CLOSED, Ordering::Relaxed);
             seq.store(odd + 1, Ordering::Release);
         }
     }

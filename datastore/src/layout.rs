@@ -200,11 +200,14 @@ pub(crate) mod comm {
     /// The communicator's id as events carry it (`u32`), its rank count (`u32`).
     pub(crate) const ID: u64 = 8;
     pub(crate) const RANKS: u64 = 12;
-    /// The name's string id (`u32`), flags (`u32`: [`ACROSS`]).
+    /// The name's string id (`u32`), flags (`u32`: [`ACROSS`], [`CLOSED`]).
     pub(crate) const NAME: u64 = 16;
     pub(crate) const FLAGS: u64 = 20;
     /// The communicator spans processes.
     pub(crate) const ACROSS: u32 = 1;
+    /// The communicator was closed: its record stays, as it was, until the slot is
+    /// taken again.
+    pub(crate) const CLOSED: u32 = 2;
 
     /// Rank rows: pid (`u32`) and host string id (`u32`), flags (`u32`: the `ROW_*`
     /// bits) and core (`u32`), then sequences + 1 (0: none yet).

@@ -165,3 +165,115 @@ fn a_host_whose_clock_is_five_seconds_off_is_realigned_within_the_stated_uncerta
         assert!(view.uncertainty_ns >= clock.uncertainty_ns.min(1), "{view:?}");
     }
 }
+
+/// The `cc_running` starts of each rank in a Chrome JSON trace: rank → sequence → µs.
+fn collective_starts(json: &[u8]) -> std::collections::BTreeMap<u64, std::collections::BTreeMap<u64, f64>> {
+    let trace: serde_json::Value = serde_json::from_slice(json).expect("a Chrome JSON trace");
+    let mut starts: std::collections::BTreeMap<u64, std::collections::BTreeMap<u64, f64>> = Default::default();
+    for e in trace["traceEvents"].as_array().expect("events") {
+        if e["name"] == "cc_running" && matches!(e["ph"].as_str(), Some("B" | "X")) {
+            let (Some(rank), Some(sequence), Some(ts)) =
+                (e["args"]["rank"].as_u64(), e["args"]["sequence"].as_u64(), e["ts"].as_f64())
+            else {
+                continue;
+            };
+            starts.entry(rank).or_default().insert(sequence, ts);
+        }
+    }
+    starts
+}
+
+#[test]
+fn the_profiles_of_ranks_on_hosts_five_seconds_apart_export_on_one_clock() {
+    let Some(hosts) = hosts() else { return };
+    const SHIFT_NS: u64 = 5_000_000_000;
+    let root = format!("{}:{}", hosts.addresses[0], 41_000 + (std::process::id() + 7) % 20_000);
+    let sandboxes = [Sandbox::new(), Sandbox::new()];
+    let profiles = sandboxes[0].path().join("profiles");
+    let hlo = neuron_test_support::process::all_reduce_hlo(sandboxes[0].path(), 1024);
+    // Each host's process records itself into the one directory, as its rank.
+    let mut children: Vec<std::process::Child> = (0..2)
+        .map(|rank| {
+            let mut program = Command::new(env!("CARGO_BIN_EXE_neuron-profile"));
+            sandboxes[rank]
+                .env(&mut program)
+                .env("NEURON_RT_ROOT_COMM_ID", &root)
+                .env("NEURON_RT_NUM_CORES", "1")
+                .envs([("RANK", rank.to_string()), ("WORLD_SIZE", "2".to_owned())])
+                .args(["inspect", "-o"])
+                .arg(&profiles)
+                .arg(env!("CARGO_BIN_EXE_neuron-bench"))
+                .args(["exec", "--iterations", "40"])
+                .arg(&hlo);
+            if rank == 1 {
+                // The second host's clock reads 5 s ahead of the first's.
+                program.env("NEURON_VIRT_TEST_CLOCK_SHIFT_NS", SHIFT_NS.to_string());
+            }
+            let log = std::fs::File::create(sandboxes[rank].path().join("rank.log")).expect("log");
+            hosts.run_in(rank, &program).stdout(Stdio::null()).stderr(log).spawn().expect("starts")
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    for (rank, child) in children.iter_mut().enumerate() {
+        while child.try_wait().expect("waits").is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let log = std::fs::read_to_string(sandboxes[rank].path().join("rank.log")).unwrap_or_default();
+                panic!("rank {rank} did not finish in 90 s: {log}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+    let mut names: Vec<String> = std::fs::read_dir(&profiles)
+        .expect("profiles")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["profile_rank_0.ntff", "profile_rank_1.ntff"]);
+    let export = |dir: &std::path::Path, out: &std::path::Path| {
+        let output = Command::new(env!("CARGO_BIN_EXE_neuron-profile"))
+            .args(["view", "-d"])
+            .arg(dir)
+            .args(["--output-format", "chrome-json", "--output-file"])
+            .arg(out)
+            .output()
+            .expect("view runs");
+        assert!(output.status.success(), "{}", text(&output));
+        (collective_starts(&std::fs::read(out).expect("the trace")), text(&output))
+    };
+    // Each file alone stays on its own host's clock: the same collectives 5 s apart.
+    let alone = sandboxes[1].path().join("alone");
+    std::fs::create_dir(&alone).expect("mkdir");
+    let gaps = |starts: &std::collections::BTreeMap<u64, std::collections::BTreeMap<u64, f64>>| -> Vec<f64> {
+        starts[&1].iter().filter_map(|(sequence, t1)| Some(t1 - starts[&0].get(sequence)?)).collect()
+    };
+    let mut raw = std::collections::BTreeMap::new();
+    for rank in 0..2 {
+        let name = format!("profile_rank_{rank}.ntff");
+        let dir = alone.join(rank.to_string());
+        std::fs::create_dir(&dir).expect("mkdir");
+        std::fs::copy(profiles.join(&name), dir.join(&name)).expect("copy");
+        let out = alone.join(format!("{rank}.json"));
+        let (starts, _) = export(&dir, &out);
+        // A directory of one rank's file is moved too, by its own offset: read its own
+        // clock from the file instead.
+        let file = ntff::NtffFile::open(&dir.join(&name)).expect("opens");
+        let shift = ntff::RootClock::of(&file).latest().map_or(0, |(offset, _)| offset);
+        let own: std::collections::BTreeMap<u64, f64> =
+            starts[&rank].iter().map(|(s, t)| (*s, t - shift as f64 / 1e3)).collect();
+        raw.insert(rank, own);
+    }
+    let mut raw_gaps = gaps(&raw);
+    raw_gaps.sort_by(f64::total_cmp);
+    assert!(raw_gaps.len() >= 30, "{raw_gaps:?}");
+    let median = raw_gaps[raw_gaps.len() / 2];
+    assert!((median - SHIFT_NS as f64 / 1e3).abs() < 500_000.0, "on their own clocks 5 s apart: {median} µs");
+    // Together, on rank 0's clock: the same collectives within milliseconds.
+    let (together, said) = export(&profiles, &sandboxes[1].path().join("together.json"));
+    assert!(said.contains("profile_rank_1.ntff: moved onto rank 0's clock by −5.0 s"), "{said}");
+    let mut aligned = gaps(&together);
+    aligned.sort_by(f64::total_cmp);
+    let median = aligned[aligned.len() / 2];
+    assert!(median.abs() < 100_000.0, "on one clock: median {median} µs apart; {aligned:?}");
+}

@@ -77,7 +77,14 @@ pub struct ClockOffsetRecord {
 impl DatastoreReader {
     /// The communicators the runtime takes part in, by slot.
     pub fn communicators(&self) -> Vec<CommunicatorRecord> {
-        (0..COMM_SLOTS).filter_map(|slot| self.communicator(slot)).collect()
+        (0..COMM_SLOTS).filter_map(|slot| self.communicator(slot, false)).collect()
+    }
+
+    /// The communicators as [`DatastoreReader::communicators`] gives them, and those the
+    /// process has closed whose records are still there (until their slot is taken
+    /// again): what a process that has ended took part in.
+    pub fn communicators_with_closed(&self) -> Vec<CommunicatorRecord> {
+        (0..COMM_SLOTS).filter_map(|slot| self.communicator(slot, true)).collect()
     }
 
     /// This process's clock against the root's (`None`: not in a job of several
@@ -101,7 +108,7 @@ impl DatastoreReader {
         None
     }
 
-    fn communicator(&self, slot: u32) -> Option<CommunicatorRecord> {
+    fn communicator(&self, slot: u32, closed_too: bool) -> Option<CommunicatorRecord> {
         let r = &self.region;
         let base = self.layout.comm_slot(slot);
         for _ in 0..100 {
@@ -116,7 +123,11 @@ impl DatastoreReader {
             }
             let ranks = r.u32(base + comm::RANKS).load(Ordering::Relaxed);
             let name = self.strings.get(r, r.u32(base + comm::NAME).load(Ordering::Relaxed)).unwrap_or_default();
-            let across = r.u32(base + comm::FLAGS).load(Ordering::Relaxed) & comm::ACROSS != 0;
+            let flags = r.u32(base + comm::FLAGS).load(Ordering::Relaxed);
+            if flags & comm::CLOSED != 0 && !closed_too {
+                return None;
+            }
+            let across = flags & comm::ACROSS != 0;
             let members = (0..ranks.min(COMM_RANKS)).filter_map(|rank| self.rank_record(slot, rank)).collect();
             fence(Ordering::Acquire);
             if r.u64(base + comm::SEQ).load(Ordering::Relaxed) == seq {
@@ -243,11 +254,15 @@ mod tests {
 
         writer.close_communicator(slot);
         assert!(reader.communicators().is_empty());
+        // Closed, its record stays for a tool that reads the process as it ends.
+        let closed = reader.communicators_with_closed();
+        assert_eq!((closed.len(), closed[0].id, closed[0].members.len()), (1, 7, 1), "{closed:?}");
         let again = writer.open_communicator(&CommunicatorEntry { id: 8, ..comm_entry.clone() }).expect("freed");
         assert_eq!(again, slot);
         let comms = reader.communicators();
         assert_eq!(comms[0].id, 8);
         assert!(comms[0].members.is_empty(), "{:?}", comms[0].members);
+        assert_eq!(reader.communicators_with_closed().len(), 1, "the slot taken again replaces the closed one");
         drop(dir);
     }
 

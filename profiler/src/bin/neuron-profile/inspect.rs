@@ -109,7 +109,8 @@ pub(crate) fn inspect(args: InspectArgs) -> Result<()> {
         let mut finished = Vec::new();
         for (&pid, t) in &mut traced {
             let done = matches!(t.reader.liveness(), Liveness::Exited(_));
-            let communicators = t.reader.communicators();
+            // Closed ones too: a process closes its communicators as it ends.
+            let communicators = t.reader.communicators_with_closed();
             if !communicators.is_empty() {
                 t.rank = own_rank(&communicators).or(t.rank);
                 t.communicators = communicators;
