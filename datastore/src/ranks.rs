@@ -675,10 +675,21 @@ fn diagnose_hang(
                         }
                         _ => String::new(),
                     };
-                    // Its own process's datastore, when it is read here (this host).
-                    let doing = match activities.get(&m.pid).filter(|_| m.in_this_process) {
-                        Some(activity) => format!(", {}", activity.describe()),
-                        None => String::new(),
+                    // Its own process's datastore, when it is read here (this host); else
+                    // when it was last heard of: its latest arrival or departure that
+                    // came here with the collectives' data.
+                    let heard = m
+                        .history
+                        .iter()
+                        .map(|e| (e.departed_ns.unwrap_or(0).max(e.arrived_ns), e.position))
+                        .max_by_key(|(at, _)| *at)
+                        .filter(|(at, _)| *at > 0 && now_ns > *at);
+                    let doing = match (activities.get(&m.pid).filter(|_| m.in_this_process), heard) {
+                        (Some(activity), _) => format!(", {}", activity.describe()),
+                        (None, Some((at, position))) => {
+                            format!(", last heard of {} ago (at {position})", format_ns(now_ns - at))
+                        }
+                        (None, None) => String::new(),
                     };
                     Some(format!("rank {r}: last completed {}{running}{doing}", last_completed(m)))
                 })
@@ -918,6 +929,15 @@ mod tests {
         );
         assert_eq!(views[0].members[3].state, RankState::Running);
         assert_eq!(views[0].members[0].state, RankState::Waiting);
+        // Read where rank 3's process is not (another host): when it was last heard of,
+        // from the arrivals that came with the data.
+        let elsewhere = records[..3].to_vec();
+        let views = group_views(&elsewhere, &StragglerRule::default(), 5_100 * MS);
+        let text = &views[0].hang.as_ref().expect("a hang").text;
+        assert!(
+            text.ends_with("(rank 3: last completed #2, running unit #3, last heard of 4.1 s ago (at #2))"),
+            "{text}"
+        );
 
         // Rank 3 arrived too: the data does not move.
         for runtime in &mut records {
