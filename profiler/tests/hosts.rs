@@ -65,6 +65,35 @@ fn ranks_on_two_hosts_joined_by_a_slowed_link_run_and_check_their_collectives() 
 }
 
 /// The runtime of `sandbox`'s datastore directory, once there is one.
+/// The two ranks of a job, one on each host, rank 0's address `root`, the second host's
+/// clock reading `shift_ns` ahead of the first's: each runs the command `command` puts
+/// in its (empty) argument list, its log in its sandbox's `rank.log`.
+fn shifted_ranks(
+    hosts: &Hosts,
+    sandboxes: &[Sandbox; 2],
+    root: &str,
+    shift_ns: i64,
+    command: impl Fn(&mut Command),
+) -> Vec<std::process::Child> {
+    (0..2)
+        .map(|rank| {
+            // `env` runs the command with the variables below.
+            let mut program = Command::new("env");
+            sandboxes[rank]
+                .env(&mut program)
+                .env("NEURON_RT_ROOT_COMM_ID", root)
+                .env("NEURON_RT_NUM_CORES", "1")
+                .envs([("RANK", rank.to_string()), ("WORLD_SIZE", "2".to_owned())]);
+            if rank == 1 {
+                program.env("NEURON_VIRT_TEST_CLOCK_SHIFT_NS", shift_ns.to_string());
+            }
+            command(&mut program);
+            let log = std::fs::File::create(sandboxes[rank].path().join("rank.log")).expect("log");
+            hosts.run_in(rank, &program).stdout(Stdio::null()).stderr(log).spawn().expect("starts")
+        })
+        .collect()
+}
+
 fn reader_in(sandbox: &Sandbox) -> Option<neuron_datastore::DatastoreReader> {
     let entries = std::fs::read_dir(&sandbox.datastores).ok()?;
     let path = entries.flatten().map(|e| e.path()).find(|p| p.extension().is_some_and(|x| x == "ds"))?;
@@ -85,24 +114,9 @@ fn a_host_whose_clock_is_five_seconds_off_is_realigned_within_the_stated_uncerta
          ENTRY e {\n  x = f32[1024]{0} parameter(0)\n  ROOT r = f32[1024]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n",
     )
     .expect("write");
-    let mut children: Vec<std::process::Child> = (0..2)
-        .map(|rank| {
-            let mut program = Command::new(env!("CARGO_BIN_EXE_neuron-bench"));
-            sandboxes[rank]
-                .env(&mut program)
-                .env("NEURON_RT_ROOT_COMM_ID", &root)
-                .env("NEURON_RT_NUM_CORES", "1")
-                .envs([("RANK", rank.to_string()), ("WORLD_SIZE", "2".to_owned())])
-                .args(["exec", "--iterations", "100000"])
-                .arg(&hlo);
-            if rank == 1 {
-                // The second host's clock reads 5 s ahead of the first's.
-                program.env("NEURON_VIRT_TEST_CLOCK_SHIFT_NS", SHIFT_NS.to_string());
-            }
-            let log = std::fs::File::create(sandboxes[rank].path().join("rank.log")).expect("log");
-            hosts.run_in(rank, &program).stdout(Stdio::null()).stderr(log).spawn().expect("starts")
-        })
-        .collect();
+    let mut children = shifted_ranks(&hosts, &sandboxes, &root, SHIFT_NS, |program| {
+        program.arg(env!("CARGO_BIN_EXE_neuron-bench")).args(["exec", "--iterations", "100000"]).arg(&hlo);
+    });
     let logs = || {
         sandboxes
             .iter()
@@ -192,27 +206,10 @@ fn the_profiles_of_ranks_on_hosts_five_seconds_apart_export_on_one_clock() {
     let profiles = sandboxes[0].path().join("profiles");
     let hlo = neuron_test_support::process::all_reduce_hlo(sandboxes[0].path(), 1024);
     // Each host's process records itself into the one directory, as its rank.
-    let mut children: Vec<std::process::Child> = (0..2)
-        .map(|rank| {
-            let mut program = Command::new(env!("CARGO_BIN_EXE_neuron-profile"));
-            sandboxes[rank]
-                .env(&mut program)
-                .env("NEURON_RT_ROOT_COMM_ID", &root)
-                .env("NEURON_RT_NUM_CORES", "1")
-                .envs([("RANK", rank.to_string()), ("WORLD_SIZE", "2".to_owned())])
-                .args(["inspect", "-o"])
-                .arg(&profiles)
-                .arg(env!("CARGO_BIN_EXE_neuron-bench"))
-                .args(["exec", "--iterations", "40"])
-                .arg(&hlo);
-            if rank == 1 {
-                // The second host's clock reads 5 s ahead of the first's.
-                program.env("NEURON_VIRT_TEST_CLOCK_SHIFT_NS", SHIFT_NS.to_string());
-            }
-            let log = std::fs::File::create(sandboxes[rank].path().join("rank.log")).expect("log");
-            hosts.run_in(rank, &program).stdout(Stdio::null()).stderr(log).spawn().expect("starts")
-        })
-        .collect();
+    let mut children = shifted_ranks(&hosts, &sandboxes, &root, SHIFT_NS as i64, |program| {
+        program.arg(env!("CARGO_BIN_EXE_neuron-profile")).args(["inspect", "-o"]).arg(&profiles);
+        program.arg(env!("CARGO_BIN_EXE_neuron-bench")).args(["exec", "--iterations", "40"]).arg(&hlo);
+    });
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
     for (rank, child) in children.iter_mut().enumerate() {
         while child.try_wait().expect("waits").is_none() {
