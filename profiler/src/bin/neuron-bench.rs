@@ -18,7 +18,7 @@ use neuron_profiler::{
     InputFill, bind_tensors, init_logging, load_model_bytes, model_name, npy, read_inputs, si, target_for, thousands,
 };
 use neuron_runtime::config::{Config, ENV_VISIBLE_CORES};
-use neuron_runtime::isa::{Op, Program};
+use neuron_runtime::isa::Program;
 use neuron_runtime::neff::DecodeOptions;
 use neuron_runtime::{
     ArrayType, CompletionHandle, DType, DTypeClass, ErrorTracker, Model, Neff, NrtError, NrtStatus, Runtime, SeqId,
@@ -267,7 +267,7 @@ fn exec(args: ExecArgs) -> Result<()> {
     let mut fill = |i: usize, _: &ArrayType| Ok(given[i].clone());
     // A program with collectives runs as one rank per core; each core's worker executes
     // its rank, and the ranks meet in the collectives.
-    let lockstep = program.instructions().any(|i| matches!(i.op, Op::Collective(_)));
+    let lockstep = program.has_collectives();
     let replicas = if lockstep {
         let models = load_ranks(&runtime, &neff, cores.cores(), args.duration.is_some())?;
         models.into_iter().map(|model| Replica::bind(&runtime, model, &mut fill)).collect::<Result<Vec<_>>>()?

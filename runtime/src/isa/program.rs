@@ -26,6 +26,11 @@ impl Program {
         self.streams.iter().flat_map(|s| s.instructions.iter())
     }
 
+    /// Whether the program has collectives (it runs as one rank of a group).
+    pub fn has_collectives(&self) -> bool {
+        self.instructions().any(|i| matches!(i.op, super::Op::Collective(_)))
+    }
+
     /// Every instruction of this program and of the programs its loops and
     /// conditionals run, depth first.
     pub fn all_instructions(&self) -> Vec<&Instruction> {

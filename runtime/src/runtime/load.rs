@@ -115,9 +115,7 @@ impl Runtime {
         check_collectives(program, &neff.name, ranks)?;
         let rank = match rank {
             Some(rank) => Some(rank),
-            None if program.instructions().any(|i| matches!(i.op, Op::Collective(_))) => {
-                Some((self.communicator_named(Some(&neff.name), &[core])?, 0))
-            }
+            None if program.has_collectives() => Some((self.communicator_named(Some(&neff.name), &[core])?, 0)),
             None => None,
         };
         let slot = tracer.store().core_slot(core).ok_or_else(|| NrtError::invalid(format!("nc{core} is not held")))?;

@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use neuron_datastore::flight::{CollectiveEntry, Position};
 use neuron_datastore::ranks::{GroupView, RuntimeRecords, StragglerRule, TracedCollective, count_ranks, group_views};
 use neuron_datastore::{ClockOffsetRecord, CollectiveAlgorithm, CollectiveOp};
-use ntff::{ArgValue, NtffFile, RootClock, Sym};
+use ntff::{ArgValue, NtffFile, RootClock};
 use serde::Serialize;
 
 use super::{ProfileIndex, TrackKind, TrackView};
@@ -111,25 +111,30 @@ impl RanksIndex {
             longest_collective: 0,
             groups: Vec::new(),
         };
-        index.collectives = index.join_collectives();
+        let traced = index.traced();
+        index.collectives = RanksIndex::join_collectives(&traced);
         index.longest_collective = index.collectives.iter().map(|c| c.end - c.start).max().unwrap_or(0);
         let rule = StragglerRule { window: usize::MAX, ..StragglerRule::default() };
-        index.groups = group_views(&index.records(), &rule, 0);
+        index.groups = group_views(&index.records(&traced), &rule, 0);
         index
     }
 
-    /// Each rank's collectives as a runtime's records, on the job's clock, for the group
-    /// view (as `neuron-profile view -d` reads them).
-    fn records(&self) -> Vec<RuntimeRecords> {
-        let mut records = Vec::new();
+    /// Each part's collectives as its trace recorded them (`cc_running` spans), on the
+    /// job's clock, with their track among the job's: read once, for the flows and for
+    /// the group view.
+    fn traced(&self) -> Vec<Vec<(usize, TracedCollective)>> {
+        let mut traced = Vec::with_capacity(self.parts.len());
         for part in &self.parts {
             let index = &part.index;
             let file = index.file();
-            let Some(running) = file.find_string("cc_running") else { continue };
+            let mut collectives = Vec::new();
+            let Some(running) = file.find_string("cc_running") else {
+                traced.push(collectives);
+                continue;
+            };
             let key = |name: &str| file.find_string(name);
             let keys = ["communicator", "sequence", "op_id", "rank", "bytes", "operation", "algorithm"].map(key);
-            let mut collectives = Vec::new();
-            for track in index.tracks.iter().filter(|t| t.kind == TrackKind::System) {
+            for (i, track) in index.tracks.iter().enumerate().filter(|(_, t)| t.kind == TrackKind::System) {
                 for span in &track.spans {
                     let Some(detail) = index.details.get(span.detail as usize).filter(|d| d.name == running) else {
                         continue;
@@ -154,55 +159,50 @@ impl RanksIndex {
                         continue;
                     };
                     let position = Position { sequence: sequence as u32, index: op.min(u64::from(u16::MAX)) as u16 };
-                    collectives.push(TracedCollective {
-                        communicator: comm as u32,
-                        rank: rank as u32,
-                        core: track.core,
-                        entry: CollectiveEntry {
-                            position,
-                            operation,
-                            algorithm,
-                            group: 0,
-                            bytes,
-                            arrived_ns: span.start,
-                            departed_ns: Some(span.end),
-                        },
-                    });
+                    let entry = CollectiveEntry {
+                        position,
+                        operation,
+                        algorithm,
+                        group: 0,
+                        bytes,
+                        arrived_ns: span.start,
+                        departed_ns: Some(span.end),
+                    };
+                    let collective =
+                        TracedCollective { communicator: comm as u32, rank: rank as u32, core: track.core, entry };
+                    collectives.push((part.first_track + i, collective));
                 }
             }
-            let clock = part.clock.map(|(offset_ns, uncertainty_ns)| ClockOffsetRecord { offset_ns, uncertainty_ns });
-            records.push(RuntimeRecords::from_profile(part.pid, &part.host, clock, collectives));
+            traced.push(collectives);
         }
+        traced
+    }
+
+    /// Each rank's collectives as a runtime's records, for the group view (as
+    /// `neuron-profile view -d` reads them).
+    fn records(&self, traced: &[Vec<(usize, TracedCollective)>]) -> Vec<RuntimeRecords> {
+        let mut records: Vec<RuntimeRecords> = self
+            .parts
+            .iter()
+            .zip(traced)
+            .map(|(part, collectives)| {
+                let clock =
+                    part.clock.map(|(offset_ns, uncertainty_ns)| ClockOffsetRecord { offset_ns, uncertainty_ns });
+                RuntimeRecords::from_profile(part.pid, &part.host, clock, collectives.iter().map(|(_, c)| c.clone()))
+            })
+            .collect();
         count_ranks(&mut records);
         records
     }
 
     /// The collectives two or more ranks ran, by start.
-    fn join_collectives(&self) -> Vec<Collective> {
+    fn join_collectives(traced: &[Vec<(usize, TracedCollective)>]) -> Vec<Collective> {
         // By (communicator, sequence, position): each part's track, start and end.
         type Parts = Vec<(usize, u64, u64)>;
-        let mut by_key: HashMap<(u64, u64, u64), Parts> = HashMap::new();
-        for part in &self.parts {
-            let index = &part.index;
-            let file = index.file();
-            let Some(running) = file.find_string("cc_running") else { continue };
-            let keys: Vec<Option<Sym>> =
-                ["communicator", "sequence", "op_id"].iter().map(|k| file.find_string(k)).collect();
-            for (i, track) in index.tracks.iter().enumerate().filter(|(_, t)| t.kind == TrackKind::System) {
-                for span in &track.spans {
-                    let Some(detail) = index.details.get(span.detail as usize).filter(|d| d.name == running) else {
-                        continue;
-                    };
-                    let arg = |key: Option<Sym>| {
-                        detail.args.iter().find(|a| Some(a.key) == key).and_then(|a| match a.value {
-                            ArgValue::U64(v) => Some(v),
-                            _ => None,
-                        })
-                    };
-                    let (Some(c), Some(s), Some(o)) = (arg(keys[0]), arg(keys[1]), arg(keys[2])) else { continue };
-                    by_key.entry((c, s, o)).or_default().push((part.first_track + i, span.start, span.end));
-                }
-            }
+        let mut by_key: HashMap<(u32, u32, u16), Parts> = HashMap::new();
+        for (track, c) in traced.iter().flatten() {
+            let (e, key) = (&c.entry, (c.communicator, c.entry.position.sequence, c.entry.position.index));
+            by_key.entry(key).or_default().push((*track, e.arrived_ns, e.departed_ns.unwrap_or(e.arrived_ns)));
         }
         let mut collectives: Vec<Collective> = by_key
             .into_values()

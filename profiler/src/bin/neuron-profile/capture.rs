@@ -153,10 +153,7 @@ pub(crate) fn capture(args: CaptureArgs) -> Result<()> {
 
     // A collectives program in a job of several processes runs as this process's rank
     // of the job's communicator; elsewhere as a program of one rank.
-    let collectives = Neff::decode(&neff, neuron_runtime::neff::DecodeOptions::default())?
-        .program
-        .instructions()
-        .any(|i| matches!(i.op, neuron_runtime::isa::Op::Collective(_)));
+    let collectives = Neff::decode(&neff, neuron_runtime::neff::DecodeOptions::default())?.program.has_collectives();
     let model = match &job_rank {
         Some((ranks, world)) if collectives && runtime.config().root_comm.is_some() => {
             runtime.load_collectives_across(&neff, core, ranks.start, *world)?

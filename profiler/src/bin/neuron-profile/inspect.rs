@@ -51,10 +51,6 @@ struct Traced {
     reader: DatastoreReader,
     path: PathBuf,
     mode: Mode,
-    /// The process's lowest rank in a job, once it holds one.
-    rank: Option<u32>,
-    /// Its communicators as last seen open (a process's are closed as it ends).
-    communicators: Vec<neuron_datastore::CommunicatorRecord>,
 }
 
 enum Mode {
@@ -104,17 +100,11 @@ pub(crate) fn inspect(args: InspectArgs) -> Result<()> {
                 let tail = reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
                 Mode::Stream { tail: Box::new(tail), recorder: Box::new(recorder) }
             };
-            traced.insert(pid, Traced { reader, path, mode, rank: None, communicators: Vec::new() });
+            traced.insert(pid, Traced { reader, path, mode });
         }
         let mut finished = Vec::new();
         for (&pid, t) in &mut traced {
             let done = matches!(t.reader.liveness(), Liveness::Exited(_));
-            // Closed ones too: a process closes its communicators as it ends.
-            let communicators = t.reader.communicators_with_closed();
-            if !communicators.is_empty() {
-                t.rank = own_rank(&communicators).or(t.rank);
-                t.communicators = communicators;
-            }
             if let Some(path) = step(t, done, &args.command)? {
                 written.push(path);
             }
@@ -123,9 +113,11 @@ pub(crate) fn inspect(args: InspectArgs) -> Result<()> {
             }
         }
         for pid in finished {
-            if let Some(Traced { mode: Mode::Stream { mut recorder, .. }, path, rank, communicators, .. }) =
-                traced.remove(&pid)
-            {
+            if let Some(Traced { mode: Mode::Stream { mut recorder, .. }, path, reader }) = traced.remove(&pid) {
+                // Closed ones too: a process closes its communicators as it ends, and
+                // their records stay.
+                let communicators = reader.communicators_with_closed();
+                let rank = own_rank(&communicators);
                 recorder.communicators(&communicators)?;
                 let (file, summary) = recorder.finish()?;
                 file.place()?;
@@ -187,7 +179,7 @@ fn step(t: &mut Traced, done: bool, command: &[String]) -> Result<Option<PathBuf
             recorder.models(&t.reader.models(), &|_| String::new())?;
             let mut tail = t.reader.tail(TailStart::Oldest, None, ALL_SYSTEM_EVENTS, true);
             recorder.drain(&t.reader, &mut tail, done)?;
-            recorder.communicators(&t.communicators)?;
+            recorder.communicators(&t.reader.communicators_with_closed())?;
             recorder.finish()?.0.place()?;
             eprintln!(
                 "neuron-profile: an execution of pid {} failed; its rings are in {}",
