@@ -123,6 +123,17 @@ impl CollectiveEntry {
     }
 }
 
+/// What a rank's process last said it was doing (its heartbeat to the job's other
+/// processes, about once a second), as the process recording it heard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Heard {
+    /// When the process said it, root clock ns.
+    pub at_ns: u64,
+    /// `executing `train_step` at `dot.12``, `in no execution (…)`, … (empty when the
+    /// string table was full).
+    pub doing: String,
+}
+
 /// Which of a rank's sequence words a call moves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Progress {
@@ -243,6 +254,14 @@ impl DatastoreWriter {
         let (since, peer) = waiting.map_or((0, 0), |(since, peer)| (since.max(1), u64::from(peer) + 1));
         self.region.u64(row + comm::ROW_WAITING_FOR).store(peer, Ordering::Relaxed);
         self.region.u64(row + comm::ROW_WAITING_SINCE).store(since, Ordering::Release);
+    }
+
+    /// Records what the process of rank `rank` (another process) said it was doing at
+    /// `at_ns` (root clock).
+    pub fn set_rank_heard(&self, slot: CommSlot, rank: u32, at_ns: u64, doing: &str) {
+        let Some(row) = self.comm_row(slot, rank) else { return };
+        self.region.u64(row + comm::ROW_DOING).store(u64::from(self.intern(doing)), Ordering::Relaxed);
+        self.region.u64(row + comm::ROW_HEARD_AT).store(at_ns.max(1), Ordering::Release);
     }
 
     /// Says how far rank `rank`'s clock may be off the root's (its process's

@@ -185,6 +185,10 @@ pub mod model {
     pub const DEVICE_MEMORY: u64 = 56;
     pub const HOST_MEMORY: u64 = 96;
     pub const NAME_LEN: u64 = 104;
+    /// Outside the seqlock: the HLO name's string id (`u32`) of the instruction an
+    /// execution of the model is at now (0: none, or not known), rewritten as the
+    /// execution moves on.
+    pub const AT_INSTRUCTION: u64 = 108;
     pub const NAME: u64 = 112;
     pub const NAME_MAX: u64 = 128;
     /// Outside the seqlock: updated at every execution.
@@ -229,6 +233,12 @@ pub(crate) mod comm {
     pub(crate) const ROW_UNCERTAINTY: u64 = 64;
     /// The operation of the collective it started last, + 1 (0: none).
     pub(crate) const ROW_OPERATION: u64 = 72;
+    /// For a rank of another process: when its process last said what it is doing
+    /// (root clock ns; 0: never heard here), and what (a string id, `u32`; 0: not
+    /// stored). Written by the thread that hears the job's processes, the heard time
+    /// last.
+    pub(crate) const ROW_HEARD_AT: u64 = 80;
+    pub(crate) const ROW_DOING: u64 = 88;
     pub(crate) const ROW_KNOWN: u32 = 1;
     pub(crate) const ROW_IN_THIS_PROCESS: u32 = 2;
     pub(crate) const ROW_GONE: u32 = 4;

@@ -132,6 +132,10 @@ pub struct MemberView {
     pub median_lateness_ns: Option<u64>,
     /// The most its clock may be off the root's, ns.
     pub uncertainty_ns: u64,
+    /// What it is doing now: `executing `train_step` at `dot.12`` from its process's
+    /// datastore read here, or `last seen executing … 0.4 s ago` from what its process
+    /// said (see [`crate::flight::Heard`]); `None` when neither is known here.
+    pub doing: Option<String>,
 }
 
 /// One collective of one replica group, as every rank's arrival tells it.
@@ -281,6 +285,7 @@ impl RuntimeRecords {
                 uncertainty_ns,
                 waiting: None,
                 history: Vec::new(),
+                heard: None,
             });
             member.completed = member.completed.max(Some(c.entry.position));
             member.history.push(c.entry);
@@ -321,8 +326,9 @@ pub fn count_ranks(records: &mut [RuntimeRecords]) {
 /// What a runtime process is doing, from its datastore.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Activity {
-    /// The models with an execution in flight, by name.
-    pub executing: Vec<String>,
+    /// The models with an execution in flight, by name, each with the HLO instruction
+    /// it is at when known.
+    pub executing: Vec<(String, Option<String>)>,
     /// `live`, `stopped`, `stale` or `exited` (see [`crate::Liveness`]), and for a
     /// stopped or stale one the age of its heartbeat in seconds.
     pub liveness: &'static str,
@@ -330,9 +336,21 @@ pub struct Activity {
 }
 
 impl Activity {
-    /// `executing train_step`, `stopped (its heartbeat is 12 s old)`, or `in no
-    /// execution (in the program, between calls)`.
-    fn describe(&self) -> String {
+    /// What the models `models` of a runtime whose liveness is `liveness` say.
+    pub fn of_models(models: impl IntoIterator<Item = crate::ModelInfo>, liveness: crate::Liveness) -> Activity {
+        Activity {
+            executing: models.into_iter().filter(|m| m.running > 0).map(|m| (m.name, m.at_instruction)).collect(),
+            liveness: liveness.word(),
+            heartbeat_age_s: match liveness {
+                crate::Liveness::Stale { seconds, .. } => seconds,
+                _ => 0,
+            },
+        }
+    }
+
+    /// `executing `train_step` at `dot.12``, `stopped (its heartbeat is 12 s old)`, or
+    /// `in no execution (in the program, between runtime calls)`.
+    pub fn describe(&self) -> String {
         match self.liveness {
             "stopped" | "stale" => {
                 format!("its process is {} (its heartbeat is {} s old)", self.liveness, self.heartbeat_age_s)
@@ -340,7 +358,15 @@ impl Activity {
             "exited" => "its process has exited".to_owned(),
             _ if self.executing.is_empty() => "in no execution (in the program, between runtime calls)".to_owned(),
             _ => {
-                format!("executing {}", self.executing.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", "))
+                let models: Vec<String> = self
+                    .executing
+                    .iter()
+                    .map(|(model, at)| match at {
+                        Some(at) => format!("`{model}` at `{at}`"),
+                        None => format!("`{model}`"),
+                    })
+                    .collect();
+                format!("executing {}", models.join(", "))
             }
         }
     }
@@ -350,19 +376,11 @@ impl RuntimeRecords {
     /// What `reader`'s runtime holds now; `liveness` is its latest (see
     /// [`crate::Followed::liveness`]).
     pub fn read(reader: &crate::DatastoreReader, liveness: crate::Liveness) -> RuntimeRecords {
-        let activity = Activity {
-            executing: reader.models().into_iter().filter(|m| m.running > 0).map(|m| m.name).collect(),
-            liveness: liveness.word(),
-            heartbeat_age_s: match liveness {
-                crate::Liveness::Stale { seconds, .. } => seconds,
-                _ => 0,
-            },
-        };
         RuntimeRecords {
             pid: reader.info().pid,
             clock: reader.clock_offset(),
             communicators: reader.communicators(),
-            activity,
+            activity: Activity::of_models(reader.models(), liveness),
         }
     }
 }
@@ -444,6 +462,10 @@ fn merge_rank(known: &mut RankRecord, other: RankRecord) {
         known.history.extend(other.history);
         known.gone |= other.gone;
         known.uncertainty_ns = known.uncertainty_ns.max(other.uncertainty_ns);
+        // What its process said last, as whichever process heard it last.
+        if other.heard.as_ref().map(|h| h.at_ns) > known.heard.as_ref().map(|h| h.at_ns) {
+            known.heard = other.heard;
+        }
     }
     // The rank's own entry has its departure: keep it over another's copy.
     known.history.sort_by_key(|e| (e.position, e.departed_ns.is_none()));
@@ -479,6 +501,7 @@ fn view_of(
             arrived_last: 0,
             median_lateness_ns: None,
             uncertainty_ns: m.uncertainty_ns,
+            doing: doing_now(m, activities, now_ns, false),
         })
         .collect();
     let straggler = name_straggler(&mut views, &collectives, rule);
@@ -675,23 +698,16 @@ fn diagnose_hang(
                         }
                         _ => String::new(),
                     };
-                    // Its own process's datastore, when it is read here (this host); else
-                    // when it was last heard of: its latest arrival or departure that
-                    // came here with the collectives' data.
-                    let heard = m
-                        .history
-                        .iter()
-                        .map(|e| (e.departed_ns.unwrap_or(0).max(e.arrived_ns), e.position))
-                        .max_by_key(|(at, _)| *at)
-                        .filter(|(at, _)| *at > 0 && now_ns > *at);
-                    let doing = match (activities.get(&m.pid).filter(|_| m.in_this_process), heard) {
-                        (Some(activity), _) => format!(", {}", activity.describe()),
-                        (None, Some((at, position))) => {
-                            format!(", last heard of {} ago (at {position})", format_ns(now_ns - at))
-                        }
-                        (None, None) => String::new(),
+                    let doing = match doing_now(m, activities, now_ns, true) {
+                        Some(doing) => format!(", {doing}"),
+                        None => String::new(),
                     };
-                    Some(format!("rank {r}: last completed {}{running}{doing}", last_completed(m)))
+                    // Of a rank of another process, only its arrivals came here.
+                    let progress = match (m.completed, m.history.last()) {
+                        (None, Some(reached)) => format!("last reached {}", reached.position),
+                        _ => format!("last completed {}", last_completed(m)),
+                    };
+                    Some(format!("rank {r}: {progress}{running}{doing}"))
                 })
                 .collect();
             if doing.is_empty() {
@@ -717,6 +733,34 @@ fn diagnose_hang(
         waited_ns,
         text,
     })
+}
+
+/// What rank `m` is doing now: from its own process's datastore when it is read here
+/// (this host); else what its process last said (its heartbeat through the root);
+/// else, `with_arrivals`, when it was last heard of at all: its latest arrival or
+/// departure that came here with the collectives' data.
+fn doing_now(
+    m: &RankRecord,
+    activities: &BTreeMap<u32, &Activity>,
+    now_ns: u64,
+    with_arrivals: bool,
+) -> Option<String> {
+    if let Some(activity) = activities.get(&m.pid).filter(|_| m.in_this_process) {
+        return Some(activity.describe());
+    }
+    if let Some(heard) = m.heard.as_ref().filter(|h| !h.doing.is_empty()) {
+        return Some(format!("last seen {} {} ago", heard.doing, format_ns(now_ns.saturating_sub(heard.at_ns))));
+    }
+    if !with_arrivals {
+        return None;
+    }
+    let (at, position) = m
+        .history
+        .iter()
+        .map(|e| (e.departed_ns.unwrap_or(0).max(e.arrived_ns), e.position))
+        .max_by_key(|(at, _)| *at)
+        .filter(|(at, _)| *at > 0 && now_ns > *at)?;
+    Some(format!("last heard of {} ago (at {position})", format_ns(now_ns - at)))
 }
 
 /// ` (pid 812 on host a)`, or nothing when not known.
@@ -772,6 +816,7 @@ mod tests {
             uncertainty_ns: 0,
             waiting: None,
             history: arrivals.iter().enumerate().map(|(s, &at)| entry(s as u32, at, Some(at + MS))).collect(),
+            heard: None,
         }
     }
 
@@ -917,7 +962,7 @@ mod tests {
             }
         }
         // Rank 3's own process says what it is doing.
-        records[3].activity.executing = vec!["train_step".into()];
+        records[3].activity.executing = vec![("train_step".into(), Some("dot.12".into()))];
         let views = group_views(&records, &StragglerRule::default(), 5_100 * MS);
         let hang = views[0].hang.as_ref().expect("a hang");
         assert_eq!((hang.class, hang.position, hang.awaited.as_slice()), (HangClass::Missing, at, &[3][..]));
@@ -925,7 +970,7 @@ mod tests {
         assert_eq!(
             hang.text,
             "all-reduce #3 of comm `grads` (4 ranks): 3 ranks waiting 5.0 s for rank 3 (pid 103 on host h1), \
-             which never reached it (rank 3: last completed #2, running unit #3, executing `train_step`)"
+             which never reached it (rank 3: last completed #2, running unit #3, executing `train_step` at `dot.12`)"
         );
         assert_eq!(views[0].members[3].state, RankState::Running);
         assert_eq!(views[0].members[0].state, RankState::Waiting);
@@ -938,6 +983,25 @@ mod tests {
             text.ends_with("(rank 3: last completed #2, running unit #3, last heard of 4.1 s ago (at #2))"),
             "{text}"
         );
+        // Its process's heartbeat came through the root: what it said, and when; the
+        // latest of what the processes read heard wins.
+        let said = |at_ns: u64, doing: &str| Some(crate::flight::Heard { at_ns, doing: doing.into() });
+        let mut elsewhere = elsewhere;
+        elsewhere[0].communicators[0].members[3].heard = said(4_900 * MS, "executing `train_step` at `dot.12`");
+        elsewhere[1].communicators[0].members[3].heard = said(4_100 * MS, "in no execution");
+        let views = group_views(&elsewhere, &StragglerRule::default(), 5_100 * MS);
+        let text = &views[0].hang.as_ref().expect("a hang").text;
+        assert!(
+            text.ends_with(
+                "(rank 3: last completed #2, running unit #3, last seen executing `train_step` at `dot.12` \
+                 200.0 ms ago)"
+            ),
+            "{text}"
+        );
+        // It has said nothing since: a process stopped, or a host cut off.
+        let views = group_views(&elsewhere, &StragglerRule::default(), 10_100 * MS);
+        let text = &views[0].hang.as_ref().expect("a hang").text;
+        assert!(text.contains("last seen executing `train_step` at `dot.12` 5.2 s ago"), "{text}");
 
         // Rank 3 arrived too: the data does not move.
         for runtime in &mut records {

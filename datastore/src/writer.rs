@@ -375,6 +375,7 @@ impl DatastoreWriter {
         r.u32(base + model::NAME_LEN).store(end as u32, Ordering::Relaxed);
         r.u64(base + model::EXECUTIONS).store(0, Ordering::Relaxed);
         r.u64(base + model::RUNNING).store(0, Ordering::Relaxed);
+        r.u32(base + model::AT_INSTRUCTION).store(0, Ordering::Relaxed);
         for bucket in 0..histogram::MODEL_BUCKETS {
             r.u64(self.layout.model_histogram_bucket(slot as u32, bucket)).store(0, Ordering::Relaxed);
         }
@@ -410,6 +411,21 @@ impl DatastoreWriter {
     #[inline]
     pub fn model_counter(&self, slot: u32, field: u64) -> &AtomicU64 {
         self.region.u64(self.layout.model_slot(slot) + field)
+    }
+
+    /// Where an execution of the model in table slot `slot` is: the HLO name's string
+    /// id of its instruction now (`model::AT_INSTRUCTION`; 0 for none).
+    #[inline]
+    pub fn model_at_instruction(&self, slot: u32) -> &AtomicU32 {
+        self.region.u32(self.layout.model_slot(slot) + model::AT_INSTRUCTION)
+    }
+
+    /// What this process is doing now, as its models table says (what it tells the
+    /// job's other processes: see [`crate::ranks::Activity`]).
+    pub fn activity(&self) -> crate::ranks::Activity {
+        let models = (0..self.layout.sizes.model_slots)
+            .filter_map(|slot| crate::reader::read_model(&self.region, &self.layout, &self.strings, slot));
+        crate::ranks::Activity::of_models(models, crate::Liveness::Live)
     }
 
     pub(crate) fn host_ring(&self) -> RingRef {

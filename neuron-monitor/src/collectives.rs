@@ -126,6 +126,7 @@ fn communicator(view: &GroupView, tally: &Tally) -> Value {
                 "arrived_last": m.arrived_last,
                 "median_lateness_ns": m.median_lateness_ns,
                 "lateness_ns": m.lateness_ns,
+                "doing": m.doing,
             })
         })
         .collect();

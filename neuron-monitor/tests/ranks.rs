@@ -142,7 +142,7 @@ fn a_hang_is_named_with_the_missing_rank_within_the_threshold_and_a_second() {
         "{text}"
     );
     // Rank 3's process is on this host: what it does is read from its datastore.
-    assert!(text.contains("executing `allreduce`"), "{text}");
+    assert!(text.contains("executing `allreduce` at `r`"), "{text}");
     let (_, metrics) = http_get(addr, "/metrics");
     let line = metrics.lines().find(|l| l.starts_with("neuron_collective_hang_seconds{"));
     assert!(line.is_some_and(|l| l.contains(r#"class="missing""#)), "{metrics}");

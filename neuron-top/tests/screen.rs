@@ -455,6 +455,7 @@ fn with_ranks(hang: bool) -> Snapshot {
                 completed: Some(at(9)),
                 uncertainty_ns: 4_000,
                 waiting: waiting.then_some((1_000 * MS, 3)),
+                heard: None,
                 history: (0..10)
                     .map(|s| {
                         let arrived_ns = 1_000 * MS

@@ -180,6 +180,55 @@ fn a_host_whose_clock_is_five_seconds_off_is_realigned_within_the_stated_uncerta
     }
 }
 
+#[test]
+fn a_rank_hanging_on_another_host_is_described_by_what_its_process_last_said() {
+    use neuron_datastore::ranks::{HangClass, RuntimeRecords, StragglerRule, group_views};
+    let Some(hosts) = hosts() else { return };
+    let root = format!("{}:{}", hosts.addresses[0], 41_000 + (std::process::id() + 2) % 20_000);
+    let sandboxes = [Sandbox::new(), Sandbox::new()];
+    let hlo = neuron_test_support::process::all_reduce_hlo(sandboxes[0].path(), 1024);
+    // The second host's clock is 5 s ahead: what its process says is dated on the root's.
+    let mut children = shifted_ranks(&hosts, &sandboxes, &root, 5_000_000_000, |program| {
+        // The second rank never arrives at its sixth execution's all-reduce; the first
+        // says so after 3 s, and gives up at 6 s.
+        program.envs([("NEURON_RT_EXEC_TIMEOUT", "6"), ("NEURON_RT_FAULT_INJECT", "cc_hang:rank=1:after=5")]);
+        program.arg(env!("CARGO_BIN_EXE_neuron-bench")).args(["exec", "--iterations", "100"]).arg(&hlo);
+    });
+    // Read on the first host only: the second's datastore is not there.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
+    let mut seen = None;
+    let hang = loop {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let log = std::fs::read_to_string(sandboxes[0].path().join("rank.log")).unwrap_or_default();
+        assert!(std::time::Instant::now() < deadline, "no hang described in time: {seen:?}; {log}");
+        let Some(reader) = reader_in(&sandboxes[0]) else { continue };
+        let records = RuntimeRecords::read(&reader, reader.liveness());
+        let now = neuron_datastore::ranks::root_now(std::slice::from_ref(&records));
+        seen = group_views(std::slice::from_ref(&records), &StragglerRule::default(), now)
+            .into_iter()
+            .find_map(|v| v.hang);
+        if let Some(hang) = seen.as_ref().filter(|h| h.text.contains("last seen")) {
+            break hang.clone();
+        }
+    };
+    for child in &mut children {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    assert_eq!((hang.class, hang.awaited.as_slice()), (HangClass::Missing, &[1][..]), "{}", hang.text);
+    // `…, last seen executing `allreduce` at `r` 1.2 s ago)`: at its all-reduce, said
+    // within the last two heartbeats (its own and the root's), not 5 s off.
+    let said = hang.text.split("last seen executing `allreduce` at `r` ").nth(1).expect(&hang.text);
+    let age = said.trim_end_matches(" ago)");
+    let age_s = match age.split_once(' ') {
+        Some((n, "ms")) => n.parse::<f64>().expect(age) / 1e3,
+        Some((n, "s")) => n.parse::<f64>().expect(age),
+        _ => panic!("{}", hang.text),
+    };
+    assert!(age_s < 3.0, "{}", hang.text);
+    eprintln!("{}", hang.text);
+}
+
 /// The `cc_running` starts of each rank in a Chrome JSON trace: rank → sequence → µs.
 fn collective_starts(json: &[u8]) -> std::collections::BTreeMap<u64, std::collections::BTreeMap<u64, f64>> {
     let trace: serde_json::Value = serde_json::from_slice(json).expect("a Chrome JSON trace");

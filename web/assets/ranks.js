@@ -2,7 +2,8 @@
 // records (the live feed's `ranks`, made by neuron_datastore::ranks, as neuron-top's
 // Ranks tab and neuron-monitor's `collectives` group): the diagnosis on top, a heat map
 // of ranks × recent collectives coloured by lateness (hover a cell for its figures),
-// then every rank's place, state and sequence numbers.
+// then every rank's place, state, sequence numbers and what it is doing (from its
+// process's datastore on this host, or what its process last said through the root).
 
 import { el, openStream, bytes, ns, NA } from './common.js';
 
@@ -119,7 +120,7 @@ function members(g) {
   const straggler = g.straggler ? g.straggler.rank : null;
   const awaited = g.hang ? g.hang.awaited : [];
   return el('table', { class: 'members' },
-    el('tr', {}, ['rank', 'host', 'pid', 'core', 'state', 'given', 'reached', 'done', 'arrived last', 'median late'].map((h) => el('th', {}, h))),
+    el('tr', {}, ['rank', 'host', 'pid', 'core', 'state', 'given', 'reached', 'done', 'arrived last', 'median late', 'doing'].map((h) => el('th', {}, h))),
     g.members.map((m) => el('tr', {
       class: awaited.includes(m.rank) || m.state === 'gone' ? 'bad' : m.rank === straggler ? 'warn' : '',
       dataset: { rank: m.rank, state: m.state },
@@ -127,5 +128,6 @@ function members(g) {
     el('td', {}, m.rank), el('td', {}, m.host || '?'), el('td', {}, m.pid || '?'),
     el('td', {}, m.core === null ? '–' : `nc${m.core}`), el('td', {}, STATES[m.state] || m.state),
     el('td', {}, position(m.enqueued)), el('td', {}, position(m.started)), el('td', {}, position(m.completed)),
-    el('td', {}, m.arrived_last), el('td', {}, m.median_lateness_ns === null ? NA : ns(m.median_lateness_ns)))));
+    el('td', {}, m.arrived_last), el('td', {}, m.median_lateness_ns === null ? NA : ns(m.median_lateness_ns)),
+    el('td', { class: 'doing' }, m.doing || NA))));
 }

@@ -230,6 +230,7 @@ mod tests {
                 arrived_last: 0,
                 median_lateness_ns: Some(u64::from(rank) * 1000),
                 uncertainty_ns: 20_000,
+                doing: Some("executing `train_step` at `all-reduce.7`".into()),
             })
             .collect();
         let group = GroupView {

@@ -5,7 +5,7 @@ use std::sync::atomic::{Ordering, fence};
 use serde::Serialize;
 
 use super::DatastoreReader;
-use crate::flight::{CollectiveEntry, Position};
+use crate::flight::{CollectiveEntry, Heard, Position};
 use crate::kinds::CollectiveOp;
 use crate::layout::{self, COMM_HISTORY, COMM_RANKS, COMM_SLOTS, comm};
 
@@ -56,6 +56,8 @@ pub struct RankRecord {
     pub waiting: Option<(u64, u32)>,
     /// Its last collectives, oldest first.
     pub history: Vec<CollectiveEntry>,
+    /// For a rank of another process: what its process last said it was doing.
+    pub heard: Option<Heard>,
 }
 
 fn serialize_op<S: serde::Serializer>(op: &Option<CollectiveOp>, s: S) -> Result<S::Ok, S::Error> {
@@ -150,6 +152,11 @@ impl DatastoreReader {
         }
         let since = r.u64(row + comm::ROW_WAITING_SINCE).load(Ordering::Acquire);
         let peer = r.u64(row + comm::ROW_WAITING_FOR).load(Ordering::Relaxed);
+        let heard_at = r.u64(row + comm::ROW_HEARD_AT).load(Ordering::Acquire);
+        let heard = (heard_at != 0).then(|| {
+            let doing = r.u64(row + comm::ROW_DOING).load(Ordering::Relaxed) as u32;
+            Heard { at_ns: heard_at, doing: self.strings.get(r, doing).unwrap_or_default() }
+        });
         let core = r.u32(row + comm::ROW_CORE).load(Ordering::Relaxed);
         let host = self.strings.get(r, r.u32(row + comm::ROW_HOST).load(Ordering::Relaxed)).unwrap_or_default();
         // Oldest first: the entries from `recorded − HISTORY` on.
@@ -175,6 +182,7 @@ impl DatastoreReader {
             uncertainty_ns: r.u64(row + comm::ROW_UNCERTAINTY).load(Ordering::Relaxed),
             waiting: (since != 0 && peer != 0).then(|| (since, (peer - 1) as u32)),
             history,
+            heard,
         })
     }
 
@@ -231,13 +239,20 @@ mod tests {
             writer.record_collective(slot, 1, &entry(sequence, 1_000 * u64::from(sequence)));
         }
         writer.set_clock_offset(-1_500, 20);
+        // Rank 2 is another process's: only what its process said is known.
+        let elsewhere = RankMember { pid: 43, host: "h2".into(), core: None, in_this_process: false };
+        writer.set_rank_member(slot, 2, &elsewhere);
+        writer.set_rank_heard(slot, 2, 9_000, "executing `step` at `dot.3`");
 
         let comms = reader.communicators();
         assert_eq!(comms.len(), 1);
         let comm = &comms[0];
         assert_eq!((comm.id, comm.name.as_str(), comm.ranks, comm.across), (7, "grads", 4, true));
-        assert_eq!(comm.members.len(), 1, "only rank 1 was written");
+        assert_eq!(comm.members.len(), 2, "only ranks 1 and 2 were written");
+        let heard = comm.members[1].heard.as_ref().expect("heard");
+        assert_eq!((heard.at_ns, heard.doing.as_str()), (9_000, "executing `step` at `dot.3`"));
         let rank = &comm.members[0];
+        assert_eq!(rank.heard, None);
         assert_eq!((rank.rank, rank.pid, rank.host.as_str(), rank.core), (1, 42, "h1", Some(3)));
         assert!(rank.in_this_process && !rank.gone);
         assert_eq!(rank.enqueued, Some(Position { sequence: 40, index: 0 }));
@@ -256,7 +271,7 @@ mod tests {
         assert!(reader.communicators().is_empty());
         // Closed, its record stays for a tool that reads the process as it ends.
         let closed = reader.communicators_with_closed();
-        assert_eq!((closed.len(), closed[0].id, closed[0].members.len()), (1, 7, 1), "{closed:?}");
+        assert_eq!((closed.len(), closed[0].id, closed[0].members.len()), (1, 7, 2), "{closed:?}");
         let again = writer.open_communicator(&CommunicatorEntry { id: 8, ..comm_entry.clone() }).expect("freed");
         assert_eq!(again, slot);
         let comms = reader.communicators();

@@ -96,6 +96,8 @@ pub struct ModelInfo {
     pub executions: u64,
     /// Executions in flight right now.
     pub running: u64,
+    /// The HLO instruction an execution in flight is at (its last one seen).
+    pub at_instruction: Option<String>,
     /// Latency of its executions (the whole `execute` call), in the model histogram's
     /// buckets (`histogram::MODEL_BUCKETS`).
     pub latency: Vec<u64>,
@@ -356,47 +358,8 @@ impl DatastoreReader {
     }
 
     fn model(&self, slot: u32) -> Option<ModelInfo> {
-        let r = &self.region;
-        let base = self.layout.model_slot(slot);
-        for _ in 0..1000 {
-            let seq = r.u64(base + model::SEQ).load(Ordering::Acquire);
-            if seq % 2 == 1 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let model_id = r.u32(base + model::MODEL_ID).load(Ordering::Relaxed);
-            if model_id == 0 {
-                // An empty slot: nothing more to read (most slots are).
-                return None;
-            }
-            let name_len = u64::from(r.u32(base + model::NAME_LEN).load(Ordering::Relaxed)).min(model::NAME_MAX);
-            let uuid = u128::from(r.u64(base + model::UUID).load(Ordering::Relaxed))
-                | u128::from(r.u64(base + model::UUID + 8).load(Ordering::Relaxed)) << 64;
-            let info = ModelInfo {
-                model_id,
-                core: r.u32(base + model::CORE).load(Ordering::Relaxed),
-                name: String::from_utf8_lossy(&r.read_bytes(base + model::NAME, name_len)).into_owned(),
-                uuid: Uuid::from_u128(uuid),
-                flops_per_execution: r.u64(base + model::FLOPS_PER_EXECUTION).load(Ordering::Relaxed),
-                instructions: r.u64(base + model::INSTRUCTIONS).load(Ordering::Relaxed),
-                device_memory: std::array::from_fn(|k| {
-                    r.u64(base + model::DEVICE_MEMORY + 8 * k as u64).load(Ordering::Relaxed)
-                }),
-                host_memory: r.u64(base + model::HOST_MEMORY).load(Ordering::Relaxed),
-                executions: r.u64(base + model::EXECUTIONS).load(Ordering::Relaxed),
-                running: r.u64(base + model::RUNNING).load(Ordering::Relaxed),
-                latency: (0..histogram::MODEL_BUCKETS)
-                    .map(|b| r.u64(self.layout.model_histogram_bucket(slot, b)).load(Ordering::Relaxed))
-                    .collect(),
-            };
-            fence(Ordering::Acquire);
-            if r.u64(base + model::SEQ).load(Ordering::Relaxed) == seq {
-                return (model_id != 0).then_some(info);
-            }
-        }
-        None
+        read_model(&self.region, &self.layout, &self.strings, slot)
     }
-
     /// A tail over the rings of `cores` (all held cores when `None`; the process ring
     /// is included only then), reading system events of the types in `system_types`
     /// (a mask of `EventType::bit`s) and device events when `device` is set.
@@ -414,6 +377,55 @@ impl DatastoreReader {
 }
 
 /// Host tick conversion from a datastore header's calibration points.
+/// Model slot `slot` of the models table, unless empty (the reader's and, for what it
+/// says of itself, the writer's).
+pub(crate) fn read_model(r: &Region, layout: &Layout, strings: &StringTable, slot: u32) -> Option<ModelInfo> {
+    let base = layout.model_slot(slot);
+    for _ in 0..1000 {
+        let seq = r.u64(base + model::SEQ).load(Ordering::Acquire);
+        if seq % 2 == 1 {
+            std::hint::spin_loop();
+            continue;
+        }
+        let model_id = r.u32(base + model::MODEL_ID).load(Ordering::Relaxed);
+        if model_id == 0 {
+            // An empty slot: nothing more to read (most slots are).
+            return None;
+        }
+        let name_len = u64::from(r.u32(base + model::NAME_LEN).load(Ordering::Relaxed)).min(model::NAME_MAX);
+        let uuid = u128::from(r.u64(base + model::UUID).load(Ordering::Relaxed))
+            | u128::from(r.u64(base + model::UUID + 8).load(Ordering::Relaxed)) << 64;
+        let running = r.u64(base + model::RUNNING).load(Ordering::Relaxed);
+        let at_instruction = r.u32(base + model::AT_INSTRUCTION).load(Ordering::Relaxed);
+        let mut info = ModelInfo {
+            model_id,
+            core: r.u32(base + model::CORE).load(Ordering::Relaxed),
+            name: String::from_utf8_lossy(&r.read_bytes(base + model::NAME, name_len)).into_owned(),
+            uuid: Uuid::from_u128(uuid),
+            flops_per_execution: r.u64(base + model::FLOPS_PER_EXECUTION).load(Ordering::Relaxed),
+            instructions: r.u64(base + model::INSTRUCTIONS).load(Ordering::Relaxed),
+            device_memory: std::array::from_fn(|k| {
+                r.u64(base + model::DEVICE_MEMORY + 8 * k as u64).load(Ordering::Relaxed)
+            }),
+            host_memory: r.u64(base + model::HOST_MEMORY).load(Ordering::Relaxed),
+            executions: r.u64(base + model::EXECUTIONS).load(Ordering::Relaxed),
+            running,
+            at_instruction: None,
+            latency: (0..histogram::MODEL_BUCKETS)
+                .map(|b| r.u64(layout.model_histogram_bucket(slot, b)).load(Ordering::Relaxed))
+                .collect(),
+        };
+        fence(Ordering::Acquire);
+        if r.u64(base + model::SEQ).load(Ordering::Relaxed) == seq {
+            if running > 0 && at_instruction != 0 {
+                info.at_instruction = strings.get(r, at_instruction);
+            }
+            return Some(info);
+        }
+    }
+    None
+}
+
 pub(crate) fn converter_of(region: &Region, fallback_ns_per_tick: f64) -> TickConverter {
     let r = region;
     let first = CalibrationPoint {

@@ -75,6 +75,14 @@ impl Communicator {
         }
     }
 
+    /// Records what the process of the ranks `ranks` (another process) said it was
+    /// doing at `at_ns` (root clock).
+    pub(super) fn record_said(&self, ranks: impl IntoIterator<Item = u32>, at_ns: u64, doing: &str) {
+        if let Some(slot) = self.inner.record {
+            ranks.into_iter().for_each(|rank| self.inner.tracer.store().set_rank_heard(slot, rank, at_ns, doing));
+        }
+    }
+
     /// Now on the job's one clock (the root's), and the most that may be off by.
     pub(super) fn root_now(&self) -> (u64, u64) {
         match &self.inner.membership {

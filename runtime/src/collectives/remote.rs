@@ -161,6 +161,15 @@ impl Communicator {
             .is_some_and(|m| m.failed.lock().unwrap_or_else(|e| e.into_inner()).is_some() || m.world.has_failed(m.comm))
     }
 
+    /// Records, for each rank of process `process` (of the job), what that process said
+    /// it was doing at `at_ns` (root clock), once the roster says which ranks it holds.
+    pub(crate) fn record_heard(&self, process: u32, at_ns: u64, doing: &str) {
+        let Some(membership) = &self.inner.membership else { return };
+        let Some(roster) = membership.world.known_roster(membership.comm) else { return };
+        let ranks = (0..roster.rank_process.len() as u32).filter(|&r| roster.rank_process[r as usize] == process);
+        self.record_said(ranks, at_ns, doing);
+    }
+
     /// How many communicators of the same key this process built before this one.
     pub(crate) fn generation(&self) -> u32 {
         self.inner.membership.as_ref().map_or(0, |m| m.generation)
@@ -551,14 +560,23 @@ impl Exchange<'_> {
 
     fn waiting_for(&self, peer: u32) -> String {
         let operation = (self.signature.op, self.signature.group.len());
-        self.communicator.waiting_for(self.at, operation, &self.roster.describe(peer), self.started())
+        self.communicator.waiting_for(self.at, operation, &self.describe_now(peer), self.started())
+    }
+
+    /// `rank 3 (pid 4321 on host h2), last seen executing `train_step` at `dot.12` 0.4 s
+    /// ago`: where rank `rank` runs, and what its process said it was doing last.
+    fn describe_now(&self, rank: u32) -> String {
+        let process = self.process_of(rank);
+        let said =
+            if process == self.roster.process { String::new() } else { self.membership.world.last_seen(process) };
+        format!("{}{said}", self.roster.describe(rank))
     }
 
     /// Says once that this rank's operation has waited long for `peer`.
     fn report_waiting(&self, peer: u32) {
         if !self.reported.replace(true) {
             let operation = (self.signature.op, self.signature.group.len());
-            let described = self.roster.describe(peer);
+            let described = self.describe_now(peer);
             self.communicator.report_waiting(self.rank, self.at, operation, peer, &described, self.started());
         }
     }

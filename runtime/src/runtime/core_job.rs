@@ -1,6 +1,7 @@
 //! One execution on its core ([`CoreJob`]): its phases and their events, injected
 //! faults, collectives, and the DMA and instruction traces.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use crate::backend::{Destination, Input, Output, RunError, Value, ValueRef};
@@ -394,7 +395,17 @@ impl CoreJob<'_> {
             Err(RunError::DeadlineExceeded { step: 0 })
         } else {
             let deadline_ticks = run_start.saturating_add(timeout_ticks);
+            // Where the execution is, for what the process says it is doing: the
+            // instruction after the last one done.
+            let at_instruction = m.table_slot.map(|slot| tracer.store().model_at_instruction(slot));
+            let hlo_at = |k: usize| m.instructions.get(k).map_or(0, |i| i.hlo_id);
+            if let Some(at) = at_instruction {
+                at.store(hlo_at(0), Ordering::Relaxed);
+            }
             let mut observe = |k: usize, start: u64, end: u64| {
+                if let Some(at) = at_instruction {
+                    at.store(hlo_at(k + 1), Ordering::Relaxed);
+                }
                 executed += 1;
                 flops += m.instructions.get(k).map_or(0, |i| i.flops);
                 if device {

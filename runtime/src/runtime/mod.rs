@@ -86,7 +86,7 @@ struct Running {
     /// This process among the job's processes, from the first communicator across them.
     world: std::sync::OnceLock<Arc<crate::collectives::world::World>>,
     /// Communicators across processes, by the key the processes know them by.
-    across: Mutex<HashMap<String, Communicator>>,
+    across: Arc<Mutex<HashMap<String, Communicator>>>,
     #[cfg(feature = "trace-probe")]
     probe_program: Arc<ProbeProgram>,
 }
@@ -229,7 +229,7 @@ impl Runtime {
             trace_session: TraceSession::default(),
             _heartbeat: heartbeat,
             world: std::sync::OnceLock::new(),
-            across: Mutex::new(HashMap::new()),
+            across: Arc::new(Mutex::new(HashMap::new())),
             #[cfg(feature = "trace-probe")]
             probe_program: Arc::default(),
         });

@@ -8,7 +8,7 @@ use sha2::{Digest, Sha256};
 
 use crate::collectives::Communicator;
 use crate::collectives::world::clock::ClockOffset;
-use crate::collectives::world::{ClockSink, World};
+use crate::collectives::world::{Hooks, World};
 use crate::config::MAX_EXEC_TIMEOUT;
 use crate::error::{NrtError, NrtResult};
 use crate::launch::ENV_ROOT_COMM_ID;
@@ -120,13 +120,25 @@ impl Runtime {
                 // Each measure of this process's clock against the root's goes in the
                 // process ring, to align the ranks' traces with.
                 let tracer = Arc::clone(&running.tracer);
-                let on_clock = ClockSink(Box::new(move |offset: ClockOffset| {
+                let on_clock = Box::new(move |offset: ClockOffset| {
                     let payload =
                         payload::ClockOffset { offset_ns: offset.offset_ns, uncertainty_ns: offset.uncertainty_ns };
                     tracer.instant(tracer.ring_of(None), EventType::ClockOffset, EventIds::default(), payload);
                     tracer.store().set_clock_offset(offset.offset_ns, offset.uncertainty_ns);
-                }));
-                let world = Arc::new(World::start(root, timeout, on_clock)?);
+                });
+                // What this process is doing, as its models table says, goes to the others
+                // every second; what each of them says goes in the flight record of its
+                // ranks, for the tools of this host.
+                let tracer = Arc::clone(&running.tracer);
+                let doing = Box::new(move || tracer.store().activity().describe());
+                // Held weakly: the communicators hold the world, which holds this.
+                let across = Arc::downgrade(&running.across);
+                let on_heard = Box::new(move |process: u32, at_ns: u64, doing: &str| {
+                    let Some(across) = across.upgrade() else { return };
+                    let communicators: Vec<Communicator> = lock(&across).values().cloned().collect();
+                    communicators.iter().for_each(|c| c.record_heard(process, at_ns, doing));
+                });
+                let world = Arc::new(World::start(root, timeout, Hooks { on_clock, doing, on_heard })?);
                 Ok(Arc::clone(running.world.get_or_init(|| world)))
             }
         })?

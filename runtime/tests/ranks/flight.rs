@@ -87,15 +87,26 @@ fn a_hang_is_diagnosed_in_the_record_while_the_ranks_wait() {
         let hang = seen.expect("diagnosed before the timeout");
         assert!(started.elapsed() < neuron_runtime::collectives::report_after(timeout) + Duration::from_secs(1));
         assert_eq!((hang.class, hang.awaited.as_slice()), (HangClass::Missing, &[1][..]), "{}", hang.text);
+        // Rank 1's process (here, the job's other runtime) says every second what it is
+        // doing, through the root: executing the program, at its collective.
+        let mut text = hang.text.clone();
+        while !text.contains("last seen executing") && started.elapsed() < timeout {
+            std::thread::sleep(Duration::from_millis(100));
+            text = views_of(&[&job[0]]).into_iter().find_map(|v| v.hang).map_or(text, |h| h.text);
+        }
+        assert!(text.contains("(rank 1: last completed none, last seen executing `ar_ranks` at `r` "), "{text}");
         assert!(
             hang.text.starts_with("all-reduce #0 of comm `ar_ranks` (2 ranks): rank 0 waiting ")
                 && hang.text.contains("for rank 1 (pid"),
             "{}",
             hang.text
         );
-        for output in ranks.join().expect("ranks") {
-            output.expect_err("rank 1 hangs");
-        }
+        let outputs = ranks.join().expect("ranks");
+        // The error at the timeout says the same.
+        let error = outputs[0].as_ref().expect_err("rank 1 hangs");
+        assert!(error.message.contains("for rank 1 (pid "), "{}", error.message);
+        assert!(error.message.contains("), last seen executing `ar_ranks` at `r` "), "{}", error.message);
+        outputs[1].as_ref().expect_err("rank 1 hangs");
     });
     // Over: nobody waits any more.
     assert!(views_of(&[&job[0]]).iter().all(|v| v.hang.is_none()));

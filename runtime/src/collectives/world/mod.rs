@@ -44,6 +44,10 @@ use shm::Segment;
 pub(crate) use wire::{Arrival, Stamp};
 use wire::{Body, Control, Envelope, Key, Peer};
 
+/// How often each process tells the root what it is doing, and the root tells every
+/// process what each said last.
+pub(crate) const HEARTBEAT: Duration = Duration::from_secs(1);
+
 /// How often a refused connection to the root is logged again while retrying.
 const RETRY_LOG_INTERVAL: Duration = Duration::from_secs(5);
 /// Pause between two attempts to reach the root.
@@ -79,8 +83,8 @@ struct Shared {
     outbox: Outbox,
     /// Set once a roster names another process of this host.
     neighbours: AtomicBool,
-    /// Told each new measure of this process's clock against the root's.
-    on_clock: ClockSink,
+    /// What the runtime is told, and asked, by the world's threads.
+    hooks: Hooks,
     /// The latest measure's offset and uncertainty (0 until measured), for the
     /// collectives to stamp their arrivals with without a lock.
     offset_ns: AtomicI64,
@@ -89,12 +93,25 @@ struct Shared {
     clock_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
-/// What is told each clock offset (the runtime records it in the trace).
-pub(crate) struct ClockSink(pub(crate) Box<dyn Fn(ClockOffset) + Send + Sync>);
+/// What the runtime is told, and asked, by the world's threads (none of them with a
+/// lock of the world held).
+pub(crate) struct Hooks {
+    /// Told each new measure of this process's clock against the root's (the runtime
+    /// records it in the trace).
+    pub(crate) on_clock: Box<dyn Fn(ClockOffset) + Send + Sync>,
+    /// Asked, every [`HEARTBEAT`], what this process is doing, to tell the others.
+    pub(crate) doing: Box<dyn Fn() -> String + Send + Sync>,
+    /// Told, every [`HEARTBEAT`], what another process said it was doing and when
+    /// (root clock ns): `(process, at_ns, doing)`.
+    pub(crate) on_heard: Box<HeardHook>,
+}
 
-impl std::fmt::Debug for ClockSink {
+/// See [`Hooks::on_heard`].
+pub(crate) type HeardHook = dyn Fn(u32, u64, &str) + Send + Sync;
+
+impl std::fmt::Debug for Hooks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ClockSink")
+        f.write_str("Hooks")
     }
 }
 
@@ -121,6 +138,8 @@ struct State {
     clock_echoes: Vec<Probe>,
     /// The latest measure of this process's clock against the root's.
     clock: Option<ClockOffset>,
+    /// What each other process said it was doing last, and when (root clock ns).
+    heard: HashMap<u32, (u64, String)>,
 }
 
 /// The ranks of a communicator: each one's process, and the processes.
@@ -179,7 +198,7 @@ pub(crate) enum Missed {
 
 impl World {
     /// Starts this process's membership: connects to the root in the background.
-    pub(crate) fn start(root: &RootComm, timeout: Duration, on_clock: ClockSink) -> NrtResult<World> {
+    pub(crate) fn start(root: &RootComm, timeout: Duration, hooks: Hooks) -> NrtResult<World> {
         let label = root.to_string();
         let addr =
             (root.host.as_str(), root.port).to_socket_addrs().ok().and_then(|mut a| a.next()).ok_or_else(|| {
@@ -198,7 +217,7 @@ impl World {
             host: host_identity(),
             outbox: Outbox::default(),
             neighbours: AtomicBool::new(false),
-            on_clock,
+            hooks,
             offset_ns: AtomicI64::new(0),
             uncertainty_ns: AtomicU64::new(0),
             clock_thread: Mutex::new(None),
@@ -286,6 +305,20 @@ impl World {
         }
     }
 
+    /// `, last seen executing `train_step` at `dot.12` 0.4 s ago`: what process
+    /// `process` said it was doing last, or nothing when it has said nothing here.
+    pub(crate) fn last_seen(&self, process: u32) -> String {
+        let state = lock(&self.shared.state);
+        let Some((at_ns, doing)) = state.heard.get(&process) else { return String::new() };
+        let (now, _) = self.root_now();
+        format!(", last seen {doing} {} ago", neuron_datastore::ranks::format_ns(now.saturating_sub(*at_ns)))
+    }
+
+    /// The roster of `comm`, if the root has sent it.
+    pub(crate) fn known_roster(&self, comm: u64) -> Option<Arc<Roster>> {
+        lock(&self.shared.state).rosters.get(&comm)?.as_ref().ok().map(Arc::clone)
+    }
+
     /// This process's clock against the root's, once measured.
     pub(crate) fn clock_offset(&self) -> Option<ClockOffset> {
         lock(&self.shared.state).clock
@@ -294,9 +327,7 @@ impl World {
     /// Now on the root's clock, and the most that may be off by (0 until this
     /// process has measured its clock against the root's).
     pub(crate) fn root_now(&self) -> (u64, u64) {
-        let now = neuron_datastore::clock::monotonic_ns();
-        let offset = self.shared.offset_ns.load(Ordering::Relaxed);
-        (now.saturating_add_signed(offset), self.shared.uncertainty_ns.load(Ordering::Relaxed))
+        root_now(&self.shared)
     }
 
     /// The outbox, when processes of this host are in the job (a message meant for
@@ -467,12 +498,15 @@ impl Drop for World {
             let _ = nix::sys::socket::shutdown(socket.as_raw_fd(), how);
         }
         self.shared.changed.notify_all();
-        if let Some(thread) = lock(&self.control_thread).take() {
-            let _ = thread.join();
-        }
-        if let Some(thread) = lock(&self.shared.clock_thread).take() {
-            let _ = thread.join();
-        }
+        // The last handle may go on one of the world's own threads (the control thread,
+        // telling the runtime what it heard): that one ends on its own.
+        let join = |thread: Option<std::thread::JoinHandle<()>>| {
+            if let Some(thread) = thread.filter(|t| t.thread().id() != std::thread::current().id()) {
+                let _ = thread.join();
+            }
+        };
+        join(lock(&self.control_thread).take());
+        join(lock(&self.shared.clock_thread).take());
         drop(lock(&self.server).take());
     }
 }
@@ -620,46 +654,27 @@ fn lose(shared: &Shared, reason: String) {
     shared.changed.notify_all();
 }
 
-/// Measures this process's clock against the root's: a round of probes now, then one
-/// every [`clock::PERIOD`] until the world closes (see `clock.rs`).
+/// Measures this process's clock against the root's (a round of probes now, then one
+/// every [`clock::PERIOD`]: see `clock.rs`), and tells the root what this process is
+/// doing every [`HEARTBEAT`], until the world closes.
 fn probe_clock(shared: &Shared) {
+    let mut next_probe = Instant::now();
     loop {
-        let mut probes = Vec::with_capacity(clock::PROBES);
-        for _ in 0..clock::PROBES {
-            let sent = neuron_datastore::clock::monotonic_ns();
-            {
-                let mut control = lock(&shared.control);
-                let Some(writer) = control.as_mut() else { return };
-                let probe = Control::ClockProbe { sent };
-                if wire::write_header(writer, &probe).and_then(|()| writer.flush()).is_err() {
-                    return;
-                }
+        if Instant::now() >= next_probe {
+            if !measure_clock(shared) {
+                return;
             }
-            let deadline = Instant::now() + clock::PROBE_TIMEOUT;
-            let mut state = lock(&shared.state);
-            loop {
-                if shared.closing.load(Ordering::SeqCst) {
-                    return;
-                }
-                if let Some(at) = state.clock_echoes.iter().position(|p| p.sent == sent) {
-                    probes.push(state.clock_echoes.swap_remove(at));
-                    break;
-                }
-                let now = Instant::now();
-                if now >= deadline {
-                    break;
-                }
-                state = shared.changed.wait_timeout(state, deadline - now).map_or_else(|e| e.into_inner().0, |r| r.0);
+            next_probe = Instant::now() + clock::PERIOD;
+        }
+        let status = Control::Status { at_ns: root_now(shared).0, doing: (shared.hooks.doing)() };
+        {
+            let mut control = lock(&shared.control);
+            let Some(writer) = control.as_mut() else { return };
+            if wire::write_header(writer, &status).and_then(|()| writer.flush()).is_err() {
+                return;
             }
-            state.clock_echoes.clear();
         }
-        if let Some(offset) = clock::estimate(&probes) {
-            lock(&shared.state).clock = Some(offset);
-            shared.offset_ns.store(offset.offset_ns, Ordering::Relaxed);
-            shared.uncertainty_ns.store(offset.uncertainty_ns.max(1), Ordering::Relaxed);
-            (shared.on_clock.0)(offset);
-        }
-        let next = Instant::now() + clock::PERIOD;
+        let next = Instant::now() + HEARTBEAT;
         let mut state = lock(&shared.state);
         while !shared.closing.load(Ordering::SeqCst) {
             let now = Instant::now();
@@ -672,6 +687,53 @@ fn probe_clock(shared: &Shared) {
             return;
         }
     }
+}
+
+/// Now on the root's clock, and the most that may be off by.
+fn root_now(shared: &Shared) -> (u64, u64) {
+    let now = neuron_datastore::clock::monotonic_ns();
+    let offset = shared.offset_ns.load(Ordering::Relaxed);
+    (now.saturating_add_signed(offset), shared.uncertainty_ns.load(Ordering::Relaxed))
+}
+
+/// One round of probes of the root's clock; `false` once the connection is closed.
+fn measure_clock(shared: &Shared) -> bool {
+    let mut probes = Vec::with_capacity(clock::PROBES);
+    for _ in 0..clock::PROBES {
+        let sent = neuron_datastore::clock::monotonic_ns();
+        {
+            let mut control = lock(&shared.control);
+            let Some(writer) = control.as_mut() else { return false };
+            let probe = Control::ClockProbe { sent };
+            if wire::write_header(writer, &probe).and_then(|()| writer.flush()).is_err() {
+                return false;
+            }
+        }
+        let deadline = Instant::now() + clock::PROBE_TIMEOUT;
+        let mut state = lock(&shared.state);
+        loop {
+            if shared.closing.load(Ordering::SeqCst) {
+                return false;
+            }
+            if let Some(at) = state.clock_echoes.iter().position(|p| p.sent == sent) {
+                probes.push(state.clock_echoes.swap_remove(at));
+                break;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            state = shared.changed.wait_timeout(state, deadline - now).map_or_else(|e| e.into_inner().0, |r| r.0);
+        }
+        state.clock_echoes.clear();
+    }
+    if let Some(offset) = clock::estimate(&probes) {
+        lock(&shared.state).clock = Some(offset);
+        shared.offset_ns.store(offset.offset_ns, Ordering::Relaxed);
+        shared.uncertainty_ns.store(offset.uncertainty_ns.max(1), Ordering::Relaxed);
+        (shared.hooks.on_clock)(offset);
+    }
+    true
 }
 
 fn on_control(shared: &Arc<Shared>, message: Control) {
@@ -725,11 +787,24 @@ fn on_control(shared: &Arc<Shared>, message: Control) {
             state.gone.entry(process).or_insert(reason);
         }
         Control::Gone { .. } => {}
+        Control::Statuses(said) => {
+            let me = state.process;
+            let heard: Vec<_> = said.into_iter().filter(|s| Some(s.process) != me).collect();
+            for s in &heard {
+                state.heard.insert(s.process, (s.at_ns, s.doing.clone()));
+            }
+            // Nobody waits on this: no wake-up, and the runtime is told without the lock.
+            drop(state);
+            for s in &heard {
+                (shared.hooks.on_heard)(s.process, s.at_ns, &s.doing);
+            }
+            return;
+        }
         Control::ClockEcho { sent, received, replied } => {
             let back = neuron_datastore::clock::monotonic_ns();
             state.clock_echoes.push(Probe { sent, received, replied, back });
         }
-        Control::Hello(_) | Control::Join { .. } | Control::ClockProbe { .. } => {}
+        Control::Hello(_) | Control::Join { .. } | Control::ClockProbe { .. } | Control::Status { .. } => {}
     }
     shared.changed.notify_all();
 }

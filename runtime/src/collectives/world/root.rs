@@ -6,7 +6,10 @@
 //! communicator has joined, the root sends each of its processes the roster (which
 //! process holds which rank, and how to reach it). When a process's connection closes,
 //! the root tells every other process, so that none waits for a dead peer. It answers
-//! each process's probes of the clocks at once, with its own (see `clock.rs`). A join that
+//! each process's probes of the clocks at once, with its own (see `clock.rs`). Every
+//! [`HEARTBEAT`](super::HEARTBEAT) it sends every process what each process said it was
+//! doing last (so a rank waiting for another can say what that one is doing, on any
+//! host, and how long ago it said so). A join that
 //! contradicts an earlier one (another rank count, a rank taken by another process) is
 //! refused to the process that sent it.
 
@@ -17,7 +20,7 @@ use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use super::wire::{self, Control, Peer};
+use super::wire::{self, Control, Peer, Said};
 
 /// The root's listener; dropping it stops accepting and closes every connection.
 #[derive(Debug)]
@@ -25,6 +28,8 @@ pub(crate) struct Server {
     listener: TcpListener,
     state: Arc<Mutex<State>>,
     accepting: Option<JoinHandle<()>>,
+    /// Passes on what the processes say; dropping the sender stops it.
+    relaying: Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>,
 }
 
 #[derive(Debug, Default)]
@@ -37,6 +42,8 @@ struct State {
 #[derive(Debug)]
 struct Process {
     peer: Option<Peer>,
+    /// What it said it was doing last, and when (root clock ns).
+    said: Option<(u64, String)>,
     writer: Option<BufWriter<TcpStream>>,
     stream: TcpStream,
 }
@@ -58,7 +65,35 @@ impl Server {
             let (listener, state) = (listener.try_clone()?, Arc::clone(&state));
             std::thread::Builder::new().name("nrt-root".into()).spawn(move || accept(listener, state))?
         };
-        Ok(Server { listener, state, accepting: Some(accepting) })
+        let relaying = {
+            let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
+            let state = Arc::clone(&state);
+            let thread =
+                std::thread::Builder::new().name("nrt-root-status".into()).spawn(move || relay(&state, &stopped))?;
+            (stop, thread)
+        };
+        Ok(Server { listener, state, accepting: Some(accepting), relaying: Some(relaying) })
+    }
+}
+
+/// Every [`HEARTBEAT`](super::HEARTBEAT), sends every process what each process said
+/// last, until `stopped` disconnects.
+fn relay(state: &Mutex<State>, stopped: &crossbeam_channel::Receiver<()>) {
+    while let Err(crossbeam_channel::RecvTimeoutError::Timeout) = stopped.recv_timeout(super::HEARTBEAT) {
+        let mut state = lock(state);
+        let said: Vec<Said> = (state.processes.iter().enumerate())
+            .filter_map(|(process, p)| {
+                let (at_ns, doing) = p.said.clone()?;
+                Some(Said { process: process as u32, at_ns, doing })
+            })
+            .collect();
+        if said.is_empty() {
+            continue;
+        }
+        let message = Control::Statuses(said);
+        for process in 0..state.processes.len() as u32 {
+            send(&mut state, process, &message);
+        }
     }
 }
 
@@ -70,6 +105,10 @@ impl Drop for Server {
             let _ = process.stream.shutdown(Shutdown::Both);
         }
         drop(state);
+        if let Some((stop, thread)) = self.relaying.take() {
+            drop(stop);
+            let _ = thread.join();
+        }
         // Wakes the blocked accept: shutdown of a listening socket makes it return.
         let _ = nix::sys::socket::shutdown(self.listener.as_raw_fd(), nix::sys::socket::Shutdown::Both);
         if let Some(accepting) = self.accepting.take() {
@@ -105,7 +144,8 @@ fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
         if state.closing {
             return;
         }
-        state.processes.push(Process { peer: None, writer: Some(BufWriter::new(writer)), stream: whole });
+        let writer = Some(BufWriter::new(writer));
+        state.processes.push(Process { peer: None, said: None, writer, stream: whole });
         state.processes.len() as u32 - 1
     };
     let mut reader = BufReader::new(stream);
@@ -141,6 +181,7 @@ fn handle(state: &Mutex<State>, index: u32, message: Control) {
             send(&mut state, index, &Control::Welcome { process: index });
         }
         Control::Join { comm, name, count, rank } => join(&mut state, index, comm, name, count, rank),
+        Control::Status { at_ns, doing } => state.processes[index as usize].said = Some((at_ns, doing)),
         // Only the root sends the others.
         _ => {}
     }

@@ -19,7 +19,7 @@ const MAX_HEADER_BYTES: u32 = 1 << 20;
 
 /// First bytes of every stream, so that a stray client is told apart from a process
 /// of the job (and two builds of different protocol versions refuse each other).
-pub(crate) const GREETING: [u8; 8] = *b"NVRANKS5";
+pub(crate) const GREETING: [u8; 8] = *b"NVRANKS6";
 
 /// A process of the job as the others name it in messages.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,6 +59,20 @@ pub(crate) enum Control {
     /// Root → process: the probe sent at `sent`, received and answered at `received`
     /// and `replied` (the root's clock).
     ClockEcho { sent: u64, received: u64, replied: u64 },
+    /// Process → root, every [`super::HEARTBEAT`]: what it is doing (`executing
+    /// `train_step` at `dot.12``), said at `at_ns` (the root's clock as the process
+    /// measured it).
+    Status { at_ns: u64, doing: String },
+    /// Root → every process, every [`super::HEARTBEAT`]: what each process said last.
+    Statuses(Vec<Said>),
+}
+
+/// What one process of the job said last (see [`Control::Status`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Said {
+    pub(crate) process: u32,
+    pub(crate) at_ns: u64,
+    pub(crate) doing: String,
 }
 
 /// The header of one message on a data link.
@@ -175,7 +189,7 @@ mod tests {
             },
             body: Body::Data { len: 1 << 20 },
         };
-        let control = Control::Roster { comm: 7, rank_process: vec![0, 0, 1], processes: vec![None] };
+        let control = Control::Statuses(vec![Said { process: 3, at_ns: 5 << 30, doing: "executing `step`".into() }]);
         let mut stream = Vec::new();
         write_header(&mut stream, &envelope).expect("in memory");
         write_header(&mut stream, &control).expect("in memory");
