@@ -94,6 +94,33 @@ pub struct CollectiveEntry {
     /// unknown for a rank of another process).
     pub arrived_ns: u64,
     pub departed_ns: Option<u64>,
+    /// What the rank did between its previous collective and this arrival, as it said
+    /// (`None` at its first collective, or where not known).
+    pub before: Option<Before>,
+}
+
+/// A rank's time from its previous collective's end to its arrival at the next, at
+/// microsecond grain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Before {
+    pub since_ns: u64,
+    /// The part of it inside its executions (the rest is host time: between executions,
+    /// runtime calls, inputs).
+    pub executing_ns: u64,
+}
+
+impl Before {
+    /// The entry's word: microseconds since + 1 in bits 0–31 (0: not known), of them
+    /// executing in bits 32–63, each at most `u32::MAX − 1`.
+    fn word(self) -> u64 {
+        let us = |ns: u64| (ns / 1_000).min(u64::from(u32::MAX - 1));
+        (us(self.since_ns) + 1) | us(self.executing_ns) << 32
+    }
+
+    fn of_word(word: u64) -> Option<Before> {
+        let since = (word & 0xffff_ffff).checked_sub(1)?;
+        Some(Before { since_ns: since * 1_000, executing_ns: (word >> 32) * 1_000 })
+    }
 }
 
 fn serialize_op<S: serde::Serializer>(op: &CollectiveOp, s: S) -> Result<S::Ok, S::Error> {
@@ -109,8 +136,8 @@ impl CollectiveEntry {
         self.position.word() | u64::from(self.operation as u8) << 48 | u64::from(self.algorithm as u8) << 56
     }
 
-    /// The entry a tag and its three words describe (`None` for an empty or unknown tag).
-    pub(crate) fn of_words(tag: u64, arrived: u64, departed: u64, bytes: u64) -> Option<CollectiveEntry> {
+    /// The entry a tag and its four words describe (`None` for an empty or unknown tag).
+    pub(crate) fn of_words([tag, arrived, departed, bytes, before]: [u64; 5]) -> Option<CollectiveEntry> {
         Some(CollectiveEntry {
             position: Position::of_word(tag & 0xffff_ffff_ffff)?,
             operation: CollectiveOp::from_repr((tag >> 48) as u8)?,
@@ -119,6 +146,7 @@ impl CollectiveEntry {
             bytes: bytes & 0xffff_ffff_ffff,
             arrived_ns: arrived,
             departed_ns: (departed != 0).then_some(departed),
+            before: Before::of_word(before),
         })
     }
 }
@@ -285,6 +313,7 @@ impl DatastoreWriter {
         r.u64(at + comm::ENTRY_DEPARTED).store(entry.departed_ns.unwrap_or(0), Ordering::Relaxed);
         let bytes = entry.bytes.min(0xffff_ffff_ffff) | u64::from(entry.group) << 48;
         r.u64(at + comm::ENTRY_BYTES).store(bytes, Ordering::Relaxed);
+        r.u64(at + comm::ENTRY_BEFORE).store(entry.before.map_or(0, Before::word), Ordering::Relaxed);
         tag.store(entry.tag(), Ordering::Release);
     }
 

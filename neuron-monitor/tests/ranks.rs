@@ -74,6 +74,16 @@ fn a_late_rank_is_named_in_the_report_and_the_exposition_and_a_balanced_job_name
     assert!(last_in.zip(of).is_some_and(|(l, o)| l + 1 >= o && o >= 5), "{comm:#}");
     let diagnosis = comm["diagnosis"][0].as_str().expect("a diagnosis");
     assert!(diagnosis.starts_with("rank 2 (pid ") && diagnosis.contains("arrived last in"), "{diagnosis}");
+    // What it did before it arrived: the 20 ms it is made late by are spent inside its
+    // execution, at its collective; the other ranks arrive soon after their previous
+    // one ends (they waited in it for rank 2).
+    let before = &comm["straggler"]["before"];
+    let (since, executing) = (before["since_ns"].as_u64(), before["executing_ns"].as_u64());
+    let others = before["others_since_ns"].as_u64();
+    assert!(since.is_some_and(|s| s >= 20_000_000), "{comm:#}");
+    assert!(executing.zip(since).is_some_and(|(e, s)| e >= 20_000_000 && e <= s), "{comm:#}");
+    assert!(others.zip(since).is_some_and(|(o, s)| 2 * o < s), "{comm:#}");
+    assert!(diagnosis.contains("; before it arrived, on median: "), "{diagnosis}");
 
     // The exposition says the same.
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -470,6 +470,7 @@ fn with_ranks(hang: bool) -> Snapshot {
                             bytes: 4 << 20,
                             arrived_ns,
                             departed_ns: Some(arrived_ns + MS),
+                            before: None,
                         }
                     })
                     .collect(),

@@ -7,7 +7,9 @@
 //! 2. The record's own work per collective of one rank, timed alone: what
 //!    `collectives/flight.rs` writes for a rank of 4 in its own process (its progress
 //!    three times, its entry, the wait cleared, the three other ranks' arrivals as the
-//!    messages bring them, two readings of the clock), through the datastore writer.
+//!    messages bring them, two readings of the clock), through the datastore writer,
+//!    and its pace (a lock and a clock reading at its execution's start and end, its
+//!    arrival and its departure: what it did before it arrived).
 //!    On a 2-vCPU host the end-to-end difference is within the noise of the collective;
 //!    this bounds it from below the noise.
 //! 3. A training step's compute: the MLP example's execution on one core (median), to
@@ -20,7 +22,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use neuron_datastore::clock::{CalibrationPoint, DeviceClock, TickSource, monotonic_ns};
-use neuron_datastore::flight::{CollectiveEntry, CommunicatorEntry, Position, Progress, RankMember};
+use neuron_datastore::flight::{Before, CollectiveEntry, CommunicatorEntry, Position, Progress, RankMember};
 use neuron_datastore::topology::InstanceType;
 use neuron_datastore::{CollectiveAlgorithm, CollectiveOp, CommandIdentity, CreateParams, DatastoreWriter};
 use neuron_runtime::config::CoreRequest;
@@ -133,10 +135,24 @@ fn record_work() -> f64 {
         writer.set_rank_member(slot, rank, &member);
     }
     let collectives = 200_000u32;
+    // The rank's pace (`collectives/flight.rs`): a lock and a clock reading at its
+    // execution's start and end, its arrival and its departure.
+    let pace = std::sync::Mutex::new((0u64, 0u64));
+    let mark = |executing: bool| {
+        let now = monotonic_ns();
+        let mut pace = pace.lock().expect("pace");
+        if executing {
+            pace.1 += now.saturating_sub(pace.0);
+        }
+        pace.0 = now;
+        pace.1
+    };
     let started = Instant::now();
     for sequence in 0..collectives {
         let at = Position { sequence, index: 0 };
+        mark(false);
         writer.record_progress(slot, 0, Progress::Enqueued, at);
+        let executing_ns = mark(true);
         let arrived = monotonic_ns();
         writer.record_progress(slot, 0, Progress::Started(CollectiveOp::AllReduce), at);
         for peer in 1..RANKS as u32 {
@@ -152,6 +168,7 @@ fn record_work() -> f64 {
             bytes: BYTES as u64,
             arrived_ns,
             departed_ns,
+            before: Some(Before { since_ns: 900_000, executing_ns }),
         };
         writer.record_collective(slot, 0, &entry(arrived, Some(departed)));
         writer.record_progress(slot, 0, Progress::Completed, at);
@@ -159,6 +176,8 @@ fn record_work() -> f64 {
             writer.record_collective(slot, peer, &entry(arrived + u64::from(peer), None));
             writer.set_rank_uncertainty(slot, peer, 20_000);
         }
+        mark(false);
+        mark(true);
     }
     started.elapsed().as_secs_f64() / f64::from(collectives)
 }

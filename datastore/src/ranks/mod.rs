@@ -30,7 +30,7 @@ mod records;
 
 pub use records::{Activity, RuntimeRecords, TracedCollective, count_ranks, root_now};
 
-use crate::flight::{CollectiveEntry, Position};
+use crate::flight::{Before, CollectiveEntry, Position};
 use crate::kinds::CollectiveOp;
 use crate::reader::{CommunicatorRecord, RankRecord};
 
@@ -176,14 +176,28 @@ pub struct Straggler {
     /// The time the other ranks spent waiting for it, as a share of the span of those
     /// collectives (first arrival of the first to the last arrival of the last).
     pub others_waited_share: f64,
+    /// What it did before it arrived, as its arrivals said (`None` where they did not:
+    /// profiles, or a runtime that does not say).
+    pub before: Option<BeforeArrival>,
     /// One line for people: `rank 2 (pid 812 on host a) arrived last in 9 of 10
     /// collectives, 1.8 ms late on median; the other ranks waited 17% of the time`.
     pub text: String,
 }
 
+/// A straggler's time before its arrivals, medians over the collectives it is named
+/// on: from its previous collective's end to its arrival, and the part of that inside
+/// its executions (the rest is its program's host time: between executions, runtime
+/// calls, inputs); beside the same time of the other ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct BeforeArrival {
+    pub since_ns: u64,
+    pub executing_ns: u64,
+    pub others_since_ns: Option<u64>,
+}
+
 impl Straggler {
     fn describe(&self) -> String {
-        format!(
+        let mut text = format!(
             "rank {}{} arrived last in {} of {} collectives, {} late on median; the other ranks waited {:.0}% of the time",
             self.rank,
             place(self.pid, &self.host),
@@ -191,7 +205,19 @@ impl Straggler {
             self.of,
             format_ns(self.median_lateness_ns),
             100.0 * self.others_waited_share
-        )
+        );
+        if let Some(before) = &self.before {
+            text += &format!(
+                "; before it arrived, on median: {} since its previous collective, {} of it in its executions and {} outside them",
+                format_ns(before.since_ns),
+                format_ns(before.executing_ns),
+                format_ns(before.since_ns.saturating_sub(before.executing_ns))
+            );
+            if let Some(others) = before.others_since_ns {
+                text += &format!(" (the other ranks: {} since theirs)", format_ns(others));
+            }
+        }
+        text
     }
 }
 
@@ -353,7 +379,11 @@ fn view_of(
             doing: doing_now(m, activities, now_ns, false),
         })
         .collect();
-    let straggler = name_straggler(&mut views, &collectives, rule);
+    let straggler = name_straggler(&mut views, &collectives, rule).map(|mut straggler| {
+        straggler.before = before_arrival(&members, straggler.rank, &collectives, rule);
+        straggler.text = straggler.describe();
+        straggler
+    });
     let hang = diagnose_hang(&comm, &members, (now_ns, activities));
     GroupView {
         id: comm.id,
@@ -477,10 +507,39 @@ fn name_straggler(
         of: window.len(),
         median_lateness_ns: median,
         others_waited_share: (waited as f64 / others / elapsed).min(1.0),
+        before: None,
         text: String::new(),
     };
     straggler.text = straggler.describe();
     Some(straggler)
+}
+
+/// What straggler `rank` did before its arrivals at the rule's window of complete
+/// collectives, beside the other ranks, from what their arrivals said.
+fn before_arrival(
+    members: &BTreeMap<u32, RankRecord>,
+    rank: u32,
+    collectives: &[CollectiveView],
+    rule: &StragglerRule,
+) -> Option<BeforeArrival> {
+    let complete: Vec<&CollectiveView> = collectives.iter().filter(|c| c.complete).collect();
+    let window: std::collections::HashSet<(Position, u16)> =
+        complete[complete.len().saturating_sub(rule.window)..].iter().map(|c| (c.position, c.group)).collect();
+    let befores = |m: &RankRecord| -> Vec<Before> {
+        m.history.iter().filter(|e| window.contains(&(e.position, e.group))).filter_map(|e| e.before).collect()
+    };
+    let median = |mut values: Vec<u64>| {
+        values.sort_unstable();
+        values.get(values.len() / 2).copied()
+    };
+    let own = befores(members.get(&rank)?);
+    let others: Vec<u64> =
+        members.values().filter(|m| m.rank != rank).flat_map(befores).map(|b| b.since_ns).collect();
+    Some(BeforeArrival {
+        since_ns: median(own.iter().map(|b| b.since_ns).collect())?,
+        executing_ns: median(own.iter().map(|b| b.executing_ns).collect())?,
+        others_since_ns: median(others),
+    })
 }
 
 /// The hang of a group, when a rank waits long: whom for, and why; or, when nobody
@@ -648,6 +707,7 @@ mod tests {
             bytes: 4096,
             arrived_ns,
             departed_ns,
+            before: None,
         }
     }
 
@@ -731,6 +791,27 @@ mod tests {
         let text = &straggler.text;
         assert!(text.starts_with("rank 2 (pid 102 on host h1) arrived last in 12 of 12 collectives"), "{text}");
         assert!(straggler.others_waited_share > 0.2 && straggler.others_waited_share <= 1.0, "{text}");
+        assert_eq!(straggler.before, None, "its arrivals said nothing of it");
+
+        // Its arrivals say what it did before: 7 ms since its previous collective, 6.5
+        // ms of it executing; the others 2 ms, and their copies of its arrivals too.
+        let mut records = four_processes(&arrivals(12, Some(2), 3 * MS));
+        for member in records.iter_mut().flat_map(|r| r.communicators[0].members.iter_mut()) {
+            let (since_ns, executing_ns) = if member.rank == 2 { (7 * MS, 6_500_000) } else { (2 * MS, MS) };
+            member.history.iter_mut().skip(1).for_each(|e| e.before = Some(Before { since_ns, executing_ns }));
+        }
+        let views = group_views(&records, &StragglerRule::default(), 0);
+        let straggler = views[0].straggler.as_ref().expect("rank 2 named");
+        let before = straggler.before.expect("what it did before");
+        assert_eq!((before.since_ns, before.executing_ns, before.others_since_ns), (7 * MS, 6_500_000, Some(2 * MS)));
+        assert!(
+            straggler.text.ends_with(
+                "; before it arrived, on median: 7.0 ms since its previous collective, 6.5 ms of it in its \
+                 executions and 500.0 µs outside them (the other ranks: 2.0 ms since theirs)"
+            ),
+            "{}",
+            straggler.text
+        );
     }
 
     #[test]

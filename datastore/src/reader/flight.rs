@@ -191,13 +191,14 @@ impl DatastoreReader {
         let r = &self.region;
         let at = self.layout.comm_entry(slot, rank, k);
         let tag = r.u64(at + comm::ENTRY_TAG).load(Ordering::Acquire);
-        let words = [comm::ENTRY_ARRIVED, comm::ENTRY_DEPARTED, comm::ENTRY_BYTES]
-            .map(|field| r.u64(at + field).load(Ordering::Relaxed));
+        let [arrived, departed, bytes, before] =
+            [comm::ENTRY_ARRIVED, comm::ENTRY_DEPARTED, comm::ENTRY_BYTES, comm::ENTRY_BEFORE]
+                .map(|field| r.u64(at + field).load(Ordering::Relaxed));
         fence(Ordering::Acquire);
         if r.u64(at + comm::ENTRY_TAG).load(Ordering::Relaxed) != tag {
             return None;
         }
-        CollectiveEntry::of_words(tag, words[0], words[1], words[2])
+        CollectiveEntry::of_words([tag, arrived, departed, bytes, before])
     }
 }
 
@@ -217,6 +218,8 @@ mod tests {
             bytes: 1 << 20,
             arrived_ns,
             departed_ns: Some(arrived_ns + 500),
+            // At microsecond grain, as the record keeps it.
+            before: (sequence > 0).then_some(crate::flight::Before { since_ns: 7_000, executing_ns: 3_000 }),
         }
     }
 

@@ -6,12 +6,18 @@
 //! A rank records itself. The arrivals of ranks of other processes come with the
 //! collectives' messages (`Stamp::arrivals`); of the ranks of this process in a group,
 //! the lowest records them, so each is written once.
+//!
+//! Each arrival also says what the rank did since its previous collective: how long
+//! since it left it, and how much of that it spent inside its executions (the rest is
+//! the program's host time: between executions, runtime calls, inputs). Its [`Pace`]
+//! keeps the count from boundaries alone (an execution's start and end, a collective's
+//! arrival and departure), nothing per instruction.
 
 use std::time::Instant;
 
 use super::world::{Arrival, Roster};
 use super::{Communicator, OpPosition, RankPlace};
-use neuron_datastore::flight::{CollectiveEntry, CommSlot, CommunicatorEntry, Position, Progress, RankMember};
+use neuron_datastore::flight::{Before, CollectiveEntry, CommSlot, CommunicatorEntry, Position, Progress, RankMember};
 use neuron_datastore::{CollectiveAlgorithm, CollectiveOp, Tracer};
 
 /// The host's name, as tools show it.
@@ -24,6 +30,44 @@ fn host_name() -> String {
 pub(super) fn open(tracer: &Tracer, (name, id): (&str, u32), ranks: usize, across: bool) -> Option<CommSlot> {
     let entry = CommunicatorEntry { id, name: name.to_owned(), ranks: ranks as u32, across };
     tracer.store().open_communicator(&entry)
+}
+
+/// A rank's time between its collectives, counted at the boundaries.
+#[derive(Debug, Default)]
+pub(crate) struct Pace {
+    /// When it left its previous collective (root clock ns).
+    departed_ns: Option<u64>,
+    /// Inside an execution now, and since when it has counted executing time.
+    executing: bool,
+    counting_from: Option<u64>,
+    /// Executing time since it left its previous collective, ns.
+    executing_ns: u64,
+}
+
+impl Pace {
+    fn execution(&mut self, running: bool, now_ns: u64) {
+        if let Some(from) = self.counting_from.take() {
+            self.executing_ns += now_ns.saturating_sub(from);
+        }
+        self.executing = running;
+        self.counting_from = running.then_some(now_ns);
+    }
+
+    /// At its arrival: (since its previous collective, of it executing), ns.
+    fn arrive(&mut self, now_ns: u64) -> Option<(u64, u64)> {
+        if let Some(from) = self.counting_from.take() {
+            self.executing_ns += now_ns.saturating_sub(from);
+        }
+        let executing = std::mem::take(&mut self.executing_ns);
+        let since = now_ns.saturating_sub(self.departed_ns?);
+        Some((since, executing.min(since)))
+    }
+
+    fn depart(&mut self, now_ns: u64) {
+        self.departed_ns = Some(now_ns);
+        self.executing_ns = 0;
+        self.counting_from = self.executing.then_some(now_ns);
+    }
 }
 
 /// What a collective of a rank was, for its history.
@@ -102,10 +146,22 @@ impl Communicator {
     /// Records that rank `rank` reached a collective of `operation` at `at`, now.
     pub(super) fn record_started(&self, rank: u32, at: OpPosition, operation: CollectiveOp) -> Arrival {
         let (at_ns, uncertainty_ns) = self.root_now();
+        let before = self.pace(rank, |pace| pace.arrive(at_ns)).flatten();
         if let Some(slot) = self.inner.record {
             self.inner.tracer.store().record_progress(slot, rank, Progress::Started(operation), position(at));
         }
-        Arrival { rank, at_ns, uncertainty_ns }
+        Arrival { rank, at_ns, uncertainty_ns, before }
+    }
+
+    /// Says that rank `rank` of this process begins (`true`) or ends an execution.
+    pub(crate) fn executing(&self, rank: u32, running: bool) {
+        let (now_ns, _) = self.root_now();
+        self.pace(rank, |pace| pace.execution(running, now_ns));
+    }
+
+    fn pace<T>(&self, rank: u32, f: impl FnOnce(&mut Pace) -> T) -> Option<T> {
+        let pace = self.inner.paces.get(rank as usize)?;
+        Some(f(&mut pace.lock().unwrap_or_else(|e| e.into_inner())))
     }
 
     /// Records that a rank of another process reached the collective at `at` (its
@@ -129,8 +185,9 @@ impl Communicator {
     /// Records rank `rank`'s collective at `at`, and what it learnt of the arrivals of
     /// `others` (ranks of other processes); moves its completed word when it `succeeded`.
     pub(super) fn record_done(&self, rank: u32, at: OpPosition, done: &Done, others: &[Arrival], succeeded: bool) {
-        let Some(slot) = self.inner.record else { return };
         let (departed, _) = self.root_now();
+        self.pace(rank, |pace| pace.depart(departed));
+        let Some(slot) = self.inner.record else { return };
         let store = self.inner.tracer.store();
         store.set_waiting(slot, rank, None);
         let entry = |arrival: &Arrival, departed_ns: Option<u64>| CollectiveEntry {
@@ -141,6 +198,7 @@ impl Communicator {
             bytes: done.bytes,
             arrived_ns: arrival.at_ns,
             departed_ns,
+            before: arrival.before.map(|(since_ns, executing_ns)| Before { since_ns, executing_ns }),
         };
         if succeeded {
             store.record_collective(slot, rank, &entry(&done.arrived, Some(departed)));

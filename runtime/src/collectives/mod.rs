@@ -198,6 +198,8 @@ struct Inner {
     /// of other processes are recorded in it yet.
     record: Option<neuron_datastore::flight::CommSlot>,
     roster_recorded: OnceLock<()>,
+    /// Each rank's time between its collectives (`flight.rs`).
+    paces: Vec<Mutex<flight::Pace>>,
     tracer: Arc<Tracer>,
     lifecycle: Arc<Lifecycle>,
     timeout: Duration,
@@ -313,6 +315,7 @@ impl Communicator {
         timeout: Duration,
     ) -> Communicator {
         let state = Mutex::new(State::new(ranks.len()));
+        let paces = (0..ranks.len()).map(|_| Mutex::default()).collect();
         let record = flight::open(&tracer, (&name, id), ranks.len(), membership.is_some());
         let communicator = Communicator {
             inner: Arc::new(Inner {
@@ -322,6 +325,7 @@ impl Communicator {
                 membership,
                 record,
                 roster_recorded: OnceLock::new(),
+                paces,
                 tracer,
                 lifecycle,
                 timeout,

@@ -417,9 +417,18 @@ impl CoreJob<'_> {
                 }
             };
             let partition = m.rank.as_ref().map_or(0, |(_, rank)| *rank);
-            crate::backend::as_partition(partition, || {
+            // The rank's time inside its executions, for what it did before each
+            // collective (see `collectives/flight.rs`).
+            if let Some((communicator, rank)) = &m.rank {
+                communicator.executing(*rank, true);
+            }
+            let results = crate::backend::as_partition(partition, || {
                 m.executable.run(values, destinations, deadline_ticks, self.pool, &mut run_collective, &mut observe)
-            })
+            });
+            if let Some((communicator, rank)) = &m.rank {
+                communicator.executing(*rank, false);
+            }
+            results
         };
         let run_end = ticks();
         if device {

@@ -167,6 +167,7 @@ impl RanksIndex {
                         bytes,
                         arrived_ns: span.start,
                         departed_ns: Some(span.end),
+                        before: None,
                     };
                     let collective =
                         TracedCollective { communicator: comm as u32, rank: rank as u32, core: track.core, entry };

@@ -79,6 +79,7 @@ pub(crate) fn read(path: &Path) -> Result<Option<RankProfile>> {
                         bytes: *bytes,
                         arrived_ns: 0,
                         departed_ns: None,
+                        before: None,
                     };
                     let open = Open { at_ns: event.timestamp_ns, entry, rank: *rank, communicator: *communicator };
                     opened.insert(event.tracking_id, open);
