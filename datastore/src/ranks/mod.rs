@@ -533,8 +533,7 @@ fn before_arrival(
         values.get(values.len() / 2).copied()
     };
     let own = befores(members.get(&rank)?);
-    let others: Vec<u64> =
-        members.values().filter(|m| m.rank != rank).flat_map(befores).map(|b| b.since_ns).collect();
+    let others: Vec<u64> = members.values().filter(|m| m.rank != rank).flat_map(befores).map(|b| b.since_ns).collect();
     Some(BeforeArrival {
         since_ns: median(own.iter().map(|b| b.since_ns).collect())?,
         executing_ns: median(own.iter().map(|b| b.executing_ns).collect())?,
