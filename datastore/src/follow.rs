@@ -21,6 +21,7 @@ pub struct Runtimes<T> {
     dir: PathBuf,
     followed: BTreeMap<u32, Followed<T>>,
     declined: HashSet<u32>,
+    ticks_per_second: u64,
 }
 
 /// One followed runtime process.
@@ -30,11 +31,11 @@ pub struct Followed<T> {
     pub pid: u32,
     /// When it was first seen exited (`None` while it is live).
     pub exited_at: Option<Instant>,
-    /// Its liveness at the last [`Runtimes::mark_exited`], and its process's `/proc`
-    /// status then (its CPU time too): one look at its `/proc` entry per look, which the
+    /// Its liveness at the last [`Runtimes::mark_exited`], and its process's CPU time
+    /// then (see [`DatastoreReader::liveness_and_cpu`]): read once per look, which the
     /// viewers reuse.
     pub liveness: Liveness,
-    pub status: Option<crate::ProcessStatus>,
+    pub cpu: Option<crate::host::ProcessCpu>,
     /// How the viewers name it: [`RuntimeInfo::label`](crate::RuntimeInfo::label), made
     /// unique among the live runtimes followed (`train.py-4242` for the second
     /// `train.py`).
@@ -58,7 +59,8 @@ pub struct OpenFailure {
 
 impl<T> Runtimes<T> {
     pub fn new(dir: PathBuf) -> Runtimes<T> {
-        Runtimes { dir, followed: BTreeMap::new(), declined: HashSet::new() }
+        let ticks_per_second = crate::host::clock_ticks_per_second();
+        Runtimes { dir, followed: BTreeMap::new(), declined: HashSet::new(), ticks_per_second }
     }
 
     pub fn dir(&self) -> &Path {
@@ -108,7 +110,7 @@ impl<T> Runtimes<T> {
                 Some(state) => {
                     self.followed.insert(
                         pid,
-                        Followed { reader, pid, exited_at, liveness: Liveness::Live, status: None, label, state },
+                        Followed { reader, pid, exited_at, liveness: Liveness::Live, cpu: None, label, state },
                     );
                 }
                 None => {
@@ -122,7 +124,7 @@ impl<T> Runtimes<T> {
     /// Notes which followed runtimes have exited since the last look.
     pub fn mark_exited(&mut self) {
         for followed in self.followed.values_mut().filter(|f| f.exited_at.is_none()) {
-            (followed.liveness, followed.status) = followed.reader.liveness_and_status();
+            (followed.liveness, followed.cpu) = followed.reader.liveness_and_cpu(self.ticks_per_second);
             if matches!(followed.liveness, Liveness::Exited(_)) {
                 followed.exited_at = Some(Instant::now());
             }

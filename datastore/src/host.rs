@@ -138,22 +138,35 @@ impl MemoryInfo {
     }
 }
 
-/// A process's cumulative CPU time, in clock ticks (`/proc/PID/stat`).
+/// A process's cumulative CPU time, in clock ticks (`/proc/PID/stat`, or the runtime's
+/// own reading in its datastore), and when it was read.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ProcessCpu {
     pub user: u64,
     pub system: u64,
+    /// `CLOCK_MONOTONIC` ns when read (0: not known).
+    pub at_ns: u64,
 }
 
 impl ProcessCpu {
-    /// The CPU time in a status already read.
-    pub fn of(status: &crate::ProcessStatus) -> ProcessCpu {
-        ProcessCpu { user: status.user_ticks, system: status.system_ticks }
+    /// The CPU time in a status read at `at_ns`.
+    pub fn of(status: &crate::ProcessStatus, at_ns: u64) -> ProcessCpu {
+        ProcessCpu { user: status.user_ticks, system: status.system_ticks, at_ns }
     }
 
     pub fn read(pid: u32) -> std::io::Result<ProcessCpu> {
+        let at_ns = crate::clock::monotonic_ns();
         let text = std::fs::read_to_string(Path::new("/proc").join(pid.to_string()).join("stat"))?;
-        ProcessCpu::parse(&text).ok_or_else(|| std::io::Error::other(format!("unexpected /proc/{pid}/stat")))
+        let cpu =
+            ProcessCpu::parse(&text).ok_or_else(|| std::io::Error::other(format!("unexpected /proc/{pid}/stat")))?;
+        Ok(ProcessCpu { at_ns, ..cpu })
+    }
+
+    /// Seconds between `earlier`'s reading and this one, when both say when they were
+    /// read (CPU times read a little apart from the rest of a sample are divided by
+    /// their own interval).
+    pub fn seconds_since(&self, earlier: &ProcessCpu) -> Option<f64> {
+        (earlier.at_ns > 0 && self.at_ns > earlier.at_ns).then(|| (self.at_ns - earlier.at_ns) as f64 / 1e9)
     }
 
     /// Parses `/proc/PID/stat`: utime and stime are fields 14 and 15, counted after the
@@ -162,7 +175,7 @@ impl ProcessCpu {
         let after_name = &text[text.rfind(')')? + 1..];
         let fields: Vec<&str> = after_name.split_ascii_whitespace().collect();
         // `after_name` starts at field 3 (the state).
-        Some(ProcessCpu { user: fields.get(11)?.parse().ok()?, system: fields.get(12)?.parse().ok()? })
+        Some(ProcessCpu { user: fields.get(11)?.parse().ok()?, system: fields.get(12)?.parse().ok()?, at_ns: 0 })
     }
 
     /// The process's user and system time between `earlier` and `self`, in percent of
@@ -242,10 +255,13 @@ mod tests {
     #[test]
     fn process_times_are_read_past_a_command_name_with_spaces_and_parentheses() {
         let text = "4242 (neuron (bench) x) S 1 4242 4242 0 -1 4194560 1234 0 0 0 777 333 0 0 20 0 9 0 100 0 0";
-        assert_eq!(ProcessCpu::parse(text), Some(ProcessCpu { user: 777, system: 333 }));
+        assert_eq!(ProcessCpu::parse(text), Some(ProcessCpu { user: 777, system: 333, at_ns: 0 }));
         assert_eq!(ProcessCpu::parse("garbage"), None);
-        let (user, system) =
-            ProcessCpu { user: 877, system: 383 }.usage_since(&ProcessCpu { user: 777, system: 333 }, 100.0, 2);
+        let (user, system) = ProcessCpu { user: 877, system: 383, at_ns: 0 }.usage_since(
+            &ProcessCpu { user: 777, system: 333, at_ns: 0 },
+            100.0,
+            2,
+        );
         assert_eq!((user, system), (50.0, 25.0));
     }
 

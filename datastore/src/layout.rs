@@ -142,6 +142,14 @@ pub(crate) mod process {
     pub(crate) const CLOCK_SEQ: u64 = 6;
     pub(crate) const CLOCK_OFFSET: u64 = 7;
     pub(crate) const CLOCK_UNCERTAINTY: u64 = 8;
+    /// Seqlock (odd while written), the process's user and system CPU time (ns, from
+    /// `getrusage`), and when they were read (`CLOCK_MONOTONIC` ns; 0: never), at every
+    /// heartbeat: a tool reads them rather than `/proc/<pid>/stat` while the heartbeat
+    /// is fresh.
+    pub(crate) const CPU_SEQ: u64 = 9;
+    pub(crate) const CPU_USER_NS: u64 = 10;
+    pub(crate) const CPU_SYSTEM_NS: u64 = 11;
+    pub(crate) const CPU_AT_NS: u64 = 12;
     /// Four words per device: mem corrected, mem uncorrected, sram corrected, sram uncorrected.
     pub(crate) const ECC: u64 = 16;
 }

@@ -470,7 +470,25 @@ impl DatastoreWriter {
         r.u64(header::CALIBRATION_LATEST_TICKS).store(point.ticks, Ordering::Relaxed);
         r.u64(header::CALIBRATION_LATEST_NS).store(point.ns, Ordering::Relaxed);
         seq.store(odd + 1, Ordering::Release);
+        self.record_cpu_time();
         r.u64(header::HEARTBEAT_MONO_NS).store(point.ns, Ordering::Release);
+    }
+
+    /// Records this process's CPU time now (see `layout::process::CPU_SEQ`).
+    fn record_cpu_time(&self) {
+        use nix::sys::resource::{UsageWho, getrusage};
+        let Ok(usage) = getrusage(UsageWho::RUSAGE_SELF) else { return };
+        let ns = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000_000 + t.tv_usec() as u64 * 1_000;
+        let at = crate::clock::monotonic_ns();
+        let word = |w| self.region.u64(self.layout.process_word(w));
+        let seq = word(layout::process::CPU_SEQ);
+        let odd = seq.load(Ordering::Relaxed) + 1;
+        seq.store(odd, Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        word(layout::process::CPU_USER_NS).store(ns(usage.user_time()), Ordering::Relaxed);
+        word(layout::process::CPU_SYSTEM_NS).store(ns(usage.system_time()), Ordering::Relaxed);
+        word(layout::process::CPU_AT_NS).store(at, Ordering::Relaxed);
+        seq.store(odd + 1, Ordering::Release);
     }
 
     /// Marks the file closed and removes it (a clean exit).

@@ -97,7 +97,7 @@ pub fn group(tally: &Tally, rule: &Result<StragglerRule, String>, seconds: f64) 
         Err(refused) => (StragglerRule::default(), format!("{refused}; the default straggler rule applies")),
     };
     let communicators: Vec<Value> = tally.views.iter().map(|v| communicator(v, tally)).collect();
-    json!({
+    let mut group = json!({
         "period": seconds,
         "error": error,
         "straggler_rule": {
@@ -105,8 +105,11 @@ pub fn group(tally: &Tally, rule: &Result<StragglerRule, String>, seconds: f64) 
             "share": rule.share,
             "min_lateness_ns": rule.min_lateness.as_nanos() as u64,
         },
-        "communicators": communicators,
-    })
+    });
+    // Moved in: `json!` would copy what it is given (a job of many ranks makes these
+    // large), as below.
+    group["communicators"] = Value::Array(communicators);
+    group
 }
 
 fn communicator(view: &GroupView, tally: &Tally) -> Value {
@@ -135,7 +138,7 @@ fn communicator(view: &GroupView, tally: &Tally) -> Value {
         .iter()
         .map(|c| {
             let waits: Map<String, Value> = c.waits_ns.iter().map(|(r, w)| (r.to_string(), json!(w))).collect();
-            json!({
+            let mut collective = json!({
                 "sequence": c.position.sequence,
                 "index": c.position.index,
                 "operation": c.operation,
@@ -145,8 +148,9 @@ fn communicator(view: &GroupView, tally: &Tally) -> Value {
                 "complete": c.complete,
                 "skew_ns": c.skew_ns,
                 "last_arriver": c.last,
-                "waits_ns": waits,
-            })
+            });
+            collective["waits_ns"] = Value::Object(waits);
+            collective
         })
         .collect();
     let mut diagnosis = Vec::new();
@@ -156,7 +160,7 @@ fn communicator(view: &GroupView, tally: &Tally) -> Value {
     if let Some(straggler) = &view.straggler {
         diagnosis.push(straggler.text.clone());
     }
-    json!({
+    let mut communicator = json!({
         "id": view.id,
         "name": view.name,
         "ranks": view.ranks,
@@ -166,7 +170,8 @@ fn communicator(view: &GroupView, tally: &Tally) -> Value {
         "straggler": view.straggler,
         "hang": view.hang,
         "collectives_seen": tally.communicators.get(&view.id).map_or(0, |t| t.seen),
-        "members": members,
-        "collectives": collectives,
-    })
+    });
+    communicator["members"] = Value::Array(members);
+    communicator["collectives"] = Value::Array(collectives);
+    communicator
 }

@@ -129,7 +129,9 @@ impl Process {
 #[derive(Debug)]
 struct Process {
     tag: String,
-    groups: Vec<Followed<RuntimeGroup, RuntimeSample>>,
+    /// Each group's sample at the start of its period, shared by the groups looked at
+    /// together.
+    groups: Vec<Followed<RuntimeGroup, Arc<RuntimeSample>>>,
     /// The counters when the monitor began following the process.
     since: Snapshot,
     /// ECC counts at the last `neuron_hw_counters` report.
@@ -202,8 +204,10 @@ fn run(cli: &Cli, config: &MonitorConfig, server: Option<&MetricsServer>) -> Res
             if let Some(server) = server {
                 server.publish(monitor.exposition(&report));
             }
-            if !cli.no_stdout {
-                let mut line = serde_json::to_vec(&report)?;
+            let line = (!cli.no_stdout).then(|| serde_json::to_vec(&report));
+            monitor.give_back(report);
+            if let Some(line) = line {
+                let mut line = line?;
                 line.push(b'\n');
                 let mut out = stdout.lock();
                 match out.write_all(&line).and_then(|()| out.flush()) {
@@ -253,18 +257,20 @@ impl Monitor<'_> {
         for followed in self.processes.iter_mut() {
             let exited = followed.exited();
             let process = &mut followed.state;
-            let is_due =
-                |g: &Followed<RuntimeGroup, RuntimeSample>| all_due || exited || due(g.since_at, g.group.period, now);
+            let is_due = |g: &Followed<RuntimeGroup, Arc<RuntimeSample>>| {
+                all_due || exited || due(g.since_at, g.group.period, now)
+            };
             if !ecc_due && !process.groups.iter().any(is_due) {
                 continue;
             }
             // The CPU time the look's liveness read already holds.
-            let cpu = followed.status.as_ref().map(ProcessCpu::of);
+            let cpu = followed.cpu;
             let current = RuntimeSample { snapshot: followed.reader.snapshot(), models: followed.reader.models(), cpu };
+            let current = Arc::new(current);
             for followed in process.groups.iter_mut().filter(|g| is_due(g)) {
                 followed.value =
                     runtime_group(followed.group.group, &followed.since, &current, cores_per_device, self.clock);
-                followed.since = current.clone();
+                followed.since = Arc::clone(&current);
                 followed.since_at = now;
             }
             if ecc_due {
@@ -276,7 +282,7 @@ impl Monitor<'_> {
                         }
                     }
                 }
-                process.ecc_since = current.snapshot.ecc;
+                process.ecc_since = current.snapshot.ecc.clone();
             }
         }
         for (total, gained) in self.ecc_total.iter_mut().zip(&ecc) {
@@ -287,8 +293,8 @@ impl Monitor<'_> {
         // The flight records hold each rank's last collectives only: they are read at
         // every look, so that the counts miss as few as they can.
         if self.system.iter().any(|g| g.group.group == SystemGroup::Collectives) {
-            let records: Vec<RuntimeRecords> =
-                self.processes.iter().map(|p| RuntimeRecords::read(&p.reader, p.liveness)).collect();
+            let readers: Vec<_> = self.processes.iter().map(|p| (&p.reader, p.liveness)).collect();
+            let records = RuntimeRecords::read_all(&readers);
             let rule = self.straggler_rule.clone().unwrap_or_default();
             self.collectives.observe(group_views(&records, &rule, root_now(&records)));
         }
@@ -325,13 +331,15 @@ impl Monitor<'_> {
                 first = first.at_start(monotonic_ns().saturating_sub(age));
             }
             let now = Instant::now();
+            let ecc_since = first.snapshot.ecc.clone();
+            let since = first.snapshot.clone();
+            let first = Arc::new(first);
             let groups = selector
                 .groups
                 .iter()
-                .map(|&group| Followed { group, since: first.clone(), since_at: now, value: Value::Null })
+                .map(|&group| Followed { group, since: Arc::clone(&first), since_at: now, value: Value::Null })
                 .collect();
-            let ecc_since = first.snapshot.ecc.clone();
-            Some(Process { tag, groups, since: first.snapshot, ecc_since })
+            Some(Process { tag, groups, since, ecc_since })
         };
         let failures = self
             .processes
@@ -365,22 +373,24 @@ impl Monitor<'_> {
         prometheus::exposition(report, &counters, &self.ecc_total, &self.collectives)
     }
 
-    fn report(&self) -> Value {
+    /// The report of the latest look. Its groups' values are lent to it, not copied (a
+    /// job of many ranks makes them large): [`Monitor::give_back`] returns them once the
+    /// report is written, for the groups not due at the next look.
+    fn report(&mut self) -> Value {
         let runtimes: Vec<Value> = self
             .processes
-            .iter()
+            .iter_mut()
             .map(|p| {
-                let groups: Map<String, Value> =
-                    p.state.groups.iter().map(|g| (g.group.group.name().to_string(), g.value.clone())).collect();
-                json!({"pid": p.pid, "neuron_runtime_tag": p.state.tag, "error": "", "report": groups})
+                let groups = lend(p.state.groups.iter_mut().map(|g| (g.group.group.name(), &mut g.value)));
+                // Moved in: `json!` would copy it.
+                let mut entry = json!({"pid": p.pid, "neuron_runtime_tag": p.state.tag, "error": ""});
+                entry["report"] = Value::Object(groups);
+                entry
             })
             .collect();
-        let system: Map<String, Value> =
-            self.system.iter().map(|g| (g.group.group.name().to_string(), g.value.clone())).collect();
+        let system = lend(self.system.iter_mut().map(|g| (g.group.group.name(), &mut g.value)));
         let t = &self.topology;
-        json!({
-            "neuron_runtime_data": runtimes,
-            "system_data": system,
+        let mut report = json!({
             // A virtual instance has no cloud identity: these are empty, as the Neuron
             // tool leaves them off EC2.
             "instance_info": {
@@ -404,7 +414,46 @@ impl Monitor<'_> {
                 "logical_neuroncore_config": t.logical_core_size,
                 "error": "",
             },
-        })
+        });
+        report["neuron_runtime_data"] = Value::Array(runtimes);
+        report["system_data"] = Value::Object(system);
+        report
+    }
+}
+
+impl Monitor<'_> {
+    /// Takes back the group values lent to `report` (made by [`Monitor::report`] of
+    /// the same look: the same processes and groups, in the same order).
+    fn give_back(&mut self, mut report: Value) {
+        let mut runtimes = std::mem::take(&mut report["neuron_runtime_data"]);
+        for (p, runtime) in self.processes.iter_mut().zip(runtimes.as_array_mut().into_iter().flatten()) {
+            take_back(&mut runtime["report"], p.state.groups.iter_mut().map(|g| (g.group.group.name(), &mut g.value)));
+        }
+        let system = &mut report["system_data"];
+        take_back(system, self.system.iter_mut().map(|g| (g.group.group.name(), &mut g.value)));
+    }
+}
+
+/// A report's groups, by name, their values moved out of `groups` (a group named
+/// twice in the configuration is reported once, as its first).
+fn lend<'a>(groups: impl Iterator<Item = (&'static str, &'a mut Value)>) -> Map<String, Value> {
+    let mut lent = Map::new();
+    for (name, value) in groups {
+        if !lent.contains_key(name) {
+            lent.insert(name.to_string(), std::mem::take(value));
+        }
+    }
+    lent
+}
+
+/// Moves the values [`lend`] moved out of `groups` back from `lent`.
+fn take_back<'a>(lent: &mut Value, groups: impl Iterator<Item = (&'static str, &'a mut Value)>) {
+    for (name, value) in groups {
+        if value.is_null()
+            && let Some(lent) = lent.get_mut(name)
+        {
+            *value = lent.take();
+        }
     }
 }
 

@@ -14,7 +14,6 @@ use std::collections::{BTreeMap, HashMap};
 use neuron_datastore::histogram::bucket_bounds;
 use neuron_datastore::{Delta, Snapshot};
 use neuron_datastore::{ErrorClass, ExecOutcome};
-use prometheus::proto::{self, MetricType};
 use serde_json::Value;
 
 use crate::collectives::{Observations, Tally};
@@ -452,7 +451,7 @@ enum Sample {
 struct Family {
     name: String,
     help: &'static str,
-    kind: MetricType,
+    kind: FamilyType,
     combine: Combine,
     samples: BTreeMap<Labels, Sample>,
 }
@@ -471,7 +470,7 @@ impl Families {
         Families { common, ..Families::default() }
     }
 
-    fn family(&mut self, name: String, help: &'static str, kind: MetricType, combine: Combine) -> &mut Family {
+    fn family(&mut self, name: String, help: &'static str, kind: FamilyType, combine: Combine) -> &mut Family {
         let at = match self.index.get(&name) {
             Some(&at) => at,
             None => {
@@ -489,21 +488,21 @@ impl Families {
 
     fn add_named(&mut self, name: String, help: &'static str, kind: Kind, labels: Labels, value: f64) {
         let kind = match kind {
-            Kind::Gauge => MetricType::GAUGE,
-            Kind::Counter => MetricType::COUNTER,
+            Kind::Gauge => FamilyType::Gauge,
+            Kind::Counter => FamilyType::Counter,
         };
         self.add_value(name, help, kind, Combine::Sum, labels, value);
     }
 
     fn add_max(&mut self, name: &str, help: &'static str, labels: Labels, value: f64) {
-        self.add_value(name.to_string(), help, MetricType::GAUGE, Combine::Max, labels, value);
+        self.add_value(name.to_string(), help, FamilyType::Gauge, Combine::Max, labels, value);
     }
 
     fn add_value(
         &mut self,
         name: String,
         help: &'static str,
-        kind: MetricType,
+        kind: FamilyType,
         combine: Combine,
         labels: Labels,
         value: f64,
@@ -525,7 +524,7 @@ impl Families {
     }
 
     fn add_histogram(&mut self, name: &str, help: &'static str, labels: Labels, histogram: Histogram) {
-        let family = self.family(name.to_string(), help, MetricType::HISTOGRAM, Combine::Sum);
+        let family = self.family(name.to_string(), help, FamilyType::Histogram, Combine::Sum);
         family
             .samples
             .entry(labels)
@@ -539,78 +538,138 @@ impl Families {
             .or_insert_with(|| Sample::Histogram(histogram.clone()));
     }
 
-    /// The text format, through the `prometheus` crate's encoder.
+    /// The text format (version 0.0.4): each family's `# HELP` and `# TYPE`, then its
+    /// samples, a histogram as its cumulative buckets, `+Inf`, `_sum` and `_count`,
+    /// as the `prometheus` crate's encoder writes them (the tests hold the two to the
+    /// same bytes), without the crate's intermediate messages: a job of many ranks has
+    /// tens of thousands of samples at every report.
     fn encode(self) -> String {
-        let common = self.common;
-        let families: Vec<proto::MetricFamily> = self
-            .families
-            .into_iter()
-            .filter(|f| !f.samples.is_empty())
-            .map(|f| {
-                let mut family = proto::MetricFamily::default();
-                family.set_name(f.name);
-                family.set_help(f.help.to_string());
-                family.set_field_type(f.kind);
-                let metrics = f
-                    .samples
-                    .into_iter()
-                    .map(|(labels, sample)| {
-                        let pairs = common
-                            .iter()
-                            .cloned()
-                            .chain(labels.0)
-                            .map(|(name, value)| {
-                                let mut pair = proto::LabelPair::default();
-                                pair.set_name(name.to_string());
-                                pair.set_value(value);
-                                pair
-                            })
-                            .collect();
-                        let mut metric = proto::Metric::from_label(pairs);
-                        match (sample, f.kind) {
-                            (Sample::Value(v), MetricType::COUNTER) => {
-                                let mut counter = proto::Counter::default();
-                                counter.set_value(v);
-                                metric.set_counter(counter);
-                            }
-                            (Sample::Value(v), _) => {
-                                let mut gauge = proto::Gauge::default();
-                                gauge.set_value(v);
-                                metric.set_gauge(gauge);
-                            }
-                            (Sample::Histogram(h), _) => {
-                                let mut histogram = proto::Histogram::default();
-                                histogram.set_sample_count(h.count);
-                                histogram.set_sample_sum(h.sum);
-                                histogram.set_bucket(
-                                    LATENCY_BUCKETS
-                                        .iter()
-                                        .zip(&h.buckets)
-                                        .map(|(&le, &n)| {
-                                            let mut bucket = proto::Bucket::default();
-                                            bucket.set_upper_bound(le);
-                                            bucket.set_cumulative_count(n);
-                                            bucket
-                                        })
-                                        .collect(),
-                                );
-                                metric.set_histogram(histogram);
-                            }
+        use std::fmt::Write;
+        let mut common = String::new();
+        for (name, value) in &self.common {
+            push_label(&mut common, name, value);
+        }
+        let mut text = String::with_capacity(1 << 16);
+        let mut labels = String::new();
+        let bounds: Vec<String> = LATENCY_BUCKETS.iter().map(f64::to_string).collect();
+        for f in self.families.into_iter().filter(|f| !f.samples.is_empty()) {
+            let name = &f.name;
+            if !f.help.is_empty() {
+                let _ = writeln!(text, "# HELP {name} {}", escape(f.help, false));
+            }
+            let _ = writeln!(text, "# TYPE {name} {}", f.kind.name());
+            for (series, sample) in f.samples {
+                labels.clone_from(&common);
+                for (label, value) in &series.0 {
+                    push_label(&mut labels, label, value);
+                }
+                match sample {
+                    Sample::Value(value) => write_sample(&mut text, (name, ""), &labels, None, value),
+                    Sample::Histogram(h) => {
+                        for (le, &n) in bounds.iter().zip(&h.buckets) {
+                            write_sample(&mut text, (name, "_bucket"), &labels, Some(le), n as f64);
                         }
-                        metric
-                    })
-                    .collect();
-                family.set_metric(metrics);
-                family
-            })
-            .collect();
-        let mut text = String::new();
-        // Every family has a name and a sample, the only things the encoder checks.
-        if let Err(e) = prometheus::TextEncoder::new().encode_utf8(&families, &mut text) {
-            text = format!("# the exposition could not be encoded: {e}\n");
+                        write_sample(&mut text, (name, "_bucket"), &labels, Some("+Inf"), h.count as f64);
+                        write_sample(&mut text, (name, "_sum"), &labels, None, h.sum);
+                        write_sample(&mut text, (name, "_count"), &labels, None, h.count as f64);
+                    }
+                }
+            }
         }
         text
     }
+}
+
+/// A family's type, as its `# TYPE` line says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FamilyType {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+impl FamilyType {
+    fn name(self) -> &'static str {
+        match self {
+            FamilyType::Counter => "counter",
+            FamilyType::Gauge => "gauge",
+            FamilyType::Histogram => "histogram",
+        }
+    }
+}
+
+/// Appends `name="value"` to a series' rendered labels (comma-separated).
+fn push_label(labels: &mut String, name: &str, value: &str) {
+    if !labels.is_empty() {
+        labels.push(',');
+    }
+    labels.push_str(name);
+    labels.push_str("=\"");
+    labels.push_str(&escape(value, true));
+    labels.push('"');
+}
+
+/// One sample line: `name{labels,le="0.5"} value`.
+fn write_sample(text: &mut String, (name, suffix): (&str, &str), labels: &str, le: Option<&str>, value: f64) {
+    text.push_str(name);
+    text.push_str(suffix);
+    if !labels.is_empty() || le.is_some() {
+        text.push('{');
+        text.push_str(labels);
+        if let Some(le) = le {
+            if !labels.is_empty() {
+                text.push(',');
+            }
+            text.push_str("le=\"");
+            text.push_str(le);
+            text.push('"');
+        }
+        text.push('}');
+    }
+    text.push(' ');
+    push_number(text, value);
+    text.push('\n');
+}
+
+/// `value` as `f64`'s `Display` writes it; whole numbers (most samples: counts, bytes)
+/// without the formatting machinery.
+fn push_number(text: &mut String, value: f64) {
+    if value.fract() != 0.0 || value.abs() >= 1e15 || (value == 0.0 && value.is_sign_negative()) {
+        use std::fmt::Write;
+        let _ = write!(text, "{value}");
+        return;
+    }
+    let (mut n, mut digits, mut at) = (value.abs() as u64, [0u8; 20], 20);
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    if value < 0.0 {
+        text.push('-');
+    }
+    text.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
+}
+
+/// `value` with backslashes and line feeds escaped, and double quotes too in a label
+/// value.
+fn escape(value: &str, quotes: bool) -> std::borrow::Cow<'_, str> {
+    let special = |c: char| c == '\\' || c == '\n' || (quotes && c == '"');
+    if !value.contains(special) {
+        return value.into();
+    }
+    let mut escaped = String::with_capacity(value.len() + 8);
+    for c in value.chars() {
+        if special(c) {
+            escaped.extend(c.escape_default());
+        } else {
+            escaped.push(c);
+        }
+    }
+    escaped.into()
 }
 
 #[cfg(test)]
@@ -659,5 +718,102 @@ mod tests {
         let mut out = Families::default();
         out.add("m", "h", Kind::Gauge, Labels::default().with("runtime_tag", "a\"b\\c\nd".into()), 1.0);
         assert!(out.encode().contains(r#"m{runtime_tag="a\"b\\c\nd"} 1"#));
+    }
+    /// What the `prometheus` crate's encoder writes of `families`: the bytes the
+    /// exposition is held to.
+    fn by_the_crate(families: Families) -> String {
+        use prometheus::proto::{self, MetricType};
+        let common = families.common;
+        let encoded: Vec<proto::MetricFamily> = (families.families.into_iter())
+            .filter(|f| !f.samples.is_empty())
+            .map(|f| {
+                let mut family = proto::MetricFamily::default();
+                family.set_name(f.name);
+                family.set_help(f.help.to_string());
+                family.set_field_type(match f.kind {
+                    FamilyType::Counter => MetricType::COUNTER,
+                    FamilyType::Gauge => MetricType::GAUGE,
+                    FamilyType::Histogram => MetricType::HISTOGRAM,
+                });
+                let metrics = (f.samples.into_iter())
+                    .map(|(labels, sample)| {
+                        let pairs = (common.iter().cloned().chain(labels.0))
+                            .map(|(name, value)| {
+                                let mut pair = proto::LabelPair::default();
+                                pair.set_name(name.to_string());
+                                pair.set_value(value);
+                                pair
+                            })
+                            .collect();
+                        let mut metric = proto::Metric::from_label(pairs);
+                        match (sample, f.kind) {
+                            (Sample::Value(v), FamilyType::Counter) => {
+                                let mut counter = proto::Counter::default();
+                                counter.set_value(v);
+                                metric.set_counter(counter);
+                            }
+                            (Sample::Value(v), _) => {
+                                let mut gauge = proto::Gauge::default();
+                                gauge.set_value(v);
+                                metric.set_gauge(gauge);
+                            }
+                            (Sample::Histogram(h), _) => {
+                                let mut histogram = proto::Histogram::default();
+                                histogram.set_sample_count(h.count);
+                                histogram.set_sample_sum(h.sum);
+                                let buckets = (LATENCY_BUCKETS.iter().zip(&h.buckets))
+                                    .map(|(&le, &n)| {
+                                        let mut bucket = proto::Bucket::default();
+                                        bucket.set_upper_bound(le);
+                                        bucket.set_cumulative_count(n);
+                                        bucket
+                                    })
+                                    .collect();
+                                histogram.set_bucket(buckets);
+                                metric.set_histogram(histogram);
+                            }
+                        }
+                        metric
+                    })
+                    .collect();
+                family.set_metric(metrics);
+                family
+            })
+            .collect();
+        let mut text = String::new();
+        prometheus::TextEncoder::new().encode_utf8(&encoded, &mut text).expect("encodes");
+        text
+    }
+
+    #[test]
+    fn the_exposition_is_byte_for_byte_what_the_prometheus_crate_writes() {
+        let families = || {
+            let common = vec![("instance_name", String::new()), ("instance_type", "trn1.32xlarge".into())];
+            let mut out = Families::new(common);
+            let labels = Labels::default().with("runtime_tag", "train \"a\"\\b\nc".into());
+            out.add("execution_status_total", "Executions\\by status\nand tag", Kind::Counter, labels.clone(), 3.0);
+            out.add("system_vcpu_count", "", Kind::Gauge, Labels::default(), 16.0);
+            for (k, v) in
+                [-3.0, 0.0, -0.0, 1e15, 123_456_789_012.0, 0.1, -2.5e-7, f64::NAN, f64::INFINITY].iter().enumerate()
+            {
+                out.add("numbers", "n", Kind::Gauge, Labels::default().with("k", k.to_string()), *v);
+            }
+            out.add_max("execution_latency_seconds", "p", labels.clone().with("percentile", "p99".into()), 1.25e-4);
+            let mut now = vec![0u64; 1920];
+            now[bucket_of(80_000)] += 3;
+            now[bucket_of(40_000_000_000)] += 1;
+            out.add_histogram("neuron_execution_latency_seconds", "h", labels, latency_histogram(&now, None));
+            out.add("empty", "never sampled", Kind::Gauge, Labels::default(), 0.0);
+            out.families.last_mut().expect("a family").samples.clear();
+            out
+        };
+        let ours = families().encode();
+        assert_eq!(ours, by_the_crate(families()));
+        assert!(ours.contains("neuron_execution_latency_seconds_bucket{instance_name=\"\",instance_type=\"trn1.32xlarge\",runtime_tag=\"train \\\"a\\\"\\\\b\\nc\",le=\"0.0001\"} 3\n"), "{ours}");
+        assert!(!ours.contains("empty"), "{ours}");
+        // With no common labels, a series of no labels has no braces.
+        let mut bare = Families::default();
+        bare.add("up", "", Kind::Gauge, Labels::default(), 1.0);
+        assert_eq!(bare.encode(), "# TYPE up gauge\nup 1\n");
     }
 }

@@ -144,7 +144,7 @@ pub fn runtime_group(
         }
         RuntimeGroup::NeuronRuntimeVcpuUsage => match (&earlier.cpu, &later.cpu) {
             (Some(before), Some(now)) => {
-                let ticks = seconds * clock.ticks_per_second as f64;
+                let ticks = now.seconds_since(before).unwrap_or(seconds) * clock.ticks_per_second as f64;
                 let (user, system) = now.usage_since(before, ticks, clock.cpus);
                 out.insert("vcpu_usage".into(), json!({"user": user, "system": system}));
             }

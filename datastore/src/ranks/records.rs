@@ -145,10 +145,29 @@ impl RuntimeRecords {
     /// What `reader`'s runtime holds now; `liveness` is its latest (see
     /// [`crate::Followed::liveness`]).
     pub fn read(reader: &crate::DatastoreReader, liveness: crate::Liveness) -> RuntimeRecords {
+        RuntimeRecords::read_with(reader, liveness, |_, _| true)
+    }
+
+    /// What the runtimes `readers` hold now (each with its latest liveness), read
+    /// together for [`super::group_views`]: a rank's history is read from its own
+    /// process only when that process is among them (the others' copies of its
+    /// arrivals add nothing there, and a job of many ranks has many copies).
+    pub fn read_all(readers: &[(&crate::DatastoreReader, crate::Liveness)]) -> Vec<RuntimeRecords> {
+        let own: std::collections::HashSet<(u32, u32)> =
+            readers.iter().flat_map(|(reader, _)| reader.own_ranks_across()).collect();
+        let history_of = |id: u32, m: &RankRecord| m.in_this_process || !own.contains(&(id, m.rank));
+        readers.iter().map(|&(reader, liveness)| RuntimeRecords::read_with(reader, liveness, history_of)).collect()
+    }
+
+    fn read_with(
+        reader: &crate::DatastoreReader,
+        liveness: crate::Liveness,
+        history_of: impl Fn(u32, &RankRecord) -> bool,
+    ) -> RuntimeRecords {
         RuntimeRecords {
             pid: reader.info().pid,
             clock: reader.clock_offset(),
-            communicators: reader.communicators(),
+            communicators: reader.communicators_with(history_of),
             activity: Activity::of_models(reader.models(), liveness),
         }
     }

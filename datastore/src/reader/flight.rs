@@ -79,14 +79,46 @@ pub struct ClockOffsetRecord {
 impl DatastoreReader {
     /// The communicators the runtime takes part in, by slot.
     pub fn communicators(&self) -> Vec<CommunicatorRecord> {
-        (0..COMM_SLOTS).filter_map(|slot| self.communicator(slot, false)).collect()
+        self.communicators_with(|_, _| true)
+    }
+
+    /// The communicators as [`DatastoreReader::communicators`] gives them, with the
+    /// history of only the ranks that `history_of(communicator id, rank)` asks for (the
+    /// others' left empty): a tool that reads every process of a job takes each rank's
+    /// history from its own process, and need not read the copies the others keep.
+    pub fn communicators_with(&self, history_of: impl Fn(u32, &RankRecord) -> bool) -> Vec<CommunicatorRecord> {
+        (0..COMM_SLOTS).filter_map(|slot| self.communicator(slot, false, &history_of)).collect()
     }
 
     /// The communicators as [`DatastoreReader::communicators`] gives them, and those the
     /// process has closed whose records are still there (until their slot is taken
     /// again): what a process that has ended took part in.
     pub fn communicators_with_closed(&self) -> Vec<CommunicatorRecord> {
-        (0..COMM_SLOTS).filter_map(|slot| self.communicator(slot, true)).collect()
+        (0..COMM_SLOTS).filter_map(|slot| self.communicator(slot, true, &|_, _| true)).collect()
+    }
+
+    /// The ranks this process holds of its communicators across processes, as
+    /// (communicator id, rank): the rows' flags alone, for a tool that reads every
+    /// process of a job to know whose copy of a rank's history it need not read.
+    pub fn own_ranks_across(&self) -> Vec<(u32, u32)> {
+        let r = &self.region;
+        let mut own = Vec::new();
+        for slot in 0..COMM_SLOTS {
+            let base = self.layout.comm_slot(slot);
+            let flags = r.u32(base + comm::FLAGS).load(Ordering::Acquire);
+            let id = r.u32(base + comm::ID).load(Ordering::Relaxed);
+            if id == 0 || flags & comm::ACROSS == 0 || flags & comm::CLOSED != 0 {
+                continue;
+            }
+            let ranks = r.u32(base + comm::RANKS).load(Ordering::Relaxed).min(COMM_RANKS);
+            for rank in 0..ranks {
+                let row = self.layout.comm_row(slot, rank);
+                if r.u32(row + comm::ROW_FLAGS).load(Ordering::Relaxed) & comm::ROW_IN_THIS_PROCESS != 0 {
+                    own.push((id, rank));
+                }
+            }
+        }
+        own
     }
 
     /// This process's clock against the root's (`None`: not in a job of several
@@ -110,7 +142,12 @@ impl DatastoreReader {
         None
     }
 
-    fn communicator(&self, slot: u32, closed_too: bool) -> Option<CommunicatorRecord> {
+    fn communicator(
+        &self,
+        slot: u32,
+        closed_too: bool,
+        history_of: &dyn Fn(u32, &RankRecord) -> bool,
+    ) -> Option<CommunicatorRecord> {
         let r = &self.region;
         let base = self.layout.comm_slot(slot);
         for _ in 0..100 {
@@ -130,7 +167,17 @@ impl DatastoreReader {
                 return None;
             }
             let across = flags & comm::ACROSS != 0;
-            let members = (0..ranks.min(COMM_RANKS)).filter_map(|rank| self.rank_record(slot, rank)).collect();
+            // Most rows name the same few hosts.
+            let mut hosts = std::collections::HashMap::new();
+            let members = (0..ranks.min(COMM_RANKS))
+                .filter_map(|rank| {
+                    let mut record = self.rank_record(slot, rank, &mut hosts)?;
+                    if history_of(id, &record) {
+                        record.history = self.history(slot, rank);
+                    }
+                    Some(record)
+                })
+                .collect();
             fence(Ordering::Acquire);
             if r.u64(base + comm::SEQ).load(Ordering::Relaxed) == seq {
                 return Some(CommunicatorRecord { id, name, ranks, across, members });
@@ -139,7 +186,12 @@ impl DatastoreReader {
         None
     }
 
-    fn rank_record(&self, slot: u32, rank: u32) -> Option<RankRecord> {
+    fn rank_record(
+        &self,
+        slot: u32,
+        rank: u32,
+        hosts: &mut std::collections::HashMap<u32, String>,
+    ) -> Option<RankRecord> {
         let r = &self.region;
         let row = self.layout.comm_row(slot, rank);
         let flags = r.u32(row + comm::ROW_FLAGS).load(Ordering::Acquire);
@@ -158,14 +210,8 @@ impl DatastoreReader {
             Heard { at_ns: heard_at, doing: self.strings.get(r, doing).unwrap_or_default() }
         });
         let core = r.u32(row + comm::ROW_CORE).load(Ordering::Relaxed);
-        let host = self.strings.get(r, r.u32(row + comm::ROW_HOST).load(Ordering::Relaxed)).unwrap_or_default();
-        // Oldest first: the entries from `recorded − HISTORY` on.
-        let history_len = u64::from(COMM_HISTORY);
-        let mut history: Vec<CollectiveEntry> = (recorded.saturating_sub(history_len)..recorded)
-            .filter_map(|k| self.entry(slot, rank, (k % history_len) as u32))
-            .collect();
-        history.sort_by_key(|e| e.position);
-        history.dedup_by_key(|e| e.position);
+        let host_id = r.u32(row + comm::ROW_HOST).load(Ordering::Relaxed);
+        let host = hosts.entry(host_id).or_insert_with(|| self.strings.get(r, host_id).unwrap_or_default()).clone();
         Some(RankRecord {
             rank,
             pid: r.u32(row + comm::ROW_PID).load(Ordering::Relaxed),
@@ -181,9 +227,23 @@ impl DatastoreReader {
             completed,
             uncertainty_ns: r.u64(row + comm::ROW_UNCERTAINTY).load(Ordering::Relaxed),
             waiting: (since != 0 && peer != 0).then(|| (since, (peer - 1) as u32)),
-            history,
+            history: Vec::new(),
             heard,
         })
+    }
+
+    /// A rank's last collectives, oldest first: the entries from `recorded − HISTORY`
+    /// on.
+    fn history(&self, slot: u32, rank: u32) -> Vec<CollectiveEntry> {
+        let row = self.layout.comm_row(slot, rank);
+        let recorded = self.region.u64(row + comm::ROW_RECORDED).load(Ordering::Acquire);
+        let history_len = u64::from(COMM_HISTORY);
+        let mut history: Vec<CollectiveEntry> = (recorded.saturating_sub(history_len)..recorded)
+            .filter_map(|k| self.entry(slot, rank, (k % history_len) as u32))
+            .collect();
+        history.sort_by_key(|e| e.position);
+        history.dedup_by_key(|e| e.position);
+        history
     }
 
     /// A history entry, unless it is being written.
@@ -298,5 +358,44 @@ mod tests {
         assert_eq!(comms.len(), crate::flight::SLOTS as usize);
         assert_eq!(comms[0].members.iter().map(|m| m.rank).collect::<Vec<_>>(), [5]);
         assert_eq!(reader.clock_offset(), None);
+    }
+    #[test]
+    fn read_together_each_rank_history_comes_from_its_own_process_and_the_view_is_the_same() {
+        use crate::ranks::{RuntimeRecords, StragglerRule, group_views};
+        // Two processes of one job, each with its own rank and, from the messages, the
+        // other's arrivals; rank 1 arrives 3 ms after rank 0 each time.
+        let pairs = [open_pair(), open_pair()];
+        let comm_entry = CommunicatorEntry { id: 9, name: "grads".into(), ranks: 2, across: true };
+        for (me, (_, writer, _)) in pairs.iter().enumerate() {
+            let slot = writer.open_communicator(&comm_entry).expect("a slot");
+            for rank in 0..2u32 {
+                let own = rank as usize == me;
+                let member =
+                    RankMember { pid: 40 + rank, host: "h".into(), core: own.then_some(0), in_this_process: own };
+                writer.set_rank_member(slot, rank, &member);
+                for sequence in 0..10 {
+                    let mut e = entry(sequence, 1_000_000 * u64::from(sequence + 1) + 3_000_000 * u64::from(rank));
+                    if !own {
+                        e.departed_ns = None;
+                    }
+                    writer.record_collective(slot, rank, &e);
+                }
+            }
+        }
+        let readers: Vec<_> = pairs.iter().map(|(_, _, reader)| (reader, crate::Liveness::Live)).collect();
+        let together = RuntimeRecords::read_all(&readers);
+        let apart: Vec<RuntimeRecords> = readers.iter().map(|&(r, l)| RuntimeRecords::read(r, l)).collect();
+        // Each process's copy of the other's rank is read without its history.
+        for (me, records) in together.iter().enumerate() {
+            for m in &records.communicators[0].members {
+                assert_eq!(m.history.is_empty(), m.rank as usize != me, "{m:?}");
+            }
+        }
+        assert!(apart.iter().all(|r| r.communicators[0].members.iter().all(|m| m.history.len() == 10)));
+        let rule = StragglerRule::default();
+        assert_eq!(group_views(&together, &rule, 0), group_views(&apart, &rule, 0));
+        // Alone, a process still reads both histories.
+        let alone = RuntimeRecords::read_all(&readers[..1]);
+        assert!(alone[0].communicators[0].members.iter().all(|m| m.history.len() == 10));
     }
 }

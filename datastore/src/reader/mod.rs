@@ -110,6 +110,10 @@ impl ModelInfo {
         percentiles_with(&self.latency, earlier.map(|e| e.latency.as_slice()), histogram::model_bucket_bounds)
     }
 }
+/// A heartbeat at most this old says the writer is there (it beats every 250 ms), without
+/// a look at `/proc`: see [`DatastoreReader::liveness_and_cpu`].
+pub(crate) const FRESH_HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// A datastore mapped read-only.
 #[derive(Debug)]
 pub struct DatastoreReader {
@@ -274,6 +278,52 @@ impl DatastoreReader {
         let process = if closed { None } else { directory::process_status(self.info.pid) };
         let heartbeat = self.region.u64(header::HEARTBEAT_MONO_NS).load(Ordering::Acquire);
         (Liveness::of(closed, process, self.process_start, monotonic_ns().saturating_sub(heartbeat)), process)
+    }
+
+    /// The writer's liveness and its process's CPU time (`None`: gone, or unreadable),
+    /// as a tool that looks every second needs them: while the heartbeat is fresh (at
+    /// most 1 s old) the process is live and its CPU time is its own
+    /// latest reading, in the file; else both come from `/proc/<pid>/stat`, as
+    /// [`DatastoreReader::liveness_and_status`] says. (A tool that follows many runtimes
+    /// spends most of its time in the kernel reading `/proc` otherwise: each read walks
+    /// the process's threads.)
+    pub fn liveness_and_cpu(&self, ticks_per_second: u64) -> (Liveness, Option<crate::host::ProcessCpu>) {
+        let closed = self.region.u32(header::STATE).load(Ordering::Acquire) == layout::STATE_CLOSED;
+        let heartbeat = self.region.u64(header::HEARTBEAT_MONO_NS).load(Ordering::Acquire);
+        if !closed
+            && monotonic_ns().saturating_sub(heartbeat) <= FRESH_HEARTBEAT.as_nanos() as u64
+            && let Some(cpu) = self.cpu_time(ticks_per_second)
+        {
+            return (Liveness::Live, Some(cpu));
+        }
+        let at_ns = monotonic_ns();
+        let (liveness, status) = self.liveness_and_status();
+        (liveness, status.map(|s| crate::host::ProcessCpu::of(&s, at_ns)))
+    }
+
+    /// The CPU time the writer read at its latest heartbeat, in clock ticks.
+    fn cpu_time(&self, ticks_per_second: u64) -> Option<crate::host::ProcessCpu> {
+        let word = |w| self.region.u64(self.layout.process_word(w));
+        for _ in 0..100 {
+            let seq = word(layout::process::CPU_SEQ).load(Ordering::Acquire);
+            if seq % 2 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let [user, system, at_ns] =
+                [layout::process::CPU_USER_NS, layout::process::CPU_SYSTEM_NS, layout::process::CPU_AT_NS]
+                    .map(|w| word(w).load(Ordering::Relaxed));
+            fence(Ordering::Acquire);
+            if word(layout::process::CPU_SEQ).load(Ordering::Relaxed) == seq {
+                let ticks = |ns: u64| (u128::from(ns) * u128::from(ticks_per_second) / 1_000_000_000) as u64;
+                return (at_ns != 0).then(|| crate::host::ProcessCpu {
+                    user: ticks(user),
+                    system: ticks(system),
+                    at_ns,
+                });
+            }
+        }
+        None
     }
 
     /// Host tick conversion from the header's calibration points.
@@ -448,4 +498,37 @@ pub(crate) fn converter_of(region: &Region, fallback_ns_per_tick: f64) -> TickCo
         }
     }
     TickConverter::new(first, latest, fallback_ns_per_tick)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::host::{ProcessCpu, clock_ticks_per_second};
+    use crate::test_support::open_pair;
+
+    #[test]
+    fn a_fresh_heartbeat_brings_the_process_cpu_time_without_a_look_at_proc() {
+        let (_dir, writer, reader) = open_pair();
+        let ticks = clock_ticks_per_second();
+        // No reading in the file yet: from /proc.
+        let (liveness, cpu) = reader.liveness_and_cpu(ticks);
+        assert_eq!(liveness, crate::Liveness::Live);
+        let from_proc = cpu.expect("this process's CPU time");
+        // Burn some CPU, then beat: the file's reading, of this same process.
+        let spin = std::time::Instant::now();
+        while spin.elapsed() < std::time::Duration::from_millis(60) {
+            std::hint::black_box(spin.elapsed());
+        }
+        writer.heartbeat();
+        let (liveness, cpu) = reader.liveness_and_cpu(ticks);
+        assert_eq!(liveness, crate::Liveness::Live);
+        let from_file = cpu.expect("the writer's reading");
+        assert!(from_file.at_ns > from_proc.at_ns, "{from_file:?} {from_proc:?}");
+        let now = ProcessCpu::read(std::process::id()).expect("/proc");
+        let total = |c: &ProcessCpu| c.user + c.system;
+        assert!(
+            total(&from_file) >= total(&from_proc) && total(&from_file) <= total(&now) + 1,
+            "{from_file:?} {now:?}"
+        );
+        assert!(from_file.seconds_since(&from_proc).is_some_and(|s| s >= 0.05), "{from_file:?} {from_proc:?}");
+    }
 }

@@ -87,8 +87,8 @@ impl Collector {
             runtimes.push(runtime(followed, &now, self.ticks_per_second, self.cpus, cores_per_device));
             followed.state.previous = now;
         }
-        let records: Vec<RuntimeRecords> =
-            self.runtimes.iter().map(|f| RuntimeRecords::read(&f.reader, f.liveness)).collect();
+        let readers: Vec<_> = self.runtimes.iter().map(|f| (&f.reader, f.liveness)).collect();
+        let records = RuntimeRecords::read_all(&readers);
         let rule = self.straggler_rule.clone().unwrap_or_else(|refused| {
             warnings.push(format!("{refused}; the default straggler rule applies"));
             StragglerRule::default()
@@ -187,6 +187,8 @@ fn runtime(
     cores_per_device: u32,
 ) -> Runtime {
     let (pid, exited, reader) = (followed.pid, followed.exited(), &followed.reader);
+    // The CPU time this look's liveness read already took.
+    let cpu_now = followed.cpu;
     let state = if exited { "exited" } else { followed.liveness.word() };
     let f = &mut followed.state;
     let delta = Delta::between(&f.previous, now);
@@ -228,10 +230,10 @@ fn runtime(
     let ring_sum = |s: &Counters, dropped: bool| -> u64 {
         s.rings.iter().map(|r| if dropped { r.dropped } else { r.produced }).sum()
     };
-    let cpu_now = ProcessCpu::read(pid).ok();
     let vcpu = match (&f.cpu, &cpu_now) {
         (Some(before), Some(now)) if measured => {
-            let (user, system) = now.usage_since(before, delta.seconds * ticks_per_second as f64, cpus);
+            let seconds = now.seconds_since(before).unwrap_or(delta.seconds);
+            let (user, system) = now.usage_since(before, seconds * ticks_per_second as f64, cpus);
             Some(CpuShare { user, system })
         }
         _ => None,
