@@ -101,12 +101,14 @@ pub struct CollectiveEntry {
 
 /// A rank's time from its previous collective's end to its arrival at the next, at
 /// microsecond grain.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Before {
     pub since_ns: u64,
     /// The part of it inside its executions (the rest is host time: between executions,
     /// runtime calls, inputs).
     pub executing_ns: u64,
+    /// The engine its instructions kept busiest meanwhile, and for how long.
+    pub busiest: Option<(crate::Engine, u64)>,
 }
 
 impl Before {
@@ -117,9 +119,17 @@ impl Before {
         (us(self.since_ns) + 1) | us(self.executing_ns) << 32
     }
 
-    fn of_word(word: u64) -> Option<Before> {
+    fn of_words(word: u64, busiest: u64) -> Option<Before> {
         let since = (word & 0xffff_ffff).checked_sub(1)?;
-        Some(Before { since_ns: since * 1_000, executing_ns: (word >> 32) * 1_000 })
+        let engine = ((busiest >> 56) as u8).checked_sub(1).and_then(crate::Engine::from_repr);
+        let busiest = engine.map(|e| (e, (busiest & 0x00ff_ffff_ffff_ffff) * 1_000));
+        Some(Before { since_ns: since * 1_000, executing_ns: (word >> 32) * 1_000, busiest })
+    }
+
+    /// The busiest engine's word: its code + 1 in bits 56–63 (0: none), microseconds in
+    /// bits 0–55.
+    fn busiest_word(self) -> u64 {
+        self.busiest.map_or(0, |(engine, ns)| (u64::from(engine as u8) + 1) << 56 | (ns / 1_000).min((1 << 56) - 1))
     }
 }
 
@@ -136,8 +146,8 @@ impl CollectiveEntry {
         self.position.word() | u64::from(self.operation as u8) << 48 | u64::from(self.algorithm as u8) << 56
     }
 
-    /// The entry a tag and its four words describe (`None` for an empty or unknown tag).
-    pub(crate) fn of_words([tag, arrived, departed, bytes, before]: [u64; 5]) -> Option<CollectiveEntry> {
+    /// The entry a tag and its five words describe (`None` for an empty or unknown tag).
+    pub(crate) fn of_words([tag, arrived, departed, bytes, before, busiest]: [u64; 6]) -> Option<CollectiveEntry> {
         Some(CollectiveEntry {
             position: Position::of_word(tag & 0xffff_ffff_ffff)?,
             operation: CollectiveOp::from_repr((tag >> 48) as u8)?,
@@ -146,7 +156,7 @@ impl CollectiveEntry {
             bytes: bytes & 0xffff_ffff_ffff,
             arrived_ns: arrived,
             departed_ns: (departed != 0).then_some(departed),
-            before: Before::of_word(before),
+            before: Before::of_words(before, busiest),
         })
     }
 }
@@ -314,6 +324,7 @@ impl DatastoreWriter {
         let bytes = entry.bytes.min(0xffff_ffff_ffff) | u64::from(entry.group) << 48;
         r.u64(at + comm::ENTRY_BYTES).store(bytes, Ordering::Relaxed);
         r.u64(at + comm::ENTRY_BEFORE).store(entry.before.map_or(0, Before::word), Ordering::Relaxed);
+        r.u64(at + comm::ENTRY_BUSIEST).store(entry.before.map_or(0, Before::busiest_word), Ordering::Relaxed);
         tag.store(entry.tag(), Ordering::Release);
     }
 

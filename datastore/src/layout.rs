@@ -9,7 +9,7 @@
 /// `NRTVDS` followed by two zero bytes, as a little-endian `u64`.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"NRTVDS\0\0");
 /// The layout this build writes and reads.
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 
 pub(crate) const HEADER_BYTES: u64 = 4096;
 /// Bytes per ring slot: one sequence word and fifteen payload words.
@@ -57,7 +57,7 @@ pub const COMM_RANKS: u32 = 128;
 pub const COMM_HISTORY: u32 = 32;
 pub(crate) const COMM_HEADER_BYTES: u64 = 256;
 pub(crate) const COMM_ROW_BYTES: u64 = 128;
-pub(crate) const COMM_ENTRY_BYTES: u64 = 40;
+pub(crate) const COMM_ENTRY_BYTES: u64 = 48;
 /// One communicator's slot: header, rank rows, then each rank's history.
 pub(crate) const COMM_SLOT_BYTES: u64 =
     COMM_HEADER_BYTES + COMM_ROW_BYTES * COMM_RANKS as u64 + COMM_ENTRY_BYTES * COMM_HISTORY as u64 * COMM_RANKS as u64;
@@ -261,6 +261,8 @@ pub(crate) mod comm {
     pub(crate) const ENTRY_BYTES: u64 = 24;
     /// What the rank did before it arrived (`flight::Before`'s word; 0: not known).
     pub(crate) const ENTRY_BEFORE: u64 = 32;
+    /// The engine busiest before it arrived (`flight::Before`'s second word; 0: none).
+    pub(crate) const ENTRY_BUSIEST: u64 = 40;
 }
 
 /// Ring header fields (byte offsets in a ring header).

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use neuron_datastore::clock::{CalibrationPoint, DeviceClock, TickSource, monotonic_ns};
 use neuron_datastore::flight::{Before, CollectiveEntry, CommunicatorEntry, Position, Progress, RankMember};
 use neuron_datastore::topology::InstanceType;
-use neuron_datastore::{CollectiveAlgorithm, CollectiveOp, CommandIdentity, CreateParams, DatastoreWriter};
+use neuron_datastore::{CollectiveAlgorithm, CollectiveOp, CommandIdentity, CreateParams, DatastoreWriter, Engine};
 use neuron_runtime::config::CoreRequest;
 use neuron_runtime::launch::RootComm;
 use neuron_runtime::{
@@ -136,11 +136,14 @@ fn record_work() -> f64 {
     }
     let collectives = 200_000u32;
     // The rank's pace (`collectives/flight.rs`): a lock and a clock reading at its
-    // execution's start and end, its arrival and its departure.
-    let pace = std::sync::Mutex::new((0u64, 0u64));
+    // execution's start and end, its arrival and its departure, and its engines' busy
+    // times handed over (converted from ticks) before its collective and at the end.
+    let pace = std::sync::Mutex::new((0u64, 0u64, [0u64; 5]));
     let mark = |executing: bool| {
         let now = monotonic_ns();
+        let engines: [u64; 5] = std::array::from_fn(|e| (std::hint::black_box(e as u64 * 1000) as f64 * 0.37) as u64);
         let mut pace = pace.lock().expect("pace");
+        pace.2.iter_mut().zip(engines).for_each(|(total, ns)| *total += ns);
         if executing {
             pace.1 += now.saturating_sub(pace.0);
         }
@@ -168,7 +171,7 @@ fn record_work() -> f64 {
             bytes: BYTES as u64,
             arrived_ns,
             departed_ns,
-            before: Some(Before { since_ns: 900_000, executing_ns }),
+            before: Some(Before { since_ns: 900_000, executing_ns, busiest: Some((Engine::Pe, executing_ns / 2)) }),
         };
         writer.record_collective(slot, 0, &entry(arrived, Some(departed)));
         writer.record_progress(slot, 0, Progress::Completed, at);

@@ -192,6 +192,9 @@ pub struct Straggler {
 pub struct BeforeArrival {
     pub since_ns: u64,
     pub executing_ns: u64,
+    /// The engine its instructions kept busiest most often, and its median busy time
+    /// then.
+    pub busiest: Option<(&'static str, u64)>,
     pub others_since_ns: Option<u64>,
 }
 
@@ -207,8 +210,12 @@ impl Straggler {
             100.0 * self.others_waited_share
         );
         if let Some(before) = &self.before {
+            let busiest = match before.busiest {
+                Some((engine, ns)) => format!(" ({engine} busiest, {})", format_ns(ns)),
+                None => String::new(),
+            };
             text += &format!(
-                "; before it arrived, on median: {} since its previous collective, {} of it in its executions and {} outside them",
+                "; before it arrived, on median: {} since its previous collective, {} of it in its executions{busiest} and {} outside them",
                 format_ns(before.since_ns),
                 format_ns(before.executing_ns),
                 format_ns(before.since_ns.saturating_sub(before.executing_ns))
@@ -534,9 +541,16 @@ fn before_arrival(
     };
     let own = befores(members.get(&rank)?);
     let others: Vec<u64> = members.values().filter(|m| m.rank != rank).flat_map(befores).map(|b| b.since_ns).collect();
+    // The engine most often busiest, and its median time when it was.
+    let mut engines: BTreeMap<crate::Engine, Vec<u64>> = BTreeMap::new();
+    for (engine, ns) in own.iter().filter_map(|b| b.busiest) {
+        engines.entry(engine).or_default().push(ns);
+    }
+    let busiest = engines.into_iter().max_by_key(|(_, times)| times.len());
     Some(BeforeArrival {
         since_ns: median(own.iter().map(|b| b.since_ns).collect())?,
         executing_ns: median(own.iter().map(|b| b.executing_ns).collect())?,
+        busiest: busiest.and_then(|(engine, times)| Some((engine.name(), median(times)?))),
         others_since_ns: median(others),
     })
 }
@@ -797,16 +811,18 @@ mod tests {
         let mut records = four_processes(&arrivals(12, Some(2), 3 * MS));
         for member in records.iter_mut().flat_map(|r| r.communicators[0].members.iter_mut()) {
             let (since_ns, executing_ns) = if member.rank == 2 { (7 * MS, 6_500_000) } else { (2 * MS, MS) };
-            member.history.iter_mut().skip(1).for_each(|e| e.before = Some(Before { since_ns, executing_ns }));
+            let busiest = Some((crate::Engine::Pe, 5 * MS));
+            member.history.iter_mut().skip(1).for_each(|e| e.before = Some(Before { since_ns, executing_ns, busiest }));
         }
         let views = group_views(&records, &StragglerRule::default(), 0);
         let straggler = views[0].straggler.as_ref().expect("rank 2 named");
         let before = straggler.before.expect("what it did before");
         assert_eq!((before.since_ns, before.executing_ns, before.others_since_ns), (7 * MS, 6_500_000, Some(2 * MS)));
+        assert_eq!(before.busiest, Some(("PE", 5 * MS)));
         assert!(
             straggler.text.ends_with(
                 "; before it arrived, on median: 7.0 ms since its previous collective, 6.5 ms of it in its \
-                 executions and 500.0 µs outside them (the other ranks: 2.0 ms since theirs)"
+                 executions (PE busiest, 5.0 ms) and 500.0 µs outside them (the other ranks: 2.0 ms since theirs)"
             ),
             "{}",
             straggler.text

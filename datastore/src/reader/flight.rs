@@ -251,14 +251,14 @@ impl DatastoreReader {
         let r = &self.region;
         let at = self.layout.comm_entry(slot, rank, k);
         let tag = r.u64(at + comm::ENTRY_TAG).load(Ordering::Acquire);
-        let [arrived, departed, bytes, before] =
-            [comm::ENTRY_ARRIVED, comm::ENTRY_DEPARTED, comm::ENTRY_BYTES, comm::ENTRY_BEFORE]
+        let [arrived, departed, bytes, before, busiest] =
+            [comm::ENTRY_ARRIVED, comm::ENTRY_DEPARTED, comm::ENTRY_BYTES, comm::ENTRY_BEFORE, comm::ENTRY_BUSIEST]
                 .map(|field| r.u64(at + field).load(Ordering::Relaxed));
         fence(Ordering::Acquire);
         if r.u64(at + comm::ENTRY_TAG).load(Ordering::Relaxed) != tag {
             return None;
         }
-        CollectiveEntry::of_words([tag, arrived, departed, bytes, before])
+        CollectiveEntry::of_words([tag, arrived, departed, bytes, before, busiest])
     }
 }
 
@@ -279,7 +279,11 @@ mod tests {
             arrived_ns,
             departed_ns: Some(arrived_ns + 500),
             // At microsecond grain, as the record keeps it.
-            before: (sequence > 0).then_some(crate::flight::Before { since_ns: 7_000, executing_ns: 3_000 }),
+            before: (sequence > 0).then_some(crate::flight::Before {
+                since_ns: 7_000,
+                executing_ns: 3_000,
+                busiest: (sequence > 1).then_some((crate::Engine::Pe, 2_000)),
+            }),
         }
     }
 

@@ -42,7 +42,11 @@ pub(crate) struct Pace {
     counting_from: Option<u64>,
     /// Executing time since it left its previous collective, ns.
     executing_ns: u64,
+    /// Each engine's busy time since then, ns (`Engine` order).
+    engines_ns: [u64; ENGINES],
 }
+
+pub(crate) const ENGINES: usize = neuron_datastore::Engine::ALL.len();
 
 impl Pace {
     fn execution(&mut self, running: bool, now_ns: u64) {
@@ -53,19 +57,25 @@ impl Pace {
         self.counting_from = running.then_some(now_ns);
     }
 
-    /// At its arrival: (since its previous collective, of it executing), ns.
-    fn arrive(&mut self, now_ns: u64) -> Option<(u64, u64)> {
+    /// At its arrival: what it did since its previous collective.
+    fn arrive(&mut self, now_ns: u64) -> Option<Before> {
         if let Some(from) = self.counting_from.take() {
             self.executing_ns += now_ns.saturating_sub(from);
         }
         let executing = std::mem::take(&mut self.executing_ns);
+        let engines = std::mem::take(&mut self.engines_ns);
         let since = now_ns.saturating_sub(self.departed_ns?);
-        Some((since, executing.min(since)))
+        let busiest = (0..ENGINES)
+            .max_by_key(|&e| engines[e])
+            .filter(|&e| engines[e] > 0)
+            .and_then(|e| Some((neuron_datastore::Engine::from_repr(e as u8)?, engines[e])));
+        Some(Before { since_ns: since, executing_ns: executing.min(since), busiest })
     }
 
     fn depart(&mut self, now_ns: u64) {
         self.departed_ns = Some(now_ns);
         self.executing_ns = 0;
+        self.engines_ns = [0; ENGINES];
         self.counting_from = self.executing.then_some(now_ns);
     }
 }
@@ -153,6 +163,12 @@ impl Communicator {
         Arrival { rank, at_ns, uncertainty_ns, before }
     }
 
+    /// Adds each engine's busy time (ns, `Engine` order) of rank `rank`'s instructions
+    /// since the last call.
+    pub(crate) fn engines_busy(&self, rank: u32, engines_ns: &[u64; ENGINES]) {
+        self.pace(rank, |pace| pace.engines_ns.iter_mut().zip(engines_ns).for_each(|(total, ns)| *total += ns));
+    }
+
     /// Says that rank `rank` of this process begins (`true`) or ends an execution.
     pub(crate) fn executing(&self, rank: u32, running: bool) {
         let (now_ns, _) = self.root_now();
@@ -198,7 +214,7 @@ impl Communicator {
             bytes: done.bytes,
             arrived_ns: arrival.at_ns,
             departed_ns,
-            before: arrival.before.map(|(since_ns, executing_ns)| Before { since_ns, executing_ns }),
+            before: arrival.before,
         };
         if succeeded {
             store.record_collective(slot, rank, &entry(&done.arrived, Some(departed)));

@@ -48,7 +48,7 @@ use neuron_datastore::{EventIds, RingPos, Tracer};
 
 mod algorithms;
 pub(crate) mod buffers;
-mod flight;
+pub(crate) mod flight;
 mod meeting;
 mod remote;
 mod streaming;

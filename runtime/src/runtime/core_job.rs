@@ -1,6 +1,7 @@
 //! One execution on its core ([`CoreJob`]): its phases and their events, injected
 //! faults, collectives, and the DMA and instruction traces.
 
+use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -367,10 +368,22 @@ impl CoreJob<'_> {
         });
         // A `cc_` fault strikes the execution's first collective.
         let rank_fault = strikes.iter().find(|s| s.kind.is_rank_fault());
+        // For a rank: each engine's busy time (ticks) since its last collective, given
+        // to its pace before each collective and at the end (what it did before it
+        // arrived: `collectives/flight.rs`); a collective's own interval, reported once
+        // it is over, is not busy time.
+        let engine_ticks: [Cell<u64>; collectives::flight::ENGINES] = Default::default();
+        let collective_reported_next = Cell::new(false);
+        let give_engines = |communicator: &Communicator, rank: u32| {
+            let ns = std::array::from_fn(|e| tracer.ticks_to_ns(engine_ticks[e].take()));
+            communicator.engines_busy(rank, &ns);
+        };
         let mut run_collective = |index: u32, op: &CollectiveOp, operand: ValueRef<'_>, out: &ArrayType| {
             let Some((communicator, rank, unit, deadline)) = unit else {
                 unreachable!("a program with collectives is loaded with a communicator")
             };
+            give_engines(communicator, rank);
+            collective_reported_next.set(true);
             self.collective(
                 communicator,
                 rank,
@@ -406,6 +419,12 @@ impl CoreJob<'_> {
                 if let Some(at) = at_instruction {
                     at.store(hlo_at(k + 1), Ordering::Relaxed);
                 }
+                if m.rank.is_some()
+                    && !collective_reported_next.replace(false)
+                    && let Some(busy) = m.instructions.get(k).and_then(|i| engine_ticks.get(usize::from(i.engine)))
+                {
+                    busy.set(busy.get() + end.saturating_sub(start));
+                }
                 executed += 1;
                 flops += m.instructions.get(k).map_or(0, |i| i.flops);
                 if device {
@@ -426,6 +445,7 @@ impl CoreJob<'_> {
                 m.executable.run(values, destinations, deadline_ticks, self.pool, &mut run_collective, &mut observe)
             });
             if let Some((communicator, rank)) = &m.rank {
+                give_engines(communicator, *rank);
                 communicator.executing(*rank, false);
             }
             results

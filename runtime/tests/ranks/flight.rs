@@ -46,6 +46,11 @@ fn each_process_records_its_groups_whole_table_and_names_a_late_rank() {
         assert_eq!((straggler.rank, straggler.of), (2, 8));
         assert!(straggler.last_in >= 7, "{straggler:?}");
         assert!(straggler.median_lateness_ns >= 20_000_000, "{straggler:?}");
+        // Its 20 ms are spent inside its execution, before it arrives; the others
+        // arrive soon after their previous collective (which waited for rank 2).
+        let before = straggler.before.expect("what it did before it arrived");
+        assert!(before.since_ns >= 20_000_000 && before.executing_ns >= 20_000_000, "{before:?}");
+        assert!(before.others_since_ns.is_some_and(|o| o < before.since_ns), "{before:?}");
         assert_eq!(view.hang, None);
     }
     // All four together: the same view, each rank's own row from its own process.
@@ -133,4 +138,42 @@ fn a_rank_whose_process_goes_away_is_named_gone() {
     let hang = view.hang.as_ref().expect("a diagnosis");
     assert_eq!((hang.class, hang.awaited.as_slice()), (HangClass::Gone, &[1][..]), "{}", hang.text);
     assert!(hang.text.contains("the process is gone of rank 1 (pid"), "{}", hang.text);
+}
+
+#[test]
+fn what_a_rank_did_before_it_arrived_travels_with_its_arrival() {
+    use neuron_runtime::{Model, Neff, Target, compile_hlo};
+    let job = job(2, 1, Duration::from_secs(20));
+    // An exponential (the activation engine) before each all-reduce.
+    let hlo = "HloModule busy\nsum {\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}\n\
+               ENTRY e {\n  x = f32[65536]{0} parameter(0)\n  y = f32[65536]{0} exponential(x)\n  \
+               ROOT r = f32[65536]{0} all-reduce(y), replica_groups={}, to_apply=sum\n}\n";
+    let neff = Neff::new("busy", compile_hlo(hlo, Target::Trn1).expect("compiles")).encode();
+    let models: Vec<Model> = (0..2)
+        .map(|rank| job[rank].runtime.load_collectives_across(&neff, 0, rank as u32, 2).expect("loads"))
+        .collect();
+    std::thread::scope(|scope| {
+        for (fixture, model) in job.iter().zip(&models) {
+            scope.spawn(move || {
+                for _ in 0..6 {
+                    common::execute_f32(&fixture.runtime, model, &vec![0.5; 65536]).expect("executes");
+                }
+            });
+        }
+    });
+    // Read in rank 0's process only: rank 1's arrivals brought what it did too.
+    let reader = DatastoreReader::open(&job[0].runtime.datastore_path().expect("path")).expect("opens");
+    let records = RuntimeRecords::read(&reader, reader.liveness());
+    let comm = records.communicators.iter().find(|c| c.name == "busy").expect("the communicator");
+    assert_eq!(comm.members.len(), 2);
+    for member in &comm.members {
+        let befores: Vec<_> = member.history.iter().filter_map(|e| e.before).collect();
+        assert_eq!(befores.len(), 5, "all but its first collective: {:?}", member.history);
+        for before in befores {
+            assert!(before.executing_ns <= before.since_ns, "{before:?}");
+            let (engine, busy_ns) = before.busiest.expect("an engine was busy");
+            assert_eq!(engine, neuron_datastore::Engine::Act, "{before:?}");
+            assert!(busy_ns > 0 && busy_ns <= before.executing_ns + 1_000, "{before:?}");
+        }
+    }
 }

@@ -109,9 +109,9 @@ pub(crate) struct Arrival {
     pub(crate) at_ns: u64,
     /// The most the rank's process's clock may be off the root's.
     pub(crate) uncertainty_ns: u64,
-    /// Its time from its previous collective's end to this arrival, and how much of it
-    /// was inside its executions, ns (`None` at its first collective).
-    pub(crate) before: Option<(u64, u64)>,
+    /// What it did from its previous collective's end to this arrival (`None` at its
+    /// first collective).
+    pub(crate) before: Option<neuron_datastore::flight::Before>,
 }
 
 /// Where a message goes: communicator, unit, operation within the unit, step of the
@@ -188,7 +188,16 @@ mod tests {
             key: Key { comm: 7, unit: 3, index: 1, step: 2, from: 0, to: 5 },
             stamp: Stamp {
                 signature: "AllReduce(Add) of f32".into(),
-                arrivals: vec![Arrival { rank: 5, at_ns: 1 << 40, uncertainty_ns: 12, before: Some((900, 800)) }],
+                arrivals: vec![Arrival {
+                    rank: 5,
+                    at_ns: 1 << 40,
+                    uncertainty_ns: 12,
+                    before: Some(neuron_datastore::flight::Before {
+                        since_ns: 900,
+                        executing_ns: 800,
+                        busiest: Some((neuron_datastore::Engine::Pe, 700)),
+                    }),
+                }],
             },
             body: Body::Data { len: 1 << 20 },
         };
