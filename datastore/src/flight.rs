@@ -163,13 +163,45 @@ impl CollectiveEntry {
 
 /// What a rank's process last said it was doing (its heartbeat to the job's other
 /// processes, about once a second), as the process recording it heard.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Heard {
-    /// When the process said it, root clock ns.
+    /// When rank 0's process heard it, root clock ns.
     pub at_ns: u64,
-    /// `executing `train_step` at `dot.12``, `in no execution (…)`, … (empty when the
-    /// string table was full).
-    pub doing: String,
+    /// The first model it was executing, and the HLO instruction that execution was
+    /// at, when known (`None`: it was in no execution).
+    pub executing: Option<(String, Option<String>)>,
+    /// How many models it was executing.
+    pub models: u32,
+}
+
+impl Heard {
+    /// What a process executing `executing` (each model's name and instruction) said
+    /// at `at_ns`.
+    pub fn of(at_ns: u64, executing: &[(String, Option<String>)]) -> Heard {
+        Heard { at_ns, executing: executing.first().cloned(), models: executing.len() as u32 }
+    }
+
+    /// `executing `train_step` at `dot.12``, `executing `a` and 1 more model`, or `in no
+    /// execution (in the program, between runtime calls)`.
+    pub fn doing(&self) -> String {
+        match &self.executing {
+            None => "in no execution (in the program, between runtime calls)".to_owned(),
+            Some((model, at)) => {
+                let at = at.as_ref().map_or_else(String::new, |at| format!(" at `{at}`"));
+                let more = match self.models.saturating_sub(1) {
+                    0 => String::new(),
+                    1 => " and 1 more model".to_owned(),
+                    n => format!(" and {n} more models"),
+                };
+                format!("executing `{model}`{at}{more}")
+            }
+        }
+    }
+
+    /// `last seen executing `train_step` at `dot.12` 1.2 s ago`, at root clock `now_ns`.
+    pub fn describe(&self, now_ns: u64) -> String {
+        format!("last seen {} {} ago", self.doing(), crate::ranks::format_ns(now_ns.saturating_sub(self.at_ns)))
+    }
 }
 
 /// Which of a rank's sequence words a call moves.
@@ -294,12 +326,20 @@ impl DatastoreWriter {
         self.region.u64(row + comm::ROW_WAITING_SINCE).store(since, Ordering::Release);
     }
 
-    /// Records what the process of rank `rank` (another process) said it was doing at
-    /// `at_ns` (root clock).
-    pub fn set_rank_heard(&self, slot: CommSlot, rank: u32, at_ns: u64, doing: &str) {
+    /// Records what the process of rank `rank` (another process) said it was doing, as
+    /// rank 0's process heard it at `heard.at_ns` (root clock). Its model's and
+    /// instruction's names are interned (names the job's processes share), never the
+    /// sentence.
+    pub fn set_rank_heard(&self, slot: CommSlot, rank: u32, heard: &Heard) {
         let Some(row) = self.comm_row(slot, rank) else { return };
-        self.region.u64(row + comm::ROW_DOING).store(u64::from(self.intern(doing)), Ordering::Relaxed);
-        self.region.u64(row + comm::ROW_HEARD_AT).store(at_ns.max(1), Ordering::Release);
+        let (model, at) = match &heard.executing {
+            Some((model, at)) => (self.intern(model), at.as_deref().map_or(0, |at| self.intern(at))),
+            None => (0, 0),
+        };
+        let doing = (u64::from(heard.models.min(0xffff)) + 1) << 32 | u64::from(model);
+        self.region.u64(row + comm::ROW_DOING).store(doing, Ordering::Relaxed);
+        self.region.u64(row + comm::ROW_DOING_AT).store(u64::from(at), Ordering::Relaxed);
+        self.region.u64(row + comm::ROW_HEARD_AT).store(heard.at_ns.max(1), Ordering::Release);
     }
 
     /// Says how far rank `rank`'s clock may be off the root's (its process's

@@ -164,9 +164,11 @@ impl ProcessCpu {
 
     /// Seconds between `earlier`'s reading and this one, when both say when they were
     /// read (CPU times read a little apart from the rest of a sample are divided by
-    /// their own interval).
+    /// their own interval); `Some(0.0)` for the same reading again (the runtime reads
+    /// its own every 250 ms: a tool looking more often can meet one twice, and has no
+    /// new figure then, rather than a zero).
     pub fn seconds_since(&self, earlier: &ProcessCpu) -> Option<f64> {
-        (earlier.at_ns > 0 && self.at_ns > earlier.at_ns).then(|| (self.at_ns - earlier.at_ns) as f64 / 1e9)
+        (earlier.at_ns > 0 && self.at_ns >= earlier.at_ns).then(|| (self.at_ns - earlier.at_ns) as f64 / 1e9)
     }
 
     /// Parses `/proc/PID/stat`: utime and stime are fields 14 and 15, counted after the

@@ -242,11 +242,13 @@ pub(crate) mod comm {
     /// The operation of the collective it started last, + 1 (0: none).
     pub(crate) const ROW_OPERATION: u64 = 72;
     /// For a rank of another process: when its process last said what it is doing
-    /// (root clock ns; 0: never heard here), and what (a string id, `u32`; 0: not
-    /// stored). Written by the thread that hears the job's processes, the heard time
-    /// last.
+    /// (root clock ns; 0: never heard here), and what: the number of models it was
+    /// executing + 1 (bits 32–47) and the first one's name (a string id, bits 0–31),
+    /// then the HLO instruction that execution was at (a string id; 0: none). Written
+    /// by the thread that hears the job's processes, the heard time last.
     pub(crate) const ROW_HEARD_AT: u64 = 80;
     pub(crate) const ROW_DOING: u64 = 88;
+    pub(crate) const ROW_DOING_AT: u64 = 96;
     pub(crate) const ROW_KNOWN: u32 = 1;
     pub(crate) const ROW_IN_THIS_PROCESS: u32 = 2;
     pub(crate) const ROW_GONE: u32 = 4;

@@ -96,6 +96,9 @@ pub struct DatastoreWriter {
     /// Which communicator slots are taken (`flight.rs`).
     pub(crate) comm_slots: Mutex<Vec<bool>>,
     removed: std::sync::atomic::AtomicBool,
+    /// Held while the heartbeat's seqlocks are written: the heartbeat thread and a
+    /// closing runtime may beat at once.
+    beating: Mutex<()>,
     /// The file is on tmpfs (see [`DatastoreWriter::prefault_chunks`]).
     in_memory: bool,
 }
@@ -175,6 +178,7 @@ impl DatastoreWriter {
             model_slots: Mutex::new(vec![None; params.model_slots as usize]),
             comm_slots: Mutex::new(vec![false; layout::COMM_SLOTS as usize]),
             removed: std::sync::atomic::AtomicBool::new(false),
+            beating: Mutex::new(()),
             in_memory: directory::in_memory(&params.dir),
             path: path.clone(),
         };
@@ -461,6 +465,7 @@ impl DatastoreWriter {
 
     /// Marks the writer alive now, and refreshes the tick calibration.
     pub fn heartbeat(&self) {
+        let _beating = self.beating.lock().unwrap_or_else(|e| e.into_inner());
         let point = CalibrationPoint::now();
         let r = &self.region;
         let seq = r.u64(header::CALIBRATION_SEQ);

@@ -142,17 +142,26 @@ pub fn runtime_group(
             let models: Vec<Value> = later.models.iter().map(|m| loaded_model(m, cores_per_device)).collect();
             out.insert("loaded_models".into(), Value::Array(models));
         }
-        RuntimeGroup::NeuronRuntimeVcpuUsage => match (&earlier.cpu, &later.cpu) {
-            (Some(before), Some(now)) => {
-                let ticks = now.seconds_since(before).unwrap_or(seconds) * clock.ticks_per_second as f64;
-                let (user, system) = now.usage_since(before, ticks, clock.cpus);
-                out.insert("vcpu_usage".into(), json!({"user": user, "system": system}));
+        RuntimeGroup::NeuronRuntimeVcpuUsage => {
+            match (&earlier.cpu, &later.cpu) {
+                (Some(before), Some(now)) if now.seconds_since(before) == Some(0.0) => {
+                    out.insert("vcpu_usage".into(), json!({"user": 0.0, "system": 0.0}));
+                    out.insert(
+                    "error".into(),
+                    json!("no new reading of the process's CPU time in this period (the runtime reads it every 250 ms)"),
+                );
+                }
+                (Some(before), Some(now)) => {
+                    let ticks = now.seconds_since(before).unwrap_or(seconds) * clock.ticks_per_second as f64;
+                    let (user, system) = now.usage_since(before, ticks, clock.cpus);
+                    out.insert("vcpu_usage".into(), json!({"user": user, "system": system}));
+                }
+                _ => {
+                    out.insert("vcpu_usage".into(), json!({"user": 0.0, "system": 0.0}));
+                    out.insert("error".into(), json!("the process's CPU time could not be read"));
+                }
             }
-            _ => {
-                out.insert("vcpu_usage".into(), json!({"user": 0.0, "system": 0.0}));
-                out.insert("error".into(), json!("the process's CPU time could not be read"));
-            }
-        },
+        }
     }
     Value::Object(out)
 }

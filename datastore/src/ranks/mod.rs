@@ -186,8 +186,9 @@ pub struct Straggler {
 
 /// A straggler's time before its arrivals, medians over the collectives it is named
 /// on: from its previous collective's end to its arrival, and the part of that inside
-/// its executions (the rest is its program's host time: between executions, runtime
-/// calls, inputs); beside the same time of the other ranks.
+/// executions of the program that holds its collectives (the rest is host time:
+/// between executions, runtime calls, inputs, and executions of its other models);
+/// beside the same time of the other ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct BeforeArrival {
     pub since_ns: u64,
@@ -215,7 +216,7 @@ impl Straggler {
                 None => String::new(),
             };
             text += &format!(
-                "; before it arrived, on median: {} since its previous collective, {} of it in its executions{busiest} and {} outside them",
+                "; before it arrived, on median: {} since its previous collective, {} of it executing its program{busiest} and {} not",
                 format_ns(before.since_ns),
                 format_ns(before.executing_ns),
                 format_ns(before.since_ns.saturating_sub(before.executing_ns))
@@ -669,8 +670,8 @@ fn doing_now(
     if let Some(activity) = activities.get(&m.pid).filter(|_| m.in_this_process) {
         return Some(activity.describe());
     }
-    if let Some(heard) = m.heard.as_ref().filter(|h| !h.doing.is_empty()) {
-        return Some(format!("last seen {} {} ago", heard.doing, format_ns(now_ns.saturating_sub(heard.at_ns))));
+    if let Some(heard) = &m.heard {
+        return Some(heard.describe(now_ns));
     }
     if !with_arrivals {
         return None;
@@ -821,8 +822,8 @@ mod tests {
         assert_eq!(before.busiest, Some(("PE", 5 * MS)));
         assert!(
             straggler.text.ends_with(
-                "; before it arrived, on median: 7.0 ms since its previous collective, 6.5 ms of it in its \
-                 executions (PE busiest, 5.0 ms) and 500.0 µs outside them (the other ranks: 2.0 ms since theirs)"
+                "; before it arrived, on median: 7.0 ms since its previous collective, 6.5 ms of it executing \
+                 its program (PE busiest, 5.0 ms) and 500.0 µs not (the other ranks: 2.0 ms since theirs)"
             ),
             "{}",
             straggler.text
@@ -931,10 +932,10 @@ mod tests {
         );
         // Its process's heartbeat came through the root: what it said, and when; the
         // latest of what the processes read heard wins.
-        let said = |at_ns: u64, doing: &str| Some(crate::flight::Heard { at_ns, doing: doing.into() });
         let mut elsewhere = elsewhere;
-        elsewhere[0].communicators[0].members[3].heard = said(4_900 * MS, "executing `train_step` at `dot.12`");
-        elsewhere[1].communicators[0].members[3].heard = said(4_100 * MS, "in no execution");
+        let step = [("train_step".to_owned(), Some("dot.12".to_owned()))];
+        elsewhere[0].communicators[0].members[3].heard = Some(crate::flight::Heard::of(4_900 * MS, &step));
+        elsewhere[1].communicators[0].members[3].heard = Some(crate::flight::Heard::of(4_100 * MS, &[]));
         let views = group_views(&elsewhere, &StragglerRule::default(), 5_100 * MS);
         let text = &views[0].hang.as_ref().expect("a hang").text;
         assert!(

@@ -206,8 +206,12 @@ impl DatastoreReader {
         let peer = r.u64(row + comm::ROW_WAITING_FOR).load(Ordering::Relaxed);
         let heard_at = r.u64(row + comm::ROW_HEARD_AT).load(Ordering::Acquire);
         let heard = (heard_at != 0).then(|| {
-            let doing = r.u64(row + comm::ROW_DOING).load(Ordering::Relaxed) as u32;
-            Heard { at_ns: heard_at, doing: self.strings.get(r, doing).unwrap_or_default() }
+            let doing = r.u64(row + comm::ROW_DOING).load(Ordering::Relaxed);
+            let at = r.u64(row + comm::ROW_DOING_AT).load(Ordering::Relaxed) as u32;
+            let models = ((doing >> 32) as u32).saturating_sub(1);
+            let name = |id: u32| (id != 0).then(|| self.strings.get(r, id)).flatten();
+            let executing = (models > 0).then(|| (name(doing as u32).unwrap_or_default(), name(at)));
+            Heard { at_ns: heard_at, executing, models }
         });
         let core = r.u32(row + comm::ROW_CORE).load(Ordering::Relaxed);
         let host_id = r.u32(row + comm::ROW_HOST).load(Ordering::Relaxed);
@@ -309,7 +313,8 @@ mod tests {
         // Rank 2 is another process's: only what its process said is known.
         let elsewhere = RankMember { pid: 43, host: "h2".into(), core: None, in_this_process: false };
         writer.set_rank_member(slot, 2, &elsewhere);
-        writer.set_rank_heard(slot, 2, 9_000, "executing `step` at `dot.3`");
+        let said = crate::flight::Heard::of(9_000, &[("step".into(), Some("dot.3".into())), ("eval".into(), None)]);
+        writer.set_rank_heard(slot, 2, &said);
 
         let comms = reader.communicators();
         assert_eq!(comms.len(), 1);
@@ -317,7 +322,8 @@ mod tests {
         assert_eq!((comm.id, comm.name.as_str(), comm.ranks, comm.across), (7, "grads", 4, true));
         assert_eq!(comm.members.len(), 2, "only ranks 1 and 2 were written");
         let heard = comm.members[1].heard.as_ref().expect("heard");
-        assert_eq!((heard.at_ns, heard.doing.as_str()), (9_000, "executing `step` at `dot.3`"));
+        assert_eq!(heard, &said);
+        assert_eq!(heard.doing(), "executing `step` at `dot.3` and 1 more model");
         let rank = &comm.members[0];
         assert_eq!(rank.heard, None);
         assert_eq!((rank.rank, rank.pid, rank.host.as_str(), rank.core), (1, 42, "h1", Some(3)));

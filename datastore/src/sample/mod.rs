@@ -39,6 +39,8 @@ struct Seen {
     /// The models at the previous look, by id.
     previous_models: BTreeMap<u32, crate::ModelInfo>,
     cpu: Option<ProcessCpu>,
+    /// Its CPU share as last measured (shown again while its reading is the same).
+    vcpu: Option<CpuShare>,
     history: BTreeMap<u32, CoreHistory>,
     /// PE's defined peak of one of its cores, in FLOP/s (see [`crate::peaks`]).
     peak_flops_per_core: Option<f64>,
@@ -121,6 +123,7 @@ impl Collector {
                 previous: reader.snapshot(),
                 previous_models: BTreeMap::new(),
                 cpu: ProcessCpu::read(info.pid).ok(),
+                vcpu: None,
                 history: BTreeMap::new(),
                 peak_flops_per_core: (info.host_threads > 0)
                     .then(crate::peaks::HostVector::detect)
@@ -231,16 +234,22 @@ fn runtime(
         s.rings.iter().map(|r| if dropped { r.dropped } else { r.produced }).sum()
     };
     let vcpu = match (&f.cpu, &cpu_now) {
-        (Some(before), Some(now)) if measured => {
-            let seconds = now.seconds_since(before).unwrap_or(delta.seconds);
-            let (user, system) = now.usage_since(before, seconds * ticks_per_second as f64, cpus);
-            Some(CpuShare { user, system })
-        }
+        (Some(before), Some(now)) if measured => match now.seconds_since(before) {
+            // The same reading as the last look's: the figure measured last.
+            Some(seconds) if seconds <= 0.0 => f.vcpu,
+            seconds => {
+                let seconds = seconds.unwrap_or(delta.seconds);
+                let (user, system) = now.usage_since(before, seconds * ticks_per_second as f64, cpus);
+                Some(CpuShare { user, system })
+            }
+        },
         _ => None,
     };
-    if cpu_now.is_some() {
+    // A new reading becomes the next look's baseline.
+    if cpu_now.is_some_and(|now| f.cpu.is_none_or(|before| now.at_ns != before.at_ns || now.at_ns == 0)) {
         f.cpu = cpu_now;
     }
+    f.vcpu = vcpu;
     Runtime {
         pid,
         tag: f.tag.clone(),

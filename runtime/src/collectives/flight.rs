@@ -130,10 +130,10 @@ impl Communicator {
     }
 
     /// Records what the process of the ranks `ranks` (another process) said it was
-    /// doing at `at_ns` (root clock).
-    pub(super) fn record_said(&self, ranks: impl IntoIterator<Item = u32>, at_ns: u64, doing: &str) {
+    /// doing.
+    pub(super) fn record_said(&self, ranks: impl IntoIterator<Item = u32>, heard: &neuron_datastore::flight::Heard) {
         if let Some(slot) = self.inner.record {
-            ranks.into_iter().for_each(|rank| self.inner.tracer.store().set_rank_heard(slot, rank, at_ns, doing));
+            ranks.into_iter().for_each(|rank| self.inner.tracer.store().set_rank_heard(slot, rank, heard));
         }
     }
 

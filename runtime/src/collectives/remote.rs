@@ -162,12 +162,12 @@ impl Communicator {
     }
 
     /// Records, for each rank of process `process` (of the job), what that process said
-    /// it was doing at `at_ns` (root clock), once the roster says which ranks it holds.
-    pub(crate) fn record_heard(&self, process: u32, at_ns: u64, doing: &str) {
+    /// it was doing, once the roster says which ranks it holds.
+    pub(crate) fn record_heard(&self, process: u32, heard: &neuron_datastore::flight::Heard) {
         let Some(membership) = &self.inner.membership else { return };
         let Some(roster) = membership.world.known_roster(membership.comm) else { return };
         let ranks = (0..roster.rank_process.len() as u32).filter(|&r| roster.rank_process[r as usize] == process);
-        self.record_said(ranks, at_ns, doing);
+        self.record_said(ranks, heard);
     }
 
     /// How many communicators of the same key this process built before this one.

@@ -130,13 +130,13 @@ impl Runtime {
                 // every second; what each of them says goes in the flight record of its
                 // ranks, for the tools of this host.
                 let tracer = Arc::clone(&running.tracer);
-                let doing = Box::new(move || tracer.store().activity().describe());
+                let doing = Box::new(move || tracer.store().activity().executing);
                 // Held weakly: the communicators hold the world, which holds this.
                 let across = Arc::downgrade(&running.across);
-                let on_heard = Box::new(move |process: u32, at_ns: u64, doing: &str| {
+                let on_heard = Box::new(move |process: u32, heard: &neuron_datastore::flight::Heard| {
                     let Some(across) = across.upgrade() else { return };
                     let communicators: Vec<Communicator> = lock(&across).values().cloned().collect();
-                    communicators.iter().for_each(|c| c.record_heard(process, at_ns, doing));
+                    communicators.iter().for_each(|c| c.record_heard(process, heard));
                 });
                 let world = Arc::new(World::start(root, timeout, Hooks { on_clock, doing, on_heard })?);
                 Ok(Arc::clone(running.world.get_or_init(|| world)))

@@ -38,6 +38,7 @@ use crate::launch::RootComm;
 use crate::shared_memory::SharedPlace;
 use clock::{ClockOffset, Probe};
 use link::{LinkOut, accept_links, open_link};
+use neuron_datastore::flight::Heard;
 pub(crate) use outbox::Message;
 use outbox::Outbox;
 use shm::Segment;
@@ -99,15 +100,19 @@ pub(crate) struct Hooks {
     /// Told each new measure of this process's clock against the root's (the runtime
     /// records it in the trace).
     pub(crate) on_clock: Box<dyn Fn(ClockOffset) + Send + Sync>,
-    /// Asked, every [`HEARTBEAT`], what this process is doing, to tell the others.
-    pub(crate) doing: Box<dyn Fn() -> String + Send + Sync>,
-    /// Told, every [`HEARTBEAT`], what another process said it was doing and when
-    /// (root clock ns): `(process, at_ns, doing)`.
+    /// Asked, every [`HEARTBEAT`], what this process is doing (the models it is
+    /// executing, each with its instruction), to tell the others.
+    pub(crate) doing: Box<DoingHook>,
+    /// Told, every [`HEARTBEAT`], what another process said it was doing, dated by
+    /// the root: `(process, heard)`.
     pub(crate) on_heard: Box<HeardHook>,
 }
 
 /// See [`Hooks::on_heard`].
-pub(crate) type HeardHook = dyn Fn(u32, u64, &str) + Send + Sync;
+pub(crate) type HeardHook = dyn Fn(u32, &Heard) + Send + Sync;
+
+/// See [`Hooks::doing`].
+pub(crate) type DoingHook = dyn Fn() -> Vec<(String, Option<String>)> + Send + Sync;
 
 impl std::fmt::Debug for Hooks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -138,8 +143,8 @@ struct State {
     clock_echoes: Vec<Probe>,
     /// The latest measure of this process's clock against the root's.
     clock: Option<ClockOffset>,
-    /// What each other process said it was doing last, and when (root clock ns).
-    heard: HashMap<u32, (u64, String)>,
+    /// What each other process said it was doing last.
+    heard: HashMap<u32, Heard>,
 }
 
 /// The ranks of a communicator: each one's process, and the processes.
@@ -309,9 +314,7 @@ impl World {
     /// `process` said it was doing last, or nothing when it has said nothing here.
     pub(crate) fn last_seen(&self, process: u32) -> String {
         let state = lock(&self.shared.state);
-        let Some((at_ns, doing)) = state.heard.get(&process) else { return String::new() };
-        let (now, _) = self.root_now();
-        format!(", last seen {doing} {} ago", neuron_datastore::ranks::format_ns(now.saturating_sub(*at_ns)))
+        state.heard.get(&process).map_or_else(String::new, |heard| format!(", {}", heard.describe(self.root_now().0)))
     }
 
     /// The roster of `comm`, if the root has sent it.
@@ -666,7 +669,8 @@ fn probe_clock(shared: &Shared) {
             }
             next_probe = Instant::now() + clock::PERIOD;
         }
-        let status = Control::Status { at_ns: root_now(shared).0, doing: (shared.hooks.doing)() };
+        // Dated by the root on arrival, on the job's one clock.
+        let status = Control::Status(Heard::of(0, &(shared.hooks.doing)()));
         {
             let mut control = lock(&shared.control);
             let Some(writer) = control.as_mut() else { return };
@@ -789,14 +793,14 @@ fn on_control(shared: &Arc<Shared>, message: Control) {
         Control::Gone { .. } => {}
         Control::Statuses(said) => {
             let me = state.process;
-            let heard: Vec<_> = said.into_iter().filter(|s| Some(s.process) != me).collect();
-            for s in &heard {
-                state.heard.insert(s.process, (s.at_ns, s.doing.clone()));
+            let heard: Vec<(u32, Heard)> = said.into_iter().filter(|(process, _)| Some(*process) != me).collect();
+            for (process, said) in &heard {
+                state.heard.insert(*process, said.clone());
             }
             // Nobody waits on this: no wake-up, and the runtime is told without the lock.
             drop(state);
-            for s in &heard {
-                (shared.hooks.on_heard)(s.process, s.at_ns, &s.doing);
+            for (process, said) in &heard {
+                (shared.hooks.on_heard)(*process, said);
             }
             return;
         }

@@ -20,7 +20,8 @@ use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use super::wire::{self, Control, Peer, Said};
+use super::wire::{self, Control, Peer};
+use neuron_datastore::flight::Heard;
 
 /// The root's listener; dropping it stops accepting and closes every connection.
 #[derive(Debug)]
@@ -42,8 +43,8 @@ struct State {
 #[derive(Debug)]
 struct Process {
     peer: Option<Peer>,
-    /// What it said it was doing last, and when (root clock ns).
-    said: Option<(u64, String)>,
+    /// What it said it was doing last, dated when it arrived here.
+    said: Option<Heard>,
     writer: Option<BufWriter<TcpStream>>,
     stream: TcpStream,
 }
@@ -61,18 +62,18 @@ impl Server {
     pub(crate) fn start(addr: SocketAddr) -> io::Result<Server> {
         let listener = TcpListener::bind(addr)?;
         let state = Arc::new(Mutex::new(State::default()));
-        let accepting = {
-            let (listener, state) = (listener.try_clone()?, Arc::clone(&state));
-            std::thread::Builder::new().name("nrt-root".into()).spawn(move || accept(listener, state))?
-        };
-        let relaying = {
-            let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
-            let state = Arc::clone(&state);
-            let thread =
-                std::thread::Builder::new().name("nrt-root-status".into()).spawn(move || relay(&state, &stopped))?;
-            (stop, thread)
-        };
-        Ok(Server { listener, state, accepting: Some(accepting), relaying: Some(relaying) })
+        let mut server = Server { listener: listener.try_clone()?, state, accepting: None, relaying: None };
+        // Each thread is in the server as soon as it runs: a failure to start the next
+        // stops it (the server's drop).
+        let state = Arc::clone(&server.state);
+        server.accepting =
+            Some(std::thread::Builder::new().name("nrt-root".into()).spawn(move || accept(listener, state))?);
+        let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
+        let state = Arc::clone(&server.state);
+        let thread =
+            std::thread::Builder::new().name("nrt-root-status".into()).spawn(move || relay(&state, &stopped))?;
+        server.relaying = Some((stop, thread));
+        Ok(server)
     }
 }
 
@@ -81,18 +82,20 @@ impl Server {
 fn relay(state: &Mutex<State>, stopped: &crossbeam_channel::Receiver<()>) {
     while let Err(crossbeam_channel::RecvTimeoutError::Timeout) = stopped.recv_timeout(super::HEARTBEAT) {
         let mut state = lock(state);
-        let said: Vec<Said> = (state.processes.iter().enumerate())
-            .filter_map(|(process, p)| {
-                let (at_ns, doing) = p.said.clone()?;
-                Some(Said { process: process as u32, at_ns, doing })
-            })
+        let said: Vec<(u32, Heard)> = (state.processes.iter().enumerate())
+            .filter_map(|(process, p)| Some((process as u32, p.said.clone()?)))
             .collect();
         if said.is_empty() {
             continue;
         }
-        let message = Control::Statuses(said);
-        for process in 0..state.processes.len() as u32 {
-            send(&mut state, process, &message);
+        // One frame, written to every process.
+        let Ok(frame) = wire::frame(&Control::Statuses(said)) else { continue };
+        for process in &mut state.processes {
+            if let Some(writer) = process.writer.as_mut()
+                && (writer.write_all(&frame).is_err() || writer.flush().is_err())
+            {
+                process.writer = None;
+            }
         }
     }
 }
@@ -181,7 +184,7 @@ fn handle(state: &Mutex<State>, index: u32, message: Control) {
             send(&mut state, index, &Control::Welcome { process: index });
         }
         Control::Join { comm, name, count, rank } => join(&mut state, index, comm, name, count, rank),
-        Control::Status { at_ns, doing } => state.processes[index as usize].said = Some((at_ns, doing)),
+        Control::Status(heard) => state.processes[index as usize].said = Some(Heard { at_ns: received, ..heard }),
         // Only the root sends the others.
         _ => {}
     }

@@ -13,13 +13,14 @@ use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use super::outbox::Place;
 use crate::shared_memory::SharedPlace;
+use neuron_datastore::flight::Heard;
 
 /// A header longer than this is not ours: the stream is closed rather than trusted.
 const MAX_HEADER_BYTES: u32 = 1 << 20;
 
 /// First bytes of every stream, so that a stray client is told apart from a process
 /// of the job (and two builds of different protocol versions refuse each other).
-pub(crate) const GREETING: [u8; 8] = *b"NVRANKS6";
+pub(crate) const GREETING: [u8; 8] = *b"NVRANKS7";
 
 /// A process of the job as the others name it in messages.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -59,20 +60,13 @@ pub(crate) enum Control {
     /// Root → process: the probe sent at `sent`, received and answered at `received`
     /// and `replied` (the root's clock).
     ClockEcho { sent: u64, received: u64, replied: u64 },
-    /// Process → root, every [`super::HEARTBEAT`]: what it is doing (`executing
-    /// `train_step` at `dot.12``), said at `at_ns` (the root's clock as the process
-    /// measured it).
-    Status { at_ns: u64, doing: String },
-    /// Root → every process, every [`super::HEARTBEAT`]: what each process said last.
-    Statuses(Vec<Said>),
-}
-
-/// What one process of the job said last (see [`Control::Status`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Said {
-    pub(crate) process: u32,
-    pub(crate) at_ns: u64,
-    pub(crate) doing: String,
+    /// Process → root, every [`super::HEARTBEAT`]: what it is doing, as its models
+    /// table says (the root dates it on arrival, on the job's one clock; see
+    /// [`Heard::of`]).
+    Status(Heard),
+    /// Root → every process, every [`super::HEARTBEAT`]: what each process said last,
+    /// by process.
+    Statuses(Vec<(u32, Heard)>),
 }
 
 /// The header of one message on a data link.
@@ -141,12 +135,20 @@ pub(crate) enum Body {
 
 /// Writes one header (and no payload).
 pub(crate) fn write_header<T: Serialize>(out: &mut impl Write, header: &T) -> io::Result<()> {
+    out.write_all(&frame(header)?)
+}
+
+/// One header as framed on a stream (to write the same to several).
+pub(crate) fn frame<T: Serialize>(header: &T) -> io::Result<Vec<u8>> {
     let bytes = postcard::to_stdvec(header).map_err(io::Error::other)?;
     let len = u32::try_from(bytes.len()).map_err(io::Error::other)?;
+    if len > MAX_HEADER_BYTES {
+        return Err(io::Error::other(format!("a {len}-byte header is longer than a reader takes")));
+    }
     let mut frame = Vec::with_capacity(4 + bytes.len());
     frame.extend_from_slice(&len.to_le_bytes());
     frame.extend_from_slice(&bytes);
-    out.write_all(&frame)
+    Ok(frame)
 }
 
 /// Reads one header; `Ok(None)` at a clean end of stream.
@@ -201,7 +203,7 @@ mod tests {
             },
             body: Body::Data { len: 1 << 20 },
         };
-        let control = Control::Statuses(vec![Said { process: 3, at_ns: 5 << 30, doing: "executing `step`".into() }]);
+        let control = Control::Statuses(vec![(3, Heard::of(5 << 30, &[("step".into(), Some("dot.3".into()))]))]);
         let mut stream = Vec::new();
         write_header(&mut stream, &envelope).expect("in memory");
         write_header(&mut stream, &control).expect("in memory");
