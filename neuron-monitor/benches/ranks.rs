@@ -6,7 +6,9 @@
 //!
 //! - `neuron-monitor` with every group, the `collectives` group of the 32 ranks among
 //!   them, its `/metrics` fetched every second;
-//! - the baseline: the same without the `collectives` group.
+//! - the baseline: the same without the `collectives` group;
+//! - `neuron-monitor` with every group and `collectives`, its JSON reports alone (its
+//!   default output; no Prometheus endpoint).
 //!
 //! CPU time is the sum of the process's threads' run time over the window, as a share of
 //! one core. The last report is checked to show the 32 ranks.
@@ -25,15 +27,19 @@ const MONITOR: &str = env!("CARGO_BIN_EXE_neuron-monitor");
 const RANKS: usize = 32;
 const WINDOW: Duration = Duration::from_secs(30);
 
-/// A monitor at 1 s with every group (`collectives` too, or not), serving `/metrics`;
-/// its reports go to `reports`.
-fn monitor(sandbox: &Sandbox, collectives: bool, reports: &std::path::Path) -> (Running, SocketAddr) {
+/// A monitor at 1 s with every group (`collectives` too, or not), serving `/metrics`
+/// (or not: then no address); its reports go to `reports`.
+fn monitor(
+    sandbox: &Sandbox,
+    (collectives, metrics): (bool, bool),
+    reports: &std::path::Path,
+) -> (Running, Option<SocketAddr>) {
     let system = if collectives {
         r#"[{"type": "vcpu_usage"}, {"type": "memory_info"}, {"type": "neuron_hw_counters"}, {"type": "collectives"}]"#
     } else {
         r#"[{"type": "vcpu_usage"}, {"type": "memory_info"}, {"type": "neuron_hw_counters"}]"#
     };
-    let config = sandbox.path().join(format!("monitor-{collectives}.json"));
+    let config = sandbox.path().join(format!("monitor-{collectives}-{metrics}.json"));
     std::fs::write(
         &config,
         format!(
@@ -44,7 +50,10 @@ fn monitor(sandbox: &Sandbox, collectives: bool, reports: &std::path::Path) -> (
     )
     .expect("config");
     let mut command = Command::new(MONITOR);
-    sandbox.env(&mut command).arg("-c").arg(&config).args(["--prometheus-listen", "0"]);
+    sandbox.env(&mut command).arg("-c").arg(&config);
+    if metrics {
+        command.args(["--prometheus-listen", "0"]);
+    }
     let mut running = Running(
         command
             .stdout(std::fs::File::create(reports).expect("reports file"))
@@ -52,10 +61,13 @@ fn monitor(sandbox: &Sandbox, collectives: bool, reports: &std::path::Path) -> (
             .spawn()
             .expect("neuron-monitor"),
     );
+    if !metrics {
+        return (running, None);
+    }
     let mut line = String::new();
     BufReader::new(running.0.stderr.take().expect("stderr")).read_line(&mut line).expect("the address");
     let addr = line.split_whitespace().find_map(|w| w.trim_start_matches("http://").split('/').next()?.parse().ok());
-    (running, addr.unwrap_or_else(|| panic!("no address in {line:?}")))
+    (running, Some(addr.unwrap_or_else(|| panic!("no address in {line:?}"))))
 }
 
 /// The ranks of the first communicator of the last report in `reports`.
@@ -73,15 +85,18 @@ fn main() {
         return;
     };
     let (with_reports, without_reports) = (sandbox.path().join("with.jsonl"), sandbox.path().join("without.jsonl"));
-    let (with, with_addr) = monitor(&sandbox, true, &with_reports);
-    let (without, without_addr) = monitor(&sandbox, false, &without_reports);
+    let json_reports = sandbox.path().join("json.jsonl");
+    let (with, with_addr) = monitor(&sandbox, (true, true), &with_reports);
+    let (without, without_addr) = monitor(&sandbox, (false, true), &without_reports);
+    let (json, _) = monitor(&sandbox, (true, false), &json_reports);
+    let (with_addr, without_addr) = (with_addr.expect("serving"), without_addr.expect("serving"));
     eprintln!("{RANKS} ranks starting; waiting until the monitor shows them all");
     let deadline = Instant::now() + Duration::from_secs(300);
     while ranks_seen(&with_reports) < RANKS {
         assert!(Instant::now() < deadline, "the monitor never showed {RANKS} ranks");
         std::thread::sleep(Duration::from_secs(1));
     }
-    let pids = [with.0.id(), without.0.id()];
+    let pids = [with.0.id(), without.0.id(), json.0.id()];
     let before = pids.map(cpu_ns);
     let began = Instant::now();
     let (mut bytes_with, mut bytes_without) = (0, 0);
@@ -94,12 +109,13 @@ fn main() {
     }
     let wall = began.elapsed().as_secs_f64();
     let share = |k: usize| (cpu_ns(pids[k]).saturating_sub(before[k])) as f64 / 1e9 / wall * 100.0;
-    let (cpu_with, cpu_without) = (share(0), share(1));
-    let seen = ranks_seen(&with_reports);
-    assert_eq!(seen, RANKS, "the last report shows every rank");
+    let (cpu_with, cpu_without, cpu_json) = (share(0), share(1), share(2));
+    assert_eq!(ranks_seen(&with_reports), RANKS, "the last report shows every rank");
+    assert_eq!(ranks_seen(&json_reports), RANKS, "the JSON-only monitor's last report shows every rank");
     println!("neuron-monitor at a 1 s period, a job of {RANKS} ranks on this host, over {wall:.1} s:");
     println!("  with the collectives group    CPU {cpu_with:>6.3}% of one core   /metrics {bytes_with} bytes");
     println!("  without it (baseline)         CPU {cpu_without:>6.3}% of one core   /metrics {bytes_without} bytes");
     println!("  with / without                {:>6.2}", cpu_with / cpu_without.max(1e-9));
+    println!("  with the group, JSON reports alone (no /metrics)   CPU {cpu_json:>6.3}% of one core");
     println!("  goal: ≤ 1% of one core with {RANKS} ranks");
 }
