@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Time the same programs under XLA:CPU (through JAX) and under `neuron-bench`, in one run.
 
-Three programs, as the speed goals name them:
+The programs, as the speed goals name them:
 
 - ``mlp``: a two-layer MLP with ReLU, batch 64, 512 -> 2048 -> 512;
 - ``attention``: causal multi-head self-attention, 256 tokens x 256 features, 4 heads;
@@ -16,7 +16,10 @@ Three programs, as the speed goals name them:
   NHWC) forward on ``f32[8,32,32,16]``, and its gradient with respect to both kernels;
 - ``loop1`` and ``loop100``: a ``fori_loop`` of 1 and of 100 steps of a small
   matrix-vector update (``tanh(w @ v + b)``, 32x32); the script reports the time per
-  iteration, ``(loop100 - loop1) / 99``, on each side.
+  iteration, ``(loop100 - loop1) / 99``, on each side;
+- ``cumsum`` and ``cumprod``: ``jnp.cumsum`` along the rows of ``f32[64,1024]`` and
+  ``jnp.cumprod`` down the columns of ``f32[256,64]`` (JAX lowers both to a
+  ``reduce-window`` as long as the dimension).
 
 For each program the script exports the HLO text JAX lowers it to, compiles it with
 ``neuron-cc compile --auto-cast none`` (so both sides compute in f32, as XLA:CPU does),
@@ -132,6 +135,14 @@ def cnn_grad(x, w1, w2):
     return jax.grad(lambda w1, w2: cnn(x, w1, w2).sum(), argnums=(0, 1))(w1, w2)
 
 
+def cumsum(x):
+    return jnp.cumsum(x, axis=1)
+
+
+def cumprod(x):
+    return jnp.cumprod(1.0 + 0.001 * x, axis=0)
+
+
 def fori(steps):
     def f(v, w, b):
         return jax.lax.fori_loop(0, steps, lambda i, v: jnp.tanh(w @ v + b), v)
@@ -162,6 +173,8 @@ def programs():
         "trig": (trig, [normal(4096, scale=10.0)]),
         "loop1": (fori(1), [normal(32), normal(32, 32, scale=0.15), normal(32, scale=0.1)]),
         "loop100": (fori(100), [normal(32), normal(32, 32, scale=0.15), normal(32, scale=0.1)]),
+        "cumsum": (cumsum, [normal(64, 1024)]),
+        "cumprod": (cumprod, [normal(256, 64)]),
     }
 
 

@@ -137,6 +137,31 @@ fn window_problem() -> impl Strategy<Value = WindowProblem> {
         .prop_filter("at least one window", |p| p.out_dims().iter().all(|&c| c > 0))
 }
 
+/// A cumulative sum or maximum along one dimension, as JAX lowers `cumsum` and
+/// `cummax` (a window as long as the dimension, padded low by that less one), of
+/// values whose sums round: the runtime's one-pass running reduction must give XLA's
+/// order's bits.
+fn cumulative_problem() -> impl Strategy<Value = WindowProblem> {
+    (1usize..=3)
+        .prop_flat_map(|rank| (prop::collection::vec(1u64..=40, rank), 0..rank, any::<bool>()))
+        .prop_filter("a dimension to run along", |(dims, axis, _)| dims[*axis] > 1)
+        .prop_flat_map(|(dims, axis, max)| {
+            let n = dims.iter().product::<u64>() as usize;
+            let rank = dims.len();
+            let len = dims[axis];
+            prop::collection::vec(-1.0e3f32..1.0e3, n).prop_map(move |values| WindowProblem {
+                dims: dims.clone(),
+                values,
+                size: (0..rank).map(|d| if d == axis { len } else { 1 }).collect(),
+                stride: vec![1; rank],
+                pad: (0..rank).map(|d| if d == axis { (len - 1, 0) } else { (0, 0) }).collect(),
+                base_dilation: vec![1; rank],
+                window_dilation: vec![1; rank],
+                max,
+            })
+        })
+}
+
 /// One convolution problem in NHWC / HWIO layout (`b01f_01io->b01f`), 1 or 2 spatial
 /// dimensions, with feature groups.
 #[derive(Debug, Clone)]
@@ -292,6 +317,15 @@ proptest! {
         let hlo = problem.hlo();
         let ours = Bench::new().run_f32(&hlo, &CompileOptions::exact(Target::Trn1), &[&problem.values]);
         prop_assert_eq!(ours, problem.reference(), "{}", hlo);
+    }
+
+    #[test]
+    fn a_cumulative_reduction_gives_the_bits_of_xlas_order(problem in cumulative_problem()) {
+        let hlo = problem.hlo();
+        let ours = Bench::new().run_f32(&hlo, &CompileOptions::exact(Target::Trn1), &[&problem.values]);
+        let expected = problem.reference();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        prop_assert_eq!(bits(&ours), bits(&expected), "{}", hlo);
     }
 
     #[test]

@@ -7,8 +7,14 @@
 //! array) form one array of the output's shape, and the reducer combines it into the
 //! accumulated values, element-wise. The order is XLA's: the initial value first, then
 //! the window's elements in row-major order, so float sums round as XLA's do.
+//!
+//! A cumulative reduction along one dimension (`jnp.cumsum`, `cumprod`, `cummax`, as
+//! JAX lowers them: a window as long as the dimension, starting that far minus one
+//! before each element) runs in one pass instead, when its initial value combined with
+//! itself stays the same: window `j` then reduces to `init ∘ x₀ ∘ … ∘ xⱼ` in that order,
+//! which is the running reduction's, bit for bit.
 
-use ndarray::{ArrayD, IxDyn};
+use ndarray::{ArrayD, Axis, IxDyn};
 
 use super::region::{apply, broadcast_scalar};
 use super::{arr, each_type, first};
@@ -28,6 +34,12 @@ pub(super) fn reduce_window(
 ) -> Vec<Value> {
     let n = operands.len() / 2;
     let (arrays, inits) = operands.split_at(n);
+    if n == 1
+        && let Some(axis) = running_axis(window, arrays[0].shape(), out_dims)
+        && settles(region, &inits[0], helpers)
+    {
+        return vec![each_type!(&arrays[0], a => running(region, a, &inits[0], axis, helpers))];
+    }
     let mut acc: Vec<Value> = inits.iter().map(|i| broadcast_scalar(i, out_dims)).collect();
     let rank = out_dims.len();
     let size: Vec<usize> = window.window.size.iter().map(|&s| s as usize).collect();
@@ -63,6 +75,64 @@ pub(super) fn reduce_window(
             offset[d] = 0;
         }
     }
+}
+
+/// The dimension along which `window` is a cumulative reduction of an array of
+/// `in_dims` into `out_dims`: there, a window as long as the dimension, padded low by
+/// that less one and stride 1; elsewhere, windows of one element; no dilation, no other
+/// padding.
+fn running_axis(window: &DilatedWindow, in_dims: &[usize], out_dims: &[usize]) -> Option<usize> {
+    let w = &window.window;
+    if in_dims != out_dims {
+        return None;
+    }
+    let mut axis = None;
+    for (d, &len) in in_dims.iter().enumerate() {
+        let len = len as u64;
+        if window.base_dilation[d] != 1 || window.window_dilation[d] != 1 || w.stride[d] != 1 || w.pad_high[d] != 0 {
+            return None;
+        }
+        match (w.size[d], w.pad_low[d]) {
+            (1, 0) => {}
+            (size, pad) if size == len && pad + 1 == len && len > 1 && axis.is_none() => axis = Some(d),
+            _ => return None,
+        }
+    }
+    axis
+}
+
+/// Whether the reducer combining `init` with itself gives `init` again, bit for bit
+/// (0 under addition, 1 under multiplication, −∞ under maximum, …).
+fn settles(region: &Region, init: &ValueRef<'_>, helpers: &HostPool) -> bool {
+    let combined = apply(region, &[init.clone(), init.clone()], helpers);
+    let bytes = |v: &ValueRef<'_>| {
+        let mut out = vec![0u8; v.shape().iter().product::<usize>() * v.dtype().size_bytes() as usize];
+        v.write_le_bytes(&mut out);
+        out
+    };
+    combined.len() == 1 && bytes(&combined[0].view()) == bytes(init)
+}
+
+/// The running reduction of `a` along `axis`, from `init`: one reducer step per
+/// element along it, each over every other dimension at once.
+fn running<T: Element>(
+    region: &Region,
+    a: &ndarray::ArrayViewD<'_, T>,
+    init: &ValueRef<'_>,
+    axis: usize,
+    helpers: &HostPool,
+) -> ArrayD<T> {
+    let mut out = ArrayD::from_elem(a.raw_dim(), T::default());
+    let slice_dims: Vec<usize> = a.shape().iter().enumerate().filter(|&(d, _)| d != axis).map(|(_, &n)| n).collect();
+    let mut acc = broadcast_scalar(init, &slice_dims);
+    for j in 0..a.shape()[axis] {
+        let params = [acc.view(), T::wrap_view(a.index_axis(Axis(axis), j))];
+        let next = apply(region, &params, helpers).swap_remove(0);
+        drop(params);
+        out.index_axis_mut(Axis(axis), j).assign(arr::<T>(&next.view()));
+        acc = next;
+    }
+    out
 }
 
 fn gather<T: Element>(
