@@ -16,11 +16,13 @@
 
 use ndarray::{ArrayD, Axis, IxDyn};
 
+use super::elementwise::{max_f32, min_f32};
 use super::region::{apply, broadcast_scalar};
-use super::{arr, each_type, first};
+use super::{arr, each_type, first, unvalidated, with_binary_f32};
 use crate::backend::element::{Element, with_element};
 use crate::backend::{Value, ValueRef};
-use crate::isa::{DilatedWindow, Region};
+use crate::dtype::DType;
+use crate::isa::{BinaryOp, DilatedWindow, Op, Region, RegionValue};
 use crate::pool::HostPool;
 
 /// Reduces the windows of the arrays in the first half of `operands` (initial values
@@ -38,6 +40,21 @@ pub(super) fn reduce_window(
         && let Some(axis) = running_axis(window, arrays[0].shape(), out_dims)
         && settles(region, &inits[0], helpers)
     {
+        // A plain `f32` sum, product, maximum or minimum: a loop along each lane, with
+        // the element-wise kernels' arithmetic; any other reducer, step by step.
+        if let (Some(op), Some(a), Some(init)) = (plain_f32(region), f32::unwrap(&arrays[0]), f32::unwrap(&inits[0])) {
+            let (init, mut out) = (first(init), ArrayD::<f32>::zeros(a.raw_dim()));
+            with_binary_f32!(op, f => {
+                for (lane, mut into) in a.lanes(Axis(axis)).into_iter().zip(out.lanes_mut(Axis(axis))) {
+                    let mut acc = init;
+                    for (x, o) in lane.iter().zip(into.iter_mut()) {
+                        acc = f(acc, *x);
+                        *o = acc;
+                    }
+                }
+            });
+            return vec![f32::wrap(out)];
+        }
         return vec![each_type!(&arrays[0], a => running(region, a, &inits[0], axis, helpers))];
     }
     let mut acc: Vec<Value> = inits.iter().map(|i| broadcast_scalar(i, out_dims)).collect();
@@ -99,6 +116,22 @@ fn running_axis(window: &DilatedWindow, in_dims: &[usize], out_dims: &[usize]) -
         }
     }
     axis
+}
+
+/// The reducer's one operation, when it is `acc op x` on `f32` for a sum, product,
+/// maximum or minimum.
+fn plain_f32(region: &Region) -> Option<BinaryOp> {
+    let [step] = region.steps.as_slice() else { return None };
+    let plain = region.params == [DType::F32, DType::F32]
+        && step.dtype == DType::F32
+        && step.operands == [RegionValue::Parameter(0), RegionValue::Parameter(1)]
+        && region.results == [RegionValue::Step(0)];
+    match step.op {
+        Op::Binary(op @ (BinaryOp::Add | BinaryOp::Multiply | BinaryOp::Maximum | BinaryOp::Minimum)) if plain => {
+            Some(op)
+        }
+        _ => None,
+    }
 }
 
 /// Whether the reducer combining `init` with itself gives `init` again, bit for bit
