@@ -449,6 +449,29 @@ impl DilatedWindow {
         let i = usize::try_from(dilated / base).ok()?;
         (i < len).then_some(i)
     }
+
+    /// The dimension along which this window makes a cumulative reduction of an array
+    /// of `in_dims` into one of `out_dims` (as JAX lowers `cumsum`): there, a window as
+    /// long as the dimension, padded low by that less one, stride 1; elsewhere, windows
+    /// of one element; no dilation, no other padding.
+    pub fn running_axis(&self, in_dims: &[u64], out_dims: &[u64]) -> Option<usize> {
+        let w = &self.window;
+        if in_dims != out_dims {
+            return None;
+        }
+        let mut axis = None;
+        for (d, &len) in in_dims.iter().enumerate() {
+            if self.base_dilation[d] != 1 || self.window_dilation[d] != 1 || w.stride[d] != 1 || w.pad_high[d] != 0 {
+                return None;
+            }
+            match (w.size[d], w.pad_low[d]) {
+                (1, 0) => {}
+                (size, pad) if size == len && pad + 1 == len && len > 1 && axis.is_none() => axis = Some(d),
+                _ => return None,
+            }
+        }
+        axis
+    }
 }
 
 /// The dimension numbers of XLA `convolution` (`dim_labels=b01f_01io->b01f`): which
@@ -839,11 +862,13 @@ impl Op {
             Op::Reduce { .. } | Op::ReduceRounded { .. } => {
                 operands.first().and_then(|t| t.element_count()).unwrap_or(0)
             }
-            Op::ReduceWindow { window, region } => output
-                .element_count()
-                .unwrap_or(0)
-                .saturating_mul(window.window.size.iter().product::<u64>())
-                .saturating_mul(region.steps.len() as u64),
+            // A cumulative reduction runs once per element (when its initial value
+            // settles under the reducer, as JAX's always do: see the kernel).
+            Op::ReduceWindow { window, region } => {
+                let cumulative = operands.first().and_then(|a| window.running_axis(&a.dims, &output.dims)).is_some();
+                let per_output = if cumulative { 1 } else { window.window.size.iter().product::<u64>() };
+                out_elems.saturating_mul(per_output).saturating_mul(region.steps.len() as u64)
+            }
             Op::ReduceRegion { region, .. } => {
                 operands.first().and_then(|t| t.element_count()).unwrap_or(0).saturating_mul(region.steps.len() as u64)
             }
@@ -896,5 +921,29 @@ mod tests {
             let out = infer(op.clone(), dtype, arity).unwrap_or_else(|e| panic!("{op:?} on {dtype}: {e}"));
             assert_eq!(out, ArrayType::new(dtype, vec![2, 3]));
         }
+    }
+    #[test]
+    fn a_cumulative_reduce_window_counts_one_reducer_step_per_element() {
+        let add = Region {
+            params: vec![DType::F32; 2],
+            steps: vec![RegionStep {
+                op: Op::Binary(BinaryOp::Add),
+                operands: vec![RegionValue::Parameter(0), RegionValue::Parameter(1)],
+                dtype: DType::F32,
+            }],
+            results: vec![RegionValue::Step(0)],
+        };
+        let window = |size: Vec<u64>, pad_low: Vec<u64>| DilatedWindow {
+            window: Window { stride: vec![1; 2], pad_high: vec![0; 2], size, pad_low },
+            base_dilation: vec![1; 2],
+            window_dilation: vec![1; 2],
+        };
+        let ty = ArrayType::new(DType::F32, vec![64, 1024]);
+        // `jnp.cumsum(x, axis=1)`: once per element, not once per element of each window.
+        let cumsum = Op::ReduceWindow { window: window(vec![1, 1024], vec![0, 1023]), region: add.clone() };
+        assert_eq!(cumsum.flops(&[&ty, &ArrayType::new(DType::F32, vec![])], &ty), 64 * 1024);
+        // A sliding window of 4: each of its elements.
+        let sliding = Op::ReduceWindow { window: window(vec![1, 4], vec![0, 3]), region: add };
+        assert_eq!(sliding.flops(&[&ty], &ty), 64 * 1024 * 4);
     }
 }

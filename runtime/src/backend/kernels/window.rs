@@ -37,7 +37,7 @@ pub(super) fn reduce_window(
     let n = operands.len() / 2;
     let (arrays, inits) = operands.split_at(n);
     if n == 1
-        && let Some(axis) = running_axis(window, arrays[0].shape(), out_dims)
+        && let Some(axis) = window.running_axis(&to_u64(arrays[0].shape()), &to_u64(out_dims))
         && settles(region, &inits[0], helpers)
     {
         // A plain `f32` sum, product, maximum or minimum: a loop along each lane, with
@@ -94,28 +94,8 @@ pub(super) fn reduce_window(
     }
 }
 
-/// The dimension along which `window` is a cumulative reduction of an array of
-/// `in_dims` into `out_dims`: there, a window as long as the dimension, padded low by
-/// that less one and stride 1; elsewhere, windows of one element; no dilation, no other
-/// padding.
-fn running_axis(window: &DilatedWindow, in_dims: &[usize], out_dims: &[usize]) -> Option<usize> {
-    let w = &window.window;
-    if in_dims != out_dims {
-        return None;
-    }
-    let mut axis = None;
-    for (d, &len) in in_dims.iter().enumerate() {
-        let len = len as u64;
-        if window.base_dilation[d] != 1 || window.window_dilation[d] != 1 || w.stride[d] != 1 || w.pad_high[d] != 0 {
-            return None;
-        }
-        match (w.size[d], w.pad_low[d]) {
-            (1, 0) => {}
-            (size, pad) if size == len && pad + 1 == len && len > 1 && axis.is_none() => axis = Some(d),
-            _ => return None,
-        }
-    }
-    axis
+fn to_u64(dims: &[usize]) -> Vec<u64> {
+    dims.iter().map(|&d| d as u64).collect()
 }
 
 /// The reducer's one operation, when it is `acc op x` on `f32` for a sum, product,
