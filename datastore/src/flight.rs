@@ -371,15 +371,11 @@ impl DatastoreWriter {
     /// Records this process's clock against the root's: the root's host clock minus
     /// this process's, and the most that may be off by.
     pub fn set_clock_offset(&self, offset_ns: i64, uncertainty_ns: u64) {
-        let r = &self.region;
-        let seq = r.u64(self.layout.process_word(layout::process::CLOCK_SEQ));
-        let odd = seq.load(Ordering::Relaxed) + 1;
-        seq.store(odd, Ordering::Relaxed);
-        fence(Ordering::Release);
-        r.u64(self.layout.process_word(layout::process::CLOCK_OFFSET)).store(offset_ns as u64, Ordering::Relaxed);
-        r.u64(self.layout.process_word(layout::process::CLOCK_UNCERTAINTY))
-            .store(uncertainty_ns.max(1), Ordering::Relaxed);
-        seq.store(odd + 1, Ordering::Release);
+        use layout::process::{CLOCK_OFFSET, CLOCK_SEQ, CLOCK_UNCERTAINTY};
+        self.set_process_words(
+            CLOCK_SEQ,
+            [(CLOCK_OFFSET, offset_ns as u64), (CLOCK_UNCERTAINTY, uncertainty_ns.max(1))],
+        );
     }
 
     fn comm_row(&self, slot: CommSlot, rank: u32) -> Option<u64> {

@@ -484,16 +484,23 @@ impl DatastoreWriter {
         use nix::sys::resource::{UsageWho, getrusage};
         let Ok(usage) = getrusage(UsageWho::RUSAGE_SELF) else { return };
         let ns = |t: nix::sys::time::TimeVal| t.tv_sec() as u64 * 1_000_000_000 + t.tv_usec() as u64 * 1_000;
+        use layout::process::{CPU_AT_NS, CPU_SEQ, CPU_SYSTEM_NS, CPU_USER_NS};
         let at = crate::clock::monotonic_ns();
+        let words = [(CPU_USER_NS, ns(usage.user_time())), (CPU_SYSTEM_NS, ns(usage.system_time())), (CPU_AT_NS, at)];
+        self.set_process_words(CPU_SEQ, words);
+    }
+
+    /// Writes process words `(word, value)` together under the seqlock in process word
+    /// `seq` (one writer at a time: the caller's).
+    pub(crate) fn set_process_words<const N: usize>(&self, seq: u64, words: [(u64, u64); N]) {
         let word = |w| self.region.u64(self.layout.process_word(w));
-        let seq = word(layout::process::CPU_SEQ);
-        let odd = seq.load(Ordering::Relaxed) + 1;
-        seq.store(odd, Ordering::Relaxed);
+        let odd = word(seq).load(Ordering::Relaxed) + 1;
+        word(seq).store(odd, Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Release);
-        word(layout::process::CPU_USER_NS).store(ns(usage.user_time()), Ordering::Relaxed);
-        word(layout::process::CPU_SYSTEM_NS).store(ns(usage.system_time()), Ordering::Relaxed);
-        word(layout::process::CPU_AT_NS).store(at, Ordering::Relaxed);
-        seq.store(odd + 1, Ordering::Release);
+        for (w, value) in words {
+            word(w).store(value, Ordering::Relaxed);
+        }
+        word(seq).store(odd + 1, Ordering::Release);
     }
 
     /// Marks the file closed and removes it (a clean exit).

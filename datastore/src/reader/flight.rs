@@ -124,22 +124,9 @@ impl DatastoreReader {
     /// This process's clock against the root's (`None`: not in a job of several
     /// processes, or not measured yet).
     pub fn clock_offset(&self) -> Option<ClockOffsetRecord> {
-        let r = &self.region;
-        let word = |w| r.u64(self.layout.process_word(w));
-        for _ in 0..1000 {
-            let seq = word(layout::process::CLOCK_SEQ).load(Ordering::Acquire);
-            if seq % 2 == 1 {
-                std::hint::spin_loop();
-                continue;
-            }
-            let offset_ns = word(layout::process::CLOCK_OFFSET).load(Ordering::Relaxed) as i64;
-            let uncertainty_ns = word(layout::process::CLOCK_UNCERTAINTY).load(Ordering::Relaxed);
-            fence(Ordering::Acquire);
-            if word(layout::process::CLOCK_SEQ).load(Ordering::Relaxed) == seq {
-                return (uncertainty_ns != 0).then_some(ClockOffsetRecord { offset_ns, uncertainty_ns });
-            }
-        }
-        None
+        use layout::process::{CLOCK_OFFSET, CLOCK_SEQ, CLOCK_UNCERTAINTY};
+        let [offset, uncertainty_ns] = self.process_words(CLOCK_SEQ, [CLOCK_OFFSET, CLOCK_UNCERTAINTY])?;
+        (uncertainty_ns != 0).then_some(ClockOffsetRecord { offset_ns: offset as i64, uncertainty_ns })
     }
 
     fn communicator(

@@ -303,24 +303,26 @@ impl DatastoreReader {
 
     /// The CPU time the writer read at its latest heartbeat, in clock ticks.
     fn cpu_time(&self, ticks_per_second: u64) -> Option<crate::host::ProcessCpu> {
+        use layout::process::{CPU_AT_NS, CPU_SEQ, CPU_SYSTEM_NS, CPU_USER_NS};
+        let [user, system, at_ns] = self.process_words(CPU_SEQ, [CPU_USER_NS, CPU_SYSTEM_NS, CPU_AT_NS])?;
+        let ticks = |ns: u64| (u128::from(ns) * u128::from(ticks_per_second) / 1_000_000_000) as u64;
+        (at_ns != 0).then(|| crate::host::ProcessCpu { user: ticks(user), system: ticks(system), at_ns })
+    }
+
+    /// Process words `words`, read together under the seqlock in process word `seq`
+    /// (`None` when a writer kept it busy throughout).
+    pub(crate) fn process_words<const N: usize>(&self, seq: u64, words: [u64; N]) -> Option<[u64; N]> {
         let word = |w| self.region.u64(self.layout.process_word(w));
-        for _ in 0..100 {
-            let seq = word(layout::process::CPU_SEQ).load(Ordering::Acquire);
-            if seq % 2 == 1 {
+        for _ in 0..1000 {
+            let before = word(seq).load(Ordering::Acquire);
+            if before % 2 == 1 {
                 std::hint::spin_loop();
                 continue;
             }
-            let [user, system, at_ns] =
-                [layout::process::CPU_USER_NS, layout::process::CPU_SYSTEM_NS, layout::process::CPU_AT_NS]
-                    .map(|w| word(w).load(Ordering::Relaxed));
+            let values = words.map(|w| word(w).load(Ordering::Relaxed));
             fence(Ordering::Acquire);
-            if word(layout::process::CPU_SEQ).load(Ordering::Relaxed) == seq {
-                let ticks = |ns: u64| (u128::from(ns) * u128::from(ticks_per_second) / 1_000_000_000) as u64;
-                return (at_ns != 0).then(|| crate::host::ProcessCpu {
-                    user: ticks(user),
-                    system: ticks(system),
-                    at_ns,
-                });
+            if word(seq).load(Ordering::Relaxed) == before {
+                return Some(values);
             }
         }
         None
