@@ -37,7 +37,11 @@ fn monitor(sandbox: &Sandbox) -> (Running, BufReader<std::process::ChildStdout>,
 }
 
 /// Reads reports until `done` says one is what it waits for, for at most 60 s.
-fn report_until(reports: &mut BufReader<std::process::ChildStdout>, done: impl Fn(&Value) -> bool) -> Value {
+fn report_until(
+    sandbox: &Sandbox,
+    reports: &mut BufReader<std::process::ChildStdout>,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut line = String::new();
     let mut last = Value::Null;
@@ -51,7 +55,7 @@ fn report_until(reports: &mut BufReader<std::process::ChildStdout>, done: impl F
             return last;
         }
     }
-    panic!("no such report within 60 s; the last: {last:#}");
+    panic!("no such report within 60 s; the last: {last:#}\n{}", sandbox.job_evidence());
 }
 
 /// The complete collectives the monitor saw of the report's first communicator.
@@ -62,9 +66,9 @@ fn seen(group: &Value) -> u64 {
 #[test]
 fn a_late_rank_is_named_in_the_report_and_the_exposition_and_a_balanced_job_names_nobody() {
     let sandbox = Sandbox::new();
-    let Some(_job) = all_reduce_job(&sandbox, 4, 400, &[(FAULTS, "cc_delay:rank=2:delay=20ms")]) else { return };
     let (_monitor, mut reports, addr) = monitor(&sandbox);
-    let report = report_until(&mut reports, |g| g["communicators"][0]["straggler"].is_object());
+    let Some(_job) = all_reduce_job(&sandbox, 4, 3000, &[(FAULTS, "cc_delay:rank=2:delay=20ms")]) else { return };
+    let report = report_until(&sandbox, &mut reports, |g| g["communicators"][0]["straggler"].is_object());
     let group = &report["system_data"]["collectives"];
     let comm = &group["communicators"][0];
     assert_eq!(comm["ranks"], 4, "{comm:#}");
@@ -125,9 +129,9 @@ fn a_late_rank_is_named_in_the_report_and_the_exposition_and_a_balanced_job_name
 
     // Balanced: nobody, over more collectives than the rule looks at.
     let sandbox = Sandbox::new();
-    let Some(_job) = all_reduce_job(&sandbox, 4, 400, &[]) else { return };
     let (_monitor, mut reports, _) = monitor(&sandbox);
-    let report = report_until(&mut reports, |g| seen(g) >= 30);
+    let Some(_job) = all_reduce_job(&sandbox, 4, 100_000, &[]) else { return };
+    let report = report_until(&sandbox, &mut reports, |g| seen(g) >= 30);
     let comm = &report["system_data"]["collectives"]["communicators"][0];
     assert!(comm["straggler"].is_null(), "{comm:#}");
     assert!(comm["hang"].is_null(), "{comm:#}");
@@ -138,9 +142,9 @@ fn a_hang_is_named_with_the_missing_rank_within_the_threshold_and_a_second() {
     // A 4 s timeout: the waiting ranks mark their wait after 2 s.
     let sandbox = Sandbox::new();
     let env = [(FAULTS, "cc_hang:rank=3:after=5"), ("NEURON_RT_EXEC_TIMEOUT", "4")];
-    let Some(_job) = all_reduce_job(&sandbox, 4, 20, &env) else { return };
     let (_monitor, mut reports, addr) = monitor(&sandbox);
-    let report = report_until(&mut reports, |g| g["communicators"][0]["hang"].is_object());
+    let Some(_job) = all_reduce_job(&sandbox, 4, 20, &env) else { return };
+    let report = report_until(&sandbox, &mut reports, |g| g["communicators"][0]["hang"].is_object());
     let hang = &report["system_data"]["collectives"]["communicators"][0]["hang"];
     assert_eq!(hang["class"], "missing", "{hang:#}");
     assert_eq!(hang["awaited"], serde_json::json!([3]), "{hang:#}");

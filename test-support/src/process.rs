@@ -102,6 +102,25 @@ impl Sandbox {
         self.dir.path()
     }
 
+    /// Where [`all_reduce_job`] writes what its processes print.
+    pub fn job_log(&self) -> PathBuf {
+        self.dir.path().join("job.log")
+    }
+
+    /// What the sandbox shows of a job, for a failed test's message: the datastore
+    /// files, and the end of the job's log.
+    pub fn job_evidence(&self) -> String {
+        let files: Vec<String> = std::fs::read_dir(&self.datastores)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        let log = std::fs::read_to_string(self.job_log()).unwrap_or_else(|e| format!("(no log: {e})"));
+        let tail: Vec<&str> = log.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
+        format!("datastores: {files:?}\nthe job's output, last 40 lines:\n{}", tail.join("\n"))
+    }
+
     /// Points a command at the sandbox, with every core visible.
     pub fn env<'a>(&self, command: &'a mut Command) -> &'a mut Command {
         command
@@ -202,8 +221,8 @@ pub fn mpirun(np: usize, program: &Command) -> Option<Command> {
 
 /// A job of `np` ranks on this host under a real `mpirun`, in `sandbox`: one process and
 /// one core each, all-reducing 64 KiB `iterations` times through `neuron-bench exec`,
-/// with `env` added (`NEURON_RT_FAULT_INJECT`, …; output discarded); `None` where
-/// `mpirun` is missing, which fails the test in CI.
+/// with `env` added (`NEURON_RT_FAULT_INJECT`, …); `None` where `mpirun` is missing,
+/// which fails the test in CI. What the job prints goes to [`Sandbox::job_log`].
 pub fn all_reduce_job(sandbox: &Sandbox, np: usize, iterations: u32, env: &[(&str, &str)]) -> Option<Job> {
     let hlo = all_reduce_hlo(sandbox.path(), 16384);
     let port = std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port();
@@ -217,7 +236,9 @@ pub fn all_reduce_job(sandbox: &Sandbox, np: usize, iterations: u32, env: &[(&st
         .arg(&hlo);
     program.envs(env.iter().copied());
     let mut mpirun = mpirun(np, &program)?;
-    Some(Job(mpirun.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("mpirun starts")))
+    let log = std::fs::File::create(sandbox.job_log()).expect("the job's log");
+    let log_too = log.try_clone().expect("the job's log");
+    Some(Job(mpirun.stdout(log).stderr(log_too).spawn().expect("mpirun starts")))
 }
 
 /// Writes `allreduce.hlo` into `dir` and gives its path: an f32 sum over every rank of
