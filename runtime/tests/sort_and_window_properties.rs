@@ -1,5 +1,5 @@
-//! Properties of the window operations (`reduce-window`, `convolution`), `topk` and
-//! `sort`, checked against plain reference implementations over random shapes and
+//! Properties of the window operations (`reduce-window`, `convolution`), `topk`,
+//! `sort` and an arg-max `reduce`, checked against plain reference implementations over random shapes and
 //! parameters. Each case is compiled from HLO
 //! text and executed by the runtime. Inputs are small integers stored as `f32`, so every
 //! window sum is exact and results must match to the bit.
@@ -106,6 +106,33 @@ fn ravel(index: &[u64], dims: &[u64]) -> usize {
 /// Small integers as f32: exact under addition at these sizes.
 fn values(n: usize) -> impl Strategy<Value = Vec<f32>> {
     prop::collection::vec((-8i32..=8).prop_map(|v| v as f32), n)
+}
+
+/// Rows of floats where ties, signed zeros, infinities and NaNs of both signs are common.
+fn special_rows() -> impl Strategy<Value = (u64, u64, Vec<f32>)> {
+    let pool = [-2.0, -1.0, -0.0, 0.0, 1.0, 2.0, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, -f32::NAN];
+    (1u64..=3, 1u64..=40).prop_flat_map(move |(rows, n)| {
+        let element = prop::sample::select(pool.to_vec());
+        (Just(rows), Just(n), prop::collection::vec(element, (rows * n) as usize))
+    })
+}
+
+/// JAX's comparator of floats for `jnp.sort` and `argsort`: -0 as 0, every NaN as one
+/// NaN, then `<` (or `>`) in total order.
+fn canonical_comparator(direction: &str) -> String {
+    let canonical = |x: &str, p: u32| {
+        format!(
+            "  {x} = f32[] parameter({p})\n  {x}n = pred[] compare({x}, {x}), direction=NE\n  \
+             {x}z = pred[] compare({x}, zero), direction=EQ\n  {x}a = f32[] select({x}z, zero, {x})\n  \
+             {x}c = f32[] select({x}n, nan, {x}a)\n"
+        )
+    };
+    format!(
+        "less {{\n  zero = f32[] constant(0)\n  nan = f32[] constant(nan)\n{}{}  p = s32[] parameter(2)\n  \
+         q = s32[] parameter(3)\n  ROOT r = pred[] compare(ac, bc), direction={direction}, type=TOTALORDER\n}}\n",
+        canonical("a", 0),
+        canonical("b", 1)
+    )
 }
 
 fn window_problem() -> impl Strategy<Value = WindowProblem> {
@@ -384,6 +411,66 @@ proptest! {
             });
             expected.extend(order.iter().map(|&i| i as i32));
         }
+        prop_assert_eq!(ours, expected, "{}", hlo);
+    }
+
+    #[test]
+    fn an_argsort_by_jaxs_comparator_matches_a_stable_sort_of_canonical_keys(
+        (rows, n, values, descending) in special_rows().prop_flat_map(|p| (Just(p.0), Just(p.1), Just(p.2), any::<bool>()))
+    ) {
+        // The comparator maps each side's element through the same steps, so the
+        // runtime sorts by keys, not by the network.
+        let direction = if descending { "GT" } else { "LT" };
+        let ty = format!("f32[{rows},{n}]");
+        let hlo = format!(
+            "HloModule s\n{}ENTRY e {{\n  x = {ty} parameter(0)\n  i = s32[{rows},{n}] iota(), iota_dimension=1\n  \
+             s = ({ty}, s32[{rows},{n}]) sort(x, i), dimensions={{1}}, is_stable=true, to_apply=less\n  \
+             ROOT o = s32[{rows},{n}] get-tuple-element(s), index=1\n}}\n",
+            canonical_comparator(direction)
+        );
+        let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let ours = Bench::new().run(&hlo, &CompileOptions::exact(Target::Trn1), &[bytes]);
+        let ours: Vec<i32> = ours.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let key = |x: f32| if x.is_nan() { f32::NAN } else if x == 0.0 { 0.0 } else { x };
+        let mut expected = Vec::new();
+        for row in values.chunks(n as usize) {
+            let mut order: Vec<usize> = (0..row.len()).collect();
+            order.sort_by(|&i, &j| {
+                let by = key(row[i]).total_cmp(&key(row[j]));
+                if descending { by.reverse() } else { by }
+            });
+            expected.extend(order.iter().map(|&i| i as i32));
+        }
+        prop_assert_eq!(ours, expected, "{}", hlo);
+    }
+
+    #[test]
+    fn an_arg_max_reduce_gives_the_first_greatest_element_or_the_first_nan(
+        (rows, n, values) in special_rows()
+    ) {
+        // JAX's arg-max reducer: the greater value, a NaN, or of equal values the lower index.
+        let hlo = format!(
+            "HloModule am\nbest {{\n  a = f32[] parameter(0)\n  i = s32[] parameter(1)\n  b = f32[] parameter(2)\n  \
+             j = s32[] parameter(3)\n  gt = pred[] compare(a, b), direction=GT\n  nan = pred[] compare(a, a), direction=NE\n  \
+             wins = pred[] or(gt, nan)\n  v = f32[] select(wins, a, b)\n  eq = pred[] compare(a, b), direction=EQ\n  \
+             lower = pred[] compare(i, j), direction=LT\n  tie = pred[] and(eq, lower)\n  first = pred[] or(wins, tie)\n  \
+             k = s32[] select(first, i, j)\n  ROOT t = (f32[], s32[]) tuple(v, k)\n}}\n\
+             ENTRY e {{\n  x = f32[{rows},{n}] parameter(0)\n  i = s32[{rows},{n}] iota(), iota_dimension=1\n  \
+             lo = f32[] constant(-inf)\n  zero = s32[] constant(0)\n  \
+             r = (f32[{rows}], s32[{rows}]) reduce(x, i, lo, zero), dimensions={{1}}, to_apply=best\n  \
+             ROOT k = s32[{rows}] get-tuple-element(r), index=1\n}}\n"
+        );
+        let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let ours = Bench::new().run(&hlo, &CompileOptions::exact(Target::Trn1), &[bytes]);
+        let ours: Vec<i32> = ours.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let expected: Vec<i32> = values
+            .chunks(n as usize)
+            .map(|row| {
+                let first_nan = row.iter().position(|x| x.is_nan());
+                let greatest = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                first_nan.unwrap_or_else(|| row.iter().position(|&x| x == greatest).unwrap_or(0)) as i32
+            })
+            .collect();
         prop_assert_eq!(ours, expected, "{}", hlo);
     }
 }

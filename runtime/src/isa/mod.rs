@@ -185,7 +185,9 @@ pub enum Op {
     /// reducer that is not a plain add, multiply, maximum or minimum. Operands: the `n`
     /// arrays, then their `n` scalar initial values. The instruction produces the
     /// reducer's result number `result`; a reduce of `n` arrays lowers to `n`
-    /// instructions. Elements combine pairwise (a tree), then with the initial value.
+    /// instructions. Elements combine pairwise (a tree), then with the initial value;
+    /// a reducer that only picks one of its operands (an arg-max) combines them in
+    /// XLA's order instead: the initial value, then each element in turn.
     ReduceRegion {
         dims: Vec<u32>,
         region: Region,

@@ -18,6 +18,7 @@ mod layout;
 mod matrix;
 #[cfg(all(target_arch = "x86_64", any(test, not(debug_assertions))))]
 mod packed;
+mod picking;
 mod random;
 mod reduce;
 mod region;
@@ -357,7 +358,9 @@ pub(super) fn execute(
             }, unvalidated("round-precision"))
         }
         Op::ReduceRegion { dims: axes, region, result } => {
-            region::reduce_region(region, axes, *result as usize, operands, out, helpers)
+            // An arg-max and its kind by a table of what the region picks; else pairwise.
+            picking::reduce(region, axes, *result as usize, operands, out, helpers)
+                .unwrap_or_else(|| region::reduce_region(region, axes, *result as usize, operands, out, helpers))
         }
         Op::SelectAndScatter { window, select, total_order, combine } => region::select_and_scatter(
             window,

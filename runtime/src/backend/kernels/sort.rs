@@ -5,9 +5,13 @@
 //! whole arrays at once: the elements are ordered by a bitonic sorting network, whose
 //! every stage compares independent pairs. Each stage evaluates the comparator both
 //! ways on all of its pairs, in every row together; pairs the comparator finds equal
-//! keep their original order, which makes every sort stable (`is_stable` or not). A
-//! comparator that is a single `<` or `>` of the first array's elements sorts
-//! directly, without the network.
+//! keep their original order, which makes every sort stable (`is_stable` or not).
+//!
+//! Most comparators are simpler than that: a `<` or `>` between the same function of
+//! each side's elements (JAX's `jnp.sort` and `argsort` compare floats after mapping
+//! -0 to 0 and every NaN to one NaN). Such a comparator's function is evaluated once on
+//! whole arrays as a key, and each row is sorted by its keys directly: a stable merge
+//! sort, which on short rows is an insertion sort.
 
 use std::cmp::Ordering;
 
@@ -34,7 +38,15 @@ pub(super) fn sort(operands: &[ValueRef<'_>], dim: usize, comparator: &Region, h
     let flat: Vec<Value> = operands.iter().map(|a| each_type!(a, a => rows_by_columns(a, &axes, rows, n))).collect();
     let order = match single_comparison(comparator) {
         Some((direction, total_order)) => sort_by_first(&flat[0].view(), rows, n, direction, total_order),
-        None => bitonic(&flat, rows, n, comparator, helpers),
+        None => match keyed(comparator) {
+            Some((direction, total_order, key)) => {
+                // Both sides of each pair are the whole arrays: only the first is read.
+                let params: Vec<ValueRef<'_>> = flat.iter().flat_map(|v| [v.view(), v.view()]).collect();
+                let keys = apply(&key, &params, helpers);
+                sort_by_first(&keys[0].view(), rows, n, direction, total_order)
+            }
+            None => bitonic(&flat, rows, n, comparator, helpers),
+        },
     };
     let positions: Vec<usize> = order.iter().enumerate().map(|(p, &c)| (p / n.max(1)) * n + c as usize).collect();
     // The sorted arrays are [others..., dim]; the inverse of `axes` puts `dim` back.
@@ -73,6 +85,58 @@ fn single_comparison(comparator: &Region) -> Option<(CompareDirection, bool)> {
         }
         [RegionValue::Parameter(1), RegionValue::Parameter(0)] => flipped(direction).map(|d| (d, total_order)),
         _ => None,
+    }
+}
+
+/// `(direction, total_order, key)` when the comparator is a `<` or `>` between one
+/// function of the first elements of the arrays (even parameters) and the same function
+/// of the second ones (odd parameters): `key` is the comparator with that function of
+/// the first elements as its result.
+fn keyed(comparator: &Region) -> Option<(CompareDirection, bool, Region)> {
+    let [RegionValue::Step(root)] = comparator.results.as_slice() else { return None };
+    let step = comparator.steps.get(*root as usize)?;
+    let Op::Compare { direction, total_order } = step.op else { return None };
+    let [left, right] = step.operands.as_slice() else { return None };
+    let flipped = match direction {
+        CompareDirection::Lt => CompareDirection::Gt,
+        CompareDirection::Gt => CompareDirection::Lt,
+        _ => return None,
+    };
+    let (key, direction) = if mirrors(comparator, left, right, &mut { MIRROR_BUDGET }) {
+        (*left, direction)
+    } else if mirrors(comparator, right, left, &mut { MIRROR_BUDGET }) {
+        (*right, flipped)
+    } else {
+        return None;
+    };
+    let key = Region { params: comparator.params.clone(), steps: comparator.steps.clone(), results: vec![key] };
+    Some((direction, total_order, key))
+}
+
+/// How many pairs of values [`mirrors`] may visit: a region's steps may share operands,
+/// so a walk of its tree could otherwise grow exponentially.
+const MIRROR_BUDGET: usize = 4096;
+
+/// Whether `second` computes of the second elements (odd parameters) what `first`
+/// computes of the first ones (even parameters), visiting at most `budget` pairs.
+fn mirrors(region: &Region, first: &RegionValue, second: &RegionValue, budget: &mut usize) -> bool {
+    if *budget == 0 {
+        return false;
+    }
+    *budget -= 1;
+    match (*first, *second) {
+        (RegionValue::Parameter(p), RegionValue::Parameter(q)) => p % 2 == 0 && q == p + 1,
+        (RegionValue::Constant { .. }, RegionValue::Constant { .. }) => first == second,
+        (RegionValue::Step(s), RegionValue::Step(t)) if s != t => {
+            let (Some(a), Some(b)) = (region.steps.get(s as usize), region.steps.get(t as usize)) else {
+                return false;
+            };
+            a.op == b.op
+                && a.dtype == b.dtype
+                && a.operands.len() == b.operands.len()
+                && a.operands.iter().zip(&b.operands).all(|(x, y)| mirrors(region, x, y, budget))
+        }
+        _ => false,
     }
 }
 

@@ -148,20 +148,43 @@ fn running<T: Element>(
     out
 }
 
+/// The array of `out_dims` whose element at `j` is `a`'s at `sources[d][j[d]]` along
+/// every dimension `d` (`fill` where one is `None`): walked in row-major order, a run of
+/// the last dimension at a time, from offsets into `a`'s elements.
 fn gather<T: Element>(
     a: &ndarray::ArrayViewD<'_, T>,
     fill: T,
     sources: &[Vec<Option<usize>>],
     out_dims: &[usize],
 ) -> ArrayD<T> {
-    let mut index = vec![0usize; out_dims.len()];
-    ArrayD::from_shape_fn(IxDyn(out_dims), |ix| {
-        for (d, source) in sources.iter().enumerate() {
-            match source[ix[d]] {
-                Some(i) => index[d] = i,
-                None => return fill,
+    let a = a.as_standard_layout();
+    let data = a.as_slice().unwrap_or_else(|| unvalidated("a standard-layout copy"));
+    let rank = out_dims.len();
+    let mut stride = 1;
+    let mut offsets: Vec<Vec<Option<usize>>> = vec![Vec::new(); rank];
+    for d in (0..rank).rev() {
+        offsets[d] = sources[d].iter().map(|s| s.map(|i| i * stride)).collect();
+        stride *= a.shape()[d];
+    }
+    let total: usize = out_dims.iter().product();
+    let mut out = Vec::with_capacity(total);
+    match offsets.split_last() {
+        None => out.push(data.first().copied().unwrap_or(fill)),
+        Some(_) if total == 0 => {}
+        Some((last, outer)) => {
+            let mut index = vec![0usize; outer.len()];
+            loop {
+                let base = outer.iter().zip(&index).try_fold(0, |base, (o, &i)| o[i].map(|o| base + o));
+                match base {
+                    Some(base) => out.extend(last.iter().map(|o| o.map_or(fill, |o| data[base + o]))),
+                    None => out.extend(std::iter::repeat_n(fill, last.len())),
+                }
+                // The next outer index, in row-major order.
+                let Some(d) = (0..outer.len()).rev().find(|&d| index[d] + 1 < out_dims[d]) else { break };
+                index[d] += 1;
+                index[d + 1..].fill(0);
             }
         }
-        a[IxDyn(&index)]
-    })
+    }
+    ArrayD::from_shape_vec(IxDyn(out_dims), out).unwrap_or_else(|_| unvalidated("reduce-window"))
 }
