@@ -4,6 +4,12 @@
 //! of a dilated input), the kernel as a matrix of window positions by output features,
 //! and one product per group gives every output element. The products are the same
 //! batched GEMM as `dot`'s, split across idle compute slots when large.
+//!
+//! A small f32 convolution with its features innermost (NHWC by HWIO, as JAX's CNNs
+//! write them) runs as a direct loop instead: each output position sums, window
+//! position by window position and input feature by input feature, the input element
+//! times the kernel's row of output features, a vector as wide as the outputs. Copying
+//! the im2col rows took as long as the product on such shapes.
 
 use std::borrow::Cow;
 
@@ -33,7 +39,9 @@ pub(super) fn convolution(
     match lhs.dtype().class() {
         DTypeClass::Float => {
             let (l, r) = (floats(lhs), floats(rhs));
-            let result = y(convolve(&l, &ls, &r, &rs, c, &dims, gemm_f32, helpers));
+            let data = direct(&l, &ls, &r, &rs, c, &dims, helpers)
+                .unwrap_or_else(|| convolve(&l, &ls, &r, &rs, c, &dims, gemm_f32, helpers));
+            let result = y(data);
             match out.dtype {
                 DType::F32 => Value::F32(result),
                 _ => with_float!(out.dtype, D => D::wrap(result.mapv(D::from_f32)), unvalidated("convolution")),
@@ -110,23 +118,7 @@ fn convolve<T: Element + Send + Sync>(
     let (rows, depth) = (batch * positions, inputs * window);
     let feature_stride = lstride[c.lhs_feature as usize];
 
-    // Where each (output position, window position) reads in the input's spatial
-    // dimensions, as an offset; `None` in padding or a hole of the dilation.
-    let mut spatial: Vec<Option<usize>> = Vec::with_capacity(positions * window);
-    for s in 0..positions {
-        let s = unravel(s, &out_sizes);
-        for k in 0..window {
-            let k = unravel(k, &kernel_sizes);
-            let mut offset = Some(0);
-            for d in 0..s.len() {
-                offset = offset.and_then(|o| {
-                    let i = c.window.source(d, s[d], k[d], in_sizes[d])?;
-                    Some(o + i * lstride[c.lhs_spatial[d] as usize])
-                });
-            }
-            spatial.push(offset);
-        }
-    }
+    let spatial = window_sources(c, &lstride, &in_sizes, &kernel_sizes, &out_sizes);
 
     let mut cols: Vec<T> = Vec::with_capacity(parts * rows * depth);
     for p in 0..parts {
@@ -188,6 +180,178 @@ fn convolve<T: Element + Send + Sync>(
         }
     }
     out
+}
+
+/// The most input features times window positions, and output features, of a
+/// convolution that runs as a direct loop: beyond them the GEMM's blocking wins.
+const DIRECT_MOST_DEPTH: usize = 1024;
+const DIRECT_MOST_OUTPUTS: usize = 64;
+/// Multiply-adds per part when a direct convolution is split across idle slots.
+const DIRECT_PART_MACS: usize = 1 << 21;
+
+/// Where each (output position, window position) reads in the input's spatial
+/// dimensions, as an offset (`None` in padding or a hole of the dilation), row-major.
+fn window_sources(
+    c: &ConvDims,
+    lstride: &[usize],
+    in_sizes: &[usize],
+    kernel_sizes: &[usize],
+    out_sizes: &[usize],
+) -> Vec<Option<usize>> {
+    let (positions, window) = (out_sizes.iter().product::<usize>(), kernel_sizes.iter().product::<usize>());
+    let mut spatial = Vec::with_capacity(positions * window);
+    for s in 0..positions {
+        let s = unravel(s, out_sizes);
+        for k in 0..window {
+            let k = unravel(k, kernel_sizes);
+            let mut offset = Some(0);
+            for d in 0..s.len() {
+                offset = offset.and_then(|o| {
+                    let i = c.window.source(d, s[d], k[d], in_sizes[d])?;
+                    Some(o + i * lstride[c.lhs_spatial[d] as usize])
+                });
+            }
+            spatial.push(offset);
+        }
+    }
+    spatial
+}
+
+/// The convolution as a direct loop (see the module's notes), row-major in
+/// `out_dims`; `None` unless there is one group, the input's features and the kernel's
+/// output features are innermost, the output is (batch, spatial…, feature) and the
+/// shape is small enough.
+fn direct(
+    lhs: &[f32],
+    ls: &[usize],
+    rhs: &[f32],
+    rs: &[usize],
+    c: &ConvDims,
+    out_dims: &[usize],
+    helpers: &HostPool,
+) -> Option<Vec<f32>> {
+    let (lstride, rstride) = (strides(ls), strides(rs));
+    let spatial_order: Vec<u32> = (1..=c.out_spatial.len() as u32).collect();
+    let plain = c.feature_groups == 1
+        && c.batch_groups == 1
+        && lstride[c.lhs_feature as usize] == 1
+        && rstride[c.rhs_output as usize] == 1
+        && c.out_batch == 0
+        && c.out_spatial == spatial_order
+        && c.out_feature as usize == out_dims.len() - 1;
+    let at = |dims: &[u32], shape: &[usize]| -> Vec<usize> { dims.iter().map(|&d| shape[d as usize]).collect() };
+    let (in_sizes, kernel_sizes, out_sizes) =
+        (at(&c.lhs_spatial, ls), at(&c.rhs_spatial, rs), at(&c.out_spatial, out_dims));
+    let (inputs, outputs) = (rs[c.rhs_input as usize], rs[c.rhs_output as usize]);
+    let window: usize = kernel_sizes.iter().product();
+    let depth = inputs * window;
+    if !plain || depth == 0 || depth > DIRECT_MOST_DEPTH || outputs == 0 || outputs > DIRECT_MOST_OUTPUTS {
+        return None;
+    }
+    let spatial = window_sources(c, &lstride, &in_sizes, &kernel_sizes, &out_sizes);
+    // The kernel as [window position, input feature] rows of the output features.
+    let kernel_offsets =
+        offsets(&kernel_sizes, &c.rhs_spatial.iter().map(|&d| rstride[d as usize]).collect::<Vec<_>>());
+    // Rows padded with zeros to whole blocks of LANES outputs.
+    let in_stride = rstride[c.rhs_input as usize];
+    let lanes = outputs.next_multiple_of(LANES);
+    let mut weights = Vec::with_capacity(depth * lanes);
+    for &ko in &kernel_offsets {
+        for i in 0..inputs {
+            weights.extend_from_slice(&rhs[ko + i * in_stride..][..outputs]);
+            weights.resize(weights.len() + lanes - outputs, 0.0);
+        }
+    }
+    let positions: usize = out_sizes.iter().product();
+    let rows = out_dims[0] * positions;
+    let mut out = vec![0.0f32; rows * outputs];
+    let rows_per_part = (DIRECT_PART_MACS / (depth * outputs)).max(1);
+    let parts = rows.div_ceil(rows_per_part);
+    let lent = helpers.lend(parts.saturating_sub(1));
+    let chunk = rows.div_ceil(lent.threads().min(parts).max(1));
+    let job = DirectRows {
+        lhs,
+        batch_stride: lstride[c.lhs_batch as usize],
+        spatial: &spatial,
+        weights: &weights,
+        positions,
+        window,
+        inputs,
+        outputs,
+    };
+    let pieces: Vec<(usize, &mut [f32])> =
+        out.chunks_mut(chunk * outputs).enumerate().map(|(p, rows)| (p * chunk, rows)).collect();
+    lent.run(pieces, |(first, rows)| super::vectorized(DirectPart(&job, first, rows)));
+    Some(out)
+}
+
+/// What every part of a direct convolution reads.
+struct DirectRows<'a> {
+    lhs: &'a [f32],
+    batch_stride: usize,
+    spatial: &'a [Option<usize>],
+    weights: &'a [f32],
+    positions: usize,
+    window: usize,
+    inputs: usize,
+    outputs: usize,
+}
+
+/// Output features per row of the kernel as the direct loop reads it: whole vector
+/// registers' worth (16 f32 on AVX-512, 8 on AVX2).
+const LANES: usize = 16;
+
+/// Output positions summed together: as many independent chains of multiply-adds as
+/// keep the vector units busy while each waits for the previous one.
+const POSITIONS: usize = 6;
+
+/// Output rows from `.1` on, into `.2` (whole rows of the output features).
+struct DirectPart<'a, 'o>(&'a DirectRows<'a>, usize, &'o mut [f32]);
+
+impl pulp::WithSimd for DirectPart<'_, '_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, simd: S) {
+        let DirectPart(job, first, rows) = self;
+        let (inputs, outputs) = (job.inputs, job.outputs);
+        let (lanes, width) = (outputs.next_multiple_of(LANES), S::F32_LANES);
+        let count = rows.len() / outputs;
+        for group in (0..count).step_by(POSITIONS) {
+            let here = POSITIONS.min(count - group);
+            // Where each position of the group reads the input at each window position.
+            let bases: [usize; POSITIONS] = std::array::from_fn(|p| {
+                let row = first + group + p.min(here - 1);
+                (row / job.positions) * job.batch_stride
+            });
+            let reads: [&[Option<usize>]; POSITIONS] = std::array::from_fn(|p| {
+                let row = first + group + p.min(here - 1);
+                &job.spatial[(row % job.positions) * job.window..][..job.window]
+            });
+            for block in (0..outputs).step_by(width) {
+                // A register of sums per position over the whole window: the element
+                // times the kernel's row, multiplied and added in one rounding.
+                let mut acc = [simd.splat_f32s(0.0); POSITIONS];
+                for (k, kernel) in job.weights.chunks_exact(inputs * lanes).enumerate() {
+                    let at: [Option<usize>; POSITIONS] = std::array::from_fn(|p| reads[p][k].map(|o| bases[p] + o));
+                    let kernel = &kernel[block..];
+                    for i in 0..inputs {
+                        let w = simd.partial_load_f32s(&kernel[i * lanes..][..width]);
+                        for p in 0..POSITIONS {
+                            if let Some(at) = at[p] {
+                                acc[p] = simd.mul_add_f32s(simd.splat_f32s(job.lhs[at + i]), w, acc[p]);
+                            }
+                        }
+                    }
+                }
+                let end = outputs.min(block + width);
+                for (p, acc) in acc.into_iter().enumerate().take(here) {
+                    let sums = &mut rows[(group + p) * outputs..][..outputs];
+                    simd.partial_store_f32s(&mut sums[block..end], acc);
+                }
+            }
+        }
+    }
 }
 
 fn unravel(mut flat: usize, sizes: &[usize]) -> Vec<usize> {

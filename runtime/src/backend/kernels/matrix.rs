@@ -33,16 +33,53 @@ pub(super) fn matmul(
                 }
                 return Value::F32(product);
             }
+            // bf16 operands are exact in f32 and round to themselves, so the kernel of
+            // bf16-rounded products (AMX tiles, where the host has them) computes their
+            // products exactly too.
+            let gemm = match (lhs.dtype(), rhs.dtype()) {
+                (DType::BF16, DType::BF16) => native_gemm(FloatFormat::Bf16, false).unwrap_or(gemm_f32),
+                _ => gemm_f32,
+            };
             let (l, r) = (converted::<f32>(lhs), converted::<f32>(rhs));
-            let product = batched_matmul(&l.view(), &r.view(), d, &dims, gemm_f32, helpers);
+            let product = batched_matmul(&l.view(), &r.view(), d, &dims, gemm, helpers);
             with_float!(out.dtype, D => D::wrap(product.mapv(D::from_f32)), unvalidated("dot"))
         }
-        DTypeClass::Signed | DTypeClass::Unsigned => with_int!(out.dtype, D => {
-            let (l, r) = (converted::<D>(lhs), converted::<D>(rhs));
-            D::wrap(batched_matmul(&l.view(), &r.view(), d, &dims, gemm_int::<D>, helpers))
-        }, unvalidated("dot")),
+        DTypeClass::Signed | DTypeClass::Unsigned => {
+            if let Some(product) = exact_in_f32(lhs, rhs, d, out, helpers) {
+                return product;
+            }
+            with_int!(out.dtype, D => {
+                let (l, r) = (converted::<D>(lhs), converted::<D>(rhs));
+                D::wrap(batched_matmul(&l.view(), &r.view(), d, &dims, gemm_int::<D>, helpers))
+            }, unvalidated("dot"))
+        }
         DTypeClass::Pred => unvalidated("dot on pred"),
     }
+}
+
+/// An integer `dot` of 8-bit operands through the f32 GEMM, where every partial sum is
+/// an integer of at most 2^24 in magnitude, and so exact in f32 in any order: then the
+/// exact sum, converted to the output type with wrapping, is what multiplying and
+/// adding in the output type gives. `None` for wider operands or longer sums.
+fn exact_in_f32(
+    lhs: &ValueRef<'_>,
+    rhs: &ValueRef<'_>,
+    d: &DotDims,
+    out: &ArrayType,
+    helpers: &HostPool,
+) -> Option<Value> {
+    let largest = |dtype: DType| match dtype {
+        DType::S8 => Some(128u64),
+        DType::U8 => Some(255),
+        _ => None,
+    };
+    let terms: u64 = d.lhs_contracting.iter().map(|&c| lhs.shape()[c as usize] as u64).product();
+    if largest(lhs.dtype())? * largest(rhs.dtype())? * terms > 1 << 24 {
+        return None;
+    }
+    let (l, r) = (converted::<f32>(lhs), converted::<f32>(rhs));
+    let product = batched_matmul(&l.view(), &r.view(), d, &to_usize(&out.dims), gemm_f32, helpers);
+    Some(with_int!(out.dtype, D => D::wrap(product.mapv(|x| D::from_i64(x as i64))), unvalidated("dot")))
 }
 
 /// Products at most this many multiply-adds, of one matrix or vector by another, are
@@ -527,6 +564,44 @@ mod tests {
                 assert_eq!(c_t[[j, i]], expected, "c[{i}][{j}]");
             }
         }
+    }
+
+    #[test]
+    fn eight_bit_products_through_f32_are_exact_at_the_longest_sum_and_wrap_into_narrow_outputs() {
+        // 1024 terms of -128 x -128: the largest sum that stays exact in f32 (2^24).
+        let (m, k, n) = (3, 1024, 5);
+        let a =
+            ndarray::Array2::from_shape_fn((m, k), |(i, p)| if i == 0 { -128i8 } else { (p * 7 + i) as i8 }).into_dyn();
+        let b = ndarray::Array2::from_shape_fn((k, n), |(p, j)| if j == 0 { -128i8 } else { (p * 3 + j * 5) as i8 });
+        let b = b.into_dyn();
+        let d = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contracting: vec![1], rhs_contracting: vec![0] };
+        let helpers = HostPool::new(1);
+        for out in [DType::S32, DType::S16, DType::U32] {
+            let ty = ArrayType::new(out, vec![m as u64, n as u64]);
+            let product = matmul(&ValueRef::S8(a.view()), &ValueRef::S8(b.view()), &d, &ty, &helpers);
+            let exact = |i: usize, j: usize| (0..k).map(|p| i64::from(a[[i, p]]) * i64::from(b[[p, j]])).sum::<i64>();
+            for i in 0..m {
+                for j in 0..n {
+                    let got = match &product {
+                        Value::S32(c) => i64::from(c[[i, j]]),
+                        Value::S16(c) => i64::from(c[[i, j]]),
+                        Value::U32(c) => i64::from(c[[i, j]]),
+                        other => panic!("{other:?}"),
+                    };
+                    let expected = match out {
+                        DType::S16 => i64::from(exact(i, j) as i16),
+                        DType::U32 => i64::from(exact(i, j) as u32),
+                        _ => exact(i, j),
+                    };
+                    assert_eq!(got, expected, "{out:?} c[{i}][{j}]");
+                }
+            }
+        }
+        assert_eq!(exact_sum_at(&a, &b), 1 << 24);
+    }
+
+    fn exact_sum_at(a: &ArrayD<i8>, b: &ArrayD<i8>) -> i64 {
+        (0..a.shape()[1]).map(|p| i64::from(a[[0, p]]) * i64::from(b[[p, 0]])).sum()
     }
 
     #[test]
