@@ -189,7 +189,8 @@ fn cumulative_problem() -> impl Strategy<Value = WindowProblem> {
         })
 }
 
-/// One convolution problem in NHWC / HWIO layout (`b01f_01io->b01f`), 1 or 2 spatial
+/// One convolution problem in NHWC layout by an HWIO kernel (`b01f_01io->b01f`) or an
+/// HWOI one (`b01f_01oi->b01f`, as input gradients have it), 1 or 2 spatial
 /// dimensions, with feature groups.
 #[derive(Debug, Clone)]
 struct ConvProblem {
@@ -199,6 +200,7 @@ struct ConvProblem {
     groups: u64,
     inputs: u64,
     outputs_per_group: u64,
+    outputs_first: bool,
     stride: Vec<u64>,
     pad: Vec<(u64, u64)>,
     lhs_dilation: Vec<u64>,
@@ -225,7 +227,11 @@ impl ConvProblem {
         let features = self.inputs * self.groups;
         let outputs = self.outputs_per_group * self.groups;
         let x = [vec![self.batch], self.spatial.clone(), vec![features]].concat();
-        let w = [self.kernel.clone(), vec![self.inputs, outputs]].concat();
+        let w = if self.outputs_first {
+            [self.kernel.clone(), vec![outputs, self.inputs]].concat()
+        } else {
+            [self.kernel.clone(), vec![self.inputs, outputs]].concat()
+        };
         let y = [vec![self.batch], self.window().out_dims(), vec![outputs]].concat();
         (x, w, y)
     }
@@ -233,11 +239,12 @@ impl ConvProblem {
     fn hlo(&self) -> String {
         let (x, w, y) = self.dims();
         let digits: String = (0..self.spatial.len()).map(|d| d.to_string()).collect();
+        let kernel = if self.outputs_first { "oi" } else { "io" };
         let pad: Vec<String> = self.pad.iter().map(|(l, h)| format!("{l}_{h}")).collect();
         format!(
             "HloModule c\nENTRY e {{\n  x = {} parameter(0)\n  w = {} parameter(1)\n  \
              ROOT y = {} convolution(x, w), window={{size={} stride={} pad={} lhs_dilate={} rhs_dilate={}}}, \
-             dim_labels=b{digits}f_{digits}io->b{digits}f, feature_group_count={}\n}}\n",
+             dim_labels=b{digits}f_{digits}{kernel}->b{digits}f, feature_group_count={}\n}}\n",
             f32_shape(&x),
             f32_shape(&w),
             f32_shape(&y),
@@ -277,7 +284,8 @@ impl ConvProblem {
                 }
                 for i in 0..self.inputs {
                     let xi = [at.clone(), vec![group * self.inputs + i]].concat();
-                    let wi = [k.clone(), vec![i, o]].concat();
+                    let wi =
+                        if self.outputs_first { [k.clone(), vec![o, i]] } else { [k.clone(), vec![i, o]] }.concat();
                     *out += self.x[ravel(&xi, &xd)] * self.w[ravel(&wi, &wd)];
                 }
             }
@@ -287,10 +295,10 @@ impl ConvProblem {
 }
 
 fn conv_problem() -> impl Strategy<Value = ConvProblem> {
-    (1usize..=2, 1u64..=2, 1u64..=2, 1u64..=3, 1u64..=3)
-        .prop_flat_map(|(rank, batch, groups, inputs, outputs_per_group)| {
+    (1usize..=2, 1u64..=2, 1u64..=2, 1u64..=3, 1u64..=3, any::<bool>())
+        .prop_flat_map(|(rank, batch, groups, inputs, outputs_per_group, outputs_first)| {
             (
-                Just((batch, groups, inputs, outputs_per_group)),
+                Just((batch, groups, inputs, outputs_per_group, outputs_first)),
                 prop::collection::vec(1u64..=6, rank),
                 prop::collection::vec(1u64..=3, rank),
                 prop::collection::vec(1u64..=2, rank),
@@ -299,25 +307,28 @@ fn conv_problem() -> impl Strategy<Value = ConvProblem> {
                 prop::collection::vec(1u64..=2, rank),
             )
         })
-        .prop_flat_map(|((batch, groups, inputs, outputs_per_group), spatial, kernel, stride, pad, lhs, rhs)| {
-            let p = ConvProblem {
-                batch,
-                spatial,
-                kernel,
-                groups,
-                inputs,
-                outputs_per_group,
-                stride,
-                pad,
-                lhs_dilation: lhs,
-                rhs_dilation: rhs,
-                x: Vec::new(),
-                w: Vec::new(),
-            };
-            let (x, w, _) = p.dims();
-            let (nx, nw) = (x.iter().product::<u64>() as usize, w.iter().product::<u64>() as usize);
-            (values(nx), values(nw)).prop_map(move |(x, w)| ConvProblem { x, w, ..p.clone() })
-        })
+        .prop_flat_map(
+            |((batch, groups, inputs, outputs_per_group, outputs_first), spatial, kernel, stride, pad, lhs, rhs)| {
+                let p = ConvProblem {
+                    batch,
+                    spatial,
+                    kernel,
+                    groups,
+                    inputs,
+                    outputs_per_group,
+                    outputs_first,
+                    stride,
+                    pad,
+                    lhs_dilation: lhs,
+                    rhs_dilation: rhs,
+                    x: Vec::new(),
+                    w: Vec::new(),
+                };
+                let (x, w, _) = p.dims();
+                let (nx, nw) = (x.iter().product::<u64>() as usize, w.iter().product::<u64>() as usize);
+                (values(nx), values(nw)).prop_map(move |(x, w)| ConvProblem { x, w, ..p.clone() })
+            },
+        )
         .prop_filter("at least one window", |p| p.window().out_dims().iter().all(|&c| c > 0))
 }
 

@@ -5,8 +5,9 @@
 //! and one product per group gives every output element. The products are the same
 //! batched GEMM as `dot`'s, split across idle compute slots when large.
 //!
-//! A small f32 convolution with its features innermost (NHWC by HWIO, as JAX's CNNs
-//! write them) runs as a direct loop instead: each output position sums, window
+//! A small f32 convolution with its features innermost (NHWC, by a kernel in any
+//! layout: HWIO as JAX's CNNs write them, HWOI in their input gradients) runs as a
+//! direct loop instead: each output position sums, window
 //! position by window position and input feature by input feature, the input element
 //! times the kernel's row of output features, a vector as wide as the outputs. Copying
 //! the im2col rows took as long as the product on such shapes.
@@ -199,18 +200,23 @@ fn window_sources(
     out_sizes: &[usize],
 ) -> Vec<Option<usize>> {
     let (positions, window) = (out_sizes.iter().product::<usize>(), kernel_sizes.iter().product::<usize>());
+    // Along each spatial dimension, where output index j reads at window index k.
+    let along: Vec<Vec<Option<usize>>> = (0..out_sizes.len())
+        .map(|d| {
+            let step = lstride[c.lhs_spatial[d] as usize];
+            (0..out_sizes[d])
+                .flat_map(|j| (0..kernel_sizes[d]).map(move |k| (j, k)))
+                .map(|(j, k)| c.window.source(d, j, k, in_sizes[d]).map(|i| i * step))
+                .collect()
+        })
+        .collect();
+    let (mut s, mut k) = (vec![0usize; out_sizes.len()], vec![0usize; kernel_sizes.len()]);
     let mut spatial = Vec::with_capacity(positions * window);
-    for s in 0..positions {
-        let s = unravel(s, out_sizes);
-        for k in 0..window {
-            let k = unravel(k, kernel_sizes);
-            let mut offset = Some(0);
-            for d in 0..s.len() {
-                offset = offset.and_then(|o| {
-                    let i = c.window.source(d, s[d], k[d], in_sizes[d])?;
-                    Some(o + i * lstride[c.lhs_spatial[d] as usize])
-                });
-            }
+    for position in 0..positions {
+        unravel_into(position, out_sizes, &mut s);
+        for w in 0..window {
+            unravel_into(w, kernel_sizes, &mut k);
+            let offset = (0..s.len()).try_fold(0, |o, d| along[d][s[d] * kernel_sizes[d] + k[d]].map(|i| o + i));
             spatial.push(offset);
         }
     }
@@ -218,9 +224,9 @@ fn window_sources(
 }
 
 /// The convolution as a direct loop (see the module's notes), row-major in
-/// `out_dims`; `None` unless there is one group, the input's features and the kernel's
-/// output features are innermost, the output is (batch, spatial…, feature) and the
-/// shape is small enough.
+/// `out_dims`; `None` unless there is one group, the input's features are innermost,
+/// the output is (batch, spatial…, feature) and the shape is small enough (the kernel
+/// may be in any layout: it is packed first).
 fn direct(
     lhs: &[f32],
     ls: &[usize],
@@ -235,7 +241,6 @@ fn direct(
     let plain = c.feature_groups == 1
         && c.batch_groups == 1
         && lstride[c.lhs_feature as usize] == 1
-        && rstride[c.rhs_output as usize] == 1
         && c.out_batch == 0
         && c.out_spatial == spatial_order
         && c.out_feature as usize == out_dims.len() - 1;
@@ -253,12 +258,17 @@ fn direct(
     let kernel_offsets =
         offsets(&kernel_sizes, &c.rhs_spatial.iter().map(|&d| rstride[d as usize]).collect::<Vec<_>>());
     // Rows padded with zeros to whole blocks of LANES outputs.
-    let in_stride = rstride[c.rhs_input as usize];
+    let (in_stride, out_stride) = (rstride[c.rhs_input as usize], rstride[c.rhs_output as usize]);
     let lanes = outputs.next_multiple_of(LANES);
     let mut weights = Vec::with_capacity(depth * lanes);
     for &ko in &kernel_offsets {
         for i in 0..inputs {
-            weights.extend_from_slice(&rhs[ko + i * in_stride..][..outputs]);
+            let row = ko + i * in_stride;
+            if out_stride == 1 {
+                weights.extend_from_slice(&rhs[row..][..outputs]);
+            } else {
+                weights.extend((0..outputs).map(|o| rhs[row + o * out_stride]));
+            }
             weights.resize(weights.len() + lanes - outputs, 0.0);
         }
     }
@@ -301,6 +311,9 @@ struct DirectRows<'a> {
 /// registers' worth (16 f32 on AVX-512, 8 on AVX2).
 const LANES: usize = 16;
 
+/// What a window position in the padding reads.
+static ZEROS: [f32; DIRECT_MOST_DEPTH] = [0.0; DIRECT_MOST_DEPTH];
+
 /// Output positions summed together: as many independent chains of multiply-adds as
 /// keep the vector units busy while each waits for the previous one.
 const POSITIONS: usize = 6;
@@ -331,19 +344,23 @@ impl pulp::WithSimd for DirectPart<'_, '_> {
             for block in (0..outputs).step_by(width) {
                 // A register of sums per position over the whole window: the element
                 // times the kernel's row, multiplied and added in one rounding.
-                let mut acc = [simd.splat_f32s(0.0); POSITIONS];
+                let [mut a0, mut a1, mut a2, mut a3, mut a4, mut a5] = [simd.splat_f32s(0.0); POSITIONS];
                 for (k, kernel) in job.weights.chunks_exact(inputs * lanes).enumerate() {
-                    let at: [Option<usize>; POSITIONS] = std::array::from_fn(|p| reads[p][k].map(|o| bases[p] + o));
-                    let kernel = &kernel[block..];
-                    for i in 0..inputs {
-                        let w = simd.partial_load_f32s(&kernel[i * lanes..][..width]);
-                        for p in 0..POSITIONS {
-                            if let Some(at) = at[p] {
-                                acc[p] = simd.mul_add_f32s(simd.splat_f32s(job.lhs[at + i]), w, acc[p]);
-                            }
-                        }
+                    // Padding reads zeros, as XLA's padded input holds: no branch inside,
+                    // and each slice exactly `inputs` long, so no bounds check either.
+                    let x = |p: usize| match reads[p][k] {
+                        Some(offset) => &job.lhs[bases[p] + offset..][..inputs],
+                        None => &ZEROS[..inputs],
+                    };
+                    let (x0, x1, x2, x3, x4, x5) = (x(0), x(1), x(2), x(3), x(4), x(5));
+                    for (i, row) in kernel.chunks_exact(lanes).enumerate().take(inputs) {
+                        let w = simd.partial_load_f32s(&row[block..block + width]);
+                        let fma = |x: f32, acc| simd.mul_add_f32s(simd.splat_f32s(x), w, acc);
+                        (a0, a1, a2) = (fma(x0[i], a0), fma(x1[i], a1), fma(x2[i], a2));
+                        (a3, a4, a5) = (fma(x3[i], a3), fma(x4[i], a4), fma(x5[i], a5));
                     }
                 }
+                let acc = [a0, a1, a2, a3, a4, a5];
                 let end = outputs.min(block + width);
                 for (p, acc) in acc.into_iter().enumerate().take(here) {
                     let sums = &mut rows[(group + p) * outputs..][..outputs];
@@ -354,11 +371,10 @@ impl pulp::WithSimd for DirectPart<'_, '_> {
     }
 }
 
-fn unravel(mut flat: usize, sizes: &[usize]) -> Vec<usize> {
-    let mut index = vec![0; sizes.len()];
+/// `flat`'s row-major index in `sizes`, into `index`.
+fn unravel_into(mut flat: usize, sizes: &[usize], index: &mut [usize]) {
     for d in (0..sizes.len()).rev() {
         index[d] = flat % sizes[d].max(1);
         flat /= sizes[d].max(1);
     }
-    index
 }
