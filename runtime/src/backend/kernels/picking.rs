@@ -233,8 +233,8 @@ fn picker(region: &Region, helpers: &HostPool) -> Option<Rc<Picker>> {
 }
 
 /// `ReduceRegion` by a picking reducer: result `result` of reducing `operands` (the
-/// arrays, then their initial values) over `axes`, in XLA's order; `None` when `region` is not a picking
-/// reducer (or meets relations its table lacks), for the general path.
+/// arrays, then their initial values) over `axes`, in XLA's order; `None` when `region`
+/// is not a picking reducer (or meets relations its table lacks), for the general path.
 pub(super) fn reduce(
     region: &Region,
     axes: &[u32],

@@ -13,12 +13,10 @@
 //! whole arrays as a key, and each row is sorted by its keys directly: a stable merge
 //! sort, which on short rows is an insertion sort.
 
-use std::cmp::Ordering;
-
 use ndarray::{ArrayD, IxDyn};
 
 use super::region::{apply, rows_by_columns};
-use super::{arr, compare_scalars, each_type, unvalidated};
+use super::{arr, each_type, unvalidated};
 use crate::backend::element::{Element, with_element};
 use crate::backend::{Value, ValueRef};
 use crate::isa::{CompareDirection, Op, Region, RegionValue};
@@ -141,7 +139,8 @@ fn mirrors(region: &Region, first: &RegionValue, second: &RegionValue, budget: &
 }
 
 /// Each row's order (positions of its elements, first to last) by `direction` on the
-/// elements of `keys` (`[rows, n]`), equal elements in position order.
+/// elements of `keys` (`[rows, n]`), equal elements in position order; under IEEE
+/// order (not `total_order`), NaNs after every number when ascending.
 fn sort_by_first(
     keys: &ValueRef<'_>,
     rows: usize,
@@ -157,13 +156,16 @@ fn sort_by_first(
             let mut positions: Vec<u32> = (0..n as u32).collect();
             positions.sort_by(|&a, &b| {
                 let (x, y) = (row[a as usize], row[b as usize]);
-                if compare_scalars(direction, total_order, x, y) {
-                    Ordering::Less
-                } else if compare_scalars(direction, total_order, y, x) {
-                    Ordering::Greater
+                // A NaN compares with nothing under IEEE order; taken as equal to every
+                // element it would make the order inconsistent (which the standard
+                // library's sort may panic on), so NaNs go after every number instead.
+                #[allow(clippy::eq_op)]
+                let ascending = if total_order {
+                    x.total_cmp(&y)
                 } else {
-                    Ordering::Equal
-                }
+                    x.partial_cmp(&y).unwrap_or_else(|| (x != x).cmp(&(y != y)))
+                };
+                if direction == CompareDirection::Gt { ascending.reverse() } else { ascending }
             });
             order.extend(positions);
         }
