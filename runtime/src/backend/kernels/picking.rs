@@ -56,6 +56,15 @@ fn representatives<T: Element>() -> Vec<T> {
     }
 }
 
+/// [`representatives`] of `dtype`, as a vector.
+fn representatives_of(dtype: DType) -> Value {
+    with_element!(dtype, T => {
+        let elements = representatives::<T>();
+        let shape = IxDyn(&[elements.len()]);
+        T::wrap(ArrayD::from_shape_vec(shape, elements).unwrap_or_else(|_| unvalidated("representatives")))
+    })
+}
+
 /// A picking reducer's table: entry `key` (the arrays' relations, 7 bits each) has bit
 /// `j` set when result `j` takes the second side's element (parameter `j + n`), or is
 /// [`UNKNOWN`].
@@ -125,9 +134,7 @@ impl Picker {
         let n = picks_only(region)?;
         // The test cases: every combination, over the arrays, of a pair of
         // representatives; array `j`'s first and second elements as parameters j, j + n.
-        let reps: Vec<Value> = (0..n)
-            .map(|j| with_element!(region.params[j], T => T::wrap(ArrayD::from_shape_vec(IxDyn(&[representatives::<T>().len()]), representatives::<T>()).unwrap_or_else(|_| unvalidated("representatives")))))
-            .collect();
+        let reps: Vec<Value> = (0..n).map(|j| representatives_of(region.params[j])).collect();
         let counts: Vec<usize> = reps.iter().map(|r| r.view().shape()[0]).collect();
         let cases: usize = counts.iter().map(|c| c * c).product();
         // Case `c`'s pair of representatives of array `j`: digits of `c` in mixed radix.
