@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use neuron_datastore::DatastoreReader;
 use neuron_runtime::config::CoreRequest;
-use neuron_runtime::{CompileOptions, Config, CoreSet, Neff, Runtime, TensorPlacement, TensorSet, compile_hlo_with};
+use neuron_runtime::{CompileOptions, Config, CoreSet, Neff, Runtime, compile_hlo_with};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -33,34 +33,14 @@ fn main() {
     let kernel = DatastoreReader::open(&runtime.datastore_path().expect("datastore"))
         .map(|r| format!("{:?}", r.info().product_kernel))
         .unwrap_or_else(|e| format!("unknown ({e})"));
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned()))
-        })
-        .unwrap_or_default();
+    let cpu = neuron_test_support::runtime::cpu_model();
     println!("{cpu}; products of bf16-rounded operands run on: {kernel}");
     println!("{:<10} {:>14} {:>14} {:>8}", "model", "default p50", "none p50", "ratio");
     for (name, hlo) in MODELS {
         let run = |options: CompileOptions| {
             let neff = Neff::new(name, compile_hlo_with(hlo, &options).expect("compiles")).encode();
             let model = runtime.load(&neff, Some(0)).expect("loads");
-            let placement = TensorPlacement::Device { core: 0 };
-            let bind = |ios: &[neuron_runtime::isa::IoTensor]| {
-                let mut set = TensorSet::new();
-                for io in ios {
-                    let ty = model.tensor_type(io).clone();
-                    let tensor = runtime.allocate_tensor_for(placement, &ty, &io.name).expect("alloc");
-                    let len = ty.size_bytes().expect("a size") as usize;
-                    let bytes: Vec<u8> =
-                        (0..len / 4).flat_map(|i| ((i % 13) as f32 * 0.01 - 0.06).to_le_bytes()).collect();
-                    tensor.write(0, &bytes).expect("write");
-                    set.add(&io.name, tensor);
-                }
-                set
-            };
-            let (inputs, outputs) = (bind(model.inputs()), bind(model.outputs()));
+            let (inputs, outputs, _) = neuron_test_support::runtime::bind_filled(&runtime, &model, 0);
             (model, inputs, outputs)
         };
         let default = run(CompileOptions::default());

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use neuron_runtime::config::CoreRequest;
-use neuron_runtime::{CompileOptions, Config, CoreSet, InstanceType, Neff, Runtime, TensorPlacement, TensorSet};
+use neuron_runtime::{CompileOptions, Config, CoreSet, InstanceType, Neff, Runtime, TensorSet};
 
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -37,13 +37,7 @@ fn main() {
     let counts: Vec<usize> = [1, 2, 4, 8, 16].into_iter().filter(|&n| n <= cpus).collect();
     let neff = Neff::new(name, neuron_runtime::compile_hlo_with(hlo, &CompileOptions::default()).expect("compiles"));
     let neff = neff.encode();
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned()))
-        })
-        .unwrap_or_default();
+    let cpu = neuron_test_support::runtime::cpu_model();
     println!("{cpu}, {cpus} CPUs; `{name}` with neuron-cc's defaults");
     println!(
         "{:>5} {:>13} {:>9} {:>11} {:>16} {:>15} {:>6}  bound by",
@@ -92,28 +86,12 @@ fn main() {
 /// The model loaded on each of `cores` cores, with its tensors in that core's memory,
 /// and the bytes of one execution's tensors (in and out).
 fn load(runtime: &Runtime, neff: &[u8], cores: usize) -> (Vec<(neuron_runtime::Model, TensorSet, TensorSet)>, u64) {
-    let mut bytes_per_execution = 0u64;
+    let mut bytes_per_execution = 0;
     let loaded = (0..cores as u32)
         .map(|core| {
             let model = runtime.load(neff, Some(core)).expect("loads");
-            let placement = TensorPlacement::Device { core };
-            let mut bind = |ios: &[neuron_runtime::isa::IoTensor]| {
-                let mut set = TensorSet::new();
-                for io in ios {
-                    let ty = model.tensor_type(io).clone();
-                    let tensor = runtime.allocate_tensor_for(placement, &ty, &io.name).expect("alloc");
-                    let len = ty.size_bytes().expect("a size") as usize;
-                    let bytes: Vec<u8> =
-                        (0..len / 4).flat_map(|i| ((i % 13) as f32 * 0.01 - 0.06).to_le_bytes()).collect();
-                    tensor.write(0, &bytes).expect("write");
-                    if core == 0 {
-                        bytes_per_execution += len as u64;
-                    }
-                    set.add(&io.name, tensor);
-                }
-                set
-            };
-            let (inputs, outputs) = (bind(model.inputs()), bind(model.outputs()));
+            let (inputs, outputs, bytes) = neuron_test_support::runtime::bind_filled(runtime, &model, core);
+            bytes_per_execution = bytes;
             (model, inputs, outputs)
         })
         .collect();

@@ -114,6 +114,38 @@ pub fn bind_f32(rt: &Runtime, neff: &[u8], len: u64) -> (Model, TensorSet, Tenso
     (model, inputs, outputs)
 }
 
+/// This host's CPU as `/proc/cpuinfo` names it (empty where it does not), for a
+/// benchmark's first line.
+pub fn cpu_model() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name").map(|v| v.trim_start_matches([' ', '\t', ':']).to_owned()))
+        .unwrap_or_default()
+}
+
+/// Every input and output of `model` as a tensor in `core`'s memory, the inputs filled
+/// with small f32 values (a benchmark's example model), and the bytes of them all.
+pub fn bind_filled(rt: &Runtime, model: &Model, core: u32) -> (TensorSet, TensorSet, u64) {
+    let placement = TensorPlacement::Device { core };
+    let mut bytes = 0u64;
+    let mut bind = |ios: &[neuron_runtime::isa::IoTensor]| {
+        let mut set = TensorSet::new();
+        for io in ios {
+            let ty = model.tensor_type(io).clone();
+            let tensor = rt.allocate_tensor_for(placement, &ty, &io.name).expect("alloc");
+            let len = ty.size_bytes().expect("a size") as usize;
+            let values: Vec<u8> = (0..len / 4).flat_map(|i| ((i % 13) as f32 * 0.01 - 0.06).to_le_bytes()).collect();
+            tensor.write(0, &values).expect("write");
+            bytes += len as u64;
+            set.add(&io.name, tensor);
+        }
+        set
+    };
+    let (inputs, outputs) = (bind(model.inputs()), bind(model.outputs()));
+    (inputs, outputs, bytes)
+}
+
 /// Executes `model` (one `f32` input, one output) once on `input` in host tensors,
 /// returning its output.
 pub fn execute_f32(rt: &Runtime, model: &Model, input: &[f32]) -> NrtResult<Vec<f32>> {
