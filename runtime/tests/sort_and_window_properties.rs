@@ -5,7 +5,7 @@
 //! window sum is exact and results must match to the bit.
 
 use neuron_runtime::{CompileOptions, Target};
-use neuron_test_support::runtime::Bench;
+use neuron_test_support::runtime::{Bench, f32_bytes, ints};
 use proptest::prelude::*;
 
 fn list(values: &[u64], separator: &str) -> String {
@@ -380,8 +380,8 @@ proptest! {
              t = (f32[{rows},{k}], s32[{rows},{k}]) topk(x), k={k}, largest={largest}\n  \
              ROOT i = s32[{rows},{k}] get-tuple-element(t), index=1\n}}\n"
         );
-        let ours = Bench::new().run(&hlo, &CompileOptions::exact(Target::Trn1), &[values.iter().flat_map(|v| v.to_le_bytes()).collect()]);
-        let ours: Vec<i32> = ours.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let ours = Bench::new().run(&hlo, &CompileOptions::exact(Target::Trn1), &[f32_bytes(&values)]);
+        let ours = ints(&ours);
         let mut expected = Vec::new();
         for row in values.chunks(n as usize) {
             let mut order: Vec<usize> = (0..row.len()).collect();
@@ -410,9 +410,8 @@ proptest! {
              s = ({ty}, {ty}, s32[{rows},{n}]) sort(x, y, i), dimensions={{1}}, is_stable=true, to_apply=less\n  \
              ROOT o = s32[{rows},{n}] get-tuple-element(s), index=2\n}}\n"
         );
-        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        let ours = Bench::new().run(&hlo, &CompileOptions::exact(Target::Trn1), &[bytes(&first), bytes(&second)]);
-        let ours: Vec<i32> = ours.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let ours = Bench::new().run(&hlo, &CompileOptions::exact(Target::Trn1), &[f32_bytes(&first), f32_bytes(&second)]);
+        let ours = ints(&ours);
         let mut expected = Vec::new();
         for (a, b) in first.chunks(n as usize).zip(second.chunks(n as usize)) {
             let mut order: Vec<usize> = (0..a.len()).collect();
@@ -439,9 +438,9 @@ proptest! {
              ROOT o = s32[{rows},{n}] get-tuple-element(s), index=1\n}}\n",
             canonical_comparator(direction)
         );
-        let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let bytes = f32_bytes(&values);
         let ours = Bench::new().run(&hlo, &CompileOptions::exact(Target::Trn1), &[bytes]);
-        let ours: Vec<i32> = ours.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let ours = ints(&ours);
         let key = |x: f32| if x.is_nan() { f32::NAN } else if x == 0.0 { 0.0 } else { x };
         let mut expected = Vec::new();
         for row in values.chunks(n as usize) {
@@ -470,9 +469,9 @@ proptest! {
              s = ({ty}, s32[{rows},{n}]) sort(x, i), dimensions={{1}}, is_stable=true, to_apply=less\n  \
              ROOT o = s32[{rows},{n}] get-tuple-element(s), index=1\n}}\n"
         );
-        let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let bytes = f32_bytes(&values);
         let ours = Bench::new().run(&hlo, &CompileOptions::exact(Target::Trn1), &[bytes]);
-        let ours: Vec<i32> = ours.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let ours = ints(&ours);
         let mut expected = Vec::new();
         for row in values.chunks(n as usize) {
             let mut order: Vec<usize> = (0..row.len()).collect();
@@ -502,9 +501,9 @@ proptest! {
              r = (f32[{rows}], s32[{rows}]) reduce(x, i, lo, zero), dimensions={{1}}, to_apply=best\n  \
              ROOT k = s32[{rows}] get-tuple-element(r), index=1\n}}\n"
         );
-        let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let bytes = f32_bytes(&values);
         let ours = Bench::new().run(&hlo, &CompileOptions::exact(Target::Trn1), &[bytes]);
-        let ours: Vec<i32> = ours.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let ours = ints(&ours);
         let expected: Vec<i32> = values
             .chunks(n as usize)
             .map(|row| {

@@ -17,7 +17,7 @@ use std::rc::Rc;
 
 use ndarray::{ArrayD, IxDyn};
 
-use super::region::apply;
+use super::region::{apply, rows_by_columns};
 use super::{arr, to_usize, unvalidated};
 use crate::backend::element::{Element, with_element};
 use crate::backend::{Value, ValueRef};
@@ -264,8 +264,7 @@ pub(super) fn reduce(
         .zip(inits)
         .map(|(a, init)| {
             with_element!(a.dtype(), T => {
-                let permuted = arr::<T>(a).view().permuted_axes(IxDyn(&perm));
-                let mut elements: Vec<T> = permuted.iter().copied().collect();
+                let (mut elements, _) = rows_by_columns(arr::<T>(a), &perm, rows, columns).into_raw_vec_and_offset();
                 elements.push(super::first(arr::<T>(init)));
                 T::wrap(ArrayD::from_shape_vec(IxDyn(&[elements.len()]), elements).unwrap_or_else(|_| unvalidated("reduce")))
             })
