@@ -11,6 +11,7 @@ mod control;
 mod element;
 mod fusion;
 mod kernels;
+mod small;
 mod working;
 
 use std::sync::{Mutex, PoisonError};
@@ -293,6 +294,9 @@ pub(crate) struct Executable {
     /// For each position of `order`, the prepared programs of a loop or conditional
     /// (empty for other instructions).
     nested: Vec<Vec<Executable>>,
+    /// For each position of `order`, the loop prepared to run on kept arrays, where it
+    /// is small (see `small`) and fusion is on.
+    small: Vec<Option<small::SmallLoop>>,
     /// Entries this program and its nested ones take in the trace table.
     table_len: usize,
     /// For each unit, an upper bound of the host memory it allocates while it runs.
@@ -397,6 +401,14 @@ impl Executable {
                     .collect()
             })
             .collect();
+        let small = order
+            .iter()
+            .zip(&nested)
+            .map(|(&(s, i), programs)| match (&program.streams[s].instructions[i].op, programs.as_slice()) {
+                (Op::While(_), [condition, body]) if fuse => small::SmallLoop::new(condition, body),
+                _ => None,
+            })
+            .collect();
         let working_bytes = units
             .iter()
             .map(|unit| match &unit.group {
@@ -422,6 +434,7 @@ impl Executable {
             spare: Mutex::new(Vec::new()),
             base,
             nested,
+            small,
             table_len: next - base,
         }
     }
@@ -631,15 +644,18 @@ impl Executable {
                     kernels::execute_results(&instruction.op, &operands, &out, helpers)
                 } else {
                     let index = self.base + step;
-                    let results = control::run(
-                        &instruction.op,
-                        nested,
-                        index,
-                        operands,
-                        deadline_ticks,
-                        helpers,
-                        on_instruction,
-                    )?;
+                    let results = match &self.small[step] {
+                        Some(small) => small.run(index, &operands, deadline_ticks, helpers, on_instruction)?,
+                        None => control::run(
+                            &instruction.op,
+                            nested,
+                            index,
+                            operands,
+                            deadline_ticks,
+                            helpers,
+                            on_instruction,
+                        )?,
+                    };
                     // The loop reported its own intervals; the next one starts now.
                     previous = ticks();
                     results

@@ -1,0 +1,741 @@
+//! Small loops: a `while` whose condition and body hold only small values runs on
+//! arrays kept from one iteration to the next.
+//!
+//! A small loop's iteration is a few element-wise operations and a reduction on tens
+//! of elements: a microsecond of a general run goes to building the run's buffer
+//! table, allocating every result and looking up its kernel, where the arithmetic
+//! takes a tenth of that. Here each nested program gets, once per execution, a flat
+//! array for every buffer it has (constants already in place), and each instruction
+//! writes its result into its array with a flat kernel (`kernels::execute_flat`, the
+//! array kernels' bits); an instruction without one runs its array kernel on views of
+//! the arrays, and its result is copied into its array. The loop state moves between the programs' input arrays
+//! and the state by swapping arrays, never copying, except where a body returns an
+//! input or a constant as it is. The arrays are kept for the loop's next execution.
+//! Instructions on constants alone (a constant's broadcast) run once, when the loop is
+//! prepared, and are not in the trace.
+//!
+//! What the trace shows is what a general run reports: each instruction of the
+//! condition and the body with its own interval, inside one interval per iteration of
+//! the loop instruction. Reading the clock after every instruction would cost a third
+//! of an iteration, so it is read after each instruction only in the first iterations
+//! and every [`TIMED_EVERY`]th; the other iterations read it once per program and split
+//! that interval between the instructions in proportion to the times last measured, as
+//! a fused group's interval is split.
+
+use std::sync::{Mutex, PoisonError};
+
+use neuron_datastore::clock::ticks;
+
+use super::element::{Element, with_element};
+use super::kernels::{self, Flat, FlatMut};
+use super::{Executable, InstructionObserver, OutOfBounds, RunError, Value, ValueRef};
+use crate::dtype::ArrayType;
+use crate::isa::{BufferKind, Op};
+use crate::pool::HostPool;
+
+/// The most elements a value of a small loop may have.
+const MAX_ELEMENTS: u64 = 1 << 14;
+
+/// Every how many iterations each instruction's time is measured.
+const TIMED_EVERY: usize = 16;
+
+/// The precision of the shares an untimed iteration's interval is split by.
+const SHARE_BITS: u32 = 20;
+
+/// The most sets of arrays kept for later executions (one per execution at once).
+const MAX_KEPT: usize = 4;
+
+/// A loop prepared to run on kept arrays.
+#[derive(Debug)]
+pub(super) struct SmallLoop {
+    condition: Compact,
+    body: Compact,
+    /// The arrays of earlier executions: the condition's and the body's.
+    kept: Mutex<Vec<[Vec<Data>; 2]>>,
+}
+
+/// A nested program as a list of instructions on numbered arrays.
+#[derive(Debug)]
+struct Compact {
+    /// Each buffer's array before a run: a constant's value, zeros for the others.
+    arrays: Vec<Data>,
+    /// Each buffer's shape.
+    shapes: Vec<Vec<usize>>,
+    steps: Vec<Step>,
+    inputs: Vec<usize>,
+    /// For each output: its buffer, and whether it must be copied out (a constant, a
+    /// value computed once, or a buffer returned twice) rather than swapped out.
+    outputs: Vec<(usize, bool)>,
+}
+
+/// Where a program's run starts, whether each of its instructions is timed, and who
+/// sees the intervals.
+struct Clock<'o, 'p> {
+    start: u64,
+    timed: bool,
+    on_instruction: &'o mut InstructionObserver<'p>,
+}
+
+#[derive(Debug)]
+struct Step {
+    op: Op,
+    operands: Vec<usize>,
+    output: usize,
+    ty: ArrayType,
+    /// The instruction's entry in the trace table.
+    entry: usize,
+}
+
+impl SmallLoop {
+    /// The loop of `condition` and `body` prepared as a small loop; `None` when a value
+    /// is too large, or an instruction runs nested programs, writes several results or
+    /// is a collective.
+    pub(super) fn new(condition: &Executable, body: &Executable) -> Option<SmallLoop> {
+        Some(SmallLoop { condition: Compact::new(condition)?, body: Compact::new(body)?, kept: Mutex::new(Vec::new()) })
+    }
+
+    /// Runs the loop on `operands`, reporting every instruction and each iteration
+    /// (as entry `index`) to `on_instruction`; its final state.
+    pub(super) fn run(
+        &self,
+        index: usize,
+        operands: &[ValueRef<'_>],
+        deadline_ticks: u64,
+        helpers: &HostPool,
+        on_instruction: &mut InstructionObserver<'_>,
+    ) -> Result<Vec<Value>, RunError> {
+        let kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner).pop();
+        let [mut condition, mut body] =
+            kept.unwrap_or_else(|| [self.condition.arrays.clone(), self.body.arrays.clone()]);
+        let result =
+            self.iterate(index, operands, [&mut condition, &mut body], deadline_ticks, helpers, on_instruction);
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if kept.len() < MAX_KEPT {
+            kept.push([condition, body]);
+        }
+        result
+    }
+
+    fn iterate(
+        &self,
+        index: usize,
+        operands: &[ValueRef<'_>],
+        [condition, body]: [&mut Vec<Data>; 2],
+        deadline_ticks: u64,
+        helpers: &HostPool,
+        on_instruction: &mut InstructionObserver<'_>,
+    ) -> Result<Vec<Value>, RunError> {
+        let mut state: Vec<Data> = operands.iter().map(|v| Data::from(standard(v))).collect();
+        // Where each instruction's time last ended, as a share of its program's.
+        let mut times = [vec![0; self.condition.steps.len()], vec![0; self.body.steps.len()]];
+        // Each iteration starts where the one before ended.
+        let mut start = ticks();
+        for iteration in 0.. {
+            if start > deadline_ticks {
+                return Err(RunError::DeadlineExceeded { step: index });
+            }
+            let timed = iteration < 2 || iteration % TIMED_EVERY == 0;
+            let clock = Clock { start, timed, on_instruction: &mut *on_instruction };
+            self.condition.enter(condition, &mut state);
+            let verdict = self.condition.run(condition, clock, &mut times[0], helpers);
+            let go = verdict.map(|end| (end, self.condition.verdict(condition)));
+            self.condition.enter(condition, &mut state);
+            let (end, go) = go?;
+            if !go {
+                on_instruction(index, start, end);
+                let shapes = self.body.inputs.iter().map(|&b| &self.body.shapes[b]);
+                return Ok(state.into_iter().zip(shapes).map(|(data, shape)| data.into_value(shape)).collect());
+            }
+            self.body.enter(body, &mut state);
+            let clock = Clock { start: end, timed, on_instruction: &mut *on_instruction };
+            let end = self.body.run(body, clock, &mut times[1], helpers)?;
+            self.body.leave(body, &mut state);
+            on_instruction(index, start, end);
+            start = end;
+        }
+        unreachable!("a loop ends by returning")
+    }
+}
+
+impl Compact {
+    fn new(program: &Executable) -> Option<Compact> {
+        let p = &program.program;
+        let small = p.buffers.iter().all(|b| b.ty.dims.iter().product::<u64>() <= MAX_ELEMENTS);
+        if !small || program.nested.iter().any(|n| !n.is_empty()) {
+            return None;
+        }
+        let mut arrays: Vec<Data> = p
+            .buffers
+            .iter()
+            .map(|b| match b.kind {
+                BufferKind::Constant { index } => {
+                    program.constant_slot(index as usize, &b.ty).get().map(|v| standard(&v))
+                }
+                _ => Some(Value::zeros(&b.ty)),
+            })
+            .map(|v| Data::from(v.unwrap_or_else(|| kernels::unvalidated("a constant without its data"))))
+            .collect();
+        let shapes: Vec<Vec<usize>> = p.buffers.iter().map(|b| kernels::to_usize(&b.ty.dims)).collect();
+        // Values of constants alone (a constant's broadcast) are the same at every
+        // iteration: computed here, once.
+        let mut fixed: Vec<bool> = p.buffers.iter().map(|b| matches!(b.kind, BufferKind::Constant { .. })).collect();
+        let mut steps = Vec::with_capacity(program.order.len());
+        for (k, &(s, i)) in program.order.iter().enumerate() {
+            let instruction = &p.streams[s].instructions[i];
+            if instruction.op.result_count() != 1 || matches!(instruction.op, Op::Collective(_)) {
+                return None;
+            }
+            let output = instruction.output as usize;
+            let step = Step {
+                op: instruction.op.clone(),
+                operands: instruction.operands.iter().map(|&o| o as usize).collect(),
+                output,
+                ty: p.buffers[output].ty.clone(),
+                entry: program.base + k,
+            };
+            let pure = !matches!(step.op, Op::PartitionId | Op::RngUniform | Op::RngBitGenerator { .. });
+            if pure
+                && !step.operands.is_empty()
+                && step.operands.iter().all(|&b| fixed[b])
+                && step.run(&mut arrays, &shapes, &HostPool::new(1)).is_ok()
+            {
+                fixed[output] = true;
+                continue;
+            }
+            steps.push(step);
+        }
+        let inputs = p.inputs.iter().map(|io| io.buffer as usize).collect();
+        let outputs = p
+            .outputs
+            .iter()
+            .map(|io| {
+                let b = io.buffer as usize;
+                // An input returned as it is (a weight carried through a scan) is swapped
+                // out too: `enter` swaps the next state into its array before anything
+                // reads it.
+                let swapped = match p.buffers[b].kind {
+                    BufferKind::Intermediate { .. } => !fixed[b],
+                    BufferKind::Input { .. } => true,
+                    BufferKind::Constant { .. } => false,
+                };
+                (b, !swapped || p.outputs.iter().filter(|o| o.buffer == io.buffer).count() > 1)
+            })
+            .collect();
+        Some(Compact { arrays, shapes, steps, inputs, outputs })
+    }
+
+    /// Swaps the state into the input arrays (or back out of them).
+    fn enter(&self, arrays: &mut [Data], state: &mut [Data]) {
+        for (&b, value) in self.inputs.iter().zip(state) {
+            std::mem::swap(&mut arrays[b], value);
+        }
+    }
+
+    /// Moves the outputs into the state, whose arrays (the inputs' arrays of the run,
+    /// swapped out by `enter`) take their place.
+    fn leave(&self, arrays: &mut [Data], state: &mut [Data]) {
+        for (&(b, copied), value) in self.outputs.iter().zip(state) {
+            if copied {
+                value.copy_from(&arrays[b]);
+            } else {
+                std::mem::swap(&mut arrays[b], value);
+            }
+        }
+    }
+
+    /// The condition's `pred[]` result.
+    fn verdict(&self, arrays: &[Data]) -> bool {
+        match self.outputs.first().map(|&(b, _)| &arrays[b]) {
+            Some(Data::Pred(p)) => p.first().copied().unwrap_or(false),
+            _ => kernels::unvalidated("a loop condition that is not pred[]"),
+        }
+    }
+
+    /// Runs every instruction, the first starting at `clock.start`, and reports each
+    /// one's interval: measured when `clock.timed`, else the run's interval split by
+    /// `shares`, where a timed run leaves the end of each instruction's share of the
+    /// run, in 1/2^[`SHARE_BITS`]. The tick the last one ended.
+    fn run(
+        &self,
+        arrays: &mut [Data],
+        clock: Clock<'_, '_>,
+        shares: &mut [u64],
+        helpers: &HostPool,
+    ) -> Result<u64, RunError> {
+        let Clock { start, timed, on_instruction } = clock;
+        let mut previous = start;
+        for (step, share) in self.steps.iter().zip(shares.iter_mut()) {
+            step.run(arrays, &self.shapes, helpers)
+                .map_err(|OutOfBounds(detail)| RunError::OutOfBounds { step: step.entry, detail })?;
+            if timed {
+                let now = ticks();
+                on_instruction(step.entry, previous, now);
+                *share = now - start;
+                previous = now;
+            }
+        }
+        if timed {
+            let total = (previous - start).max(1);
+            shares.iter_mut().for_each(|share| *share = (*share << SHARE_BITS) / total);
+            return Ok(previous);
+        }
+        let end = ticks();
+        let span = end.saturating_sub(start);
+        for (k, (step, &share)) in self.steps.iter().zip(shares.iter()).enumerate() {
+            let next = match span.checked_mul(share) {
+                Some(product) if k + 1 < self.steps.len() => start + (product >> SHARE_BITS),
+                _ => end,
+            };
+            on_instruction(step.entry, previous, next);
+            previous = next;
+        }
+        Ok(end)
+    }
+}
+
+impl Step {
+    fn run(&self, arrays: &mut [Data], shapes: &[Vec<usize>], helpers: &HostPool) -> Result<(), OutOfBounds> {
+        let (before, rest) = arrays.split_at_mut(self.output);
+        let Some((out, after)) = rest.split_first_mut() else { kernels::unvalidated("an output") };
+        // Validation keeps an instruction from reading the buffer it writes.
+        let operand = |b: usize| if b < self.output { &before[b] } else { &after[b - self.output - 1] };
+        let mut flats = [Flat::F32(&[]); 4];
+        let flat = self.operands.len() <= flats.len()
+            && self.operands.iter().zip(&mut flats).all(|(&b, f)| operand(b).flat().map(|v| *f = v).is_some());
+        if flat
+            && let Some(written) = out.flat_mut()
+            && let Some(&first) = self.operands.first()
+            && kernels::execute_flat(&self.op, &flats[..self.operands.len()], &shapes[first], written)
+        {
+            return Ok(());
+        }
+        let views: Vec<ValueRef<'_>> = self.operands.iter().map(|&b| operand(b).view(&shapes[b])).collect();
+        let value = kernels::execute(&self.op, &views, &self.ty, helpers)?;
+        *out = Data::from(value);
+        Ok(())
+    }
+}
+
+/// A buffer's array: flat for the types the flat kernels take, an array otherwise.
+#[derive(Debug, Clone)]
+enum Data {
+    F32(Vec<f32>),
+    S32(Vec<i32>),
+    Pred(Vec<bool>),
+    Other(Value),
+}
+
+impl From<Value> for Data {
+    /// `value`'s elements in row-major order: its own memory where it is laid out so.
+    fn from(value: Value) -> Data {
+        fn elements<T: Clone>(a: ndarray::ArrayD<T>) -> Vec<T> {
+            if !a.is_standard_layout() {
+                return a.iter().cloned().collect();
+            }
+            let n = a.len();
+            let (mut v, offset) = a.into_raw_vec_and_offset();
+            let offset = offset.unwrap_or(0);
+            // Standard layout: the elements are contiguous from the offset.
+            if offset != 0 || v.len() != n {
+                v = v[offset..offset + n].to_vec();
+            }
+            v
+        }
+        match value {
+            Value::F32(a) => Data::F32(elements(a)),
+            Value::S32(a) => Data::S32(elements(a)),
+            Value::Pred(a) => Data::Pred(elements(a)),
+            other => Data::Other(other),
+        }
+    }
+}
+
+impl Data {
+    fn flat(&self) -> Option<Flat<'_>> {
+        match self {
+            Data::F32(v) => Some(Flat::F32(v)),
+            Data::S32(v) => Some(Flat::S32(v)),
+            Data::Pred(v) => Some(Flat::Pred(v)),
+            Data::Other(_) => None,
+        }
+    }
+
+    fn flat_mut(&mut self) -> Option<FlatMut<'_>> {
+        match self {
+            Data::F32(v) => Some(FlatMut::F32(v)),
+            Data::S32(v) => Some(FlatMut::S32(v)),
+            Data::Pred(v) => Some(FlatMut::Pred(v)),
+            Data::Other(_) => None,
+        }
+    }
+
+    /// A view of the array, of `shape`.
+    fn view(&self, shape: &[usize]) -> ValueRef<'_> {
+        fn of<'a, T>(v: &'a [T], shape: &[usize]) -> ndarray::ArrayViewD<'a, T> {
+            ndarray::ArrayViewD::from_shape(ndarray::IxDyn(shape), v).unwrap_or_else(|_| kernels::unvalidated("shape"))
+        }
+        match self {
+            Data::F32(v) => ValueRef::F32(of(v, shape)),
+            Data::S32(v) => ValueRef::S32(of(v, shape)),
+            Data::Pred(v) => ValueRef::Pred(of(v, shape)),
+            Data::Other(value) => value.view(),
+        }
+    }
+
+    /// The array as a value of `shape`.
+    fn into_value(self, shape: &[usize]) -> Value {
+        fn of<T>(v: Vec<T>, shape: &[usize]) -> ndarray::ArrayD<T> {
+            ndarray::ArrayD::from_shape_vec(ndarray::IxDyn(shape), v).unwrap_or_else(|_| kernels::unvalidated("shape"))
+        }
+        match self {
+            Data::F32(v) => Value::F32(of(v, shape)),
+            Data::S32(v) => Value::S32(of(v, shape)),
+            Data::Pred(v) => Value::Pred(of(v, shape)),
+            Data::Other(value) => value,
+        }
+    }
+
+    /// Copies `from`, an array of the same type and size, in place where both are flat.
+    fn copy_from(&mut self, from: &Data) {
+        match (&mut *self, from) {
+            (Data::F32(to), Data::F32(from)) if to.len() == from.len() => to.copy_from_slice(from),
+            (Data::S32(to), Data::S32(from)) if to.len() == from.len() => to.copy_from_slice(from),
+            (Data::Pred(to), Data::Pred(from)) if to.len() == from.len() => to.copy_from_slice(from),
+            _ => *self = from.clone(),
+        }
+    }
+}
+
+/// A copy of `v` in standard (row-major, contiguous) layout.
+fn standard(v: &ValueRef<'_>) -> Value {
+    with_element!(v.dtype(), T => T::wrap(kernels::arr::<T>(v).as_standard_layout().into_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Input, Output};
+    use super::*;
+    use crate::compile::{Target, compile_hlo};
+    use crate::dtype::DType;
+
+    /// Data-dependent: damped updates until the sum of |x| falls below 1 or 300 steps.
+    const DAMPED: &str = r#"
+HloModule damped
+body {
+  state = (s32[], f32[64]) parameter(0)
+  i = s32[] get-tuple-element(state), index=0
+  one = s32[] constant(1)
+  next = s32[] add(i, one)
+  x = f32[64] get-tuple-element(state), index=1
+  c = f32[] constant(0.97)
+  bc = f32[64] broadcast(c), dimensions={}
+  scaled = f32[64] multiply(x, bc)
+  t = f32[64] tanh(x)
+  d = f32[] constant(0.001)
+  bd = f32[64] broadcast(d), dimensions={}
+  dt = f32[64] multiply(t, bd)
+  y = f32[64] subtract(scaled, dt)
+  ROOT out = (s32[], f32[64]) tuple(next, y)
+}
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+cond {
+  state = (s32[], f32[64]) parameter(0)
+  x = f32[64] get-tuple-element(state), index=1
+  ax = f32[64] abs(x)
+  zero = f32[] constant(0)
+  total = f32[] reduce(ax, zero), dimensions={0}, to_apply=add
+  limit = f32[] constant(1)
+  big = pred[] compare(total, limit), direction=GT
+  i = s32[] get-tuple-element(state), index=0
+  cap = s32[] constant(300)
+  more = pred[] compare(i, cap), direction=LT
+  ROOT go = pred[] and(big, more)
+}
+ENTRY main {
+  zero = s32[] constant(0)
+  x = f32[64] parameter(0)
+  init = (s32[], f32[64]) tuple(zero, x)
+  w = (s32[], f32[64]) while(init), condition=cond, body=body
+  n = s32[] get-tuple-element(w), index=0
+  y = f32[64] get-tuple-element(w), index=1
+  ROOT r = (s32[], f32[64]) tuple(n, y)
+}
+"#;
+
+    /// A `fori_loop` of a small matrix-vector product (no flat kernel: its array
+    /// kernel runs), with the matrix carried through unchanged, rows reduced along
+    /// both axes, a select, conversions, and a maximum that sees NaNs.
+    const MIXED: &str = r#"
+HloModule mixed
+max {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(a, b)
+}
+sum {
+  a = s32[] parameter(0)
+  b = s32[] parameter(1)
+  ROOT s = s32[] add(a, b)
+}
+body {
+  state = (s32[], f32[8,8], f32[8], s32[4]) parameter(0)
+  i = s32[] get-tuple-element(state), index=0
+  w = f32[8,8] get-tuple-element(state), index=1
+  v = f32[8] get-tuple-element(state), index=2
+  k = s32[4] get-tuple-element(state), index=3
+  one = s32[] constant(1)
+  next = s32[] add(i, one)
+  p = f32[8] dot(w, v), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  e = f32[8] exponential(p)
+  zero = f32[] constant(0)
+  bz = f32[8] broadcast(zero), dimensions={}
+  neg = pred[8] compare(p, bz), direction=LT
+  q = f32[8] select(neg, e, p)
+  ninf = f32[] constant(-inf)
+  rows = f32[8] reduce(w, ninf), dimensions={1}, to_apply=max
+  cols = f32[8] reduce(w, ninf), dimensions={0}, to_apply=max
+  m = f32[8] maximum(rows, cols)
+  fi = f32[] convert(i)
+  bi = f32[8] broadcast(fi), dimensions={}
+  s = f32[8] divide(m, bi)
+  u = f32[8] add(q, s)
+  r = f32[8] tanh(u)
+  ki = s32[4] broadcast(i), dimensions={}
+  kk = s32[4] multiply(k, ki)
+  z = s32[] constant(0)
+  ks = s32[] reduce(kk, z), dimensions={0}, to_apply=sum
+  kb = s32[4] broadcast(ks), dimensions={}
+  knext = s32[4] subtract(kk, kb)
+  ROOT out = (s32[], f32[8,8], f32[8], s32[4]) tuple(next, w, r, knext)
+}
+cond {
+  state = (s32[], f32[8,8], f32[8], s32[4]) parameter(0)
+  i = s32[] get-tuple-element(state), index=0
+  n = s32[] constant(12)
+  ROOT go = pred[] compare(i, n), direction=LT
+}
+ENTRY main {
+  one = s32[] constant(1)
+  w = f32[8,8] parameter(0)
+  v = f32[8] parameter(1)
+  k = s32[4] parameter(2)
+  init = (s32[], f32[8,8], f32[8], s32[4]) tuple(one, w, v, k)
+  l = (s32[], f32[8,8], f32[8], s32[4]) while(init), condition=cond, body=body
+  r = f32[8] get-tuple-element(l), index=2
+  kr = s32[4] get-tuple-element(l), index=3
+  ROOT t = (f32[8], s32[4]) tuple(r, kr)
+}
+"#;
+
+    /// Sums along both axes accumulated over the iterations: the order of each
+    /// reduction's partial sums shows in the results.
+    const SUMS: &str = r#"
+HloModule sums
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+body {
+  state = (s32[], f32[4,40], f32[4], f32[40]) parameter(0)
+  i = s32[] get-tuple-element(state), index=0
+  x = f32[4,40] get-tuple-element(state), index=1
+  rows = f32[4] get-tuple-element(state), index=2
+  cols = f32[40] get-tuple-element(state), index=3
+  one = s32[] constant(1)
+  next = s32[] add(i, one)
+  zero = f32[] constant(0)
+  r = f32[4] reduce(x, zero), dimensions={1}, to_apply=add
+  c = f32[40] reduce(x, zero), dimensions={0}, to_apply=add
+  rows2 = f32[4] add(rows, r)
+  cols2 = f32[40] add(cols, c)
+  k = f32[] constant(1.37)
+  bk = f32[4,40] broadcast(k), dimensions={}
+  s = f32[4,40] sine(x)
+  x2 = f32[4,40] multiply(s, bk)
+  ROOT out = (s32[], f32[4,40], f32[4], f32[40]) tuple(next, x2, rows2, cols2)
+}
+cond {
+  state = (s32[], f32[4,40], f32[4], f32[40]) parameter(0)
+  i = s32[] get-tuple-element(state), index=0
+  n = s32[] constant(20)
+  ROOT go = pred[] compare(i, n), direction=LT
+}
+ENTRY main {
+  zero = s32[] constant(0)
+  x = f32[4,40] parameter(0)
+  z = f32[] constant(0)
+  rows = f32[4] broadcast(z), dimensions={}
+  cols = f32[40] broadcast(z), dimensions={}
+  init = (s32[], f32[4,40], f32[4], f32[40]) tuple(zero, x, rows, cols)
+  l = (s32[], f32[4,40], f32[4], f32[40]) while(init), condition=cond, body=body
+  r = f32[4] get-tuple-element(l), index=2
+  c = f32[40] get-tuple-element(l), index=3
+  ROOT t = (f32[4], f32[40]) tuple(r, c)
+}
+"#;
+
+    /// A state whose parts trade places: inputs returned at other positions, one of
+    /// them twice, and a constant returned.
+    const SWAPS: &str = r#"
+HloModule swaps
+body {
+  state = (s32[], f32[6], f32[6], f32[6], f32[6], f32[6]) parameter(0)
+  i = s32[] get-tuple-element(state), index=0
+  a = f32[6] get-tuple-element(state), index=1
+  b = f32[6] get-tuple-element(state), index=2
+  c = f32[6] get-tuple-element(state), index=3
+  one = s32[] constant(1)
+  next = s32[] add(i, one)
+  s = f32[6] add(a, b)
+  k = f32[6] constant({1, 2, 3, 4, 5, 6})
+  ROOT out = (s32[], f32[6], f32[6], f32[6], f32[6], f32[6]) tuple(next, c, s, a, c, k)
+}
+cond {
+  state = (s32[], f32[6], f32[6], f32[6], f32[6], f32[6]) parameter(0)
+  i = s32[] get-tuple-element(state), index=0
+  n = s32[] constant(7)
+  ROOT go = pred[] compare(i, n), direction=LT
+}
+ENTRY main {
+  zero = s32[] constant(0)
+  a = f32[6] parameter(0)
+  b = f32[6] parameter(1)
+  init = (s32[], f32[6], f32[6], f32[6], f32[6], f32[6]) tuple(zero, a, b, a, b, a)
+  l = (s32[], f32[6], f32[6], f32[6], f32[6], f32[6]) while(init), condition=cond, body=body
+  x = f32[6] get-tuple-element(l), index=1
+  y = f32[6] get-tuple-element(l), index=2
+  z = f32[6] get-tuple-element(l), index=3
+  w = f32[6] get-tuple-element(l), index=4
+  v = f32[6] get-tuple-element(l), index=5
+  ROOT t = (f32[6], f32[6], f32[6], f32[6], f32[6]) tuple(x, y, z, w, v)
+}
+"#;
+
+    /// An input: its type, dimensions and little-endian bytes.
+    type Bound = (DType, Vec<u64>, Vec<u8>);
+
+    /// An instruction's trace entry and tick interval, as a run reported it.
+    type Reported = (usize, u64, u64);
+
+    /// Runs `hlo` on `inputs` with small loops (`fuse`) or without; its outputs' bytes
+    /// and the trace entries reported, in order.
+    fn run(hlo: &str, inputs: &[Bound], fuse: bool) -> (Vec<Vec<u8>>, Vec<Reported>) {
+        let program = compile_hlo(hlo, Target::Trn1).expect("compiles");
+        let executable = Executable::new(program.clone(), fuse);
+        assert_eq!(executable.small.iter().flatten().count(), usize::from(fuse), "the loop runs small when fused");
+        let values = inputs
+            .iter()
+            .map(|(dtype, dims, bytes)| {
+                Input::Copied(Value::from_le_bytes(&ArrayType::new(*dtype, dims.clone()), bytes))
+            })
+            .collect();
+        let destinations = program.outputs.iter().map(|_| None).collect();
+        let mut reported = Vec::new();
+        let pool = HostPool::new(1);
+        let outputs = executable
+            .run(values, destinations, u64::MAX, &pool, &mut |_, _, _, _| unreachable!(), &mut |k, start, end| {
+                reported.push((k, start, end))
+            })
+            .expect("runs");
+        let bytes = outputs
+            .iter()
+            .map(|output| {
+                let view = match output {
+                    Output::Written(view) => view.view(),
+                    Output::Value(value) => value.view(),
+                };
+                let mut bytes = vec![0u8; view.shape().iter().product::<usize>() * view.dtype().size_bytes() as usize];
+                view.write_le_bytes(&mut bytes);
+                bytes
+            })
+            .collect();
+        (bytes, reported)
+    }
+
+    /// Floats with NaNs, infinities and signed zeros among them, drawn from `seed`.
+    fn floats(n: usize, seed: u32, scale: f32) -> Vec<u8> {
+        (0..n as u32)
+            .map(|i| {
+                let x = i.wrapping_mul(2_654_435_761).wrapping_add(seed.wrapping_mul(40_503));
+                match x % 89 {
+                    0 if seed.is_multiple_of(3) => f32::NAN,
+                    1 if seed.is_multiple_of(4) => f32::NEG_INFINITY,
+                    2 => -0.0,
+                    _ => ((x % 2001) as f32 / 1000.0 - 1.0) * scale,
+                }
+            })
+            .flat_map(f32::to_le_bytes)
+            .collect()
+    }
+
+    #[test]
+    fn small_loops_give_the_general_runs_bits() {
+        for seed in 0..12 {
+            let damped = [(DType::F32, vec![64], floats(64, seed, 1.0 + seed as f32))];
+            let ints: Vec<u8> = [3i32, -7, i32::MAX - seed as i32, 12].iter().flat_map(|x| x.to_le_bytes()).collect();
+            let mixed = [
+                (DType::F32, vec![8, 8], floats(64, seed, 0.5)),
+                (DType::F32, vec![8], floats(8, seed + 100, 2.0)),
+                (DType::S32, vec![4], ints),
+            ];
+            let sums = [(DType::F32, vec![4, 40], floats(160, seed, 3.0))];
+            let swaps = [(DType::F32, vec![6], floats(6, seed, 1.0)), (DType::F32, vec![6], floats(6, seed + 7, 5.0))];
+            for (hlo, inputs) in [(DAMPED, &damped[..]), (MIXED, &mixed[..]), (SUMS, &sums[..]), (SWAPS, &swaps[..])] {
+                let (small, _) = run(hlo, inputs, true);
+                let (general, _) = run(hlo, inputs, false);
+                assert_eq!(small, general, "seed {seed}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_small_loop_reports_every_instruction_as_the_general_run_does() {
+        let inputs = [(DType::F32, vec![64], floats(64, 1, 3.0))];
+        let (_, small) = run(DAMPED, &inputs, true);
+        let (_, general) = run(DAMPED, &inputs, false);
+        // The same instructions in the same order, less the broadcasts of constants,
+        // which a small loop computes once.
+        let ran: std::collections::BTreeSet<usize> = small.iter().map(|r| r.0).collect();
+        let entries =
+            |reported: &[Reported]| reported.iter().map(|r| r.0).filter(|k| ran.contains(k)).collect::<Vec<_>>();
+        assert_eq!(entries(&small), entries(&general));
+        assert_eq!(general.iter().map(|r| r.0).collect::<std::collections::BTreeSet<_>>().len(), ran.len() + 2);
+        assert!(small.len() > 100, "{} intervals", small.len());
+        // Back to back inside each iteration, which starts where the one before ended.
+        let mut previous = small[0].1;
+        for &(k, start, end) in &small {
+            assert!(start <= end, "entry {k}: {start} > {end}");
+            if k != 0 {
+                assert_eq!(start, previous, "entry {k} starts where the instruction before it ended");
+                previous = end;
+            }
+        }
+    }
+
+    #[test]
+    fn a_small_loop_that_never_ends_stops_at_the_deadline() {
+        let hlo = DAMPED.replace("direction=GT", "direction=NE").replace("constant(300)", "constant(2147483647)");
+        let program = compile_hlo(&hlo, Target::Trn1).expect("compiles");
+        let executable = Executable::new(program.clone(), true);
+        let x = Value::from_le_bytes(&ArrayType::new(DType::F32, vec![64]), &floats(64, 5, 1.0));
+        let before = ticks();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let deadline = ticks() + 10 * (ticks() - before);
+        let mut iterations = 0;
+        let result = executable.run(
+            vec![Input::Copied(x)],
+            program.outputs.iter().map(|_| None).collect(),
+            deadline,
+            &HostPool::new(1),
+            &mut |_, _, _, _| unreachable!(),
+            &mut |k, _, _| iterations += usize::from(k == 0),
+        );
+        assert!(matches!(result, Err(RunError::DeadlineExceeded { step: 0 })), "{result:?}");
+        assert!(iterations > 10, "{iterations} iterations before the deadline");
+    }
+}
