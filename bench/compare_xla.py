@@ -348,6 +348,9 @@ def run(cmd):
 
 def neuron_bench(bench, neff, inputs, iterations, env, save=None):
     cmd = [bench, "exec", neff, "--cores", "0", "--iterations", str(iterations), "--json"]
+    if save is None:
+        # As XLA's side is timed after a warm-up, so is ours.
+        cmd += ["--warmup", str(iterations)]
     for i, path in enumerate(inputs):
         cmd += ["--input", f"{i}={path}"]
     if save:

@@ -109,6 +109,26 @@ fn exec_json_reports_counts_throughput_and_latency_percentiles() {
 }
 
 #[test]
+fn exec_leaves_the_warm_up_executions_out_of_its_figures() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hlo = negate_model(dir.path());
+    let args = ["exec", hlo.to_str().expect("utf-8"), "--cores", "0-1", "--warmup", "7", "--iterations", "5", "--json"];
+    // Every execution after each core's seventh fails: the warm-up's succeed, the
+    // measured ones fail.
+    let out = Command::new(env!("CARGO_BIN_EXE_neuron-bench"))
+        .args(args)
+        .env("NEURON_RT_FAULT_INJECT", "oob:after=7")
+        .env("NEURON_VIRT_LOCK_DIR", dir.path().join("locks"))
+        .env("NEURON_VIRT_DATASTORE_DIR", dir.path().join("datastores"))
+        .output()
+        .expect("runs");
+    assert!(!out.status.success(), "{}", text(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
+    assert_eq!(report["executions"], 10, "5 per core on two cores, after 7 each: {report}");
+    assert_eq!(report["failed_executions"], 10, "{report}");
+}
+
+#[test]
 fn exec_reports_each_failed_execution_keeps_going_and_exits_with_failure() {
     let dir = tempfile::tempdir().expect("tempdir");
     let hlo = negate_model(dir.path());

@@ -73,6 +73,11 @@ struct ExecArgs {
     /// Run for this long instead of a number of iterations: `10s`, `500ms`, `2m`.
     #[arg(long, value_parser = parse_duration)]
     duration: Option<Duration>,
+    /// Executions per core run first and left out of every figure printed: the first
+    /// executions of a process pay for memory touched for the first time (the trace
+    /// rings' pages, the kernels' buffers).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    warmup: u64,
     /// An input from a .npy file, by index, name (`input0`) or HLO parameter name; zero-filled otherwise.
     #[arg(long = "input", value_name = "NAME_OR_INDEX=PATH.npy")]
     inputs: Vec<String>,
@@ -290,6 +295,13 @@ fn exec(args: ExecArgs) -> Result<()> {
             args.inflight,
             runtime.config().xu_queue
         );
+    }
+    if args.warmup > 0 {
+        let warm = Stop { iterations: args.warmup, deadline: None, lockstep, state: Mutex::new((None, 0)) };
+        match args.exec_mode {
+            ExecMode::Sync => drop(run_sync(&runtime, &replicas, &warm, Instant::now())),
+            ExecMode::Async => drop(run_async(&runtime, &replicas, &warm, args.inflight as usize, Instant::now())?),
+        }
     }
     let stop = Stop { iterations, deadline, lockstep, state: Mutex::new((None, 0)) };
     let started = Instant::now();
