@@ -11,8 +11,8 @@
 //! the arrays, and its result is copied into its array. The loop state moves between the programs' input arrays
 //! and the state by swapping arrays, never copying, except where a body returns an
 //! input or a constant as it is. The arrays are kept for the loop's next execution.
-//! Instructions on constants alone (a constant's broadcast) run once, when the loop is
-//! prepared, and are not in the trace.
+//! Instructions on constants alone (a constant's broadcast, an iota) run once, when
+//! the loop is prepared, and are not in the trace.
 //!
 //! What the trace shows is what a general run reports: each instruction of the
 //! condition and the body with its own interval, inside one interval per iteration of
@@ -176,8 +176,8 @@ impl Compact {
             .map(|v| Data::from(v.unwrap_or_else(|| kernels::unvalidated("a constant without its data"))))
             .collect();
         let shapes: Vec<Vec<usize>> = p.buffers.iter().map(|b| kernels::to_usize(&b.ty.dims)).collect();
-        // Values of constants alone (a constant's broadcast) are the same at every
-        // iteration: computed here, once.
+        // Values of constants alone (a constant's broadcast, an iota) are the same at
+        // every iteration: computed here, once.
         let mut fixed: Vec<bool> = p.buffers.iter().map(|b| matches!(b.kind, BufferKind::Constant { .. })).collect();
         let mut steps = Vec::with_capacity(program.order.len());
         for (k, &(s, i)) in program.order.iter().enumerate() {
@@ -195,7 +195,6 @@ impl Compact {
             };
             let pure = !matches!(step.op, Op::PartitionId | Op::RngUniform | Op::RngBitGenerator { .. });
             if pure
-                && !step.operands.is_empty()
                 && step.operands.iter().all(|&b| fixed[b])
                 && step.run(&mut arrays, &shapes, &HostPool::new(1)).is_ok()
             {
@@ -310,6 +309,13 @@ impl Step {
             return Ok(());
         }
         let views: Vec<ValueRef<'_>> = self.operands.iter().map(|&b| operand(b).view(&shapes[b])).collect();
+        // A product of f32 operands is computed into its array too.
+        if let (Op::MatMul(d), [ValueRef::F32(l), ValueRef::F32(r)], Data::F32(product)) =
+            (&self.op, views.as_slice(), &mut *out)
+        {
+            kernels::matmul_flat(l, r, d, product, &shapes[self.output], helpers);
+            return Ok(());
+        }
         let value = kernels::execute(&self.op, &views, &self.ty, helpers)?;
         *out = Data::from(value);
         Ok(())

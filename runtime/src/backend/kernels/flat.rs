@@ -6,7 +6,7 @@
 
 use super::*;
 use crate::backend::element::cast;
-use crate::isa::{CompareDirection, UnaryOp};
+use crate::isa::{CompareDirection, DotDims, UnaryOp};
 use elementwise::{binary_int, elementwise_run, unary_int};
 use reduce::{fold_lanes, reduce_int, reduce_pred};
 
@@ -193,4 +193,21 @@ fn fold_into<T: Copy>(
         return false;
     }
     true
+}
+
+/// `dot` of `f32` operands into `out` (of `dims`), as `matrix::matmul` computes it: a
+/// small product directly, a larger one through the f32 GEMM.
+pub(in crate::backend) fn matmul_flat(
+    l: &ArrayViewD<'_, f32>,
+    r: &ArrayViewD<'_, f32>,
+    d: &DotDims,
+    out: &mut [f32],
+    dims: &[usize],
+    helpers: &HostPool,
+) {
+    out.fill(0.0);
+    let mut product = ndarray::ArrayViewMutD::from_shape(IxDyn(dims), out).unwrap_or_else(|_| unvalidated("dot"));
+    if !matrix::small_product_into(l, r, d, product.view_mut()) {
+        batched_matmul_into(l, r, d, product, gemm_f32, helpers);
+    }
 }

@@ -107,27 +107,68 @@ pub(super) fn small_product_into(
     if rm.dim().0 != k || m * n * k > SMALL_PRODUCT_MACS {
         return false;
     }
-    let Ok(mut out) = out.into_shape_with_order((m, n)) else { return false };
-    if rm.strides()[1] == 1 && n > 1 {
+    let Ok(out) = out.into_shape_with_order((m, n)) else { return false };
+    vectorized(SmallProduct((lm, rm, out)));
+    true
+}
+
+vectorized_job!(
+    /// `small_product_run`, vectorised.
+    SmallProduct<'a> ((ndarray::ArrayView2<'a, f32>, ndarray::ArrayView2<'a, f32>, ndarray::ArrayViewMut2<'a, f32>)) -> () =
+        small_product_run
+);
+
+/// `c = a · b` for [`small_product_into`], every element of `c` written.
+#[inline(always)]
+fn small_product_run(
+    (a, b, mut c): (ndarray::ArrayView2<'_, f32>, ndarray::ArrayView2<'_, f32>, ndarray::ArrayViewMut2<'_, f32>),
+) {
+    if b.strides()[1] == 1 && b.dim().1 > 1 {
         // `b`'s rows are contiguous (a vector times a matrix stored [k, n]): each row
         // of `c` sums `a[i][p]` times row `p`, a loop the compiler vectorises, where a
         // column's dot product would stride through memory.
-        for (i, mut c) in out.rows_mut().into_iter().enumerate() {
-            let Some(c) = c.as_slice_mut() else { return false };
+        for (i, mut c) in c.rows_mut().into_iter().enumerate() {
             c.fill(0.0);
-            for (p, b) in rm.rows().into_iter().enumerate() {
-                let (x, Some(b)) = (lm[[i, p]], b.to_slice()) else { return false };
-                c.iter_mut().zip(b).for_each(|(c, &y)| *c += x * y);
+            for (p, b) in b.rows().into_iter().enumerate() {
+                let x = a[[i, p]];
+                match (c.as_slice_mut(), b.to_slice()) {
+                    (Some(c), Some(b)) => c.iter_mut().zip(b).for_each(|(c, &y)| *c += x * y),
+                    (_, _) => c.iter_mut().zip(b).for_each(|(c, &y)| *c += x * y),
+                }
             }
         }
-        return true;
+        return;
     }
-    for (i, row) in lm.rows().into_iter().enumerate() {
-        for (j, column) in rm.columns().into_iter().enumerate() {
-            out[[i, j]] = row.dot(&column);
+    for (i, row) in a.rows().into_iter().enumerate() {
+        for (j, column) in b.columns().into_iter().enumerate() {
+            c[[i, j]] = match (row.to_slice(), column.to_slice()) {
+                (Some(x), Some(y)) => dot_in_lanes(x, y),
+                _ => row.iter().zip(column).fold(0.0, |sum, (&x, &y)| sum + x * y),
+            };
         }
     }
-    true
+}
+
+/// A dot product in eight interleaved partial sums (lane `i` takes the elements `i`,
+/// `i + 8`, …), combined as `((p0 + p4) + (p1 + p5)) + ((p2 + p6) + (p3 + p7))` added
+/// one pair after another, then the elements past the last eight one by one: the order
+/// `ndarray`'s `dot` of contiguous vectors sums in, so the bits stay those of that
+/// method, which this kernel used before.
+#[inline(always)]
+fn dot_in_lanes(x: &[f32], y: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let (chunks, rest) = (x.chunks_exact(8), y.chunks_exact(8));
+    let (x_rest, y_rest) = (chunks.remainder(), rest.remainder());
+    for (x, y) in chunks.zip(rest) {
+        for l in 0..8 {
+            lanes[l] += x[l] * y[l];
+        }
+    }
+    let mut sum = 0.0;
+    for l in 0..4 {
+        sum += lanes[l] + lanes[l + 4];
+    }
+    x_rest.iter().zip(y_rest).fold(sum, |sum, (&x, &y)| sum + x * y)
 }
 
 /// An operand of rank 1 or 2 as a matrix: `[k, n]` for a right operand
@@ -615,6 +656,16 @@ mod tests {
         for j in 0..n {
             let expected = (0..k).fold(0.0f32, |acc, p| acc + v[[p]] * w[[p, j]]);
             assert_eq!(out[[j]].to_bits(), expected.to_bits(), "column {j}");
+        }
+    }
+
+    #[test]
+    fn dot_products_in_lanes_give_ndarrays_bits() {
+        for len in 0..42 {
+            let x: Vec<f32> = (0..len).map(|i| ((i * 7 + len) as f32 * 0.731).sin() * 1e3).collect();
+            let y: Vec<f32> = (0..len).map(|i| ((i * 3 + 1) as f32 * 0.377).cos() / 7.0).collect();
+            let expected = ndarray::ArrayView1::from(&x).dot(&ndarray::ArrayView1::from(&y));
+            assert_eq!(dot_in_lanes(&x, &y).to_bits(), expected.to_bits(), "length {len}");
         }
     }
 }

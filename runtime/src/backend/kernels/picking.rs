@@ -271,16 +271,52 @@ pub(super) fn reduce(
         })
         .collect();
     let views: Vec<ValueRef<'_>> = joined.iter().map(Value::view).collect();
-    let relations: Vec<Box<dyn Fn(u32, u32) -> u8 + '_>> = views.iter().map(relation_of).collect();
-    let init = (rows * columns) as u32;
-    let pick = |a: &[u32; MOST_ARRAYS], b: &[u32; MOST_ARRAYS]| -> Option<u8> {
-        let key =
-            (0..n).fold(0usize, |key, j| key | usize::from(relations[j](a[j], b[j])) << (RELATION_BITS as usize * j));
-        let entry = picker.table[key];
-        (entry != UNKNOWN).then_some(entry)
+    let found = |entry: u8| (entry != UNKNOWN).then_some(entry);
+    let chosen = match views.as_slice() {
+        // JAX's arg-max and arg-min: values and their indices, without a call per
+        // element.
+        [values @ ValueRef::F32(_), indices @ ValueRef::S32(_)] => {
+            let (values, indices) = (flat::<f32>(values), flat::<i32>(indices));
+            let relate = |a: &[u32; MOST_ARRAYS], b: &[u32; MOST_ARRAYS]| {
+                let (i, k) = ((a[0] as usize, b[0] as usize), (a[1] as usize, b[1] as usize));
+                let key = usize::from(relation(values[i.0], values[i.1]))
+                    | usize::from(relation(indices[k.0], indices[k.1])) << RELATION_BITS;
+                found(picker.table[key])
+            };
+            choose(rows, columns, n, result, relate)?
+        }
+        _ => {
+            let relations: Vec<Box<dyn Fn(u32, u32) -> u8 + '_>> = views.iter().map(relation_of).collect();
+            let relate = |a: &[u32; MOST_ARRAYS], b: &[u32; MOST_ARRAYS]| {
+                let key = (0..n)
+                    .fold(0usize, |key, j| key | usize::from(relations[j](a[j], b[j])) << (RELATION_BITS as usize * j));
+                found(picker.table[key])
+            };
+            choose(rows, columns, n, result, relate)?
+        }
     };
-    // XLA's order: the initial value, then each element in turn, the accumulator on the
-    // first side (so of two NaNs the first stays).
+    let dims = IxDyn(&to_usize(&out.dims));
+    Some(with_element!(views[result].dtype(), T => {
+        let elements = flat::<T>(&views[result]);
+        let picked: Vec<T> = chosen.iter().map(|&p| elements[p as usize]).collect();
+        T::wrap(ArrayD::from_shape_vec(dims, picked).unwrap_or_else(|_| unvalidated("reduce")))
+    }))
+}
+
+/// For each of `rows` rows of `columns` elements (of `n` arrays joined, the initial
+/// values last), the position of the element that `pick` keeps in array `result`; `pick`
+/// says which arrays of the accumulator (first side) take the element (second side).
+/// XLA's order: the initial value, then each element in turn, the accumulator on the
+/// first side (so of two NaNs the first stays). `None` where `pick` meets relations its
+/// table lacks.
+fn choose(
+    rows: usize,
+    columns: usize,
+    n: usize,
+    result: usize,
+    pick: impl Fn(&[u32; MOST_ARRAYS], &[u32; MOST_ARRAYS]) -> Option<u8>,
+) -> Option<Vec<u32>> {
+    let init = (rows * columns) as u32;
     let mut chosen = vec![0u32; rows];
     for (r, chosen) in chosen.iter_mut().enumerate() {
         let mut acc = [init; MOST_ARRAYS];
@@ -294,12 +330,7 @@ pub(super) fn reduce(
         }
         *chosen = acc[result];
     }
-    let dims = IxDyn(&to_usize(&out.dims));
-    Some(with_element!(views[result].dtype(), T => {
-        let elements = flat::<T>(&views[result]);
-        let picked: Vec<T> = chosen.iter().map(|&p| elements[p as usize]).collect();
-        T::wrap(ArrayD::from_shape_vec(dims, picked).unwrap_or_else(|_| unvalidated("reduce")))
-    }))
+    Some(chosen)
 }
 
 /// The relation between two positions of a flat array.
