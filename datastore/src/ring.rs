@@ -21,6 +21,26 @@ use crate::shm::Region;
 
 /// Payload words of a slot, the check word excluded.
 pub(crate) const PAYLOAD_WORDS: usize = SLOT_WORDS - 2;
+
+/// How many slots ahead of the one being written [`prefetch`] fetches.
+const PREFETCH_AHEAD: u64 = 4;
+
+/// Fetches `slot`'s cache lines, which a writer fills a few records later: a ring is
+/// written faster than the hardware prefetcher follows, and a record whose lines are
+/// not in the cache waits for memory (a loop's device events, one record per
+/// iteration, took a quarter of the loop's time).
+#[inline(always)]
+fn prefetch(slot: &[AtomicU64; SLOT_WORDS]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in (0..SLOT_BYTES as usize).step_by(64) {
+        let address = slot.as_ptr().cast::<i8>().wrapping_add(line);
+        // SAFETY: a prefetch reads nothing the program sees and cannot fault, and the
+        // address is inside the slot.
+        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(address) };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = slot;
+}
 pub(crate) type Payload = [u64; PAYLOAD_WORDS];
 
 /// Where a ring is in its file.
@@ -123,6 +143,7 @@ impl RingRef {
             },
         };
         let slot = self.slot(region, index);
+        prefetch(self.slot(region, index + PREFETCH_AHEAD));
         slot[0].store(2 * index + 1, Ordering::Relaxed);
         fence(Ordering::Release);
         for (word, value) in slot[1..=N].iter().zip(payload) {

@@ -328,7 +328,9 @@ enum Data {
     F32(Vec<f32>),
     S32(Vec<i32>),
     Pred(Vec<bool>),
-    Other(Value),
+    /// Boxed: the state moves by swapping arrays, which a whole array value would make
+    /// four times as long.
+    Other(Box<Value>),
 }
 
 impl From<Value> for Data {
@@ -351,7 +353,7 @@ impl From<Value> for Data {
             Value::F32(a) => Data::F32(elements(a)),
             Value::S32(a) => Data::S32(elements(a)),
             Value::Pred(a) => Data::Pred(elements(a)),
-            other => Data::Other(other),
+            other => Data::Other(Box::new(other)),
         }
     }
 }
@@ -397,7 +399,7 @@ impl Data {
             Data::F32(v) => Value::F32(of(v, shape)),
             Data::S32(v) => Value::S32(of(v, shape)),
             Data::Pred(v) => Value::Pred(of(v, shape)),
-            Data::Other(value) => value,
+            Data::Other(value) => *value,
         }
     }
 

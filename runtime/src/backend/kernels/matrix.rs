@@ -139,6 +139,18 @@ fn small_product_run(
         }
         return;
     }
+    // A matrix of contiguous rows times a contiguous vector (a loop body's update):
+    // each element a dot product of two slices, without an iterator per row.
+    if let (Some(rows), Some(column), 1) = (a.as_slice(), b.column(0).to_slice(), b.dim().1)
+        && let Some(c) = c.as_slice_mut()
+        && a.dim().1 > 0
+    {
+        let k = a.dim().1;
+        for (c, row) in c.iter_mut().zip(rows.chunks_exact(k)) {
+            *c = dot_in_lanes(row, column);
+        }
+        return;
+    }
     for (i, row) in a.rows().into_iter().enumerate() {
         for (j, column) in b.columns().into_iter().enumerate() {
             c[[i, j]] = match (row.to_slice(), column.to_slice()) {
@@ -666,6 +678,23 @@ mod tests {
             let y: Vec<f32> = (0..len).map(|i| ((i * 3 + 1) as f32 * 0.377).cos() / 7.0).collect();
             let expected = ndarray::ArrayView1::from(&x).dot(&ndarray::ArrayView1::from(&y));
             assert_eq!(dot_in_lanes(&x, &y).to_bits(), expected.to_bits(), "length {len}");
+        }
+    }
+
+    #[test]
+    fn a_matrix_times_a_vector_gives_each_rows_dot_product() {
+        let (m, k) = (5, 37);
+        let w = ndarray::Array2::from_shape_fn((m, k), |(i, p)| ((i * k + p) as f32 * 0.29).sin() * 3.0).into_dyn();
+        let v = ndarray::Array1::from_shape_fn(k, |p| (p as f32 * 0.61).cos()).into_dyn();
+        let d = DotDims { lhs_batch: vec![], rhs_batch: vec![], lhs_contracting: vec![1], rhs_contracting: vec![0] };
+        let mut out = ArrayD::<f32>::from_elem(IxDyn(&[m]), f32::NAN);
+        assert!(small_product_into(&w.view(), &v.view(), &d, out.view_mut()));
+        let (w, v) = (
+            w.into_dimensionality::<ndarray::Ix2>().expect("2-D"),
+            v.into_dimensionality::<ndarray::Ix1>().expect("1-D"),
+        );
+        for i in 0..m {
+            assert_eq!(out[[i]].to_bits(), w.row(i).dot(&v).to_bits(), "row {i}");
         }
     }
 }
