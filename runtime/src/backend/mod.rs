@@ -239,6 +239,20 @@ pub(crate) enum Output<'a> {
     Value(Value),
 }
 
+#[cfg(test)]
+impl Output<'_> {
+    /// The output's elements, row-major and little-endian.
+    pub(crate) fn le_bytes(&self) -> Vec<u8> {
+        let view = match self {
+            Output::Written(view) => view.view(),
+            Output::Value(value) => value.view(),
+        };
+        let mut bytes = vec![0u8; view.shape().iter().product::<usize>() * view.dtype().size_bytes() as usize];
+        view.write_le_bytes(&mut bytes);
+        bytes
+    }
+}
+
 /// A gather or scatter index that reaches outside its array: what and where.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct OutOfBounds(pub(crate) String);

@@ -7,10 +7,12 @@
 //! takes a tenth of that. Here each nested program gets, once per execution, a flat
 //! array for every buffer it has (constants already in place), and each instruction
 //! writes its result into its array with a flat kernel (`kernels::execute_flat`, the
-//! array kernels' bits); an instruction without one runs its array kernel on views of
-//! the arrays, and its result is copied into its array. The loop state moves between the programs' input arrays
-//! and the state by swapping arrays, never copying, except where a body returns an
-//! input or a constant as it is. The arrays are kept for the loop's next execution.
+//! array kernels' bits; an f32 product through `kernels::matmul_flat`); an instruction
+//! without one runs its array kernel on views of the arrays, and its result takes its
+//! array's place. The loop state moves between the programs' input arrays and the
+//! state by swapping arrays, never copying, except where a body returns a constant, a
+//! value computed once or one buffer twice. The arrays are kept for the loop's next
+//! execution.
 //! Instructions on constants alone (a constant's broadcast, an iota) run once, when
 //! the loop is prepared, and are not in the trace.
 //!
@@ -35,6 +37,10 @@ use crate::pool::HostPool;
 
 /// The most elements a value of a small loop may have.
 const MAX_ELEMENTS: u64 = 1 << 14;
+
+/// The most bytes the arrays of a small loop's two programs may take together (each
+/// execution at once has a set, kept until the model is unloaded).
+const MAX_BYTES: u64 = 4 << 20;
 
 /// Every how many iterations each instruction's time is measured.
 const TIMED_EVERY: usize = 16;
@@ -88,9 +94,14 @@ struct Step {
 
 impl SmallLoop {
     /// The loop of `condition` and `body` prepared as a small loop; `None` when a value
-    /// is too large, or an instruction runs nested programs, writes several results or
-    /// is a collective.
+    /// or all of them are too large, or an instruction runs nested programs, writes
+    /// several results or is a collective.
     pub(super) fn new(condition: &Executable, body: &Executable) -> Option<SmallLoop> {
+        let bytes =
+            |e: &Executable| e.program.buffers.iter().map(|b| b.ty.size_bytes().unwrap_or(u64::MAX)).sum::<u64>();
+        if bytes(condition).saturating_add(bytes(body)) > MAX_BYTES {
+            return None;
+        }
         Some(SmallLoop { condition: Compact::new(condition)?, body: Compact::new(body)?, kept: Mutex::new(Vec::new()) })
     }
 
@@ -139,6 +150,7 @@ impl SmallLoop {
             self.condition.enter(condition, &mut state);
             let verdict = self.condition.run(condition, clock, &mut times[0], helpers);
             let go = verdict.map(|end| (end, self.condition.verdict(condition)));
+            // The same swaps again give the state back.
             self.condition.enter(condition, &mut state);
             let (end, go) = go?;
             if !go {
@@ -650,19 +662,7 @@ ENTRY main {
                 reported.push((k, start, end))
             })
             .expect("runs");
-        let bytes = outputs
-            .iter()
-            .map(|output| {
-                let view = match output {
-                    Output::Written(view) => view.view(),
-                    Output::Value(value) => value.view(),
-                };
-                let mut bytes = vec![0u8; view.shape().iter().product::<usize>() * view.dtype().size_bytes() as usize];
-                view.write_le_bytes(&mut bytes);
-                bytes
-            })
-            .collect();
-        (bytes, reported)
+        (outputs.iter().map(Output::le_bytes).collect(), reported)
     }
 
     /// Floats with NaNs, infinities and signed zeros among them, drawn from `seed`.

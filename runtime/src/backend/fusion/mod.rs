@@ -202,19 +202,7 @@ mod tests {
             let outputs = executable
                 .run(values, destinations, u64::MAX, &pool, &mut |_, _, _, _| unreachable!(), &mut |_, _, _| {})
                 .expect("runs");
-            let bytes = outputs
-                .iter()
-                .map(|output| {
-                    let view = match output {
-                        ProgramOutput::Written(view) => view.view(),
-                        ProgramOutput::Value(value) => value.view(),
-                    };
-                    let mut bytes =
-                        vec![0u8; view.shape().iter().product::<usize>() * view.dtype().size_bytes() as usize];
-                    view.write_le_bytes(&mut bytes);
-                    bytes
-                })
-                .collect::<Vec<_>>();
+            let bytes = outputs.iter().map(ProgramOutput::le_bytes).collect::<Vec<_>>();
             let groups = executable.units.iter().filter(|u| u.group.is_some()).count();
             (bytes, groups)
         };
