@@ -332,6 +332,80 @@ fn conv_problem() -> impl Strategy<Value = ConvProblem> {
         .prop_filter("at least one window", |p| p.window().out_dims().iter().all(|&c| c > 0))
 }
 
+/// The gradient of a stride-1 convolution by its kernel, as `jax.grad` writes it
+/// (`f01b_i01o->01bf`): the input `x[n, h, w, b]` (its features are the forward batch,
+/// its batch the forward features), the kernel `g[n, kh, kw, o]` (the forward output's
+/// gradient), a window as large as `g`'s spatial dimensions, any padding.
+#[derive(Debug, Clone)]
+struct KernelGradient {
+    x_dims: [u64; 4],
+    g_dims: [u64; 4],
+    pad: [(u64, u64); 2],
+    x: Vec<f32>,
+    g: Vec<f32>,
+}
+
+impl KernelGradient {
+    fn out_dims(&self) -> [u64; 4] {
+        let [_, h, w, b] = self.x_dims;
+        let [_, kh, kw, o] = self.g_dims;
+        let [(top, bottom), (left, right)] = self.pad;
+        [h + top + bottom + 1 - kh, w + left + right + 1 - kw, b, o]
+    }
+
+    fn hlo(&self) -> String {
+        let [_, kh, kw, _] = self.g_dims;
+        let [(top, bottom), (left, right)] = self.pad;
+        format!(
+            "HloModule kg\nENTRY e {{\n  x = {} parameter(0)\n  g = {} parameter(1)\n  \
+             ROOT y = {} convolution(x, g), window={{size={kh}x{kw} pad={top}_{bottom}x{left}_{right}}}, \
+             dim_labels=f01b_i01o->01bf\n}}\n",
+            f32_shape(&self.x_dims),
+            f32_shape(&self.g_dims),
+            f32_shape(&self.out_dims()),
+        )
+    }
+
+    /// `y[oy, ox, b, o] = Σ x[i, oy + y - top, ox + x - left, b] · g[i, y, x, o]` over
+    /// the elements inside `x`, in plain index arithmetic.
+    fn reference(&self) -> Vec<f32> {
+        let [n, h, w, _] = self.x_dims;
+        let [_, kh, kw, _] = self.g_dims;
+        let [(top, _), (left, _)] = self.pad;
+        let out = self.out_dims();
+        let mut y = vec![0.0f32; out.iter().product::<u64>() as usize];
+        for (flat, sum) in y.iter_mut().enumerate() {
+            let j = unravel(flat as u64, &out);
+            for (i, dy, dx) in (0..n).flat_map(|i| (0..kh).flat_map(move |dy| (0..kw).map(move |dx| (i, dy, dx)))) {
+                let (row, column) = ((j[0] + dy) as i64 - top as i64, (j[1] + dx) as i64 - left as i64);
+                if row < 0 || column < 0 || row >= h as i64 || column >= w as i64 {
+                    continue;
+                }
+                let xi = ravel(&[i, row as u64, column as u64, j[2]], &self.x_dims);
+                *sum += self.x[xi] * self.g[ravel(&[i, dy, dx, j[3]], &self.g_dims)];
+            }
+        }
+        y
+    }
+
+    fn run(&self) -> Vec<f32> {
+        Bench::new().run_f32(&self.hlo(), &CompileOptions::exact(Target::Trn1), &[&self.x, &self.g])
+    }
+}
+
+fn kernel_gradient_problem() -> impl Strategy<Value = KernelGradient> {
+    (1u64..=3, 1u64..=6, 1u64..=6, 1u64..=4, 1u64..=4, (0u64..=2, 0u64..=2), (0u64..=2, 0u64..=2))
+        .prop_flat_map(|(n, h, w, b, o, vertical, horizontal)| {
+            let (hp, wp) = (h + vertical.0 + vertical.1, w + horizontal.0 + horizontal.1);
+            (Just((n, h, w, b, o, [vertical, horizontal])), 1..=hp, 1..=wp)
+        })
+        .prop_flat_map(|((n, h, w, b, o, pad), kh, kw)| {
+            let (x_dims, g_dims) = ([n, h, w, b], [n, kh, kw, o]);
+            (values((n * h * w * b) as usize), values((n * kh * kw * o) as usize))
+                .prop_map(move |(x, g)| KernelGradient { x_dims, g_dims, pad, x, g })
+        })
+}
+
 /// Rows of distinct-ish small integers (ties included) and a `k` that fits.
 fn top_k_problem() -> impl Strategy<Value = (u64, u64, Vec<f32>, u64, bool)> {
     (1u64..=4, 1u64..=12)
@@ -371,6 +445,11 @@ proptest! {
         let hlo = problem.hlo();
         let ours = Bench::new().run_f32(&hlo, &CompileOptions::exact(Target::Trn1), &[&problem.x, &problem.w]);
         prop_assert_eq!(ours, problem.reference(), "{}", hlo);
+    }
+
+    #[test]
+    fn a_convolutions_kernel_gradient_matches_a_plain_reference(problem in kernel_gradient_problem()) {
+        prop_assert_eq!(problem.run(), problem.reference(), "{}", problem.hlo());
     }
 
     #[test]
@@ -514,4 +593,18 @@ proptest! {
             .collect();
         prop_assert_eq!(ours, expected, "{}", hlo);
     }
+}
+
+/// An infinity in the input of a kernel gradient reaches exactly the outputs whose sums
+/// take it: none becomes NaN through the zeros that pad the kernel on the fast path.
+#[test]
+fn an_infinity_in_a_kernel_gradients_input_reaches_only_its_own_sums() {
+    let (x_dims, g_dims) = ([2, 5, 6, 3], [2, 4, 4, 2]);
+    let mut x: Vec<f32> = (0..x_dims.iter().product::<u64>()).map(|i| (i % 7) as f32 - 3.0).collect();
+    x[ravel(&[1, 2, 3, 1], &x_dims)] = f32::INFINITY;
+    let g = vec![1.0; g_dims.iter().product::<u64>() as usize];
+    let problem = KernelGradient { x_dims, g_dims, pad: [(1, 1), (1, 0)], x, g };
+    let (ours, expected) = (problem.run(), problem.reference());
+    assert!(expected.iter().any(|y| y.is_infinite()) && expected.iter().all(|y| !y.is_nan()), "{expected:?}");
+    assert_eq!(ours, expected, "{}", problem.hlo());
 }

@@ -5,6 +5,10 @@
 //! and one product per group gives every output element. The products are the same
 //! batched GEMM as `dot`'s, split across idle compute slots when large.
 //!
+//! The gradient of a stride-1 convolution by its kernel, whose window spans the whole
+//! input, runs as one product per output position of the padded input, read in place
+//! (`by_shifts`).
+//!
 //! A small f32 convolution with its features innermost (NHWC, by a kernel in any
 //! layout: HWIO as JAX's CNNs write them, HWOI in their input gradients) runs as a
 //! direct loop instead: each output position sums, window
@@ -14,7 +18,7 @@
 
 use std::borrow::Cow;
 
-use ndarray::{ArrayD, IxDyn};
+use ndarray::{ArrayD, IxDyn, ShapeBuilder};
 
 use super::matrix::{Gemm, batched_matmul, converted, gemm_f32, gemm_int};
 use super::{to_usize, unvalidated};
@@ -41,6 +45,7 @@ pub(super) fn convolution(
         DTypeClass::Float => {
             let (l, r) = (floats(lhs), floats(rhs));
             let data = direct(&l, &ls, &r, &rs, c, &dims, helpers)
+                .or_else(|| by_shifts(&l, &ls, &r, &rs, c, &dims, helpers))
                 .unwrap_or_else(|| convolve(&l, &ls, &r, &rs, c, &dims, gemm_f32, helpers));
             let result = y(data);
             match out.dtype {
@@ -181,6 +186,83 @@ fn convolve<T: Element + Send + Sync>(
         }
     }
     out
+}
+
+/// A convolution whose window spans (nearly) its whole input, as the gradient of a
+/// stride-1 convolution by its kernel is (`f01b_i01o->01bf`: the input's batch is the
+/// forward pass's features, innermost; its features the forward batch): `out[oh, ow,
+/// b, o] = Σ_{i, h, w} lhs[i, oh + h, ow + w, b] · rhs[i, h, w, o]` over the padded
+/// input. im2col would copy the input once per output position, a gather of scattered
+/// elements; here each output position `(oh, ow)` is one product of the padded input,
+/// read in place from row `oh · Wp + ow` on as a matrix of `b` columns, by the kernel
+/// padded to the input's width and height with zeros (so each product's rows line up):
+/// no copy per position, and the products split across idle compute slots. `None` for
+/// any other layout, strides or dilations, negative padding, or an input that is not
+/// all finite (a zero of the padded kernel times an infinity would be NaN).
+fn by_shifts(
+    lhs: &[f32],
+    ls: &[usize],
+    rhs: &[f32],
+    rs: &[usize],
+    c: &ConvDims,
+    out_dims: &[usize],
+    helpers: &HostPool,
+) -> Option<Vec<f32>> {
+    let w = &c.window;
+    let layout = ls.len() == 4
+        && (c.lhs_feature, c.lhs_batch, c.lhs_spatial.as_slice()) == (0, 3, &[1, 2][..])
+        && (c.rhs_input, c.rhs_output, c.rhs_spatial.as_slice()) == (0, 3, &[1, 2][..])
+        && (c.out_batch, c.out_feature, c.out_spatial.as_slice()) == (2, 3, &[0, 1][..])
+        && c.feature_groups == 1
+        && c.batch_groups == 1;
+    let plain = w.window.stride.iter().chain(&w.base_dilation).chain(&w.window_dilation).all(|&s| s == 1);
+    if !layout || !plain || ls[0] != rs[0] || !lhs.iter().all(|x| x.is_finite()) {
+        return None;
+    }
+    let (n, h, wd, b) = (ls[0], ls[1], ls[2], ls[3]);
+    let (kh, kw, o) = (rs[1], rs[2], rs[3]);
+    let pad = |d: usize| (w.window.pad_low[d] as usize, w.window.pad_high[d] as usize);
+    let ((top, bottom), (left, right)) = (pad(0), pad(1));
+    let (hp, wp) = (h + top + bottom, wd + left + right);
+    let (oh, ow) = (out_dims[0], out_dims[1]);
+    if hp < kh || wp < kw || (hp - kh + 1, wp - kw + 1) != (oh, ow) || out_dims[2..] != [b, o] {
+        return None;
+    }
+    // The padded input, rows of `b`, with rows of zeros after it for the last
+    // products' reach past the kernel's padding.
+    let rows = n * hp * wp;
+    let reach = (oh - 1) * wp + ow - 1;
+    let mut input = vec![0f32; (rows + reach) * b];
+    for i in 0..n {
+        for y in 0..h {
+            let from = (i * h + y) * wd * b;
+            let to = ((i * hp + y + top) * wp + left) * b;
+            input[to..to + wd * b].copy_from_slice(&lhs[from..from + wd * b]);
+        }
+    }
+    // The kernel padded with zeros to the input's height and width, rows of `o`.
+    let mut kernel = vec![0f32; rows * o];
+    for i in 0..n {
+        for y in 0..kh {
+            let from = ((i * kh + y) * kw) * o;
+            let to = ((i * hp + y) * wp) * o;
+            kernel[to..to + kw * o].copy_from_slice(&rhs[from..from + kw * o]);
+        }
+    }
+    let kernel = ndarray::ArrayView2::from_shape((rows, o), &kernel).ok()?;
+    let mut out = vec![0f32; oh * ow * b * o];
+    let lent = helpers.lend(oh * ow - 1);
+    let parts: Vec<(usize, &mut [f32])> = out.chunks_mut(b * o).enumerate().collect();
+    let input = &input;
+    lent.run(parts, |(position, part)| {
+        let shift = (position / ow) * wp + position % ow;
+        let Ok(a) = ndarray::ArrayView2::from_shape((b, rows).strides((1, b)), &input[shift * b..]) else {
+            unvalidated("convolution")
+        };
+        let Ok(part) = ndarray::ArrayViewMut2::from_shape((b, o), part) else { unvalidated("convolution") };
+        gemm_f32(a, kernel, part);
+    });
+    Some(out)
 }
 
 /// The most input features times window positions, and output features, of a
