@@ -188,6 +188,12 @@ impl<'a> ValueRef<'a> {
 
     /// Number of NaN or infinite elements (zero for integer types).
     pub(crate) fn non_finite_count(&self) -> u64 {
+        // Every f32 output is counted after every execution: vectorised.
+        if let ValueRef::F32(a) = self
+            && let Some(slice) = a.as_slice()
+        {
+            return kernels::non_finite_f32(slice);
+        }
         fn count<T: Element>(a: &ArrayViewD<'_, T>) -> u64 {
             if !T::DTYPE.is_float() {
                 return 0;

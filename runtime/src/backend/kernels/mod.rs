@@ -463,6 +463,26 @@ macro_rules! vectorized_job {
 }
 pub(super) use vectorized_job;
 
+vectorized_job!(
+    /// `count_non_finite`, vectorised.
+    CountNonFinite<'a> (&'a [f32]) -> u64 = count_non_finite
+);
+
+/// How many of `x` are NaN or infinite: those whose exponent bits are all ones.
+#[inline(always)]
+fn count_non_finite(x: &[f32]) -> u64 {
+    // 32-bit counts per chunk, which vectorise; no chunk can overflow one.
+    x.chunks(1 << 16)
+        .map(|chunk| u64::from(chunk.iter().map(|v| u32::from(v.to_bits() & 0x7f80_0000 == 0x7f80_0000)).sum::<u32>()))
+        .sum()
+}
+
+/// How many of `x` are NaN or infinite (what an execution's numerical-error check
+/// counts in each f32 output).
+pub(super) fn non_finite_f32(x: &[f32]) -> u64 {
+    vectorized(CountNonFinite(x))
+}
+
 /// Runs `job` compiled for the widest vector instructions of this CPU (AVX-512, AVX2
 /// and FMA, or the baseline), chosen at run time.
 pub(super) fn vectorized<J: pulp::WithSimd>(job: J) -> J::Output {
@@ -700,6 +720,18 @@ mod tests {
                     .map_axis(Axis(axis as usize), |lane| lane.iter().copied().fold(f32::NEG_INFINITY, max_f32));
             }
             assert_eq!(max, expected_max, "max over axes {axes:?} is exact");
+        }
+    }
+
+    #[test]
+    fn non_finite_elements_are_counted_as_one_at_a_time() {
+        let specials =
+            [f32::NAN, -f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, f32::MIN_POSITIVE, 1e-45, -0.0];
+        let x: Vec<f32> =
+            (0..1000).map(|i| if i % 7 == 0 { specials[i / 7 % specials.len()] } else { i as f32 }).collect();
+        for len in [0, 1, 7, 64, 999, 1000] {
+            let expected = x[..len].iter().filter(|v| !v.is_finite()).count() as u64;
+            assert_eq!(non_finite_f32(&x[..len]), expected, "first {len}");
         }
     }
 }
