@@ -93,6 +93,9 @@ struct Step {
     entry: usize,
     /// Whether its result was computed when the loop was prepared.
     hoisted: bool,
+    /// Whether its first operand dies here (read by no later instruction, not an output,
+    /// not a constant): a dynamic update then writes into the operand's array in place.
+    in_place: bool,
 }
 
 impl SmallLoop {
@@ -105,7 +108,8 @@ impl SmallLoop {
         if bytes(condition).saturating_add(bytes(body)) > MAX_BYTES {
             return None;
         }
-        Some(SmallLoop { condition: Compact::new(condition)?, body: Compact::new(body)?, kept: Mutex::new(Vec::new()) })
+        let (condition, body) = (Compact::new(condition, true)?, Compact::new(body, false)?);
+        Some(SmallLoop { condition, body, kept: Mutex::new(Vec::new()) })
     }
 
     /// Runs the loop on `operands`, reporting every instruction and each iteration
@@ -173,7 +177,9 @@ impl SmallLoop {
 }
 
 impl Compact {
-    fn new(program: &Executable) -> Option<Compact> {
+    /// `program` prepared; a `condition` keeps its inputs' arrays, which go back to
+    /// the state after each run.
+    fn new(program: &Executable, condition: bool) -> Option<Compact> {
         let p = &program.program;
         let small = p.buffers.iter().all(|b| b.ty.dims.iter().product::<u64>() <= MAX_ELEMENTS);
         if !small || program.nested.iter().any(|n| !n.is_empty()) {
@@ -208,6 +214,7 @@ impl Compact {
                 ty: p.buffers[output].ty.clone(),
                 entry: program.base + k,
                 hoisted: false,
+                in_place: false,
             };
             let layout = matches!(step.op, Op::Broadcast { .. } | Op::Iota { .. } | Op::Reshape | Op::Copy);
             let hoisted = layout
@@ -215,6 +222,16 @@ impl Compact {
                 && step.run(&mut arrays, &shapes, &HostPool::new(1)).is_ok();
             fixed[output] = hoisted;
             steps.push(Step { hoisted, ..step });
+        }
+        // A dynamic update of an array no later instruction reads (a scan's outputs, row
+        // by row) updates it in place instead of copying it whole.
+        for k in 0..steps.len() {
+            if let (Op::DynamicUpdateSlice, [operand, rest @ ..]) = (&steps[k].op, steps[k].operands.as_slice()) {
+                let read_later = rest.contains(operand) || steps[k + 1..].iter().any(|s| s.operands.contains(operand));
+                let returned = p.outputs.iter().any(|o| o.buffer as usize == *operand);
+                let state = condition && matches!(p.buffers[*operand].kind, BufferKind::Input { .. });
+                steps[k].in_place = !read_later && !returned && !state && !fixed[*operand];
+            }
         }
         let inputs = p.inputs.iter().map(|io| io.buffer as usize).collect();
         let outputs = p
@@ -314,6 +331,9 @@ impl Compact {
 
 impl Step {
     fn run(&self, arrays: &mut [Data], shapes: &[Vec<usize>], helpers: &HostPool) -> Result<(), OutOfBounds> {
+        if self.in_place && self.update_in_place(arrays, shapes) {
+            return Ok(());
+        }
         let (before, rest) = arrays.split_at_mut(self.output);
         let Some((out, after)) = rest.split_first_mut() else { kernels::unvalidated("an output") };
         // Validation keeps an instruction from reading the buffer it writes.
@@ -339,6 +359,65 @@ impl Step {
         let value = kernels::execute(&self.op, &views, &self.ty, helpers)?;
         *out = Data::from(value);
         Ok(())
+    }
+}
+
+impl Step {
+    /// A dynamic update whose operand dies here: the operand's array becomes the
+    /// result's, and the update is written into it at the clamped start (as
+    /// `gather::clamped_starts` clamps). `false`, with nothing changed, for types or
+    /// indices other than flat arrays and `s32` scalars.
+    fn update_in_place(&self, arrays: &mut [Data], shapes: &[Vec<usize>]) -> bool {
+        let [operand, update, ref indices @ ..] = self.operands[..] else { return false };
+        let (dims, sizes) = (&shapes[operand], &shapes[update]);
+        if indices.len() != dims.len() || dims.is_empty() {
+            return false;
+        }
+        let mut start = Vec::with_capacity(dims.len());
+        for (&b, (&dim, &size)) in indices.iter().zip(dims.iter().zip(sizes)) {
+            let Data::S32(index) = &arrays[b] else { return false };
+            start.push(i64::from(index[0]).clamp(0, dim.saturating_sub(size) as i64) as usize);
+        }
+        let same_type = matches!(
+            (&arrays[operand], &arrays[update]),
+            (Data::F32(_), Data::F32(_)) | (Data::S32(_), Data::S32(_)) | (Data::Pred(_), Data::Pred(_))
+        );
+        if !same_type {
+            return false;
+        }
+        arrays.swap(operand, self.output);
+        let Ok([target, source]) = arrays.get_disjoint_mut([self.output, update]) else { return false };
+        match (target, &*source) {
+            (Data::F32(to), Data::F32(from)) => place(to, from, dims, sizes, &start),
+            (Data::S32(to), Data::S32(from)) => place(to, from, dims, sizes, &start),
+            (Data::Pred(to), Data::Pred(from)) => place(to, from, dims, sizes, &start),
+            _ => kernels::unvalidated("a dynamic update of another type"),
+        }
+        true
+    }
+}
+
+/// Writes `update` (row-major, of `sizes`) into `to` (row-major, of `dims`) from
+/// `start`, one run of the innermost dimension at a time.
+fn place<T: Copy>(to: &mut [T], update: &[T], dims: &[usize], sizes: &[usize], start: &[usize]) {
+    let last = dims.len() - 1;
+    let run = sizes[last];
+    if run == 0 {
+        return;
+    }
+    let mut strides = vec![1usize; dims.len()];
+    for d in (0..last).rev() {
+        strides[d] = strides[d + 1] * dims[d + 1];
+    }
+    let mut index = vec![0usize; last];
+    for row in update.chunks_exact(run) {
+        let at = (0..last).map(|d| (start[d] + index[d]) * strides[d]).sum::<usize>() + start[last];
+        to[at..at + run].copy_from_slice(row);
+        // The next row of the update, the last outer dimension fastest.
+        if let Some(d) = (0..last).rev().find(|&d| index[d] + 1 < sizes[d]) {
+            index[d] += 1;
+            index[d + 1..].fill(0);
+        }
     }
 }
 
@@ -650,6 +729,62 @@ ENTRY main {
     /// An instruction's trace entry and tick interval, as a run reported it.
     type Reported = (usize, u64, u64);
 
+    /// A scan: each iteration reads row `i` of `xs` and writes it into row `i` of `ys`
+    /// from column 1 (in place, the updated array being dead after it), while the condition updates a
+    /// copy of `ys` it must not write into the state (indices past the end clamp).
+    const SCAN: &str = r#"
+HloModule scan
+sum {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+body {
+  state = (s32[], f32[6,4], f32[6,6], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(state), index=0
+  xs = f32[6,4] get-tuple-element(state), index=1
+  ys = f32[6,6] get-tuple-element(state), index=2
+  h = f32[4] get-tuple-element(state), index=3
+  zero = s32[] constant(0)
+  x = f32[1,4] dynamic-slice(xs, i, zero), dynamic_slice_sizes={1,4}
+  xr = f32[4] reshape(x)
+  s = f32[4] add(h, xr)
+  hn = f32[4] tanh(s)
+  hr = f32[1,4] reshape(hn)
+  column = s32[] constant(1)
+  ys2 = f32[6,6] dynamic-update-slice(ys, hr, i, column)
+  one = s32[] constant(1)
+  next = s32[] add(i, one)
+  ROOT out = (s32[], f32[6,4], f32[6,6], f32[4]) tuple(next, xs, ys2, hn)
+}
+cond {
+  state = (s32[], f32[6,4], f32[6,6], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(state), index=0
+  ys = f32[6,6] get-tuple-element(state), index=2
+  zero = s32[] constant(0)
+  probe = f32[1,4] constant({{0.5, -0.5, 2, 3}})
+  ys3 = f32[6,6] dynamic-update-slice(ys, probe, i, zero)
+  z = f32[] constant(0)
+  t = f32[] reduce(ys3, z), dimensions={0,1}, to_apply=sum
+  finite = pred[] compare(t, t), direction=EQ
+  n = s32[] constant(6)
+  more = pred[] compare(i, n), direction=LT
+  ROOT go = pred[] and(more, finite)
+}
+ENTRY main {
+  zero = s32[] constant(0)
+  xs = f32[6,4] parameter(0)
+  h = f32[4] parameter(1)
+  z = f32[] constant(0)
+  ys = f32[6,6] broadcast(z), dimensions={}
+  init = (s32[], f32[6,4], f32[6,6], f32[4]) tuple(zero, xs, ys, h)
+  l = (s32[], f32[6,4], f32[6,6], f32[4]) while(init), condition=cond, body=body
+  y = f32[6,6] get-tuple-element(l), index=2
+  hl = f32[4] get-tuple-element(l), index=3
+  ROOT r = (f32[6,6], f32[4]) tuple(y, hl)
+}
+"#;
+
     /// Runs `hlo` on `inputs` with small loops (`fuse`) or without; its outputs' bytes
     /// and the trace entries reported, in order.
     fn run(hlo: &str, inputs: &[Bound], fuse: bool) -> (Vec<Vec<u8>>, Vec<Reported>) {
@@ -701,12 +836,24 @@ ENTRY main {
             ];
             let sums = [(DType::F32, vec![4, 40], floats(160, seed, 3.0))];
             let swaps = [(DType::F32, vec![6], floats(6, seed, 1.0)), (DType::F32, vec![6], floats(6, seed + 7, 5.0))];
-            for (hlo, inputs) in [(DAMPED, &damped[..]), (MIXED, &mixed[..]), (SUMS, &sums[..]), (SWAPS, &swaps[..])] {
+            let scan =
+                [(DType::F32, vec![6, 4], floats(24, seed, 2.0)), (DType::F32, vec![4], floats(4, seed + 3, 1.0))];
+            let programs =
+                [(DAMPED, &damped[..]), (MIXED, &mixed[..]), (SUMS, &sums[..]), (SWAPS, &swaps[..]), (SCAN, &scan[..])];
+            for (hlo, inputs) in programs {
                 let (small, _) = run(hlo, inputs, true);
                 let (general, _) = run(hlo, inputs, false);
                 assert_eq!(small, general, "seed {seed}");
             }
         }
+    }
+
+    #[test]
+    fn a_scans_rows_are_written_in_place_but_never_into_the_conditions_state() {
+        let executable = Executable::new(compile_hlo(SCAN, Target::Trn1).expect("compiles"), true);
+        let small_loop = executable.small.iter().flatten().next().expect("a small loop");
+        let in_place = |c: &Compact| c.steps.iter().filter(|s| s.in_place).count();
+        assert_eq!((in_place(&small_loop.condition), in_place(&small_loop.body)), (0, 1));
     }
 
     #[test]
