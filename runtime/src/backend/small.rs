@@ -93,10 +93,14 @@ struct Step {
     entry: usize,
     /// Whether its result was computed when the loop was prepared.
     hoisted: bool,
-    /// Whether its first operand dies here (read by no later instruction, not an output,
-    /// not a constant): a dynamic update then writes into the operand's array in place.
-    in_place: bool,
+    /// For a dynamic update whose first operand dies here (read by no later
+    /// instruction, not an output, not a constant): the operand's row-major strides,
+    /// and the update writes into the operand's array in place.
+    in_place: Option<Vec<usize>>,
 }
+
+/// The most dimensions of an array a dynamic update writes in place.
+const MAX_IN_PLACE_RANK: usize = 8;
 
 impl SmallLoop {
     /// The loop of `condition` and `body` prepared as a small loop; `None` when a value
@@ -214,7 +218,7 @@ impl Compact {
                 ty: p.buffers[output].ty.clone(),
                 entry: program.base + k,
                 hoisted: false,
-                in_place: false,
+                in_place: None,
             };
             let layout = matches!(step.op, Op::Broadcast { .. } | Op::Iota { .. } | Op::Reshape | Op::Copy);
             let hoisted = layout
@@ -230,7 +234,10 @@ impl Compact {
                 let read_later = rest.contains(operand) || steps[k + 1..].iter().any(|s| s.operands.contains(operand));
                 let returned = p.outputs.iter().any(|o| o.buffer as usize == *operand);
                 let state = condition && matches!(p.buffers[*operand].kind, BufferKind::Input { .. });
-                steps[k].in_place = !read_later && !returned && !state && !fixed[*operand];
+                let rank = shapes[*operand].len();
+                if !read_later && !returned && !state && !fixed[*operand] && (1..=MAX_IN_PLACE_RANK).contains(&rank) {
+                    steps[k].in_place = Some(kernels::row_major_strides(&shapes[*operand]));
+                }
             }
         }
         let inputs = p.inputs.iter().map(|io| io.buffer as usize).collect();
@@ -331,7 +338,9 @@ impl Compact {
 
 impl Step {
     fn run(&self, arrays: &mut [Data], shapes: &[Vec<usize>], helpers: &HostPool) -> Result<(), OutOfBounds> {
-        if self.in_place && self.update_in_place(arrays, shapes) {
+        if let Some(strides) = &self.in_place
+            && self.update_in_place(arrays, shapes, strides)
+        {
             return Ok(());
         }
         let (before, rest) = arrays.split_at_mut(self.output);
@@ -367,16 +376,16 @@ impl Step {
     /// result's, and the update is written into it at the clamped start (as
     /// `gather::clamped_starts` clamps). `false`, with nothing changed, for types or
     /// indices other than flat arrays and `s32` scalars.
-    fn update_in_place(&self, arrays: &mut [Data], shapes: &[Vec<usize>]) -> bool {
+    fn update_in_place(&self, arrays: &mut [Data], shapes: &[Vec<usize>], strides: &[usize]) -> bool {
         let [operand, update, ref indices @ ..] = self.operands[..] else { return false };
         let (dims, sizes) = (&shapes[operand], &shapes[update]);
-        if indices.len() != dims.len() || dims.is_empty() {
+        if indices.len() != dims.len() {
             return false;
         }
-        let mut start = Vec::with_capacity(dims.len());
-        for (&b, (&dim, &size)) in indices.iter().zip(dims.iter().zip(sizes)) {
+        let mut start = [0usize; MAX_IN_PLACE_RANK];
+        for ((&b, (&dim, &size)), start) in indices.iter().zip(dims.iter().zip(sizes)).zip(&mut start) {
             let Data::S32(index) = &arrays[b] else { return false };
-            start.push(i64::from(index[0]).clamp(0, dim.saturating_sub(size) as i64) as usize);
+            *start = i64::from(index[0]).clamp(0, dim.saturating_sub(size) as i64) as usize;
         }
         let same_type = matches!(
             (&arrays[operand], &arrays[update]),
@@ -388,28 +397,25 @@ impl Step {
         arrays.swap(operand, self.output);
         let Ok([target, source]) = arrays.get_disjoint_mut([self.output, update]) else { return false };
         match (target, &*source) {
-            (Data::F32(to), Data::F32(from)) => place(to, from, dims, sizes, &start),
-            (Data::S32(to), Data::S32(from)) => place(to, from, dims, sizes, &start),
-            (Data::Pred(to), Data::Pred(from)) => place(to, from, dims, sizes, &start),
+            (Data::F32(to), Data::F32(from)) => place(to, from, strides, sizes, &start),
+            (Data::S32(to), Data::S32(from)) => place(to, from, strides, sizes, &start),
+            (Data::Pred(to), Data::Pred(from)) => place(to, from, strides, sizes, &start),
             _ => kernels::unvalidated("a dynamic update of another type"),
         }
         true
     }
 }
 
-/// Writes `update` (row-major, of `sizes`) into `to` (row-major, of `dims`) from
-/// `start`, one run of the innermost dimension at a time.
-fn place<T: Copy>(to: &mut [T], update: &[T], dims: &[usize], sizes: &[usize], start: &[usize]) {
-    let last = dims.len() - 1;
+/// Writes `update` (row-major, of `sizes`) into `to` (row-major, of `strides`, at most
+/// [`MAX_IN_PLACE_RANK`] dimensions) from `start`, one run of the innermost dimension
+/// at a time.
+fn place<T: Copy>(to: &mut [T], update: &[T], strides: &[usize], sizes: &[usize], start: &[usize]) {
+    let last = sizes.len() - 1;
     let run = sizes[last];
     if run == 0 {
         return;
     }
-    let mut strides = vec![1usize; dims.len()];
-    for d in (0..last).rev() {
-        strides[d] = strides[d + 1] * dims[d + 1];
-    }
-    let mut index = vec![0usize; last];
+    let mut index = [0usize; MAX_IN_PLACE_RANK];
     for row in update.chunks_exact(run) {
         let at = (0..last).map(|d| (start[d] + index[d]) * strides[d]).sum::<usize>() + start[last];
         to[at..at + run].copy_from_slice(row);
@@ -852,7 +858,7 @@ ENTRY main {
     fn a_scans_rows_are_written_in_place_but_never_into_the_conditions_state() {
         let executable = Executable::new(compile_hlo(SCAN, Target::Trn1).expect("compiles"), true);
         let small_loop = executable.small.iter().flatten().next().expect("a small loop");
-        let in_place = |c: &Compact| c.steps.iter().filter(|s| s.in_place).count();
+        let in_place = |c: &Compact| c.steps.iter().filter(|s| s.in_place.is_some()).count();
         assert_eq!((in_place(&small_loop.condition), in_place(&small_loop.body)), (0, 1));
     }
 

@@ -21,7 +21,7 @@ use std::borrow::Cow;
 use ndarray::{ArrayD, IxDyn, ShapeBuilder};
 
 use super::matrix::{Gemm, batched_matmul, converted, gemm_f32, gemm_int};
-use super::{to_usize, unvalidated};
+use super::{row_major_strides, to_usize, unvalidated};
 use crate::backend::element::{Element, with_float, with_int};
 use crate::backend::{Value, ValueRef};
 use crate::dtype::{ArrayType, DType, DTypeClass};
@@ -76,14 +76,6 @@ fn floats<'v>(v: &'v ValueRef<'_>) -> Cow<'v, [f32]> {
     }
 }
 
-fn strides(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1; shape.len()];
-    for d in (0..shape.len().saturating_sub(1)).rev() {
-        strides[d] = strides[d + 1] * shape[d + 1];
-    }
-    strides
-}
-
 /// Row-major positions of every index of `sizes`, each as the sum of `index[d] *
 /// steps[d]`.
 fn offsets(sizes: &[usize], steps: &[usize]) -> Vec<usize> {
@@ -109,7 +101,7 @@ fn convolve<T: Element + Send + Sync>(
     gemm: Gemm<T>,
     helpers: &HostPool,
 ) -> Vec<T> {
-    let (lstride, rstride, ostride) = (strides(ls), strides(rs), strides(out_dims));
+    let (lstride, rstride, ostride) = (row_major_strides(ls), row_major_strides(rs), row_major_strides(out_dims));
     let at = |dims: &[u32], shape: &[usize]| -> Vec<usize> { dims.iter().map(|&d| shape[d as usize]).collect() };
     let (in_sizes, kernel_sizes, out_sizes) =
         (at(&c.lhs_spatial, ls), at(&c.rhs_spatial, rs), at(&c.out_spatial, out_dims));
@@ -318,7 +310,7 @@ fn direct(
     out_dims: &[usize],
     helpers: &HostPool,
 ) -> Option<Vec<f32>> {
-    let (lstride, rstride) = (strides(ls), strides(rs));
+    let (lstride, rstride) = (row_major_strides(ls), row_major_strides(rs));
     let spatial_order: Vec<u32> = (1..=c.out_spatial.len() as u32).collect();
     let plain = c.feature_groups == 1
         && c.batch_groups == 1

@@ -86,10 +86,7 @@ fn transposed<T: Copy>(view: &ArrayViewD<'_, T>) -> Option<ArrayD<T>> {
     // The output axis whose source elements are adjacent.
     let q = (0..last).find(|&d| strides[d] == 1 && shape[d] > 1)?;
     let stride = |d: usize| strides[d] as usize;
-    let mut out_strides = vec![1usize; rank];
-    for d in (0..last).rev() {
-        out_strides[d] = out_strides[d + 1] * shape[d + 1];
-    }
+    let out_strides = row_major_strides(shape);
     let outer: Vec<usize> = (0..last).filter(|&d| d != q).collect();
     let mut out = vec![data[0]; shape.iter().product()];
     let mut index = vec![0usize; outer.len()];

@@ -510,6 +510,15 @@ pub(super) fn unvalidated(op: &str) -> ! {
     unreachable!("{op}: operands do not fit the operation; Program::validate should have rejected this program")
 }
 
+/// The element strides of a row-major array of `shape`.
+pub(in crate::backend) fn row_major_strides(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1; shape.len()];
+    for d in (0..shape.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * shape[d + 1];
+    }
+    strides
+}
+
 pub(super) fn to_usize(dims: &[u64]) -> Vec<usize> {
     dims.iter().map(|&d| d as usize).collect()
 }
