@@ -104,7 +104,7 @@ fn run_loop<'a>(
             _ => super::kernels::unvalidated("a loop condition that is not pred[]"),
         };
         if !go {
-            (context.on_instruction)(index, start, ticks());
+            context.on_instruction.instruction(index, start, ticks());
             break;
         }
         let inputs: Vec<Input<'_>> = match state {
@@ -112,7 +112,7 @@ fn run_loop<'a>(
             State::Owned(values) => values.into_iter().map(Input::Copied).collect(),
         };
         state = State::Owned(context.run(body, inputs)?);
-        (context.on_instruction)(index, start, ticks());
+        context.on_instruction.instruction(index, start, ticks());
     }
     Ok(match state {
         State::Operands(views) => views.iter().map(ValueRef::to_owned).collect(),
@@ -137,6 +137,6 @@ fn run_branch<'a>(
     let range = branches.operand_range(b);
     let inputs = operands[range].iter().map(|v| Input::InPlace(v.view())).collect();
     let results = context.run(&nested[b], inputs)?;
-    (context.on_instruction)(index, start, ticks());
+    context.on_instruction.instruction(index, start, ticks());
     Ok(results)
 }

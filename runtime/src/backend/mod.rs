@@ -280,8 +280,29 @@ pub(crate) enum RunError {
 }
 
 /// Sees the tick interval of each instruction that ran: its position in
-/// [`Executable::trace_table`], its start and its end.
-pub(crate) type InstructionObserver<'o> = dyn FnMut(usize, u64, u64) + 'o;
+/// [`Executable::trace_table`], its start and its end. A closure of those three is one.
+pub(crate) trait Observe {
+    fn instruction(&mut self, k: usize, start: u64, end: u64);
+
+    /// Instructions that ran back to back from `start`, `entries[i]` ending at
+    /// `ends[i]`: what a small loop's iteration reports in one call.
+    fn instructions(&mut self, entries: &[usize], start: u64, ends: &[u64]) {
+        let mut previous = start;
+        for (&k, &end) in entries.iter().zip(ends) {
+            self.instruction(k, previous, end);
+            previous = end;
+        }
+    }
+}
+
+impl<F: FnMut(usize, u64, u64)> Observe for F {
+    fn instruction(&mut self, k: usize, start: u64, end: u64) {
+        self(k, start, end);
+    }
+}
+
+/// What [`Executable::run`] reports the instructions that ran to.
+pub(crate) type InstructionObserver<'o> = dyn Observe + 'o;
 
 /// Runs a program's collectives: called with the collective's index among the
 /// program's collectives (in execution order), the operation, the rank's operand and
@@ -618,7 +639,7 @@ impl Executable {
             // Intervals are back to back: each starts where the one reported before ended.
             let now = ticks();
             if let Some(k) = open.take() {
-                on_instruction(self.base + k, previous, now);
+                on_instruction.instruction(self.base + k, previous, now);
                 previous = now;
             }
             if now > deadline_ticks {
@@ -649,7 +670,7 @@ impl Executable {
                     };
                 }
                 for (k, (start, stop)) in split_interval(previous, end, &shares).into_iter().enumerate() {
-                    on_instruction(self.base + unit.first + k, start, stop);
+                    on_instruction.instruction(self.base + unit.first + k, start, stop);
                 }
                 previous = end;
             } else if let Some(instruction) = self.writes_several(unit.first) {
@@ -740,7 +761,7 @@ impl Executable {
             }
         }
         if let Some(k) = open {
-            on_instruction(self.base + k, previous, ticks());
+            on_instruction.instruction(self.base + k, previous, ticks());
         }
         let mut outputs = Vec::with_capacity(program.outputs.len());
         for (k, io) in program.outputs.iter().enumerate() {

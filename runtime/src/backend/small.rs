@@ -30,7 +30,7 @@ use std::sync::{Mutex, PoisonError};
 use neuron_datastore::clock::ticks;
 
 use super::element::{Element, with_element};
-use super::kernels::{self, Flat, FlatMut};
+use super::kernels::{self, Flat, FlatMut, Prepared};
 use super::{Executable, InstructionObserver, OutOfBounds, RunError, Value, ValueRef};
 use crate::dtype::ArrayType;
 use crate::isa::{BufferKind, Op};
@@ -69,18 +69,21 @@ struct Compact {
     /// Each buffer's shape.
     shapes: Vec<Vec<usize>>,
     steps: Vec<Step>,
+    /// Each step's entry in the trace table.
+    entries: Vec<usize>,
     inputs: Vec<usize>,
     /// For each output: its buffer, and whether it must be copied out (a constant, a
     /// value computed once, or a buffer returned twice) rather than swapped out.
     outputs: Vec<(usize, bool)>,
 }
 
-/// Where a program's run starts, whether each of its instructions is timed, and who
-/// sees the intervals.
+/// Where a program's run starts, whether each of its instructions is timed, who sees
+/// the intervals, and room for the ends of an untimed run's intervals (one per step).
 struct Clock<'o, 'p> {
     start: u64,
     timed: bool,
     on_instruction: &'o mut InstructionObserver<'p>,
+    ends: &'o mut [u64],
 }
 
 #[derive(Debug)]
@@ -97,6 +100,8 @@ struct Step {
     /// instruction, not an output, not a constant): the operand's row-major strides,
     /// and the update writes into the operand's array in place.
     in_place: Option<Vec<usize>>,
+    /// The kernel chosen when the loop was prepared, and its two operands.
+    prepared: Option<(Prepared, [usize; 2])>,
 }
 
 /// The most dimensions of an array a dynamic update writes in place.
@@ -150,6 +155,7 @@ impl SmallLoop {
         let mut state: Vec<Data> = operands.iter().map(|v| Data::from(standard(v))).collect();
         // Where each instruction's time last ended, as a share of its program's.
         let mut times = [vec![0; self.condition.steps.len()], vec![0; self.body.steps.len()]];
+        let mut ends = times.clone();
         // Each iteration starts where the one before ended.
         let mut start = ticks();
         for iteration in 0.. {
@@ -157,7 +163,7 @@ impl SmallLoop {
                 return Err(RunError::DeadlineExceeded { step: index });
             }
             let timed = iteration < 2 || iteration % TIMED_EVERY == 0;
-            let clock = Clock { start, timed, on_instruction: &mut *on_instruction };
+            let clock = Clock { start, timed, on_instruction: &mut *on_instruction, ends: &mut ends[0] };
             self.condition.enter(condition, &mut state);
             let verdict = self.condition.run(condition, clock, &mut times[0], helpers);
             let go = verdict.map(|end| (end, self.condition.verdict(condition)));
@@ -165,15 +171,15 @@ impl SmallLoop {
             self.condition.enter(condition, &mut state);
             let (end, go) = go?;
             if !go {
-                on_instruction(index, start, end);
+                on_instruction.instruction(index, start, end);
                 let shapes = self.body.inputs.iter().map(|&b| &self.body.shapes[b]);
                 return Ok(state.into_iter().zip(shapes).map(|(data, shape)| data.into_value(shape)).collect());
             }
             self.body.enter(body, &mut state);
-            let clock = Clock { start: end, timed, on_instruction: &mut *on_instruction };
+            let clock = Clock { start: end, timed, on_instruction: &mut *on_instruction, ends: &mut ends[1] };
             let end = self.body.run(body, clock, &mut times[1], helpers)?;
             self.body.leave(body, &mut state);
-            on_instruction(index, start, end);
+            on_instruction.instruction(index, start, end);
             start = end;
         }
         unreachable!("a loop ends by returning")
@@ -219,13 +225,23 @@ impl Compact {
                 entry: program.base + k,
                 hoisted: false,
                 in_place: None,
+                prepared: None,
             };
             let layout = matches!(step.op, Op::Broadcast { .. } | Op::Iota { .. } | Op::Reshape | Op::Copy);
             let hoisted = layout
                 && step.operands.iter().all(|&b| fixed[b])
                 && step.run(&mut arrays, &shapes, &HostPool::new(1)).is_ok();
             fixed[output] = hoisted;
-            steps.push(Step { hoisted, ..step });
+            let prepared = match step.operands[..] {
+                [a, b] => {
+                    let ty = |b: usize| p.buffers[b].ty.dtype;
+                    let out = shapes[output].iter().product::<usize>();
+                    Prepared::new(&step.op, [ty(a), ty(b)], [&shapes[a], &shapes[b]], step.ty.dtype, out)
+                        .map(|k| (k, [a, b]))
+                }
+                _ => None,
+            };
+            steps.push(Step { hoisted, prepared, ..step });
         }
         // A dynamic update of an array no later instruction reads (a scan's outputs, row
         // by row) updates it in place instead of copying it whole.
@@ -257,7 +273,8 @@ impl Compact {
                 (b, !swapped || p.outputs.iter().filter(|o| o.buffer == io.buffer).count() > 1)
             })
             .collect();
-        Some(Compact { arrays, shapes, steps, inputs, outputs })
+        let entries = steps.iter().map(|s| s.entry).collect();
+        Some(Compact { arrays, shapes, steps, entries, inputs, outputs })
     }
 
     /// Swaps the state into the input arrays (or back out of them).
@@ -298,12 +315,12 @@ impl Compact {
         shares: &mut [u64],
         helpers: &HostPool,
     ) -> Result<u64, RunError> {
-        let Clock { start, timed, on_instruction } = clock;
+        let Clock { start, timed, on_instruction, ends } = clock;
         let mut previous = start;
         for (step, share) in self.steps.iter().zip(shares.iter_mut()) {
             if step.hoisted {
                 if timed {
-                    on_instruction(step.entry, previous, previous);
+                    on_instruction.instruction(step.entry, previous, previous);
                     *share = previous - start;
                 }
                 continue;
@@ -312,7 +329,7 @@ impl Compact {
                 .map_err(|OutOfBounds(detail)| RunError::OutOfBounds { step: step.entry, detail })?;
             if timed {
                 let now = ticks();
-                on_instruction(step.entry, previous, now);
+                on_instruction.instruction(step.entry, previous, now);
                 *share = now - start;
                 previous = now;
             }
@@ -324,14 +341,13 @@ impl Compact {
         }
         let end = ticks();
         let span = end.saturating_sub(start);
-        for (k, (step, &share)) in self.steps.iter().zip(shares.iter()).enumerate() {
-            let next = match span.checked_mul(share) {
+        for (k, (&share, at)) in shares.iter().zip(ends.iter_mut()).enumerate() {
+            *at = match span.checked_mul(share) {
                 Some(product) if k + 1 < self.steps.len() => start + (product >> SHARE_BITS),
                 _ => end,
             };
-            on_instruction(step.entry, previous, next);
-            previous = next;
         }
+        on_instruction.instructions(&self.entries, start, ends);
         Ok(end)
     }
 }
@@ -347,6 +363,12 @@ impl Step {
         let Some((out, after)) = rest.split_first_mut() else { kernels::unvalidated("an output") };
         // Validation keeps an instruction from reading the buffer it writes.
         let operand = |b: usize| if b < self.output { &before[b] } else { &after[b - self.output - 1] };
+        if let Some((kernel, [a, b])) = self.prepared
+            && let (Some(x), Some(y), Some(o)) = (operand(a).flat(), operand(b).flat(), out.flat_mut())
+            && kernel.run(x, y, o)
+        {
+            return Ok(());
+        }
         let mut flats = [Flat::F32(&[]); 4];
         let flat = self.operands.len() <= flats.len()
             && self.operands.iter().zip(&mut flats).all(|(&b, f)| operand(b).flat().map(|v| *f = v).is_some());

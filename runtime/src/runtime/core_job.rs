@@ -395,11 +395,18 @@ impl CoreJob<'_> {
                 rank_fault.filter(|_| index == 0),
             )
         };
-        let (mut executed, mut flops) = (0u64, 0u64);
-        // The instructions that ran, as (trace table entry, start, end); their device
-        // events are recorded as run records once the program stops, or in batches
-        // while a long loop runs.
-        let mut spans: Vec<InstructionSpan> = Vec::with_capacity(if device { m.instructions.len() } else { 0 });
+        let mut watch = Watch {
+            tracer,
+            model: m,
+            ids,
+            at_instruction: m.table_slot.map(|slot| tracer.store().model_at_instruction(slot)),
+            engine_ticks: &engine_ticks,
+            collective_reported_next: &collective_reported_next,
+            device,
+            executed: 0,
+            flops: 0,
+            spans: Vec::with_capacity(if device { m.instructions.len() } else { 0 }),
+        };
         let hang = strikes.iter().any(|s| s.kind == FaultKind::Timeout);
         let results = if hang {
             // The core stops making progress: nothing runs, and the deadline passes.
@@ -408,33 +415,7 @@ impl CoreJob<'_> {
             Err(RunError::DeadlineExceeded { step: 0 })
         } else {
             let deadline_ticks = run_start.saturating_add(timeout_ticks);
-            // Where the execution is, for what the process says it is doing: the
-            // instruction after the last one done.
-            let at_instruction = m.table_slot.map(|slot| tracer.store().model_at_instruction(slot));
-            let hlo_at = |k: usize| m.instructions.get(k).map_or(0, |i| i.hlo_id);
-            if let Some(at) = at_instruction {
-                at.store(hlo_at(0), Ordering::Relaxed);
-            }
-            let mut observe = |k: usize, start: u64, end: u64| {
-                if let Some(at) = at_instruction {
-                    at.store(hlo_at(k + 1), Ordering::Relaxed);
-                }
-                if m.rank.is_some()
-                    && !collective_reported_next.replace(false)
-                    && let Some(busy) = m.instructions.get(k).and_then(|i| engine_ticks.get(usize::from(i.engine)))
-                {
-                    busy.set(busy.get() + end.saturating_sub(start));
-                }
-                executed += 1;
-                flops += m.instructions.get(k).map_or(0, |i| i.flops);
-                if device {
-                    spans.push(InstructionSpan { entry: k as u32, start, end });
-                    if spans.len() >= MAX_PENDING_SPANS {
-                        tracer.emit_instruction_spans(slot, ids, &m.instructions, m.instructions_in_table, &spans);
-                        spans.clear();
-                    }
-                }
-            };
+            watch.at(0);
             let partition = m.rank.as_ref().map_or(0, |(_, rank)| *rank);
             // The rank's time inside its executions, for what it did before each
             // collective (see `collectives/flight.rs`).
@@ -442,7 +423,7 @@ impl CoreJob<'_> {
                 communicator.executing(*rank, true);
             }
             let results = crate::backend::as_partition(partition, || {
-                m.executable.run(values, destinations, deadline_ticks, self.pool, &mut run_collective, &mut observe)
+                m.executable.run(values, destinations, deadline_ticks, self.pool, &mut run_collective, &mut watch)
             });
             if let Some((communicator, rank)) = &m.rank {
                 give_engines(communicator, *rank);
@@ -451,6 +432,7 @@ impl CoreJob<'_> {
             results
         };
         let run_end = ticks();
+        let Watch { executed, flops, spans, .. } = watch;
         if device {
             tracer.emit_instruction_spans(slot, ids, &m.instructions, m.instructions_in_table, &spans);
         }
@@ -660,4 +642,82 @@ fn bind(model: &str, what: &str, ios: &[IoTensor], program: &Program, set: &Tens
             Ok(tensor.clone())
         })
         .collect()
+}
+
+/// Sees an execution's instructions as they run: where it is (for what the process
+/// says it is doing), each engine's busy time for a rank, the instructions and FLOPs
+/// executed, and the intervals to record as device events (once the program stops, or
+/// in batches while a long loop runs).
+struct Watch<'a> {
+    tracer: &'a Tracer,
+    model: &'a LoadedModel,
+    ids: EventIds,
+    /// The model's "at instruction" word: the instruction after the last one done.
+    at_instruction: Option<&'a std::sync::atomic::AtomicU32>,
+    /// For a rank: each engine's busy time since its last collective (see `run_phases`).
+    engine_ticks: &'a [Cell<u64>; collectives::flight::ENGINES],
+    collective_reported_next: &'a Cell<bool>,
+    device: bool,
+    executed: u64,
+    flops: u64,
+    spans: Vec<InstructionSpan>,
+}
+
+impl Watch<'_> {
+    /// Says the execution is at trace entry `k`.
+    fn at(&self, k: usize) {
+        if let Some(at) = self.at_instruction {
+            at.store(self.model.instructions.get(k).map_or(0, |i| i.hlo_id), Ordering::Relaxed);
+        }
+    }
+
+    /// Adds entry `k`'s interval to its engine's busy time, unless it is the collective
+    /// reported just now.
+    fn busy(&self, k: usize, start: u64, end: u64) {
+        if !self.collective_reported_next.replace(false)
+            && let Some(busy) =
+                self.model.instructions.get(k).and_then(|i| self.engine_ticks.get(usize::from(i.engine)))
+        {
+            busy.set(busy.get() + end.saturating_sub(start));
+        }
+    }
+
+    fn record_if_many(&mut self) {
+        if self.spans.len() >= MAX_PENDING_SPANS {
+            let m = self.model;
+            self.tracer.emit_instruction_spans(m.slot, self.ids, &m.instructions, m.instructions_in_table, &self.spans);
+            self.spans.clear();
+        }
+    }
+}
+
+impl crate::backend::Observe for Watch<'_> {
+    fn instruction(&mut self, k: usize, start: u64, end: u64) {
+        self.instructions(&[k], start, &[end]);
+    }
+
+    fn instructions(&mut self, entries: &[usize], start: u64, ends: &[u64]) {
+        let instructions = &self.model.instructions;
+        self.executed += entries.len() as u64;
+        self.flops += entries.iter().map(|&k| instructions.get(k).map_or(0, |i| i.flops)).sum::<u64>();
+        if self.model.rank.is_some() {
+            let mut previous = start;
+            for (&k, &end) in entries.iter().zip(ends) {
+                self.busy(k, previous, end);
+                previous = end;
+            }
+        }
+        if self.device {
+            self.spans.reserve(entries.len());
+            let mut previous = start;
+            for (&k, &end) in entries.iter().zip(ends) {
+                self.spans.push(InstructionSpan { entry: k as u32, start: previous, end });
+                previous = end;
+            }
+        }
+        if let Some(&last) = entries.last() {
+            self.at(last + 1);
+        }
+        self.record_if_many();
+    }
 }

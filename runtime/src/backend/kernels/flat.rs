@@ -211,3 +211,324 @@ pub(in crate::backend) fn matmul_flat(
         batched_matmul_into(l, r, d, product, gemm_f32, helpers);
     }
 }
+
+/// Arrays of at most this many elements take [`Prepared`]'s plain loops; longer ones
+/// its vectorised runs (the same element functions, so the same bits).
+const PLAIN_MAX: usize = 128;
+
+/// A flat kernel chosen once, when a small loop is prepared, for the steps every loop
+/// has: two operands and a result that are flat arrays of one length (one element for
+/// a reduction of every dimension). Each run then computes with no look at the
+/// operation, the types or the shape. It computes what [`execute_flat`] computes for
+/// the same instruction, bit for bit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(in crate::backend) enum Prepared {
+    /// `f32` arithmetic (not the bitwise operations).
+    BinaryF32(BinaryOp),
+    BinaryS32(BinaryOp),
+    /// `and` (or `minimum`), `or` (or `maximum`) and `xor` of `pred`s.
+    BinaryPred(BinaryOp),
+    /// Of two `f32`s or two `s32`s.
+    Compare {
+        direction: CompareDirection,
+        total_order: bool,
+    },
+    /// A reduction of every element into one, from a one-element initial value.
+    FoldAll(ReduceOp),
+    /// A small `f32` product of a row-major matrix and a vector (`[m, k] · [k]`).
+    MatrixVector,
+    /// A small `f32` product of a vector and a row-major matrix of more than one
+    /// column (`[k] · [k, n]`).
+    VectorMatrix,
+}
+
+impl Prepared {
+    /// The prepared kernel of `op` on two operands of `types` and `shapes` into a
+    /// result of `out` and `out_len` elements; `None` where [`execute_flat`] (or, for
+    /// a product, [`matmul_flat`]) is needed.
+    pub(in crate::backend) fn new(
+        op: &Op,
+        types: [DType; 2],
+        shapes: [&[usize]; 2],
+        out: DType,
+        out_len: usize,
+    ) -> Option<Prepared> {
+        use DType::{F32, Pred, S32};
+        let lengths = shapes.map(|s| s.iter().product::<usize>());
+        let same = lengths == [out_len; 2];
+        Some(match (op, types, out) {
+            (Op::Binary(b), [F32, F32], F32) if same && Prepared::arithmetic(*b) => Prepared::BinaryF32(*b),
+            (Op::Binary(b), [S32, S32], S32) if same && *b != BinaryOp::Atan2 => Prepared::BinaryS32(*b),
+            (
+                Op::Binary(b @ (BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::Minimum | BinaryOp::Maximum)),
+                [Pred, Pred],
+                Pred,
+            ) if same => Prepared::BinaryPred(*b),
+            (Op::Compare { direction, total_order }, [F32, F32] | [S32, S32], Pred) if same => {
+                Prepared::Compare { direction: *direction, total_order: *total_order }
+            }
+            (Op::Reduce { op, dims }, [F32, F32] | [S32, S32] | [Pred, Pred], _)
+                if types[0] == out && dims.len() == shapes[0].len() && lengths[1] == 1 && out_len == 1 =>
+            {
+                Prepared::FoldAll(*op)
+            }
+            (Op::MatMul(d), [F32, F32], F32) if d.lhs_batch.is_empty() && d.rhs_batch.is_empty() => {
+                let contracting = (d.lhs_contracting.as_slice(), d.rhs_contracting.as_slice());
+                let small = lengths[0].max(lengths[1]) <= matrix::SMALL_PRODUCT_MACS;
+                match (shapes, contracting) {
+                    ([&[m, k], &[k2]], ([1], [0])) if k == k2 && m * k > 0 && small && out_len == m => {
+                        Prepared::MatrixVector
+                    }
+                    ([&[k], &[k2, n]], ([0], [0])) if k == k2 && k > 0 && n > 1 && small && out_len == n => {
+                        Prepared::VectorMatrix
+                    }
+                    _ => return None,
+                }
+            }
+            _ => return None,
+        })
+    }
+
+    fn arithmetic(b: BinaryOp) -> bool {
+        !matches!(
+            b,
+            BinaryOp::And
+                | BinaryOp::Or
+                | BinaryOp::Xor
+                | BinaryOp::ShiftLeft
+                | BinaryOp::ShiftRightLogical
+                | BinaryOp::ShiftRightArithmetic
+        )
+    }
+
+    /// Computes the kernel of `x` and `y` into `out`; `false`, with nothing written,
+    /// where the arrays are not of the types and lengths it was prepared for.
+    #[inline]
+    pub(in crate::backend) fn run(self, x: Flat<'_>, y: Flat<'_>, out: FlatMut<'_>) -> bool {
+        use Flat as F;
+        use FlatMut as M;
+        match (self, x, y, out) {
+            (Prepared::BinaryF32(b), F::F32(x), F::F32(y), M::F32(o)) if x.len() == o.len() && y.len() == o.len() => {
+                if o.len() > PLAIN_MAX {
+                    vectorized(FlatRun((&Op::Binary(b), &[x, y], 0, o)));
+                } else {
+                    with_binary_f32!(b, f => zip(x, y, o, f));
+                }
+            }
+            (Prepared::BinaryS32(b), F::S32(x), F::S32(y), M::S32(o)) if x.len() == o.len() && y.len() == o.len() => {
+                zip(x, y, o, binary_int::<i32>(b));
+            }
+            (Prepared::BinaryPred(b), F::Pred(x), F::Pred(y), M::Pred(o))
+                if x.len() == o.len() && y.len() == o.len() =>
+            {
+                match b {
+                    BinaryOp::Minimum | BinaryOp::And => zip(x, y, o, |x, y| x && y),
+                    BinaryOp::Maximum | BinaryOp::Or => zip(x, y, o, |x, y| x || y),
+                    _ => zip(x, y, o, |x, y| x != y),
+                }
+            }
+            (Prepared::Compare { direction, total_order }, x, y, M::Pred(o))
+                if x.len() == o.len() && y.len() == o.len() =>
+            {
+                match (x, y) {
+                    (F::F32(x), F::F32(y)) => compare_into(direction, total_order, x, y, o),
+                    (F::S32(x), F::S32(y)) => compare_into(direction, total_order, x, y, o),
+                    _ => return false,
+                }
+            }
+            (Prepared::FoldAll(op), x, init, out) if init.len() == 1 => match (x, init, out) {
+                (F::F32(x), F::F32(init), M::F32([o])) => *o = with_reduce_f32!(op, f => fold_lanes(x, init[0], f)),
+                (F::S32(x), F::S32(init), M::S32([o])) => *o = fold_lanes(x, init[0], reduce_int::<i32>(op)),
+                (F::Pred(x), F::Pred(init), M::Pred([o])) => *o = fold_lanes(x, init[0], reduce_pred(op)),
+                _ => return false,
+            },
+            (Prepared::MatrixVector, F::F32(a), F::F32(v), M::F32(o))
+                if !v.is_empty() && a.len() == o.len() * v.len() =>
+            {
+                matrix::matrix_vector(a, v, o);
+            }
+            (Prepared::VectorMatrix, F::F32(v), F::F32(b), M::F32(o))
+                if o.len() > 1 && b.len() == o.len() * v.len() =>
+            {
+                matrix::vector_matrix(v, b, o);
+            }
+            _ => return false,
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Floats with NaNs of both signs, infinities and signed zeros, from `seed`.
+    fn floats(n: usize, seed: u32) -> Vec<f32> {
+        (0..n as u32)
+            .map(|i| match i.wrapping_add(seed.wrapping_mul(7)).wrapping_mul(2_654_435_761) % 23 {
+                0 => f32::NAN,
+                1 => -f32::NAN,
+                2 => f32::INFINITY,
+                3 => -0.0,
+                4 => 0.0,
+                x => (x as f32 - 11.0) * 0.37,
+            })
+            .collect()
+    }
+
+    fn ints(n: usize, seed: u32) -> Vec<i32> {
+        (0..n as u32).map(|i| [i32::MIN, -3, 0, 1, 7, i32::MAX][((i + seed) % 6) as usize]).collect()
+    }
+
+    fn preds(n: usize, seed: u32) -> Vec<bool> {
+        (0..n as u32).map(|i| (i * 7 + seed).is_multiple_of(3)).collect()
+    }
+
+    /// Runs `op` both ways on `x` and `y` into fresh arrays like `out`; both results.
+    fn both<T: Clone + Default>(
+        op: &Op,
+        x: Flat<'_>,
+        y: Flat<'_>,
+        out: (DType, usize),
+        wrap: impl Fn(&mut [T]) -> FlatMut<'_>,
+    ) -> (Vec<T>, Vec<T>) {
+        let shape = [x.len()];
+        let kernel = Prepared::new(op, [dtype(x), dtype(y)], [&shape, &[y.len()]], out.0, out.1)
+            .unwrap_or_else(|| panic!("{op:?} is prepared"));
+        let (mut prepared, mut general) = (vec![T::default(); out.1], vec![T::default(); out.1]);
+        assert!(kernel.run(x, y, wrap(&mut prepared)), "{op:?} runs prepared");
+        assert!(execute_flat(op, &[x, y], &shape, wrap(&mut general)), "{op:?} runs flat");
+        (prepared, general)
+    }
+
+    fn dtype(x: Flat<'_>) -> DType {
+        match x {
+            Flat::F32(_) => DType::F32,
+            Flat::S32(_) => DType::S32,
+            Flat::Pred(_) => DType::Pred,
+        }
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    #[test]
+    fn prepared_kernels_give_the_flat_kernels_bits() {
+        use CompareDirection::*;
+        let directions = [Eq, Ne, Lt, Le, Gt, Ge];
+        // Short arrays take the plain loops, long ones the vectorised runs.
+        for n in [1, 5, 64, PLAIN_MAX + 1, 1000] {
+            let (x, y) = (floats(n, 1), floats(n, 2));
+            let (i, k) = (ints(n, 0), ints(n, 3));
+            let (p, q) = (preds(n, 1), preds(n, 2));
+            for b in [
+                BinaryOp::Add,
+                BinaryOp::Subtract,
+                BinaryOp::Multiply,
+                BinaryOp::Divide,
+                BinaryOp::Maximum,
+                BinaryOp::Minimum,
+                BinaryOp::Power,
+                BinaryOp::Remainder,
+                BinaryOp::Atan2,
+            ] {
+                let (a, g) = both(&Op::Binary(b), Flat::F32(&x), Flat::F32(&y), (DType::F32, n), |o| FlatMut::F32(o));
+                assert_eq!(bits(&a), bits(&g), "{b:?} of {n}");
+            }
+            for b in [BinaryOp::Add, BinaryOp::Subtract, BinaryOp::Multiply, BinaryOp::Maximum, BinaryOp::Xor] {
+                let (a, g) = both(&Op::Binary(b), Flat::S32(&i), Flat::S32(&k), (DType::S32, n), |o| FlatMut::S32(o));
+                assert_eq!(a, g, "{b:?} of s32");
+            }
+            for b in [BinaryOp::And, BinaryOp::Or, BinaryOp::Xor, BinaryOp::Minimum, BinaryOp::Maximum] {
+                let (a, g) =
+                    both(&Op::Binary(b), Flat::Pred(&p), Flat::Pred(&q), (DType::Pred, n), |o| FlatMut::Pred(o));
+                assert_eq!(a, g, "{b:?} of pred");
+            }
+            for (direction, total_order) in directions.iter().flat_map(|&d| [(d, false), (d, true)]) {
+                let op = Op::Compare { direction, total_order };
+                let (a, g) = both(&op, Flat::F32(&x), Flat::F32(&y), (DType::Pred, n), |o| FlatMut::Pred(o));
+                assert_eq!(a, g, "{op:?} of f32");
+                let (a, g) = both(&op, Flat::S32(&i), Flat::S32(&k), (DType::Pred, n), |o| FlatMut::Pred(o));
+                assert_eq!(a, g, "{op:?} of s32");
+            }
+            // Sums of finite elements show the order of the partial sums.
+            let finite: Vec<f32> = x.iter().map(|&v| if v.is_finite() { v * 1.1e-3 } else { 0.7 }).collect();
+            for op in [ReduceOp::Add, ReduceOp::Multiply, ReduceOp::Maximum, ReduceOp::Minimum] {
+                let reduce = Op::Reduce { op, dims: vec![0] };
+                for x in [&x, &finite] {
+                    let (a, g) = both(&reduce, Flat::F32(x), Flat::F32(&[1.5]), (DType::F32, 1), |o| FlatMut::F32(o));
+                    assert_eq!(bits(&a), bits(&g), "{op:?} of {n} f32");
+                }
+                let (a, g) = both(&reduce, Flat::S32(&i), Flat::S32(&[2]), (DType::S32, 1), |o| FlatMut::S32(o));
+                assert_eq!(a, g, "{op:?} of s32");
+                let (a, g) = both(&reduce, Flat::Pred(&p), Flat::Pred(&[true]), (DType::Pred, 1), |o| FlatMut::Pred(o));
+                assert_eq!(a, g, "{op:?} of pred");
+            }
+        }
+    }
+
+    #[test]
+    fn only_steps_of_one_length_whole_reductions_and_small_products_are_prepared() {
+        const F: [DType; 2] = [DType::F32; 2];
+        let add = Op::Binary(BinaryOp::Add);
+        assert!(Prepared::new(&add, F, [&[4], &[4]], DType::F32, 4).is_some());
+        assert!(Prepared::new(&add, F, [&[4], &[1]], DType::F32, 4).is_none(), "a broadcast operand");
+        assert!(Prepared::new(&add, [DType::F32, DType::S32], [&[4], &[4]], DType::F32, 4).is_none());
+        let and = Op::Binary(BinaryOp::And);
+        assert!(Prepared::new(&and, F, [&[4], &[4]], DType::F32, 4).is_none(), "bitwise on f32");
+        let rows = Op::Reduce { op: ReduceOp::Add, dims: vec![1] };
+        assert!(Prepared::new(&rows, F, [&[3, 4], &[]], DType::F32, 3).is_none(), "one axis of two");
+        let all = Op::Reduce { op: ReduceOp::Add, dims: vec![0, 1] };
+        assert!(Prepared::new(&all, F, [&[3, 4], &[]], DType::F32, 1).is_some());
+        let dot = |lhs: u32, rhs: u32| {
+            Op::MatMul(DotDims {
+                lhs_batch: vec![],
+                lhs_contracting: vec![lhs],
+                rhs_batch: vec![],
+                rhs_contracting: vec![rhs],
+            })
+        };
+        assert_eq!(Prepared::new(&dot(1, 0), F, [&[3, 4], &[4]], DType::F32, 3), Some(Prepared::MatrixVector));
+        assert_eq!(Prepared::new(&dot(0, 0), F, [&[4], &[4, 3]], DType::F32, 3), Some(Prepared::VectorMatrix));
+        assert!(Prepared::new(&dot(0, 0), F, [&[4, 3], &[4]], DType::F32, 3).is_none(), "a transposed matrix");
+        assert!(Prepared::new(&dot(0, 0), F, [&[4], &[4, 1]], DType::F32, 1).is_none(), "one column");
+        assert!(Prepared::new(&dot(1, 0), F, [&[200, 100], &[100]], DType::F32, 200).is_none(), "a GEMM's size");
+    }
+
+    /// Products as `matmul_flat` computes them through the array views.
+    #[test]
+    fn prepared_products_give_the_array_kernels_bits() {
+        let pool = HostPool::new(1);
+        let dims = |lhs: u32| DotDims {
+            lhs_batch: vec![],
+            lhs_contracting: vec![lhs],
+            rhs_batch: vec![],
+            rhs_contracting: vec![0],
+        };
+        let finite = |n: usize, seed: u32| -> Vec<f32> {
+            floats(n, seed).iter().map(|&v| if v.is_finite() { v * 1.3 } else { -2.1 }).collect()
+        };
+        for (m, k) in [(1, 1), (3, 7), (32, 32), (5, 19), (64, 128), (128, 64)] {
+            let (a, v) = (finite(m * k, 4), finite(k, 5));
+            let la = ArrayViewD::from_shape(IxDyn(&[m, k]), &a).expect("shape");
+            let lv = ArrayViewD::from_shape(IxDyn(&[k]), &v).expect("shape");
+            // [m, k] · [k]
+            let mut expected = vec![0.0; m];
+            matmul_flat(&la, &lv, &dims(1), &mut expected, &[m], &pool);
+            let mut got = vec![0.0; m];
+            assert!(Prepared::MatrixVector.run(Flat::F32(&a), Flat::F32(&v), FlatMut::F32(&mut got)));
+            assert_eq!(bits(&got), bits(&expected), "[{m}, {k}] · [{k}]");
+            // [m] · [m, k], the matrix read as m rows of k
+            if k > 1 {
+                let w = finite(m, 6);
+                let lw = ArrayViewD::from_shape(IxDyn(&[m]), &w).expect("shape");
+                let mut expected = vec![0.0; k];
+                matmul_flat(&lw, &la, &dims(0), &mut expected, &[k], &pool);
+                let mut got = vec![0.0; k];
+                assert!(Prepared::VectorMatrix.run(Flat::F32(&w), Flat::F32(&a), FlatMut::F32(&mut got)));
+                assert_eq!(bits(&got), bits(&expected), "[{m}] · [{m}, {k}]");
+            }
+        }
+    }
+}

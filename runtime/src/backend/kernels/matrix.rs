@@ -85,7 +85,7 @@ fn exact_in_f32(
 /// Products at most this many multiply-adds, of one matrix or vector by another, are
 /// computed by a plain loop: preparing a GEMM costs more than they do (a loop body's
 /// matrix-vector update).
-const SMALL_PRODUCT_MACS: usize = 1 << 14;
+pub(super) const SMALL_PRODUCT_MACS: usize = 1 << 14;
 
 /// A small f32 product without batch dimensions, of operands of rank 1 or 2 with one
 /// contracting dimension, into `out` (standard layout); `false` (and `out` untouched)
@@ -158,6 +158,43 @@ fn small_product_run(
                 _ => row.iter().zip(column).fold(0.0, |sum, (&x, &y)| sum + x * y),
             };
         }
+    }
+}
+
+vectorized_job!(
+    /// `matrix_vector_run`, vectorised.
+    MatrixVector<'a> ((&'a [f32], &'a [f32], &'a mut [f32])) -> () = matrix_vector_run
+);
+
+vectorized_job!(
+    /// `vector_matrix_run`, vectorised.
+    VectorMatrix<'a> ((&'a [f32], &'a [f32], &'a mut [f32])) -> () = vector_matrix_run
+);
+
+/// `out = a · v` for a row-major `a` of `out.len()` rows of `v.len()` (at least one):
+/// what [`small_product_into`] computes for those operands, on slices.
+pub(super) fn matrix_vector(a: &[f32], v: &[f32], out: &mut [f32]) {
+    vectorized(MatrixVector((a, v, out)));
+}
+
+/// `out = v · b` for a row-major `b` of `v.len()` rows of `out.len()` (more than one):
+/// what [`small_product_into`] computes for those operands, on slices.
+pub(super) fn vector_matrix(v: &[f32], b: &[f32], out: &mut [f32]) {
+    vectorized(VectorMatrix((v, b, out)));
+}
+
+#[inline(always)]
+fn matrix_vector_run((a, v, out): (&[f32], &[f32], &mut [f32])) {
+    for (c, row) in out.iter_mut().zip(a.chunks_exact(v.len())) {
+        *c = dot_in_lanes(row, v);
+    }
+}
+
+#[inline(always)]
+fn vector_matrix_run((v, b, out): (&[f32], &[f32], &mut [f32])) {
+    out.fill(0.0);
+    for (&x, row) in v.iter().zip(b.chunks_exact(out.len())) {
+        out.iter_mut().zip(row).for_each(|(c, &y)| *c += x * y);
     }
 }
 

@@ -39,7 +39,7 @@ use crate::isa::{ActivationFn, BinaryOp, FloatFormat, Op, ReduceOp};
 use crate::pool::HostPool;
 use elementwise::{binary, clamp, compare, convert, elementwise_f32, elementwise_f32_flat, select, unary};
 pub(crate) use elementwise::{compare_scalars, max_f32, min_f32, round_mantissa, round_to_format, sign_f32};
-pub(super) use flat::{Flat, FlatMut, execute_flat, matmul_flat};
+pub(super) use flat::{Flat, FlatMut, Prepared, execute_flat, matmul_flat};
 use gather::{IndexRows, clamped_starts, gather, scatter_value, window};
 use layout::{broadcast, concatenate, pad, reshape, reverse, slice, transpose};
 pub(crate) use matrix::choose_product_kernel;
