@@ -172,9 +172,61 @@ vectorized_job!(
 );
 
 /// `out = a · v` for a row-major `a` of `out.len()` rows of `v.len()` (at least one):
-/// what [`small_product_into`] computes for those operands, on slices.
+/// what [`small_product_into`] computes for those operands, on slices. With AVX2, each
+/// row's eight partial sums are one vector register, several rows at once.
 pub(super) fn matrix_vector(a: &[f32], v: &[f32], out: &mut [f32]) {
-    vectorized(MatrixVector((a, v, out)));
+    match pulp::x86::V3::try_new() {
+        // The trait's `vectorize`, whose job is inlined where AVX2 is enabled.
+        Some(simd) => pulp::Simd::vectorize(simd, MatrixVectorV3 { simd, a, v, out }),
+        None => vectorized(MatrixVector((a, v, out))),
+    }
+}
+
+/// [`matrix_vector`] on AVX2: [`dot_in_lanes`] with each row's eight partial sums in
+/// one register, [`ROWS_AT_ONCE`] rows at a time.
+struct MatrixVectorV3<'a> {
+    simd: pulp::x86::V3,
+    a: &'a [f32],
+    v: &'a [f32],
+    out: &'a mut [f32],
+}
+
+impl pulp::WithSimd for MatrixVectorV3<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _: S) {
+        let MatrixVectorV3 { simd, a, v, out } = self;
+        matrix_vector_v3(simd, a, v, out);
+    }
+}
+
+#[inline(always)]
+fn matrix_vector_v3(simd: pulp::x86::V3, a: &[f32], v: &[f32], out: &mut [f32]) {
+    let k = v.len();
+    let (ys, _) = v.as_chunks::<8>();
+    let whole = ys.len() * 8;
+    let mut outs = out.chunks_exact_mut(ROWS_AT_ONCE);
+    let mut blocks = a.chunks_exact(k * ROWS_AT_ONCE);
+    for (c, block) in (&mut outs).zip(&mut blocks) {
+        let rows: [&[f32]; ROWS_AT_ONCE] = std::array::from_fn(|r| &block[r * k..(r + 1) * k]);
+        let xs = rows.map(|x| &x.as_chunks::<8>().0[..ys.len()]);
+        let mut lanes = [simd.splat_f32x8(0.0); ROWS_AT_ONCE];
+        for (i, y) in ys.iter().enumerate() {
+            let y: pulp::f32x8 = bytemuck::cast(*y);
+            for (lanes, x) in lanes.iter_mut().zip(&xs) {
+                let x: pulp::f32x8 = bytemuck::cast(x[i]);
+                *lanes = simd.add_f32x8(*lanes, simd.mul_f32x8(x, y));
+            }
+        }
+        for (r, c) in c.iter_mut().enumerate() {
+            let lanes: [f32; 8] = bytemuck::cast(lanes[r]);
+            *c = combine_lanes(&lanes, &rows[r][whole..], &v[whole..]);
+        }
+    }
+    for (c, row) in outs.into_remainder().iter_mut().zip(blocks.remainder().chunks_exact(k)) {
+        *c = dot_in_lanes(row, v);
+    }
 }
 
 /// `out = v · b` for a row-major `b` of `v.len()` rows of `out.len()` (more than one):
@@ -182,6 +234,10 @@ pub(super) fn matrix_vector(a: &[f32], v: &[f32], out: &mut [f32]) {
 pub(super) fn vector_matrix(v: &[f32], b: &[f32], out: &mut [f32]) {
     vectorized(VectorMatrix((v, b, out)));
 }
+
+/// Rows of a matrix-vector product summed at once: each row's partial sums wait on the
+/// addition before, so one row at a time leaves the adders idle most of the time.
+const ROWS_AT_ONCE: usize = 4;
 
 #[inline(always)]
 fn matrix_vector_run((a, v, out): (&[f32], &[f32], &mut [f32])) {
@@ -213,6 +269,12 @@ fn dot_in_lanes(x: &[f32], y: &[f32]) -> f32 {
             lanes[l] += x[l] * y[l];
         }
     }
+    combine_lanes(&lanes, x_rest, y_rest)
+}
+
+/// [`dot_in_lanes`]'s sum of its eight partial sums, then of the elements past them.
+#[inline(always)]
+fn combine_lanes(lanes: &[f32; 8], x_rest: &[f32], y_rest: &[f32]) -> f32 {
     let mut sum = 0.0;
     for l in 0..4 {
         sum += lanes[l] + lanes[l + 4];
