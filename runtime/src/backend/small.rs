@@ -100,6 +100,8 @@ struct Step {
     /// instruction, not an output, not a constant): the operand's row-major strides,
     /// and the update writes into the operand's array in place.
     in_place: Option<Vec<usize>>,
+    /// For a dynamic slice: the operand's row-major strides, to copy the slice's rows.
+    sliced: Option<Vec<usize>>,
     /// The kernel chosen when the loop was prepared, and its two operands.
     prepared: Option<(Prepared, [usize; 2])>,
 }
@@ -225,6 +227,7 @@ impl Compact {
                 entry: program.base + k,
                 hoisted: false,
                 in_place: None,
+                sliced: None,
                 prepared: None,
             };
             let layout = matches!(step.op, Op::Broadcast { .. } | Op::Iota { .. } | Op::Reshape | Op::Copy);
@@ -241,7 +244,13 @@ impl Compact {
                 }
                 _ => None,
             };
-            steps.push(Step { hoisted, prepared, ..step });
+            let sliced = match (&step.op, step.operands.first()) {
+                (Op::DynamicSlice { .. }, Some(&a)) if (1..=MAX_IN_PLACE_RANK).contains(&shapes[a].len()) => {
+                    Some(kernels::row_major_strides(&shapes[a]))
+                }
+                _ => None,
+            };
+            steps.push(Step { hoisted, prepared, sliced, ..step });
         }
         // A dynamic update of an array no later instruction reads (a scan's outputs, row
         // by row) updates it in place instead of copying it whole.
@@ -359,6 +368,11 @@ impl Step {
         {
             return Ok(());
         }
+        if let Some(strides) = &self.sliced
+            && self.slice_rows(arrays, shapes, strides)
+        {
+            return Ok(());
+        }
         let (before, rest) = arrays.split_at_mut(self.output);
         let Some((out, after)) = rest.split_first_mut() else { kernels::unvalidated("an output") };
         // Validation keeps an instruction from reading the buffer it writes.
@@ -401,14 +415,7 @@ impl Step {
     fn update_in_place(&self, arrays: &mut [Data], shapes: &[Vec<usize>], strides: &[usize]) -> bool {
         let [operand, update, ref indices @ ..] = self.operands[..] else { return false };
         let (dims, sizes) = (&shapes[operand], &shapes[update]);
-        if indices.len() != dims.len() {
-            return false;
-        }
-        let mut start = [0usize; MAX_IN_PLACE_RANK];
-        for ((&b, (&dim, &size)), start) in indices.iter().zip(dims.iter().zip(sizes)).zip(&mut start) {
-            let Data::S32(index) = &arrays[b] else { return false };
-            *start = i64::from(index[0]).clamp(0, dim.saturating_sub(size) as i64) as usize;
-        }
+        let Some(start) = clamped_start(arrays, indices, dims, sizes) else { return false };
         let same_type = matches!(
             (&arrays[operand], &arrays[update]),
             (Data::F32(_), Data::F32(_)) | (Data::S32(_), Data::S32(_)) | (Data::Pred(_), Data::Pred(_))
@@ -428,24 +435,79 @@ impl Step {
     }
 }
 
-/// Writes `update` (row-major, of `sizes`) into `to` (row-major, of `strides`, at most
-/// [`MAX_IN_PLACE_RANK`] dimensions) from `start`, one run of the innermost dimension
-/// at a time.
-fn place<T: Copy>(to: &mut [T], update: &[T], strides: &[usize], sizes: &[usize], start: &[usize]) {
-    let last = sizes.len() - 1;
-    let run = sizes[last];
-    if run == 0 {
-        return;
+impl Step {
+    /// A dynamic slice copied row by row from the operand at the clamped start (as
+    /// `gather::clamped_starts` clamps). `false`, with nothing changed, for types or
+    /// indices other than flat arrays and `s32` scalars.
+    fn slice_rows(&self, arrays: &mut [Data], shapes: &[Vec<usize>], strides: &[usize]) -> bool {
+        let [operand, ref indices @ ..] = self.operands[..] else { return false };
+        let (dims, sizes) = (&shapes[operand], &shapes[self.output]);
+        let Some(start) = clamped_start(arrays, indices, dims, sizes) else { return false };
+        // Validation keeps an instruction from reading the buffer it writes.
+        let Ok([from, to]) = arrays.get_disjoint_mut([operand, self.output]) else { return false };
+        let rows = |run: usize| rows_at(strides, sizes, &start).map(move |at| at..at + run);
+        let run = sizes.last().copied().unwrap_or(0);
+        match (&*from, to) {
+            (Data::F32(from), Data::F32(to)) => {
+                to.chunks_exact_mut(run.max(1)).zip(rows(run)).for_each(|(to, at)| to.copy_from_slice(&from[at]))
+            }
+            (Data::S32(from), Data::S32(to)) => {
+                to.chunks_exact_mut(run.max(1)).zip(rows(run)).for_each(|(to, at)| to.copy_from_slice(&from[at]))
+            }
+            (Data::Pred(from), Data::Pred(to)) => {
+                to.chunks_exact_mut(run.max(1)).zip(rows(run)).for_each(|(to, at)| to.copy_from_slice(&from[at]))
+            }
+            _ => return false,
+        }
+        true
     }
+}
+
+/// The start of a window of `sizes` in an array of `dims` at `indices` (`s32` scalars,
+/// one per dimension, at most [`MAX_IN_PLACE_RANK`]), each clamped so that the window
+/// fits; `None` for other indices.
+fn clamped_start(
+    arrays: &[Data],
+    indices: &[usize],
+    dims: &[usize],
+    sizes: &[usize],
+) -> Option<[usize; MAX_IN_PLACE_RANK]> {
+    if indices.len() != dims.len() || dims.len() != sizes.len() || dims.len() > MAX_IN_PLACE_RANK {
+        return None;
+    }
+    let mut start = [0usize; MAX_IN_PLACE_RANK];
+    for ((&b, (&dim, &size)), start) in indices.iter().zip(dims.iter().zip(sizes)).zip(&mut start) {
+        let Data::S32(index) = &arrays[b] else { return None };
+        *start = i64::from(*index.first()?).clamp(0, dim.saturating_sub(size) as i64) as usize;
+    }
+    Some(start)
+}
+
+/// Where each run of the innermost dimension of a window of `sizes` (at most
+/// [`MAX_IN_PLACE_RANK`] dimensions, row-major) starts in an array of `strides`, the
+/// window starting at `start`: the window's rows in order, the last outer dimension
+/// fastest.
+fn rows_at<'a>(strides: &'a [usize], sizes: &'a [usize], start: &'a [usize]) -> impl Iterator<Item = usize> + 'a {
+    let last = sizes.len() - 1;
+    let count = if sizes[last] == 0 { 0 } else { sizes[..last].iter().product() };
     let mut index = [0usize; MAX_IN_PLACE_RANK];
-    for row in update.chunks_exact(run) {
+    (0..count).map(move |_| {
         let at = (0..last).map(|d| (start[d] + index[d]) * strides[d]).sum::<usize>() + start[last];
-        to[at..at + run].copy_from_slice(row);
-        // The next row of the update, the last outer dimension fastest.
         if let Some(d) = (0..last).rev().find(|&d| index[d] + 1 < sizes[d]) {
             index[d] += 1;
             index[d + 1..].fill(0);
         }
+        at
+    })
+}
+
+/// Writes `update` (row-major, of `sizes`) into `to` (row-major, of `strides`, at most
+/// [`MAX_IN_PLACE_RANK`] dimensions) from `start`, one run of the innermost dimension
+/// at a time.
+fn place<T: Copy>(to: &mut [T], update: &[T], strides: &[usize], sizes: &[usize], start: &[usize]) {
+    let run = sizes[sizes.len() - 1];
+    for (row, at) in update.chunks_exact(run.max(1)).zip(rows_at(strides, sizes, start)) {
+        to[at..at + run].copy_from_slice(row);
     }
 }
 
@@ -757,9 +819,11 @@ ENTRY main {
     /// An instruction's trace entry and tick interval, as a run reported it.
     type Reported = (usize, u64, u64);
 
-    /// A scan: each iteration reads row `i` of `xs` and writes it into row `i` of `ys`
-    /// from column 1 (in place, the updated array being dead after it), while the condition updates a
-    /// copy of `ys` it must not write into the state (indices past the end clamp).
+    /// A scan: each iteration reads row `i` of `xs` (and windows of it whose starts
+    /// clamp, past the end and below zero) and writes it into row `i` of `ys` from
+    /// column 1 (in place, the updated array being dead after it), while the condition
+    /// updates a copy of `ys` it must not write into the state (indices past the end
+    /// clamp).
     const SCAN: &str = r#"
 HloModule scan
 sum {
@@ -776,7 +840,17 @@ body {
   zero = s32[] constant(0)
   x = f32[1,4] dynamic-slice(xs, i, zero), dynamic_slice_sizes={1,4}
   xr = f32[4] reshape(x)
-  s = f32[4] add(h, xr)
+  s0 = f32[4] add(h, xr)
+  x2 = f32[2,4] dynamic-slice(xs, i, zero), dynamic_slice_sizes={2,4}
+  z2 = f32[] constant(0)
+  x2r = f32[4] reduce(x2, z2), dimensions={0}, to_apply=sum
+  neg = s32[] negate(i)
+  one2 = s32[] constant(1)
+  x3 = f32[3,2] dynamic-slice(xs, neg, one2), dynamic_slice_sizes={3,2}
+  x3r = f32[] reduce(x3, z2), dimensions={0,1}, to_apply=sum
+  x3b = f32[4] broadcast(x3r), dimensions={}
+  s1 = f32[4] add(s0, x2r)
+  s = f32[4] subtract(s1, x3b)
   hn = f32[4] tanh(s)
   hr = f32[1,4] reshape(hn)
   column = s32[] constant(1)
@@ -882,6 +956,8 @@ ENTRY main {
         let small_loop = executable.small.iter().flatten().next().expect("a small loop");
         let in_place = |c: &Compact| c.steps.iter().filter(|s| s.in_place.is_some()).count();
         assert_eq!((in_place(&small_loop.condition), in_place(&small_loop.body)), (0, 1));
+        let sliced = small_loop.body.steps.iter().filter(|s| s.sliced.is_some()).count();
+        assert_eq!(sliced, 3, "the body's dynamic slices copy rows");
     }
 
     #[test]
