@@ -258,6 +258,20 @@ pub(super) fn reduce(
     let rows: usize = kept.iter().map(|&d| shape[d]).product();
     let columns: usize = axes.iter().map(|&d| shape[d as usize]).product();
     let perm: Vec<usize> = kept.iter().copied().chain(axes.iter().map(|&d| d as usize)).collect();
+    // JAX's arg-max and arg-min over the trailing axes of arrays laid out row by row:
+    // the elements read in place, and the picks carried as values, not positions.
+    if let ([ValueRef::F32(values), ValueRef::S32(indices)], [init_value, init_index]) = (arrays, inits)
+        && perm.iter().enumerate().all(|(k, &d)| k == d)
+        && let (Some(values), Some(indices)) = (values.as_slice(), indices.as_slice())
+    {
+        let init = (super::first(arr::<f32>(init_value)), super::first(arr::<i32>(init_index)));
+        let (values, indices) = pick_pairs((values, indices), init, columns, &picker.table)?;
+        let dims = IxDyn(&to_usize(&out.dims));
+        return Some(match result {
+            0 => Value::F32(unvalidated_shape(ArrayD::from_shape_vec(dims, values))),
+            _ => Value::S32(unvalidated_shape(ArrayD::from_shape_vec(dims, indices))),
+        });
+    }
     // Each array flattened to [rows, columns], with its initial value after the last.
     let joined: Vec<Value> = arrays
         .iter()
@@ -331,6 +345,44 @@ fn choose(
         *chosen = acc[result];
     }
     Some(chosen)
+}
+
+/// An array of the picked elements, or the general path's complaint.
+fn unvalidated_shape<T>(a: Result<ArrayD<T>, ndarray::ShapeError>) -> ArrayD<T> {
+    a.unwrap_or_else(|_| unvalidated("reduce"))
+}
+
+/// [`choose`] for an `f32` and an `s32` array of whole rows of `columns`: each row's
+/// picks, carried from `init` through the row's elements in order, as values; `None`
+/// where `table` lacks a relation met.
+fn pick_pairs(
+    (values, indices): (&[f32], &[i32]),
+    init: (f32, i32),
+    columns: usize,
+    table: &[u8],
+) -> Option<(Vec<f32>, Vec<i32>)> {
+    let rows = values.len().checked_div(columns).unwrap_or(0);
+    let (mut picked_values, mut picked_indices) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+    for r in 0..rows {
+        let (mut value, mut index) = init;
+        let row = r * columns..(r + 1) * columns;
+        for (&v, &i) in values[row.clone()].iter().zip(&indices[row]) {
+            let key = usize::from(relation(value, v)) | usize::from(relation(index, i)) << RELATION_BITS;
+            let entry = table[key];
+            if entry == UNKNOWN {
+                return None;
+            }
+            if entry & 1 != 0 {
+                value = v;
+            }
+            if entry & 2 != 0 {
+                index = i;
+            }
+        }
+        picked_values.push(value);
+        picked_indices.push(index);
+    }
+    Some((picked_values, picked_indices))
 }
 
 /// The relation between two positions of a flat array.
@@ -412,6 +464,44 @@ mod tests {
         let values: Vec<f32> = rows.iter().flatten().copied().collect();
         // Equal zeros of either sign tie: the first; all -inf: the initial value's index.
         assert_eq!(arg_max(&values, 4, 8), [5, 1, 0, 4]);
+    }
+
+    /// Both results of the arg-max reduction of `values`, as bits and indices: along
+    /// the rows of `[rows, n]` (elements read in place) or, `transposed`, along the
+    /// columns of its transposition `[n, rows]` (elements gathered into rows first).
+    fn arg_max_both(values: &[f32], rows: usize, n: usize, transposed: bool) -> (Vec<u32>, Vec<i32>) {
+        let helpers = HostPool::new(1);
+        let a = ndarray::ArrayD::from_shape_vec(IxDyn(&[rows, n]), values.to_vec()).expect("a shape");
+        let index = ndarray::ArrayD::from_shape_fn(IxDyn(&[rows, n]), |i| (i[1] as i32 * 7) % 5);
+        let (a, index, axis) = match transposed {
+            true => (a.t().as_standard_layout().into_owned(), index.t().as_standard_layout().into_owned(), 0),
+            false => (a, index, 1),
+        };
+        let (init_v, init_i) = (ndarray::arr0(-3.0f32).into_dyn(), ndarray::arr0(2i32).into_dyn());
+        let operands = [Value::F32(a), Value::S32(index), Value::F32(init_v), Value::S32(init_i)];
+        let views: Vec<ValueRef<'_>> = operands.iter().map(Value::view).collect();
+        let run = |result: usize, dtype: DType| {
+            let out = ArrayType::new(dtype, vec![rows as u64]);
+            reduce(&argmax(), &[axis], result, &views, &out, &helpers).expect("a picking reducer")
+        };
+        match (run(0, DType::F32), run(1, DType::S32)) {
+            (Value::F32(v), Value::S32(i)) => (v.iter().map(|x| x.to_bits()).collect(), i.iter().copied().collect()),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn rows_read_in_place_pick_what_gathered_rows_pick() {
+        // Many ties (zeros of both signs among them), with NaNs in a few rows only.
+        let choices = [1.0, -3.0, 3.0, -0.0, 0.0, 3.0, f32::NEG_INFINITY, 2.5, 0.0];
+        for (rows, n) in [(1, 1), (3, 17), (8, 128), (5, 3)] {
+            let mut values: Vec<f32> = (0..rows * n).map(|k| choices[(k * 7 + k / 3) % choices.len()]).collect();
+            if rows > 2 {
+                values[n + n / 2] = f32::NAN;
+                values[2 * n + n / 3] = -f32::NAN;
+            }
+            assert_eq!(arg_max_both(&values, rows, n, false), arg_max_both(&values, rows, n, true), "{rows}x{n}");
+        }
     }
 
     #[test]
