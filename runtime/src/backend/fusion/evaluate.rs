@@ -282,15 +282,6 @@ pub(in crate::backend) fn run<'s, 'd>(
     (outputs, shares)
 }
 
-/// Where a member's operand is read: through any members that pass their operand on.
-#[inline(always)]
-fn passes_through(passes: &[Option<Source>], source: Source) -> Source {
-    match source {
-        Source::Member(m) => passes[m].unwrap_or(source),
-        Source::Input(_) => source,
-    }
-}
-
 /// Where an input's tile is: in the input itself, one value, or assembled in scratch.
 #[derive(Clone, Copy)]
 pub(super) enum At {
@@ -360,17 +351,6 @@ pub(super) fn run_part((group, inputs, part): (&Group, &[InputData<'_>], &mut Pa
     for (o, &(m, ..)) in group.outputs.iter().enumerate() {
         output_of[m] = Some(o);
     }
-    // A member that passes its operand on (a broadcast read in place, a copy) is read
-    // where its operand is instead of being copied into a tile of its own.
-    let mut passes: Vec<Option<Source>> = vec![None; members];
-    for (k, member) in group.members.iter().enumerate() {
-        if let (Kernel::Pass, &[source]) = (&member.kernel, member.operands.as_slice()) {
-            passes[k] = Some(match source {
-                Source::Member(m) => passes[m].unwrap_or(source),
-                Source::Input(_) => source,
-            });
-        }
-    }
     let mut at = start;
     while at < end {
         let tile = stride.min(end - at);
@@ -396,27 +376,17 @@ pub(super) fn run_part((group, inputs, part): (&Group, &[InputData<'_>], &mut Pa
             // Earlier members' tiles, and this member's.
             let (done, rest) = scratch.split_at_mut(k * stride);
             let out = &mut rest[..tile];
-            let read = |source: Source| match passes_through(&passes, source) {
-                Source::Input(i) => lane(i),
-                Source::Member(m) => match scalars[m] {
-                    Some(v) => Lane::Scalar(v),
-                    None => Lane::Slice(&done[m * stride..m * stride + tile]),
-                },
-            };
             let mut operands = [Lane::Scalar(0.0); 3];
-            for (operand, &source) in operands.iter_mut().zip(&member.operands) {
-                *operand = read(source);
+            for (operand, source) in operands.iter_mut().zip(&member.operands) {
+                *operand = match *source {
+                    Source::Input(i) => lane(i),
+                    Source::Member(m) => match scalars[m] {
+                        Some(v) => Lane::Scalar(v),
+                        None => Lane::Slice(&done[m * stride..m * stride + tile]),
+                    },
+                };
             }
-            let passed = passes[k].is_some() && output_of[k].is_none();
-            scalars[k] = if passed {
-                // Read through `passes` by the members after it; nothing to compute.
-                match operands[0] {
-                    Lane::Scalar(v) => Some(v),
-                    Lane::Slice(_) => None,
-                }
-            } else {
-                compute(&member.kernel, &operands[..member.operands.len()], out)
-            };
+            scalars[k] = compute(&member.kernel, &operands[..member.operands.len()], out);
             if let Some(o) = output_of[k] {
                 let offset = at - start;
                 match (&mut outs[o], scalars[k]) {
