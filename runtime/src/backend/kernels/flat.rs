@@ -1,5 +1,5 @@
 //! Kernels on contiguous `f32`, `s32` and `pred` arrays, written into arrays that
-//! exist already: what a small loop runs at each iteration (see `backend/small.rs`),
+//! exist already: what a small loop runs at each iteration (see `backend/small/`),
 //! where allocating every result would cost more than computing it. Each computes
 //! what its array kernel computes, bit for bit: the same element functions, and for
 //! reductions the same order of the partial sums.
