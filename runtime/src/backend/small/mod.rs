@@ -561,9 +561,10 @@ ENTRY main {
 }
 "#;
 
-    /// A `fori_loop` of a small matrix-vector product (no flat kernel: its array
-    /// kernel runs), with the matrix carried through unchanged, rows reduced along
-    /// both axes, a select, conversions, and a maximum that sees NaNs.
+    /// A `fori_loop` of a small matrix-vector product (a kernel prepared with the
+    /// loop), with the matrix carried through unchanged, rows reduced along both axes,
+    /// a select, conversions, a maximum that sees NaNs, and a reversal (no flat kernel:
+    /// its array kernel runs on views).
     const MIXED: &str = r#"
 HloModule mixed
 max {
@@ -597,7 +598,9 @@ body {
   fi = f32[] convert(i)
   bi = f32[8] broadcast(fi), dimensions={}
   s = f32[8] divide(m, bi)
-  u = f32[8] add(q, s)
+  u0 = f32[8] add(q, s)
+  ur = f32[8] reverse(u0), dimensions={0}
+  u = f32[8] subtract(u0, ur)
   r = f32[8] tanh(u)
   ki = s32[4] broadcast(i), dimensions={}
   kk = s32[4] multiply(k, ki)
