@@ -175,15 +175,17 @@ vectorized_job!(
 /// what [`small_product_into`] computes for those operands, on slices. With AVX2, each
 /// row's eight partial sums are one vector register, several rows at once.
 pub(super) fn matrix_vector(a: &[f32], v: &[f32], out: &mut [f32]) {
-    match pulp::x86::V3::try_new() {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(simd) = pulp::x86::V3::try_new() {
         // The trait's `vectorize`, whose job is inlined where AVX2 is enabled.
-        Some(simd) => pulp::Simd::vectorize(simd, MatrixVectorV3 { simd, a, v, out }),
-        None => vectorized(MatrixVector((a, v, out))),
+        return pulp::Simd::vectorize(simd, MatrixVectorV3 { simd, a, v, out });
     }
+    vectorized(MatrixVector((a, v, out)));
 }
 
 /// [`matrix_vector`] on AVX2: [`dot_in_lanes`] with each row's eight partial sums in
 /// one register, [`ROWS_AT_ONCE`] rows at a time.
+#[cfg(target_arch = "x86_64")]
 struct MatrixVectorV3<'a> {
     simd: pulp::x86::V3,
     a: &'a [f32],
@@ -191,6 +193,7 @@ struct MatrixVectorV3<'a> {
     out: &'a mut [f32],
 }
 
+#[cfg(target_arch = "x86_64")]
 impl pulp::WithSimd for MatrixVectorV3<'_> {
     type Output = ();
 
@@ -201,6 +204,7 @@ impl pulp::WithSimd for MatrixVectorV3<'_> {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn matrix_vector_v3(simd: pulp::x86::V3, a: &[f32], v: &[f32], out: &mut [f32]) {
     let k = v.len();
@@ -237,6 +241,7 @@ pub(super) fn vector_matrix(v: &[f32], b: &[f32], out: &mut [f32]) {
 
 /// Rows of a matrix-vector product summed at once: each row's partial sums wait on the
 /// addition before, so one row at a time leaves the adders idle most of the time.
+#[cfg(target_arch = "x86_64")]
 const ROWS_AT_ONCE: usize = 4;
 
 #[inline(always)]
