@@ -60,17 +60,10 @@ pub(in crate::backend) fn execute_flat(op: &Op, operands: &[Flat<'_>], shape: &[
             vectorized(FlatRun((op, &[*x], 0, o)));
         }
         (Op::Binary(b), [F::S32(x), F::S32(y)], M::S32(o)) if same(2) => zip(x, y, o, binary_int::<i32>(*b)),
-        (Op::Binary(b), [F::Pred(x), F::Pred(y)], M::Pred(o)) if same(2) => match b {
-            BinaryOp::Minimum | BinaryOp::And => zip(x, y, o, |x, y| x && y),
-            BinaryOp::Maximum | BinaryOp::Or => zip(x, y, o, |x, y| x || y),
-            BinaryOp::Xor => zip(x, y, o, |x, y| x != y),
-            _ => return false,
-        },
-        (Op::Compare { direction, total_order }, [x, y], M::Pred(o)) if same(2) => match (x, y) {
-            (F::F32(x), F::F32(y)) => compare_into(*direction, *total_order, x, y, o),
-            (F::S32(x), F::S32(y)) => compare_into(*direction, *total_order, x, y, o),
-            _ => return false,
-        },
+        (Op::Binary(b), [F::Pred(x), F::Pred(y)], M::Pred(o)) if same(2) => return pred_binary_into(*b, x, y, o),
+        (Op::Compare { direction, total_order }, &[x, y], M::Pred(o)) if same(2) => {
+            return compare_flat(*direction, *total_order, x, y, o);
+        }
         (Op::Unary(u), [F::F32(x)], M::F32(o)) if same(1) => match u {
             UnaryOp::Not | UnaryOp::PopCount | UnaryOp::CountLeadingZeros | UnaryOp::IsFinite => return false,
             _ => with_unary_f32!(*u, f => o.iter_mut().zip(*x).for_each(|(o, &x)| *o = f(x))),
@@ -135,6 +128,29 @@ pub(in crate::backend) fn execute_flat(op: &Op, operands: &[Flat<'_>], shape: &[
 
 fn zip<T: Copy, U>(x: &[T], y: &[T], out: &mut [U], f: impl Fn(T, T) -> U) {
     out.iter_mut().zip(x.iter().zip(y)).for_each(|(o, (&x, &y))| *o = f(x, y));
+}
+
+/// `and` (or `minimum`), `or` (or `maximum`) or `xor` of `pred`s; `false`, with
+/// nothing written, for another operation.
+fn pred_binary_into(b: BinaryOp, x: &[bool], y: &[bool], out: &mut [bool]) -> bool {
+    match b {
+        BinaryOp::Minimum | BinaryOp::And => zip(x, y, out, |x, y| x && y),
+        BinaryOp::Maximum | BinaryOp::Or => zip(x, y, out, |x, y| x || y),
+        BinaryOp::Xor => zip(x, y, out, |x, y| x != y),
+        _ => return false,
+    }
+    true
+}
+
+/// A comparison of two `f32` or two `s32` arrays; `false`, with nothing written, for
+/// other types.
+fn compare_flat(direction: CompareDirection, total_order: bool, x: Flat<'_>, y: Flat<'_>, out: &mut [bool]) -> bool {
+    match (x, y) {
+        (Flat::F32(x), Flat::F32(y)) => compare_into(direction, total_order, x, y, out),
+        (Flat::S32(x), Flat::S32(y)) => compare_into(direction, total_order, x, y, out),
+        _ => return false,
+    }
+    true
 }
 
 fn compare_into<T: Element>(direction: CompareDirection, total_order: bool, x: &[T], y: &[T], out: &mut [bool]) {
@@ -321,20 +337,12 @@ impl Prepared {
             (Prepared::BinaryPred(b), F::Pred(x), F::Pred(y), M::Pred(o))
                 if x.len() == o.len() && y.len() == o.len() =>
             {
-                match b {
-                    BinaryOp::Minimum | BinaryOp::And => zip(x, y, o, |x, y| x && y),
-                    BinaryOp::Maximum | BinaryOp::Or => zip(x, y, o, |x, y| x || y),
-                    _ => zip(x, y, o, |x, y| x != y),
-                }
+                return pred_binary_into(b, x, y, o);
             }
             (Prepared::Compare { direction, total_order }, x, y, M::Pred(o))
                 if x.len() == o.len() && y.len() == o.len() =>
             {
-                match (x, y) {
-                    (F::F32(x), F::F32(y)) => compare_into(direction, total_order, x, y, o),
-                    (F::S32(x), F::S32(y)) => compare_into(direction, total_order, x, y, o),
-                    _ => return false,
-                }
+                return compare_flat(direction, total_order, x, y, o);
             }
             (Prepared::FoldAll(op), x, init, out) if init.len() == 1 => match (x, init, out) {
                 (F::F32(x), F::F32(init), M::F32([o])) => *o = with_reduce_f32!(op, f => fold_lanes(x, init[0], f)),
