@@ -329,6 +329,9 @@ pub(crate) struct Executable {
     /// `f32` arrays that died in earlier runs, reused for the outputs of fused groups
     /// (a new array would be zeroed and then faulted in page by page).
     spare: Mutex<Vec<Vec<f32>>>,
+    /// The lengths of the fused groups' outputs: only arrays of these lengths are kept
+    /// as spares (others would fill the spares with arrays nothing asks for).
+    spare_lengths: Vec<usize>,
     /// Position of this program's first instruction in the trace table of the
     /// outermost program (see [`Executable::trace_table`]).
     base: usize,
@@ -388,6 +391,10 @@ impl Executable {
         let schedule = fusion::schedule(&program, &steps, fuse);
         let order: Vec<(usize, usize)> = schedule.order.iter().map(|&p| (by_step[p].1, by_step[p].2)).collect();
         let units = schedule.units;
+        let mut spare_lengths: Vec<usize> =
+            units.iter().filter_map(|u| u.group.as_ref()).flat_map(|g| g.output_lengths()).collect();
+        spare_lengths.sort_unstable();
+        spare_lengths.dedup();
 
         // Constants are viewed in place in the program's blobs at each run; those that
         // cannot be (predicates, unaligned blobs), and small ones, whose views would cost
@@ -473,6 +480,7 @@ impl Executable {
             release_after,
             output_of_buffer,
             spare: Mutex::new(Vec::new()),
+            spare_lengths,
             base,
             nested,
             small,
@@ -554,6 +562,7 @@ impl Executable {
     /// Keeps a dead intermediate's array for reuse, if it is an `f32` one.
     fn recycle(&self, slot: Slot<'_>) {
         if let Slot::Owned(Value::F32(array)) = slot
+            && self.spare_lengths.binary_search(&array.len()).is_ok()
             && array.is_standard_layout()
             && let (data, Some(0)) = array.into_raw_vec_and_offset()
         {

@@ -147,6 +147,14 @@ pub(super) fn compute(kernel: &Kernel, operands: &[Lane<'_>], out: &mut [f32]) -
         }
         (Kernel::Select, [p, x, y]) => map3(out, *p, *x, *y, |p, x, y| if p != 0.0 { x } else { y }),
         (Kernel::Clamp, [lo, x, hi]) => map3(out, *lo, *x, *hi, |lo, x, hi| min_f32(max_f32(x, lo), hi)),
+        // The tile is one row; folded as the whole-array kernel folds each row.
+        (Kernel::Reduce(op), [x, Lane::Scalar(init)]) => with_reduce_f32!(*op, f => Some(match *x {
+            Lane::Slice(x) => fold_lanes(x, *init, f),
+            Lane::Scalar(v) => {
+                out.fill(v);
+                fold_lanes(out, *init, f)
+            }
+        })),
         _ => unvalidated("fused element-wise"),
     }
 }
@@ -214,18 +222,23 @@ pub(in crate::backend) fn run<'s, 'd>(
     let mut stores: Vec<Store<'d>> = group
         .outputs
         .iter()
-        .map(|&(_, b, pred)| match (pred, destination(b)) {
+        .zip(group.output_lengths())
+        .map(|(&(_, b, pred), len)| match (pred, destination(b)) {
             (false, Some(Destination(words))) => Store::Dest(words),
-            (false, None) => Store::F32(new_f32(n)),
-            (true, _) => Store::Pred(vec![false; n]),
+            (false, None) => Store::F32(new_f32(len)),
+            (true, _) => Store::Pred(vec![false; len]),
         })
         .collect();
 
     let work = n * group.members.len();
     let lent = helpers.lend(if work >= 2 * PARALLEL_MIN_WORK { work / PARALLEL_MIN_WORK - 1 } else { 0 });
     let threads = lent.threads().min(n.div_ceil(TILE)).max(1);
-    // Runs of whole 64-byte lines, so that no two threads write one cache line.
-    let chunk = n.div_ceil(threads).next_multiple_of(16).max(16);
+    // Runs of whole 64-byte lines, so that no two threads write one cache line; of
+    // whole rows where tiles are rows.
+    let chunk = match group.tile {
+        TILE => n.div_ceil(threads).next_multiple_of(16).max(16),
+        row => n.div_ceil(threads).next_multiple_of(row),
+    };
     let mut parts: Vec<Part<'_>> = (0..n.div_ceil(chunk))
         .map(|i| Part {
             start: i * chunk,
@@ -234,7 +247,9 @@ pub(in crate::backend) fn run<'s, 'd>(
             ticks: vec![0; group.members.len()],
         })
         .collect();
-    for store in &mut stores {
+    for (store, &(m, ..)) in stores.iter_mut().zip(&group.outputs) {
+        // A per-row value has one element for each row (each tile) of the part.
+        let chunk = if group.members[m].per_row { chunk / group.tile } else { chunk };
         let pieces: Vec<OutSlice<'_>> = match store {
             Store::Dest(words) => words.chunks_mut(chunk).map(OutSlice::F32).collect(),
             Store::F32(v) => v.chunks_mut(chunk).map(OutSlice::F32).collect(),
@@ -256,12 +271,13 @@ pub(in crate::backend) fn run<'s, 'd>(
     }
     drop(parts);
 
-    let dims = IxDyn(&group.dims);
     let outputs = group
         .outputs
         .iter()
         .zip(stores)
-        .map(|(&(_, b, _), store)| {
+        .zip(&group.output_dims)
+        .map(|((&(_, b, _), store), dims)| {
+            let dims = IxDyn(dims);
             let value = match store {
                 Store::Dest(words) => {
                     let words: &'d [f32] = words;
@@ -340,9 +356,13 @@ pub(super) fn run_part((group, inputs, part): (&Group, &[InputData<'_>], &mut Pa
     let Part { start, end, outs, ticks: member_ticks } = part;
     let (start, end) = (*start, *end);
     let members = group.members.len();
-    // Tiles of a part shorter than TILE are as long as the part: a small group (a loop
+    // Tiles of a part shorter than a tile are as long as the part: a small group (a loop
     // body's) does not allocate and clear whole tiles.
-    let stride = TILE.min(end - start).max(1);
+    let stride = group.tile.min(end - start).max(1);
+    // Reading the clock after every member of a short tile would cost more than some
+    // members do: shorter tiles are timed one in so many, about once per `TILE`
+    // elements (the shares are proportions, and tiles of one group cost alike).
+    let timed_every = (TILE / stride).max(1);
     let mut scratch = vec![0.0f32; members * stride];
     let mut assembled = vec![0.0f32; inputs.len() * stride];
     let mut places = vec![At::Assembled; inputs.len()];
@@ -351,20 +371,56 @@ pub(super) fn run_part((group, inputs, part): (&Group, &[InputData<'_>], &mut Pa
     for (o, &(m, ..)) in group.outputs.iter().enumerate() {
         output_of[m] = Some(o);
     }
+    // Where tiles are whole rows, the row each one is, by dimension, stepped along
+    // like an odometer (dividing the element index at every tile would cost more than
+    // a short row's arithmetic).
+    let by_rows = stride == group.row_len;
+    let mut row = vec![0; group.row_dims.len()];
+    let mut first = start / group.row_len.max(1);
+    for (index, &extent) in row.iter_mut().zip(&group.row_dims).rev() {
+        *index = first % extent.max(1);
+        first /= extent.max(1);
+    }
     let mut at = start;
-    while at < end {
+    for index in 0.. {
+        if at >= end {
+            break;
+        }
         let tile = stride.min(end - at);
-        let mut before = ticks();
+        let timed = index % timed_every == 0;
+        let mut before = if timed { ticks() } else { 0 };
 
         // Where each input's tile is (assembling the row-read ones).
         for ((place, input), scratch) in places.iter_mut().zip(inputs).zip(assembled.chunks_mut(stride)) {
             *place = match &input.input.reads {
                 Reads::Flat => At::Data(at),
                 Reads::Scalar => At::Scalar(input.data[0]),
+                Reads::Rows { row_strides, lane_stride } if by_rows => {
+                    let base: usize = row.iter().zip(row_strides).map(|(i, s)| i * s).sum();
+                    match lane_stride {
+                        0 => At::Scalar(input.data[base]),
+                        1 => At::Data(base),
+                        _ => {
+                            for (k, x) in scratch[..tile].iter_mut().enumerate() {
+                                *x = input.data[base + k * lane_stride];
+                            }
+                            At::Assembled
+                        }
+                    }
+                }
                 Reads::Rows { row_strides, lane_stride } => {
                     assemble(group, &input.data, row_strides, *lane_stride, at, &mut scratch[..tile])
                 }
             };
+        }
+        if by_rows {
+            for (index, &extent) in row.iter_mut().zip(&group.row_dims).rev() {
+                *index += 1;
+                if *index < extent {
+                    break;
+                }
+                *index = 0;
+            }
         }
         let lane = |i: usize| match places[i] {
             At::Data(offset) => Lane::Slice(&inputs[i].data[offset..offset + tile]),
@@ -373,11 +429,14 @@ pub(super) fn run_part((group, inputs, part): (&Group, &[InputData<'_>], &mut Pa
         };
 
         for (k, member) in group.members.iter().enumerate() {
+            if !member.runs {
+                continue;
+            }
             // Earlier members' tiles, and this member's.
             let (done, rest) = scratch.split_at_mut(k * stride);
             let out = &mut rest[..tile];
             let mut operands = [Lane::Scalar(0.0); 3];
-            for (operand, source) in operands.iter_mut().zip(&member.operands) {
+            for (operand, source) in operands.iter_mut().zip(&member.reads) {
                 *operand = match *source {
                     Source::Input(i) => lane(i),
                     Source::Member(m) => match scalars[m] {
@@ -388,21 +447,32 @@ pub(super) fn run_part((group, inputs, part): (&Group, &[InputData<'_>], &mut Pa
             }
             scalars[k] = compute(&member.kernel, &operands[..member.operands.len()], out);
             if let Some(o) = output_of[k] {
-                let offset = at - start;
-                match (&mut outs[o], scalars[k]) {
-                    (OutSlice::F32(dest), Some(v)) => dest[offset..offset + tile].fill(v),
-                    (OutSlice::F32(dest), None) => dest[offset..offset + tile].copy_from_slice(out),
-                    (OutSlice::Pred(dest), Some(v)) => dest[offset..offset + tile].fill(v != 0.0),
-                    (OutSlice::Pred(dest), None) => {
-                        for (d, &x) in dest[offset..offset + tile].iter_mut().zip(out.iter()) {
-                            *d = x != 0.0;
+                if member.per_row {
+                    // One value per row, the tile's.
+                    let (row, value) = ((at - start) / stride, scalars[k].unwrap_or(out[0]));
+                    match &mut outs[o] {
+                        OutSlice::F32(dest) => dest[row] = value,
+                        OutSlice::Pred(dest) => dest[row] = value != 0.0,
+                    }
+                } else {
+                    let offset = at - start;
+                    match (&mut outs[o], scalars[k]) {
+                        (OutSlice::F32(dest), Some(v)) => dest[offset..offset + tile].fill(v),
+                        (OutSlice::F32(dest), None) => dest[offset..offset + tile].copy_from_slice(out),
+                        (OutSlice::Pred(dest), Some(v)) => dest[offset..offset + tile].fill(v != 0.0),
+                        (OutSlice::Pred(dest), None) => {
+                            for (d, &x) in dest[offset..offset + tile].iter_mut().zip(out.iter()) {
+                                *d = x != 0.0;
+                            }
                         }
                     }
                 }
             }
-            let now = ticks();
-            member_ticks[k] += now - before;
-            before = now;
+            if timed {
+                let now = ticks();
+                member_ticks[k] += now - before;
+                before = now;
+            }
         }
         at += tile;
     }

@@ -144,9 +144,22 @@ pub(in crate::backend) fn schedule(program: &Program, steps: &[&Instruction], fu
     Schedule { order, units }
 }
 
+/// What a growing group has fixed: its dimensions, and, once a reduction has joined,
+/// the dimension its rows start at (the reduction folds the dimensions from there on).
+#[derive(Clone, Copy)]
+pub(super) struct Frame<'d> {
+    dims: &'d [usize],
+    split: Option<usize>,
+}
+
 /// Grows a group from the instruction at `start`, taking later instructions of the
 /// same shape while nothing outside the group needs a member's value before the
 /// group's last member runs. `None` when fewer than two instructions join.
+///
+/// A reduction of the group's trailing dimensions joins too (the softmax's maximum and
+/// sum of each row): the group then runs row by row, and values with one element per
+/// row (the reduction's, and what is computed from them before they are broadcast
+/// back along the row) are members as well.
 ///
 /// The group runs where its last member was. That is safe both ways: every reader of a
 /// member outside the group runs later (the growth stops at the first one, `limit`,
@@ -164,8 +177,14 @@ pub(super) fn grow(
     runs_at: &[usize],
 ) -> Option<(Vec<usize>, Group)> {
     let ty = |b: u32| &program.buffers[b as usize].ty;
+    let shape = |b: u32| -> Vec<usize> { ty(b).dims.iter().map(|&d| d as usize).collect() };
     let first = steps[start];
-    let dims: Vec<usize> = ty(first.output).dims.iter().map(|&d| d as usize).collect();
+    // A group that starts with a reduction has the shape of what it reduces.
+    let dims: Vec<usize> = match (&first.op, first.operands.first()) {
+        (Op::Reduce { .. }, Some(&operand)) => shape(operand),
+        _ => shape(first.output),
+    };
+    let mut frame = Frame { dims: &dims, split: None };
     let mut members: Vec<usize> = Vec::new();
     let mut kernels: Vec<Member> = Vec::new();
     let mut inputs: Vec<(u32, Option<Vec<u32>>)> = Vec::new();
@@ -187,16 +206,18 @@ pub(super) fn grow(
             break;
         }
         let instruction = steps[p];
-        let joinable = !grouped[p] && ty(instruction.output).dims.iter().map(|&d| d as usize).eq(dims.iter().copied());
-        let mut trial = inputs.clone();
-        let member = joinable.then(|| candidate(program, instruction, &dims, &member_of_buffer, &mut trial)).flatten();
+        let (mut trial, mut trial_frame) = (inputs.clone(), frame);
+        let member = (!grouped[p])
+            .then(|| candidate(program, instruction, &mut trial_frame, &kernels, &member_of_buffer, &mut trial))
+            .flatten()
+            .filter(|_| rows_fit(program, &trial, trial_frame));
         let Some(member) = member else {
             if p == limit {
                 break;
             }
             continue;
         };
-        inputs = trial;
+        (inputs, frame) = (trial, trial_frame);
         member_of_buffer.insert(instruction.output, kernels.len());
         kernels.push(member);
         members.push(p);
@@ -205,20 +226,15 @@ pub(super) fn grow(
     if members.len() < 2 {
         return None;
     }
-    let strides: Vec<Vec<usize>> = inputs
-        .iter()
-        .map(|(b, map)| {
-            let shape: Vec<usize> = ty(*b).dims.iter().map(|&d| d as usize).collect();
-            strides_in_group(&shape, map.as_deref(), &dims)
-        })
-        .collect();
+    let strides: Vec<Vec<usize>> =
+        inputs.iter().map(|(b, map)| strides_in_group(&shape(*b), map.as_deref(), &dims)).collect();
     let flat = strides_in_group(&dims, None, &dims);
     let in_rows: Vec<Vec<usize>> =
         strides.iter().filter(|s| **s != flat && s.iter().any(|&x| x != 0)).cloned().collect();
-    let split = row_split(&dims, &in_rows);
+    let split = frame.split.unwrap_or_else(|| row_split(&dims, &in_rows));
     let row_len: usize = dims[split..].iter().product();
     let rows: usize = dims[..split].iter().product();
-    if !in_rows.is_empty() && rows > 1 && row_len < MIN_ROW {
+    if frame.split.is_none() && !in_rows.is_empty() && rows > 1 && row_len < MIN_ROW {
         return None;
     }
     let inputs = inputs
@@ -238,7 +254,7 @@ pub(super) fn grow(
             },
         })
         .collect();
-    let outputs = members
+    let outputs: Vec<(usize, u32, bool)> = members
         .iter()
         .enumerate()
         .filter(|&(_, &m)| {
@@ -247,47 +263,200 @@ pub(super) fn grow(
         })
         .map(|(k, &m)| (k, steps[m].output, ty(steps[m].output).dtype == DType::Pred))
         .collect();
-    Some((members, Group { row_dims: dims[..split].to_vec(), dims, row_len, inputs, members: kernels, outputs }))
+    let output_dims = outputs.iter().map(|&(_, b, _)| shape(b)).collect();
+    see_through_passes(&mut kernels, &outputs);
+    let tile = match frame.split {
+        Some(_) => row_len,
+        None if !in_rows.is_empty() && (MIN_ROW_TILE..TILE).contains(&row_len) => row_len,
+        None => TILE,
+    };
+    let row_dims = dims[..split].to_vec();
+    Some((members, Group { row_dims, dims, row_len, tile, inputs, members: kernels, outputs, output_dims }))
 }
 
-/// The member an instruction would be; adds the outside values it reads to `inputs`.
+/// Whether every input of a group can be read row by row from the group's row
+/// dimension on, where a reduction has fixed it.
+fn rows_fit(program: &Program, inputs: &[(u32, Option<Vec<u32>>)], frame: Frame<'_>) -> bool {
+    let Some(split) = frame.split else { return true };
+    let flat = strides_in_group(frame.dims, None, frame.dims);
+    let in_rows: Vec<Vec<usize>> = inputs
+        .iter()
+        .map(|(b, map)| {
+            let shape: Vec<usize> = program.buffers[*b as usize].ty.dims.iter().map(|&d| d as usize).collect();
+            strides_in_group(&shape, map.as_deref(), frame.dims)
+        })
+        .filter(|s| *s != flat && s.iter().any(|&x| x != 0))
+        .collect();
+    row_split(frame.dims, &in_rows) <= split
+}
+
+/// Points each member's reads past pass members to what they pass on (a pass member's
+/// tile holds its operand's lanes unchanged), and leaves the pass members that are then
+/// read by none and not written out without anything to run.
+fn see_through_passes(members: &mut [Member], outputs: &[(usize, u32, bool)]) {
+    for k in 0..members.len() {
+        let reads = members[k]
+            .operands
+            .iter()
+            .map(|&source| match source {
+                // Members come in order: `m`'s reads are seen through already.
+                Source::Member(m) if members[m].kernel == Kernel::Pass => members[m].reads[0],
+                source => source,
+            })
+            .collect();
+        members[k].reads = reads;
+    }
+    for k in 0..members.len() {
+        let read = members.iter().any(|m| m.reads.contains(&Source::Member(k)));
+        members[k].runs = read || outputs.iter().any(|&(m, ..)| m == k);
+    }
+}
+
+/// The extents of `shape` other than 1, in order.
+fn extents(shape: &[usize]) -> impl Iterator<Item = usize> + '_ {
+    shape.iter().copied().filter(|&len| len != 1)
+}
+
+/// Whether a value of `shape` holds one value per row of a group of `dims` whose rows
+/// start at dimension `split`: its extents are the row dimensions'.
+fn is_per_row(shape: &[usize], dims: &[usize], split: usize) -> bool {
+    extents(shape).eq(extents(&dims[..split]))
+}
+
+/// For a per-row value of `shape`: the group dimension each of its dimensions lies
+/// along (its extents, in order, along the row dimensions'; a dimension of 1 along the
+/// last, which a per-row value does not step along).
+fn row_map(shape: &[usize], dims: &[usize], split: usize) -> Vec<u32> {
+    let last = dims.len() - 1;
+    let mut along = (0..split).filter(|&d| dims[d] != 1);
+    shape.iter().map(|&len| if len == 1 { last } else { along.next().unwrap_or(last) } as u32).collect()
+}
+
+/// How a per-row value steps through a group of `dims` with rows from `split`: its
+/// element strides along the row dimensions, 0 along the row.
+fn per_row_strides(dims: &[usize], split: usize) -> Vec<usize> {
+    let map: Vec<u32> = (0..split as u32).collect();
+    strides_in_group(&dims[..split], Some(&map), dims)
+}
+
+/// The member an instruction would be; adds the outside values it reads to `inputs`,
+/// and the dimension its rows start at to `frame` when it is the group's first
+/// reduction.
 pub(super) fn candidate(
     program: &Program,
     instruction: &Instruction,
-    dims: &[usize],
+    frame: &mut Frame<'_>,
+    members: &[Member],
     member_of_buffer: &std::collections::HashMap<u32, usize>,
     inputs: &mut Vec<(u32, Option<Vec<u32>>)>,
 ) -> Option<Member> {
     let ty = |b: u32| &program.buffers[b as usize].ty;
+    let shape = |b: u32| -> Vec<usize> { ty(b).dims.iter().map(|&d| d as usize).collect() };
+    let dims = frame.dims;
+    let mut add_input = |b: u32, map: Option<Vec<u32>>| match inputs.iter().position(|(ib, im)| *ib == b && *im == map)
+    {
+        Some(i) => Source::Input(i),
+        None => {
+            inputs.push((b, map));
+            Source::Input(inputs.len() - 1)
+        }
+    };
+    if let Op::Reduce { op, dims: axes } = &instruction.op {
+        return reduce_candidate(program, instruction, *op, axes, frame, members, member_of_buffer, &mut add_input);
+    }
+    let out = shape(instruction.output);
+    let per_row = match frame.split {
+        _ if out == dims => false,
+        Some(split) if is_per_row(&out, dims, split) => true,
+        _ => return None,
+    };
     let operand_types: Vec<DType> = instruction.operands.iter().map(|&b| ty(b).dtype).collect();
-    let kernel = kernel(&instruction.op, &operand_types, ty(instruction.output).dtype)?;
+    let kernel = match &instruction.op {
+        // A reshape that keeps a value's elements in their order: to the same dimensions,
+        // or from one per-row shape to another.
+        Op::Reshape if lane_dtype(operand_types[0]) && operand_types[0] == ty(instruction.output).dtype => Kernel::Pass,
+        op => kernel(op, &operand_types, ty(instruction.output).dtype)?,
+    };
     let mut operands = Vec::with_capacity(instruction.operands.len());
     for &b in &instruction.operands {
+        let operand = shape(b);
         if let Some(&m) = member_of_buffer.get(&b) {
-            // A broadcast of a member would change its shape; only the identity joins.
-            if let Op::Broadcast { dims: map } = &instruction.op
-                && !map.iter().enumerate().all(|(i, &d)| d as usize == i)
-            {
+            let fits = match (&instruction.op, members[m].per_row, per_row) {
+                // A broadcast of a member would change its shape; only the identity joins.
+                (Op::Broadcast { dims: map }, false, false) => map.iter().enumerate().all(|(i, &d)| d as usize == i),
+                // A per-row value broadcast along the row: one value for each row's tile.
+                (Op::Broadcast { dims: map }, true, false) => frame
+                    .split
+                    .is_some_and(|split| strides_in_group(&operand, Some(map), dims) == per_row_strides(dims, split)),
+                // A per-row value laid out anew with its elements in order.
+                (Op::Broadcast { dims: map }, true, true) => {
+                    strides_in_group(&operand, Some(map), &out) == strides_in_group(&out, None, &out)
+                }
+                (_, from, to) => from == to,
+            };
+            if !fits {
                 return None;
             }
             operands.push(Source::Member(m));
             continue;
         }
-        let shape: Vec<usize> = ty(b).dims.iter().map(|&d| d as usize).collect();
-        let map = match &instruction.op {
-            Op::Broadcast { dims: map } => Some(map.clone()),
-            _ if shape == dims => None,
-            _ if shape.is_empty() => Some(Vec::new()),
+        let map = match (frame.split, &instruction.op) {
+            (_, _) if operand.is_empty() => Some(Vec::new()),
+            (Some(split), Op::Broadcast { dims: map }) if per_row => {
+                let along = row_map(&out, dims, split);
+                Some(map.iter().map(|&d| along[d as usize]).collect())
+            }
+            (Some(split), _) if per_row && is_per_row(&operand, dims, split) => Some(row_map(&operand, dims, split)),
+            (_, _) if per_row => return None,
+            (_, Op::Broadcast { dims: map }) => Some(map.clone()),
+            (_, _) if operand == dims => None,
             _ => return None,
         };
-        let index = match inputs.iter().position(|(ib, im)| *ib == b && *im == map) {
-            Some(i) => i,
-            None => {
-                inputs.push((b, map));
-                inputs.len() - 1
-            }
-        };
-        operands.push(Source::Input(index));
+        operands.push(add_input(b, map));
     }
-    Some(Member { kernel, operands })
+    Some(Member { kernel, per_row, reads: operands.clone(), operands, runs: true })
+}
+
+/// A reduction of an `f32` value of the group's shape along its trailing dimensions,
+/// from a scalar outside the group, as a member; it fixes where the group's rows start
+/// (`frame.split`), and the rows must be of [`MIN_ROW_TILE`] to [`MAX_REDUCED_ROW`]
+/// elements.
+#[allow(clippy::too_many_arguments)]
+fn reduce_candidate(
+    program: &Program,
+    instruction: &Instruction,
+    op: ReduceOp,
+    axes: &[u32],
+    frame: &mut Frame<'_>,
+    members: &[Member],
+    member_of_buffer: &std::collections::HashMap<u32, usize>,
+    add_input: &mut impl FnMut(u32, Option<Vec<u32>>) -> Source,
+) -> Option<Member> {
+    let ty = |b: u32| &program.buffers[b as usize].ty;
+    let dims = frame.dims;
+    let &[x, init] = instruction.operands.as_slice() else { return None };
+    let f32s = [x, init, instruction.output].iter().all(|&b| ty(b).dtype == DType::F32);
+    if !f32s || !ty(init).dims.is_empty() || member_of_buffer.contains_key(&init) {
+        return None;
+    }
+    let mut axes: Vec<usize> = axes.iter().map(|&a| a as usize).collect();
+    axes.sort_unstable();
+    let split = dims.len().checked_sub(axes.len())?;
+    let trailing = axes.iter().enumerate().all(|(i, &a)| a == split + i);
+    let row_len: usize = dims[split..].iter().product();
+    if !trailing || split == 0 || frame.split.is_some_and(|s| s != split) {
+        return None;
+    }
+    if !(MIN_ROW_TILE..=MAX_REDUCED_ROW).contains(&row_len) {
+        return None;
+    }
+    let source = match member_of_buffer.get(&x) {
+        Some(&m) if !members[m].per_row => Source::Member(m),
+        Some(_) => return None,
+        None if ty(x).dims.iter().map(|&d| d as usize).eq(dims.iter().copied()) => add_input(x, None),
+        None => return None,
+    };
+    frame.split = Some(split);
+    let operands = vec![source, add_input(init, Some(Vec::new()))];
+    Some(Member { kernel: Kernel::Reduce(op), per_row: true, reads: operands.clone(), operands, runs: true })
 }

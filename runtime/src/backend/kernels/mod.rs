@@ -44,6 +44,7 @@ use gather::{IndexRows, clamped_starts, gather, scatter_value, window};
 use layout::{broadcast, concatenate, pad, reshape, reverse, slice, transpose};
 pub(crate) use matrix::choose_product_kernel;
 use matrix::{batched_matmul_into, gemm_f32, matmul};
+pub(super) use reduce::fold_lanes;
 use reduce::{reduce, reduce_array_sequential};
 pub(crate) use transcendental::{
     beyond_trig_limit, cos_f32, erf_f32, exact_trig, exp_f32, ln_f32, logistic_f32, sin_f32, tanh_f32,

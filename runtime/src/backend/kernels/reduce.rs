@@ -139,7 +139,7 @@ impl<T: Copy, F: Fn(T, T) -> T + Copy> pulp::WithSimd for FoldRows<'_, T, F> {
 
 /// Folds `row` into `init` with eight independent accumulators, combined at the end.
 #[inline(always)]
-pub(super) fn fold_lanes<T: Copy, F: Fn(T, T) -> T>(row: &[T], init: T, f: F) -> T {
+pub(crate) fn fold_lanes<T: Copy, F: Fn(T, T) -> T>(row: &[T], init: T, f: F) -> T {
     const LANES: usize = 8;
     if row.len() < 2 * LANES {
         return row.iter().fold(init, |acc, &x| f(acc, x));
