@@ -16,8 +16,13 @@
 //! lent, other jobs wait for them as for any held slot, so the host CPUs in use never
 //! exceed the slots.
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Condvar, Mutex, OnceLock, PoisonError};
+mod helpers;
+
+use std::panic::{AssertUnwindSafe, catch_unwind, resume_unwind};
+use std::sync::atomic::{AtomicIsize, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
+
+use helpers::{Helpers, Panic};
 
 #[derive(Debug)]
 pub(crate) struct HostPool {
@@ -25,9 +30,11 @@ pub(crate) struct HostPool {
     /// Slots free now; below zero while jobs that came back from waiting on other jobs
     /// run over the bound (see [`HostPool::released`]).
     free: Mutex<isize>,
+    /// `free` as last set, for helpers deciding whether to linger (read without the lock).
+    free_now: Arc<AtomicIsize>,
     released: Condvar,
     /// Threads that run the parts of lent-slot work beyond the first; built on first use.
-    helpers: OnceLock<Option<rayon::ThreadPool>>,
+    helpers: OnceLock<Option<Helpers>>,
 }
 
 /// A job that panicked instead of returning.
@@ -56,23 +63,31 @@ impl Lent<'_> {
         1 + self.count
     }
 
-    /// Runs every part, the first on the calling thread and the others on helper
-    /// threads, and returns when all have finished. At most [`Lent::threads`] parts
-    /// run at once.
+    /// Runs every part, on the calling thread and on helper threads, and returns when
+    /// all have finished. At most [`Lent::threads`] parts run at once. Parts are taken
+    /// in order, each by whichever thread is free first, so that a helper that starts
+    /// late takes fewer. A part's panic is raised here once every part has finished.
     pub(crate) fn run<P: Send>(&self, parts: Vec<P>, work: impl Fn(P) + Sync) {
         let helpers = match (self.count, self.pool.helpers()) {
-            (1.., Some(helpers)) => helpers,
+            (1.., Some(helpers)) if parts.len() > 1 => helpers,
             _ => return parts.into_iter().for_each(work),
         };
-        let mut parts = parts.into_iter();
-        let Some(first) = parts.next() else { return };
-        let work = &work;
-        helpers.in_place_scope(|scope| {
-            for part in parts {
-                scope.spawn(move |_| work(part));
+        let seats = self.count.min(parts.len() - 1);
+        let parts: Vec<Mutex<Option<P>>> = parts.into_iter().map(|p| Mutex::new(Some(p))).collect();
+        let next = AtomicUsize::new(0);
+        let panicked: Mutex<Option<Panic>> = Mutex::new(None);
+        let task = || {
+            while let Some(part) = parts.get(next.fetch_add(1, Ordering::Relaxed)) {
+                let Some(part) = part.lock().unwrap_or_else(PoisonError::into_inner).take() else { continue };
+                if let Err(panic) = catch_unwind(AssertUnwindSafe(|| work(part))) {
+                    panicked.lock().unwrap_or_else(PoisonError::into_inner).get_or_insert(panic);
+                }
             }
-            work(first);
-        });
+        };
+        helpers.share(seats, &task);
+        if let Some(panic) = panicked.into_inner().unwrap_or_else(PoisonError::into_inner) {
+            resume_unwind(panic);
+        }
     }
 }
 
@@ -88,7 +103,13 @@ impl HostPool {
     /// A pool of `slots` compute slots (at least one).
     pub(crate) fn new(slots: usize) -> HostPool {
         let slots = slots.max(1);
-        HostPool { slots, free: Mutex::new(slots as isize), released: Condvar::new(), helpers: OnceLock::new() }
+        HostPool {
+            slots,
+            free: Mutex::new(slots as isize),
+            free_now: Arc::new(AtomicIsize::new(slots as isize)),
+            released: Condvar::new(),
+            helpers: OnceLock::new(),
+        }
     }
 
     /// Takes up to `max` slots that are idle now, without waiting for any.
@@ -99,24 +120,25 @@ impl HostPool {
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         let count = max.min((*free).max(0) as usize);
         *free -= count as isize;
+        self.free_now.store(*free, Ordering::Relaxed);
         Lent { pool: self, count }
     }
 
     fn give_back(&self, count: usize) {
-        *self.free.lock().unwrap_or_else(PoisonError::into_inner) += count as isize;
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        *free += count as isize;
+        self.free_now.store(*free, Ordering::Relaxed);
+        drop(free);
         for _ in 0..count {
             self.released.notify_one();
         }
     }
 
     /// The helper threads (one fewer than the slots: the job's own thread does a part).
-    fn helpers(&self) -> Option<&rayon::ThreadPool> {
+    fn helpers(&self) -> Option<&Helpers> {
         self.helpers
             .get_or_init(|| {
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(self.slots - 1)
-                    .thread_name(|i| format!("neuron-helper-{i}"))
-                    .build()
+                Helpers::new(self.slots - 1, Arc::clone(&self.free_now))
                     .map_err(|e| tracing::warn!("no helper threads for large matrix products: {e}"))
                     .ok()
             })
@@ -151,6 +173,7 @@ impl HostPool {
             free = self.released.wait(free).unwrap_or_else(PoisonError::into_inner);
         }
         *free -= 1;
+        self.free_now.store(*free, Ordering::Relaxed);
     }
 
     /// Runs `f`, for a job that waits on other jobs (a collective waiting for its other
@@ -163,7 +186,9 @@ impl HostPool {
         struct Retake<'p>(&'p HostPool);
         impl Drop for Retake<'_> {
             fn drop(&mut self) {
-                *self.0.free.lock().unwrap_or_else(PoisonError::into_inner) -= 1;
+                let mut free = self.0.free.lock().unwrap_or_else(PoisonError::into_inner);
+                *free -= 1;
+                self.0.free_now.store(*free, Ordering::Relaxed);
             }
         }
         self.give_back(1);
@@ -228,6 +253,31 @@ mod tests {
             assert!(waiter.join().expect("joins"));
         });
         assert_eq!(*pool.free.lock().expect("lock"), 1, "the slot was taken back and released once");
+    }
+
+    #[test]
+    fn a_part_that_panics_fails_the_run_once_every_part_has_run_and_the_helpers_go_on() {
+        let pool = HostPool::new(3);
+        let done = AtomicUsize::new(0);
+        let run = catch_unwind(AssertUnwindSafe(|| {
+            pool.lend(2).run((0..12).collect(), |part: usize| {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                assert_ne!(part, 5, "part 5 fails");
+                done.fetch_add(1, Ordering::SeqCst);
+            })
+        }));
+        let panic = run.expect_err("the failed part's panic is raised");
+        let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(message.contains("part 5 fails"), "{message}");
+        assert_eq!(done.load(Ordering::SeqCst), 11, "every other part ran");
+        assert_eq!(*pool.free.lock().expect("lock"), 3, "the lent slots came back");
+        let lent = pool.lend(2);
+        assert_eq!(lent.threads(), 3);
+        let sum = AtomicUsize::new(0);
+        lent.run((1..=20).collect(), |p: usize| {
+            sum.fetch_add(p, Ordering::SeqCst);
+        });
+        assert_eq!(sum.load(Ordering::SeqCst), 210, "the helpers still take parts");
     }
 
     #[test]
