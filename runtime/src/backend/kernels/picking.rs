@@ -72,6 +72,58 @@ fn representatives_of(dtype: DType) -> Value {
 struct Picker {
     arrays: usize,
     table: Vec<u8>,
+    /// The arg-max or arg-min the table is, when it is one (of an `f32` and an `s32`).
+    arg: Option<ArgPick>,
+}
+
+/// JAX's arg-max and arg-min reducers, as comparisons at each step in place of the
+/// table's look-up (a chain of relations and a load a step, 8 ns an element): the
+/// accumulator keeps its value when it is the greater (the less) or NaN, and its index
+/// when, besides, the values are equal and its index is the lower. Used only where the
+/// table says exactly this for every relation (`ArgPick::of`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum ArgPick {
+    Max,
+    Min,
+}
+
+impl ArgPick {
+    /// Whether the accumulator `(value, index)` keeps its value and its index against
+    /// the element `(v, i)`.
+    #[inline(always)]
+    fn keeps(self, (value, index): (f32, i32), (v, i): (f32, i32)) -> (bool, bool) {
+        let beats = match self {
+            ArgPick::Max => value > v,
+            ArgPick::Min => value < v,
+        };
+        #[allow(clippy::eq_op)]
+        let keeps_value = beats || value != value;
+        (keeps_value, keeps_value || (value == v && index < i))
+    }
+
+    /// The reducer `table` (of an `f32` and an `s32` array) is, if either: checked on
+    /// every pair of representatives, which realise every relation the table knows
+    /// (where the two elements are identical, either side gives the same result).
+    fn of(table: &[u8]) -> Option<ArgPick> {
+        let (values, indices) = (representatives::<f32>(), representatives::<i32>());
+        [ArgPick::Max, ArgPick::Min].into_iter().find(|&pick| {
+            values.iter().all(|&value| {
+                values.iter().all(|&v| {
+                    indices.iter().all(|&index| {
+                        indices.iter().all(|&i| {
+                            let key =
+                                usize::from(relation(value, v)) | usize::from(relation(index, i)) << RELATION_BITS;
+                            let (keeps_value, keeps_index) = pick.keeps((value, index), (v, i));
+                            let takes = u8::from(!keeps_value) | u8::from(!keeps_index) << 1;
+                            // Of two identical elements the table records neither side.
+                            let differ = u8::from(value.total_cmp(&v).is_ne()) | u8::from(index != i) << 1;
+                            table[key] != UNKNOWN && (table[key] ^ takes) & differ == 0
+                        })
+                    })
+                })
+            })
+        })
+    }
 }
 
 /// Whether `region`'s shape allows it to be a picking reducer of `n` arrays: parameters
@@ -189,7 +241,9 @@ impl Picker {
             }
             *known |= definite;
         }
-        Some(Picker { arrays: n, table })
+        let pair = region.params.len() == 4 && region.params[..2] == [DType::F32, DType::S32];
+        let arg = if pair { ArgPick::of(&table) } else { None };
+        Some(Picker { arrays: n, table, arg })
     }
 }
 
@@ -265,7 +319,10 @@ pub(super) fn reduce(
         && let (Some(values), Some(indices)) = (values.as_slice(), indices.as_slice())
     {
         let init = (super::first(arr::<f32>(init_value)), super::first(arr::<i32>(init_index)));
-        let (values, indices) = pick_pairs((values, indices), init, columns, &picker.table)?;
+        let (values, indices) = match picker.arg {
+            Some(pick) => arg_pick((values, indices), init, columns, pick),
+            None => pick_pairs((values, indices), init, columns, &picker.table)?,
+        };
         let dims = IxDyn(&to_usize(&out.dims));
         return Some(match result {
             0 => Value::F32(unvalidated_shape(ArrayD::from_shape_vec(dims, values))),
@@ -385,6 +442,33 @@ fn pick_pairs(
     Some((picked_values, picked_indices))
 }
 
+/// [`pick_pairs`] for an arg-max or arg-min, by comparisons.
+fn arg_pick(
+    (values, indices): (&[f32], &[i32]),
+    init: (f32, i32),
+    columns: usize,
+    pick: ArgPick,
+) -> (Vec<f32>, Vec<i32>) {
+    let rows = values.len().checked_div(columns).unwrap_or(0);
+    let (mut picked_values, mut picked_indices) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+    for r in 0..rows {
+        let (mut value, mut index) = init;
+        let row = r * columns..(r + 1) * columns;
+        for (&v, &i) in values[row.clone()].iter().zip(&indices[row]) {
+            let (keeps_value, keeps_index) = pick.keeps((value, index), (v, i));
+            if !keeps_index {
+                index = i;
+            }
+            if !keeps_value {
+                value = v;
+            }
+        }
+        picked_values.push(value);
+        picked_indices.push(index);
+    }
+    (picked_values, picked_indices)
+}
+
 /// The relation between two positions of a flat array.
 fn relation_of<'v>(v: &'v ValueRef<'_>) -> Box<dyn Fn(u32, u32) -> u8 + 'v> {
     with_element!(v.dtype(), T => {
@@ -502,6 +586,24 @@ mod tests {
             }
             assert_eq!(arg_max_both(&values, rows, n, false), arg_max_both(&values, rows, n, true), "{rows}x{n}");
         }
+    }
+
+    #[test]
+    fn only_the_arg_max_and_arg_min_tables_are_picked_by_comparisons() {
+        use CompareDirection::*;
+        let helpers = HostPool::new(1);
+        let arg = |region: &Region| Picker::of(region, &helpers).expect("a picking reducer").arg;
+        assert_eq!(arg(&argmax()), Some(ArgPick::Max));
+        let mut argmin = argmax();
+        argmin.steps[0] = compare(Lt, param(0), param(2));
+        assert_eq!(arg(&argmin), Some(ArgPick::Min));
+        // Of equal values the higher index, or a later NaN: tables of their own.
+        let mut last_tie = argmax();
+        last_tie.steps[5] = compare(Gt, param(1), param(3));
+        assert_eq!(arg(&last_tie), None);
+        let mut later_nan = argmax();
+        later_nan.steps[1] = compare(Ne, param(2), param(2));
+        assert_eq!(arg(&later_nan), None);
     }
 
     #[test]
