@@ -33,7 +33,7 @@ use super::element::{Element, with_element};
 use super::kernels::{self, Flat, FlatMut, Prepared};
 use super::{Executable, InstructionObserver, OutOfBounds, RunError, Value, ValueRef};
 use crate::dtype::ArrayType;
-use crate::isa::{BufferKind, Op};
+use crate::isa::{BufferKind, Op, ScatterCombine};
 use crate::pool::HostPool;
 
 mod windows;
@@ -104,6 +104,9 @@ struct Step {
     in_place: Option<Vec<usize>>,
     /// For a dynamic slice: the operand's row-major strides, to copy the slice's rows.
     sliced: Option<Vec<usize>>,
+    /// For a scatter of one element into a vector whose operand dies here (as for
+    /// `in_place`): the element is written into the operand's array in place.
+    scatters_one: bool,
     /// The kernel chosen when the loop was prepared, and its two operands.
     prepared: Option<(Prepared, [usize; 2])>,
 }
@@ -230,6 +233,7 @@ impl Compact {
                 hoisted: false,
                 in_place: None,
                 sliced: None,
+                scatters_one: false,
                 prepared: None,
             };
             let layout = matches!(step.op, Op::Broadcast { .. } | Op::Iota { .. } | Op::Reshape | Op::Copy);
@@ -257,14 +261,24 @@ impl Compact {
         // A dynamic update of an array no later instruction reads (a scan's outputs, row
         // by row) updates it in place instead of copying it whole.
         for k in 0..steps.len() {
-            if let (Op::DynamicUpdateSlice, [operand, rest @ ..]) = (&steps[k].op, steps[k].operands.as_slice()) {
-                let read_later = rest.contains(operand) || steps[k + 1..].iter().any(|s| s.operands.contains(operand));
-                let returned = p.outputs.iter().any(|o| o.buffer as usize == *operand);
-                let state = condition && matches!(p.buffers[*operand].kind, BufferKind::Input { .. });
-                let rank = shapes[*operand].len();
-                if !read_later && !returned && !state && !fixed[*operand] && (1..=MAX_IN_PLACE_RANK).contains(&rank) {
-                    steps[k].in_place = Some(kernels::row_major_strides(&shapes[*operand]));
+            let (Some(&operand), rest) =
+                (steps[k].operands.first(), &steps[k].operands[1.min(steps[k].operands.len())..])
+            else {
+                continue;
+            };
+            let read_later = rest.contains(&operand) || steps[k + 1..].iter().any(|s| s.operands.contains(&operand));
+            let returned = p.outputs.iter().any(|o| o.buffer as usize == operand);
+            let state = condition && matches!(p.buffers[operand].kind, BufferKind::Input { .. });
+            let dies = !read_later && !returned && !state && !fixed[operand];
+            let rank = shapes[operand].len();
+            match &steps[k].op {
+                Op::DynamicUpdateSlice if dies && (1..=MAX_IN_PLACE_RANK).contains(&rank) => {
+                    steps[k].in_place = Some(kernels::row_major_strides(&shapes[operand]));
                 }
+                Op::Scatter { dims, combine: ScatterCombine::Replace } if dies && rank == 1 => {
+                    steps[k].scatters_one = windows::one_element(dims, &steps[k].operands, &shapes);
+                }
+                _ => {}
             }
         }
         let inputs = p.inputs.iter().map(|io| io.buffer as usize).collect();
@@ -373,6 +387,9 @@ impl Step {
         if let Some(strides) = &self.sliced
             && self.slice_rows(arrays, shapes, strides)
         {
+            return Ok(());
+        }
+        if self.scatters_one && self.scatter_in_place(arrays) {
             return Ok(());
         }
         let (before, rest) = arrays.split_at_mut(self.output);
@@ -722,9 +739,9 @@ ENTRY main {
 
     /// A scan: each iteration reads row `i` of `xs` (and windows of it whose starts
     /// clamp, past the end and below zero) and writes it into row `i` of `ys` from
-    /// column 1 (in place, the updated array being dead after it), while the condition
-    /// updates a copy of `ys` it must not write into the state (indices past the end
-    /// clamp).
+    /// column 1 (in place, the updated array being dead after it), and scatters a token
+    /// into element `i` of `tokens` (in place too), while the condition updates a copy
+    /// of `ys` it must not write into the state (indices past the end clamp).
     const SCAN: &str = r#"
 HloModule scan
 sum {
@@ -732,8 +749,12 @@ sum {
   b = f32[] parameter(1)
   ROOT s = f32[] add(a, b)
 }
+assign {
+  a = s32[] parameter(0)
+  ROOT b = s32[] parameter(1)
+}
 body {
-  state = (s32[], f32[6,4], f32[6,6], f32[4]) parameter(0)
+  state = (s32[], f32[6,4], f32[6,6], f32[4], s32[6]) parameter(0)
   i = s32[] get-tuple-element(state), index=0
   xs = f32[6,4] get-tuple-element(state), index=1
   ys = f32[6,6] get-tuple-element(state), index=2
@@ -758,10 +779,15 @@ body {
   ys2 = f32[6,6] dynamic-update-slice(ys, hr, i, column)
   one = s32[] constant(1)
   next = s32[] add(i, one)
-  ROOT out = (s32[], f32[6,4], f32[6,6], f32[4]) tuple(next, xs, ys2, hn)
+  tokens = s32[6] get-tuple-element(state), index=4
+  at = s32[1] reshape(i)
+  three = s32[] constant(3)
+  token = s32[] multiply(next, three)
+  tokens2 = s32[6] scatter(tokens, at, token), update_window_dims={}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=0, to_apply=assign
+  ROOT out = (s32[], f32[6,4], f32[6,6], f32[4], s32[6]) tuple(next, xs, ys2, hn, tokens2)
 }
 cond {
-  state = (s32[], f32[6,4], f32[6,6], f32[4]) parameter(0)
+  state = (s32[], f32[6,4], f32[6,6], f32[4], s32[6]) parameter(0)
   i = s32[] get-tuple-element(state), index=0
   ys = f32[6,6] get-tuple-element(state), index=2
   zero = s32[] constant(0)
@@ -780,11 +806,14 @@ ENTRY main {
   h = f32[4] parameter(1)
   z = f32[] constant(0)
   ys = f32[6,6] broadcast(z), dimensions={}
-  init = (s32[], f32[6,4], f32[6,6], f32[4]) tuple(zero, xs, ys, h)
-  l = (s32[], f32[6,4], f32[6,6], f32[4]) while(init), condition=cond, body=body
+  seven = s32[] constant(-7)
+  tokens = s32[6] broadcast(seven), dimensions={}
+  init = (s32[], f32[6,4], f32[6,6], f32[4], s32[6]) tuple(zero, xs, ys, h, tokens)
+  l = (s32[], f32[6,4], f32[6,6], f32[4], s32[6]) while(init), condition=cond, body=body
   y = f32[6,6] get-tuple-element(l), index=2
   hl = f32[4] get-tuple-element(l), index=3
-  ROOT r = (f32[6,6], f32[4]) tuple(y, hl)
+  tl = s32[6] get-tuple-element(l), index=4
+  ROOT r = (f32[6,6], f32[4], s32[6]) tuple(y, hl, tl)
 }
 "#;
 
@@ -859,6 +888,8 @@ ENTRY main {
         assert_eq!((in_place(&small_loop.condition), in_place(&small_loop.body)), (0, 1));
         let sliced = small_loop.body.steps.iter().filter(|s| s.sliced.is_some()).count();
         assert_eq!(sliced, 3, "the body's dynamic slices copy rows");
+        let scattered = small_loop.body.steps.iter().filter(|s| s.scatters_one).count();
+        assert_eq!(scattered, 1, "the body's scatter of one token writes it in place");
     }
 
     #[test]

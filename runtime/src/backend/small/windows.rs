@@ -4,6 +4,7 @@
 
 use super::{Data, MAX_IN_PLACE_RANK, Step};
 use crate::backend::kernels;
+use crate::isa::ScatterDims;
 
 impl Step {
     /// A dynamic update whose operand dies here: the operand's array becomes the
@@ -28,6 +29,56 @@ impl Step {
             (Data::S32(to), Data::S32(from)) => place(to, from, strides, sizes, &start),
             (Data::Pred(to), Data::Pred(from)) => place(to, from, strides, sizes, &start),
             _ => kernels::unvalidated("a dynamic update of another type"),
+        }
+        true
+    }
+}
+
+/// Whether a scatter of `dims` on `operands` (a vector, indices, an update) replaces one
+/// element: a scalar update at the index of a one-element (or scalar) index vector.
+pub(super) fn one_element(dims: &ScatterDims, operands: &[usize], shapes: &[Vec<usize>]) -> bool {
+    let &[operand, indices, update] = operands else { return false };
+    let index_shape = &shapes[indices];
+    let one_index = match index_shape.len() {
+        0 => dims.index_vector_dim == 0,
+        1 => index_shape[0] == 1 && dims.index_vector_dim == 0,
+        _ => false,
+    };
+    one_index
+        && shapes[operand].len() == 1
+        && shapes[update].is_empty()
+        && dims.update_window_dims.is_empty()
+        && dims.inserted_window_dims == [0]
+        && dims.scatter_dims_to_operand_dims == [0]
+        && dims.input_batching_dims.is_empty()
+        && dims.scatter_indices_batching_dims.is_empty()
+}
+
+impl Step {
+    /// A scatter of one element ([`one_element`]) whose operand dies here: the operand's
+    /// array becomes the result's, with the update written at the index. `false`, with
+    /// nothing changed, for an index outside the vector (the array kernel's case) or
+    /// types other than flat arrays and `s32` indices.
+    pub(super) fn scatter_in_place(&self, arrays: &mut [Data]) -> bool {
+        let [operand, indices, update] = self.operands[..] else { return false };
+        let Data::S32(index) = &arrays[indices] else { return false };
+        let Some(at) = index.first().and_then(|&i| usize::try_from(i).ok()) else { return false };
+        let fits = match (&arrays[operand], &arrays[update]) {
+            (Data::F32(to), Data::F32(from)) => at < to.len() && from.len() == 1,
+            (Data::S32(to), Data::S32(from)) => at < to.len() && from.len() == 1,
+            (Data::Pred(to), Data::Pred(from)) => at < to.len() && from.len() == 1,
+            _ => false,
+        };
+        if !fits {
+            return false;
+        }
+        arrays.swap(operand, self.output);
+        let Ok([target, source]) = arrays.get_disjoint_mut([self.output, update]) else { return false };
+        match (target, &*source) {
+            (Data::F32(to), Data::F32(from)) => to[at] = from[0],
+            (Data::S32(to), Data::S32(from)) => to[at] = from[0],
+            (Data::Pred(to), Data::Pred(from)) => to[at] = from[0],
+            _ => kernels::unvalidated("a scatter of another type"),
         }
         true
     }
