@@ -84,8 +84,9 @@ impl Helpers {
     }
 
     /// Runs `task` on the calling thread and on up to `seats` helpers at once, and
-    /// returns when every run of it has returned. A panic in any of them is raised
-    /// here, once all have returned.
+    /// returns when every run of it has returned. A panic in the caller's run is raised
+    /// here once all have returned; a helper's run must hand its panics over itself
+    /// (`Lent::run`'s task catches each part's), as a helper only survives them.
     pub(super) fn share(&self, seats: usize, task: &(dyn Fn() + Sync)) {
         let inside = AtomicUsize::new(0);
         // SAFETY: only the lifetime is erased; the offer is withdrawn and `inside` seen
@@ -135,7 +136,8 @@ impl Drop for Helpers {
 /// A helper's life: join each offer it finds (lingering for the next while a slot is
 /// free, sleeping otherwise) until the helpers are dropped.
 fn serve(shared: &Shared, free: &AtomicIsize) {
-    let mut seen = shared.generation.load(Ordering::Acquire);
+    // From the first offer on: the one that had the helpers started may stand already.
+    let mut seen = 0;
     let mut last_work = Instant::now();
     // Right after a part, another offer may stand already: look before waiting.
     let mut look = false;

@@ -234,10 +234,10 @@ pub(in crate::backend) fn run<'s, 'd>(
     let lent = helpers.lend(if work >= 2 * PARALLEL_MIN_WORK { work / PARALLEL_MIN_WORK - 1 } else { 0 });
     let threads = lent.threads().min(n.div_ceil(TILE)).max(1);
     // Runs of whole 64-byte lines, so that no two threads write one cache line; of
-    // whole rows where tiles are rows.
-    let chunk = match group.tile {
-        TILE => n.div_ceil(threads).next_multiple_of(16).max(16),
-        row => n.div_ceil(threads).next_multiple_of(row),
+    // whole rows where tiles are rows (whatever their length, `TILE` included).
+    let chunk = match group.tiles_are_rows() {
+        true => n.div_ceil(threads).next_multiple_of(group.tile).max(group.tile),
+        false => n.div_ceil(threads).next_multiple_of(16).max(16),
     };
     let mut parts: Vec<Part<'_>> = (0..n.div_ceil(chunk))
         .map(|i| Part {
@@ -250,6 +250,7 @@ pub(in crate::backend) fn run<'s, 'd>(
     for (store, &(m, ..)) in stores.iter_mut().zip(&group.outputs) {
         // A per-row value has one element for each row (each tile) of the part.
         let chunk = if group.members[m].per_row { chunk / group.tile } else { chunk };
+        let chunk = chunk.max(1);
         let pieces: Vec<OutSlice<'_>> = match store {
             Store::Dest(words) => words.chunks_mut(chunk).map(OutSlice::F32).collect(),
             Store::F32(v) => v.chunks_mut(chunk).map(OutSlice::F32).collect(),
@@ -374,7 +375,7 @@ pub(super) fn run_part((group, inputs, part): (&Group, &[InputData<'_>], &mut Pa
     // Where tiles are whole rows, the row each one is, by dimension, stepped along
     // like an odometer (dividing the element index at every tile would cost more than
     // a short row's arithmetic).
-    let by_rows = stride == group.row_len;
+    let by_rows = group.tiles_are_rows();
     let mut row = vec![0; group.row_dims.len()];
     let mut first = start / group.row_len.max(1);
     for (index, &extent) in row.iter_mut().zip(&group.row_dims).rev() {

@@ -166,6 +166,12 @@ pub(super) struct Schedule {
 }
 
 impl Group {
+    /// Whether each tile is one row (parts of the work are then whole rows). The tile
+    /// is at least one element, even in a group of none.
+    pub(super) fn tiles_are_rows(&self) -> bool {
+        self.tile == self.row_len
+    }
+
     /// The elements of each value the group writes out.
     pub(super) fn output_lengths(&self) -> impl Iterator<Item = usize> + '_ {
         self.output_dims.iter().map(|dims| dims.iter().product())
@@ -388,6 +394,69 @@ ENTRY main {
         let sums: Vec<f32> = fused[1].chunks(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
         assert!(sums[2..].iter().all(|s| s.is_finite()), "{sums:?}");
         assert!(sums[..2].iter().any(|s| s.is_nan()), "{sums:?}");
+    }
+
+    /// Rows of exactly one tile, split between threads: a softmax (reductions in the
+    /// group, the row sums returned) and a scaling by one value per row (no reduction).
+    const ROWS_OF_A_TILE: &str = r#"
+HloModule rows_of_a_tile
+region_max {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(a, b)
+}
+region_sum {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+ENTRY main {
+  x = f32[256,1024]{1,0} parameter(0)
+  ninf = f32[] constant(-inf)
+  rowmax = f32[256]{0} reduce(x, ninf), dimensions={1}, to_apply=region_max
+  bmax = f32[256,1024]{1,0} broadcast(rowmax), dimensions={0}
+  shifted = f32[256,1024]{1,0} subtract(x, bmax)
+  e = f32[256,1024]{1,0} exponential(shifted)
+  zero = f32[] constant(0)
+  sum = f32[256]{0} reduce(e, zero), dimensions={1}, to_apply=region_sum
+  bsum = f32[256,1024]{1,0} broadcast(sum), dimensions={0}
+  out = f32[256,1024]{1,0} divide(e, bsum)
+  ROOT t = (f32[256,1024]{1,0}, f32[256]{0}) tuple(out, sum)
+}
+"#;
+
+    const SCALED_ROWS_OF_A_TILE: &str = r#"
+HloModule scaled_rows_of_a_tile
+ENTRY main {
+  x = f32[256,1024]{1,0} parameter(0)
+  s = f32[256]{0} parameter(1)
+  bs = f32[256,1024]{1,0} broadcast(s), dimensions={0}
+  y = f32[256,1024]{1,0} multiply(x, bs)
+  ROOT e = f32[256,1024]{1,0} exponential(y)
+}
+"#;
+
+    #[test]
+    fn rows_of_exactly_a_tile_split_between_threads_keep_their_rows_whole() {
+        let x = finite_from(data(256 * 1024, 11), 0);
+        let (fused, plain, groups) = run_both(ROWS_OF_A_TILE, &[(vec![256, 1024], x.clone())]);
+        assert_eq!(groups, 1);
+        assert_eq!(fused, plain);
+        let scales = finite_from(data(256, 12), 0);
+        let (fused, plain, groups) = run_both(SCALED_ROWS_OF_A_TILE, &[(vec![256, 1024], x), (vec![256], scales)]);
+        assert_eq!(groups, 1);
+        assert_eq!(fused, plain);
+    }
+
+    #[test]
+    fn groups_of_no_elements_run() {
+        let empty = ROWS_OF_A_TILE.replace("256,1024", "0,1024").replace("f32[256]", "f32[0]");
+        let (fused, plain, _) = run_both(&empty, &[(vec![0, 1024], Vec::new())]);
+        assert_eq!(fused, plain);
+        let empty = SCALED_ROWS_OF_A_TILE.replace("256,1024", "0,300").replace("f32[256]", "f32[0]");
+        let (fused, plain, groups) = run_both(&empty, &[(vec![0, 300], Vec::new()), (vec![0], Vec::new())]);
+        assert_eq!(groups, 1);
+        assert_eq!(fused, plain);
     }
 
     /// Element-wise operations a random chain picks from: (HLO text with `A` and `B`

@@ -269,7 +269,8 @@ pub(super) fn grow(
         Some(_) => row_len,
         None if !in_rows.is_empty() && (MIN_ROW_TILE..TILE).contains(&row_len) => row_len,
         None => TILE,
-    };
+    }
+    .max(1);
     let row_dims = dims[..split].to_vec();
     Some((members, Group { row_dims, dims, row_len, tile, inputs, members: kernels, outputs, output_dims }))
 }

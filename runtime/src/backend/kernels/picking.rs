@@ -319,9 +319,17 @@ pub(super) fn reduce(
         && let (Some(values), Some(indices)) = (values.as_slice(), indices.as_slice())
     {
         let init = (super::first(arr::<f32>(init_value)), super::first(arr::<i32>(init_index)));
+        let pairs = (values, indices);
         let (values, indices) = match picker.arg {
-            Some(pick) => arg_pick((values, indices), init, columns, pick),
-            None => pick_pairs((values, indices), init, columns, &picker.table)?,
+            Some(pick) => pick_pairs(pairs, init, columns, |accumulator, element| {
+                let (keeps_value, keeps_index) = pick.keeps(accumulator, element);
+                Some((!keeps_value, !keeps_index))
+            })?,
+            None => pick_pairs(pairs, init, columns, |(value, index), (v, i)| {
+                let key = usize::from(relation(value, v)) | usize::from(relation(index, i)) << RELATION_BITS;
+                let entry = picker.table[key];
+                (entry != UNKNOWN).then_some((entry & 1 != 0, entry & 2 != 0))
+            })?,
         };
         let dims = IxDyn(&to_usize(&out.dims));
         return Some(match result {
@@ -410,13 +418,15 @@ fn unvalidated_shape<T>(a: Result<ArrayD<T>, ndarray::ShapeError>) -> ArrayD<T> 
 }
 
 /// [`choose`] for an `f32` and an `s32` array of whole rows of `columns`: each row's
-/// picks, carried from `init` through the row's elements in order, as values; `None`
-/// where `table` lacks a relation met.
+/// picks, carried from `init` through the row's elements in order, as values.
+/// `takes(accumulator, element)` says whether the value and the index take the
+/// element's; `None` from it (a relation the table lacks) ends the reduction.
+#[inline(always)]
 fn pick_pairs(
     (values, indices): (&[f32], &[i32]),
     init: (f32, i32),
     columns: usize,
-    table: &[u8],
+    takes: impl Fn((f32, i32), (f32, i32)) -> Option<(bool, bool)>,
 ) -> Option<(Vec<f32>, Vec<i32>)> {
     let rows = values.len().checked_div(columns).unwrap_or(0);
     let (mut picked_values, mut picked_indices) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
@@ -424,49 +434,18 @@ fn pick_pairs(
         let (mut value, mut index) = init;
         let row = r * columns..(r + 1) * columns;
         for (&v, &i) in values[row.clone()].iter().zip(&indices[row]) {
-            let key = usize::from(relation(value, v)) | usize::from(relation(index, i)) << RELATION_BITS;
-            let entry = table[key];
-            if entry == UNKNOWN {
-                return None;
-            }
-            if entry & 1 != 0 {
-                value = v;
-            }
-            if entry & 2 != 0 {
+            let (takes_value, takes_index) = takes((value, index), (v, i))?;
+            if takes_index {
                 index = i;
+            }
+            if takes_value {
+                value = v;
             }
         }
         picked_values.push(value);
         picked_indices.push(index);
     }
     Some((picked_values, picked_indices))
-}
-
-/// [`pick_pairs`] for an arg-max or arg-min, by comparisons.
-fn arg_pick(
-    (values, indices): (&[f32], &[i32]),
-    init: (f32, i32),
-    columns: usize,
-    pick: ArgPick,
-) -> (Vec<f32>, Vec<i32>) {
-    let rows = values.len().checked_div(columns).unwrap_or(0);
-    let (mut picked_values, mut picked_indices) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
-    for r in 0..rows {
-        let (mut value, mut index) = init;
-        let row = r * columns..(r + 1) * columns;
-        for (&v, &i) in values[row.clone()].iter().zip(&indices[row]) {
-            let (keeps_value, keeps_index) = pick.keeps((value, index), (v, i));
-            if !keeps_index {
-                index = i;
-            }
-            if !keeps_value {
-                value = v;
-            }
-        }
-        picked_values.push(value);
-        picked_indices.push(index);
-    }
-    (picked_values, picked_indices)
 }
 
 /// The relation between two positions of a flat array.
