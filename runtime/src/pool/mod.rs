@@ -281,6 +281,39 @@ mod tests {
     }
 
     #[test]
+    fn jobs_on_several_threads_share_the_helpers_at_once() {
+        let pool = HostPool::new(4);
+        std::thread::scope(|scope| {
+            let jobs: Vec<_> = (0..3usize)
+                .map(|job| {
+                    let pool = &pool;
+                    scope.spawn(move || {
+                        pool.run(|| {
+                            let mut total = 0;
+                            for round in 0..50usize {
+                                let sum = AtomicUsize::new(0);
+                                let lent = pool.lend(1);
+                                lent.run((0..8usize).collect(), |p| {
+                                    sum.fetch_add(p + round + job, Ordering::SeqCst);
+                                });
+                                total += sum.load(Ordering::SeqCst);
+                            }
+                            total
+                        })
+                        .expect("ran")
+                    })
+                })
+                .collect();
+            for (job, handle) in jobs.into_iter().enumerate() {
+                // Each round adds 0 + 1 + … + 7 and eight times the round and the job.
+                let expected: usize = (0..50).map(|round| 28 + 8 * (round + job)).sum();
+                assert_eq!(handle.join().expect("joins"), expected, "job {job}: every part ran once");
+            }
+        });
+        assert_eq!(*pool.free.lock().expect("lock"), 4);
+    }
+
+    #[test]
     fn nothing_is_lent_when_no_slot_is_idle() {
         let pool = HostPool::new(1);
         let lent = pool.lend(4);
