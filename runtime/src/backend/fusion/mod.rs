@@ -34,7 +34,7 @@ use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
 use super::kernels::{
     beyond_trig_limit, compare_scalars, cos_f32, erf_f32, exact_trig, exp_f32, fold_lanes, ln_f32, logistic_f32,
-    max_f32, min_f32, round_mantissa, round_to_format, sign_f32, sin_f32, tanh_f32, unvalidated, vectorized,
+    max_f32, min_f32, round_mantissa, round_to_format, sign_f32, sin_f32, tanh_f32, to_usize, unvalidated, vectorized,
     vectorized_job, with_activation, with_binary_f32, with_reduce_f32, with_rounding, with_unary_f32,
 };
 use super::{Destination, Output, Value, ValueRef};

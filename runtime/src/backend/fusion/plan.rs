@@ -177,7 +177,7 @@ pub(super) fn grow(
     runs_at: &[usize],
 ) -> Option<(Vec<usize>, Group)> {
     let ty = |b: u32| &program.buffers[b as usize].ty;
-    let shape = |b: u32| -> Vec<usize> { ty(b).dims.iter().map(|&d| d as usize).collect() };
+    let shape = |b: u32| to_usize(&ty(b).dims);
     let first = steps[start];
     // A group that starts with a reduction has the shape of what it reduces.
     let dims: Vec<usize> = match (&first.op, first.operands.first()) {
@@ -226,11 +226,9 @@ pub(super) fn grow(
     if members.len() < 2 {
         return None;
     }
-    let strides: Vec<Vec<usize>> =
-        inputs.iter().map(|(b, map)| strides_in_group(&shape(*b), map.as_deref(), &dims)).collect();
+    let strides = input_strides(program, &inputs, &dims);
     let flat = strides_in_group(&dims, None, &dims);
-    let in_rows: Vec<Vec<usize>> =
-        strides.iter().filter(|s| **s != flat && s.iter().any(|&x| x != 0)).cloned().collect();
+    let in_rows = read_in_rows(&strides, &flat);
     let split = frame.split.unwrap_or_else(|| row_split(&dims, &in_rows));
     let row_len: usize = dims[split..].iter().product();
     let rows: usize = dims[..split].iter().product();
@@ -280,15 +278,22 @@ pub(super) fn grow(
 fn rows_fit(program: &Program, inputs: &[(u32, Option<Vec<u32>>)], frame: Frame<'_>) -> bool {
     let Some(split) = frame.split else { return true };
     let flat = strides_in_group(frame.dims, None, frame.dims);
-    let in_rows: Vec<Vec<usize>> = inputs
+    let strides = input_strides(program, inputs, frame.dims);
+    row_split(frame.dims, &read_in_rows(&strides, &flat)) <= split
+}
+
+/// Each input's element strides in a group of `dims` (see [`strides_in_group`]).
+fn input_strides(program: &Program, inputs: &[(u32, Option<Vec<u32>>)], dims: &[usize]) -> Vec<Vec<usize>> {
+    inputs
         .iter()
-        .map(|(b, map)| {
-            let shape: Vec<usize> = program.buffers[*b as usize].ty.dims.iter().map(|&d| d as usize).collect();
-            strides_in_group(&shape, map.as_deref(), frame.dims)
-        })
-        .filter(|s| *s != flat && s.iter().any(|&x| x != 0))
-        .collect();
-    row_split(frame.dims, &in_rows) <= split
+        .map(|(b, map)| strides_in_group(&to_usize(&program.buffers[*b as usize].ty.dims), map.as_deref(), dims))
+        .collect()
+}
+
+/// The strides of the inputs read in rows: neither element for element (`flat`) nor
+/// one value for all.
+fn read_in_rows(strides: &[Vec<usize>], flat: &[usize]) -> Vec<Vec<usize>> {
+    strides.iter().filter(|s| s.as_slice() != flat && s.iter().any(|&x| x != 0)).cloned().collect()
 }
 
 /// Points each member's reads past pass members to what they pass on (a pass member's
@@ -352,7 +357,7 @@ pub(super) fn candidate(
     inputs: &mut Vec<(u32, Option<Vec<u32>>)>,
 ) -> Option<Member> {
     let ty = |b: u32| &program.buffers[b as usize].ty;
-    let shape = |b: u32| -> Vec<usize> { ty(b).dims.iter().map(|&d| d as usize).collect() };
+    let shape = |b: u32| to_usize(&ty(b).dims);
     let dims = frame.dims;
     let mut add_input = |b: u32, map: Option<Vec<u32>>| match inputs.iter().position(|(ib, im)| *ib == b && *im == map)
     {
@@ -454,7 +459,7 @@ fn reduce_candidate(
     let source = match member_of_buffer.get(&x) {
         Some(&m) if !members[m].per_row => Source::Member(m),
         Some(_) => return None,
-        None if ty(x).dims.iter().map(|&d| d as usize).eq(dims.iter().copied()) => add_input(x, None),
+        None if to_usize(&ty(x).dims) == dims => add_input(x, None),
         None => return None,
     };
     frame.split = Some(split);

@@ -261,11 +261,7 @@ impl Compact {
         // A dynamic update of an array no later instruction reads (a scan's outputs, row
         // by row) updates it in place instead of copying it whole.
         for k in 0..steps.len() {
-            let (Some(&operand), rest) =
-                (steps[k].operands.first(), &steps[k].operands[1.min(steps[k].operands.len())..])
-            else {
-                continue;
-            };
+            let Some((&operand, rest)) = steps[k].operands.split_first() else { continue };
             let read_later = rest.contains(&operand) || steps[k + 1..].iter().any(|s| s.operands.contains(&operand));
             let returned = p.outputs.iter().any(|o| o.buffer as usize == operand);
             let state = condition && matches!(p.buffers[operand].kind, BufferKind::Input { .. });
