@@ -33,7 +33,6 @@ pub(super) fn by_blocks<T>(
     let panels = n.div_ceil(PANEL);
     let blocks = m.div_ceil(ROWS);
     for index in 0..panels {
-        let columns = (n - index * PANEL).min(PANEL);
         pack_panel(index, panel);
         for i in (0..m).step_by(ROWS) {
             let count = (m - i).min(ROWS);
@@ -41,14 +40,27 @@ pub(super) fn by_blocks<T>(
                 prefetch_share(source, index + 1, i / ROWS, blocks);
             }
             block(&rows[i * depth..][..count * depth], depth, count, panel, &mut out);
-            for r in 0..count {
-                let mut row = c.row_mut(i + r);
-                let values = &out[r * PANEL..][..columns];
-                match row.as_slice_mut() {
-                    Some(row) => row[index * PANEL..][..columns].copy_from_slice(values),
-                    None => values.iter().enumerate().for_each(|(j, v)| row[index * PANEL + j] = *v),
-                }
-            }
+            copy_block(&out, &mut c, i, count, index);
+        }
+    }
+}
+
+/// Copies the first `count` rows of `block` into rows `i ..` of `c`, in the columns of
+/// panel `index` (those `c` has).
+pub(super) fn copy_block(
+    block: &[f32; ROWS * PANEL],
+    c: &mut ndarray::ArrayViewMut2<'_, f32>,
+    i: usize,
+    count: usize,
+    index: usize,
+) {
+    let columns = (c.dim().1 - index * PANEL).min(PANEL);
+    for r in 0..count {
+        let mut row = c.row_mut(i + r);
+        let values = &block[r * PANEL..][..columns];
+        match row.as_slice_mut() {
+            Some(row) => row[index * PANEL..][..columns].copy_from_slice(values),
+            None => values.iter().enumerate().for_each(|(j, v)| row[index * PANEL + j] = *v),
         }
     }
 }
@@ -56,16 +68,29 @@ pub(super) fn by_blocks<T>(
 /// Prefetches share `share` of `blocks` of the rows of panel `index` of `b` (its
 /// [`PANEL`] columns) into the second-level cache.
 fn prefetch_share(b: &ndarray::ArrayView2<'_, f32>, index: usize, share: usize, blocks: usize) {
+    prefetch_rows_share(b, index, 0..b.dim().0, share, blocks);
+}
+
+/// Prefetches share `share` of `blocks` of rows `rows` of panel `index` of `b` (its
+/// [`PANEL`] columns) into the second-level cache.
+pub(super) fn prefetch_rows_share(
+    b: &ndarray::ArrayView2<'_, f32>,
+    index: usize,
+    rows: std::ops::Range<usize>,
+    share: usize,
+    blocks: usize,
+) {
     use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
-    let (k, n) = b.dim();
+    let n = b.dim().1;
     let first = index * PANEL;
     let columns = (n - first).min(PANEL);
-    let per_share = k.div_ceil(blocks.max(1));
+    let per_share = rows.len().div_ceil(blocks.max(1));
     let stride = b.strides()[0];
     if b.strides()[1] != 1 || columns == 0 {
         return;
     }
-    for p in (share * per_share..((share + 1) * per_share).min(k)).rev() {
+    let from = rows.start + share * per_share;
+    for p in (from..(from + per_share).min(rows.end)).rev() {
         // Addresses only: a prefetch never faults, and these are inside `b`.
         let row = b.as_ptr().wrapping_offset(p as isize * stride).wrapping_add(first);
         for j in (0..columns).step_by(16) {
@@ -133,7 +158,8 @@ pub(super) fn check_against_exact_sums(gemm: super::matrix::Gemm<f32>, shapes: &
         let a = Array2::from_shape_fn((m, k), |(i, j)| ((i * 7 + j * 3) % 13) as f32 * 0.37 - 1.9);
         let b = Array2::from_shape_fn((k, n), |(i, j)| ((i * 5 + j * 11) % 17) as f32 * 0.23 - 1.7);
         let bf16 = |x: f32| f64::from(half::bf16::from_f32(x).to_f32());
-        let (at, bt) = (a.t().to_owned(), b.t().to_owned());
+        // Copies in row-major order of the transposes (`to_owned` would keep the order).
+        let (at, bt) = (a.t().as_standard_layout().into_owned(), b.t().as_standard_layout().into_owned());
         for (a, b) in [(a.view(), b.view()), (at.t(), bt.t())] {
             let mut c = Array2::from_elem((m, n), f32::NAN);
             gemm(a.view(), b, c.view_mut());

@@ -4,42 +4,87 @@
 //!
 //! The operands are rounded (to nearest, ties to even, as `RoundPrecision` does) while
 //! they are packed, which the product does anyway, so rounding costs no pass over the
-//! operands of its own: `a`'s rows contiguous, `b` one panel of 64 columns at a time. A
-//! microkernel then computes a block of 6 rows by 64 columns of `c` over all of `k`, in
-//! 24 registers. Each product of two bf16 is exact in f32, so the result differs from
+//! operands of its own: `a`'s rows contiguous, `b` one panel of 64 columns at a time
+//! (transposed operands read along their contiguous columns). A microkernel then
+//! computes a block of 6 rows by 64 columns of `c`, in 24 registers, over a slice of at
+//! most 128 values of `k`: the slice of the panel stays in the first-level cache while
+//! all the blocks of rows read it, and each block's sums are carried to the next slice
+//! (stored and loaded exactly, so the sums are added in the same order as without
+//! slices). Each product of two bf16 is exact in f32, so the result differs from
 //! the bf16 kernel's only in the order of the additions.
 
 use std::arch::x86_64::*;
 
-use super::packed::{PANEL, ROWS, by_blocks, store_sums, with_row_count, with_scratch};
+use super::packed::{PANEL, ROWS, copy_block, prefetch_rows_share, store_sums, with_row_count, with_scratch};
 
 /// Whether this CPU runs [`gemm_rounded_f32`].
 pub(super) fn available() -> bool {
     is_x86_feature_detected!("avx512f")
 }
 
+/// Values of `k` per slice: a slice of a packed panel ([`PANEL`] columns, 32 KiB) stays
+/// in the first-level cache while every block of rows reads it. Products of a longer `k`
+/// go slice by slice, each block's sums carried from one slice to the next.
+const DEPTH: usize = 128;
+
 /// `c = bf16(a) · bf16(b)`, accumulated in f32 on f32 multiply-adds; every element of
 /// `c` is written. The caller checks [`available`] first.
 pub(super) fn gemm_rounded_f32(
     a: ndarray::ArrayView2<'_, f32>,
     b: ndarray::ArrayView2<'_, f32>,
-    c: ndarray::ArrayViewMut2<'_, f32>,
+    mut c: ndarray::ArrayViewMut2<'_, f32>,
 ) {
     let (m, k, n) = super::product_dims(&a, &b, &c);
     if m == 0 || n == 0 {
         return;
     }
-    with_scratch(m * k, k * PANEL, |rows, panel| {
-        let (rows, panel) = (bytemuck::cast_slice_mut(rows), bytemuck::cast_slice_mut(panel));
+    if k == 0 {
+        c.fill(0.0);
+        return;
+    }
+    // Slices of equal depth, at most DEPTH each.
+    let depth = k.div_ceil(k.div_ceil(DEPTH));
+    let sliced = depth < k;
+    let blocks = m.div_ceil(ROWS);
+    // Each block's sums between slices.
+    let carried = if sliced { blocks * ROWS * PANEL } else { 0 };
+    with_scratch(m * k + carried, depth * PANEL, |rows, panel| {
+        let (rows, sums) = bytemuck::cast_slice_mut::<u32, f32>(rows).split_at_mut(m * k);
+        let panel = bytemuck::cast_slice_mut(panel);
+        let mut single = [0f32; ROWS * PANEL];
         // SAFETY: `available()` was checked by the caller.
         unsafe { pack_rows(&a, rows) };
-        // SAFETY: as above.
-        let pack_panel = |index, panel: &mut [f32]| unsafe { pack_panel(&b, index, panel) };
-        by_blocks(&b, rows, k, panel, c, pack_panel, |a, k, count, b, out| {
-            // SAFETY: `available()` was checked by the caller; `a` holds `count` rows of
-            // `k` values, and `b` `k` rows of `PANEL` values.
-            unsafe { microkernel(a, k, count, b, out) }
-        });
+        let panels = n.div_ceil(PANEL);
+        for index in 0..panels {
+            for first in (0..k).step_by(depth) {
+                let length = depth.min(k - first);
+                let last = first + length == k;
+                // SAFETY: as above; `first + length <= k`.
+                unsafe { pack_panel(&b, index, first..first + length, panel) };
+                for (block, i) in (0..m).step_by(ROWS).enumerate() {
+                    // While this slice's blocks run, the next slice comes into the caches.
+                    if !last {
+                        prefetch_rows_share(&b, index, first + length..(first + length + depth).min(k), block, blocks);
+                    } else if index + 1 < panels {
+                        prefetch_rows_share(&b, index + 1, 0..depth, block, blocks);
+                    }
+                    let out: &mut [f32; ROWS * PANEL] = if sliced {
+                        let out = &mut sums[block * ROWS * PANEL..][..ROWS * PANEL];
+                        out.try_into().unwrap_or_else(|_| unreachable!("a block's sums hold ROWS × PANEL values"))
+                    } else {
+                        &mut single
+                    };
+                    let count = (m - i).min(ROWS);
+                    // SAFETY: `available()` was checked by the caller; from `i * k + first`,
+                    // `rows` holds `count` rows `k` apart of at least `length` values (the
+                    // last row's `k - first`), and `panel` `length` rows of `PANEL` values.
+                    unsafe { microkernel(&rows[i * k + first..], k, length, count, panel, first > 0, out) };
+                    if last {
+                        copy_block(out, &mut c, i, count, index);
+                    }
+                }
+            }
+        }
     });
 }
 
@@ -63,6 +108,31 @@ unsafe fn round_bf16x16(x: __m512) -> __m512 {
     _mm512_mask_blend_ps(nan, rounded, x)
 }
 
+/// `source` rounded, every `stride`th value of `target` from the first (16 values
+/// rounded at a time).
+///
+/// # Safety
+///
+/// The CPU has AVX512F.
+#[target_feature(enable = "avx512f")]
+unsafe fn round_strided(source: &[f32], target: &mut [f32], stride: usize) {
+    let mut chunks = source.chunks_exact(16);
+    let mut t = 0;
+    for chunk in &mut chunks {
+        let mut lanes = [0f32; 16];
+        // SAFETY: `chunk` and `lanes` hold 16 values each.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), round_bf16x16(_mm512_loadu_ps(chunk.as_ptr()))) };
+        for lane in lanes {
+            target[t] = lane;
+            t += stride;
+        }
+    }
+    for &x in chunks.remainder() {
+        target[t] = round_bf16(x);
+        t += stride;
+    }
+}
+
 /// `a`'s rows, rounded, one after the other into `rows` (every value written).
 /// Contiguous rows round 16 values at a time.
 ///
@@ -72,6 +142,17 @@ unsafe fn round_bf16x16(x: __m512) -> __m512 {
 #[target_feature(enable = "avx512f")]
 unsafe fn pack_rows(a: &ndarray::ArrayView2<'_, f32>, rows: &mut [f32]) {
     let k = a.dim().1;
+    if a.strides()[0] == 1 && a.strides()[1] != 1 {
+        // A transposed matrix: its columns are contiguous.
+        for (p, column) in a.columns().into_iter().enumerate() {
+            match column.as_slice() {
+                // SAFETY: the CPU has AVX512F.
+                Some(column) => unsafe { round_strided(column, &mut rows[p..], k) },
+                None => column.iter().enumerate().for_each(|(i, x)| rows[i * k + p] = round_bf16(*x)),
+            }
+        }
+        return;
+    }
     for (row, packed) in a.rows().into_iter().zip(rows.chunks_mut(k.max(1))) {
         let mut p = 0;
         if let Some(row) = row.as_slice() {
@@ -90,22 +171,36 @@ unsafe fn pack_rows(a: &ndarray::ArrayView2<'_, f32>, rows: &mut [f32]) {
     }
 }
 
-/// Columns `index · PANEL ..` of `b`, rounded, into `panel`: `k` rows of [`PANEL`]
-/// values (zero past the last column of `b`; every value written). Contiguous rows
-/// round 16 columns at a time.
+/// Columns `index · PANEL ..` of rows `rows` of `b`, rounded, into `panel`: a row of
+/// [`PANEL`] values for each (zero past the last column of `b`; every value of those
+/// rows written). Contiguous rows round 16 columns at a time.
 ///
 /// # Safety
 ///
-/// The CPU has AVX512F.
+/// The CPU has AVX512F; `rows` lies within `b`'s rows.
 #[target_feature(enable = "avx512f")]
-unsafe fn pack_panel(b: &ndarray::ArrayView2<'_, f32>, index: usize, panel: &mut [f32]) {
-    let (k, n) = b.dim();
+unsafe fn pack_panel(b: &ndarray::ArrayView2<'_, f32>, index: usize, rows: std::ops::Range<usize>, panel: &mut [f32]) {
+    let n = b.dim().1;
     let first = index * PANEL;
     let columns = (n - first).min(PANEL);
+    let panel = &mut panel[..rows.len() * PANEL];
     if columns < PANEL {
         panel.fill(0.0);
     }
-    for (p, out) in panel.chunks_exact_mut(PANEL).take(k).enumerate() {
+    if b.strides()[0] == 1 && b.strides()[1] != 1 {
+        // A transposed matrix: its columns are contiguous.
+        for j in 0..columns {
+            let column = b.column(first + j);
+            let column = column.slice(ndarray::s![rows.clone()]);
+            match column.as_slice() {
+                // SAFETY: the CPU has AVX512F.
+                Some(column) => unsafe { round_strided(column, &mut panel[j..], PANEL) },
+                None => column.iter().enumerate().for_each(|(p, x)| panel[p * PANEL + j] = round_bf16(*x)),
+            }
+        }
+        return;
+    }
+    for (p, out) in rows.zip(panel.chunks_exact_mut(PANEL)) {
         let row = b.row(p);
         let mut j = 0;
         if let Some(row) = row.as_slice() {
@@ -124,39 +219,62 @@ unsafe fn pack_panel(b: &ndarray::ArrayView2<'_, f32>, index: usize, panel: &mut
     }
 }
 
-/// One block of up to [`ROWS`] rows by [`PANEL`] columns: `block[r][j] = Σ_p a[r][p] ·
-/// b[p][j]`.
+/// One block of up to [`ROWS`] rows by [`PANEL`] columns over one slice of `k`:
+/// `block[r][j] = Σ_p a[r · stride + p] · b[p][j]` for `p < depth`, plus what `block`
+/// holds when `carried` (the sums of the slices before).
 ///
 /// # Safety
 ///
-/// The CPU has AVX512F; `a` holds `rows` rows of `k` values and `b` holds `k` rows of
-/// [`PANEL`] values.
+/// The CPU has AVX512F; `a` holds `rows` rows `stride` apart of `depth` values each,
+/// and `b` holds `depth` rows of [`PANEL`] values.
 #[target_feature(enable = "avx512f")]
-unsafe fn microkernel(a: &[f32], k: usize, rows: usize, b: &[f32], block: &mut [f32; ROWS * PANEL]) {
+unsafe fn microkernel(
+    a: &[f32],
+    stride: usize,
+    depth: usize,
+    rows: usize,
+    b: &[f32],
+    carried: bool,
+    block: &mut [f32; ROWS * PANEL],
+) {
     // The row count is a constant in each copy of the loop, which keeps every sum in a
     // register. SAFETY: as this function's.
-    unsafe { with_row_count!(rows, rows_of(a, k, b, block)) }
+    unsafe { with_row_count!(rows, rows_of(a, stride, depth, b, carried, block)) }
 }
 
 /// [`microkernel`] for `R` rows.
 ///
 /// # Safety
 ///
-/// The CPU has AVX512F; `a` holds `R` rows of `k` values and `b` holds `k` rows of
-/// [`PANEL`] values.
+/// As [`microkernel`]'s, with `R` rows.
 #[target_feature(enable = "avx512f")]
-unsafe fn rows_of<const R: usize>(a: &[f32], k: usize, b: &[f32], block: &mut [f32; ROWS * PANEL]) {
-    debug_assert!(R <= ROWS && a.len() >= R * k && b.len() >= k * PANEL);
+unsafe fn rows_of<const R: usize>(
+    a: &[f32],
+    stride: usize,
+    depth: usize,
+    b: &[f32],
+    carried: bool,
+    block: &mut [f32; ROWS * PANEL],
+) {
+    debug_assert!(R <= ROWS && a.len() >= (R - 1) * stride + depth && b.len() >= depth * PANEL);
     let mut acc = [[_mm512_setzero_ps(); PANEL / 16]; R];
-    for p in 0..k {
+    if carried {
+        for (r, sums) in acc.iter_mut().enumerate() {
+            for (q, sum) in sums.iter_mut().enumerate() {
+                // SAFETY: block row `r < ROWS` has PANEL floats from `r * PANEL`.
+                *sum = unsafe { _mm512_loadu_ps(block.as_ptr().add(r * PANEL + q * 16)) };
+            }
+        }
+    }
+    for p in 0..depth {
         let mut columns = [_mm512_setzero_ps(); PANEL / 16];
         for (q, vector) in columns.iter_mut().enumerate() {
             // SAFETY: row `p` of `b` holds PANEL values; `q * 16 + 16 <= PANEL`.
             *vector = unsafe { _mm512_loadu_ps(b.as_ptr().add(p * PANEL + q * 16)) };
         }
         for (r, sums) in acc.iter_mut().enumerate() {
-            // SAFETY: row `r < R` of `a` holds `k` values.
-            let value = _mm512_set1_ps(unsafe { *a.as_ptr().add(r * k + p) });
+            // SAFETY: row `r < R` of `a` holds `depth` values from `r * stride`.
+            let value = _mm512_set1_ps(unsafe { *a.as_ptr().add(r * stride + p) });
             for (sum, vector) in sums.iter_mut().zip(&columns) {
                 *sum = _mm512_fmadd_ps(value, *vector, *sum);
             }
@@ -177,7 +295,18 @@ mod tests {
         }
         super::super::packed::check_against_exact_sums(
             gemm_rounded_f32,
-            &[(1, 1, 1), (3, 7, 5), (5, 64, 65), (9, 33, 130), (4, 2, 64), (6, 97, 20), (7, 40, 17)],
+            &[
+                (1, 1, 1),
+                (3, 7, 5),
+                (5, 64, 65),
+                (9, 33, 130),
+                (4, 2, 64),
+                (6, 97, 20),
+                (7, 40, 17),
+                (13, 300, 70),
+                (6, 129, 64),
+                (3, 0, 5),
+            ],
         );
     }
 
