@@ -149,11 +149,13 @@ pub(super) use with_row_count;
 
 /// Checks a kernel of products of bf16-rounded operands, `gemm`, against the exact sums
 /// of the bf16 products (in f64) over `shapes` (m, k, n), through contiguous and
-/// transposed (strided) views: every element written, each within k units of f32's last
-/// place of the sum of its terms' magnitudes (f32 sums of k terms in any order).
+/// transposed (strided) operands, into `c` contiguous, transposed, and a block of
+/// columns of a wider array (whose other columns must stay untouched): every element
+/// written, each within k units of f32's last place of the sum of its terms' magnitudes
+/// (f32 sums of k terms in any order).
 #[cfg(test)]
 pub(super) fn check_against_exact_sums(gemm: super::matrix::Gemm<f32>, shapes: &[(usize, usize, usize)]) {
-    use ndarray::Array2;
+    use ndarray::{Array2, s};
     for &(m, k, n) in shapes {
         let a = Array2::from_shape_fn((m, k), |(i, j)| ((i * 7 + j * 3) % 13) as f32 * 0.37 - 1.9);
         let b = Array2::from_shape_fn((k, n), |(i, j)| ((i * 5 + j * 11) % 17) as f32 * 0.23 - 1.7);
@@ -161,18 +163,29 @@ pub(super) fn check_against_exact_sums(gemm: super::matrix::Gemm<f32>, shapes: &
         // Copies in row-major order of the transposes (`to_owned` would keep the order).
         let (at, bt) = (a.t().as_standard_layout().into_owned(), b.t().as_standard_layout().into_owned());
         for (a, b) in [(a.view(), b.view()), (at.t(), bt.t())] {
-            let mut c = Array2::from_elem((m, n), f32::NAN);
-            gemm(a.view(), b, c.view_mut());
-            for i in 0..m {
-                for j in 0..n {
-                    let exact: f64 = (0..k).map(|p| bf16(a[[i, p]]) * bf16(b[[p, j]])).sum();
-                    let magnitude: f64 = (0..k).map(|p| (bf16(a[[i, p]]) * bf16(b[[p, j]])).abs()).sum();
-                    let bound = (k as f64 * f64::from(f32::EPSILON) * magnitude).max(1e-6);
-                    assert!(
-                        (f64::from(c[[i, j]]) - exact).abs() <= bound,
-                        "{m}x{k}x{n} at {i},{j}: {} against {exact}",
-                        c[[i, j]]
-                    );
+            let mut contiguous = Array2::from_elem((m, n), f32::NAN);
+            let mut transposed = Array2::from_elem((n, m), f32::NAN);
+            let mut wider = Array2::from_elem((m, n + 3), f32::NAN);
+            gemm(a.view(), b, contiguous.view_mut());
+            gemm(a.view(), b, transposed.view_mut().reversed_axes());
+            gemm(a.view(), b, wider.slice_mut(s![.., 1..n + 1]));
+            assert!(wider.column(0).iter().chain(wider.slice(s![.., n + 1..])).all(|x| x.is_nan()), "{m}x{k}x{n}");
+            for (c, layout) in [
+                (contiguous.view(), "contiguous"),
+                (transposed.t(), "transposed"),
+                (wider.slice(s![.., 1..n + 1]), "wider"),
+            ] {
+                for i in 0..m {
+                    for j in 0..n {
+                        let exact: f64 = (0..k).map(|p| bf16(a[[i, p]]) * bf16(b[[p, j]])).sum();
+                        let magnitude: f64 = (0..k).map(|p| (bf16(a[[i, p]]) * bf16(b[[p, j]])).abs()).sum();
+                        let bound = (k as f64 * f64::from(f32::EPSILON) * magnitude).max(1e-6);
+                        assert!(
+                            (f64::from(c[[i, j]]) - exact).abs() <= bound,
+                            "{m}x{k}x{n} into {layout} at {i},{j}: {} against {exact}",
+                            c[[i, j]]
+                        );
+                    }
                 }
             }
         }

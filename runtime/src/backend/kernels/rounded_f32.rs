@@ -15,7 +15,7 @@
 
 use std::arch::x86_64::*;
 
-use super::packed::{PANEL, ROWS, copy_block, prefetch_rows_share, store_sums, with_row_count, with_scratch};
+use super::packed::{PANEL, ROWS, copy_block, prefetch_rows_share, with_row_count, with_scratch};
 
 /// Whether this CPU runs [`gemm_rounded_f32`].
 pub(super) fn available() -> bool {
@@ -75,11 +75,28 @@ pub(super) fn gemm_rounded_f32(
                         &mut single
                     };
                     let count = (m - i).min(ROWS);
+                    let carried = (first > 0).then_some(out.as_ptr());
+                    // The last slice of a block of whole rows of a panel stores its sums
+                    // into `c` itself where `c`'s rows are contiguous.
+                    let (row_stride, unit) = (c.strides()[0], c.strides()[1] == 1);
+                    let direct = last && unit && row_stride >= 0 && (n - index * PANEL) >= PANEL;
+                    let (to, to_stride) = if direct {
+                        // SAFETY: rows `i .. i + count` and columns `index · PANEL ..` plus
+                        // PANEL lie inside `c` (checked just above), its rows `row_stride`
+                        // apart and its columns contiguous.
+                        (unsafe { c.as_mut_ptr().add(i * row_stride as usize + index * PANEL) }, row_stride as usize)
+                    } else {
+                        (out.as_mut_ptr(), PANEL)
+                    };
                     // SAFETY: `available()` was checked by the caller; from `i * k + first`,
                     // `rows` holds `count` rows `k` apart of at least `length` values (the
-                    // last row's `k - first`), and `panel` `length` rows of `PANEL` values.
-                    unsafe { microkernel(&rows[i * k + first..], k, length, count, panel, first > 0, out) };
-                    if last {
+                    // last row's `k - first`), `panel` holds `length` rows of `PANEL`
+                    // values, `carried` the block's `count` rows of sums, and `to` has room
+                    // for `count` rows `to_stride` apart of `PANEL` values.
+                    unsafe {
+                        microkernel(&rows[i * k + first..], k, length, count, panel, carried, to, to_stride);
+                    }
+                    if last && !direct {
                         copy_block(out, &mut c, i, count, index);
                     }
                 }
@@ -108,29 +125,13 @@ unsafe fn round_bf16x16(x: __m512) -> __m512 {
     _mm512_mask_blend_ps(nan, rounded, x)
 }
 
-/// `source` rounded, every `stride`th value of `target` from the first (16 values
-/// rounded at a time).
-///
-/// # Safety
-///
-/// The CPU has AVX512F.
+/// The offsets of 16 values `stride` apart, for a gather; `None` where they do not fit
+/// in 32 bits.
 #[target_feature(enable = "avx512f")]
-unsafe fn round_strided(source: &[f32], target: &mut [f32], stride: usize) {
-    let mut chunks = source.chunks_exact(16);
-    let mut t = 0;
-    for chunk in &mut chunks {
-        let mut lanes = [0f32; 16];
-        // SAFETY: `chunk` and `lanes` hold 16 values each.
-        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), round_bf16x16(_mm512_loadu_ps(chunk.as_ptr()))) };
-        for lane in lanes {
-            target[t] = lane;
-            t += stride;
-        }
-    }
-    for &x in chunks.remainder() {
-        target[t] = round_bf16(x);
-        t += stride;
-    }
+fn offsets(stride: isize) -> Option<__m512i> {
+    let stride = i32::try_from(stride).ok().filter(|s| s.checked_mul(15).is_some())?;
+    let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    Some(_mm512_mullo_epi32(lanes, _mm512_set1_epi32(stride)))
 }
 
 /// `a`'s rows, rounded, one after the other into `rows` (every value written).
@@ -142,13 +143,26 @@ unsafe fn round_strided(source: &[f32], target: &mut [f32], stride: usize) {
 #[target_feature(enable = "avx512f")]
 unsafe fn pack_rows(a: &ndarray::ArrayView2<'_, f32>, rows: &mut [f32]) {
     let k = a.dim().1;
-    if a.strides()[0] == 1 && a.strides()[1] != 1 {
-        // A transposed matrix: its columns are contiguous.
-        for (p, column) in a.columns().into_iter().enumerate() {
-            match column.as_slice() {
-                // SAFETY: the CPU has AVX512F.
-                Some(column) => unsafe { round_strided(column, &mut rows[p..], k) },
-                None => column.iter().enumerate().for_each(|(i, x)| rows[i * k + p] = round_bf16(*x)),
+    if a.strides()[0] == 1
+        && let Some(offsets) = offsets(a.strides()[1])
+    {
+        // A transposed matrix (its columns contiguous): each row's values gathered 16
+        // at a time.
+        for (i, packed) in rows.chunks_mut(k.max(1)).take(a.dim().0).enumerate() {
+            let mut p = 0;
+            while p + 16 <= k {
+                // SAFETY: `a[[i, p + l]]` for `l < 16` lies in `a` (`p + 16 <= k`), at
+                // `i + (p + l) · stride` from its first element, and `packed` holds `k`
+                // values.
+                unsafe {
+                    let at = a.as_ptr().offset(i as isize + p as isize * a.strides()[1]);
+                    let x = round_bf16x16(_mm512_i32gather_ps::<4>(offsets, at));
+                    _mm512_storeu_ps(packed.as_mut_ptr().add(p), x);
+                }
+                p += 16;
+            }
+            for (p, value) in packed.iter_mut().enumerate().skip(p) {
+                *value = round_bf16(a[[i, p]]);
             }
         }
         return;
@@ -187,15 +201,26 @@ unsafe fn pack_panel(b: &ndarray::ArrayView2<'_, f32>, index: usize, rows: std::
     if columns < PANEL {
         panel.fill(0.0);
     }
-    if b.strides()[0] == 1 && b.strides()[1] != 1 {
-        // A transposed matrix: its columns are contiguous.
-        for j in 0..columns {
-            let column = b.column(first + j);
-            let column = column.slice(ndarray::s![rows.clone()]);
-            match column.as_slice() {
-                // SAFETY: the CPU has AVX512F.
-                Some(column) => unsafe { round_strided(column, &mut panel[j..], PANEL) },
-                None => column.iter().enumerate().for_each(|(p, x)| panel[p * PANEL + j] = round_bf16(*x)),
+    if b.strides()[0] == 1
+        && let Some(offsets) = offsets(b.strides()[1])
+    {
+        // A transposed matrix (its columns contiguous): each row's values gathered 16
+        // at a time.
+        for (p, out) in rows.zip(panel.chunks_exact_mut(PANEL)) {
+            let mut j = 0;
+            while j + 16 <= columns {
+                // SAFETY: `b[[p, first + j + l]]` for `l < 16` lies in `b` (`first + j +
+                // 16 <= n`), at `p + (first + j + l) · stride` from its first element, and
+                // `j + 16 <= PANEL`.
+                unsafe {
+                    let at = b.as_ptr().offset(p as isize + (first + j) as isize * b.strides()[1]);
+                    let x = round_bf16x16(_mm512_i32gather_ps::<4>(offsets, at));
+                    _mm512_storeu_ps(out.as_mut_ptr().add(j), x);
+                }
+                j += 16;
+            }
+            for j in j..columns {
+                out[j] = round_bf16(b[[p, first + j]]);
             }
         }
         return;
@@ -219,27 +244,31 @@ unsafe fn pack_panel(b: &ndarray::ArrayView2<'_, f32>, index: usize, rows: std::
     }
 }
 
-/// One block of up to [`ROWS`] rows by [`PANEL`] columns over one slice of `k`:
-/// `block[r][j] = Σ_p a[r · stride + p] · b[p][j]` for `p < depth`, plus what `block`
-/// holds when `carried` (the sums of the slices before).
+/// One block of up to [`ROWS`] rows by [`PANEL`] columns over one slice of `k`, into
+/// `to`'s rows: `Σ_p a[r · stride + p] · b[p][j]` for `p < depth`, plus the sums of the
+/// slices before from `carried` (rows of [`PANEL`] values) where there were any.
 ///
 /// # Safety
 ///
 /// The CPU has AVX512F; `a` holds `rows` rows `stride` apart of `depth` values each,
-/// and `b` holds `depth` rows of [`PANEL`] values.
+/// `b` holds `depth` rows of [`PANEL`] values, `carried` (if any) `rows` rows of
+/// [`PANEL`] values, and `to` has room for `rows` rows `to_stride` apart of [`PANEL`]
+/// values (which may be `carried`'s).
 #[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn microkernel(
     a: &[f32],
     stride: usize,
     depth: usize,
     rows: usize,
     b: &[f32],
-    carried: bool,
-    block: &mut [f32; ROWS * PANEL],
+    carried: Option<*const f32>,
+    to: *mut f32,
+    to_stride: usize,
 ) {
     // The row count is a constant in each copy of the loop, which keeps every sum in a
     // register. SAFETY: as this function's.
-    unsafe { with_row_count!(rows, rows_of(a, stride, depth, b, carried, block)) }
+    unsafe { with_row_count!(rows, rows_of(a, stride, depth, b, carried, to, to_stride)) }
 }
 
 /// [`microkernel`] for `R` rows.
@@ -253,16 +282,17 @@ unsafe fn rows_of<const R: usize>(
     stride: usize,
     depth: usize,
     b: &[f32],
-    carried: bool,
-    block: &mut [f32; ROWS * PANEL],
+    carried: Option<*const f32>,
+    to: *mut f32,
+    to_stride: usize,
 ) {
     debug_assert!(R <= ROWS && a.len() >= (R - 1) * stride + depth && b.len() >= depth * PANEL);
     let mut acc = [[_mm512_setzero_ps(); PANEL / 16]; R];
-    if carried {
+    if let Some(carried) = carried {
         for (r, sums) in acc.iter_mut().enumerate() {
             for (q, sum) in sums.iter_mut().enumerate() {
-                // SAFETY: block row `r < ROWS` has PANEL floats from `r * PANEL`.
-                *sum = unsafe { _mm512_loadu_ps(block.as_ptr().add(r * PANEL + q * 16)) };
+                // SAFETY: `carried` row `r < R` has PANEL floats from `r * PANEL`.
+                *sum = unsafe { _mm512_loadu_ps(carried.add(r * PANEL + q * 16)) };
             }
         }
     }
@@ -280,8 +310,12 @@ unsafe fn rows_of<const R: usize>(
             }
         }
     }
-    // SAFETY: the CPU has AVX512F.
-    unsafe { store_sums(&acc, block) };
+    for (r, sums) in acc.iter().enumerate() {
+        for (q, sum) in sums.iter().enumerate() {
+            // SAFETY: `to` row `r < R` has room for PANEL floats from `r * to_stride`.
+            unsafe { _mm512_storeu_ps(to.add(r * to_stride + q * 16), *sum) };
+        }
+    }
 }
 
 #[cfg(test)]
