@@ -327,10 +327,11 @@ pub(crate) struct Executable {
     /// For each buffer, the first program output it is returned as.
     output_of_buffer: Vec<Option<usize>>,
     /// `f32` arrays that died in earlier runs, reused for the outputs of fused groups
-    /// (a new array would be zeroed and then faulted in page by page).
+    /// and of `f32` matrix products, which write every element (a new array would be
+    /// zeroed and then faulted in page by page).
     spare: Mutex<Vec<Vec<f32>>>,
-    /// The lengths of the fused groups' outputs: only arrays of these lengths are kept
-    /// as spares (others would fill the spares with arrays nothing asks for).
+    /// The lengths of those outputs: only arrays of these lengths are kept as spares
+    /// (others would fill the spares with arrays nothing asks for).
     spare_lengths: Vec<usize>,
     /// Position of this program's first instruction in the trace table of the
     /// outermost program (see [`Executable::trace_table`]).
@@ -353,6 +354,10 @@ const SMALL_CONSTANT_BYTES: usize = 4096;
 
 /// The most dead arrays kept for reuse.
 const MAX_SPARE: usize = 16;
+
+/// The most elements the dead arrays kept for reuse may hold together (64 MiB): they
+/// stay allocated between runs.
+const MAX_SPARE_ELEMENTS: usize = 16 << 20;
 
 /// A buffer's contents during a run.
 enum Slot<'a> {
@@ -393,6 +398,10 @@ impl Executable {
         let units = schedule.units;
         let mut spare_lengths: Vec<usize> =
             units.iter().filter_map(|u| u.group.as_ref()).flat_map(|g| g.output_lengths()).collect();
+        let products = steps.iter().map(|i| (&i.op, &program.buffers[i.output as usize].ty));
+        spare_lengths.extend(
+            products.filter(|(op, ty)| kernels::product_into_spare(op, ty)).map(|(_, ty)| kernels::element_count(ty)),
+        );
         spare_lengths.sort_unstable();
         spare_lengths.dedup();
 
@@ -567,7 +576,7 @@ impl Executable {
             && let (data, Some(0)) = array.into_raw_vec_and_offset()
         {
             let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
-            if spare.len() < MAX_SPARE {
+            if spare.len() < MAX_SPARE && spare.iter().map(Vec::len).sum::<usize>() + data.len() <= MAX_SPARE_ELEMENTS {
                 spare.push(data);
             }
         }
@@ -749,6 +758,12 @@ impl Executable {
                             written[k] = true;
                             kernels::execute_into(&instruction.op, &operands, out_ty, destination, helpers)
                                 .map(Slot::Borrowed)
+                        }
+                        // A product writes every element: into a spare array.
+                        (None, None) if kernels::product_into_spare(&instruction.op, out_ty) => {
+                            let spare = self.spare_f32(kernels::element_count(out_ty));
+                            kernels::execute_into_spare(&instruction.op, &operands, out_ty, spare, helpers)
+                                .map(Slot::Owned)
                         }
                         (None, None) => kernels::execute(&instruction.op, &operands, out_ty, helpers).map(Slot::Owned),
                     };
@@ -944,56 +959,4 @@ fn split_interval(start: u64, end: u64, shares: &[u64]) -> Vec<(u64, u64)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_fused_interval_is_split_by_share_and_covers_the_whole_span() {
-        assert_eq!(split_interval(100, 200, &[1, 3]), vec![(100, 125), (125, 200)]);
-        assert_eq!(split_interval(0, 9, &[0, 0, 0]), vec![(0, 3), (3, 6), (6, 9)]);
-        assert_eq!(split_interval(5, 5, &[2, 2]), vec![(5, 5), (5, 5)]);
-    }
-
-    /// The in-place combine gives the bits of the general path's kernels, specials included.
-    #[test]
-    fn combining_in_place_gives_the_kernels_bits() {
-        let floats = [1.5f32, -0.0, f32::NAN, f32::INFINITY, 1e-45, f32::MAX, -3.25, 7e-39];
-        let others = [2.25f32, 0.0, 1.0, f32::NEG_INFINITY, 1e-45, f32::MAX, 0.1, -7e-39];
-        let ints = [i32::MAX, -5, 7, i32::MIN, 0, 123_456, -1, 3];
-        let int_others = [1, -7, 9, i32::MIN, 0, 654_321, i32::MAX, -3];
-        // 16-bit floats: ties that round to even, overflow to infinity, subnormals, NaN.
-        let halves =
-            |values: &[f32], bf: bool| -> Vec<u8> {
-                values
-                    .iter()
-                    .flat_map(|&v| {
-                        if bf { half::bf16::from_f32(v).to_le_bytes() } else { half::f16::from_f32(v).to_le_bytes() }
-                    })
-                    .collect()
-            };
-        let h = [1.0f32, 1.0, 65504.0, 3.0e38, -0.0, f32::NAN, 6.0e-8, 0.1];
-        let h_others = [1.0f32 / 256.0, 3.0 / 256.0, 65504.0, 3.0e38, 0.0, 1.0, 6.0e-8, 0.2];
-        let cases: [(DType, Vec<u8>, Vec<u8>); 4] = [
-            (DType::F32, bytemuck::cast_slice(&floats).to_vec(), bytemuck::cast_slice(&others).to_vec()),
-            (DType::S32, bytemuck::cast_slice(&ints).to_vec(), bytemuck::cast_slice(&int_others).to_vec()),
-            (DType::BF16, halves(&h, true), halves(&h_others, true)),
-            (DType::F16, halves(&h, false), halves(&h_others, false)),
-        ];
-        for (dtype, a, b) in cases {
-            for op in [ReduceOp::Add, ReduceOp::Multiply] {
-                let mut fast = a.clone();
-                assert!(combine_in_place(op, dtype, &mut fast, &b), "{op:?} {dtype:?} takes the fast path");
-                let ty = ArrayType::new(dtype, vec![a.len() as u64 / dtype.size_bytes()]);
-                let (x, y) = (Value::from_le_bytes(&ty, &a), Value::from_le_bytes(&ty, &b));
-                let binary = if op == ReduceOp::Add { BinaryOp::Add } else { BinaryOp::Multiply };
-                let general = kernels::execute(&Op::Binary(binary), &[x.view(), y.view()], &ty, &HostPool::new(1));
-                let mut expected = a.clone();
-                general.expect("kernel").write_le_bytes(&mut expected);
-                assert_eq!(fast, expected, "{op:?} {dtype:?}");
-                let mut fused = vec![0u8; a.len()];
-                combine_le_bytes_into(op, dtype, &mut fused, &a, &b);
-                assert_eq!(fused, expected, "{op:?} {dtype:?} into a third buffer");
-            }
-        }
-    }
-}
+mod tests;
