@@ -284,17 +284,30 @@ fn window_sources(
                 .collect()
         })
         .collect();
+    // Output and window indices counted up in row-major order.
     let (mut s, mut k) = (vec![0usize; out_sizes.len()], vec![0usize; kernel_sizes.len()]);
     let mut spatial = Vec::with_capacity(positions * window);
-    for position in 0..positions {
-        unravel_into(position, out_sizes, &mut s);
-        for w in 0..window {
-            unravel_into(w, kernel_sizes, &mut k);
+    for _ in 0..positions {
+        k.fill(0);
+        for _ in 0..window {
             let offset = (0..s.len()).try_fold(0, |o, d| along[d][s[d] * kernel_sizes[d] + k[d]].map(|i| o + i));
             spatial.push(offset);
+            count_up(&mut k, kernel_sizes);
         }
+        count_up(&mut s, out_sizes);
     }
     spatial
+}
+
+/// The row-major index after `index` in `sizes` (all zeros after the last).
+fn count_up(index: &mut [usize], sizes: &[usize]) {
+    for d in (0..index.len()).rev() {
+        index[d] += 1;
+        if index[d] < sizes[d] {
+            return;
+        }
+        index[d] = 0;
+    }
 }
 
 /// The convolution as a direct loop (see the module's notes), row-major in
@@ -442,13 +455,5 @@ impl pulp::WithSimd for DirectPart<'_, '_> {
                 }
             }
         }
-    }
-}
-
-/// `flat`'s row-major index in `sizes`, into `index`.
-fn unravel_into(mut flat: usize, sizes: &[usize], index: &mut [usize]) {
-    for d in (0..sizes.len()).rev() {
-        index[d] = flat % sizes[d].max(1);
-        flat /= sizes[d].max(1);
     }
 }
