@@ -352,8 +352,8 @@ pub(crate) struct Executable {
 /// in place at every run.
 const SMALL_CONSTANT_BYTES: usize = 4096;
 
-/// The most dead arrays kept for reuse.
-const MAX_SPARE: usize = 16;
+/// The most dead arrays of one length kept for reuse.
+const MAX_SPARE: usize = 8;
 
 /// The most elements the dead arrays kept for reuse may hold together (64 MiB): they
 /// stay allocated between runs.
@@ -571,12 +571,14 @@ impl Executable {
     /// Keeps a dead intermediate's array for reuse, if it is an `f32` one.
     fn recycle(&self, slot: Slot<'_>) {
         if let Slot::Owned(Value::F32(array)) = slot
+            && array.len() >= kernels::SPARE_MIN_ELEMENTS
             && self.spare_lengths.binary_search(&array.len()).is_ok()
             && array.is_standard_layout()
             && let (data, Some(0)) = array.into_raw_vec_and_offset()
         {
             let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
-            if spare.len() < MAX_SPARE && spare.iter().map(Vec::len).sum::<usize>() + data.len() <= MAX_SPARE_ELEMENTS {
+            let same = spare.iter().filter(|v| v.len() == data.len()).count();
+            if same < MAX_SPARE && spare.iter().map(Vec::len).sum::<usize>() + data.len() <= MAX_SPARE_ELEMENTS {
                 spare.push(data);
             }
         }

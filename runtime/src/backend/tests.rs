@@ -54,13 +54,8 @@ fn combining_in_place_gives_the_kernels_bits() {
     }
 }
 
-/// A product's result (of 32 Ki elements, enough to be written into a spare array)
-/// goes into an array holding what an earlier run left there (the product before it,
-/// which died): every run gives the first run's bits, and the unfused executable's.
-#[test]
-fn products_into_spare_arrays_give_the_same_bits_at_every_run() {
-    use crate::compile::{Target, compile_hlo};
-    const PRODUCTS: &str = r#"
+/// Two products of 32 Ki elements, the first dying before the second runs.
+const PRODUCTS_HLO: &str = r#"
 HloModule products
 ENTRY main {
   x = f32[256,128] parameter(0)
@@ -71,7 +66,14 @@ ENTRY main {
   ROOT r = f32[256,128] add(b, x)
 }
 "#;
-    let program = compile_hlo(PRODUCTS, Target::Trn1).expect("compiles");
+
+/// A product's result (of 32 Ki elements, enough to be written into a spare array)
+/// goes into an array holding what an earlier run left there (the product before it,
+/// which died): every run gives the first run's bits, and the unfused executable's.
+#[test]
+fn products_into_spare_arrays_give_the_same_bits_at_every_run() {
+    use crate::compile::{Target, compile_hlo};
+    let program = compile_hlo(PRODUCTS_HLO, Target::Trn1).expect("compiles");
     let x = ArrayD::from_shape_fn(IxDyn(&[256, 128]), |i| ((i[0] * 7 + i[1]) % 11) as f32 * 0.01 - 0.05);
     let w = ArrayD::from_shape_fn(IxDyn(&[128, 128]), |i| ((i[0] * 5 + i[1] * 3) % 7) as f32 * 0.005 - 0.015);
     let run = |executable: &Executable| {
@@ -88,4 +90,22 @@ ENTRY main {
         assert_eq!(run(&executable), unfused);
     }
     assert!(!executable.spare.lock().unwrap_or_else(PoisonError::into_inner).is_empty(), "arrays were kept");
+}
+
+/// Dead arrays are kept as spares only where something asks for their length, and at
+/// most eight of a length.
+#[test]
+fn spares_keep_at_most_eight_arrays_of_a_length_something_asks_for() {
+    use crate::compile::{Target, compile_hlo};
+    let executable = Executable::new(compile_hlo(PRODUCTS_HLO, Target::Trn1).expect("compiles"), true);
+    let dead = |n: usize| Slot::Owned(Value::F32(ArrayD::zeros(IxDyn(&[n]))));
+    for _ in 0..12 {
+        executable.recycle(dead(256 * 128));
+        executable.recycle(dead(100 * 128));
+    }
+    let lengths: Vec<usize> =
+        executable.spare.lock().unwrap_or_else(PoisonError::into_inner).iter().map(Vec::len).collect();
+    assert_eq!(lengths, vec![256 * 128; 8]);
+    assert_eq!(executable.spare_f32(256 * 128).len(), 256 * 128);
+    assert_eq!(executable.spare.lock().unwrap_or_else(PoisonError::into_inner).len(), 7);
 }

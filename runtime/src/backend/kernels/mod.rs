@@ -451,11 +451,11 @@ pub(super) fn product_into_spare(op: &Op, ty: &ArrayType) -> bool {
         && element_count(ty) >= SPARE_MIN_ELEMENTS
 }
 
-/// Products of fewer elements than this (128 KiB) allocate their results: the
-/// allocator hands arrays of that size out of its own caches (measured: spares for
-/// every product made a training step 3–5% slower), where larger ones are mapped, zeroed
-/// and faulted in afresh (spares made attention's products 13% faster).
-const SPARE_MIN_ELEMENTS: usize = 32 << 10;
+/// Arrays of fewer elements than this (16 KiB) are neither kept as spares nor taken
+/// from them: the allocator hands them out of its own caches, and small arrays that
+/// nothing asks for would crowd out the others (measured: a training step 3–5% slower
+/// when they did).
+pub(super) const SPARE_MIN_ELEMENTS: usize = 4 << 10;
 
 /// The elements of an array of type `ty`.
 pub(super) fn element_count(ty: &ArrayType) -> usize {
