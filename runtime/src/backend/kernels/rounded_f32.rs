@@ -75,7 +75,9 @@ pub(super) fn gemm_rounded_f32(
                         &mut single
                     };
                     let count = (m - i).min(ROWS);
-                    let carried = (first > 0).then_some(out.as_ptr());
+                    // One pointer to the block's sums, for reading and for writing them.
+                    let sums_at = out.as_mut_ptr();
+                    let carried = (first > 0).then_some(sums_at.cast_const());
                     // The last slice of a block of whole rows of a panel stores its sums
                     // into `c` itself where `c`'s rows are contiguous.
                     let (row_stride, unit) = (c.strides()[0], c.strides()[1] == 1);
@@ -86,7 +88,7 @@ pub(super) fn gemm_rounded_f32(
                         // apart and its columns contiguous.
                         (unsafe { c.as_mut_ptr().add(i * row_stride as usize + index * PANEL) }, row_stride as usize)
                     } else {
-                        (out.as_mut_ptr(), PANEL)
+                        (sums_at, PANEL)
                     };
                     // SAFETY: `available()` was checked by the caller; from `i * k + first`,
                     // `rows` holds `count` rows `k` apart of at least `length` values (the
