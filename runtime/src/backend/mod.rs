@@ -559,7 +559,8 @@ impl Executable {
         (!self.nested[step].is_empty() || instruction.op.result_count() > 1).then_some(instruction)
     }
 
-    /// An `f32` array of `n` elements with unspecified contents, for a fused output.
+    /// An `f32` array of `n` elements with unspecified contents, for the output of a
+    /// fused group or of a product.
     fn spare_f32(&self, n: usize) -> Vec<f32> {
         let mut spare = self.spare.lock().unwrap_or_else(PoisonError::into_inner);
         match spare.iter().position(|v| v.len() == n) {
