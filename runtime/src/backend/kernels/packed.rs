@@ -148,11 +148,11 @@ macro_rules! with_row_count {
 pub(super) use with_row_count;
 
 /// Checks a kernel of products of bf16-rounded operands, `gemm`, against the exact sums
-/// of the bf16 products (in f64) over `shapes` (m, k, n), through contiguous and
-/// transposed (strided) operands, into `c` contiguous, transposed, and a block of
-/// columns of a wider array (whose other columns must stay untouched): every element
-/// written, each within k units of f32's last place of the sum of its terms' magnitudes
-/// (f32 sums of k terms in any order).
+/// of the bf16 products (in f64) over `shapes` (m, k, n), through contiguous,
+/// transposed and reversed (strided) operands, into `c` contiguous, transposed, and a
+/// block of columns of a wider array (whose other columns must stay untouched): every
+/// element written, each within k units of f32's last place of the sum of its terms'
+/// magnitudes (f32 sums of k terms in any order).
 #[cfg(test)]
 pub(super) fn check_against_exact_sums(gemm: super::matrix::Gemm<f32>, shapes: &[(usize, usize, usize)]) {
     use ndarray::{Array2, s};
@@ -162,7 +162,15 @@ pub(super) fn check_against_exact_sums(gemm: super::matrix::Gemm<f32>, shapes: &
         let bf16 = |x: f32| f64::from(half::bf16::from_f32(x).to_f32());
         // Copies in row-major order of the transposes (`to_owned` would keep the order).
         let (at, bt) = (a.t().as_standard_layout().into_owned(), b.t().as_standard_layout().into_owned());
-        for (a, b) in [(a.view(), b.view()), (at.t(), bt.t())] {
+        // Operands contiguous, transposed, reversed along one axis (rows read backwards
+        // or in reverse order), and transposed and reversed (a gather's negative steps).
+        let operands = [
+            (a.view(), b.view()),
+            (at.t(), bt.t()),
+            (a.slice(s![.., ..;-1]), b.slice(s![..;-1, ..])),
+            (at.t().slice_move(s![.., ..;-1]), bt.t().slice_move(s![.., ..;-1])),
+        ];
+        for (a, b) in operands {
             let mut contiguous = Array2::from_elem((m, n), f32::NAN);
             let mut transposed = Array2::from_elem((n, m), f32::NAN);
             let mut wider = Array2::from_elem((m, n + 3), f32::NAN);
