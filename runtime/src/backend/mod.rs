@@ -359,6 +359,11 @@ const MAX_SPARE: usize = 8;
 /// stay allocated between runs.
 const MAX_SPARE_ELEMENTS: usize = 16 << 20;
 
+/// The elements of an array of type `ty` (a validated program's types fit in memory).
+fn elements(ty: &ArrayType) -> usize {
+    ty.element_count().unwrap_or(0) as usize
+}
+
 /// A buffer's contents during a run.
 enum Slot<'a> {
     Empty,
@@ -399,9 +404,10 @@ impl Executable {
         let mut spare_lengths: Vec<usize> =
             units.iter().filter_map(|u| u.group.as_ref()).flat_map(|g| g.output_lengths()).collect();
         let products = steps.iter().map(|i| (&i.op, &program.buffers[i.output as usize].ty));
-        spare_lengths.extend(
-            products.filter(|(op, ty)| kernels::product_into_spare(op, ty)).map(|(_, ty)| kernels::element_count(ty)),
-        );
+        spare_lengths
+            .extend(products.filter(|(op, ty)| kernels::product_into_spare(op, ty)).map(|(_, ty)| elements(ty)));
+        // Small arrays are left to the allocator.
+        spare_lengths.retain(|&n| n >= kernels::SPARE_MIN_ELEMENTS);
         spare_lengths.sort_unstable();
         spare_lengths.dedup();
 
@@ -572,7 +578,6 @@ impl Executable {
     /// Keeps a dead intermediate's array for reuse, if it is an `f32` one.
     fn recycle(&self, slot: Slot<'_>) {
         if let Slot::Owned(Value::F32(array)) = slot
-            && array.len() >= kernels::SPARE_MIN_ELEMENTS
             && self.spare_lengths.binary_search(&array.len()).is_ok()
             && array.is_standard_layout()
             && let (data, Some(0)) = array.into_raw_vec_and_offset()
@@ -764,7 +769,7 @@ impl Executable {
                         }
                         // A product writes every element: into a spare array.
                         (None, None) if kernels::product_into_spare(&instruction.op, out_ty) => {
-                            let spare = self.spare_f32(kernels::element_count(out_ty));
+                            let spare = self.spare_f32(elements(out_ty));
                             kernels::execute_into_spare(&instruction.op, &operands, out_ty, spare, helpers)
                                 .map(Slot::Owned)
                         }

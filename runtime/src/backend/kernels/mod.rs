@@ -448,7 +448,7 @@ pub(super) fn execute_into<'d>(
 pub(super) fn product_into_spare(op: &Op, ty: &ArrayType) -> bool {
     matches!(op, Op::MatMul(_) | Op::MatMulRounded { .. })
         && ty.dtype == DType::F32
-        && element_count(ty) >= SPARE_MIN_ELEMENTS
+        && ty.element_count().is_some_and(|n| n >= SPARE_MIN_ELEMENTS as u64)
 }
 
 /// Arrays of fewer elements than this (16 KiB) are neither kept as spares nor taken
@@ -456,11 +456,6 @@ pub(super) fn product_into_spare(op: &Op, ty: &ArrayType) -> bool {
 /// nothing asks for would crowd out the others (measured: a training step 3–5% slower
 /// when they did).
 pub(super) const SPARE_MIN_ELEMENTS: usize = 4 << 10;
-
-/// The elements of an array of type `ty`.
-pub(super) fn element_count(ty: &ArrayType) -> usize {
-    ty.dims.iter().map(|&d| d as usize).product()
-}
 
 /// [`execute_into`] into `spare`, an array of `out`'s elements whose contents are
 /// overwritten (see [`product_into_spare`]); the result as a value.
