@@ -26,6 +26,7 @@ use crate::dtype::{ArrayType, DType};
 use crate::error::NrtError;
 use crate::isa::{BinaryOp, BufferKind, CollectiveOp, Instruction, Op, Program, ReduceOp};
 use crate::pool::HostPool;
+use neuron_datastore::InstructionSpan;
 use neuron_datastore::clock::ticks;
 
 /// A host array of one of the element types.
@@ -292,6 +293,12 @@ pub(crate) trait Observe {
             self.instruction(k, previous, end);
             previous = end;
         }
+    }
+
+    /// Intervals in the order they ran, each with its own start: what a small loop
+    /// reports of its untimed iterations in one call.
+    fn spans(&mut self, spans: &[InstructionSpan]) {
+        spans.iter().for_each(|s| self.instruction(s.entry as usize, s.start, s.end));
     }
 }
 

@@ -720,4 +720,20 @@ impl crate::backend::Observe for Watch<'_> {
         }
         self.record_if_many();
     }
+
+    fn spans(&mut self, spans: &[InstructionSpan]) {
+        let instructions = &self.model.instructions;
+        self.executed += spans.len() as u64;
+        self.flops += spans.iter().map(|s| instructions.get(s.entry as usize).map_or(0, |i| i.flops)).sum::<u64>();
+        if self.model.rank.is_some() {
+            spans.iter().for_each(|s| self.busy(s.entry as usize, s.start, s.end));
+        }
+        if self.device {
+            self.spans.extend_from_slice(spans);
+        }
+        if let Some(last) = spans.last() {
+            self.at(last.entry as usize + 1);
+        }
+        self.record_if_many();
+    }
 }

@@ -5,7 +5,7 @@ use super::*;
 
 /// A tile of one operand or result: `TILE` or fewer values, or one value for all.
 #[derive(Clone, Copy)]
-pub(super) enum Lane<'t> {
+pub(in crate::backend) enum Lane<'t> {
     Slice(&'t [f32]),
     Scalar(f32),
 }
@@ -104,7 +104,7 @@ pub(super) fn lane_bool(x: bool) -> f32 {
 
 /// Computes one member on one tile: into `out`, or as one value when every operand is.
 #[inline(always)]
-pub(super) fn compute(kernel: &Kernel, operands: &[Lane<'_>], out: &mut [f32]) -> Option<f32> {
+pub(in crate::backend) fn compute(kernel: &Kernel, operands: &[Lane<'_>], out: &mut [f32]) -> Option<f32> {
     match (kernel, operands) {
         (Kernel::Pass, [a]) => match a {
             Lane::Scalar(x) => Some(*x),
@@ -116,6 +116,10 @@ pub(super) fn compute(kernel: &Kernel, operands: &[Lane<'_>], out: &mut [f32]) -
         (Kernel::Binary(b), [x, y]) => with_binary_f32!(*b, f => map2(out, *x, *y, f)),
         (Kernel::Unary(u), [x]) => with_unary_f32!(*u, f => map1(out, *x, f)),
         (Kernel::Not, [x]) => map1(out, *x, |x| 1.0 - x),
+        (Kernel::Activation(ActivationFn::Tanh), [Lane::Slice(x)]) => {
+            tanh_into(out, x);
+            None
+        }
         (Kernel::Activation(a), [x]) => {
             let scalar = with_activation!(*a, f => map1(out, *x, f));
             match (exact_trig(*a), *x) {

@@ -34,8 +34,8 @@ use ndarray::{ArrayD, ArrayViewD, IxDyn};
 
 use super::kernels::{
     beyond_trig_limit, compare_scalars, cos_f32, erf_f32, exact_trig, exp_f32, fold_lanes, ln_f32, logistic_f32,
-    max_f32, min_f32, round_mantissa, round_to_format, sign_f32, sin_f32, tanh_f32, to_usize, unvalidated, vectorized,
-    vectorized_job, with_activation, with_binary_f32, with_reduce_f32, with_rounding, with_unary_f32,
+    max_f32, min_f32, round_mantissa, round_to_format, sign_f32, sin_f32, tanh_f32, tanh_into, to_usize, unvalidated,
+    vectorized, vectorized_job, with_activation, with_binary_f32, with_reduce_f32, with_rounding, with_unary_f32,
 };
 use super::{Destination, Output, Value, ValueRef};
 use crate::dtype::DType;
@@ -69,9 +69,9 @@ const MAX_MEMBERS: usize = 64;
 /// across idle compute slots.
 const PARALLEL_MIN_WORK: usize = 1 << 18;
 
-/// What one member computes, on lanes.
+/// What one member computes, on lanes (a small loop's fused steps too).
 #[derive(Debug, Clone, PartialEq)]
-enum Kernel {
+pub(in crate::backend) enum Kernel {
     /// The operand unchanged: a broadcast (read in place), a copy, a conversion that
     /// keeps the lane value (`pred → f32`, `f32 → f32`).
     Pass,
@@ -217,6 +217,8 @@ pub(super) struct Unit {
 }
 
 pub(super) use evaluate::run;
+pub(in crate::backend) use evaluate::{Lane, compute};
+pub(in crate::backend) use plan::kernel;
 pub(super) use plan::schedule;
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ pub(super) fn lane_dtype(dtype: DType) -> bool {
 
 /// The member kernel of an instruction that may be fused, given its operand and
 /// output element types.
-pub(super) fn kernel(op: &Op, operand_types: &[DType], out: DType) -> Option<Kernel> {
+pub(in crate::backend) fn kernel(op: &Op, operand_types: &[DType], out: DType) -> Option<Kernel> {
     if !lane_dtype(out) || !operand_types.iter().all(|&t| lane_dtype(t)) {
         return None;
     }

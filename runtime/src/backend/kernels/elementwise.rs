@@ -66,6 +66,7 @@ pub(super) fn elementwise_run((op, slices, start, out): (&Op, &[&[f32]], usize, 
                 *o = f(x, y);
             }
         }),
+        (Op::Activation(ActivationFn::Tanh), [x]) => tanh_into(out, &x[start..end]),
         (Op::Activation(a), [x]) => {
             with_activation!(*a, f => {
                 for (o, &x) in out.iter_mut().zip(&x[start..end]) {

@@ -305,6 +305,29 @@ impl Prepared {
         })
     }
 
+    /// The kernel on one-element operands of element type `operand`, as a plain
+    /// function: the element function [`Prepared::run`] applies, so the same bits.
+    /// `None` for the kernels of whole arrays.
+    pub(in crate::backend) fn scalar(self, operand: DType) -> Option<Scalar> {
+        Some(match (self, operand) {
+            (Prepared::BinaryF32(b), DType::F32) => Scalar::F32(with_binary_f32!(b, f => f as fn(f32, f32) -> f32)),
+            (Prepared::BinaryS32(b), DType::S32) => Scalar::S32(binary_int::<i32>(b)),
+            (Prepared::BinaryPred(b), DType::Pred) => Scalar::Pred(match b {
+                BinaryOp::Minimum | BinaryOp::And => |x, y| x && y,
+                BinaryOp::Maximum | BinaryOp::Or => |x, y| x || y,
+                BinaryOp::Xor => |x, y| x != y,
+                _ => return None,
+            }),
+            (Prepared::Compare { direction, total_order }, DType::F32) => {
+                Scalar::CompareF32(compare_fn(direction, total_order))
+            }
+            (Prepared::Compare { direction, total_order }, DType::S32) => {
+                Scalar::CompareS32(compare_fn(direction, total_order))
+            }
+            _ => return None,
+        })
+    }
+
     fn arithmetic(b: BinaryOp) -> bool {
         !matches!(
             b,
@@ -364,6 +387,31 @@ impl Prepared {
         }
         true
     }
+}
+
+/// A prepared kernel of one-element operands (see [`Prepared::scalar`]).
+#[derive(Debug, Clone, Copy)]
+pub(in crate::backend) enum Scalar {
+    F32(fn(f32, f32) -> f32),
+    S32(fn(i32, i32) -> i32),
+    Pred(fn(bool, bool) -> bool),
+    CompareF32(fn(f32, f32) -> bool),
+    CompareS32(fn(i32, i32) -> bool),
+}
+
+/// `compare_scalars` of `direction` and `total_order`, as a plain function.
+fn compare_fn<T: Element>(direction: CompareDirection, total_order: bool) -> fn(T, T) -> bool {
+    macro_rules! each_direction {
+        ($($d:ident),*) => {
+            match (direction, total_order) {
+                $(
+                    (CompareDirection::$d, false) => |x, y| compare_scalars(CompareDirection::$d, false, x, y),
+                    (CompareDirection::$d, true) => |x, y| compare_scalars(CompareDirection::$d, true, x, y),
+                )*
+            }
+        };
+    }
+    each_direction!(Eq, Ne, Lt, Le, Gt, Ge)
 }
 
 #[cfg(test)]
@@ -474,6 +522,64 @@ mod tests {
                 assert_eq!(a, g, "{op:?} of pred");
             }
         }
+    }
+
+    #[test]
+    fn scalar_kernels_give_the_prepared_kernels_bits() {
+        use CompareDirection::*;
+        let (x, y) = (floats(23, 1), floats(23, 4));
+        let (i, k) = (ints(6, 0), ints(6, 1));
+        let run = |kernel: Prepared, a: Flat<'_>, b: Flat<'_>, out: FlatMut<'_>| assert!(kernel.run(a, b, out));
+        for (a, b) in x.iter().flat_map(|a| y.iter().map(move |b| (*a, *b))) {
+            for op in [
+                BinaryOp::Add,
+                BinaryOp::Subtract,
+                BinaryOp::Multiply,
+                BinaryOp::Divide,
+                BinaryOp::Maximum,
+                BinaryOp::Minimum,
+                BinaryOp::Power,
+                BinaryOp::Remainder,
+                BinaryOp::Atan2,
+            ] {
+                let Some(Scalar::F32(f)) = Prepared::BinaryF32(op).scalar(DType::F32) else { panic!("{op:?}") };
+                let mut o = [0.0];
+                run(Prepared::BinaryF32(op), Flat::F32(&[a]), Flat::F32(&[b]), FlatMut::F32(&mut o));
+                assert_eq!(f(a, b).to_bits(), o[0].to_bits(), "{op:?} of {a} and {b}");
+            }
+            for (direction, total_order) in [Eq, Ne, Lt, Le, Gt, Ge].iter().flat_map(|&d| [(d, false), (d, true)]) {
+                let kernel = Prepared::Compare { direction, total_order };
+                let Some(Scalar::CompareF32(f)) = kernel.scalar(DType::F32) else { panic!("{kernel:?}") };
+                let mut o = [false];
+                run(kernel, Flat::F32(&[a]), Flat::F32(&[b]), FlatMut::Pred(&mut o));
+                assert_eq!(f(a, b), o[0], "{kernel:?} of {a} and {b}");
+            }
+        }
+        for (a, b) in i.iter().flat_map(|a| k.iter().map(move |b| (*a, *b))) {
+            for op in [BinaryOp::Add, BinaryOp::Subtract, BinaryOp::Multiply, BinaryOp::Divide, BinaryOp::ShiftLeft] {
+                let Some(Scalar::S32(f)) = Prepared::BinaryS32(op).scalar(DType::S32) else { panic!("{op:?}") };
+                let mut o = [0];
+                run(Prepared::BinaryS32(op), Flat::S32(&[a]), Flat::S32(&[b]), FlatMut::S32(&mut o));
+                assert_eq!(f(a, b), o[0], "{op:?} of {a} and {b}");
+            }
+            for direction in [Eq, Ne, Lt, Le, Gt, Ge] {
+                let kernel = Prepared::Compare { direction, total_order: false };
+                let Some(Scalar::CompareS32(f)) = kernel.scalar(DType::S32) else { panic!("{kernel:?}") };
+                let mut o = [false];
+                run(kernel, Flat::S32(&[a]), Flat::S32(&[b]), FlatMut::Pred(&mut o));
+                assert_eq!(f(a, b), o[0], "{kernel:?} of {a} and {b}");
+            }
+        }
+        for (a, b) in [(false, false), (false, true), (true, false), (true, true)] {
+            for op in [BinaryOp::And, BinaryOp::Or, BinaryOp::Xor, BinaryOp::Minimum, BinaryOp::Maximum] {
+                let Some(Scalar::Pred(f)) = Prepared::BinaryPred(op).scalar(DType::Pred) else { panic!("{op:?}") };
+                let mut o = [false];
+                run(Prepared::BinaryPred(op), Flat::Pred(&[a]), Flat::Pred(&[b]), FlatMut::Pred(&mut o));
+                assert_eq!(f(a, b), o[0], "{op:?} of {a} and {b}");
+            }
+        }
+        assert!(Prepared::FoldAll(ReduceOp::Add).scalar(DType::F32).is_none(), "a whole array's kernel");
+        assert!(Prepared::BinaryF32(BinaryOp::Add).scalar(DType::S32).is_none(), "another type");
     }
 
     #[test]

@@ -39,7 +39,7 @@ use crate::isa::{ActivationFn, BinaryOp, FloatFormat, Op, ReduceOp};
 use crate::pool::HostPool;
 use elementwise::{binary, clamp, compare, convert, elementwise_f32, elementwise_f32_flat, select, unary};
 pub(crate) use elementwise::{compare_scalars, max_f32, min_f32, round_mantissa, round_to_format, sign_f32};
-pub(super) use flat::{Flat, FlatMut, Prepared, execute_flat, matmul_flat};
+pub(super) use flat::{Flat, FlatMut, Prepared, Scalar, execute_flat, matmul_flat};
 use gather::{IndexRows, clamped_starts, gather, scatter_value, window};
 use layout::{broadcast, concatenate, pad, reshape, reverse, slice, transpose};
 pub(crate) use matrix::choose_product_kernel;
@@ -47,7 +47,7 @@ use matrix::{batched_matmul_into, gemm_f32, matmul};
 pub(super) use reduce::fold_lanes;
 use reduce::{reduce, reduce_array_sequential};
 pub(crate) use transcendental::{
-    beyond_trig_limit, cos_f32, erf_f32, exact_trig, exp_f32, ln_f32, logistic_f32, sin_f32, tanh_f32,
+    beyond_trig_limit, cos_f32, erf_f32, exact_trig, exp_f32, ln_f32, logistic_f32, sin_f32, tanh_f32, tanh_into,
 };
 
 /// The array inside `v`, which validation has proven to be of type `T`.

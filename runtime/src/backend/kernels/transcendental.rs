@@ -51,17 +51,46 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     }
 }
 
+/// The argument below which [`tanh_f32`] takes its polynomial.
+const TANH_SMALL: f32 = 0.625;
+
 /// `tanh(x)`: an odd polynomial (fitted for relative error) below 0.625, and
 /// `1 - 2 / (e^2|x| + 1)` above it, with the sign put back; NaN stays NaN.
 #[inline(always)]
 pub(crate) fn tanh_f32(x: f32) -> f32 {
-    let a = x.abs();
+    let (small, large) = (tanh_small(x), tanh_large(x));
+    if x.abs() < TANH_SMALL { small } else { large }
+}
+
+/// [`tanh_f32`]'s polynomial.
+#[inline(always)]
+fn tanh_small(x: f32) -> f32 {
     let t = x * x;
-    let small = x + x
+    x + x
         * t
-        * ((((-5.718_891_5e-3 * t + 2.065_306_3e-2) * t - 5.374_464e-2) * t + 1.333_151_3e-1) * t - 3.333_328_7e-1);
-    let large = (1.0 - 2.0 / (exp_f32(2.0 * a) + 1.0)).copysign(x);
-    if a < 0.625 { small } else { large }
+        * ((((-5.718_891_5e-3 * t + 2.065_306_3e-2) * t - 5.374_464e-2) * t + 1.333_151_3e-1) * t - 3.333_328_7e-1)
+}
+
+/// [`tanh_f32`] above the polynomial's range.
+#[inline(always)]
+fn tanh_large(x: f32) -> f32 {
+    (1.0 - 2.0 / (exp_f32(2.0 * x.abs()) + 1.0)).copysign(x)
+}
+
+/// [`tanh_f32`] of each of `x` into `out`. A block of 16 arguments all below 0.625 (so
+/// no NaN among them) takes the polynomial alone: the exponential, whose result the
+/// element function would not pick, is not computed for it.
+#[inline(always)]
+pub(crate) fn tanh_into(out: &mut [f32], x: &[f32]) {
+    const BLOCK: usize = 16;
+    for (out, x) in out.chunks_mut(BLOCK).zip(x.chunks(BLOCK)) {
+        let small = x.iter().map(|v| u32::from(v.abs() < TANH_SMALL)).sum::<u32>() as usize == x.len();
+        if small {
+            out.iter_mut().zip(x).for_each(|(o, &x)| *o = tanh_small(x));
+        } else {
+            out.iter_mut().zip(x).for_each(|(o, &x)| *o = tanh_f32(x));
+        }
+    }
 }
 
 /// The largest argument [`sin_f32`] and [`cos_f32`] reduce exactly: `k · π/2` with
@@ -315,6 +344,25 @@ mod tests {
         assert_eq!(logistic_f32(f32::INFINITY), 1.0);
         assert_eq!(logistic_f32(f32::NEG_INFINITY), 0.0);
         assert!(logistic_f32(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn tanh_of_slices_gives_the_element_functions_bits() {
+        // Blocks of 16 all below 0.625, some with one argument above or a NaN, and
+        // lengths that leave a partial block.
+        for n in [1, 15, 16, 17, 64, 100] {
+            for spoiler in [None, Some(0.625), Some(-3.0), Some(f32::NAN), Some(f32::INFINITY)] {
+                let mut x: Vec<f32> = (0..n).map(|i| (i as f32 * 0.37).sin() * 0.624).collect();
+                if let Some(v) = spoiler {
+                    x[n / 2] = v;
+                }
+                let mut out = vec![0.0; n];
+                tanh_into(&mut out, &x);
+                for (o, &x) in out.iter().zip(&x) {
+                    assert_eq!(o.to_bits(), tanh_f32(x).to_bits(), "tanh({x}) of {n}");
+                }
+            }
+        }
     }
 
     #[test]

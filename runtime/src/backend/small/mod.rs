@@ -19,14 +19,18 @@
 //!
 //! What the trace shows is what a general run reports: each instruction of the
 //! condition and the body with its own interval, inside one interval per iteration of
-//! the loop instruction. Reading the clock after every instruction would cost a third
-//! of an iteration, so it is read after each instruction only in the first iterations
-//! and every [`TIMED_EVERY`]th; the other iterations read it once per program and split
-//! that interval between the instructions in proportion to the times last measured, as
-//! a fused group's interval is split.
+//! the loop instruction. Reading the clock (about 10 ns on a virtual machine) after
+//! every instruction would cost a third of an iteration, so it is read after each
+//! instruction only in the first two iterations and every [`TIMED_EVERY`]th. The
+//! iterations between run their steps as `fast` plans them, without the clock; when it
+//! is next read (at the next timed iteration, or when the loop ends), the interval since
+//! is split evenly between them, and each iteration's between its instructions in
+//! proportion to the times last measured, as a fused group's interval is split. They
+//! are reported to the observer in one call.
 
 use std::sync::{Mutex, PoisonError};
 
+use neuron_datastore::InstructionSpan;
 use neuron_datastore::clock::ticks;
 
 use super::element::{Element, with_element};
@@ -36,6 +40,7 @@ use crate::dtype::ArrayType;
 use crate::isa::{BufferKind, Op, ScatterCombine};
 use crate::pool::HostPool;
 
+mod fast;
 mod windows;
 
 /// The most elements a value of a small loop may have.
@@ -45,8 +50,9 @@ const MAX_ELEMENTS: u64 = 1 << 14;
 /// execution at once has a set, kept until the model is unloaded).
 const MAX_BYTES: u64 = 4 << 20;
 
-/// Every how many iterations each instruction's time is measured.
-const TIMED_EVERY: usize = 16;
+/// Every how many iterations each instruction's time is measured (a timed iteration
+/// takes about twice as long as an untimed one).
+const TIMED_EVERY: usize = 32;
 
 /// The precision of the shares an untimed iteration's interval is split by.
 const SHARE_BITS: u32 = 20;
@@ -71,21 +77,14 @@ struct Compact {
     /// Each buffer's shape.
     shapes: Vec<Vec<usize>>,
     steps: Vec<Step>,
+    /// The calls an untimed iteration makes to run the steps.
+    fast: Vec<fast::Fast>,
     /// Each step's entry in the trace table.
     entries: Vec<usize>,
     inputs: Vec<usize>,
     /// For each output: its buffer, and whether it must be copied out (a constant, a
     /// value computed once, or a buffer returned twice) rather than swapped out.
     outputs: Vec<(usize, bool)>,
-}
-
-/// Where a program's run starts, whether each of its instructions is timed, who sees
-/// the intervals, and room for the ends of an untimed run's intervals (one per step).
-struct Clock<'o, 'p> {
-    start: u64,
-    timed: bool,
-    on_instruction: &'o mut InstructionObserver<'p>,
-    ends: &'o mut [u64],
 }
 
 #[derive(Debug)]
@@ -160,36 +159,180 @@ impl SmallLoop {
         on_instruction: &mut InstructionObserver<'_>,
     ) -> Result<Vec<Value>, RunError> {
         let mut state: Vec<Data> = operands.iter().map(|v| Data::from(standard(v))).collect();
-        // Where each instruction's time last ended, as a share of its program's.
-        let mut times = [vec![0; self.condition.steps.len()], vec![0; self.body.steps.len()]];
-        let mut ends = times.clone();
-        // Each iteration starts where the one before ended.
+        let entries = self.condition.entries.iter().chain(&self.body.entries).copied().collect();
+        let mut report = Iterations::new(index, entries);
+        // Each iteration starts where the one before ended; untimed ones since `start`
+        // are reported when the clock is next read.
         let mut start = ticks();
         for iteration in 0.. {
-            if start > deadline_ticks {
-                return Err(RunError::DeadlineExceeded { step: index });
-            }
             let timed = iteration < 2 || iteration % TIMED_EVERY == 0;
-            let clock = Clock { start, timed, on_instruction: &mut *on_instruction, ends: &mut ends[0] };
+            if timed {
+                start = report.flush(start, None, on_instruction);
+                if start > deadline_ticks {
+                    return Err(RunError::DeadlineExceeded { step: index });
+                }
+            }
             self.condition.enter(condition, &mut state);
-            let verdict = self.condition.run(condition, clock, &mut times[0], helpers);
-            let go = verdict.map(|end| (end, self.condition.verdict(condition)));
+            let ran = match timed {
+                true => self.condition.run_timed(condition, start, report.timed(0), helpers),
+                false => self.condition.run_fast(condition, helpers).map(|()| start),
+            };
+            let go = ran.map(|end| (end, self.condition.verdict(condition)));
             // The same swaps again give the state back.
             self.condition.enter(condition, &mut state);
-            let (end, go) = go?;
+            let (end, go) = match go {
+                Ok(went) => went,
+                Err(error) => return Err(report.failed(start, error, on_instruction)),
+            };
             if !go {
-                on_instruction.instruction(index, start, end);
+                match timed {
+                    true => report.send(start, end, on_instruction),
+                    false => _ = report.flush(start, Some(self.condition.steps.len()), on_instruction),
+                }
                 let shapes = self.body.inputs.iter().map(|&b| &self.body.shapes[b]);
                 return Ok(state.into_iter().zip(shapes).map(|(data, shape)| data.into_value(shape)).collect());
             }
             self.body.enter(body, &mut state);
-            let clock = Clock { start: end, timed, on_instruction: &mut *on_instruction, ends: &mut ends[1] };
-            let end = self.body.run(body, clock, &mut times[1], helpers)?;
+            let ran = match timed {
+                true => self.body.run_timed(body, end, report.timed(self.condition.steps.len()), helpers),
+                false => self.body.run_fast(body, helpers).map(|()| start),
+            };
+            let end = match ran {
+                Ok(end) => end,
+                Err(error) => return Err(report.failed(start, error, on_instruction)),
+            };
             self.body.leave(body, &mut state);
-            on_instruction.instruction(index, start, end);
-            start = end;
+            if timed {
+                report.send(start, end, on_instruction);
+                report.measured(start, end);
+                start = end;
+            } else {
+                report.pending += 1;
+            }
         }
         unreachable!("a loop ends by returning")
+    }
+}
+
+/// Where a timed run notes its instructions' ends and intervals.
+struct Timed<'u> {
+    ends: &'u mut [u64],
+    spans: &'u mut Vec<InstructionSpan>,
+}
+
+/// What a small loop reports of its iterations. A timed iteration's intervals go in
+/// one call when it ends. Untimed ones are reported when the clock is next read: the
+/// interval since the last read split evenly between them, and each iteration's
+/// between its instructions by the shares the last timed iteration measured.
+struct Iterations {
+    /// The loop instruction's entry in the trace table.
+    index: usize,
+    /// The condition's and then the body's entries.
+    entries: Vec<usize>,
+    /// Each instruction's end in the last timed iteration, as a share of the
+    /// iteration in 1/2^[`SHARE_BITS`].
+    shares: Vec<u64>,
+    /// Room for an iteration's ends (a timed one's, measured) or its instructions'
+    /// offsets from its start (split, in the others).
+    ends: Vec<u64>,
+    /// Iterations run since the clock was last read.
+    pending: u64,
+    /// Room for the intervals of the pending iterations, or of a timed one.
+    spans: Vec<InstructionSpan>,
+}
+
+impl Iterations {
+    /// For loop entry `index`, whose condition's and then body's instructions have
+    /// trace `entries`.
+    fn new(index: usize, entries: Vec<usize>) -> Iterations {
+        let n = entries.len();
+        Iterations { index, entries, shares: vec![0; n], ends: vec![0; n], pending: 0, spans: Vec::new() }
+    }
+
+    /// Where a timed run of the program whose instructions start at `first` among
+    /// the iteration's writes its instructions' ends and intervals.
+    fn timed(&mut self, first: usize) -> Timed<'_> {
+        Timed { ends: &mut self.ends[first..], spans: &mut self.spans }
+    }
+
+    /// Reports a timed iteration's intervals and its own, from `start` to `end`.
+    fn send(&mut self, start: u64, end: u64, on_instruction: &mut InstructionObserver<'_>) {
+        self.spans.push(InstructionSpan { entry: self.index as u32, start, end });
+        on_instruction.spans(&self.spans);
+        self.spans.clear();
+    }
+
+    /// Reports what ran of an iteration that failed with `error`, and the iterations
+    /// before it since `start`; the error.
+    fn failed(&mut self, start: u64, error: RunError, on_instruction: &mut InstructionObserver<'_>) -> RunError {
+        let timed = std::mem::take(&mut self.spans);
+        self.flush(start, None, on_instruction);
+        on_instruction.spans(&timed);
+        error
+    }
+
+    /// Takes the shares of each instruction's end from a timed iteration that ran
+    /// from `start` to `end`, whose ends are in `self.ends`.
+    fn measured(&mut self, start: u64, end: u64) {
+        let total = end.saturating_sub(start).max(1);
+        for (share, &at) in self.shares.iter_mut().zip(&self.ends) {
+            *share = (at.saturating_sub(start) << SHARE_BITS) / total;
+        }
+    }
+
+    /// Reads the clock and reports the pending iterations between `start` and now,
+    /// then a last one that ran only the condition's `last` instructions when the loop
+    /// ended untimed; the tick read (`start` when there was nothing to report).
+    fn flush(&mut self, start: u64, last: Option<usize>, on_instruction: &mut InstructionObserver<'_>) -> u64 {
+        if self.pending == 0 && last.is_none() {
+            return start;
+        }
+        let now = ticks();
+        self.report(start, now, last, on_instruction);
+        now
+    }
+
+    /// Reports the pending iterations as having run between `start` and `now` (see
+    /// [`Iterations::flush`]).
+    fn report(&mut self, start: u64, now: u64, last: Option<usize>, on_instruction: &mut InstructionObserver<'_>) {
+        let whole = 1u64 << SHARE_BITS;
+        // A last iteration of the condition alone weighs what it took of a whole one.
+        let partial = last.map(|n| n.checked_sub(1).map_or(1, |i| self.shares[i].clamp(1, whole)));
+        let weight = (self.pending * whole + partial.unwrap_or(0)).max(1);
+        // Ticks per unit of weight; the last iteration ends now.
+        let scale = now.saturating_sub(start) as f64 / weight as f64;
+        let at = |w: u64| if w >= weight { now } else { (start + (w as f64 * scale + 0.5) as u64).min(now) };
+        for k in 0..=self.pending {
+            let (from, until, n) = match (k < self.pending, last) {
+                (true, _) => (at(k * whole), at((k + 1) * whole), self.entries.len()),
+                (false, Some(n)) => (at(k * whole), now, n),
+                (false, None) => break,
+            };
+            // The instructions' ends by their shares of a whole iteration (the last of
+            // them ending with it), each instruction starting where the one before
+            // ended. The whole iterations of one flush differ in length by a tick at
+            // most: their offsets are computed once.
+            let length = until - from;
+            if k == 0 || k == self.pending {
+                let full = match partial {
+                    Some(partial) if k == self.pending => (length as f64 * whole as f64 / partial as f64) as u64,
+                    _ => length,
+                };
+                for (&share, offset) in self.shares.iter().zip(&mut self.ends) {
+                    *offset = ((u128::from(full) * u128::from(share)) >> SHARE_BITS) as u64;
+                }
+            }
+            let mut previous = from;
+            for (i, (&entry, &offset)) in self.entries[..n].iter().zip(&self.ends).enumerate() {
+                let end = if i + 1 < n { (from + offset).min(until) } else { until };
+                self.spans.push(InstructionSpan { entry: entry as u32, start: previous, end });
+                previous = end;
+            }
+            self.spans.push(InstructionSpan { entry: self.index as u32, start: from, end: until });
+        }
+        on_instruction.spans(&self.spans);
+        self.spans.clear();
+        self.pending = 0;
     }
 }
 
@@ -295,7 +438,9 @@ impl Compact {
             })
             .collect();
         let entries = steps.iter().map(|s| s.entry).collect();
-        Some(Compact { arrays, shapes, steps, entries, inputs, outputs })
+        let types: Vec<_> = p.buffers.iter().map(|b| b.ty.dtype).collect();
+        let fast = fast::plan(&steps, &shapes, &types);
+        Some(Compact { arrays, shapes, steps, fast, entries, inputs, outputs })
     }
 
     /// Swaps the state into the input arrays (or back out of them).
@@ -325,51 +470,32 @@ impl Compact {
         }
     }
 
-    /// Runs every instruction, the first starting at `clock.start`, and reports each
-    /// one's interval: measured when `clock.timed`, else the run's interval split by
-    /// `shares`, where a timed run leaves the end of each instruction's share of the
-    /// run, in 1/2^[`SHARE_BITS`]. The tick the last one ended.
-    fn run(
+    /// Runs every instruction without reading the clock (see `fast`).
+    fn run_fast(&self, arrays: &mut [Data], helpers: &HostPool) -> Result<(), RunError> {
+        fast::run(&self.fast, &self.steps, arrays, &self.shapes, helpers)
+    }
+
+    /// Runs every instruction one by one, the first starting at `start`, noting each
+    /// one's interval and end in `timed`; the tick the last one ended.
+    fn run_timed(
         &self,
         arrays: &mut [Data],
-        clock: Clock<'_, '_>,
-        shares: &mut [u64],
+        start: u64,
+        timed: Timed<'_>,
         helpers: &HostPool,
     ) -> Result<u64, RunError> {
-        let Clock { start, timed, on_instruction, ends } = clock;
         let mut previous = start;
-        for (step, share) in self.steps.iter().zip(shares.iter_mut()) {
-            if step.hoisted {
-                if timed {
-                    on_instruction.instruction(step.entry, previous, previous);
-                    *share = previous - start;
-                }
-                continue;
+        for (step, end) in self.steps.iter().zip(timed.ends) {
+            if !step.hoisted {
+                step.run(arrays, &self.shapes, helpers)
+                    .map_err(|OutOfBounds(detail)| RunError::OutOfBounds { step: step.entry, detail })?;
             }
-            step.run(arrays, &self.shapes, helpers)
-                .map_err(|OutOfBounds(detail)| RunError::OutOfBounds { step: step.entry, detail })?;
-            if timed {
-                let now = ticks();
-                on_instruction.instruction(step.entry, previous, now);
-                *share = now - start;
-                previous = now;
-            }
+            let now = if step.hoisted { previous } else { ticks() };
+            timed.spans.push(InstructionSpan { entry: step.entry as u32, start: previous, end: now });
+            *end = now;
+            previous = now;
         }
-        if timed {
-            let total = (previous - start).max(1);
-            shares.iter_mut().for_each(|share| *share = (*share << SHARE_BITS) / total);
-            return Ok(previous);
-        }
-        let end = ticks();
-        let span = end.saturating_sub(start);
-        for (k, (&share, at)) in shares.iter().zip(ends.iter_mut()).enumerate() {
-            *at = match span.checked_mul(share) {
-                Some(product) if k + 1 < self.steps.len() => start + (product >> SHARE_BITS),
-                _ => end,
-            };
-        }
-        on_instruction.instructions(&self.entries, start, ends);
-        Ok(end)
+        Ok(previous)
     }
 }
 
@@ -520,419 +646,4 @@ fn standard(v: &ValueRef<'_>) -> Value {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::{Input, Output};
-    use super::*;
-    use crate::compile::{Target, compile_hlo};
-    use crate::dtype::DType;
-
-    /// Data-dependent: damped updates until the sum of |x| falls below 1 or 300 steps.
-    const DAMPED: &str = r#"
-HloModule damped
-body {
-  state = (s32[], f32[64]) parameter(0)
-  i = s32[] get-tuple-element(state), index=0
-  one = s32[] constant(1)
-  next = s32[] add(i, one)
-  x = f32[64] get-tuple-element(state), index=1
-  c = f32[] constant(0.97)
-  bc = f32[64] broadcast(c), dimensions={}
-  scaled = f32[64] multiply(x, bc)
-  t = f32[64] tanh(x)
-  d = f32[] constant(0.001)
-  bd = f32[64] broadcast(d), dimensions={}
-  dt = f32[64] multiply(t, bd)
-  y = f32[64] subtract(scaled, dt)
-  ROOT out = (s32[], f32[64]) tuple(next, y)
-}
-add {
-  a = f32[] parameter(0)
-  b = f32[] parameter(1)
-  ROOT s = f32[] add(a, b)
-}
-cond {
-  state = (s32[], f32[64]) parameter(0)
-  x = f32[64] get-tuple-element(state), index=1
-  ax = f32[64] abs(x)
-  zero = f32[] constant(0)
-  total = f32[] reduce(ax, zero), dimensions={0}, to_apply=add
-  limit = f32[] constant(1)
-  big = pred[] compare(total, limit), direction=GT
-  i = s32[] get-tuple-element(state), index=0
-  cap = s32[] constant(300)
-  more = pred[] compare(i, cap), direction=LT
-  ROOT go = pred[] and(big, more)
-}
-ENTRY main {
-  zero = s32[] constant(0)
-  x = f32[64] parameter(0)
-  init = (s32[], f32[64]) tuple(zero, x)
-  w = (s32[], f32[64]) while(init), condition=cond, body=body
-  n = s32[] get-tuple-element(w), index=0
-  y = f32[64] get-tuple-element(w), index=1
-  ROOT r = (s32[], f32[64]) tuple(n, y)
-}
-"#;
-
-    /// A `fori_loop` of a small matrix-vector product (a kernel prepared with the
-    /// loop), with the matrix carried through unchanged, rows reduced along both axes,
-    /// a select, conversions, a maximum that sees NaNs, and a reversal (no flat kernel:
-    /// its array kernel runs on views).
-    const MIXED: &str = r#"
-HloModule mixed
-max {
-  a = f32[] parameter(0)
-  b = f32[] parameter(1)
-  ROOT m = f32[] maximum(a, b)
-}
-sum {
-  a = s32[] parameter(0)
-  b = s32[] parameter(1)
-  ROOT s = s32[] add(a, b)
-}
-body {
-  state = (s32[], f32[8,8], f32[8], s32[4]) parameter(0)
-  i = s32[] get-tuple-element(state), index=0
-  w = f32[8,8] get-tuple-element(state), index=1
-  v = f32[8] get-tuple-element(state), index=2
-  k = s32[4] get-tuple-element(state), index=3
-  one = s32[] constant(1)
-  next = s32[] add(i, one)
-  p = f32[8] dot(w, v), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-  e = f32[8] exponential(p)
-  zero = f32[] constant(0)
-  bz = f32[8] broadcast(zero), dimensions={}
-  neg = pred[8] compare(p, bz), direction=LT
-  q = f32[8] select(neg, e, p)
-  ninf = f32[] constant(-inf)
-  rows = f32[8] reduce(w, ninf), dimensions={1}, to_apply=max
-  cols = f32[8] reduce(w, ninf), dimensions={0}, to_apply=max
-  m = f32[8] maximum(rows, cols)
-  fi = f32[] convert(i)
-  bi = f32[8] broadcast(fi), dimensions={}
-  s = f32[8] divide(m, bi)
-  u0 = f32[8] add(q, s)
-  ur = f32[8] reverse(u0), dimensions={0}
-  u = f32[8] subtract(u0, ur)
-  r = f32[8] tanh(u)
-  ki = s32[4] broadcast(i), dimensions={}
-  kk = s32[4] multiply(k, ki)
-  z = s32[] constant(0)
-  ks = s32[] reduce(kk, z), dimensions={0}, to_apply=sum
-  kb = s32[4] broadcast(ks), dimensions={}
-  knext = s32[4] subtract(kk, kb)
-  ROOT out = (s32[], f32[8,8], f32[8], s32[4]) tuple(next, w, r, knext)
-}
-cond {
-  state = (s32[], f32[8,8], f32[8], s32[4]) parameter(0)
-  i = s32[] get-tuple-element(state), index=0
-  n = s32[] constant(12)
-  ROOT go = pred[] compare(i, n), direction=LT
-}
-ENTRY main {
-  one = s32[] constant(1)
-  w = f32[8,8] parameter(0)
-  v = f32[8] parameter(1)
-  k = s32[4] parameter(2)
-  init = (s32[], f32[8,8], f32[8], s32[4]) tuple(one, w, v, k)
-  l = (s32[], f32[8,8], f32[8], s32[4]) while(init), condition=cond, body=body
-  r = f32[8] get-tuple-element(l), index=2
-  kr = s32[4] get-tuple-element(l), index=3
-  ROOT t = (f32[8], s32[4]) tuple(r, kr)
-}
-"#;
-
-    /// Sums along both axes accumulated over the iterations: the order of each
-    /// reduction's partial sums shows in the results.
-    const SUMS: &str = r#"
-HloModule sums
-add {
-  a = f32[] parameter(0)
-  b = f32[] parameter(1)
-  ROOT s = f32[] add(a, b)
-}
-body {
-  state = (s32[], f32[4,40], f32[4], f32[40]) parameter(0)
-  i = s32[] get-tuple-element(state), index=0
-  x = f32[4,40] get-tuple-element(state), index=1
-  rows = f32[4] get-tuple-element(state), index=2
-  cols = f32[40] get-tuple-element(state), index=3
-  one = s32[] constant(1)
-  next = s32[] add(i, one)
-  zero = f32[] constant(0)
-  r = f32[4] reduce(x, zero), dimensions={1}, to_apply=add
-  c = f32[40] reduce(x, zero), dimensions={0}, to_apply=add
-  rows2 = f32[4] add(rows, r)
-  cols2 = f32[40] add(cols, c)
-  k = f32[] constant(1.37)
-  bk = f32[4,40] broadcast(k), dimensions={}
-  s = f32[4,40] sine(x)
-  x2 = f32[4,40] multiply(s, bk)
-  ROOT out = (s32[], f32[4,40], f32[4], f32[40]) tuple(next, x2, rows2, cols2)
-}
-cond {
-  state = (s32[], f32[4,40], f32[4], f32[40]) parameter(0)
-  i = s32[] get-tuple-element(state), index=0
-  n = s32[] constant(20)
-  ROOT go = pred[] compare(i, n), direction=LT
-}
-ENTRY main {
-  zero = s32[] constant(0)
-  x = f32[4,40] parameter(0)
-  z = f32[] constant(0)
-  rows = f32[4] broadcast(z), dimensions={}
-  cols = f32[40] broadcast(z), dimensions={}
-  init = (s32[], f32[4,40], f32[4], f32[40]) tuple(zero, x, rows, cols)
-  l = (s32[], f32[4,40], f32[4], f32[40]) while(init), condition=cond, body=body
-  r = f32[4] get-tuple-element(l), index=2
-  c = f32[40] get-tuple-element(l), index=3
-  ROOT t = (f32[4], f32[40]) tuple(r, c)
-}
-"#;
-
-    /// A state whose parts trade places: inputs returned at other positions, one of
-    /// them twice, and a constant returned.
-    const SWAPS: &str = r#"
-HloModule swaps
-body {
-  state = (s32[], f32[6], f32[6], f32[6], f32[6], f32[6]) parameter(0)
-  i = s32[] get-tuple-element(state), index=0
-  a = f32[6] get-tuple-element(state), index=1
-  b = f32[6] get-tuple-element(state), index=2
-  c = f32[6] get-tuple-element(state), index=3
-  one = s32[] constant(1)
-  next = s32[] add(i, one)
-  s = f32[6] add(a, b)
-  k = f32[6] constant({1, 2, 3, 4, 5, 6})
-  ROOT out = (s32[], f32[6], f32[6], f32[6], f32[6], f32[6]) tuple(next, c, s, a, c, k)
-}
-cond {
-  state = (s32[], f32[6], f32[6], f32[6], f32[6], f32[6]) parameter(0)
-  i = s32[] get-tuple-element(state), index=0
-  n = s32[] constant(7)
-  ROOT go = pred[] compare(i, n), direction=LT
-}
-ENTRY main {
-  zero = s32[] constant(0)
-  a = f32[6] parameter(0)
-  b = f32[6] parameter(1)
-  init = (s32[], f32[6], f32[6], f32[6], f32[6], f32[6]) tuple(zero, a, b, a, b, a)
-  l = (s32[], f32[6], f32[6], f32[6], f32[6], f32[6]) while(init), condition=cond, body=body
-  x = f32[6] get-tuple-element(l), index=1
-  y = f32[6] get-tuple-element(l), index=2
-  z = f32[6] get-tuple-element(l), index=3
-  w = f32[6] get-tuple-element(l), index=4
-  v = f32[6] get-tuple-element(l), index=5
-  ROOT t = (f32[6], f32[6], f32[6], f32[6], f32[6]) tuple(x, y, z, w, v)
-}
-"#;
-
-    /// An input: its type, dimensions and little-endian bytes.
-    type Bound = (DType, Vec<u64>, Vec<u8>);
-
-    /// An instruction's trace entry and tick interval, as a run reported it.
-    type Reported = (usize, u64, u64);
-
-    /// A scan: each iteration reads row `i` of `xs` (and windows of it whose starts
-    /// clamp, past the end and below zero) and writes it into row `i` of `ys` from
-    /// column 1 (in place, the updated array being dead after it), and scatters a token
-    /// into element `i` of `tokens` (in place too), while the condition updates a copy
-    /// of `ys` it must not write into the state (indices past the end clamp).
-    const SCAN: &str = r#"
-HloModule scan
-sum {
-  a = f32[] parameter(0)
-  b = f32[] parameter(1)
-  ROOT s = f32[] add(a, b)
-}
-assign {
-  a = s32[] parameter(0)
-  ROOT b = s32[] parameter(1)
-}
-body {
-  state = (s32[], f32[6,4], f32[6,6], f32[4], s32[6]) parameter(0)
-  i = s32[] get-tuple-element(state), index=0
-  xs = f32[6,4] get-tuple-element(state), index=1
-  ys = f32[6,6] get-tuple-element(state), index=2
-  h = f32[4] get-tuple-element(state), index=3
-  zero = s32[] constant(0)
-  x = f32[1,4] dynamic-slice(xs, i, zero), dynamic_slice_sizes={1,4}
-  xr = f32[4] reshape(x)
-  s0 = f32[4] add(h, xr)
-  x2 = f32[2,4] dynamic-slice(xs, i, zero), dynamic_slice_sizes={2,4}
-  z2 = f32[] constant(0)
-  x2r = f32[4] reduce(x2, z2), dimensions={0}, to_apply=sum
-  neg = s32[] negate(i)
-  one2 = s32[] constant(1)
-  x3 = f32[3,2] dynamic-slice(xs, neg, one2), dynamic_slice_sizes={3,2}
-  x3r = f32[] reduce(x3, z2), dimensions={0,1}, to_apply=sum
-  x3b = f32[4] broadcast(x3r), dimensions={}
-  s1 = f32[4] add(s0, x2r)
-  s = f32[4] subtract(s1, x3b)
-  hn = f32[4] tanh(s)
-  hr = f32[1,4] reshape(hn)
-  column = s32[] constant(1)
-  ys2 = f32[6,6] dynamic-update-slice(ys, hr, i, column)
-  one = s32[] constant(1)
-  next = s32[] add(i, one)
-  tokens = s32[6] get-tuple-element(state), index=4
-  at = s32[1] reshape(i)
-  three = s32[] constant(3)
-  token = s32[] multiply(next, three)
-  tokens2 = s32[6] scatter(tokens, at, token), update_window_dims={}, inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=0, to_apply=assign
-  ROOT out = (s32[], f32[6,4], f32[6,6], f32[4], s32[6]) tuple(next, xs, ys2, hn, tokens2)
-}
-cond {
-  state = (s32[], f32[6,4], f32[6,6], f32[4], s32[6]) parameter(0)
-  i = s32[] get-tuple-element(state), index=0
-  ys = f32[6,6] get-tuple-element(state), index=2
-  zero = s32[] constant(0)
-  probe = f32[1,4] constant({{0.5, -0.5, 2, 3}})
-  ys3 = f32[6,6] dynamic-update-slice(ys, probe, i, zero)
-  z = f32[] constant(0)
-  t = f32[] reduce(ys3, z), dimensions={0,1}, to_apply=sum
-  finite = pred[] compare(t, t), direction=EQ
-  n = s32[] constant(6)
-  more = pred[] compare(i, n), direction=LT
-  ROOT go = pred[] and(more, finite)
-}
-ENTRY main {
-  zero = s32[] constant(0)
-  xs = f32[6,4] parameter(0)
-  h = f32[4] parameter(1)
-  z = f32[] constant(0)
-  ys = f32[6,6] broadcast(z), dimensions={}
-  seven = s32[] constant(-7)
-  tokens = s32[6] broadcast(seven), dimensions={}
-  init = (s32[], f32[6,4], f32[6,6], f32[4], s32[6]) tuple(zero, xs, ys, h, tokens)
-  l = (s32[], f32[6,4], f32[6,6], f32[4], s32[6]) while(init), condition=cond, body=body
-  y = f32[6,6] get-tuple-element(l), index=2
-  hl = f32[4] get-tuple-element(l), index=3
-  tl = s32[6] get-tuple-element(l), index=4
-  ROOT r = (f32[6,6], f32[4], s32[6]) tuple(y, hl, tl)
-}
-"#;
-
-    /// Runs `hlo` on `inputs` with small loops (`fuse`) or without; its outputs' bytes
-    /// and the trace entries reported, in order.
-    fn run(hlo: &str, inputs: &[Bound], fuse: bool) -> (Vec<Vec<u8>>, Vec<Reported>) {
-        let program = compile_hlo(hlo, Target::Trn1).expect("compiles");
-        let executable = Executable::new(program.clone(), fuse);
-        assert_eq!(executable.small.iter().flatten().count(), usize::from(fuse), "the loop runs small when fused");
-        let values = inputs
-            .iter()
-            .map(|(dtype, dims, bytes)| {
-                Input::Copied(Value::from_le_bytes(&ArrayType::new(*dtype, dims.clone()), bytes))
-            })
-            .collect();
-        let destinations = program.outputs.iter().map(|_| None).collect();
-        let mut reported = Vec::new();
-        let pool = HostPool::new(1);
-        let outputs = executable
-            .run(values, destinations, u64::MAX, &pool, &mut |_, _, _, _| unreachable!(), &mut |k, start, end| {
-                reported.push((k, start, end))
-            })
-            .expect("runs");
-        (outputs.iter().map(Output::le_bytes).collect(), reported)
-    }
-
-    /// Floats with NaNs, infinities and signed zeros among them, drawn from `seed`.
-    fn floats(n: usize, seed: u32, scale: f32) -> Vec<u8> {
-        (0..n as u32)
-            .map(|i| {
-                let x = i.wrapping_mul(2_654_435_761).wrapping_add(seed.wrapping_mul(40_503));
-                match x % 89 {
-                    0 if seed.is_multiple_of(3) => f32::NAN,
-                    1 if seed.is_multiple_of(4) => f32::NEG_INFINITY,
-                    2 => -0.0,
-                    _ => ((x % 2001) as f32 / 1000.0 - 1.0) * scale,
-                }
-            })
-            .flat_map(f32::to_le_bytes)
-            .collect()
-    }
-
-    #[test]
-    fn small_loops_give_the_general_runs_bits() {
-        for seed in 0..12 {
-            let damped = [(DType::F32, vec![64], floats(64, seed, 1.0 + seed as f32))];
-            let ints: Vec<u8> = [3i32, -7, i32::MAX - seed as i32, 12].iter().flat_map(|x| x.to_le_bytes()).collect();
-            let mixed = [
-                (DType::F32, vec![8, 8], floats(64, seed, 0.5)),
-                (DType::F32, vec![8], floats(8, seed + 100, 2.0)),
-                (DType::S32, vec![4], ints),
-            ];
-            let sums = [(DType::F32, vec![4, 40], floats(160, seed, 3.0))];
-            let swaps = [(DType::F32, vec![6], floats(6, seed, 1.0)), (DType::F32, vec![6], floats(6, seed + 7, 5.0))];
-            let scan =
-                [(DType::F32, vec![6, 4], floats(24, seed, 2.0)), (DType::F32, vec![4], floats(4, seed + 3, 1.0))];
-            let programs =
-                [(DAMPED, &damped[..]), (MIXED, &mixed[..]), (SUMS, &sums[..]), (SWAPS, &swaps[..]), (SCAN, &scan[..])];
-            for (hlo, inputs) in programs {
-                let (small, _) = run(hlo, inputs, true);
-                let (general, _) = run(hlo, inputs, false);
-                assert_eq!(small, general, "seed {seed}");
-            }
-        }
-    }
-
-    #[test]
-    fn a_scans_rows_are_written_in_place_but_never_into_the_conditions_state() {
-        let executable = Executable::new(compile_hlo(SCAN, Target::Trn1).expect("compiles"), true);
-        let small_loop = executable.small.iter().flatten().next().expect("a small loop");
-        let in_place = |c: &Compact| c.steps.iter().filter(|s| s.in_place.is_some()).count();
-        assert_eq!((in_place(&small_loop.condition), in_place(&small_loop.body)), (0, 1));
-        let sliced = small_loop.body.steps.iter().filter(|s| s.sliced.is_some()).count();
-        assert_eq!(sliced, 3, "the body's dynamic slices copy rows");
-        let scattered = small_loop.body.steps.iter().filter(|s| s.scatters_one).count();
-        assert_eq!(scattered, 1, "the body's scatter of one token writes it in place");
-    }
-
-    #[test]
-    fn a_small_loop_reports_every_instruction_as_the_general_run_does() {
-        let inputs = [(DType::F32, vec![64], floats(64, 1, 3.0))];
-        let (_, small) = run(DAMPED, &inputs, true);
-        let (_, general) = run(DAMPED, &inputs, false);
-        // The same instructions in the same order; the broadcasts of constants, which a
-        // small loop computes once, take no time.
-        let entries = |reported: &[Reported]| reported.iter().map(|r| r.0).collect::<Vec<_>>();
-        assert_eq!(entries(&small), entries(&general));
-        let executable = Executable::new(compile_hlo(DAMPED, Target::Trn1).expect("compiles"), true);
-        let small_loop = executable.small.iter().flatten().next().expect("a small loop");
-        let hoisted: Vec<usize> = small_loop.body.steps.iter().filter(|s| s.hoisted).map(|s| s.entry).collect();
-        assert_eq!(hoisted.len(), 2, "the two broadcasts of constants");
-        assert!(small.iter().filter(|r| hoisted.contains(&r.0)).all(|r| r.1 == r.2), "no time for them");
-        assert!(small.len() > 100, "{} intervals", small.len());
-        // Back to back inside each iteration, which starts where the one before ended.
-        let mut previous = small[0].1;
-        for &(k, start, end) in &small {
-            assert!(start <= end, "entry {k}: {start} > {end}");
-            if k != 0 {
-                assert_eq!(start, previous, "entry {k} starts where the instruction before it ended");
-                previous = end;
-            }
-        }
-    }
-
-    #[test]
-    fn a_small_loop_that_never_ends_stops_at_the_deadline() {
-        let hlo = DAMPED.replace("direction=GT", "direction=NE").replace("constant(300)", "constant(2147483647)");
-        let program = compile_hlo(&hlo, Target::Trn1).expect("compiles");
-        let executable = Executable::new(program.clone(), true);
-        let x = Value::from_le_bytes(&ArrayType::new(DType::F32, vec![64]), &floats(64, 5, 1.0));
-        let before = ticks();
-        std::thread::sleep(std::time::Duration::from_millis(2));
-        let deadline = ticks() + 10 * (ticks() - before);
-        let mut iterations = 0;
-        let result = executable.run(
-            vec![Input::Copied(x)],
-            program.outputs.iter().map(|_| None).collect(),
-            deadline,
-            &HostPool::new(1),
-            &mut |_, _, _, _| unreachable!(),
-            &mut |k, _, _| iterations += usize::from(k == 0),
-        );
-        assert!(matches!(result, Err(RunError::DeadlineExceeded { step: 0 })), "{result:?}");
-        assert!(iterations > 10, "{iterations} iterations before the deadline");
-    }
-}
+mod tests;
