@@ -269,7 +269,7 @@ pub(crate) struct OutOfBounds(pub(crate) String);
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum RunError {
     /// The deadline passed before instruction `step` could start (or, for a loop,
-    /// before its next iteration).
+    /// before its next iteration; a small loop checks at least every 32 iterations).
     DeadlineExceeded { step: usize },
     /// Instruction `step` indexed outside an array.
     OutOfBounds { step: usize, detail: String },
@@ -286,7 +286,7 @@ pub(crate) trait Observe {
     fn instruction(&mut self, k: usize, start: u64, end: u64);
 
     /// Instructions that ran back to back from `start`, `entries[i]` ending at
-    /// `ends[i]`: what a small loop's iteration reports in one call.
+    /// `ends[i]`.
     fn instructions(&mut self, entries: &[usize], start: u64, ends: &[u64]) {
         let mut previous = start;
         for (&k, &end) in entries.iter().zip(ends) {
@@ -296,7 +296,8 @@ pub(crate) trait Observe {
     }
 
     /// Intervals in the order they ran, each with its own start: what a small loop
-    /// reports of its untimed iterations in one call.
+    /// reports of a timed iteration, or of the untimed ones since its last clock read,
+    /// in one call.
     fn spans(&mut self, spans: &[InstructionSpan]) {
         spans.iter().for_each(|s| self.instruction(s.entry as usize, s.start, s.end));
     }

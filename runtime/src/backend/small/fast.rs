@@ -38,11 +38,19 @@ pub(super) enum Fast {
 #[derive(Debug)]
 pub(super) struct Member {
     kernel: Kernel,
-    /// Each operand's array, and whether it is read as one value for every element
-    /// (a one-element operand of a longer result); only the first `arity` count.
-    operands: [(usize, bool); 3],
+    /// Only the first `arity` count.
+    operands: [Operand; 3],
     arity: usize,
     output: usize,
+}
+
+/// Where a member reads an operand.
+#[derive(Debug, Clone, Copy)]
+struct Operand {
+    buffer: usize,
+    /// Read as one value for every element: a one-element operand of a longer result
+    /// (a broadcast's, a clamp's bound), or a reduction's initial value.
+    scalar: bool,
 }
 
 /// The calls of an untimed iteration of `steps`, whose buffers have `shapes` and
@@ -97,22 +105,27 @@ fn member(step: &Step, shapes: &[Vec<usize>], types: &[DType]) -> Option<Member>
     let n = length(step.output);
     let kernel = match step.prepared {
         Some((Prepared::FoldAll(op), [x, init])) => {
-            let operands = [(x, false), (init, true), (init, true)];
+            let init = Operand { buffer: init, scalar: true };
+            let operands = [Operand { buffer: x, scalar: false }, init, init];
             return Some(Member { kernel: Kernel::Reduce(op), operands, arity: 2, output: step.output });
         }
         _ => fusion::kernel(&step.op, &vec![DType::F32; step.operands.len()], DType::F32)?,
     };
     let element_wise = match kernel {
         Kernel::Binary(_) | Kernel::Unary(_) | Kernel::Activation(_) | Kernel::Clamp | Kernel::Round { .. } => true,
-        // A broadcast of one element, a copy, an `f32` conversion.
-        Kernel::Pass => matches!(step.op, Op::Broadcast { .. } | Op::Copy | Op::Convert),
+        // A broadcast of one element or one that keeps the order of the elements (a
+        // broadcast that reorders dimensions transposes), a copy, an `f32` conversion.
+        Kernel::Pass => match &step.op {
+            Op::Broadcast { dims } => length(step.operands[0]) == 1 || dims.is_sorted(),
+            op => matches!(op, Op::Copy | Op::Convert),
+        },
         _ => false,
     };
-    let mut operands = [(step.operands[0], false); 3];
-    for (slot, &b) in operands.iter_mut().zip(&step.operands) {
-        *slot = match length(b) {
-            len if len == n => (b, false),
-            1 => (b, true),
+    let mut operands = [Operand { buffer: step.operands[0], scalar: false }; 3];
+    for (slot, &buffer) in operands.iter_mut().zip(&step.operands) {
+        *slot = match length(buffer) {
+            len if len == n => Operand { buffer, scalar: false },
+            1 => Operand { buffer, scalar: true },
             _ => return None,
         };
     }
@@ -131,8 +144,8 @@ fn run_chain((members, arrays): (&[Member], &mut [Data])) {
         // Validation keeps an instruction from reading the buffer it writes.
         let Data::F32(slot) = &mut arrays[member.output] else { kernels::unvalidated("an f32 array") };
         let mut out = std::mem::take(slot);
-        let lane = |&(b, one): &(usize, bool)| match &arrays[b] {
-            Data::F32(v) if one => Lane::Scalar(v[0]),
+        let lane = |&Operand { buffer, scalar }: &Operand| match &arrays[buffer] {
+            Data::F32(v) if scalar => Lane::Scalar(v[0]),
             Data::F32(v) => Lane::Slice(v),
             _ => kernels::unvalidated("an f32 array"),
         };

@@ -166,6 +166,8 @@ impl SmallLoop {
         let mut start = ticks();
         for iteration in 0.. {
             let timed = iteration < 2 || iteration % TIMED_EVERY == 0;
+            // The deadline is checked when the clock is read: at least every
+            // `TIMED_EVERY` iterations.
             if timed {
                 start = report.flush(start, None, on_instruction);
                 if start > deadline_ticks {
@@ -173,6 +175,7 @@ impl SmallLoop {
                 }
             }
             self.condition.enter(condition, &mut state);
+            // An untimed run has no end of its own: `start` stands in, unused.
             let ran = match timed {
                 true => self.condition.run_timed(condition, start, report.timed(0), helpers),
                 false => self.condition.run_fast(condition, helpers).map(|()| start),
@@ -182,12 +185,12 @@ impl SmallLoop {
             self.condition.enter(condition, &mut state);
             let (end, go) = match go {
                 Ok(went) => went,
-                Err(error) => return Err(report.failed(start, error, on_instruction)),
+                Err(error) => return Err(report.failed(start, (&self.condition, 0), error, on_instruction)),
             };
             if !go {
                 match timed {
-                    true => report.send(start, end, on_instruction),
-                    false => _ = report.flush(start, Some(self.condition.steps.len()), on_instruction),
+                    true => report.send_timed(start, end, on_instruction),
+                    false => _ = report.flush(start, Some(Last::Ended(self.condition.steps.len())), on_instruction),
                 }
                 let shapes = self.body.inputs.iter().map(|&b| &self.body.shapes[b]);
                 return Ok(state.into_iter().zip(shapes).map(|(data, shape)| data.into_value(shape)).collect());
@@ -199,11 +202,14 @@ impl SmallLoop {
             };
             let end = match ran {
                 Ok(end) => end,
-                Err(error) => return Err(report.failed(start, error, on_instruction)),
+                Err(error) => {
+                    let body = (&self.body, self.condition.steps.len());
+                    return Err(report.failed(start, body, error, on_instruction));
+                }
             };
             self.body.leave(body, &mut state);
             if timed {
-                report.send(start, end, on_instruction);
+                report.send_timed(start, end, on_instruction);
                 report.measured(start, end);
                 start = end;
             } else {
@@ -212,6 +218,15 @@ impl SmallLoop {
         }
         unreachable!("a loop ends by returning")
     }
+}
+
+/// How the last iteration a flush reports ended, when it did not run whole.
+#[derive(Debug, Clone, Copy)]
+enum Last {
+    /// The condition, of this many instructions, ended the loop.
+    Ended(usize),
+    /// The instruction after this many of the iteration's failed.
+    Failed(usize),
 }
 
 /// Where a timed run notes its instructions' ends and intervals.
@@ -246,7 +261,9 @@ impl Iterations {
     /// trace `entries`.
     fn new(index: usize, entries: Vec<usize>) -> Iterations {
         let n = entries.len();
-        Iterations { index, entries, shares: vec![0; n], ends: vec![0; n], pending: 0, spans: Vec::new() }
+        // Room for the most iterations one flush reports.
+        let spans = Vec::with_capacity(TIMED_EVERY * (n + 1));
+        Iterations { index, entries, shares: vec![0; n], ends: vec![0; n], pending: 0, spans }
     }
 
     /// Where a timed run of the program whose instructions start at `first` among
@@ -256,18 +273,33 @@ impl Iterations {
     }
 
     /// Reports a timed iteration's intervals and its own, from `start` to `end`.
-    fn send(&mut self, start: u64, end: u64, on_instruction: &mut InstructionObserver<'_>) {
+    fn send_timed(&mut self, start: u64, end: u64, on_instruction: &mut InstructionObserver<'_>) {
         self.spans.push(InstructionSpan { entry: self.index as u32, start, end });
         on_instruction.spans(&self.spans);
         self.spans.clear();
     }
 
-    /// Reports what ran of an iteration that failed with `error`, and the iterations
-    /// before it since `start`; the error.
-    fn failed(&mut self, start: u64, error: RunError, on_instruction: &mut InstructionObserver<'_>) -> RunError {
-        let timed = std::mem::take(&mut self.spans);
-        self.flush(start, None, on_instruction);
-        on_instruction.spans(&timed);
+    /// Reports the iterations since `start` and what ran of the one that failed with
+    /// `error` in `program`, whose instructions start at `first` among the iteration's:
+    /// a timed iteration's intervals as measured, an untimed one's finished
+    /// instructions as a last partial iteration. The error.
+    fn failed(
+        &mut self,
+        start: u64,
+        (program, first): (&Compact, usize),
+        error: RunError,
+        on_instruction: &mut InstructionObserver<'_>,
+    ) -> RunError {
+        if self.spans.is_empty() {
+            let position = match &error {
+                RunError::OutOfBounds { step, .. } => program.entries.iter().position(|e| e == step),
+                _ => None,
+            };
+            self.flush(start, Some(Last::Failed(first + position.unwrap_or(0))), on_instruction);
+        } else {
+            on_instruction.spans(&self.spans);
+            self.spans.clear();
+        }
         error
     }
 
@@ -276,14 +308,14 @@ impl Iterations {
     fn measured(&mut self, start: u64, end: u64) {
         let total = end.saturating_sub(start).max(1);
         for (share, &at) in self.shares.iter_mut().zip(&self.ends) {
-            *share = (at.saturating_sub(start) << SHARE_BITS) / total;
+            *share = ((u128::from(at.saturating_sub(start)) << SHARE_BITS) / u128::from(total)) as u64;
         }
     }
 
     /// Reads the clock and reports the pending iterations between `start` and now,
-    /// then a last one that ran only the condition's `last` instructions when the loop
-    /// ended untimed; the tick read (`start` when there was nothing to report).
-    fn flush(&mut self, start: u64, last: Option<usize>, on_instruction: &mut InstructionObserver<'_>) -> u64 {
+    /// then the `last` one when it did not run whole; the tick read (`start` when there
+    /// was nothing to report).
+    fn flush(&mut self, start: u64, last: Option<Last>, on_instruction: &mut InstructionObserver<'_>) -> u64 {
         if self.pending == 0 && last.is_none() {
             return start;
         }
@@ -294,16 +326,20 @@ impl Iterations {
 
     /// Reports the pending iterations as having run between `start` and `now` (see
     /// [`Iterations::flush`]).
-    fn report(&mut self, start: u64, now: u64, last: Option<usize>, on_instruction: &mut InstructionObserver<'_>) {
+    fn report(&mut self, start: u64, now: u64, last: Option<Last>, on_instruction: &mut InstructionObserver<'_>) {
         let whole = 1u64 << SHARE_BITS;
-        // A last iteration of the condition alone weighs what it took of a whole one.
-        let partial = last.map(|n| n.checked_sub(1).map_or(1, |i| self.shares[i].clamp(1, whole)));
+        // A last iteration of its first instructions only weighs what they took of a
+        // whole one.
+        let ran = last.map(|last| match last {
+            Last::Ended(n) | Last::Failed(n) => n.min(self.entries.len()),
+        });
+        let partial = ran.map(|n| n.checked_sub(1).map_or(1, |i| self.shares[i].clamp(1, whole)));
         let weight = (self.pending * whole + partial.unwrap_or(0)).max(1);
         // Ticks per unit of weight; the last iteration ends now.
         let scale = now.saturating_sub(start) as f64 / weight as f64;
         let at = |w: u64| if w >= weight { now } else { (start + (w as f64 * scale + 0.5) as u64).min(now) };
         for k in 0..=self.pending {
-            let (from, until, n) = match (k < self.pending, last) {
+            let (from, until, n) = match (k < self.pending, ran) {
                 (true, _) => (at(k * whole), at((k + 1) * whole), self.entries.len()),
                 (false, Some(n)) => (at(k * whole), now, n),
                 (false, None) => break,
@@ -328,7 +364,10 @@ impl Iterations {
                 self.spans.push(InstructionSpan { entry: entry as u32, start: previous, end });
                 previous = end;
             }
-            self.spans.push(InstructionSpan { entry: self.index as u32, start: from, end: until });
+            // An iteration that failed has no interval of its own, as in a general run.
+            if k < self.pending || !matches!(last, Some(Last::Failed(_))) {
+                self.spans.push(InstructionSpan { entry: self.index as u32, start: from, end: until });
+            }
         }
         on_instruction.spans(&self.spans);
         self.spans.clear();

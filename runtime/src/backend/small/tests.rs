@@ -204,6 +204,47 @@ ENTRY main {
 }
 "#;
 
+/// Element-wise steps that untimed iterations chain: a broadcast that reorders
+/// dimensions (a transposition, which stays out of chains) and one that keeps their
+/// order, a clamp between one-element bounds, a copy and an `f32` conversion.
+const REORDER: &str = r#"
+HloModule reorder
+body {
+  state = (s32[], f32[2,3]) parameter(0)
+  i = s32[] get-tuple-element(state), index=0
+  one = s32[] constant(1)
+  next = s32[] add(i, one)
+  x = f32[2,3] get-tuple-element(state), index=1
+  t = f32[3,2] broadcast(x), dimensions={1,0}
+  r = f32[2,3] reshape(t)
+  k = f32[1,2,3] broadcast(x), dimensions={1,2}
+  kr = f32[2,3] reshape(k)
+  lo = f32[] constant(-2.5)
+  hi = f32[] constant(3)
+  c = f32[2,3] clamp(lo, r, hi)
+  d = f32[2,3] copy(c)
+  e = f32[2,3] convert(d)
+  h = f32[] constant(0.5)
+  bh = f32[2,3] broadcast(h), dimensions={}
+  s = f32[2,3] multiply(e, bh)
+  y = f32[2,3] add(s, kr)
+  ROOT out = (s32[], f32[2,3]) tuple(next, y)
+}
+cond {
+  state = (s32[], f32[2,3]) parameter(0)
+  i = s32[] get-tuple-element(state), index=0
+  n = s32[] constant(40)
+  ROOT go = pred[] compare(i, n), direction=LT
+}
+ENTRY main {
+  zero = s32[] constant(0)
+  x = f32[2,3] parameter(0)
+  init = (s32[], f32[2,3]) tuple(zero, x)
+  l = (s32[], f32[2,3]) while(init), condition=cond, body=body
+  ROOT y = f32[2,3] get-tuple-element(l), index=1
+}
+"#;
+
 /// An input: its type, dimensions and little-endian bytes.
 type Bound = (DType, Vec<u64>, Vec<u8>);
 
@@ -340,8 +381,15 @@ fn small_loops_give_the_general_runs_bits() {
         let sums = [(DType::F32, vec![4, 40], floats(160, seed, 3.0))];
         let swaps = [(DType::F32, vec![6], floats(6, seed, 1.0)), (DType::F32, vec![6], floats(6, seed + 7, 5.0))];
         let scan = [(DType::F32, vec![6, 4], floats(24, seed, 2.0)), (DType::F32, vec![4], floats(4, seed + 3, 1.0))];
-        let programs =
-            [(DAMPED, &damped[..]), (MIXED, &mixed[..]), (SUMS, &sums[..]), (SWAPS, &swaps[..]), (SCAN, &scan[..])];
+        let reorder = [(DType::F32, vec![2, 3], floats(6, seed, 4.0))];
+        let programs = [
+            (DAMPED, &damped[..]),
+            (MIXED, &mixed[..]),
+            (SUMS, &sums[..]),
+            (SWAPS, &swaps[..]),
+            (SCAN, &scan[..]),
+            (REORDER, &reorder[..]),
+        ];
         for (hlo, inputs) in programs {
             let (small, _) = run(hlo, inputs, true);
             let (general, _) = run(hlo, inputs, false);
@@ -421,7 +469,7 @@ fn untimed_iterations_share_the_interval_read_after_them() {
     // in 432 ticks: 128 each, and 48.
     report.pending = 3;
     let mut seen = Vec::new();
-    report.report(2000, 2432, Some(2), &mut |k, start, end| seen.push((k, start, end)));
+    report.report(2000, 2432, Some(Last::Ended(2)), &mut |k, start, end| seen.push((k, start, end)));
     let mut expected = Vec::new();
     for base in [2000, 2128, 2256] {
         let ends = [base + 16, base + 48, base + 80, base + 128];
@@ -459,4 +507,78 @@ fn untimed_iterations_run_chains_of_element_wise_steps_and_scalar_steps() {
     let body = kinds(&mixed.body);
     assert!(body.contains(&"prepared".to_string()), "the matrix-vector product: {body:?}");
     assert!(body.contains(&"step".to_string()), "the reversal: {body:?}");
+}
+
+/// Runs `hlo`, which fails, on `inputs` with small loops (`fuse`) or without; the
+/// trace entries reported, in order.
+fn run_failing(hlo: &str, inputs: &[Bound], fuse: bool) -> Vec<usize> {
+    let program = compile_hlo(hlo, Target::Trn1).expect("compiles");
+    let executable = Executable::new(program.clone(), fuse);
+    let values = inputs
+        .iter()
+        .map(|(dtype, dims, bytes)| Input::Copied(Value::from_le_bytes(&ArrayType::new(*dtype, dims.clone()), bytes)))
+        .collect();
+    let destinations = program.outputs.iter().map(|_| None).collect();
+    let mut reported = Vec::new();
+    let result = executable.run(
+        values,
+        destinations,
+        u64::MAX,
+        &HostPool::new(1),
+        &mut |_, _, _, _| unreachable!(),
+        &mut |k, start, end| {
+            assert!(start <= end, "entry {k}");
+            reported.push(k)
+        },
+    );
+    assert!(matches!(result, Err(RunError::OutOfBounds { .. })), "{result:?}");
+    reported
+}
+
+#[test]
+fn a_small_loop_that_fails_reports_what_ran_as_the_general_run_does() {
+    // The body reads element i of a table of `n`: iteration n fails, after the
+    // condition and the counter's increment ran.
+    let failing = |n: usize| {
+        format!(
+            r#"
+HloModule failing
+body {{
+  s = (s32[], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  one = s32[] constant(1)
+  next = s32[] add(i, one)
+  x = f32[4] get-tuple-element(s), index=1
+  table = f32[{n}] iota(), iota_dimension=0
+  at = s32[1] reshape(i)
+  g = f32[1] gather(table, at), offset_dims={{0}}, collapsed_slice_dims={{}}, start_index_map={{0}}, index_vector_dim=0, slice_sizes={{1}}
+  gs = f32[] reshape(g)
+  gb = f32[4] broadcast(gs), dimensions={{}}
+  y = f32[4] add(x, gb)
+  ROOT t = (s32[], f32[4]) tuple(next, y)
+}}
+cond {{
+  s = (s32[], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  cap = s32[] constant(100)
+  ROOT go = pred[] compare(i, cap), direction=LT
+}}
+ENTRY main {{
+  zero = s32[] constant(0)
+  x = f32[4] parameter(0)
+  init = (s32[], f32[4]) tuple(zero, x)
+  l = (s32[], f32[4]) while(init), condition=cond, body=body
+  ROOT y = f32[4] get-tuple-element(l), index=1
+}}
+"#
+        )
+    };
+    let inputs = [(DType::F32, vec![4], floats(4, 2, 1.0))];
+    // Failing in timed iterations (1, 32) and in untimed ones (7, 33).
+    for n in [1, 7, 32, 33] {
+        let hlo = failing(n);
+        let small = run_failing(&hlo, &inputs, true);
+        let general = run_failing(&hlo, &inputs, false);
+        assert_eq!(small, general, "failing at iteration {n}");
+    }
 }
