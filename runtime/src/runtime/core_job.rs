@@ -405,7 +405,10 @@ impl CoreJob<'_> {
             device,
             executed: 0,
             flops: 0,
-            spans: Vec::with_capacity(if device { m.instructions.len() } else { 0 }),
+            spans: Vec::with_capacity(match device {
+                true => m.instructions.len().max(m.spans_last.load(Ordering::Relaxed)).min(MAX_PENDING_SPANS),
+                false => 0,
+            }),
         };
         let hang = strikes.iter().any(|s| s.kind == FaultKind::Timeout);
         let results = if hang {
@@ -433,6 +436,7 @@ impl CoreJob<'_> {
         };
         let run_end = ticks();
         let Watch { executed, flops, spans, .. } = watch;
+        m.spans_last.store(spans.len(), Ordering::Relaxed);
         if device {
             tracer.emit_instruction_spans(slot, ids, &m.instructions, m.instructions_in_table, &spans);
         }

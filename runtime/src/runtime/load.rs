@@ -218,6 +218,7 @@ impl Runtime {
             output_bytes,
             rank,
             collectives,
+            spans_last: Default::default(),
         });
         {
             // Checked again under the models lock: a concurrent close drains the table

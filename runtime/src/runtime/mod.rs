@@ -137,6 +137,9 @@ struct LoadedModel {
     rank: Option<(Communicator, u32)>,
     /// The program's collective instructions.
     collectives: u32,
+    /// How many instruction spans the last execution held at its end: the room the
+    /// next one reserves (a loop's spans grow with its iterations).
+    spans_last: std::sync::atomic::AtomicUsize,
 }
 
 /// What one execution did.
