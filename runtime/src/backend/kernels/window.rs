@@ -44,15 +44,23 @@ pub(super) fn reduce_window(
         // the element-wise kernels' arithmetic; any other reducer, step by step.
         if let (Some(op), Some(a), Some(init)) = (plain_f32(region), f32::unwrap(&arrays[0]), f32::unwrap(&inits[0])) {
             let (init, mut out) = (first(init), ArrayD::<f32>::zeros(a.raw_dim()));
-            with_binary_f32!(op, f => {
-                for (lane, mut into) in a.lanes(Axis(axis)).into_iter().zip(out.lanes_mut(Axis(axis))) {
-                    let mut acc = init;
-                    for (x, o) in lane.iter().zip(into.iter_mut()) {
-                        acc = f(acc, *x);
-                        *o = acc;
+            let (len, inner) = (a.shape()[axis], a.shape()[axis + 1..].iter().product::<usize>());
+            match (a.as_slice(), out.as_slice_mut()) {
+                _ if len == 0 || inner == 0 => {}
+                // Rows along the last dimension, contiguous.
+                (Some(x), Some(o)) if inner == 1 => with_binary_f32!(op, f => scan_rows(x, o, len, init, f)),
+                // Along another dimension: the elements after it, contiguous, at once.
+                (Some(x), Some(o)) => with_binary_f32!(op, f => scan_blocks(x, o, len, inner, init, f)),
+                _ => with_binary_f32!(op, f => {
+                    for (lane, mut into) in a.lanes(Axis(axis)).into_iter().zip(out.lanes_mut(Axis(axis))) {
+                        let mut acc = init;
+                        for (x, o) in lane.iter().zip(into.iter_mut()) {
+                            acc = f(acc, *x);
+                            *o = acc;
+                        }
                     }
-                }
-            });
+                }),
+            }
             return vec![f32::wrap(out)];
         }
         return vec![each_type!(&arrays[0], a => running(region, a, &inits[0], axis, helpers))];
@@ -124,6 +132,53 @@ fn settles(region: &Region, init: &ValueRef<'_>, helpers: &HostPool) -> bool {
         out
     };
     combined.len() == 1 && bytes(&combined[0].view()) == bytes(init)
+}
+
+/// The running reduction `f` along each row of `x` (rows of `len` elements, one after
+/// another) into `out`, from `init`. Four rows go at once: their running values do
+/// not depend on each other, so their steps overlap, where one row's steps wait each
+/// for the one before (more rows than four, 4 KiB apart as rows of 1,024 are, would
+/// share more cache lines of one set than it holds). Each row still takes its
+/// elements in order: its bits are those of a row at a time.
+fn scan_rows(x: &[f32], out: &mut [f32], len: usize, init: f32, f: impl Fn(f32, f32) -> f32) {
+    const ROWS: usize = 4;
+    let block = ROWS * len;
+    let mut blocks = x.chunks_exact(block).zip(out.chunks_exact_mut(block));
+    for (x, out) in &mut blocks {
+        let mut acc = [init; ROWS];
+        for j in 0..len {
+            for (k, acc) in acc.iter_mut().enumerate() {
+                *acc = f(*acc, x[k * len + j]);
+                out[k * len + j] = *acc;
+            }
+        }
+    }
+    let done = x.len() / block * block;
+    for (x, out) in x[done..].chunks_exact(len).zip(out[done..].chunks_exact_mut(len)) {
+        let mut acc = init;
+        for (&x, o) in x.iter().zip(out) {
+            acc = f(acc, x);
+            *o = acc;
+        }
+    }
+}
+
+/// The running reduction `f` along the middle dimension of `x`, seen as
+/// `[outer, len, inner]` (row-major), into `out`, from `init`: each step combines
+/// `inner` contiguous elements with the step before's, in the order of one element at
+/// a time along the dimension, so the same bits.
+fn scan_blocks(x: &[f32], out: &mut [f32], len: usize, inner: usize, init: f32, f: impl Fn(f32, f32) -> f32) {
+    let block = len * inner;
+    for (x, out) in x.chunks_exact(block).zip(out.chunks_exact_mut(block)) {
+        let (first, mut rest) = out.split_at_mut(inner);
+        first.iter_mut().zip(&x[..inner]).for_each(|(o, &x)| *o = f(init, x));
+        let mut previous: &[f32] = first;
+        for x in x[inner..].chunks_exact(inner) {
+            let (step, after) = rest.split_at_mut(inner);
+            step.iter_mut().zip(previous).zip(x).for_each(|((o, &p), &x)| *o = f(p, x));
+            (previous, rest) = (step, after);
+        }
+    }
 }
 
 /// The running reduction of `a` along `axis`, from `init`: one reducer step per
