@@ -465,6 +465,19 @@ mod tests {
         }
     }
 
+    /// Every binary operation of `f32`s.
+    const F32_BINARY: [BinaryOp; 9] = [
+        BinaryOp::Add,
+        BinaryOp::Subtract,
+        BinaryOp::Multiply,
+        BinaryOp::Divide,
+        BinaryOp::Maximum,
+        BinaryOp::Minimum,
+        BinaryOp::Power,
+        BinaryOp::Remainder,
+        BinaryOp::Atan2,
+    ];
+
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()
     }
@@ -478,17 +491,7 @@ mod tests {
             let (x, y) = (floats(n, 1), floats(n, 2));
             let (i, k) = (ints(n, 0), ints(n, 3));
             let (p, q) = (preds(n, 1), preds(n, 2));
-            for b in [
-                BinaryOp::Add,
-                BinaryOp::Subtract,
-                BinaryOp::Multiply,
-                BinaryOp::Divide,
-                BinaryOp::Maximum,
-                BinaryOp::Minimum,
-                BinaryOp::Power,
-                BinaryOp::Remainder,
-                BinaryOp::Atan2,
-            ] {
+            for b in F32_BINARY {
                 let (a, g) = both(&Op::Binary(b), Flat::F32(&x), Flat::F32(&y), (DType::F32, n), |o| FlatMut::F32(o));
                 assert_eq!(bits(&a), bits(&g), "{b:?} of {n}");
             }
@@ -531,17 +534,7 @@ mod tests {
         let (i, k) = (ints(6, 0), ints(6, 1));
         let run = |kernel: Prepared, a: Flat<'_>, b: Flat<'_>, out: FlatMut<'_>| assert!(kernel.run(a, b, out));
         for (a, b) in x.iter().flat_map(|a| y.iter().map(move |b| (*a, *b))) {
-            for op in [
-                BinaryOp::Add,
-                BinaryOp::Subtract,
-                BinaryOp::Multiply,
-                BinaryOp::Divide,
-                BinaryOp::Maximum,
-                BinaryOp::Minimum,
-                BinaryOp::Power,
-                BinaryOp::Remainder,
-                BinaryOp::Atan2,
-            ] {
+            for op in F32_BINARY {
                 let Some(Scalar::F32(f)) = Prepared::BinaryF32(op).scalar(DType::F32) else { panic!("{op:?}") };
                 let mut o = [0.0];
                 run(Prepared::BinaryF32(op), Flat::F32(&[a]), Flat::F32(&[b]), FlatMut::F32(&mut o));
