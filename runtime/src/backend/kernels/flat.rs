@@ -256,6 +256,14 @@ pub(in crate::backend) enum Prepared {
     /// A small `f32` product of a vector and a row-major matrix of more than one
     /// column (`[k] · [k, n]`).
     VectorMatrix,
+    /// An `f32` product of row-major matrices (`[m, k] · [k, n]`) too large for the
+    /// small products' kernel and too small to be split across threads: the `gemm`
+    /// crate's, as the general path runs it, without the views of a batch around it.
+    MatrixMatrix {
+        m: usize,
+        k: usize,
+        n: usize,
+    },
 }
 
 impl Prepared {
@@ -297,6 +305,13 @@ impl Prepared {
                     }
                     ([&[k], &[k2, n]], ([0], [0])) if k == k2 && k > 0 && n > 1 && small && out_len == n => {
                         Prepared::VectorMatrix
+                    }
+                    ([&[m, k], &[k2, n]], ([1], [0]))
+                        if k == k2
+                            && out_len == m * n
+                            && (matrix::SMALL_PRODUCT_MACS + 1..matrix::PARALLEL_MIN_MACS).contains(&(m * k * n)) =>
+                    {
+                        Prepared::MatrixMatrix { m, k, n }
                     }
                     _ => return None,
                 }
@@ -382,6 +397,19 @@ impl Prepared {
                 if o.len() > 1 && b.len() == o.len() * v.len() =>
             {
                 matrix::vector_matrix(v, b, o);
+            }
+            (Prepared::MatrixMatrix { m, k, n }, F::F32(a), F::F32(b), M::F32(o)) => {
+                use ndarray::{ArrayView2, ArrayViewMut2};
+                let (Ok(a), Ok(b)) = (ArrayView2::from_shape((m, k), a), ArrayView2::from_shape((k, n), b)) else {
+                    return false;
+                };
+                if o.len() != m * n {
+                    return false;
+                }
+                // As `matmul_flat` does before its product.
+                o.fill(0.0);
+                let Ok(c) = ArrayViewMut2::from_shape((m, n), o) else { unvalidated("a product's shape") };
+                matrix::gemm_f32(a, b, c);
             }
             _ => return false,
         }
@@ -637,5 +665,20 @@ mod tests {
                 assert_eq!(bits(&got), bits(&expected), "[{m}] · [{m}, {k}]");
             }
         }
+        // [m, k] · [k, n], past the small products' kernel.
+        for (m, k, n) in [(8, 64, 64), (16, 40, 33), (3, 100, 70), (130, 20, 9)] {
+            let (a, b) = (finite(m * k, 7), finite(k * n, 8));
+            let la = ArrayViewD::from_shape(IxDyn(&[m, k]), &a).expect("shape");
+            let lb = ArrayViewD::from_shape(IxDyn(&[k, n]), &b).expect("shape");
+            let mut expected = vec![0.0; m * n];
+            matmul_flat(&la, &lb, &dims(1), &mut expected, &[m, n], &pool);
+            let kernel = Prepared::new(&Op::MatMul(dims(1)), [DType::F32; 2], [&[m, k], &[k, n]], DType::F32, m * n);
+            assert_eq!(kernel, Some(Prepared::MatrixMatrix { m, k, n }), "[{m}, {k}] · [{k}, {n}]");
+            let mut got = vec![7.0; m * n];
+            assert!(kernel.is_some_and(|p| p.run(Flat::F32(&a), Flat::F32(&b), FlatMut::F32(&mut got))));
+            assert_eq!(bits(&got), bits(&expected), "[{m}, {k}] · [{k}, {n}]");
+        }
+        let small = Prepared::new(&Op::MatMul(dims(1)), [DType::F32; 2], [&[8, 8], &[8, 8]], DType::F32, 64);
+        assert_eq!(small, None, "a product for the small products' kernel");
     }
 }
