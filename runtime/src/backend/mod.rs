@@ -285,16 +285,6 @@ pub(crate) enum RunError {
 pub(crate) trait Observe {
     fn instruction(&mut self, k: usize, start: u64, end: u64);
 
-    /// Instructions that ran back to back from `start`, `entries[i]` ending at
-    /// `ends[i]`.
-    fn instructions(&mut self, entries: &[usize], start: u64, ends: &[u64]) {
-        let mut previous = start;
-        for (&k, &end) in entries.iter().zip(ends) {
-            self.instruction(k, previous, end);
-            previous = end;
-        }
-    }
-
     /// Intervals in the order they ran, each with its own start: what a small loop
     /// reports of a timed iteration, or of the untimed ones since its last clock read,
     /// in one call.

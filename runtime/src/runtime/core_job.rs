@@ -697,32 +697,7 @@ impl Watch<'_> {
 
 impl crate::backend::Observe for Watch<'_> {
     fn instruction(&mut self, k: usize, start: u64, end: u64) {
-        self.instructions(&[k], start, &[end]);
-    }
-
-    fn instructions(&mut self, entries: &[usize], start: u64, ends: &[u64]) {
-        let instructions = &self.model.instructions;
-        self.executed += entries.len() as u64;
-        self.flops += entries.iter().map(|&k| instructions.get(k).map_or(0, |i| i.flops)).sum::<u64>();
-        if self.model.rank.is_some() {
-            let mut previous = start;
-            for (&k, &end) in entries.iter().zip(ends) {
-                self.busy(k, previous, end);
-                previous = end;
-            }
-        }
-        if self.device {
-            self.spans.reserve(entries.len());
-            let mut previous = start;
-            for (&k, &end) in entries.iter().zip(ends) {
-                self.spans.push(InstructionSpan { entry: k as u32, start: previous, end });
-                previous = end;
-            }
-        }
-        if let Some(&last) = entries.last() {
-            self.at(last + 1);
-        }
-        self.record_if_many();
+        self.spans(&[InstructionSpan { entry: k as u32, start, end }]);
     }
 
     fn spans(&mut self, spans: &[InstructionSpan]) {

@@ -13,9 +13,9 @@
 //! in program order, so what any later step reads is what the step-by-step run leaves.
 
 use super::{Data, Step};
+use crate::backend::RunError;
 use crate::backend::fusion::{self, Kernel, Lane};
 use crate::backend::kernels::{self, Prepared, Scalar, vectorized, vectorized_job};
-use crate::backend::{OutOfBounds, RunError};
 use crate::dtype::DType;
 use crate::isa::Op;
 use crate::pool::HostPool;
@@ -62,11 +62,10 @@ pub(super) fn plan(steps: &[Step], shapes: &[Vec<usize>], types: &[DType]) -> Ve
         if step.hoisted {
             continue;
         }
-        let special = step.in_place.is_some() || step.sliced.is_some() || step.scatters_one;
         let one = shapes[step.output].iter().product::<usize>() == 1;
         if let Some((prepared, operands @ [a, _])) = step.prepared
             && one
-            && !special
+            && !step.special()
             && let Some(kernel) = prepared.scalar(types[a])
         {
             if !chain.is_empty() {
@@ -82,7 +81,7 @@ pub(super) fn plan(steps: &[Step], shapes: &[Vec<usize>], types: &[DType]) -> Ve
         if !chain.is_empty() {
             fast.push(Fast::Chain(std::mem::take(&mut chain)));
         }
-        fast.push(if step.prepared.is_some() && !special { Fast::Prepared(k) } else { Fast::Step(k) });
+        fast.push(if step.prepared.is_some() && !step.special() { Fast::Prepared(k) } else { Fast::Step(k) });
     }
     if !chain.is_empty() {
         fast.push(Fast::Chain(chain));
@@ -94,8 +93,7 @@ pub(super) fn plan(steps: &[Step], shapes: &[Vec<usize>], types: &[DType]) -> Ve
 /// `f32` operands of its length or of one element (a fused group's kernels, less
 /// those of `pred` values), or a reduction of a whole `f32` array.
 fn member(step: &Step, shapes: &[Vec<usize>], types: &[DType]) -> Option<Member> {
-    let special = step.in_place.is_some() || step.sliced.is_some() || step.scatters_one;
-    if special || step.ty.dtype != DType::F32 || step.operands.is_empty() || step.operands.len() > 3 {
+    if step.special() || step.ty.dtype != DType::F32 || step.operands.is_empty() || step.operands.len() > 3 {
         return None;
     }
     if !step.operands.iter().all(|&b| types[b] == DType::F32) {
@@ -189,9 +187,7 @@ pub(super) fn run(
             Fast::Prepared(k) if steps[k].run_prepared(arrays) => continue,
             Fast::Prepared(k) | Fast::Step(k) => k,
         };
-        let step = &steps[k];
-        step.run(arrays, shapes, helpers)
-            .map_err(|OutOfBounds(detail)| RunError::OutOfBounds { step: step.entry, detail })?;
+        steps[k].execute(arrays, shapes, helpers)?;
     }
     Ok(())
 }

@@ -526,8 +526,7 @@ impl Compact {
         let mut previous = start;
         for (step, end) in self.steps.iter().zip(timed.ends) {
             if !step.hoisted {
-                step.run(arrays, &self.shapes, helpers)
-                    .map_err(|OutOfBounds(detail)| RunError::OutOfBounds { step: step.entry, detail })?;
+                step.execute(arrays, &self.shapes, helpers)?;
             }
             let now = if step.hoisted { previous } else { ticks() };
             timed.spans.push(InstructionSpan { entry: step.entry as u32, start: previous, end: now });
@@ -539,6 +538,18 @@ impl Compact {
 }
 
 impl Step {
+    /// Whether the step writes into its operand's array or copies rows (see
+    /// `in_place`, `sliced` and `scatters_one`), which only `run` knows how to do.
+    fn special(&self) -> bool {
+        self.in_place.is_some() || self.sliced.is_some() || self.scatters_one
+    }
+
+    /// [`Step::run`], an error naming the step's trace entry.
+    fn execute(&self, arrays: &mut [Data], shapes: &[Vec<usize>], helpers: &HostPool) -> Result<(), RunError> {
+        self.run(arrays, shapes, helpers)
+            .map_err(|OutOfBounds(detail)| RunError::OutOfBounds { step: self.entry, detail })
+    }
+
     fn run(&self, arrays: &mut [Data], shapes: &[Vec<usize>], helpers: &HostPool) -> Result<(), OutOfBounds> {
         if let Some(strides) = &self.in_place
             && self.update_in_place(arrays, shapes, strides)
