@@ -5,9 +5,10 @@
 //! the rounded products on whichever kernel it measured faster at start (bf16 products
 //! or f32 multiply-adds), which this prints.
 //!
-//! Run: `cargo bench -p neuron-runtime --bench autocast [-- ITERATIONS]` (300 by
-//! default); `NEURON_VIRT_BF16_PRODUCTS=f32` (or `bf16`) forces the kernel. Results go
-//! in BENCHMARKS.md with the CPU they ran on.
+//! Run: `cargo bench -p neuron-runtime --bench autocast [-- ITERATIONS] [MODEL]` (300
+//! iterations by default, both models unless one is named);
+//! `NEURON_VIRT_BF16_PRODUCTS=f32` (or `bf16`) forces the kernel. Results go in
+//! BENCHMARKS.md with the CPU they ran on.
 
 use std::time::Instant;
 
@@ -23,6 +24,7 @@ const MODELS: [(&str, &str); 2] =
 
 fn main() {
     let iterations: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(300);
+    let only: Vec<String> = std::env::args().skip(1).filter(|a| MODELS.iter().any(|(name, _)| a == name)).collect();
     let lock_dir = tempfile::tempdir().expect("tempdir");
     let runtime = Runtime::start(Config {
         lock_dir: lock_dir.path().to_path_buf(),
@@ -36,7 +38,7 @@ fn main() {
     let cpu = neuron_test_support::runtime::cpu_model();
     println!("{cpu}; products of bf16-rounded operands run on: {kernel}");
     println!("{:<10} {:>14} {:>14} {:>8}", "model", "default p50", "none p50", "ratio");
-    for (name, hlo) in MODELS {
+    for (name, hlo) in MODELS.into_iter().filter(|(name, _)| only.is_empty() || only.iter().any(|o| o == name)) {
         let run = |options: CompileOptions| {
             let neff = Neff::new(name, compile_hlo_with(hlo, &options).expect("compiles")).encode();
             let model = runtime.load(&neff, Some(0)).expect("loads");
