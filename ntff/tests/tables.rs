@@ -26,15 +26,14 @@ fn batches(dir: &Path, table: &str) -> impl Iterator<Item = arrow_array::RecordB
 fn integers(dir: &Path, table: &str, column: &str) -> Vec<Option<u64>> {
     use arrow_array::Array;
     use arrow_array::cast::AsArray;
-    use arrow_array::types::{UInt32Type, UInt64Type};
+    use arrow_array::types::Int64Type;
     let mut values = Vec::new();
     for batch in batches(dir, table) {
         let array = batch.column_by_name(column).expect("the column");
+        assert_eq!(array.data_type(), &arrow_schema::DataType::Int64, "{table}.{column}: signed 64-bit integers");
         for k in 0..array.len() {
-            values.push(array.is_valid(k).then(|| match array.data_type() {
-                arrow_schema::DataType::UInt32 => u64::from(array.as_primitive::<UInt32Type>().value(k)),
-                _ => array.as_primitive::<UInt64Type>().value(k),
-            }));
+            // Written as the u64's bits.
+            values.push(array.is_valid(k).then(|| array.as_primitive::<Int64Type>().value(k) as u64));
         }
     }
     values
@@ -109,7 +108,7 @@ fn rows_on_disk(dir: &Path, table: &str) -> u64 {
 }
 
 fn tables_of(file: &NtffFile, dir: &Path) -> TablesSummary {
-    let options = TablesOptions { cores: None, session: "test".into() };
+    let options = TablesOptions { cores: None, session: "test".into(), ..TablesOptions::default() };
     let written = write_tables(file, &options, dir, &mut |_| {}).expect("tables");
     for table in TABLES {
         assert_eq!(Some(rows_on_disk(dir, table)), written.rows(table), "{table}");

@@ -332,7 +332,7 @@ fn tables_and_summary(big: &Path, dir: &Path) {
     let ntff_bytes = std::fs::metadata(big).expect("size").len();
     let (decode_seconds, events) = best(|| read_all(big, 1));
     let out = dir.join("tables");
-    let options = TablesOptions { cores: None, session: "bench".into() };
+    let options = TablesOptions { cores: None, session: "bench".into(), ..TablesOptions::default() };
     let (tables_seconds, written) = best(|| {
         let started = Instant::now();
         let file = NtffFile::open(big).expect("opens");

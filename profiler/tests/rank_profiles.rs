@@ -109,9 +109,9 @@ fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_ran
                 continue;
             }
             collectives += 1;
-            assert_eq!(field("rank"), Some(Field::UInt(rank)), "{row:?}");
+            assert_eq!(field("rank"), Some(Field::Long(i64::from(rank))), "{row:?}");
             match field("communicator") {
-                Some(Field::UInt(id)) => communicators.insert(id),
+                Some(Field::Long(id)) => communicators.insert(id),
                 other => panic!("no communicator: {other:?}"),
             };
         }

@@ -1,12 +1,15 @@
 //! `neuron-profile view --output-format parquet` as its users run it: the tables of real
 //! captures (a synchronous attention model, tiny executions scheduled asynchronously)
-//! and of a file with a ring loss hold as many rows as the `json` output lists events;
-//! a file cut mid-write gives what it recovered and says so; and the README's DuckDB
-//! queries run over the fleet of their directories and give the figures they promise.
+//! and of files from another host with ring losses hold as many rows as the `json`
+//! output lists events, in a directory per file and in the hive layout; a file cut
+//! mid-write gives what it recovered and says so; and the README's queries run over the
+//! hive-partitioned fleet (two hosts × two sessions) in DuckDB, Polars and Spark, give
+//! the figures they promise, and the same in all three.
 //!
-//! DuckDB comes from PyPI into a virtual environment under the target directory, kept
-//! between runs. Without a Python 3 that can make one (or without the package index),
-//! that part is skipped with a note, except in CI (`CI=true`), where it fails.
+//! The engines come from PyPI into a virtual environment under the target directory,
+//! kept between runs; Spark also needs a Java runtime (Debian's `openjdk-17-jre-headless`).
+//! Without a Python 3 that can make one (or without the package index, or Java for
+//! Spark), that part is skipped with a note, except in CI (`CI=true`), where it fails.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -18,8 +21,8 @@ use ntff::{ArgValue, Clock, ClockCalibration, Metadata, Phase, SystemEvent, Writ
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use serde_json::Value;
 
-/// The DuckDB the README's queries are tested with.
-const DUCKDB: &str = "2.0.1";
+/// The engines the README's queries are tested with, from PyPI.
+const ENGINES: [(&str, &str); 3] = [("duckdb", "2.0.1"), ("polars", "2.1.0"), ("pyspark", "3.5.9")];
 
 fn example(name: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples").join(name).display().to_string()
@@ -31,8 +34,24 @@ fn utf8(path: &Path) -> &str {
 
 /// Rows of `dir/table.parquet`, from its footer.
 fn rows(dir: &Path, table: &str) -> u64 {
-    let file = std::fs::File::open(dir.join(format!("{table}.parquet"))).expect("table file");
+    rows_of(&dir.join(format!("{table}.parquet")))
+}
+
+fn rows_of(path: &Path) -> u64 {
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     SerializedFileReader::new(file).expect("Parquet").metadata().file_metadata().num_rows() as u64
+}
+
+/// Rows of a session's table in a hive-partitioned `fleet`: its one file.
+fn hive_rows(fleet: &Path, table: &str, host: &str, session: &str) -> u64 {
+    let dir = fleet.join(table).join(format!("host={host}")).join(format!("session={session}"));
+    let files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("entry").path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    assert!(files[0].file_name().is_some_and(|n| n.to_string_lossy().starts_with("part-")), "{files:?}");
+    rows_of(&files[0])
 }
 
 /// Events of `file` in the `json` output: system, instruction and DMA events, and losses.
@@ -136,24 +155,39 @@ fn parquet_tables_hold_every_event_and_answer_the_readme_queries() {
             "async",
         ],
     );
+    // Two sessions of another host.
     lossy_file(&profiles.join("lossy.ntff"), false);
+    let long = profiles.join("long.ntff");
+    lossy_file(&long, true);
 
-    let fleet = dir.join("fleet");
-    let out = run(dir, &["view", "-d", utf8(&profiles), "--output-format", "parquet", "--output-file", utf8(&fleet)]);
+    let tables = dir.join("tables");
+    let out = run(dir, &["view", "-d", utf8(&profiles), "--output-format", "parquet", "--output-file", utf8(&tables)]);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("wrote the tables of 3 files"), "{stderr}");
-    for stem in ["attention", "tiny-async", "lossy"] {
+    assert!(stderr.contains("wrote the tables of 4 files"), "{stderr}");
+    let fleet = dir.join("fleet");
+    let args = ["view", "-d", utf8(&profiles), "--output-format", "parquet", "--parquet-layout", "hive"];
+    run(dir, &[&args[..], &["--output-file", utf8(&fleet)]].concat());
+    let this_host = std::fs::read_dir(fleet.join("profile"))
+        .expect("the profile table's partitions")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .find(|name| name != "host=other-host")
+        .expect("this host's partition");
+    let this_host = this_host.trim_start_matches("host=");
+    for (host, stem) in
+        [(this_host, "attention"), (this_host, "tiny-async"), ("other-host", "lossy"), ("other-host", "long")]
+    {
         let counts = json_counts(dir, &profiles.join(format!("{stem}.ntff")));
-        assert_eq!(table_counts(&fleet.join(stem)), counts, "{stem}: rows against the json output's events");
+        assert_eq!(table_counts(&tables.join(stem)), counts, "{stem}: rows against the json output's events");
+        let in_partitions = ["system_events", "instructions", "dma_transfers", "losses"]
+            .map(|table| hive_rows(&fleet, table, host, stem));
+        assert_eq!(in_partitions, counts, "{stem}: rows of the hive layout");
         assert!(counts[0] > 0, "{stem}");
     }
-    assert!(rows(&fleet.join("attention"), "instructions") > 12 * 10);
-    assert_eq!(rows(&fleet.join("lossy"), "losses"), 1);
-    assert_eq!(rows(&fleet.join("attention"), "execution_bounds"), 12);
+    assert!(rows(&tables.join("attention"), "instructions") > 12 * 10);
+    assert_eq!(rows(&tables.join("lossy"), "losses"), 1);
+    assert_eq!(rows(&tables.join("attention"), "execution_bounds"), 12);
 
     // A file cut mid-write: what it recovered, and a note that says so.
-    let long = dir.join("long.ntff");
-    lossy_file(&long, true);
     let bytes = std::fs::read(&long).expect("read");
     let cut = dir.join("cut.ntff");
     std::fs::write(&cut, &bytes[..bytes.len() * 3 / 5]).expect("write");
@@ -165,24 +199,30 @@ fn parquet_tables_hold_every_event_and_answer_the_readme_queries() {
     assert!(stderr.contains("note:") && stderr.contains("recovered"), "{stderr}");
     assert_eq!(table_counts(&cut_tables), counts);
 
-    let Some(python) = duckdb_python() else { return };
-    readme_queries(&python, dir);
-}
-
-/// Runs the README's five queries with DuckDB in `dir` (which holds `fleet/`) and
-/// checks what each gives.
-fn readme_queries(python: &Path, dir: &Path) {
+    let Some(python) = engines_python() else { return };
     let queries = readme_sql();
     assert_eq!(queries.len(), 5, "the README shows five queries");
-    let script = "import duckdb, json, sys\n\
-                  out = []\n\
-                  for q in json.load(sys.stdin):\n    \
-                      r = duckdb.sql(q)\n    \
-                      out.append({'columns': r.columns, 'rows': r.fetchall()})\n\
-                  print(json.dumps(out, default=str))\n";
+    let duckdb = run_queries(&python, "duckdb", &fleet, &queries);
+    check_readme_figures(&duckdb);
+    let polars = run_queries(&python, "polars", &fleet, &queries);
+    same_results(&duckdb, &polars, "Polars");
+    if java_runs() {
+        let started = std::time::Instant::now();
+        let spark = run_queries(&python, "spark", &fleet, &queries);
+        eprintln!("Spark read the fleet and ran the queries in {:.1} s", started.elapsed().as_secs_f64());
+        same_results(&duckdb, &spark, "Spark");
+    }
+}
+
+/// Runs `queries` over the hive-partitioned `fleet` in `engine` (`duckdb`, `polars`
+/// or `spark`), with `fleet_sql.py`: each query's result, as JSON.
+fn run_queries(python: &Path, engine: &str, fleet: &Path, queries: &[String]) -> Vec<Value> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fleet_sql.py");
     let mut child = Command::new(python)
-        .args(["-c", script])
-        .current_dir(dir)
+        .arg(&script)
+        .args([engine, utf8(fleet)])
+        .current_dir(fleet.parent().expect("a parent"))
+        .env("SPARK_LOCAL_IP", "127.0.0.1")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -194,8 +234,34 @@ fn readme_queries(python: &Path, dir: &Path) {
         stdin.write_all(serde_json::to_string(&queries).expect("json").as_bytes()).expect("write");
     }
     let out = child.wait_with_output().expect("python runs");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let results: Vec<Value> = serde_json::from_slice(&out.stdout).expect("results");
+    assert!(out.status.success(), "{engine}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("results")
+}
+
+/// Whether two engines' results are the same: the same columns and rows in the same
+/// order, numbers equal to within one unit of the last place they were rounded to.
+fn same_results(expected: &[Value], got: &[Value], engine: &str) {
+    assert_eq!(expected.len(), got.len(), "{engine}: results of every query");
+    for (k, (a, b)) in expected.iter().zip(got).enumerate() {
+        assert_eq!(a["columns"], b["columns"], "{engine}, query {}: columns", k + 1);
+        let (rows_a, rows_b) = (a["rows"].as_array().expect("rows"), b["rows"].as_array().expect("rows"));
+        assert_eq!(rows_a.len(), rows_b.len(), "{engine}, query {}: rows\n{a}\n{b}", k + 1);
+        for (x, y) in rows_a
+            .iter()
+            .flat_map(|r| r.as_array().expect("row"))
+            .zip(rows_b.iter().flat_map(|r| r.as_array().expect("row")))
+        {
+            let same = match (x.as_f64(), y.as_f64()) {
+                (Some(x), Some(y)) => (x - y).abs() <= 0.1 + 1e-9 * x.abs(),
+                _ => x == y,
+            };
+            assert!(same, "{engine}, query {}: {x} against {y}\n{a}\n{b}", k + 1);
+        }
+    }
+}
+
+/// Checks the figures of the README's five queries, as DuckDB gives them.
+fn check_readme_figures(results: &[Value]) {
     let table = |k: usize| -> Vec<HashMap<String, Value>> {
         let columns: Vec<String> = results[k]["columns"]
             .as_array()
@@ -219,22 +285,30 @@ fn readme_queries(python: &Path, dir: &Path) {
     assert!(f(&top[0]["device_ms"]) > 0.0);
 
     // Latency per host: this host's 12 synchronous and 300 scheduled executions (each
-    // also an `nrt_execute` of the runtime's worker), and the other host's 2.
+    // also an `nrt_execute` of the runtime's worker), and the other host's 2 + 22: 20
+    // of 40 µs, one of 50 and one of 70 in each file, and the times of the files'
+    // clock (monotonic 1,000 ns after the calibration's offset).
     let latency = table(1);
     assert_eq!(latency.len(), 2, "{latency:?}");
     let other = latency.iter().find(|r| r["host"] == "other-host").expect("the other host");
-    assert_eq!(other["executions"], 2);
-    assert_eq!(f(&other["p50_us"]), 60.0, "50 and 70 µs: {other:?}");
+    assert_eq!(other["executions"], 24);
+    assert_eq!(f(&other["p50_us"]), 40.0, "{other:?}");
+    assert_eq!(f(&other["max_us"]), 70.0, "{other:?}");
+    assert_eq!(other["first_start"], "2023-11-14 22:13:20.000001", "{other:?}");
     let here = latency.iter().find(|r| r["host"] != "other-host").expect("this host");
     assert_eq!(here["executions"], 312, "{here:?}");
-    assert!(f(&here["p50_us"]) <= f(&here["p99_us"]));
+    assert!(f(&here["p50_us"]) <= f(&here["max_us"]));
 
-    // Lost events: the one profile that lost some.
+    // Lost events: the two profiles that lost some.
     let lost = table(2);
-    assert_eq!(lost.len(), 1, "{lost:?}");
-    assert_eq!(lost[0]["lost"], 123);
-    assert_eq!(lost[0]["core"], 0);
-    assert_eq!(lost[0]["ring"], "system");
+    assert_eq!(lost.len(), 2, "{lost:?}");
+    for row in &lost {
+        assert_eq!(
+            (&row["host"], &row["lost"], &row["core"], &row["ring"]),
+            (&"other-host".into(), &123.into(), &0.into(), &"system".into()),
+            "{row:?}"
+        );
+    }
 
     // Findings: the scheduled tiny executions leave the device idle.
     let findings = table(3);
@@ -278,30 +352,50 @@ fn readme_sql() -> Vec<String> {
     queries
 }
 
-/// A Python with DuckDB `DUCKDB`, set up once under the target directory; `None` (a
+fn in_ci() -> bool {
+    std::env::var("CI").as_deref() == Ok("true")
+}
+
+/// A Python with the [`ENGINES`], set up once under the target directory; `None` (a
 /// skip, outside CI) without Python's `venv` or the package index.
-fn duckdb_python() -> Option<PathBuf> {
-    let in_ci = std::env::var("CI").as_deref() == Ok("true");
-    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("duckdb-venv");
+fn engines_python() -> Option<PathBuf> {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fleet-sql-venv");
     let python = venv.join("bin/python");
+    let pins: Vec<String> = ENGINES.iter().map(|(name, version)| format!("{name}=={version}")).collect();
     let ready = |python: &Path| {
-        let check = format!("import duckdb, sys; sys.exit(duckdb.__version__ != '{DUCKDB}')");
-        Command::new(python).args(["-c", &check]).output().is_ok_and(|o| o.status.success())
+        let check: Vec<String> = ENGINES
+            .iter()
+            .map(|(name, version)| format!("import {name}; assert {name}.__version__ == '{version}'"))
+            .collect();
+        Command::new(python).args(["-c", &check.join("\n")]).output().is_ok_and(|o| o.status.success())
     };
     if ready(&python) {
         return Some(python);
     }
     let _ = std::fs::remove_dir_all(&venv);
+    let started = std::time::Instant::now();
     let made = Command::new("python3").args(["-m", "venv"]).arg(&venv).output().is_ok_and(|o| o.status.success());
     let installed = made
         && Command::new(&python)
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", &format!("duckdb=={DUCKDB}")])
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
+            .args(&pins)
             .output()
             .is_ok_and(|o| o.status.success());
     if !installed || !ready(&python) {
-        assert!(!in_ci, "CI needs python3 with venv and duckdb=={DUCKDB} from PyPI");
-        eprintln!("note: no python3 venv with duckdb=={DUCKDB} (PyPI); the README's queries are not run");
+        assert!(!in_ci(), "CI needs python3 with venv and {} from PyPI", pins.join(", "));
+        eprintln!("note: no python3 venv with {} (PyPI); the README's queries are not run", pins.join(", "));
         return None;
     }
+    eprintln!("installed {} in {:.0} s", pins.join(", "), started.elapsed().as_secs_f64());
     Some(python)
+}
+
+/// Whether a Java runtime runs, for Spark; a skip with a note outside CI when none does.
+fn java_runs() -> bool {
+    let runs = Command::new("java").arg("-version").output().is_ok_and(|o| o.status.success());
+    if !runs {
+        assert!(!in_ci(), "CI needs a Java runtime for Spark (Debian's openjdk-17-jre-headless)");
+        eprintln!("note: no Java runtime; the README's queries are not run in Spark");
+    }
+    runs
 }

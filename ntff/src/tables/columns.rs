@@ -9,7 +9,7 @@ use std::sync::mpsc::{Receiver, SyncSender};
 use std::thread::JoinHandle;
 
 use arrow_array::builder::StringBuilder;
-use arrow_array::types::{ArrowPrimitiveType, Float64Type, Int32Type, TimestampNanosecondType, UInt32Type, UInt64Type};
+use arrow_array::types::{ArrowPrimitiveType, Float64Type, Int32Type, Int64Type, TimestampMicrosecondType};
 use arrow_array::{ArrayRef, BooleanArray, DictionaryArray, Int32Array, PrimitiveArray, RecordBatch, StringArray};
 use arrow_buffer::{ArrowNativeType, NullBuffer, ScalarBuffer};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
@@ -32,7 +32,10 @@ const BATCH_TEXT_BYTES: usize = 256 << 20;
 /// written before more rows are appended.
 pub(super) const MAX_TEXT_VALUE: usize = 16 << 20;
 
-/// A column's type.
+/// A column's type: what the caller gives, and how it is written. Every engine that
+/// reads Parquet reads these types without options (Spark rejects unsigned 64-bit
+/// integers and nanosecond timestamps, and widens unsigned 32-bit ones), so unsigned
+/// values are written as signed 64-bit integers and times as microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Kind {
     /// The same string in every row of a file (`host`, `session`).
@@ -41,13 +44,20 @@ pub(super) enum Kind {
     Dict,
     /// A string of its own per row.
     Text,
+    /// A `u32`, written as `INT64` (every value fits).
     U32,
+    /// A `u64`, written as `INT64`: values above `i64::MAX` read as negative (their bits
+    /// are kept; no id, count or size the runtime records comes near).
     U64,
     I32,
     F64,
     Bool,
-    /// Wall-clock nanoseconds, UTC.
+    /// Wall-clock nanoseconds, UTC: written as a `TIMESTAMP(MICROS)` column (rounded
+    /// down) and, exact, as an `INT64` column of the same name with `_ns` appended.
     Time,
+    /// Wall-clock nanoseconds, UTC, where microseconds are enough: a `TIMESTAMP(MICROS)`
+    /// column only.
+    TimeUs,
 }
 
 /// A column: its name, type, and whether it may be null.
@@ -57,11 +67,12 @@ pub(super) enum Builder {
     Constant,
     Dict(Col<i32>),
     Text(StringBuilder),
-    U32(Col<u32>),
-    U64(Col<u64>),
+    /// `U32` and `U64` columns, as written.
+    I64(Col<i64>),
     I32(Col<i32>),
     F64(Col<f64>),
     Bool(Col<bool>),
+    /// `Time` and `TimeUs` columns, in nanoseconds.
     Time(Col<i64>),
 }
 
@@ -124,15 +135,9 @@ impl<T: ArrowNativeType> Col<T> {
     /// Keeps the values buffer of `array`, a written batch's column, for a next batch
     /// (when nothing else holds it).
     fn reclaim(&mut self, array: ArrayRef) {
-        if self.spare.len() >= MAX_SPARE_BUFFERS {
-            return;
-        }
-        let data = array.to_data();
-        drop(array);
-        let Some(buffer) = data.buffers().first().cloned() else { return };
-        drop(data);
-        if let Ok(mut values) = buffer.into_vec::<T>() {
-            values.clear();
+        if self.spare.len() < MAX_SPARE_BUFFERS
+            && let Some(values) = values_buffer(array)
+        {
             self.spare.push(values);
         }
     }
@@ -143,15 +148,33 @@ impl<T: ArrowNativeType> Col<T> {
     }
 }
 
-/// A type a column's values are kept in; `Dict` columns keep `i32` keys.
+/// The values buffer of `array`, emptied, when nothing else holds it.
+fn values_buffer<T: ArrowNativeType>(array: ArrayRef) -> Option<Vec<T>> {
+    let data = array.to_data();
+    drop(array);
+    let buffer = data.buffers().first().cloned()?;
+    drop(data);
+    let mut values = buffer.into_vec::<T>().ok()?;
+    values.clear();
+    Some(values)
+}
+
+/// A type a column's values are given in, and the type they are kept in (`Dict`
+/// columns keep `i32` keys; unsigned integers are kept as they are written, `i64`).
 pub(super) trait Value: Copy + Default + Sized {
-    fn col(builder: &mut Builder) -> Option<&mut Col<Self>>;
+    type Kept: Copy + Default;
+    fn kept(self) -> Self::Kept;
+    fn col(builder: &mut Builder) -> Option<&mut Col<Self::Kept>>;
 }
 
 macro_rules! value {
-    ($t:ty, $($variant:ident)|+) => {
+    ($t:ty => $kept:ty, $convert:expr, $($variant:ident)|+) => {
         impl Value for $t {
-            fn col(builder: &mut Builder) -> Option<&mut Col<$t>> {
+            type Kept = $kept;
+            fn kept(self) -> $kept {
+                $convert(self)
+            }
+            fn col(builder: &mut Builder) -> Option<&mut Col<$kept>> {
                 match builder {
                     $(Builder::$variant(c))|+ => Some(c),
                     _ => None,
@@ -160,16 +183,34 @@ macro_rules! value {
         }
     };
 }
-value!(u32, U32);
-value!(u64, U64);
-value!(i32, I32 | Dict);
-value!(f64, F64);
-value!(bool, Bool);
-value!(i64, Time);
+value!(u32 => i64, i64::from, I64);
+// The bits as they are: values above i64::MAX read as negative (see `Kind::U64`).
+value!(u64 => i64, |v: u64| v as i64, I64);
+value!(i32 => i32, |v| v, I32 | Dict);
+value!(f64 => f64, |v| v, F64);
+value!(bool => bool, |v| v, Bool);
+value!(i64 => i64, |v| v, Time);
+
+/// A column's values in the batch being built, given as `T`.
+pub(super) struct Values<'a, T: Value> {
+    col: &'a mut Col<T::Kept>,
+}
+
+impl<T: Value> Values<'_, T> {
+    /// Appends values none of which is null.
+    pub(super) fn extend(&mut self, values: impl Iterator<Item = T>) {
+        self.col.extend(values.map(T::kept));
+    }
+
+    /// Appends values some of which may be null.
+    pub(super) fn extend_options(&mut self, values: impl Iterator<Item = Option<T>>) {
+        self.col.extend_options(values.map(|v| v.map(T::kept)));
+    }
+}
 
 /// Interned values of a `Dict` column.
 #[derive(Default)]
-struct Values {
+struct Interned {
     strings: Vec<String>,
     keys: HashMap<String, i32>,
 }
@@ -177,8 +218,13 @@ struct Values {
 /// One Parquet file being written.
 pub(super) struct Table {
     schema: SchemaRef,
+    /// The columns as the caller names them (a `Time` column is two in the schema).
+    columns: Vec<Column>,
+    /// Whether the `Constant` columns are written (else their values are in the
+    /// directory names, a hive-partitioned layout's).
+    write_constants: bool,
     builders: Vec<Builder>,
-    values: Vec<Values>,
+    values: Vec<Interned>,
     constants: Vec<Arc<StringArray>>,
     /// Keys of the `Constant` columns: all the first (and only) value, shared by the
     /// batches.
@@ -194,17 +240,26 @@ pub(super) struct Table {
     writer: Option<JoinHandle<Result<(), parquet::errors::ParquetError>>>,
 }
 
-fn data_type(kind: Kind) -> DataType {
-    match kind {
+/// The schema's fields of a column: one, or two for a `Time` column (none for a
+/// `Constant` column not written).
+fn fields(&(name, kind, nullable): &Column, write_constants: bool) -> Vec<Field> {
+    if kind == Kind::Constant && !write_constants {
+        return Vec::new();
+    }
+    let data_type = match kind {
         Kind::Constant | Kind::Dict => DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Utf8)),
         Kind::Text => DataType::Utf8,
-        Kind::U32 => DataType::UInt32,
-        Kind::U64 => DataType::UInt64,
+        Kind::U32 | Kind::U64 => DataType::Int64,
         Kind::I32 => DataType::Int32,
         Kind::F64 => DataType::Float64,
         Kind::Bool => DataType::Boolean,
-        Kind::Time => DataType::Timestamp(TimeUnit::Nanosecond, Some("UTC".into())),
+        Kind::Time | Kind::TimeUs => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+    };
+    let mut fields = vec![Field::new(name, data_type, nullable)];
+    if kind == Kind::Time {
+        fields.push(Field::new(format!("{name}_ns"), DataType::Int64, nullable));
     }
+    fields
 }
 
 fn builder(kind: Kind) -> Builder {
@@ -212,22 +267,22 @@ fn builder(kind: Kind) -> Builder {
         Kind::Constant => Builder::Constant,
         Kind::Dict => Builder::Dict(Col::new()),
         Kind::Text => Builder::Text(StringBuilder::new()),
-        Kind::U32 => Builder::U32(Col::new()),
-        Kind::U64 => Builder::U64(Col::new()),
+        Kind::U32 | Kind::U64 => Builder::I64(Col::new()),
         Kind::I32 => Builder::I32(Col::new()),
         Kind::F64 => Builder::F64(Col::new()),
         Kind::Bool => Builder::Bool(Col::new()),
-        Kind::Time => Builder::Time(Col::new()),
+        Kind::Time | Kind::TimeUs => Builder::Time(Col::new()),
     }
 }
 
 impl Table {
     /// Creates `path` for rows of `columns`; `constants` are the values of the
-    /// `Constant` columns, in order.
-    pub(super) fn create(path: &Path, columns: &[Column], constants: &[&str]) -> Result<Table, NtffError> {
-        let fields: Vec<Field> =
-            columns.iter().map(|&(name, kind, nullable)| Field::new(name, data_type(kind), nullable)).collect();
-        let schema = Arc::new(Schema::new(fields));
+    /// `Constant` columns, in order (`None`: those columns are not written; rows still
+    /// set them).
+    pub(super) fn create(path: &Path, columns: &[Column], constants: Option<&[&str]>) -> Result<Table, NtffError> {
+        let write_constants = constants.is_some();
+        let fields = |column: &Column| fields(column, write_constants);
+        let schema = Arc::new(Schema::new(columns.iter().flat_map(fields).collect::<Vec<Field>>()));
         // Strings are written plain: zstd takes their repeats for less than building
         // dictionary pages costs. Integers and times are delta-encoded (ids and times
         // grow, small codes repeat), cheaper to write than a dictionary and as small
@@ -244,17 +299,19 @@ impl Table {
             .set_data_page_row_count_limit(usize::MAX)
             .set_write_batch_size(8 * 1024)
             .set_created_by(format!("neuron-profile {}", env!("CARGO_PKG_VERSION")));
-        for &(name, kind, _) in columns {
-            let path = ColumnPath::from(name);
-            properties = match kind {
-                Kind::Time | Kind::U32 | Kind::U64 | Kind::I32 => {
-                    properties.set_column_encoding(path, Encoding::DELTA_BINARY_PACKED)
-                }
-                Kind::Constant | Kind::Dict | Kind::Text => {
-                    properties.set_column_statistics_enabled(path, EnabledStatistics::None)
-                }
-                Kind::F64 | Kind::Bool => properties,
-            };
+        for column in columns {
+            for field in fields(column) {
+                let path = ColumnPath::from(field.name().as_str());
+                properties = match column.1 {
+                    Kind::Time | Kind::TimeUs | Kind::U32 | Kind::U64 | Kind::I32 => {
+                        properties.set_column_encoding(path, Encoding::DELTA_BINARY_PACKED)
+                    }
+                    Kind::Constant | Kind::Dict | Kind::Text => {
+                        properties.set_column_statistics_enabled(path, EnabledStatistics::None)
+                    }
+                    Kind::F64 | Kind::Bool => properties,
+                };
+            }
         }
         let file = File::create(path).map_err(|e| NtffError::io(path, e))?;
         let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(properties.build())).map_err(parquet_error)?;
@@ -282,7 +339,7 @@ impl Table {
             })
             .map_err(|e| NtffError::Write(std::io::Error::other(e)))?;
         let kinds: Vec<Kind> = columns.iter().map(|c| c.1).collect();
-        let mut constant_values = constants.iter();
+        let mut constant_values = constants.unwrap_or_default().iter();
         let constants = kinds
             .iter()
             .filter(|&&k| k == Kind::Constant)
@@ -290,8 +347,10 @@ impl Table {
             .collect();
         Ok(Table {
             schema,
+            columns: columns.to_vec(),
+            write_constants,
             builders: kinds.iter().map(|&k| builder(k)).collect(),
-            values: kinds.iter().map(|_| Values::default()).collect(),
+            values: kinds.iter().map(|_| Interned::default()).collect(),
             constants,
             rows_in_batch: 0,
             text_bytes: 0,
@@ -315,17 +374,19 @@ impl Table {
         key
     }
 
-    /// The position of the column `name`.
+    /// The position of the column `name` among the table's columns (as given to
+    /// [`Table::create`]).
     pub(super) fn position(&self, name: &str) -> usize {
-        self.schema.index_of(name).unwrap_or_else(|_| panic!("the table has no column {name}"))
+        self.columns.iter().position(|c| c.0 == name).unwrap_or_else(|| panic!("the table has no column {name}"))
     }
 
     /// The values of column `column` in the batch being built, for appending a
     /// chunk's rows column by column; [`Table::add_rows`] then counts them. The type
     /// is the column's (a bug otherwise).
-    pub(super) fn col<T: Value>(&mut self, column: usize) -> &mut Col<T> {
-        T::col(&mut self.builders[column])
-            .unwrap_or_else(|| panic!("column {column} is not of type {}", std::any::type_name::<T>()))
+    pub(super) fn col<T: Value>(&mut self, column: usize) -> Values<'_, T> {
+        let col = T::col(&mut self.builders[column])
+            .unwrap_or_else(|| panic!("column {column} is not of type {}", std::any::type_name::<T>()));
+        Values { col }
     }
 
     /// A `Text` column's values in the batch being built (the bytes appended are
@@ -381,6 +442,7 @@ impl Table {
         let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.builders.len());
         for (k, b) in self.builders.iter_mut().enumerate() {
             let array: ArrayRef = match b {
+                Builder::Constant if !self.write_constants => continue,
                 Builder::Constant => {
                     let values = constants.next().cloned().unwrap_or_else(|| Arc::new(StringArray::from(vec![""])));
                     if self.zero_keys.len() < rows {
@@ -393,15 +455,24 @@ impl Table {
                     Arc::new(dictionary(keys.array::<Int32Type>(), values)?)
                 }
                 Builder::Text(b) => Arc::new(b.finish()),
-                Builder::U32(b) => Arc::new(b.array::<UInt32Type>()),
-                Builder::U64(b) => Arc::new(b.array::<UInt64Type>()),
+                Builder::I64(b) => Arc::new(b.array::<Int64Type>()),
                 Builder::I32(b) => Arc::new(b.array::<Int32Type>()),
                 Builder::F64(b) => Arc::new(b.array::<Float64Type>()),
                 Builder::Bool(b) => {
                     let (values, nulls) = b.take();
                     Arc::new(BooleanArray::new(values.into(), nulls))
                 }
-                Builder::Time(b) => Arc::new(b.array::<TimestampNanosecondType>().with_timezone("UTC")),
+                Builder::Time(b) => {
+                    let nanoseconds = b.array::<Int64Type>();
+                    // Microseconds rounded down, so that a time never reads later than
+                    // it was.
+                    let micros: PrimitiveArray<TimestampMicrosecondType> = nanoseconds.unary(|ns| ns.div_euclid(1_000));
+                    arrays.push(Arc::new(micros.with_timezone("UTC")));
+                    if self.columns[k].1 == Kind::TimeUs {
+                        continue;
+                    }
+                    Arc::new(nanoseconds)
+                }
             };
             arrays.push(array);
         }
@@ -417,15 +488,22 @@ impl Table {
     }
 
     /// Keeps the buffers of a written batch's columns for the next batches.
+    /// (A `Time` column's values buffer is its `_ns` column's; its microseconds are
+    /// computed into a new one.)
     fn reclaim(&mut self, columns: Vec<Option<ArrayRef>>) {
-        for (builder, array) in self.builders.iter_mut().zip(columns) {
-            let Some(array) = array else { continue };
+        let mut columns = columns.into_iter();
+        for (builder, column) in self.builders.iter_mut().zip(&self.columns) {
+            let array = match column.1 {
+                Kind::Constant if !self.write_constants => continue,
+                // Its microseconds are computed into a new buffer for each batch.
+                Kind::Time => columns.nth(1),
+                _ => columns.next(),
+            };
+            let Some(Some(array)) = array else { continue };
             match builder {
                 Builder::Dict(c) | Builder::I32(c) => c.reclaim(array),
-                Builder::U32(c) => c.reclaim(array),
-                Builder::U64(c) => c.reclaim(array),
+                Builder::I64(c) | Builder::Time(c) => c.reclaim(array),
                 Builder::F64(c) => c.reclaim(array),
-                Builder::Time(c) => c.reclaim(array),
                 Builder::Constant | Builder::Text(_) | Builder::Bool(_) => {}
             }
         }
@@ -555,7 +633,7 @@ impl Row<'_> {
     /// The next column, of the type `T` is kept in.
     fn set<T: Value>(&mut self, value: Option<T>) -> &mut Self {
         match T::col(self.next()) {
-            Some(b) => b.push(value),
+            Some(b) => b.push(value.map(T::kept)),
             None => mismatch(self.at),
         }
         self
@@ -567,14 +645,80 @@ mod tests {
     use super::*;
 
     fn spare(t: &mut Table) -> usize {
-        t.col::<u64>(0).spare.len()
+        match &t.builders[0] {
+            Builder::I64(c) => c.spare.len(),
+            _ => unreachable!("a u64 column"),
+        }
+    }
+
+    /// The batches of the Parquet file at `path`.
+    fn read(path: &Path) -> Vec<RecordBatch> {
+        let file = File::open(path).expect("written");
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)
+            .expect("Parquet")
+            .build()
+            .expect("reader");
+        reader.map(|b| b.expect("batch")).collect()
+    }
+
+    #[test]
+    fn columns_are_written_in_types_every_engine_reads() {
+        use arrow_array::cast::AsArray;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let columns = [
+            ("host", Kind::Constant, false),
+            ("count", Kind::U32, false),
+            ("id", Kind::U64, true),
+            ("time", Kind::Time, true),
+            ("at", Kind::TimeUs, true),
+        ];
+        let times = [Some(1_700_000_000_123_456_789), Some(-1), None, Some(999)];
+        for (name, constants) in [("with.parquet", Some(&["h"][..])), ("without.parquet", None)] {
+            let path = dir.path().join(name);
+            let mut t = Table::create(&path, &columns, constants).expect("table");
+            for (k, time) in times.into_iter().enumerate() {
+                t.row(|r| {
+                    r.constant()
+                        .u32(Some(u32::MAX - k as u32))
+                        .u64((k != 1).then_some(u64::MAX - k as u64))
+                        .time(time)
+                        .time(time);
+                })
+                .expect("row");
+            }
+            assert_eq!(t.finish().expect("finished"), 4);
+            let batch = &read(&path)[0];
+            let names: Vec<String> = batch.schema().fields().iter().map(|f| f.name().clone()).collect();
+            let mut expected = vec!["count", "id", "time", "time_ns", "at"];
+            if constants.is_some() {
+                expected.insert(0, "host");
+            }
+            assert_eq!(names, expected, "{name}");
+            let column = |name: &str| batch.column_by_name(name).expect("the column");
+            let utc_micros = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+            assert_eq!(column("time").data_type(), &utc_micros);
+            assert_eq!(column("at").data_type(), &utc_micros);
+            for name in ["count", "id", "time_ns"] {
+                assert_eq!(column(name).data_type(), &DataType::Int64, "{name}");
+            }
+            let count: Vec<i64> = column("count").as_primitive::<Int64Type>().values().to_vec();
+            assert_eq!(count, [4_294_967_295, 4_294_967_294, 4_294_967_293, 4_294_967_292], "every u32 as it is");
+            let id: Vec<Option<i64>> = column("id").as_primitive::<Int64Type>().iter().collect();
+            assert_eq!(id, [Some(-1), None, Some(-3), Some(-4)], "a u64's bits");
+            let micros: Vec<Option<i64>> = column("time").as_primitive::<TimestampMicrosecondType>().iter().collect();
+            assert_eq!(micros, [Some(1_700_000_000_123_456), Some(-1), None, Some(0)], "rounded down");
+            let at: Vec<Option<i64>> = column("at").as_primitive::<TimestampMicrosecondType>().iter().collect();
+            assert_eq!(at, micros);
+            let ns: Vec<Option<i64>> = column("time_ns").as_primitive::<Int64Type>().iter().collect();
+            assert_eq!(ns, times, "exact");
+        }
     }
 
     #[test]
     fn a_written_batch_gives_its_buffers_to_a_later_one_without_its_values_or_nulls() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("t.parquet");
-        let mut t = Table::create(&path, &[("v", Kind::U64, true)], &[]).expect("table");
+        let mut t = Table::create(&path, &[("v", Kind::U64, true)], Some(&[])).expect("table");
         // A full batch with nulls: written as soon as it is counted.
         let first: Vec<Option<u64>> = (0..BATCH_ROWS as u64).map(|v| (v % 3 != 0).then_some(v)).collect();
         t.col::<u64>(0).extend_options(first.iter().copied());
@@ -599,8 +743,8 @@ mod tests {
         let mut read = Vec::new();
         for batch in reader {
             let batch = batch.expect("batch");
-            let values = batch.column(0).as_any().downcast_ref::<arrow_array::UInt64Array>().expect("u64");
-            read.extend(values.iter());
+            let values = batch.column(0).as_any().downcast_ref::<arrow_array::Int64Array>().expect("i64");
+            read.extend(values.iter().map(|v| v.map(|v| v as u64)));
         }
         let expected: Vec<Option<u64>> =
             first.into_iter().chain((1_000..1_010).map(Some)).chain((2_000..2_005).map(Some)).collect();

@@ -70,7 +70,7 @@ const PROFILE: &[Column] = &[
     ("tool", Kind::Text, false),
     ("runtime_version", Kind::Text, false),
     ("capture_kind", Kind::Text, false),
-    ("capture_time", Kind::Time, true),
+    ("capture_time", Kind::TimeUs, true),
     ("instance_type", Kind::Text, false),
     ("process_tag", Kind::Text, false),
     ("command", Kind::Text, false),

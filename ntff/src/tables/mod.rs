@@ -1,10 +1,12 @@
 //! A profile as Apache Parquet tables, for SQL over one profile or a fleet of them.
 //!
-//! [`write_tables`] writes one directory per NTFF file, a `.parquet` file per table
-//! ([`TABLES`]; columns in `ntff/TABLES.md`). Every row starts with `host`, `pid` and
-//! `session`, so that the tables of many files and hosts concatenate into one dataset;
-//! times are wall-clock nanoseconds (UTC), device times moved onto the host clock
-//! through their core's sync points. The event tables hold one row per event of the
+//! [`write_tables`] writes a `.parquet` file per table ([`TABLES`]; columns in
+//! `ntff/TABLES.md`), in a directory per NTFF file or in hive partitions ([`Layout`]).
+//! Every row has its `host`, `pid` and `session`, so that the tables of many files and
+//! hosts concatenate into one dataset. The columns' types are those Spark, DuckDB,
+//! Polars and pandas all read: signed integers, and times as UTC microseconds with the
+//! exact nanoseconds beside them, device times moved onto the host clock through their
+//! core's sync points. The event tables hold one row per event of the
 //! file (what `neuron-profile view --output-format json` lists, and events of kinds it
 //! does not know); the other tables are derived: executions, counters (utilisation and
 //! tensor memory as the timeline export draws them, events lost per core), losses, and
@@ -15,7 +17,7 @@ mod derived;
 mod events;
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use columns::{Column, Kind, Table};
 use derived::{Derived, ExecKey};
@@ -48,6 +50,85 @@ pub struct TablesOptions {
     /// The `session` column: what tells this file's rows from other files' of the same
     /// host and process (the file's name, without `.ntff`, is a good one).
     pub session: String,
+    /// Where each table goes under the directory given.
+    pub layout: Layout,
+}
+
+/// Where each table goes under the directory [`write_tables`] is given.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// `DIR/<table>.parquet`, every row with its `host`, `pid` and `session`: a
+    /// directory per file.
+    #[default]
+    Directory,
+    /// `DIR/<table>/host=<host>/session=<session>/part-<pid>.parquet`: hive partitions,
+    /// which Spark (`spark.read.parquet("DIR/<table>")`), DuckDB and Polars discover,
+    /// taking `host` and `session` from the directory names (the files hold `pid` and
+    /// the table's own columns). Files of many hosts and sessions go under one `DIR`;
+    /// writing a session again replaces its files.
+    Hive,
+}
+
+/// Characters a partition value is written without escaping: the rest are written as
+/// `%XX` (UTF-8 bytes), as Spark and Hive escape them and their readers unescape them.
+fn partition_value(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'+' | b'@' | b',') {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    // `.` and `..` name directories of their own; an empty value is Hive's default partition.
+    match out.as_str() {
+        "" => "__HIVE_DEFAULT_PARTITION__".into(),
+        "." | ".." => out.replace('.', "%2E"),
+        _ => out,
+    }
+}
+
+/// Where one file's tables go.
+struct Destination<'a> {
+    dir: &'a Path,
+    layout: Layout,
+    host: &'a str,
+    session: &'a str,
+    pid: u32,
+}
+
+impl Destination<'_> {
+    fn path(&self, table: &str) -> PathBuf {
+        match self.layout {
+            Layout::Directory => self.dir.join(format!("{table}.parquet")),
+            Layout::Hive => self
+                .dir
+                .join(table)
+                .join(format!("host={}", partition_value(self.host)))
+                .join(format!("session={}", partition_value(self.session)))
+                .join(format!("part-{}.parquet", self.pid)),
+        }
+    }
+
+    /// Creates the table `name` for the file's rows.
+    fn create(&self, name: &str) -> Result<Table, NtffError> {
+        let mut all: Vec<Column> = FILE_COLUMNS.to_vec();
+        if ["instructions", "dma_transfers"].contains(&name) {
+            all.extend_from_slice(DEVICE_COLUMNS);
+        }
+        all.extend_from_slice(columns_of(name));
+        let path = self.path(name);
+        let constants = [self.host, self.session];
+        let constants = match self.layout {
+            Layout::Directory => Some(&constants[..]),
+            Layout::Hive => {
+                let dir = path.parent().unwrap_or(self.dir);
+                std::fs::create_dir_all(dir).map_err(|e| NtffError::io(dir, e))?;
+                None
+            }
+        };
+        Table::create(&path, &all, constants)
+    }
 }
 
 /// What [`write_tables`] wrote.
@@ -131,16 +212,6 @@ fn columns_of(table: &str) -> &'static [Column] {
     }
 }
 
-/// Creates the table `name` in `dir` for `file`'s rows.
-fn create(dir: &Path, name: &str, host: &str, session: &str) -> Result<Table, NtffError> {
-    let mut all: Vec<Column> = FILE_COLUMNS.to_vec();
-    if ["instructions", "dma_transfers"].contains(&name) {
-        all.extend_from_slice(DEVICE_COLUMNS);
-    }
-    all.extend_from_slice(columns_of(name));
-    Table::create(&dir.join(format!("{name}.parquet")), &all, &[host, session])
-}
-
 /// A descriptor's row values, resolved once.
 #[derive(Clone, Copy)]
 enum Resolved {
@@ -148,8 +219,8 @@ enum Resolved {
     Dma(DmaRow),
 }
 
-/// Writes the tables of `file` into `dir` (created if missing; its tables replaced).
-/// `progress` is called after each chunk.
+/// Writes the tables of `file` into `dir` (created if missing; this file's tables
+/// replaced), laid out as `options.layout` says. `progress` is called after each chunk.
 pub fn write_tables(
     file: &NtffFile,
     options: &TablesOptions,
@@ -175,6 +246,7 @@ fn write_all(
 ) -> Result<TablesSummary, NtffError> {
     let meta = file.metadata();
     let session = options.session.as_str();
+    let to = Destination { dir, layout: options.layout, host, session, pid };
     let cores = options.cores.as_deref();
     let mut problems = file.recovery().describe();
     let realtime = match meta.clock.as_ref() {
@@ -187,10 +259,10 @@ fn write_all(
     // Times past what a timestamp holds (only damaged or synthetic files have them) are null.
     let wall = |ns: u64| i64::try_from(ns).ok().and_then(|n| n.checked_add(realtime));
 
-    let mut system = create(dir, "system_events", host, session)?;
-    let mut instructions = create(dir, "instructions", host, session)?;
-    let mut dma = create(dir, "dma_transfers", host, session)?;
-    let mut losses = create(dir, "losses", host, session)?;
+    let mut system = to.create("system_events")?;
+    let mut instructions = to.create("instructions")?;
+    let mut dma = to.create("dma_transfers")?;
+    let mut losses = to.create("losses")?;
     let mut derived = Derived::new(file, cores);
 
     let clocks = file.core_clocks(cores);
@@ -331,7 +403,7 @@ fn write_all(
     let mut tables = Vec::new();
     let mut finish = |name: &str, table: Table| -> Result<(), NtffError> {
         let rows = table.finish()?;
-        let path = dir.join(format!("{name}.parquet"));
+        let path = to.path(name);
         let bytes = std::fs::metadata(&path).map_err(|e| NtffError::io(&path, e))?.len();
         tables.push((name.to_string(), rows, bytes));
         Ok(())
@@ -341,7 +413,7 @@ fn write_all(
     finish("dma_transfers", dma)?;
     finish("losses", losses)?;
     let summary = summariser.finish();
-    let written = derived.finish(&summary, |name| create(dir, name, host, session), pid, &wall, &problems)?;
+    let written = derived.finish(&summary, |name| to.create(name), pid, &wall, &problems)?;
     for (name, table) in written {
         finish(name, table)?;
     }
@@ -448,7 +520,16 @@ fn json_string(s: &str, out: &mut String) {
 
 #[cfg(test)]
 mod tests {
-    use super::json_string;
+    use super::{json_string, partition_value};
+
+    #[test]
+    fn partition_values_are_escaped_as_hive_writes_them() {
+        assert_eq!(partition_value("ip-10-0-0-1.ec2.internal"), "ip-10-0-0-1.ec2.internal");
+        assert_eq!(partition_value("a/b=c d%"), "a%2Fb%3Dc%20d%25");
+        assert_eq!(partition_value("ünï"), "%C3%BCn%C3%AF");
+        assert_eq!(partition_value(".."), "%2E%2E");
+        assert_eq!(partition_value(""), "__HIVE_DEFAULT_PARTITION__");
+    }
 
     #[test]
     fn strings_in_arguments_are_json() {

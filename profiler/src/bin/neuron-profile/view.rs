@@ -37,9 +37,12 @@ pub(crate) struct ViewArgs {
     #[arg(long)]
     port: Option<u16>,
     /// Write there instead of stdout (parquet: the directory to write the tables in;
-    /// with --session-dir, a directory per file under it).
+    /// with --session-dir, a directory per file under it, unless --parquet-layout hive).
     #[arg(long, value_name = "FILE")]
     output_file: Option<PathBuf>,
+    /// How parquet output lays out its tables under --output-file DIR.
+    #[arg(long, value_enum, default_value_t = ParquetLayout::Directory, value_name = "LAYOUT")]
+    parquet_layout: ParquetLayout,
     /// Only these NeuronCores, e.g. "0,1" or "0-3".
     #[arg(long, value_name = "CORES")]
     system_trace_filter_neuron_core: Option<String>,
@@ -66,6 +69,17 @@ enum OutputFormat {
     /// file, given by --output-file DIR, with events, executions, counters, losses,
     /// bounds and findings; columns in ntff/TABLES.md.
     Parquet,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ParquetLayout {
+    /// DIR/TABLE.parquet for a file (DIR/FILE/TABLE.parquet with --session-dir), every
+    /// row with its host, pid and session.
+    Directory,
+    /// DIR/TABLE/host=HOST/session=FILE/part-PID.parquet: hive partitions for a fleet.
+    /// Every host can write into one shared DIR; spark.read.parquet("DIR/TABLE"),
+    /// DuckDB's and Polars' hive_partitioning read host and session from the paths.
+    Hive,
 }
 
 pub(crate) fn view(args: ViewArgs) -> Result<()> {
@@ -287,7 +301,8 @@ fn export(args: &ViewArgs, format: OutputFormat, paths: &[PathBuf]) -> Result<()
 }
 
 /// Writes each file's Parquet tables: into --output-file DIR for one file, into a
-/// directory per file (named as the file, without `.ntff`) under it for --session-dir.
+/// directory per file (named as the file, without `.ntff`) under it for --session-dir;
+/// in the hive layout, every file's into DIR's partitions.
 fn tables(args: &ViewArgs, paths: &[PathBuf]) -> Result<()> {
     let Some(out) = &args.output_file else {
         bail!("parquet output is a directory of tables: give --output-file DIR");
@@ -305,8 +320,13 @@ fn tables(args: &ViewArgs, paths: &[PathBuf]) -> Result<()> {
     for path in paths {
         let file = NtffFile::open(path).with_context(|| format!("cannot read {}", path.display()))?;
         let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("profile").to_string();
-        let dir = if args.session_dir.is_some() { out.join(&stem) } else { out.clone() };
-        let options = ntff::tables::TablesOptions { cores: core_filter(args, &file)?, session: stem };
+        let layout = match args.parquet_layout {
+            ParquetLayout::Directory => ntff::tables::Layout::Directory,
+            ParquetLayout::Hive => ntff::tables::Layout::Hive,
+        };
+        let per_file = args.session_dir.is_some() && layout == ntff::tables::Layout::Directory;
+        let dir = if per_file { out.join(&stem) } else { out.clone() };
+        let options = ntff::tables::TablesOptions { cores: core_filter(args, &file)?, session: stem, layout };
         let bar = progress_bar("writing tables:");
         let mut progress = |p: Progress| {
             bar.set_length(p.events_total);
