@@ -347,7 +347,7 @@ fn allreduce_neff(elements: usize) -> Vec<u8> {
 
 /// A port of the loopback interface nobody listens at, for rank 0 to listen at.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port()
+    neuron_test_support::process::free_port()
 }
 
 /// Runs C program `binary` (with `args`, then the cores per process) as a job of 4

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -57,7 +57,7 @@ fn query(prometheus: SocketAddr, promql: &str) -> Vec<(Value, f64)> {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
+    neuron_test_support::process::free_port()
 }
 
 /// The names of the samples in an exposition.

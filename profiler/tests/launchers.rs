@@ -72,7 +72,7 @@ fn all_reduce_hlo(dir: &std::path::Path) -> std::path::PathBuf {
 }
 
 fn free_root() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port();
+    let port = neuron_test_support::process::free_port();
     format!("127.0.0.1:{port}")
 }
 

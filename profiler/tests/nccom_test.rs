@@ -113,7 +113,7 @@ fn every_operation_and_element_type_is_right_on_4_processes_of_1_rank_and_2_of_2
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port()
+    neuron_test_support::process::free_port()
 }
 
 #[test]

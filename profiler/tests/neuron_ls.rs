@@ -101,7 +101,7 @@ fn the_ranks_of_a_job_of_processes_are_listed_with_their_cores() {
          ENTRY main {\n  x = f32[16]{0} parameter(0)\n  ROOT r = f32[16]{0} all-reduce(x), replica_groups={}, to_apply=sum\n}\n",
     )
     .expect("write");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port();
+    let port = neuron_test_support::process::free_port();
     // Two processes of a torchrun-style job, one core and one rank each, running long.
     let mut ranks: Vec<Child> = (0..2)
         .map(|rank| {

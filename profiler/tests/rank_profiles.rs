@@ -28,7 +28,7 @@ fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_ran
     let sandbox = Sandbox::new();
     let profiles = sandbox.path().join("profiles");
     let hlo = all_reduce_hlo(sandbox.path(), 4096);
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port();
+    let port = neuron_test_support::process::free_port();
     let mut program = Command::new(env!("CARGO_BIN_EXE_neuron-profile"));
     sandbox
         .env(&mut program)

@@ -219,13 +219,40 @@ pub fn mpirun(np: usize, program: &Command) -> Option<Command> {
     Some(mpirun)
 }
 
+/// A free TCP port on 127.0.0.1 for a server a test starts later (a job's root rank, an
+/// exporter): below the kernel's ephemeral range, where no outgoing connection of
+/// another test can take it between this check and the bind, as it can a port the
+/// kernel picked (`127.0.0.1:0`).
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static DRAWN: AtomicU64 = AtomicU64::new(0);
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000u16.min(ephemeral_low / 2), ephemeral_low.max(10_001));
+    let seed = u64::from(std::process::id())
+        ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    for _ in 0..1000 {
+        // A different port per call and per process: a 64-bit mix of the seed and a count.
+        let mut x = seed.wrapping_add(DRAWN.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        let port = low + ((x ^ (x >> 31)) % u64::from(high - low)) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port between {low} and {high} on 127.0.0.1")
+}
+
 /// A job of `np` ranks on this host under a real `mpirun`, in `sandbox`: one process and
 /// one core each, all-reducing 64 KiB `iterations` times through `neuron-bench exec`,
 /// with `env` added (`NEURON_RT_FAULT_INJECT`, …); `None` where `mpirun` is missing,
 /// which fails the test in CI. What the job prints goes to [`Sandbox::job_log`].
 pub fn all_reduce_job(sandbox: &Sandbox, np: usize, iterations: u32, env: &[(&str, &str)]) -> Option<Job> {
     let hlo = all_reduce_hlo(sandbox.path(), 16384);
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port();
+    let port = free_port();
     let mut program = Command::new(neuron_bench());
     sandbox
         .env(&mut program)

@@ -91,7 +91,7 @@ fn a_jobs_rank_profiles_open_on_one_timeline_in_a_headless_browser() {
     let profiles = sandbox.path().join("profiles");
     let hlo = neuron_test_support::process::all_reduce_hlo(sandbox.path(), 4096);
     // Four ranks, each process recording itself into the directory as its rank.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port();
+    let port = neuron_test_support::process::free_port();
     let mut program = Command::new(profiler_binary("neuron-profile"));
     sandbox
         .env(&mut program)

@@ -4,7 +4,6 @@
 //! with its status, the rank it names and the bound on time. Real processes under
 //! `mpirun` are in `libnrt/tests` and `profiler/tests`.
 
-use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
 use neuron_runtime::launch::RootComm;
@@ -18,7 +17,7 @@ mod flight;
 
 /// A free port on the loopback interface for rank 0 to listen at.
 fn free_root() -> RootComm {
-    let port = TcpListener::bind("127.0.0.1:0").expect("binds").local_addr().expect("address").port();
+    let port = neuron_test_support::process::free_port();
     RootComm { host: "127.0.0.1".into(), port, from: "NEURON_RT_ROOT_COMM_ID" }
 }
 
