@@ -9,7 +9,7 @@
 /// `NRTVDS` followed by two zero bytes, as a little-endian `u64`.
 pub(crate) const MAGIC: u64 = u64::from_le_bytes(*b"NRTVDS\0\0");
 /// The layout this build writes and reads.
-pub const LAYOUT_VERSION: u32 = 6;
+pub const LAYOUT_VERSION: u32 = 7;
 
 pub(crate) const HEADER_BYTES: u64 = 4096;
 /// Bytes per ring slot: one sequence word and fifteen payload words.
@@ -330,7 +330,8 @@ impl Layout {
         }
         let process_block = HEADER_BYTES;
         let core_blocks = process_block + PROCESS_BLOCK_BYTES;
-        let core_block_bytes = round_up_64(CORE_SCALAR_BYTES + 2 * 8 * u64::from(sizes.histogram_buckets));
+        let core_block_bytes = round_up_64(CORE_SCALAR_BYTES + 2 * 8 * u64::from(sizes.histogram_buckets))
+            + super::exemplar::SLOT_BYTES * super::exemplar::SLOTS as u64;
         let models = core_blocks.checked_add(core_block_bytes.checked_mul(u64::from(sizes.core_count))?)?;
         let model_histograms = models.checked_add(MODEL_SLOT_BYTES.checked_mul(u64::from(sizes.model_slots))?)?;
         let strings = model_histograms.checked_add(MODEL_HISTOGRAM_BYTES.checked_mul(u64::from(sizes.model_slots))?)?;
@@ -375,6 +376,13 @@ impl Layout {
     pub(crate) fn histogram_bucket(&self, slot: usize, total: bool, bucket: usize) -> u64 {
         let histogram = u64::from(total) * 8 * u64::from(self.sizes.histogram_buckets);
         self.core_blocks + self.core_block_bytes * slot as u64 + CORE_SCALAR_BYTES + histogram + 8 * bucket as u64
+    }
+
+    /// Byte offset of exemplar slot `index` (`exemplar.rs`: the latency slots, then one
+    /// per error class) of the `slot`-th held core, after its histograms.
+    pub(crate) fn exemplar_slot(&self, slot: usize, index: usize) -> u64 {
+        let histograms = round_up_64(CORE_SCALAR_BYTES + 2 * 8 * u64::from(self.sizes.histogram_buckets));
+        self.core_blocks + self.core_block_bytes * slot as u64 + histograms + super::exemplar::SLOT_BYTES * index as u64
     }
 
     pub(crate) fn model_slot(&self, slot: u32) -> u64 {

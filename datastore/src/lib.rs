@@ -37,6 +37,7 @@ mod test_support;
 pub mod clock;
 pub mod config;
 pub mod event;
+pub mod exemplar;
 pub mod flight;
 pub mod histogram;
 pub mod host;

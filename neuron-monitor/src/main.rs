@@ -358,8 +358,8 @@ impl Monitor<'_> {
         self.processes.forget_exited(Duration::ZERO);
     }
 
-    /// The Prometheus exposition of `report`, made of this look.
-    fn exposition(&self, report: &Value) -> String {
+    /// The Prometheus series of `report`, made of this look.
+    fn exposition(&self, report: &Value) -> prometheus::Families {
         let counters: Vec<RuntimeCounters<'_>> = self
             .processes
             .iter()
@@ -464,7 +464,15 @@ fn due(since: Instant, period: Duration, now: Instant) -> bool {
 }
 
 /// The latest exposition, `None` before the first report.
-type Latest = Arc<Mutex<Option<Bytes>>>;
+type Latest = Arc<Mutex<Option<Arc<Published>>>>;
+
+/// A report's series: in the text format, written when published, and in OpenMetrics,
+/// written for the first scraper that asks for it.
+struct Published {
+    families: prometheus::Families,
+    text: Bytes,
+    openmetrics: std::sync::OnceLock<Bytes>,
+}
 
 /// The `/metrics` endpoint: an HTTP server on its own thread, serving the exposition
 /// of the latest report.
@@ -503,24 +511,39 @@ impl MetricsServer {
         Ok(MetricsServer { addr, latest })
     }
 
-    fn publish(&self, exposition: String) {
+    fn publish(&self, families: prometheus::Families) {
+        let text = Bytes::from(families.text());
+        let published = Arc::new(Published { families, text, openmetrics: std::sync::OnceLock::new() });
         if let Ok(mut latest) = self.latest.lock() {
-            *latest = Some(Bytes::from(exposition));
+            *latest = Some(published);
         }
     }
 }
 
-async fn metrics(State(latest): State<Latest>) -> Response {
+/// The latest report's series: in OpenMetrics (with exemplars) when the scraper's
+/// `Accept` names `application/openmetrics-text`, else in the text format.
+async fn metrics(State(latest): State<Latest>, headers: axum::http::HeaderMap) -> Response {
     let latest = latest.lock().ok().and_then(|l| l.clone());
-    match latest {
-        Some(text) => ([(header::CONTENT_TYPE, prometheus::CONTENT_TYPE)], text).into_response(),
-        None => (StatusCode::SERVICE_UNAVAILABLE, "no report yet\n").into_response(),
+    let Some(published) = latest else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "no report yet\n").into_response();
+    };
+    let openmetrics = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|accept| accept.contains("application/openmetrics-text"));
+    if openmetrics {
+        let body = published.openmetrics.get_or_init(|| Bytes::from(published.families.openmetrics())).clone();
+        ([(header::CONTENT_TYPE, prometheus::OPENMETRICS_CONTENT_TYPE)], body).into_response()
+    } else {
+        ([(header::CONTENT_TYPE, prometheus::CONTENT_TYPE)], published.text.clone()).into_response()
     }
 }
 
 async fn index() -> Html<&'static str> {
     Html(
         "<!doctype html><title>neuron-monitor</title><h1>neuron-monitor</h1>\
-         <p><a href=\"/metrics\">Metrics</a> (Prometheus text format)</p>\n",
+         <p><a href=\"/metrics\">Metrics</a> (Prometheus text format; OpenMetrics, with exemplars, \
+         to a scraper whose Accept header asks for application/openmetrics-text)</p>\n",
     )
 }

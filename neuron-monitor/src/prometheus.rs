@@ -9,23 +9,19 @@
 //! lost. Processes that share a tag share their series: counts, memory and CPU add up;
 //! a latency percentile is the highest of theirs.
 
-use std::collections::{BTreeMap, HashMap};
-
 use neuron_datastore::histogram::bucket_bounds;
 use neuron_datastore::{Delta, Snapshot};
 use neuron_datastore::{ErrorClass, ExecOutcome};
 use serde_json::Value;
 
 use crate::collectives::{Observations, Tally};
+use crate::exposition::{EXEMPLAR_LABEL_CHARS, Kind, Labels};
+pub use crate::exposition::{Exemplar, Families, Histogram, LATENCY_BUCKETS};
 
-/// The `Content-Type` of the exposition.
+/// The `Content-Type` of the text exposition.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// Upper bounds, in seconds, of `neuron_execution_latency_seconds`'s buckets.
-pub const LATENCY_BUCKETS: [f64; 19] = [
-    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-    2.5, 5.0, 10.0, 30.0,
-];
+/// The `Content-Type` of the OpenMetrics exposition.
+pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The device-memory categories of `neuroncore_memory_usage_<category>`.
 const MEMORY_CATEGORIES: [&str; 5] =
@@ -46,7 +42,8 @@ pub struct RuntimeCounters<'a> {
     pub models: &'a [neuron_datastore::ModelInfo],
 }
 
-/// The exposition of one report. `ecc_total` is each device's ECC events since the
+/// The series of one report, for either format ([`Families::text`],
+/// [`Families::openmetrics`]). `ecc_total` is each device's ECC events since the
 /// monitor started (mem corrected, mem uncorrected, sram corrected, sram uncorrected);
 /// `collectives`, the communicators' counts since then.
 pub fn exposition(
@@ -54,7 +51,7 @@ pub fn exposition(
     runtimes: &[RuntimeCounters<'_>],
     ecc_total: &[[u64; 4]],
     collectives: &Tally,
-) -> String {
+) -> Families {
     // Every series carries the instance's labels.
     let mut out = Families::new(instance_labels(&report["instance_info"]));
     let info = Labels::default();
@@ -103,7 +100,7 @@ pub fn exposition(
     if report["system_data"]["collectives"].is_object() {
         collective_series(&mut out, collectives, &info);
     }
-    out.encode()
+    out
 }
 
 /// The communicators' series: per rank its wait and arrivals last, per communicator
@@ -277,10 +274,17 @@ fn runtime_counters(out: &mut Families, groups: &Value, labels: &Labels, counter
     let (since, now) = (counters.since, counters.now);
     if group(groups, "execution_stats").is_some() {
         let delta = Delta::between(since, now);
+        let examples = Examples { pid: counters.pid, since, models: counters.models };
         for &class in ErrorClass::ALL {
             let n: u64 = delta.cores.iter().map(|c| c.errors.get(class)).sum();
             let labels = labels.clone().with("error_type", class.name().to_string());
-            out.add("execution_errors_total", "Execution errors", Kind::Counter, labels, n as f64);
+            // The last execution of the class on any of the process's cores.
+            let last = (now.cores.iter())
+                .filter_map(|c| c.exemplars.error(class).map(|e| (c.core, e)))
+                .filter(|(_, e)| examples.counted(e))
+                .max_by_key(|(_, e)| e.monotonic_ns)
+                .map(|(core, e)| examples.exemplar(core, e, 1.0));
+            out.add_counter("execution_errors_total", "Execution errors", labels, n as f64, last);
         }
         for &outcome in ExecOutcome::ALL {
             let n: u64 = delta.cores.iter().map(|c| c.executions.get(outcome)).sum();
@@ -290,11 +294,13 @@ fn runtime_counters(out: &mut Families, groups: &Value, labels: &Labels, counter
         for core in &now.cores {
             let before = since.core(core.core).map(|c| c.total_latency.as_slice());
             let labels = labels.clone().with("neuroncore", core.core.to_string());
+            let mut histogram = latency_histogram(&core.total_latency, before);
+            histogram.exemplars = examples.latency(core);
             out.add_histogram(
                 "neuron_execution_latency_seconds",
                 "Execution latency (host call to return), from the runtime's own histogram (bucket edges within 3%)",
                 labels,
-                latency_histogram(&core.total_latency, before),
+                histogram,
             );
         }
         // Per model, from its load: a model loaded again starts from zero, as counters
@@ -405,277 +411,107 @@ fn histogram_of(now: &[u64], before: Option<&[u64]>, bounds: fn(usize) -> (u64, 
             cumulative
         })
         .collect();
-    Histogram { buckets, count, sum }
+    Histogram { buckets, count, sum, exemplars: Vec::new() }
 }
 
-/// A histogram's cumulative counts per `LATENCY_BUCKETS` bound (the `+Inf` bucket is
-/// `count`), with the number and sum of the observations.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Histogram {
-    pub buckets: Vec<u64>,
-    pub count: u64,
-    pub sum: f64,
+/// The bucket of `LATENCY_BUCKETS` (its length: `+Inf`) a latency of `ns` counts in:
+/// the first bound at or above the midpoint of its fine bucket, as
+/// [`latency_histogram`] counts it.
+fn latency_bucket(ns: u64) -> usize {
+    let (low, high) = bucket_bounds(neuron_datastore::histogram::bucket_of(ns));
+    let seconds = (low as f64 + (high - low) as f64 / 2.0) / 1e9;
+    LATENCY_BUCKETS.iter().position(|&le| seconds <= le).unwrap_or(LATENCY_BUCKETS.len())
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Gauge,
-    Counter,
+/// The executions a process's datastore names as exemplars, turned into the exposition's.
+struct Examples<'a> {
+    pid: u32,
+    /// The counters are counted from this snapshot: older executions are not examples
+    /// of them.
+    since: &'a Snapshot,
+    models: &'a [neuron_datastore::ModelInfo],
 }
 
-/// A series' labels, in order.
-#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord)]
-struct Labels(Vec<(&'static str, String)>);
-
-impl Labels {
-    fn with(mut self, name: &'static str, value: String) -> Labels {
-        self.0.push((name, value));
-        self
-    }
-}
-
-/// How two samples of the same series (processes sharing a tag) combine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Combine {
-    Sum,
-    Max,
-}
-
-#[derive(Debug)]
-enum Sample {
-    Value(f64),
-    Histogram(Histogram),
-}
-
-#[derive(Debug)]
-struct Family {
-    name: String,
-    help: &'static str,
-    kind: FamilyType,
-    combine: Combine,
-    samples: BTreeMap<Labels, Sample>,
-}
-
-/// The families of one exposition, in the order they were first added, and the labels
-/// every series starts with.
-#[derive(Debug, Default)]
-struct Families {
-    families: Vec<Family>,
-    index: HashMap<String, usize>,
-    common: Vec<(&'static str, String)>,
-}
-
-impl Families {
-    fn new(common: Vec<(&'static str, String)>) -> Families {
-        Families { common, ..Families::default() }
+impl Examples<'_> {
+    fn counted(&self, e: &neuron_datastore::exemplar::Exemplar) -> bool {
+        e.monotonic_ns >= self.since.taken_ns
     }
 
-    fn family(&mut self, name: String, help: &'static str, kind: FamilyType, combine: Combine) -> &mut Family {
-        let at = match self.index.get(&name) {
-            Some(&at) => at,
-            None => {
-                self.index.insert(name.clone(), self.families.len());
-                self.families.push(Family { name, help, kind, combine, samples: BTreeMap::new() });
-                self.families.len() - 1
-            }
-        };
-        &mut self.families[at]
-    }
-
-    fn add(&mut self, name: &str, help: &'static str, kind: Kind, labels: Labels, value: f64) {
-        self.add_named(name.to_string(), help, kind, labels, value);
-    }
-
-    fn add_named(&mut self, name: String, help: &'static str, kind: Kind, labels: Labels, value: f64) {
-        let kind = match kind {
-            Kind::Gauge => FamilyType::Gauge,
-            Kind::Counter => FamilyType::Counter,
-        };
-        self.add_value(name, help, kind, Combine::Sum, labels, value);
-    }
-
-    fn add_max(&mut self, name: &str, help: &'static str, labels: Labels, value: f64) {
-        self.add_value(name.to_string(), help, FamilyType::Gauge, Combine::Max, labels, value);
-    }
-
-    fn add_value(
-        &mut self,
-        name: String,
-        help: &'static str,
-        kind: FamilyType,
-        combine: Combine,
-        labels: Labels,
-        value: f64,
-    ) {
-        let family = self.family(name, help, kind, combine);
-        let combine = family.combine;
-        family
-            .samples
-            .entry(labels)
-            .and_modify(|s| {
-                if let Sample::Value(v) = s {
-                    *v = match combine {
-                        Combine::Sum => *v + value,
-                        Combine::Max => v.max(value),
-                    };
-                }
-            })
-            .or_insert(Sample::Value(value));
-    }
-
-    fn add_histogram(&mut self, name: &str, help: &'static str, labels: Labels, histogram: Histogram) {
-        let family = self.family(name.to_string(), help, FamilyType::Histogram, Combine::Sum);
-        family
-            .samples
-            .entry(labels)
-            .and_modify(|s| {
-                if let Sample::Histogram(h) = s {
-                    h.buckets.iter_mut().zip(&histogram.buckets).for_each(|(a, b)| *a += b);
-                    h.count += histogram.count;
-                    h.sum += histogram.sum;
-                }
-            })
-            .or_insert_with(|| Sample::Histogram(histogram.clone()));
-    }
-
-    /// The text format (version 0.0.4): each family's `# HELP` and `# TYPE`, then its
-    /// samples, a histogram as its cumulative buckets, `+Inf`, `_sum` and `_count`,
-    /// as the `prometheus` crate's encoder writes them (the tests hold the two to the
-    /// same bytes), without the crate's intermediate messages: a job of many ranks has
-    /// tens of thousands of samples at every report.
-    fn encode(self) -> String {
-        use std::fmt::Write;
-        let mut common = String::new();
-        for (name, value) in &self.common {
-            push_label(&mut common, name, value);
-        }
-        let mut text = String::with_capacity(1 << 16);
-        let mut labels = String::new();
-        let bounds: Vec<String> = LATENCY_BUCKETS.iter().map(f64::to_string).collect();
-        for f in self.families.into_iter().filter(|f| !f.samples.is_empty()) {
-            let name = &f.name;
-            if !f.help.is_empty() {
-                let _ = writeln!(text, "# HELP {name} {}", escape(f.help, false));
-            }
-            let _ = writeln!(text, "# TYPE {name} {}", f.kind.name());
-            for (series, sample) in f.samples {
-                labels.clone_from(&common);
-                for (label, value) in &series.0 {
-                    push_label(&mut labels, label, value);
-                }
-                match sample {
-                    Sample::Value(value) => write_sample(&mut text, (name, ""), &labels, None, value),
-                    Sample::Histogram(h) => {
-                        for (le, &n) in bounds.iter().zip(&h.buckets) {
-                            write_sample(&mut text, (name, "_bucket"), &labels, Some(le), n as f64);
-                        }
-                        write_sample(&mut text, (name, "_bucket"), &labels, Some("+Inf"), h.count as f64);
-                        write_sample(&mut text, (name, "_sum"), &labels, None, h.sum);
-                        write_sample(&mut text, (name, "_count"), &labels, None, h.count as f64);
-                    }
-                }
+    /// The latency histogram's exemplars of `core`: for each bucket, the last execution
+    /// counted in it.
+    fn latency(&self, core: &neuron_datastore::CoreSnapshot) -> Vec<Option<Exemplar>> {
+        let mut last: Vec<Option<&neuron_datastore::exemplar::Exemplar>> = vec![None; LATENCY_BUCKETS.len() + 1];
+        for e in core.exemplars.latency.iter().flatten().filter(|e| self.counted(e)) {
+            let slot = &mut last[latency_bucket(e.latency_ns)];
+            if slot.is_none_or(|s| s.monotonic_ns < e.monotonic_ns) {
+                *slot = Some(e);
             }
         }
-        text
+        let exemplar =
+            |e: &neuron_datastore::exemplar::Exemplar| self.exemplar(core.core, e, e.latency_ns as f64 / 1e9);
+        last.into_iter().map(|e| e.map(exemplar)).collect()
+    }
+
+    /// The exemplar of execution `e` of `core`, of value `value`.
+    fn exemplar(&self, core: u32, e: &neuron_datastore::exemplar::Exemplar, value: f64) -> Exemplar {
+        let name = self.models.iter().find(|m| m.model_id == e.model_id).map_or("", |m| m.name.as_str());
+        execution_exemplar(self.pid, core, e, name, value)
     }
 }
 
-/// A family's type, as its `# TYPE` line says.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum FamilyType {
-    Counter,
-    Gauge,
-    Histogram,
-}
-
-impl FamilyType {
-    fn name(self) -> &'static str {
-        match self {
-            FamilyType::Counter => "counter",
-            FamilyType::Gauge => "gauge",
-            FamilyType::Histogram => "histogram",
-        }
-    }
-}
-
-/// Appends `name="value"` to a series' rendered labels (comma-separated).
-fn push_label(labels: &mut String, name: &str, value: &str) {
-    if !labels.is_empty() {
-        labels.push(',');
-    }
-    labels.push_str(name);
-    labels.push_str("=\"");
-    labels.push_str(&escape(value, true));
-    labels.push('"');
-}
-
-/// One sample line: `name{labels,le="0.5"} value`.
-fn write_sample(text: &mut String, (name, suffix): (&str, &str), labels: &str, le: Option<&str>, value: f64) {
-    text.push_str(name);
-    text.push_str(suffix);
-    if !labels.is_empty() || le.is_some() {
-        text.push('{');
-        text.push_str(labels);
-        if let Some(le) = le {
-            if !labels.is_empty() {
-                text.push(',');
-            }
-            text.push_str("le=\"");
-            text.push_str(le);
-            text.push('"');
-        }
-        text.push('}');
-    }
-    text.push(' ');
-    push_number(text, value);
-    text.push('\n');
-}
-
-/// `value` as `f64`'s `Display` writes it; whole numbers (most samples: counts, bytes)
-/// without the formatting machinery.
-fn push_number(text: &mut String, value: f64) {
-    if value.fract() != 0.0 || value.abs() >= 1e15 || (value == 0.0 && value.is_sign_negative()) {
-        use std::fmt::Write;
-        let _ = write!(text, "{value}");
-        return;
-    }
-    let (mut n, mut digits, mut at) = (value.abs() as u64, [0u8; 20], 20);
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    if value < 0.0 {
-        text.push('-');
-    }
-    text.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
-}
-
-/// `value` with backslashes and line feeds escaped, and double quotes too in a label
-/// value.
-fn escape(value: &str, quotes: bool) -> std::borrow::Cow<'_, str> {
-    let special = |c: char| c == '\\' || c == '\n' || (quotes && c == '"');
-    if !value.contains(special) {
-        return value.into();
-    }
-    let mut escaped = String::with_capacity(value.len() + 8);
-    for c in value.chars() {
-        if special(c) {
-            escaped.extend(c.escape_default());
-        } else {
-            escaped.push(c);
-        }
-    }
-    escaped.into()
+/// The exemplar of execution `e` of process `pid` on `core`, of value `value`: labelled
+/// with the execution, process, core and model, the model's name (empty when unloaded)
+/// cut to keep every label within OpenMetrics' 128 characters.
+fn execution_exemplar(
+    pid: u32,
+    core: u32,
+    e: &neuron_datastore::exemplar::Exemplar,
+    model: &str,
+    value: f64,
+) -> Exemplar {
+    let mut labels =
+        vec![("exec_id", e.exec_id.to_string()), ("pid", pid.to_string()), ("neuroncore", core.to_string())];
+    let used: usize = labels.iter().map(|(n, v)| n.chars().count() + v.chars().count()).sum();
+    let room = EXEMPLAR_LABEL_CHARS.saturating_sub(used + "model".len());
+    labels.push(("model", model.chars().take(room).collect()));
+    Exemplar { labels, value, timestamp_s: e.realtime_ns as f64 / 1e9 }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use neuron_datastore::histogram::bucket_of;
+
+    #[test]
+    fn the_runtime_keeps_an_execution_for_each_bucket_exported() {
+        let bounds: Vec<f64> =
+            neuron_datastore::exemplar::LATENCY_BOUNDS_NS.iter().map(|&ns| ns as f64 / 1e9).collect();
+        assert_eq!(bounds, LATENCY_BUCKETS);
+    }
+
+    #[test]
+    fn an_exemplar_names_its_execution_within_openmetrics_128_characters() {
+        let execution = neuron_datastore::exemplar::Exemplar {
+            exec_id: u64::MAX,
+            model_id: 3,
+            status: 0,
+            latency_ns: 1_500_000,
+            realtime_ns: 1_700_000_000_500_000_000,
+            monotonic_ns: 1,
+        };
+        for name in ["mlp", &"long model name ".repeat(20)] {
+            let e = execution_exemplar(4_194_304, 1, &execution, name, 0.0015);
+            let chars: usize = e.labels.iter().map(|(n, v)| n.chars().count() + v.chars().count()).sum();
+            assert!(chars <= EXEMPLAR_LABEL_CHARS, "{e:?}");
+            let label = |k: &str| e.labels.iter().find(|(n, _)| *n == k).map(|(_, v)| v.as_str());
+            assert_eq!(label("exec_id"), Some("18446744073709551615"));
+            assert_eq!(label("pid"), Some("4194304"));
+            assert_eq!(label("neuroncore"), Some("1"));
+            assert!(name.starts_with(label("model").expect("the model")), "{e:?}");
+            assert_eq!(e.timestamp_s, 1_700_000_000.5);
+        }
+        assert_eq!(latency_bucket(1_500_000), 6, "1.5 ms counts under 2.5 ms");
+    }
 
     #[test]
     fn latency_histogram_counts_each_value_under_its_bound_and_only_what_was_gained() {
@@ -697,123 +533,5 @@ mod tests {
         assert_eq!(le(30.0), 5, "40 s is only in +Inf");
         let expected = 3.0 * 80e-6 + 2.0 * 3e-3 + 40.0;
         assert!((h.sum - expected).abs() / expected < 0.03, "{} vs {expected}", h.sum);
-    }
-
-    #[test]
-    fn series_of_processes_sharing_a_tag_add_up_and_percentiles_take_the_highest() {
-        let mut out = Families::default();
-        let labels = Labels::default().with("runtime_tag", "a".into());
-        out.add("execution_status_total", "h", Kind::Counter, labels.clone(), 2.0);
-        out.add("execution_status_total", "h", Kind::Counter, labels.clone(), 3.0);
-        out.add_max("execution_latency_seconds", "h", labels.clone(), 0.5);
-        out.add_max("execution_latency_seconds", "h", labels, 0.25);
-        let text = out.encode();
-        assert!(text.contains("execution_status_total{runtime_tag=\"a\"} 5\n"), "{text}");
-        assert!(text.contains("execution_latency_seconds{runtime_tag=\"a\"} 0.5\n"), "{text}");
-        assert!(text.contains("# TYPE execution_status_total counter\n"), "{text}");
-    }
-
-    #[test]
-    fn label_values_are_escaped() {
-        let mut out = Families::default();
-        out.add("m", "h", Kind::Gauge, Labels::default().with("runtime_tag", "a\"b\\c\nd".into()), 1.0);
-        assert!(out.encode().contains(r#"m{runtime_tag="a\"b\\c\nd"} 1"#));
-    }
-    /// What the `prometheus` crate's encoder writes of `families`: the bytes the
-    /// exposition is held to.
-    fn by_the_crate(families: Families) -> String {
-        use prometheus::proto::{self, MetricType};
-        let common = families.common;
-        let encoded: Vec<proto::MetricFamily> = (families.families.into_iter())
-            .filter(|f| !f.samples.is_empty())
-            .map(|f| {
-                let mut family = proto::MetricFamily::default();
-                family.set_name(f.name);
-                family.set_help(f.help.to_string());
-                family.set_field_type(match f.kind {
-                    FamilyType::Counter => MetricType::COUNTER,
-                    FamilyType::Gauge => MetricType::GAUGE,
-                    FamilyType::Histogram => MetricType::HISTOGRAM,
-                });
-                let metrics = (f.samples.into_iter())
-                    .map(|(labels, sample)| {
-                        let pairs = (common.iter().cloned().chain(labels.0))
-                            .map(|(name, value)| {
-                                let mut pair = proto::LabelPair::default();
-                                pair.set_name(name.to_string());
-                                pair.set_value(value);
-                                pair
-                            })
-                            .collect();
-                        let mut metric = proto::Metric::from_label(pairs);
-                        match (sample, f.kind) {
-                            (Sample::Value(v), FamilyType::Counter) => {
-                                let mut counter = proto::Counter::default();
-                                counter.set_value(v);
-                                metric.set_counter(counter);
-                            }
-                            (Sample::Value(v), _) => {
-                                let mut gauge = proto::Gauge::default();
-                                gauge.set_value(v);
-                                metric.set_gauge(gauge);
-                            }
-                            (Sample::Histogram(h), _) => {
-                                let mut histogram = proto::Histogram::default();
-                                histogram.set_sample_count(h.count);
-                                histogram.set_sample_sum(h.sum);
-                                let buckets = (LATENCY_BUCKETS.iter().zip(&h.buckets))
-                                    .map(|(&le, &n)| {
-                                        let mut bucket = proto::Bucket::default();
-                                        bucket.set_upper_bound(le);
-                                        bucket.set_cumulative_count(n);
-                                        bucket
-                                    })
-                                    .collect();
-                                histogram.set_bucket(buckets);
-                                metric.set_histogram(histogram);
-                            }
-                        }
-                        metric
-                    })
-                    .collect();
-                family.set_metric(metrics);
-                family
-            })
-            .collect();
-        let mut text = String::new();
-        prometheus::TextEncoder::new().encode_utf8(&encoded, &mut text).expect("encodes");
-        text
-    }
-
-    #[test]
-    fn the_exposition_is_byte_for_byte_what_the_prometheus_crate_writes() {
-        let families = || {
-            let common = vec![("instance_name", String::new()), ("instance_type", "trn1.32xlarge".into())];
-            let mut out = Families::new(common);
-            let labels = Labels::default().with("runtime_tag", "train \"a\"\\b\nc".into());
-            out.add("execution_status_total", "Executions\\by status\nand tag", Kind::Counter, labels.clone(), 3.0);
-            out.add("system_vcpu_count", "", Kind::Gauge, Labels::default(), 16.0);
-            for (k, v) in
-                [-3.0, 0.0, -0.0, 1e15, 123_456_789_012.0, 0.1, -2.5e-7, f64::NAN, f64::INFINITY].iter().enumerate()
-            {
-                out.add("numbers", "n", Kind::Gauge, Labels::default().with("k", k.to_string()), *v);
-            }
-            out.add_max("execution_latency_seconds", "p", labels.clone().with("percentile", "p99".into()), 1.25e-4);
-            let mut now = vec![0u64; 1920];
-            now[bucket_of(80_000)] += 3;
-            now[bucket_of(40_000_000_000)] += 1;
-            out.add_histogram("neuron_execution_latency_seconds", "h", labels, latency_histogram(&now, None));
-            out.add("empty", "never sampled", Kind::Gauge, Labels::default(), 0.0);
-            out.families.last_mut().expect("a family").samples.clear();
-            out
-        };
-        let ours = families().encode();
-        assert_eq!(ours, by_the_crate(families()));
-        assert!(ours.contains("neuron_execution_latency_seconds_bucket{instance_name=\"\",instance_type=\"trn1.32xlarge\",runtime_tag=\"train \\\"a\\\"\\\\b\\nc\",le=\"0.0001\"} 3\n"), "{ours}");
-        assert!(!ours.contains("empty"), "{ours}");
-        // With no common labels, a series of no labels has no braces.
-        let mut bare = Families::default();
-        bare.add("up", "", Kind::Gauge, Labels::default(), 1.0);
-        assert_eq!(bare.encode(), "# TYPE up gauge\nup 1\n");
     }
 }

@@ -1,6 +1,7 @@
 //! `neuron-monitor --prometheus-listen` end to end: a real Prometheus server (Debian's
-//! `prometheus` package) scrapes the exporter while a tagged workload of known size
-//! runs, and its HTTP API must give back what the workload did. The exposition passes
+//! `prometheus` package, with exemplar storage on) scrapes the exporter while a tagged
+//! workload of known size runs, and its HTTP API must give back what the workload did,
+//! and exemplars that lead to its slow and its failed executions. The exposition passes
 //! `promtool check metrics`, and the Grafana dashboard queries only exported metrics.
 
 use std::collections::BTreeSet;
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use neuron_test_support::http::http_get;
+use neuron_test_support::http::{http_get, http_get_accepting};
 use neuron_test_support::process::{Running, Sandbox};
 use regex::Regex;
 use serde_json::Value;
@@ -143,6 +144,7 @@ fn prometheus_scrapes_the_exporter_while_a_workload_runs() {
                 .arg(format!("--config.file={}", yml.display()))
                 .arg(format!("--storage.tsdb.path={}", dir.join("tsdb").display()))
                 .arg(format!("--web.listen-address={prometheus_addr}"))
+                .arg("--enable-feature=exemplar-storage")
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -166,19 +168,23 @@ fn prometheus_scrapes_the_exporter_while_a_workload_runs() {
     }
 
     // A tagged workload of a known size on two cores: 60 executions each, every third
-    // on core 0 failing with an out-of-bounds access (20 of them).
+    // on core 0 failing with an out-of-bounds access (20 of them), the 40th on core 1
+    // slow (300 ms late).
     let mlp = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp.hlo");
+    let bench_log = dir.join("bench.log");
     let mut bench = Running(
         sandbox
             .env(&mut Command::new(&bench_exe))
             .env("NEURON_PROCESS_TAG", TAG)
-            .env("NEURON_RT_FAULT_INJECT", "oob:core=0:every=3")
+            .env("NEURON_RT_FAULT_INJECT", "oob:core=0:every=3,slow:core=1:every=40:delay=300ms")
+            .env("NEURON_RT_LOG_LEVEL", "WARN")
             .args(["exec", mlp.to_str().expect("utf-8"), "--cores", "0-1", "--iterations", "60"])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&bench_log).expect("the bench's log"))
             .spawn()
             .expect("bench"),
     );
+    let bench_pid = bench.0.id();
 
     // While it runs: the exposition has the workload's series, passes promtool, and
     // holds every metric the Grafana dashboard queries.
@@ -200,8 +206,36 @@ fn prometheus_scrapes_the_exporter_while_a_workload_runs() {
         check_with_promtool(&promtool, &exposition);
     }
     check_dashboard(&exposition);
+    assert!(!exposition.contains(" # {") && !exposition.contains("# EOF"), "no exemplars in the text format");
+    // A scraper that asks for OpenMetrics gets it, with the executions behind the
+    // latency buckets.
+    let (status, content_type, openmetrics) =
+        http_get_accepting(exporter, "/metrics", Some("application/openmetrics-text;version=1.0.0,text/plain;q=0.5"));
+    assert_eq!(status, 200);
+    assert!(content_type.starts_with("application/openmetrics-text; version=1.0.0"), "{content_type}");
+    assert!(openmetrics.ends_with("# EOF\n"), "{openmetrics}");
+    let pid_label = format!("pid=\"{bench_pid}\"");
+    assert!(
+        openmetrics.lines().any(|l| l.starts_with("neuron_execution_latency_seconds_bucket{")
+            && l.contains(TAG)
+            && l.contains(" # {exec_id=\"")
+            && l.contains(&pid_label)),
+        "{openmetrics}"
+    );
 
     assert_eq!(bench.0.wait().expect("bench ends").code(), Some(1), "the injected faults fail executions");
+    // The executions the faults struck, from the runtime's log lines.
+    let log = std::fs::read_to_string(&bench_log).expect("the bench's log");
+    let struck = |what: &str| -> Vec<String> {
+        log.lines()
+            .filter(|l| l.contains(what))
+            .filter_map(|l| l.split("in execution id ").nth(1)?.split_whitespace().next().map(str::to_string))
+            .collect()
+    };
+    let slow = struck("stalled before the execution");
+    assert_eq!(slow.len(), 1, "one slow execution: {log}");
+    let failed = struck("out-of-bound access");
+    assert_eq!(failed.len(), 20, "{log}");
 
     // Once it has exited, its series disappear from the exposition.
     let started = Instant::now();
@@ -272,6 +306,42 @@ fn prometheus_scrapes_the_exporter_while_a_workload_runs() {
         [("mlp".to_string(), "0".to_string(), 60.0), ("mlp".to_string(), "1".to_string(), 60.0)],
         "each model's executions, under its name"
     );
+    // Exemplars: the slow execution, behind the latency bucket it counted in; a failed
+    // one behind the error count.
+    let exemplars = |promql: &str| -> Vec<(Value, f64)> {
+        let end = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("time").as_secs_f64();
+        let path = format!("/api/v1/query_exemplars?query={}&start={}&end={}", encode(promql), end - 600.0, end + 60.0);
+        let (status, body) = http_get(prometheus_addr, &path);
+        assert_eq!(status, 200, "{promql}: {body}");
+        let answer: Value = serde_json::from_str(&body).expect("JSON");
+        (answer["data"].as_array().into_iter().flatten())
+            .flat_map(|series| series["exemplars"].as_array().cloned().unwrap_or_default())
+            .map(|e| (e["labels"].clone(), e["value"].as_str().and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)))
+            .collect()
+    };
+    let started = Instant::now();
+    let slowest = loop {
+        let found = exemplars(&format!("neuron_execution_latency_seconds_bucket{{runtime_tag=\"{TAG}\"}}"));
+        if let Some(e) = found.iter().find(|(labels, _)| labels["exec_id"] == slow[0].as_str()) {
+            break e.clone();
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "no exemplar of execution {}: {found:?}", slow[0]);
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    let (labels, seconds) = slowest;
+    assert_eq!(labels["neuroncore"], "1", "{labels}");
+    assert_eq!(labels["model"], "mlp", "{labels}");
+    assert_eq!(labels["pid"], bench_pid.to_string().as_str(), "{labels}");
+    assert!((0.3..30.0).contains(&seconds), "its latency: {seconds} s");
+    let errors = exemplars(&format!("execution_errors_total{{runtime_tag=\"{TAG}\",error_type=\"model\"}}"));
+    assert!(!errors.is_empty(), "an exemplar of the model errors");
+    for (labels, value) in &errors {
+        let id = labels["exec_id"].as_str().unwrap_or("");
+        assert!(failed.iter().any(|f| f == id), "{labels} names a failed execution: {failed:?}");
+        assert_eq!(labels["neuroncore"], "0", "{labels}");
+        assert_eq!(*value, 1.0);
+    }
+
     // Now: no live series of the exited runtime.
     let started = Instant::now();
     while !query(prometheus_addr, &format!("execution_status_total{{runtime_tag=\"{TAG}\"}}")).is_empty() {

@@ -2,7 +2,8 @@
 //! which cores an uncorrectable hardware error has left degraded.
 //!
 //! A rule is `KIND[:core=N][:rank=R][:delay=D][:every=K|:after=K|:rate=P]`; a list
-//! separates rules with commas. The `cc_` kinds strike a rank of a collectives program
+//! separates rules with commas. `slow` stalls the core `delay` (100 ms unless given)
+//! before it runs the execution, which then completes. The `cc_` kinds strike a rank of a collectives program
 //! (all its ranks, or global rank `R` with `rank=R`) in its execution's first
 //! collective: it arrives `delay` late (`cc_delay`, 1 s unless given as `500ms` or
 //! `2s`), never arrives (`cc_hang`), exits its process there (`cc_exit`), or calls it
@@ -44,6 +45,9 @@ pub enum FaultKind {
     EccCorrected,
     /// A corrected on-chip-memory ECC error: counted, the execution goes on.
     SramEccCorrected,
+    /// The core stalls `delay` (default 100 ms) before it runs the execution, which then
+    /// completes: a slow execution.
+    Slow,
     /// The rank arrives late at its execution's first collective (`delay`, default 1 s).
     CcDelay,
     /// The rank never arrives at its execution's first collective; its execution fails
@@ -57,6 +61,8 @@ pub enum FaultKind {
 
 /// How late `cc_delay` makes a rank unless the rule says.
 pub const DEFAULT_CC_DELAY: Duration = Duration::from_secs(1);
+/// How long `slow` stalls a core unless the rule says.
+pub const DEFAULT_SLOW_DELAY: Duration = Duration::from_millis(100);
 
 impl FaultKind {
     pub const ALL: &[FaultKind] = <FaultKind as strum::VariantArray>::VARIANTS;
@@ -80,6 +86,7 @@ impl FaultKind {
             | FaultKind::Nan
             | FaultKind::EccCorrected
             | FaultKind::SramEccCorrected
+            | FaultKind::Slow
             | FaultKind::CcDelay
             | FaultKind::CcHang
             | FaultKind::CcExit
@@ -109,6 +116,7 @@ impl FaultKind {
             FaultKind::Nan => "NaN written to an output",
             FaultKind::EccCorrected => "corrected ECC error in device memory (HBM)",
             FaultKind::SramEccCorrected => "corrected ECC error in on-chip memory (SRAM)",
+            FaultKind::Slow => "the NeuronCore stalled before the execution",
             FaultKind::CcDelay => "the rank arrives late at its collective",
             FaultKind::CcHang => "the rank never arrives at its collective",
             FaultKind::CcExit => "the rank's process exits inside its collective",
@@ -220,7 +228,7 @@ fn rules(text: &str, core_count: u32) -> Result<Vec<FaultRule>, String> {
                     }
                     continue;
                 }
-                "delay" if kind == FaultKind::CcDelay => {
+                "delay" if matches!(kind, FaultKind::CcDelay | FaultKind::Slow) => {
                     delay = Some(parse_delay(value).ok_or_else(|| {
                         format!("`delay={value}` in `{rule}`: expected a duration such as 500ms or 2s")
                     })?);
@@ -232,7 +240,7 @@ fn rules(text: &str, core_count: u32) -> Result<Vec<FaultRule>, String> {
                         if key == "rank" {
                             "the cc_ faults (cc_delay, cc_hang, cc_exit, cc_mismatch)"
                         } else {
-                            "cc_delay"
+                            "cc_delay and slow"
                         }
                     ));
                 }
@@ -264,6 +272,9 @@ fn rules(text: &str, core_count: u32) -> Result<Vec<FaultRule>, String> {
         }
         if kind == FaultKind::CcDelay {
             delay = Some(delay.unwrap_or(DEFAULT_CC_DELAY));
+        }
+        if kind == FaultKind::Slow {
+            delay = Some(delay.unwrap_or(DEFAULT_SLOW_DELAY));
         }
         rules.push(FaultRule { kind, core, rank, delay, trigger: trigger.unwrap_or(Trigger::Every(1)) });
     }

@@ -76,7 +76,8 @@ struct Expected {
     /// The failure status; `None` when the execution succeeds.
     status: Option<NrtStatus>,
     outcome: ExecOutcome,
-    class: ErrorClass,
+    /// The error class counted (`None`: none, a slow execution).
+    class: Option<ErrorClass>,
     /// Which of device 0's ECC counters (mem corrected, mem uncorrected, sram corrected,
     /// sram uncorrected) goes up.
     ecc: Option<usize>,
@@ -91,7 +92,7 @@ const KINDS: &[Expected] = &[
         rule: "oob:core=0:every=2",
         status: Some(NrtStatus::ExecOob),
         outcome: ExecOutcome::CompletedWithErr,
-        class: ErrorClass::Model,
+        class: Some(ErrorClass::Model),
         ecc: None,
         degrades: false,
         log: (
@@ -103,7 +104,7 @@ const KINDS: &[Expected] = &[
         rule: "hbm_ue:core=0:every=2",
         status: Some(NrtStatus::ExecHwErrHbmUe),
         outcome: ExecOutcome::CompletedWithErr,
-        class: ErrorClass::Hardware,
+        class: Some(ErrorClass::Hardware),
         ecc: Some(1),
         degrades: true,
         log: ("ERROR", "uncorrectable memory error (HBM) [NRT_EXEC_HW_ERR_HBM_UE (1201)]"),
@@ -112,7 +113,7 @@ const KINDS: &[Expected] = &[
         rule: "nc_ue:core=0:every=2",
         status: Some(NrtStatus::ExecHwErrNcUe),
         outcome: ExecOutcome::CompletedWithErr,
-        class: ErrorClass::Hardware,
+        class: Some(ErrorClass::Hardware),
         ecc: Some(3),
         degrades: true,
         log: ("ERROR", "parity error in the NeuronCore's on-chip memory [NRT_EXEC_HW_ERR_NC_UE (1202)]"),
@@ -121,7 +122,7 @@ const KINDS: &[Expected] = &[
         rule: "dma_abort:core=0:every=2",
         status: Some(NrtStatus::ExecHwErrDmaAbort),
         outcome: ExecOutcome::CompletedWithErr,
-        class: ErrorClass::Hardware,
+        class: Some(ErrorClass::Hardware),
         ecc: None,
         degrades: true,
         log: ("ERROR", "DMA engine aborted with an unrecoverable error [NRT_EXEC_HW_ERR_DMA_ABORT (1203)]"),
@@ -130,7 +131,7 @@ const KINDS: &[Expected] = &[
         rule: "nq_overflow:core=0:every=2",
         status: Some(NrtStatus::ExecSwNqOverflow),
         outcome: ExecOutcome::CompletedWithErr,
-        class: ErrorClass::Runtime,
+        class: Some(ErrorClass::Runtime),
         ecc: None,
         degrades: false,
         log: (
@@ -142,7 +143,7 @@ const KINDS: &[Expected] = &[
         rule: "timeout:core=0:every=2",
         status: Some(NrtStatus::Timeout),
         outcome: ExecOutcome::TimedOut,
-        class: ErrorClass::Transient,
+        class: Some(ErrorClass::Transient),
         ecc: None,
         degrades: false,
         log: ("ERROR", "the NeuronCore stopped making progress [NRT_TIMEOUT (5)]"),
@@ -151,7 +152,7 @@ const KINDS: &[Expected] = &[
         rule: "nan:core=0:every=2",
         status: Some(NrtStatus::ExecCompletedWithNumErr),
         outcome: ExecOutcome::CompletedWithNumErr,
-        class: ErrorClass::Numerical,
+        class: Some(ErrorClass::Numerical),
         ecc: None,
         degrades: false,
         log: ("WARN", "NaN written to an output [counted as a numerical error]"),
@@ -160,7 +161,7 @@ const KINDS: &[Expected] = &[
         rule: "ecc_corrected:core=0:every=2",
         status: None,
         outcome: ExecOutcome::Completed,
-        class: ErrorClass::Transient,
+        class: Some(ErrorClass::Transient),
         ecc: Some(0),
         degrades: false,
         log: ("WARN", "corrected ECC error in device memory (HBM) [corrected, the execution continues]"),
@@ -169,12 +170,24 @@ const KINDS: &[Expected] = &[
         rule: "sram_ecc_corrected:core=0:every=2",
         status: None,
         outcome: ExecOutcome::Completed,
-        class: ErrorClass::Transient,
+        class: Some(ErrorClass::Transient),
         ecc: Some(2),
         degrades: false,
         log: ("WARN", "corrected ECC error in on-chip memory (SRAM) [corrected, the execution continues]"),
     },
+    Expected {
+        rule: "slow:core=0:delay=60ms:every=2",
+        status: None,
+        outcome: ExecOutcome::Completed,
+        class: None,
+        ecc: None,
+        degrades: false,
+        log: ("WARN", "the NeuronCore stalled before the execution for 0.060 s [the execution continues]"),
+    },
 ];
+
+/// How long the injected stall lasts.
+const SLOW: Duration = Duration::from_millis(60);
 
 /// The timeout the injected hang waits out.
 const TIMEOUT: Duration = Duration::from_millis(300);
@@ -243,7 +256,7 @@ fn each_fault_kind_returns_its_status_and_leaves_its_counters_events_and_log_lin
         );
         for &class in ErrorClass::ALL {
             let added = core_after.errors.get(class) - core_before.errors.get(class);
-            assert_eq!(added, u64::from(class == expected.class), "{what}: {} errors", class.name());
+            assert_eq!(added, u64::from(Some(class) == expected.class), "{what}: {} errors", class.name());
         }
         for counter in 0..4 {
             let added = after.ecc[0][counter] - before.ecc[0][counter];
@@ -275,6 +288,9 @@ fn each_fault_kind_returns_its_status_and_leaves_its_counters_events_and_log_lin
             .collect();
         if expected.outcome == ExecOutcome::CompletedWithNumErr {
             assert_eq!(numerical, [1], "{what}: one numerical_err event");
+        } else if expected.class.is_none() {
+            assert!(notified.is_empty() && numerical.is_empty(), "{what}: {notified:?} {numerical:?}");
+            assert!(took >= SLOW, "{what}: the stall lasts its delay ({took:?})");
         } else {
             let status = expected.status.map_or(0, |s| s.code() as i32);
             assert_eq!(notified.len(), 1, "{what}: one hw_notify event: {notified:?}");
@@ -289,6 +305,27 @@ fn each_fault_kind_returns_its_status_and_leaves_its_counters_events_and_log_lin
             lines.iter().find(|l| l.contains(text)).unwrap_or_else(|| panic!("{what}: no `{text}` in {lines:#?}"));
         assert!(line.contains(&format!(" {level} nc0 (Neuron Device 0): ")), "{what}: {line}");
         assert!(line.contains(&format!("injected by NEURON_RT_FAULT_INJECT rule `{what}`")), "{what}: {line}");
+
+        // The exemplars: the execution the line names is its latency range's last, and
+        // its error class's.
+        let exec_id: u64 = line
+            .split("in execution id ")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: no execution id in {line}"));
+        let exemplars = &core_after.exemplars;
+        let latest = exemplars.latency.iter().flatten().max_by_key(|e| e.monotonic_ns).expect("a latency exemplar");
+        assert_eq!(latest.exec_id, exec_id, "{what}: {exemplars:?}");
+        assert_eq!(latest.status, expected.status.map_or(0, |s| s.code()), "{what}");
+        let range = neuron_datastore::exemplar::latency_slot(latest.latency_ns);
+        assert_eq!(exemplars.latency[range].as_ref(), Some(latest), "{what}: in the slot of its latency");
+        if expected.class.is_none() {
+            assert!(latest.latency_ns >= SLOW.as_nanos() as u64, "{what}: {latest:?}");
+        }
+        for &class in ErrorClass::ALL {
+            let named = exemplars.error(class).map(|e| e.exec_id);
+            assert_eq!(named == Some(exec_id), Some(class) == expected.class, "{what}: {} {exemplars:?}", class.name());
+        }
 
         // What comes after: the core degraded, or working as before.
         let next = rt.execute(&b.model, &b.inputs, &b.outputs);

@@ -333,6 +333,16 @@ impl DatastoreReader {
         converter_of(&self.region, self.fallback_ns_per_tick)
     }
 
+    /// The exemplars of the `slot`-th held core.
+    fn exemplars(&self, slot: usize) -> crate::exemplar::CoreExemplars {
+        use crate::exemplar::{LATENCY_SLOTS, read};
+        let slot_at = |index: usize| read(&self.region, self.layout.exemplar_slot(slot, index));
+        crate::exemplar::CoreExemplars {
+            latency: (0..LATENCY_SLOTS).map(slot_at).collect(),
+            errors: (0..crate::ErrorClass::ALL.len()).map(|k| slot_at(LATENCY_SLOTS + k)).collect(),
+        }
+    }
+
     /// Every counter, now.
     pub fn snapshot(&self) -> Snapshot {
         let r = &self.region;
@@ -366,6 +376,7 @@ impl DatastoreReader {
                     ranks: w(layout::core::RANKS) as u32,
                     device_latency: histogram(false),
                     total_latency: histogram(true),
+                    exemplars: self.exemplars(slot),
                 }
             })
             .collect();

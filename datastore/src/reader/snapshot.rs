@@ -53,6 +53,8 @@ pub struct CoreSnapshot {
     pub ranks: u32,
     pub device_latency: Vec<u64>,
     pub total_latency: Vec<u64>,
+    /// The last execution of each latency range and error class.
+    pub exemplars: crate::exemplar::CoreExemplars,
 }
 
 impl CoreSnapshot {

@@ -140,9 +140,26 @@ impl CoreJob<'_> {
                 let notify = payload::HwNotify { status: 0, message: message_id };
                 tracer.instant(m.ring, EventType::HwNotify, self.ids, notify);
                 tracer.add(m.slot, counter::ERRORS + ErrorClass::Transient as u64, 1);
+                let exemplar = neuron_datastore::exemplar::Exemplar {
+                    exec_id: self.ids.exec_id,
+                    model_id: m.id,
+                    status: 0,
+                    latency_ns: 0,
+                    realtime_ns: neuron_datastore::clock::realtime_ns(),
+                    monotonic_ns: neuron_datastore::clock::monotonic_ns(),
+                };
+                tracer.store().record_error_exemplar(m.slot, &exemplar, ErrorClass::Transient);
             }
             (FaultKind::Nan, _) => {
                 tracing::warn!("{place}: {} [counted as a numerical error] {what}", kind.description())
+            }
+            (FaultKind::Slow, _) => {
+                let delay = strike.rule.delay.unwrap_or(crate::fault::DEFAULT_SLOW_DELAY);
+                tracing::warn!(
+                    "{place}: {} for {:.3} s [the execution continues] {what}",
+                    kind.description(),
+                    delay.as_secs_f64()
+                )
             }
             (_, Err(error)) => {
                 let degraded = if kind.degrades() {
@@ -411,6 +428,10 @@ impl CoreJob<'_> {
             }),
         };
         let hang = strikes.iter().any(|s| s.kind == FaultKind::Timeout);
+        // A stalled core: the execution starts late, on the core's time.
+        if let Some(strike) = strikes.iter().find(|s| s.kind == FaultKind::Slow) {
+            std::thread::sleep(strike.rule.delay.unwrap_or(crate::fault::DEFAULT_SLOW_DELAY));
+        }
         let results = if hang {
             // The core stops making progress: nothing runs, and the deadline passes.
             drop((values, destinations));

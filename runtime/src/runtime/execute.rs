@@ -117,7 +117,7 @@ impl Runtime {
         // Counted after its last event: a reader that sees the counters grow finds the
         // whole execution in the ring (`neuron-profile inspect` on failure relies on it).
         let work = (ran.device_ticks, ran.instructions, ran.flops);
-        self.count_execution(&tracer, m, &result, work, total_ticks);
+        self.count_execution(&tracer, m, ids.exec_id, &result, work, total_ticks);
         let mut report = result?;
         report.total_latency = tracer_duration(&tracer, total_ticks);
         tracing::debug!(model = %m.name, latency_us = report.total_latency.as_micros() as u64, "executed");
@@ -129,6 +129,7 @@ impl Runtime {
         &self,
         tracer: &Tracer,
         m: &LoadedModel,
+        exec_id: u64,
         result: &NrtResult<ExecutionReport>,
         (device_ticks, instructions, flops): (Option<u64>, u64, u64),
         total_ticks: u64,
@@ -153,6 +154,17 @@ impl Runtime {
         }
         let total_ns = tracer.ticks_to_ns(total_ticks);
         tracer.store().record_latency(slot, true, total_ns);
+        // The example of its latency range (and of its error class) that a metric can
+        // name, as it returns.
+        let exemplar = neuron_datastore::exemplar::Exemplar {
+            exec_id,
+            model_id: m.id,
+            status: result.as_ref().err().map_or(0, |e| e.status.code()),
+            latency_ns: total_ns,
+            realtime_ns: neuron_datastore::clock::realtime_ns(),
+            monotonic_ns: neuron_datastore::clock::monotonic_ns(),
+        };
+        tracer.store().record_exemplar(slot, &exemplar, class);
         if let Some(table_slot) = m.table_slot {
             tracer.store().record_model_latency(table_slot, total_ns);
             tracer.store().model_counter(table_slot, model_field::EXECUTIONS).fetch_add(1, Ordering::Relaxed);
