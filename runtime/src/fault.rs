@@ -407,6 +407,7 @@ mod tests {
                 "nan",
                 "ecc_corrected",
                 "sram_ecc_corrected",
+                "slow",
                 "cc_delay",
                 "cc_hang",
                 "cc_exit",
@@ -493,6 +494,16 @@ mod tests {
         assert_eq!(kinds(0, Some(1)), [FaultKind::CcDelay]);
         assert_eq!(kinds(1, Some(2)), Vec::<FaultKind>::new(), "rank 2's first execution");
         assert_eq!(kinds(1, Some(2)), [FaultKind::CcHang]);
+    }
+
+    #[test]
+    fn a_slow_execution_is_late_by_its_delay_or_a_tenth_of_a_second() {
+        let rules = parse_rules("slow:core=1:delay=300ms:every=40,slow", 2).expect("parses");
+        assert_eq!(rules[0].delay, Some(Duration::from_millis(300)));
+        assert_eq!(rules[1].delay, Some(DEFAULT_SLOW_DELAY));
+        assert_eq!(rules[0].to_string(), "slow:core=1:delay=300ms:every=40");
+        let refused = parse_rules("oob:delay=1s", 1).expect_err("only cc_delay and slow take a delay");
+        assert!(refused.to_string().contains("applies to cc_delay and slow"), "{refused}");
     }
 
     #[test]
