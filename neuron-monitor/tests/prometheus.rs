@@ -410,4 +410,25 @@ fn check_dashboard(exposition: &str) {
     queried.retain(|m| !m.starts_with("neuron_collective_"));
     let missing: Vec<&String> = queried.difference(&exported).collect();
     assert!(missing.is_empty(), "the dashboard queries metrics that are not exported: {missing:?}");
+
+    // The latency panel asks for the histogram's exemplars, and the provisioned data
+    // source links their `exec_id` to the dashboard's route for an execution.
+    let latency = (dashboard["panels"].as_array().into_iter().flatten())
+        .find(|p| p["title"] == "Execution latency")
+        .expect("the latency panel");
+    let exemplars: Vec<&Value> =
+        (latency["targets"].as_array().into_iter().flatten()).filter(|t| t["exemplar"] == true).collect();
+    assert!(
+        exemplars.len() == 1
+            && exemplars[0]["expr"].as_str().is_some_and(|e| e.contains("neuron_execution_latency_seconds_bucket")),
+        "{latency}"
+    );
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../grafana/provisioning/datasources/neuron-monitor.yaml");
+    let source = std::fs::read_to_string(source).expect("the data source's provisioning");
+    assert!(source.contains("exemplarTraceIdDestinations:\n        - name: exec_id\n"), "{source}");
+    let link = Regex::new(r"url: (http://[^\s]+/#/execution/)\$\$\{__value\.raw\}\n").expect("regex");
+    assert!(link.is_match(&source), "the link names the execution by its id: {source}");
+    let router = Path::new(env!("CARGO_MANIFEST_DIR")).join("../web/assets/app.js");
+    let router = std::fs::read_to_string(router).expect("the dashboard's router");
+    assert!(router.contains("page === 'execution' && parts[1]"), "the dashboard has that route");
 }

@@ -1,5 +1,6 @@
-// The page's router: #/live, #/timeline, #/ranks, #/profiles, #/profile/NAME, #/job (the
-// directory's rank profiles together), #/compare/A/B.
+// The page's router: #/live, #/timeline, #/execution/ID (the timeline, paused on that
+// execution: where Grafana's exemplars link), #/ranks, #/profiles, #/profile/NAME, #/job
+// (the directory's rank profiles together), #/compare/A/B.
 
 import { livePage } from './live.js';
 import { timelinePage } from './timeline.js';
@@ -16,10 +17,12 @@ function route() {
   const parts = location.hash.replace(/^#\/?/, '').split('/').map(decodeURIComponent);
   const page = parts[0] || 'live';
   for (const a of document.querySelectorAll('nav a')) {
-    const active = a.dataset.page === page || (a.dataset.page === 'profiles' && (page === 'profile' || page === 'job' || page === 'compare'));
+    const active = a.dataset.page === page || (a.dataset.page === 'profiles' && (page === 'profile' || page === 'job' || page === 'compare'))
+      || (a.dataset.page === 'timeline' && page === 'execution');
     a.classList.toggle('active', active);
   }
   if (page === 'timeline') current = timelinePage(main);
+  else if (page === 'execution' && parts[1]) current = timelinePage(main, parts[1]);
   else if (page === 'ranks') current = ranksPage(main);
   else if (page === 'profiles') current = profilesPage(main);
   else if (page === 'profile' && parts[1]) current = profilePage(main, parts[1]);

@@ -29,7 +29,9 @@ function tickLabel(s) {
   return s >= 1 ? `${Number(s.toFixed(3))} s` : `${Number((s * 1e3).toFixed(3))} ms`;
 }
 
-export function timelinePage(main) {
+// `focus`: an execution id to find in the rings and pause on (#/execution/ID, where a
+// Grafana exemplar links), or null.
+export function timelinePage(main, focus = null) {
   let windowSeconds = 10;
   let paused = false, pausedAt = 0;
   let offset = null; // host monotonic ns minus performance.now() ns
@@ -83,6 +85,22 @@ export function timelinePage(main) {
     return rows.get(key);
   };
 
+  const place = (s) => {
+    s.row = rowFor(s.pid, s.core, s.lane);
+    s.text = `${s.name} ${s.hlo || ''} ${s.model || ''}`.toLowerCase();
+    // System spans nest (nrt_execute around its phases): a span's level is how many
+    // recent spans of its row contain it.
+    s.depth = 0;
+    if (s.row.nested) {
+      // Of two spans with the same times, the one that arrived first is the outer one.
+      for (const o of s.row.recent) if (o.start_ns <= s.start_ns && o.end_ns >= s.end_ns) s.depth++;
+      for (const o of s.row.recent) if (s.start_ns <= o.start_ns && s.end_ns >= o.end_ns && !(s.start_ns === o.start_ns && s.end_ns === o.end_ns)) o.depth++;
+      s.row.recent.push(s);
+      if (s.row.recent.length > 64) s.row.recent.shift();
+    }
+    spans.push(s);
+  };
+
   const onBatch = (message) => {
     const batch = JSON.parse(message.data);
     // A restarted dashboard counts from 1 again.
@@ -104,19 +122,7 @@ export function timelinePage(main) {
     for (const s of batch.spans) {
       // Paused with a full buffer: newer events are not kept.
       if (paused && spans.length >= MAX_SPANS) { dropped++; continue; }
-      s.row = rowFor(s.pid, s.core, s.lane);
-      s.text = `${s.name} ${s.hlo || ''} ${s.model || ''}`.toLowerCase();
-      // System spans nest (nrt_execute around its phases): a span's level is how many
-      // recent spans of its row contain it.
-      s.depth = 0;
-      if (s.row.nested) {
-        // Of two spans with the same times, the one that arrived first is the outer one.
-        for (const o of s.row.recent) if (o.start_ns <= s.start_ns && o.end_ns >= s.end_ns) s.depth++;
-        for (const o of s.row.recent) if (s.start_ns <= o.start_ns && s.end_ns >= o.end_ns && !(s.start_ns === o.start_ns && s.end_ns === o.end_ns)) o.depth++;
-        s.row.recent.push(s);
-        if (s.row.recent.length > 64) s.row.recent.shift();
-      }
-      spans.push(s);
+      place(s);
     }
     if (!paused) {
       const from = hostNow() - 65e9;
@@ -246,7 +252,7 @@ export function timelinePage(main) {
       ['event', s.name],
       ['where', `${r ? r.tag : `pid ${s.pid}`} (pid ${s.pid}) · ${s.core === null ? 'host' : `nc${s.core}`} · ${s.lane}`],
       ['duration', ns(s.end_ns - s.start_ns)],
-      ['started', execution && execution !== s ? `${ns(s.start_ns - execution.start_ns)} into execution ${s.exec}` : `${((viewEnd() - s.start_ns) / 1e9).toFixed(3)} s ago`],
+      ['started', execution && execution !== s && s.start_ns >= execution.start_ns ? `${ns(s.start_ns - execution.start_ns)} into execution ${s.exec}` : `${((viewEnd() - s.start_ns) / 1e9).toFixed(3)} s ago`],
     ];
     if (s.model) rowsOut.push(['model', s.model]);
     if (s.exec != null) rowsOut.push(['execution', String(s.exec)]);
@@ -283,6 +289,45 @@ export function timelinePage(main) {
     }
     select(best);
   });
+
+  // An execution to show: found in the rings and paused on, or said plainly gone.
+  if (focus !== null) {
+    const banner = el('div', { class: 'card', id: 'tl-focus' }, `Looking for execution ${focus} in the rings of this host's runtimes…`);
+    main.insertBefore(banner, main.children[1] || null);
+    fetch(`/api/execution/${encodeURIComponent(focus)}`)
+      .then((r) => (r.ok ? r.json() : r.text().then((t) => Promise.reject(new Error(t || r.statusText)))))
+      .then((answer) => {
+        const [first, ...others] = answer.found;
+        if (!first) {
+          const held = answer.runtimes.map((r) => (r.oldest_ns == null
+            ? `${r.tag} (pid ${r.pid}) holds no events`
+            : `${r.tag} (pid ${r.pid}) holds events from ${((answer.now_ns - r.oldest_ns) / 1e9).toFixed(1)} s ago on`));
+          banner.dataset.state = 'gone';
+          banner.textContent = answer.runtimes.length
+            ? `Execution ${focus} is no longer in the rings: ${held.join('; ')}. The always-on rings keep the last events only (about a second of a busy core); to keep executions for later, capture a profile (neuron-profile capture, or neuron-profile inspect on a running process).`
+            : `Execution ${focus} is not in any ring: no runtime is running on this host now.`;
+          return;
+        }
+        for (const s of first.spans) {
+          if (!spans.some((o) => o.pid === s.pid && o.core === s.core && o.lane === s.lane && o.name === s.name && o.start_ns === s.start_ns)) place(s);
+        }
+        const duration = Math.max(1, first.end_ns - first.start_ns);
+        windowSeconds = WINDOWS.find((w) => w * 1e9 >= 2 * duration) || WINDOWS[WINDOWS.length - 1];
+        windowSelect.value = String(windowSeconds);
+        paused = true;
+        pause.textContent = 'Resume';
+        pause.classList.add('on');
+        pausedAt = first.end_ns + (windowSeconds * 1e9 - duration) / 2;
+        const mine = spans.filter((o) => o.pid === first.pid && o.exec === answer.exec_id);
+        const outer = mine.find((o) => o.name === 'nrt_execute') || mine.find((o) => o.name === 'nc_exec_running') || mine[0];
+        if (outer) select(outer);
+        const model = outer && outer.model ? `${outer.model} ` : '';
+        const also = others.length ? ` Also in ${others.map((o) => `pid ${o.pid}`).join(', ')}: an execution id counts per process.` : '';
+        banner.dataset.state = 'found';
+        banner.textContent = `Execution ${focus}: ${model}on ${first.tag} (pid ${first.pid}) nc${first.core}, ${ns(duration)}, ended ${((answer.now_ns - first.end_ns) / 1e9).toFixed(1)} s ago. Paused on it: Space resumes the live view.${also}`;
+      })
+      .catch((e) => { banner.dataset.state = 'error'; banner.textContent = `Cannot look for execution ${focus}: ${e.message}`; });
+  }
 
   return { stop() { source.close(); cancelAnimationFrame(frame); document.removeEventListener('keydown', onKey); } };
 }

@@ -91,6 +91,8 @@ struct AppState {
     /// share cookies between the ports of a host.
     cookie: String,
     exports: Arc<tokio::sync::Semaphore>,
+    /// Where the runtimes' datastores are.
+    datastore_dir: PathBuf,
 }
 
 type Shared = Arc<AppState>;
@@ -134,6 +136,7 @@ impl Dashboard {
             max_streams: options.max_streams,
             cookie: format!("neuron_dashboard_token_{}", addr.port()),
             exports: Arc::new(tokio::sync::Semaphore::new(MAX_EXPORTS)),
+            datastore_dir: options.datastore_dir.clone(),
         });
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -191,6 +194,7 @@ fn router(state: Shared) -> Router {
         .route("/api/info", get(info))
         .route("/api/live", get(live_stream))
         .route("/api/events", get(event_stream))
+        .route("/api/execution/{exec_id}", get(execution))
         .route("/api/profiles", get(list_profiles))
         .route("/api/profiles/{name}", get(profile_meta))
         .route("/api/profiles/{name}/view", get(profile_view))
@@ -515,6 +519,23 @@ async fn profile_view(
 /// Runs `work` off the async threads; a panic in it is a 500.
 async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, Response> {
     tokio::task::spawn_blocking(work).await.map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
+#[derive(Debug, Deserialize)]
+struct ExecutionQuery {
+    pid: Option<u32>,
+}
+
+/// Where an execution is in the rings of this host's runtimes now (of process `pid`
+/// only, with `?pid=`): what a metric's exemplar (`exec_id`) leads to.
+async fn execution(
+    State(state): State<Shared>,
+    Path(exec_id): Path<u64>,
+    Query(q): Query<ExecutionQuery>,
+) -> Result<Response, Response> {
+    let dir = state.datastore_dir.clone();
+    let found = blocking(move || events::find_execution(dir, exec_id, q.pid)).await?;
+    Ok(axum::Json(found).into_response())
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,11 +1,14 @@
 //! The dashboard in a real headless browser: Chromium (Debian's) driven by
 //! `playwright-core` (from npm, `web/e2e`), against a running workload and two captured
-//! profiles, against a job of four ranks under `mpirun`, and against that job's rank
-//! profiles. The checks are in `web/e2e/dashboard.mjs`, `web/e2e/ranks.mjs` and
-//! `web/e2e/job.mjs`; screenshots of each page are left in `target/dashboard-screenshots`.
+//! profiles, against a job of four ranks under `mpirun`, against that job's rank
+//! profiles, and where a metric's exemplar leads (an execution in the rings). The checks
+//! are in `web/e2e/dashboard.mjs`, `web/e2e/ranks.mjs`, `web/e2e/job.mjs` and
+//! `web/e2e/execution.mjs`; screenshots of each page are left in
+//! `target/dashboard-screenshots`.
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
 
 use neuron_test_support::process::{Sandbox, profiler_binary};
 
@@ -114,6 +117,42 @@ fn a_jobs_rank_profiles_open_on_one_timeline_in_a_headless_browser() {
     );
     let measured = browser_checks((&node, &chromium, &e2e), "job.mjs", &[&url, "4", "2"]);
     assert!(measured["arrows"]["drawn"].as_u64().is_some_and(|n| n > 0));
+}
+
+#[test]
+fn an_exemplars_execution_opens_on_the_timeline_in_a_headless_browser() {
+    let _turn = one_at_a_time();
+    let e2e = Path::new(env!("CARGO_MANIFEST_DIR")).join("e2e");
+    let Some((node, chromium)) = tools(&e2e) else { return };
+    let sandbox = Sandbox::new();
+    // A workload whose every 10th execution stalls 150 ms; the first such, by its id.
+    let mlp = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp.hlo");
+    let mut bench = neuron_test_support::process::Running(
+        sandbox
+            .env(&mut Command::new(neuron_test_support::process::neuron_bench()))
+            .env("NEURON_RT_FAULT_INJECT", "slow:core=0:every=10:delay=150ms")
+            .env("NEURON_RT_LOG_LEVEL", "WARN")
+            .args(["exec", mlp.to_str().expect("utf-8"), "--cores", "0", "--iterations", "100000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("bench"),
+    );
+    let mut log = BufReader::new(bench.0.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    let exec_id = loop {
+        line.clear();
+        assert!(log.read_line(&mut line).expect("the log") > 0, "the workload ended");
+        if let Some(rest) = line.split("stalled before the execution").nth(1) {
+            let id = rest.split("in execution id ").nth(1).and_then(|r| r.split_whitespace().next());
+            break id.expect("an execution id").to_string();
+        }
+    };
+    std::thread::spawn(move || std::io::copy(&mut log, &mut std::io::sink()));
+    let (_dashboard, url) = neuron_test_support::process::dashboard(&sandbox, DASHBOARD.as_ref(), &[]);
+    let measured = browser_checks((&node, &chromium, &e2e), "execution.mjs", &[&url, &exec_id]);
+    assert!(measured["found"]["banner"].as_str().is_some_and(|b| b.contains(&exec_id)));
+    drop(bench);
 }
 
 /// Runs the checks of `script` (in `e2e`) with `args` and the screenshot directory;

@@ -362,14 +362,15 @@ fn admit(reader: &DatastoreReader, label: &str) -> Option<Tailed> {
 /// Reads `f`'s rings: the groups of spans that are complete (an execution whose
 /// `nc_exec_running` stopped, or that waited long enough; a system span of no
 /// execution) go into `done`, and each core's busy fraction since the last poll into
-/// `batch.busy`.
-fn poll(followed: &mut Followed<Tailed>, batch: &mut Batch, done: &mut Vec<Group>) {
+/// `batch.busy`. Returns the events read (at most 65,536).
+fn poll(followed: &mut Followed<Tailed>, batch: &mut Batch, done: &mut Vec<Group>) -> usize {
     let mut events = Vec::new();
     let reader = &followed.reader;
     let f = &mut followed.state;
     let models = reader.models();
     f.models = models.iter().map(|m| (m.model_id, m.name.clone())).collect();
     f.tail.poll(reader, 65_536, false, &mut events);
+    let read = events.len();
     let lost = f.tail.lost();
     batch.lost += lost - f.lost_reported;
     f.lost_reported = lost;
@@ -433,17 +434,53 @@ fn poll(followed: &mut Followed<Tailed>, batch: &mut Batch, done: &mut Vec<Group
             batch.busy.push(Busy { pid: f.pid, core: core.core, start_ns: at, end_ns: now, fraction });
         }
     }
+    read
+}
+
+/// Where execution `exec_id` is in the rings of the runtimes in `dir` now (of process
+/// `pid` only, when given), for a link from a metric's exemplar: its spans, as the live
+/// timeline draws them, for each runtime whose rings still hold it; and for each
+/// runtime looked at, the host time of the oldest event its rings still hold, so that
+/// a page can say when the execution has gone. Reads every ring from its oldest event
+/// with the live feed's own pairing, once.
+pub(crate) fn find_execution(dir: PathBuf, exec_id: u64, pid: Option<u32>) -> Value {
+    let mut followed: Runtimes<Tailed> = Runtimes::new(dir);
+    let _ = followed.discover(admit);
+    let (mut found, mut runtimes) = (Vec::new(), Vec::new());
+    for f in followed.iter_mut().filter(|f| pid.is_none_or(|p| f.pid == p)) {
+        let mut batch = Batch::new(0, 0, 0);
+        let mut done = Vec::new();
+        // Rings of 2²⁴ events at most, 65,536 a poll: bounded.
+        for _ in 0..1024 {
+            if poll(f, &mut batch, &mut done) == 0 {
+                break;
+            }
+        }
+        done.extend(f.state.building.drain().map(|(_, g)| g));
+        let oldest_ns = done.iter().map(|g| g.start_ns).min();
+        for g in done.iter().filter(|g| g.exec_id == Some(exec_id)) {
+            let spans: Vec<Value> = g.spans.iter().filter_map(|s| serde_json::from_str(s).ok()).collect();
+            let end_ns = spans.iter().filter_map(|s| s["end_ns"].as_u64()).max();
+            found.push(json!({
+                "pid": f.pid,
+                "tag": f.state.tag,
+                "core": g.core,
+                "start_ns": g.start_ns,
+                "end_ns": end_ns,
+                "spans": spans,
+            }));
+        }
+        runtimes.push(json!({"pid": f.pid, "tag": f.state.tag, "oldest_ns": oldest_ns, "lost": f.state.tail.lost()}));
+    }
+    json!({"exec_id": exec_id, "now_ns": monotonic_ns(), "found": found, "runtimes": runtimes})
 }
 
 fn add_device(f: &mut Tailed, e: &DeviceEvent, offset: i128) {
     let span = device_span(f.pid, e, offset, f.models.get(&e.model_id).map(String::as_str));
     let start = (i128::from(e.start_ns) + offset).max(0) as u64;
     // Transfers outside executions (weights at load) form groups of their own.
-    let in_execution = e.exec_id.is_some();
-    let group = f
-        .building
-        .entry((e.nc_idx, e.exec_id))
-        .or_insert_with(|| Group::new(f.pid, Some(e.nc_idx), in_execution, start));
+    let group =
+        f.building.entry((e.nc_idx, e.exec_id)).or_insert_with(|| Group::new(f.pid, Some(e.nc_idx), e.exec_id, start));
     group.add(span, start);
 }
 
@@ -452,12 +489,14 @@ fn add_device(f: &mut Tailed, e: &DeviceEvent, offset: i128) {
 fn add_system(f: &mut Tailed, e: &SystemEvent, span: String, start: u64, done: &mut Vec<Group>) {
     match (e.nc_idx, e.exec_id) {
         (Some(core), Some(exec)) => {
-            let group =
-                f.building.entry((core, Some(exec))).or_insert_with(|| Group::new(f.pid, Some(core), true, start));
+            let group = f
+                .building
+                .entry((core, Some(exec)))
+                .or_insert_with(|| Group::new(f.pid, Some(core), Some(exec), start));
             group.add(span, start);
         }
         (core, _) => {
-            let mut group = Group::new(f.pid, core, false, start);
+            let mut group = Group::new(f.pid, core, None, start);
             group.add(span, start);
             done.push(group);
         }

@@ -16,6 +16,8 @@ pub(super) struct Group {
     pub(super) core: Option<u32>,
     /// Whether the spans are an execution's (counted as a thinned execution when left out).
     pub(super) execution: bool,
+    /// The execution's id, when they are an execution's.
+    pub(super) exec_id: Option<u64>,
     /// Host time of its first span.
     pub(super) start_ns: u64,
     pub(super) spans: Vec<String>,
@@ -25,8 +27,9 @@ pub(super) struct Group {
 }
 
 impl Group {
-    pub(super) fn new(pid: u32, core: Option<u32>, execution: bool, start_ns: u64) -> Group {
-        Group { pid, core, execution, start_ns, spans: Vec::new(), bytes: 0, polls: 0 }
+    /// The group of execution `exec_id` (`None`: spans of no execution).
+    pub(super) fn new(pid: u32, core: Option<u32>, exec_id: Option<u64>, start_ns: u64) -> Group {
+        Group { pid, core, execution: exec_id.is_some(), exec_id, start_ns, spans: Vec::new(), bytes: 0, polls: 0 }
     }
 
     pub(super) fn add(&mut self, span: String, start_ns: u64) {
@@ -159,7 +162,7 @@ mod tests {
     use super::*;
 
     fn group(core: u32, start_ns: u64, spans: usize) -> Group {
-        let mut g = Group::new(1, Some(core), true, start_ns);
+        let mut g = Group::new(1, Some(core), Some(start_ns), start_ns);
         for _ in 0..spans {
             g.add("x".repeat(99), start_ns);
         }
@@ -195,13 +198,13 @@ mod tests {
         // one load.
         let mut all: Vec<Group> = (0..3000)
             .map(|k| {
-                let mut g = Group::new(1, Some(0), false, k);
+                let mut g = Group::new(1, Some(0), None, k);
                 g.add("s".repeat(199), k);
                 g
             })
             .collect();
         all.extend((0..50).map(|k| group(1, k * 60, 20)));
-        let mut load = Group::new(1, None, false, 5);
+        let mut load = Group::new(1, None, None, 5);
         load.add("l".repeat(99), 5);
         all.push(load);
         let (kept, _) = select_groups(all, 64 * 1024);
@@ -219,7 +222,7 @@ mod tests {
         // Two cores busy with executions; each also loaded a model (a lone group).
         let mut all: Vec<Group> = (0..200).flat_map(|k| [group(0, k * 10, 10), group(1, k * 10, 10)]).collect();
         for core in [0, 1] {
-            let mut load = Group::new(1, Some(core), false, 995 + u64::from(core));
+            let mut load = Group::new(1, Some(core), None, 995 + u64::from(core));
             load.add("w".repeat(299), 995);
             all.push(load);
         }
