@@ -531,13 +531,25 @@ async fn metrics(State(latest): State<Latest>, headers: axum::http::HeaderMap) -
         .get_all(header::ACCEPT)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .any(|accept| accept.contains("application/openmetrics-text"));
+        .any(|accept| accept.split(',').any(accepts_openmetrics));
+    let vary = (header::VARY, "Accept");
     if openmetrics {
         let body = published.openmetrics.get_or_init(|| Bytes::from(published.families.openmetrics())).clone();
-        ([(header::CONTENT_TYPE, prometheus::OPENMETRICS_CONTENT_TYPE)], body).into_response()
+        ([(header::CONTENT_TYPE, prometheus::OPENMETRICS_CONTENT_TYPE), vary], body).into_response()
     } else {
-        ([(header::CONTENT_TYPE, prometheus::CONTENT_TYPE)], published.text.clone()).into_response()
+        ([(header::CONTENT_TYPE, prometheus::CONTENT_TYPE), vary], published.text.clone()).into_response()
     }
+}
+
+/// Whether one media range of an `Accept` header asks for OpenMetrics (and not with
+/// `q=0`, which refuses it).
+fn accepts_openmetrics(range: &str) -> bool {
+    let mut parts = range.split(';').map(str::trim);
+    let asked = parts.next().is_some_and(|media| media.eq_ignore_ascii_case("application/openmetrics-text"));
+    let refused = parts
+        .filter_map(|p| p.split_once('='))
+        .any(|(k, v)| k.trim().eq_ignore_ascii_case("q") && v.trim().parse::<f64>().is_ok_and(|q| q <= 0.0));
+    asked && !refused
 }
 
 async fn index() -> Html<&'static str> {
@@ -546,4 +558,19 @@ async fn index() -> Html<&'static str> {
          <p><a href=\"/metrics\">Metrics</a> (Prometheus text format; OpenMetrics, with exemplars, \
          to a scraper whose Accept header asks for application/openmetrics-text)</p>\n",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::accepts_openmetrics;
+
+    #[test]
+    fn openmetrics_is_served_to_a_scraper_that_asks_for_it_and_not_to_one_that_refuses_it() {
+        let prometheus = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+        assert!(prometheus.split(',').any(accepts_openmetrics));
+        assert!(accepts_openmetrics(" Application/OpenMetrics-Text ; q=0.3"));
+        assert!(!accepts_openmetrics("application/openmetrics-text;q=0"));
+        assert!(!accepts_openmetrics("text/plain;version=0.0.4"));
+        assert!(!"text/plain, */*".split(',').any(accepts_openmetrics));
+    }
 }

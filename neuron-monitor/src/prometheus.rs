@@ -423,6 +423,13 @@ fn latency_bucket(ns: u64) -> usize {
     LATENCY_BUCKETS.iter().position(|&le| seconds <= le).unwrap_or(LATENCY_BUCKETS.len())
 }
 
+/// The bucket an execution of `ns` is an exemplar of: the one that counted it or, when
+/// its exact latency passes that bucket's bound (its fine bucket's midpoint did not),
+/// the next, so that an exemplar's value is never above its bucket's bound.
+fn exemplar_bucket(ns: u64) -> usize {
+    latency_bucket(ns).max(neuron_datastore::exemplar::latency_slot(ns))
+}
+
 /// The executions a process's datastore names as exemplars, turned into the exposition's.
 struct Examples<'a> {
     pid: u32,
@@ -442,7 +449,7 @@ impl Examples<'_> {
     fn latency(&self, core: &neuron_datastore::CoreSnapshot) -> Vec<Option<Exemplar>> {
         let mut last: Vec<Option<&neuron_datastore::exemplar::Exemplar>> = vec![None; LATENCY_BUCKETS.len() + 1];
         for e in core.exemplars.latency.iter().flatten().filter(|e| self.counted(e)) {
-            let slot = &mut last[latency_bucket(e.latency_ns)];
+            let slot = &mut last[exemplar_bucket(e.latency_ns)];
             if slot.is_none_or(|s| s.monotonic_ns < e.monotonic_ns) {
                 *slot = Some(e);
             }
@@ -511,6 +518,11 @@ mod tests {
             assert_eq!(e.timestamp_s, 1_700_000_000.5);
         }
         assert_eq!(latency_bucket(1_500_000), 6, "1.5 ms counts under 2.5 ms");
+        // 25.05 µs counts under 25 µs (its fine bucket's midpoint is 24.83 µs), but is an
+        // exemplar of the next bucket, whose bound holds its value.
+        assert_eq!((latency_bucket(25_050), exemplar_bucket(25_050)), (0, 1));
+        assert_eq!(exemplar_bucket(24_900), 0);
+        assert_eq!(exemplar_bucket(40_000_000_000), LATENCY_BUCKETS.len(), "+Inf");
     }
 
     #[test]

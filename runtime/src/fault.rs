@@ -155,7 +155,8 @@ pub struct FaultRule {
     pub core: Option<u32>,
     /// The global rank a `cc_` fault applies to; every rank when `None`.
     pub rank: Option<u32>,
-    /// How late `cc_delay` makes the rank (`None` for the other kinds).
+    /// How late `cc_delay` makes the rank, or how long `slow` stalls the core (`None`
+    /// for the other kinds).
     pub delay: Option<Duration>,
     pub trigger: Trigger,
 }

@@ -344,6 +344,18 @@ fn each_fault_kind_returns_its_status_and_leaves_its_counters_events_and_log_lin
 }
 
 #[test]
+fn a_stall_as_long_as_the_timeout_is_a_hang() {
+    let f = started("slow:core=0:delay=10s", |config| config.exec_timeout = TIMEOUT);
+    let rt = &f.runtime;
+    let b = bound(rt, 0);
+    let started_at = Instant::now();
+    let e = rt.execute(&b.model, &b.inputs, &b.outputs).expect_err("it times out");
+    assert_eq!(e.status, NrtStatus::Timeout, "{e}");
+    let took = started_at.elapsed();
+    assert!(took >= TIMEOUT && took < Duration::from_secs(5), "the timeout, not the 10 s stall: {took:?}");
+}
+
+#[test]
 fn a_degraded_core_refuses_work_while_another_core_keeps_executing() {
     let f = started("hbm_ue:core=0", |_| {});
     let rt = &f.runtime;

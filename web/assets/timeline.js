@@ -308,9 +308,9 @@ export function timelinePage(main, focus = null) {
             : `Execution ${focus} is not in any ring: no runtime is running on this host now.`;
           return;
         }
-        for (const s of first.spans) {
-          if (!spans.some((o) => o.pid === s.pid && o.core === s.core && o.lane === s.lane && o.name === s.name && o.start_ns === s.start_ns)) place(s);
-        }
+        const key = (o) => `${o.pid}/${o.core}/${o.lane}/${o.name}/${o.start_ns}`;
+        const have = new Set(spans.filter((o) => o.exec === answer.exec_id).map(key));
+        for (const s of first.spans) if (!have.has(key(s))) place(s);
         const duration = Math.max(1, first.end_ns - first.start_ns);
         windowSeconds = WINDOWS.find((w) => w * 1e9 >= 2 * duration) || WINDOWS[WINDOWS.length - 1];
         windowSelect.value = String(windowSeconds);

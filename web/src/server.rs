@@ -533,6 +533,13 @@ async fn execution(
     Path(exec_id): Path<u64>,
     Query(q): Query<ExecutionQuery>,
 ) -> Result<Response, Response> {
+    // Reading every ring is heavy: as many at once as exports.
+    let _turn = state
+        .exports
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|e| error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
     let dir = state.datastore_dir.clone();
     let found = blocking(move || events::find_execution(dir, exec_id, q.pid)).await?;
     Ok(axum::Json(found).into_response())

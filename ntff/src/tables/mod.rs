@@ -69,15 +69,16 @@ pub enum Layout {
     Hive,
 }
 
-/// Characters a partition value is written without escaping: the rest are written as
-/// `%XX` (UTF-8 bytes), as Spark and Hive escape them and their readers unescape them.
+/// A partition value as Hive and Spark write it in a path: the ASCII characters their
+/// readers unescape (control characters, `"#%'*/:=?\\` and DEL, `{[]^`, and space) as
+/// `%XX`; the rest, other characters included, as they are.
 fn partition_value(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
-    for b in value.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'+' | b'@' | b',') {
-            out.push(char::from(b));
+    for c in value.chars() {
+        if c.is_ascii_control() || " \"#%'*/:=?\\{[]^".contains(c) {
+            out.push_str(&format!("%{:02X}", c as u32));
         } else {
-            out.push_str(&format!("%{b:02X}"));
+            out.push(c);
         }
     }
     // `.` and `..` name directories of their own; an empty value is Hive's default partition.
@@ -526,7 +527,8 @@ mod tests {
     fn partition_values_are_escaped_as_hive_writes_them() {
         assert_eq!(partition_value("ip-10-0-0-1.ec2.internal"), "ip-10-0-0-1.ec2.internal");
         assert_eq!(partition_value("a/b=c d%"), "a%2Fb%3Dc%20d%25");
-        assert_eq!(partition_value("ünï"), "%C3%BCn%C3%AF");
+        assert_eq!(partition_value("ünï"), "ünï", "as Spark unescapes it");
+        assert_eq!(partition_value("a\tb"), "a%09b");
         assert_eq!(partition_value(".."), "%2E%2E");
         assert_eq!(partition_value(""), "__HIVE_DEFAULT_PARTITION__");
     }

@@ -153,13 +153,13 @@ impl CoreJob<'_> {
             (FaultKind::Nan, _) => {
                 tracing::warn!("{place}: {} [counted as a numerical error] {what}", kind.description())
             }
-            (FaultKind::Slow, _) => {
+            (FaultKind::Slow, result) => {
                 let delay = strike.rule.delay.unwrap_or(crate::fault::DEFAULT_SLOW_DELAY);
-                tracing::warn!(
-                    "{place}: {} for {:.3} s [the execution continues] {what}",
-                    kind.description(),
-                    delay.as_secs_f64()
-                )
+                let outcome = match result {
+                    Ok(_) => "the execution continues".to_string(),
+                    Err(error) => error.status.to_string(),
+                };
+                tracing::warn!("{place}: {} for {:.3} s [{outcome}] {what}", kind.description(), delay.as_secs_f64())
             }
             (_, Err(error)) => {
                 let degraded = if kind.degrades() {
@@ -427,10 +427,16 @@ impl CoreJob<'_> {
                 false => 0,
             }),
         };
-        let hang = strikes.iter().any(|s| s.kind == FaultKind::Timeout);
-        // A stalled core: the execution starts late, on the core's time.
-        if let Some(strike) = strikes.iter().find(|s| s.kind == FaultKind::Slow) {
-            std::thread::sleep(strike.rule.delay.unwrap_or(crate::fault::DEFAULT_SLOW_DELAY));
+        // A stalled core: the execution starts late, on the core's time; a stall as long
+        // as the execution timeout is a hang.
+        let stall = strikes
+            .iter()
+            .find(|s| s.kind == FaultKind::Slow)
+            .map(|s| s.rule.delay.unwrap_or(crate::fault::DEFAULT_SLOW_DELAY));
+        let hang = strikes.iter().any(|s| s.kind == FaultKind::Timeout)
+            || stall.is_some_and(|stall| stall >= self.timeout.min(MAX_EXEC_TIMEOUT));
+        if let Some(stall) = stall.filter(|_| !hang) {
+            std::thread::sleep(stall);
         }
         let results = if hang {
             // The core stops making progress: nothing runs, and the deadline passes.

@@ -362,7 +362,7 @@ fn admit(reader: &DatastoreReader, label: &str) -> Option<Tailed> {
 /// Reads `f`'s rings: the groups of spans that are complete (an execution whose
 /// `nc_exec_running` stopped, or that waited long enough; a system span of no
 /// execution) go into `done`, and each core's busy fraction since the last poll into
-/// `batch.busy`. Returns the events read (at most 65,536).
+/// `batch.busy`. Returns the events read (at most 65,536 of each ring).
 fn poll(followed: &mut Followed<Tailed>, batch: &mut Batch, done: &mut Vec<Group>) -> usize {
     let mut events = Vec::new();
     let reader = &followed.reader;
@@ -449,23 +449,38 @@ pub(crate) fn find_execution(dir: PathBuf, exec_id: u64, pid: Option<u32>) -> Va
     let (mut found, mut runtimes) = (Vec::new(), Vec::new());
     for f in followed.iter_mut().filter(|f| pid.is_none_or(|p| f.pid == p)) {
         let mut batch = Batch::new(0, 0, 0);
-        let mut done = Vec::new();
-        // Rings of 2²⁴ events at most, 65,536 a poll: bounded.
+        let mut oldest_ns: Option<u64> = None;
+        // Its spans by core: an execution's group may be sent in parts (the feed waits
+        // a few polls for its last spans).
+        let mut mine: BTreeMap<Option<u32>, Vec<String>> = BTreeMap::new();
+        let mut keep = |groups: &mut dyn Iterator<Item = Group>| {
+            for g in groups {
+                oldest_ns = Some(oldest_ns.map_or(g.start_ns, |o| o.min(g.start_ns)));
+                if g.exec_id == Some(exec_id) {
+                    mine.entry(g.core).or_default().extend(g.spans);
+                }
+            }
+        };
+        // Rings of 2²⁴ events at most, 65,536 of each a poll: bounded. Only the
+        // execution's spans are kept.
         for _ in 0..1024 {
-            if poll(f, &mut batch, &mut done) == 0 {
+            let mut done = Vec::new();
+            let read = poll(f, &mut batch, &mut done);
+            keep(&mut done.into_iter());
+            if read == 0 {
                 break;
             }
         }
-        done.extend(f.state.building.drain().map(|(_, g)| g));
-        let oldest_ns = done.iter().map(|g| g.start_ns).min();
-        for g in done.iter().filter(|g| g.exec_id == Some(exec_id)) {
-            let spans: Vec<Value> = g.spans.iter().filter_map(|s| serde_json::from_str(s).ok()).collect();
+        keep(&mut f.state.building.drain().map(|(_, g)| g));
+        for (core, spans) in mine {
+            let spans: Vec<Value> = spans.iter().filter_map(|s| serde_json::from_str(s).ok()).collect();
+            let start_ns = spans.iter().filter_map(|s| s["start_ns"].as_u64()).min();
             let end_ns = spans.iter().filter_map(|s| s["end_ns"].as_u64()).max();
             found.push(json!({
                 "pid": f.pid,
                 "tag": f.state.tag,
-                "core": g.core,
-                "start_ns": g.start_ns,
+                "core": core,
+                "start_ns": start_ns,
                 "end_ns": end_ns,
                 "spans": spans,
             }));
