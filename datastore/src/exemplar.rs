@@ -53,8 +53,9 @@ mod field {
     /// The model id (bits 0–31) and the execution's status code (bits 32–63; 0: success).
     pub(super) const MODEL_STATUS: u64 = 16;
     pub(super) const LATENCY_NS: u64 = 24;
-    pub(super) const REALTIME_NS: u64 = 32;
-    pub(super) const MONOTONIC_NS: u64 = 40;
+    /// The host clock's ticks when it returned (readers convert them with the header's
+    /// calibration: the writer reads no clock for an exemplar).
+    pub(super) const AT_TICKS: u64 = 32;
 }
 
 /// The latency slot of an execution of `ns` nanoseconds.
@@ -62,7 +63,20 @@ pub fn latency_slot(ns: u64) -> usize {
     LATENCY_BOUNDS_NS.iter().position(|&bound| ns <= bound).unwrap_or(LATENCY_BOUNDS_NS.len())
 }
 
-/// One execution, as a slot keeps it.
+/// One execution, as the runtime records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Execution {
+    pub exec_id: u64,
+    pub model_id: u32,
+    /// The execution's `NRT_STATUS` code (0: success).
+    pub status: u32,
+    /// Its total latency (the whole `execute` call; 0 when not known yet).
+    pub latency_ns: u64,
+    /// The host clock's ticks when it returned (or when its error was counted).
+    pub at_ticks: u64,
+}
+
+/// One execution, as a reader sees a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Exemplar {
     pub exec_id: u64,
@@ -71,7 +85,8 @@ pub struct Exemplar {
     pub status: u32,
     /// Its total latency (the whole `execute` call).
     pub latency_ns: u64,
-    /// When it returned: `CLOCK_REALTIME` and `CLOCK_MONOTONIC` nanoseconds.
+    /// When it returned: `CLOCK_REALTIME` (through the offset measured when the file
+    /// was made) and `CLOCK_MONOTONIC` nanoseconds.
     pub realtime_ns: u64,
     pub monotonic_ns: u64,
 }
@@ -93,7 +108,7 @@ impl CoreExemplars {
 }
 
 /// Writes `exemplar` into the slot at byte offset `at`, unless another writer holds it.
-pub(crate) fn write(region: &Region, at: u64, exemplar: &Exemplar) {
+pub(crate) fn write(region: &Region, at: u64, exemplar: &Execution) {
     let seq = region.u64(at + field::SEQ);
     let even = seq.load(Ordering::Relaxed);
     if even % 2 == 1 || seq.compare_exchange(even, even + 1, Ordering::Acquire, Ordering::Relaxed).is_err() {
@@ -104,14 +119,14 @@ pub(crate) fn write(region: &Region, at: u64, exemplar: &Exemplar) {
     word(field::EXEC_ID, exemplar.exec_id);
     word(field::MODEL_STATUS, u64::from(exemplar.model_id) | u64::from(exemplar.status) << 32);
     word(field::LATENCY_NS, exemplar.latency_ns);
-    word(field::REALTIME_NS, exemplar.realtime_ns);
-    word(field::MONOTONIC_NS, exemplar.monotonic_ns);
+    word(field::AT_TICKS, exemplar.at_ticks);
     seq.store(even + 2, Ordering::Release);
 }
 
-/// The slot at byte offset `at`: `None` when never written, or when a writer kept it
-/// busy through a few tries.
-pub(crate) fn read(region: &Region, at: u64) -> Option<Exemplar> {
+/// The slot at byte offset `at`, its ticks made `CLOCK_MONOTONIC` ns by `monotonic` and
+/// `CLOCK_REALTIME` ns by adding `realtime_offset`: `None` when never written, or when
+/// a writer kept it busy through a few tries.
+pub(crate) fn read(region: &Region, at: u64, monotonic: impl Fn(u64) -> u64, realtime_offset: i64) -> Option<Exemplar> {
     let seq = region.u64(at + field::SEQ);
     let word = |offset: u64| region.u64(at + offset).load(Ordering::Relaxed);
     for _ in 0..100 {
@@ -123,21 +138,17 @@ pub(crate) fn read(region: &Region, at: u64) -> Option<Exemplar> {
             std::hint::spin_loop();
             continue;
         }
-        let (exec_id, model_status, latency_ns, realtime_ns, monotonic_ns) = (
-            word(field::EXEC_ID),
-            word(field::MODEL_STATUS),
-            word(field::LATENCY_NS),
-            word(field::REALTIME_NS),
-            word(field::MONOTONIC_NS),
-        );
+        let (exec_id, model_status, latency_ns, at_ticks) =
+            (word(field::EXEC_ID), word(field::MODEL_STATUS), word(field::LATENCY_NS), word(field::AT_TICKS));
         fence(Ordering::Acquire);
         if seq.load(Ordering::Relaxed) == before {
+            let monotonic_ns = monotonic(at_ticks);
             return Some(Exemplar {
                 exec_id,
                 model_id: model_status as u32,
                 status: (model_status >> 32) as u32,
                 latency_ns,
-                realtime_ns,
+                realtime_ns: monotonic_ns.saturating_add_signed(realtime_offset),
                 monotonic_ns,
             });
         }
@@ -150,15 +161,15 @@ mod tests {
     use super::*;
     use crate::test_support::open_pair;
 
-    fn execution(exec_id: u64, latency_ns: u64, status: u32) -> Exemplar {
-        Exemplar {
-            exec_id,
-            model_id: 7,
-            status,
-            latency_ns,
-            realtime_ns: 1_700_000_000 + exec_id,
-            monotonic_ns: exec_id,
-        }
+    /// An execution returning `exec_id` µs after the test file was made (its ticks are
+    /// `CLOCK_MONOTONIC` ns).
+    fn execution(exec_id: u64, latency_ns: u64, status: u32) -> Execution {
+        Execution { exec_id, model_id: 7, status, latency_ns, at_ticks: crate::clock::monotonic_ns() + exec_id * 1000 }
+    }
+
+    /// What a reader sees of `e`, its times aside.
+    fn fields(e: &Exemplar) -> (u64, u32, u32, u64) {
+        (e.exec_id, e.model_id, e.status, e.latency_ns)
     }
 
     #[test]
@@ -172,12 +183,20 @@ mod tests {
         writer.record_exemplar(0, &execution(3, 90_000_000_000, 1006), Some(ErrorClass::Transient));
         writer.record_error_exemplar(0, &execution(4, 0, 0), ErrorClass::Hardware);
         let seen = &reader.snapshot().cores[0].exemplars;
-        assert_eq!(seen.latency[1], Some(execution(2, 40_000, 0)), "the last of the 25–50 µs range");
-        assert_eq!(seen.latency[LATENCY_SLOTS - 1], Some(execution(3, 90_000_000_000, 1006)));
+        let latency = |k: usize| seen.latency[k].as_ref().map(fields);
+        assert_eq!(latency(1), Some((2, 7, 0, 40_000)), "the last of the 25–50 µs range");
+        assert_eq!(latency(LATENCY_SLOTS - 1), Some((3, 7, 1006, 90_000_000_000)));
         assert_eq!(seen.latency.iter().flatten().count(), 2);
-        assert_eq!(seen.error(ErrorClass::Transient), Some(&execution(3, 90_000_000_000, 1006)));
-        assert_eq!(seen.error(ErrorClass::Hardware), Some(&execution(4, 0, 0)));
+        assert_eq!(seen.error(ErrorClass::Transient).map(fields), Some((3, 7, 1006, 90_000_000_000)));
+        assert_eq!(seen.error(ErrorClass::Hardware).map(fields), Some((4, 7, 0, 0)));
         assert_eq!(seen.errors.iter().flatten().count(), 2);
+        // Its ticks, as the file's clock: CLOCK_MONOTONIC, and CLOCK_REALTIME by the
+        // offset measured when the file was made.
+        let e = seen.latency[1].expect("the 25–50 µs range");
+        let now = crate::clock::monotonic_ns();
+        assert!(e.monotonic_ns > now - 1_000_000_000 && e.monotonic_ns < now + 1_000_000_000, "{e:?} at {now}");
+        let offset = crate::clock::realtime_ns() as i128 - crate::clock::monotonic_ns() as i128;
+        assert!((i128::from(e.realtime_ns) - i128::from(e.monotonic_ns) - offset).abs() < 1_000_000_000, "{e:?}");
     }
 
     #[test]
@@ -191,7 +210,7 @@ mod tests {
         writer.record_exemplar(0, &execution(2, 10, 0), None);
         assert_eq!(reader.snapshot().cores[0].exemplars.latency[0], None);
         seq.fetch_add(1, Ordering::Relaxed);
-        assert_eq!(reader.snapshot().cores[0].exemplars.latency[0], Some(execution(1, 10, 0)));
+        assert_eq!(reader.snapshot().cores[0].exemplars.latency[0].as_ref().map(fields), Some((1, 7, 0, 10)));
     }
 
     #[test]

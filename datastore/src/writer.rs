@@ -292,7 +292,12 @@ impl DatastoreWriter {
 
     /// Keeps `exemplar` as the last execution of its latency range on the `slot`-th
     /// held core, and of `class` when it failed (`exemplar.rs`).
-    pub fn record_exemplar(&self, slot: usize, exemplar: &crate::exemplar::Exemplar, class: Option<crate::ErrorClass>) {
+    pub fn record_exemplar(
+        &self,
+        slot: usize,
+        exemplar: &crate::exemplar::Execution,
+        class: Option<crate::ErrorClass>,
+    ) {
         let latency = crate::exemplar::latency_slot(exemplar.latency_ns);
         crate::exemplar::write(&self.region, self.layout.exemplar_slot(slot, latency), exemplar);
         if let Some(class) = class {
@@ -303,7 +308,7 @@ impl DatastoreWriter {
 
     /// Keeps `exemplar` as the last execution of `class` on the `slot`-th held core, for
     /// an error counted while the execution goes on (its latency not known yet).
-    pub fn record_error_exemplar(&self, slot: usize, exemplar: &crate::exemplar::Exemplar, class: crate::ErrorClass) {
+    pub fn record_error_exemplar(&self, slot: usize, exemplar: &crate::exemplar::Execution, class: crate::ErrorClass) {
         let index = crate::exemplar::LATENCY_SLOTS + class as usize;
         crate::exemplar::write(&self.region, self.layout.exemplar_slot(slot, index), exemplar);
     }

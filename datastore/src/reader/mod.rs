@@ -336,7 +336,12 @@ impl DatastoreReader {
     /// The exemplars of the `slot`-th held core.
     fn exemplars(&self, slot: usize) -> crate::exemplar::CoreExemplars {
         use crate::exemplar::{LATENCY_SLOTS, read};
-        let slot_at = |index: usize| read(&self.region, self.layout.exemplar_slot(slot, index));
+        let converter = self.converter();
+        let created_mono = self.region.u64(header::CREATED_MONO_NS).load(Ordering::Relaxed);
+        let realtime_offset = (i128::from(self.info.created_realtime_ns) - i128::from(created_mono)) as i64;
+        let slot_at = |index: usize| {
+            read(&self.region, self.layout.exemplar_slot(slot, index), |ticks| converter.to_ns(ticks), realtime_offset)
+        };
         crate::exemplar::CoreExemplars {
             latency: (0..LATENCY_SLOTS).map(slot_at).collect(),
             errors: (0..crate::ErrorClass::ALL.len()).map(|k| slot_at(LATENCY_SLOTS + k)).collect(),

@@ -140,13 +140,12 @@ impl CoreJob<'_> {
                 let notify = payload::HwNotify { status: 0, message: message_id };
                 tracer.instant(m.ring, EventType::HwNotify, self.ids, notify);
                 tracer.add(m.slot, counter::ERRORS + ErrorClass::Transient as u64, 1);
-                let exemplar = neuron_datastore::exemplar::Exemplar {
+                let exemplar = neuron_datastore::exemplar::Execution {
                     exec_id: self.ids.exec_id,
                     model_id: m.id,
                     status: 0,
                     latency_ns: 0,
-                    realtime_ns: neuron_datastore::clock::realtime_ns(),
-                    monotonic_ns: neuron_datastore::clock::monotonic_ns(),
+                    at_ticks: ticks(),
                 };
                 tracer.store().record_error_exemplar(m.slot, &exemplar, ErrorClass::Transient);
             }

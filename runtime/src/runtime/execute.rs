@@ -112,12 +112,13 @@ impl Runtime {
         }
         let status = result.as_ref().err().map(|e| e.status.code());
         tracer.stop(&wait, Execution::NO_STATUS);
-        let total_ticks = ticks().saturating_sub(called);
+        let returned = ticks();
+        let total_ticks = returned.saturating_sub(called);
         tracer.stop(&execute, Execution { status });
         // Counted after its last event: a reader that sees the counters grow finds the
         // whole execution in the ring (`neuron-profile inspect` on failure relies on it).
         let work = (ran.device_ticks, ran.instructions, ran.flops);
-        self.count_execution(&tracer, m, ids.exec_id, &result, work, total_ticks);
+        self.count_execution(&tracer, m, ids.exec_id, &result, work, (total_ticks, returned));
         let mut report = result?;
         report.total_latency = tracer_duration(&tracer, total_ticks);
         tracing::debug!(model = %m.name, latency_us = report.total_latency.as_micros() as u64, "executed");
@@ -132,7 +133,7 @@ impl Runtime {
         exec_id: u64,
         result: &NrtResult<ExecutionReport>,
         (device_ticks, instructions, flops): (Option<u64>, u64, u64),
-        total_ticks: u64,
+        (total_ticks, returned): (u64, u64),
     ) {
         let numerical_errors = result.as_ref().map_or(0, |r| r.numerical_errors);
         let (outcome, class) = classify(result.as_ref().err().map(|e| e.status), numerical_errors);
@@ -156,13 +157,12 @@ impl Runtime {
         tracer.store().record_latency(slot, true, total_ns);
         // The example of its latency range (and of its error class) that a metric can
         // name, as it returns.
-        let exemplar = neuron_datastore::exemplar::Exemplar {
+        let exemplar = neuron_datastore::exemplar::Execution {
             exec_id,
             model_id: m.id,
             status: result.as_ref().err().map_or(0, |e| e.status.code()),
             latency_ns: total_ns,
-            realtime_ns: neuron_datastore::clock::realtime_ns(),
-            monotonic_ns: neuron_datastore::clock::monotonic_ns(),
+            at_ticks: returned,
         };
         tracer.store().record_exemplar(slot, &exemplar, class);
         if let Some(table_slot) = m.table_slot {
