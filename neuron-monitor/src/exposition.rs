@@ -201,39 +201,7 @@ impl Families {
     /// same bytes), without the crate's intermediate messages: a job of many ranks has
     /// tens of thousands of samples at every report.
     pub fn text(&self) -> String {
-        use std::fmt::Write;
-        let mut common = String::new();
-        for (name, value) in &self.common {
-            push_label(&mut common, name, value);
-        }
-        let mut text = String::with_capacity(1 << 16);
-        let mut labels = String::new();
-        let bounds: Vec<String> = LATENCY_BUCKETS.iter().map(f64::to_string).collect();
-        for f in self.families.iter().filter(|f| !f.samples.is_empty()) {
-            let name = &f.name;
-            if !f.help.is_empty() {
-                let _ = writeln!(text, "# HELP {name} {}", escape(f.help, false));
-            }
-            let _ = writeln!(text, "# TYPE {name} {}", f.kind.name());
-            for (series, sample) in &f.samples {
-                labels.clone_from(&common);
-                for (label, value) in &series.0 {
-                    push_label(&mut labels, label, value);
-                }
-                match sample {
-                    Sample::Value(value, _) => write_sample(&mut text, (name, ""), &labels, None, *value),
-                    Sample::Histogram(h) => {
-                        for (le, &n) in bounds.iter().zip(&h.buckets) {
-                            write_sample(&mut text, (name, "_bucket"), &labels, Some(le), n as f64);
-                        }
-                        write_sample(&mut text, (name, "_bucket"), &labels, Some("+Inf"), h.count as f64);
-                        write_sample(&mut text, (name, "_sum"), &labels, None, h.sum);
-                        write_sample(&mut text, (name, "_count"), &labels, None, h.count as f64);
-                    }
-                }
-            }
-        }
-        text
+        self.encode(false)
     }
 
     /// The OpenMetrics 1.0 text format, for a scraper that asks for it (`Accept:
@@ -244,6 +212,11 @@ impl Families {
     /// exemplars: a histogram bucket's and a counter's last observation, after the
     /// sample (` # {labels} value timestamp`).
     pub fn openmetrics(&self) -> String {
+        self.encode(true)
+    }
+
+    /// [`Families::text`], or [`Families::openmetrics`] when `openmetrics`.
+    fn encode(&self, openmetrics: bool) -> String {
         use std::fmt::Write;
         let mut common = String::new();
         for (name, value) in &self.common {
@@ -254,57 +227,56 @@ impl Families {
         let bounds: Vec<String> = LATENCY_BUCKETS.iter().map(f64::to_string).collect();
         for f in self.families.iter().filter(|f| !f.samples.is_empty()) {
             let name = &f.name;
-            let family = match f.kind {
-                FamilyType::Counter => name.strip_suffix("_total").unwrap_or(name),
-                _ => name,
-            };
-            // A counter without the suffix OpenMetrics requires of its samples is
-            // exposed as `unknown`, under its own name.
-            let kind = match f.kind {
-                FamilyType::Counter if family == name => "unknown",
-                kind => kind.name(),
-            };
-            let _ = writeln!(text, "# TYPE {family} {kind}");
-            if !f.help.is_empty() {
-                let _ = writeln!(text, "# HELP {family} {}", escape(f.help, true));
+            if openmetrics {
+                let family = match f.kind {
+                    FamilyType::Counter => name.strip_suffix("_total").unwrap_or(name),
+                    _ => name,
+                };
+                // A counter without the suffix OpenMetrics requires of its samples is
+                // exposed as `unknown`, under its own name.
+                let kind = match f.kind {
+                    FamilyType::Counter if family == name => "unknown",
+                    kind => kind.name(),
+                };
+                let _ = writeln!(text, "# TYPE {family} {kind}");
+                if !f.help.is_empty() {
+                    let _ = writeln!(text, "# HELP {family} {}", escape(f.help, true));
+                }
+            } else {
+                if !f.help.is_empty() {
+                    let _ = writeln!(text, "# HELP {name} {}", escape(f.help, false));
+                }
+                let _ = writeln!(text, "# TYPE {name} {}", f.kind.name());
             }
             for (series, sample) in &f.samples {
                 labels.clone_from(&common);
                 for (label, value) in &series.0 {
                     push_label(&mut labels, label, value);
                 }
-                match sample {
-                    Sample::Value(value, exemplar) => {
-                        write_openmetrics_sample(&mut text, (name, ""), &labels, None, *value, exemplar.as_ref());
+                let mut line = |suffix: &str, le: Option<&str>, value: f64, exemplar: Option<&Exemplar>| {
+                    if openmetrics {
+                        write_openmetrics_sample(&mut text, (name, suffix), &labels, le, value, exemplar);
+                    } else {
+                        write_sample(&mut text, (name, suffix), &labels, le, value);
                     }
+                };
+                match sample {
+                    Sample::Value(value, exemplar) => line("", None, *value, exemplar.as_ref()),
                     Sample::Histogram(h) => {
                         let exemplar = |k: usize| h.exemplars.get(k).and_then(Option::as_ref);
                         for (k, (le, &n)) in bounds.iter().zip(&h.buckets).enumerate() {
-                            write_openmetrics_sample(
-                                &mut text,
-                                (name, "_bucket"),
-                                &labels,
-                                Some(le),
-                                n as f64,
-                                exemplar(k),
-                            );
+                            line("_bucket", Some(le), n as f64, exemplar(k));
                         }
-                        let inf = exemplar(bounds.len());
-                        write_openmetrics_sample(
-                            &mut text,
-                            (name, "_bucket"),
-                            &labels,
-                            Some("+Inf"),
-                            h.count as f64,
-                            inf,
-                        );
-                        write_openmetrics_sample(&mut text, (name, "_sum"), &labels, None, h.sum, None);
-                        write_openmetrics_sample(&mut text, (name, "_count"), &labels, None, h.count as f64, None);
+                        line("_bucket", Some("+Inf"), h.count as f64, exemplar(bounds.len()));
+                        line("_sum", None, h.sum, None);
+                        line("_count", None, h.count as f64, None);
                     }
                 }
             }
         }
-        text.push_str("# EOF\n");
+        if openmetrics {
+            text.push_str("# EOF\n");
+        }
         text
     }
 }

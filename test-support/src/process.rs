@@ -246,6 +246,40 @@ pub fn free_port() -> u16 {
     panic!("no free port between {low} and {high} on 127.0.0.1")
 }
 
+/// A workload with slow executions, for what a latency exemplar leads to: `neuron-bench
+/// exec` of the MLP example on nc0 for good, every 10th execution stalled 150 ms
+/// (`NEURON_RT_FAULT_INJECT=slow`). Returns it once the first slow execution is over,
+/// with that execution's id, read from the runtime's log line (the rest of the log is
+/// drained on a thread of its own).
+pub fn slow_workload(sandbox: &Sandbox) -> (Running, u64) {
+    let mlp = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp.hlo");
+    let mut bench = Running(
+        sandbox
+            .env(&mut Command::new(neuron_bench()))
+            .env("NEURON_RT_FAULT_INJECT", "slow:core=0:every=10:delay=150ms")
+            .env("NEURON_RT_LOG_LEVEL", "WARN")
+            .arg("exec")
+            .arg(&mlp)
+            .args(["--cores", "0", "--iterations", "100000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("neuron-bench starts"),
+    );
+    let mut log = BufReader::new(bench.0.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    let exec_id = loop {
+        line.clear();
+        assert!(log.read_line(&mut line).expect("the log") > 0, "the workload ended before a slow execution");
+        if let Some(rest) = line.split("stalled before the execution").nth(1) {
+            let id = rest.split("in execution id ").nth(1).and_then(|r| r.split_whitespace().next()?.parse().ok());
+            break id.unwrap_or_else(|| panic!("no execution id in {line}"));
+        }
+    };
+    std::thread::spawn(move || std::io::copy(&mut log, &mut std::io::sink()));
+    (bench, exec_id)
+}
+
 /// A job of `np` ranks on this host under a real `mpirun`, in `sandbox`: one process and
 /// one core each, all-reducing 64 KiB `iterations` times through `neuron-bench exec`,
 /// with `env` added (`NEURON_RT_FAULT_INJECT`, …); `None` where `mpirun` is missing,

@@ -6,9 +6,8 @@
 //! `web/e2e/execution.mjs`; screenshots of each page are left in
 //! `target/dashboard-screenshots`.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use neuron_test_support::process::{Sandbox, profiler_binary};
 
@@ -126,29 +125,8 @@ fn an_exemplars_execution_opens_on_the_timeline_in_a_headless_browser() {
     let Some((node, chromium)) = tools(&e2e) else { return };
     let sandbox = Sandbox::new();
     // A workload whose every 10th execution stalls 150 ms; the first such, by its id.
-    let mlp = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp.hlo");
-    let mut bench = neuron_test_support::process::Running(
-        sandbox
-            .env(&mut Command::new(neuron_test_support::process::neuron_bench()))
-            .env("NEURON_RT_FAULT_INJECT", "slow:core=0:every=10:delay=150ms")
-            .env("NEURON_RT_LOG_LEVEL", "WARN")
-            .args(["exec", mlp.to_str().expect("utf-8"), "--cores", "0", "--iterations", "100000"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("bench"),
-    );
-    let mut log = BufReader::new(bench.0.stderr.take().expect("stderr"));
-    let mut line = String::new();
-    let exec_id = loop {
-        line.clear();
-        assert!(log.read_line(&mut line).expect("the log") > 0, "the workload ended");
-        if let Some(rest) = line.split("stalled before the execution").nth(1) {
-            let id = rest.split("in execution id ").nth(1).and_then(|r| r.split_whitespace().next());
-            break id.expect("an execution id").to_string();
-        }
-    };
-    std::thread::spawn(move || std::io::copy(&mut log, &mut std::io::sink()));
+    let (bench, exec_id) = neuron_test_support::process::slow_workload(&sandbox);
+    let exec_id = exec_id.to_string();
     let (_dashboard, url) = neuron_test_support::process::dashboard(&sandbox, DASHBOARD.as_ref(), &[]);
     let measured = browser_checks((&node, &chromium, &e2e), "execution.mjs", &[&url, &exec_id]);
     assert!(measured["found"]["banner"].as_str().is_some_and(|b| b.contains(&exec_id)));

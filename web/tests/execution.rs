@@ -3,52 +3,19 @@
 //! log names), with the spans the live timeline draws, and says plainly when an id is
 //! not there, with how far back each runtime's rings reach.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
 use neuron_dashboard::{Dashboard, Options};
 use neuron_test_support::http::http_get;
-use neuron_test_support::process::{Running, Sandbox, neuron_bench};
+use neuron_test_support::process::{Sandbox, slow_workload};
 use serde_json::Value;
 
 #[test]
 fn an_execution_in_the_rings_is_found_with_its_spans_and_one_gone_is_said_gone() {
-    let bench_exe = neuron_bench();
     let sandbox = Sandbox::new();
-    let mlp = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/mlp.hlo");
-    // Every 10th execution on nc0 stalls 150 ms; the workload outlasts the test.
-    let mut bench = Running(
-        sandbox
-            .env(&mut Command::new(&bench_exe))
-            .env("NEURON_RT_FAULT_INJECT", "slow:core=0:every=10:delay=150ms")
-            .env("NEURON_RT_LOG_LEVEL", "WARN")
-            .args(["exec", mlp.to_str().expect("utf-8"), "--cores", "0", "--iterations", "100000"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("bench"),
-    );
+    let (bench, exec_id) = slow_workload(&sandbox);
     let pid = bench.0.id();
-    let mut log = BufReader::new(bench.0.stderr.take().expect("stderr"));
     let mut options = Options::new(([127, 0, 0, 1], 0).into()).expect("options");
     options.datastore_dir = sandbox.path().join("datastores");
     let dashboard = Dashboard::start(options).expect("starts");
-
-    // The first slow execution, by the id its log line names.
-    let started = Instant::now();
-    let mut line = String::new();
-    let exec_id: u64 = loop {
-        line.clear();
-        assert!(log.read_line(&mut line).expect("the log") > 0, "the workload ended");
-        if line.contains("stalled before the execution") {
-            let id = line.split("in execution id ").nth(1).and_then(|r| r.split_whitespace().next()?.parse().ok());
-            break id.expect("an execution id");
-        }
-        assert!(started.elapsed() < Duration::from_secs(120), "no slow execution");
-    };
-    // The rest of the log is not read: keep the pipe from filling.
-    std::thread::spawn(move || std::io::copy(&mut log, &mut std::io::sink()));
 
     let (status, body) = http_get(dashboard.addr(), &format!("/api/execution/{exec_id}"));
     assert_eq!(status, 200, "{body}");
