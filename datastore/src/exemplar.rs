@@ -161,10 +161,10 @@ mod tests {
     use super::*;
     use crate::test_support::open_pair;
 
-    /// An execution returning `exec_id` µs after the test file was made (its ticks are
-    /// `CLOCK_MONOTONIC` ns).
+    /// An execution returning now, on the clock the test file was calibrated with
+    /// (`ticks()`: the TSC once a test of this process chose it).
     fn execution(exec_id: u64, latency_ns: u64, status: u32) -> Execution {
-        Execution { exec_id, model_id: 7, status, latency_ns, at_ticks: crate::clock::monotonic_ns() + exec_id * 1000 }
+        Execution { exec_id, model_id: 7, status, latency_ns, at_ticks: crate::clock::ticks() }
     }
 
     /// What a reader sees of `e`, its times aside.
