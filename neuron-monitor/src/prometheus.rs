@@ -467,8 +467,9 @@ impl Examples<'_> {
 }
 
 /// The exemplar of execution `e` of process `pid` on `core`, of value `value`: labelled
-/// with the execution, process, core and model, the model's name (empty when unloaded)
-/// cut to keep every label within OpenMetrics' 128 characters.
+/// with the execution, process, core and model, and `execution` (`PID:ID`, the one
+/// label a Grafana link carries, naming the execution on its host); the model's name
+/// (empty when unloaded) cut to keep every label within OpenMetrics' 128 characters.
 fn execution_exemplar(
     pid: u32,
     core: u32,
@@ -476,8 +477,12 @@ fn execution_exemplar(
     model: &str,
     value: f64,
 ) -> Exemplar {
-    let mut labels =
-        vec![("exec_id", e.exec_id.to_string()), ("pid", pid.to_string()), ("neuroncore", core.to_string())];
+    let mut labels = vec![
+        ("exec_id", e.exec_id.to_string()),
+        ("pid", pid.to_string()),
+        ("neuroncore", core.to_string()),
+        ("execution", format!("{pid}:{}", e.exec_id)),
+    ];
     let used: usize = labels.iter().map(|(n, v)| n.chars().count() + v.chars().count()).sum();
     let room = EXEMPLAR_LABEL_CHARS.saturating_sub(used + "model".len());
     labels.push(("model", model.chars().take(room).collect()));
@@ -514,6 +519,7 @@ mod tests {
             assert_eq!(label("exec_id"), Some("18446744073709551615"));
             assert_eq!(label("pid"), Some("4194304"));
             assert_eq!(label("neuroncore"), Some("1"));
+            assert_eq!(label("execution"), Some("4194304:18446744073709551615"));
             assert!(name.starts_with(label("model").expect("the model")), "{e:?}");
             assert_eq!(e.timestamp_s, 1_700_000_000.5);
         }

@@ -332,6 +332,7 @@ fn prometheus_scrapes_the_exporter_while_a_workload_runs() {
     assert_eq!(labels["neuroncore"], "1", "{labels}");
     assert_eq!(labels["model"], "mlp", "{labels}");
     assert_eq!(labels["pid"], bench_pid.to_string().as_str(), "{labels}");
+    assert_eq!(labels["execution"], format!("{bench_pid}:{}", slow[0]).as_str(), "the link's label: {labels}");
     assert!((0.3..30.0).contains(&seconds), "its latency: {seconds} s");
     let errors = exemplars(&format!("execution_errors_total{{runtime_tag=\"{TAG}\",error_type=\"model\"}}"));
     assert!(!errors.is_empty(), "an exemplar of the model errors");
@@ -425,7 +426,7 @@ fn check_dashboard(exposition: &str) {
     );
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../grafana/provisioning/datasources/neuron-monitor.yaml");
     let source = std::fs::read_to_string(source).expect("the data source's provisioning");
-    assert!(source.contains("exemplarTraceIdDestinations:\n        - name: exec_id\n"), "{source}");
+    assert!(source.contains("exemplarTraceIdDestinations:\n        - name: execution\n"), "{source}");
     let link = Regex::new(r"url: (http://[^\s]+/#/execution/)\$\$\{__value\.raw\}\n").expect("regex");
     assert!(link.is_match(&source), "the link names the execution by its id: {source}");
     let router = Path::new(env!("CARGO_MANIFEST_DIR")).join("../web/assets/app.js");

@@ -29,7 +29,8 @@ function tickLabel(s) {
   return s >= 1 ? `${Number(s.toFixed(3))} s` : `${Number((s * 1e3).toFixed(3))} ms`;
 }
 
-// `focus`: an execution id to find in the rings and pause on (#/execution/ID, where a
+// `focus`: an execution to find in the rings and pause on, `ID` or `PID:ID` (of process
+// PID only) (#/execution/PID:ID, where a
 // Grafana exemplar links), or null.
 export function timelinePage(main, focus = null) {
   let windowSeconds = 10;
@@ -292,9 +293,11 @@ export function timelinePage(main, focus = null) {
 
   // An execution to show: found in the rings and paused on, or said plainly gone.
   if (focus !== null) {
-    const banner = el('div', { class: 'card', id: 'tl-focus' }, `Looking for execution ${focus} in the rings of this host's runtimes…`);
+    const [pid, id] = focus.includes(':') ? focus.split(':', 2) : [null, focus];
+    focus = id;
+    const banner = el('div', { class: 'card', id: 'tl-focus' }, `Looking for execution ${id}${pid ? ` of pid ${pid}` : ''} in the rings of this host's runtimes…`);
     main.insertBefore(banner, main.children[1] || null);
-    fetch(`/api/execution/${encodeURIComponent(focus)}`)
+    fetch(`/api/execution/${encodeURIComponent(id)}${pid ? `?pid=${encodeURIComponent(pid)}` : ''}`)
       .then((r) => (r.ok ? r.json() : r.text().then((t) => Promise.reject(new Error(t || r.statusText)))))
       .then((answer) => {
         const [first, ...others] = answer.found;
@@ -305,7 +308,7 @@ export function timelinePage(main, focus = null) {
           banner.dataset.state = 'gone';
           banner.textContent = answer.runtimes.length
             ? `Execution ${focus} is no longer in the rings: ${held.join('; ')}. The always-on rings keep the last events only (about a second of a busy core); to keep executions for later, capture a profile (neuron-profile capture, or neuron-profile inspect on a running process).`
-            : `Execution ${focus} is not in any ring: no runtime is running on this host now.`;
+            : `Execution ${focus} is not in any ring: ${pid ? `no runtime of pid ${pid}` : 'no runtime'} is running on this host now.`;
           return;
         }
         const key = (o) => `${o.pid}/${o.core}/${o.lane}/${o.name}/${o.start_ns}`;

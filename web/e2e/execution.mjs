@@ -2,16 +2,16 @@
 // playwright-core) where a metric's exemplar leads: #/execution/ID opens the live
 // timeline paused on that execution, with its fields shown; an id the rings no longer
 // hold is said gone, with how far back they reach.
-// Usage: node execution.mjs BASE_URL EXEC_ID SCREENSHOT_DIR
+// Usage: node execution.mjs BASE_URL PID EXEC_ID SCREENSHOT_DIR
 // Prints one JSON line of measurements; exits non-zero on the first failed check.
 
 import { chromium } from 'playwright-core';
 import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
 
-const [base, execId, shots] = process.argv.slice(2);
-if (!base || !execId || !shots) {
-  console.error('usage: node execution.mjs BASE_URL EXEC_ID SCREENSHOT_DIR');
+const [base, pid, execId, shots] = process.argv.slice(2);
+if (!base || !pid || !execId || !shots) {
+  console.error('usage: node execution.mjs BASE_URL PID EXEC_ID SCREENSHOT_DIR');
   process.exit(2);
 }
 mkdirSync(shots, { recursive: true });
@@ -29,12 +29,12 @@ try {
   page.on('pageerror', (e) => errors.push(e.message));
   page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
 
-  // An execution the rings hold.
-  await page.goto(`${base}/#/execution/${execId}`);
+  // An execution the rings hold, named as an exemplar's link names it (PID:ID).
+  await page.goto(`${base}/#/execution/${pid}:${execId}`);
   await page.waitForFunction(() => ['found', 'gone', 'error'].includes(document.querySelector('#tl-focus')?.dataset.state), null, { timeout: 20000 });
   const banner = await page.$eval('#tl-focus', (e) => ({ state: e.dataset.state, text: e.textContent }));
   check(banner.state === 'found', `execution ${execId} is found: ${banner.text}`);
-  check(banner.text.includes(`Execution ${execId}: mlp on`) && banner.text.includes('Paused on it'), banner.text);
+  check(banner.text.includes(`Execution ${execId}: mlp on neuron-bench (pid ${pid})`) && banner.text.includes('Paused on it'), banner.text);
   check(await page.$eval('#tl-pause', (b) => b.textContent) === 'Resume', 'the timeline is paused on it');
   const fields = await page.$$eval('#tl-details table.fields tr', (rows) => Object.fromEntries(rows.map((r) => [r.querySelector('th').textContent, r.querySelector('td').textContent])));
   check(fields.execution === execId && fields.event === 'nrt_execute', `its fields are shown: ${JSON.stringify(fields)}`);

@@ -128,7 +128,8 @@ fn an_exemplars_execution_opens_on_the_timeline_in_a_headless_browser() {
     let (bench, exec_id) = neuron_test_support::process::slow_workload(&sandbox);
     let exec_id = exec_id.to_string();
     let (_dashboard, url) = neuron_test_support::process::dashboard(&sandbox, DASHBOARD.as_ref(), &[]);
-    let measured = browser_checks((&node, &chromium, &e2e), "execution.mjs", &[&url, &exec_id]);
+    let pid = bench.0.id().to_string();
+    let measured = browser_checks((&node, &chromium, &e2e), "execution.mjs", &[&url, &pid, &exec_id]);
     assert!(measured["found"]["banner"].as_str().is_some_and(|b| b.contains(&exec_id)));
     drop(bench);
 }
