@@ -346,10 +346,6 @@ fn allreduce_neff(elements: usize) -> Vec<u8> {
 }
 
 /// A port of the loopback interface nobody listens at, for rank 0 to listen at.
-fn free_port() -> u16 {
-    neuron_test_support::process::free_port()
-}
-
 /// Runs C program `binary` (with `args`, then the cores per process) as a job of 4
 /// ranks under `mpirun`, as 4 processes of one core and as 2 of two; checks that every
 /// rank printed `rank <g> ok` and returns each job's log (`None` without `mpirun`).
@@ -361,7 +357,7 @@ fn run_job_of_four_ranks(sandbox: &Sandbox, binary: &Path, args: &[&std::ffi::Os
             .env(&mut program)
             .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge")
             .env("NEURON_RT_NUM_CORES", cores.to_string())
-            .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{}", free_port()))
+            .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{}", neuron_test_support::process::free_port()))
             .env("NEURON_RT_EXEC_TIMEOUT", "60")
             .env("NEURON_RT_LOG_LEVEL", "debug")
             .args(args)
@@ -399,7 +395,7 @@ fn a_rank_whose_process_exits_inside_a_collective_fails_the_others_at_once() {
     let dir = sandbox.path();
     std::fs::write(dir.join("allreduce.neff"), allreduce_neff(4)).expect("write");
     let binary = compile_c(&crate_dir().join("tests/c/ranks.c"), dir);
-    let root = format!("127.0.0.1:{}", free_port());
+    let root = format!("127.0.0.1:{}", neuron_test_support::process::free_port());
     let started = Instant::now();
     // Two processes as torchrun starts them; rank 1's exits in its first collective.
     let children: Vec<std::process::Child> = (0..2)

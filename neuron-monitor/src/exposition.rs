@@ -7,12 +7,20 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use neuron_datastore::exemplar::LATENCY_BOUNDS_NS;
+
 /// Upper bounds, in seconds, of the latency histograms' buckets
-/// (`neuron_execution_latency_seconds` and the others).
-pub const LATENCY_BUCKETS: [f64; 19] = [
-    0.000_025, 0.000_05, 0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-    2.5, 5.0, 10.0, 30.0,
-];
+/// (`neuron_execution_latency_seconds` and the others): the ranges whose last execution
+/// the runtime keeps as their exemplar, 25 µs to 30 s.
+pub const LATENCY_BUCKETS: [f64; LATENCY_BOUNDS_NS.len()] = {
+    let mut seconds = [0.0; LATENCY_BOUNDS_NS.len()];
+    let mut k = 0;
+    while k < seconds.len() {
+        seconds[k] = LATENCY_BOUNDS_NS[k] as f64 / 1e9;
+        k += 1;
+    }
+    seconds
+};
 
 /// A histogram's cumulative counts per `LATENCY_BUCKETS` bound (the `+Inf` bucket is
 /// `count`), with the number and sum of the observations, and an exemplar per bucket

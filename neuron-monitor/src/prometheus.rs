@@ -495,10 +495,11 @@ mod tests {
     use neuron_datastore::histogram::bucket_of;
 
     #[test]
-    fn the_runtime_keeps_an_execution_for_each_bucket_exported() {
-        let bounds: Vec<f64> =
-            neuron_datastore::exemplar::LATENCY_BOUNDS_NS.iter().map(|&ns| ns as f64 / 1e9).collect();
-        assert_eq!(bounds, LATENCY_BUCKETS);
+    fn latency_buckets_are_written_as_the_exporter_always_wrote_them() {
+        let written: Vec<String> = LATENCY_BUCKETS.iter().map(f64::to_string).collect();
+        let expected =
+            "0.000025 0.00005 0.0001 0.00025 0.0005 0.001 0.0025 0.005 0.01 0.025 0.05 0.1 0.25 0.5 1 2.5 5 10 30";
+        assert_eq!(written.join(" "), expected);
     }
 
     #[test]

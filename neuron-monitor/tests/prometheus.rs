@@ -57,10 +57,6 @@ fn query(prometheus: SocketAddr, promql: &str) -> Vec<(Value, f64)> {
         .collect()
 }
 
-fn free_port() -> u16 {
-    neuron_test_support::process::free_port()
-}
-
 /// The names of the samples in an exposition.
 fn sample_names(exposition: &str) -> BTreeSet<String> {
     exposition
@@ -129,7 +125,7 @@ fn prometheus_scrapes_the_exporter_while_a_workload_runs() {
     // A real Prometheus server scraping it every 200 ms: each report (every 500 ms) is
     // scraped at least twice.
     let prometheus_bin = tool("prometheus");
-    let prometheus_addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let prometheus_addr = SocketAddr::from(([127, 0, 0, 1], neuron_test_support::process::free_port()));
     let _prometheus = prometheus_bin.as_ref().map(|bin| {
         let yml = dir.join("prometheus.yml");
         std::fs::write(

@@ -93,7 +93,7 @@ fn every_operation_and_element_type_is_right_on_4_processes_of_1_rank_and_2_of_2
         {
             let mut program = nccom_test(&sandbox);
             program
-                .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{}", free_port()))
+                .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{}", neuron_test_support::process::free_port()))
                 .env("NEURON_RT_NUM_CORES", cores)
                 .args(["-r", "4", operation, "-b", "64", "-e", "64K", "-f", "32", "-n", "2", "--check"])
                 .args(["-d", &TYPES.join(",")]);
@@ -110,10 +110,6 @@ fn every_operation_and_element_type_is_right_on_4_processes_of_1_rank_and_2_of_2
             assert!(rows.len() == 3 * TYPES.len() && rows.iter().all(|r| r.check == "ok"), "{job}: {log}");
         }
     }
-}
-
-fn free_port() -> u16 {
-    neuron_test_support::process::free_port()
 }
 
 #[test]

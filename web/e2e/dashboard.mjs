@@ -11,38 +11,13 @@
 // Usage: node dashboard.mjs BASE_URL PROFILE_A PROFILE_B SCREENSHOT_DIR
 // Prints one JSON line of measurements; exits non-zero on the first failed check.
 
-import { chromium } from 'playwright-core';
-import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
+import { args, check, inBrowser, waitFor } from './harness.mjs';
 
-const [base, profileA, profileB, shots] = process.argv.slice(2);
-if (!base || !profileA || !profileB || !shots) {
-  console.error('usage: node dashboard.mjs BASE_URL PROFILE_A PROFILE_B SCREENSHOT_DIR');
-  process.exit(2);
-}
-mkdirSync(shots, { recursive: true });
-const executablePath = process.env.CHROMIUM || '/usr/bin/chromium';
+const [base, profileA, profileB, shots] = args('node dashboard.mjs BASE_URL PROFILE_A PROFILE_B SCREENSHOT_DIR', 4);
 const measured = {};
 
-function check(condition, message) {
-  if (!condition) throw new Error(`check failed: ${message}`);
-}
-
-async function waitFor(page, predicate, arg, what, timeout = 20000) {
-  try {
-    await page.waitForFunction(predicate, arg, { timeout, polling: 100 });
-  } catch (e) {
-    throw new Error(`timed out waiting for ${what}`);
-  }
-}
-
-const browser = await chromium.launch({ executablePath, args: ['--no-sandbox', '--disable-dev-shm-usage'] });
-try {
-  const context = await browser.newContext({ viewport: { width: 1400, height: 1000 } });
-  const page = await context.newPage();
-  const errors = [];
-  page.on('pageerror', (e) => errors.push(e.message));
-  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+await inBrowser({ width: 1400, height: 1000 }, async (page) => {
 
   // The live page.
   await page.goto(`${base}/#/live`);
@@ -245,8 +220,5 @@ try {
   await page.goto(`${base}/#/profiles`);
   await waitFor(page, () => document.querySelectorAll('a.profile-link').length >= 2, null, 'the list of profiles');
 
-  check(errors.length === 0, `no script errors: ${errors.join(' | ')}`);
-  console.log(JSON.stringify(measured));
-} finally {
-  await browser.close();
-}
+  return measured;
+});

@@ -5,29 +5,13 @@
 // Usage: node execution.mjs BASE_URL PID EXEC_ID SCREENSHOT_DIR
 // Prints one JSON line of measurements; exits non-zero on the first failed check.
 
-import { chromium } from 'playwright-core';
-import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
+import { args, check, inBrowser } from './harness.mjs';
 
-const [base, pid, execId, shots] = process.argv.slice(2);
-if (!base || !pid || !execId || !shots) {
-  console.error('usage: node execution.mjs BASE_URL PID EXEC_ID SCREENSHOT_DIR');
-  process.exit(2);
-}
-mkdirSync(shots, { recursive: true });
-const executablePath = process.env.CHROMIUM || '/usr/bin/chromium';
+const [base, pid, execId, shots] = args('node execution.mjs BASE_URL PID EXEC_ID SCREENSHOT_DIR', 4);
 const measured = {};
 
-function check(condition, message) {
-  if (!condition) throw new Error(`check failed: ${message}`);
-}
-
-const browser = await chromium.launch({ executablePath, args: ['--no-sandbox', '--disable-dev-shm-usage'] });
-try {
-  const page = await (await browser.newContext({ viewport: { width: 1400, height: 900 } })).newPage();
-  const errors = [];
-  page.on('pageerror', (e) => errors.push(e.message));
-  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+await inBrowser({ width: 1400, height: 900 }, async (page) => {
 
   // An execution the rings hold, named as an exemplar's link names it (PID:ID).
   await page.goto(`${base}/#/execution/${pid}:${execId}`);
@@ -52,8 +36,5 @@ try {
   check(gone.state === 'gone' && gone.text.includes('is no longer in the rings') && /holds events from [0-9.]+ s ago on/.test(gone.text), `said gone: ${gone.text}`);
   measured.gone = gone.text;
   await page.screenshot({ path: join(shots, 'execution-gone.png'), fullPage: true });
-  check(errors.length === 0, `no page errors: ${errors}`);
-  console.log(JSON.stringify(measured));
-} finally {
-  await browser.close();
-}
+  return measured;
+});

@@ -6,39 +6,18 @@
 // Usage: node job.mjs BASE_URL RANKS [LATE_RANK] SCREENSHOT_DIR
 // Prints one JSON line of measurements; exits non-zero on the first failed check.
 
-import { chromium } from 'playwright-core';
-import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
+import { args, check, inBrowser, waitFor as waitUpTo } from './harness.mjs';
 
-const [base, rankCount, ...rest] = process.argv.slice(2);
+const [base, rankCount, ...rest] = args('node job.mjs BASE_URL RANKS [LATE_RANK] SCREENSHOT_DIR', 3);
 const [lateRank, shots] = rest.length > 1 ? rest : [undefined, rest[0]];
-if (!base || !rankCount || !shots) {
-  console.error('usage: node job.mjs BASE_URL RANKS [LATE_RANK] SCREENSHOT_DIR');
-  process.exit(2);
-}
 const ranks = Number(rankCount);
-mkdirSync(shots, { recursive: true });
 const measured = {};
 
-function check(condition, message) {
-  if (!condition) throw new Error(`check failed: ${message}`);
-}
+// A job's rank profiles take longer to open than one profile.
+const waitFor = (page, predicate, arg, what, timeout = 30000) => waitUpTo(page, predicate, arg, what, timeout);
 
-async function waitFor(page, predicate, arg, what, timeout = 30000) {
-  try {
-    await page.waitForFunction(predicate, arg, { timeout, polling: 100 });
-  } catch (e) {
-    const text = await page.$eval('#main', (m) => m.innerText).catch(() => '');
-    throw new Error(`${what} did not happen within ${timeout} ms; the page: ${text.slice(0, 1500)}`);
-  }
-}
-
-const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium', args: ['--no-sandbox', '--disable-dev-shm-usage'] });
-try {
-  const page = await browser.newPage({ viewport: { width: 1400, height: 1000 } });
-  const errors = [];
-  page.on('pageerror', (e) => errors.push(e.message));
-  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+await inBrowser({ width: 1400, height: 1000 }, async (page) => {
 
   // The list offers the ranks together.
   await page.goto(`${base}/#/profiles`);
@@ -110,8 +89,5 @@ try {
   // Each rank's own profile opens from the table.
   await page.click('#pf-ranks tr[data-rank="1"] a');
   await waitFor(page, () => Number(document.querySelector('#pf-canvas')?.dataset.views || 0) >= 1 && location.hash.includes('profile_rank_1.ntff'), null, 'rank 1\'s own profile');
-  check(errors.length === 0, `no script errors: ${errors.join(' | ')}`);
-  console.log(JSON.stringify(measured));
-} finally {
-  await browser.close();
-}
+  return measured;
+});

@@ -6,28 +6,13 @@
 // Usage: node ranks.mjs BASE_URL SCREENSHOT_DIR
 // Prints one JSON line of measurements; exits non-zero on the first failed check.
 
-import { chromium } from 'playwright-core';
-import { mkdirSync } from 'node:fs';
 import { join } from 'node:path';
+import { args, check, inBrowser } from './harness.mjs';
 
-const [base, shots] = process.argv.slice(2);
-if (!base || !shots) {
-  console.error('usage: node ranks.mjs BASE_URL SCREENSHOT_DIR');
-  process.exit(2);
-}
-mkdirSync(shots, { recursive: true });
+const [base, shots] = args('node ranks.mjs BASE_URL SCREENSHOT_DIR', 2);
 const measured = {};
 
-function check(condition, message) {
-  if (!condition) throw new Error(`check failed: ${message}`);
-}
-
-const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || '/usr/bin/chromium', args: ['--no-sandbox', '--disable-dev-shm-usage'] });
-try {
-  const page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
-  const errors = [];
-  page.on('pageerror', (e) => errors.push(e.message));
-  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+await inBrowser({ width: 1400, height: 900 }, async (page) => {
 
   await page.goto(`${base}/#/ranks`);
   check(await page.$eval('nav a[data-page="ranks"]', (a) => a.classList.contains('active')), 'the Ranks link is active');
@@ -82,8 +67,5 @@ try {
   check(await page.$eval('.communicator table.members tr[data-rank="2"]', (tr) => tr.classList.contains('warn')), 'the straggler\'s row stands out');
   await page.screenshot({ path: join(shots, 'ranks.png'), fullPage: true });
   measured.ranks = { straggler: straggler.text, rows, tip };
-  check(errors.length === 0, `no script errors: ${errors.join(' | ')}`);
-  console.log(JSON.stringify(measured));
-} finally {
-  await browser.close();
-}
+  return measured;
+});

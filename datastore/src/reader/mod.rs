@@ -334,11 +334,14 @@ impl DatastoreReader {
     }
 
     /// The exemplars of the `slot`-th held core.
-    fn exemplars(&self, slot: usize) -> crate::exemplar::CoreExemplars {
+    /// (`converter` and `realtime_offset` turn their ticks into times: see
+    /// [`DatastoreReader::exemplar_clock`].)
+    fn exemplars(
+        &self,
+        slot: usize,
+        (converter, realtime_offset): (&TickConverter, i64),
+    ) -> crate::exemplar::CoreExemplars {
         use crate::exemplar::{LATENCY_SLOTS, read};
-        let converter = self.converter();
-        let created_mono = self.region.u64(header::CREATED_MONO_NS).load(Ordering::Relaxed);
-        let realtime_offset = (i128::from(self.info.created_realtime_ns) - i128::from(created_mono)) as i64;
         let slot_at = |index: usize| {
             read(&self.region, self.layout.exemplar_slot(slot, index), |ticks| converter.to_ns(ticks), realtime_offset)
         };
@@ -348,10 +351,18 @@ impl DatastoreReader {
         }
     }
 
+    /// The file's tick conversion, and `CLOCK_REALTIME` minus `CLOCK_MONOTONIC` as it
+    /// was when the file was made: what turns an exemplar's ticks into its times.
+    fn exemplar_clock(&self) -> (TickConverter, i64) {
+        let created_mono = self.region.u64(header::CREATED_MONO_NS).load(Ordering::Relaxed);
+        (self.converter(), (i128::from(self.info.created_realtime_ns) - i128::from(created_mono)) as i64)
+    }
+
     /// Every counter, now.
     pub fn snapshot(&self) -> Snapshot {
         let r = &self.region;
         let l = &self.layout;
+        let (converter, realtime_offset) = self.exemplar_clock();
         let load = |offset: u64| r.u64(offset).load(Ordering::Relaxed);
         let cores = self
             .info
@@ -381,7 +392,7 @@ impl DatastoreReader {
                     ranks: w(layout::core::RANKS) as u32,
                     device_latency: histogram(false),
                     total_latency: histogram(true),
-                    exemplars: self.exemplars(slot),
+                    exemplars: self.exemplars(slot, (&converter, realtime_offset)),
                 }
             })
             .collect();
