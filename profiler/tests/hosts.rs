@@ -7,6 +7,7 @@
 //! Needs root and `ip`; skipped with a note elsewhere, and required in CI.
 
 use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use neuron_test_support::hosts::Hosts;
 use neuron_test_support::process::Sandbox;
@@ -322,4 +323,107 @@ fn the_profiles_of_ranks_on_hosts_five_seconds_apart_export_on_one_clock() {
     aligned.sort_by(f64::total_cmp);
     let median = aligned[aligned.len() / 2];
     assert!(median.abs() < 100_000.0, "on one clock: median {median} µs apart; {aligned:?}");
+}
+
+/// `nccom-test` as rank `rank` of a two-rank job at `root` on host `rank`, with `env`
+/// (a variable given `None` is removed), its output piped.
+fn nccom_rank(
+    hosts: &Hosts,
+    sandbox: &Sandbox,
+    (root, rank): (&str, usize),
+    env: &[(&str, Option<&str>)],
+    args: &[&str],
+) -> std::process::Child {
+    let mut program = Command::new(env!("CARGO_BIN_EXE_nccom-test"));
+    sandbox
+        .env(&mut program)
+        .env("NEURON_RT_ROOT_COMM_ID", root)
+        .env("NEURON_RT_LOG_LEVEL", "warn")
+        .envs([("RANK", rank.to_string()), ("WORLD_SIZE", "2".to_owned())])
+        .args(args);
+    for (name, value) in env {
+        match value {
+            Some(value) => program.env(name, value),
+            None => program.env_remove(name),
+        };
+    }
+    hosts.run_in(rank, &program).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("starts")
+}
+
+#[test]
+fn a_job_across_hosts_without_a_secret_is_refused_at_once_unless_the_network_is_said_trusted() {
+    let Some(hosts) = hosts() else { return };
+    let sandboxes = [Sandbox::new(), Sandbox::new()];
+    let args = ["-r", "2", "allr", "-b", "1K", "-e", "1K", "-n", "3", "--check"];
+    let no_secret = [("NEURON_VIRT_JOB_SECRET", None), ("NEURON_RT_EXEC_TIMEOUT", Some("20"))];
+    let root = format!("{}:{}", hosts.addresses[0], 41_000 + (std::process::id() + 3) % 20_000);
+    let mut rank0 = nccom_rank(&hosts, &sandboxes[0], (&root, 0), &no_secret, &args);
+    let rank1 = nccom_rank(&hosts, &sandboxes[1], (&root, 1), &no_secret, &args).wait_with_output().expect("ends");
+    // Rank 1 gives up at once, while rank 0 still waits for it.
+    assert!(matches!(rank0.try_wait(), Ok(None)), "rank 1 ended before rank 0's timeout");
+    let _ = rank0.kill();
+    let rank0 = rank0.wait_with_output().expect("ends");
+    let (said0, said1) = (text(&rank0), text(&rank1));
+    assert!(!rank1.status.success(), "{said1}");
+    assert!(
+        said1.contains("is on another host, and this job has no secret: set NEURON_VIRT_JOB_SECRET"),
+        "rank 1 says what to set: {said1}"
+    );
+    assert!(said0.contains("refused a connection from") && said0.contains("on another host"), "{said0}");
+
+    // Said trusted, the same job runs, and says so.
+    let trusted = [("NEURON_VIRT_JOB_SECRET", None), ("NEURON_VIRT_TRUSTED_NETWORK", Some("1"))];
+    let root = format!("{}:{}", hosts.addresses[0], 41_000 + (std::process::id() + 4) % 20_000);
+    let children = [0, 1].map(|rank| nccom_rank(&hosts, &sandboxes[rank], (&root, rank), &trusted, &args));
+    let outputs: Vec<Output> = children.into_iter().map(|c| c.wait_with_output().expect("ends")).collect();
+    let log: String = outputs.iter().map(text).collect();
+    assert!(outputs.iter().all(|o| o.status.success()), "{log}");
+    assert!(log.contains("this job trusts its network"), "{log}");
+}
+
+#[test]
+fn a_cut_link_shorter_than_the_timeout_is_survived_and_a_longer_one_fails_at_the_timeout_naming_the_link() {
+    let Some(hosts) = hosts() else { return };
+    let sandboxes = [Sandbox::new(), Sandbox::new()];
+    let timeout = [("NEURON_RT_EXEC_TIMEOUT", Some("5"))];
+    let args = ["-r", "2", "allr", "-b", "64M", "-e", "64M", "-n", "8", "--check"];
+    // Cuts the link once 64 MiB crossed it, for `cut` (for good when `None`), and gives
+    // each rank's output and how long it ran after the cut.
+    let run = |port_offset: u32, cut: Option<Duration>| {
+        let root = format!("{}:{}", hosts.addresses[0], 41_000 + (std::process::id() + port_offset) % 20_000);
+        let before = hosts.link_sent_bytes(1);
+        let children = [0, 1].map(|rank| nccom_rank(&hosts, &sandboxes[rank], (&root, rank), &timeout, &args));
+        let started = Instant::now();
+        while hosts.link_sent_bytes(1) < before + (64 << 20) {
+            assert!(started.elapsed() < Duration::from_secs(120), "no all-reduce crossed the link");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        hosts.set_link(1, false).expect("the link goes down");
+        let cut_at = Instant::now();
+        if let Some(cut) = cut {
+            std::thread::sleep(cut);
+            hosts.set_link(1, true).expect("the link comes back");
+        }
+        let outputs: Vec<(Output, Duration)> =
+            children.into_iter().map(|c| (c.wait_with_output().expect("ends"), cut_at.elapsed())).collect();
+        hosts.set_link(1, true).expect("the link comes back");
+        outputs
+    };
+
+    let short = run(5, Some(Duration::from_millis(1500)));
+    let log: String = short.iter().map(|(o, _)| text(o)).collect();
+    assert!(short.iter().all(|(o, _)| o.status.success()), "a 1.5 s cut within a 5 s timeout: {log}");
+    assert!(String::from_utf8_lossy(&short[0].0.stdout).lines().any(|l| l.ends_with(" ok")), "{log}");
+
+    let long = run(6, None);
+    let log: String = long.iter().map(|(o, _)| text(o)).collect();
+    eprintln!(
+        "with the link cut for good, the ranks ended {:?} after the cut, saying:\n{log}",
+        long.iter().map(|(_, d)| d).collect::<Vec<_>>()
+    );
+    assert!(long.iter().all(|(o, _)| !o.status.success()), "{log}");
+    // Both fail at the timeout (well before the link would come back), naming the link.
+    assert!(long.iter().all(|(_, after)| *after < Duration::from_secs(30)), "{log}");
+    assert!(log.contains("the link is down or the host unreachable"), "{log}");
+    assert!(!log.contains("is gone"), "a cut link is not a dead process: {log}");
 }

@@ -59,6 +59,18 @@ pub const MAX_XU_QUEUE: usize = 1 << 16;
 pub const ENV_FAULT_INJECT: &str = "NEURON_RT_FAULT_INJECT";
 /// How collectives move data: `ring`, `all-to-all`, or `auto` (by size; the default).
 pub const ENV_COLLECTIVES_ALGORITHM: &str = "NEURON_RT_COLLECTIVES_ALGORITHM";
+/// The job's secret (our extension): the same text in every process of a job, which
+/// they prove to each other that they hold before they exchange anything (see
+/// [`JobAuth`]). Give it with `mpirun -x`, `srun --export` or torchrun's environment.
+pub const ENV_JOB_SECRET: &str = "NEURON_VIRT_JOB_SECRET";
+/// A file holding the job's secret, private to its user (our extension; instead of
+/// [`ENV_JOB_SECRET`]).
+pub const ENV_JOB_SECRET_FILE: &str = "NEURON_VIRT_JOB_SECRET_FILE";
+/// `1`: a job with no secret may span hosts, anyone on the network being trusted
+/// (our extension; every process says so when it joins).
+pub const ENV_TRUSTED_NETWORK: &str = "NEURON_VIRT_TRUSTED_NETWORK";
+/// The shortest job secret accepted, in bytes.
+pub const MIN_JOB_SECRET_BYTES: usize = 16;
 /// Longest `NEURON_PROCESS_TAG` accepted.
 pub const MAX_PROCESS_TAG_LEN: usize = 255;
 
@@ -154,6 +166,8 @@ pub struct Config {
     /// Where the job's rank 0 waits for the others (`NEURON_RT_ROOT_COMM_ID`, or
     /// `MASTER_ADDR` with port 62182).
     pub root_comm: Option<RootComm>,
+    /// How the job's processes prove to each other that they belong to it.
+    pub job_auth: JobAuth,
     /// What the environment set that was ignored, for the runtime to log when it starts
     /// (the configuration is read before logging is set up).
     pub warnings: Vec<String>,
@@ -182,6 +196,7 @@ impl Default for Config {
             collectives_algorithm: None,
             launch: None,
             root_comm: None,
+            job_auth: JobAuth::ThisUser,
             warnings: Vec::new(),
         }
     }
@@ -295,6 +310,28 @@ impl Config {
         let flight_record = match get(ENV_FLIGHT_RECORD) {
             Some(v) => parse_bool(&v).ok_or_else(|| bad(ENV_FLIGHT_RECORD, &v, "use true or false"))?,
             None => true,
+        };
+
+        let trusted_network = match get(ENV_TRUSTED_NETWORK) {
+            Some(v) => parse_bool(&v).ok_or_else(|| bad(ENV_TRUSTED_NETWORK, &v, "use true or false"))?,
+            None => false,
+        };
+        let job_auth = match (lookup(ENV_JOB_SECRET).filter(|v| !v.is_empty()), get(ENV_JOB_SECRET_FILE)) {
+            (Some(_), Some(_)) => {
+                return Err(NrtError::invalid(format!(
+                    "{ENV_JOB_SECRET} and {ENV_JOB_SECRET_FILE} are both set: give the job's secret one way"
+                )));
+            }
+            (Some(secret), None) if secret.len() < MIN_JOB_SECRET_BYTES => {
+                return Err(NrtError::invalid(format!(
+                    "{ENV_JOB_SECRET} is {} bytes; a job secret is at least {MIN_JOB_SECRET_BYTES} (for example `head -c 32 /dev/urandom | base64`)",
+                    secret.len()
+                )));
+            }
+            (Some(secret), None) => JobAuth::Secret(JobSecret::Value(secret)),
+            (None, Some(path)) => JobAuth::Secret(JobSecret::File(PathBuf::from(path))),
+            (None, None) if trusted_network => JobAuth::TrustedNetwork,
+            (None, None) => JobAuth::ThisUser,
         };
 
         let bf16_products = match get(ENV_BF16_PRODUCTS).as_deref().map(str::trim) {
@@ -439,8 +476,40 @@ impl Config {
             collectives_algorithm,
             launch: launch::launch_from(&get, &mut warnings)?,
             root_comm: launch::root_from(&get)?,
+            job_auth,
             warnings,
         })
+    }
+}
+
+/// How the processes of a job prove to each other that they belong to it, before they
+/// exchange anything (see `collectives/world/auth.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobAuth {
+    /// No secret given: only processes of this user on this host join (the default).
+    ThisUser,
+    /// A secret every process of the job holds (`NEURON_VIRT_JOB_SECRET` or
+    /// `NEURON_VIRT_JOB_SECRET_FILE`): processes on any host that prove they hold it.
+    Secret(JobSecret),
+    /// No secret, and `NEURON_VIRT_TRUSTED_NETWORK=1`: anyone who reaches the job's
+    /// ports and speaks its protocol joins.
+    TrustedNetwork,
+}
+
+/// Where the job's secret is.
+#[derive(Clone, PartialEq, Eq)]
+pub enum JobSecret {
+    Value(String),
+    /// A file private to its user; read when the job starts.
+    File(PathBuf),
+}
+
+impl std::fmt::Debug for JobSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            JobSecret::Value(_) => f.write_str("Value(<hidden>)"),
+            JobSecret::File(path) => f.debug_tuple("File").field(path).finish(),
+        }
     }
 }
 
@@ -512,6 +581,27 @@ mod tests {
         assert!(c.flight_record && !config(&[(ENV_FLIGHT_RECORD, "false")]).expect("valid").flight_record);
         assert_eq!(c.bf16_products, None, "measured by default");
         assert_eq!(config(&[(ENV_BF16_PRODUCTS, "f32")]).expect("valid").bf16_products, Some(ProductKernel::F32));
+    }
+
+    #[test]
+    fn the_job_is_this_users_on_this_host_unless_given_a_secret_or_told_the_network_is_trusted() {
+        assert_eq!(config(&[]).expect("valid").job_auth, JobAuth::ThisUser);
+        let secret = "0123456789abcdef0123";
+        assert_eq!(
+            config(&[(ENV_JOB_SECRET, secret)]).expect("valid").job_auth,
+            JobAuth::Secret(JobSecret::Value(secret.into()))
+        );
+        assert_eq!(
+            config(&[(ENV_JOB_SECRET_FILE, "/run/job.key"), (ENV_TRUSTED_NETWORK, "1")]).expect("valid").job_auth,
+            JobAuth::Secret(JobSecret::File("/run/job.key".into())),
+            "a secret wins over trust"
+        );
+        assert_eq!(config(&[(ENV_TRUSTED_NETWORK, "yes")]).expect("valid").job_auth, JobAuth::TrustedNetwork);
+        let short = config(&[(ENV_JOB_SECRET, "hunter2")]).expect_err("too short").message;
+        assert!(short.contains("at least 16") && !short.contains("hunter2"), "{short}");
+        let both = config(&[(ENV_JOB_SECRET, secret), (ENV_JOB_SECRET_FILE, "/k")]).expect_err("ambiguous").message;
+        assert!(both.contains("both set"), "{both}");
+        assert!(!format!("{:?}", JobSecret::Value(secret.into())).contains(secret), "never in a debug print");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! "Hosts" for tests and benchmarks of jobs of several machines: two network
 //! namespaces joined by a veth pair, created here and removed when dropped. Creating
-//! them needs root and `ip` (iproute2); [`Hosts::create`] says why it could not.
+//! them needs root and `ip` (iproute2); [`Hosts::create`] says why it could not. A job
+//! across hosts needs a secret its processes share (`NEURON_VIRT_JOB_SECRET`): every
+//! program run in a namespace is given the hosts' own, unless it removes the variable.
 
 use std::process::Command;
 
@@ -13,7 +15,12 @@ pub struct Hosts {
     pub addresses: [String; 2],
     /// Each namespace's end of the veth pair.
     pub devices: [String; 2],
+    /// The job secret every program run in them is given.
+    pub secret: String,
 }
+
+/// The variable the job secret is given in.
+pub const ENV_JOB_SECRET: &str = "NEURON_VIRT_JOB_SECRET";
 
 fn ip(args: &[&str]) -> Result<(), String> {
     let output = Command::new("ip").args(args).output().map_err(|e| format!("ip: {e}"))?;
@@ -37,7 +44,9 @@ impl Hosts {
         // A /24 of 10.0.0.0/8 per test process.
         let net = format!("10.{}.{}", 100 + id / 256 % 100, id % 256);
         let addresses = [format!("{net}.1"), format!("{net}.2")];
-        let hosts = Hosts { names, addresses, devices };
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let secret = format!("hosts-{id}-{nanos:x}");
+        let hosts = Hosts { names, addresses, devices, secret };
         for name in &hosts.names {
             ip(&["netns", "add", name])?;
         }
@@ -52,10 +61,12 @@ impl Hosts {
         Ok(hosts)
     }
 
-    /// `program` run in host `k`'s namespace.
+    /// `program` run in host `k`'s namespace, with the hosts' job secret unless it
+    /// removes [`ENV_JOB_SECRET`] or sets its own.
     pub fn run_in(&self, k: usize, program: &Command) -> Command {
         let mut command = Command::new("ip");
         command.args(["netns", "exec", &self.names[k]]).arg(program.get_program()).args(program.get_args());
+        command.env(ENV_JOB_SECRET, &self.secret);
         for (name, value) in program.get_envs() {
             match value {
                 Some(value) => command.env(name, value),
@@ -87,6 +98,19 @@ impl Hosts {
                 tc(&["tbf", "rate", "200mbit", "burst", "64kb", "latency", "100ms"]).map(|()| "tbf rate 200mbit")
             }
         }
+    }
+
+    /// Takes host `k`'s end of the link down (`up: false`) or brings it back.
+    pub fn set_link(&self, k: usize, up: bool) -> Result<(), String> {
+        ip(&["-n", &self.names[k], "link", "set", &self.devices[k], if up { "up" } else { "down" }])
+    }
+
+    /// Bytes host `k`'s end of the link has sent, as its interface counts them.
+    pub fn link_sent_bytes(&self, k: usize) -> u64 {
+        let file = format!("/sys/class/net/{}/statistics/tx_bytes", self.devices[k]);
+        let output =
+            Command::new("ip").args(["netns", "exec", &self.names[k], "cat", &file]).output().expect("ip runs");
+        String::from_utf8_lossy(&output.stdout).trim().parse().unwrap_or(0)
     }
 
     /// Bytes the qdisc of host `k`'s link has sent.

@@ -46,9 +46,9 @@ const COMMUNICATOR: &str = "nccom-test";
 struct Cli {
     /// The operation.
     operation: Operation,
-    /// Ranks (workers) in all.
-    #[arg(short = 'r', long = "nworkers", default_value_t = 2)]
-    ranks: u32,
+    /// Ranks (workers) in all [default: under a launcher, the job's ranks; else 2].
+    #[arg(short = 'r', long = "nworkers")]
+    ranks: Option<u32>,
     /// Nodes: only 1 without a launcher (start the ranks of other hosts with mpirun or srun).
     #[arg(short = 'N', long = "nnodes", default_value_t = 1)]
     nodes: u32,
@@ -132,9 +132,19 @@ fn parse_bytes(text: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("`{text}` is not a size: bytes, or a number with K, M or G"))
 }
 
+/// `-r` when neither it nor a launcher says.
+const DEFAULT_RANKS: u32 = 2;
+
+impl Cli {
+    /// The ranks in all: `-r`, once `run` has settled it.
+    fn ranks(&self) -> u32 {
+        self.ranks.unwrap_or(DEFAULT_RANKS)
+    }
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match run(&cli) {
+    let mut cli = Cli::parse();
+    match run(&mut cli) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(error) => {
@@ -145,8 +155,8 @@ fn main() -> ExitCode {
 }
 
 /// Runs this process's part; `Ok(false)` when a check or a rank failed.
-fn run(cli: &Cli) -> Result<bool> {
-    if cli.ranks == 0 || cli.iters == 0 || cli.stepfactor < 2 || cli.minbytes > cli.maxbytes {
+fn run(cli: &mut Cli) -> Result<bool> {
+    if cli.ranks == Some(0) || cli.iters == 0 || cli.stepfactor < 2 || cli.minbytes > cli.maxbytes {
         bail!("-r and --iters must be 1 or more, --stepfactor 2 or more, and --minbytes at most --maxbytes");
     }
     let config = Config::from_env().context("configuration")?;
@@ -170,13 +180,13 @@ fn run(cli: &Cli) -> Result<bool> {
             _ => 1,
         };
         let (ranks, count) = launch.ranks(cores)?;
-        if count != cli.ranks {
-            bail!(
-                "-r {} but {} started {} processes of {cores} NeuronCore(s) each: {count} ranks",
-                cli.ranks,
+        match cli.ranks {
+            Some(given) if given != count => bail!(
+                "-r {given} but {} started {} processes of {cores} NeuronCore(s) each: {count} ranks (leave -r out to take the launcher's)",
                 launch.launcher.name(),
                 launch.processes
-            );
+            ),
+            _ => cli.ranks = Some(count),
         }
         return process_main(cli, config, ranks);
     }
@@ -184,10 +194,10 @@ fn run(cli: &Cli) -> Result<bool> {
         bail!("-N {} needs the ranks of the other hosts started there: run under mpirun or srun", cli.nodes);
     }
     let cores = config.instance_type.topology().core_count();
-    if cli.ranks > cores {
+    if cli.ranks() > cores {
         bail!(
             "-r {} needs as many NeuronCores, one per rank, and this {} has {cores}: set NEURON_VIRT_INSTANCE_TYPE to a larger instance (trn1.32xlarge has 32)",
-            cli.ranks,
+            cli.ranks(),
             config.instance_type
         );
     }
@@ -205,7 +215,7 @@ fn spawn_ranks(cli: &Cli) -> Result<bool> {
     };
     let exe = std::env::current_exe().context("this program's path")?;
     let mut children = Vec::new();
-    for rank in 0..cli.ranks {
+    for rank in 0..cli.ranks() {
         let child = Command::new(&exe)
             .args(std::env::args_os().skip(1))
             .env(ENV_RANK, rank.to_string())
@@ -256,7 +266,7 @@ fn process_main(cli: &Cli, config: Config, ranks: std::ops::Range<u32>) -> Resul
     }
     let mut held = Vec::new();
     for (rank, &core) in ranks.clone().zip(&cores) {
-        held.push((rank, core, runtime.join_communicator(COMMUNICATOR, core, rank, cli.ranks)?));
+        held.push((rank, core, runtime.join_communicator(COMMUNICATOR, core, rank, cli.ranks())?));
     }
     for (_, _, communicator) in &held {
         communicator.wait_for_ranks(Instant::now() + runtime.config().exec_timeout)?;
@@ -290,7 +300,7 @@ fn rank_main(
     rank: u32,
     core: u32,
 ) -> Result<bool> {
-    let ranks = cli.ranks;
+    let ranks = cli.ranks();
     let dtype = datatype.dtype();
     let element = dtype.size_bytes();
     let n = u64::from(ranks);

@@ -18,8 +18,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
-
 use super::algorithms::{direct, ring};
 use super::meeting::{Plan, Signature, report_after};
 use super::streaming;
@@ -72,8 +70,7 @@ impl Communicator {
         if count == 0 {
             return Err(NrtError::invalid("a communicator needs at least one rank"));
         }
-        let digest = Sha256::digest(format!("{key} #{generation}").as_bytes());
-        let comm = u64::from_le_bytes(digest[..8].try_into().unwrap_or_default());
+        let comm = world.communicator_id(&format!("{key} #{generation}"));
         Ok(Communicator::from_parts(
             (name.to_owned(), comm as u32),
             (0..count).map(|_| std::sync::OnceLock::new()).collect(),
@@ -242,6 +239,7 @@ impl Communicator {
             Missed::Gone(reason) => {
                 NrtError::new(NrtStatus::NetworkProxyFailure, format!("{what}: {reason}; its process is gone"))
             }
+            Missed::LinkDown(reason) => NrtError::new(NrtStatus::NetworkProxyFailure, format!("{what}: {reason}")),
             Missed::Timeout | Missed::Aborted(_) => NrtError::new(
                 NrtStatus::ExecHwErrCollectives,
                 format!("{what} within {:.3} s", self.inner.timeout.as_secs_f64()),
@@ -608,6 +606,9 @@ impl Exchange<'_> {
                 NrtStatus::ExecHwErrCollectives,
                 format!("{hang}: another rank of the group gave the operation up: {reason}"),
             ),
+            Missed::LinkDown(reason) => {
+                NrtError::new(NrtStatus::NetworkProxyFailure, format!("{hang}: the link to {peer} failed: {reason}"))
+            }
         }
     }
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use crate::collectives::Communicator;
+use crate::collectives::world::auth::Trust;
 use crate::collectives::world::clock::ClockOffset;
 use crate::collectives::world::{Hooks, World};
 use crate::config::MAX_EXEC_TIMEOUT;
@@ -138,7 +139,8 @@ impl Runtime {
                     let communicators: Vec<Communicator> = lock(&across).values().cloned().collect();
                     communicators.iter().for_each(|c| c.record_heard(process, heard));
                 });
-                let world = Arc::new(World::start(root, timeout, Hooks { on_clock, doing, on_heard })?);
+                let trust = Trust::from_config(&self.shared.config.job_auth)?;
+                let world = Arc::new(World::start(root, timeout, Hooks { on_clock, doing, on_heard }, trust)?);
                 Ok(Arc::clone(running.world.get_or_init(|| world)))
             }
         })?

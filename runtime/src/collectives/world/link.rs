@@ -1,17 +1,23 @@
 //! The data links between this process and the others: one TCP connection per pair,
-//! opened by the process of lower index, which also offers a shared-memory segment
+//! opened by the process of lower index once both ends proved themselves with the
+//! session's key (`auth.rs`; the opener's index is part of its proof, and a link never
+//! replaces a live one), which also offers a shared-memory segment
 //! when both are on one host ([`shm`](super::shm)); the TCP connection then only tells
 //! whether the peer is alive. Each link's reader thread delivers what arrives into the
 //! world's mailbox and marks the peer gone when the link ends, after the data that
-//! preceded the end.
+//! preceded the end; it records when bytes last arrived ([`Progress`]), so that a
+//! receiver whose deadline passes in the middle of a message can say the link stopped.
+//! A send that finds no room for the execution timeout fails (TCP: the socket's send
+//! timeout; shared memory: the ring's stall limit): a transfer that moves is no hang.
 
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use super::auth::{self, Admission, Refused, Side};
 use super::lending::PeerTensors;
 use super::outbox::{Message, PeerAreas};
 use super::shm::{self, Segment};
@@ -52,18 +58,58 @@ impl Write for LinkOut {
     }
 }
 
-/// A link's receiving end.
-enum LinkIn {
+/// A link's receiving end, recording its progress.
+struct LinkIn {
+    from: From,
+    progress: Arc<Progress>,
+}
+
+enum From {
     Tcp(TcpStream),
     Shm(shm::RingReader),
 }
 
 impl Read for LinkIn {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            LinkIn::Tcp(stream) => stream.read(buf),
-            LinkIn::Shm(ring) => ring.read(buf),
+        let n = match &mut self.from {
+            From::Tcp(stream) => stream.read(buf),
+            From::Shm(ring) => ring.read(buf),
+        }?;
+        if n > 0 {
+            self.progress.last_ns.store(neuron_datastore::clock::monotonic_ns(), Ordering::Relaxed);
         }
+        Ok(n)
+    }
+}
+
+/// How far a link's reader is: when bytes last came, and the message it is reading.
+#[derive(Debug, Default)]
+pub(super) struct Progress {
+    last_ns: AtomicU64,
+    /// The payload bytes of the message being read (0: between messages).
+    in_message: AtomicU64,
+    /// Set when the reader has ended.
+    ended: AtomicBool,
+}
+
+/// A link silent this long in the middle of a message is said stopped.
+const STALLED: Duration = Duration::from_secs(1);
+
+impl Progress {
+    /// Why the link seems down, when its reader is in the middle of a message and no
+    /// byte came for [`STALLED`] or longer.
+    pub(super) fn stalled(&self) -> Option<String> {
+        let len = self.in_message.load(Ordering::Relaxed);
+        if len == 0 || self.ended.load(Ordering::Relaxed) {
+            return None;
+        }
+        let silent_ns = neuron_datastore::clock::monotonic_ns().saturating_sub(self.last_ns.load(Ordering::Relaxed));
+        (silent_ns >= STALLED.as_nanos() as u64).then(|| {
+            format!(
+                "no data for {:.1} s in the middle of a {len}-byte message: the link is down or the host unreachable",
+                silent_ns as f64 / 1e9
+            )
+        })
     }
 }
 
@@ -78,9 +124,17 @@ pub(super) fn open_link(
     addr: SocketAddr,
     same_host: bool,
 ) -> io::Result<()> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
-    wire::greet(&mut stream)?;
-    stream.write_all(&me.to_le_bytes())?;
+    let mut stream = TcpStream::connect_timeout(&addr, auth::HANDSHAKE_TIMEOUT)?;
+    let key = lock(&shared.state).link_key.ok_or_else(|| io::Error::other("this process was not welcomed yet"))?;
+    let deadline = Instant::now() + auth::HANDSHAKE_TIMEOUT;
+    let proven = auth::handshake(&mut stream, Side::Opener, (&key, b"link"), me, deadline).map_err(io::Error::other)?;
+    if proven.their_claim != process {
+        return Err(io::Error::other(format!(
+            "process {} answered at the address of process {process}",
+            proven.their_claim
+        )));
+    }
+    stream.set_read_timeout(Some(auth::HANDSHAKE_TIMEOUT))?;
     // Processes of one host share a segment; the TCP connection then only tells
     // whether the peer is alive.
     let segment = if same_host { Segment::create(process).ok() } else { None };
@@ -106,34 +160,73 @@ pub(super) fn open_link(
 }
 
 pub(super) fn accept_links(shared: Arc<Shared>, listener: TcpListener) {
+    let at = listener.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string());
+    let admission = Admission::new(format!("the data links' listener at {at}"));
     for stream in listener.incoming() {
         if shared.closing.load(Ordering::SeqCst) {
             return;
         }
         let Ok(mut stream) = stream else { continue };
-        let shared = Arc::clone(&shared);
+        let Ok(peer) = stream.peer_addr() else { continue };
+        // A connection beyond those proving themselves is closed at once.
+        let Some(proving) = admission.enter(peer) else { continue };
+        let (shared, admission) = (Arc::clone(&shared), Arc::clone(&admission));
         let _ = std::thread::Builder::new().name("nrt-link-hello".into()).spawn(move || {
-            let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
-            let accepted = accept_hello(&mut stream);
-            if let Ok((index, transport)) = accepted
-                && stream.set_read_timeout(None).is_ok()
-            {
-                let _ = add_link(&shared, index, stream, transport);
+            let deadline = Instant::now() + auth::HANDSHAKE_TIMEOUT;
+            let accepted = prove_opener(&shared, &mut stream, deadline).and_then(|index| {
+                stream.set_read_timeout(Some(auth::HANDSHAKE_TIMEOUT))?;
+                let transport = accept_offer(&mut stream)?;
+                stream.set_read_timeout(None)?;
+                Ok((index, transport))
+            });
+            drop(proving);
+            match accepted {
+                Ok((index, transport)) => {
+                    if let Err(why) = add_link(&shared, index, stream, transport) {
+                        admission.refuse(peer, &Refused::Io(why));
+                    }
+                }
+                Err(why) => admission.refuse(peer, &why),
             }
         });
     }
 }
 
-/// Reads an opener's hello: its index and the transport it offers (a segment is mapped
-/// here if it can be, and the opener told).
-fn accept_hello(stream: &mut TcpStream) -> io::Result<(u32, Transport)> {
-    wire::greet(stream)?;
-    let mut index = [0u8; 4];
-    stream.read_exact(&mut index)?;
+/// Checks that the opener of `stream` is a process of the job (of lower index than
+/// this one's, which opens the links of higher ones): its index.
+fn prove_opener(shared: &Shared, stream: &mut TcpStream, deadline: Instant) -> Result<u32, Refused> {
+    // A link may come before this process has read its welcome (sent before the
+    // roster that named it to the opener): it waits for it.
+    let (me, key) = {
+        let mut state = lock(&shared.state);
+        loop {
+            if let (Some(me), Some(key)) = (state.process, state.link_key) {
+                break (me, key);
+            }
+            let now = Instant::now();
+            if now >= deadline || shared.closing.load(Ordering::SeqCst) {
+                return Err(Refused::Slow);
+            }
+            state = shared.changed.wait_timeout(state, deadline - now).map_or_else(|e| e.into_inner().0, |r| r.0);
+        }
+    };
+    let proven = auth::handshake(stream, Side::Acceptor, (&key, b"link"), me, deadline)?;
+    if proven.their_claim >= me {
+        return Err(Refused::Stranger(format!(
+            "process {} opened a link to process {me}, which opens its links to higher indices itself",
+            proven.their_claim
+        )));
+    }
+    Ok(proven.their_claim)
+}
+
+/// Reads the transport an opener offers (a segment is mapped here if it can be, and
+/// the opener told).
+fn accept_offer(stream: &mut TcpStream) -> io::Result<Transport> {
     let mut offer = [0u8; 1];
     stream.read_exact(&mut offer)?;
     if offer[0] != OFFER_SHM {
-        return Ok((u32::from_le_bytes(index), Transport::Tcp));
+        return Ok(Transport::Tcp);
     }
     let mut len = [0u8; 2];
     stream.read_exact(&mut len)?;
@@ -146,32 +239,49 @@ fn accept_hello(stream: &mut TcpStream) -> io::Result<(u32, Transport)> {
         let _ = std::fs::remove_file(&path);
     }
     stream.write_all(&[u8::from(segment.is_some())])?;
-    let transport = match segment {
+    Ok(match segment {
         Some(segment) => Transport::Shm { segment, out: 1 },
         None => Transport::Tcp,
-    };
-    Ok((u32::from_le_bytes(index), transport))
+    })
 }
 
-/// Registers a link to `process` and starts delivering what it carries.
+/// Registers a link to `process` and starts delivering what it carries; refused when
+/// a link to `process` is live, or it is known gone.
 fn add_link(shared: &Arc<Shared>, process: u32, stream: TcpStream, transport: Transport) -> io::Result<()> {
     stream.set_nodelay(true)?;
-    remember(shared, &stream, Closing::Write);
-    let (writer, reader) = match &transport {
-        Transport::Tcp => (LinkOut::Tcp(stream.try_clone()?), LinkIn::Tcp(stream.try_clone()?)),
+    // The reader waits for the next message as long as the link lives.
+    stream.set_read_timeout(None)?;
+    // A send that finds no room for this long fails instead of hanging.
+    stream.set_write_timeout(Some(shared.timeout))?;
+    let (writer, from) = match &transport {
+        Transport::Tcp => (LinkOut::Tcp(stream.try_clone()?), From::Tcp(stream.try_clone()?)),
         Transport::Shm { segment, out } => {
-            lock(&shared.rings).push((Arc::clone(segment), *out));
-            (LinkOut::Shm(segment.writer(*out)), LinkIn::Shm(segment.reader(1 - out)))
+            (LinkOut::Shm(segment.writer(*out).bounded(shared.timeout)), From::Shm(segment.reader(1 - out)))
         }
     };
     let through = match &transport {
         Transport::Tcp => "TCP",
         Transport::Shm { .. } => "shared memory",
     };
+    let progress = Arc::new(Progress::default());
+    {
+        let mut state = lock(&shared.state);
+        if state.links.contains_key(&process) || state.gone.contains_key(&process) {
+            return Err(io::Error::other(format!(
+                "a link to process {process} exists (or existed): it is not replaced"
+            )));
+        }
+        let writer = BufWriter::with_capacity(1 << 16, writer);
+        state.links.insert(process, Arc::new(Mutex::new(writer)));
+        state.progress.insert(process, Arc::clone(&progress));
+    }
+    remember(shared, &stream, Closing::Write);
+    if let Transport::Shm { segment, out } = &transport {
+        lock(&shared.rings).push((Arc::clone(segment), *out));
+    }
     tracing::debug!("data link to process {process} through {through}");
-    let writer = BufWriter::with_capacity(1 << 16, writer);
-    lock(&shared.state).links.insert(process, Arc::new(Mutex::new(writer)));
     shared.changed.notify_all();
+    let reader = LinkIn { from, progress: Arc::clone(&progress) };
     let shares_memory = matches!(transport, Transport::Shm { .. });
     if let Transport::Shm { segment, .. } = transport {
         // The peer's death closes the TCP connection: the ring reader then ends after
@@ -197,10 +307,12 @@ fn add_link(shared: &Arc<Shared>, process: u32, stream: TcpStream, transport: Tr
             tensors.let_go_of_freed();
             let body = match envelope.body {
                 Body::Data { len } => {
+                    progress.in_message.store(len.max(1), Ordering::Relaxed);
                     let mut data = crate::collectives::buffers::take(len as usize);
                     if let Err(e) = reader.read_exact(&mut data) {
                         break format!("RX, connection failed: {e}");
                     }
+                    progress.in_message.store(0, Ordering::Relaxed);
                     Ok(Arc::new(Message::Heap(data)))
                 }
                 // Only a process of this host has an outbox this one can map.
@@ -231,6 +343,7 @@ fn add_link(shared: &Arc<Shared>, process: u32, stream: TcpStream, transport: Tr
             deliver(&mut state, envelope.key, envelope.stamp, body);
             shared.changed.notify_all();
         };
+        progress.ended.store(true, Ordering::Relaxed);
         if !shared.closing.load(Ordering::SeqCst) {
             let who = lock(&shared.state)
                 .peers

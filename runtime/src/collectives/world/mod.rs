@@ -3,7 +3,8 @@
 //!
 //! A [`World`] exists once per runtime whose communicators span processes. Its control
 //! thread connects to the root at `NEURON_RT_ROOT_COMM_ID` (retrying, with Neuron's
-//! `Connect to … failed - retrying`, until the execution timeout has passed), says
+//! `Connect to … failed - retrying`, until the execution timeout has passed), proves
+//! that it belongs to the job and checks that the root does (`auth.rs`), says
 //! where this process accepts data links, and sends the joins of this process's ranks;
 //! the process that holds rank 0 also runs the root ([`root::Server`]). Once every rank
 //! of a communicator has joined, each of its processes gets the roster and the process
@@ -11,12 +12,18 @@
 //! processes, whatever the number of communicators; through a shared-memory segment
 //! between processes of one host, `shm.rs`, else TCP).
 //!
+//! Every data link proves itself with the key of the session the root handed out, and
+//! never replaces a live one. A transfer that makes no progress for the execution
+//! timeout fails, naming the link, rather than hanging: a link that comes back before
+//! then goes on.
+//!
 //! Messages are delivered into one mailbox, keyed by communicator, unit, operation,
 //! step and ranks ([`wire::Key`]); messages between ranks of this process go straight
 //! into it. A receiver waits for its key, and fails as soon as the sending process is
 //! known to be gone (its link or its control connection closed), when another rank of
 //! the operation aborted it, or at the deadline.
 
+pub(crate) mod auth;
 pub(crate) mod clock;
 pub(crate) mod lending;
 mod link;
@@ -36,8 +43,9 @@ use std::time::{Duration, Instant};
 use crate::error::{NrtError, NrtResult, NrtStatus};
 use crate::launch::RootComm;
 use crate::shared_memory::SharedPlace;
+use auth::{Side, Trust};
 use clock::{ClockOffset, Probe};
-use link::{LinkOut, accept_links, open_link};
+use link::{LinkOut, Progress, accept_links, open_link};
 use neuron_datastore::flight::Heard;
 pub(crate) use outbox::Message;
 use outbox::Outbox;
@@ -92,6 +100,10 @@ struct Shared {
     uncertainty_ns: AtomicU64,
     /// The thread that measures it, once connected.
     clock_thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Who may join the job.
+    trust: Trust,
+    /// The execution timeout: the longest a transfer may make no progress.
+    timeout: Duration,
 }
 
 /// What the runtime is told, and asked, by the world's threads (none of them with a
@@ -124,12 +136,16 @@ impl std::fmt::Debug for Hooks {
 struct State {
     /// This process's index, once the root welcomed it.
     process: Option<u32>,
+    /// The key of this job's data links, once the root welcomed this process.
+    link_key: Option<[u8; 32]>,
     /// Joins made before the control connection was up.
     pending: Vec<Control>,
     rosters: HashMap<u64, Result<Arc<Roster>, String>>,
     /// Every process the rosters named, by index.
     peers: Vec<Option<Peer>>,
     links: HashMap<u32, Arc<Mutex<BufWriter<LinkOut>>>>,
+    /// How far each link's reader is (to tell a link that stopped from a quiet peer).
+    progress: HashMap<u32, Arc<Progress>>,
     /// Processes known to be gone, with why.
     gone: HashMap<u32, String>,
     mailbox: HashMap<Key, Parcel>,
@@ -199,11 +215,13 @@ pub(crate) enum Missed {
     Gone(String),
     /// Another rank of the operation gave it up.
     Aborted(String),
+    /// The link to the sending or receiving process moved nothing for the timeout.
+    LinkDown(String),
 }
 
 impl World {
     /// Starts this process's membership: connects to the root in the background.
-    pub(crate) fn start(root: &RootComm, timeout: Duration, hooks: Hooks) -> NrtResult<World> {
+    pub(crate) fn start(root: &RootComm, timeout: Duration, hooks: Hooks, trust: Trust) -> NrtResult<World> {
         let label = root.to_string();
         let addr =
             (root.host.as_str(), root.port).to_socket_addrs().ok().and_then(|mut a| a.next()).ok_or_else(|| {
@@ -226,6 +244,8 @@ impl World {
             offset_ns: AtomicI64::new(0),
             uncertainty_ns: AtomicU64::new(0),
             clock_thread: Mutex::new(None),
+            trust,
+            timeout,
         });
         let thread = {
             let (shared, label) = (Arc::clone(&shared), label.clone());
@@ -247,15 +267,21 @@ impl World {
     pub(crate) fn serve_root(&self) -> NrtResult<()> {
         let mut server = self.server.lock().unwrap_or_else(|e| e.into_inner());
         if server.is_none() {
-            *server = Some(root::Server::start(self.root).map_err(|e| {
+            *server = Some(root::Server::start(self.root, self.shared.trust.clone()).map_err(|e| {
                 NrtError::invalid(format!(
                     "rank 0 runs in this process, so it must listen at {} ({}): {e}; set {} to an address of this host and a free port",
                     self.root, self.root_label, crate::launch::ENV_ROOT_COMM_ID
                 ))
             })?);
-            tracing::info!(root = %self.root, "bootstrap root listening");
+            tracing::info!(root = %self.root, "bootstrap root listening; it admits {}", self.shared.trust.describe());
         }
         Ok(())
+    }
+
+    /// The id of the communicator of key `key` at the root, the same in every process
+    /// of the job.
+    pub(crate) fn communicator_id(&self, key: &str) -> u64 {
+        self.shared.trust.communicator_id(key)
     }
 
     /// Joins rank `rank` of `count` of communicator `comm` (sent once connected).
@@ -428,22 +454,39 @@ impl World {
             .and_then(|()| writer.flush());
         drop(writer);
         sent.map_err(|e| {
+            // A stalled link's stream is cut mid-frame: it cannot be used again.
+            if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
+                let reason = format!(
+                    "TX, nothing could be sent for {:.1} s: the link is down or the host unreachable",
+                    self.shared.timeout.as_secs_f64()
+                );
+                self.mark_gone(process, reason.clone());
+                return Missed::LinkDown(reason);
+            }
             let reason = format!("TX, connection to process {process} failed: {e}");
             self.mark_gone(process, reason.clone());
             Missed::Gone(reason)
         })
     }
 
-    /// Waits for the message `key` from process `process` until `deadline`.
+    /// Waits for the message `key` from process `process` until `deadline`; a link
+    /// stopped in the middle of a message by then is said down.
     pub(crate) fn receive(&self, process: u32, key: Key, deadline: Instant) -> Result<Parcel, Missed> {
         let state = lock(&self.shared.state);
-        self.wait(state, process, deadline, |state| {
+        let received = self.wait(state, process, deadline, |state| {
             if let Some(parcel) = state.mailbox.remove(&key) {
                 return Some(Ok(parcel));
             }
             let aborted = state.aborts.get(&(key.comm, key.unit, key.index));
             aborted.map(|reason| Err(Missed::Aborted(reason.clone())))
-        })?
+        });
+        match received {
+            Err(Missed::Timeout) => {
+                let progress = lock(&self.shared.state).progress.get(&process).map(Arc::clone);
+                Err(progress.and_then(|p| p.stalled()).map_or(Missed::Timeout, Missed::LinkDown))
+            }
+            received => received?,
+        }
     }
 
     /// Waits until `ready` gives something, failing once process `process` is gone or
@@ -545,6 +588,7 @@ fn mark_gone(shared: &Shared, process: u32, reason: String) {
     let mut state = lock(&shared.state);
     state.gone.entry(process).or_insert(reason);
     state.links.remove(&process);
+    state.progress.remove(&process);
     shared.changed.notify_all();
 }
 
@@ -566,9 +610,29 @@ fn control(shared: Arc<Shared>, root: SocketAddr, label: String, timeout: Durati
             return;
         }
         let attempt =
-            TcpStream::connect_timeout(&root, CONNECT_TIMEOUT).and_then(|mut s| wire::greet(&mut s).map(|()| s));
+            TcpStream::connect_timeout(&root, CONNECT_TIMEOUT).map_err(auth::Refused::Io).and_then(|mut s| {
+                let deadline = Instant::now() + auth::HANDSHAKE_TIMEOUT;
+                auth::handshake(&mut s, Side::Opener, (shared.trust.control_key(), b"control"), 0, deadline)?;
+                shared.trust.admits(&s)?;
+                Ok(s)
+            });
         match attempt {
             Ok(stream) => break stream,
+            // Whoever listens there is not this job's rank 0: waiting will not change it.
+            Err(e @ (auth::Refused::BadProof | auth::Refused::NotOurs | auth::Refused::Stranger(_))) => {
+                let why = match e {
+                    auth::Refused::Stranger(why) => format!("cannot join rank 0 at {label}: {why}"),
+                    e => format!(
+                        "rank 0 at {label} is not of this job: {e}; every process of a job needs the same {} (or none, on one host)",
+                        crate::config::ENV_JOB_SECRET
+                    ),
+                };
+                let error = NrtError::new(NrtStatus::NetworkProxyFailure, why);
+                tracing::error!("{}", error.message);
+                lock(&shared.state).lost = Some(error);
+                shared.changed.notify_all();
+                return;
+            }
             Err(e) if Instant::now() < give_up => {
                 if logged.is_none_or(|at| at.elapsed() >= RETRY_LOG_INTERVAL) {
                     tracing::warn!("Connect to {label} failed - retrying ({e})");
@@ -592,7 +656,17 @@ fn control(shared: Arc<Shared>, root: SocketAddr, label: String, timeout: Durati
             }
         }
     };
-    let _ = stream.set_nodelay(true);
+    tracing::info!("joined the job through rank 0 at {label}; it admits {}", shared.trust.describe());
+    if matches!(shared.trust, Trust::Network) {
+        tracing::warn!("this job trusts its network: {}", shared.trust.describe());
+    }
+    let configured = stream
+        .set_nodelay(true)
+        .and_then(|()| stream.set_read_timeout(None))
+        .and_then(|()| stream.set_write_timeout(Some(shared.timeout)));
+    if let Err(e) = configured {
+        return lose(&shared, format!("cannot set up the connection to rank 0: {e}"));
+    }
     remember(&shared, &stream, Closing::Both);
     if shared.closing.load(Ordering::SeqCst) {
         return;
@@ -743,7 +817,10 @@ fn measure_clock(shared: &Shared) -> bool {
 fn on_control(shared: &Arc<Shared>, message: Control) {
     let mut state = lock(&shared.state);
     match message {
-        Control::Welcome { process } => state.process = Some(process),
+        Control::Welcome { process, session } => {
+            state.process = Some(process);
+            state.link_key = Some(shared.trust.link_key(&session));
+        }
         Control::Roster { comm, rank_process, processes } => {
             let Some(me) = state.process else { return };
             for (index, peer) in processes.iter().enumerate() {

@@ -1,8 +1,12 @@
 //! The root: rank 0's process listens at `NEURON_RT_ROOT_COMM_ID` and introduces the
 //! job's processes to each other.
 //!
-//! Every process (the root's own included) connects, says who it is and where it
-//! accepts data links, and joins ranks of communicators. Once every rank of a
+//! Every process (the root's own included) connects and proves that it belongs to the
+//! job (`auth.rs`: nothing is told or given before; at most
+//! [`auth::MAX_HANDSHAKES`] connections prove themselves at once, each within
+//! [`auth::HANDSHAKE_TIMEOUT`]), is welcomed with its index and the job's session (the
+//! key of its data links), says who it is and where it accepts data links, and joins
+//! ranks of communicators. Once every rank of a
 //! communicator has joined, the root sends each of its processes the roster (which
 //! process holds which rank, and how to reach it). When a process's connection closes,
 //! the root tells every other process, so that none waits for a dead peer. It answers
@@ -19,7 +23,9 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
+use super::auth::{self, Admission, Side, Trust};
 use super::wire::{self, Control, Peer};
 use neuron_datastore::flight::Heard;
 
@@ -33,8 +39,15 @@ pub(crate) struct Server {
     relaying: Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>,
 }
 
-#[derive(Debug, Default)]
+/// How long a write to one process may wait for room (the root's other work waits too).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug)]
 struct State {
+    /// The job's session, handed to each process the root admits: the data links'
+    /// key is derived from it.
+    session: [u8; 32],
+    trust: Trust,
     processes: Vec<Process>,
     comms: HashMap<u64, Comm>,
     closing: bool,
@@ -58,10 +71,18 @@ struct Comm {
 }
 
 impl Server {
-    /// Listens at `addr` (an address of this host).
-    pub(crate) fn start(addr: SocketAddr) -> io::Result<Server> {
+    /// Listens at `addr` (an address of this host), admitting the processes `trust`
+    /// admits.
+    pub(crate) fn start(addr: SocketAddr, trust: Trust) -> io::Result<Server> {
         let listener = TcpListener::bind(addr)?;
-        let state = Arc::new(Mutex::new(State::default()));
+        let session = auth::random_bytes()?;
+        let state = Arc::new(Mutex::new(State {
+            session,
+            trust,
+            processes: Vec::new(),
+            comms: HashMap::new(),
+            closing: false,
+        }));
         let mut server = Server { listener: listener.try_clone()?, state, accepting: None, relaying: None };
         // Each thread is in the server as soon as it runs: a failure to start the next
         // stops it (the server's drop).
@@ -125,41 +146,64 @@ fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
 }
 
 fn accept(listener: TcpListener, state: Arc<Mutex<State>>) {
+    let admission = Admission::new(format!(
+        "rank 0's bootstrap at {}",
+        listener.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string())
+    ));
     for stream in listener.incoming() {
         if lock(&state).closing {
             return;
         }
         let Ok(stream) = stream else { continue };
-        let state = Arc::clone(&state);
-        let _ = std::thread::Builder::new().name("nrt-root-conn".into()).spawn(move || serve(stream, state));
+        let Ok(peer) = stream.peer_addr() else { continue };
+        // A connection beyond those proving themselves is closed at once.
+        let Some(proving) = admission.enter(peer) else { continue };
+        let (state, admission) = (Arc::clone(&state), Arc::clone(&admission));
+        let _ = std::thread::Builder::new().name("nrt-root-conn".into()).spawn(move || {
+            let (trust, session) = {
+                let state = lock(&state);
+                (state.trust.clone(), state.session)
+            };
+            let mut stream = stream;
+            let deadline = Instant::now() + auth::HANDSHAKE_TIMEOUT;
+            let proven = auth::handshake(&mut stream, Side::Acceptor, (trust.control_key(), b"control"), 0, deadline)
+                .and_then(|_| trust.admits(&stream));
+            drop(proving);
+            match proven {
+                Ok(()) => serve(stream, &state, session),
+                Err(why) => admission.refuse(peer, &why),
+            }
+        });
     }
 }
 
-/// One process's connection: registers it, then handles its joins until it closes.
-fn serve(mut stream: TcpStream, state: Arc<Mutex<State>>) {
-    let _ = stream.set_nodelay(true);
-    if wire::greet(&mut stream).is_err() {
-        return;
-    }
-    let (Ok(writer), Ok(whole)) = (stream.try_clone(), stream.try_clone()) else { return };
+/// One member's connection: registers it, then handles its joins until it closes.
+fn serve(stream: TcpStream, state: &Arc<Mutex<State>>, session: [u8; 32]) {
+    let configured = stream
+        .set_nodelay(true)
+        .and_then(|()| stream.set_read_timeout(None))
+        .and_then(|()| stream.set_write_timeout(Some(WRITE_TIMEOUT)));
+    let (Ok(()), Ok(writer), Ok(whole)) = (configured, stream.try_clone(), stream.try_clone()) else { return };
     let index = {
-        let mut state = lock(&state);
+        let mut state = lock(state);
         if state.closing {
             return;
         }
         let writer = Some(BufWriter::new(writer));
         state.processes.push(Process { peer: None, said: None, writer, stream: whole });
-        state.processes.len() as u32 - 1
+        let index = state.processes.len() as u32 - 1;
+        send(&mut state, index, &Control::Welcome { process: index, session });
+        index
     };
     let mut reader = BufReader::new(stream);
     let reason = loop {
         match wire::read_header::<Control>(&mut reader) {
-            Ok(Some(message)) => handle(&state, index, message),
+            Ok(Some(message)) => handle(state, index, message),
             Ok(None) => break "RX, connection closed by remote peer".to_owned(),
             Err(e) => break format!("RX, connection failed: {e}"),
         }
     };
-    let mut state = lock(&state);
+    let mut state = lock(state);
     let process = &mut state.processes[index as usize];
     process.writer = None;
     let who = process.peer.as_ref().map_or_else(|| format!("process {index}"), ToString::to_string);
@@ -179,10 +223,7 @@ fn handle(state: &Mutex<State>, index: u32, message: Control) {
             let replied = neuron_datastore::clock::monotonic_ns();
             send(&mut state, index, &Control::ClockEcho { sent, received, replied });
         }
-        Control::Hello(peer) => {
-            state.processes[index as usize].peer = Some(peer);
-            send(&mut state, index, &Control::Welcome { process: index });
-        }
+        Control::Hello(peer) => state.processes[index as usize].peer = Some(peer),
         Control::Join { comm, name, count, rank } => join(&mut state, index, comm, name, count, rank),
         Control::Status(heard) => state.processes[index as usize].said = Some(Heard { at_ns: received, ..heard }),
         // Only the root sends the others.

@@ -154,7 +154,7 @@ impl Segment {
 
     /// The writing end of ring `ring` (0: creator to peer, 1: peer to creator).
     pub(crate) fn writer(self: &Arc<Self>, ring: usize) -> RingWriter {
-        RingWriter { segment: Arc::clone(self), ring }
+        RingWriter { segment: Arc::clone(self), ring, stall_limit: None }
     }
 
     pub(crate) fn reader(self: &Arc<Self>, ring: usize) -> RingReader {
@@ -210,9 +210,18 @@ impl Ring<'_> {
 pub(crate) struct RingWriter {
     segment: Arc<Segment>,
     ring: usize,
+    /// How long a write may wait for room before it fails (`None`: as long as the
+    /// peer lives).
+    stall_limit: Option<Duration>,
 }
 
 impl RingWriter {
+    /// This writer, failing a write that finds no room for `limit` (a peer that reads
+    /// nothing, stopped or stuck, is no reason to hang).
+    pub(crate) fn bounded(self, limit: Duration) -> RingWriter {
+        RingWriter { stall_limit: Some(limit), ..self }
+    }
+
     /// Says that nothing more will be written: the reader returns the end of the stream
     /// once it has read what was.
     pub(crate) fn close(&self) {
@@ -228,6 +237,7 @@ impl Write for RingWriter {
             return Ok(0);
         }
         let r = Ring { segment: &self.segment, ring: self.ring };
+        let mut waiting_since: Option<std::time::Instant> = None;
         loop {
             let head = r.u64(HEAD).load(Ordering::Relaxed);
             let tail = r.u64(TAIL).load(Ordering::Acquire);
@@ -248,6 +258,10 @@ impl Write for RingWriter {
             }
             if self.segment.peer_closed.load(Ordering::SeqCst) {
                 return Err(io::Error::new(io::ErrorKind::BrokenPipe, "the peer is gone"));
+            }
+            let since = *waiting_since.get_or_insert_with(std::time::Instant::now);
+            if self.stall_limit.is_some_and(|limit| since.elapsed() >= limit) {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, "the peer read nothing of the ring"));
             }
             let seen = r.u32(SPACE_FUTEX).load(Ordering::SeqCst);
             r.u32(PRODUCER_WAITING).store(1, Ordering::SeqCst);
@@ -357,6 +371,18 @@ mod tests {
         let big = vec![0u8; RING_BYTES + 1];
         let error = writer.write_all(&big).expect_err("no reader");
         assert_eq!(error.kind(), io::ErrorKind::BrokenPipe);
+    }
+
+    #[test]
+    fn a_bounded_writer_whose_reader_reads_nothing_fails_after_its_limit() {
+        let (creator, file) = Segment::create(3).expect("a segment");
+        let _peer = Segment::open(file.path()).expect("maps");
+        let limit = std::time::Duration::from_millis(300);
+        let mut writer = creator.writer(0).bounded(limit);
+        let started = std::time::Instant::now();
+        let error = writer.write_all(&vec![0u8; RING_BYTES + 1]).expect_err("nobody reads");
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert!(started.elapsed() >= limit, "{:?}", started.elapsed());
     }
 
     #[test]

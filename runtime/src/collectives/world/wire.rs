@@ -1,7 +1,9 @@
 //! What processes of a job say to each other, and how it is framed on a stream.
 //!
-//! Every frame is a little-endian `u32` header length, the header (postcard), then the
-//! payload the header announces (data messages streamed through the link only). Two streams exist between
+//! Every stream opens with the handshake of `auth.rs`, which proves both ends belong to
+//! the job. Then every frame is a little-endian `u32` header length, the header
+//! (postcard), then the payload the header announces (data messages streamed through
+//! the link only). Two streams exist between
 //! processes: each process's **control** connection to the root (rank 0's process),
 //! carrying [`Control`] messages, and one **data** link per pair of processes, carrying
 //! [`Envelope`]s with the collectives' bytes.
@@ -17,10 +19,6 @@ use neuron_datastore::flight::Heard;
 
 /// A header longer than this is not ours: the stream is closed rather than trusted.
 const MAX_HEADER_BYTES: u32 = 1 << 20;
-
-/// First bytes of every stream, so that a stray client is told apart from a process
-/// of the job (and two builds of different protocol versions refuse each other).
-pub(crate) const GREETING: [u8; 8] = *b"NVRANKS7";
 
 /// A process of the job as the others name it in messages.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -44,8 +42,9 @@ impl std::fmt::Display for Peer {
 pub(crate) enum Control {
     /// Process → root, first: who it is.
     Hello(Peer),
-    /// Root → process: its index among the job's processes.
-    Welcome { process: u32 },
+    /// Root → process, first, once it proved it belongs to the job: its index among
+    /// the job's processes, and the job's session (the data links' key derives from it).
+    Welcome { process: u32, session: [u8; 32] },
     /// Process → root: it holds rank `rank` of `count` of communicator `comm`.
     Join { comm: u64, name: String, count: u32, rank: u32 },
     /// Root → every process of a communicator once all its ranks joined: each rank's
@@ -163,21 +162,13 @@ pub(crate) fn read_header<T: DeserializeOwned>(input: &mut impl Read) -> io::Res
     if len > MAX_HEADER_BYTES {
         return Err(io::Error::new(io::ErrorKind::InvalidData, format!("a {len}-byte header is not ours")));
     }
-    let mut bytes = vec![0u8; len as usize];
-    input.read_exact(&mut bytes)?;
-    postcard::from_bytes(&bytes).map(Some).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
-}
-
-/// Writes the greeting and checks the other side's.
-pub(crate) fn greet(stream: &mut (impl Read + Write)) -> io::Result<()> {
-    stream.write_all(&GREETING)?;
-    let mut theirs = [0u8; GREETING.len()];
-    stream.read_exact(&mut theirs)?;
-    if theirs == GREETING {
-        Ok(())
-    } else {
-        Err(io::Error::new(io::ErrorKind::InvalidData, "the other side is not a process of this job's protocol"))
+    // Grown as the bytes arrive, not allocated as announced.
+    let mut bytes = Vec::new();
+    input.take(u64::from(len)).read_to_end(&mut bytes)?;
+    if bytes.len() != len as usize {
+        return Err(io::ErrorKind::UnexpectedEof.into());
     }
+    postcard::from_bytes(&bytes).map(Some).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 #[cfg(test)]
