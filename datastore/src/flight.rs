@@ -161,6 +161,10 @@ impl CollectiveEntry {
     }
 }
 
+/// A process heard from last this long ago has stopped, or its host is unreachable:
+/// processes say what they do about once a second.
+pub const STALE_HEARTBEAT_NS: u64 = 3_000_000_000;
+
 /// What a rank's process last said it was doing (its heartbeat to the job's other
 /// processes, about once a second), as the process recording it heard.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -198,9 +202,20 @@ impl Heard {
         }
     }
 
-    /// `last seen executing `train_step` at `dot.12` 1.2 s ago`, at root clock `now_ns`.
+    /// `last seen executing `train_step` at `dot.12` 1.2 s ago`, at root clock `now_ns`;
+    /// when nothing was heard for [`STALE_HEARTBEAT_NS`] or longer, `stopped: no
+    /// heartbeat for 4.8 s (or its host is unreachable); it last said it was executing …`.
     pub fn describe(&self, now_ns: u64) -> String {
-        format!("last seen {} {} ago", self.doing(), crate::ranks::format_ns(now_ns.saturating_sub(self.at_ns)))
+        let age = now_ns.saturating_sub(self.at_ns);
+        let age_text = crate::ranks::format_ns(age);
+        if age >= STALE_HEARTBEAT_NS {
+            format!(
+                "stopped: no heartbeat for {age_text} (or its host is unreachable); it last said it was {}",
+                self.doing()
+            )
+        } else {
+            format!("last seen {} {age_text} ago", self.doing())
+        }
     }
 }
 

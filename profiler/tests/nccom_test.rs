@@ -3,9 +3,10 @@
 //! element type under a real `mpirun` (4 processes of one rank, 2 of two), and the
 //! refusals.
 
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
-use neuron_test_support::process::{Sandbox, mpirun};
+use neuron_test_support::process::{Sandbox, cpu_ns, free_port, mpirun};
 
 fn nccom_test(sandbox: &Sandbox) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_nccom-test"));
@@ -95,8 +96,22 @@ fn every_operation_and_element_type_is_right_on_4_processes_of_1_rank_and_2_of_2
             program
                 .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{}", neuron_test_support::process::free_port()))
                 .env("NEURON_RT_NUM_CORES", cores)
-                .args(["-r", "4", operation, "-b", "64", "-e", "64K", "-f", "32", "-n", "2", "--check"])
+                .args(["-r", "4"])
+                .args([operation, "-b", "64", "-e", "64K", "-f", "32", "-n", "2", "--check"])
                 .args(["-d", &TYPES.join(",")]);
+            // Without -r, the rank count is the launcher's.
+            if processes == 4 {
+                let args: Vec<_> = program.get_args().skip(2).map(ToOwned::to_owned).collect();
+                let envs: Vec<_> = program.get_envs().map(|(k, v)| (k.to_owned(), v.map(ToOwned::to_owned))).collect();
+                program = Command::new(program.get_program());
+                for (name, value) in envs {
+                    match value {
+                        Some(value) => program.env(name, value),
+                        None => program.env_remove(name),
+                    };
+                }
+                program.args(args);
+            }
             let Some(mut mpirun) = mpirun(processes, &program) else { return };
             let output = mpirun.output().expect("mpirun runs");
             let log = text(&output);
@@ -129,4 +144,41 @@ fn impossible_jobs_are_refused_saying_what_to_change() {
     let output = nccom_test(&sandbox).args(["-r", "2", "-N", "2", "allr"]).output().expect("runs");
     assert!(!output.status.success());
     assert!(text(&output).contains("run under mpirun or srun"), "{}", text(&output));
+}
+
+#[test]
+fn a_rank_whose_process_is_stopped_is_named_stopped_with_the_age_of_its_last_heartbeat() {
+    let sandbox = Sandbox::new();
+    let port = free_port();
+    let ranks = [0, 1].map(|rank: u32| {
+        nccom_test(&sandbox)
+            .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{port}"))
+            .env("NEURON_RT_EXEC_TIMEOUT", "6")
+            .envs([("RANK", rank.to_string()), ("WORLD_SIZE", "2".to_owned())])
+            .args(["allr", "-b", "4K", "-e", "4K", "-n", "10000000"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starts")
+    });
+    let stopped = ranks[1].id();
+    // Once rank 1 has run collectives for a while, it is stopped as Ctrl-Z stops it.
+    let started = Instant::now();
+    while cpu_ns(stopped) < 300_000_000 {
+        assert!(started.elapsed() < Duration::from_secs(60), "rank 1 never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let kill = |signal: &str| Command::new("kill").args([signal, &stopped.to_string()]).status().expect("kill runs");
+    kill("-STOP");
+    let [rank0, rank1] = ranks;
+    let output = rank0.wait_with_output().expect("ends");
+    kill("-KILL");
+    let _ = rank1.wait_with_output();
+    let log = text(&output);
+    assert!(!output.status.success(), "{log}");
+    assert!(
+        log.contains(&format!("rank 1 (pid {stopped} on host "))
+            && log.contains("its process is stopped by a signal (SIGSTOP, Ctrl-Z): no heartbeat for "),
+        "{log}"
+    );
 }

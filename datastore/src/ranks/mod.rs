@@ -948,7 +948,13 @@ mod tests {
         // It has said nothing since: a process stopped, or a host cut off.
         let views = group_views(&elsewhere, &StragglerRule::default(), 10_100 * MS);
         let text = &views[0].hang.as_ref().expect("a hang").text;
-        assert!(text.contains("last seen executing `train_step` at `dot.12` 5.2 s ago"), "{text}");
+        assert!(
+            text.contains(
+                "stopped: no heartbeat for 5.2 s (or its host is unreachable); it last said it was executing \
+                 `train_step` at `dot.12`"
+            ),
+            "{text}"
+        );
 
         // Rank 3 arrived too: the data does not move.
         for runtime in &mut records {

@@ -45,6 +45,8 @@ pub(crate) struct Membership {
     comm: u64,
     /// How many communicators of the same key this process built before this one.
     generation: u32,
+    /// A program's: the ranks that load one NEFF with one rank count (the NEFF's hash).
+    program: Option<String>,
     /// Why the communicator failed in this process, once it has.
     failed: Mutex<Option<NrtError>>,
     /// Messages sent and received so far between each pair of ranks (from, to) whose
@@ -57,10 +59,12 @@ const P2P_INDEX: u32 = u32::MAX - 1;
 
 impl Communicator {
     /// A communicator named `name` of `count` ranks across the job's processes, none
-    /// joined yet; `key` (with its generation) identifies it in every process.
+    /// joined yet; `key` (with its generation) identifies it in every process; a
+    /// program's communicator (`program`) is told apart from those of other programs
+    /// the job's processes load instead.
     pub(crate) fn across(
         name: &str,
-        (key, generation): (&str, u32),
+        (key, generation, program): (&str, u32, Option<String>),
         count: u32,
         world: Arc<World>,
         tracer: Arc<Tracer>,
@@ -74,7 +78,14 @@ impl Communicator {
         Ok(Communicator::from_parts(
             (name.to_owned(), comm as u32),
             (0..count).map(|_| std::sync::OnceLock::new()).collect(),
-            Some(Membership { world, comm, generation, failed: Mutex::new(None), p2p: Mutex::new(HashMap::new()) }),
+            Some(Membership {
+                world,
+                comm,
+                generation,
+                program,
+                failed: Mutex::new(None),
+                p2p: Mutex::new(HashMap::new()),
+            }),
             tracer,
             lifecycle,
             timeout,
@@ -105,7 +116,8 @@ impl Communicator {
         if rank == 0 {
             membership.world.serve_root()?;
         }
-        membership.world.join(membership.comm, &self.inner.name, self.ranks() as u32, rank);
+        let (comm, count) = (membership.comm, self.ranks() as u32);
+        membership.world.join(comm, &self.inner.name, (count, rank), membership.program.clone());
         Ok(())
     }
 
@@ -565,8 +577,29 @@ impl Exchange<'_> {
     /// ago`: where rank `rank` runs, and what its process said it was doing last.
     fn describe_now(&self, rank: u32) -> String {
         let process = self.process_of(rank);
-        let said =
-            if process == self.roster.process { String::new() } else { self.membership.world.last_seen(process) };
+        if process == self.roster.process {
+            return self.roster.describe(rank);
+        }
+        // A process of this host is looked at directly: stopped, or gone.
+        let looked = self.roster.peers.get(process as usize).and_then(Option::as_ref).and_then(|peer| {
+            let here = self.roster.same_host(process, self.roster.process);
+            match here.then(|| neuron_datastore::process_status(peer.pid))? {
+                None => Some("its process is gone"),
+                Some(status) if status.state == 'T' => Some("its process is stopped by a signal (SIGSTOP, Ctrl-Z)"),
+                Some(status) if status.state == 't' => Some("its process is stopped by a debugger"),
+                Some(_) => None,
+            }
+        });
+        let said = match (looked, self.membership.world.heard(process)) {
+            (None, None) => String::new(),
+            (Some(state), None) => format!(", {state}"),
+            (None, Some((heard, now_ns))) => format!(", {}", heard.describe(now_ns)),
+            (Some(state), Some((heard, now_ns))) => format!(
+                ", {state}: no heartbeat for {}; it last said it was {}",
+                neuron_datastore::ranks::format_ns(now_ns.saturating_sub(heard.at_ns)),
+                heard.doing()
+            ),
+        };
         format!("{}{said}", self.roster.describe(rank))
     }
 

@@ -34,7 +34,7 @@ impl Runtime {
     /// Rank 0's process listens at `NEURON_RT_ROOT_COMM_ID` (or `MASTER_ADDR`, port
     /// 62182, under torchrun); the others connect to it.
     pub fn join_communicator(&self, name: &str, core: u32, rank: u32, count: u32) -> NrtResult<Communicator> {
-        self.join_across(name, name, core, rank, count)
+        self.join_across(name, (name, None), core, rank, count)
     }
 
     /// `nrt_load_collectives` in a job of several processes: loads the NEFF on `core` as
@@ -43,12 +43,22 @@ impl Runtime {
     pub fn load_collectives_across(&self, neff_bytes: &[u8], core: u32, rank: u32, count: u32) -> NrtResult<Model> {
         let name = Neff::decode(neff_bytes, DecodeOptions { validate_hash: false })?.name;
         let digest = Sha256::digest(neff_bytes);
-        let key = format!("neff {:016x} ranks {count}", u64::from_le_bytes(digest[..8].try_into().unwrap_or_default()));
-        let communicator = self.join_across(&name, &key, core, rank, count)?;
+        let hash = format!("{:016x}", u64::from_le_bytes(digest[..8].try_into().unwrap_or_default()));
+        let key = format!("neff {hash} ranks {count}");
+        let communicator = self.join_across(&name, (&key, Some(&hash)), core, rank, count)?;
         self.load_rank(neff_bytes, Some(core), Some((communicator, rank)))
     }
 
-    fn join_across(&self, name: &str, key: &str, core: u32, rank: u32, count: u32) -> NrtResult<Communicator> {
+    /// Joins rank `rank` of communicator `key` (a program's when `program` gives the
+    /// NEFF's hash).
+    fn join_across(
+        &self,
+        name: &str,
+        (key, program): (&str, Option<&str>),
+        core: u32,
+        rank: u32,
+        count: u32,
+    ) -> NrtResult<Communicator> {
         self.shared.lifecycle.check()?;
         self.check_held(core)?;
         let world = self.world()?;
@@ -66,7 +76,7 @@ impl Runtime {
                     let generation = held.map_or(0, |c| c.generation() + 1);
                     let fresh = Communicator::across(
                         name,
-                        (key, generation),
+                        (key, generation, program.map(str::to_owned)),
                         count,
                         Arc::clone(&world),
                         Arc::clone(&tracer),

@@ -408,6 +408,37 @@ fn a_communicator_a_process_left_before_joining_times_out_naming_the_process() {
     }
 }
 
+#[test]
+fn processes_that_load_different_programs_are_told_so_naming_which_ranks_loaded_which() {
+    let timeout = Duration::from_secs(60);
+    let job = job(2, 1, timeout);
+    // Process 0 loads one all-reduce as rank 0, process 1 another as rank 1: neither
+    // program's communicator can complete.
+    let (one, other) = (all_reduce_neff(8), all_reduce_neff(16));
+    let model0 = job[0].runtime.load_collectives_across(&one, 0, 0, 2).expect("loads");
+    let model1 = job[1].runtime.load_collectives_across(&other, 0, 1, 2).expect("loads");
+    let started = Instant::now();
+    let errors: Vec<NrtError> = std::thread::scope(|scope| {
+        let runs = [(&job[0], &model0, 8), (&job[1], &model1, 16)].map(|(fixture, model, len)| {
+            scope.spawn(move || common::execute_f32(&fixture.runtime, model, &vec![1.0; len]))
+        });
+        runs.map(|run| run.join().expect("rank thread").expect_err("cannot complete")).into()
+    });
+    let waited = started.elapsed();
+    for error in &errors {
+        assert!(
+            error.message.contains("the job's processes loaded different programs of 2 ranks")
+                && error.message.contains("rank 0 (pid")
+                && error.message.contains("rank 1 (pid")
+                && error.message.contains("load the same NEFF in every process"),
+            "{error}"
+        );
+    }
+    // Said well before the timeout.
+    eprintln!("after {waited:?}: {}", errors[0]);
+    assert!(waited < timeout / 2, "{waited:?}");
+}
+
 /// Rank 0 of a two-process job calls `call` (with an output on its core when
 /// `output_bytes` is not 0) while rank 1's process closes, 200 ms in: its links and its
 /// bootstrap connection close. Rank 0's error, which must come at once, with 1206.

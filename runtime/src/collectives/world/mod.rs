@@ -63,6 +63,10 @@ const RETRY_LOG_INTERVAL: Duration = Duration::from_secs(5);
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// How long one attempt to reach the root may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_millis(200);
+/// How long the root's word that the processes joined different programs may stand
+/// before a wait for one of them fails: processes that load several programs in
+/// different orders are apart that long at most.
+const MISMATCH_GRACE: Duration = Duration::from_secs(5);
 
 /// This process's membership in the job.
 #[derive(Debug)]
@@ -153,6 +157,9 @@ struct State {
     aborts: HashMap<(u64, u64, u32), String>,
     /// Communicators an operation of which was aborted.
     failed: HashSet<u64>,
+    /// What the root said of communicators of different programs the job's processes
+    /// joined instead of one (see [`Control::Mismatch`]), and since when.
+    mismatches: HashMap<u64, (String, Instant)>,
     /// Why the root cannot be reached (then nothing can be bootstrapped).
     lost: Option<NrtError>,
     /// The root's answers to this process's clock probes, not yet taken.
@@ -284,9 +291,10 @@ impl World {
         self.shared.trust.communicator_id(key)
     }
 
-    /// Joins rank `rank` of `count` of communicator `comm` (sent once connected).
-    pub(crate) fn join(&self, comm: u64, name: &str, count: u32, rank: u32) {
-        let join = Control::Join { comm, name: name.to_owned(), count, rank };
+    /// Joins rank `rank` of `count` of communicator `comm`, a program's when
+    /// `program` gives its NEFF's hash (sent once connected).
+    pub(crate) fn join(&self, comm: u64, name: &str, (count, rank): (u32, u32), program: Option<String>) {
+        let join = Control::Join { comm, name: name.to_owned(), count, rank, program };
         let mut control = lock(&self.shared.control);
         match control.as_mut() {
             // A failed write means a closed connection, which the control thread notices
@@ -311,6 +319,15 @@ impl World {
                 return Err(lost.clone());
             }
             let now = Instant::now();
+            let mismatch = state.mismatches.get(&comm).map(|(text, since)| (text.clone(), *since + MISMATCH_GRACE));
+            if let Some((text, certain)) = &mismatch
+                && now >= *certain
+            {
+                return Err(NrtError::new(
+                    NrtStatus::Timeout,
+                    format!("`{name}` cannot complete: {text}; load the same NEFF in every process of the job"),
+                ));
+            }
             if now >= deadline {
                 // A process that left the job before joining likely held the ranks missing.
                 let mut gone: Vec<&String> = state.gone.values().collect();
@@ -332,15 +349,16 @@ impl World {
                     ),
                 ));
             }
-            state = self.shared.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            let until = mismatch.map_or(deadline, |(_, certain)| certain.min(deadline));
+            state = self.shared.changed.wait_timeout(state, until - now).unwrap_or_else(|e| e.into_inner()).0;
         }
     }
 
-    /// `, last seen executing `train_step` at `dot.12` 0.4 s ago`: what process
-    /// `process` said it was doing last, or nothing when it has said nothing here.
-    pub(crate) fn last_seen(&self, process: u32) -> String {
+    /// What process `process` said it was doing last, if it said anything here, and
+    /// now on the root's clock (to tell how long ago).
+    pub(crate) fn heard(&self, process: u32) -> Option<(Heard, u64)> {
         let state = lock(&self.shared.state);
-        state.heard.get(&process).map_or_else(String::new, |heard| format!(", {}", heard.describe(self.root_now().0)))
+        state.heard.get(&process).map(|heard| (heard.clone(), self.root_now().0))
     }
 
     /// The roster of `comm`, if the root has sent it.
@@ -861,6 +879,16 @@ fn on_control(shared: &Arc<Shared>, message: Control) {
         }
         Control::Refused { comm, reason } => {
             state.rosters.insert(comm, Err(reason));
+        }
+        Control::Mismatch { comms, text } => {
+            if comms.iter().any(|comm| state.mismatches.get(comm).is_none_or(|(said, _)| *said != text)) {
+                tracing::error!("{text}");
+            }
+            let now = Instant::now();
+            for comm in comms {
+                let entry = state.mismatches.entry(comm).or_insert_with(|| (text.clone(), now));
+                entry.0.clone_from(&text);
+            }
         }
         // A process with a link is watched through it: its close comes after the data
         // sent before it, where the root's notice may overtake that data.

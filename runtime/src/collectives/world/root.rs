@@ -15,7 +15,10 @@
 //! doing last (so a rank waiting for another can say what that one is doing, on any
 //! host, and how long ago it said so). A join that
 //! contradicts an earlier one (another rank count, a rank taken by another process) is
-//! refused to the process that sent it.
+//! refused to the process that sent it. Programs' communicators of one rank count that
+//! are all incomplete and share no rank mean that the processes loaded different
+//! NEFFs where they were to load one: the root says so to every process of them at once
+//! ([`Control::Mismatch`]).
 
 use std::collections::HashMap;
 use std::io::{self, BufReader, BufWriter, Write};
@@ -66,6 +69,8 @@ struct Process {
 struct Comm {
     name: String,
     count: u32,
+    /// A program's: its NEFF's hash (see [`Control::Join`]).
+    program: Option<String>,
     /// Each rank's process, once joined.
     ranks: Vec<Option<u32>>,
 }
@@ -224,15 +229,18 @@ fn handle(state: &Mutex<State>, index: u32, message: Control) {
             send(&mut state, index, &Control::ClockEcho { sent, received, replied });
         }
         Control::Hello(peer) => state.processes[index as usize].peer = Some(peer),
-        Control::Join { comm, name, count, rank } => join(&mut state, index, comm, name, count, rank),
+        Control::Join { comm, name, count, rank, program } => {
+            join(&mut state, index, comm, (name, program), count, rank);
+        }
         Control::Status(heard) => state.processes[index as usize].said = Some(Heard { at_ns: received, ..heard }),
         // Only the root sends the others.
         _ => {}
     }
 }
 
-fn join(state: &mut State, index: u32, comm: u64, name: String, count: u32, rank: u32) {
-    let entry = state.comms.entry(comm).or_insert_with(|| Comm { name, count, ranks: vec![None; count as usize] });
+fn join(state: &mut State, index: u32, comm: u64, (name, program): (String, Option<String>), count: u32, rank: u32) {
+    let entry =
+        state.comms.entry(comm).or_insert_with(|| Comm { name, count, program, ranks: vec![None; count as usize] });
     let refused = if entry.count != count {
         Some(format!(
             "communicator `{}` has {} ranks, but this process joined it as rank {rank} of {count}",
@@ -253,6 +261,16 @@ fn join(state: &mut State, index: u32, comm: u64, name: String, count: u32, rank
     }
     entry.ranks[rank as usize] = Some(index);
     if entry.ranks.iter().any(Option::is_none) {
+        if let Some((comms, text)) = different_programs(state, comm) {
+            let mut told: Vec<u32> =
+                comms.iter().flat_map(|c| state.comms[c].ranks.iter().flatten().copied()).collect();
+            told.sort_unstable();
+            told.dedup();
+            let mismatch = Control::Mismatch { comms, text };
+            for process in told {
+                send(state, process, &mismatch);
+            }
+        }
         return;
     }
     let rank_process: Vec<u32> = entry.ranks.iter().flatten().copied().collect();
@@ -264,6 +282,54 @@ fn join(state: &mut State, index: u32, comm: u64, name: String, count: u32, rank
     for member in members {
         send(state, member, &roster);
     }
+}
+
+/// When program communicator `comm` is one of several of the same rank count, all
+/// incomplete, no two sharing a joined rank: their ids and what to tell their processes
+/// (`rank 0 (pid 812 on host a) loaded `allreduce`; ranks 1, 2, 3 (…) loaded `ar64``).
+fn different_programs(state: &State, comm: u64) -> Option<(Vec<u64>, String)> {
+    let this = state.comms.get(&comm).filter(|c| c.program.is_some())?;
+    let joined = |c: &Comm| -> Vec<(u32, u32)> {
+        c.ranks.iter().enumerate().filter_map(|(rank, p)| Some((rank as u32, (*p)?))).collect()
+    };
+    let mut programs: Vec<(u64, &Comm)> = (state.comms.iter())
+        .filter(|(_, c)| c.program.is_some() && c.count == this.count && c.ranks.iter().any(Option::is_none))
+        .map(|(&id, c)| (id, c))
+        .collect();
+    let mut ranks: Vec<u32> = programs.iter().flat_map(|(_, c)| joined(c)).map(|(rank, _)| rank).collect();
+    let joined_ranks = ranks.len();
+    ranks.sort_unstable();
+    ranks.dedup();
+    if programs.len() < 2 || ranks.len() != joined_ranks {
+        return None;
+    }
+    programs.sort_by_key(|(_, c)| c.ranks.iter().position(Option::is_some));
+    let who = |process: u32| {
+        state
+            .processes
+            .get(process as usize)
+            .and_then(|p| p.peer.as_ref())
+            .map_or_else(|| format!("process {process}"), ToString::to_string)
+    };
+    let parts: Vec<String> = programs
+        .iter()
+        .map(|(_, c)| {
+            let joined = joined(c);
+            let ranks: Vec<String> = joined.iter().map(|(rank, _)| rank.to_string()).collect();
+            let mut processes: Vec<u32> = joined.iter().map(|&(_, p)| p).collect();
+            processes.dedup();
+            let plural = if joined.len() == 1 { "rank" } else { "ranks" };
+            let by: Vec<String> = processes.into_iter().map(who).collect();
+            let hash = c.program.as_deref().unwrap_or_default();
+            format!("{plural} {} ({}) loaded `{}` (NEFF {hash})", ranks.join(", "), by.join(", "), c.name)
+        })
+        .collect();
+    let text = format!(
+        "the job's processes loaded different programs of {} ranks, so none can complete: {}",
+        this.count,
+        parts.join("; ")
+    );
+    Some((programs.into_iter().map(|(id, _)| id).collect(), text))
 }
 
 /// Sends to one process; a process whose connection failed is left to its reader.

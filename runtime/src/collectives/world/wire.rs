@@ -45,13 +45,18 @@ pub(crate) enum Control {
     /// Root → process, first, once it proved it belongs to the job: its index among
     /// the job's processes, and the job's session (the data links' key derives from it).
     Welcome { process: u32, session: [u8; 32] },
-    /// Process → root: it holds rank `rank` of `count` of communicator `comm`.
-    Join { comm: u64, name: String, count: u32, rank: u32 },
+    /// Process → root: it holds rank `rank` of `count` of communicator `comm` (a
+    /// program's when `program` gives the hash of the NEFF whose ranks it joins).
+    Join { comm: u64, name: String, count: u32, rank: u32, program: Option<String> },
     /// Root → every process of a communicator once all its ranks joined: each rank's
     /// process, and every process known so far (by index).
     Roster { comm: u64, rank_process: Vec<u32>, processes: Vec<Option<Peer>> },
     /// Root → a process whose join cannot be accepted.
     Refused { comm: u64, reason: String },
+    /// Root → every process that joined one of `comms`: the job's processes joined
+    /// those communicators of different programs, none complete, no rank in two (they
+    /// loaded different NEFFs where they were to load one), as `text` says.
+    Mismatch { comms: Vec<u64>, text: String },
     /// Root → every other process: process `process` closed its connection.
     Gone { process: u32, reason: String },
     /// Process → root: a probe of the clocks, sent at `sent` (the process's clock).
