@@ -207,7 +207,7 @@ impl Heard {
     /// heartbeat for 4.8 s (or its host is unreachable); it last said it was executing …`.
     pub fn describe(&self, now_ns: u64) -> String {
         let age = now_ns.saturating_sub(self.at_ns);
-        let age_text = crate::ranks::format_ns(age);
+        let age_text = crate::clock::format_ns(age);
         if age >= STALE_HEARTBEAT_NS {
             format!(
                 "stopped: no heartbeat for {age_text} (or its host is unreachable); it last said it was {}",

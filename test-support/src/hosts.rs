@@ -37,8 +37,8 @@ impl Hosts {
     pub fn create() -> Result<Hosts, String> {
         // Unique per test process and per call in it (tests of one binary run at once).
         static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 4;
-        let id = std::process::id() % 12_500 * 4 + call;
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 8;
+        let id = std::process::id() % 6_250 * 8 + call;
         let names = [format!("nvh{id}a"), format!("nvh{id}b")];
         let devices = [format!("nvv{id}a"), format!("nvv{id}b")];
         // A /24 of 10.0.0.0/8 per test process.

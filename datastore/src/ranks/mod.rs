@@ -28,6 +28,7 @@ use serde::Serialize;
 
 mod records;
 
+pub use crate::clock::format_ns;
 pub use records::{Activity, RuntimeRecords, TracedCollective, count_ranks, root_now};
 
 use crate::flight::{Before, CollectiveEntry, Position};
@@ -691,16 +692,6 @@ fn place(pid: u32, host: &str) -> String {
         (0, _) => String::new(),
         (pid, true) => format!(" (pid {pid})"),
         (pid, false) => format!(" (pid {pid} on host {host})"),
-    }
-}
-
-/// `850 ns`, `12.3 µs`, `1.8 ms`, `5.0 s`.
-pub fn format_ns(ns: u64) -> String {
-    match ns {
-        0..1_000 => format!("{ns} ns"),
-        1_000..1_000_000 => format!("{:.1} µs", ns as f64 / 1e3),
-        1_000_000..1_000_000_000 => format!("{:.1} ms", ns as f64 / 1e6),
-        _ => format!("{:.1} s", ns as f64 / 1e9),
     }
 }
 
