@@ -48,7 +48,7 @@ impl Context<'_, '_> {
     fn run<'x>(&mut self, program: &'x Executable, inputs: Vec<Input<'x>>) -> Result<Vec<Value>, RunError> {
         // No output is written in place: every result comes back as a value.
         let destinations = Vec::new();
-        let mut no_collectives = |_: u32, _: &_, _: ValueRef<'_>, _: &_| -> Result<Value, NrtError> {
+        let mut no_collectives = |_: super::CollectiveStep<'_, 'x>| -> Result<Output<'x>, NrtError> {
             super::kernels::unvalidated("a collective inside a loop or conditional")
         };
         let outputs = program.run(

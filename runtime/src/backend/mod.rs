@@ -236,6 +236,16 @@ impl<'a> Destination<'a> {
         }
         bytemuck::try_cast_slice_mut(bytes).ok().map(Destination)
     }
+
+    /// Has `fill` write all the little-endian bytes of a value of type `ty` (`f32`, as
+    /// many elements as the destination holds) here; the view reads them back.
+    pub(crate) fn fill_le<R>(self, ty: &ArrayType, fill: impl FnOnce(&mut [u8]) -> R) -> (ValueRef<'a>, R) {
+        let words = self.0;
+        let result = fill(bytemuck::cast_slice_mut(&mut *words));
+        let words: &'a [f32] = words;
+        let dims = IxDyn(&kernels::to_usize(&ty.dims));
+        (ValueRef::F32(ArrayViewD::from_shape(dims, words).unwrap_or_else(|_| kernels::unvalidated("output"))), result)
+    }
 }
 
 /// One output of a run: already in its tensor, or a value still to be copied there.
@@ -302,11 +312,25 @@ impl<F: FnMut(usize, u64, u64)> Observe for F {
 /// What [`Executable::run`] reports the instructions that ran to.
 pub(crate) type InstructionObserver<'o> = dyn Observe + 'o;
 
-/// Runs a program's collectives: called with the collective's index among the
-/// program's collectives (in execution order), the operation, the rank's operand and
-/// the output type; returns this rank's result.
-pub(crate) type CollectiveRunner<'r> =
-    dyn FnMut(u32, &CollectiveOp, ValueRef<'_>, &ArrayType) -> Result<Value, NrtError> + 'r;
+/// One collective of a program, as the run hands it to the runtime.
+#[derive(Debug)]
+pub(crate) struct CollectiveStep<'s, 'a> {
+    /// Its index among the program's collectives, in execution order.
+    pub(crate) index: u32,
+    pub(crate) op: &'s CollectiveOp,
+    /// The rank's operand.
+    pub(crate) operand: ValueRef<'s>,
+    /// The program input the operand is, when it is one read in place from its tensor.
+    pub(crate) input: Option<usize>,
+    pub(crate) out: &'s ArrayType,
+    /// When the result is program output `k`, and that output's tensor memory takes it
+    /// in place: `k` and the memory.
+    pub(crate) destination: Option<(usize, Destination<'a>)>,
+}
+
+/// Runs a program's collectives: returns this rank's result, written into the step's
+/// destination or as a value.
+pub(crate) type CollectiveRunner<'r, 'a> = dyn FnMut(CollectiveStep<'_, 'a>) -> Result<Output<'a>, NrtError> + 'r;
 
 /// A program prepared for repeated execution.
 #[derive(Debug)]
@@ -636,7 +660,7 @@ impl Executable {
         mut destinations: Vec<Option<Destination<'a>>>,
         deadline_ticks: u64,
         helpers: &HostPool,
-        collectives: &mut CollectiveRunner<'_>,
+        collectives: &mut CollectiveRunner<'_, 'a>,
         on_instruction: &mut InstructionObserver<'_>,
     ) -> Result<Vec<Output<'a>>, RunError> {
         let mut collective_index = 0u32;
@@ -735,14 +759,37 @@ impl Executable {
                 let b = instruction.output as usize;
                 let out_ty = &program.buffers[b].ty;
                 let slot = if let Op::Collective(collective) = &instruction.op {
-                    // Another rank's data arrives as a value; an output is copied out later.
-                    let operand = slots[instruction.operands[0] as usize]
-                        .get()
-                        .unwrap_or_else(|| kernels::unvalidated("collective operand"));
-                    let value = collectives(collective_index, collective, operand, out_ty)
-                        .map_err(|error| RunError::Collective { step: self.base + step, error })?;
+                    // The result goes into its output tensor where it can, else it comes as
+                    // a value (copied out later).
+                    let operand_buffer = instruction.operands[0] as usize;
+                    let operand =
+                        slots[operand_buffer].get().unwrap_or_else(|| kernels::unvalidated("collective operand"));
+                    let input = match (&program.buffers[operand_buffer].kind, &slots[operand_buffer]) {
+                        (BufferKind::Input { index }, Slot::Borrowed(_)) => Some(*index as usize),
+                        _ => None,
+                    };
+                    let destination =
+                        self.output_of_buffer[b].and_then(|k| destinations.get_mut(k)?.take().map(|d| (k, d)));
+                    let k = destination.as_ref().map(|(k, _)| *k);
+                    let step_of = CollectiveStep {
+                        index: collective_index,
+                        op: collective,
+                        operand,
+                        input,
+                        out: out_ty,
+                        destination,
+                    };
+                    let output =
+                        collectives(step_of).map_err(|error| RunError::Collective { step: self.base + step, error })?;
                     collective_index += 1;
-                    Slot::Owned(value)
+                    match (output, k) {
+                        (Output::Written(view), Some(k)) => {
+                            written[k] = true;
+                            Slot::Borrowed(view)
+                        }
+                        (Output::Written(view), None) => Slot::Owned(view.to_owned()),
+                        (Output::Value(value), _) => Slot::Owned(value),
+                    }
                 } else {
                     let destination =
                         self.output_of_buffer[b].and_then(|k| destinations.get_mut(k)?.take().map(|d| (k, d)));

@@ -80,7 +80,7 @@ fn products_into_spare_arrays_give_the_same_bits_at_every_run() {
         let inputs = vec![Input::Copied(Value::F32(x.clone())), Input::Copied(Value::F32(w.clone()))];
         let destinations = program.outputs.iter().map(|_| None).collect();
         let outputs = executable
-            .run(inputs, destinations, u64::MAX, &HostPool::new(1), &mut |_, _, _, _| unreachable!(), &mut |_, _, _| {})
+            .run(inputs, destinations, u64::MAX, &HostPool::new(1), &mut |_| unreachable!(), &mut |_, _, _| {})
             .expect("runs");
         outputs.iter().map(Output::le_bytes).collect::<Vec<_>>()
     };

@@ -425,7 +425,7 @@ impl Communicator {
             self.exchange(rank, position, request, deadline, ids).map(drop)
         };
         if let (Some(input), Some(output)) = (&input, &output)
-            && let Some((input_place, output_place)) = self.lendable(call, input, output, deadline)
+            && let Some((input_place, output_place)) = self.lendable(call.op, (input, output), deadline)
         {
             // Both tensors held for the whole call (the output for writing), unless
             // something holds them now: then the call copies as below.

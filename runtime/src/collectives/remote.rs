@@ -24,7 +24,7 @@ use super::streaming;
 use super::world::lending;
 use super::world::wire::Key;
 use super::world::{Arrival, Message, Missed, Roster, Stamp, World};
-use super::{Algorithm, Collective, CollectiveCall, Communicator, OpPosition, RankPlace, Request};
+use super::{Algorithm, Collective, Communicator, OpPosition, RankPlace, Request};
 use crate::backend;
 use crate::error::{NrtError, NrtResult, NrtStatus};
 use crate::isa::ReduceOp;
@@ -133,13 +133,12 @@ impl Communicator {
     /// apart from each other or one and the same, in a job with processes on this host.
     pub(crate) fn lendable(
         &self,
-        call: &CollectiveCall,
-        input: &Tensor,
-        output: &Tensor,
+        op: Collective,
+        (input, output): (&Tensor, &Tensor),
         deadline: Instant,
     ) -> Option<(SharedPlace, SharedPlace)> {
         let membership = self.inner.membership.as_ref()?;
-        if !matches!(call.op, Collective::AllReduce(_)) || input.size() < lending::MIN_BYTES {
+        if !matches!(op, Collective::AllReduce(_)) || input.size() < lending::MIN_BYTES {
             return None;
         }
         let places = (input.shared_place()?, output.shared_place()?);

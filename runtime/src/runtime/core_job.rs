@@ -5,13 +5,13 @@ use std::cell::Cell;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use crate::backend::{Destination, Input, Output, RunError, Value, ValueRef};
+use crate::backend::{CollectiveStep, Destination, Input, Output, RunError, Value, ValueRef};
 use crate::collectives::{self, Algorithm, Communicator, OpPosition, Request};
 use crate::config::MAX_EXEC_TIMEOUT;
-use crate::dtype::{ArrayType, DType};
+use crate::dtype::DType;
 use crate::error::{NrtError, NrtResult, NrtStatus};
 use crate::fault::{FaultKind, Faults, Strike};
-use crate::isa::{CollectiveKind, CollectiveOp, IoTensor, Program};
+use crate::isa::{CollectiveKind, IoTensor, Program};
 use crate::pool::HostPool;
 use crate::tensor::{ExecutionLocks, Tensor, TensorSet};
 use neuron_datastore::clock::ticks;
@@ -177,21 +177,22 @@ impl CoreJob<'_> {
         }
     }
 
-    /// Runs collective `op` of this execution as the model's rank, with the host
+    /// Runs collective `step` of this execution as the model's rank, with the host
     /// compute slot given back while it waits for the other ranks; `fault` is a `cc_`
-    /// fault striking this collective.
-    #[allow(clippy::too_many_arguments)]
-    fn collective(
+    /// fault striking this collective. The result goes into the step's destination when
+    /// it has one (the output tensor's memory); an all-reduce of an input read in place
+    /// into an output written in place, both tensors in shared memory, lends them to the
+    /// ranks of other processes of this host as an API call of the same tensors does
+    /// (`tensors`: the execution's input and output tensors).
+    fn collective<'a>(
         &self,
-        communicator: &Communicator,
-        rank: u32,
-        at: OpPosition,
-        op: &CollectiveOp,
-        operand: ValueRef<'_>,
-        out: &ArrayType,
+        (communicator, rank, at): (&Communicator, u32, OpPosition),
+        step: CollectiveStep<'_, 'a>,
+        (inputs, outputs): (&[Tensor], &[Tensor]),
         deadline: Instant,
         fault: Option<&Strike>,
-    ) -> NrtResult<Value> {
+    ) -> NrtResult<Output<'a>> {
+        let CollectiveStep { op, operand, out, .. } = step;
         let shape = operand.shape();
         let element = out.dtype.size_bytes() as usize;
         let outer = match op.kind {
@@ -213,6 +214,47 @@ impl CoreJob<'_> {
                 CollectiveKind::AllToAll { .. } => (n, n),
             };
         }
+        let call = collectives::from_kind(op.kind);
+        let exchange = |input: std::sync::Arc<collectives::Message>,
+                        lent: Option<collectives::LentInput<'_>>,
+                        output: &mut [u8]| {
+            let request = Request {
+                op: call,
+                dtype: out.dtype,
+                groups: &op.groups,
+                algorithm: self.collectives_algorithm,
+                outer,
+                input,
+                lent,
+                output,
+            };
+            self.pool.released(|| communicator.exchange(rank, || at, request, deadline, self.ids)).map(drop)
+        };
+        let destination = step.destination.filter(|_| more_out == 0);
+        // Lent: the operand is input tensor `i` where it lies, the result goes to output
+        // tensor `k`, both in shared memory.
+        let operand_bytes = match &operand {
+            ValueRef::F32(a) if more_in == 0 => a.as_slice().map(|s| bytemuck::cast_slice::<f32, u8>(s)),
+            _ => None,
+        };
+        let places = match (step.input, &destination, operand_bytes) {
+            (Some(i), Some((k, _)), Some(_)) => match (inputs.get(i), outputs.get(*k)) {
+                (Some(input), Some(output)) => {
+                    communicator.lendable(call, (input, output), deadline).filter(|(a, b)| a != b)
+                }
+                _ => None,
+            },
+            _ => None,
+        };
+        let destination = match (places, destination, operand_bytes) {
+            (Some((input, output)), Some((_, destination)), Some(bytes)) => {
+                let empty = std::sync::Arc::new(collectives::Message::Heap(Vec::new()));
+                let lent = collectives::LentInput { bytes: Some(bytes), input, output };
+                let (view, exchanged) = destination.fill_le(out, |output| exchange(empty, Some(lent), output));
+                return exchanged.map(|()| Output::Written(view));
+            }
+            (_, destination, _) => destination,
+        };
         // The input is overwritten whole, made where the ranks of other processes of
         // this host read it.
         let operand_bytes = shape.iter().product::<usize>() * element;
@@ -221,32 +263,29 @@ impl CoreJob<'_> {
         operand.write_le_bytes(&mut bytes[..operand_bytes]);
         bytes[operand_bytes..].fill(0);
         let input = std::sync::Arc::new(input);
-        let exchange = |output: &mut [u8]| {
-            let request = Request {
-                op: collectives::from_kind(op.kind),
-                dtype: out.dtype,
-                groups: &op.groups,
-                algorithm: self.collectives_algorithm,
-                outer,
-                input: std::sync::Arc::clone(&input),
-                lent: None,
-                output,
-            };
-            self.pool.released(|| communicator.exchange(rank, || at, request, deadline, self.ids))
-        };
-        let value = if more_out == 0 {
-            // The result is written where the value keeps it.
-            let (value, exchanged) = Value::filled_le(out, exchange);
-            exchanged.map(|_| value)
-        } else {
-            let out_bytes = out.size_bytes().unwrap_or(0) as usize;
-            let mut output = collectives::buffers::take(out_bytes + more_out * outer * element);
-            let value = exchange(&mut output).map(|_| Value::from_le_bytes(out, &output[..out_bytes]));
-            collectives::buffers::give(output);
-            value
+        let exchange = |output: &mut [u8]| exchange(std::sync::Arc::clone(&input), None, output);
+        let result = match destination {
+            // The result is written where the output tensor keeps it.
+            Some((_, destination)) => {
+                let (view, exchanged) = destination.fill_le(out, exchange);
+                exchanged.map(|()| Output::Written(view))
+            }
+            None if more_out == 0 => {
+                // The result is written where the value keeps it.
+                let (value, exchanged) = Value::filled_le(out, exchange);
+                exchanged.map(|()| Output::Value(value))
+            }
+            None => {
+                let out_bytes = out.size_bytes().unwrap_or(0) as usize;
+                let mut output = collectives::buffers::take(out_bytes + more_out * outer * element);
+                let value =
+                    exchange(&mut output).map(|()| Output::Value(Value::from_le_bytes(out, &output[..out_bytes])));
+                collectives::buffers::give(output);
+                value
+            }
         };
         collectives::Message::recycle(input);
-        value
+        result
     }
 
     /// Does what a `cc_` fault does to rank `rank` at collective `at`: arrives late,
@@ -394,23 +433,21 @@ impl CoreJob<'_> {
             let ns = std::array::from_fn(|e| tracer.ticks_to_ns(engine_ticks[e].take()));
             communicator.engines_busy(rank, &ns);
         };
-        let mut run_collective = |index: u32, op: &CollectiveOp, operand: ValueRef<'_>, out: &ArrayType| {
+        let mut run_collective = collective_runner(|step| {
             let Some((communicator, rank, unit, deadline)) = unit else {
                 unreachable!("a program with collectives is loaded with a communicator")
             };
             give_engines(communicator, rank);
             collective_reported_next.set(true);
+            let index = step.index;
             self.collective(
-                communicator,
-                rank,
-                OpPosition { unit, index, count: m.collectives },
-                op,
-                operand,
-                out,
+                (communicator, rank, OpPosition { unit, index, count: m.collectives }),
+                step,
+                (&input_tensors, &output_tensors),
                 deadline,
                 rank_fault.filter(|_| index == 0),
             )
-        };
+        });
         let mut watch = Watch {
             tracer,
             model: m,
@@ -741,4 +778,13 @@ impl crate::backend::Observe for Watch<'_> {
         }
         self.record_if_many();
     }
+}
+
+/// `run` as a program's collective runner for the outputs of lifetime `'a` (which a
+/// closure's signature cannot name).
+fn collective_runner<'a, F>(run: F) -> F
+where
+    F: FnMut(CollectiveStep<'_, 'a>) -> NrtResult<Output<'a>>,
+{
+    run
 }

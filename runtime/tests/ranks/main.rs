@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use neuron_runtime::launch::RootComm;
 use neuron_runtime::{
     Collective, CollectiveCall, Communicator, CoreSet, DType, GLOBAL_COMMUNICATOR, Model, Neff, NrtError, NrtStatus,
-    Target, Tensor, TensorPlacement, compile_hlo,
+    Target, Tensor, TensorPlacement, TensorSet, compile_hlo,
 };
 use neuron_test_support::runtime::{self as common, f32_bytes};
 
@@ -304,6 +304,55 @@ fn an_all_reduce_of_large_tensors_reads_them_where_they_lie_in_the_processes_of_
                 assert_eq!(lent, 3, "{mappings:?}");
                 assert!(mappings.values().all(|&n| n != 2), "{mappings:?}");
             }
+        }
+    }
+}
+
+#[test]
+fn a_programs_all_reduce_of_device_tensors_lends_them_as_an_api_call_does() {
+    let job = job(3, 1, Duration::from_secs(30));
+    let (ranks, elements) = (3usize, 2_200_001);
+    let neff = all_reduce_neff(elements);
+    let values = |r: usize| (0..elements).map(|i| (i % 977) as f32 * 0.37 + r as f32 * 1.1).collect::<Vec<f32>>();
+    let values: Vec<Vec<f32>> = (0..ranks).map(values).collect();
+    // Summed in group order, as every algorithm does for each element.
+    let sums: Vec<f32> = (0..elements).map(|i| (values[0][i] + values[1][i]) + values[2][i]).collect();
+    let models: Vec<Model> = (0..ranks)
+        .map(|rank| job[rank].runtime.load_collectives_across(&neff, 0, rank as u32, ranks as u32).expect("loads"))
+        .collect();
+    let mut first_round = Vec::new();
+    for round in 0..2 {
+        let outputs: Vec<(Tensor, Tensor)> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..ranks)
+                .map(|rank| {
+                    let (rt, model, input) = (&job[rank].runtime, &models[rank], f32_bytes(&values[rank]));
+                    scope.spawn(move || {
+                        let device = TensorPlacement::Device { core: 0 };
+                        let x = rt.allocate_tensor(device, input.len() as u64, "lend-px").expect("alloc");
+                        x.write(0, &input).expect("write");
+                        let y = rt.allocate_tensor(device, input.len() as u64, "lend-py").expect("alloc");
+                        let (mut inputs, mut outputs) = (TensorSet::new(), TensorSet::new());
+                        inputs.add("input0", x.clone());
+                        outputs.add("output0", y.clone());
+                        rt.execute(model, &inputs, &outputs).expect("sums");
+                        (x, y)
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().expect("rank thread")).collect()
+        });
+        for (rank, (x, y)) in outputs.iter().enumerate() {
+            assert!(common::floats(&y.read_all().expect("read")) == sums, "round {round}: rank {rank}'s sum");
+            assert!(common::floats(&x.read_all().expect("read")) == values[rank], "rank {rank}'s input is unchanged");
+        }
+        // Each rank's input and output tensors: its own mapping and the two peers'.
+        let mappings = tensor_mappings();
+        if round == 0 {
+            assert_eq!(mappings.len(), 2 * ranks, "{mappings:?}");
+            assert!(mappings.values().all(|&n| n == 3), "{mappings:?}");
+            first_round = mappings.into_keys().collect();
+        } else {
+            assert!(first_round.iter().all(|inode| !mappings.contains_key(inode)), "{mappings:?}");
         }
     }
 }

@@ -259,7 +259,7 @@ mod tests {
             .collect();
         let destinations = executable.program().outputs.iter().map(|_| None).collect();
         let outputs = executable
-            .run(values, destinations, u64::MAX, &pool, &mut |_, _, _, _| unreachable!(), &mut |_, _, _| {})
+            .run(values, destinations, u64::MAX, &pool, &mut |_| unreachable!(), &mut |_, _, _| {})
             .expect("runs");
         outputs.iter().map(ProgramOutput::le_bytes).collect()
     }

@@ -345,7 +345,7 @@ fn run(hlo: &str, inputs: &[Bound], fuse: bool) -> (Vec<Vec<u8>>, Vec<Reported>)
     let mut reported = Vec::new();
     let pool = HostPool::new(1);
     let outputs = executable
-        .run(values, destinations, u64::MAX, &pool, &mut |_, _, _, _| unreachable!(), &mut |k, start, end| {
+        .run(values, destinations, u64::MAX, &pool, &mut |_| unreachable!(), &mut |k, start, end| {
             reported.push((k, start, end))
         })
         .expect("runs");
@@ -451,7 +451,7 @@ fn a_small_loop_that_never_ends_stops_at_the_deadline() {
         program.outputs.iter().map(|_| None).collect(),
         deadline,
         &HostPool::new(1),
-        &mut |_, _, _, _| unreachable!(),
+        &mut |_| unreachable!(),
         &mut |k, _, _| iterations += usize::from(k == 0),
     );
     assert!(matches!(result, Err(RunError::DeadlineExceeded { step: 0 })), "{result:?}");
@@ -525,7 +525,7 @@ fn run_failing(hlo: &str, inputs: &[Bound], fuse: bool) -> Vec<usize> {
         destinations,
         u64::MAX,
         &HostPool::new(1),
-        &mut |_, _, _, _| unreachable!(),
+        &mut |_| unreachable!(),
         &mut |k, start, end| {
             assert!(start <= end, "entry {k}");
             reported.push(k)
