@@ -234,7 +234,7 @@ impl CoreJob<'_> {
         // Lent: the operand is input tensor `i` where it lies, the result goes to output
         // tensor `k`, both in shared memory.
         let operand_bytes = match &operand {
-            ValueRef::F32(a) if more_in == 0 => a.as_slice().map(|s| bytemuck::cast_slice::<f32, u8>(s)),
+            ValueRef::F32(a) if more_in == 0 => a.as_slice().map(bytemuck::cast_slice::<f32, u8>),
             _ => None,
         };
         let places = match (step.input, &destination, operand_bytes) {
