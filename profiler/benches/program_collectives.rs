@@ -74,7 +74,7 @@ fn program_ms(sandbox: &Sandbox, bytes: u64, iterations: u64) -> Option<f64> {
 fn nccom_ms(sandbox: &Sandbox, bytes: u64, iterations: u64) -> Option<f64> {
     let size = bytes.to_string();
     let mut program = job(sandbox, env!("CARGO_BIN_EXE_nccom-test"));
-    program.args(["allr", "-b", &size, "-e", &size, "-n", &iterations.to_string()]);
+    program.args(["-r", &PROCESSES.to_string(), "allr", "-b", &size, "-e", &size, "-n", &iterations.to_string()]);
     let text = run(mpirun(PROCESSES, &program)?, "nccom-test");
     let row = text.lines().find(|l| l.split_whitespace().next() == Some(size.as_str()));
     let time_us = row.and_then(|r| r.split_whitespace().nth(3)?.parse::<f64>().ok());
