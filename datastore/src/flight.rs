@@ -161,6 +161,47 @@ impl CollectiveEntry {
     }
 }
 
+/// How a job admits its processes (the runtime's `NEURON_VIRT_JOB_SECRET`,
+/// `NEURON_VIRT_TRUSTED_NETWORK`): what every tool says of a job across processes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobAdmission {
+    /// Processes that prove they hold the job's secret.
+    Secret,
+    /// No secret: processes of one user on one host.
+    ThisUser,
+    /// No secret, and the network said trusted: anyone who speaks the protocol.
+    TrustedNetwork,
+}
+
+impl JobAdmission {
+    fn code(self) -> u64 {
+        match self {
+            JobAdmission::Secret => 1,
+            JobAdmission::ThisUser => 2,
+            JobAdmission::TrustedNetwork => 3,
+        }
+    }
+
+    pub(crate) fn of_code(code: u64) -> Option<JobAdmission> {
+        match code {
+            1 => Some(JobAdmission::Secret),
+            2 => Some(JobAdmission::ThisUser),
+            3 => Some(JobAdmission::TrustedNetwork),
+            _ => None,
+        }
+    }
+
+    /// `admits processes holding the job's secret`, for a tool's line.
+    pub fn describe(self) -> &'static str {
+        match self {
+            JobAdmission::Secret => "admits processes holding the job's secret",
+            JobAdmission::ThisUser => "admits this user's processes of this host (no job secret)",
+            JobAdmission::TrustedNetwork => "trusts its network: anyone who speaks its protocol joins (no job secret)",
+        }
+    }
+}
+
 /// A process heard from last this long ago has stopped, or its host is unreachable:
 /// processes say what they do about once a second.
 pub const STALE_HEARTBEAT_NS: u64 = 3_000_000_000;
@@ -391,6 +432,12 @@ impl DatastoreWriter {
             CLOCK_SEQ,
             [(CLOCK_OFFSET, offset_ns as u64), (CLOCK_UNCERTAINTY, uncertainty_ns.max(1))],
         );
+    }
+
+    /// Records how this process's job admits its processes.
+    pub fn set_job_admission(&self, admission: JobAdmission) {
+        let word = self.region.u64(self.layout.process_word(layout::process::JOB_ADMISSION));
+        word.store(admission.code(), std::sync::atomic::Ordering::Relaxed);
     }
 
     fn comm_row(&self, slot: CommSlot, rank: u32) -> Option<u64> {

@@ -150,6 +150,9 @@ pub(crate) mod process {
     pub(crate) const CPU_USER_NS: u64 = 10;
     pub(crate) const CPU_SYSTEM_NS: u64 = 11;
     pub(crate) const CPU_AT_NS: u64 = 12;
+    /// How the process's job admits its processes (`JobAdmission::code`; 0: not in a
+    /// job of several processes, or a runtime from before it was recorded).
+    pub(crate) const JOB_ADMISSION: u64 = 13;
     /// Four words per device: mem corrected, mem uncorrected, sram corrected, sram uncorrected.
     pub(crate) const ECC: u64 = 16;
 }

@@ -166,6 +166,7 @@ fn communicator(view: &GroupView, tally: &Tally) -> Value {
         "ranks": view.ranks,
         "across_processes": view.across,
         "clock_uncertainty_ns": view.uncertainty_ns,
+        "admits": view.admission,
         "diagnosis": diagnosis,
         "straggler": view.straggler,
         "hang": view.hang,

@@ -480,6 +480,7 @@ fn with_ranks(hang: bool) -> Snapshot {
     let records = [RuntimeRecords {
         pid: 5000,
         clock: None,
+        admission: Some(neuron_datastore::flight::JobAdmission::TrustedNetwork),
         communicators: vec![CommunicatorRecord { id: 77, name: "grads".into(), ranks: 4, across: true, members }],
         activity: Default::default(),
     }];
@@ -497,6 +498,7 @@ fn the_ranks_tab_names_the_straggler_and_a_hang_with_every_rank() {
     insta::assert_snapshot!("ranks_120x24", screen);
     assert!(screen.contains("[4]:ranks"), "{screen}");
     assert!(screen.contains("grads · comm 77 · 4 ranks across processes · clocks within ±4.0 µs"), "{screen}");
+    assert!(screen.contains("the job trusts its network: anyone who speaks its protocol joins"), "{screen}");
     assert!(
         screen.contains("STRAGGLER rank 2 (pid 5002 on host trn-1) arrived last in 10 of 10 collectives, 3.0 ms late"),
         "{screen}"

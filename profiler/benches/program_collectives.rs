@@ -7,7 +7,10 @@
 //! `nccom-test` all-reduces device tensors. Each side's figure is its slowest process's
 //! mean time per operation (`nccom-test`'s `time(us)`; `neuron-bench`'s executions over
 //! its wall time). The ratio is `nccom-test`'s time over the program's: 1 when a
-//! program's all-reduce moves data as fast as the API's.
+//! program's all-reduce moves data as fast as the API's. The program runs twice: as
+//! by default, every output then checked for NaN and infinities after each execution
+//! (`NEURON_RT_NUMERICAL_ERRORS_VERBOSITY`, a read of the whole output that
+//! `nccom-test` does not make), and with that check off (`none`).
 //!
 //! Run: `cargo bench -p neuron-profiler --bench program_collectives [-- MIB ...]`.
 //! Results go in BENCHMARKS.md.
@@ -25,14 +28,22 @@ fn main() {
     println!(
         "{PROCESSES} processes of one rank under mpirun, f32 all-reduce, mean time per operation, slowest process"
     );
-    println!("{:>10} {:>12} {:>12} {:>7}", "bytes", "program ms", "nccom ms", "ratio");
+    println!(
+        "{:>10} {:>12} {:>7} {:>14} {:>7} {:>10}",
+        "bytes", "program ms", "ratio", "unchecked ms", "ratio", "nccom ms"
+    );
     for mib in sizes {
         let bytes = mib << 20;
         // About 1 GiB per rank in all, and at least 4.
         let iterations = (1024 / mib).clamp(4, 100);
-        let Some(program) = program_ms(&sandbox, bytes, iterations) else { return };
+        let Some(program) = program_ms(&sandbox, bytes, iterations, "warning") else { return };
+        let Some(unchecked) = program_ms(&sandbox, bytes, iterations, "none") else { return };
         let Some(nccom) = nccom_ms(&sandbox, bytes, iterations) else { return };
-        println!("{bytes:>10} {program:>12.2} {nccom:>12.2} {:>7.2}", nccom / program);
+        println!(
+            "{bytes:>10} {program:>12.2} {:>7.2} {unchecked:>14.2} {:>7.2} {nccom:>10.2}",
+            nccom / program,
+            nccom / unchecked
+        );
     }
 }
 
@@ -55,10 +66,12 @@ fn run(mut mpirun: Command, what: &str) -> String {
 }
 
 /// The program's mean time per execution, ms: the slowest process's wall time over its
-/// executions (`neuron-bench exec --json`, one object per process).
-fn program_ms(sandbox: &Sandbox, bytes: u64, iterations: u64) -> Option<f64> {
+/// executions (`neuron-bench exec --json`, one object per process), with
+/// `NEURON_RT_NUMERICAL_ERRORS_VERBOSITY=verbosity`.
+fn program_ms(sandbox: &Sandbox, bytes: u64, iterations: u64, verbosity: &str) -> Option<f64> {
     let hlo = all_reduce_hlo(sandbox.path(), (bytes / 4) as usize);
     let mut program = job(sandbox, env!("CARGO_BIN_EXE_neuron-bench"));
+    program.env("NEURON_RT_NUMERICAL_ERRORS_VERBOSITY", verbosity);
     program.args(["exec", "--json", "--warmup", "2", "--iterations", &iterations.to_string()]).arg(&hlo);
     let text = run(mpirun(PROCESSES, &program)?, "neuron-bench exec");
     let slowest = text

@@ -243,6 +243,7 @@ mod tests {
             straggler: None,
             hang: None,
             uncertainty_ns: 20_000,
+            admission: None,
         };
         let mut snapshot = Snapshot { runtimes: vec![runtime(1, 2, 3)], ranks: vec![group], ..Snapshot::default() };
         let bytes = encode(&mut snapshot, 1, Duration::from_millis(200));

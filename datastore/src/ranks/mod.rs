@@ -274,6 +274,9 @@ pub struct GroupView {
     /// The largest clock uncertainty of its ranks, ns: orderings closer than twice
     /// this are ties.
     pub uncertainty_ns: u64,
+    /// How the job of a communicator across processes admits its processes, the most
+    /// open of what the processes read recorded (`None`: unknown, or one process).
+    pub admission: Option<crate::flight::JobAdmission>,
 }
 
 /// The group views of the communicators in `runtimes` (one host's runtimes, each
@@ -293,10 +296,15 @@ pub fn group_views(runtimes: &[RuntimeRecords], rule: &StragglerRule, now_ns: u6
     }
     // (id, pid for a communicator of one process) → the merged record.
     let mut merged: BTreeMap<(u32, u32), (CommunicatorRecord, BTreeMap<u32, RankRecord>)> = BTreeMap::new();
+    let mut admissions: BTreeMap<(u32, u32), crate::flight::JobAdmission> = BTreeMap::new();
     let mut gone = Vec::new();
     for runtime in runtimes {
         for comm in &runtime.communicators {
             let key = key_of(runtime, comm);
+            if let Some(admission) = runtime.admission.filter(|_| comm.across) {
+                let known = admissions.entry(key).or_insert(admission);
+                *known = (*known).max(admission);
+            }
             let (_, members) = merged.entry(key).or_insert_with(|| {
                 (CommunicatorRecord { members: Vec::new(), ..comm.clone_header() }, BTreeMap::new())
             });
@@ -326,7 +334,14 @@ pub fn group_views(runtimes: &[RuntimeRecords], rule: &StragglerRule, now_ns: u6
         }
     }
     let activities: BTreeMap<u32, &Activity> = runtimes.iter().map(|r| (r.pid, &r.activity)).collect();
-    merged.into_values().map(|(comm, members)| view_of(comm, members, rule, (now_ns, &activities))).collect()
+    merged
+        .into_iter()
+        .map(|(key, (comm, members))| {
+            let mut view = view_of(comm, members, rule, (now_ns, &activities));
+            view.admission = admissions.get(&key).copied();
+            view
+        })
+        .collect()
 }
 
 /// Merges what another process recorded of a rank into what is known of it: the
@@ -404,6 +419,7 @@ fn view_of(
         straggler,
         hang,
         uncertainty_ns,
+        admission: None,
     }
 }
 
@@ -738,7 +754,13 @@ mod tests {
     fn runtime(pid: u32, members: Vec<RankRecord>) -> RuntimeRecords {
         let communicators = vec![CommunicatorRecord { id: 9, name: "grads".into(), ranks: 4, across: true, members }];
         let clock = Some(ClockOffsetRecord { offset_ns: 0, uncertainty_ns: 2_000 });
-        RuntimeRecords { pid, clock, communicators, activity: Activity { liveness: "live", ..Activity::default() } }
+        RuntimeRecords {
+            pid,
+            clock,
+            admission: None,
+            communicators,
+            activity: Activity { liveness: "live", ..Activity::default() },
+        }
     }
 
     /// Arrivals of 4 ranks at `n` collectives 10 ms apart, with a few hundred µs of

@@ -11,6 +11,8 @@ use crate::reader::{ClockOffsetRecord, CommunicatorRecord, RankRecord};
 pub struct RuntimeRecords {
     pub pid: u32,
     pub clock: Option<ClockOffsetRecord>,
+    /// How its job admits its processes (`None`: not in a job, or not recorded).
+    pub admission: Option<crate::flight::JobAdmission>,
     pub communicators: Vec<CommunicatorRecord>,
     /// What the process is doing now, to say of a rank the others wait for.
     pub activity: Activity,
@@ -74,6 +76,7 @@ impl RuntimeRecords {
         RuntimeRecords {
             pid,
             clock,
+            admission: None,
             communicators: communicators.into_values().collect(),
             activity: Activity::default(),
         }
@@ -167,6 +170,7 @@ impl RuntimeRecords {
         RuntimeRecords {
             pid: reader.info().pid,
             clock: reader.clock_offset(),
+            admission: reader.job_admission(),
             communicators: reader.communicators_with(history_of),
             activity: Activity::of_models(reader.models(), liveness),
         }

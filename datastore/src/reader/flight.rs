@@ -129,6 +129,13 @@ impl DatastoreReader {
         (uncertainty_ns != 0).then_some(ClockOffsetRecord { offset_ns: offset as i64, uncertainty_ns })
     }
 
+    /// How this process's job admits its processes (`None`: not in a job of several
+    /// processes).
+    pub fn job_admission(&self) -> Option<crate::flight::JobAdmission> {
+        let word = self.region.u64(self.layout.process_word(layout::process::JOB_ADMISSION));
+        crate::flight::JobAdmission::of_code(word.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     fn communicator(
         &self,
         slot: u32,
@@ -297,6 +304,8 @@ mod tests {
             writer.record_collective(slot, 1, &entry(sequence, 1_000 * u64::from(sequence)));
         }
         writer.set_clock_offset(-1_500, 20);
+        assert_eq!(reader.job_admission(), None, "not recorded yet");
+        writer.set_job_admission(crate::flight::JobAdmission::TrustedNetwork);
         // Rank 2 is another process's: only what its process said is known.
         let elsewhere = RankMember { pid: 43, host: "h2".into(), core: None, in_this_process: false };
         writer.set_rank_member(slot, 2, &elsewhere);
@@ -326,6 +335,7 @@ mod tests {
         assert_eq!(rank.history.last().map(|e| e.position.sequence), Some(39));
         let clock = reader.clock_offset().expect("measured");
         assert_eq!((clock.offset_ns, clock.uncertainty_ns), (-1_500, 20));
+        assert_eq!(reader.job_admission(), Some(crate::flight::JobAdmission::TrustedNetwork));
 
         writer.close_communicator(slot);
         assert!(reader.communicators().is_empty());

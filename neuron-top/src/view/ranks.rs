@@ -12,7 +12,7 @@ use ratatui::widgets::{Cell, Paragraph, Row, Table};
 
 use super::{Theme, fit, fit_tail};
 use crate::state::State;
-use neuron_datastore::flight::Position;
+use neuron_datastore::flight::{JobAdmission, Position};
 use neuron_datastore::ranks::{GroupView, RankState, format_ns};
 
 /// The sparkline's levels, lowest first.
@@ -56,6 +56,13 @@ fn diagnosis(group: &GroupView, theme: Theme, width: u16) -> Vec<Line<'static>> 
     let mut say = |text: String, style| {
         lines.extend(wrap(&text, width).into_iter().map(|l| Line::from(Span::styled(l, style))));
     };
+    match group.admission {
+        Some(admission @ JobAdmission::TrustedNetwork) => {
+            say(format!("the job {}", admission.describe()), theme.fg(Color::Yellow).add_modifier(Modifier::BOLD));
+        }
+        Some(admission) => say(format!("the job {}", admission.describe()), theme.dim()),
+        None => {}
+    }
     if let Some(hang) = &group.hang {
         say(format!("HANG {}", hang.text), theme.fg(Color::Red).add_modifier(Modifier::BOLD));
     }

@@ -150,6 +150,7 @@ impl Runtime {
                     communicators.iter().for_each(|c| c.record_heard(process, heard));
                 });
                 let trust = Trust::from_config(&self.shared.config.job_auth)?;
+                running.tracer.store().set_job_admission(trust.admission());
                 let world = Arc::new(World::start(root, timeout, Hooks { on_clock, doing, on_heard }, trust)?);
                 Ok(Arc::clone(running.world.get_or_init(|| world)))
             }

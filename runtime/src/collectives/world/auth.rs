@@ -123,6 +123,16 @@ impl Trust {
         u64::from_le_bytes(digest[..8].try_into().unwrap_or_default())
     }
 
+    /// How the job admits its processes, as the datastore records it for the tools.
+    pub(crate) fn admission(&self) -> neuron_datastore::flight::JobAdmission {
+        use neuron_datastore::flight::JobAdmission;
+        match self {
+            Trust::Secret(_) => JobAdmission::Secret,
+            Trust::ThisUser => JobAdmission::ThisUser,
+            Trust::Network => JobAdmission::TrustedNetwork,
+        }
+    }
+
     /// How the job admits its processes, for its first log line.
     pub(crate) fn describe(&self) -> &'static str {
         match self {
