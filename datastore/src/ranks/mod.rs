@@ -31,7 +31,7 @@ mod records;
 pub use crate::clock::format_ns;
 pub use records::{Activity, RuntimeRecords, TracedCollective, count_ranks, root_now};
 
-use crate::flight::{Before, CollectiveEntry, Position};
+use crate::flight::{Before, CollectiveEntry, Position, STALE_HEARTBEAT_NS};
 use crate::kinds::CollectiveOp;
 use crate::reader::{CommunicatorRecord, RankRecord};
 
@@ -238,6 +238,9 @@ pub enum HangClass {
     Missing,
     /// The awaited rank's process is gone.
     Gone,
+    /// The awaited rank's process answers nothing: stopped (a signal, a debugger), or
+    /// its host cut off; its heartbeat is stale.
+    Stopped,
     /// Every rank reached it and no data moves.
     TransportStalled,
 }
@@ -613,8 +616,18 @@ fn diagnose_hang(
     awaited.dedup();
     let reached = |rank: u32| members.get(&rank).and_then(|m| m.started).is_some_and(|s| s >= position);
     let gone = |rank: u32| members.get(&rank).is_some_and(|m| m.gone);
+    // Its process's own datastore says so on this host; elsewhere, what its process said
+    // last through the root is old.
+    let stopped = |rank: u32| {
+        members.get(&rank).is_some_and(|m| match activities.get(&m.pid).filter(|_| m.in_this_process) {
+            Some(activity) => matches!(activity.liveness, "stopped" | "stale"),
+            None => m.heard.as_ref().is_some_and(|h| now_ns.saturating_sub(h.at_ns) >= STALE_HEARTBEAT_NS),
+        })
+    };
     let class = if awaited.iter().any(|&r| gone(r)) {
         HangClass::Gone
+    } else if awaited.iter().any(|&r| stopped(r)) {
+        HangClass::Stopped
     } else if awaited.iter().all(|&r| reached(r)) {
         HangClass::TransportStalled
     } else {
@@ -625,6 +638,12 @@ fn diagnose_hang(
     let waited = format_ns(waited_ns);
     let detail = match class {
         HangClass::Gone => "whose process is gone".to_owned(),
+        HangClass::Stopped => {
+            let said: Vec<String> = (awaited.iter().filter(|&&r| stopped(r)))
+                .filter_map(|&r| Some(format!("rank {r}: {}", doing_now(members.get(&r)?, activities, now_ns, true)?)))
+                .collect();
+            format!("which answers nothing ({})", said.join("; "))
+        }
         HangClass::TransportStalled => "which arrived; no data moves (transport stalled)".to_owned(),
         HangClass::Missing => {
             let doing: Vec<String> = awaited
@@ -960,13 +979,15 @@ mod tests {
         );
         // It has said nothing since: a process stopped, or a host cut off.
         let views = group_views(&elsewhere, &StragglerRule::default(), 10_100 * MS);
-        let text = &views[0].hang.as_ref().expect("a hang").text;
+        let hang = views[0].hang.as_ref().expect("a hang");
+        assert_eq!(hang.class, HangClass::Stopped, "{}", hang.text);
         assert!(
-            text.contains(
-                "stopped: no heartbeat for 5.2 s (or its host is unreachable); it last said it was executing \
-                 `train_step` at `dot.12`"
+            hang.text.ends_with(
+                "which answers nothing (rank 3: stopped: no heartbeat for 5.2 s (or its host is unreachable); it \
+                 last said it was executing `train_step` at `dot.12`)"
             ),
-            "{text}"
+            "{}",
+            hang.text
         );
 
         // Rank 3 arrived too: the data does not move.
