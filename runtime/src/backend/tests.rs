@@ -2,6 +2,7 @@
 //! little-endian buffers.
 
 use super::*;
+use ndarray::{ArrayD, IxDyn};
 
 #[test]
 fn a_fused_interval_is_split_by_share_and_covers_the_whole_span() {
