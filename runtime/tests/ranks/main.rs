@@ -488,6 +488,34 @@ fn processes_that_load_different_programs_are_told_so_naming_which_ranks_loaded_
     assert!(waited < timeout / 2, "{waited:?}");
 }
 
+#[test]
+fn processes_given_different_secrets_refuse_each_other_and_rank_0_says_so_at_its_timeout() {
+    use neuron_runtime::config::{JobAuth, JobSecret};
+    let root = free_root();
+    let job: Vec<common::Fixture> = ["one secret of twenty bytes", "another secret, as long"]
+        .into_iter()
+        .map(|secret| {
+            common::started(CoreSet::range(0, 0), |config| {
+                config.root_comm = Some(root.clone());
+                config.exec_timeout = Duration::from_secs(3);
+                config.job_auth = JobAuth::Secret(JobSecret::Value(secret.into()));
+            })
+        })
+        .collect();
+    let comm0 = job[0].runtime.join_communicator("secrets", 0, 0, 2).expect("joins");
+    let comm1 = job[1].runtime.join_communicator("secrets", 0, 1, 2).expect("joins");
+    let error = comm1.wait_for_ranks(Instant::now() + Duration::from_secs(10)).expect_err("refused");
+    assert!(
+        error.message.contains("is not of this job") && error.message.contains("NEURON_VIRT_JOB_SECRET"),
+        "{error}"
+    );
+    let error = comm0.wait_for_ranks(Instant::now() + Duration::from_secs(3)).expect_err("rank 1 never joins");
+    assert!(
+        error.message.contains("rank 0 refused 1 connection(s) that could not prove they belong to the job"),
+        "{error}"
+    );
+}
+
 /// Rank 0 of a two-process job calls `call` (with an output on its core when
 /// `output_bytes` is not 0) while rank 1's process closes, 200 ms in: its links and its
 /// bootstrap connection close. Rank 0's error, which must come at once, with 1206.

@@ -230,6 +230,13 @@ impl Admission {
     }
 }
 
+impl Admission {
+    /// Connections refused so far.
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+}
+
 impl Drop for Proving {
     fn drop(&mut self) {
         self.0.proving.fetch_sub(1, Ordering::SeqCst);

@@ -332,7 +332,7 @@ impl World {
                 // A process that left the job before joining likely held the ranks missing.
                 let mut gone: Vec<&String> = state.gone.values().collect();
                 gone.sort();
-                let left = if gone.is_empty() {
+                let mut left = if gone.is_empty() {
                     String::new()
                 } else {
                     format!(
@@ -340,6 +340,14 @@ impl World {
                         gone.iter().map(|r| r.as_str()).collect::<Vec<_>>().join("; ")
                     )
                 };
+                // A process given another secret, or none, knocked at this process's root.
+                let refused = lock(&self.server).as_ref().map_or(0, root::Server::refused);
+                if refused > 0 {
+                    left.push_str(&format!(
+                        "; rank 0 refused {refused} connection(s) that could not prove they belong to the job (the first is in its log): is every process given the same {}?",
+                        crate::config::ENV_JOB_SECRET
+                    ));
+                }
                 return Err(NrtError::new(
                     NrtStatus::Timeout,
                     format!(

@@ -38,6 +38,8 @@ pub(crate) struct Server {
     listener: TcpListener,
     state: Arc<Mutex<State>>,
     accepting: Option<JoinHandle<()>>,
+    /// The connections proving themselves, and how many were refused.
+    admission: Arc<Admission>,
     /// Passes on what the processes say; dropping the sender stops it.
     relaying: Option<(crossbeam_channel::Sender<()>, JoinHandle<()>)>,
 }
@@ -88,18 +90,31 @@ impl Server {
             comms: HashMap::new(),
             closing: false,
         }));
-        let mut server = Server { listener: listener.try_clone()?, state, accepting: None, relaying: None };
+        let admission = Admission::new(format!("rank 0's bootstrap at {addr}"));
+        let mut server = Server {
+            listener: listener.try_clone()?,
+            state,
+            accepting: None,
+            admission: Arc::clone(&admission),
+            relaying: None,
+        };
         // Each thread is in the server as soon as it runs: a failure to start the next
         // stops it (the server's drop).
         let state = Arc::clone(&server.state);
-        server.accepting =
-            Some(std::thread::Builder::new().name("nrt-root".into()).spawn(move || accept(listener, state))?);
+        server.accepting = Some(
+            std::thread::Builder::new().name("nrt-root".into()).spawn(move || accept(listener, state, admission))?,
+        );
         let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
         let state = Arc::clone(&server.state);
         let thread =
             std::thread::Builder::new().name("nrt-root-status".into()).spawn(move || relay(&state, &stopped))?;
         server.relaying = Some((stop, thread));
         Ok(server)
+    }
+
+    /// Connections refused so far.
+    pub(crate) fn refused(&self) -> u64 {
+        self.admission.refused()
     }
 }
 
@@ -150,11 +165,7 @@ fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
     state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn accept(listener: TcpListener, state: Arc<Mutex<State>>) {
-    let admission = Admission::new(format!(
-        "rank 0's bootstrap at {}",
-        listener.local_addr().map_or_else(|e| e.to_string(), |a| a.to_string())
-    ));
+fn accept(listener: TcpListener, state: Arc<Mutex<State>>, admission: Arc<Admission>) {
     for stream in listener.incoming() {
         if lock(&state).closing {
             return;
