@@ -653,6 +653,14 @@ fn partition() -> u32 {
 
 /// `out = a (op) b` element-wise, in one pass where [`combine_le_bytes`] has a fast path
 /// for the type and operation (else a copy, then the combine).
+/// NaN and infinities among the little-endian `f32` values of `bytes`, 4-aligned.
+pub(crate) fn non_finite_f32_le(bytes: &[u8]) -> u64 {
+    match bytemuck::try_cast_slice::<u8, f32>(bytes) {
+        Ok(values) if cfg!(target_endian = "little") => kernels::non_finite_f32(values),
+        _ => bytes.chunks_exact(4).filter(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()).count() as u64,
+    }
+}
+
 pub(crate) fn combine_le_bytes_into(op: ReduceOp, dtype: DType, out: &mut [u8], a: &[u8], b: &[u8]) {
     fn apply<T: bytemuck::Pod>(out: &mut [u8], a: &[u8], b: &[u8], f: impl Fn(T, T) -> T) -> bool {
         let (Ok(out), Ok(a), Ok(b)) = (

@@ -240,6 +240,10 @@ pub(crate) struct Request<'a> {
     /// this host with the output (see `world/lending.rs`).
     pub(crate) lent: Option<LentInput<'a>>,
     pub(crate) output: &'a mut [u8],
+    /// Given to have the NaN and infinities of an `f32` output counted as it is
+    /// written (an execution checks its outputs): left `None` by an algorithm that does
+    /// not count, set to the count by one that does.
+    pub(crate) non_finite: Option<&'a std::cell::Cell<Option<u64>>>,
 }
 
 /// A rank's input tensor's bytes, held for reading for the call (`None`: the input is
@@ -421,6 +425,7 @@ impl Communicator {
                 input,
                 lent,
                 output,
+                non_finite: None,
             };
             self.exchange(rank, position, request, deadline, ids).map(drop)
         };

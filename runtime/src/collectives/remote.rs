@@ -428,6 +428,11 @@ impl Exchange<'_> {
         let elements = len / element_bytes;
         let part = |k: usize| k * elements / n * element_bytes..(k + 1) * elements / n * element_bytes;
         let dtype = request.dtype;
+        // The output's NaN and infinities, counted piece by piece as each is written
+        // (while the cache holds it) when the execution checks its outputs.
+        let counting = request.non_finite.filter(|_| dtype == crate::dtype::DType::F32);
+        let non_finite = std::cell::Cell::new(0u64);
+        let mut see = |bytes: &[u8]| non_finite.set(non_finite.get() + backend::non_finite_f32_le(bytes));
         // Written once, past the caches when large (`streaming.rs`); an input summed in
         // place is what the output holds there before.
         let sum = |out: &mut [u8], k: usize| {
@@ -438,6 +443,9 @@ impl Exchange<'_> {
                 backend::combine_le_bytes_into(op, dtype, chunk, input(0), input(1));
                 for j in 2..n {
                     backend::combine_le_bytes(op, dtype, chunk, input(j));
+                }
+                if counting.is_some() {
+                    non_finite.set(non_finite.get() + backend::non_finite_f32_le(chunk));
                 }
             });
         };
@@ -463,13 +471,13 @@ impl Exchange<'_> {
             if let Some(lent) = lent_by(k) {
                 self.receive(group[k], 1, &signature)?;
                 let theirs = lent.output().get(part(k)).ok_or_else(|| self.malformed(group[k], "a lent output"))?;
-                streaming::copy(&mut output[part(k)], theirs);
+                streaming::copy(&mut output[part(k)], theirs, counting.map(|_| &mut see as &mut dyn FnMut(&[u8])));
             } else if same_host(k) {
                 let theirs = self.receive(group[k], 1, &signature)?;
                 if theirs.len() != part(k).len() {
                     return Err(self.malformed(group[k], format!("a part of {} bytes", theirs.len())));
                 }
-                streaming::copy(&mut output[part(k)], &theirs);
+                streaming::copy(&mut output[part(k)], &theirs, counting.map(|_| &mut see as &mut dyn FnMut(&[u8])));
                 Message::recycle(theirs);
             } else {
                 sum(&mut output[part(k)], k);
@@ -488,6 +496,9 @@ impl Exchange<'_> {
         }
         // What the peers sent is kept for later calls, or released to them.
         theirs.into_iter().flatten().for_each(Message::recycle);
+        if let Some(counted) = counting {
+            counted.set(Some(non_finite.get()));
+        }
         Ok(())
     }
 

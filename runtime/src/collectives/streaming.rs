@@ -36,17 +36,27 @@ pub(crate) fn write(out: &mut [u8], mut fill: impl FnMut(Range<usize>, &[u8], &m
     }
 }
 
-/// Copies `source` into `out` (of its length), streaming a large one.
-pub(crate) fn copy(out: &mut [u8], source: &[u8]) {
-    if out.len() < MIN_BYTES || !cfg!(target_arch = "x86_64") {
+/// Copies `source` into `out` (of its length), streaming a large one, and shows `see`
+/// each piece of `source` as it is copied (while the cache holds it), when given.
+pub(crate) fn copy(out: &mut [u8], source: &[u8], mut see: Option<&mut dyn FnMut(&[u8])>) {
+    let stream = out.len() >= MIN_BYTES && cfg!(target_arch = "x86_64");
+    if !stream && see.is_none() {
         out.copy_from_slice(source);
         return;
     }
     for start in (0..out.len()).step_by(CHUNK) {
         let end = (start + CHUNK).min(out.len());
-        store(&mut out[start..end], &source[start..end]);
+        if let Some(see) = see.as_mut() {
+            see(&source[start..end]);
+        }
+        match stream {
+            true => store(&mut out[start..end], &source[start..end]),
+            false => out[start..end].copy_from_slice(&source[start..end]),
+        }
     }
-    fence();
+    if stream {
+        fence();
+    }
 }
 
 /// Copies `source` into `out` with non-temporal stores where `out` is 16-aligned.
@@ -98,7 +108,9 @@ mod tests {
             write(target, |_, now, chunk| chunk.iter_mut().zip(now).for_each(|(c, &n)| *c = n.wrapping_add(1)));
             assert!(target.iter().zip(&source).all(|(&t, &s)| t == s.wrapping_add(1)), "rewritten at {offset}");
             target.fill(0);
-            copy(target, &source[3..3 + len]);
+            let mut seen = 0;
+            copy(target, &source[3..3 + len], Some(&mut |piece: &[u8]| seen += piece.len()));
+            assert_eq!(seen, len, "every piece seen once");
             assert!(target == &source[3..3 + len], "copied at offset {offset}");
         }
         let mut small = [0u8; 5];

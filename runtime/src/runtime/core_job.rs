@@ -183,13 +183,15 @@ impl CoreJob<'_> {
     /// it has one (the output tensor's memory); an all-reduce of an input read in place
     /// into an output written in place, both tensors in shared memory, lends them to the
     /// ranks of other processes of this host as an API call of the same tensors does
-    /// (`tensors`: the execution's input and output tensors).
+    /// (`tensors`: the execution's input and output tensors). When `counted` is given,
+    /// an algorithm that counts the NaN and infinities of what it writes into the
+    /// destination as it writes them sets it to the count.
     fn collective<'a>(
         &self,
         (communicator, rank, at): (&Communicator, u32, OpPosition),
         step: CollectiveStep<'_, 'a>,
         (inputs, outputs): (&[Tensor], &[Tensor]),
-        deadline: Instant,
+        (deadline, counted): (Instant, Option<&Cell<Option<u64>>>),
         fault: Option<&Strike>,
     ) -> NrtResult<Output<'a>> {
         let CollectiveStep { op, operand, out, .. } = step;
@@ -217,7 +219,7 @@ impl CoreJob<'_> {
         let call = collectives::from_kind(op.kind);
         let exchange = |input: std::sync::Arc<collectives::Message>,
                         lent: Option<collectives::LentInput<'_>>,
-                        output: &mut [u8]| {
+                        (output, non_finite): (&mut [u8], Option<&Cell<Option<u64>>>)| {
             let request = Request {
                 op: call,
                 dtype: out.dtype,
@@ -227,6 +229,7 @@ impl CoreJob<'_> {
                 input,
                 lent,
                 output,
+                non_finite,
             };
             self.pool.released(|| communicator.exchange(rank, || at, request, deadline, self.ids)).map(drop)
         };
@@ -250,7 +253,8 @@ impl CoreJob<'_> {
             (Some((input, output)), Some((_, destination)), Some(bytes)) => {
                 let empty = std::sync::Arc::new(collectives::Message::Heap(Vec::new()));
                 let lent = collectives::LentInput { bytes: Some(bytes), input, output };
-                let (view, exchanged) = destination.fill_le(out, |output| exchange(empty, Some(lent), output));
+                let (view, exchanged) =
+                    destination.fill_le(out, |output| exchange(empty, Some(lent), (output, counted)));
                 return exchanged.map(|()| Output::Written(view));
             }
             (_, destination, _) => destination,
@@ -263,23 +267,23 @@ impl CoreJob<'_> {
         operand.write_le_bytes(&mut bytes[..operand_bytes]);
         bytes[operand_bytes..].fill(0);
         let input = std::sync::Arc::new(input);
-        let exchange = |output: &mut [u8]| exchange(std::sync::Arc::clone(&input), None, output);
+        let exchange = |output: &mut [u8], counted| exchange(std::sync::Arc::clone(&input), None, (output, counted));
         let result = match destination {
             // The result is written where the output tensor keeps it.
             Some((_, destination)) => {
-                let (view, exchanged) = destination.fill_le(out, exchange);
+                let (view, exchanged) = destination.fill_le(out, |output| exchange(output, counted));
                 exchanged.map(|()| Output::Written(view))
             }
             None if more_out == 0 => {
                 // The result is written where the value keeps it.
-                let (value, exchanged) = Value::filled_le(out, exchange);
+                let (value, exchanged) = Value::filled_le(out, |output| exchange(output, None));
                 exchanged.map(|()| Output::Value(value))
             }
             None => {
                 let out_bytes = out.size_bytes().unwrap_or(0) as usize;
                 let mut output = collectives::buffers::take(out_bytes + more_out * outer * element);
-                let value =
-                    exchange(&mut output).map(|()| Output::Value(Value::from_le_bytes(out, &output[..out_bytes])));
+                let value = exchange(&mut output, None)
+                    .map(|()| Output::Value(Value::from_le_bytes(out, &output[..out_bytes])));
                 collectives::buffers::give(output);
                 value
             }
@@ -433,6 +437,8 @@ impl CoreJob<'_> {
             let ns = std::array::from_fn(|e| tracer.ticks_to_ns(engine_ticks[e].take()));
             communicator.engines_busy(rank, &ns);
         };
+        // The outputs a collective counted the NaN and infinities of as it wrote them.
+        let counted_outputs = std::cell::RefCell::new(vec![None; program.outputs.len()]);
         let mut run_collective = collective_runner(|step| {
             let Some((communicator, rank, unit, deadline)) = unit else {
                 unreachable!("a program with collectives is loaded with a communicator")
@@ -440,13 +446,21 @@ impl CoreJob<'_> {
             give_engines(communicator, rank);
             collective_reported_next.set(true);
             let index = step.index;
-            self.collective(
+            // An output written in place is checked as it is written where the algorithm
+            // can (it counts while the data is in the cache), else after the run.
+            let written = step.destination.as_ref().map(|(k, _)| *k).filter(|_| self.check_outputs);
+            let counted = Cell::new(None);
+            let output = self.collective(
                 (communicator, rank, OpPosition { unit, index, count: m.collectives }),
                 step,
                 (&input_tensors, &output_tensors),
-                deadline,
+                (deadline, written.map(|_| &counted)),
                 rank_fault.filter(|_| index == 0),
-            )
+            );
+            if let (Some(k), Ok(Output::Written(_)), Some(count)) = (written, &output, counted.get()) {
+                counted_outputs.borrow_mut()[k] = Some(count);
+            }
+            output
         });
         let mut watch = Watch {
             tracer,
@@ -563,11 +577,12 @@ impl CoreJob<'_> {
         let post = tracer.start(ring, EventType::KblExecPost, ids, Execution::NO_STATUS);
         let mut non_finite = 0;
         let mut to_copy = Vec::new();
+        let counted = counted_outputs.into_inner();
         for (k, result) in results.into_iter().enumerate() {
             match result {
                 Output::Written(view) => {
                     if self.check_outputs {
-                        non_finite += view.non_finite_count();
+                        non_finite += counted[k].unwrap_or_else(|| view.non_finite_count());
                     }
                     to_copy.push((k, None));
                 }

@@ -314,9 +314,16 @@ fn a_programs_all_reduce_of_device_tensors_lends_them_as_an_api_call_does() {
     let (ranks, elements) = (3usize, 2_200_001);
     let neff = all_reduce_neff(elements);
     let values = |r: usize| (0..elements).map(|i| (i % 977) as f32 * 0.37 + r as f32 * 1.1).collect::<Vec<f32>>();
-    let values: Vec<Vec<f32>> = (0..ranks).map(values).collect();
+    let mut values: Vec<Vec<f32>> = (0..ranks).map(values).collect();
+    // A NaN and two infinities, in three ranks' parts: every rank's output holds them,
+    // summed by its own rank or copied from another's, and counted either way.
+    values[0][5] = f32::NAN;
+    values[1][elements - 3] = f32::INFINITY;
+    values[2][elements / 2] = f32::NEG_INFINITY;
     // Summed in group order, as every algorithm does for each element.
     let sums: Vec<f32> = (0..elements).map(|i| (values[0][i] + values[1][i]) + values[2][i]).collect();
+    let same =
+        |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits() || x.is_nan() && y.is_nan());
     let models: Vec<Model> = (0..ranks)
         .map(|rank| job[rank].runtime.load_collectives_across(&neff, 0, rank as u32, ranks as u32).expect("loads"))
         .collect();
@@ -334,7 +341,8 @@ fn a_programs_all_reduce_of_device_tensors_lends_them_as_an_api_call_does() {
                         let (mut inputs, mut outputs) = (TensorSet::new(), TensorSet::new());
                         inputs.add("input0", x.clone());
                         outputs.add("output0", y.clone());
-                        rt.execute(model, &inputs, &outputs).expect("sums");
+                        let report = rt.execute(model, &inputs, &outputs).expect("sums");
+                        assert_eq!(report.numerical_errors, 3, "rank {rank}: one NaN and two infinities");
                         (x, y)
                     })
                 })
@@ -342,8 +350,8 @@ fn a_programs_all_reduce_of_device_tensors_lends_them_as_an_api_call_does() {
             threads.into_iter().map(|t| t.join().expect("rank thread")).collect()
         });
         for (rank, (x, y)) in outputs.iter().enumerate() {
-            assert!(common::floats(&y.read_all().expect("read")) == sums, "round {round}: rank {rank}'s sum");
-            assert!(common::floats(&x.read_all().expect("read")) == values[rank], "rank {rank}'s input is unchanged");
+            assert!(same(&common::floats(&y.read_all().expect("read")), &sums), "round {round}: rank {rank}'s sum");
+            assert!(same(&common::floats(&x.read_all().expect("read")), &values[rank]), "rank {rank}'s input");
         }
         // Each rank's input and output tensors: its own mapping and the two peers'.
         let mappings = tensor_mappings();
