@@ -471,13 +471,13 @@ impl Exchange<'_> {
             if let Some(lent) = lent_by(k) {
                 self.receive(group[k], 1, &signature)?;
                 let theirs = lent.output().get(part(k)).ok_or_else(|| self.malformed(group[k], "a lent output"))?;
-                streaming::copy(&mut output[part(k)], theirs, counting.map(|_| &mut see as &mut dyn FnMut(&[u8])));
+                streaming::copy(&mut output[part(k)], theirs, counting.map(|_| &mut see as streaming::See<'_>));
             } else if same_host(k) {
                 let theirs = self.receive(group[k], 1, &signature)?;
                 if theirs.len() != part(k).len() {
                     return Err(self.malformed(group[k], format!("a part of {} bytes", theirs.len())));
                 }
-                streaming::copy(&mut output[part(k)], &theirs, counting.map(|_| &mut see as &mut dyn FnMut(&[u8])));
+                streaming::copy(&mut output[part(k)], &theirs, counting.map(|_| &mut see as streaming::See<'_>));
                 Message::recycle(theirs);
             } else {
                 sum(&mut output[part(k)], k);

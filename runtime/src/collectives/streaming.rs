@@ -36,9 +36,12 @@ pub(crate) fn write(out: &mut [u8], mut fill: impl FnMut(Range<usize>, &[u8], &m
     }
 }
 
+/// What is shown each piece of a copy's source (see [`copy`]).
+pub(crate) type See<'s> = &'s mut dyn FnMut(&[u8]);
+
 /// Copies `source` into `out` (of its length), streaming a large one, and shows `see`
 /// each piece of `source` as it is copied (while the cache holds it), when given.
-pub(crate) fn copy(out: &mut [u8], source: &[u8], mut see: Option<&mut dyn FnMut(&[u8])>) {
+pub(crate) fn copy(out: &mut [u8], source: &[u8], mut see: Option<See<'_>>) {
     let stream = out.len() >= MIN_BYTES && cfg!(target_arch = "x86_64");
     if !stream && see.is_none() {
         out.copy_from_slice(source);
