@@ -215,6 +215,11 @@ impl Admission {
         }
     }
 
+    /// Connections refused so far.
+    pub(crate) fn refused(&self) -> u64 {
+        self.refused.load(Ordering::Relaxed)
+    }
+
     /// Logs a refused connection: the first one at the error level, later ones at the
     /// debug level (a stranger may knock thousands of times).
     pub(crate) fn refuse(&self, peer: SocketAddr, why: &Refused) {
@@ -227,13 +232,6 @@ impl Admission {
         } else {
             tracing::debug!("{listener} refused connection {count}, from {peer}: {why}");
         }
-    }
-}
-
-impl Admission {
-    /// Connections refused so far.
-    pub(crate) fn refused(&self) -> u64 {
-        self.refused.load(Ordering::Relaxed)
     }
 }
 

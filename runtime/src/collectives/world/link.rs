@@ -5,7 +5,7 @@
 //! when both are on one host ([`shm`](super::shm)); the TCP connection then only tells
 //! whether the peer is alive. Each link's reader thread delivers what arrives into the
 //! world's mailbox and marks the peer gone when the link ends, after the data that
-//! preceded the end; it records when bytes last arrived ([`Progress`]), so that a
+//! preceded the end; it records when bytes last arrived ([`ReadProgress`]), so that a
 //! receiver whose deadline passes in the middle of a message can say the link stopped.
 //! A send that finds no room for the execution timeout fails (TCP: the socket's send
 //! timeout; shared memory: the ring's stall limit): a transfer that moves is no hang.
@@ -61,7 +61,7 @@ impl Write for LinkOut {
 /// A link's receiving end, recording its progress.
 struct LinkIn {
     from: From,
-    progress: Arc<Progress>,
+    progress: Arc<ReadProgress>,
 }
 
 enum From {
@@ -84,7 +84,7 @@ impl Read for LinkIn {
 
 /// How far a link's reader is: when bytes last came, and the message it is reading.
 #[derive(Debug, Default)]
-pub(super) struct Progress {
+pub(super) struct ReadProgress {
     last_ns: AtomicU64,
     /// The payload bytes of the message being read (0: between messages).
     in_message: AtomicU64,
@@ -95,7 +95,7 @@ pub(super) struct Progress {
 /// A link silent this long in the middle of a message is said stopped.
 const STALLED: Duration = Duration::from_secs(1);
 
-impl Progress {
+impl ReadProgress {
     /// Why the link seems down, when its reader is in the middle of a message and no
     /// byte came for [`STALLED`] or longer.
     pub(super) fn stalled(&self) -> Option<String> {
@@ -263,7 +263,7 @@ fn add_link(shared: &Arc<Shared>, process: u32, stream: TcpStream, transport: Tr
         Transport::Tcp => "TCP",
         Transport::Shm { .. } => "shared memory",
     };
-    let progress = Arc::new(Progress::default());
+    let progress = Arc::new(ReadProgress::default());
     {
         let mut state = lock(&shared.state);
         if state.links.contains_key(&process) || state.gone.contains_key(&process) {

@@ -45,7 +45,7 @@ use crate::launch::RootComm;
 use crate::shared_memory::SharedPlace;
 use auth::{Side, Trust};
 use clock::{ClockOffset, Probe};
-use link::{LinkOut, Progress, accept_links, open_link};
+use link::{LinkOut, ReadProgress, accept_links, open_link};
 use neuron_datastore::flight::Heard;
 pub(crate) use outbox::Message;
 use outbox::Outbox;
@@ -149,7 +149,7 @@ struct State {
     peers: Vec<Option<Peer>>,
     links: HashMap<u32, Arc<Mutex<BufWriter<LinkOut>>>>,
     /// How far each link's reader is (to tell a link that stopped from a quiet peer).
-    progress: HashMap<u32, Arc<Progress>>,
+    progress: HashMap<u32, Arc<ReadProgress>>,
     /// Processes known to be gone, with why.
     gone: HashMap<u32, String>,
     mailbox: HashMap<Key, Parcel>,
@@ -480,18 +480,17 @@ impl World {
             .and_then(|()| writer.flush());
         drop(writer);
         sent.map_err(|e| {
-            // A stalled link's stream is cut mid-frame: it cannot be used again.
-            if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) {
-                let reason = format!(
+            // Either way the link is unusable: a stalled one's stream is cut mid-frame.
+            let stalled = matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut);
+            let reason = match stalled {
+                true => format!(
                     "TX, nothing could be sent for {:.1} s: the link is down or the host unreachable",
                     self.shared.timeout.as_secs_f64()
-                );
-                self.mark_gone(process, reason.clone());
-                return Missed::LinkDown(reason);
-            }
-            let reason = format!("TX, connection to process {process} failed: {e}");
+                ),
+                false => format!("TX, connection to process {process} failed: {e}"),
+            };
             self.mark_gone(process, reason.clone());
-            Missed::Gone(reason)
+            if stalled { Missed::LinkDown(reason) } else { Missed::Gone(reason) }
         })
     }
 

@@ -47,12 +47,8 @@ pub(crate) struct Server {
 /// How long a write to one process may wait for room (the root's other work waits too).
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct State {
-    /// The job's session, handed to each process the root admits: the data links'
-    /// key is derived from it.
-    session: [u8; 32],
-    trust: Trust,
     processes: Vec<Process>,
     comms: HashMap<u64, Comm>,
     closing: bool,
@@ -82,14 +78,10 @@ impl Server {
     /// admits.
     pub(crate) fn start(addr: SocketAddr, trust: Trust) -> io::Result<Server> {
         let listener = TcpListener::bind(addr)?;
+        // The job's session, handed to each process the root admits: the data links' key
+        // is derived from it.
         let session = auth::random_bytes()?;
-        let state = Arc::new(Mutex::new(State {
-            session,
-            trust,
-            processes: Vec::new(),
-            comms: HashMap::new(),
-            closing: false,
-        }));
+        let state = Arc::new(Mutex::new(State::default()));
         let admission = Admission::new(format!("rank 0's bootstrap at {addr}"));
         let mut server = Server {
             listener: listener.try_clone()?,
@@ -102,7 +94,9 @@ impl Server {
         // stops it (the server's drop).
         let state = Arc::clone(&server.state);
         server.accepting = Some(
-            std::thread::Builder::new().name("nrt-root".into()).spawn(move || accept(listener, state, admission))?,
+            std::thread::Builder::new()
+                .name("nrt-root".into())
+                .spawn(move || accept(listener, state, (Arc::new(trust), session), admission))?,
         );
         let (stop, stopped) = crossbeam_channel::bounded::<()>(0);
         let state = Arc::clone(&server.state);
@@ -165,7 +159,14 @@ fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
     state.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn accept(listener: TcpListener, state: Arc<Mutex<State>>, admission: Arc<Admission>) {
+/// Accepts connections, each proving itself on a thread of its own (`trust` says who
+/// may join, `session` is handed to those who do), until the server closes.
+fn accept(
+    listener: TcpListener,
+    state: Arc<Mutex<State>>,
+    (trust, session): (Arc<Trust>, [u8; 32]),
+    admission: Arc<Admission>,
+) {
     for stream in listener.incoming() {
         if lock(&state).closing {
             return;
@@ -174,12 +175,8 @@ fn accept(listener: TcpListener, state: Arc<Mutex<State>>, admission: Arc<Admiss
         let Ok(peer) = stream.peer_addr() else { continue };
         // A connection beyond those proving themselves is closed at once.
         let Some(proving) = admission.enter(peer) else { continue };
-        let (state, admission) = (Arc::clone(&state), Arc::clone(&admission));
+        let (state, trust, admission) = (Arc::clone(&state), Arc::clone(&trust), Arc::clone(&admission));
         let _ = std::thread::Builder::new().name("nrt-root-conn".into()).spawn(move || {
-            let (trust, session) = {
-                let state = lock(&state);
-                (state.trust.clone(), state.session)
-            };
             let mut stream = stream;
             let deadline = Instant::now() + auth::HANDSHAKE_TIMEOUT;
             let proven = auth::handshake(&mut stream, Side::Acceptor, (trust.control_key(), b"control"), 0, deadline)
