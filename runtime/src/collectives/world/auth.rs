@@ -132,17 +132,6 @@ impl Trust {
             Trust::Network => JobAdmission::TrustedNetwork,
         }
     }
-
-    /// How the job admits its processes, for its first log line.
-    pub(crate) fn describe(&self) -> &'static str {
-        match self {
-            Trust::Secret(_) => "processes that prove they hold the job's secret",
-            Trust::ThisUser => "processes of this user on this host only (no job secret is set)",
-            Trust::Network => {
-                "anyone on the network who speaks the protocol: NEURON_VIRT_TRUSTED_NETWORK is set and no job secret is"
-            }
-        }
-    }
 }
 
 /// The secret in `path`: a regular file of this user, readable by nobody else, of at

@@ -280,7 +280,8 @@ impl World {
                     self.root, self.root_label, crate::launch::ENV_ROOT_COMM_ID
                 ))
             })?);
-            tracing::info!(root = %self.root, "bootstrap root listening; it admits {}", self.shared.trust.describe());
+            let admits = self.shared.trust.admission().describe();
+            tracing::info!(root = %self.root, "bootstrap root listening; the job {admits}");
         }
         Ok(())
     }
@@ -681,9 +682,11 @@ fn control(shared: Arc<Shared>, root: SocketAddr, label: String, timeout: Durati
             }
         }
     };
-    tracing::info!("joined the job through rank 0 at {label}; it admits {}", shared.trust.describe());
+    // Said in the tools' words; a trusted network also as a warning.
+    let admits = shared.trust.admission().describe();
+    tracing::info!("joined the job through rank 0 at {label}; the job {admits}");
     if matches!(shared.trust, Trust::Network) {
-        tracing::warn!("this job trusts its network: {}", shared.trust.describe());
+        tracing::warn!("this job {admits}; {}=1", crate::config::ENV_TRUSTED_NETWORK);
     }
     let configured = stream
         .set_nodelay(true)
