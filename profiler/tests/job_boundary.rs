@@ -89,15 +89,15 @@ struct Verdict {
 }
 
 /// `stranger.py` against 127.0.0.1:`port` with `key`, claiming `claim`, for `context`
-/// (`control` or `link`), as user `uid` (this one's when `None`); after its proof it
+/// (`control` or `link`), as `user` (uid and gid; this one's when `None`); after its proof it
 /// joins rank 1 of the communicator of the predicted id unless `mode` is `listen`.
-fn stranger(port: u16, key: &[u8], claim: u32, (context, mode): (&str, &str), uid: Option<u32>) -> Verdict {
+fn stranger(port: u16, key: &[u8], claim: u32, (context, mode): (&str, &str), user: Option<(u32, u32)>) -> Verdict {
     use std::os::unix::process::CommandExt;
     let hex: String = key.iter().map(|b| format!("{b:02x}")).collect();
     let mut python = Command::new("python3");
     python.args(["-c", STRANGER, "127.0.0.1", &port.to_string(), &hex, &claim.to_string(), context, mode]);
-    if let Some(uid) = uid {
-        python.uid(uid).gid(uid).current_dir("/");
+    if let Some((uid, gid)) = user {
+        python.uid(uid).gid(gid).current_dir("/");
     }
     let output = python.output().expect("python3 runs");
     let out = String::from_utf8_lossy(&output.stdout);
@@ -204,8 +204,8 @@ fn with_no_secret_another_user_of_this_host_is_refused_and_this_user_admitted() 
     let rank0 = rank(&sandbox, port, 0, None);
     let ports = listening_ports(rank0.id(), 2);
     let data_port = *ports.iter().find(|&&p| p != port).expect("the data links' listener");
-    // A user no account has: the kernel needs none.
-    let other = Some(64_999);
+    let user = TemporaryUser::new();
+    let other = Some((user.uid, user.gid));
     // The public key of the control connection proves nothing: the user is checked.
     let verdict = stranger(port, b"", 0, ("control", "join"), other);
     assert!(verdict.their_proof_valid && verdict.after == 0 && verdict.closed, "{verdict:?}");
@@ -216,5 +216,39 @@ fn with_no_secret_another_user_of_this_host_is_refused_and_this_user_admitted() 
     let verdict = stranger(port, b"", 0, ("control", "listen"), None);
     assert!(verdict.their_proof_valid && verdict.after > 0, "{verdict:?}");
     let log = finish(&sandbox, port, rank0, None);
-    assert!(log.contains("a process of another user (uid 64999) is not of this job"), "{log}");
+    let refusal = format!("a process of another user (uid {}) is not of this job", user.uid);
+    assert!(log.contains(&refusal), "{log}");
+}
+
+/// A system user made for one test and removed when it is dropped.
+struct TemporaryUser {
+    name: String,
+    uid: u32,
+    gid: u32,
+}
+
+impl TemporaryUser {
+    fn new() -> TemporaryUser {
+        let name = format!("nrt-stranger-{}", std::process::id());
+        let made = Command::new("useradd")
+            .args(["--system", "--no-create-home", "--user-group", "--shell", "/usr/sbin/nologin", &name])
+            .status()
+            .expect("useradd runs (Debian's passwd package)");
+        assert!(made.success(), "useradd {name}: {made}");
+        // Made, it is removed even if what follows fails.
+        let mut user = TemporaryUser { name, uid: 0, gid: 0 };
+        let account = nix::unistd::User::from_name(&user.name).ok().flatten().expect("the new user is listed");
+        assert!(!account.uid.is_root(), "{account:?}");
+        (user.uid, user.gid) = (account.uid.as_raw(), account.gid.as_raw());
+        user
+    }
+}
+
+impl Drop for TemporaryUser {
+    fn drop(&mut self) {
+        let removed = Command::new("userdel").arg(&self.name).status();
+        if !matches!(removed, Ok(status) if status.success()) {
+            eprintln!("userdel {}: {removed:?}", self.name);
+        }
+    }
 }
