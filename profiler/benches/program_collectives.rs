@@ -12,6 +12,10 @@
 //! (`NEURON_RT_NUMERICAL_ERRORS_VERBOSITY`, a read of the whole output that
 //! `nccom-test` does not make), and with that check off (`none`).
 //!
+//! Four processes share this host's cores, so one run's figure moves with the
+//! scheduler: each size runs the three sides in turn `ROUNDS` times, and each figure is
+//! the median of its rounds.
+//!
 //! Run: `cargo bench -p neuron-profiler --bench program_collectives [-- MIB ...]`.
 //! Results go in BENCHMARKS.md.
 
@@ -20,13 +24,16 @@ use std::process::Command;
 use neuron_test_support::process::{Sandbox, all_reduce_hlo, free_port, mpirun};
 
 const PROCESSES: usize = 4;
+/// Runs of each side per size, interleaved; the median is reported.
+const ROUNDS: usize = 5;
 
 fn main() {
     let sizes: Vec<u64> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let sizes = if sizes.is_empty() { vec![1, 4, 16, 64, 256] } else { sizes };
     let sandbox = Sandbox::new();
     println!(
-        "{PROCESSES} processes of one rank under mpirun, f32 all-reduce, mean time per operation, slowest process"
+        "{PROCESSES} processes of one rank under mpirun, f32 all-reduce, mean time per operation, slowest process, \
+         median of {ROUNDS} interleaved runs"
     );
     println!(
         "{:>10} {:>12} {:>7} {:>14} {:>7} {:>10}",
@@ -35,16 +42,26 @@ fn main() {
     for mib in sizes {
         let bytes = mib << 20;
         // About 1 GiB per rank in all, and at least 4.
-        let iterations = (1024 / mib).clamp(4, 100);
-        let Some(program) = program_ms(&sandbox, bytes, iterations, "warning") else { return };
-        let Some(unchecked) = program_ms(&sandbox, bytes, iterations, "none") else { return };
-        let Some(nccom) = nccom_ms(&sandbox, bytes, iterations) else { return };
+        let iterations = (1024 / mib).clamp(4, 300);
+        let (mut program, mut unchecked, mut nccom) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            let Some(checked) = program_ms(&sandbox, bytes, iterations, "warning") else { return };
+            program.push(checked);
+            unchecked.extend(program_ms(&sandbox, bytes, iterations, "none"));
+            nccom.extend(nccom_ms(&sandbox, bytes, iterations));
+        }
+        let (program, unchecked, nccom) = (median(program), median(unchecked), median(nccom));
         println!(
             "{bytes:>10} {program:>12.2} {:>7.2} {unchecked:>14.2} {:>7.2} {nccom:>10.2}",
             nccom / program,
             nccom / unchecked
         );
     }
+}
+
+fn median(mut figures: Vec<f64>) -> f64 {
+    figures.sort_by(f64::total_cmp);
+    figures[figures.len() / 2]
 }
 
 /// The environment both sides run in: one core per process, a root address of its own.

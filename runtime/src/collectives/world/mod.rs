@@ -82,6 +82,9 @@ pub(crate) struct World {
 struct Shared {
     state: Mutex<State>,
     changed: Condvar,
+    /// Told (with `state`) only when the world closes: what waits for nothing else
+    /// (the heartbeat between beats) is not woken by every message.
+    closed: Condvar,
     /// The control connection's writing half, once connected.
     control: Mutex<Option<BufWriter<TcpStream>>>,
     closing: AtomicBool,
@@ -240,6 +243,7 @@ impl World {
         let shared = Arc::new(Shared {
             state: Mutex::new(State::default()),
             changed: Condvar::new(),
+            closed: Condvar::new(),
             control: Mutex::new(None),
             closing: AtomicBool::new(false),
             sockets: Mutex::new(Vec::new()),
@@ -570,6 +574,9 @@ impl Drop for World {
             let _ = nix::sys::socket::shutdown(socket.as_raw_fd(), how);
         }
         self.shared.changed.notify_all();
+        // Under the lock, so that a waiter that has just seen the world open is waiting.
+        drop(lock(&self.shared.state));
+        self.shared.closed.notify_all();
         // The last handle may go on one of the world's own threads (the control thread,
         // telling the runtime what it heard): that one ends on its own.
         let join = |thread: Option<std::thread::JoinHandle<()>>| {
@@ -787,7 +794,7 @@ fn probe_clock(shared: &Shared) {
             if now >= next {
                 break;
             }
-            state = shared.changed.wait_timeout(state, next - now).map_or_else(|e| e.into_inner().0, |r| r.0);
+            state = shared.closed.wait_timeout(state, next - now).map_or_else(|e| e.into_inner().0, |r| r.0);
         }
         if shared.closing.load(Ordering::SeqCst) {
             return;
