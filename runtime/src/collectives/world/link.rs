@@ -38,21 +38,50 @@ enum Transport {
 /// A link's sending end.
 #[derive(Debug)]
 pub(super) enum LinkOut {
-    Tcp(TcpStream),
+    /// A socket, and the longest a write may move nothing (its sends give up in short
+    /// slices, retried until then: see `write`).
+    Tcp {
+        stream: TcpStream,
+        stall_limit: Duration,
+    },
     Shm(shm::RingWriter),
 }
 
+impl LinkOut {
+    fn tcp(stream: TcpStream, stall_limit: Duration) -> io::Result<LinkOut> {
+        // A send that moved some bytes before it gave up returns them at the end of
+        // its slice, not when the link stopped: a short slice bounds that lag.
+        stream.set_write_timeout(Some((stall_limit / 5).clamp(Duration::from_millis(10), Duration::from_secs(1))))?;
+        Ok(LinkOut::Tcp { stream, stall_limit })
+    }
+}
+
 impl Write for LinkOut {
+    /// A TCP write fails (`TimedOut`) once it has moved nothing for the stall limit,
+    /// give or take one slice: at the timeout, not a slice's partial send later.
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         match self {
-            LinkOut::Tcp(stream) => stream.write(buf),
+            LinkOut::Tcp { stream, stall_limit } => {
+                let started = Instant::now();
+                loop {
+                    match stream.write(buf) {
+                        Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                            if started.elapsed() >= *stall_limit {
+                                return Err(io::Error::new(io::ErrorKind::TimedOut, e));
+                            }
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        sent => return sent,
+                    }
+                }
+            }
             LinkOut::Shm(ring) => ring.write(buf),
         }
     }
 
     fn flush(&mut self) -> io::Result<()> {
         match self {
-            LinkOut::Tcp(stream) => stream.flush(),
+            LinkOut::Tcp { stream, .. } => stream.flush(),
             LinkOut::Shm(ring) => ring.flush(),
         }
     }
@@ -251,10 +280,9 @@ fn add_link(shared: &Arc<Shared>, process: u32, stream: TcpStream, transport: Tr
     stream.set_nodelay(true)?;
     // The reader waits for the next message as long as the link lives.
     stream.set_read_timeout(None)?;
-    // A send that finds no room for this long fails instead of hanging.
-    stream.set_write_timeout(Some(shared.timeout))?;
+    // A send that finds no room for the timeout fails instead of hanging.
     let (writer, from) = match &transport {
-        Transport::Tcp => (LinkOut::Tcp(stream.try_clone()?), From::Tcp(stream.try_clone()?)),
+        Transport::Tcp => (LinkOut::tcp(stream.try_clone()?, shared.timeout)?, From::Tcp(stream.try_clone()?)),
         Transport::Shm { segment, out } => {
             (LinkOut::Shm(segment.writer(*out).bounded(shared.timeout)), From::Shm(segment.reader(1 - out)))
         }
