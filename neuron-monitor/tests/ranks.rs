@@ -75,7 +75,9 @@ fn a_late_rank_is_named_in_the_report_and_the_exposition_and_a_balanced_job_name
     assert_eq!(comm["members"].as_array().map(Vec::len), Some(4), "every rank: {comm:#}");
     assert_eq!(comm["straggler"]["rank"], 2, "{comm:#}");
     let (last_in, of) = (comm["straggler"]["last_in"].as_u64(), comm["straggler"]["of"].as_u64());
-    assert!(last_in.zip(of).is_some_and(|(l, o)| l + 1 >= o && o >= 5), "{comm:#}");
+    // Last in every step but those of the job's start (its first two, while the ranks
+    // still come up at different times).
+    assert!(last_in.zip(of).is_some_and(|(l, o)| l + 2 >= o && o >= 5), "{comm:#}");
     let diagnosis = comm["diagnosis"][0].as_str().expect("a diagnosis");
     assert!(diagnosis.starts_with("rank 2 (pid ") && diagnosis.contains("arrived last in"), "{diagnosis}");
     // What it did before it arrived: the 20 ms it is made late by are spent inside its

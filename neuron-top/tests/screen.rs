@@ -500,7 +500,7 @@ fn the_ranks_tab_names_the_straggler_and_a_hang_with_every_rank() {
     assert!(screen.contains("grads · comm 77 · 4 ranks across processes · clocks within ±4.0 µs"), "{screen}");
     assert!(screen.contains("the job trusts its network: anyone who speaks its protocol joins"), "{screen}");
     assert!(
-        screen.contains("STRAGGLER rank 2 (pid 5002 on host trn-1) arrived last in 10 of 10 collectives, 3.0 ms late"),
+        screen.contains("STRAGGLER rank 2 (pid 5002 on host trn-1) arrived last in 10 of 10 steps, 3.0 ms late"),
         "{screen}"
     );
     for rank in 0..4 {

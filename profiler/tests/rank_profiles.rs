@@ -67,9 +67,9 @@ fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_ran
     // it there with no instruction running, while the others came at once.
     let before =
         text.lines().find(|l| l.trim_start().starts_with("before it arrived")).unwrap_or_else(|| panic!("{text}"));
-    assert!(before.contains("on median over 11 collectives") && before.contains("executing"), "{before}");
+    assert!(before.contains("on median over 11 steps") && before.contains("executing"), "{before}");
     assert!(before.contains("; the other ranks: "), "{before}");
-    assert!(finding.contains("of 12 collectives"), "{finding}");
+    assert!(finding.contains("of 12 steps"), "{finding}");
     let rows: Vec<&str> =
         text.lines().filter(|l| l.trim_start().starts_with('#') && l.contains("all-reduce")).collect();
     assert_eq!(rows.len(), 12, "a row per collective: {text}");
@@ -181,7 +181,7 @@ fn capture_runs_a_collectives_program_as_ranks_and_writes_a_profile_per_rank() {
     let text = String::from_utf8_lossy(&view_dir(&dir, "summary-text", None).stdout).into_owned();
     assert!(text.starts_with("Ranks: 4 profiles with collectives; 4 of them with clock anchors"), "{text}");
     let finding = text.lines().find(|l| l.starts_with("  1. ")).unwrap_or_else(|| panic!("no finding: {text}"));
-    assert!(finding.starts_with("  1. rank 2 (pid ") && finding.contains("of 10 collectives"), "{finding}");
+    assert!(finding.starts_with("  1. rank 2 (pid ") && finding.contains("of 10 steps"), "{finding}");
     let members = text.lines().find(|l| l.starts_with("members, as recorded: ")).unwrap_or_else(|| panic!("{text}"));
     assert_eq!(members.matches(" (pid ").count(), 4, "{members}");
     assert!(!text.contains("no profile here"), "{text}");

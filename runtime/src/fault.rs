@@ -1,11 +1,11 @@
 //! The fault model: the faults `NEURON_RT_FAULT_INJECT` asks for, when each strikes, and
 //! which cores an uncorrectable hardware error has left degraded.
 //!
-//! A rule is `KIND[:core=N][:rank=R][:delay=D][:every=K|:after=K|:rate=P]`; a list
+//! A rule is `KIND[:core=N][:rank=R][:at=K][:delay=D][:every=K|:after=K|:rate=P]`; a list
 //! separates rules with commas. `slow` stalls the core `delay` (100 ms unless given)
 //! before it runs the execution, which then completes. The `cc_` kinds strike a rank of a collectives program
 //! (all its ranks, or global rank `R` with `rank=R`) in its execution's first
-//! collective: it arrives `delay` late (`cc_delay`, 1 s unless given as `500ms` or
+//! collective, or collective `K` (0: the first) with `at=K`: it arrives `delay` late (`cc_delay`, 1 s unless given as `500ms` or
 //! `2s`), never arrives (`cc_hang`), exits its process there (`cc_exit`), or calls it
 //! with one element more than the others (`cc_mismatch`). Each rule counts the executions that start on each core it applies to (all
 //! cores, or `core=N`) and strikes on executions `K, 2K, …` (`every=K`, the default
@@ -158,6 +158,10 @@ pub struct FaultRule {
     /// How late `cc_delay` makes the rank, or how long `slow` stalls the core (`None`
     /// for the other kinds).
     pub delay: Option<Duration>,
+    /// The collective of the execution a `cc_` fault strikes: its index among the
+    /// program's collectives (`#12.1` is collective 1 of unit 12); the first when
+    /// `None`.
+    pub at: Option<u16>,
     pub trigger: Trigger,
 }
 
@@ -172,6 +176,9 @@ impl fmt::Display for FaultRule {
         }
         if let Some(delay) = self.delay {
             write!(f, ":delay={}ms", delay.as_millis())?;
+        }
+        if let Some(at) = self.at {
+            write!(f, ":at={at}")?;
         }
         match self.trigger {
             Trigger::Every(1) => Ok(()),
@@ -201,7 +208,7 @@ fn rules(text: &str, core_count: u32) -> Result<Vec<FaultRule>, String> {
         let mut parts = rule.split(':').map(str::trim);
         let kind: FaultKind = parts.next().unwrap_or_default().parse()?;
         let mut core = None;
-        let (mut rank, mut delay) = (None, None);
+        let (mut rank, mut delay, mut at) = (None, None, None);
         let mut trigger = None;
         for option in parts {
             let (key, value) =
@@ -235,10 +242,21 @@ fn rules(text: &str, core_count: u32) -> Result<Vec<FaultRule>, String> {
                     })?);
                     continue;
                 }
-                "rank" | "delay" => {
+                "at" if kind.is_rank_fault() => {
+                    let k = value.parse::<u16>().map_err(|_| {
+                        format!(
+                            "`at={value}` in `{rule}`: expected a collective's index in its execution (0: the first)"
+                        )
+                    })?;
+                    if at.replace(k).is_some() {
+                        return Err(format!("`{rule}` names a collective twice"));
+                    }
+                    continue;
+                }
+                "rank" | "delay" | "at" => {
                     return Err(format!(
                         "`{key}=` in `{rule}` applies to {}",
-                        if key == "rank" {
+                        if key != "delay" {
                             "the cc_ faults (cc_delay, cc_hang, cc_exit, cc_mismatch)"
                         } else {
                             "cc_delay and slow"
@@ -263,7 +281,7 @@ fn rules(text: &str, core_count: u32) -> Result<Vec<FaultRule>, String> {
                 },
                 _ => {
                     return Err(format!(
-                        "unknown option `{key}` in `{rule}`; use core=N (rank=R, delay=D for cc_ faults) and one of every=K, after=K, rate=P"
+                        "unknown option `{key}` in `{rule}`; use core=N (rank=R, at=K, delay=D for cc_ faults) and one of every=K, after=K, rate=P"
                     ));
                 }
             };
@@ -277,7 +295,7 @@ fn rules(text: &str, core_count: u32) -> Result<Vec<FaultRule>, String> {
         if kind == FaultKind::Slow {
             delay = Some(delay.unwrap_or(DEFAULT_SLOW_DELAY));
         }
-        rules.push(FaultRule { kind, core, rank, delay, trigger: trigger.unwrap_or(Trigger::Every(1)) });
+        rules.push(FaultRule { kind, core, rank, delay, at, trigger: trigger.unwrap_or(Trigger::Every(1)) });
     }
     Ok(rules)
 }
@@ -428,15 +446,31 @@ mod tests {
                     core: Some(1),
                     rank: None,
                     delay: None,
+                    at: None,
                     trigger: Trigger::After(3)
                 },
-                FaultRule { kind: FaultKind::Nan, core: None, rank: None, delay: None, trigger: Trigger::Every(2) },
-                FaultRule { kind: FaultKind::Oob, core: None, rank: None, delay: None, trigger: Trigger::Every(1) },
+                FaultRule {
+                    kind: FaultKind::Nan,
+                    core: None,
+                    rank: None,
+                    delay: None,
+                    at: None,
+                    trigger: Trigger::Every(2)
+                },
+                FaultRule {
+                    kind: FaultKind::Oob,
+                    core: None,
+                    rank: None,
+                    delay: None,
+                    at: None,
+                    trigger: Trigger::Every(1)
+                },
                 FaultRule {
                     kind: FaultKind::EccCorrected,
                     core: None,
                     rank: None,
                     delay: None,
+                    at: None,
                     trigger: Trigger::Rate { millionths: 250_000 }
                 },
             ]
@@ -488,6 +522,10 @@ mod tests {
         let rules = parse_rules("cc_delay:rank=1:delay=250ms,cc_hang:rank=2:after=1", 2).expect("parses");
         assert_eq!(rules[0].delay, Some(Duration::from_millis(250)));
         assert_eq!(rules[0].to_string(), "cc_delay:rank=1:delay=250ms");
+        let at = parse_rules("cc_delay:rank=3:at=1:delay=5ms", 2).expect("parses");
+        assert_eq!((at[0].at, at[0].to_string().as_str()), (Some(1), "cc_delay:rank=3:delay=5ms:at=1"));
+        let refused = parse_rules("oob:at=1", 1).expect_err("only the cc_ faults strike a collective");
+        assert!(refused.to_string().contains("applies to the cc_ faults"), "{refused}");
         assert_eq!(parse_rules("cc_delay", 1).expect("parses")[0].delay, Some(DEFAULT_CC_DELAY));
         let faults = Faults::new(rules);
         let kinds = |core, rank| faults.strike(core, rank).iter().map(|s| s.kind).collect::<Vec<_>>();

@@ -552,7 +552,7 @@ export function comparePage(main, a, b) {
 function groupCard(g) {
   const diagnosis = g.straggler
     ? el('div', { class: 'warn', id: 'pf-straggler', dataset: { rank: g.straggler.rank } }, `Straggler: ${g.straggler.text}`)
-    : el('div', { class: 'muted', id: 'pf-straggler' }, `Nobody is late: no rank arrived last in most of the ${thousands(g.complete)} complete collectives.`);
+    : el('div', { class: 'muted', id: 'pf-straggler' }, `Nobody is late: no rank arrived last in most steps (executions or calls) of the ${thousands(g.complete)} complete collectives.`);
   const shown = g.rows.length < g.collectives ? ` (the ${g.rows.length} most skewed; every one: neuron-profile view -d DIR --output-format summary-text)` : '';
   return el('div', { class: 'group', dataset: { communicator: g.id } },
     el('h3', {}, `Communicator ${g.id}: ${g.ranks} ranks, ${thousands(g.collectives)} collectives; orderings closer than ±${ns(g.uncertainty_ns)} (the clocks' uncertainty) are ties`),

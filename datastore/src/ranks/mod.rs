@@ -10,82 +10,27 @@
 //! - **Last arriver**: the rank that arrived last, unless the runner-up arrived
 //!   within the two ranks' clock uncertainties of it: then the collective has a tie,
 //!   never an order.
-//! - **Straggler** ([`StragglerRule`]): of the last `window` collectives whose every
-//!   arrival is known, a rank arrived last in more than `share` of them, and its
-//!   median lateness is both at least `min_lateness` more than every other rank's and
-//!   at least twice theirs (so the jitter of a busy host, which makes every rank
-//!   somewhat late, names nobody); at least [`MIN_EVIDENCE`] such collectives are
-//!   needed. A balanced job names nobody.
+//! - **Straggler**: judged per step (an execution, or a call of the collectives
+//!   API), not per collective: see `straggler.rs`.
 //! - **Hang**: a rank of the group has waited long for another (the runtime marks the
 //!   wait after 5 s, or half `NEURON_RT_EXEC_TIMEOUT` when shorter): the rank it waits
 //!   for never reached the collective (*missing*, or *gone* with its process), or
 //!   reached it and no data moves (*transport stalled*).
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use serde::Serialize;
 
 mod records;
+mod straggler;
 
 pub use crate::clock::format_ns;
 pub use records::{Activity, RuntimeRecords, TracedCollective, count_ranks, root_now};
+pub use straggler::{BeforeArrival, Cause, LateAt, MIN_EVIDENCE, Straggler, StragglerRule};
 
-use crate::flight::{Before, CollectiveEntry, Position, STALE_HEARTBEAT_NS};
+use crate::flight::{CollectiveEntry, Position, STALE_HEARTBEAT_NS};
 use crate::kinds::CollectiveOp;
 use crate::reader::{CommunicatorRecord, RankRecord};
-
-/// The fewest complete collectives a straggler is named on.
-pub const MIN_EVIDENCE: usize = 5;
-
-/// When a rank is named a straggler (see the module's documentation).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct StragglerRule {
-    /// The last this many complete collectives are looked at.
-    pub window: usize,
-    /// It arrived last in more than this share of them.
-    pub share: f64,
-    /// Its median lateness is at least this much more than every other rank's (and
-    /// at least twice theirs).
-    pub min_lateness: Duration,
-}
-
-impl Default for StragglerRule {
-    /// The last 20 collectives, last in more than half, 1 ms late on median.
-    fn default() -> StragglerRule {
-        StragglerRule { window: 20, share: 0.5, min_lateness: Duration::from_millis(1) }
-    }
-}
-
-impl StragglerRule {
-    /// The rule from `NEURON_VIRT_STRAGGLER_WINDOW`, `NEURON_VIRT_STRAGGLER_SHARE` and
-    /// `NEURON_VIRT_STRAGGLER_MIN_LATENESS_US`, each defaulting as [`Default`] says.
-    pub fn from_env() -> Result<StragglerRule, String> {
-        let mut rule = StragglerRule::default();
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
-        if let Some(v) = var("NEURON_VIRT_STRAGGLER_WINDOW") {
-            rule.window = v.trim().parse().ok().filter(|&w| w >= MIN_EVIDENCE).ok_or_else(|| {
-                format!("NEURON_VIRT_STRAGGLER_WINDOW={v}: expected a number of collectives, at least {MIN_EVIDENCE}")
-            })?;
-        }
-        if let Some(v) = var("NEURON_VIRT_STRAGGLER_SHARE") {
-            rule.share = v
-                .trim()
-                .parse()
-                .ok()
-                .filter(|s: &f64| (0.0..1.0).contains(s))
-                .ok_or_else(|| format!("NEURON_VIRT_STRAGGLER_SHARE={v}: expected a share from 0 to below 1"))?;
-        }
-        if let Some(v) = var("NEURON_VIRT_STRAGGLER_MIN_LATENESS_US") {
-            let us: u64 = v
-                .trim()
-                .parse()
-                .map_err(|_| format!("NEURON_VIRT_STRAGGLER_MIN_LATENESS_US={v}: expected whole microseconds"))?;
-            rule.min_lateness = Duration::from_micros(us);
-        }
-        Ok(rule)
-    }
-}
 
 /// What a rank is doing, as the flight record says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -132,7 +77,8 @@ pub struct MemberView {
     /// Its lateness in each of the view's collectives (`None` where it took no part or
     /// its arrival is not known here), ns.
     pub lateness_ns: Vec<Option<u64>>,
-    /// Of the complete collectives looked at, those it arrived last in.
+    /// Of the complete steps looked at (see `straggler.rs`), those it arrived last in,
+    /// and its median lateness in them (summed over each step's collectives).
     pub arrived_last: usize,
     pub median_lateness_ns: Option<u64>,
     /// The most its clock may be off the root's, ns.
@@ -162,72 +108,6 @@ pub struct CollectiveView {
     pub last: Option<u32>,
     /// Each known rank's wait (last arrival minus its own), by rank.
     pub waits_ns: Vec<(u32, u64)>,
-}
-
-/// A rank named a straggler, with the evidence.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Straggler {
-    pub rank: u32,
-    pub host: String,
-    pub pid: u32,
-    /// It arrived last in `last_in` of `of` complete collectives.
-    pub last_in: usize,
-    pub of: usize,
-    pub median_lateness_ns: u64,
-    /// The time the other ranks spent waiting for it, as a share of the span of those
-    /// collectives (first arrival of the first to the last arrival of the last).
-    pub others_waited_share: f64,
-    /// What it did before it arrived, as its arrivals said (`None` where they did not:
-    /// profiles, or a runtime that does not say).
-    pub before: Option<BeforeArrival>,
-    /// One line for people: `rank 2 (pid 812 on host a) arrived last in 9 of 10
-    /// collectives, 1.8 ms late on median; the other ranks waited 17% of the time`.
-    pub text: String,
-}
-
-/// A straggler's time before its arrivals, medians over the collectives it is named
-/// on: from its previous collective's end to its arrival, and the part of that inside
-/// executions of the program that holds its collectives (the rest is host time:
-/// between executions, runtime calls, inputs, and executions of its other models);
-/// beside the same time of the other ranks.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct BeforeArrival {
-    pub since_ns: u64,
-    pub executing_ns: u64,
-    /// The engine its instructions kept busiest most often, and its median busy time
-    /// then.
-    pub busiest: Option<(&'static str, u64)>,
-    pub others_since_ns: Option<u64>,
-}
-
-impl Straggler {
-    fn describe(&self) -> String {
-        let mut text = format!(
-            "rank {}{} arrived last in {} of {} collectives, {} late on median; the other ranks waited {:.0}% of the time",
-            self.rank,
-            place(self.pid, &self.host),
-            self.last_in,
-            self.of,
-            format_ns(self.median_lateness_ns),
-            100.0 * self.others_waited_share
-        );
-        if let Some(before) = &self.before {
-            let busiest = match before.busiest {
-                Some((engine, ns)) => format!(" ({engine} busiest, {})", format_ns(ns)),
-                None => String::new(),
-            };
-            text += &format!(
-                "; before it arrived, on median: {} since its previous collective, {} of it executing its program{busiest} and {} not",
-                format_ns(before.since_ns),
-                format_ns(before.executing_ns),
-                format_ns(before.since_ns.saturating_sub(before.executing_ns))
-            );
-            if let Some(others) = before.others_since_ns {
-                text += &format!(" (the other ranks: {} since theirs)", format_ns(others));
-            }
-        }
-        text
-    }
 }
 
 /// Why a collective does not complete.
@@ -406,9 +286,8 @@ fn view_of(
             doing: doing_now(m, activities, now_ns, false),
         })
         .collect();
-    let straggler = name_straggler(&mut views, &collectives, rule).map(|mut straggler| {
-        straggler.before = before_arrival(&members, straggler.rank, &collectives, rule);
-        straggler.text = straggler.describe();
+    let straggler = straggler::name_straggler(&mut views, &collectives, rule).map(|(mut straggler, late_at)| {
+        straggler.add_before(&members, &late_at);
         straggler
     });
     let hang = diagnose_hang(&comm, &members, (now_ns, activities));
@@ -488,92 +367,6 @@ fn state_of(m: &RankRecord) -> RankState {
     } else {
         RankState::Unknown
     }
-}
-
-/// Counts each rank's last arrivals and median lateness over the rule's window, and
-/// names the straggler when one rank fits the rule.
-fn name_straggler(
-    members: &mut [MemberView],
-    collectives: &[CollectiveView],
-    rule: &StragglerRule,
-) -> Option<Straggler> {
-    let complete: Vec<usize> = (0..collectives.len()).filter(|&i| collectives[i].complete).collect();
-    let window = &complete[complete.len().saturating_sub(rule.window)..];
-    for member in members.iter_mut() {
-        member.arrived_last = window.iter().filter(|&&i| collectives[i].last == Some(member.rank)).count();
-        let mut lateness: Vec<u64> = window.iter().filter_map(|&i| member.lateness_ns[i]).collect();
-        lateness.sort_unstable();
-        member.median_lateness_ns = lateness.get(lateness.len() / 2).copied();
-    }
-    if window.len() < MIN_EVIDENCE {
-        return None;
-    }
-    let suspect = members.iter().max_by_key(|m| m.arrived_last)?;
-    let median = suspect.median_lateness_ns?;
-    let others = members.iter().filter(|m| m.rank != suspect.rank).filter_map(|m| m.median_lateness_ns).max();
-    let others = others.unwrap_or(0);
-    let late_enough = median.saturating_sub(others) >= rule.min_lateness.as_nanos() as u64 && median >= 2 * others;
-    if (suspect.arrived_last as f64) <= rule.share * window.len() as f64 || !late_enough {
-        return None;
-    }
-    let (mut waited, mut span) = (0u64, 0u64);
-    for &i in window {
-        let c = &collectives[i];
-        let at = c.arrivals.iter().find(|a| a.0 == suspect.rank).map_or(0, |a| a.1);
-        waited += c.arrivals.iter().filter(|a| a.0 != suspect.rank).map(|a| at.saturating_sub(a.1)).sum::<u64>();
-        span += c.skew_ns;
-    }
-    let first = collectives[window[0]].arrivals.iter().map(|a| a.1).min().unwrap_or(0);
-    let last = collectives[*window.last()?].arrivals.iter().map(|a| a.1).max().unwrap_or(0);
-    let others = (collectives[window[0]].arrivals.len() - 1).max(1) as f64;
-    let elapsed = last.saturating_sub(first).max(span).max(1) as f64;
-    let mut straggler = Straggler {
-        rank: suspect.rank,
-        host: suspect.host.clone(),
-        pid: suspect.pid,
-        last_in: suspect.arrived_last,
-        of: window.len(),
-        median_lateness_ns: median,
-        others_waited_share: (waited as f64 / others / elapsed).min(1.0),
-        before: None,
-        text: String::new(),
-    };
-    straggler.text = straggler.describe();
-    Some(straggler)
-}
-
-/// What straggler `rank` did before its arrivals at the rule's window of complete
-/// collectives, beside the other ranks, from what their arrivals said.
-fn before_arrival(
-    members: &BTreeMap<u32, RankRecord>,
-    rank: u32,
-    collectives: &[CollectiveView],
-    rule: &StragglerRule,
-) -> Option<BeforeArrival> {
-    let complete: Vec<&CollectiveView> = collectives.iter().filter(|c| c.complete).collect();
-    let window: std::collections::HashSet<(Position, u16)> =
-        complete[complete.len().saturating_sub(rule.window)..].iter().map(|c| (c.position, c.group)).collect();
-    let befores = |m: &RankRecord| -> Vec<Before> {
-        m.history.iter().filter(|e| window.contains(&(e.position, e.group))).filter_map(|e| e.before).collect()
-    };
-    let median = |mut values: Vec<u64>| {
-        values.sort_unstable();
-        values.get(values.len() / 2).copied()
-    };
-    let own = befores(members.get(&rank)?);
-    let others: Vec<u64> = members.values().filter(|m| m.rank != rank).flat_map(befores).map(|b| b.since_ns).collect();
-    // The engine most often busiest, and its median time when it was.
-    let mut engines: BTreeMap<crate::Engine, Vec<u64>> = BTreeMap::new();
-    for (engine, ns) in own.iter().filter_map(|b| b.busiest) {
-        engines.entry(engine).or_default().push(ns);
-    }
-    let busiest = engines.into_iter().max_by_key(|(_, times)| times.len());
-    Some(BeforeArrival {
-        since_ns: median(own.iter().map(|b| b.since_ns).collect())?,
-        executing_ns: median(own.iter().map(|b| b.executing_ns).collect())?,
-        busiest: busiest.and_then(|(engine, times)| Some((engine.name(), median(times)?))),
-        others_since_ns: median(others),
-    })
 }
 
 /// The hang of a group, when a rank waits long: whom for, and why; or, when nobody

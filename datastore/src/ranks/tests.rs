@@ -1,4 +1,7 @@
+use std::time::Duration;
+
 use super::*;
+use crate::flight::Before;
 use crate::kinds::CollectiveAlgorithm;
 use crate::reader::ClockOffsetRecord;
 
@@ -101,7 +104,11 @@ fn a_rank_that_arrives_late_every_time_is_named_with_its_evidence() {
     assert_eq!((straggler.rank, straggler.last_in, straggler.of), (2, 12, 12));
     assert!((3 * MS..4 * MS).contains(&straggler.median_lateness_ns), "{}", straggler.median_lateness_ns);
     let text = &straggler.text;
-    assert!(text.starts_with("rank 2 (pid 102 on host h1) arrived last in 12 of 12 collectives"), "{text}");
+    assert!(
+        text.starts_with("rank 2 (pid 102 on host h1) arrived last in 12 of 12 steps, 3.1 ms late on median"),
+        "{text}"
+    );
+    assert!(text.ends_with("; late at each step's collective, all-reduce of 4.0 KiB"), "{text}");
     assert!(straggler.others_waited_share > 0.2 && straggler.others_waited_share <= 1.0, "{text}");
     assert_eq!(straggler.before, None, "its arrivals said nothing of it");
 
@@ -117,11 +124,12 @@ fn a_rank_that_arrives_late_every_time_is_named_with_its_evidence() {
     let straggler = views[0].straggler.as_ref().expect("rank 2 named");
     let before = straggler.before.expect("what it did before");
     assert_eq!((before.since_ns, before.executing_ns, before.others_since_ns), (7 * MS, 6_500_000, Some(2 * MS)));
-    assert_eq!(before.busiest, Some(("PE", 5 * MS)));
+    assert_eq!((before.busiest, before.cause), (Some(("PE", 5 * MS)), Cause::Device));
     assert!(
         straggler.text.ends_with(
             "; before it arrived, on median: 7.0 ms since its previous collective, 6.5 ms of it executing \
-             its program (PE busiest, 5.0 ms) and 500.0 µs not (the other ranks: 2.0 ms since theirs)"
+             its program (PE busiest, 5.0 ms) and 500.0 µs not (the other ranks: 2.0 ms since theirs): device \
+             time (its program's work before that collective)"
         ),
         "{}",
         straggler.text
@@ -284,4 +292,136 @@ fn the_default_rule_and_durations_read_as_documented() {
     assert_eq!(StragglerRule::default().window, 20);
     assert_eq!(format_ns(1_800_000), "1.8 ms");
     assert_eq!(format_ns(5_000_000_000), "5.0 s");
+}
+
+/// Four ranks, each in its own process, running `steps` steps of three collectives
+/// 30 ms apart (5 ms apart within a step), with jitter of up to 200 µs: rank `r`
+/// arrives `late(r, step, index)` more, and says it spent `before(r, step, index)`
+/// (since, executing) before it arrived.
+fn three_collective_steps(
+    steps: u32,
+    late: impl Fn(u32, u32, u16) -> u64,
+    before: impl Fn(u32, u32, u16) -> (u64, u64),
+) -> Vec<RuntimeRecords> {
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let mut jitter = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % (200 * 1_000)
+    };
+    let history: Vec<Vec<CollectiveEntry>> = (0..4u32)
+        .map(|r| {
+            (0..steps)
+                .flat_map(|s| (0..3u16).map(move |i| (s, i)))
+                .map(|(s, i)| {
+                    let arrived_ns =
+                        1_000 * MS + u64::from(s) * 30 * MS + u64::from(i) * 5 * MS + jitter() + late(r, s, i);
+                    let (since_ns, executing_ns) = before(r, s, i);
+                    CollectiveEntry {
+                        position: Position { sequence: s, index: i },
+                        bytes: if i == 2 { 4 } else { 4 << 20 },
+                        before: Some(Before {
+                            since_ns,
+                            executing_ns,
+                            busiest: Some((crate::Engine::Pe, executing_ns)),
+                        }),
+                        ..entry(s, arrived_ns, Some(arrived_ns + MS))
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let mut records = four_processes(&arrivals(1, None, 0));
+    for (me, runtime) in records.iter_mut().enumerate() {
+        for member in &mut runtime.communicators[0].members {
+            member.history = history[member.rank as usize].clone();
+            if member.rank as usize != me {
+                member.history.iter_mut().for_each(|e| e.departed_ns = None);
+            }
+        }
+    }
+    records
+}
+
+#[test]
+fn a_rank_late_to_each_step_of_three_collectives_is_named_with_host_time_as_the_cause() {
+    // Rank 1 sleeps 20 ms on the host before each step: late at its first collective
+    // only, tied at the other two.
+    let records = three_collective_steps(
+        12,
+        |r, _, i| if r == 1 && i == 0 { 20 * MS } else { 0 },
+        |r, _, i| match (r, i) {
+            (1, 0) => (22 * MS, MS),
+            (_, 0) => (2 * MS, MS),
+            _ => (5 * MS, 5 * MS),
+        },
+    );
+    let views = group_views(&records, &StragglerRule::default(), 0);
+    let view = &views[0];
+    // By collective, it is last at each step's first and last at the others by chance
+    // (their arrivals are within the jitter); per step, in every one.
+    let firsts = view.collectives.iter().filter(|c| c.position.index == 0);
+    assert!(firsts.clone().all(|c| c.last == Some(1)) && firsts.count() == 12, "{:?}", view.collectives);
+    let straggler = view.straggler.as_ref().expect("rank 1 named");
+    assert_eq!((straggler.rank, straggler.last_in, straggler.of, straggler.late_in_some_steps), (1, 12, 12, false));
+    assert!((20 * MS..21 * MS).contains(&straggler.median_lateness_ns), "{}", straggler.text);
+    assert_eq!((straggler.at.index, straggler.at.collectives, straggler.at.operation), (0, 3, "all-reduce"));
+    let before = straggler.before.expect("what it did before");
+    assert_eq!((before.since_ns, before.executing_ns, before.others_since_ns), (22 * MS, MS, Some(2 * MS)));
+    assert_eq!(before.cause, Cause::Host);
+    let text = &straggler.text;
+    assert!(text.contains("arrived last in 12 of 12 steps, 20."), "{text}");
+    assert!(text.contains("; late at each step's first collective (of 3), all-reduce of 4.0 MiB; before it"), "{text}");
+    assert!(text.ends_with(": host time (data loading, Python, the runtime's calls between executions)"), "{text}");
+}
+
+#[test]
+fn a_rank_slow_on_the_device_before_a_steps_middle_collective_is_named_with_that_collective() {
+    let records = three_collective_steps(
+        10,
+        |r, _, i| if r == 3 && i == 1 { 4 * MS } else { 0 },
+        |r, _, i| if r == 3 && i == 1 { (9 * MS, 9 * MS) } else { (5 * MS, 5 * MS) },
+    );
+    let views = group_views(&records, &StragglerRule::default(), 0);
+    let straggler = views[0].straggler.as_ref().expect("rank 3 named");
+    assert_eq!((straggler.rank, straggler.last_in, straggler.at.index), (3, 10, 1), "{}", straggler.text);
+    let before = straggler.before.expect("what it did before");
+    assert_eq!((before.since_ns, before.executing_ns, before.cause), (9 * MS, 9 * MS, Cause::Device));
+    let text = &straggler.text;
+    assert!(text.contains("; late at collective 2 of 3 of each step, all-reduce of 4.0 MiB;"), "{text}");
+    assert!(text.ends_with(": device time (its program's work before that collective)"), "{text}");
+}
+
+#[test]
+fn balanced_steps_of_several_collectives_and_a_single_late_step_name_nobody() {
+    let plain = |_, _, _| (5 * MS, 5 * MS);
+    let views = group_views(&three_collective_steps(12, |_, _, _| 0, plain), &StragglerRule::default(), 0);
+    assert_eq!(views[0].straggler, None, "{:?}", views[0].members);
+    // One long pause of one rank in one step is not a straggler.
+    let once = |r, s, i| if (r, s, i) == (2, 5, 0) { 200 * MS } else { 0 };
+    let views = group_views(&three_collective_steps(12, once, plain), &StragglerRule::default(), 0);
+    assert_eq!(views[0].straggler, None, "{:?}", views[0].members);
+}
+
+#[test]
+fn a_rank_late_before_every_third_call_is_named_on_its_lateness_in_some_steps() {
+    // Each call of the collectives API is its own step: rank 0 is 20 ms late at every
+    // third, tied at the rest.
+    let calls: Vec<Vec<u64>> = arrivals(18, None, 0)
+        .into_iter()
+        .enumerate()
+        .map(|(r, a)| {
+            a.into_iter().enumerate().map(|(s, at)| at + if r == 0 && s % 3 == 0 { 20 * MS } else { 0 }).collect()
+        })
+        .collect();
+    let views = group_views(&four_processes(&calls), &StragglerRule::default(), 0);
+    let straggler = views[0].straggler.as_ref().expect("rank 0 named");
+    assert_eq!((straggler.rank, straggler.of, straggler.late_in_some_steps), (0, 18, true));
+    // Last in its 6 late steps, and in a few others by chance.
+    assert!((6..9).contains(&straggler.last_in), "{}", straggler.text);
+    assert!(straggler.median_lateness_ns < MS, "tied in most steps");
+    assert!((6 * MS..8 * MS).contains(&straggler.mean_lateness_ns), "{}", straggler.text);
+    assert!(straggler.text.contains(" of 18 steps, 6."), "{}", straggler.text);
+    assert!(straggler.text.contains("late on average (in some steps only)"), "{}", straggler.text);
 }

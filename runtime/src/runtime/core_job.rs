@@ -425,7 +425,7 @@ impl CoreJob<'_> {
         let unit = m.rank.as_ref().map(|(communicator, rank)| {
             (communicator, *rank, communicator.begin(*rank), Instant::now() + self.timeout.min(MAX_EXEC_TIMEOUT))
         });
-        // A `cc_` fault strikes the execution's first collective.
+        // A `cc_` fault strikes the execution's first collective, or the one it names.
         let rank_fault = strikes.iter().find(|s| s.kind.is_rank_fault());
         // For a rank: each engine's busy time (ticks) since its last collective, given
         // to its pace before each collective and at the end (what it did before it
@@ -455,7 +455,7 @@ impl CoreJob<'_> {
                 step,
                 (&input_tensors, &output_tensors),
                 (deadline, written.map(|_| &counted)),
-                rank_fault.filter(|_| index == 0),
+                rank_fault.filter(|s| index == u32::from(s.rule.at.unwrap_or(0))),
             );
             if let (Some(k), Ok(Output::Written(_)), Some(count)) = (written, &output, counted.get()) {
                 counted_outputs.borrow_mut()[k] = Some(count);

@@ -177,3 +177,79 @@ fn what_a_rank_did_before_it_arrived_travels_with_its_arrival() {
         }
     }
 }
+
+/// A training step's program: two gradient buckets' all-reduces with work between
+/// them, then the loss's (a scalar): three collectives an execution.
+fn training_step_neff(elements: usize) -> Vec<u8> {
+    use neuron_runtime::{Neff, Target, compile_hlo};
+    let hlo = format!(
+        "HloModule step\nsum {{\n  a = f32[] parameter(0)\n  b = f32[] parameter(1)\n  ROOT s = f32[] add(a, b)\n}}\n\
+         ENTRY e {{\n  x = f32[{elements}]{{0}} parameter(0)\n  \
+         g1 = f32[{elements}]{{0}} all-reduce(x), replica_groups={{}}, to_apply=sum\n  \
+         m = f32[{elements}]{{0}} multiply(g1, g1)\n  \
+         g2 = f32[{elements}]{{0}} all-reduce(m), replica_groups={{}}, to_apply=sum\n  \
+         z = f32[] constant(0)\n  s = f32[] reduce(g2, z), dimensions={{0}}, to_apply=sum\n  \
+         loss = f32[] all-reduce(s), replica_groups={{}}, to_apply=sum\n  \
+         l = f32[{elements}]{{0}} broadcast(loss), dimensions={{}}\n  \
+         ROOT r = f32[{elements}]{{0}} add(g2, l)\n}}\n"
+    );
+    Neff::new("train_step", compile_hlo(&hlo, Target::Trn1).expect("compiles")).encode()
+}
+
+/// Runs `steps` training steps on each of `job`'s processes (one rank each), rank
+/// `sleeper` sleeping `host_ns` on the host before each, and gives the group view read
+/// from every process.
+fn run_steps(job: &[common::Fixture], steps: usize, sleeper: usize, host: Duration) -> GroupView {
+    let neff = training_step_neff(256);
+    let ranks = job.len();
+    std::thread::scope(|scope| {
+        for (rank, fixture) in job.iter().enumerate() {
+            let neff = &neff;
+            scope.spawn(move || {
+                let model = fixture.runtime.load_collectives_across(neff, 0, rank as u32, ranks as u32).expect("loads");
+                for _ in 0..steps {
+                    if rank == sleeper {
+                        std::thread::sleep(host);
+                    }
+                    let out = common::execute_f32(&fixture.runtime, &model, &[1.0; 256]).expect("executes");
+                    // g1 = ranks, g2 = ranks · ranks², the loss 256 · g2 summed over ranks.
+                    let g2 = ranks.pow(3) as f32;
+                    assert_eq!(out[0], g2 + 256.0 * g2 * ranks as f32);
+                }
+            });
+        }
+    });
+    let all: Vec<&common::Fixture> = job.iter().collect();
+    views_of(&all).into_iter().find(|v| v.name == "train_step").expect("the step's communicator")
+}
+
+#[test]
+fn a_rank_that_sleeps_on_the_host_before_each_step_of_three_collectives_is_named_with_host_time() {
+    let job = job(4, 1, Duration::from_secs(20));
+    let view = run_steps(&job, 12, 1, Duration::from_millis(20));
+    // The record keeps each rank's last 32 collectives: the last 10 steps whole.
+    assert_eq!(view.collectives.len() as u32, neuron_datastore::flight::HISTORY);
+    let straggler = view.straggler.as_ref().unwrap_or_else(|| panic!("{:?}", view.members));
+    assert_eq!((straggler.rank, straggler.late_in_some_steps, straggler.of), (1, false, 10), "{}", straggler.text);
+    assert!(straggler.last_in + 1 >= straggler.of, "{}", straggler.text);
+    assert!(straggler.median_lateness_ns >= 15_000_000, "{}", straggler.text);
+    assert_eq!((straggler.at.index, straggler.at.collectives), (0, 3), "{}", straggler.text);
+    let before = straggler.before.unwrap_or_else(|| panic!("{}", straggler.text));
+    assert_eq!(before.cause, neuron_datastore::ranks::Cause::Host, "{}", straggler.text);
+    assert!(before.since_ns - before.executing_ns >= 15_000_000, "{}", straggler.text);
+    eprintln!("{}", straggler.text);
+    assert!(straggler.text.contains("late at each step's first collective (of 3)"), "{}", straggler.text);
+}
+
+#[test]
+fn a_rank_delayed_on_the_device_before_a_steps_second_collective_is_named_with_that_collective() {
+    let job = job_with_faults(4, 1, Duration::from_secs(20), Some("cc_delay:rank=3:at=1:delay=20ms"));
+    let view = run_steps(&job, 12, usize::MAX, Duration::ZERO);
+    let straggler = view.straggler.as_ref().unwrap_or_else(|| panic!("{:?}", view.members));
+    assert_eq!(straggler.rank, 3, "{}", straggler.text);
+    assert_eq!((straggler.at.index, straggler.at.collectives), (1, 3), "{}", straggler.text);
+    let before = straggler.before.unwrap_or_else(|| panic!("{}", straggler.text));
+    assert_eq!(before.cause, neuron_datastore::ranks::Cause::Device, "{}", straggler.text);
+    eprintln!("{}", straggler.text);
+    assert!(straggler.text.contains("late at collective 2 of 3 of each step"), "{}", straggler.text);
+}

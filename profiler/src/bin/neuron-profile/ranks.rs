@@ -231,12 +231,14 @@ pub(crate) fn report(profiles: &[RankProfile], views: &[GroupView]) -> Report {
             });
             let without_profile =
                 members.iter().map(|m| m.rank).filter(|r| !view.members.iter().any(|v| v.rank == *r)).collect();
-            // The straggler's time before its arrivals against the other ranks'.
+            // The straggler's time before its arrivals at the collective of its steps it
+            // was late at, against the other ranks'.
+            let late_at = view.straggler.as_ref().map_or(0, |s| s.at.index);
             let before = |rank: u32| {
                 let profile = profiles.iter().find(|p| {
                     p.records.communicators.iter().any(|c| c.id == view.id && c.members.iter().any(|m| m.rank == rank))
                 })?;
-                let gaps = gaps(profile, view.id, rank);
+                let gaps = gaps(profile, view.id, rank, late_at);
                 activity::before_arrivals(&profile.path, &profile.clock, &gaps).ok().flatten()
             };
             let straggler_before = view.straggler.as_ref().and_then(|s| before(s.rank));
@@ -317,7 +319,13 @@ impl Report {
             let _ = writeln!(out, "Findings:");
             if comm.findings.is_empty() {
                 let complete = comm.collectives.iter().filter(|c| c.complete).count();
-                let _ = writeln!(out, "  none: no rank arrived last in most of the {complete} complete collectives");
+                let steps: std::collections::BTreeSet<u32> =
+                    comm.collectives.iter().filter(|c| c.complete).map(|c| c.sequence).collect();
+                let _ = writeln!(
+                    out,
+                    "  none: no rank arrived last in most of the {} steps of the {complete} complete collectives",
+                    steps.len()
+                );
             }
             for (k, finding) in comm.findings.iter().enumerate() {
                 let _ = writeln!(out, "  {}. {finding}", k + 1);
@@ -327,7 +335,7 @@ impl Report {
                         .map_or_else(String::new, |ns| format!("; the other ranks: {} since theirs", format_ns(ns)));
                     let _ = writeln!(
                         out,
-                        "     before it arrived, on median over {} collectives, from its profile: {}{others}",
+                        "     before it arrived there, on median over {} steps, from its profile: {}{others}",
                         before.collectives,
                         before.text()
                     );
@@ -374,9 +382,10 @@ impl Report {
     }
 }
 
-/// Rank `rank`'s time from each collective's end to its arrival at the next, in its
-/// profile of communicator `id`, on the job's clock: (previous departure, arrival).
-fn gaps(profile: &RankProfile, id: u32, rank: u32) -> Vec<(u64, u64)> {
+/// Rank `rank`'s time from each collective's end to its arrival at the next of index
+/// `index` in its step, in its profile of communicator `id`, on the job's clock:
+/// (previous departure, arrival).
+fn gaps(profile: &RankProfile, id: u32, rank: u32, index: u16) -> Vec<(u64, u64)> {
     let Some(member) = profile
         .records
         .communicators
@@ -389,6 +398,7 @@ fn gaps(profile: &RankProfile, id: u32, rank: u32) -> Vec<(u64, u64)> {
     member
         .history
         .windows(2)
+        .filter(|w| w[1].position.index == index)
         .filter_map(|w| Some((w[0].departed_ns?, w[1].arrived_ns)).filter(|(a, b)| b > a))
         .collect()
 }
