@@ -16,8 +16,10 @@ pub const TOP_HLO: usize = 10;
 
 pub mod advice;
 pub mod bounds;
+mod failures;
 mod text;
 pub use bounds::{Bounds, Finding, Gap};
+pub use failures::{COLLECTIVE_OPCODES, Failures, FirstFailure, InCollectives, LongWait};
 pub(crate) use text::duration;
 pub use text::to_text;
 
@@ -28,6 +30,8 @@ pub struct Summary {
     /// Host time from the first to the last event.
     pub total_time_s: f64,
     pub events: EventCounts,
+    /// What failed, and the long waits for another rank: said before the figures.
+    pub failures: Failures,
     pub executions: Executions,
     /// Device time of the executions whose device trace was recorded.
     pub device_time_s: f64,
@@ -40,6 +44,8 @@ pub struct Summary {
     pub hlo_instructions: Vec<HloSummary>,
     pub flops: Flops,
     pub dma: Vec<DmaSummary>,
+    /// The traced executions' time inside collectives (`None` when they ran none).
+    pub collectives: Option<InCollectives>,
     /// Damage or truncation of the file, one line each.
     pub file_problems: Vec<String>,
     /// Figures to read with care, and why, one sentence each: a ratio above 100%, a
@@ -303,6 +309,7 @@ pub struct Summariser<'a> {
     by_execution: HashMap<(u32, WindowKey), u64>,
     /// One line per chunk that could not be read.
     chunk_problems: Vec<String>,
+    failures: failures::Gatherer,
 }
 
 impl std::fmt::Debug for Summariser<'_> {
@@ -337,6 +344,7 @@ impl<'a> Summariser<'a> {
             undescribed: 0,
             by_execution: HashMap::new(),
             chunk_problems: Vec::new(),
+            failures: failures::Gatherer::new(file),
         }
     }
 
@@ -362,6 +370,7 @@ impl<'a> Summariser<'a> {
         add(&mut events.lost_in_rings, chunk.losses.iter().fold(0u64, |sum, l| sum.saturating_add(l.events)));
         for e in &chunk.system {
             let is_execute = Some(e.name) == self.execute;
+            self.failures.system(self.file, e, is_execute);
             if self.schedule.is_some() && Some(e.name) == self.schedule && e.phase != Phase::Stop {
                 self.scheduled += 1;
             }
@@ -446,6 +455,7 @@ impl<'a> Summariser<'a> {
             undescribed,
             by_execution,
             chunk_problems,
+            failures,
             ..
         } = self;
         let meta = file.metadata();
@@ -459,6 +469,9 @@ impl<'a> Summariser<'a> {
         let mut hlo_of_descriptor: HashMap<u32, String> = HashMap::new();
         let mut dma_peak: Option<f64> = None;
         let mut undescribed = undescribed;
+        // Collectives: their time is waiting and the data's passage, not an engine's work.
+        let mut in_collectives = Totals::default();
+        let mut collective_hlos: HashMap<String, u64> = HashMap::new();
         for (id, t) in by_descriptor.iter().enumerate().filter(|(_, t)| t.count > 0) {
             let Some(descriptor) = file.descriptor(DescriptorId(id as u32)) else {
                 add(&mut undescribed, t.count);
@@ -472,12 +485,20 @@ impl<'a> Summariser<'a> {
                     let flops = flops.saturating_mul(t.count);
                     // A loop or conditional span encloses the instructions it ran: its time
                     // is the HLO instruction's (inclusive), not work of its engine.
+                    let collective = COLLECTIVE_OPCODES.contains(&opcode.as_str());
+                    if collective {
+                        add(&mut in_collectives.count, t.count);
+                        add(&mut in_collectives.ns, t.ns);
+                        add(collective_hlos.entry(hlo.clone()).or_default(), t.ns);
+                    }
                     if !ENCLOSING_OPCODES.contains(&opcode.as_str()) {
                         add(hlo_engine_time.entry((hlo.clone(), engine.clone())).or_default(), t.ns);
-                        let e = engines.entry(engine.clone()).or_default();
-                        add(&mut e.count, t.count);
-                        add(&mut e.ns, t.ns);
-                        add(&mut e.flops, flops);
+                        if !collective {
+                            let e = engines.entry(engine.clone()).or_default();
+                            add(&mut e.count, t.count);
+                            add(&mut e.ns, t.ns);
+                            add(&mut e.flops, flops);
+                        }
                         let o = opcodes.entry((engine, opcode)).or_default();
                         add(&mut o.count, t.count);
                         add(&mut o.ns, t.ns);
@@ -555,7 +576,11 @@ impl<'a> Summariser<'a> {
             .into_iter()
             .map(|(hlo, t)| {
                 let engine = hlo_engine.get(&hlo).map_or_else(String::new, |(e, _)| e.clone());
-                let roofline = bounds::roofline(t.flops, t.bytes, seconds(t.ns), peaks.of(&engine), memory_peak);
+                let mut roofline = bounds::roofline(t.flops, t.bytes, seconds(t.ns), peaks.of(&engine), memory_peak);
+                if collective_hlos.contains_key(&hlo) {
+                    // Waiting has no roofline.
+                    roofline = bounds::Roofline { bound: Some("collective"), ..bounds::Roofline::default() };
+                }
                 HloSummary {
                     median_s: medians.get(&hlo).map(|&ns| seconds(ns)),
                     hlo,
@@ -577,6 +602,17 @@ impl<'a> Summariser<'a> {
             let median = |h: &HloSummary| h.median_s.unwrap_or(-1.0);
             median(b).total_cmp(&median(a)).then(b.time_s.total_cmp(&a.time_s)).then_with(|| a.hlo.cmp(&b.hlo))
         });
+        let collectives = (in_collectives.count > 0).then(|| {
+            let mut hlos: Vec<(String, u64)> = collective_hlos.into_iter().collect();
+            hlos.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            InCollectives {
+                instructions: in_collectives.count,
+                time_s: seconds(in_collectives.ns),
+                percent: percent(in_collectives.ns),
+                hlos: hlos.into_iter().map(|(hlo, _)| hlo).collect(),
+            }
+        });
+        let failures = failures.finish(first);
         let above: Vec<String> = hlo_rows
             .iter()
             .filter_map(|h| Some((h, h.roofline_percent.filter(|&r| r > 100.0)?)))
@@ -647,6 +683,8 @@ impl<'a> Summariser<'a> {
             dma: &dma_rows,
             hlos: &hlo_rows,
             hlo_engine: &hlo_engine,
+            collectives: collectives.as_ref(),
+            long_waits: &failures.long_waits,
             windows: &windows,
             runs: &runs,
             host_runs: &host_runs,
@@ -733,6 +771,7 @@ impl<'a> Summariser<'a> {
                 .collect(),
             total_time_s: if last > first { seconds(last - first) } else { 0.0 },
             events,
+            failures,
             executions: Executions {
                 count: executions,
                 device_traced: device_executions,
@@ -760,6 +799,7 @@ impl<'a> Summariser<'a> {
                 memory_peak_method: meta.peak_memory_method.clone(),
             },
             dma: dma_rows,
+            collectives,
             file_problems: file.recovery().describe().into_iter().chain(chunk_problems).collect(),
             caveats,
             bounds,

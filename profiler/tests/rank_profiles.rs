@@ -92,6 +92,23 @@ fn a_jobs_rank_profiles_are_named_per_rank_and_read_together_naming_the_late_ran
     assert!(comm["collectives"][5]["busbw_gb_per_s"].as_f64().is_some_and(|b| b > 0.0), "{comm:#}");
     assert_eq!(json["ranks"]["profiles"].as_array().map(Vec::len), Some(4));
     assert_eq!(json["files"].as_array().map(Vec::len), Some(4), "each file's summary");
+    // Each rank's time in its all-reduce is waiting, not an instruction's bound: no
+    // roofline remedy for it, and the ranks that waited for rank 2 say so.
+    let files = json["files"].as_array().expect("the summaries");
+    let mut waited = 0;
+    for file in files {
+        for row in file["top_hlo_instructions"].as_array().into_iter().flatten().filter(|r| r["hlo"] == "r") {
+            assert_eq!(row["bound"], "collective", "{row:#}");
+            assert!(row["roofline_percent"].is_null() && row["intensity"].is_null(), "{row:#}");
+        }
+        let findings = file["findings"].as_array().expect("findings");
+        for f in findings {
+            let advice = f["suggestion"].as_str().unwrap_or_default();
+            assert!(!advice.contains("bf16") && !advice.contains("fuse"), "{f:#}");
+        }
+        waited += usize::from(findings.first().is_some_and(|f| f["kind"] == "collective wait"));
+    }
+    assert!(waited >= 3, "the three ranks that waited 20 ms each execution: {files:#?}");
 
     // The Parquet tables give each system event its rank and communicator.
     let tables = sandbox.path().join("tables");
@@ -197,4 +214,47 @@ fn capture_runs_a_collectives_program_as_ranks_and_writes_a_profile_per_rank() {
         .expect("capture runs");
     let said = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success() && said.contains("the worker of rank"), "{said}");
+
+    // A rank that dies mid-job: the others end on their own and keep what they
+    // recorded, and the report says what failed before anything else.
+    std::fs::remove_dir_all(&dir).expect("clean");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_neuron-profile"));
+    let output = sandbox
+        .env(&mut command)
+        .env("NEURON_RT_FAULT_INJECT", "cc_exit:rank=2:after=6")
+        .args(["capture", "-n"])
+        .arg(&hlo)
+        .args(["-r", "4", "--num-exec", "10", "-s"])
+        .arg(dir.join("profile.ntff"))
+        .output()
+        .expect("capture runs");
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{said}");
+    assert!(said.contains("the worker of rank 2 failed") && said.contains("the others ended on their own"), "{said}");
+    assert_eq!(
+        names(),
+        ["profile_rank_0.ntff", "profile_rank_1.ntff", "profile_rank_2.ntff.partial", "profile_rank_3.ntff"]
+    );
+    let text = String::from_utf8_lossy(&view_dir(&dir, "summary-text", None).stdout).into_owned();
+    assert!(
+        text.starts_with("FAILED: profile_rank_2.ntff.partial (") && text.contains("was never finished"),
+        "the dead rank's file first: {text}"
+    );
+    // Every survivor's summary starts with its failure, whose first words name a rank
+    // that died: rank 2, or a survivor that ended on its failure before this one heard
+    // why (its process is gone too). The first to fail names rank 2.
+    let firsts: Vec<&str> = text.lines().filter(|l| l.starts_with("FAILED: first failure on nc")).collect();
+    assert_eq!(firsts.len(), 3, "{text}");
+    let roots: Vec<&str> = firsts
+        .iter()
+        .map(|line| {
+            let message = line.split_once(": status ").map(|(_, m)| m).unwrap_or_default();
+            message.split_once(": ").map(|(_, m)| m).unwrap_or_default()
+        })
+        .collect();
+    for root in &roots {
+        assert!(root.starts_with("rank ") && root.contains(" died during all-reduce #"), "{root}");
+    }
+    assert!(roots.iter().any(|r| r.starts_with("rank 2 (pid ")), "{roots:#?}");
+    assert_eq!(text.matches("FAILED: 1 failed execution").count(), 3, "{text}");
 }

@@ -356,8 +356,9 @@ fn a_missing_rank_fails_every_waiting_rank_after_the_timeout_and_the_ranks_meet_
             core / 2,
             core % 2
         );
-        assert!(error.message.starts_with(&expected), "{error}");
-        assert!(error.message.contains("rank 2 of replica group {0,1,2,3} did not arrive"), "{error}");
+        // What went wrong first, then the Neuron runtime's line.
+        assert!(error.message.starts_with("rank 2 of replica group {0,1,2,3} did not arrive within "), "{error}");
+        assert!(error.message.ends_with(&format!("; {expected}")), "{error}");
     }
     let reader = DatastoreReader::open(&rt.datastore_path().expect("path")).expect("opens");
     let snapshot = reader.snapshot();

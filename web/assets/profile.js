@@ -320,6 +320,8 @@ export function profilePage(main, name, base = null) {
       const body = await getJSON(`${url}/summary`);
       const s = body.summary, x = s.executions, f = s.flops;
       summary.replaceChildren(
+        // What failed before the figures.
+        ...(s.failures?.said.length ? [el('ul', { class: 'failures', id: 'pf-failures' }, ...s.failures.said.map((l) => el('li', { class: 'bad' }, l)))] : []),
         el('div', { class: 'figures' },
           figure('executions', thousands(x.count)),
           figure('with a device trace', thousands(x.device_traced)),

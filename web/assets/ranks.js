@@ -57,7 +57,7 @@ function communicator(g) {
   const across = g.across ? 'across processes' : 'in one process';
   const clock = g.uncertainty_ns ? ` · clocks within ±${ns(g.uncertainty_ns)}` : '';
   const diagnosis = [];
-  if (g.hang) diagnosis.push(el('div', { class: 'diagnosis bad', dataset: { kind: 'hang', class: g.hang.class } }, `Hang: ${g.hang.text}`));
+  if (g.hang) diagnosis.push(el('div', { class: 'diagnosis bad', dataset: { kind: 'hang', class: g.hang.class } }, `${g.hang.class === 'gone' ? 'Rank gone' : 'Hang'}: ${g.hang.text}`));
   if (g.straggler) diagnosis.push(el('div', { class: 'diagnosis warn', dataset: { kind: 'straggler', rank: g.straggler.rank } }, `Straggler: ${g.straggler.text}`));
   if (!diagnosis.length) {
     const complete = g.collectives.filter((c) => c.complete).length;

@@ -125,6 +125,17 @@ pub enum HangClass {
     TransportStalled,
 }
 
+impl HangClass {
+    /// The heading every tool gives it: `Rank gone` for a rank whose process died,
+    /// `Hang` for the others.
+    pub fn title(self) -> &'static str {
+        match self {
+            HangClass::Gone => "Rank gone",
+            _ => "Hang",
+        }
+    }
+}
+
 /// A collective some rank has waited long in.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Hang {
@@ -386,8 +397,13 @@ fn diagnose_hang(
     let Some(first) = waiting.iter().min_by_key(|m| m.waiting.map(|w| w.0)) else {
         let gone: Vec<&RankRecord> = members.values().filter(|m| m.gone).collect();
         let position = gone.iter().filter_map(|m| m.completed).max().unwrap_or(Position { sequence: 0, index: 0 });
-        let named: Vec<String> =
-            gone.iter().map(|m| format!("{}, after completing {}", describe(m.rank), last_completed(m))).collect();
+        let named: Vec<String> = gone
+            .iter()
+            .map(|m| match m.completed {
+                Some(p) => format!("{} died after completing {p}", describe(m.rank)),
+                None => format!("{} died before completing any collective", describe(m.rank)),
+            })
+            .collect();
         return (!gone.is_empty()).then(|| Hang {
             class: HangClass::Gone,
             position,
@@ -395,7 +411,7 @@ fn diagnose_hang(
             awaited: gone.iter().map(|m| m.rank).collect(),
             waited_ns: 0,
             text: format!(
-                "comm `{}` ({} ranks): the process is gone of {}; the collectives that need it fail",
+                "comm `{}` ({} ranks): {} (its process is gone); the collectives that need it fail",
                 comm.name,
                 comm.ranks,
                 named.join(", ")

@@ -282,7 +282,7 @@ fn a_hang_names_the_missing_rank_and_what_it_last_did() {
     assert_eq!((hang.class, hang.awaited.as_slice()), (HangClass::Gone, &[3][..]));
     assert_eq!(
         hang.text,
-        "comm `grads` (4 ranks): the process is gone of rank 3 (pid 103 on host h1), after completing #2; \
+        "comm `grads` (4 ranks): rank 3 (pid 103 on host h1) died after completing #2 (its process is gone); \
          the collectives that need it fail"
     );
 }

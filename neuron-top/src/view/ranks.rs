@@ -64,7 +64,10 @@ fn diagnosis(group: &GroupView, theme: Theme, width: u16) -> Vec<Line<'static>> 
         None => {}
     }
     if let Some(hang) = &group.hang {
-        say(format!("HANG {}", hang.text), theme.fg(Color::Red).add_modifier(Modifier::BOLD));
+        say(
+            format!("{} {}", hang.class.title().to_uppercase(), hang.text),
+            theme.fg(Color::Red).add_modifier(Modifier::BOLD),
+        );
     }
     match &group.straggler {
         Some(straggler) => {

@@ -20,7 +20,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::{DmaSummary, EngineSummary, HloSummary, duration};
+use super::{DmaSummary, EngineSummary, HloSummary, InCollectives, LongWait, duration};
 
 /// Transfers this large or larger set the memory bound's bandwidth: smaller ones
 /// measure the per-transfer cost more than the bandwidth.
@@ -94,6 +94,10 @@ pub(super) struct Inputs<'a> {
     pub hlos: &'a [HloSummary],
     /// The engine each HLO instruction spent most time on.
     pub hlo_engine: &'a HashMap<String, (String, u64)>,
+    /// The traced executions' time inside collectives.
+    pub collectives: Option<&'a InCollectives>,
+    /// The ranks this process's ranks waited for past the runtime's warning.
+    pub long_waits: &'a [LongWait],
     /// Device windows of the traced executions, by (core, execution).
     pub windows: &'a HashMap<(u32, Option<u64>), (u64, u64)>,
     /// Start and `nc_exec_running` length of every recorded execution.
@@ -171,9 +175,16 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
     if let Some(host_s) = host_s {
         gaps.push(Gap { name: "host time around the device run".into(), seconds: (host_s - device_s).max(0.0) });
     }
+    let collective_s = i.collectives.map_or(0.0, |c| c.time_s.min(device_s - pipeline_s));
+    if collective_s > 0.0 {
+        gaps.push(Gap {
+            name: "inside collectives (waiting for the other ranks, passing data)".into(),
+            seconds: collective_s,
+        });
+    }
     gaps.push(Gap {
         name: "engines waiting on each other and on DMA (no resource busy)".into(),
-        seconds: device_s - pipeline_s,
+        seconds: (device_s - pipeline_s - collective_s).max(0.0),
     });
     if floor > 0.0 {
         gaps.push(Gap {
@@ -225,6 +236,9 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
             saves_percent: share(saves),
             suggestion: Some("put more work in each execution (a larger batch), so that the fixed cost of a call is paid less often".into()),
         });
+    }
+    if let Some(c) = i.collectives.filter(|c| c.time_s > 0.0) {
+        findings.push(waiting_finding(c, i.long_waits, n, scale, share(c.time_s * scale)));
     }
     // What bringing the busiest resource to its peak would save: no more can be saved by
     // making one of the instructions that run on it faster.
@@ -342,19 +356,27 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
             suggestion: if repeated { Some(format!("see the {engine} finding")) } else { suggestion },
         });
     }
-    if device_s - pipeline_s > 0.0 {
-        let saves = (device_s - pipeline_s) * scale;
+    // The time no resource is busy, less the collectives' (their own finding's).
+    let unoverlapped = device_s - pipeline_s - collective_s;
+    if unoverlapped > 0.0 {
+        let saves = unoverlapped * scale;
         findings.push(Finding {
             kind: "engine overlap".into(),
             about: "engine overlap".into(),
             text: format!(
-                "no engine or DMA queue is busy {:.0}% of the device time: the engines wait on each other and on DMA",
-                100.0 * (device_s - pipeline_s) / device_s
+                "no engine or DMA queue is busy {:.0}% of the device time{}: the engines wait on each other and on DMA",
+                100.0 * unoverlapped / device_s,
+                if collective_s > 0.0 { " outside collectives" } else { "" }
             ),
             evidence: format!(
-                "{} of {} on the device with the busiest resource ({pipeline_resource}) idle",
-                duration(device_s - pipeline_s),
-                duration(device_s)
+                "{} of {} on the device with the busiest resource ({pipeline_resource}) idle{}",
+                duration(unoverlapped),
+                duration(device_s),
+                if collective_s > 0.0 {
+                    format!(", besides {} inside collectives", duration(collective_s))
+                } else {
+                    String::new()
+                }
             ),
             saves_s: saves,
             saves_percent: share(saves),
@@ -381,6 +403,43 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
         recorded_executions,
     };
     (Some(bounds), findings)
+}
+
+/// Time inside collectives is waiting, not work: the finding says so and points to where
+/// the rank waited for is named, instead of a roofline remedy.
+fn waiting_finding(c: &InCollectives, long_waits: &[LongWait], n: usize, scale: f64, percent: f64) -> Finding {
+    let names: Vec<String> = c.hlos.iter().take(3).map(|h| format!("`{h}`")).collect();
+    let more = c.hlos.len().saturating_sub(names.len());
+    let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+    let mut evidence =
+        format!("{} in {} collective instructions over {n} traced executions", duration(c.time_s), c.instructions);
+    for w in long_waits {
+        evidence.push_str(&format!(
+            "; waited past the runtime's warning for rank {} in {} collective{}",
+            w.peer,
+            w.count,
+            if w.count == 1 { "" } else { "s" }
+        ));
+    }
+    Finding {
+        kind: "collective wait".into(),
+        about: "collectives".into(),
+        text: format!(
+            "{:.0}% of the device time is inside collectives ({}{more}): there the rank waits for the other ranks of \
+             its group and passes data to them, which is no engine's work",
+            c.percent,
+            names.join(", ")
+        ),
+        evidence,
+        saves_s: c.time_s * scale,
+        saves_percent: percent,
+        suggestion: Some(
+            "find the rank the others wait for: `neuron-profile view -d DIR --output-format summary-text` over the \
+             ranks' profiles, or the Ranks view of neuron-top or neuron-monitor during the job, names the straggler \
+             (and what it did before it arrived) or the rank that never arrived"
+                .into(),
+        ),
+    }
 }
 
 /// Instructions far below their roofline with the same bound, engine and remedy, each
@@ -528,6 +587,8 @@ mod tests {
             dma: &[],
             hlos,
             hlo_engine: &hlo_engine,
+            collectives: None,
+            long_waits: &[],
             windows: &windows,
             runs: &runs,
             host_runs: &host_runs,
@@ -612,6 +673,8 @@ mod tests {
             dma: &[],
             hlos: &[],
             hlo_engine: &HashMap::new(),
+            collectives: None,
+            long_waits: &[],
             windows: &windows,
             runs: &runs,
             host_runs: &host_runs,
@@ -654,5 +717,46 @@ mod tests {
         let unknown = roofline(1_000, 8, 0.001, None, None);
         assert_eq!((unknown.bound, unknown.percent), (None, None));
         assert_eq!(unknown.achieved_flops_per_s, Some(1e6));
+    }
+
+    #[test]
+    fn time_inside_collectives_is_waiting_and_points_to_the_straggler_not_to_a_remedy() {
+        // 1 ms on the device, 0.8 ms of it in an all-reduce of 4 bytes.
+        let windows = HashMap::from([((0, Some(1)), (0, 1_000_000))]);
+        let runs = HashMap::from([((0, 1), (0, 1_000_000))]);
+        let host_runs = HashMap::from([((0, 1), 1_000_000)]);
+        let dot = EngineSummary { active_s: 2e-4, percent: 20.0, ..pe_row(1) };
+        let waited = InCollectives { instructions: 1, time_s: 8e-4, percent: 80.0, hlos: vec!["all-reduce.3".into()] };
+        let late = [LongWait { peer: 3, count: 2, longest_s: 5.0 }];
+        let (bounds, findings) = analyse(&Inputs {
+            engines: &[dot],
+            dma: &[],
+            hlos: &[],
+            hlo_engine: &HashMap::new(),
+            collectives: Some(&waited),
+            long_waits: &late,
+            windows: &windows,
+            runs: &runs,
+            host_runs: &host_runs,
+            peaks: super::super::DefinedPeaks { pe: Some(1e12), vector: None },
+            dma_peak: None,
+            asynchronous: false,
+            advice: ADVICE,
+        });
+        let first = &findings[0];
+        assert_eq!(first.kind, "collective wait", "{findings:#?}");
+        assert!(
+            first.text.starts_with("80% of the device time is inside collectives (`all-reduce.3`)"),
+            "{}",
+            first.text
+        );
+        assert!(first.evidence.contains("for rank 3 in 2 collectives"), "{}", first.evidence);
+        let advice = first.suggestion.as_deref().unwrap_or_default();
+        assert!(advice.contains("straggler") && !advice.contains("bf16") && !advice.contains("fuse"), "{advice}");
+        let gaps = bounds.expect("bounds").gaps;
+        let inside = gaps.iter().find(|g| g.name.starts_with("inside collectives")).expect("a gap for the collectives");
+        assert!((inside.seconds - 8e-4).abs() < 1e-12, "{gaps:?}");
+        let idle = gaps.iter().find(|g| g.name.starts_with("engines waiting")).expect("the pipeline gap");
+        assert!(idle.seconds.abs() < 1e-12, "the collectives' time is not counted twice: {gaps:?}");
     }
 }

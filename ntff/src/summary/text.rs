@@ -33,6 +33,10 @@ pub fn to_text(s: &Summary, file_name: &str) -> String {
         "{file_name}: {} of {program}pid {}{tag} on {}, runtime {}",
         p.capture_kind, p.pid, p.instance_type, p.runtime_version
     );
+    // What failed comes before the figures.
+    for line in s.failures.lines() {
+        let _ = writeln!(out, "FAILED: {line}");
+    }
     for m in &s.models {
         let sha = if m.neff_sha256.is_empty() {
             String::new()
@@ -104,6 +108,16 @@ pub fn to_text(s: &Summary, file_name: &str) -> String {
             of_peak
         );
     }
+    if let Some(c) = &s.collectives {
+        let _ = writeln!(
+            out,
+            "  {:<6} {:>12} {:>6.1}% {:>13}   inside collectives: waiting for the other ranks and passing data, no engine's work",
+            "-",
+            duration(c.time_s),
+            c.percent,
+            thousands(c.instructions)
+        );
+    }
     let _ = writeln!(out, "\nopcodes by device time");
     let _ = writeln!(out, "  {:<6} {:<24} {:>10} {:>12} {:>7}", "engine", "opcode", "count", "time", "%");
     for r in &s.opcodes {
@@ -124,13 +138,13 @@ pub fn to_text(s: &Summary, file_name: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "  {:<32} {:>12} {:>12} {:>12} {:>7} {:>12} {:>12} {:>9} {:>8} {:>9}",
+        "  {:<32} {:>12} {:>12} {:>12} {:>7} {:>12} {:>12} {:>9} {:>10} {:>9}",
         "HLO instruction", "instructions", "median", "time", "%", "FLOPs", "bytes", "FLOP/B", "bound", "roofline"
     );
     for r in &s.top_hlo_instructions {
         let _ = writeln!(
             out,
-            "  {:<32} {:>12} {:>12} {:>12} {:>6.1}% {:>12} {:>12} {:>9} {:>8} {:>9}",
+            "  {:<32} {:>12} {:>12} {:>12} {:>6.1}% {:>12} {:>12} {:>9} {:>10} {:>9}",
             r.hlo,
             thousands(r.instructions),
             r.median_s.map_or("-".into(), duration),

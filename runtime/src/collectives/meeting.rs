@@ -19,6 +19,18 @@ use neuron_datastore::counters::core as counter;
 use neuron_datastore::event::{EventType, payload};
 use neuron_datastore::{At, EventIds};
 
+/// A collective failure's message: its root cause first, then what it did here (the
+/// parts after the first `; `). The root cause has no `; ` of its own, so that
+/// [`root_of`] finds it again in a message passed on to another rank.
+pub(super) fn root_first(root: &str, chain: &str) -> String {
+    format!("{}; {chain}", root.replace("; ", ", "))
+}
+
+/// The root cause of a message [`root_first`] made (all of any other message).
+pub(super) fn root_of(message: &str) -> &str {
+    message.split_once("; ").map_or(message, |(root, _)| root)
+}
+
 #[derive(Debug, Default)]
 pub(super) struct State {
     /// Open meetings by (unit, operation within the unit, group index).
@@ -394,21 +406,24 @@ impl Communicator {
         match failure {
             Failure::Missing(positions) => {
                 let missing: Vec<String> = positions.iter().map(|&p| group[p].to_string()).collect();
-                NrtError::new(
-                    NrtStatus::ExecHwErrCollectives,
-                    format!(
-                        "{} (rank {} of replica group {} did not arrive within {:.3} s)",
-                        self.missing_message(rank, at),
-                        missing.join(", "),
-                        format_group(group),
-                        self.inner.timeout.as_secs_f64()
-                    ),
-                )
+                let root = format!(
+                    "rank {} of replica group {} did not arrive within {:.3} s",
+                    missing.join(", "),
+                    format_group(group),
+                    self.inner.timeout.as_secs_f64()
+                );
+                NrtError::new(NrtStatus::ExecHwErrCollectives, root_first(&root, &self.missing_message(rank, at)))
             }
             Failure::Mismatch(detail) => {
                 NrtError::invalid(format!("collectives of {} do not match: {detail}", self.inner.name))
             }
         }
+    }
+
+    /// `all-reduce #12 of comm `grads` (4 ranks)`: the operation at `at`, of `op` in a
+    /// group of `ranks`.
+    pub(super) fn operation_at(&self, at: OpPosition, (op, ranks): (Collective, usize)) -> String {
+        format!("{} #{} of comm `{}` ({ranks} ranks)", op.name(), at.unit, self.inner.name)
     }
 
     /// The Neuron runtime's message for a rank whose group never completed.
@@ -422,13 +437,7 @@ impl Communicator {
         peer: &str,
         started: Instant,
     ) -> String {
-        format!(
-            "{} #{} of comm `{}` ({ranks} ranks): waiting {:.1} s for {peer}",
-            op.name(),
-            at.unit,
-            self.inner.name,
-            started.elapsed().as_secs_f64()
-        )
+        format!("{}: waiting {:.1} s for {peer}", self.operation_at(at, (op, ranks)), started.elapsed().as_secs_f64())
     }
 
     /// Says that rank `rank`'s operation waits long for rank `peer`: a warning, and a
@@ -442,7 +451,9 @@ impl Communicator {
         described: &str,
         started: Instant,
     ) {
-        tracing::warn!("{}", self.waiting_for(at, operation, described, started));
+        // At the error level, which the runtime logs by default: a job that waits this
+        // long is hung or has a straggler, and its user needs to hear of it now.
+        tracing::error!("{}", self.waiting_for(at, operation, described, started));
         self.record_waiting(rank, started, peer);
         if let Some(place) = self.place(rank) {
             let waited = payload::CcWaiting {

@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::algorithms::{direct, ring};
-use super::meeting::{Plan, Signature, report_after};
+use super::meeting::{Plan, Signature, report_after, root_first, root_of};
 use super::streaming;
 use super::world::lending;
 use super::world::wire::Key;
@@ -274,11 +274,14 @@ impl Communicator {
         deadline: Instant,
     ) -> NrtResult<Vec<Arrival>> {
         if let Some(failed) = membership.failed.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            // One line that points at the first failure, not the whole of it again.
             return Err(NrtError::new(
                 failed.status,
                 format!(
-                    "communicator `{}` failed earlier and cannot be used again (build a new one): {}",
-                    self.inner.name, failed.message
+                    "communicator `{}` is broken since an earlier failure and cannot be used again (build a new \
+                     one); that failure: {}",
+                    self.inner.name,
+                    root_of(&failed.message)
                 ),
             ));
         }
@@ -578,11 +581,6 @@ impl Exchange<'_> {
         self.deadline.checked_sub(self.communicator.inner.timeout).unwrap_or(self.deadline)
     }
 
-    fn waiting_for(&self, peer: u32) -> String {
-        let operation = (self.signature.op, self.signature.group.len());
-        self.communicator.waiting_for(self.at, operation, &self.describe_now(peer), self.started())
-    }
-
     /// `rank 3 (pid 4321 on host h2), last seen executing `train_step` at `dot.12` 0.4 s
     /// ago`: where rank `rank` runs, and what its process said it was doing last.
     fn describe_now(&self, rank: u32) -> String {
@@ -622,42 +620,43 @@ impl Exchange<'_> {
         }
     }
 
-    /// The error of a message from or to `peer` that did not get through.
+    /// The error of a message from or to `peer` that did not get through: what went
+    /// wrong first (the rank that never arrived, died, or whose link failed), then the
+    /// Neuron runtime's line for this rank.
     fn missed(&self, peer: u32, missed: Missed) -> NrtError {
         let peer_rank = peer;
         let hang = self.communicator.missing_message(self.rank, self.at);
-        let waiting = self.waiting_for(peer);
+        let operation = self.communicator.operation_at(self.at, (self.signature.op, self.signature.group.len()));
         let peer = self.roster.describe(peer);
         match missed {
-            Missed::Timeout => NrtError::new(
-                NrtStatus::ExecHwErrCollectives,
-                format!(
-                    "{hang}: {waiting}, which did not arrive within {:.3} s",
+            Missed::Timeout => {
+                let root = format!(
+                    "{} never reached {operation}: no word from it within {:.3} s",
+                    self.describe_now(peer_rank),
                     self.communicator.inner.timeout.as_secs_f64()
-                ),
-            ),
+                );
+                NrtError::new(NrtStatus::ExecHwErrCollectives, root_first(&root, &hang))
+            }
             Missed::Gone(reason) => {
                 let process = self.process_of(peer_rank);
                 let ranks = (0..self.roster.rank_process.len() as u32).filter(|&r| self.process_of(r) == process);
                 self.communicator.record_gone(ranks);
-                NrtError::new(
-                    NrtStatus::NetworkProxyFailure,
-                    format!("{hang}: {reason}; the process of {peer} is gone"),
-                )
+                let root = format!("{peer} died during {operation}: its process is gone ({reason})");
+                NrtError::new(NrtStatus::NetworkProxyFailure, root_first(&root, &hang))
             }
-            Missed::Aborted(reason) => NrtError::new(
-                NrtStatus::ExecHwErrCollectives,
-                format!("{hang}: another rank of the group gave the operation up: {reason}"),
-            ),
+            // The reason is the other rank's root cause, then who gave up.
+            Missed::Aborted(reason) => NrtError::new(NrtStatus::ExecHwErrCollectives, format!("{reason}; {hang}")),
             Missed::LinkDown(reason) => {
-                NrtError::new(NrtStatus::NetworkProxyFailure, format!("{hang}: the link to {peer} failed: {reason}"))
+                let root = format!("the link to {peer} failed during {operation}: {reason}");
+                NrtError::new(NrtStatus::NetworkProxyFailure, root_first(&root, &hang))
             }
         }
     }
 
-    /// Tells every other rank of the group that this rank's operation failed.
+    /// Tells every other rank of the group that this rank's operation failed, and why
+    /// first.
     fn abort(&self, plan: &Plan, error: &NrtError) {
-        let reason = format!("{}: {}", self.roster.describe(self.rank), error.message);
+        let reason = format!("{}; {} gave the operation up", root_of(&error.message), self.roster.describe(self.rank));
         let deadline = Instant::now() + ABORT_NOTICE;
         for &peer in plan.group.iter().filter(|&&r| r != self.rank) {
             let key = self.key(u32::MAX, self.rank, peer);

@@ -109,7 +109,7 @@ fn a_hang_is_diagnosed_in_the_record_while_the_ranks_wait() {
         let outputs = ranks.join().expect("ranks");
         // The error at the timeout says the same.
         let error = outputs[0].as_ref().expect_err("rank 1 hangs");
-        assert!(error.message.contains("for rank 1 (pid "), "{}", error.message);
+        assert!(error.message.starts_with("rank 1 (pid "), "{}", error.message);
         assert!(error.message.contains("), last seen executing `ar_ranks` at `r` "), "{}", error.message);
         outputs[1].as_ref().expect_err("rank 1 hangs");
     });
@@ -137,7 +137,8 @@ fn a_rank_whose_process_goes_away_is_named_gone() {
     assert_eq!(view.members.iter().find(|m| m.rank == 1).map(|m| m.state), Some(RankState::Gone));
     let hang = view.hang.as_ref().expect("a diagnosis");
     assert_eq!((hang.class, hang.awaited.as_slice()), (HangClass::Gone, &[1][..]), "{}", hang.text);
-    assert!(hang.text.contains("the process is gone of rank 1 (pid"), "{}", hang.text);
+    assert!(hang.text.contains(": rank 1 (pid") && hang.text.contains(" died "), "{}", hang.text);
+    assert_eq!(hang.class.title(), "Rank gone");
 }
 
 #[test]

@@ -428,10 +428,12 @@ fn a_rank_that_never_arrives_fails_the_others_at_the_timeout_naming_it_and_the_s
         let error = output.expect_err("rank 2 never arrives");
         assert_eq!(error.status, NrtStatus::ExecHwErrCollectives, "{error}");
         assert!(error.message.contains("suspected hang in collectives operation 0 out of 1"), "{error}");
-        // The rank that timed out names the missing one; the other hears of it from the first.
+        // The rank that timed out names the missing one first; the other hears of it
+        // from the first, and says that first too.
         assert!(
-            error.message.contains(&format!("rank 2 (pid {} on host", std::process::id()))
-                && error.message.contains("did not arrive within 1.000 s"),
+            error.message.starts_with(&format!("rank 2 (pid {} on host", std::process::id()))
+                && error.message.contains(" never reached all-reduce #0 of comm ")
+                && error.message.contains("within 1.000 s; "),
             "{error}"
         );
     }
@@ -644,7 +646,11 @@ fn injected_rank_faults_delay_hang_and_mismatch_as_the_rule_says() {
     assert!(started.elapsed() < timeout + Duration::from_secs(2), "{:?}", started.elapsed());
     let errors: Vec<NrtError> = outputs.into_iter().map(|o| o.expect_err("rank 1 hangs")).collect();
     assert!(errors.iter().all(|e| e.status == NrtStatus::ExecHwErrCollectives), "{errors:?}");
-    assert!(errors[0].message.contains("rank 1 (pid") && errors[0].message.contains("did not arrive"), "{}", errors[0]);
+    assert!(
+        errors[0].message.starts_with("rank 1 (pid") && errors[0].message.contains("never reached"),
+        "{}",
+        errors[0]
+    );
     assert!(errors[1].message.contains("injected by NEURON_RT_FAULT_INJECT rule `cc_hang:rank=1`"), "{}", errors[1]);
 
     // A rank calling with another count fails the meeting, and both sides are named.
@@ -832,9 +838,12 @@ fn a_collective_that_waits_long_for_a_rank_says_so_once_and_its_timeout_says_the
     // Rank 1 never calls.
     let error = comms[0].run(0, &sum, Some(&x), Some(&x)).expect_err("rank 1 never arrives");
     assert_eq!(error.status, NrtStatus::ExecHwErrCollectives, "{error}");
+    // The rank it waited for first, then where.
     assert!(
-        error.message.contains("all-reduce #0 of comm `waits` (2 ranks): waiting 2.")
-            && error.message.contains("for rank 1 (pid"),
+        error.message.starts_with("rank 1 (pid")
+            && error
+                .message
+                .contains(" never reached all-reduce #0 of comm `waits` (2 ranks): no word from it within 2.000 s; "),
         "{error}"
     );
     let waiting: Vec<(u32, u32, u64)> = system_events(rt)

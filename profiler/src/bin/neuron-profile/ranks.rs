@@ -35,6 +35,8 @@ pub(crate) struct RankProfile {
     pub(crate) membership: Vec<ntff::Communicator>,
     /// Its host clock onto the job's.
     pub(crate) clock: ntff::RootClock,
+    /// Its collectives that ended with a status (left out of the views).
+    pub(crate) failed: u64,
 }
 
 /// A collective's start, until its stop.
@@ -53,6 +55,7 @@ pub(crate) fn read(path: &Path) -> Result<Option<RankProfile>> {
     let mut anchors: Vec<(u64, i64, u64)> = Vec::new();
     let mut opened: HashMap<u64, Open> = HashMap::new();
     let mut spans: Vec<(Open, u64)> = Vec::new();
+    let mut failed = 0u64;
     let infos = file.chunks().to_vec();
     file.for_each_chunk(&infos, 2, |_, chunk| -> Result<()> {
         let chunk = chunk?;
@@ -85,7 +88,10 @@ pub(crate) fn read(path: &Path) -> Result<Option<RankProfile>> {
                     opened.insert(event.tracking_id, open);
                 }
                 (EventData::Collective { status, .. }, Phase::Stop) => {
-                    if let Some(open) = opened.remove(&event.tracking_id).filter(|_| status.is_none()) {
+                    let open = opened.remove(&event.tracking_id);
+                    if status.is_some() {
+                        failed += 1;
+                    } else if let Some(open) = open {
                         spans.push((open, event.timestamp_ns));
                     }
                 }
@@ -94,7 +100,7 @@ pub(crate) fn read(path: &Path) -> Result<Option<RankProfile>> {
         }
         Ok(())
     })?;
-    if spans.is_empty() {
+    if spans.is_empty() && failed == 0 {
         return Ok(None);
     }
     let clock = ntff::RootClock::new(anchors);
@@ -107,7 +113,7 @@ pub(crate) fn read(path: &Path) -> Result<Option<RankProfile>> {
         entry: CollectiveEntry { arrived_ns: root(open.at_ns), departed_ns: Some(root(stop)), ..open.entry },
     });
     let records = RuntimeRecords::from_profile(pid, &host, offset, collectives);
-    Ok(Some(RankProfile { path: path.to_owned(), host, records, anchors: clock.anchors(), membership, clock }))
+    Ok(Some(RankProfile { path: path.to_owned(), host, records, anchors: clock.anchors(), membership, clock, failed }))
 }
 
 /// The group views of the profiles' communicators, over every collective they hold.
@@ -122,8 +128,17 @@ pub(crate) fn views(profiles: &[RankProfile]) -> Vec<GroupView> {
 /// the collectives (`summary-text` prints it, `summary-json` gives it as `ranks`).
 #[derive(Debug, Serialize)]
 pub(crate) struct Report {
+    /// Profiles of the directory whose recording did not finish (`*.ntff.partial`): a
+    /// process that died, or a recording that was stopped.
+    unfinished: Vec<Unfinished>,
     profiles: Vec<ProfileLine>,
     communicators: Vec<CommunicatorReport>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct Unfinished {
+    pub(crate) file: String,
+    pub(crate) bytes: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -134,6 +149,8 @@ struct ProfileLine {
     ranks: Vec<u32>,
     /// `clock_offset` events in the file (0: on the root's clock).
     clock_anchors: usize,
+    /// Collectives that ended with a status.
+    failed_collectives: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -182,15 +199,25 @@ struct CollectiveRow {
     busbw_gb_per_s: Option<f64>,
 }
 
-pub(crate) fn report(profiles: &[RankProfile], views: &[GroupView]) -> Report {
+pub(crate) fn report(profiles: &[RankProfile], views: &[GroupView], unfinished: Vec<Unfinished>) -> Report {
     let profiles_out = profiles
         .iter()
         .map(|p| ProfileLine {
             file: p.path.file_name().map_or_else(|| p.path.display().to_string(), |n| n.to_string_lossy().into_owned()),
             host: p.host.clone(),
             pid: p.records.pid,
-            ranks: p.records.communicators.iter().flat_map(|c| c.members.iter().map(|m| m.rank)).collect(),
+            ranks: {
+                let mut ranks: Vec<u32> =
+                    p.records.communicators.iter().flat_map(|c| c.members.iter().map(|m| m.rank)).collect();
+                if ranks.is_empty() {
+                    // No complete collective: the ranks its file recorded for its process.
+                    let own = p.membership.iter().flat_map(|c| &c.members).filter(|m| m.pid == p.records.pid);
+                    ranks = own.map(|m| m.rank).collect();
+                }
+                ranks
+            },
             clock_anchors: p.anchors,
+            failed_collectives: p.failed,
         })
         .collect();
     let communicators = views
@@ -268,13 +295,31 @@ pub(crate) fn report(profiles: &[RankProfile], views: &[GroupView]) -> Report {
             }
         })
         .collect();
-    Report { profiles: profiles_out, communicators }
+    Report { unfinished, profiles: profiles_out, communicators }
 }
 
 impl Report {
     /// For people.
     pub(crate) fn to_text(&self) -> String {
         let mut out = String::new();
+        // What failed first.
+        for u in &self.unfinished {
+            let _ = writeln!(
+                out,
+                "FAILED: {} ({} bytes) was never finished: its process died, or its recording was stopped; its \
+                 collectives are not in this report (read what it holds with -s)",
+                u.file, u.bytes
+            );
+        }
+        for p in self.profiles.iter().filter(|p| p.failed_collectives > 0) {
+            let _ = writeln!(
+                out,
+                "FAILED: {} collective{} of {} ended with an error (its summary below says which first)",
+                p.failed_collectives,
+                if p.failed_collectives == 1 { "" } else { "s" },
+                p.file
+            );
+        }
         let anchored = self.profiles.iter().filter(|p| p.clock_anchors > 0).count();
         let _ = writeln!(
             out,

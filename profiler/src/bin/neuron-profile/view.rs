@@ -121,7 +121,7 @@ pub(crate) fn view(args: ViewArgs) -> Result<()> {
         // Several ranks, or one whose file says its group has more.
         let grouped = profiles.iter().flat_map(|p| &p.membership).any(|c| c.ranks > 1);
         if grouped || views.iter().any(|v| v.members.len() > 1) {
-            let report = ranks::report(&profiles, &views);
+            let report = ranks::report(&profiles, &views, unfinished(args.session_dir.as_deref())?);
             if format == OutputFormat::SummaryText {
                 writeln!(out, "{}", report.to_text())?;
             }
@@ -363,6 +363,22 @@ fn progress_bar(doing: &str) -> indicatif::ProgressBar {
     indicatif::ProgressBar::new(0).with_style(
         indicatif::ProgressStyle::with_template(&template).unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     )
+}
+
+/// The profiles of `dir` whose recording did not finish (`*.ntff.partial`), by name.
+fn unfinished(dir: Option<&Path>) -> Result<Vec<ranks::Unfinished>> {
+    let Some(dir) = dir else { return Ok(Vec::new()) };
+    let mut found: Vec<ranks::Unfinished> = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot list {}", dir.display()))?
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".ntff.partial"))
+        .map(|e| ranks::Unfinished {
+            file: e.file_name().to_string_lossy().into_owned(),
+            bytes: e.metadata().map_or(0, |m| m.len()),
+        })
+        .collect();
+    found.sort_by(|a, b| a.file.cmp(&b.file));
+    Ok(found)
 }
 
 /// The `.ntff` files of `dir`, by name.

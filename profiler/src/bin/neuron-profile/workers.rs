@@ -47,6 +47,9 @@ pub(crate) struct WorkerArgs {
     profile_id: String,
 }
 
+/// How long the other workers have to end once one has failed.
+const AFTER_A_FAILURE: Duration = Duration::from_secs(10);
+
 /// A started worker.
 struct Worker {
     rank: u32,
@@ -141,11 +144,12 @@ pub(crate) fn run(args: &WorkerArgs, arguments: &[String], session_dir: Option<&
         workers.push(Worker { rank, child });
     }
     drop(lines);
-    // Until every worker has ended, or one failed (then the others are stopped: they
-    // would wait for it in their collectives until the execution timeout).
-    let mut failed: Option<(u32, std::process::ExitStatus)> = None;
+    // Until every worker has ended. Once one has failed, the others get a while to end
+    // on their own (their collectives fail as soon as they miss it, and they write their
+    // profiles with the failure in them); those still running then are stopped.
+    let mut failed: Option<(u32, std::process::ExitStatus, std::time::Instant)> = None;
     let mut done = vec![false; workers.len()];
-    while failed.is_none() && done.iter().any(|d| !d) {
+    while done.iter().any(|d| !d) && failed.is_none_or(|(_, _, at)| at.elapsed() < AFTER_A_FAILURE) {
         match output.recv_timeout(Duration::from_millis(50)) {
             Ok(line) => eprintln!("{line}"),
             Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
@@ -155,18 +159,34 @@ pub(crate) fn run(args: &WorkerArgs, arguments: &[String], session_dir: Option<&
         for (worker, done) in workers.iter_mut().zip(done.iter_mut()).filter(|(_, done)| !**done) {
             if let Some(status) = worker.child.try_wait()? {
                 *done = true;
-                if !status.success() {
-                    failed = Some((worker.rank, status));
+                if !status.success() && failed.is_none() {
+                    failed = Some((worker.rank, status, std::time::Instant::now()));
+                    eprintln!(
+                        "neuron-profile: the worker of rank {} failed ({status}); the others have {} s to end and \
+                         write their profiles",
+                        worker.rank,
+                        AFTER_A_FAILURE.as_secs()
+                    );
                 }
             }
         }
     }
+    let stopped: Vec<String> =
+        workers.iter().zip(&done).filter(|(_, done)| !**done).map(|(w, _)| w.rank.to_string()).collect();
     drop(workers);
     while let Ok(line) = output.recv_timeout(Duration::from_millis(100)) {
         eprintln!("{line}");
     }
-    if let Some((rank, status)) = failed {
-        bail!("the worker of rank {rank} failed ({status}); the other workers were stopped");
+    if let Some((rank, status, _)) = failed {
+        let stopped = match stopped.as_slice() {
+            [] => "the others ended on their own".to_string(),
+            ranks => {
+                format!("rank {} did not end within {} s and was stopped", ranks.join(", "), AFTER_A_FAILURE.as_secs())
+            }
+        };
+        let read = session_dir
+            .map_or_else(String::new, |dir| format!("; what was recorded: neuron-profile view -d {}", dir.display()));
+        bail!("the worker of rank {rank} failed ({status}); {stopped}{read}");
     }
     if let Some(dir) = session_dir {
         eprintln!("read the ranks together with: neuron-profile view -d {}", dir.display());
