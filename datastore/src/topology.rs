@@ -61,6 +61,17 @@ impl InstanceType {
     }
 
     /// The device and core layout of this instance type.
+    /// The smallest virtual instance of this one's device type with at least `cores`
+    /// NeuronCores (`None` when none has that many).
+    pub fn smallest_with(self, cores: u32) -> Option<InstanceType> {
+        let device = self.topology().device_type;
+        InstanceType::ALL
+            .iter()
+            .copied()
+            .filter(|t| t.topology().device_type == device && t.topology().core_count() >= cores)
+            .min_by_key(|t| t.topology().core_count())
+    }
+
     pub fn topology(self) -> Topology {
         let (device_type, device_count, physical, logical_size, memory) = match self {
             InstanceType::Trn1_2xlarge => ("trainium", 1, 2, 1, 32 * GIB),
@@ -111,6 +122,13 @@ pub struct Topology {
 }
 
 impl Topology {
+    /// The instance the running runtimes say they run on (their datastores' instance
+    /// types): the first this build knows, `None` when none does. Every tool shows it,
+    /// falling back to its own configuration only when no runtime runs.
+    pub fn declared<'a>(declared: impl IntoIterator<Item = &'a str>) -> Option<Topology> {
+        declared.into_iter().find_map(|t| t.parse::<InstanceType>().ok()).map(|t| t.topology())
+    }
+
     pub fn cores_per_device(&self) -> u32 {
         self.physical_cores_per_device / self.logical_core_size
     }

@@ -141,7 +141,9 @@ struct Process {
 struct Monitor<'a> {
     config: &'a MonitorConfig,
     cli: &'a Cli,
+    /// The instance the running runtimes declare, or `configured` when none runs.
     topology: Topology,
+    configured: Topology,
     clock: CpuClock,
     processes: Runtimes<Process>,
     system: Vec<Followed<SystemGroup, HostSample>>,
@@ -173,6 +175,7 @@ fn run(cli: &Cli, config: &MonitorConfig, server: Option<&MetricsServer>) -> Res
             .collect(),
         started_realtime_ns: realtime_ns(),
         ecc_total: vec![[0; 4]; topology.device_count as usize],
+        configured: topology.clone(),
         topology,
         collectives: Tally::default(),
         straggler_rule: StragglerRule::from_env(),
@@ -245,6 +248,11 @@ impl Monitor<'_> {
     /// them when `all_due`, for a report).
     fn look(&mut self, all_due: bool) -> Result<()> {
         self.find_new()?;
+        let declared = self.processes.iter().map(|p| p.reader.info().instance_type.as_str());
+        self.topology = Topology::declared(declared).unwrap_or_else(|| self.configured.clone());
+        if self.ecc_total.len() < self.topology.device_count as usize {
+            self.ecc_total.resize(self.topology.device_count as usize, [0; 4]);
+        }
         let now = Instant::now();
         let cores_per_device = self.topology.cores_per_device();
         let host_due: Vec<bool> = self.system.iter().map(|g| all_due || due(g.since_at, g.group.period, now)).collect();

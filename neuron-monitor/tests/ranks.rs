@@ -16,6 +16,13 @@ use serde_json::Value;
 const MONITOR: &str = env!("CARGO_BIN_EXE_neuron-monitor");
 const FAULTS: &str = "NEURON_RT_FAULT_INJECT";
 
+/// One 4-rank job at a time: two at once on a 2-CPU host time each other's ranks.
+static ONE_JOB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_job() -> std::sync::MutexGuard<'static, ()> {
+    ONE_JOB.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// `neuron-monitor` reporting every 500 ms on stdout and on a Prometheus endpoint, and
 /// the endpoint's address.
 fn monitor(sandbox: &Sandbox) -> (Running, BufReader<std::process::ChildStdout>, SocketAddr) {
@@ -65,10 +72,14 @@ fn seen(group: &Value) -> u64 {
 
 #[test]
 fn a_late_rank_is_named_in_the_report_and_the_exposition_and_a_balanced_job_names_nobody() {
+    let _one = one_job();
     let sandbox = Sandbox::new();
     let (_monitor, mut reports, addr) = monitor(&sandbox);
     let Some(_job) = all_reduce_job(&sandbox, 4, 3000, &[(FAULTS, "cc_delay:rank=2:delay=20ms")]) else { return };
     let report = report_until(&sandbox, &mut reports, |g| g["communicators"][0]["straggler"].is_object());
+    // The instance the job's runtimes declare, which the monitor was not told.
+    assert_eq!(report["instance_info"]["instance_type"], "trn1.32xlarge", "{:#}", report["instance_info"]);
+    assert_eq!(report["neuron_hardware_info"]["neuron_device_count"], 16);
     let group = &report["system_data"]["collectives"];
     let comm = &group["communicators"][0];
     assert_eq!(comm["ranks"], 4, "{comm:#}");
@@ -141,6 +152,7 @@ fn a_late_rank_is_named_in_the_report_and_the_exposition_and_a_balanced_job_name
 
 #[test]
 fn a_hang_is_named_with_the_missing_rank_within_the_threshold_and_a_second() {
+    let _one = one_job();
     // A 4 s timeout: the waiting ranks mark their wait after 2 s.
     let sandbox = Sandbox::new();
     let env = [(FAULTS, "cc_hang:rank=3:after=5"), ("NEURON_RT_EXEC_TIMEOUT", "4")];

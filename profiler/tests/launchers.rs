@@ -109,6 +109,30 @@ fn neuron_bench_runs_the_ranks_of_a_job_across_mpirun_processes() {
     let log = text(&output);
     assert!(output.status.success(), "{log}");
     assert_two_processes_of_two_ranks(&log);
+    // Each line of a process says which ranks it is: the processes share a terminal.
+    assert!(log.lines().any(|l| l.starts_with("[ranks 2-3 of 4] executions   40 in")), "{log}");
+
+    // On the default instance (2 NeuronCores) the job does not fit: the process that
+    // finds the cores taken names their holder, the job's other process, and the
+    // instance that has enough.
+    let work = tempfile::tempdir().expect("tempdir");
+    let mut program = rank_process(work.path(), &free_root());
+    program.env_remove("NEURON_VIRT_INSTANCE_TYPE");
+    let Some(mut mpirun) = neuron_test_support::process::mpirun(2, &program) else { return };
+    let output = mpirun.output().expect("mpirun runs");
+    let log = text(&output);
+    assert!(!output.status.success(), "{log}");
+    let refusal = log.lines().find(|l| l.contains("NRT_EXEC_NC_BUSY")).unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        refusal.contains("(neuron-bench), process ") && refusal.contains(" of a job (OMPI_COMM_WORLD_RANK)"),
+        "{refusal}"
+    );
+    assert!(
+        refusal.contains(
+            "need 4 NeuronCores (2 each) and trn1.2xlarge has 2: set NEURON_VIRT_INSTANCE_TYPE=trn1.32xlarge"
+        ),
+        "{refusal}"
+    );
 }
 
 #[test]

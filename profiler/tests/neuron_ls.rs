@@ -102,7 +102,9 @@ fn the_ranks_of_a_job_of_processes_are_listed_with_their_cores() {
     )
     .expect("write");
     let port = neuron_test_support::process::free_port();
-    // Two processes of a torchrun-style job, one core and one rank each, running long.
+    // Two processes of a torchrun-style job, one core and one rank each, running long,
+    // on nc2 and nc3 of a trn1.32xlarge that neuron-ls is not told of: it shows the
+    // instance the runtimes declare.
     let mut ranks: Vec<Child> = (0..2)
         .map(|rank| {
             Command::new(env!("CARGO_BIN_EXE_neuron-bench"))
@@ -110,10 +112,11 @@ fn the_ranks_of_a_job_of_processes_are_listed_with_their_cores() {
                 .arg(&hlo)
                 .env("NEURON_VIRT_LOCK_DIR", dir.path().join("locks"))
                 .env("NEURON_VIRT_DATASTORE_DIR", datastores(dir.path()))
-                .env("NEURON_RT_NUM_CORES", "1")
+                .env("NEURON_RT_VISIBLE_CORES", (2 + rank).to_string())
+                .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge")
                 .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{port}"))
                 .envs([("RANK", rank.to_string()), ("WORLD_SIZE", "2".to_owned())])
-                .env_remove("NEURON_RT_VISIBLE_CORES")
+                .env_remove("NEURON_RT_NUM_CORES")
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
@@ -134,6 +137,11 @@ fn the_ranks_of_a_job_of_processes_are_listed_with_their_cores() {
         assert!(started.elapsed() < Duration::from_secs(30), "the ranks never appeared in neuron-ls: {listed:?}");
         std::thread::sleep(Duration::from_millis(50));
     };
+    let table = Command::new(env!("CARGO_BIN_EXE_neuron-ls"))
+        .env("NEURON_VIRT_DATASTORE_DIR", datastores(dir.path()))
+        .env_remove("NEURON_VIRT_INSTANCE_TYPE")
+        .output()
+        .expect("run neuron-ls");
     for rank in &mut ranks {
         let _ = rank.kill();
         let _ = rank.wait();
@@ -142,5 +150,8 @@ fn the_ranks_of_a_job_of_processes_are_listed_with_their_cores() {
         assert_eq!(*rank, expected as u64, "{process}");
         assert_eq!(process["ranks"][0]["ranks"], 2, "{process}");
         assert_eq!(process["ranks"][0]["core"], process["cores"][0], "the rank's core is the process's: {process}");
+        assert_eq!(process["cores"], serde_json::json!([2 + expected]), "{process}");
     }
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("instance-type: trn1.32xlarge"), "{table}");
 }

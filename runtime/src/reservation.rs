@@ -37,19 +37,26 @@ impl CoreReservation {
             CoreRequest::Count(n) => {
                 let mut locks = Vec::new();
                 let mut cores = Vec::new();
+                let mut held = None;
                 for core in 0..total {
                     if cores.len() == *n as usize {
                         break;
                     }
-                    if let Some(lock) = try_lock(lock_dir, core)? {
-                        locks.push(lock);
-                        cores.push(core);
+                    match try_lock(lock_dir, core)? {
+                        Some(lock) => {
+                            locks.push(lock);
+                            cores.push(core);
+                        }
+                        None if held.is_none() => held = Some(core),
+                        None => {}
                     }
                 }
                 if cores.len() < *n as usize {
                     let available = cores.len();
                     drop(locks);
-                    return Err(not_available(&format!("{n} cores"), available, None));
+                    let holder = held
+                        .and_then(|core| holder_of(&lock_path(lock_dir, core)).map(|(pid, name)| (core, pid, name)));
+                    return Err(not_available(&format!("{n} cores"), available, holder));
                 }
                 Ok(CoreReservation { cores: CoreSet::new(cores), _locks: locks })
             }
@@ -98,6 +105,39 @@ fn not_available(requested: &str, available: usize, holder: Option<(u32, u32, St
     )
 }
 
+/// `NRT_EXEC_NC_BUSY` of a process of a job: when the job's ranks on this host need
+/// more NeuronCores than the instance has, says so and which instance has enough.
+pub(crate) fn for_the_job(error: NrtError, topology: &Topology, config: &crate::config::Config) -> NrtError {
+    let (Some(launch), NrtStatus::ExecNcBusy) = (&config.launch, error.status) else { return error };
+    let per_process = match &config.cores {
+        CoreRequest::Count(n) => *n,
+        CoreRequest::Visible(set) => set.len() as u32,
+        CoreRequest::All => return error,
+    };
+    let here = launch.local_processes.unwrap_or(launch.processes);
+    let needed = here.saturating_mul(per_process);
+    let has = topology.core_count();
+    if needed <= has {
+        return error;
+    }
+    let instance = topology.instance_type;
+    let advice = match instance.smallest_with(needed) {
+        Some(larger) => format!(
+            "set NEURON_VIRT_INSTANCE_TYPE={larger} ({} NeuronCores) for every process of the job",
+            larger.topology().core_count()
+        ),
+        None => "run fewer ranks per host".to_owned(),
+    };
+    NrtError::new(
+        error.status,
+        format!(
+            "{}; this job's {here} processes on this host need {needed} NeuronCores ({per_process} each) and \
+             {instance} has {has}: {advice}",
+            error.message
+        ),
+    )
+}
+
 /// The process holding the `flock` of `path`: its pid, and `pid 1234 (neuron-bench)`, found in
 /// `/proc/locks` by the file's device and inode (the lock files stay empty, so that any
 /// user can lock them read-only).
@@ -115,7 +155,20 @@ fn holder_of(path: &Path) -> Option<(u32, String)> {
             .flatten()
     })?;
     let command = std::fs::read_to_string(format!("/proc/{pid}/comm")).map(|c| c.trim().to_owned()).unwrap_or_default();
-    Some((pid, if command.is_empty() { format!("pid {pid}") } else { format!("pid {pid} ({command})") }))
+    // A rank of a job says which (its launcher's variable), when this user may read it.
+    let rank = std::fs::read(format!("/proc/{pid}/environ")).ok().and_then(|environ| {
+        let vars: Vec<&[u8]> = environ.split(|&b| b == 0).collect();
+        ["RANK", "OMPI_COMM_WORLD_RANK", "NEURON_PJRT_PROCESS_INDEX", "SLURM_PROCID"].iter().find_map(|name| {
+            let value = vars.iter().find_map(|v| v.strip_prefix(name.as_bytes())?.strip_prefix(b"="))?;
+            Some(format!("process {} of a job ({name})", String::from_utf8_lossy(value)))
+        })
+    });
+    let command = if command.is_empty() { String::new() } else { format!(" ({command})") };
+    let described = match rank {
+        None => format!("pid {pid}{command}"),
+        Some(rank) => format!("pid {pid}{command}, {rank}"),
+    };
+    Some((pid, described))
 }
 
 fn lock_path(lock_dir: &Path, core: u32) -> PathBuf {

@@ -96,7 +96,8 @@ impl Collector {
             StragglerRule::default()
         });
         let ranks = group_views(&records, &rule, root_now(&records));
-        let t = self.runtimes.iter().find_map(|f| f.state.topology.as_ref()).unwrap_or(&self.topology);
+        let declared = Topology::declared(self.runtimes.iter().map(|f| f.reader.info().instance_type.as_str()));
+        let t = declared.as_ref().unwrap_or(&self.topology);
         Snapshot {
             time: utc_time(),
             instance: Instance {

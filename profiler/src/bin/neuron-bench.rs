@@ -247,6 +247,13 @@ fn load_ranks(runtime: &Runtime, neff: &[u8], cores: &[u32], timed: bool) -> Res
         bail!("--duration would stop the processes of the job at different executions; use --iterations");
     }
     let (ranks, world) = launch.ranks(cores.len() as u32)?;
+    let place = match ranks.len() {
+        1 => format!("rank {} of {world}", ranks.start),
+        _ => format!("ranks {}-{} of {world}", ranks.start, ranks.end - 1),
+    };
+    // Each line this process prints says which ranks it is, as the job's processes
+    // print to one terminal.
+    let _ = JOB_PLACE.set(place);
     tracing::info!(
         "ranks {}-{} of {world}, across {} processes ({})",
         ranks.start,
@@ -368,35 +375,51 @@ fn exec(args: ExecArgs) -> Result<()> {
         });
         println!("{report}");
     } else {
-        println!("model        {name} on {} ({})", cores, runtime.topology().instance_type);
+        // In one write, each line with the job place: the processes of a job share a
+        // terminal.
+        let mut text = String::new();
+        let prefix = job_prefix();
+        let mut line = |l: String| text.push_str(&format!("{prefix}{l}\n"));
+        line(format!("model        {name} on {} ({})", cores, runtime.topology().instance_type));
         if args.exec_mode == ExecMode::Async {
-            println!("mode         async, {} requests in flight per core", args.inflight);
+            line(format!("mode         async, {} requests in flight per core", args.inflight));
         }
-        println!(
+        line(format!(
             "executions   {} in {:.2} s ({} per core)",
             thousands(executions),
             wall.as_secs_f64(),
             thousands(executions / cores.len() as u64)
-        );
-        println!("throughput   {:.1} executions/s, {}FLOP/s", throughput, si(flops as f64 * throughput));
+        ));
+        line(format!("throughput   {:.1} executions/s, {}FLOP/s", throughput, si(flops as f64 * throughput)));
         for (label, h) in [("latency", &total), ("device", &device)] {
             if let Some(s) = h.summary() {
-                println!("{label:<12} {}", s.describe(format_seconds));
+                line(format!("{label:<12} {}", s.describe(format_seconds)));
             }
         }
         if numerical_errors > 0 {
-            println!("NaN/Inf      {} values in outputs", thousands(numerical_errors));
+            line(format!("NaN/Inf      {} values in outputs", thousands(numerical_errors)));
         }
         for (replica, r) in replicas.iter().zip(&results) {
             for (status, count, _) in &r.by_status {
-                println!("failed       {} on nc{} with {status}", thousands(*count), replica.model.core());
+                line(format!("failed       {} on nc{} with {status}", thousands(*count), replica.model.core()));
             }
         }
+        let mut out = std::io::stdout().lock();
+        std::io::Write::write_all(&mut out, text.as_bytes())?;
+        std::io::Write::flush(&mut out)?;
     }
     if failed > 0 {
         bail!("{} of {} executions failed (listed above)", thousands(failed), thousands(executions));
     }
     Ok(())
+}
+
+/// This process's ranks of a job of several processes (`ranks 2-3 of 4`), once loaded.
+static JOB_PLACE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// `[ranks 2-3 of 4] ` in a job of several processes, else nothing.
+fn job_prefix() -> String {
+    JOB_PLACE.get().map_or_else(String::new, |place| format!("[{place}] "))
 }
 
 /// Prints the executions done so far, once a second.
@@ -413,7 +436,12 @@ impl Progress {
     fn tick(&mut self, done: u64) {
         if Instant::now() >= self.next {
             self.next += Duration::from_secs(1);
-            eprintln!("  {:>4.0}s  {} executions", self.started.elapsed().as_secs_f64(), thousands(done));
+            eprintln!(
+                "{}  {:>4.0}s  {} executions",
+                job_prefix(),
+                self.started.elapsed().as_secs_f64(),
+                thousands(done)
+            );
         }
     }
 }

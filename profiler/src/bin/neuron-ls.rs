@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use neuron_datastore::topology::Topology;
 use neuron_datastore::{Liveness, RuntimeEntry, discover};
 use neuron_runtime::Config;
 use neuron_runtime::memory::HumanBytes;
@@ -74,9 +75,12 @@ fn main() -> ExitCode {
 
 fn run(cli: &Cli) -> Result<()> {
     let config = Config::from_env().map_err(|e| anyhow::anyhow!("{e}"))?;
-    let topology = config.instance_type.topology();
     let dir = cli.datastore_dir.clone().unwrap_or(config.datastore_dir);
     let entries = discover(&dir).with_context(|| format!("cannot list runtimes in {}", dir.display()))?;
+    // The instance the runtimes run on, as they say; this process's configuration when
+    // none runs.
+    let declared = entries.iter().filter_map(|e| e.reader.as_ref().ok()).map(|r| r.info().instance_type.as_str());
+    let topology = Topology::declared(declared).unwrap_or_else(|| config.instance_type.topology());
     let mut problems = Vec::new();
     let runtimes: Vec<(Vec<u32>, Process)> = entries
         .iter()
@@ -111,7 +115,7 @@ fn run(cli: &Cli) -> Result<()> {
     if cli.json_output {
         println!("{}", serde_json::to_string_pretty(&devices)?);
     } else {
-        print_table(&config.instance_type.to_string(), &devices);
+        print_table(&topology.instance_type.to_string(), &devices);
         for (_, p) in &runtimes {
             println!("{:>8}  {}", p.pid, printable(&p.command));
         }

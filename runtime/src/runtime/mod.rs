@@ -189,7 +189,8 @@ impl Runtime {
             }
             _ => {}
         }
-        let reservation = CoreReservation::acquire(&shared.config.lock_dir, &shared.topology, &shared.config.cores)?;
+        let reservation = CoreReservation::acquire(&shared.config.lock_dir, &shared.topology, &shared.config.cores)
+            .map_err(|e| crate::reservation::for_the_job(e, &shared.topology, &shared.config))?;
         // Each core runs one execution at a time, so at most `cores` slots hold jobs;
         // the others are lent to large matrix products.
         let pool = HostPool::new(shared.config.host_threads.max(1));

@@ -210,11 +210,8 @@ fn instance_for(workers: u32) -> Result<Option<InstanceType>> {
         return Ok(None);
     }
     let device = DEFAULT_INSTANCE_TYPE.topology().device_type;
-    let larger = InstanceType::ALL
-        .iter()
-        .copied()
-        .filter(|t| t.topology().device_type == device && cores(*t) >= workers)
-        .min_by_key(|t| cores(*t))
+    let larger = DEFAULT_INSTANCE_TYPE
+        .smallest_with(workers)
         .with_context(|| format!("no virtual {device} instance has {workers} NeuronCores"))?;
     eprintln!(
         "neuron-profile: {} has {} NeuronCores; the {workers} workers run on {} ({} NeuronCores); {ENV_INSTANCE_TYPE} chooses another",
