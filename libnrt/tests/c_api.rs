@@ -98,8 +98,7 @@ fn input_value(input: usize, k: usize) -> f32 {
 fn have_cpp() -> bool {
     let found = Command::new("c++").arg("--version").output().is_ok_and(|o| o.status.success());
     if !found {
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "no C++ compiler (c++) in CI");
-        eprintln!("note: no C++ compiler (c++); the headers are compiled as C only");
+        neuron_test_support::ci::missing("no C++ compiler (c++)", "compiling the headers as C++");
     }
     found
 }
@@ -447,8 +446,7 @@ fn a_rank_whose_process_exits_inside_a_collective_fails_the_others_at_once() {
 fn python_loads_it_through_ctypes() {
     let found = Command::new("python3").arg("--version").output().is_ok_and(|o| o.status.success());
     if !found {
-        assert!(std::env::var("CI").as_deref() != Ok("true"), "no python3 in CI");
-        eprintln!("note: no python3; the ctypes smoke test is skipped");
+        neuron_test_support::ci::missing("no python3", "the ctypes smoke test");
         return;
     }
     let sandbox = Sandbox::new();

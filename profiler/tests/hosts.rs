@@ -17,8 +17,10 @@ fn hosts() -> Option<Hosts> {
     match Hosts::create() {
         Ok(hosts) => Some(hosts),
         Err(why) => {
-            assert!(std::env::var("CI").as_deref() != Ok("true"), "CI runs as root with `ip`: {why}");
-            eprintln!("skipped: cannot create network namespaces here ({why}); run as root");
+            neuron_test_support::ci::missing(
+                &format!("cannot create network namespaces here ({why}); run as root with `ip`"),
+                "the two-host test",
+            );
             None
         }
     }

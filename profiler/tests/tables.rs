@@ -11,6 +11,7 @@
 //! Without a Python 3 that can make one (or without the package index, or Java for
 //! Spark), that part is skipped with a note, except in CI (`CI=true`), where it fails.
 
+use neuron_test_support::ci::in_ci;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -350,10 +351,6 @@ fn readme_sql() -> Vec<String> {
         }
     }
     queries
-}
-
-fn in_ci() -> bool {
-    std::env::var("CI").as_deref() == Ok("true")
 }
 
 /// A Python with the [`ENGINES`], set up once under the target directory; `None` (a

@@ -2,16 +2,16 @@
 //!
 //! 1. End to end: a 1 MiB `f32` all-reduce of 4 ranks, each a runtime of its own with
 //!    its own bootstrap connection and data links (as processes of one host), once with
-//!    the flight record and once without; rounds alternate between the two jobs so that
-//!    they share the host's state; rank 0's median per call of each.
-//! 2. The record's own work per collective of one rank, timed alone: what
-//!    `collectives/flight.rs` writes for a rank of 4 in its own process (its progress
-//!    three times, its entry, the wait cleared, the three other ranks' arrivals as the
-//!    messages bring them, two readings of the clock), through the datastore writer,
-//!    and its pace (a lock and a clock reading at its execution's start and end, its
-//!    arrival and its departure: what it did before it arrived).
-//!    On a 2-vCPU host the end-to-end difference is within the noise of the collective;
-//!    this bounds it from below the noise.
+//!    the flight record and once without, and a second job with the record as the noise
+//!    floor (two identical jobs differ by this much); rounds turn between the three jobs
+//!    so that they share the host's state; rank 0's median per call of each.
+//! 2. The record's own work per collective of one rank, timed on its path: every
+//!    method of `collectives/flight.rs` the runtime calls (its progress, its entry, the
+//!    other ranks' arrivals as the messages bring them, its pace at its execution's
+//!    start and end, its arrival and its departure) is timed where it is called
+//!    (`trace-probe`'s `flight_record_cost`), over the job with the record, less what
+//!    timing an empty span measures. On a 2-vCPU host the end-to-end difference is
+//!    within the noise of the collective; this bounds it from below the noise.
 //! 3. A training step's compute: the MLP example's execution on one core (median), to
 //!    put a step's one all-reduce's record against.
 //!
@@ -21,10 +21,8 @@ use std::net::TcpListener;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use neuron_datastore::clock::{CalibrationPoint, DeviceClock, TickSource, monotonic_ns};
-use neuron_datastore::flight::{Before, CollectiveEntry, CommunicatorEntry, Position, Progress, RankMember};
 use neuron_datastore::topology::InstanceType;
-use neuron_datastore::{CollectiveAlgorithm, CollectiveOp, CommandIdentity, CreateParams, DatastoreWriter, Engine};
+use neuron_runtime::collectives::flight_record_cost;
 use neuron_runtime::config::CoreRequest;
 use neuron_runtime::launch::RootComm;
 use neuron_runtime::{
@@ -95,96 +93,6 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
-/// The record's work per collective of one rank of `RANKS` in its own process, in
-/// seconds: the mean over many collectives.
-fn record_work() -> f64 {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let calibration = CalibrationPoint::now();
-    let writer = DatastoreWriter::create(&CreateParams {
-        dir: dir.path().join("ds"),
-        tag: None,
-        instance_type: "trn1.32xlarge".into(),
-        device_count: 16,
-        cores_per_device: 2,
-        device_memory_bytes: 32 << 30,
-        instance_core_count: 32,
-        cores: vec![0],
-        ring_capacity: 1 << 10,
-        model_slots: 16,
-        string_table_bytes: 1 << 20,
-        instruction_table_bytes: 1 << 20,
-        tick_source: TickSource::MonotonicNs,
-        calibration,
-        ns_per_tick: 1.0,
-        device_clocks: vec![DeviceClock::for_core(0, calibration.ticks, 1.0)],
-        recording: 0,
-        host_threads: 1,
-        product_kernel: Default::default(),
-        command: CommandIdentity::of_this_process(),
-    })
-    .expect("datastore");
-    let entry = CommunicatorEntry { id: 7, name: "flight".into(), ranks: RANKS as u32, across: true };
-    let slot = writer.open_communicator(&entry).expect("a slot");
-    for rank in 0..RANKS as u32 {
-        let member = RankMember {
-            pid: 100 + rank,
-            host: "h".into(),
-            core: (rank == 0).then_some(0),
-            in_this_process: rank == 0,
-        };
-        writer.set_rank_member(slot, rank, &member);
-    }
-    let collectives = 200_000u32;
-    // The rank's pace (`collectives/flight.rs`): a lock and a clock reading at its
-    // execution's start and end, its arrival and its departure, and its engines' busy
-    // times handed over (converted from ticks) before its collective and at the end.
-    let pace = std::sync::Mutex::new((0u64, 0u64, [0u64; 5]));
-    let mark = |executing: bool| {
-        let now = monotonic_ns();
-        let engines: [u64; 5] = std::array::from_fn(|e| (std::hint::black_box(e as u64 * 1000) as f64 * 0.37) as u64);
-        let mut pace = pace.lock().expect("pace");
-        pace.2.iter_mut().zip(engines).for_each(|(total, ns)| *total += ns);
-        if executing {
-            pace.1 += now.saturating_sub(pace.0);
-        }
-        pace.0 = now;
-        pace.1
-    };
-    let started = Instant::now();
-    for sequence in 0..collectives {
-        let at = Position { sequence, index: 0 };
-        mark(false);
-        writer.record_progress(slot, 0, Progress::Enqueued, at);
-        let executing_ns = mark(true);
-        let arrived = monotonic_ns();
-        writer.record_progress(slot, 0, Progress::Started(CollectiveOp::AllReduce), at);
-        for peer in 1..RANKS as u32 {
-            writer.record_progress(slot, peer, Progress::Started(CollectiveOp::AllReduce), at);
-        }
-        let departed = monotonic_ns();
-        writer.set_waiting(slot, 0, None);
-        let entry = |arrived_ns, departed_ns| CollectiveEntry {
-            position: at,
-            operation: CollectiveOp::AllReduce,
-            algorithm: CollectiveAlgorithm::AllToAll,
-            group: 0,
-            bytes: BYTES as u64,
-            arrived_ns,
-            departed_ns,
-            before: Some(Before { since_ns: 900_000, executing_ns, busiest: Some((Engine::Pe, executing_ns / 2)) }),
-        };
-        writer.record_collective(slot, 0, &entry(arrived, Some(departed)));
-        writer.record_progress(slot, 0, Progress::Completed, at);
-        for peer in 1..RANKS as u32 {
-            writer.record_collective(slot, peer, &entry(arrived + u64::from(peer), None));
-            writer.set_rank_uncertainty(slot, peer, 20_000);
-        }
-        mark(false);
-        mark(true);
-    }
-    started.elapsed().as_secs_f64() / f64::from(collectives)
-}
-
 /// The MLP example's execution on one core: median seconds of 100.
 fn mlp_step() -> f64 {
     let lock = tempfile::tempdir().expect("tempdir");
@@ -216,25 +124,52 @@ fn mlp_step() -> f64 {
 }
 
 fn main() {
-    let (on, off) = (job(true), job(false));
-    let (mut with, mut without) = (Vec::new(), Vec::new());
+    // A second job with the record is the noise floor: on / on again says how far two
+    // identical jobs differ on this host.
+    let (on, again, off) = (job(true), job(true), job(false));
+    let (mut with, mut with_again, mut without) = (Vec::new(), Vec::new(), Vec::new());
+    // The record's own work, timed where the collectives do it, over the job with the
+    // record only (the other job's calls are taken off before each of its batches).
+    let empty_span_ns = flight_record_cost::empty_span_ns();
+    let (mut record_ns, mut spans) = (0u64, 0u64);
+    let mut timed = |job: &Job, into: &mut Vec<f64>, counted: bool| {
+        flight_record_cost::take();
+        into.extend(all_reduces(job));
+        let (ns, n) = flight_record_cost::take();
+        if counted {
+            record_ns += ns;
+            spans += n;
+        }
+    };
     for round in 0..ROUNDS {
-        // Which goes first alternates too.
-        if round % 2 == 0 {
-            with.extend(all_reduces(&on));
-            without.extend(all_reduces(&off));
-        } else {
-            without.extend(all_reduces(&off));
-            with.extend(all_reduces(&on));
+        // Which goes first turns too.
+        for k in 0..3 {
+            match (round + k) % 3 {
+                0 => timed(&on, &mut with, true),
+                1 => timed(&off, &mut without, false),
+                _ => timed(&again, &mut with_again, false),
+            }
         }
     }
-    let (t_with, t_without) = (median(with), median(without));
+    let (t_with, t_again, t_without) = (median(with), median(with_again), median(without));
     println!("1 MiB f32 all-reduce of {RANKS} ranks (a runtime each), rank 0's median of {} calls:", ROUNDS * CALLS);
     println!("  flight record on   {:>9.1} µs", t_with * 1e6);
+    println!("  the same, again    {:>9.1} µs", t_again * 1e6);
     println!("  flight record off  {:>9.1} µs", t_without * 1e6);
-    println!("  on / off           {:>9.3}", t_with / t_without);
-    let work = record_work();
-    println!("the record's own work per collective of one rank: {:.2} µs", work * 1e6);
+    println!(
+        "  on / off           {:>9.3}   (on / the same again: {:.3}, the noise floor)",
+        t_with / t_without,
+        t_with / t_again
+    );
+    // Per collective of one rank: every rank's calls, less the timing's own share.
+    let collectives = (RANKS * ROUNDS * CALLS) as f64;
+    let work = (record_ns as f64 - spans as f64 * empty_span_ns).max(0.0) / collectives / 1e9;
+    println!(
+        "the record's own work per collective of one rank, timed on its path: {:.2} µs ({:.1} calls of it per \
+         collective, less {empty_span_ns:.0} ns of timing each)",
+        work * 1e6,
+        spans as f64 / collectives
+    );
     println!("  against the all-reduce (record off): {:.3}%", 100.0 * work / t_without);
     let step = mlp_step();
     println!("a step's compute, the MLP example on one core: {:.1} µs", step * 1e6);

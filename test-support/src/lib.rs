@@ -7,11 +7,14 @@
 //!   ([`Bench`](runtime::Bench)) or one per test ([`Fixture`](runtime::Fixture)), and
 //!   the helpers that compile, bind and run HLO on it;
 //! - [`http`]: a plain `GET` against a local server;
-//! - [`hosts`]: two network namespaces joined by a veth pair, as two hosts.
+//! - [`hosts`]: two network namespaces joined by a veth pair, as two hosts;
+//! - [`ci`]: whether this is CI's run, where a missing tool fails the test instead of
+//!   skipping its part.
 //!
 //! It is a dev-dependency only (`publish = false`); nothing here is part of any
 //! product.
 
+pub mod ci;
 pub mod hosts;
 pub mod http;
 pub mod process;

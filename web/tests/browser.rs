@@ -33,8 +33,7 @@ fn tools(e2e: &Path) -> Option<(PathBuf, PathBuf)> {
         _ => None,
     };
     if let Some(why) = missing {
-        assert!(std::env::var_os("CI").is_none(), "{why}: .ci/run installs it");
-        eprintln!("skipping the browser test: {why}");
+        neuron_test_support::ci::missing(why, "the browser test");
         return None;
     }
     Some((PathBuf::from("node"), chromium))

@@ -20,6 +20,63 @@ use super::{Communicator, OpPosition, RankPlace};
 use neuron_datastore::flight::{Before, CollectiveEntry, CommSlot, CommunicatorEntry, Position, Progress, RankMember};
 use neuron_datastore::{CollectiveAlgorithm, CollectiveOp, Tracer};
 
+/// With the `trace-probe` feature, the time this process spends in the record's work
+/// (the methods below, timed where the collectives call them), for
+/// `benches/flight.rs`; without it, nothing.
+#[cfg(feature = "trace-probe")]
+pub mod cost {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Instant;
+
+    static NS: AtomicU64 = AtomicU64::new(0);
+    static SPANS: AtomicU64 = AtomicU64::new(0);
+
+    /// One method's work, timed until dropped.
+    pub(crate) struct Span(Instant);
+
+    impl Span {
+        pub(crate) fn start() -> Span {
+            Span(Instant::now())
+        }
+    }
+
+    impl Drop for Span {
+        fn drop(&mut self) {
+            NS.fetch_add(self.0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            SPANS.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The nanoseconds spent in the record's work and the spans timed since the last
+    /// call, which starts both again from zero.
+    pub fn take() -> (u64, u64) {
+        (NS.swap(0, Ordering::Relaxed), SPANS.swap(0, Ordering::Relaxed))
+    }
+
+    /// What a span with nothing in it measures (ns, the mean of many): the timing's own
+    /// share of each span, to take off. Leaves the counts at zero.
+    pub fn empty_span_ns() -> f64 {
+        const N: u64 = 200_000;
+        take();
+        for _ in 0..N {
+            drop(std::hint::black_box(Span::start()));
+        }
+        take().0 as f64 / N as f64
+    }
+}
+
+#[cfg(not(feature = "trace-probe"))]
+mod cost {
+    pub(super) struct Span;
+
+    impl Span {
+        #[inline(always)]
+        pub(super) fn start() -> Span {
+            Span
+        }
+    }
+}
+
 /// The host's name, as tools show it.
 fn host_name() -> String {
     nix::unistd::gethostname().map_or_else(|_| "?".into(), |h| h.to_string_lossy().into_owned())
@@ -147,6 +204,7 @@ impl Communicator {
 
     /// Records that rank `rank` was given unit `unit`.
     pub(super) fn record_enqueued(&self, rank: u32, unit: u64) {
+        let _cost = cost::Span::start();
         if let Some(slot) = self.inner.record {
             let at = Position { sequence: unit as u32, index: 0 };
             self.inner.tracer.store().record_progress(slot, rank, Progress::Enqueued, at);
@@ -155,6 +213,7 @@ impl Communicator {
 
     /// Records that rank `rank` reached a collective of `operation` at `at`, now.
     pub(super) fn record_started(&self, rank: u32, at: OpPosition, operation: CollectiveOp) -> Arrival {
+        let _cost = cost::Span::start();
         let (at_ns, uncertainty_ns) = self.root_now();
         let before = self.pace(rank, |pace| pace.arrive(at_ns)).flatten();
         if let Some(slot) = self.inner.record {
@@ -166,11 +225,13 @@ impl Communicator {
     /// Adds each engine's busy time (ns, `Engine` order) of rank `rank`'s instructions
     /// since the last call.
     pub(crate) fn engines_busy(&self, rank: u32, engines_ns: &[u64; ENGINES]) {
+        let _cost = cost::Span::start();
         self.pace(rank, |pace| pace.engines_ns.iter_mut().zip(engines_ns).for_each(|(total, ns)| *total += ns));
     }
 
     /// Says that rank `rank` of this process begins (`true`) or ends an execution.
     pub(crate) fn executing(&self, rank: u32, running: bool) {
+        let _cost = cost::Span::start();
         let (now_ns, _) = self.root_now();
         self.pace(rank, |pace| pace.execution(running, now_ns));
     }
@@ -183,6 +244,7 @@ impl Communicator {
     /// Records that a rank of another process reached the collective at `at` (its
     /// message says so).
     pub(super) fn record_arrived(&self, arrival: Arrival, at: OpPosition, operation: super::Collective) {
+        let _cost = cost::Span::start();
         if let Some(slot) = self.inner.record {
             let started = Progress::Started(operation.kind());
             self.inner.tracer.store().record_progress(slot, arrival.rank, started, position(at));
@@ -201,6 +263,7 @@ impl Communicator {
     /// Records rank `rank`'s collective at `at`, and what it learnt of the arrivals of
     /// `others` (ranks of other processes); moves its completed word when it `succeeded`.
     pub(super) fn record_done(&self, rank: u32, at: OpPosition, done: &Done, others: &[Arrival], succeeded: bool) {
+        let _cost = cost::Span::start();
         let (departed, _) = self.root_now();
         self.pace(rank, |pace| pace.depart(departed));
         let Some(slot) = self.inner.record else { return };

@@ -54,6 +54,9 @@ mod remote;
 mod streaming;
 pub(crate) mod world;
 
+/// The flight record's own cost, timed on its path (`trace-probe`, for the benchmarks).
+#[cfg(feature = "trace-probe")]
+pub use flight::cost as flight_record_cost;
 use meeting::State;
 pub(crate) use meeting::check_groups;
 pub use meeting::report_after;

@@ -222,7 +222,7 @@ mod tests {
     #[test]
     fn products_match_exact_sums_of_bf16_products() {
         if !available() {
-            eprintln!("skipped: this host has no AMX tiles the process may use");
+            eprintln!("skipped the amx kernel: this host has no AMX tiles the process may use");
             return;
         }
         super::super::packed::check_against_exact_sums(

@@ -208,6 +208,7 @@ mod tests {
     #[test]
     fn products_match_exact_sums_of_bf16_products() {
         if !available() {
+            eprintln!("skipped the bf16 kernel: this CPU has no AVX512-BF16");
             return;
         }
         super::super::packed::check_against_exact_sums(

@@ -705,6 +705,36 @@ impl<T: Int> pulp::WithSimd for IntProduct<'_, '_, T> {
 mod tests {
     use super::*;
 
+    /// The choice among the kernels of bf16-rounded products that an optimised build
+    /// makes at start (compiled out of debug builds, whose tests cannot see it): on a
+    /// host with AVX-512F a native kernel takes them, the one measured fastest, and it
+    /// gives the exact sums of the bf16 products as the plain kernel does.
+    #[cfg(all(target_arch = "x86_64", not(debug_assertions)))]
+    #[test]
+    fn an_optimised_build_takes_bf16_rounded_products_to_the_fastest_native_kernel_of_the_host() {
+        let kernel = product_kernel();
+        eprintln!("the kernel of bf16-rounded products on this host: {kernel:?}");
+        if !super::super::rounded_f32::available() {
+            eprintln!("skipped the kernel choice: this CPU has no AVX-512F");
+            assert_eq!(kernel, ProductKernel::F32);
+            assert!(native_gemm(FloatFormat::Bf16, false).is_none());
+            return;
+        }
+        let expected: Gemm<f32> = match kernel {
+            ProductKernel::Amx => super::super::amx::gemm_amx,
+            ProductKernel::Bf16 => super::super::bf16::gemm_bf16,
+            ProductKernel::F32 | ProductKernel::NotRecorded => super::super::rounded_f32::gemm_rounded_f32,
+        };
+        // Only a kernel the CPU runs is chosen.
+        assert!(kernel != ProductKernel::Bf16 || super::super::bf16::available());
+        assert!(kernel != ProductKernel::Amx || super::super::amx::available());
+        let chosen = native_gemm(FloatFormat::Bf16, false).expect("a native kernel on an AVX-512F host");
+        assert!(std::ptr::fn_addr_eq(chosen, expected), "the measured kernel, {kernel:?}, takes the products");
+        // Saturating conversions are rounded before the product, by the plain kernel.
+        assert!(native_gemm(FloatFormat::Bf16, true).is_none());
+        super::super::packed::check_against_exact_sums(chosen, &[(1, 1, 1), (9, 33, 130), (64, 512, 256)]);
+    }
+
     #[test]
     fn an_integer_product_of_strided_views_wraps_as_the_plain_loop_does() {
         let (m, k, n) = (5, 37, 19);

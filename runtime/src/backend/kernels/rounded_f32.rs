@@ -327,6 +327,7 @@ mod tests {
     #[test]
     fn products_match_exact_sums_of_bf16_products() {
         if !available() {
+            eprintln!("skipped the rounded_f32 kernel: this CPU has no AVX-512F");
             return;
         }
         super::super::packed::check_against_exact_sums(
@@ -349,6 +350,7 @@ mod tests {
     #[test]
     fn rounding_sixteen_lanes_matches_one_at_a_time() {
         if !available() {
+            eprintln!("skipped the rounded_f32 kernel: this CPU has no AVX-512F");
             return;
         }
         let values: Vec<f32> = [1.0, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -2.5e-39, f32::MAX, f32::INFINITY]
