@@ -80,6 +80,14 @@ fn run(cli: &Cli) -> Result<()> {
         }
         let text = if cli.json {
             serde_json::to_string_pretty(&state.snapshot)? + "\n"
+        } else if cli.ranks && state.snapshot.ranks.is_empty() {
+            // No Ranks tab to print: say why instead of printing another.
+            let runtimes = state.snapshot.runtimes.len();
+            format!(
+                "{} ({runtimes} runtime{} running)\n",
+                view::ranks::NO_COMMUNICATOR,
+                if runtimes == 1 { "" } else { "s" }
+            )
         } else {
             plain_frame(&state, Theme { color: false })?
         };

@@ -62,4 +62,8 @@ fn json_and_once_show_a_running_workload() {
     assert!(frame.contains("[2]:batch-e2e"), "{frame}");
     assert!(frame.contains("NeuronCore v2 Utilization"), "{frame}");
     assert!(!frame.contains('\u{1b}'), "plain text, no escape sequences");
+
+    // Asked for the Ranks tab of a workload with no collectives: says so, not another tab.
+    let ranks = top(&["--once", "--ranks", "--refresh", "300ms"]);
+    assert_eq!(ranks, format!("{} (1 runtime running)\n", neuron_top::view::ranks::NO_COMMUNICATOR));
 }

@@ -10,7 +10,7 @@ use ratatui::widgets::{Block, Borders, Cell, Clear, Paragraph, Row, Table};
 use crate::input::BINDINGS;
 
 mod panels;
-mod ranks;
+pub mod ranks;
 use crate::state::State;
 use neuron_datastore::sample::HISTORY;
 use neuron_datastore::sample::model::{CpuShare, DeviceMemory, ERROR_CLASSES, HostMemory};

@@ -15,14 +15,16 @@ use crate::state::State;
 use neuron_datastore::flight::{JobAdmission, Position};
 use neuron_datastore::ranks::{GroupView, RankState, format_ns};
 
+/// What the Ranks tab says while no runtime has a communicator.
+pub const NO_COMMUNICATOR: &str = "No communicator: the runtimes here run no collectives (or run none yet).";
+
 /// The sparkline's levels, lowest first.
 const LEVELS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
 
 pub(crate) fn draw(frame: &mut Frame, area: Rect, state: &State, theme: Theme) {
     let groups = &state.snapshot.ranks;
     if groups.is_empty() {
-        let text = "No communicator: the runtimes here run no collectives (or run none yet).";
-        frame.render_widget(Paragraph::new(Span::styled(fit(text, area.width), theme.dim())), area);
+        frame.render_widget(Paragraph::new(Span::styled(fit(NO_COMMUNICATOR, area.width), theme.dim())), area);
         return;
     }
     let mut y = area.y;
