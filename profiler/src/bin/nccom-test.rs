@@ -68,9 +68,25 @@ struct Cli {
     /// Timed operations per size (after 5 untimed ones).
     #[arg(short = 'n', long, default_value_t = 20)]
     iters: u32,
-    /// Compare every rank's result with the expected one (the inputs are small whole numbers).
-    #[arg(short = 'c', long)]
-    check: bool,
+    /// Compare every rank's result with the expected one, with inputs of `all_ones`
+    /// (every element 1), `random` (small whole numbers drawn the same way in every
+    /// run) or, given as a bare `--check`, `pattern` (rank + 1 + index mod 5): whole
+    /// numbers, so that sums are exact in every type.
+    #[arg(short = 'c', long, value_enum, num_args = 0..=1, default_missing_value = "pattern", value_name = "INPUTS")]
+    check: Option<Check>,
+}
+
+/// The inputs `--check` compares results over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Check {
+    /// Rank + 1 + the element's index mod 5.
+    Pattern,
+    /// Every element 1.
+    #[value(name = "all_ones", alias = "all-ones")]
+    AllOnes,
+    /// Whole numbers from 0 to 7, drawn from the rank and the index (the same in
+    /// every run).
+    Random,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -323,14 +339,14 @@ fn rank_main(
             cli.iters
         );
         println!(
-            "{:>12} {:>12} {:>6} {:>12} {:>10} {:>10}{}",
-            "size",
+            "{:>12} {:>12} {:>6} {:>12} {:>12} {:>12}{}",
+            "size(B)",
             "count",
             "type",
             "time(us)",
-            "algbw",
-            "busbw",
-            if cli.check { "  check" } else { "" }
+            "algbw(GB/s)",
+            "busbw(GB/s)",
+            if cli.check.is_some() { "  check" } else { "" }
         );
     }
     let mut all_ok = true;
@@ -341,13 +357,14 @@ fn rank_main(
             Operation::Redsc => (size, size / n),
         };
         let input = runtime.allocate_tensor(TensorPlacement::Device { core }, input_bytes, "input")?;
-        input.write(0, &rank_input(datatype, rank, input_bytes / element))?;
+        let inputs = cli.check.unwrap_or(Check::Pattern);
+        input.write(0, &rank_input(inputs, datatype, rank, input_bytes / element))?;
         let output = runtime.allocate_tensor(TensorPlacement::Device { core }, output_bytes, "output")?;
         for _ in 0..5 {
             communicator.run(rank, &call, Some(&input), Some(&output))?;
         }
-        let checked =
-            !cli.check || output.read_all()? == expected(cli.operation, datatype, rank, ranks, output_bytes / element);
+        let checked = cli.check.is_none()
+            || output.read_all()? == expected(inputs, (cli.operation, datatype), rank, ranks, output_bytes / element);
         communicator.run(rank, &CollectiveCall::new(Collective::Barrier, DType::U8), None, None)?;
         let started = Instant::now();
         for _ in 0..cli.iters {
@@ -359,7 +376,7 @@ fn rank_main(
         if rank == 0 {
             let seconds = slowest.as_secs_f64();
             let algbw = size as f64 / seconds / 1e9;
-            let check = match (cli.check, failed.is_empty()) {
+            let check = match (cli.check.is_some(), failed.is_empty()) {
                 (false, _) => String::new(),
                 (true, true) => "  ok".to_owned(),
                 (true, false) => {
@@ -367,7 +384,7 @@ fn rank_main(
                 }
             };
             println!(
-                "{size:>12} {:>12} {:>6} {:>12.1} {:>10.3} {:>10.3}{check}",
+                "{size:>12} {:>12} {:>6} {:>12.1} {:>12.3} {:>12.3}{check}",
                 size / element,
                 dtype,
                 seconds * 1e6,
@@ -390,21 +407,32 @@ fn operation_name(operation: Operation) -> &'static str {
 
 /// Element `i` of rank `rank`'s input: a small whole number, so that sums are exact in
 /// every type.
-fn value(rank: u32, i: u64) -> u32 {
-    rank + 1 + (i % 5) as u32
+fn value(inputs: Check, rank: u32, i: u64) -> u32 {
+    match inputs {
+        Check::Pattern => rank + 1 + (i % 5) as u32,
+        Check::AllOnes => 1,
+        // A SplitMix64 step of the rank and index: the same draw in every process.
+        Check::Random => {
+            let mut z = (u64::from(rank) << 40 ^ i).wrapping_add(0x9e37_79b9_7f4a_7c15);
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            ((z ^ (z >> 31)) % 8) as u32
+        }
+    }
 }
 
-fn rank_input(datatype: DataType, rank: u32, count: u64) -> Vec<u8> {
+fn rank_input(inputs: Check, datatype: DataType, rank: u32, count: u64) -> Vec<u8> {
     let mut bytes = Vec::new();
     for i in 0..count {
-        datatype.encode(value(rank, i), &mut bytes);
+        datatype.encode(value(inputs, rank, i), &mut bytes);
     }
     bytes
 }
 
 /// What rank `rank`'s output of `count` elements must be.
-fn expected(operation: Operation, datatype: DataType, rank: u32, ranks: u32, count: u64) -> Vec<u8> {
+fn expected(inputs: Check, (operation, datatype): (Operation, DataType), rank: u32, ranks: u32, count: u64) -> Vec<u8> {
     let n = u64::from(ranks);
+    let value = |rank: u32, i: u64| value(inputs, rank, i);
     let mut bytes = Vec::new();
     for i in 0..count {
         let value = match operation {
@@ -461,7 +489,7 @@ mod tests {
     use super::*;
 
     fn expected_ints(operation: Operation, rank: u32, ranks: u32, count: u64) -> Vec<i32> {
-        ints(&expected(operation, DataType::Int32, rank, ranks, count))
+        ints(&expected(Check::Pattern, (operation, DataType::Int32), rank, ranks, count))
     }
 
     fn ints(bytes: &[u8]) -> Vec<i32> {
@@ -471,7 +499,7 @@ mod tests {
     #[test]
     fn the_expected_results_are_the_operations_of_the_inputs() {
         // Rank r's element i is r + 1 + i mod 5: rank 0 holds 1 2 3 4 5 …, rank 1 2 3 4 5 6 ….
-        assert_eq!(ints(&rank_input(DataType::Int32, 1, 4)), [2, 3, 4, 5]);
+        assert_eq!(ints(&rank_input(Check::Pattern, DataType::Int32, 1, 4)), [2, 3, 4, 5]);
         assert_eq!(expected_ints(Operation::Allr, 0, 2, 3), [3, 5, 7]);
         assert_eq!(expected_ints(Operation::Allg, 1, 2, 4), [1, 2, 2, 3]);
         // Part 1 (elements 2 and 3) of both inputs, summed: 3 + 4, 4 + 5.
@@ -480,6 +508,27 @@ mod tests {
         assert_eq!(expected_ints(Operation::Alltoall, 1, 2, 4), [3, 4, 4, 5]);
         let types = Cli::parse_from(["nccom-test", "allr", "-d", "fp32,bf16,uint8"]).datatype;
         assert!(types == [DataType::Fp32, DataType::Bf16, DataType::Uint8]);
+    }
+
+    #[test]
+    fn neurons_check_modes_give_inputs_whose_results_are_known() {
+        let check = |args: &[&str]| Cli::parse_from([&["nccom-test", "allr"][..], args].concat()).check;
+        assert_eq!(check(&[]), None);
+        assert_eq!(check(&["--check"]), Some(Check::Pattern));
+        assert_eq!(check(&["--check", "all_ones"]), Some(Check::AllOnes));
+        assert_eq!(check(&["--check", "random", "-n", "3"]), Some(Check::Random));
+        assert!(Cli::try_parse_from(["nccom-test", "allr", "--check", "zeros"]).is_err());
+        // All ones: an all-reduce of 4 ranks gives 4 everywhere.
+        let all_ones = expected(Check::AllOnes, (Operation::Allr, DataType::Int32), 0, 4, 3);
+        assert_eq!(ints(&all_ones), [4, 4, 4]);
+        // Random: whole numbers 0 to 7 that differ by rank and index, the same each time,
+        // and the all-reduce is their sum.
+        let draw = |rank| ints(&rank_input(Check::Random, DataType::Int32, rank, 64));
+        assert_eq!(draw(0), draw(0));
+        assert_ne!(draw(0), draw(1));
+        assert!(draw(2).iter().all(|v| (0..8).contains(v)) && draw(2).iter().any(|&v| v != draw(2)[0]));
+        let sums: Vec<i32> = (0..64).map(|i| (0..3).map(|r| draw(r)[i]).sum()).collect();
+        assert_eq!(ints(&expected(Check::Random, (Operation::Allr, DataType::Int32), 1, 3, 64)), sums);
     }
 
     #[test]
