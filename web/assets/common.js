@@ -17,6 +17,12 @@ export function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+// The tools' texts quote names in backticks (`train_step`, comm `grads`): as nodes,
+// each quoted name in a <code> element, the backticks gone.
+export function quoted(text) {
+  return String(text).split('`').map((part, i) => (i % 2 ? el('code', {}, part) : part));
+}
+
 // An event stream that comes back: EventSource retries a dropped connection by itself,
 // but gives up on a refusal (503 when the dashboard serves its most pages, 401); this
 // tries again later, waiting longer each time. `handlers` maps event names to functions.

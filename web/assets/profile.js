@@ -309,6 +309,14 @@ export function profilePage(main, name, base = null) {
       meta.unplaced ? ` · ${thousands(meta.unplaced)} events without a clock sync point left out` : ''),
       ...meta.problems.map((p) => el('div', { class: 'warn' }, p)));
     await fetchView();
+    // Opened on the device's work: a profile's (or a job's) start of loading and
+    // compiling can take most of its width before the first execution.
+    const first = firstDeviceWork(state.data, state.meta);
+    const whole = state.t1 - state.t0;
+    if (first !== null && first > whole * 0.05) {
+      state.t0 = Math.max(0, first - whole * 0.01);
+      await fetchView();
+    }
     canvas.dataset.firstPaintMs = (performance.now() - opened).toFixed(0);
     // Since the navigation started (performance.now() counts from it).
     canvas.dataset.sinceNavigationMs = performance.now().toFixed(0);
@@ -417,7 +425,10 @@ function rooflineCard(hlos, flops, jump) {
   const mem = flops.memory_peak_bytes_per_s;
   const ceilings = [['PE', flops.peak_per_s], ['ACT · DVE · POOL', flops.vector_peak_per_s]].filter(([, v]) => v);
   const xs = points.map((p) => p.intensity).concat(ceilings.map(([, v]) => v / mem));
-  const ys = points.map((p) => p.achieved_flops_per_s).concat(ceilings.map(([, v]) => v));
+  // A point that reads above its roofline (see "read with care") is drawn on it, where
+  // it cannot be, hollow and red; its figure is in its hover text.
+  const shown = (h) => (h.roofline_percent > 100 ? (h.achieved_flops_per_s * 100) / h.roofline_percent : h.achieved_flops_per_s);
+  const ys = points.map(shown).concat(ceilings.map(([, v]) => v));
   const x0 = 10 ** Math.floor(Math.log10(Math.min(...xs) / 2)), x1 = 10 ** Math.ceil(Math.log10(Math.max(...xs) * 2));
   const y0 = 10 ** Math.floor(Math.log10(Math.min(...ys) / 2)), y1 = 10 ** Math.ceil(Math.log10(Math.max(...ys) * 2));
   let hover = null;
@@ -440,18 +451,22 @@ function rooflineCard(hlos, flops, jump) {
       ctx.fillStyle = '#d29922'; ctx.textAlign = 'right'; ctx.fillText(`${label} peak ${short(peak, 'FLOP/s')}`, width - right - 4, py(peak) - 4);
     }
     ctx.lineWidth = 1;
-    // Points above their roofline (see "read with care") are hollow, with a red ring.
+    // Points above their roofline sit on it, hollow with a red ring; one line says how
+    // many (a label each would overlap).
     let above = 0;
     for (const h of points) {
-      const x = px(h.intensity), y = py(h.achieved_flops_per_s), r = h === hover ? 6 : 4;
+      const x = px(h.intensity), y = py(shown(h)), r = h === hover ? 6 : 4;
       ctx.beginPath(); ctx.arc(x, y, r, 0, 2 * Math.PI);
       if (h.roofline_percent > 100) {
         above++;
         ctx.strokeStyle = '#f85149'; ctx.lineWidth = 2; ctx.stroke();
-        ctx.fillStyle = '#f85149'; ctx.textAlign = 'left'; ctx.fillText(`${h.hlo} ${percent(h.roofline_percent)}?`, x + 8, y - 6);
       } else {
         ctx.fillStyle = colorOf(h.engine); ctx.fill();
       }
+    }
+    if (above) {
+      ctx.fillStyle = '#f85149'; ctx.textAlign = 'left';
+      ctx.fillText(`${above} instruction${above === 1 ? ' reads' : 's read'} above the roofline: drawn on it, hollow red; hover for the figure, and see "read with care"`, left + 6, top + 12);
     }
     ctx.lineWidth = 1;
     canvas.dataset.above = above;
@@ -467,7 +482,7 @@ function rooflineCard(hlos, flops, jump) {
     if (!scale) return null;
     let best = null, bestD = 12 * 12;
     for (const h of points) {
-      const d = (scale.px(h.intensity) - e.offsetX) ** 2 + (scale.py(h.achieved_flops_per_s) - e.offsetY) ** 2;
+      const d = (scale.px(h.intensity) - e.offsetX) ** 2 + (scale.py(shown(h)) - e.offsetY) ** 2;
       if (d < bestD) { best = h; bestD = d; }
     }
     return best;
@@ -549,6 +564,22 @@ export function comparePage(main, a, b) {
   return {};
 }
 
+// The start (ns from the origin) of the first instruction or DMA transfer in `view`, a
+// view of the whole profile; `null` when it has none.
+function firstDeviceWork(view, meta) {
+  if (!view) return null;
+  const width = (view.t1 - view.t0) / Math.max(1, view.columns);
+  let first = null;
+  for (const t of view.tracks) {
+    const kind = meta.tracks[t.track]?.kind;
+    if (kind !== 'engine' && kind !== 'dma') continue;
+    const start = t.mode === 'raw' ? (t.spans.length ? t.spans[0][0] : null)
+      : (t.bins.length ? view.t0 + t.bins[0][0] * width : null);
+    if (start !== null && (first === null || start < first)) first = start;
+  }
+  return first;
+}
+
 // A communicator of a job's rank profiles: the straggler by the live tools' rule (or that
 // nobody is late), and its most skewed collectives.
 function groupCard(g) {
@@ -575,6 +606,7 @@ function ranksTable(ranks) {
   const clock = (r) => (r.offset_ns == null ? 'its own (no offset measured: rank 0\'s process, or a job of one)'
     : `moved ${r.offset_ns < 0 ? '−' : '+'}${ns(Math.abs(r.offset_ns))} (± ${ns(r.uncertainty_ns)})`);
   return el('div', {},
+    el('h3', {}, 'Ranks'),
     el('table', { id: 'pf-ranks' }, el('tr', {}, ['rank', 'host', 'pid', 'clock onto rank 0\'s', 'spans', 'profile'].map((h) => el('th', {}, h))),
       ...ranks.map((r) => el('tr', { dataset: { rank: r.rank } }, el('td', {}, String(r.rank)), el('td', {}, r.host || '–'), el('td', {}, String(r.pid)),
         el('td', {}, clock(r)), el('td', {}, thousands(r.events)),

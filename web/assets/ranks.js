@@ -5,7 +5,7 @@
 // then every rank's place, state, sequence numbers and what it is doing (from its
 // process's datastore on this host, or what its process last said through the root).
 
-import { el, openStream, bytes, ns, NA } from './common.js';
+import { el, openStream, bytes, ns, NA, quoted } from './common.js';
 
 export function ranksPage(main) {
   const header = el('div', { class: 'toolbar' });
@@ -57,8 +57,8 @@ function communicator(g) {
   const across = g.across ? 'across processes' : 'in one process';
   const clock = g.uncertainty_ns ? ` · clocks within ±${ns(g.uncertainty_ns)}` : '';
   const diagnosis = [];
-  if (g.hang) diagnosis.push(el('div', { class: 'diagnosis bad', dataset: { kind: 'hang', class: g.hang.class } }, `${g.hang.class === 'gone' ? 'Rank gone' : 'Hang'}: ${g.hang.text}`));
-  if (g.straggler) diagnosis.push(el('div', { class: 'diagnosis warn', dataset: { kind: 'straggler', rank: g.straggler.rank } }, `Straggler: ${g.straggler.text}`));
+  if (g.hang) diagnosis.push(el('div', { class: 'diagnosis bad', dataset: { kind: 'hang', class: g.hang.class } }, `${g.hang.class === 'gone' ? 'Rank gone' : 'Hang'}: `, quoted(g.hang.text)));
+  if (g.straggler) diagnosis.push(el('div', { class: 'diagnosis warn', dataset: { kind: 'straggler', rank: g.straggler.rank } }, 'Straggler: ', quoted(g.straggler.text)));
   if (!diagnosis.length) {
     const complete = g.collectives.filter((c) => c.complete).length;
     diagnosis.push(el('div', { class: 'diagnosis muted', dataset: { kind: 'none' } }, `No straggler (${complete} complete collectives seen).`));
@@ -78,11 +78,16 @@ function shade(t) {
   return `hsl(8, 75%, ${light}%)`;
 }
 
+// The least lateness the heat map's deepest colour stands for.
+const SCALE_FLOOR_NS = 1e6;
+
 function heatMap(g) {
   // The scale ends at the 95th percentile, so that one outlier does not wash the rest
-  // out; later cells take the deepest colour.
+  // out (later cells take the deepest colour), and at 1 ms at least: skews below that
+  // are the host's noise, and a balanced job stays pale.
   const all = g.members.flatMap((m) => m.lateness_ns.filter((l) => l !== null)).sort((a, b) => a - b);
-  const max = all.length ? all[Math.min(all.length - 1, Math.floor(all.length * 0.95))] : 0;
+  const p95 = all.length ? all[Math.min(all.length - 1, Math.floor(all.length * 0.95))] : 0;
+  const max = Math.max(p95, SCALE_FLOOR_NS);
   const columns = g.collectives;
   const head = el('tr', {}, el('th', {}, 'rank'), columns.map((c, i) => el('th', { class: 'heat-col' },
     i % 4 === 0 || i === columns.length - 1 ? position(c.position) : '')));
@@ -129,5 +134,5 @@ function members(g) {
     el('td', {}, m.core === null ? '–' : `nc${m.core}`), el('td', {}, STATES[m.state] || m.state),
     el('td', {}, position(m.enqueued)), el('td', {}, position(m.started)), el('td', {}, position(m.completed)),
     el('td', {}, m.arrived_last), el('td', {}, m.median_lateness_ns === null ? NA : ns(m.median_lateness_ns)),
-    el('td', { class: 'doing' }, m.doing || NA))));
+    el('td', { class: 'doing' }, m.doing ? quoted(m.doing) : NA))));
 }

@@ -253,7 +253,7 @@ export function timelinePage(main, focus = null) {
       ['event', s.name],
       ['where', `${r ? r.tag : `pid ${s.pid}`} (pid ${s.pid}) · ${s.core === null ? 'host' : `nc${s.core}`} · ${s.lane}`],
       ['duration', ns(s.end_ns - s.start_ns)],
-      ['started', execution && execution !== s && s.start_ns >= execution.start_ns ? `${ns(s.start_ns - execution.start_ns)} into execution ${s.exec}` : `${((viewEnd() - s.start_ns) / 1e9).toFixed(3)} s ago`],
+      ['started', execution && execution !== s && s.start_ns >= execution.start_ns ? `${ns(s.start_ns - execution.start_ns)} into execution ${s.exec}` : `${((hostNow() - s.start_ns) / 1e9).toFixed(3)} s ago`],
     ];
     if (s.model) rowsOut.push(['model', s.model]);
     if (s.exec != null) rowsOut.push(['execution', String(s.exec)]);
@@ -295,11 +295,18 @@ export function timelinePage(main, focus = null) {
   if (focus !== null) {
     const [pid, id] = focus.includes(':') ? focus.split(':', 2) : [null, focus];
     focus = id;
-    const banner = el('div', { class: 'card', id: 'tl-focus' }, `Looking for execution ${id}${pid ? ` of pid ${pid}` : ''} in the rings of this host's runtimes…`);
+    const looking = `Looking for execution ${id}${pid ? ` of pid ${pid}` : ''} in the rings of this host's runtimes`;
+    const banner = el('div', { class: 'card', id: 'tl-focus' }, `${looking}…`);
     main.insertBefore(banner, main.children[1] || null);
+    // Reading every event of every ring takes a while on a busy host: say how long so far.
+    const asked = performance.now();
+    const ticking = setInterval(() => {
+      banner.textContent = `${looking}: ${((performance.now() - asked) / 1000).toFixed(0)} s so far (every event of each ring is read; a busy host's rings hold millions)…`;
+    }, 1000);
     fetch(`/api/execution/${encodeURIComponent(id)}${pid ? `?pid=${encodeURIComponent(pid)}` : ''}`)
       .then((r) => (r.ok ? r.json() : r.text().then((t) => Promise.reject(new Error(t || r.statusText)))))
       .then((answer) => {
+        clearInterval(ticking);
         const [first, ...others] = answer.found;
         if (!first) {
           const held = answer.runtimes.map((r) => (r.oldest_ns == null
@@ -329,7 +336,7 @@ export function timelinePage(main, focus = null) {
         banner.dataset.state = 'found';
         banner.textContent = `Execution ${focus}: ${model}on ${first.tag} (pid ${first.pid}) nc${first.core}, ${ns(duration)}, ended ${((answer.now_ns - first.end_ns) / 1e9).toFixed(1)} s ago. Paused on it: Space resumes the live view.${also}`;
       })
-      .catch((e) => { banner.dataset.state = 'error'; banner.textContent = `Cannot look for execution ${focus}: ${e.message}`; });
+      .catch((e) => { clearInterval(ticking); banner.dataset.state = 'error'; banner.textContent = `Cannot look for execution ${focus}: ${e.message}`; });
   }
 
   return { stop() { source.close(); cancelAnimationFrame(frame); document.removeEventListener('keydown', onKey); } };

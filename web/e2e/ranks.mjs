@@ -23,7 +23,10 @@ await inBrowser({ width: 1400, height: 900 }, async (page) => {
     throw new Error(`no straggler named within 30 s; the page: ${text.slice(0, 2000)}`);
   }
   const straggler = await page.$eval('.diagnosis[data-kind="straggler"]', (d) => ({ rank: d.dataset.rank, text: d.textContent }));
-  check(straggler.rank === '2' && /^Straggler: rank 2 \(pid \d+ on host .+\) arrived last in \d+ of \d+ collectives/.test(straggler.text), `rank 2 named: ${straggler.text}`);
+  check(straggler.rank === '2' && /^Straggler: rank 2 \(pid \d+ on host .+\) arrived last in \d+ of \d+ steps/.test(straggler.text), `rank 2 named: ${straggler.text}`);
+  // Names the tools quote in backticks show as code, not as backticks.
+  const shown = await page.$eval('.communicator', (c) => c.innerText);
+  check(!shown.includes('`'), `no raw backticks on the page: ${shown.slice(0, 600)}`);
   const rows = await page.$$eval('.communicator table.heat-map tr[data-rank]', (trs) => trs.map((tr) => ({
     rank: tr.dataset.rank,
     cells: tr.querySelectorAll('td.heat').length,
