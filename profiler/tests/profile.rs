@@ -187,7 +187,7 @@ fn capture_device_traces_executions_spread_over_the_recorded_ones_by_default() {
     // One execution: no percentiles at all.
     let one = env.path("one.ntff");
     let o = one.to_str().expect("utf-8");
-    succeeded(&env.run(PROFILE, &["capture", "-n", &example("mlp.hlo"), "-s", o]));
+    succeeded(&env.run(PROFILE, &["capture", "-n", &example("mlp.hlo"), "-s", o, "--num-exec", "1"]));
     let summary = succeeded(&env.run(PROFILE, &["view", "-s", o, "--output-format", "summary-text"]));
     assert!(summary.contains("one execution (no percentiles)"), "{summary}");
     assert!(!summary.contains("latency    p50"), "{summary}");
