@@ -372,6 +372,56 @@ fn run_job_of_four_ranks(sandbox: &Sandbox, binary: &Path, args: &[&std::ffi::Os
     Some(logs)
 }
 
+/// A real training step (the shard_map SGD step, two all-reduces each) as 4 processes
+/// under `neuron-profile inspect`, rank 2 spending 30 ms on the host before each step:
+/// the ranks' profiles read together name rank 2, with host time before it arrived.
+#[test]
+fn a_rank_slow_on_the_host_before_each_training_step_is_named_with_host_time_in_the_merged_profile() {
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path();
+    let case = crate_dir().join("../tests/data/jax_multi/data_parallel_step");
+    let hlo = std::fs::read_to_string(case.join("model.hlo")).expect("model.hlo");
+    let options = CompileOptions { auto_cast: AutoCast::None, ..CompileOptions::new(Target::Trn1) };
+    let program = compile_hlo_with(&hlo, &options).expect("compiles to one rank's program");
+    std::fs::write(dir.join("dp_step.neff"), Neff::new("dp_step", program).encode()).expect("write");
+    let binary = compile_c(&crate_dir().join("tests/c/dp_step.c"), dir);
+    let profiles = dir.join("profiles");
+    let mut program = Command::new(profiler_binary("neuron-profile"));
+    sandbox
+        .env(&mut program)
+        .env("LD_LIBRARY_PATH", library_dir())
+        .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge")
+        .env("NEURON_RT_NUM_CORES", "1")
+        .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{}", neuron_test_support::process::free_port()))
+        .env("NEURON_RT_EXEC_TIMEOUT", "60")
+        .env("DP_STEP_SLOW_RANK", "2")
+        .env("DP_STEP_SLOW_MS", "30")
+        .args(["inspect", "-o"])
+        .arg(&profiles)
+        .arg("--")
+        .arg(&binary)
+        .arg(dir.join("dp_step.neff"))
+        .arg(&case)
+        .arg("1");
+    let Some(mut mpirun) = neuron_test_support::process::mpirun(4, &program) else { return };
+    let output = run(&mut mpirun);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!((0..4).all(|r| stdout.contains(&format!("rank {r} ok"))), "the step still matches XLA: {stdout}");
+    let view = run(Command::new(profiler_binary("neuron-profile"))
+        .args(["view", "-d"])
+        .arg(&profiles)
+        .args(["--output-format", "summary-text"]));
+    let text = String::from_utf8_lossy(&view.stdout);
+    let finding = text.lines().find(|l| l.starts_with("  1. ")).unwrap_or_else(|| panic!("no finding: {text}"));
+    assert!(finding.starts_with("  1. rank 2 (pid ") && finding.contains(" steps"), "{finding}");
+    // Late at each step's first collective, with host time (its sleep) before it.
+    assert!(finding.contains("late at each step's first collective (of 2)"), "{finding}");
+    let before =
+        text.lines().find(|l| l.trim_start().starts_with("before it arrived")).unwrap_or_else(|| panic!("{text}"));
+    assert!(before.contains("mostly host time (its program between the runtime's calls"), "{before}");
+    eprintln!("{finding}\n{before}");
+}
+
 #[test]
 fn a_c_program_runs_as_the_ranks_of_an_mpirun_job() {
     let sandbox = Sandbox::new();

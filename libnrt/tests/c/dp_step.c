@@ -11,6 +11,9 @@
  * steps.npy, w after ten steps as XLA computed it on 4 CPU devices. Rank g is core
  * (g mod CORES) of process (g / CORES). Prints "rank <g> ok" per rank; the first
  * failure prints what differed and exits with 1.
+ *
+ * DP_STEP_SLOW_RANK=g with DP_STEP_SLOW_MS=t makes rank g spend t ms on the host
+ * before each step, as a slow data loader would.
  */
 
 #define _POSIX_C_SOURCE 200809L
@@ -19,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <nrt/nrt.h>
 #include <nrt/nrt_experimental.h>
@@ -93,7 +97,15 @@ static void *run_rank(void *arg) {
     OK(nrt_tensor_write(ty, (const char *)y.values + r->global * y_bytes, 0, y_bytes));
     float *w = malloc(w_bytes);
     memcpy(w, w0.values, w_bytes);
+    const char *slow_rank = getenv("DP_STEP_SLOW_RANK"), *slow_ms = getenv("DP_STEP_SLOW_MS");
+    long slow = slow_rank != NULL && slow_ms != NULL && strtol(slow_rank, NULL, 10) == (long)r->global
+                    ? strtol(slow_ms, NULL, 10)
+                    : 0;
     for (int step = 0; step < 10; step++) {
+        if (slow > 0) {
+            struct timespec loading = {slow / 1000, (slow % 1000) * 1000000L};
+            nanosleep(&loading, NULL);
+        }
         OK(nrt_tensor_write(tw, w, 0, w_bytes));
         OK(nrt_execute(model, inputs, outputs));
         OK(nrt_tensor_read(tout, w, 0, w_bytes));

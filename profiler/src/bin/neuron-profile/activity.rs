@@ -49,8 +49,16 @@ impl BeforeArrival {
                 format_ns(self.in_collective_ns)
             ));
         }
+        // The cause, in the live tools' words: the largest of the three.
+        let cause = if self.neither_ns >= self.executing_ns.max(self.in_calls_ns) {
+            "host time (its program between the runtime's calls: data loading, Python)"
+        } else if self.in_calls_ns >= self.executing_ns {
+            "host time in the runtime's calls"
+        } else {
+            "device time (its executions)"
+        };
         format!(
-            "{} since its previous collective: {} executing{}, {} in runtime calls, {} in neither",
+            "{} since its previous collective: {} executing{}, {} in runtime calls, {} in neither: mostly {cause}",
             format_ns(self.since_previous_ns),
             format_ns(self.executing_ns),
             match (inside.is_empty(), self.executing_ns) {
