@@ -422,6 +422,53 @@ fn a_rank_slow_on_the_host_before_each_training_step_is_named_with_host_time_in_
     eprintln!("{finding}\n{before}");
 }
 
+/// The same step run long and watched live as every live tool watches it (their one
+/// reading of the processes' flight records, `neuron_datastore::ranks`): rank 2 named,
+/// with host time as the cause.
+#[test]
+fn a_rank_slow_on_the_host_before_each_training_step_is_named_live_with_host_time() {
+    use neuron_datastore::ranks::{Cause, RuntimeRecords, StragglerRule, group_views, root_now};
+    let sandbox = Sandbox::new();
+    let dir = sandbox.path();
+    let case = crate_dir().join("../tests/data/jax_multi/data_parallel_step");
+    let hlo = std::fs::read_to_string(case.join("model.hlo")).expect("model.hlo");
+    let options = CompileOptions { auto_cast: AutoCast::None, ..CompileOptions::new(Target::Trn1) };
+    let program = compile_hlo_with(&hlo, &options).expect("compiles to one rank's program");
+    std::fs::write(dir.join("dp_step.neff"), Neff::new("dp_step", program).encode()).expect("write");
+    let binary = compile_c(&crate_dir().join("tests/c/dp_step.c"), dir);
+    let mut program = c_program(&binary);
+    sandbox
+        .env(&mut program)
+        .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge")
+        .env("NEURON_RT_NUM_CORES", "1")
+        .env("NEURON_RT_ROOT_COMM_ID", format!("127.0.0.1:{}", neuron_test_support::process::free_port()))
+        .env("NEURON_RT_EXEC_TIMEOUT", "60")
+        .envs([("DP_STEP_SLOW_RANK", "2"), ("DP_STEP_SLOW_MS", "30"), ("DP_STEP_STEPS", "2000")])
+        .arg(dir.join("dp_step.neff"))
+        .arg(&case)
+        .arg("1");
+    let Some(mut mpirun) = neuron_test_support::process::mpirun(4, &program) else { return };
+    let log = std::fs::File::create(sandbox.job_log()).expect("the job's log");
+    let log_too = log.try_clone().expect("the job's log");
+    let _job = neuron_test_support::process::Job(mpirun.stdout(log).stderr(log_too).spawn().expect("mpirun starts"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let straggler = loop {
+        let entries = neuron_datastore::discover(&sandbox.datastores).expect("the datastores");
+        let readers: Vec<_> = entries.iter().filter_map(|e| Some((e.reader.as_ref().ok()?, e.liveness?))).collect();
+        let records = RuntimeRecords::read_all(&readers);
+        let views = group_views(&records, &StragglerRule::default(), root_now(&records));
+        if let Some(s) = views.iter().find_map(|v| v.straggler.clone()).filter(|s| s.before.is_some()) {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no straggler named within 60 s\n{}", sandbox.job_evidence());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    eprintln!("{}", straggler.text);
+    assert_eq!(straggler.rank, 2, "{}", straggler.text);
+    assert_eq!((straggler.at.index, straggler.at.collectives), (0, 2), "late at each step's first of two");
+    assert_eq!(straggler.before.map(|b| b.cause), Some(Cause::Host), "{}", straggler.text);
+}
+
 #[test]
 fn a_c_program_runs_as_the_ranks_of_an_mpirun_job() {
     let sandbox = Sandbox::new();
