@@ -318,7 +318,7 @@ fn read_once(feed: &Feed, followed: &mut Runtimes<Tailed>, seq: u64) -> (Bytes, 
     let mut batch = Batch::new(feed.id, seq, BATCH_FIELDS_BYTES + runtimes.len());
     let mut done = Vec::new();
     for f in followed.iter_mut() {
-        poll(f, &mut batch, &mut done);
+        poll(f, &mut batch, &mut done, None);
     }
     let (kept, left_out) = select_groups(done, MAX_BATCH_BYTES.saturating_sub(batch.bytes));
     for group in &left_out {
@@ -363,7 +363,16 @@ fn admit(reader: &DatastoreReader, label: &str) -> Option<Tailed> {
 /// `nc_exec_running` stopped, or that waited long enough; a system span of no
 /// execution) go into `done`, and each core's busy fraction since the last poll into
 /// `batch.busy`. Returns the events read (at most 65,536 of each ring).
-fn poll(followed: &mut Followed<Tailed>, batch: &mut Batch, done: &mut Vec<Group>) -> usize {
+/// Reads what `followed` added since the last poll into `done` (groups complete or
+/// waited for long enough); with `only`, the events of that execution alone (and the
+/// clock sync points), as the execution lookup wants, which saves making spans of the
+/// rest. Gives the events read, and the host time of the oldest system event.
+fn poll(
+    followed: &mut Followed<Tailed>,
+    batch: &mut Batch,
+    done: &mut Vec<Group>,
+    only: Option<u64>,
+) -> (usize, Option<u64>) {
     let mut events = Vec::new();
     let reader = &followed.reader;
     let f = &mut followed.state;
@@ -371,6 +380,19 @@ fn poll(followed: &mut Followed<Tailed>, batch: &mut Batch, done: &mut Vec<Group
     f.models = models.iter().map(|m| (m.model_id, m.name.clone())).collect();
     f.tail.poll(reader, 65_536, false, &mut events);
     let read = events.len();
+    let oldest = events
+        .iter()
+        .filter_map(|e| match e {
+            TraceEvent::System(s) if s.clock == ClockDomain::Host => Some(s.timestamp_ns),
+            _ => None,
+        })
+        .min();
+    if let Some(exec) = only {
+        events.retain(|e| match e {
+            TraceEvent::System(s) => s.exec_id == Some(exec) || matches!(s.data, EventData::SyncPoint { .. }),
+            TraceEvent::Device(d) => d.exec_id == Some(exec),
+        });
+    }
     let lost = f.tail.lost();
     batch.lost += lost - f.lost_reported;
     f.lost_reported = lost;
@@ -434,7 +456,7 @@ fn poll(followed: &mut Followed<Tailed>, batch: &mut Batch, done: &mut Vec<Group
             batch.busy.push(Busy { pid: f.pid, core: core.core, start_ns: at, end_ns: now, fraction });
         }
     }
-    read
+    (read, oldest)
 }
 
 /// Where execution `exec_id` is in the rings of the runtimes in `dir` now (of process
@@ -454,18 +476,19 @@ pub(crate) fn find_execution(dir: PathBuf, exec_id: u64, pid: Option<u32>) -> Va
         // a few polls for its last spans).
         let mut mine: BTreeMap<Option<u32>, Vec<String>> = BTreeMap::new();
         let mut keep = |groups: &mut dyn Iterator<Item = Group>| {
-            for g in groups {
-                oldest_ns = Some(oldest_ns.map_or(g.start_ns, |o| o.min(g.start_ns)));
-                if g.exec_id == Some(exec_id) {
-                    mine.entry(g.core).or_default().extend(g.spans);
-                }
+            for g in groups.filter(|g| g.exec_id == Some(exec_id)) {
+                mine.entry(g.core).or_default().extend(g.spans);
             }
         };
         // Rings of 2²⁴ events at most, 65,536 of each a poll: bounded. Only the
-        // execution's spans are kept.
+        // execution's events are made spans.
         for _ in 0..1024 {
             let mut done = Vec::new();
-            let read = poll(f, &mut batch, &mut done);
+            let (read, oldest) = poll(f, &mut batch, &mut done, Some(exec_id));
+            oldest_ns = match (oldest_ns, oldest) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             keep(&mut done.into_iter());
             if read == 0 {
                 break;
