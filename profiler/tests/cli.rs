@@ -144,6 +144,9 @@ fn exec_reports_each_failed_execution_keeps_going_and_exits_with_failure() {
     assert!(stderr.contains("nc0 execution 3 failed: NRT_EXEC_OOB (1006): failed to run scatter/gather"), "{stderr}");
     assert!(stderr.contains("nc1 execution 5 failed: NRT_EXEC_HW_ERR_HBM_UE (1201)"), "{stderr}");
     assert!(stderr.contains("nc1 execution 6 failed: NRT_EXEC_UNIT_UNRECOVERABLE (101)"), "{stderr}");
+    // A status's later failures point at its first, once, instead of a bare line each.
+    assert!(stderr.contains("nc0 execution 6 failed with NRT_EXEC_OOB (1006) as execution 3 did (above)"), "{stderr}");
+    assert!(!stderr.contains("nc0 execution 9 failed"), "{stderr}");
     assert!(stderr.contains("9 of 20 executions failed"), "{stderr}");
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON object");
     assert_eq!(report["executions"], 20, "every execution was attempted");

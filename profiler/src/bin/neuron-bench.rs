@@ -205,21 +205,33 @@ struct CoreResult {
     failures: Vec<(u64, u32)>,
     /// Every failure by status: (status, count, first message).
     by_status: Vec<(NrtStatus, u64, String)>,
+    /// The execution each status first failed.
+    first_of_status: Vec<(NrtStatus, u64)>,
 }
 
 impl CoreResult {
     /// Records that execution number `execution` (from 1) failed.
     fn failed(&mut self, core: u32, execution: u64, error: NrtError) {
         let failed: u64 = self.by_status.iter().map(|(_, n, _)| n).sum();
+        let first = self.first_of_status.iter().find(|(s, _)| *s == error.status).map(|&(_, e)| e);
+        let repeats = self.by_status.iter().find(|(s, ..)| *s == error.status).map_or(0, |(_, n, _)| *n);
         if (failed as usize) < MAX_PRINTED_FAILURES {
-            let known = self.by_status.iter().any(|(s, ..)| *s == error.status);
-            match known {
-                true => eprintln!("  nc{core} execution {execution} failed: {}", error.status),
-                false => eprintln!("  nc{core} execution {execution} failed: {error}"),
+            // A status's first failure in full; its later ones point at it, once.
+            match first {
+                None => eprintln!("  nc{core} execution {execution} failed: {error}"),
+                Some(first) if repeats == 1 => eprintln!(
+                    "  nc{core} execution {execution} failed with {} as execution {first} did (above): \
+                     later ones of that status are counted, not printed",
+                    error.status
+                ),
+                Some(_) => {}
             }
             if failed as usize + 1 == MAX_PRINTED_FAILURES {
                 eprintln!("  (further failures on nc{core} are counted, not printed)");
             }
+        }
+        if first.is_none() {
+            self.first_of_status.push((error.status, execution));
         }
         if self.failures.len() < MAX_LISTED_FAILURES {
             self.failures.push((execution, error.code()));
