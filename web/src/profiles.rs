@@ -169,6 +169,22 @@ impl Profiles {
         files
     }
 
+    /// The directory's rank profiles whose recording never finished
+    /// (`profile_rank_<id>.ntff.partial`: a process that died, or a recording stopped),
+    /// by name; only their names are read.
+    pub(crate) fn unfinished_rank_files(&self) -> Vec<String> {
+        let Some(dir) = &self.dir else { return Vec::new() };
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+            .filter(|n| n.starts_with(RANK_PREFIX) && n.ends_with(".ntff.partial") && !n.contains(['/', '\n']))
+            .collect();
+        names.sort();
+        names
+    }
+
     /// The timeline of the directory's rank profiles together, indexed on first use and
     /// again when one of them changed; `None` when there are none.
     pub(crate) async fn job(&self) -> Option<Result<Arc<RanksIndex>, String>> {

@@ -677,10 +677,20 @@ async fn job_meta(State(state): State<Shared>) -> Result<Response, Response> {
             })
         })
         .collect();
-    let problems: Vec<String> = job
-        .parts
-        .iter()
-        .flat_map(|p| p.index.problems.iter().map(move |problem| format!("{}: {problem}", p.name)))
+    // What failed first: ranks whose recording never finished are not on the timeline.
+    let problems: Vec<String> = state
+        .profiles
+        .unfinished_rank_files()
+        .into_iter()
+        .map(|name| {
+            format!(
+                "{name} was never finished: its process died, or its recording was stopped; that rank is not on \
+                 this timeline"
+            )
+        })
+        .chain(
+            job.parts.iter().flat_map(|p| p.index.problems.iter().map(move |problem| format!("{}: {problem}", p.name))),
+        )
         .collect();
     Ok(axum::Json(json!({
         "name": "job",

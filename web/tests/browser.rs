@@ -108,6 +108,8 @@ fn a_jobs_rank_profiles_open_on_one_timeline_in_a_headless_browser() {
     let Some(mut mpirun) = neuron_test_support::process::mpirun(4, &program) else { return };
     let output = mpirun.output().expect("mpirun runs");
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    // A fifth rank whose process died before its recording finished.
+    std::fs::write(profiles.join("profile_rank_4.ntff.partial"), b"").expect("write");
     let (_dashboard, url) = neuron_test_support::process::dashboard(
         &sandbox,
         DASHBOARD.as_ref(),
@@ -115,6 +117,13 @@ fn a_jobs_rank_profiles_open_on_one_timeline_in_a_headless_browser() {
     );
     let measured = browser_checks((&node, &chromium, &e2e), "job.mjs", &[&url, "4", "2"]);
     assert!(measured["arrows"]["drawn"].as_u64().is_some_and(|n| n > 0));
+    // The job's page says first that rank 4's recording never finished.
+    let addr = url.trim_start_matches("http://").trim_end_matches('/').parse().expect("the dashboard's address");
+    let (status, body) = neuron_test_support::http::http_get(addr, "/api/job");
+    assert_eq!(status, 200, "{body}");
+    let meta: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    let first = meta["problems"][0].as_str().unwrap_or_default();
+    assert!(first.starts_with("profile_rank_4.ntff.partial was never finished"), "{:#}", meta["problems"]);
 }
 
 #[test]
