@@ -422,9 +422,10 @@ fn a_rank_slow_on_the_host_before_each_training_step_is_named_with_host_time_in_
     eprintln!("{finding}\n{before}");
 }
 
-/// The same step run long and watched live as every live tool watches it (their one
-/// reading of the processes' flight records, `neuron_datastore::ranks`): rank 2 named,
-/// with host time as the cause.
+/// The same step run long and watched live: through the tools' one reading of the
+/// processes' flight records (`neuron_datastore::ranks`), then by `neuron-top --once
+/// --ranks` and `neuron-monitor --once` themselves: rank 2 named, with host time as the
+/// cause.
 #[test]
 fn a_rank_slow_on_the_host_before_each_training_step_is_named_live_with_host_time() {
     use neuron_datastore::ranks::{Cause, RuntimeRecords, StragglerRule, group_views, root_now};
@@ -467,6 +468,32 @@ fn a_rank_slow_on_the_host_before_each_training_step_is_named_live_with_host_tim
     assert_eq!(straggler.rank, 2, "{}", straggler.text);
     assert_eq!((straggler.at.index, straggler.at.collectives), (0, 2), "late at each step's first of two");
     assert_eq!(straggler.before.map(|b| b.cause), Some(Cause::Host), "{}", straggler.text);
+
+    // The tools say the same, in the same words.
+    let tool = |package: &str, args: &[&str]| {
+        let output = Command::new(neuron_test_support::process::workspace_binary(package, package))
+            .args(args)
+            .env("NEURON_VIRT_DATASTORE_DIR", &sandbox.datastores)
+            .env_remove("NEURON_VIRT_INSTANCE_TYPE")
+            .output()
+            .expect("the tool runs");
+        assert!(output.status.success(), "{package}: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let top = tool("neuron-top", &["--once", "--ranks", "--refresh", "300ms"]);
+    let named = top.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(named.contains("STRAGGLER rank 2 (pid") && named.contains("host time"), "{top}");
+    let config = dir.join("collectives.json");
+    // The collectives group alone: it watches every runtime's ranks, whatever
+    // `neuron_runtimes` selects (here nothing).
+    std::fs::write(&config, r#"{"period": "500ms", "system_metrics": [{"type": "collectives"}]}"#).expect("config");
+    let report = tool("neuron-monitor", &["-c", config.to_str().expect("utf-8"), "--once"]);
+    let report: Value = serde_json::from_str(report.lines().next().unwrap_or_default()).expect("a JSON report");
+    let comm = &report["system_data"]["collectives"]["communicators"][0];
+    assert_eq!(comm["straggler"]["rank"], 2, "{report:#}");
+    assert_eq!(comm["straggler"]["before"]["cause"], "host", "{comm:#}");
+    assert_eq!(report["instance_info"]["instance_type"], "trn1.32xlarge", "as the job's runtimes declare");
+    assert_eq!(report["neuron_runtime_data"], serde_json::json!([]), "no runtime selected for its own groups");
 }
 
 #[test]

@@ -129,6 +129,9 @@ impl Process {
 #[derive(Debug)]
 struct Process {
     tag: String,
+    /// Selected by a `neuron_runtimes` entry, so reported under `neuron_runtime_data`;
+    /// the others are followed for the `collectives` group alone.
+    listed: bool,
     /// Each group's sample at the start of its period, shared by the groups looked at
     /// together.
     groups: Vec<Followed<RuntimeGroup, Arc<RuntimeSample>>>,
@@ -262,7 +265,7 @@ impl Monitor<'_> {
         // (an exited one's too, in the look before it is dropped).
         let mut ecc = vec![[0u64; 4]; self.topology.device_count as usize];
         self.processes.mark_exited();
-        for followed in self.processes.iter_mut() {
+        for followed in self.processes.iter_mut().filter(|p| p.state.listed) {
             let exited = followed.exited();
             let process = &mut followed.state;
             let is_due = |g: &Followed<RuntimeGroup, Arc<RuntimeSample>>| {
@@ -330,7 +333,13 @@ impl Monitor<'_> {
         let admit = |reader: &DatastoreReader, label: &str| {
             let info = reader.info();
             let tag = label.to_owned();
-            let selector = config.runtimes.iter().find(|r| r.selects(&tag))?;
+            // The collectives group reads every runtime's flight record: a job's ranks are
+            // watched whatever the `neuron_runtimes` entries select.
+            let selector = config.runtimes.iter().find(|r| r.selects(&tag));
+            let collectives = config.system.iter().any(|g| g.group == SystemGroup::Collectives);
+            if selector.is_none() && !collectives {
+                return None;
+            }
             let mut first = sample(reader, info.pid);
             // A process that started after the monitor: measured from its start, so
             // that nothing it did before it was found is lost.
@@ -343,11 +352,11 @@ impl Monitor<'_> {
             let since = first.snapshot.clone();
             let first = Arc::new(first);
             let groups = selector
-                .groups
                 .iter()
+                .flat_map(|s| &s.groups)
                 .map(|&group| Followed { group, since: Arc::clone(&first), since_at: now, value: Value::Null })
                 .collect();
-            Some(Process { tag, groups, since, ecc_since })
+            Some(Process { tag, listed: selector.is_some(), groups, since, ecc_since })
         };
         let failures = self
             .processes
@@ -371,6 +380,7 @@ impl Monitor<'_> {
         let counters: Vec<RuntimeCounters<'_>> = self
             .processes
             .iter()
+            .filter(|p| p.state.listed)
             .map(|p| RuntimeCounters {
                 pid: p.pid,
                 since: &p.state.since,
@@ -388,6 +398,7 @@ impl Monitor<'_> {
         let runtimes: Vec<Value> = self
             .processes
             .iter_mut()
+            .filter(|p| p.state.listed)
             .map(|p| {
                 let groups = lend(p.state.groups.iter_mut().map(|g| (g.group.group.name(), &mut g.value)));
                 // Moved in: `json!` would copy it.
@@ -434,7 +445,8 @@ impl Monitor<'_> {
     /// the same look: the same processes and groups, in the same order).
     fn give_back(&mut self, mut report: Value) {
         let mut runtimes = std::mem::take(&mut report["neuron_runtime_data"]);
-        for (p, runtime) in self.processes.iter_mut().zip(runtimes.as_array_mut().into_iter().flatten()) {
+        let listed = self.processes.iter_mut().filter(|p| p.state.listed);
+        for (p, runtime) in listed.zip(runtimes.as_array_mut().into_iter().flatten()) {
             take_back(&mut runtime["report"], p.state.groups.iter_mut().map(|g| (g.group.group.name(), &mut g.value)));
         }
         let system = &mut report["system_data"];

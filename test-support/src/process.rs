@@ -22,17 +22,21 @@ pub fn neuron_bench() -> PathBuf {
 /// otherwise, or when a source it is built from changed since, this asks Cargo to build
 /// it, once per run.
 pub fn profiler_binary(name: &str) -> PathBuf {
+    workspace_binary("neuron-profiler", name)
+}
+
+/// A binary of a workspace package (`neuron-top`, `neuron-monitor`, or the profiler's),
+/// built as [`profiler_binary`] says, for tests of another package that run it.
+pub fn workspace_binary(package: &str, name: &str) -> PathBuf {
     static BUILT: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
     let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
     // This executable is target/<profile>/deps/<name>; the binaries are one up.
     let exe = std::env::current_exe().expect("the test executable");
     let binary = exe.parent().and_then(Path::parent).expect("target/<profile>").join(name);
     if !built.contains(&binary) {
-        if is_stale(&binary) {
+        if is_stale(&binary, package) {
             let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
-            cargo
-                .args(["build", "--quiet", "-p", "neuron-profiler", "--bin", name])
-                .current_dir(env!("CARGO_MANIFEST_DIR"));
+            cargo.args(["build", "--quiet", "-p", package, "--bin", name]).current_dir(env!("CARGO_MANIFEST_DIR"));
             if !cfg!(debug_assertions) {
                 cargo.arg("--release");
             }
@@ -47,7 +51,7 @@ pub fn profiler_binary(name: &str) -> PathBuf {
 /// Whether `binary` is missing or older than a source of the packages it is built from.
 /// (Building it again when it is not would change its features: Cargo unifies them over
 /// the packages of one build, and rebuild its dependencies for nothing.)
-fn is_stale(binary: &Path) -> bool {
+fn is_stale(binary: &Path, package: &str) -> bool {
     let Ok(built) = std::fs::metadata(binary).and_then(|m| m.modified()) else { return true };
     fn newer(path: &Path, than: std::time::SystemTime) -> bool {
         let Ok(meta) = std::fs::metadata(path) else { return false };
@@ -58,7 +62,7 @@ fn is_stale(binary: &Path) -> bool {
         meta.modified().is_ok_and(|m| m > than)
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    // The packages the profiler's binaries are built from.
+    // The packages the binaries are built from: the profiler's, and the viewers' own.
     let sources = [
         "Cargo.lock",
         "Cargo.toml",
@@ -72,7 +76,11 @@ fn is_stale(binary: &Path) -> bool {
         "web/assets",
         "web/Cargo.toml",
     ];
-    sources.iter().any(|p| newer(&root.join(p), built))
+    let own = match package {
+        "neuron-top" | "neuron-monitor" => Some(package),
+        _ => None,
+    };
+    sources.iter().copied().chain(own).any(|p| newer(&root.join(p), built))
 }
 
 /// A temporary directory holding core reservations and a private datastore directory,
