@@ -60,7 +60,6 @@ impl InstanceType {
         self.into()
     }
 
-    /// The device and core layout of this instance type.
     /// The smallest virtual instance of this one's device type with at least `cores`
     /// NeuronCores (`None` when none has that many).
     pub fn smallest_with(self, cores: u32) -> Option<InstanceType> {
@@ -72,6 +71,7 @@ impl InstanceType {
             .min_by_key(|t| t.topology().core_count())
     }
 
+    /// The device and core layout of this instance type.
     pub fn topology(self) -> Topology {
         let (device_type, device_count, physical, logical_size, memory) = match self {
             InstanceType::Trn1_2xlarge => ("trainium", 1, 2, 1, 32 * GIB),

@@ -114,7 +114,9 @@ pub(crate) fn for_the_job(error: NrtError, topology: &Topology, config: &crate::
         CoreRequest::Visible(set) => set.len() as u32,
         CoreRequest::All => return error,
     };
-    let here = launch.local_processes.unwrap_or(launch.processes);
+    // Only a launcher that says how many of the job's processes run here tells whether
+    // they fit (Slurm's count can be a pattern, and a job may span hosts).
+    let Some(here) = launch.local_processes else { return error };
     let needed = here.saturating_mul(per_process);
     let has = topology.core_count();
     if needed <= has {

@@ -292,6 +292,7 @@ export function timelinePage(main, focus = null) {
   });
 
   // An execution to show: found in the rings and paused on, or said plainly gone.
+  let ticking = 0;
   if (focus !== null) {
     const [pid, id] = focus.includes(':') ? focus.split(':', 2) : [null, focus];
     focus = id;
@@ -300,7 +301,7 @@ export function timelinePage(main, focus = null) {
     main.insertBefore(banner, main.children[1] || null);
     // Reading every event of every ring takes a while on a busy host: say how long so far.
     const asked = performance.now();
-    const ticking = setInterval(() => {
+    ticking = setInterval(() => {
       banner.textContent = `${looking}: ${((performance.now() - asked) / 1000).toFixed(0)} s so far (every event of each ring is read; a busy host's rings hold millions)…`;
     }, 1000);
     fetch(`/api/execution/${encodeURIComponent(id)}${pid ? `?pid=${encodeURIComponent(pid)}` : ''}`)
@@ -339,5 +340,5 @@ export function timelinePage(main, focus = null) {
       .catch((e) => { clearInterval(ticking); banner.dataset.state = 'error'; banner.textContent = `Cannot look for execution ${focus}: ${e.message}`; });
   }
 
-  return { stop() { source.close(); cancelAnimationFrame(frame); document.removeEventListener('keydown', onKey); } };
+  return { stop() { source.close(); cancelAnimationFrame(frame); clearInterval(ticking); document.removeEventListener('keydown', onKey); } };
 }

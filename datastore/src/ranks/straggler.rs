@@ -208,16 +208,23 @@ fn bytes(n: u64) -> String {
 }
 
 /// The steps of `collectives` (oldest first) whose every collective is complete and
-/// whose first is known, each as its collectives' indices in order.
+/// whose first is known, each as its collectives' indices in order. The newest step is
+/// left out while it has fewer collectives than the others: it is still running (its
+/// later collectives have not begun).
 fn steps(collectives: &[CollectiveView]) -> Vec<Vec<usize>> {
     let mut by_unit: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
     for (i, c) in collectives.iter().enumerate() {
         by_unit.entry(c.position.sequence).or_default().push(i);
     }
-    by_unit
+    let mut steps: Vec<Vec<usize>> = by_unit
         .into_values()
         .filter(|step| collectives[step[0]].position.index == 0 && step.iter().all(|&i| collectives[i].complete))
-        .collect()
+        .collect();
+    let longest = steps.iter().map(Vec::len).max().unwrap_or(0);
+    if steps.len() > 1 && steps.last().is_some_and(|newest| newest.len() < longest) {
+        steps.pop();
+    }
+    steps
 }
 
 fn median(mut values: Vec<u64>) -> Option<u64> {
@@ -321,7 +328,8 @@ pub(super) fn name_straggler(
     }
     let (index, (_, at)) = indices.into_iter().max_by_key(|(_, (lateness, _))| *lateness)?;
     let newest = &collectives[*at.last()?];
-    let step_of = |i: usize| window.iter().find(|step| step.contains(&i)).map_or(1, Vec::len);
+    // The step's collectives: the most any step of the window has.
+    let per_step = window.iter().map(Vec::len).max().unwrap_or(1);
     let mut straggler = Straggler {
         rank,
         host: members[suspect].host.clone(),
@@ -332,7 +340,7 @@ pub(super) fn name_straggler(
         mean_lateness_ns: mean_of(suspect),
         late_in_some_steps,
         others_waited_share: (waited as f64 / others / elapsed).min(1.0),
-        at: LateAt { index, collectives: step_of(*at.last()?), operation: newest.operation, bytes: newest.bytes },
+        at: LateAt { index, collectives: per_step, operation: newest.operation, bytes: newest.bytes },
         before: None,
         text: String::new(),
     };

@@ -377,6 +377,26 @@ fn a_rank_late_to_each_step_of_three_collectives_is_named_with_host_time_as_the_
 }
 
 #[test]
+fn a_step_still_running_is_not_counted_until_its_collectives_have_all_run() {
+    // Rank 1 late to each step's first collective; the newest step has run only that one.
+    let mut records = three_collective_steps(
+        12,
+        |r, _, i| if r == 1 && i == 0 { 20 * MS } else { 0 },
+        |r, _, i| if (r, i) == (1, 0) { (22 * MS, MS) } else { (2 * MS, MS) },
+    );
+    for runtime in &mut records {
+        for member in &mut runtime.communicators[0].members {
+            member.history.retain(|e| e.position.sequence < 11 || e.position.index == 0);
+        }
+    }
+    let views = group_views(&records, &StragglerRule::default(), 0);
+    let straggler = views[0].straggler.as_ref().expect("rank 1 named");
+    assert_eq!((straggler.last_in, straggler.of), (11, 11), "the eleven whole steps: {}", straggler.text);
+    assert_eq!((straggler.at.index, straggler.at.collectives), (0, 3), "{}", straggler.text);
+    assert!(straggler.text.contains("late at each step's first collective (of 3)"), "{}", straggler.text);
+}
+
+#[test]
 fn a_rank_slow_on_the_device_before_a_steps_middle_collective_is_named_with_that_collective() {
     let records = three_collective_steps(
         10,

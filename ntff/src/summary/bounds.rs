@@ -238,7 +238,8 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
         });
     }
     if let Some(c) = i.collectives.filter(|c| c.time_s > 0.0) {
-        findings.push(waiting_finding(c, i.long_waits, n, scale, share(c.time_s * scale)));
+        let within = (collective_s, 100.0 * collective_s / device_s);
+        findings.push(waiting_finding(c, within, i.long_waits, (n, scale), share(collective_s * scale)));
     }
     // What bringing the busiest resource to its peak would save: no more can be saved by
     // making one of the instructions that run on it faster.
@@ -407,12 +408,20 @@ pub(super) fn analyse(i: &Inputs<'_>) -> (Option<Bounds>, Vec<Finding>) {
 
 /// Time inside collectives is waiting, not work: the finding says so and points to where
 /// the rank waited for is named, instead of a roofline remedy.
-fn waiting_finding(c: &InCollectives, long_waits: &[LongWait], n: usize, scale: f64, percent: f64) -> Finding {
+/// `within` is the collectives' time as the device time holds it (at most what no
+/// engine or queue was busy), and its share of the device time.
+fn waiting_finding(
+    c: &InCollectives,
+    (seconds, share): (f64, f64),
+    long_waits: &[LongWait],
+    (n, scale): (usize, f64),
+    percent: f64,
+) -> Finding {
     let names: Vec<String> = c.hlos.iter().take(3).map(|h| format!("`{h}`")).collect();
     let more = c.hlos.len().saturating_sub(names.len());
     let more = if more > 0 { format!(" and {more} more") } else { String::new() };
     let mut evidence =
-        format!("{} in {} collective instructions over {n} traced executions", duration(c.time_s), c.instructions);
+        format!("{} in {} collective instructions over {n} traced executions", duration(seconds), c.instructions);
     for w in long_waits {
         evidence.push_str(&format!(
             "; waited past the runtime's warning for rank {} in {} collective{}",
@@ -427,11 +436,11 @@ fn waiting_finding(c: &InCollectives, long_waits: &[LongWait], n: usize, scale: 
         text: format!(
             "{:.0}% of the device time is inside collectives ({}{more}): there the rank waits for the other ranks of \
              its group and passes data to them, which is no engine's work",
-            c.percent,
+            share,
             names.join(", ")
         ),
         evidence,
-        saves_s: c.time_s * scale,
+        saves_s: seconds * scale,
         saves_percent: percent,
         suggestion: Some(
             "find the rank the others wait for: `neuron-profile view -d DIR --output-format summary-text` over the \

@@ -630,11 +630,27 @@ impl Exchange<'_> {
         let peer = self.roster.describe(peer);
         match missed {
             Missed::Timeout => {
-                let root = format!(
-                    "{} never reached {operation}: no word from it within {:.3} s",
-                    self.describe_now(peer_rank),
-                    self.communicator.inner.timeout.as_secs_f64()
-                );
+                let timeout = self.communicator.inner.timeout.as_secs_f64();
+                // A peer whose arrival this rank heard of reached the collective and waits
+                // itself (a ring passes data on only once it has its own): the ranks not
+                // heard of are the likelier cause.
+                let known = self.known.borrow();
+                let heard = |r: u32| r == self.rank || known.iter().any(|a| a.rank == r);
+                let unheard: Vec<String> =
+                    self.signature.group.iter().copied().filter(|&r| !heard(r)).map(|r| r.to_string()).collect();
+                let root = if !heard(peer_rank) || unheard.is_empty() {
+                    format!(
+                        "{} never reached {operation}: no word from it within {timeout:.3} s",
+                        self.describe_now(peer_rank)
+                    )
+                } else {
+                    format!(
+                        "{} {} of the group never reached {operation} (no word within {timeout:.3} s), {peer} \
+                         reached it and waits too",
+                        if unheard.len() == 1 { "rank" } else { "ranks" },
+                        unheard.join(", ")
+                    )
+                };
                 NrtError::new(NrtStatus::ExecHwErrCollectives, root_first(&root, &hang))
             }
             Missed::Gone(reason) => {

@@ -380,11 +380,17 @@ fn poll(
     f.models = models.iter().map(|m| (m.model_id, m.name.clone())).collect();
     f.tail.poll(reader, 65_536, false, &mut events);
     let read = events.len();
+    // On the host's clock: device times through their core's offset, once known.
+    let on_host = |core: Option<u32>, t: u64| {
+        let offset = f.offsets.get(&core?)?;
+        Some((i128::from(t) + offset).clamp(0, i128::from(u64::MAX)) as u64)
+    };
     let oldest = events
         .iter()
         .filter_map(|e| match e {
             TraceEvent::System(s) if s.clock == ClockDomain::Host => Some(s.timestamp_ns),
-            _ => None,
+            TraceEvent::System(s) => on_host(s.nc_idx, s.timestamp_ns),
+            TraceEvent::Device(d) => on_host(Some(d.nc_idx), d.start_ns),
         })
         .min();
     if let Some(exec) = only {
