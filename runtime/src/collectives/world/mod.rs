@@ -67,6 +67,9 @@ const CONNECT_TIMEOUT: Duration = Duration::from_millis(200);
 /// before a wait for one of them fails: processes that load several programs in
 /// different orders are apart that long at most.
 const MISMATCH_GRACE: Duration = Duration::from_secs(5);
+/// How long a wait on a process that is gone looks for its last word (an abort that
+/// names the root cause) before it says the process is gone.
+const GONE_GRACE: Duration = Duration::from_millis(50);
 
 /// This process's membership in the job.
 #[derive(Debug)]
@@ -533,7 +536,22 @@ impl World {
                 return Ok(value);
             }
             if let Some(reason) = state.gone.get(&process) {
-                return Err(Missed::Gone(reason.clone()));
+                // A process that ends right after failing tells its peers why first, but
+                // its word may come on another of its links (or through the root) than the
+                // close seen here: it is given a moment to arrive, so that the root cause
+                // is named, not the process that gave up and left.
+                let reason = reason.clone();
+                let grace = Instant::now() + GONE_GRACE;
+                loop {
+                    if let Some(value) = ready(&mut state) {
+                        return Ok(value);
+                    }
+                    let now = Instant::now();
+                    if now >= grace {
+                        return Err(Missed::Gone(reason));
+                    }
+                    state = self.shared.changed.wait_timeout(state, grace - now).unwrap_or_else(|e| e.into_inner()).0;
+                }
             }
             let now = Instant::now();
             if now >= deadline {
