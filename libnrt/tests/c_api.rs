@@ -372,6 +372,19 @@ fn run_job_of_four_ranks(sandbox: &Sandbox, binary: &Path, args: &[&std::ffi::Os
     Some(logs)
 }
 
+/// The shard_map SGD step of `tests/data/jax_multi/` compiled to one rank's program as
+/// `dir/dp_step.neff`, and `dp_step.c` built in `dir`: the fixture's directory and the
+/// program.
+fn dp_step(dir: &Path) -> (PathBuf, PathBuf) {
+    let case = crate_dir().join("../tests/data/jax_multi/data_parallel_step");
+    let hlo = std::fs::read_to_string(case.join("model.hlo")).expect("model.hlo");
+    // As XLA computes: f32 products.
+    let options = CompileOptions { auto_cast: AutoCast::None, ..CompileOptions::new(Target::Trn1) };
+    let program = compile_hlo_with(&hlo, &options).expect("compiles to one rank's program");
+    std::fs::write(dir.join("dp_step.neff"), Neff::new("dp_step", program).encode()).expect("write");
+    (case, compile_c(&crate_dir().join("tests/c/dp_step.c"), dir))
+}
+
 /// A real training step (the shard_map SGD step, two all-reduces each) as 4 processes
 /// under `neuron-profile inspect`, rank 2 spending 30 ms on the host before each step:
 /// the ranks' profiles read together name rank 2, with host time before it arrived.
@@ -379,12 +392,7 @@ fn run_job_of_four_ranks(sandbox: &Sandbox, binary: &Path, args: &[&std::ffi::Os
 fn a_rank_slow_on_the_host_before_each_training_step_is_named_with_host_time_in_the_merged_profile() {
     let sandbox = Sandbox::new();
     let dir = sandbox.path();
-    let case = crate_dir().join("../tests/data/jax_multi/data_parallel_step");
-    let hlo = std::fs::read_to_string(case.join("model.hlo")).expect("model.hlo");
-    let options = CompileOptions { auto_cast: AutoCast::None, ..CompileOptions::new(Target::Trn1) };
-    let program = compile_hlo_with(&hlo, &options).expect("compiles to one rank's program");
-    std::fs::write(dir.join("dp_step.neff"), Neff::new("dp_step", program).encode()).expect("write");
-    let binary = compile_c(&crate_dir().join("tests/c/dp_step.c"), dir);
+    let (case, binary) = dp_step(dir);
     let profiles = dir.join("profiles");
     let mut program = Command::new(profiler_binary("neuron-profile"));
     sandbox
@@ -431,12 +439,7 @@ fn a_rank_slow_on_the_host_before_each_training_step_is_named_live_with_host_tim
     use neuron_datastore::ranks::{Cause, RuntimeRecords, StragglerRule, group_views, root_now};
     let sandbox = Sandbox::new();
     let dir = sandbox.path();
-    let case = crate_dir().join("../tests/data/jax_multi/data_parallel_step");
-    let hlo = std::fs::read_to_string(case.join("model.hlo")).expect("model.hlo");
-    let options = CompileOptions { auto_cast: AutoCast::None, ..CompileOptions::new(Target::Trn1) };
-    let program = compile_hlo_with(&hlo, &options).expect("compiles to one rank's program");
-    std::fs::write(dir.join("dp_step.neff"), Neff::new("dp_step", program).encode()).expect("write");
-    let binary = compile_c(&crate_dir().join("tests/c/dp_step.c"), dir);
+    let (case, binary) = dp_step(dir);
     let mut program = c_program(&binary);
     sandbox
         .env(&mut program)
@@ -718,12 +721,6 @@ fn the_sync_example_fetches_each_event_once_with_visible_core_numbers() {
 fn a_shard_map_training_step_runs_as_ranks_of_mpirun_processes_and_matches_xla() {
     let sandbox = Sandbox::new();
     let dir = sandbox.path();
-    let case = crate_dir().join("../tests/data/jax_multi/data_parallel_step");
-    let hlo = std::fs::read_to_string(case.join("model.hlo")).expect("model.hlo");
-    // As XLA computes: f32 products.
-    let options = CompileOptions { auto_cast: AutoCast::None, ..CompileOptions::new(Target::Trn1) };
-    let program = compile_hlo_with(&hlo, &options).expect("compiles to one rank's program");
-    std::fs::write(dir.join("dp_step.neff"), Neff::new("dp_step", program).encode()).expect("write");
-    let binary = compile_c(&crate_dir().join("tests/c/dp_step.c"), dir);
+    let (case, binary) = dp_step(dir);
     run_job_of_four_ranks(&sandbox, &binary, &[dir.join("dp_step.neff").as_os_str(), case.as_os_str()]);
 }
