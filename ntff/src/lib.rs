@@ -34,7 +34,9 @@ pub use model::{
 };
 pub use proto::{ClockCalibration, Communicator, CommunicatorMember, Metadata, Model, Topology};
 pub use reader::{Damage, NtffFile, Recovery};
-pub use writer::{MAX_CHUNK_ARGS, MAX_CHUNK_EVENTS, ProfileFile, WriteSummary, Writer};
+pub use writer::{
+    MAX_CHUNK_ARGS, MAX_CHUNK_EVENTS, PARTIAL_SUFFIX, ProfileFile, WriteSummary, Writer, unfinished_profiles,
+};
 
 /// Why a file could not be written or read.
 #[derive(Debug, thiserror::Error)]

@@ -61,6 +61,24 @@ impl Writer<ProfileFile> {
     }
 }
 
+/// What a profile being written is named until it is placed: `NAME` + this.
+pub const PARTIAL_SUFFIX: &str = ".partial";
+
+/// The profiles of `dir` whose writing never finished (`NAME.ntff.partial`: the process
+/// writing it died, or was stopped), as (file name, bytes), by name.
+pub fn unfinished_profiles(dir: &Path) -> std::io::Result<Vec<(String, u64)>> {
+    let mut found: Vec<(String, u64)> = std::fs::read_dir(dir)?
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.to_owned();
+            let bytes = e.metadata().map_or(0, |m| m.len());
+            name.strip_suffix(PARTIAL_SUFFIX)?.ends_with(".ntff").then_some((name, bytes))
+        })
+        .collect();
+    found.sort();
+    Ok(found)
+}
+
 /// A profile file being written. The bytes go to `NAME.partial` beside `path`, which is
 /// renamed into place by [`ProfileFile::place`] (or, after an error, when it is
 /// dropped): a reader of the previous file at `path` (a dashboard serving it, a
@@ -78,7 +96,7 @@ impl ProfileFile {
     /// Creates `path` + `.partial` (replacing a file there).
     pub fn create(path: &Path) -> Result<ProfileFile, NtffError> {
         let mut partial = path.as_os_str().to_owned();
-        partial.push(".partial");
+        partial.push(PARTIAL_SUFFIX);
         let partial = PathBuf::from(partial);
         let file = File::create(&partial).map_err(|e| NtffError::io(&partial, e))?;
         Ok(ProfileFile { out: Some(BufWriter::with_capacity(1 << 20, file)), partial, path: path.to_owned() })

@@ -174,15 +174,8 @@ impl Profiles {
     /// by name; only their names are read.
     pub(crate) fn unfinished_rank_files(&self) -> Vec<String> {
         let Some(dir) = &self.dir else { return Vec::new() };
-        let mut names: Vec<String> = std::fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str().map(str::to_string))
-            .filter(|n| n.starts_with(RANK_PREFIX) && n.ends_with(".ntff.partial") && !n.contains(['/', '\n']))
-            .collect();
-        names.sort();
-        names
+        let found = ntff::unfinished_profiles(dir).unwrap_or_default();
+        found.into_iter().map(|(name, _)| name).filter(|n| n.starts_with(RANK_PREFIX) && !n.contains('\n')).collect()
     }
 
     /// The timeline of the directory's rank profiles together, indexed on first use and

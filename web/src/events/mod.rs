@@ -366,7 +366,7 @@ fn admit(reader: &DatastoreReader, label: &str) -> Option<Tailed> {
 /// Reads what `followed` added since the last poll into `done` (groups complete or
 /// waited for long enough); with `only`, the events of that execution alone (and the
 /// clock sync points), as the execution lookup wants, which saves making spans of the
-/// rest. Gives the events read, and the host time of the oldest system event.
+/// rest. Gives the events read, and with `only` the host time of the oldest of them.
 fn poll(
     followed: &mut Followed<Tailed>,
     batch: &mut Batch,
@@ -385,14 +385,17 @@ fn poll(
         let offset = f.offsets.get(&core?)?;
         Some((i128::from(t) + offset).clamp(0, i128::from(u64::MAX)) as u64)
     };
-    let oldest = events
-        .iter()
-        .filter_map(|e| match e {
-            TraceEvent::System(s) if s.clock == ClockDomain::Host => Some(s.timestamp_ns),
-            TraceEvent::System(s) => on_host(s.nc_idx, s.timestamp_ns),
-            TraceEvent::Device(d) => on_host(Some(d.nc_idx), d.start_ns),
-        })
-        .min();
+    // Only the lookup asks: the live feed's polls do not pay for it.
+    let oldest = only.and_then(|_| {
+        events
+            .iter()
+            .filter_map(|e| match e {
+                TraceEvent::System(s) if s.clock == ClockDomain::Host => Some(s.timestamp_ns),
+                TraceEvent::System(s) => on_host(s.nc_idx, s.timestamp_ns),
+                TraceEvent::Device(d) => on_host(Some(d.nc_idx), d.start_ns),
+            })
+            .min()
+    });
     if let Some(exec) = only {
         events.retain(|e| match e {
             TraceEvent::System(s) => s.exec_id == Some(exec) || matches!(s.data, EventData::SyncPoint { .. }),

@@ -368,17 +368,8 @@ fn progress_bar(doing: &str) -> indicatif::ProgressBar {
 /// The profiles of `dir` whose recording did not finish (`*.ntff.partial`), by name.
 fn unfinished(dir: Option<&Path>) -> Result<Vec<ranks::Unfinished>> {
     let Some(dir) = dir else { return Ok(Vec::new()) };
-    let mut found: Vec<ranks::Unfinished> = std::fs::read_dir(dir)
-        .with_context(|| format!("cannot list {}", dir.display()))?
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".ntff.partial"))
-        .map(|e| ranks::Unfinished {
-            file: e.file_name().to_string_lossy().into_owned(),
-            bytes: e.metadata().map_or(0, |m| m.len()),
-        })
-        .collect();
-    found.sort_by(|a, b| a.file.cmp(&b.file));
-    Ok(found)
+    let found = ntff::unfinished_profiles(dir).with_context(|| format!("cannot list {}", dir.display()))?;
+    Ok(found.into_iter().map(|(file, bytes)| ranks::Unfinished { file, bytes }).collect())
 }
 
 /// The `.ntff` files of `dir`, by name.

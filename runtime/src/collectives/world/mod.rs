@@ -531,33 +531,28 @@ impl World {
         deadline: Instant,
         mut ready: impl FnMut(&mut State) -> Option<T>,
     ) -> Result<T, Missed> {
+        // Once the process is gone, until when its last word is looked for: a process
+        // that ends right after failing tells its peers why first, but that word may come
+        // on another of its links (or through the root) than the close seen here, and it
+        // names the root cause, not the process that gave up and left.
+        let mut gone_until: Option<Instant> = None;
         loop {
             if let Some(value) = ready(&mut state) {
                 return Ok(value);
             }
-            if let Some(reason) = state.gone.get(&process) {
-                // A process that ends right after failing tells its peers why first, but
-                // its word may come on another of its links (or through the root) than the
-                // close seen here: it is given a moment to arrive, so that the root cause
-                // is named, not the process that gave up and left.
-                let reason = reason.clone();
-                let grace = Instant::now() + GONE_GRACE;
-                loop {
-                    if let Some(value) = ready(&mut state) {
-                        return Ok(value);
-                    }
-                    let now = Instant::now();
-                    if now >= grace {
-                        return Err(Missed::Gone(reason));
-                    }
-                    state = self.shared.changed.wait_timeout(state, grace - now).unwrap_or_else(|e| e.into_inner()).0;
-                }
-            }
             let now = Instant::now();
-            if now >= deadline {
-                return Err(Missed::Timeout);
-            }
-            state = self.shared.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            let until = match state.gone.get(&process) {
+                Some(reason) => {
+                    let until = *gone_until.get_or_insert(now + GONE_GRACE);
+                    if now >= until {
+                        return Err(Missed::Gone(reason.clone()));
+                    }
+                    until
+                }
+                None if now >= deadline => return Err(Missed::Timeout),
+                None => deadline,
+            };
+            state = self.shared.changed.wait_timeout(state, until - now).unwrap_or_else(|e| e.into_inner()).0;
         }
     }
 
