@@ -53,11 +53,16 @@ fn torchrun_variables_and_the_root_address_are_read_as_torch_xla_reads_them() {
     // (`node0` would not even resolve).
     assert!(!log.contains("Connect to") && !log.contains("root address"), "{log}");
 
-    let refused = bench(work.path()).env("NEURON_RT_ROOT_COMM_ID", "host:41211").output().expect("neuron-bench runs");
+    let refused = bench(work.path())
+        .env("NEURON_RT_ROOT_COMM_ID", "no-such-host.invalid:41211")
+        .output()
+        .expect("neuron-bench runs");
     let log = text(&refused);
     assert!(!refused.status.success(), "{log}");
     assert!(
-        log.contains("Invalid NCCL_COMM_ID [host:41211], please use format: <ipv4>:<port> or [<ipv6>]:<port>"),
+        log.contains(
+            "Invalid NCCL_COMM_ID [no-such-host.invalid:41211], please use format: <ipv4>:<port> or [<ipv6>]:<port>"
+        ),
         "{log}"
     );
 }

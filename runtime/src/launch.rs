@@ -241,12 +241,25 @@ pub(crate) fn launch_from(
     Ok(Some(Launch { launcher, process, processes, local_process, local_processes, cores_per_process }))
 }
 
+/// `<host name>:<port>` with a name this host resolves (torch-xla sets
+/// `localhost:62182` when `MASTER_ADDR` is unset, and `MASTER_ADDR` may be a name).
+fn resolve(text: &str) -> Result<SocketAddr, ()> {
+    use std::net::ToSocketAddrs;
+    let (host, port) = text.rsplit_once(':').ok_or(())?;
+    let port = port.parse::<u16>().map_err(|_| ())?;
+    if host.is_empty() || host.contains(':') {
+        return Err(());
+    }
+    let addresses: Vec<SocketAddr> = (host, port).to_socket_addrs().map_err(|_| ())?.collect();
+    addresses.iter().find(|a| a.is_ipv4()).or(addresses.first()).copied().ok_or(())
+}
+
 /// Rank 0's address: `NEURON_RT_ROOT_COMM_ID`, refused in Neuron's words unless it is
-/// `<ipv4>:<port>` or `[<ipv6>]:<port>`; else `MASTER_ADDR` with [`DEFAULT_ROOT_PORT`];
+/// `<ipv4>:<port>`, `[<ipv6>]:<port>` or a host name this host resolves with a port; else `MASTER_ADDR` with [`DEFAULT_ROOT_PORT`];
 /// `None` when neither is set.
 pub(crate) fn root_from(get: &dyn Fn(&str) -> Option<String>) -> NrtResult<Option<RootComm>> {
     if let Some(text) = get(ENV_ROOT_COMM_ID) {
-        return match text.trim().parse::<SocketAddr>() {
+        return match text.trim().parse::<SocketAddr>().or_else(|_| resolve(text.trim())) {
             Ok(address) if address.port() != 0 => {
                 Ok(Some(RootComm { host: address.ip().to_string(), port: address.port(), from: ENV_ROOT_COMM_ID }))
             }
@@ -374,7 +387,9 @@ mod tests {
         let v6 =
             root(&[(ENV_ROOT_COMM_ID, "[fe80::1]:5000"), (ENV_MASTER_ADDR, "node0")]).expect("valid").expect("a root");
         assert_eq!((v6.to_string(), v6.from), ("[fe80::1]:5000".into(), ENV_ROOT_COMM_ID));
-        for bad in ["host:41211", "10.0.0.1", "10.0.0.1:0", "fe80::1:5000", "10.0.0.1:99999"] {
+        let named = root(&[(ENV_ROOT_COMM_ID, "localhost:62182")]).expect("valid").expect("a root");
+        assert_eq!(named.to_string(), "127.0.0.1:62182");
+        for bad in ["no-such-host.invalid:41211", "10.0.0.1", "10.0.0.1:0", "fe80::1:5000", "10.0.0.1:99999"] {
             let error = root(&[(ENV_ROOT_COMM_ID, bad)]).expect_err(bad);
             assert_eq!(
                 error.message,

@@ -1,0 +1,34 @@
+//! `libneuronpjrt.so`: a PJRT C API plugin (the interface XLA frameworks load devices
+//! through) over the Neuron virtual runtime. torch-xla opens it when `PJRT_DEVICE=NEURON`
+//! (`libneuronxla` in the `neuron-virt` wheel points it here) and asks for
+//! [`GetPjrtApi`]; its programs then compile with this project's compiler and run on
+//! virtual NeuronCores, in the traces and tools like every other model.
+//!
+//! What it covers: devices and memories, buffers to and from the host, compiling a
+//! serialized `HloModuleProto` (format `"hlo"`), executing it, events and errors. The
+//! other functions of the table answer UNIMPLEMENTED with their names. Every exported
+//! function runs through [`error::call`], so no panic crosses the C ABI.
+
+mod buffer;
+mod client;
+mod debug;
+mod error;
+mod event;
+mod executable;
+mod ffi;
+mod flags;
+mod hlo_text;
+mod proto;
+mod table;
+
+/// The plugin's entry point, as PJRT frameworks look it up with `dlsym`.
+#[unsafe(no_mangle)]
+pub extern "C" fn GetPjrtApi() -> *const std::ffi::c_void {
+    match std::panic::catch_unwind(table::api) {
+        Ok(api) => (api as *const table::Api).cast(),
+        Err(_) => std::ptr::null(),
+    }
+}
+
+#[cfg(test)]
+mod tests;
