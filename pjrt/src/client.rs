@@ -71,7 +71,7 @@ pub(crate) struct MemoryStatsArgs {
 /// The runtime this process's clients share (a process holds its cores once).
 static RUNTIME: Mutex<Option<Runtime>> = Mutex::new(None);
 
-pub(crate) fn shared_runtime() -> Result<Runtime> {
+pub(crate) fn shared_runtime() -> neuron_runtime::NrtResult<Runtime> {
     let mut slot = RUNTIME.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(runtime) = slot.as_ref()
         && runtime.cores().is_ok()

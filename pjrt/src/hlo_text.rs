@@ -433,9 +433,11 @@ pub(crate) fn origin_of_error(module: &HloModuleProto, error: &str) -> Option<St
         {
             return None;
         }
+        // torch-xla writes `aten::add` as `aten__add`.
+        let operator = metadata.op_type.replacen("__", "::", 1);
         Some(match metadata.source_file.as_str() {
-            "" => format!("`{}`", metadata.op_type),
-            file => format!("`{}` at {file}:{}", metadata.op_type, metadata.source_line),
+            "" => format!("`{operator}`"),
+            file => format!("`{operator}` at {file}:{}", metadata.source_line),
         })
     };
     said(inst)

@@ -21,6 +21,13 @@ mod hlo_text;
 mod proto;
 mod table;
 
+/// The runtime the plugin runs this process's programs on, started on first use: the
+/// Python package runs its own models on it too, so that a process holds its
+/// NeuronCores once whether it reaches them through torch-xla or directly.
+pub fn process_runtime() -> neuron_runtime::NrtResult<neuron_runtime::Runtime> {
+    client::shared_runtime()
+}
+
 /// The plugin's entry point, as PJRT frameworks look it up with `dlsym`.
 #[unsafe(no_mangle)]
 pub extern "C" fn GetPjrtApi() -> *const std::ffi::c_void {

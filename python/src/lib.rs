@@ -6,6 +6,10 @@
 //! `neuron_virt/`; this module takes arrays already of the model's dtype and C order,
 //! and executes with the GIL released, reading inputs and writing outputs in place in
 //! the NumPy arrays' memory.
+//!
+//! The library also carries the PJRT plugin (`neuron-pjrt`): it exports `GetPjrtApi`,
+//! and `libneuronxla.libneuronpjrt_path()` names this file, so that torch-xla and
+//! `neuron_virt` share one runtime per process.
 
 mod arrays;
 mod errors;
@@ -24,6 +28,7 @@ fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(neff::compile, module)?)?;
     module.add_class::<neff::Neff>()?;
     module.add_class::<runtime::Runtime>()?;
+    module.add_function(wrap_pyfunction!(runtime::framework_runtime, module)?)?;
     module.add_class::<model::Model>()?;
     module.add_class::<model::Request>()?;
     module.add_class::<observe::Profile>()?;

@@ -39,6 +39,14 @@ fn core_request(cores: &Bound<'_, PyAny>, core_count: u32) -> PyResult<CoreReque
     CoreSet::parse(&text, core_count).map(CoreRequest::Visible).map_err(|e| invalid(format!("cores `{text}`: {e}")))
 }
 
+/// The runtime this process's framework plugin (torch-xla's `PJRT_DEVICE=NEURON`) runs
+/// on, started on first use: models loaded on it share the NeuronCores torch-xla holds.
+#[pyfunction]
+pub(crate) fn framework_runtime(py: Python<'_>) -> PyResult<Runtime> {
+    let inner = py.detach(neuronpjrt::process_runtime).map_err(nrt_error)?;
+    Ok(Runtime { inner })
+}
+
 #[pymethods]
 impl Runtime {
     /// Starts a runtime: the `NEURON_RT_*` and `NEURON_VIRT_*` environment, with

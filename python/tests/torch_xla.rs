@@ -1,0 +1,90 @@
+//! PyTorch as its users run it: torch-xla (`PJRT_DEVICE=NEURON`) through the plugin in
+//! the `neuron-virt` wheel, and `torch_neuronx`. The pinned torch and torch-xla
+//! (`python/torch-requirements.txt`, ~4 GB) are installed once into a virtual
+//! environment kept under the target directory; the wheel is installed into it again on
+//! every run (Cargo's dev profile), then `python/torch_tests/` runs with pytest. Without
+//! a Python that can make the environment or reach the package index the test is
+//! skipped with a note, except in CI (`CI=true`), where it fails.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn python_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
+}
+
+fn run(command: &mut Command) {
+    let output = command.output().unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed ({}):\n{}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The pins of `torch-requirements.txt`.
+fn pins() -> Vec<String> {
+    let text = std::fs::read_to_string(python_dir().join("torch-requirements.txt")).expect("torch-requirements.txt");
+    text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')).map(str::to_owned).collect()
+}
+
+/// The environment with the pinned packages, made once; `None` (a skip outside CI)
+/// when it cannot be made.
+fn torch_python() -> Option<PathBuf> {
+    let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("torch-venv");
+    let python = venv.join("bin/python");
+    let pins = pins();
+    let ready = |python: &Path| {
+        let freeze = Command::new(python).args(["-m", "pip", "freeze", "--disable-pip-version-check"]).output();
+        freeze.is_ok_and(|o| {
+            let installed = String::from_utf8_lossy(&o.stdout).to_lowercase();
+            o.status.success() && pins.iter().all(|pin| installed.lines().any(|l| l == pin.to_lowercase()))
+        })
+    };
+    if ready(&python) {
+        return Some(python);
+    }
+    let _ = std::fs::remove_dir_all(&venv);
+    let started = std::time::Instant::now();
+    let made = Command::new("python3").args(["-m", "venv"]).arg(&venv).output().is_ok_and(|o| o.status.success());
+    let installed = made
+        && Command::new(&python)
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
+            .arg(python_dir().join("torch-requirements.txt"))
+            .output()
+            .is_ok_and(|o| o.status.success());
+    if !installed || !ready(&python) {
+        neuron_test_support::ci::missing(
+            &format!("a python3 venv with {} (PyPI)", pins.join(", ")),
+            "the PyTorch tests",
+        );
+        return None;
+    }
+    eprintln!("installed {} in {:.0} s", pins.join(", "), started.elapsed().as_secs_f64());
+    Some(python)
+}
+
+#[test]
+fn torch_xla_scripts_and_torch_neuronx_run_on_the_plugin() {
+    let Some(python) = torch_python() else { return };
+    run(Command::new(&python)
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "--force-reinstall"])
+        .arg(python_dir())
+        .env("MATURIN_PEP517_ARGS", "--profile dev"));
+    let work = tempfile::tempdir().expect("tempdir");
+    run(Command::new(&python)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .arg(python_dir().join("torch_tests"))
+        .current_dir(work.path())
+        .env("NEURON_VIRT_LOCK_DIR", work.path())
+        .env("NEURON_VIRT_DATASTORE_DIR", work.path().join("datastores"))
+        .env("NEURON_CC_FLAGS", "--auto-cast none")
+        .env("NEURON_RT_LOG_LEVEL", "ERROR")
+        // One core per process: a test starts another process that loads a saved model.
+        .env("NEURON_RT_NUM_CORES", "1")
+        .env_remove("NEURON_LIBRARY_PATH")
+        .env_remove("PJRT_DEVICE")
+        .env_remove("NEURON_RT_VISIBLE_CORES"));
+}

@@ -1,0 +1,55 @@
+"""An unmodified torch-xla training loop on a NeuronCore equals eager CPU training."""
+
+import copy
+
+import torch
+import torch.nn as nn
+import torch_xla
+import torch_xla.core.xla_model as xm
+
+from models import TinyTransformer, batches, relative_difference
+
+
+def train(model, device, data):
+    model = model.to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for tokens, targets in data:
+        tokens, targets = tokens.to(device), targets.to(device)
+        optimizer.zero_grad()
+        logits = model(tokens)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        loss.backward()
+        optimizer.step()
+        if device.type == "xla":
+            xm.mark_step()
+        losses.append(loss.item())
+    return losses, {name: value.detach().cpu() for name, value in model.state_dict().items()}
+
+
+def test_a_transformer_trains_on_a_neuroncore_as_on_the_cpu():
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    data = batches(5)
+    device = xm.xla_device()
+    assert xm.xla_device_hw(device) == "NEURON"
+    cpu_losses, cpu_state = train(copy.deepcopy(model), torch.device("cpu"), data)
+    xla_losses, xla_state = train(copy.deepcopy(model), device, data)
+    for step, (a, b) in enumerate(zip(cpu_losses, xla_losses)):
+        assert abs(a - b) <= 1e-4 * abs(a), f"step {step}: loss {b} on the NeuronCore, {a} on the CPU"
+    for name in cpu_state:
+        difference = relative_difference(cpu_state[name], xla_state[name])
+        assert difference <= 1e-4, f"{name} differs by {difference:.2e} (relative)"
+
+
+def test_a_graph_with_an_unsupported_operation_names_the_operator_and_the_source_line():
+    device = torch_xla.device()
+    spectrum = torch.fft.fft(torch.randn(4, 4).to(device))  # complex: not a NeuronCore type
+    try:
+        spectrum.abs().cpu()
+    except RuntimeError as error:
+        message = str(error)
+    else:
+        raise AssertionError("a complex graph compiled")
+    assert "aten::abs" in message and "test_training.py:" in message, message
+    assert "complex element type (c64) is not supported" in message, message
