@@ -26,6 +26,9 @@ pub(crate) struct Compiled {
     /// Copies of the program the framework runs, one per device (torch-xla compiles
     /// every graph for all of the job's devices and runs it on one at a time).
     replicas: usize,
+    /// Whether the program has collectives: its copies are then the ranks of one
+    /// communicator across the job's processes.
+    collectives: bool,
     pub(crate) neff: Vec<u8>,
     /// For each model input, in the model's order, the parameter it binds.
     input_parameters: Vec<usize>,
@@ -270,10 +273,17 @@ fn compile(client: &Client, code: &[u8], format: &str, options: &[u8]) -> Result
         replica_count: 1,
         num_partitions: 1,
     };
+    let collectives = module.computations.iter().flat_map(|c| &c.instructions).any(|i| {
+        matches!(
+            i.opcode.as_str(),
+            "all-reduce" | "all-gather" | "reduce-scatter" | "all-to-all" | "collective-permute"
+        )
+    });
     Ok(Compiled {
         neff: neff.encode(),
         name,
         replicas,
+        collectives,
         input_parameters,
         parameter_count: program_shape.parameters.len(),
         output_dims_flat: output_dims.iter().flatten().copied().collect(),
@@ -295,7 +305,13 @@ impl LoadedExecutable {
         if let Some(model) = models.get(&core) {
             return Ok(model.clone());
         }
-        let model = client.runtime.load(&self.compiled.neff, Some(core))?;
+        let model = if self.compiled.collectives && self.compiled.replicas > 1 {
+            // Rank = the device's id in the job (torch-xla's replica id).
+            let (rank, count) = (device.id as u32, self.compiled.replicas as u32);
+            client.runtime.load_collectives_across(&self.compiled.neff, core, rank, count)?
+        } else {
+            client.runtime.load(&self.compiled.neff, Some(core))?
+        };
         models.insert(core, model.clone());
         Ok(model)
     }

@@ -33,6 +33,32 @@ pub(crate) fn module_text(module: &HloModuleProto) -> Result<String, String> {
     Ok(out)
 }
 
+/// A collective over several arrays at once (torch-xla reduces all the gradients in
+/// one `all-reduce`) as one collective per array: the lines to put before `line`, which
+/// becomes the tuple of their results. Each array is reduced as it would be in the
+/// combined collective.
+fn split_collective(inst: &HloInstructionProto, line: &mut String) -> Vec<String> {
+    let collective = matches!(inst.opcode.as_str(), "all-reduce" | "all-gather" | "reduce-scatter" | "all-to-all");
+    let Some(shape) = inst.shape.as_ref().filter(|s| s.element_type == primitive::TUPLE) else { return Vec::new() };
+    if !collective || inst.operand_ids.len() < 2 || shape.tuple_shapes.len() != inst.operand_ids.len() {
+        return Vec::new();
+    }
+    // `%name = (shapes) opcode(%a, %b), attributes`
+    let (head, rest) = line.split_once(&format!(" {}(", inst.opcode)).unwrap_or((line.as_str(), ""));
+    let (operands, attributes) = rest.split_once(')').unwrap_or((rest, ""));
+    let name = name_token(&inst.name);
+    let mut parts = Vec::new();
+    let mut names = Vec::new();
+    for (k, (operand, part_shape)) in operands.split(", ").zip(&shape.tuple_shapes).enumerate() {
+        let Ok(part_shape) = shape_text(part_shape) else { return Vec::new() };
+        parts.push(format!("%{name}.part{k} = {part_shape} {}({operand}){attributes}", inst.opcode));
+        names.push(format!("%{name}.part{k}"));
+    }
+    let tuple_head = head.to_owned();
+    *line = format!("{tuple_head} tuple({})", names.join(", "));
+    parts
+}
+
 /// A name as the text parser takes it (XLA's names are already of this alphabet).
 pub(crate) fn name_token(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() || "._-".contains(c) { c } else { '_' }).collect()
@@ -48,8 +74,11 @@ fn computation_text(
     let _ = writeln!(out, "{}%{} {{", if entry { "ENTRY " } else { "" }, name_token(&computation.name));
     for inst in &computation.instructions {
         let root = if inst.id == computation.root_id { "ROOT " } else { "" };
-        let line = instruction_text(inst, &names, computations)
+        let mut line = instruction_text(inst, &names, computations)
             .map_err(|e| format!("instruction `{}` ({}) of `{}`: {e}", inst.name, inst.opcode, computation.name))?;
+        for part in split_collective(inst, &mut line) {
+            let _ = writeln!(out, "  {part}");
+        }
         let _ = writeln!(out, "  {root}{line}");
     }
     out.push_str("}\n");

@@ -82,7 +82,9 @@ fn torch_xla_scripts_and_torch_neuronx_run_on_the_plugin() {
         .env("NEURON_VIRT_DATASTORE_DIR", work.path().join("datastores"))
         .env("NEURON_CC_FLAGS", "--auto-cast none")
         .env("NEURON_RT_LOG_LEVEL", "ERROR")
-        // One core per process: a test starts another process that loads a saved model.
+        // One core per process, of an instance with enough for the tests' other
+        // processes (a saved model loaded elsewhere, two torchrun ranks).
+        .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge")
         .env("NEURON_RT_NUM_CORES", "1")
         .env_remove("NEURON_LIBRARY_PATH")
         .env_remove("PJRT_DEVICE")
