@@ -1,11 +1,12 @@
 //! `PJRT_Buffer`: an array in a NeuronCore's device memory, allocated through the
 //! runtime (so the tools' memory figures count it), dense and row-major.
 
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
-use neuron_runtime::{Tensor, TensorPlacement};
+use neuron_runtime::{ArrayType, Tensor, TensorPlacement};
 
 use crate::client::{Client, Device, Memory};
 use crate::error::{Code, Error, Result, call, object};
@@ -137,6 +138,71 @@ pub(crate) struct Buffer {
     deleted: AtomicBool,
     /// Done when the buffer's contents are (they are written before it is handed out).
     ready: Arc<Completion>,
+    /// Where its tensor goes back when the buffer is destroyed, for the next array of
+    /// the same kind.
+    pool: Option<Arc<Pool>>,
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        if let Some(pool) = &self.pool {
+            pool.give(self.tensor.clone());
+        }
+    }
+}
+
+/// Device arrays whose buffers were destroyed, kept for the next array of the same
+/// core, size and type, as XLA's device allocators keep freed memory: torch-xla
+/// destroys every step's arrays and asks for the same ones at the next step, and a
+/// reused tensor costs no allocation (nor its trace events). The tools count kept
+/// tensors as the process's tensor memory, which they are.
+#[derive(Default)]
+pub(crate) struct Pool {
+    free: Mutex<HashMap<PoolKey, Vec<Tensor>>>,
+}
+
+/// A tensor's core, size and declared type.
+type PoolKey = (Option<u32>, u64, Option<ArrayType>);
+
+/// Kept tensors per kind: a step's arrays of one kind, with room for two steps.
+const KEPT_PER_KIND: usize = 8;
+
+impl Pool {
+    fn key(tensor: &Tensor) -> PoolKey {
+        let core = match tensor.placement() {
+            TensorPlacement::Device { core } => Some(core),
+            TensorPlacement::Host => None,
+        };
+        (core, tensor.size(), tensor.array_type().cloned())
+    }
+
+    /// A kept tensor of this kind, or a new one.
+    pub(crate) fn take(
+        &self,
+        client: &Client,
+        core: u32,
+        size: u64,
+        ty: Option<&ArrayType>,
+        name: &str,
+    ) -> Result<Tensor> {
+        let key = (Some(core), size.max(1), ty.cloned());
+        if let Some(tensor) = self.free.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&key).and_then(Vec::pop) {
+            return Ok(tensor);
+        }
+        let placement = TensorPlacement::Device { core };
+        Ok(match ty {
+            Some(ty) => client.runtime.allocate_tensor_for(placement, ty, name)?,
+            None => client.runtime.allocate_tensor(placement, size.max(1), name)?,
+        })
+    }
+
+    fn give(&self, tensor: Tensor) {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let kept = free.entry(Pool::key(&tensor)).or_default();
+        if kept.len() < KEPT_PER_KIND {
+            kept.push(tensor);
+        }
+    }
 }
 
 // SAFETY: `device` points to a device of a client, which outlives its buffers and is
@@ -145,11 +211,17 @@ unsafe impl Send for Buffer {}
 unsafe impl Sync for Buffer {}
 
 impl Buffer {
-    pub(crate) fn new(tensor: Tensor, element_type: c_int, dims: Vec<i64>, device: *mut Device) -> Buffer {
+    pub(crate) fn new(
+        tensor: Tensor,
+        element_type: c_int,
+        dims: Vec<i64>,
+        device: *mut Device,
+        pool: Option<Arc<Pool>>,
+    ) -> Buffer {
         let ready = Completion::new();
         ready.complete(None);
         let minor_to_major = (0..dims.len() as i64).rev().collect();
-        Buffer { tensor, element_type, dims, minor_to_major, device, deleted: AtomicBool::new(false), ready }
+        Buffer { tensor, element_type, dims, minor_to_major, device, deleted: AtomicBool::new(false), ready, pool }
     }
 
     /// The tensor, unless the buffer was deleted.
@@ -181,7 +253,7 @@ pub(crate) fn array_bytes(element_type: c_int, dims: &[i64]) -> Result<u64> {
 /// empty array keeps one byte).
 pub(crate) fn allocate(client: &Client, device: &Device, bytes: u64, name: &str) -> Result<Tensor> {
     let core = device.core.ok_or_else(|| Error::invalid("the device is not one of this process's"))?;
-    Ok(client.runtime.allocate_tensor(TensorPlacement::Device { core }, bytes.max(1), name)?)
+    client.pool.take(client, core, bytes, None, name)
 }
 
 /// # Safety
@@ -260,7 +332,8 @@ pub(crate) unsafe extern "C" fn from_host(args: *mut BufferFromHostArgs) -> *mut
         // The host data was copied before this returns.
         args.done_with_host_buffer = Event::done(None);
         let device_pointer = device as *const Device as *mut Device;
-        args.buffer = Box::into_raw(Box::new(Buffer::new(tensor, args.element_type, dims, device_pointer)));
+        let pool = Some(Arc::clone(&client.pool));
+        args.buffer = Box::into_raw(Box::new(Buffer::new(tensor, args.element_type, dims, device_pointer, pool)));
         Ok(())
     })
 }
@@ -520,5 +593,5 @@ fn copy(buffer: &Buffer, device: &Device) -> Result<*mut Buffer> {
     let tensor = runtime.allocate_tensor(TensorPlacement::Device { core }, source.size(), "pjrt buffer")?;
     source.copy_to(0, &tensor, 0, source.size())?;
     let device = device as *const Device as *mut Device;
-    Ok(Box::into_raw(Box::new(Buffer::new(tensor, buffer.element_type, buffer.dims.clone(), device))))
+    Ok(Box::into_raw(Box::new(Buffer::new(tensor, buffer.element_type, buffer.dims.clone(), device, None))))
 }

@@ -138,6 +138,10 @@ pub(crate) struct Client {
     platform_version: String,
     /// The compile options of `NEURON_CC_FLAGS` over the instance's defaults.
     pub(crate) compile_options: CompileOptions,
+    /// Where compiled graphs are kept across processes, unless turned off.
+    pub(crate) cache: Option<crate::cache::Cache>,
+    /// Device arrays kept for reuse after their buffers are destroyed.
+    pub(crate) pool: std::sync::Arc<crate::buffer::Pool>,
 }
 
 // SAFETY: the raw pointers are to this client's own boxed devices and memories, which
@@ -182,8 +186,9 @@ impl Client {
         let cores = runtime.cores()?;
         let job = Job::from_lookup(|name| std::env::var(name).ok(), cores.len())?;
         let flags = std::env::var("NEURON_CC_FLAGS").unwrap_or_default();
-        let (compile_options, ignored) =
+        let (compile_options, cache_flags, ignored) =
             crate::flags::compile_options(&flags, platform_target(&runtime)).map_err(Error::invalid)?;
+        let cache = crate::cache::Cache::from_settings(&cache_flags, std::env::var("NEURON_COMPILE_CACHE_URL").ok());
         if !ignored.is_empty() {
             tracing::info!("NEURON_CC_FLAGS: ignoring {} (not meaningful to this compiler)", ignored.join(", "));
         }
@@ -216,6 +221,8 @@ impl Client {
             addressable,
             memories,
             compile_options,
+            cache,
+            pool: std::sync::Arc::default(),
         })
     }
 

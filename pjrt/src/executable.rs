@@ -8,7 +8,8 @@ use std::ffi::{c_char, c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use neuron_runtime::{Model, Neff, TensorPlacement, TensorSet};
+use neuron_runtime::neff::DecodeOptions;
+use neuron_runtime::{Model, Neff, TensorSet};
 use prost::Message;
 
 use crate::buffer::{Buffer, element};
@@ -218,18 +219,44 @@ fn compile(client: &Client, code: &[u8], format: &str, options: &[u8]) -> Result
         .ok_or_else(|| Error::invalid("the module has no program shape"))?;
     let result = program_shape.result.clone().ok_or_else(|| Error::invalid("the module has no result shape"))?;
 
-    let text = crate::hlo_text::module_text(&module);
-    crate::debug::dump(&module.name, code, text.as_deref().unwrap_or_default());
-    let failed = |e: String| {
-        let origin = crate::hlo_text::origin_of_error(&module, &e).map(|o| format!(" ({o})")).unwrap_or_default();
-        Error::invalid(format!("graph `{}` does not compile{origin}: {e}", module.name))
-    };
-    let text = text.map_err(failed)?;
-    let program =
-        neuron_runtime::compile_hlo_with(&text, &client.compile_options).map_err(|e| failed(e.to_string()))?;
     let fingerprint = format!("{:016x}", fnv(code) ^ fnv(format!("{:?}", client.compile_options).as_bytes()));
     let name = format!("{}.{}", module.name, &fingerprint[..8]);
-    let neff = Neff::new(&name, program);
+    let kept = client.cache.as_ref().map(|cache| (cache, cache.entry(code, &format!("{:?}", client.compile_options))));
+    let cached = kept.as_ref().and_then(|(cache, entry)| {
+        let bytes = cache.read(entry)?;
+        match Neff::decode(&bytes, DecodeOptions { validate_hash: true }) {
+            Ok(neff) => {
+                tracing::info!("Using a cached neff at {} for `{}`", entry.display(), module.name);
+                Some(neff)
+            }
+            Err(e) => {
+                tracing::warn!("compile cache: {} does not decode ({e}); compiling again", entry.display());
+                None
+            }
+        }
+    });
+    let neff = match cached {
+        Some(neff) => neff,
+        None => {
+            let text = crate::hlo_text::module_text(&module);
+            crate::debug::dump(&module.name, code, text.as_deref().unwrap_or_default());
+            let failed = |e: String| {
+                let origin =
+                    crate::hlo_text::origin_of_error(&module, &e).map(|o| format!(" ({o})")).unwrap_or_default();
+                Error::invalid(format!("graph `{}` does not compile{origin}: {e}", module.name))
+            };
+            let text = text.map_err(failed)?;
+            let started = std::time::Instant::now();
+            let program =
+                neuron_runtime::compile_hlo_with(&text, &client.compile_options).map_err(|e| failed(e.to_string()))?;
+            let neff = Neff::new(&name, program);
+            tracing::info!("compiled graph `{}` in {:.1} ms", module.name, started.elapsed().as_secs_f64() * 1e3);
+            if let Some((cache, entry)) = &kept {
+                cache.write(entry, &neff.encode());
+            }
+            neff
+        }
+    };
 
     // Which parameter each of the program's inputs is.
     let strip = |n: &str| n.trim_start_matches('%').to_owned();
@@ -298,6 +325,12 @@ fn compile(client: &Client, code: &[u8], format: &str, options: &[u8]) -> Result
 }
 
 impl LoadedExecutable {
+    /// The model on `device`'s core (for the overhead benchmark).
+    #[cfg(test)]
+    pub(crate) fn loaded_model(&self, client: &Client, device: &Device) -> Result<Model> {
+        self.model(client, device)
+    }
+
     /// The model on `device`'s core, loaded on first use.
     fn model(&self, client: &Client, device: &Device) -> Result<Model> {
         let core = device.core.ok_or_else(|| Error::invalid("the device is not one of this process's"))?;
@@ -347,8 +380,9 @@ impl LoadedExecutable {
         let mut outputs = TensorSet::new();
         let mut tensors = Vec::new();
         for io in model.outputs() {
-            let ty = model.tensor_type(io).clone();
-            let tensor = client.runtime.allocate_tensor_for(TensorPlacement::Device { core }, &ty, &io.name)?;
+            let ty = model.tensor_type(io);
+            let size = ty.size_bytes().unwrap_or(0);
+            let tensor = client.pool.take(client, core, size, Some(ty), &io.name)?;
             outputs.add(&io.name, tensor.clone());
             tensors.push(tensor);
         }
@@ -357,7 +391,8 @@ impl LoadedExecutable {
             .into_iter()
             .enumerate()
             .map(|(k, tensor)| {
-                let buffer = Buffer::new(tensor, compiled.output_types[k], compiled.output_dims[k].clone(), device);
+                let (ty, dims) = (compiled.output_types[k], compiled.output_dims[k].clone());
+                let buffer = Buffer::new(tensor, ty, dims, device, Some(Arc::clone(&client.pool)));
                 Box::into_raw(Box::new(buffer))
             })
             .collect())

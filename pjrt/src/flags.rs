@@ -3,11 +3,22 @@
 
 use neuron_runtime::{AutoCast, AutoCastType, CompileOptions, OptLevel, Target};
 
+/// What `NEURON_CC_FLAGS` says of the compile cache (`--cache_dir`, `--no-cache`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct CacheFlags {
+    pub(crate) dir: Option<String>,
+    pub(crate) disabled: bool,
+}
+
 /// The compile options of `flags` over the defaults of `target`; a flag this compiler
 /// does not know is reported once, by name, and ignored (as `neuronx-cc` flags about
 /// its own internals are meaningless here).
-pub(crate) fn compile_options(flags: &str, target: Target) -> Result<(CompileOptions, Vec<String>), String> {
+pub(crate) fn compile_options(
+    flags: &str,
+    target: Target,
+) -> Result<(CompileOptions, CacheFlags, Vec<String>), String> {
     let mut options = CompileOptions::new(target);
+    let mut cache = CacheFlags::default();
     let mut ignored = Vec::new();
     let mut words = flags.split_whitespace().peekable();
     while let Some(word) = words.next() {
@@ -32,6 +43,8 @@ pub(crate) fn compile_options(flags: &str, target: Target) -> Result<(CompileOpt
             "--target" => options.target = value(flag)?.parse::<Target>().map_err(|e| bad(flag, e))?,
             "--enable-mixed-precision-accumulation" => options.mixed_precision_accumulation = true,
             "--enable-saturate-infinity" => options.saturate_infinity = true,
+            "--cache_dir" => cache.dir = Some(value(flag)?),
+            "--no-cache" => cache.disabled = true,
             _ => {
                 // A flag with a separate value: skip the value with it.
                 if inline.is_none() && flag.starts_with("--") {
@@ -41,7 +54,7 @@ pub(crate) fn compile_options(flags: &str, target: Target) -> Result<(CompileOpt
             }
         }
     }
-    Ok((options, ignored))
+    Ok((options, cache, ignored))
 }
 
 #[cfg(test)]
@@ -50,13 +63,16 @@ mod tests {
 
     #[test]
     fn flags_set_the_options_and_unknown_flags_are_named() {
-        let (options, ignored) =
-            compile_options("--auto-cast none -O1 --model-type=transformer --target trn2 --verbose info", Target::Trn1)
-                .expect("valid");
+        let (options, cache, ignored) = compile_options(
+            "--auto-cast none -O1 --model-type=transformer --target trn2 --verbose info --cache_dir=/tmp/c",
+            Target::Trn1,
+        )
+        .expect("valid");
         assert_eq!(options.auto_cast, AutoCast::None);
         assert_eq!(options.optlevel, "1".parse::<OptLevel>().expect("valid"));
         assert_eq!(options.target, Target::Trn2);
         assert_eq!(ignored, ["--model-type", "--verbose"]);
+        assert_eq!(cache, CacheFlags { dir: Some("/tmp/c".into()), disabled: false });
         let error = compile_options("--auto-cast sometimes", Target::Trn1).expect_err("refused");
         assert!(error.contains("--auto-cast") && error.contains("sometimes"), "{error}");
         assert!(compile_options("--auto-cast", Target::Trn1).expect_err("refused").contains("needs a value"));

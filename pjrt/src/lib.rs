@@ -10,6 +10,7 @@
 //! function runs through [`error::call`], so no panic crosses the C ABI.
 
 mod buffer;
+mod cache;
 mod client;
 mod debug;
 mod error;

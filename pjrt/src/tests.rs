@@ -33,7 +33,10 @@ fn api() -> &'static Api {
         unsafe {
             std::env::set_var("NEURON_VIRT_LOCK_DIR", &dir);
             std::env::set_var("NEURON_VIRT_DATASTORE_DIR", dir.join("datastores"));
-            std::env::set_var("NEURON_CC_FLAGS", "--auto-cast none");
+            std::env::set_var(
+                "NEURON_CC_FLAGS",
+                format!("--auto-cast none --cache_dir={}", dir.join("cache").display()),
+            );
             std::env::remove_var("NEURON_RT_VISIBLE_CORES");
             std::env::remove_var("NEURON_PJRT_PROCESS_INDEX");
             std::env::remove_var("NEURON_PJRT_WORLD_SIZE");
@@ -413,6 +416,31 @@ fn a_module_compiles_runs_and_gives_back_its_optimized_program() {
 }
 
 #[test]
+fn a_compiled_graph_is_kept_in_the_cache_and_a_bad_entry_is_compiled_again() {
+    let client = client();
+    // A graph of its own, so that no other test's compile touches its entry.
+    let mut graph = module();
+    graph.name = "cached.1".into();
+    let code = graph.encode_to_vec();
+    let loaded = compile(client, &code, "hlo").expect("compiles");
+    destroy("PJRT_LoadedExecutable_Destroy", loaded);
+    // SAFETY: the client this test made.
+    let cache = unsafe { &*client }.cache.clone().expect("a cache");
+    let options = format!("{:?}", unsafe { &*client }.compile_options);
+    let entry = cache.entry(&code, &options);
+    let kept = std::fs::read(&entry).expect("the NEFF is kept");
+    let options_decode = neuron_runtime::neff::DecodeOptions { validate_hash: true };
+    let neff = neuron_runtime::Neff::decode(&kept, options_decode).expect("a NEFF");
+    assert!(neff.name.starts_with("cached.1."), "{}", neff.name);
+    // A damaged entry is not used: the graph compiles again and the entry is rewritten.
+    std::fs::write(&entry, b"not a NEFF").expect("damaged");
+    let loaded = compile(client, &code, "hlo").expect("compiles again");
+    destroy("PJRT_LoadedExecutable_Destroy", loaded);
+    assert_eq!(std::fs::read(&entry).expect("kept again"), kept);
+    destroy("PJRT_Client_Destroy", client);
+}
+
+#[test]
 fn a_callback_on_an_event_runs_with_its_argument() {
     api();
     unsafe extern "C" fn note(error: *mut Error, user_arg: *mut c_void) {
@@ -437,4 +465,96 @@ fn a_callback_on_an_event_runs_with_its_argument() {
     let mut missing = EventOnReadyArgs { callback: None, ..args };
     assert!(call("PJRT_Event_OnReady", &mut missing).is_err());
     destroy_event(event);
+}
+
+/// The plugin's cost per execution over the runtime's own `execute` of the same NEFF
+/// (a benchmark, not run by `cargo test`):
+/// `cargo test --release -p neuron-pjrt -- --ignored --nocapture execution_overhead`.
+#[test]
+#[ignore = "a benchmark"]
+fn execution_overhead() {
+    use std::time::Instant;
+    let client = client();
+    let device = first_device(client);
+    let mut graph = module();
+    graph.name = "overhead.1".into();
+    let loaded = compile(client, &graph.encode_to_vec(), "hlo").expect("compiles");
+    let x = upload(client, device, &[1.0; 6], &[2, 3], None);
+    let y = upload(client, device, &[2.0; 6], &[2, 3], None);
+    let arguments = [x, y];
+    let argument_lists = [arguments.as_ptr()];
+    let mut outputs = [std::ptr::null_mut::<Buffer>(); 2];
+    let output_lists = [outputs.as_mut_ptr()];
+    let through_plugin = || {
+        let mut args = ExecuteArgs {
+            head: head::<ExecuteArgs>(),
+            executable: loaded,
+            options: std::ptr::null_mut(),
+            argument_lists: argument_lists.as_ptr().cast(),
+            num_devices: 1,
+            num_args: 2,
+            output_lists: output_lists.as_ptr(),
+            device_complete_events: std::ptr::null_mut(),
+            execute_device: std::ptr::null_mut(),
+        };
+        call("PJRT_LoadedExecutable_Execute", &mut args).expect("runs");
+        // SAFETY: the outputs the execution wrote.
+        for output in unsafe { std::slice::from_raw_parts(output_lists[0], 2) } {
+            destroy("PJRT_Buffer_Destroy", *output);
+        }
+    };
+    // The runtime's own execute of the same model, inputs and outputs allocated once.
+    // SAFETY: objects of the live client and executable above.
+    let (runtime, model) = unsafe {
+        let client = &*client;
+        let loaded = &*loaded;
+        (client.runtime.clone(), loaded.loaded_model(client, &*device).expect("the model"))
+    };
+    let mut inputs = neuron_runtime::TensorSet::new();
+    for (io, buffer) in model.inputs().iter().zip(arguments) {
+        // SAFETY: buffers this test made.
+        inputs.add(&io.name, unsafe { &*buffer }.tensor.clone());
+    }
+    let mut outputs_set = neuron_runtime::TensorSet::new();
+    for io in model.outputs() {
+        let tensor = runtime
+            .allocate_tensor_for(
+                neuron_runtime::TensorPlacement::Device { core: model.core() },
+                model.tensor_type(io),
+                "out",
+            )
+            .expect("an output");
+        outputs_set.add(&io.name, tensor);
+    }
+    let direct = || {
+        runtime.execute(&model, &inputs, &outputs_set).expect("runs");
+    };
+    let median = |f: &dyn Fn()| {
+        let mut rounds: Vec<f64> = (0..7)
+            .map(|_| {
+                let started = Instant::now();
+                for _ in 0..2000 {
+                    f();
+                }
+                started.elapsed().as_secs_f64() * 1e6 / 2000.0
+            })
+            .collect();
+        rounds.sort_by(f64::total_cmp);
+        rounds[3]
+    };
+    for _ in 0..500 {
+        through_plugin();
+        direct();
+    }
+    let (plugin, runtime_only) = (median(&through_plugin), median(&direct));
+    println!(
+        "per execution: through the plugin {plugin:.2} µs, the runtime's execute {runtime_only:.2} µs, \
+         overhead {:.2} µs (ratio {:.2})",
+        plugin - runtime_only,
+        plugin / runtime_only
+    );
+    destroy("PJRT_Buffer_Destroy", x);
+    destroy("PJRT_Buffer_Destroy", y);
+    destroy("PJRT_LoadedExecutable_Destroy", loaded);
+    destroy("PJRT_Client_Destroy", client);
 }

@@ -80,7 +80,7 @@ fn torch_xla_scripts_and_torch_neuronx_run_on_the_plugin() {
         .current_dir(work.path())
         .env("NEURON_VIRT_LOCK_DIR", work.path())
         .env("NEURON_VIRT_DATASTORE_DIR", work.path().join("datastores"))
-        .env("NEURON_CC_FLAGS", "--auto-cast none")
+        .env("NEURON_CC_FLAGS", format!("--auto-cast none --cache_dir={}", work.path().join("cache").display()))
         .env("NEURON_RT_LOG_LEVEL", "ERROR")
         // One core per process, of an instance with enough for the tests' other
         // processes (a saved model loaded elsewhere, two torchrun ranks).
