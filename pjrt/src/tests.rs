@@ -37,6 +37,8 @@ fn api() -> &'static Api {
                 "NEURON_CC_FLAGS",
                 format!("--auto-cast none --cache_dir={}", dir.join("cache").display()),
             );
+            // Executions on the instance's second core fail, for the test of failures.
+            std::env::set_var("NEURON_RT_FAULT_INJECT", "oob:core=1");
             std::env::remove_var("NEURON_RT_VISIBLE_CORES");
             std::env::remove_var("NEURON_PJRT_PROCESS_INDEX");
             std::env::remove_var("NEURON_PJRT_WORLD_SIZE");
@@ -437,6 +439,46 @@ fn a_compiled_graph_is_kept_in_the_cache_and_a_bad_entry_is_compiled_again() {
     let loaded = compile(client, &code, "hlo").expect("compiles again");
     destroy("PJRT_LoadedExecutable_Destroy", loaded);
     assert_eq!(std::fs::read(&entry).expect("kept again"), kept);
+    destroy("PJRT_Client_Destroy", client);
+}
+
+#[test]
+fn a_failed_execution_is_an_error_with_the_neuron_status_and_the_runtimes_message() {
+    let client = client();
+    let mut args = OfList::<Client, Device> {
+        head: head::<OfList<Client, Device>>(),
+        object: client,
+        list: std::ptr::null(),
+        count: 0,
+    };
+    call("PJRT_Client_AddressableDevices", &mut args).expect("devices");
+    assert_eq!(args.count, 2, "the default instance's two cores");
+    // SAFETY: the plugin's list of two devices.
+    let second = unsafe { *args.list.add(1) };
+    let mut graph = module();
+    graph.name = "failing.1".into();
+    let loaded = compile(client, &graph.encode_to_vec(), "hlo").expect("compiles");
+    let x = upload(client, second, &[1.0; 6], &[2, 3], None);
+    let arguments = [x, x];
+    let argument_lists = [arguments.as_ptr()];
+    let mut outputs = [std::ptr::null_mut::<Buffer>(); 2];
+    let output_lists = [outputs.as_mut_ptr()];
+    let mut args = ExecuteArgs {
+        head: head::<ExecuteArgs>(),
+        executable: loaded,
+        options: std::ptr::null_mut(),
+        argument_lists: argument_lists.as_ptr().cast(),
+        num_devices: 1,
+        num_args: 2,
+        output_lists: output_lists.as_ptr(),
+        device_complete_events: std::ptr::null_mut(),
+        execute_device: second,
+    };
+    let (code, message) = call("PJRT_LoadedExecutable_Execute", &mut args).expect_err("the fault strikes");
+    assert_eq!(code, Code::Internal as c_int, "{message}");
+    assert!(message.starts_with("NRT_EXEC_OOB (1006): ") && message.contains("out-of-bound access"), "{message}");
+    destroy("PJRT_Buffer_Destroy", x);
+    destroy("PJRT_LoadedExecutable_Destroy", loaded);
     destroy("PJRT_Client_Destroy", client);
 }
 
