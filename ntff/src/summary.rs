@@ -535,7 +535,13 @@ impl<'a> Summariser<'a> {
         }
         let device_executions = windows.keys().filter(|(_, exec)| exec.is_some()).count() as u64;
         let medians = median_per_execution(&by_execution, &hlo_of_descriptor, device_executions);
-        let device_ns: u64 = windows.values().fold(0u64, |sum, (a, b)| sum.saturating_add(b.saturating_sub(*a)));
+        // The executions' device time: device work outside any execution (a tensor's
+        // copy between steps) spans from the first to the last of it, not a busy time.
+        let in_executions = device_executions > 0;
+        let device_ns: u64 = windows
+            .iter()
+            .filter(|((_, exec), _)| exec.is_some() || !in_executions)
+            .fold(0u64, |sum, (_, (a, b))| sum.saturating_add(b.saturating_sub(*a)));
         let seconds = |ns: u64| ns as f64 / 1e9;
         let percent = |ns: u64| if device_ns == 0 { 0.0 } else { 100.0 * ns as f64 / device_ns as f64 };
         let peaks = DefinedPeaks::of_metadata(meta);

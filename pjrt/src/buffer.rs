@@ -1,17 +1,17 @@
 //! `PJRT_Buffer`: an array in a NeuronCore's device memory, allocated through the
 //! runtime (so the tools' memory figures count it), dense and row-major.
 
-use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 
-use neuron_runtime::{ArrayType, Tensor, TensorPlacement};
+use neuron_runtime::{Tensor, TensorPlacement};
 
 use crate::client::{Client, Device, Memory};
 use crate::error::{Code, Error, Result, call, object};
 use crate::event::{Completion, Event};
 use crate::ffi::{Head, Of, OfList, OfValue};
+use crate::pool::Pool;
 
 /// `PJRT_Buffer_MemoryLayout_Type`.
 pub(crate) const LAYOUT_TILED: c_int = 0;
@@ -151,60 +151,6 @@ impl Drop for Buffer {
     }
 }
 
-/// Device arrays whose buffers were destroyed, kept for the next array of the same
-/// core, size and type, as XLA's device allocators keep freed memory: torch-xla
-/// destroys every step's arrays and asks for the same ones at the next step, and a
-/// reused tensor costs no allocation (nor its trace events). The tools count kept
-/// tensors as the process's tensor memory, which they are.
-#[derive(Default)]
-pub(crate) struct Pool {
-    free: Mutex<HashMap<PoolKey, Vec<Tensor>>>,
-}
-
-/// A tensor's core, size and declared type.
-type PoolKey = (Option<u32>, u64, Option<ArrayType>);
-
-/// Kept tensors per kind: a step's arrays of one kind, with room for two steps.
-const KEPT_PER_KIND: usize = 8;
-
-impl Pool {
-    fn key(tensor: &Tensor) -> PoolKey {
-        let core = match tensor.placement() {
-            TensorPlacement::Device { core } => Some(core),
-            TensorPlacement::Host => None,
-        };
-        (core, tensor.size(), tensor.array_type().cloned())
-    }
-
-    /// A kept tensor of this kind, or a new one.
-    pub(crate) fn take(
-        &self,
-        client: &Client,
-        core: u32,
-        size: u64,
-        ty: Option<&ArrayType>,
-        name: &str,
-    ) -> Result<Tensor> {
-        let key = (Some(core), size.max(1), ty.cloned());
-        if let Some(tensor) = self.free.lock().unwrap_or_else(|e| e.into_inner()).get_mut(&key).and_then(Vec::pop) {
-            return Ok(tensor);
-        }
-        let placement = TensorPlacement::Device { core };
-        Ok(match ty {
-            Some(ty) => client.runtime.allocate_tensor_for(placement, ty, name)?,
-            None => client.runtime.allocate_tensor(placement, size.max(1), name)?,
-        })
-    }
-
-    fn give(&self, tensor: Tensor) {
-        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
-        let kept = free.entry(Pool::key(&tensor)).or_default();
-        if kept.len() < KEPT_PER_KIND {
-            kept.push(tensor);
-        }
-    }
-}
-
 // SAFETY: `device` points to a device of a client, which outlives its buffers and is
 // never mutated; the tensor is shared-safe.
 unsafe impl Send for Buffer {}
@@ -253,7 +199,7 @@ pub(crate) fn array_bytes(element_type: c_int, dims: &[i64]) -> Result<u64> {
 /// empty array keeps one byte).
 pub(crate) fn allocate(client: &Client, device: &Device, bytes: u64, name: &str) -> Result<Tensor> {
     let core = device.core.ok_or_else(|| Error::invalid("the device is not one of this process's"))?;
-    client.pool.take(client, core, bytes, None, name)
+    Ok(client.pool.take(&client.runtime, core, bytes, None, name)?)
 }
 
 /// # Safety

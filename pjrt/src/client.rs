@@ -141,7 +141,7 @@ pub(crate) struct Client {
     /// Where compiled graphs are kept across processes, unless turned off.
     pub(crate) cache: Option<crate::cache::Cache>,
     /// Device arrays kept for reuse after their buffers are destroyed.
-    pub(crate) pool: std::sync::Arc<crate::buffer::Pool>,
+    pub(crate) pool: std::sync::Arc<crate::pool::Pool>,
 }
 
 // SAFETY: the raw pointers are to this client's own boxed devices and memories, which

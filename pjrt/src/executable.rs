@@ -382,7 +382,7 @@ impl LoadedExecutable {
         for io in model.outputs() {
             let ty = model.tensor_type(io);
             let size = ty.size_bytes().unwrap_or(0);
-            let tensor = client.pool.take(client, core, size, Some(ty), &io.name)?;
+            let tensor = client.pool.take(&client.runtime, core, size, Some(ty), &io.name)?;
             outputs.add(&io.name, tensor.clone());
             tensors.push(tensor);
         }

@@ -19,6 +19,7 @@ mod executable;
 mod ffi;
 mod flags;
 mod hlo_text;
+mod pool;
 mod proto;
 mod table;
 

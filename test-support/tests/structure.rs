@@ -384,6 +384,8 @@ fn no_crate_has_an_import_cycle_between_its_modules() {
 /// dependencies (`[dependencies]`: what it links in every build).
 struct Member {
     name: String,
+    /// The name its sources use it by: `[lib] name`, else the package's.
+    lib: String,
     dir: PathBuf,
     dependencies: Vec<String>,
 }
@@ -398,7 +400,7 @@ fn members() -> Vec<Member> {
     dirs.map(|dir| {
         let dir = root.join(dir);
         let text = std::fs::read_to_string(dir.join("Cargo.toml")).expect("a member manifest");
-        let (mut section, mut name, mut dependencies) = (String::new(), None, Vec::new());
+        let (mut section, mut name, mut lib, mut dependencies) = (String::new(), None, None, Vec::new());
         for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
             if line.starts_with('[') {
                 section = line.to_string();
@@ -409,11 +411,13 @@ fn members() -> Vec<Member> {
                 "[package]" if key == "name" && name.is_none() => {
                     name = line.split('"').nth(1).map(str::to_string);
                 }
+                "[lib]" if key == "name" => lib = line.split('"').nth(1).map(str::to_string),
                 "[dependencies]" => dependencies.push(key),
                 _ => {}
             }
         }
-        Member { name: name.expect("a package name"), dir, dependencies }
+        let name = name.expect("a package name");
+        Member { lib: lib.unwrap_or_else(|| name.replace('-', "_")), name, dir, dependencies }
     })
     .collect()
 }
@@ -459,12 +463,15 @@ fn every_edge_between_workspace_crates_is_one_architecture_allows() {
 #[test]
 fn every_declared_dependency_is_used() {
     let mut unused = Vec::new();
-    for m in members() {
+    let members = members();
+    // A workspace crate is used by its library's name (`neuron-pjrt` as `neuronpjrt`).
+    let libs: BTreeMap<&str, &str> = members.iter().map(|m| (m.name.as_str(), m.lib.as_str())).collect();
+    for m in &members {
         let mut files = Vec::new();
         rust_files(&m.dir.join("src"), &mut files);
         let source: String = files.iter().filter_map(|f| std::fs::read_to_string(f).ok()).collect();
         for dep in &m.dependencies {
-            let ident = dep.replace('-', "_");
+            let ident = libs.get(dep.as_str()).map_or_else(|| dep.replace('-', "_"), |lib| (*lib).to_owned());
             // As a path or an item name: `serde::`, `use nix`, `#[derive(serde::…)]`.
             let used = source.match_indices(&ident).any(|(at, _)| {
                 let before = source[..at].chars().next_back().is_none_or(|c| !c.is_alphanumeric() && c != '_');
