@@ -236,6 +236,32 @@ fn compile(client: *mut Client, code: &[u8], format: &str) -> Result<*mut Loaded
     call("PJRT_Client_Compile", &mut args).map(|()| args.executable)
 }
 
+/// Executes `loaded` on `arguments`, on `device` (NULL: its own); its 2 outputs and the
+/// completion event, or the error.
+fn execute(
+    loaded: *mut LoadedExecutable,
+    arguments: &[*mut Buffer],
+    device: *mut Device,
+) -> Result<([*mut Buffer; 2], *mut Event), (c_int, String)> {
+    let argument_lists = [arguments.as_ptr()];
+    let mut outputs = [std::ptr::null_mut::<Buffer>(); 2];
+    let output_lists = [outputs.as_mut_ptr()];
+    let mut events = [std::ptr::null_mut::<Event>()];
+    let mut args = ExecuteArgs {
+        head: head::<ExecuteArgs>(),
+        executable: loaded,
+        options: std::ptr::null_mut(),
+        argument_lists: argument_lists.as_ptr().cast(),
+        num_devices: 1,
+        num_args: arguments.len(),
+        output_lists: output_lists.as_ptr(),
+        device_complete_events: events.as_mut_ptr(),
+        execute_device: device,
+    };
+    call("PJRT_LoadedExecutable_Execute", &mut args)?;
+    Ok((outputs, events[0]))
+}
+
 #[test]
 fn the_table_has_every_entry_of_the_090_header_and_its_version() {
     let api = api();
@@ -342,31 +368,14 @@ fn a_module_compiles_runs_and_gives_back_its_optimized_program() {
 
     let x = upload(client, device, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], None);
     let y = upload(client, device, &[10.0, 20.0, 30.0, 40.0, 50.0, 60.0], &[2, 3], None);
-    let arguments = [x, y];
-    let argument_lists = [arguments.as_ptr()];
-    let mut outputs = [std::ptr::null_mut::<Buffer>(); 2];
-    let output_lists = [outputs.as_mut_ptr()];
-    let mut events = [std::ptr::null_mut::<Event>()];
-    let mut args = ExecuteArgs {
-        head: head::<ExecuteArgs>(),
-        executable: loaded,
-        options: std::ptr::null_mut(),
-        argument_lists: argument_lists.as_ptr().cast(),
-        num_devices: 1,
-        num_args: 2,
-        output_lists: output_lists.as_ptr(),
-        device_complete_events: events.as_mut_ptr(),
-        execute_device: std::ptr::null_mut(),
-    };
-    call("PJRT_LoadedExecutable_Execute", &mut args).expect("runs");
+    let (outputs, event) = execute(loaded, &[x, y], std::ptr::null_mut()).expect("runs");
     assert_eq!(download(outputs[0]), [11.0, 22.0, 33.0, 44.0, 55.0, 66.0]);
     assert_eq!(download(outputs[1]), [10.0, 40.0, 90.0, 160.0, 250.0, 360.0]);
-    let mut ready = OfValue::<Event, bool> { head: head::<OfValue<Event, bool>>(), object: events[0], value: false };
+    let mut ready = OfValue::<Event, bool> { head: head::<OfValue<Event, bool>>(), object: event, value: false };
     call("PJRT_Event_IsReady", &mut ready).expect("asked");
     assert!(ready.value, "the execution completed before Execute returned");
-    destroy_event(events[0]);
-    let mut wrong = ExecuteArgs { num_args: 1, ..args };
-    let (_, message) = call("PJRT_LoadedExecutable_Execute", &mut wrong).expect_err("one argument short");
+    destroy_event(event);
+    let (_, message) = execute(loaded, &[x], std::ptr::null_mut()).expect_err("one argument short");
     assert!(message.contains("takes 2 arguments; 1 were given"), "{message}");
 
     // What torch-xla reads back after compiling: the module with its entry layout.
@@ -459,22 +468,7 @@ fn a_failed_execution_is_an_error_with_the_neuron_status_and_the_runtimes_messag
     graph.name = "failing.1".into();
     let loaded = compile(client, &graph.encode_to_vec(), "hlo").expect("compiles");
     let x = upload(client, second, &[1.0; 6], &[2, 3], None);
-    let arguments = [x, x];
-    let argument_lists = [arguments.as_ptr()];
-    let mut outputs = [std::ptr::null_mut::<Buffer>(); 2];
-    let output_lists = [outputs.as_mut_ptr()];
-    let mut args = ExecuteArgs {
-        head: head::<ExecuteArgs>(),
-        executable: loaded,
-        options: std::ptr::null_mut(),
-        argument_lists: argument_lists.as_ptr().cast(),
-        num_devices: 1,
-        num_args: 2,
-        output_lists: output_lists.as_ptr(),
-        device_complete_events: std::ptr::null_mut(),
-        execute_device: second,
-    };
-    let (code, message) = call("PJRT_LoadedExecutable_Execute", &mut args).expect_err("the fault strikes");
+    let (code, message) = execute(loaded, &[x, x], second).expect_err("the fault strikes");
     assert_eq!(code, Code::Internal as c_int, "{message}");
     assert!(message.starts_with("NRT_EXEC_OOB (1006): ") && message.contains("out-of-bound access"), "{message}");
     destroy("PJRT_Buffer_Destroy", x);
@@ -524,25 +518,11 @@ fn execution_overhead() {
     let x = upload(client, device, &[1.0; 6], &[2, 3], None);
     let y = upload(client, device, &[2.0; 6], &[2, 3], None);
     let arguments = [x, y];
-    let argument_lists = [arguments.as_ptr()];
-    let mut outputs = [std::ptr::null_mut::<Buffer>(); 2];
-    let output_lists = [outputs.as_mut_ptr()];
     let through_plugin = || {
-        let mut args = ExecuteArgs {
-            head: head::<ExecuteArgs>(),
-            executable: loaded,
-            options: std::ptr::null_mut(),
-            argument_lists: argument_lists.as_ptr().cast(),
-            num_devices: 1,
-            num_args: 2,
-            output_lists: output_lists.as_ptr(),
-            device_complete_events: std::ptr::null_mut(),
-            execute_device: std::ptr::null_mut(),
-        };
-        call("PJRT_LoadedExecutable_Execute", &mut args).expect("runs");
-        // SAFETY: the outputs the execution wrote.
-        for output in unsafe { std::slice::from_raw_parts(output_lists[0], 2) } {
-            destroy("PJRT_Buffer_Destroy", *output);
+        let (outputs, event) = execute(loaded, &arguments, std::ptr::null_mut()).expect("runs");
+        destroy_event(event);
+        for output in outputs {
+            destroy("PJRT_Buffer_Destroy", output);
         }
     };
     // The runtime's own execute of the same model, inputs and outputs allocated once.

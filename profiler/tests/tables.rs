@@ -357,7 +357,6 @@ fn readme_sql() -> Vec<String> {
 /// skip, outside CI) without Python's `venv` or the package index.
 fn engines_python() -> Option<PathBuf> {
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fleet-sql-venv");
-    let python = venv.join("bin/python");
     let pins: Vec<String> = ENGINES.iter().map(|(name, version)| format!("{name}=={version}")).collect();
     let ready = |python: &Path| {
         let check: Vec<String> = ENGINES
@@ -366,25 +365,7 @@ fn engines_python() -> Option<PathBuf> {
             .collect();
         Command::new(python).args(["-c", &check.join("\n")]).output().is_ok_and(|o| o.status.success())
     };
-    if ready(&python) {
-        return Some(python);
-    }
-    let _ = std::fs::remove_dir_all(&venv);
-    let started = std::time::Instant::now();
-    let made = Command::new("python3").args(["-m", "venv"]).arg(&venv).output().is_ok_and(|o| o.status.success());
-    let installed = made
-        && Command::new(&python)
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check"])
-            .args(&pins)
-            .output()
-            .is_ok_and(|o| o.status.success());
-    if !installed || !ready(&python) {
-        assert!(!in_ci(), "CI needs python3 with venv and {} from PyPI", pins.join(", "));
-        eprintln!("note: no python3 venv with {} (PyPI); the README's queries are not run", pins.join(", "));
-        return None;
-    }
-    eprintln!("installed {} in {:.0} s", pins.join(", "), started.elapsed().as_secs_f64());
-    Some(python)
+    neuron_test_support::python::cached_venv(&venv, &pins, ready, "the README's queries")
 }
 
 /// Whether a Java runtime runs, for Spark; a skip with a note outside CI when none does.

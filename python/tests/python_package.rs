@@ -7,23 +7,12 @@
 //! The package is built with Cargo's dev profile here (`MATURIN_PEP517_ARGS`), reusing
 //! what `cargo test` already compiled; `pip install ./python` alone builds it optimised.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::Command;
 
-fn python_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
-}
-
-fn run(command: &mut Command) {
-    let output = command.output().unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
-    assert!(
-        output.status.success(),
-        "{command:?} failed ({}):\n{}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
+use common::{python_dir, run};
 
 /// A Python 3 with `venv`, or `None` (a skip, outside CI).
 fn python3() -> Option<&'static str> {

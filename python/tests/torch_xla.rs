@@ -6,23 +6,12 @@
 //! a Python that can make the environment or reach the package index the test is
 //! skipped with a note, except in CI (`CI=true`), where it fails.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn python_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).to_path_buf()
-}
-
-fn run(command: &mut Command) {
-    let output = command.output().unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
-    assert!(
-        output.status.success(),
-        "{command:?} failed ({}):\n{}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
+use common::{python_dir, run};
 
 /// The pins of `torch-requirements.txt`.
 fn pins() -> Vec<String> {
@@ -34,36 +23,9 @@ fn pins() -> Vec<String> {
 /// when it cannot be made.
 fn torch_python() -> Option<PathBuf> {
     let venv = Path::new(env!("CARGO_TARGET_TMPDIR")).join("torch-venv");
-    let python = venv.join("bin/python");
     let pins = pins();
-    let ready = |python: &Path| {
-        let freeze = Command::new(python).args(["-m", "pip", "freeze", "--disable-pip-version-check"]).output();
-        freeze.is_ok_and(|o| {
-            let installed = String::from_utf8_lossy(&o.stdout).to_lowercase();
-            o.status.success() && pins.iter().all(|pin| installed.lines().any(|l| l == pin.to_lowercase()))
-        })
-    };
-    if ready(&python) {
-        return Some(python);
-    }
-    let _ = std::fs::remove_dir_all(&venv);
-    let started = std::time::Instant::now();
-    let made = Command::new("python3").args(["-m", "venv"]).arg(&venv).output().is_ok_and(|o| o.status.success());
-    let installed = made
-        && Command::new(&python)
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r"])
-            .arg(python_dir().join("torch-requirements.txt"))
-            .output()
-            .is_ok_and(|o| o.status.success());
-    if !installed || !ready(&python) {
-        neuron_test_support::ci::missing(
-            &format!("a python3 venv with {} (PyPI)", pins.join(", ")),
-            "the PyTorch tests",
-        );
-        return None;
-    }
-    eprintln!("installed {} in {:.0} s", pins.join(", "), started.elapsed().as_secs_f64());
-    Some(python)
+    let ready = |python: &Path| neuron_test_support::python::has_pins(python, &pins);
+    neuron_test_support::python::cached_venv(&venv, &pins, ready, "the PyTorch tests")
 }
 
 #[test]
@@ -82,6 +44,7 @@ fn torch_xla_scripts_and_torch_neuronx_run_on_the_plugin() {
         .env("NEURON_VIRT_DATASTORE_DIR", work.path().join("datastores"))
         .env("NEURON_CC_FLAGS", format!("--auto-cast none --cache_dir={}", work.path().join("cache").display()))
         .env("NEURON_RT_LOG_LEVEL", "ERROR")
+        .env("NEURON_PROFILE", neuron_test_support::process::profiler_binary("neuron-profile"))
         // One core per process, of an instance with enough for the tests' other
         // processes (a saved model loaded elsewhere, two torchrun ranks).
         .env("NEURON_VIRT_INSTANCE_TYPE", "trn1.32xlarge")

@@ -16,10 +16,11 @@ This module does not import torch-xla until it is used: torch-xla imports
 ``torch_neuronx.xla`` while it starts.
 """
 
+from . import experimental
 from ._analyze import analyze
 from ._ops import FORWARD_OP
 from ._trace import trace
 
 __version__ = "2.9.0+neuronvirt"
 
-__all__ = ["FORWARD_OP", "analyze", "trace"]
+__all__ = ["FORWARD_OP", "analyze", "experimental", "trace"]

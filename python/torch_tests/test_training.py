@@ -53,3 +53,28 @@ def test_a_graph_with_an_unsupported_operation_names_the_operator_and_the_source
         raise AssertionError("a complex graph compiled")
     assert "aten::abs" in message and "test_training.py:" in message, message
     assert "complex element type (c64) is not supported" in message, message
+
+
+def test_torch_neuronxs_profiler_records_the_graphs_into_a_profile(tmp_path):
+    import json
+    import os
+    import subprocess
+
+    import torch_neuronx
+
+    device = torch_xla.device()
+    model = nn.Linear(8, 4).to(device)
+    output = tmp_path / "step.ntff"
+    with torch_neuronx.experimental.profiler.profile(output=str(output)) as profile:
+        for _ in range(3):
+            model(torch.ones(2, 8, device=device)).sum().backward()
+            xm.mark_step()
+    assert profile.summary["device_events"] > 0 and profile.summary["lost_events"] == 0, profile.summary
+    view = subprocess.run(
+        [os.environ["NEURON_PROFILE"], "view", "-s", str(output), "--output-format", "summary-json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert view.returncode == 0, view.stderr
+    summary = json.loads(view.stdout)
+    assert summary["executions"]["count"] >= 3, summary["executions"]
+    assert any(m["name"].startswith("SyncTensorsGraph.") for m in summary["models"]), summary["models"]

@@ -8,6 +8,7 @@
 //!   the helpers that compile, bind and run HLO on it;
 //! - [`http`]: a plain `GET` against a local server;
 //! - [`hosts`]: two network namespaces joined by a veth pair, as two hosts;
+//! - [`python`]: Python environments with pinned packages, made once and kept;
 //! - [`ci`]: whether this is CI's run, where a missing tool fails the test instead of
 //!   skipping its part.
 //!
@@ -18,4 +19,5 @@ pub mod ci;
 pub mod hosts;
 pub mod http;
 pub mod process;
+pub mod python;
 pub mod runtime;
