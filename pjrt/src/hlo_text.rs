@@ -33,6 +33,69 @@ pub(crate) fn module_text(module: &HloModuleProto) -> Result<String, String> {
     Ok(out)
 }
 
+/// The operand id standing for the cropped input of a rewritten convolution.
+const CROPPED_OPERAND: i64 = -1;
+
+/// A convolution whose window has negative padding (torch-xla's gradients of strided
+/// convolutions crop the input that way) as an explicit dilation and padding of its
+/// input (`pad`, interior padding for `lhs_dilate`), a `slice` that crops it, then the
+/// convolution over that with no padding and no input dilation: the lines to put
+/// first, the rewritten instruction (its input the operand [`CROPPED_OPERAND`]) and the
+/// name of that operand; `None` for every other instruction.
+fn crop_instead_of_negative_padding(
+    inst: &HloInstructionProto,
+    shapes: &HashMap<i64, &ShapeProto>,
+    names: &HashMap<i64, &str>,
+) -> Result<Option<(HloInstructionProto, Vec<String>, String)>, String> {
+    let negative =
+        inst.window.as_ref().is_some_and(|w| w.dimensions.iter().any(|d| d.padding_low < 0 || d.padding_high < 0));
+    let (Some(window), Some(dims), true) = (&inst.window, &inst.convolution_dimension_numbers, negative) else {
+        return Ok(None);
+    };
+    if inst.opcode != "convolution" {
+        return Err("negative window padding is taken on convolutions only".into());
+    }
+    let input_id = *inst.operand_ids.first().ok_or("no input")?;
+    let input = shapes.get(&input_id).ok_or("the input's shape is unknown")?;
+    let input_name = names.get(&input_id).map(|n| name_token(n)).ok_or("the input is unknown")?;
+    let element = primitive::name(input.element_type).ok_or("the input's element type is not supported")?;
+    let mut dilated = input.dimensions.clone();
+    let mut cropped = input.dimensions.clone();
+    let mut padding: Vec<String> = input.dimensions.iter().map(|_| "0_0".to_owned()).collect();
+    let mut slices: Vec<String> = input.dimensions.iter().map(|&n| format!("[0:{n}:1]")).collect();
+    let mut window = window.clone();
+    for (d, spatial) in window.dimensions.iter_mut().zip(&dims.input_spatial_dimensions) {
+        let axis = *spatial as usize;
+        let n = *input.dimensions.get(axis).ok_or("a spatial dimension is out of range")?;
+        let base = d.base_dilation.max(1);
+        let (low, high) = (d.padding_low, d.padding_high);
+        dilated[axis] = (n - 1).max(0) * base + 1 + low.max(0) + high.max(0);
+        cropped[axis] = dilated[axis] - (-low).max(0) - (-high).max(0);
+        if cropped[axis] < 1 {
+            return Err("the window's negative padding crops the whole input".into());
+        }
+        padding[axis] = format!("{}_{}_{}", low.max(0), high.max(0), base - 1);
+        slices[axis] = format!("[{}:{}:1]", (-low).max(0), (-low).max(0) + cropped[axis]);
+        (d.padding_low, d.padding_high, d.base_dilation) = (0, 0, 1);
+    }
+    let shape = |dims: &[i64]| format!("{element}[{}]", dims.iter().map(i64::to_string).collect::<Vec<_>>().join(","));
+    let base = name_token(&inst.name);
+    let cropped_name = format!("{base}.cropped");
+    let lines = vec![
+        format!("%{base}.zero = {element}[] constant(0)"),
+        format!(
+            "%{base}.dilated = {} pad(%{input_name}, %{base}.zero), padding={}",
+            shape(&dilated),
+            padding.join("x")
+        ),
+        format!("%{cropped_name} = {} slice(%{base}.dilated), slice={{{}}}", shape(&cropped), slices.join(", ")),
+    ];
+    let mut rewritten = inst.clone();
+    rewritten.window = Some(window);
+    rewritten.operand_ids[0] = CROPPED_OPERAND;
+    Ok(Some((rewritten, lines, cropped_name)))
+}
+
 /// A collective over several arrays at once (torch-xla reduces all the gradients in
 /// one `all-reduce`) as one collective per array: the lines to put before `line`, which
 /// becomes the tuple of their results. Each array is reduced as it would be in the
@@ -72,10 +135,25 @@ fn computation_text(
 ) -> Result<(), String> {
     let names: HashMap<i64, &str> = computation.instructions.iter().map(|i| (i.id, i.name.as_str())).collect();
     let _ = writeln!(out, "{}%{} {{", if entry { "ENTRY " } else { "" }, name_token(&computation.name));
+    let shapes: HashMap<i64, &ShapeProto> =
+        computation.instructions.iter().filter_map(|i| Some((i.id, i.shape.as_ref()?))).collect();
     for inst in &computation.instructions {
         let root = if inst.id == computation.root_id { "ROOT " } else { "" };
-        let mut line = instruction_text(inst, &names, computations)
-            .map_err(|e| format!("instruction `{}` ({}) of `{}`: {e}", inst.name, inst.opcode, computation.name))?;
+        let failed =
+            |e: String| format!("instruction `{}` ({}) of `{}`: {e}", inst.name, inst.opcode, computation.name);
+        let rewritten = crop_instead_of_negative_padding(inst, &shapes, &names).map_err(failed)?;
+        let mut line = match &rewritten {
+            Some((cropping, before, cropped)) => {
+                for part in before {
+                    let _ = writeln!(out, "  {part}");
+                }
+                let mut names = names.clone();
+                names.insert(CROPPED_OPERAND, cropped.as_str());
+                instruction_text(cropping, &names, computations).map_err(failed)?
+            }
+            None => instruction_text(inst, &names, computations).map_err(failed)?,
+        };
+        let inst = rewritten.as_ref().map_or(inst, |(cropping, _, _)| cropping);
         for part in split_collective(inst, &mut line) {
             let _ = writeln!(out, "  {part}");
         }

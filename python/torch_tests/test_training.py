@@ -78,3 +78,24 @@ def test_torch_neuronxs_profiler_records_the_graphs_into_a_profile(tmp_path):
     summary = json.loads(view.stdout)
     assert summary["executions"]["count"] >= 3, summary["executions"]
     assert any(m["name"].startswith("SyncTensorsGraph.") for m in summary["models"]), summary["models"]
+
+
+def test_a_convolutional_network_has_the_cpus_gradients():
+    """Convolutions, batch norm, max pooling and a strided convolution, whose input
+    gradient torch-xla writes as a convolution with negative padding."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        # No bias before batch norm, which removes it: its gradient is rounding noise.
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 4, 3, stride=2), nn.Flatten(), nn.Linear(36, 10),
+    )
+    x = torch.randn(4, 3, 16, 16, requires_grad=True)
+    device = torch_xla.device()
+    on_device = copy.deepcopy(model).to(device)
+    x_device = x.detach().to(device).requires_grad_()
+    model(x).square().mean().backward()
+    on_device(x_device).square().mean().backward()
+    assert relative_difference(x.grad, x_device.grad.cpu()) <= 1e-4
+    for (name, a), b in zip(model.named_parameters(), on_device.parameters()):
+        difference = relative_difference(a.grad, b.grad.cpu())
+        assert difference <= 1e-4, f"{name}: gradient differs by {difference:.2e} (relative)"
