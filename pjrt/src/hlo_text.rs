@@ -22,6 +22,22 @@ pub(crate) fn module_text(module: &HloModuleProto) -> Result<String, String> {
         .or_else(|| module.computations.len().checked_sub(1))
         .ok_or("the module has no computations")?;
     let mut out = format!("HloModule {}\n", name_token(&module.name));
+    // The sums the rewritten resize gradients reduce with, one per element type.
+    let mut sums: Vec<&str> = module
+        .computations
+        .iter()
+        .flat_map(|c| &c.instructions)
+        .filter(|i| i.opcode == "custom-call" && i.custom_call_target == "ResizeNearestGrad")
+        .filter_map(|i| primitive::name(i.shape.as_ref()?.element_type))
+        .collect();
+    sums.sort_unstable();
+    sums.dedup();
+    for element in sums {
+        let _ = write!(
+            out,
+            "\n%{SUM}.{element} {{\n  %{SUM}.{element}.a = {element}[] parameter(0)\n  %{SUM}.{element}.b = {element}[] parameter(1)\n  ROOT %{SUM}.{element}.sum = {element}[] add(%{SUM}.{element}.a, %{SUM}.{element}.b)\n}}\n"
+        );
+    }
     for (index, computation) in module.computations.iter().enumerate() {
         if index != entry {
             out.push('\n');
@@ -31,6 +47,68 @@ pub(crate) fn module_text(module: &HloModuleProto) -> Result<String, String> {
     out.push('\n');
     computation_text(&mut out, &module.computations[entry], true, &computations)?;
     Ok(out)
+}
+
+/// The name of the scalar sums [`resize_nearest`] reduces with (`neuron_sum.f32`, …).
+const SUM: &str = "neuron_sum";
+
+/// torch-xla's nearest-neighbour resize by whole factors (`F.interpolate(…,
+/// mode="nearest")`, custom calls `ResizeNearest` and `ResizeNearestGrad` on NHWC
+/// arrays) as what it is: each element repeated `k1 × k2` times (a broadcast then a
+/// reshape), and its gradient the sum of each `k1 × k2` block (a reshape then a
+/// reduce). The lines to put first and the instruction's own line; `None` for every
+/// other instruction.
+fn resize_nearest(
+    inst: &HloInstructionProto,
+    shapes: &HashMap<i64, &ShapeProto>,
+    names: &HashMap<i64, &str>,
+) -> Result<Option<(Vec<String>, String)>, String> {
+    let grad = match (inst.opcode.as_str(), inst.custom_call_target.as_str()) {
+        ("custom-call", "ResizeNearest") => false,
+        ("custom-call", "ResizeNearestGrad") => true,
+        _ => return Ok(None),
+    };
+    // `"00"`: align_corners, half_pixel_centers (which whole factors make no matter).
+    let config = String::from_utf8_lossy(&inst.backend_config);
+    if config.chars().find(char::is_ascii_digit) == Some('1') {
+        return Err(format!("{} with align_corners=True is not supported", inst.custom_call_target));
+    }
+    let input_id = *inst.operand_ids.first().ok_or("no input")?;
+    let input = shapes.get(&input_id).ok_or("the input's shape is unknown")?;
+    let output = inst.shape.as_ref().ok_or("no shape")?;
+    let (small, large) =
+        if grad { (&output.dimensions, &input.dimensions) } else { (&input.dimensions, &output.dimensions) };
+    let whole = |d: usize| small[d] > 0 && large[d] % small[d] == 0;
+    if small.len() != 4 || large.len() != 4 || small[0] != large[0] || small[3] != large[3] || !whole(1) || !whole(2) {
+        return Err(format!(
+            "{} from {small:?} to {large:?}: only whole factors of the two middle (NHWC) dimensions are supported",
+            inst.custom_call_target
+        ));
+    }
+    let (k1, k2) = (large[1] / small[1], large[2] / small[2]);
+    let element = primitive::name(output.element_type).ok_or("the element type is not supported")?;
+    let blocks = format!("{element}[{},{},{k1},{},{k2},{}]", small[0], small[1], small[2], small[3]);
+    let (name, input_name) =
+        (name_token(&inst.name), names.get(&input_id).map(|n| name_token(n)).ok_or("the input is unknown")?);
+    let metadata =
+        inst.metadata.as_ref().and_then(metadata_text).map(|m| format!(", metadata={m}")).unwrap_or_default();
+    let shape = shape_text(output)?;
+    Ok(Some(if grad {
+        (
+            vec![
+                format!("%{name}.blocks = {blocks} reshape(%{input_name})"),
+                format!("%{name}.zero = {element}[] constant(0)"),
+            ],
+            format!(
+                "%{name} = {shape} reduce(%{name}.blocks, %{name}.zero), dimensions={{2,4}}, to_apply=%{SUM}.{element}{metadata}"
+            ),
+        )
+    } else {
+        (
+            vec![format!("%{name}.blocks = {blocks} broadcast(%{input_name}), dimensions={{0,1,3,5}}")],
+            format!("%{name} = {shape} reshape(%{name}.blocks){metadata}"),
+        )
+    }))
 }
 
 /// The operand id standing for the cropped input of a rewritten convolution.
@@ -141,6 +219,13 @@ fn computation_text(
         let root = if inst.id == computation.root_id { "ROOT " } else { "" };
         let failed =
             |e: String| format!("instruction `{}` ({}) of `{}`: {e}", inst.name, inst.opcode, computation.name);
+        if let Some((before, line)) = resize_nearest(inst, &shapes, &names).map_err(failed)? {
+            for part in before {
+                let _ = writeln!(out, "  {part}");
+            }
+            let _ = writeln!(out, "  {root}{line}");
+            continue;
+        }
         let rewritten = crop_instead_of_negative_padding(inst, &shapes, &names).map_err(failed)?;
         let mut line = match &rewritten {
             Some((cropping, before, cropped)) => {

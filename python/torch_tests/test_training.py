@@ -99,3 +99,19 @@ def test_a_convolutional_network_has_the_cpus_gradients():
     for (name, a), b in zip(model.named_parameters(), on_device.parameters()):
         difference = relative_difference(a.grad, b.grad.cpu())
         assert difference <= 1e-4, f"{name}: gradient differs by {difference:.2e} (relative)"
+
+
+def test_nearest_upsampling_and_its_gradient_match_the_cpu():
+    """``F.interpolate(mode="nearest")`` by whole factors: torch-xla's ResizeNearest and
+    ResizeNearestGrad custom calls."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 4, 5, requires_grad=True)
+    weights = torch.randn(2, 3, 8, 15)
+    device = torch_xla.device()
+    x_device = x.detach().to(device).requires_grad_()
+    value = (nn.functional.interpolate(x, scale_factor=(2, 3), mode="nearest") * weights).sum()
+    value.backward()
+    on_device = (nn.functional.interpolate(x_device, scale_factor=(2, 3), mode="nearest") * weights.to(device)).sum()
+    on_device.backward()
+    assert abs(value.item() - on_device.item()) <= 1e-4 * abs(value.item())
+    assert relative_difference(x.grad, x_device.grad.cpu()) <= 1e-5
