@@ -54,11 +54,7 @@ fn guarded<T>(function: &'static str, on_panic: T, body: impl FnOnce() -> T) -> 
     })) {
         Ok(result) => result,
         Err(panic) => {
-            let message = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".to_owned());
+            let message = neuron_runtime::panic_message(&*panic);
             tracing::error!(
                 "{function}: internal error ({message}); returning NRT_FAILURE. Please report it with the log above"
             );

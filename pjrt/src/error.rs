@@ -121,11 +121,7 @@ pub(crate) fn call<T>(function: &'static str, args: *mut T, body: impl FnOnce(&m
             into_raw(error)
         }
         Err(panic) => {
-            let message = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "a panic without a message".to_owned());
+            let message = neuron_runtime::panic_message(&*panic);
             tracing::error!("{function}: internal error ({message}); please report it with the log above");
             into_raw(Error::new(Code::Internal, format!("{function}: internal error in the Neuron plugin: {message}")))
         }

@@ -84,7 +84,8 @@ fn client() -> *mut Client {
     args.client
 }
 
-fn first_device(client: *mut Client) -> *mut Device {
+/// The client's addressable devices.
+fn devices(client: *mut Client) -> Vec<*mut Device> {
     let mut args = OfList::<Client, Device> {
         head: head::<OfList<Client, Device>>(),
         object: client,
@@ -92,9 +93,12 @@ fn first_device(client: *mut Client) -> *mut Device {
         count: 0,
     };
     call("PJRT_Client_AddressableDevices", &mut args).expect("devices");
-    assert!(args.count >= 1);
     // SAFETY: the plugin's list of `count` devices.
-    unsafe { *args.list }
+    unsafe { std::slice::from_raw_parts(args.list, args.count) }.to_vec()
+}
+
+fn first_device(client: *mut Client) -> *mut Device {
+    *devices(client).first().expect("a device")
 }
 
 fn upload(
@@ -454,16 +458,9 @@ fn a_compiled_graph_is_kept_in_the_cache_and_a_bad_entry_is_compiled_again() {
 #[test]
 fn a_failed_execution_is_an_error_with_the_neuron_status_and_the_runtimes_message() {
     let client = client();
-    let mut args = OfList::<Client, Device> {
-        head: head::<OfList<Client, Device>>(),
-        object: client,
-        list: std::ptr::null(),
-        count: 0,
-    };
-    call("PJRT_Client_AddressableDevices", &mut args).expect("devices");
-    assert_eq!(args.count, 2, "the default instance's two cores");
-    // SAFETY: the plugin's list of two devices.
-    let second = unsafe { *args.list.add(1) };
+    let devices = devices(client);
+    assert_eq!(devices.len(), 2, "the default instance's two cores");
+    let second = devices[1];
     let mut graph = module();
     graph.name = "failing.1".into();
     let loaded = compile(client, &graph.encode_to_vec(), "hlo").expect("compiles");

@@ -88,6 +88,16 @@ impl NrtError {
 
 pub type NrtResult<T> = Result<T, NrtError>;
 
+/// What a caught panic says (its `&str` or `String` payload), for the C boundaries that
+/// turn a panic into an error instead of unwinding through their callers.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

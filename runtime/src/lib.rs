@@ -37,7 +37,7 @@ pub use compile::{
 };
 pub use config::Config;
 pub use dtype::{ArrayType, DType, DTypeClass};
-pub use error::{NrtError, NrtResult, NrtStatus};
+pub use error::{NrtError, NrtResult, NrtStatus, panic_message};
 pub use neff::Neff;
 pub use neuron_datastore::topology::{CoreSet, InstanceType, Topology};
 pub use neuron_datastore::{FetchOptions, SysTraceConfig, SysTraceFetch};
