@@ -16,9 +16,11 @@ pub const TOP_HLO: usize = 10;
 
 pub mod advice;
 pub mod bounds;
+mod compiles;
 mod failures;
 mod text;
 pub use bounds::{Bounds, Finding, Gap};
+pub use compiles::RECOMPILED_AFTER;
 pub use failures::{COLLECTIVE_OPCODES, Failures, FirstFailure, InCollectives, LongWait};
 pub(crate) use text::duration;
 pub use text::to_text;
@@ -310,6 +312,7 @@ pub struct Summariser<'a> {
     /// One line per chunk that could not be read.
     chunk_problems: Vec<String>,
     failures: failures::Gatherer,
+    compiles: compiles::Gatherer,
 }
 
 impl std::fmt::Debug for Summariser<'_> {
@@ -345,6 +348,7 @@ impl<'a> Summariser<'a> {
             by_execution: HashMap::new(),
             chunk_problems: Vec::new(),
             failures: failures::Gatherer::new(file),
+            compiles: compiles::Gatherer::new(file),
         }
     }
 
@@ -371,6 +375,7 @@ impl<'a> Summariser<'a> {
         for e in &chunk.system {
             let is_execute = Some(e.name) == self.execute;
             self.failures.system(self.file, e, is_execute);
+            self.compiles.system(self.file, e);
             if self.schedule.is_some() && Some(e.name) == self.schedule && e.phase != Phase::Stop {
                 self.scheduled += 1;
             }
@@ -456,6 +461,7 @@ impl<'a> Summariser<'a> {
             by_execution,
             chunk_problems,
             failures,
+            compiles,
             ..
         } = self;
         let meta = file.metadata();
@@ -698,7 +704,7 @@ impl<'a> Summariser<'a> {
             dma_peak,
             asynchronous: scheduled > 0,
             advice: advice::Advice {
-                front_end: advice::FrontEnd::of_metadata(meta),
+                front_end: advice::FrontEnd::of_file(file),
                 bf16_in_effect: opcode_rows.iter().any(|o| o.engine == "PE" && o.opcode == "MatMulBf16"),
                 bf16_faster: meta.bf16_products_faster,
             },
@@ -711,6 +717,9 @@ impl<'a> Summariser<'a> {
             ));
             findings.clear();
         }
+        // Not drawn from device events: kept whatever became of those.
+        findings.extend(compiles.findings(if last > first { seconds(last - first) } else { 0.0 }));
+        findings.sort_by(|a, b| b.saves_s.total_cmp(&a.saves_s));
         let device_p50 = device_latency.summary().map(|l| l.p50);
         let traced = traced_executions(&windows, &runs, device_p50);
         if device_executions == 1 {

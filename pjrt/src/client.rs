@@ -142,6 +142,8 @@ pub(crate) struct Client {
     pub(crate) cache: Option<crate::cache::Cache>,
     /// Device arrays kept for reuse after their buffers are destroyed.
     pub(crate) pool: std::sync::Arc<crate::pool::Pool>,
+    /// The graphs compiled and the executions run, for the trace's `graph_compile`.
+    pub(crate) graphs: crate::graphs::Graphs,
 }
 
 // SAFETY: the raw pointers are to this client's own boxed devices and memories, which
@@ -223,6 +225,7 @@ impl Client {
             compile_options,
             cache,
             pool: std::sync::Arc::default(),
+            graphs: crate::graphs::Graphs::default(),
         })
     }
 

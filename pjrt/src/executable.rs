@@ -235,6 +235,7 @@ fn compile(client: &Client, code: &[u8], format: &str, options: &[u8]) -> Result
             }
         }
     });
+    let mut compile_us = 0;
     let neff = match cached {
         Some(neff) => neff,
         None => {
@@ -250,13 +251,20 @@ fn compile(client: &Client, code: &[u8], format: &str, options: &[u8]) -> Result
             let program =
                 neuron_runtime::compile_hlo_with(&text, &client.compile_options).map_err(|e| failed(e.to_string()))?;
             let neff = Neff::new(&name, program);
-            tracing::info!("compiled graph `{}` in {:.1} ms", module.name, started.elapsed().as_secs_f64() * 1e3);
+            compile_us = started.elapsed().as_micros() as u64;
+            tracing::info!("compiled graph `{}` in {:.1} ms", module.name, compile_us as f64 / 1e3);
             if let Some((cache, entry)) = &kept {
                 cache.write(entry, &neff.encode());
             }
             neff
         }
     };
+    let (before, detail) = client.graphs.compiled(&module, &program_shape, &fingerprint[..8]);
+    if before > 0 {
+        tracing::info!("{detail}, after {before} executions");
+    }
+    // What the tools name recompilations from; a trace that cannot take it loses only that.
+    let _ = client.runtime.record_graph_compile(&detail, before, compile_us);
 
     // Which parameter each of the program's inputs is.
     let strip = |n: &str| n.trim_start_matches('%').to_owned();
@@ -386,6 +394,7 @@ impl LoadedExecutable {
             outputs.add(&io.name, tensor.clone());
             tensors.push(tensor);
         }
+        client.graphs.executed();
         client.runtime.execute(&model, &inputs, &outputs)?;
         Ok(tensors
             .into_iter()

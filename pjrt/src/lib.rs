@@ -18,6 +18,7 @@ mod event;
 mod executable;
 mod ffi;
 mod flags;
+mod graphs;
 mod hlo_text;
 mod pool;
 mod proto;

@@ -115,3 +115,32 @@ def test_nearest_upsampling_and_its_gradient_match_the_cpu():
     on_device.backward()
     assert abs(value.item() - on_device.item()) <= 1e-4 * abs(value.item())
     assert relative_difference(x.grad, x_device.grad.cpu()) <= 1e-5
+
+
+def test_a_graph_recompiled_after_the_first_steps_is_a_finding_of_the_profile(tmp_path):
+    import json
+    import os
+    import subprocess
+
+    import torch_neuronx
+
+    device = torch_xla.device()
+    model = nn.Linear(8, 5).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    output = tmp_path / "steps.ntff"
+    with torch_neuronx.experimental.profiler.profile(output=str(output)):
+        for step in range(6):
+            batch = 4 if step < 5 else 3  # a last, smaller batch: a new graph
+            optimizer.zero_grad()
+            # A batch from the host, as a data loader gives it: a graph parameter.
+            model(torch.ones(batch, 8).to(device)).square().mean().backward()
+            optimizer.step()
+            xm.mark_step()
+    view = subprocess.run(
+        [os.environ["NEURON_PROFILE"], "view", "-s", str(output), "--output-format", "summary-json"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert view.returncode == 0, view.stderr
+    findings = [f for f in json.loads(view.stdout)["findings"] if f["kind"] == "recompilation"]
+    assert any("input shapes differ" in f["text"] and "-> f32[3,8]" in f["text"] for f in findings), findings
+    assert all("drop_last=True" in f["suggestion"] for f in findings), findings

@@ -52,6 +52,7 @@ pub enum EventType {
     CcRunning = 19,
     ClockOffset = 20,
     CcWaiting = 21,
+    GraphCompile = 22,
 }
 
 impl EventType {

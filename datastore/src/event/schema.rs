@@ -101,6 +101,18 @@ system_payloads! {
         /// How long it had waited, in nanoseconds.
         waited_ns: word(2, u64),
     }
+    /// `graph_compile`: a framework (torch-xla through the PJRT plugin) compiled one of
+    /// its graphs, or took it from the compile cache; in the process ring.
+    GraphCompile for GraphCompile {
+        /// The graph, then what made it new when the process had run before: `graph
+        /// SyncTensorsGraph.129: parameter 3 f32[32,64] -> f32[16,64] (aten::addmm at
+        /// train.py:12)`.
+        detail: string,
+        /// Executions the process had run before it: 0 for the first graphs.
+        executions_before: word(0, u64),
+        /// How long compiling took, in microseconds (0 from the cache).
+        compile_us: word(1, u64),
+    }
     /// `clock_offset`: this process's host clock against the root's (rank 0's process),
     /// measured over its connection to the root at bootstrap and then periodically.
     ClockOffset for ClockOffset {

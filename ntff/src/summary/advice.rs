@@ -11,9 +11,21 @@ pub enum FrontEnd {
     C,
     /// `neuron-profile capture` (and `neuron-bench`): `--exec-mode async`.
     Cli,
+    /// PyTorch through torch-xla (the PJRT plugin's graphs): the step's graph runs when
+    /// torch-xla is asked for a value or at `xm.mark_step()`.
+    TorchXla,
 }
 
 impl FrontEnd {
+    /// From a file: torch-xla when its graphs came through the PJRT plugin (it has
+    /// `graph_compile` events, or models named as torch-xla names its graphs), else
+    /// from its metadata.
+    pub fn of_file(file: &crate::NtffFile) -> FrontEnd {
+        let torch = file.find_string("graph_compile").is_some()
+            || file.models().iter().any(|m| m.name.starts_with("SyncTensorsGraph."));
+        if torch { FrontEnd::TorchXla } else { FrontEnd::of_metadata(file.metadata()) }
+    }
+
     /// From a file's metadata: its capture kind, else the traced command.
     pub fn of_metadata(meta: &crate::Metadata) -> FrontEnd {
         match meta.capture_kind.as_str() {
@@ -54,6 +66,7 @@ impl Advice {
             (FrontEnd::C, false) => "the host submits one execution at a time (`nrt_execute`) and the core waits for each call: schedule them with `nrta_execute_schedule`, keeping 2 or more in flight".into(),
             (FrontEnd::Cli, true) => "the requests were scheduled about one at a time: keep 2 or more in flight (`--exec-mode async`)".into(),
             (FrontEnd::Cli, false) => "the host submits one execution at a time and the core waits for each: run with `--exec-mode async` to keep 2 or more in flight".into(),
+            (FrontEnd::TorchXla, _) => "torch-xla traces each step's graph on the host before it runs: keep values on the device between steps (no `loss.item()` or printing every step), feed batches with `torch_xla.distributed.parallel_loader.MpDeviceLoader` (it moves the next batch while a step runs), and make each step larger (a bigger batch, or gradient accumulation within one graph)".into(),
         }
     }
 

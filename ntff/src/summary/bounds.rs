@@ -659,6 +659,8 @@ mod tests {
         assert!(advice(FrontEnd::C).host_bound(false).contains("nrta_execute_schedule"));
         assert!(!advice(FrontEnd::C).host_bound(false).contains("--exec-mode"));
         assert!(advice(FrontEnd::Cli).host_bound(false).contains("--exec-mode async"));
+        assert!(advice(FrontEnd::TorchXla).host_bound(false).contains("MpDeviceLoader"));
+        assert!(!advice(FrontEnd::TorchXla).host_bound(true).contains("Model.schedule"));
         let meta = |kind: &str, command: &[&str]| crate::Metadata {
             capture_kind: kind.into(),
             command: command.iter().map(|c| c.to_string()).collect(),

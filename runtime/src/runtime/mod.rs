@@ -357,6 +357,27 @@ impl Runtime {
         Ok(())
     }
 
+    /// Says in the trace that a framework compiled one of its graphs (`graph_compile`,
+    /// in the process ring): `detail` names it and what made it new, after
+    /// `executions_before` executions of this process, in `compile_us` (0 when it came
+    /// from the compile cache). The tools name recompilations after the first steps
+    /// from it.
+    pub fn record_graph_compile(&self, detail: &str, executions_before: u64, compile_us: u64) -> NrtResult<()> {
+        let tracer = self.tracer()?;
+        let payload = neuron_datastore::event::payload::GraphCompile {
+            detail: tracer.store().intern(detail),
+            executions_before,
+            compile_us,
+        };
+        tracer.instant(
+            tracer.ring_of(None),
+            neuron_datastore::event::EventType::GraphCompile,
+            Default::default(),
+            payload,
+        );
+        Ok(())
+    }
+
     /// Records events on `core` through the runtime's own emit path, with no program
     /// around them: for the trace benchmarks and ring stress tests.
     #[cfg(feature = "trace-probe")]
