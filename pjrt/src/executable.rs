@@ -42,6 +42,9 @@ pub(crate) struct Compiled {
     memory_kind_sizes: Vec<usize>,
     /// `HloModuleProtoWithConfig`: the module as given, with its row-major entry layout.
     optimized: Vec<u8>,
+    /// The program and compile options as the framework gave them, for serializing.
+    program: Vec<u8>,
+    options: Vec<u8>,
     fingerprint: String,
 }
 
@@ -183,7 +186,8 @@ fn row_major(shape: &ShapeProto) -> ShapeProto {
     shape
 }
 
-fn compile(client: &Client, code: &[u8], format: &str, options: &[u8]) -> Result<Compiled> {
+/// Compiles `code`, or takes `neff` (from a serialized executable) as its compiled form.
+fn compile(client: &Client, code: &[u8], format: &str, options: &[u8], neff: Option<Neff>) -> Result<Compiled> {
     match format {
         "hlo" => {}
         "mlir" => {
@@ -196,9 +200,9 @@ fn compile(client: &Client, code: &[u8], format: &str, options: &[u8]) -> Result
     }
     let module =
         HloModuleProto::decode(code).map_err(|e| Error::invalid(format!("the HloModuleProto does not decode: {e}")))?;
-    let options = CompileOptionsProto::decode(options)
+    let decoded = CompileOptionsProto::decode(options)
         .map_err(|e| Error::invalid(format!("the CompileOptionsProto does not decode: {e}")))?;
-    let build = options.executable_build_options.unwrap_or_default();
+    let build = decoded.executable_build_options.unwrap_or_default();
     if build.num_partitions > 1 {
         return Err(Error::unimplemented(
             "PJRT_Client_Compile",
@@ -222,18 +226,20 @@ fn compile(client: &Client, code: &[u8], format: &str, options: &[u8]) -> Result
     let fingerprint = format!("{:016x}", fnv(code) ^ fnv(format!("{:?}", client.compile_options).as_bytes()));
     let name = format!("{}.{}", module.name, &fingerprint[..8]);
     let kept = client.cache.as_ref().map(|cache| (cache, cache.entry(code, &format!("{:?}", client.compile_options))));
-    let cached = kept.as_ref().and_then(|(cache, entry)| {
-        let bytes = cache.read(entry)?;
-        match Neff::decode(&bytes, DecodeOptions { validate_hash: true }) {
-            Ok(neff) => {
-                tracing::info!("Using a cached neff at {} for `{}`", entry.display(), module.name);
-                Some(neff)
+    let cached = neff.or_else(|| {
+        kept.as_ref().and_then(|(cache, entry)| {
+            let bytes = cache.read(entry)?;
+            match Neff::decode(&bytes, DecodeOptions { validate_hash: true }) {
+                Ok(neff) => {
+                    tracing::info!("Using a cached neff at {} for `{}`", entry.display(), module.name);
+                    Some(neff)
+                }
+                Err(e) => {
+                    tracing::warn!("compile cache: {} does not decode ({e}); compiling again", entry.display());
+                    None
+                }
             }
-            Err(e) => {
-                tracing::warn!("compile cache: {} does not decode ({e}); compiling again", entry.display());
-                None
-            }
-        }
+        })
     });
     let mut compile_us = 0;
     let neff = match cached {
@@ -328,6 +334,8 @@ fn compile(client: &Client, code: &[u8], format: &str, options: &[u8]) -> Result
         output_types,
         output_dims,
         optimized: crate::proto::module_with_config(code, &config),
+        program: code.to_vec(),
+        options: options.to_vec(),
         fingerprint,
     })
 }
@@ -408,6 +416,34 @@ impl LoadedExecutable {
     }
 }
 
+/// `compiled` loaded on the devices of its replicas in this process.
+fn load(client: &Client, compiled: Compiled) -> Result<*mut LoadedExecutable> {
+    let compiled = Arc::new(compiled);
+    if compiled.replicas > client.device_count() {
+        return Err(Error::invalid(format!(
+            "a program of {} replicas, but the job has {} devices",
+            compiled.replicas,
+            client.device_count()
+        )));
+    }
+    let devices = client.addressable_devices(compiled.replicas);
+    let first = *devices.first().ok_or_else(|| {
+        Error::invalid(format!("none of the program's {} replicas is a device of this process", compiled.replicas))
+    })?;
+    let loaded = LoadedExecutable {
+        compiled,
+        client,
+        devices,
+        models: Mutex::new(HashMap::new()),
+        deleted: AtomicBool::new(false),
+    };
+    // Loaded now, so that a program the runtime refuses fails here, not at its first
+    // execution.
+    // SAFETY: one of this client's devices.
+    loaded.model(client, unsafe { &*first })?;
+    Ok(Box::into_raw(Box::new(loaded)))
+}
+
 pub(crate) unsafe extern "C" fn client_compile(args: *mut CompileArgs) -> *mut Error {
     call("PJRT_Client_Compile", args, |args| {
         // SAFETY: a client this plugin made and the caller's program.
@@ -424,26 +460,7 @@ pub(crate) unsafe extern "C" fn client_compile(args: *mut CompileArgs) -> *mut E
         let format =
             String::from_utf8_lossy(bytes(program.format, program.format_size, "program format")?).into_owned();
         let options = bytes(args.compile_options, args.compile_options_size, "compile options")?;
-        let compiled: Arc<Compiled> = Arc::new(compile(client, code, &format, options)?);
-        if compiled.replicas > client.device_count() {
-            return Err(Error::invalid(format!(
-                "a program of {} replicas, but the job has {} devices",
-                compiled.replicas,
-                client.device_count()
-            )));
-        }
-        let loaded = LoadedExecutable {
-            compiled: Arc::clone(&compiled),
-            client,
-            devices: client.addressable_devices(compiled.replicas),
-            models: Mutex::new(HashMap::new()),
-            deleted: AtomicBool::new(false),
-        };
-        // Loaded now, so that a program the runtime refuses fails here, not at its
-        // first execution.
-        // SAFETY: one of this client's devices.
-        loaded.model(client, unsafe { &*loaded.devices[0] })?;
-        args.executable = Box::into_raw(Box::new(loaded));
+        args.executable = load(client, compile(client, code, &format, options, None)?)?;
         Ok(())
     })
 }
@@ -686,6 +703,71 @@ pub(crate) unsafe extern "C" fn fingerprint(args: *mut OfString<Executable>) -> 
         // SAFETY: an executable this plugin made; the text lives as long as it.
         let compiled = unsafe { compiled(args.object) }?;
         (args.text, args.size) = (compiled.fingerprint.as_ptr().cast(), compiled.fingerprint.len());
+        Ok(())
+    })
+}
+
+/// `PJRT_Executable_Serialize_Args`.
+#[repr(C)]
+pub(crate) struct SerializeArgs {
+    pub(crate) head: Head,
+    pub(crate) executable: *mut Executable,
+    pub(crate) bytes: *const c_char,
+    pub(crate) size: usize,
+    pub(crate) serialized: *mut Vec<u8>,
+    pub(crate) deleter: Option<unsafe extern "C" fn(*mut Vec<u8>)>,
+}
+
+/// `PJRT_Executable_DeserializeAndLoad_Args`.
+#[repr(C)]
+pub(crate) struct DeserializeArgs {
+    pub(crate) head: Head,
+    pub(crate) client: *mut Client,
+    pub(crate) bytes: *const c_char,
+    pub(crate) size: usize,
+    pub(crate) loaded: *mut LoadedExecutable,
+}
+
+unsafe extern "C" fn free_serialized(serialized: *mut Vec<u8>) {
+    if !serialized.is_null() {
+        // SAFETY: the buffer `serialize` handed out, freed once by its owner.
+        drop(unsafe { Box::from_raw(serialized) });
+    }
+}
+
+pub(crate) unsafe extern "C" fn serialize(args: *mut SerializeArgs) -> *mut Error {
+    call("PJRT_Executable_Serialize", args, |args| {
+        // SAFETY: an executable this plugin made.
+        let compiled = unsafe { compiled(args.executable) }?;
+        let bytes = Box::new(crate::serialized::encode(&compiled.program, &compiled.options, &compiled.neff));
+        (args.bytes, args.size) = (bytes.as_ptr().cast(), bytes.len());
+        args.serialized = Box::into_raw(bytes);
+        args.deleter = Some(free_serialized);
+        Ok(())
+    })
+}
+
+pub(crate) unsafe extern "C" fn deserialize_and_load(args: *mut DeserializeArgs) -> *mut Error {
+    call("PJRT_Executable_DeserializeAndLoad", args, |args| {
+        // SAFETY: a client this plugin made.
+        let client = unsafe { object("client", args.client) }?;
+        if args.bytes.is_null() {
+            return Err(Error::invalid("the serialized executable is NULL"));
+        }
+        // SAFETY: the caller's bytes of the size it gives.
+        let bytes = unsafe { std::slice::from_raw_parts(args.bytes.cast::<u8>(), args.size) };
+        let [program, options, neff] = crate::serialized::decode(bytes).map_err(Error::invalid)?;
+        let neff = Neff::decode(neff, DecodeOptions { validate_hash: true })?;
+        args.loaded = load(client, compile(client, program, "hlo", options, Some(neff))?)?;
+        Ok(())
+    })
+}
+
+pub(crate) unsafe extern "C" fn loaded_fingerprint(args: *mut OfString<LoadedExecutable>) -> *mut Error {
+    call("PJRT_LoadedExecutable_Fingerprint", args, |args| {
+        // SAFETY: an executable this plugin made; the text lives as long as it.
+        let loaded = unsafe { object("executable", args.object) }?;
+        (args.text, args.size) = (loaded.compiled.fingerprint.as_ptr().cast(), loaded.compiled.fingerprint.len());
         Ok(())
     })
 }

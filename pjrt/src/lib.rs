@@ -22,6 +22,7 @@ mod graphs;
 mod hlo_text;
 mod pool;
 mod proto;
+mod serialized;
 mod table;
 
 /// The runtime the plugin runs this process's programs on, started on first use: the

@@ -15,7 +15,7 @@ use crate::client::{Client, Device, Memory};
 use crate::error::{Code, Error};
 use crate::event::Event;
 use crate::event::EventOnReadyArgs;
-use crate::executable::{CompileArgs, ExecuteArgs, OptimizedProgramArgs, Program};
+use crate::executable::{CompileArgs, DeserializeArgs, ExecuteArgs, OptimizedProgramArgs, Program, SerializeArgs};
 use crate::executable::{Executable, LoadedExecutable};
 use crate::ffi::*;
 use crate::proto::*;
@@ -469,6 +469,60 @@ fn a_failed_execution_is_an_error_with_the_neuron_status_and_the_runtimes_messag
     assert_eq!(code, Code::Internal as c_int, "{message}");
     assert!(message.starts_with("NRT_EXEC_OOB (1006): ") && message.contains("out-of-bound access"), "{message}");
     destroy("PJRT_Buffer_Destroy", x);
+    destroy("PJRT_LoadedExecutable_Destroy", loaded);
+    destroy("PJRT_Client_Destroy", client);
+}
+
+#[test]
+fn a_serialized_executable_loads_back_without_compiling_and_runs() {
+    let client = client();
+    let device = first_device(client);
+    let mut graph = module();
+    graph.name = "serialized.1".into();
+    let loaded = compile(client, &graph.encode_to_vec(), "hlo").expect("compiles");
+    let mut get = OfValue::<LoadedExecutable, *mut Executable> {
+        head: head::<OfValue<LoadedExecutable, *mut Executable>>(),
+        object: loaded,
+        value: std::ptr::null_mut(),
+    };
+    call("PJRT_LoadedExecutable_GetExecutable", &mut get).expect("the executable");
+    let mut serialize = SerializeArgs {
+        head: head::<SerializeArgs>(),
+        executable: get.value,
+        bytes: std::ptr::null(),
+        size: 0,
+        serialized: std::ptr::null_mut(),
+        deleter: None,
+    };
+    call("PJRT_Executable_Serialize", &mut serialize).expect("serialized");
+    // SAFETY: the plugin's bytes, alive until the deleter runs.
+    let bytes = unsafe { std::slice::from_raw_parts(serialize.bytes.cast::<u8>(), serialize.size) }.to_vec();
+    // SAFETY: the deleter the plugin gave, on the buffer it gave.
+    unsafe { (serialize.deleter.expect("a deleter"))(serialize.serialized) };
+    let mut deserialize = DeserializeArgs {
+        head: head::<DeserializeArgs>(),
+        client,
+        bytes: bytes.as_ptr().cast(),
+        size: bytes.len(),
+        loaded: std::ptr::null_mut(),
+    };
+    call("PJRT_Executable_DeserializeAndLoad", &mut deserialize).expect("loads");
+    let x = upload(client, device, &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3], None);
+    let (outputs, event) = execute(deserialize.loaded, &[x, x], std::ptr::null_mut()).expect("runs");
+    assert_eq!(download(outputs[1]), [1.0, 4.0, 9.0, 16.0, 25.0, 36.0]);
+    destroy_event(event);
+    // A damaged NEFF inside is refused by its hash, not run.
+    let mut damaged = bytes.clone();
+    let last = damaged.len() - 1;
+    damaged[last] ^= 0xff;
+    let mut args = DeserializeArgs { bytes: damaged.as_ptr().cast(), size: damaged.len(), ..deserialize };
+    let (_, message) = call("PJRT_Executable_DeserializeAndLoad", &mut args).expect_err("refused");
+    assert!(message.contains("NRT_"), "{message}");
+    for buffer in [x, outputs[0], outputs[1]] {
+        destroy("PJRT_Buffer_Destroy", buffer);
+    }
+    destroy("PJRT_Executable_Destroy", get.value);
+    destroy("PJRT_LoadedExecutable_Destroy", deserialize.loaded);
     destroy("PJRT_LoadedExecutable_Destroy", loaded);
     destroy("PJRT_Client_Destroy", client);
 }
