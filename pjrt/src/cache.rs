@@ -17,6 +17,16 @@ use sha2::{Digest, Sha256};
 /// The default cache directory of Neuron's compiler.
 pub(crate) const DEFAULT_DIR: &str = "/var/tmp/neuron-compile-cache";
 
+/// What identifies a compiled graph: the SHA-256 of its program and of how it is
+/// compiled, in hex. It names the cache entry, the executable's fingerprint and (its
+/// first 8 digits) the model.
+pub(crate) fn key(program: &[u8], options: &str) -> String {
+    let mut hash = Sha256::new();
+    hash.update(program);
+    hash.update(options.as_bytes());
+    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// Where compiled graphs are kept, if anywhere.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Cache {
@@ -37,12 +47,8 @@ impl Cache {
         Some(Cache { root: PathBuf::from(root) })
     }
 
-    /// The entry of a graph: its bytes and how it is compiled decide it.
-    pub(crate) fn entry(&self, module: &[u8], options: &str) -> PathBuf {
-        let mut hash = Sha256::new();
-        hash.update(module);
-        hash.update(options.as_bytes());
-        let key: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    /// The entry of a graph by its [`key`].
+    pub(crate) fn entry(&self, key: &str) -> PathBuf {
         self.root
             .join(format!("neuronxcc-{}", env!("CARGO_PKG_VERSION")))
             .join(format!("MODULE_{}", &key[..40]))
@@ -100,10 +106,10 @@ mod tests {
     fn a_cache_others_can_write_in_is_not_read() {
         let dir = tempfile::tempdir().expect("tempdir");
         let cache = Cache { root: dir.path().to_path_buf() };
-        let entry = cache.entry(b"module", "options");
+        let entry = cache.entry(&key(b"module", "options"));
         cache.write(&entry, b"neff bytes");
         assert_eq!(cache.read(&entry).as_deref(), Some(&b"neff bytes"[..]));
-        assert_ne!(cache.entry(b"module", "other options"), entry);
+        assert_ne!(cache.entry(&key(b"module", "other options")), entry);
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
         assert_eq!(cache.read(&entry), None);
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).expect("chmod");

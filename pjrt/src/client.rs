@@ -5,6 +5,7 @@
 use std::ffi::{CString, c_int, c_void};
 use std::sync::{Mutex, OnceLock};
 
+use neuron_runtime::launch::{Launch, Launcher};
 use neuron_runtime::{CompileOptions, Config, Runtime, Target};
 
 use crate::error::{Error, Result, call, object};
@@ -83,9 +84,10 @@ pub(crate) fn shared_runtime() -> neuron_runtime::NrtResult<Runtime> {
     Ok(runtime)
 }
 
-/// Where this process stands in its job, from the variables torch-xla's launch code
-/// sets: `NEURON_PJRT_PROCESS_INDEX`, and either `NEURON_PJRT_PROCESSES_NUM_DEVICES`
-/// (devices per process) or `NEURON_PJRT_WORLD_SIZE` (one device per process).
+/// Where this process stands in its job, as torch-xla's launch code says it
+/// (`NEURON_PJRT_PROCESS_INDEX`, and `NEURON_PJRT_PROCESSES_NUM_DEVICES` or
+/// `NEURON_PJRT_WORLD_SIZE`, one device per process), read by the runtime's own
+/// launch configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Job {
     pub(crate) process_index: usize,
@@ -94,20 +96,17 @@ pub(crate) struct Job {
 }
 
 impl Job {
-    pub(crate) fn from_lookup(lookup: impl Fn(&str) -> Option<String>, local_devices: usize) -> Result<Job> {
-        let number = |name: &str, text: &str| {
-            text.trim().parse::<usize>().map_err(|_| Error::invalid(format!("{name}=`{text}` is not a number")))
+    /// The job of `launch` (another launcher's variables alone, say `mpirun`'s, make no
+    /// PJRT job: the process drives its `local_devices` on its own).
+    pub(crate) fn from_launch(launch: Option<&Launch>, local_devices: usize) -> Result<Job> {
+        let Some(launch) = launch.filter(|l| l.launcher == Launcher::NeuronPjrt) else {
+            return Ok(Job { process_index: 0, devices_per_process: vec![local_devices] });
         };
-        let process_index =
-            lookup("NEURON_PJRT_PROCESS_INDEX").map(|t| number("NEURON_PJRT_PROCESS_INDEX", &t)).transpose()?;
-        let devices_per_process = if let Some(list) = lookup("NEURON_PJRT_PROCESSES_NUM_DEVICES") {
-            list.split(',').map(|t| number("NEURON_PJRT_PROCESSES_NUM_DEVICES", t)).collect::<Result<Vec<_>>>()?
-        } else if let Some(size) = lookup("NEURON_PJRT_WORLD_SIZE") {
-            vec![1; number("NEURON_PJRT_WORLD_SIZE", &size)?]
-        } else {
-            vec![local_devices]
+        let devices_per_process: Vec<usize> = match &launch.cores_per_process {
+            Some(listed) => listed.iter().map(|&n| n as usize).collect(),
+            None => vec![1; launch.processes as usize],
         };
-        let process_index = process_index.unwrap_or(0);
+        let process_index = launch.process as usize;
         let Some(&mine) = devices_per_process.get(process_index) else {
             return Err(Error::invalid(format!(
                 "NEURON_PJRT_PROCESS_INDEX={process_index}, but the job has {} processes",
@@ -186,7 +185,7 @@ impl Client {
     fn new() -> Result<Client> {
         let runtime = shared_runtime()?;
         let cores = runtime.cores()?;
-        let job = Job::from_lookup(|name| std::env::var(name).ok(), cores.len())?;
+        let job = Job::from_launch(runtime.config().launch.as_ref(), cores.len())?;
         let flags = std::env::var("NEURON_CC_FLAGS").unwrap_or_default();
         let (compile_options, cache_flags, ignored) =
             crate::flags::compile_options(&flags, platform_target(&runtime)).map_err(Error::invalid)?;
@@ -607,31 +606,27 @@ mod tests {
 
     #[test]
     fn the_job_comes_from_torch_xlas_variables() {
-        let env = |pairs: &'static [(&'static str, &'static str)]| {
-            move |name: &str| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| (*v).to_owned())
+        let launch = |launcher, process, processes, listed: Option<Vec<u32>>| Launch {
+            launcher,
+            process,
+            processes,
+            local_process: None,
+            local_processes: None,
+            cores_per_process: listed,
         };
+        let alone = Job { process_index: 0, devices_per_process: vec![2] };
+        assert_eq!(Job::from_launch(None, 2).expect("a job"), alone);
+        // mpirun's variables alone are no PJRT job.
+        assert_eq!(Job::from_launch(Some(&launch(Launcher::OpenMpi, 1, 2, None)), 2).expect("a job"), alone);
         assert_eq!(
-            Job::from_lookup(env(&[]), 2).expect("a job"),
-            Job { process_index: 0, devices_per_process: vec![2] }
-        );
-        assert_eq!(
-            Job::from_lookup(env(&[("NEURON_PJRT_PROCESS_INDEX", "1"), ("NEURON_PJRT_WORLD_SIZE", "2")]), 1)
-                .expect("a job"),
+            Job::from_launch(Some(&launch(Launcher::NeuronPjrt, 1, 2, None)), 1).expect("a job"),
             Job { process_index: 1, devices_per_process: vec![1, 1] }
         );
-        assert_eq!(
-            Job::from_lookup(
-                env(&[("NEURON_PJRT_PROCESS_INDEX", "1"), ("NEURON_PJRT_PROCESSES_NUM_DEVICES", "2,2")]),
-                2
-            )
-            .expect("a job")
-            .devices_per_process,
-            [2, 2]
-        );
-        let error = Job::from_lookup(env(&[("NEURON_PJRT_PROCESS_INDEX", "2"), ("NEURON_PJRT_WORLD_SIZE", "2")]), 1)
-            .expect_err("refused");
+        let listed = launch(Launcher::NeuronPjrt, 1, 2, Some(vec![2, 2]));
+        assert_eq!(Job::from_launch(Some(&listed), 2).expect("a job").devices_per_process, [2, 2]);
+        let error = Job::from_launch(Some(&launch(Launcher::NeuronPjrt, 2, 2, None)), 1).expect_err("refused");
         assert!(error.message.contains("has 2 processes"), "{error:?}");
-        let error = Job::from_lookup(env(&[("NEURON_PJRT_PROCESSES_NUM_DEVICES", "4")]), 1).expect_err("refused");
+        let error = Job::from_launch(Some(&launch(Launcher::NeuronPjrt, 0, 1, Some(vec![4]))), 1).expect_err("refused");
         assert!(error.message.contains("sees 1"), "{error:?}");
     }
 }

@@ -161,11 +161,6 @@ pub(crate) struct LoadedExecutable {
 unsafe impl Send for LoadedExecutable {}
 unsafe impl Sync for LoadedExecutable {}
 
-/// A stable 64-bit FNV-1a hash, for fingerprints and model names.
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
-}
-
 /// The array shapes of a result: its tuple's elements, or itself.
 fn result_arrays(result: &ShapeProto) -> Vec<&ShapeProto> {
     if result.element_type == crate::proto::primitive::TUPLE {
@@ -223,9 +218,9 @@ fn compile(client: &Client, code: &[u8], format: &str, options: &[u8], neff: Opt
         .ok_or_else(|| Error::invalid("the module has no program shape"))?;
     let result = program_shape.result.clone().ok_or_else(|| Error::invalid("the module has no result shape"))?;
 
-    let fingerprint = format!("{:016x}", fnv(code) ^ fnv(format!("{:?}", client.compile_options).as_bytes()));
+    let fingerprint = crate::cache::key(code, &format!("{:?}", client.compile_options));
     let name = format!("{}.{}", module.name, &fingerprint[..8]);
-    let kept = client.cache.as_ref().map(|cache| (cache, cache.entry(code, &format!("{:?}", client.compile_options))));
+    let kept = client.cache.as_ref().map(|cache| (cache, cache.entry(&fingerprint)));
     let cached = neff.or_else(|| {
         kept.as_ref().and_then(|(cache, entry)| {
             let bytes = cache.read(entry)?;

@@ -5,7 +5,8 @@
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::proto::{HloInstructionProto, HloModuleProto, ProgramShapeProto};
+use crate::hlo_text::framework_operation;
+use crate::proto::{HloModuleProto, ProgramShapeProto};
 
 /// One compiled graph: its name and its parameters' and result's shapes as text.
 struct Seen {
@@ -86,17 +87,7 @@ impl Graphs {
     }
 }
 
-/// `aten::addmm at train.py:12` from an instruction's metadata.
-fn said(inst: &HloInstructionProto) -> Option<String> {
-    let metadata = inst.metadata.as_ref()?;
-    if metadata.op_type.is_empty() || metadata.source_file.is_empty() {
-        return None;
-    }
-    let file = metadata.source_file.rsplit('/').next().unwrap_or(&metadata.source_file);
-    Some(format!("{} at {file}:{}", metadata.op_type.replacen("__", "::", 1), metadata.source_line))
-}
-
-/// Where parameter `k` of the entry was made (torch-xla's `xla::device_data` metadata).
+/// The framework operation that uses parameter `k` of the entry.
 fn parameter_origin(module: &HloModuleProto, k: usize) -> Option<String> {
     let entry = module.computations.iter().find(|c| c.id == module.entry_computation_id)?;
     let parameter = entry.instructions.iter().find(|i| i.opcode == "parameter" && i.parameter_number == k as i64)?;
@@ -104,20 +95,24 @@ fn parameter_origin(module: &HloModuleProto, k: usize) -> Option<String> {
         .instructions
         .iter()
         .filter(|i| i.operand_ids.contains(&parameter.id))
-        .find_map(said)
+        .find_map(framework_operation)
         .map(|s| format!("used by {s}"))
 }
 
 /// The entry's first framework operation with a source line.
 fn first_operation(module: &HloModuleProto) -> Option<String> {
     let entry = module.computations.iter().find(|c| c.id == module.entry_computation_id)?;
-    entry.instructions.iter().filter(|i| i.opcode != "parameter" && i.opcode != "constant").find_map(said)
+    entry
+        .instructions
+        .iter()
+        .filter(|i| i.opcode != "parameter" && i.opcode != "constant")
+        .find_map(framework_operation)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::{HloComputationProto, OpMetadata, ShapeProto, primitive};
+    use crate::proto::{HloComputationProto, HloInstructionProto, OpMetadata, ShapeProto, primitive};
 
     fn graph(name: &str, rows: i64) -> (HloModuleProto, ProgramShapeProto) {
         let shape =

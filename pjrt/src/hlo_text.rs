@@ -617,21 +617,21 @@ pub(crate) fn origin_of_error(module: &HloModuleProto, error: &str) -> Option<St
     let computation =
         module.computations.iter().find(|c| c.instructions.iter().any(|i| name_token(&i.name) == name))?;
     let inst = computation.instructions.iter().find(|i| name_token(&i.name) == name)?;
-    let said = |inst: &HloInstructionProto| {
-        let metadata = inst.metadata.as_ref()?;
-        if metadata.op_type.is_empty()
-            || metadata.op_type.starts_with("xla__")
-            || metadata.op_type.starts_with("prim__")
-        {
-            return None;
-        }
-        // torch-xla writes `aten::add` as `aten__add`.
-        let operator = metadata.op_type.replacen("__", "::", 1);
-        Some(match metadata.source_file.as_str() {
-            "" => format!("`{operator}`"),
-            file => format!("`{operator}` at {file}:{}", metadata.source_line),
-        })
-    };
-    said(inst)
-        .or_else(|| computation.instructions.iter().filter(|user| user.operand_ids.contains(&inst.id)).find_map(said))
+    framework_operation(inst).or_else(|| {
+        computation.instructions.iter().filter(|user| user.operand_ids.contains(&inst.id)).find_map(framework_operation)
+    })
+}
+
+/// The framework operation an instruction came from, `aten::addmm at train.py:12`
+/// (torch-xla writes `aten::addmm` as `aten__addmm`), from its metadata; torch-xla's
+/// own bookkeeping (`xla::device_data`, `prim::Constant`) is none.
+pub(crate) fn framework_operation(inst: &HloInstructionProto) -> Option<String> {
+    let metadata = inst.metadata.as_ref()?;
+    let op = &metadata.op_type;
+    if op.is_empty() || op.starts_with("xla__") || op.starts_with("prim__") {
+        return None;
+    }
+    let operator = op.replacen("__", "::", 1);
+    let file = metadata.source_file.rsplit('/').next().unwrap_or_default();
+    Some(if file.is_empty() { operator } else { format!("{operator} at {file}:{}", metadata.source_line) })
 }

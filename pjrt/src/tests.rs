@@ -442,7 +442,7 @@ fn a_compiled_graph_is_kept_in_the_cache_and_a_bad_entry_is_compiled_again() {
     // SAFETY: the client this test made.
     let cache = unsafe { &*client }.cache.clone().expect("a cache");
     let options = format!("{:?}", unsafe { &*client }.compile_options);
-    let entry = cache.entry(&code, &options);
+    let entry = cache.entry(&crate::cache::key(&code, &options));
     let kept = std::fs::read(&entry).expect("the NEFF is kept");
     let options_decode = neuron_runtime::neff::DecodeOptions { validate_hash: true };
     let neff = neuron_runtime::Neff::decode(&kept, options_decode).expect("a NEFF");

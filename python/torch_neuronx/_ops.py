@@ -4,6 +4,7 @@ module saved with ``torch.jit.save`` runs again after ``torch.jit.load``."""
 
 import hashlib
 import threading
+import weakref
 
 import numpy as np
 import torch
@@ -12,6 +13,10 @@ from neuron_virt._dtypes import numpy_dtype
 FORWARD_OP = "neuron::forward_v2"
 
 _models = {}
+# The model of each NEFF tensor seen, by the tensor's identity, so that a call does not
+# copy and hash the NEFF again (a traced module's NEFF buffer is never written). An entry
+# holds its tensor weakly and is checked against it (ids are reused once it is gone).
+_by_tensor = {}
 _lock = threading.Lock()
 
 
@@ -21,14 +26,18 @@ def _model(neff):
     import neuron_virt
     from neuron_virt import _native
 
-    data = neff.contiguous().numpy().tobytes()
-    key = hashlib.sha256(data).hexdigest()
     with _lock:
+        seen = _by_tensor.get(id(neff))
+        if seen is not None and seen[0]() is neff:
+            return seen[1]
+        data = neff.contiguous().numpy().tobytes()
+        key = hashlib.sha256(data).hexdigest()
         model = _models.get(key)
         if model is None:
             runtime = _native.framework_runtime()
             model = runtime.load(neuron_virt.Neff.from_bytes(data))
             _models[key] = model
+        _by_tensor[id(neff)] = (weakref.ref(neff, lambda _, k=id(neff): _by_tensor.pop(k, None)), model)
         return model
 
 
